@@ -17,6 +17,7 @@ help:
 	@echo "make sim SEEDS=N      run the seeded Raft cluster simulator over N seeds"
 	@echo "make crash-test ITER=N  SIGKILL a WAL writer N times and check nothing acknowledged is lost"
 	@echo "make bench-wal        WAL append/fsync benchmark -> bench/results/wal.json"
+	@echo "make proto            regenerate the Python code for proto/**/*.proto"
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -57,6 +58,10 @@ crash-test: setup
 
 bench-wal: setup
 	$(PY) bench/wal_bench.py --out bench/results/wal.json
+
+# Regenerate the Python code for proto/**/*.proto (tests/proto checks it is fresh).
+proto: setup
+	$(PY) proto/generate.py
 
 demo: setup
 	@echo "make demo: the elastic training demo is not built yet (see the open issues)."

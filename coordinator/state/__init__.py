@@ -1,0 +1,1 @@
+"""The deterministic replicated state machine: sessions, KV, leases, watch history."""

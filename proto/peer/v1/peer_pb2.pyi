@@ -1,0 +1,59 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable
+from typing import ClassVar as _ClassVar, Optional as _Optional
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class MessageBatch(_message.Message):
+    __slots__ = ("cluster_id", "from_id", "to_id", "messages")
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_ID_FIELD_NUMBER: _ClassVar[int]
+    TO_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    cluster_id: int
+    from_id: int
+    to_id: int
+    messages: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, cluster_id: _Optional[int] = ..., from_id: _Optional[int] = ..., to_id: _Optional[int] = ..., messages: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class SendAck(_message.Message):
+    __slots__ = ("batches",)
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    batches: int
+    def __init__(self, batches: _Optional[int] = ...) -> None: ...
+
+class SnapshotChunk(_message.Message):
+    __slots__ = ("cluster_id", "from_id", "to_id", "snapshot_index", "snapshot_term", "offset", "data", "total_size", "crc32c", "message")
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_ID_FIELD_NUMBER: _ClassVar[int]
+    TO_ID_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_TERM_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    cluster_id: int
+    from_id: int
+    to_id: int
+    snapshot_index: int
+    snapshot_term: int
+    offset: int
+    data: bytes
+    total_size: int
+    crc32c: int
+    message: bytes
+    def __init__(self, cluster_id: _Optional[int] = ..., from_id: _Optional[int] = ..., to_id: _Optional[int] = ..., snapshot_index: _Optional[int] = ..., snapshot_term: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., total_size: _Optional[int] = ..., crc32c: _Optional[int] = ..., message: _Optional[bytes] = ...) -> None: ...
+
+class SnapshotAck(_message.Message):
+    __slots__ = ("snapshot_index", "next_offset", "complete")
+    SNAPSHOT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    snapshot_index: int
+    next_offset: int
+    complete: bool
+    def __init__(self, snapshot_index: _Optional[int] = ..., next_offset: _Optional[int] = ..., complete: _Optional[bool] = ...) -> None: ...

@@ -1,0 +1,168 @@
+"""Commands: what the leader proposes and every replica applies, and their envelope.
+
+Each command is a frozen record (see :mod:`.codec`), wrapped in an :class:`Envelope` that
+names the client request it came from and carries the leader's clock reading. Time enters
+the state machine only through ``Envelope.leader_time_ms``: followers never read a clock.
+
+Which commands need a session (``session_id != 0`` and ``sequence >= 1``, applied at most once
+and their answer cached; Raft thesis 6.3): every KV write and lease grant and revoke. The
+others are documented where they are defined: :class:`SessionOpen` creates the session,
+:class:`SessionKeepAlive` and :class:`SessionClose` name the session without a sequence
+(repeating them changes nothing more), and :class:`LeaseExpire` is the leader's own decision
+with no client behind it (applying it twice deletes nothing the second time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .codec import StateCodecError, decode, encode, record
+from .values import Fence
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """Base of every command."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionCommand(Command):
+    """A command that must carry (session_id, sequence) and is applied at most once."""
+
+
+@record(1)
+@dataclass(frozen=True, slots=True)
+class Put(SessionCommand):
+    key: bytes
+    value: bytes
+    lease_id: int = 0
+    fence: Fence | None = None
+    return_prev: bool = False
+
+
+@record(2)
+@dataclass(frozen=True, slots=True)
+class Delete(SessionCommand):
+    """Delete ``key``, or every key starting with it when ``prefix`` (all in one revision)."""
+
+    key: bytes
+    prefix: bool = False
+    fence: Fence | None = None
+    return_prev: bool = False
+
+
+@record(3)
+@dataclass(frozen=True, slots=True)
+class CompareAndSet(SessionCommand):
+    """Set ``key`` to ``value`` if exactly one comparison holds: the current value equals
+    ``expected_value``, or its mod_revision equals ``expected_mod_revision``, or (with
+    ``must_not_exist``) the key is absent."""
+
+    key: bytes
+    value: bytes
+    expected_value: bytes | None = None
+    expected_mod_revision: int | None = None
+    must_not_exist: bool = False
+    lease_id: int = 0
+    fence: Fence | None = None
+
+
+@record(4)
+@dataclass(frozen=True, slots=True)
+class Add(SessionCommand):
+    """Add ``delta`` to the decimal integer stored at ``key`` (absent counts as 0)."""
+
+    key: bytes
+    delta: int
+    lease_id: int = 0
+    fence: Fence | None = None
+
+
+@record(5)
+@dataclass(frozen=True, slots=True)
+class LeaseGrant(SessionCommand):
+    ttl_ms: int
+
+
+@record(6)
+@dataclass(frozen=True, slots=True)
+class LeaseRevoke(SessionCommand):
+    lease_id: int
+
+
+@record(7)
+@dataclass(frozen=True, slots=True)
+class LeaseExpire(Command):
+    """Proposed by the leader's lessor when a lease's deadline passed; no session. Applied if
+    the lease still exists (a keep-alive racing with expiry loses, which is safe: the holder
+    learns from its next keep-alive that the lease is gone)."""
+
+    lease_id: int
+
+
+@record(8)
+@dataclass(frozen=True, slots=True)
+class SessionOpen(Command):
+    """Opens a session whose id is the raft index of this entry. Sent with session_id 0 and
+    sequence 0: not idempotent, a retried open makes a second session that expires unused."""
+
+    ttl_ms: int
+
+
+@record(9)
+@dataclass(frozen=True, slots=True)
+class SessionKeepAlive(Command):
+    """Records activity for the envelope's session (sequence 0)."""
+
+
+@record(10)
+@dataclass(frozen=True, slots=True)
+class SessionClose(Command):
+    """Ends the envelope's session and drops its cached answers (sequence 0)."""
+
+
+@record(20)
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """A proposed command with the request identity and the leader's clock.
+
+    ``first_unacked``: the lowest sequence the client still awaits an answer for; cached
+    answers below it are dropped (0 = no change). ``leader_time_ms``: the proposing leader's
+    clock; the state machine's time is the maximum seen, so it never goes backwards when
+    leadership moves to a node whose clock is behind.
+    """
+
+    session_id: int
+    sequence: int
+    first_unacked: int
+    leader_time_ms: int
+    command: Command
+
+
+def encode_envelope(envelope: Envelope) -> bytes:
+    return encode(envelope)
+
+
+def decode_envelope(data: bytes) -> Envelope:
+    """Raises :class:`StateCodecError` on anything but an encoded envelope."""
+    return decode(data, Envelope)
+
+
+__all__ = [
+    "Add",
+    "Command",
+    "CompareAndSet",
+    "Delete",
+    "Envelope",
+    "LeaseExpire",
+    "LeaseGrant",
+    "LeaseRevoke",
+    "Put",
+    "SessionClose",
+    "SessionCommand",
+    "SessionKeepAlive",
+    "SessionOpen",
+    "StateCodecError",
+    "decode_envelope",
+    "encode_envelope",
+]

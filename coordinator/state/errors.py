@@ -1,0 +1,176 @@
+"""Typed failures: expected outcomes of applying a command or answering a query.
+
+These are values, not exceptions: ``StateMachine.apply`` returns them, sessions cache them
+like any answer (a retry of a refused write is refused again, identically), and the servicers
+map each class to one gRPC status in one place. ``reason`` is the name of the matching
+``rallypoint.v1.ErrorReason`` value. Exceptions are kept for broken invariants.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .codec import record
+
+
+@dataclass(frozen=True, slots=True)
+class Failure(abc.ABC):
+    """Base of every typed failure. ``message`` says what was wrong, for humans."""
+
+    reason: ClassVar[str] = "ERROR_REASON_UNSPECIFIED"
+
+    @property
+    @abc.abstractmethod
+    def message(self) -> str: ...
+
+
+@record(200)
+@dataclass(frozen=True, slots=True)
+class InvalidCommand(Failure):
+    """Malformed command (empty key, ttl_ms <= 0, missing session or sequence, ...)."""
+
+    reason: ClassVar[str] = "INVALID_REQUEST"
+    detail: str
+
+    @property
+    def message(self) -> str:
+        return self.detail
+
+
+@record(201)
+@dataclass(frozen=True, slots=True)
+class SessionExpired(Failure):
+    """The session does not exist: never opened, closed, or expired."""
+
+    reason: ClassVar[str] = "SESSION_EXPIRED"
+    session_id: int
+
+    @property
+    def message(self) -> str:
+        return f"session {self.session_id} does not exist or has expired; open a new session"
+
+
+@record(202)
+@dataclass(frozen=True, slots=True)
+class SequenceDiscarded(Failure):
+    """The sequence is below what the client acknowledged: its answer is gone."""
+
+    reason: ClassVar[str] = "SEQUENCE_DISCARDED"
+    session_id: int
+    sequence: int
+    first_unacked: int
+
+    @property
+    def message(self) -> str:
+        return (
+            f"session {self.session_id}: sequence {self.sequence} was acknowledged "
+            f"(first unacknowledged is {self.first_unacked}); its answer was discarded"
+        )
+
+
+@record(203)
+@dataclass(frozen=True, slots=True)
+class TooManyOutstanding(Failure):
+    """The session holds the maximum number of unacknowledged answers."""
+
+    reason: ClassVar[str] = "TOO_MANY_OUTSTANDING"
+    session_id: int
+    limit: int
+
+    @property
+    def message(self) -> str:
+        return (
+            f"session {self.session_id} has {self.limit} unacknowledged answers; "
+            "advance first_unacked before sending more"
+        )
+
+
+@record(204)
+@dataclass(frozen=True, slots=True)
+class StaleFence(Failure):
+    """A fenced write was refused: the token is not the current one for the lease or key."""
+
+    reason: ClassVar[str] = "STALE_FENCE"
+    key: bytes
+    lease_id: int
+    token: int
+    detail: str
+
+    @property
+    def message(self) -> str:
+        return f"stale fencing token {self.token} (lease {self.lease_id}): {self.detail}"
+
+
+@record(205)
+@dataclass(frozen=True, slots=True)
+class LeaseNotFound(Failure):
+    reason: ClassVar[str] = "LEASE_NOT_FOUND"
+    lease_id: int
+
+    @property
+    def message(self) -> str:
+        return f"lease {self.lease_id} does not exist (revoked, expired or never granted)"
+
+
+@record(206)
+@dataclass(frozen=True, slots=True)
+class KeyTooLarge(Failure):
+    reason: ClassVar[str] = "KEY_TOO_LARGE"
+    size_bytes: int
+    limit_bytes: int
+
+    @property
+    def message(self) -> str:
+        return f"key of {self.size_bytes} bytes exceeds the limit of {self.limit_bytes} bytes"
+
+
+@record(207)
+@dataclass(frozen=True, slots=True)
+class ValueTooLarge(Failure):
+    reason: ClassVar[str] = "VALUE_TOO_LARGE"
+    size_bytes: int
+    limit_bytes: int
+
+    @property
+    def message(self) -> str:
+        return f"value of {self.size_bytes} bytes exceeds the limit of {self.limit_bytes} bytes"
+
+
+@record(208)
+@dataclass(frozen=True, slots=True)
+class NotAnInteger(Failure):
+    reason: ClassVar[str] = "NOT_AN_INTEGER"
+    key: bytes
+
+    @property
+    def message(self) -> str:
+        return f"key {self.key!r} does not hold a decimal integer"
+
+
+@record(209)
+@dataclass(frozen=True, slots=True)
+class AddOverflow(Failure):
+    reason: ClassVar[str] = "ADD_OVERFLOW"
+    key: bytes
+
+    @property
+    def message(self) -> str:
+        return f"adding to key {self.key!r} leaves the signed 64-bit range"
+
+
+@record(210)
+@dataclass(frozen=True, slots=True)
+class Compacted(Failure):
+    """A watch asked for history older than what is kept."""
+
+    reason: ClassVar[str] = "COMPACTED"
+    first_available_revision: int
+
+    @property
+    def message(self) -> str:
+        return (
+            "requested revision has been compacted; the oldest available is "
+            f"{self.first_available_revision}"
+        )

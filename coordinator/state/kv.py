@@ -1,0 +1,106 @@
+"""The key-value store: keys in byte order, revisions, fencing tokens per key.
+
+Every change is stamped with the revision given by the caller (the raft index of the entry
+applying it). A key's ``create_revision`` is the revision that created it (reset by a delete),
+``mod_revision`` the last change, ``version`` the number of changes since creation. The store
+keeps a sorted list of keys beside the map so prefix ranges are answered in key order without
+ever iterating a hash-ordered container.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator
+
+from .values import KeyValue
+
+
+def prefix_end(prefix: bytes) -> bytes | None:
+    """The smallest key greater than every key starting with ``prefix`` (None: no bound)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+class KeyValueStore:
+    def __init__(self) -> None:
+        # Invariant: `_sorted_keys` holds exactly the keys of `_kvs`, ascending, no repeats.
+        self._kvs: dict[bytes, KeyValue] = {}
+        self._sorted_keys: list[bytes] = []
+        # The highest fencing token any write to a key carried; kept after the key is
+        # deleted, so a stale holder cannot recreate a key its successor deleted.
+        # Invariant: values only grow.
+        self._fence_tokens: dict[bytes, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._kvs)
+
+    def get(self, key: bytes) -> KeyValue | None:
+        return self._kvs.get(key)
+
+    def put(self, key: bytes, value: bytes, revision: int, lease_id: int) -> KeyValue:
+        previous = self._kvs.get(key)
+        if previous is None:
+            kv = KeyValue(key, value, revision, revision, 1, lease_id)
+            bisect.insort(self._sorted_keys, key)
+        else:
+            if revision <= previous.mod_revision:
+                raise AssertionError(f"revision {revision} not above {previous.mod_revision}")
+            kv = KeyValue(
+                key, value, previous.create_revision, revision, previous.version + 1, lease_id
+            )
+        self._kvs[key] = kv
+        return kv
+
+    def delete(self, key: bytes) -> KeyValue:
+        kv = self._kvs.pop(key)
+        position = bisect.bisect_left(self._sorted_keys, key)
+        if self._sorted_keys[position] != key:
+            raise AssertionError(f"key {key!r} missing from the sorted index")
+        del self._sorted_keys[position]
+        return kv
+
+    def scan(self, prefix: bytes, start_after: bytes = b"") -> Iterator[KeyValue]:
+        """Keys starting with ``prefix``, ascending, strictly after ``start_after``."""
+        if start_after and start_after >= prefix:
+            position = bisect.bisect_right(self._sorted_keys, start_after)
+        else:
+            position = bisect.bisect_left(self._sorted_keys, prefix)
+        end = prefix_end(prefix)
+        for key in self._sorted_keys[position:]:
+            if end is not None and key >= end:
+                return
+            yield self._kvs[key]
+
+    def range(
+        self, prefix: bytes, limit: int = 0, start_after: bytes = b""
+    ) -> tuple[tuple[KeyValue, ...], bool]:
+        """Up to ``limit`` keys (0: all) under ``prefix``; True if more remain."""
+        found: list[KeyValue] = []
+        for kv in self.scan(prefix, start_after):
+            if limit and len(found) == limit:
+                return tuple(found), True
+            found.append(kv)
+        return tuple(found), False
+
+    def fence_token(self, key: bytes) -> int:
+        return self._fence_tokens.get(key, 0)
+
+    def record_fence_token(self, key: bytes, token: int) -> None:
+        if token < self.fence_token(key):
+            raise AssertionError(f"fence token of {key!r} would go back to {token}")
+        self._fence_tokens[key] = token
+
+    def in_order(self) -> list[KeyValue]:
+        return [self._kvs[key] for key in self._sorted_keys]
+
+    def fence_tokens_in_order(self) -> list[tuple[bytes, int]]:
+        return sorted(self._fence_tokens.items())
+
+    def restore(self, kvs: list[KeyValue], fence_tokens: list[tuple[bytes, int]]) -> None:
+        self._kvs = {kv.key: kv for kv in kvs}
+        self._sorted_keys = sorted(self._kvs)
+        if len(self._sorted_keys) != len(kvs):
+            raise AssertionError("snapshot lists a key twice")
+        self._fence_tokens = dict(fence_tokens)

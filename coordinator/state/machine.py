@@ -1,0 +1,457 @@
+"""The replicated state machine: applies committed entries, answers reads, snapshots.
+
+Theory of operation. Every replica applies the same committed entries in the same order and
+must reach the same state, byte for byte: ``apply`` is a pure function of the current state
+and the entry. So nothing here reads a clock (time is the largest ``leader_time_ms`` applied
+so far, ``now_ms``), draws a random number, or iterates a hash-ordered container of strings
+or bytes (their order depends on the process's hash seed): maps are walked in sorted order.
+
+An entry's data is an encoded :class:`~.commands.Envelope`; empty data is the leader's no-op.
+Applying one envelope: advance ``now_ms``; expire idle sessions; then, for a session command,
+apply it at most once per (session, sequence) and cache its answer (see :mod:`.sessions`).
+Every key-value change made by the entry at raft index ``i`` has revision ``i``, and its
+events enter the watch history together.
+
+Expected outcomes (a failed compare, a stale fence, an unknown lease, an expired session) are
+returned as :mod:`.errors` values; an exception means a broken invariant or a corrupt entry,
+and the replica must stop rather than diverge.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from . import codec
+from .commands import (
+    Add,
+    CompareAndSet,
+    Delete,
+    Envelope,
+    LeaseExpire,
+    LeaseGrant,
+    LeaseRevoke,
+    Put,
+    SessionClose,
+    SessionCommand,
+    SessionKeepAlive,
+    SessionOpen,
+    decode_envelope,
+)
+from .errors import (
+    AddOverflow,
+    Compacted,
+    Failure,
+    InvalidCommand,
+    KeyTooLarge,
+    LeaseNotFound,
+    NotAnInteger,
+    SequenceDiscarded,
+    SessionExpired,
+    StaleFence,
+    TooManyOutstanding,
+    ValueTooLarge,
+)
+from .kv import KeyValueStore
+from .leases import LeaseInfo, LeaseTable
+from .results import (
+    AddResult,
+    CompareAndSetResult,
+    DeleteResult,
+    LeaseEndResult,
+    LeaseGrantResult,
+    NoOp,
+    PutResult,
+    Result,
+    SessionCloseResult,
+    SessionKeepAliveResult,
+    SessionOpenResult,
+)
+from .sessions import Session, SessionTable
+from .values import Event, EventType, Fence, KeyValue
+from .watch import WatchHistory
+
+SNAPSHOT_FORMAT = 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_DECIMAL = re.compile(rb"-?[0-9]+")
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Cluster-wide limits. Every member must use the same values: they decide outcomes."""
+
+    max_key_bytes: int = 4 * 1024
+    max_value_bytes: int = 1024 * 1024
+    max_history_events: int = 10_000
+    max_history_bytes: int = 64 * 1024 * 1024
+    max_outstanding_answers: int = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    session_id: int
+    ttl_ms: int
+    last_activity_ms: int
+    first_unacked: int
+    outstanding_answers: int
+
+
+class StateMachine:
+    def __init__(self, limits: Limits | None = None) -> None:
+        self.limits = limits or Limits()
+        # Invariant: the index of the last entry applied (or restored); only grows.
+        self.applied_index = 0
+        # The largest leader clock reading applied; only grows.
+        self.now_ms = 0
+        # The raft index of the last key-value change. Invariant: <= applied_index.
+        self.revision = 0
+        self.kv = KeyValueStore()
+        self.leases = LeaseTable()
+        self.sessions = SessionTable()
+        self.history = WatchHistory(self.limits.max_history_events, self.limits.max_history_bytes)
+
+    # ----------------------------------------------------------------- applying entries
+
+    def apply(self, index: int, data: bytes) -> Result:
+        """Apply the committed entry at ``index``. Raises on a corrupt entry (the log is
+        shared by every replica, so skipping it would diverge) or an out-of-order index."""
+        if index <= self.applied_index:
+            raise AssertionError(f"entry {index} applied after {self.applied_index}")
+        self.applied_index = index
+        if not data:
+            return NoOp()
+        envelope = decode_envelope(data)
+        self.now_ms = max(self.now_ms, envelope.leader_time_ms)
+        self.sessions.expire(self.now_ms)
+        return self._apply_envelope(index, envelope)
+
+    def _apply_envelope(self, index: int, envelope: Envelope) -> Result:
+        command = envelope.command
+        if isinstance(command, SessionOpen):
+            if envelope.session_id or envelope.sequence:
+                return InvalidCommand("SessionOpen is sent with session_id 0 and sequence 0")
+            if command.ttl_ms <= 0:
+                return InvalidCommand(f"session ttl_ms must be positive, got {command.ttl_ms}")
+            self.sessions.open(index, command.ttl_ms, self.now_ms)
+            return SessionOpenResult(index, command.ttl_ms)
+        if isinstance(command, LeaseExpire):
+            return self._end_lease(index, command.lease_id)
+        if envelope.session_id == 0:
+            return InvalidCommand(f"{type(command).__name__} requires a session")
+        session = self.sessions.get(envelope.session_id)
+        if session is None:
+            return SessionExpired(envelope.session_id)
+        self.sessions.touch(session, self.now_ms)
+        session.acknowledge(envelope.first_unacked)
+        if isinstance(command, SessionKeepAlive):
+            return SessionKeepAliveResult(session.ttl_ms)
+        if isinstance(command, SessionClose):
+            self.sessions.close(session.session_id)
+            return SessionCloseResult(session.session_id)
+        if not isinstance(command, SessionCommand):
+            raise AssertionError(f"no rule to apply {command!r}")
+        return self._apply_once(index, session, envelope.sequence, command)
+
+    def _apply_once(
+        self, index: int, session: Session, sequence: int, command: SessionCommand
+    ) -> Result:
+        if sequence < 1:
+            return InvalidCommand(f"{type(command).__name__} requires a sequence >= 1")
+        if sequence < session.first_unacked:
+            return SequenceDiscarded(session.session_id, sequence, session.first_unacked)
+        cached = session.answers.get(sequence)
+        if cached is not None:
+            return cached
+        if len(session.answers) >= self.limits.max_outstanding_answers:
+            return TooManyOutstanding(session.session_id, self.limits.max_outstanding_answers)
+        result = self._execute(index, command)
+        session.answers[sequence] = result
+        return result
+
+    def _execute(self, index: int, command: SessionCommand) -> Result:
+        if isinstance(command, Put):
+            return self._put(index, command)
+        if isinstance(command, Delete):
+            return self._delete(index, command)
+        if isinstance(command, CompareAndSet):
+            return self._compare_and_set(index, command)
+        if isinstance(command, Add):
+            return self._add(index, command)
+        if isinstance(command, LeaseGrant):
+            if command.ttl_ms <= 0:
+                return InvalidCommand(f"lease ttl_ms must be positive, got {command.ttl_ms}")
+            self.leases.grant(index, command.ttl_ms)
+            return LeaseGrantResult(index, index, command.ttl_ms)
+        if isinstance(command, LeaseRevoke):
+            return self._end_lease(index, command.lease_id)
+        raise AssertionError(f"no rule to execute {command!r}")
+
+    # ----------------------------------------------------------------- key-value writes
+
+    def _check_write(
+        self, key: bytes, value: bytes, lease_id: int, fence: Fence | None
+    ) -> Failure | None:
+        if not key:
+            return InvalidCommand("the key must not be empty")
+        if len(key) > self.limits.max_key_bytes:
+            return KeyTooLarge(len(key), self.limits.max_key_bytes)
+        if len(value) > self.limits.max_value_bytes:
+            return ValueTooLarge(len(value), self.limits.max_value_bytes)
+        if lease_id and self.leases.get(lease_id) is None:
+            return LeaseNotFound(lease_id)
+        return self._check_fence(fence, [key])
+
+    def _check_fence(self, fence: Fence | None, keys: list[bytes]) -> StaleFence | None:
+        """Refuse a fenced write whose token is not the lease's, or is below a token a key
+        was already written under (a newer holder got there first)."""
+        if fence is None:
+            return None
+        key = keys[0] if keys else b""
+        lease = self.leases.get(fence.lease_id)
+        if lease is None:
+            return StaleFence(key, fence.lease_id, fence.token, "the lease no longer exists")
+        if fence.token != lease.fencing_token:
+            detail = f"the lease's token is {lease.fencing_token}"
+            return StaleFence(key, fence.lease_id, fence.token, detail)
+        for key in keys:
+            highest = self.kv.fence_token(key)
+            if fence.token < highest:
+                detail = f"key {key!r} was written under token {highest}"
+                return StaleFence(key, fence.lease_id, fence.token, detail)
+        return None
+
+    def _record_fence(self, fence: Fence | None, keys: list[bytes]) -> None:
+        if fence is not None:
+            for key in keys:
+                self.kv.record_fence_token(key, fence.token)
+
+    def _write(
+        self, index: int, key: bytes, value: bytes, lease_id: int, fence: Fence | None
+    ) -> tuple[KeyValue, KeyValue | None]:
+        previous = self.kv.get(key)
+        if previous is not None and previous.lease_id != lease_id:
+            self.leases.detach(previous.lease_id, key)
+        kv = self.kv.put(key, value, index, lease_id)
+        self.leases.attach(lease_id, key)
+        self._record_fence(fence, [key])
+        self.revision = index
+        self.history.append([Event(EventType.PUT, kv, previous)])
+        return kv, previous
+
+    def _delete_keys(self, index: int, keys: list[bytes]) -> list[KeyValue]:
+        """Delete existing ``keys`` (sorted) at revision ``index``, as one revision."""
+        deleted = []
+        events = []
+        for key in keys:
+            previous = self.kv.delete(key)
+            self.leases.detach(previous.lease_id, key)
+            deleted.append(previous)
+            events.append(Event(EventType.DELETE, KeyValue(key, b"", 0, index, 0), previous))
+        if events:
+            self.revision = index
+            self.history.append(events)
+        return deleted
+
+    def _put(self, index: int, command: Put) -> Result:
+        failure = self._check_write(command.key, command.value, command.lease_id, command.fence)
+        if failure is not None:
+            return failure
+        kv, previous = self._write(
+            index, command.key, command.value, command.lease_id, command.fence
+        )
+        return PutResult(kv, previous if command.return_prev else None)
+
+    def _delete(self, index: int, command: Delete) -> Result:
+        if not command.key and not command.prefix:
+            return InvalidCommand("the key must not be empty (use prefix to delete everything)")
+        if len(command.key) > self.limits.max_key_bytes:
+            return KeyTooLarge(len(command.key), self.limits.max_key_bytes)
+        if command.prefix:
+            keys = [kv.key for kv in self.kv.scan(command.key)]
+        else:
+            keys = [command.key] if self.kv.get(command.key) is not None else []
+        failure = self._check_fence(command.fence, keys or [command.key])
+        if failure is not None:
+            return failure
+        deleted = self._delete_keys(index, keys)
+        self._record_fence(command.fence, keys or [command.key])
+        return DeleteResult(len(deleted), tuple(deleted) if command.return_prev else ())
+
+    def _compare_and_set(self, index: int, command: CompareAndSet) -> Result:
+        comparisons = (
+            (command.expected_value is not None)
+            + (command.expected_mod_revision is not None)
+            + command.must_not_exist
+        )
+        if comparisons != 1:
+            return InvalidCommand(
+                f"compare-and-set needs exactly one comparison, got {comparisons}"
+            )
+        failure = self._check_write(command.key, command.value, command.lease_id, command.fence)
+        if failure is not None:
+            return failure
+        current = self.kv.get(command.key)
+        if command.must_not_exist:
+            holds = current is None
+        elif command.expected_value is not None:
+            holds = current is not None and current.value == command.expected_value
+        else:
+            holds = current is not None and current.mod_revision == command.expected_mod_revision
+        if not holds:
+            return CompareAndSetResult(False, current)
+        kv, _ = self._write(index, command.key, command.value, command.lease_id, command.fence)
+        return CompareAndSetResult(True, kv)
+
+    def _add(self, index: int, command: Add) -> Result:
+        failure = self._check_write(command.key, b"", command.lease_id, command.fence)
+        if failure is not None:
+            return failure
+        current = self.kv.get(command.key)
+        if current is None:
+            base = 0
+        elif _DECIMAL.fullmatch(current.value):
+            base = int(current.value)
+        else:
+            return NotAnInteger(command.key)
+        total = base + command.delta
+        if not INT64_MIN <= total <= INT64_MAX:
+            return AddOverflow(command.key)
+        value = str(total).encode("ascii")
+        kv, _ = self._write(index, command.key, value, command.lease_id, command.fence)
+        return AddResult(total, kv)
+
+    def _end_lease(self, index: int, lease_id: int) -> Result:
+        lease = self.leases.get(lease_id)
+        if lease is None:
+            return LeaseNotFound(lease_id)
+        keys = sorted(lease.keys)
+        self._delete_keys(index, keys)
+        self.leases.remove(lease_id)
+        return LeaseEndResult(lease_id, tuple(keys))
+
+    # ----------------------------------------------------------------- reads
+
+    def get(self, key: bytes) -> KeyValue | None:
+        return self.kv.get(key)
+
+    def range(
+        self, prefix: bytes, limit: int = 0, start_after: bytes = b""
+    ) -> tuple[tuple[KeyValue, ...], bool]:
+        """Keys under ``prefix`` in key order, at most ``limit`` (0: all); True if cut."""
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        return self.kv.range(prefix, limit, start_after)
+
+    def lease_list(self) -> tuple[LeaseInfo, ...]:
+        return tuple(self.leases.info(lease, with_keys=False) for lease in self.leases.in_order())
+
+    def lease_info(self, lease_id: int) -> LeaseInfo | None:
+        lease = self.leases.get(lease_id)
+        return None if lease is None else self.leases.info(lease)
+
+    def session_info(self, session_id: int) -> SessionInfo | None:
+        s = self.sessions.get(session_id)
+        if s is None:
+            return None
+        return SessionInfo(
+            s.session_id, s.ttl_ms, s.last_activity_ms, s.first_unacked, len(s.answers)
+        )
+
+    def events_since(
+        self, revision: int, key: bytes, prefix: bool = False
+    ) -> tuple[Event, ...] | Compacted:
+        """Changes at ``revision`` (>= 1) or later to ``key`` (or under it), in order."""
+        if revision < 1:
+            raise ValueError(f"revision must be >= 1, got {revision}")
+        return self.history.events_since(revision, key, prefix)
+
+    # ----------------------------------------------------------------- snapshots
+
+    def snapshot(self) -> bytes:
+        """Canonical bytes of the whole state: equal states give equal bytes."""
+        sessions = [
+            [
+                s.session_id,
+                s.ttl_ms,
+                s.last_activity_ms,
+                s.first_unacked,
+                [[seq, codec.to_obj(s.answers[seq])] for seq in sorted(s.answers)],
+            ]
+            for s in self.sessions.in_order()
+        ]
+        return codec.pack(
+            [
+                SNAPSHOT_FORMAT,
+                self.applied_index,
+                self.now_ms,
+                self.revision,
+                [codec.to_obj(kv) for kv in self.kv.in_order()],
+                [[key, token] for key, token in self.kv.fence_tokens_in_order()],
+                [[lease.lease_id, lease.ttl_ms] for lease in self.leases.in_order()],
+                sessions,
+                self.history.compacted_revision,
+                [codec.to_obj(event) for event in self.history.in_order()],
+            ]
+        )
+
+    def restore(self, data: bytes) -> None:
+        """Replace the state with a snapshot's. Raises StateCodecError on malformed data."""
+        obj = _array(codec.unpack(data), 10, "snapshot")
+        if obj[0] != SNAPSHOT_FORMAT:
+            raise codec.StateCodecError(f"unknown snapshot format {obj[0]!r}")
+        applied_index, now_ms, revision = (_int(v) for v in obj[1:4])
+        kvs = [codec.from_obj(item, KeyValue) for item in _list(obj[4])]
+        tokens = [_pair(item, bytes) for item in _list(obj[5])]
+        leases = LeaseTable()
+        for item in _list(obj[6]):
+            lease_id, ttl_ms = _pair(item, int)
+            leases.grant(lease_id, ttl_ms)
+        for kv in kvs:
+            if kv.lease_id and leases.get(kv.lease_id) is None:
+                raise codec.StateCodecError(f"key {kv.key!r} names missing lease {kv.lease_id}")
+            leases.attach(kv.lease_id, kv.key)
+        sessions = SessionTable()
+        for item in _list(obj[7]):
+            session_id, ttl_ms, last_activity_ms, first_unacked, answers = _array(
+                item, 5, "session"
+            )
+            session = Session(
+                _int(session_id), _int(ttl_ms), _int(last_activity_ms), _int(first_unacked)
+            )
+            for answer in _list(answers):
+                sequence, result = _array(answer, 2, "cached answer")
+                session.answers[_int(sequence)] = codec.from_obj(result, Result)
+            sessions.add_restored(session)
+        history = WatchHistory(self.limits.max_history_events, self.limits.max_history_bytes)
+        history.restore(_int(obj[8]), [codec.from_obj(item, Event) for item in _list(obj[9])])
+
+        self.applied_index, self.now_ms, self.revision = applied_index, now_ms, revision
+        self.kv = KeyValueStore()
+        self.kv.restore(kvs, tokens)
+        self.leases, self.sessions, self.history = leases, sessions, history
+
+
+def _list(obj: Any) -> list[Any]:
+    if not isinstance(obj, list):
+        raise codec.StateCodecError(f"expected an array, got {obj!r}"[:200])
+    return obj
+
+
+def _array(obj: Any, length: int, what: str) -> list[Any]:
+    if not isinstance(obj, list) or len(obj) != length:
+        raise codec.StateCodecError(f"malformed {what}: {obj!r}"[:200])
+    return obj
+
+
+def _int(obj: Any) -> int:
+    if type(obj) is not int:
+        raise codec.StateCodecError(f"expected an integer, got {obj!r}"[:200])
+    return obj
+
+
+def _pair(obj: Any, first: type[Any]) -> tuple[Any, int]:
+    a, b = _array(obj, 2, "pair")
+    if type(a) is not first:
+        raise codec.StateCodecError(f"expected {first.__name__}, got {a!r}"[:200])
+    return a, _int(b)

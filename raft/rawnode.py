@@ -1,0 +1,308 @@
+"""The application's handle on a Raft node: inputs in, ``Ready`` batches out.
+
+Theory of operation (etcd-io/raft ``rawnode.go``, without asynchronous storage writes): the
+application feeds ticks, network messages and requests into the node, then asks for a
+``Ready`` whenever ``has_ready()``. For each Ready, in this order, it must
+
+1. persist ``hard_state``, ``entries`` and ``snapshot`` (fsync),
+2. send ``messages`` (they may vouch for what was just persisted: votes, append acks),
+3. apply ``committed_entries`` in order (``apply_conf_change`` for CONF_CHANGE entries),
+4. call ``advance(rd)``.
+
+``ready()`` marks what it hands out as in progress, so two Ready without an ``advance``
+between them are refused. ``advance`` tells the log what is now stable and applied, and steps
+back in the responses the node addressed to itself: the leader's acknowledgement of its own
+appended entries and a candidate's own vote, which count only once persisted (thesis 3.8).
+Committed entries are handed out only once persisted locally.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from .codec import encode_conf_change
+from .errors import StepLocalMsgError, StepPeerNotFoundError
+from .raft import Config, Raft, SoftState, StateType, payloads_size
+from .storage import entries_size
+from .tracker import Progress
+from .types import (
+    EMPTY_HARD_STATE,
+    EMPTY_SNAPSHOT,
+    LOCAL_MESSAGES,
+    NONE,
+    RESPONSE_MESSAGES,
+    ConfChange,
+    ConfState,
+    Entry,
+    EntryType,
+    HardState,
+    Index,
+    Message,
+    MessageType,
+    NodeId,
+    ReadState,
+    Snapshot,
+    Term,
+)
+
+__all__ = ["RawNode", "Ready", "SnapshotStatus", "SoftState", "Status"]
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """One batch of work for the application (see the module docstring for the order)."""
+
+    soft_state: SoftState | None = None
+    """The new soft state, or None if unchanged since the last Ready."""
+    hard_state: HardState = EMPTY_HARD_STATE
+    """The hard state to persist, or EMPTY_HARD_STATE if unchanged."""
+    read_states: tuple[ReadState, ...] = ()
+    entries: tuple[Entry, ...] = ()
+    """Entries to persist (append, overwriting any suffix from their first index)."""
+    snapshot: Snapshot = EMPTY_SNAPSHOT
+    """A snapshot to persist and restore the state machine from, or EMPTY_SNAPSHOT."""
+    committed_entries: tuple[Entry, ...] = ()
+    """Entries to apply, in order."""
+    messages: tuple[Message, ...] = ()
+    """Messages to send, only after persisting the above."""
+    must_sync: bool = False
+    """True if the writes must be synced to disk (entries, term or vote changed)."""
+
+    def contains_updates(self) -> bool:
+        return (
+            self.soft_state is not None
+            or not self.hard_state.is_empty()
+            or not self.snapshot.is_empty()
+            or bool(self.entries)
+            or bool(self.committed_entries)
+            or bool(self.messages)
+            or bool(self.read_states)
+        )
+
+
+class SnapshotStatus(enum.Enum):
+    FINISH = 1
+    FAILURE = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """A consistent copy of a node's state, for monitoring and tests."""
+
+    id: NodeId
+    hard_state: HardState
+    soft_state: SoftState
+    applied: Index
+    progress: dict[NodeId, Progress] = field(default_factory=dict)
+    """Copies of the followers' progress; empty unless leader."""
+    lead_transferee: NodeId = NONE
+    conf_state: ConfState = field(default_factory=ConfState)
+
+
+@dataclass(frozen=True, slots=True)
+class _PendingAdvance:
+    """What a handed-out Ready will make stable or applied once advanced."""
+
+    term: Term
+    """The term when the Ready was accepted: a term change voids the stable mark."""
+    stable_index: Index
+    stable_term: Term
+    """The last unstable entry when accepted (0/0 if none): persisted up to it."""
+    snapshot_index: Index
+    self_messages: tuple[Message, ...]
+
+
+class RawNode:
+    """A Raft node driven by the application. Not thread-safe."""
+
+    def __init__(self, config: Config) -> None:
+        self.raft = Raft(config)
+        # Soft and hard state as of the last Ready handed out (to report only changes).
+        self._prev_soft_state = self.raft.soft_state()
+        self._prev_hard_state = self.raft.hard_state()
+        # Set between ready() and advance(): what advance will mark stable and step in.
+        self._pending: _PendingAdvance | None = None
+
+    # -- inputs -------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Advance the logical clock by one tick."""
+        self.raft.tick()
+
+    def campaign(self) -> None:
+        """Start an election now (pre-vote first if enabled)."""
+        self.raft.step(Message(type=MessageType.MsgHup))
+
+    def propose(self, data: bytes) -> None:
+        """Propose ``data`` for the log; raises ProposalDroppedError if refused."""
+        self.raft.step(
+            Message(
+                type=MessageType.MsgProp,
+                from_=self.raft.id,
+                entries=(Entry(Term(0), Index(0), EntryType.NORMAL, data),),
+            )
+        )
+
+    def propose_conf_change(self, cc: ConfChange) -> None:
+        """Propose a configuration change; raises ProposalDroppedError if refused.
+
+        A change proposed while another is unapplied (or inconsistent with joint state) is
+        replaced by an empty normal entry, which the proposer sees applied instead.
+        """
+        self.raft.step(
+            Message(
+                type=MessageType.MsgProp,
+                from_=self.raft.id,
+                entries=(Entry(Term(0), Index(0), EntryType.CONF_CHANGE, encode_conf_change(cc)),),
+            )
+        )
+
+    def apply_conf_change(self, cc: ConfChange) -> ConfState:
+        """Apply a committed change (call when its entry is applied); the new config."""
+        return self.raft.apply_conf_change(cc)
+
+    def step(self, m: Message) -> None:
+        """Feed a message received from a peer."""
+        if m.type in LOCAL_MESSAGES:
+            raise StepLocalMsgError(f"cannot step local message {m.type.name} from the network")
+        if m.type in RESPONSE_MESSAGES and m.from_ not in self.raft.trk.progress:
+            raise StepPeerNotFoundError(f"no peer {m.from_} for {m.type.name}")
+        self.raft.step(m)
+
+    def read_index(self, ctx: bytes) -> None:
+        """Request a linearizable read tagged ``ctx``; the answer comes as a ReadState."""
+        self.raft.step(
+            Message(
+                type=MessageType.MsgReadIndex,
+                entries=(Entry(Term(0), Index(0), EntryType.NORMAL, ctx),),
+            )
+        )
+
+    def transfer_leader(self, transferee: NodeId) -> None:
+        """Ask the leader to hand leadership to ``transferee`` (thesis 3.10)."""
+        self.raft.step(Message(type=MessageType.MsgTransferLeader, from_=transferee))
+
+    def report_unreachable(self, node_id: NodeId) -> None:
+        """The transport failed to reach ``node_id``: its replication falls back to probing."""
+        self.raft.step(Message(type=MessageType.MsgUnreachable, from_=node_id))
+
+    def report_snapshot(self, node_id: NodeId, status: SnapshotStatus) -> None:
+        """Report the outcome of sending a snapshot to ``node_id``."""
+        self.raft.step(
+            Message(
+                type=MessageType.MsgSnapStatus,
+                from_=node_id,
+                reject=status is SnapshotStatus.FAILURE,
+            )
+        )
+
+    def forget_leader(self) -> None:
+        """Forget the leader (follower only), e.g. because the application knows it left."""
+        self.raft.forget_leader()
+
+    # -- outputs ------------------------------------------------------------------------
+
+    def has_ready(self) -> bool:
+        r = self.raft
+        if r.soft_state() != self._prev_soft_state:
+            return True
+        hs = r.hard_state()
+        if not hs.is_empty() and hs != self._prev_hard_state:
+            return True
+        log = r.raft_log
+        if log.has_next_unstable_snapshot():
+            return True
+        if r.msgs or r.msgs_after_append or r.read_states:
+            return True
+        return log.has_next_unstable_ents() or log.has_next_committed_ents()
+
+    def ready(self) -> Ready:
+        """The pending work; must be followed by ``advance(rd)`` before the next one."""
+        if self._pending is not None:
+            raise RuntimeError("ready() called twice without advance()")
+        r = self.raft
+        log = r.raft_log
+        soft = r.soft_state()
+        hard = r.hard_state()
+        entries = tuple(log.next_unstable_ents())
+        snapshot = log.next_unstable_snapshot() or EMPTY_SNAPSHOT
+        committed = tuple(log.next_committed_ents())
+        messages = list(r.msgs)
+        self_messages: list[Message] = []
+        for m in r.msgs_after_append:
+            (self_messages if m.to == r.id else messages).append(m)
+        rd = Ready(
+            soft_state=soft if soft != self._prev_soft_state else None,
+            hard_state=hard if hard != self._prev_hard_state else EMPTY_HARD_STATE,
+            read_states=tuple(r.read_states),
+            entries=entries,
+            snapshot=snapshot,
+            committed_entries=committed,
+            messages=tuple(messages),
+            must_sync=bool(entries)
+            or hard.term != self._prev_hard_state.term
+            or hard.vote != self._prev_hard_state.vote,
+        )
+
+        # Accept: everything handed out is now in progress.
+        if rd.soft_state is not None:
+            self._prev_soft_state = soft
+        if not rd.hard_state.is_empty():
+            self._prev_hard_state = hard
+        if rd.read_states:
+            r.read_states = []
+        stable_index, stable_term = Index(0), Term(0)
+        if log.has_next_or_in_progress_unstable_ents():
+            # Once this Ready is persisted, the log is stable up to its current last entry
+            # (earlier Readies were persisted before this one).
+            stable_index, stable_term = log.last_index(), log.last_term()
+        self._pending = _PendingAdvance(
+            term=r.term,
+            stable_index=stable_index,
+            stable_term=stable_term,
+            snapshot_index=snapshot.metadata.index,
+            self_messages=tuple(self_messages),
+        )
+        r.msgs = []
+        r.msgs_after_append = []
+        log.accept_unstable()
+        if committed:
+            log.accept_applying(committed[-1].index, entries_size(committed))
+        return rd
+
+    def advance(self, rd: Ready) -> None:
+        """``rd`` was persisted, its messages sent and its committed entries applied."""
+        pending = self._pending
+        if pending is None:
+            raise RuntimeError("advance() called without a preceding ready()")
+        self._pending = None
+        r = self.raft
+        log = r.raft_log
+        if pending.stable_index and pending.term == r.term:
+            # After a term change the unstable tail may have been rewritten since the Ready
+            # was handed out; the next Ready re-marks it.
+            log.stable_to(pending.stable_index, pending.stable_term)
+        if pending.snapshot_index:
+            r.applied_snap(rd.snapshot)
+        # Our own append ack and vote count now that they are persisted.
+        for m in pending.self_messages:
+            r.step(m)
+        if rd.committed_entries:
+            r.reduce_uncommitted_size(payloads_size(rd.committed_entries))
+            r.applied_to(rd.committed_entries[-1].index, entries_size(rd.committed_entries))
+
+    def status(self) -> Status:
+        r = self.raft
+        progress: dict[NodeId, Progress] = {}
+        if r.state is StateType.LEADER:
+            progress = {node_id: pr.copy() for node_id, pr in r.trk.progress.items()}
+        return Status(
+            id=r.id,
+            hard_state=r.hard_state(),
+            soft_state=r.soft_state(),
+            applied=r.raft_log.applied,
+            progress=progress,
+            lead_transferee=r.lead_transferee,
+            conf_state=r.trk.conf_state(),
+        )

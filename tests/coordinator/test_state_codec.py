@@ -1,0 +1,88 @@
+"""The record encoding: canonical, round-trips every record, refuses malformed input."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from rallypoint.coordinator.state import codec
+from rallypoint.coordinator.state.commands import (
+    Add,
+    CompareAndSet,
+    Envelope,
+    Put,
+    SessionKeepAlive,
+    decode_envelope,
+    encode_envelope,
+)
+from rallypoint.coordinator.state.errors import Failure, StaleFence
+from rallypoint.coordinator.state.machine import StateMachine
+from rallypoint.coordinator.state.results import DeleteResult, PutResult, Result, Success
+from rallypoint.coordinator.state.values import Event, EventType, Fence, KeyValue
+
+
+@pytest.mark.parametrize(
+    "envelope",
+    [
+        Envelope(1, 2, 1, 1_000, Put(b"k", b"\x00\xff", 3, Fence(3, 3), True)),
+        Envelope(1, 3, 0, 1_001, CompareAndSet(b"k", b"v", None, 7)),
+        Envelope(1, 4, 0, 1_002, Add(b"n", -(2**63))),
+        Envelope(5, 0, 2, 9, SessionKeepAlive()),
+    ],
+)
+def test_envelopes_round_trip_as_arrays(envelope: Envelope) -> None:
+    data = encode_envelope(envelope)
+    assert decode_envelope(data) == envelope
+    assert isinstance(msgpack.unpackb(data), list)
+    assert encode_envelope(decode_envelope(data)) == data
+
+
+def test_results_round_trip_through_their_union() -> None:
+    kv = KeyValue(b"k", b"v", 2, 3, 2, 0)
+    results: list[Result] = [
+        PutResult(kv, None),
+        DeleteResult(1, (kv,)),
+        StaleFence(b"k", 4, 4, "newer token"),
+    ]
+    for result in results:
+        assert codec.from_obj(codec.to_obj(result), Result) == result
+    event = Event(EventType.DELETE, KeyValue(b"k", b"", 0, 4, 0), kv)
+    assert codec.decode(codec.encode(event), Event) == event
+    assert isinstance(results[2], Failure) and not isinstance(results[2], Success)
+
+
+@pytest.mark.parametrize(
+    ("data", "complaint"),
+    [
+        (b"\xc1", "not valid msgpack"),
+        (msgpack.packb([20, 1, 2, 3, 4]), "expected 5 fields"),
+        (msgpack.packb([20, 1, 2, 3, 4, [999]]), "tag 999"),
+        (msgpack.packb([20, 1, 2, 3, 4, [300, b"k", b"v", 1, 1, 1, 0]]), "not a record of type"),
+        (msgpack.packb([20, "1", 2, 3, 4, [9]]), "Envelope.session_id"),
+        (msgpack.packb([20, 1, 2, 3, 4, [1, "text key", b"v", 0, None, False]]), "Put.key"),
+        (msgpack.packb([20, 1, 2, 3, 4, [1, b"k", b"v", 0, [301, 1], False]]), "Put.fence"),
+    ],
+)
+def test_malformed_envelopes_are_refused_with_a_reason(data: bytes, complaint: str) -> None:
+    with pytest.raises(codec.StateCodecError, match=complaint):
+        decode_envelope(data)
+
+
+def test_a_corrupt_entry_stops_the_replica_instead_of_being_skipped() -> None:
+    machine = StateMachine()
+    with pytest.raises(codec.StateCodecError):
+        machine.apply(1, b"\x93\x01\x02")
+
+
+def test_malformed_snapshots_are_refused() -> None:
+    machine = StateMachine()
+    good = machine.snapshot()
+    machine.restore(good)
+    for bad in [b"", msgpack.packb([2, *msgpack.unpackb(good)[1:]]), msgpack.packb([1, 2])]:
+        with pytest.raises(codec.StateCodecError):
+            machine.restore(bad)
+
+
+def test_registering_a_tag_twice_is_refused() -> None:
+    with pytest.raises(TypeError, match="already names"):
+        codec.record(1)(KeyValue)

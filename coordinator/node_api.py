@@ -1,0 +1,178 @@
+"""What the gRPC servicers need from a running member: the seam between the two.
+
+The servicers (``coordinator/service``) validate requests, turn them into state-machine
+commands, and map outcomes to gRPC statuses. The member (``coordinator/node.py``) runs Raft:
+it proposes, waits for the entry to apply, and answers reads. This module is the contract
+between them, so each side can be tested with a double of the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from .state.commands import Command
+from .state.machine import StateMachine
+from .state.results import Result
+from .state.values import Event
+
+
+class NodeError(Exception):
+    """Base of the outcomes a member reports instead of an answer."""
+
+
+class NotLeaderError(NodeError):
+    """This member is not the leader. ``leader_address`` is the leader's client address, or
+    None when no leader is known (an election is under way)."""
+
+    def __init__(self, leader_id: int, leader_address: str | None) -> None:
+        hint = f" (leader is member {leader_id} at {leader_address})" if leader_address else ""
+        super().__init__(f"this member is not the leader{hint}")
+        self.leader_id = leader_id
+        self.leader_address = leader_address
+
+
+class NoLeaderError(NotLeaderError):
+    def __init__(self) -> None:
+        NodeError.__init__(self, "the cluster has no leader right now (an election is under way)")
+        self.leader_id = 0
+        self.leader_address = None
+
+
+class ProposalTimeoutError(NodeError):
+    """The proposal or read did not complete within the deadline; it may still apply."""
+
+
+class ProposalDroppedError(NodeError):
+    """Raft refused the proposal (leadership transfer in progress, a pending conf change...)."""
+
+
+class CompactedWatchError(NodeError):
+    """A watch asked for revisions older than the retained history."""
+
+    def __init__(self, requested: int, first_available: int) -> None:
+        super().__init__(
+            f"revision {requested} was compacted; the oldest available revision is "
+            f"{first_available}"
+        )
+        self.requested = requested
+        self.first_available = first_available
+
+
+class MemberNotFoundError(NodeError):
+    def __init__(self, member_id: int) -> None:
+        super().__init__(f"member {member_id} is not in the cluster")
+        self.member_id = member_id
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    member_id: int
+    peer_address: str
+    client_address: str
+    is_learner: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PeerProgress:
+    member_id: int
+    match_index: int
+    next_index: int
+    state: str  # "probe", "replicate" or "snapshot"
+    recent_active: bool
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    member_id: int
+    cluster_id: int
+    term: int
+    leader_id: int
+    role: str  # "leader", "follower", "candidate", "pre-candidate"
+    commit_index: int
+    applied_index: int
+    snapshot_index: int
+    members: tuple[Member, ...]
+    progress: tuple[PeerProgress, ...]  # empty unless this member leads
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """What every response header carries."""
+
+    revision: int
+    raft_term: int
+    leader_id: int
+    member_id: int
+
+
+class ServerNode(Protocol):
+    """A running member, as the servicers see it. All methods are called on the event loop."""
+
+    @property
+    def member_id(self) -> int: ...
+
+    @property
+    def cluster_id(self) -> int: ...
+
+    @property
+    def state(self) -> StateMachine:
+        """The applied state; read it only after ``read_barrier`` for linearizable reads."""
+        ...
+
+    def header(self) -> Header: ...
+
+    async def propose(
+        self,
+        command: Command,
+        *,
+        session_id: int = 0,
+        sequence: int = 0,
+        first_unacked: int = 0,
+        timeout_s: float = 5.0,
+    ) -> Result:
+        """Replicate ``command`` and return its result once applied on this member.
+
+        Raises NotLeaderError / NoLeaderError, ProposalDroppedError, ProposalTimeoutError.
+        """
+        ...
+
+    async def read_barrier(self, timeout_s: float = 5.0) -> None:
+        """Return once this member has applied everything committed when the call was made
+        (ReadIndex). Raises NotLeaderError / NoLeaderError, ProposalTimeoutError."""
+        ...
+
+    def watch(self, start_revision: int, key: bytes, prefix: bool) -> AsyncIterator[list[Event]]:
+        """Events from ``start_revision`` on (0 = from the next change), in revision order,
+        batched per revision, with no gaps and no duplicates. Raises CompactedWatchError
+        (when iterated) if the start revision is no longer in the history."""
+        ...
+
+    def lease_keep_alive(self, lease_id: int) -> int | None:
+        """Leader only: extend the lease; return its TTL in ms, or None if unknown.
+        Raises NotLeaderError on a follower."""
+        ...
+
+    def lease_remaining_ms(self, lease_id: int) -> int | None:
+        """Leader only: milliseconds before the lease expires, None if unknown."""
+        ...
+
+    def status(self) -> NodeStatus: ...
+
+    async def member_add(
+        self, peer_address: str, client_address: str, as_learner: bool, timeout_s: float = 10.0
+    ) -> Member: ...
+
+    async def member_remove(self, member_id: int, timeout_s: float = 10.0) -> None: ...
+
+    async def member_promote(self, member_id: int, timeout_s: float = 10.0) -> Member: ...
+
+    async def transfer_leader(self, target_id: int, timeout_s: float = 10.0) -> int:
+        """Hand leadership to ``target_id`` (0: the most up-to-date voter); return the new
+        leader's id."""
+        ...
+
+    async def snapshot_now(self) -> int:
+        """Write a snapshot at the applied index and compact; return the snapshot's index."""
+        ...

@@ -11,8 +11,9 @@ from .codec import record
 @record(300)
 @dataclass(frozen=True, slots=True)
 class KeyValue:
-    """A key as stored. Invariants: ``create_revision <= mod_revision``; ``version >= 1``
-    counts the changes since the key was (re)created; ``lease_id`` is 0 or a live lease."""
+    """A key as stored. Invariants for a stored key: ``create_revision <= mod_revision``;
+    ``version >= 1`` counts the changes since the key was (re)created; ``lease_id`` is 0 or a
+    live lease. (A DELETE event's ``kv`` is not stored: it has version 0, see :class:`Event`.)"""
 
     key: bytes
     value: bytes

@@ -20,6 +20,8 @@ import os
 import sys
 from collections.abc import Callable
 
+import google_crc32c
+
 #: Flushes one open file descriptor to stable storage; raises OSError on failure.
 FsyncFn = Callable[[int], None]
 
@@ -130,3 +132,12 @@ class DataCorruptionError(Exception):
         self.path = path
         self.offset = offset
         self.reason = reason
+
+
+def crc32c_of(data: bytes, start: int, end: int, piece_bytes: int = 1 << 20) -> int:
+    """CRC32C of ``data[start:end]``, copying at most ``piece_bytes`` at a time (the library
+    accepts only ``bytes``, not views)."""
+    crc = 0
+    for pos in range(start, end, piece_bytes):
+        crc = google_crc32c.extend(crc, data[pos : min(end, pos + piece_bytes)])
+    return crc

@@ -44,6 +44,7 @@ from .codec import CodecError, decode_snapshot_metadata, encode_snapshot_metadat
 from .fileutil import (
     DataCorruptionError,
     FsyncFn,
+    crc32c_of,
     default_fsync,
     fsync_dir,
     remove_leftover_temp_files,
@@ -90,7 +91,7 @@ def decode_snapshot_file(path: str, data: bytes) -> Snapshot:
         raise SnapshotCorruptionError(path, 0, "bad magic")
     crc_offset = len(data) - _U32.size
     (stored_crc,) = _U32.unpack_from(data, crc_offset)
-    if google_crc32c.value(memoryview(data)[:crc_offset]) != stored_crc:
+    if crc32c_of(data, 0, crc_offset) != stored_crc:
         raise SnapshotCorruptionError(path, crc_offset, "whole-file checksum mismatch")
     # The checksum matched, so what follows failing would mean a writer bug, not bit rot.
     (meta_len,) = _U32.unpack_from(data, len(MAGIC))

@@ -655,20 +655,11 @@ class Raft:
                 if not force and in_lease:
                     # Leader stickiness (thesis 4.2.3): having heard from a leader within
                     # the minimum election timeout, neither update the term nor vote.
-                    self.logger.info(
-                        "%d [logterm: %d, index: %d, vote: %d] ignored %s from %d "
-                        "[logterm: %d, index: %d] at term %d: lease is not expired "
-                        "(remaining ticks: %d)",
-                        self.id,
-                        self.raft_log.last_term(),
-                        self.raft_log.last_index(),
-                        self.vote,
-                        m.type.name,
-                        m.from_,
-                        m.log_term,
-                        m.index,
-                        self.term,
-                        self.election_timeout - self.election_elapsed,
+                    self._log_vote_decision(
+                        "ignored",
+                        m,
+                        f": lease is not expired (remaining ticks: "
+                        f"{self.election_timeout - self.election_elapsed})",
                     )
                     return
             if m.type is MT.MsgPreVote:
@@ -700,19 +691,7 @@ class Raft:
             elif m.type is MT.MsgPreVote:
                 # Reject rather than ignore, or a cluster upgraded to pre-vote with a
                 # higher-term, shorter-log candidate could deadlock.
-                self.logger.info(
-                    "%d [logterm: %d, index: %d, vote: %d] rejected %s from %d "
-                    "[logterm: %d, index: %d] at term %d",
-                    self.id,
-                    self.raft_log.last_term(),
-                    self.raft_log.last_index(),
-                    self.vote,
-                    m.type.name,
-                    m.from_,
-                    m.log_term,
-                    m.index,
-                    self.term,
-                )
+                self._log_vote_decision("rejected", m)
                 self.send(Message(type=MT.MsgPreVoteResp, to=m.from_, term=self.term, reject=True))
             else:
                 self.logger.info(
@@ -732,6 +711,23 @@ class Raft:
         else:
             self.step_role(m)
 
+    def _log_vote_decision(self, decision: str, m: Message, detail: str = "") -> None:
+        self.logger.info(
+            "%d [logterm: %d, index: %d, vote: %d] %s %s from %d [logterm: %d, index: %d] "
+            "at term %d%s",
+            self.id,
+            self.raft_log.last_term(),
+            self.raft_log.last_index(),
+            self.vote,
+            decision,
+            m.type.name,
+            m.from_,
+            m.log_term,
+            m.index,
+            self.term,
+            detail,
+        )
+
     def _handle_vote_request(self, m: Message) -> None:
         # We can vote if this repeats a vote we already cast, if we have not voted and know
         # no leader in this term, or if this is a pre-vote for a future term ...
@@ -745,19 +741,7 @@ class Raft:
             # Learners answer too: a learner promoted by a change it has not yet applied is a
             # voter in the candidate's eyes, and an election may need it. A candidate counts
             # only the voters of its own configuration.
-            self.logger.info(
-                "%d [logterm: %d, index: %d, vote: %d] cast %s for %d [logterm: %d, index: %d] "
-                "at term %d",
-                self.id,
-                self.raft_log.last_term(),
-                self.raft_log.last_index(),
-                self.vote,
-                m.type.name,
-                m.from_,
-                m.log_term,
-                m.index,
-                self.term,
-            )
+            self._log_vote_decision("cast", m)
             # Answer with the request's term: for pre-votes ours may be older, and the
             # pre-candidate would ignore an answer carrying it.
             self.send(Message(type=vote_resp_type(m.type), to=m.from_, term=m.term))
@@ -766,19 +750,7 @@ class Raft:
                 self.election_elapsed = 0
                 self.vote = m.from_
         else:
-            self.logger.info(
-                "%d [logterm: %d, index: %d, vote: %d] rejected %s from %d "
-                "[logterm: %d, index: %d] at term %d",
-                self.id,
-                self.raft_log.last_term(),
-                self.raft_log.last_index(),
-                self.vote,
-                m.type.name,
-                m.from_,
-                m.log_term,
-                m.index,
-                self.term,
-            )
+            self._log_vote_decision("rejected", m)
             self.send(Message(type=vote_resp_type(m.type), to=m.from_, term=self.term, reject=True))
 
     def step_leader(self, m: Message) -> None:

@@ -162,8 +162,8 @@ class Network:
         self.dropm: dict[tuple[NodeId, NodeId], float] = {}
         # Message types dropped everywhere.
         self.ignorem: set[MessageType] = set()
-        # Return False to drop a message (after the other filters).
-        self.msg_hook: Callable[[Message], bool] | None = None
+        # Applied last: returns the message to deliver (possibly altered) or None to drop it.
+        self.msg_hook: Callable[[Message], Message | None] | None = None
         self.rng = random.Random(seed)
         # Every message delivered, in order (tests count them).
         self.delivered: list[Message] = []
@@ -250,7 +250,10 @@ class Network:
             probability = self.dropm.get((m.from_, m.to), 0.0)
             if probability and self.rng.random() < probability:
                 continue
-            if self.msg_hook is not None and not self.msg_hook(m):
-                continue
+            if self.msg_hook is not None:
+                hooked = self.msg_hook(m)
+                if hooked is None:
+                    continue
+                m = hooked
             kept.append(m)
         return kept

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from typing import Protocol
 
 from .codec import CodecError, decode_conf_change
+from .raft import SoftState
+from .rawnode import Ready
 from .types import (
     NONE,
     ConfChange,
@@ -44,44 +45,6 @@ _CONF_CHANGE_LETTERS = {
     ConfChangeType.REMOVE_NODE: "r",
     ConfChangeType.ADD_LEARNER_NODE: "l",
 }
-
-
-class SoftStateLike(Protocol):
-    """What :func:`describe_soft_state` reads (``rawnode.SoftState``)."""
-
-    @property
-    def lead(self) -> NodeId: ...
-
-    @property
-    def raft_state(self) -> enum.Enum: ...
-
-
-class ReadyLike(Protocol):
-    """What :func:`describe_ready` reads (``rawnode.Ready``)."""
-
-    @property
-    def soft_state(self) -> SoftStateLike | None: ...
-
-    @property
-    def hard_state(self) -> HardState: ...
-
-    @property
-    def read_states(self) -> tuple[ReadState, ...]: ...
-
-    @property
-    def entries(self) -> tuple[Entry, ...]: ...
-
-    @property
-    def snapshot(self) -> Snapshot: ...
-
-    @property
-    def committed_entries(self) -> tuple[Entry, ...]: ...
-
-    @property
-    def messages(self) -> tuple[Message, ...]: ...
-
-    @property
-    def must_sync(self) -> bool: ...
 
 
 def quote_bytes(data: bytes) -> str:
@@ -157,7 +120,7 @@ def describe_snapshot(snap: Snapshot) -> str:
     return f"Index:{meta.index} Term:{meta.term} ConfState:{describe_conf_state(meta.conf_state)}"
 
 
-def describe_soft_state(ss: SoftStateLike) -> str:
+def describe_soft_state(ss: SoftState) -> str:
     return f"Lead:{ss.lead} State:{state_name(ss.raft_state)}"
 
 
@@ -181,7 +144,7 @@ def describe_message(m: Message) -> str:
     return " ".join(parts)
 
 
-def describe_ready(rd: ReadyLike) -> str:
+def describe_ready(rd: Ready) -> str:
     """A multi-line description of everything a Ready asks of the application.
 
     ``<empty Ready>`` when it asks for nothing; otherwise a ``Ready MustSync=...:`` header

@@ -28,6 +28,7 @@ from typing import Any
 
 from rallypoint.raft import (
     Config,
+    Progress,
     RaftError,
     RawNode,
     ReadOnlyOption,
@@ -381,11 +382,11 @@ class InteractionEnv:
         for node in self._nodes(d):
             node.raw_node = self._start(node.id, node.storage, node.options)
             self._reset_app_state(node)
-            hs = node.storage.hard_state
+            first, last = node.storage.first_index(), node.storage.last_index()
+            log = f"{first}..{last}" if first <= last else "empty"
             self._write(
-                f"{node.id} restarted: HardState {describe_hard_state(hs)} "
-                f"Log:{node.storage.first_index()}..{node.storage.last_index()} "
-                f"Applied:{node.applied.index}"
+                f"{node.id} restarted: HardState {describe_hard_state(node.storage.hard_state)} "
+                f"Log:{log} Applied:{node.applied.index}"
             )
 
     # -- Ready handling --------------------------------------------------------------------
@@ -657,6 +658,8 @@ class InteractionEnv:
         """``status ID``: the configuration and, on a leader, each peer's progress."""
         st = self._first_node(d).raw_node.status()
         self._write(describe_conf_state(st.conf_state))
+        if st.lead_transferee:
+            self._write(f"LeadTransferee:{st.lead_transferee}")
         for peer_id in sorted(st.progress):
             self._write(f"{peer_id}: {describe_progress(st.progress[peer_id])}")
 
@@ -670,7 +673,7 @@ class InteractionEnv:
             logger.setLevel(self._level)
 
 
-def describe_progress(pr: Any) -> str:
+def describe_progress(pr: Progress) -> str:
     """etcd's ``Progress.String``: state, match, next and the flags that are set."""
     parts = [f"{state_name(pr.state)} match={pr.match} next={pr.next}"]
     if pr.is_learner:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from rallypoint.raft import Ready, SoftState, StateType
 from rallypoint.raft.codec import encode_conf_change
 from rallypoint.raft.describe import (
     describe_conf_state,
@@ -15,8 +14,6 @@ from rallypoint.raft.describe import (
     state_name,
 )
 from rallypoint.raft.types import (
-    EMPTY_HARD_STATE,
-    EMPTY_SNAPSHOT,
     ConfChange,
     ConfChangeSingle,
     ConfChangeType,
@@ -105,27 +102,9 @@ def test_hard_and_conf_state() -> None:
     )
 
 
-@dataclass(frozen=True)
-class FakeSoftState:
-    lead: NodeId
-    raft_state: ConfChangeType  # any enum: only its name is read
-
-
-@dataclass(frozen=True)
-class FakeReady:
-    soft_state: FakeSoftState | None = None
-    hard_state: HardState = EMPTY_HARD_STATE
-    read_states: tuple[ReadState, ...] = ()
-    entries: tuple[Entry, ...] = ()
-    snapshot: Snapshot = EMPTY_SNAPSHOT
-    committed_entries: tuple[Entry, ...] = ()
-    messages: tuple[Message, ...] = ()
-    must_sync: bool = False
-
-
 def test_ready_sections_in_handling_order() -> None:
-    rd = FakeReady(
-        soft_state=FakeSoftState(NodeId(1), ConfChangeType.ADD_LEARNER_NODE),
+    rd = Ready(
+        soft_state=SoftState(NodeId(1), StateType.PRE_CANDIDATE),
         hard_state=HardState(Term(1), NodeId(1), Index(10)),
         read_states=(ReadState(Index(11), b"r1"),),
         entries=(entry(1, 11),),
@@ -135,7 +114,7 @@ def test_ready_sections_in_handling_order() -> None:
     )
     assert describe_ready(rd) == (
         "Ready MustSync=true:\n"
-        "Lead:1 State:StateAddLearnerNode\n"
+        "Lead:1 State:StatePreCandidate\n"
         "HardState Term:1 Vote:1 Commit:10\n"
         "ReadStates:\n"
         'Index:11 RequestCtx:"r1"\n'
@@ -146,9 +125,9 @@ def test_ready_sections_in_handling_order() -> None:
         "Messages:\n"
         "1->2 MsgHeartbeat Term:1 Log:0/0\n"
     )
-    assert describe_ready(FakeReady()) == "<empty Ready>\n"
+    assert describe_ready(Ready()) == "<empty Ready>\n"
 
 
 def test_state_names_follow_etcd() -> None:
-    assert state_name(ConfChangeType.ADD_NODE) == "StateAddNode"
-    assert state_name(ConfChangeType.ADD_LEARNER_NODE) == "StateAddLearnerNode"
+    assert state_name(StateType.PRE_CANDIDATE) == "StatePreCandidate"
+    assert state_name(StateType.LEADER) == "StateLeader"

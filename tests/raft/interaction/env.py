@@ -185,6 +185,7 @@ class InteractionEnv:
             "report-snapshot": self._report_snapshot,
             "report-unreachable": self._report_unreachable,
             "restart": self._restart,
+            "set-randomized-election-timeout": self._set_randomized_election_timeout,
             "snapshot": self._snapshot,
             "stabilize": self._stabilize,
             "status": self._status,
@@ -538,6 +539,24 @@ class InteractionEnv:
         for node in self._nodes(d):
             for _ in range(node.options["heartbeat_tick"]):
                 node.raw_node.tick()
+
+    def _set_randomized_election_timeout(self, d: Directive) -> None:
+        """``set-randomized-election-timeout ID timeout=T``: until the node's next role change.
+
+        Pins the timeout a follower's ``tick-election`` is measured against, so a scenario
+        can let leases expire without the node campaigning on its own.
+        """
+        arg = d.keyed("timeout")
+        if arg is None:
+            raise DataDrivenSyntaxError("set-randomized-election-timeout needs timeout=")
+        timeout = self._int(arg)
+        raft = self._first_node(d).raw_node.raft
+        if not raft.election_timeout <= timeout < 2 * raft.election_timeout:
+            raise DataDrivenSyntaxError(
+                f"timeout {timeout} is outside [{raft.election_timeout}, "
+                f"{2 * raft.election_timeout})"
+            )
+        raft.randomized_election_timeout = timeout
 
     def _campaign(self, d: Directive) -> None:
         self._first_node(d).raw_node.campaign()

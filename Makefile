@@ -54,7 +54,7 @@ sim: setup
 	$(PY) -m rallypoint.raft.sim --seeds $(SEEDS)
 
 crash-test: setup
-	$(PY) -m tests.crash.crash_loop --iterations $(ITER)
+	$(PY) -m tests.crash --iterations $(ITER)
 
 bench-wal: setup
 	$(PY) bench/wal_bench.py --out bench/results/wal.json

@@ -302,6 +302,10 @@ class DiskStorage:
         self._durable_snapshot_index = meta.index
         self._snapshotter.retain(self.policy.retain_snapshots)
 
+    def wal_position(self) -> tuple[str, int]:
+        """(path of the WAL's last segment, end of its durable records); disk half."""
+        return self._wal.segment_paths()[-1], self._wal.synced_offset
+
     def release_log(self, index: Index) -> list[str]:
         """Delete WAL segments holding only entries at or below both ``index`` and the oldest
         retained snapshot (so a fallback to that snapshot still finds its log)."""

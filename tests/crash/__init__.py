@@ -1,0 +1,1 @@
+"""Crash loop for the durable storage: ``python -m tests.crash --iterations N``."""

@@ -1,0 +1,5 @@
+import sys
+
+from .crash_loop import main
+
+sys.exit(main())

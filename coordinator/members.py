@@ -1,0 +1,121 @@
+"""The member address book and the replicated parts of it.
+
+Raft's configuration says which ids vote; it does not say where they live. The addresses of
+each member travel in the ``context`` of the configuration change that added it and are kept
+in a :class:`MemberTable`, which is replicated the same way as the state machine: rebuilt by
+applying committed configuration changes and saved inside every snapshot. The table is
+deterministic (sorted by id) so a snapshot's bytes do not depend on the process.
+
+A snapshot's data is :func:`encode_app_snapshot`: a format number, the member table and the
+state machine's own snapshot bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+APP_SNAPSHOT_FORMAT = 1
+
+
+class MemberTableError(ValueError):
+    """Malformed member addresses (in a snapshot or a configuration change)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemberAddress:
+    peer_address: str
+    client_address: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConfChangeContext:
+    """What a configuration change carries besides the ids: the new member's addresses and
+    which request on which member proposed it (so that member can answer the caller)."""
+
+    peer_address: str = ""
+    client_address: str = ""
+    proposer_id: int = 0
+    proposal_id: int = 0
+
+    def encode(self) -> bytes:
+        out = msgpack.packb(
+            [self.peer_address, self.client_address, self.proposer_id, self.proposal_id]
+        )
+        assert isinstance(out, bytes)
+        return out
+
+    @classmethod
+    def decode(cls, data: bytes) -> ConfChangeContext:
+        if not data:
+            return cls()
+        try:
+            peer, client, proposer, proposal = msgpack.unpackb(data)
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            raise MemberTableError(f"malformed configuration change context: {exc}") from exc
+        if not (isinstance(peer, str) and isinstance(client, str)):
+            raise MemberTableError("malformed configuration change context: addresses")
+        return cls(peer, client, int(proposer), int(proposal))
+
+
+class MemberTable:
+    """Member id -> addresses. Invariant: ids are positive."""
+
+    def __init__(self, members: dict[int, MemberAddress] | None = None) -> None:
+        self._members: dict[int, MemberAddress] = dict(members or {})
+
+    def get(self, member_id: int) -> MemberAddress | None:
+        return self._members.get(member_id)
+
+    def set(self, member_id: int, address: MemberAddress) -> None:
+        if member_id <= 0:
+            raise MemberTableError(f"member id must be positive, got {member_id}")
+        self._members[member_id] = address
+
+    def remove(self, member_id: int) -> None:
+        self._members.pop(member_id, None)
+
+    def ids(self) -> list[int]:
+        return sorted(self._members)
+
+    def items(self) -> list[tuple[int, MemberAddress]]:
+        return [(i, self._members[i]) for i in sorted(self._members)]
+
+    def to_obj(self) -> list[Any]:
+        return [[i, a.peer_address, a.client_address] for i, a in self.items()]
+
+    @classmethod
+    def from_obj(cls, obj: Any) -> MemberTable:
+        if not isinstance(obj, list):
+            raise MemberTableError("member table is not an array")
+        table = cls()
+        for item in obj:
+            if not (isinstance(item, list) and len(item) == 3):
+                raise MemberTableError(f"malformed member entry {item!r}")
+            member_id, peer, client = item
+            if not (isinstance(member_id, int) and isinstance(peer, str)):
+                raise MemberTableError(f"malformed member entry {item!r}")
+            table.set(member_id, MemberAddress(peer, str(client)))
+        return table
+
+
+def encode_app_snapshot(members: MemberTable, state_machine_snapshot: bytes) -> bytes:
+    out = msgpack.packb(
+        [APP_SNAPSHOT_FORMAT, members.to_obj(), state_machine_snapshot], use_bin_type=True
+    )
+    assert isinstance(out, bytes)
+    return out
+
+
+def decode_app_snapshot(data: bytes) -> tuple[MemberTable, bytes]:
+    try:
+        obj = msgpack.unpackb(data, raw=False)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise MemberTableError(f"malformed snapshot data: {exc}") from exc
+    if not (isinstance(obj, list) and len(obj) == 3 and obj[0] == APP_SNAPSHOT_FORMAT):
+        raise MemberTableError("malformed snapshot data: unknown format")
+    if not isinstance(obj[2], bytes):
+        raise MemberTableError("malformed snapshot data: state is not bytes")
+    return MemberTable.from_obj(obj[1]), obj[2]

@@ -1,0 +1,387 @@
+"""Raft traffic between members over gRPC (service ``rallypoint.peer.v1.Raft``).
+
+Theory of operation. Each member listens on its peer port (separate from the client port, so
+faults, firewalls and TLS can be applied to each). For every other member it keeps one
+:class:`PeerSender`: an outbox drained by a task that holds one long-lived ``Send`` stream
+and writes everything queued as one ``MessageBatch``. Raft tolerates loss, so the outbox is
+bounded and drops the oldest messages when full, and a broken stream only costs the messages
+in flight: the task reports the peer unreachable (so its progress goes back to probing) and
+reconnects after an exponential backoff with full jitter.
+
+``MsgSnap`` travels separately, by ``InstallSnapshot``: the snapshot is encoded in the
+snapshot file format and streamed in chunks with the whole file's CRC32C. The receiver
+assembles it with :class:`~rallypoint.raft.snapshot_transfer.SnapshotReceiver` (a partial
+file survives a broken stream; the sender resumes at the offset the receiver asks for) and
+hands the verified snapshot to Raft. The outcome is reported back to Raft either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
+
+import google_crc32c
+import grpc
+import grpc.aio
+
+from rallypoint.proto.peer.v1 import peer_pb2, peer_pb2_grpc
+from rallypoint.raft.codec import CodecError, decode_message, encode_message
+from rallypoint.raft.snapshot_transfer import (
+    ChunkOutOfOrderError,
+    SnapshotChunk,
+    SnapshotReceiver,
+    SnapshotTransferError,
+)
+from rallypoint.raft.snapshotter import decode_snapshot_file, encode_snapshot_file
+from rallypoint.raft.types import Message, MessageType, NodeId, Snapshot
+
+log = logging.getLogger("rallypoint.transport")
+
+SNAPSHOT_CHUNK_BYTES = 1024 * 1024
+OUTBOX_LIMIT = 4096
+# gRPC's default 4 MiB cap is too small for a batch of large entries.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+    # Reconnect quickly after a peer restarts; our own backoff paces the retries.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+class PeerHost(Protocol):
+    """What the transport needs from its member."""
+
+    @property
+    def member_id(self) -> int: ...
+
+    @property
+    def cluster_id(self) -> int: ...
+
+    def deliver(self, messages: list[Message]) -> None:
+        """Step received messages into Raft."""
+        ...
+
+    def peer_address(self, member_id: int) -> str | None: ...
+
+    def report_unreachable(self, member_id: int) -> None: ...
+
+    def report_snapshot(self, member_id: int, ok: bool) -> None: ...
+
+    def incoming_snapshot_dir(self) -> str: ...
+
+
+def full_jitter_backoff_s(attempt: int, base_s: float, cap_s: float, rng: random.Random) -> float:
+    """AWS-style full jitter: uniform in [0, min(cap, base * 2**attempt)]."""
+    return rng.uniform(0.0, min(cap_s, base_s * (2 ** min(attempt, 30))))
+
+
+class PeerSender:
+    """Delivers messages to one peer over a long-lived stream; see the module docstring."""
+
+    def __init__(
+        self,
+        host: PeerHost,
+        peer_id: int,
+        channel_factory: Callable[[str], grpc.aio.Channel],
+        rng: random.Random,
+    ) -> None:
+        self._host = host
+        self._peer_id = peer_id
+        self._channel_factory = channel_factory
+        self._rng = rng
+        # Invariant: at most OUTBOX_LIMIT messages; MsgSnap never enters it.
+        self._outbox: deque[Message] = deque()
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._snapshot_task: asyncio.Task[None] | None = None
+        self._channel: grpc.aio.Channel | None = None
+        self._channel_address: str | None = None
+        self.dropped = 0
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        for task in (self._task, self._snapshot_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        if self._channel is not None:
+            await self._channel.close(grace=None)
+
+    def send(self, message: Message) -> None:
+        if message.type is MessageType.MsgSnap:
+            self._start_snapshot(message)
+            return
+        if len(self._outbox) >= OUTBOX_LIMIT:
+            self._outbox.popleft()
+            self.dropped += 1
+        self._outbox.append(message)
+        self._wakeup.set()
+
+    def _channel_for_peer(self) -> grpc.aio.Channel | None:
+        address = self._host.peer_address(self._peer_id)
+        if address is None:
+            return None
+        if self._channel is None or address != self._channel_address:
+            if self._channel is not None:
+                old = self._channel
+                asyncio.get_running_loop().create_task(old.close(grace=None))
+            self._channel = self._channel_factory(address)
+            self._channel_address = address
+        return self._channel
+
+    async def _batches(self) -> AsyncIterator[peer_pb2.MessageBatch]:
+        while True:
+            while not self._outbox:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            encoded = [encode_message(m) for m in self._outbox]
+            self._outbox.clear()
+            yield peer_pb2.MessageBatch(
+                cluster_id=self._host.cluster_id,
+                from_id=self._host.member_id,
+                to_id=self._peer_id,
+                messages=encoded,
+            )
+
+    async def _run(self) -> None:
+        attempt = 0
+        while True:
+            channel = self._channel_for_peer()
+            if channel is None:
+                self._outbox.clear()
+                await asyncio.sleep(0.5)
+                continue
+            stub = peer_pb2_grpc.RaftStub(channel)
+            call = stub.Send(self._batches())
+            try:
+                await call
+                attempt = 0
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() is grpc.StatusCode.FAILED_PRECONDITION:
+                    log.error("peer %d refused our traffic: %s", self._peer_id, exc.details())
+                self._outbox.clear()
+                self._host.report_unreachable(self._peer_id)
+                delay_s = full_jitter_backoff_s(attempt, 0.05, 1.0, self._rng)
+                attempt += 1
+                await asyncio.sleep(delay_s)
+
+    # -- snapshots ------------------------------------------------------------------------
+
+    def _start_snapshot(self, message: Message) -> None:
+        if self._snapshot_task is not None and not self._snapshot_task.done():
+            return  # one transfer at a time; Raft re-sends once told the outcome
+        self._snapshot_task = asyncio.get_running_loop().create_task(self._send_snapshot(message))
+
+    async def _send_snapshot(self, message: Message) -> None:
+        assert message.snapshot is not None
+        snapshot = message.snapshot
+        file_bytes = b"".join(encode_snapshot_file(snapshot))
+        whole_crc = google_crc32c.value(file_bytes)
+        header = encode_message(
+            Message(
+                type=message.type,
+                to=message.to,
+                from_=message.from_,
+                term=message.term,
+                snapshot=Snapshot(b"", snapshot.metadata),
+            )
+        )
+        ok = False
+        offset = 0
+        try:
+            for _attempt in range(8):
+                channel = self._channel_for_peer()
+                if channel is None:
+                    break
+                stub = peer_pb2_grpc.RaftStub(channel)
+                ack = await stub.InstallSnapshot(
+                    self._chunks(snapshot, file_bytes, whole_crc, header, offset)
+                )
+                if ack.complete:
+                    ok = True
+                    break
+                offset = ack.next_offset
+        except grpc.aio.AioRpcError as exc:
+            log.warning("snapshot to member %d failed: %s", self._peer_id, exc.details())
+        finally:
+            self._host.report_snapshot(self._peer_id, ok)
+
+    async def _chunks(
+        self, snapshot: Snapshot, file_bytes: bytes, whole_crc: int, header: bytes, offset: int
+    ) -> AsyncIterator[peer_pb2.SnapshotChunk]:
+        total = len(file_bytes)
+        first = True
+        while True:
+            end = min(total, offset + SNAPSHOT_CHUNK_BYTES)
+            yield peer_pb2.SnapshotChunk(
+                cluster_id=self._host.cluster_id,
+                from_id=self._host.member_id,
+                to_id=self._peer_id,
+                snapshot_index=snapshot.metadata.index,
+                snapshot_term=snapshot.metadata.term,
+                offset=offset,
+                data=file_bytes[offset:end],
+                total_size=total,
+                crc32c=whole_crc,
+                message=header if first else b"",
+            )
+            first = False
+            offset = end
+            if offset >= total:
+                return
+
+
+class PeerServicer(peer_pb2_grpc.RaftServicer):
+    """Receives Raft traffic for one member."""
+
+    def __init__(self, host: PeerHost) -> None:
+        self._host = host
+
+    async def _check_ends(
+        self,
+        cluster_id: int,
+        to_id: int,
+        from_id: int,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> None:
+        if cluster_id != self._host.cluster_id or to_id != self._host.member_id:
+            context.set_trailing_metadata((("rallypoint-error-reason", "CLUSTER_MISMATCH"),))
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"traffic for cluster {cluster_id:x} member {to_id} reached cluster "
+                f"{self._host.cluster_id:x} member {self._host.member_id} (from member "
+                f"{from_id}): check the peer addresses",
+            )
+
+    async def Send(
+        self,
+        request_iterator: AsyncIterator[peer_pb2.MessageBatch],
+        context: grpc.aio.ServicerContext[peer_pb2.MessageBatch, peer_pb2.SendAck],
+    ) -> peer_pb2.SendAck:
+        batches = 0
+        async for batch in request_iterator:
+            await self._check_ends(batch.cluster_id, batch.to_id, batch.from_id, context)
+            try:
+                messages = [decode_message(m) for m in batch.messages]
+            except CodecError as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad message: {exc}")
+            if any(m.from_ != batch.from_id or m.to != self._host.member_id for m in messages):
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT, "a message's ends differ from its batch's"
+                )
+            self._host.deliver(messages)
+            batches += 1
+        return peer_pb2.SendAck(batches=batches)
+
+    async def InstallSnapshot(
+        self,
+        request_iterator: AsyncIterator[peer_pb2.SnapshotChunk],
+        context: grpc.aio.ServicerContext[peer_pb2.SnapshotChunk, peer_pb2.SnapshotAck],
+    ) -> peer_pb2.SnapshotAck:
+        receiver: SnapshotReceiver | None = None
+        header: Message | None = None
+        last: peer_pb2.SnapshotChunk | None = None
+        loop = asyncio.get_running_loop()
+        async for chunk in request_iterator:
+            await self._check_ends(chunk.cluster_id, chunk.to_id, chunk.from_id, context)
+            if receiver is None:
+                if not chunk.message:
+                    await context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT, "the first chunk must carry MsgSnap"
+                    )
+                header = decode_message(chunk.message)
+                path = os.path.join(
+                    self._host.incoming_snapshot_dir(),
+                    f"{chunk.snapshot_term:016x}-{chunk.snapshot_index:016x}.snap",
+                )
+                receiver = SnapshotReceiver(path)
+            last = chunk
+            piece = SnapshotChunk(chunk.offset, chunk.data, chunk.total_size, chunk.crc32c)
+            try:
+                done = await loop.run_in_executor(None, receiver.accept, piece)
+            except ChunkOutOfOrderError as exc:
+                return peer_pb2.SnapshotAck(
+                    snapshot_index=chunk.snapshot_index, next_offset=exc.expected_offset
+                )
+            except SnapshotTransferError as exc:
+                await context.abort(grpc.StatusCode.DATA_LOSS, str(exc))
+            if done:
+                assert header is not None
+                snapshot = await loop.run_in_executor(None, _read_snapshot_file, path)
+                self._host.deliver(
+                    [
+                        Message(
+                            type=MessageType.MsgSnap,
+                            to=header.to,
+                            from_=header.from_,
+                            term=header.term,
+                            snapshot=snapshot,
+                        )
+                    ]
+                )
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                return peer_pb2.SnapshotAck(
+                    snapshot_index=chunk.snapshot_index,
+                    next_offset=chunk.total_size,
+                    complete=True,
+                )
+        next_offset = 0 if last is None else last.offset + len(last.data)
+        index = 0 if last is None else last.snapshot_index
+        return peer_pb2.SnapshotAck(snapshot_index=index, next_offset=next_offset)
+
+
+def _read_snapshot_file(path: str) -> Snapshot:
+    with open(path, "rb") as f:
+        return decode_snapshot_file(path, f.read())
+
+
+class Transport:
+    """All of a member's peer senders, created on demand from the address book."""
+
+    def __init__(
+        self,
+        host: PeerHost,
+        rng: random.Random,
+        channel_factory: Callable[[str], grpc.aio.Channel] | None = None,
+    ) -> None:
+        self._host = host
+        self._rng = rng
+        self._channel_factory = channel_factory or (
+            lambda address: grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+        )
+        self._senders: dict[int, PeerSender] = {}
+
+    def send(self, messages: tuple[Message, ...] | list[Message]) -> None:
+        for message in messages:
+            sender = self._senders.get(message.to)
+            if sender is None:
+                sender = PeerSender(self._host, message.to, self._channel_factory, self._rng)
+                sender.start()
+                self._senders[message.to] = sender
+            sender.send(message)
+
+    async def remove_peer(self, member_id: int) -> None:
+        sender = self._senders.pop(NodeId(member_id), None)
+        if sender is not None:
+            await sender.stop()
+
+    async def stop(self) -> None:
+        senders, self._senders = list(self._senders.values()), {}
+        for sender in senders:
+            await sender.stop()

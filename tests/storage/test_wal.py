@@ -18,6 +18,7 @@ from rallypoint.raft.wal import (
     WAL,
     SnapshotMarker,
     WalCorruptionError,
+    WalFailedError,
     WalRecord,
     segment_name,
 )
@@ -303,3 +304,18 @@ def test_failed_fsync_stops_the_process(tmp_path: Path) -> None:
     assert result.returncode == FSYNC_FAILED_EXIT_CODE, result.stderr
     assert "sync r" not in result.stdout  # neither returned nor raised: the process stopped
     assert "fsync of" in result.stderr and "simulated EIO" in result.stderr
+
+
+def test_a_failed_write_makes_the_wal_refuse_further_use(tmp_path: Path) -> None:
+    wal, _ = open_wal(tmp_path)
+    read_only = os.open(wal.segment_paths()[-1], os.O_RDONLY)
+    os.dup2(read_only, wal._fd)  # the next pwrite fails with EBADF
+    os.close(read_only)
+    wal.save(HardState(), [entry(1)])
+    with pytest.raises(WalFailedError, match="write to"):
+        wal.sync()
+    with pytest.raises(WalFailedError):
+        wal.save(HardState(), [entry(2)])
+    wal.close()
+    _, records = open_wal(tmp_path)
+    assert records == []

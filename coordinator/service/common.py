@@ -1,0 +1,97 @@
+"""What every servicer shares: response headers, key-value conversion, deadlines, proposing."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import grpc
+
+from rallypoint.proto.v1 import common_pb2
+
+from ..node_api import Header, ServerNode
+from ..state.commands import Command
+from ..state.errors import Failure
+from ..state.results import Success
+from ..state.values import KeyValue
+from .errors import RequestFailed
+
+# The longest a servicer waits for a proposal or a read barrier, whatever the client's
+# deadline: a request with no deadline (or a very long one) must not pin the server forever.
+MAX_WAIT_S = 10.0
+
+SuccessT = TypeVar("SuccessT", bound=Success)
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+def header_pb(header: Header) -> common_pb2.ResponseHeader:
+    return common_pb2.ResponseHeader(
+        revision=header.revision,
+        raft_term=header.raft_term,
+        leader_id=header.leader_id,
+        member_id=header.member_id,
+    )
+
+
+def kv_pb(kv: KeyValue, keys_only: bool = False) -> common_pb2.KeyValue:
+    return common_pb2.KeyValue(
+        key=kv.key,
+        value=b"" if keys_only else kv.value,
+        create_revision=kv.create_revision,
+        mod_revision=kv.mod_revision,
+        version=kv.version,
+        lease_id=kv.lease_id,
+    )
+
+
+def wait_s(context: Context, cap_s: float = MAX_WAIT_S) -> float:
+    """How long this request may wait inside the cluster: the client's remaining deadline
+    (grpc reports None when the client set none), at most ``cap_s``."""
+    remaining_s: float | None = context.time_remaining()
+    if remaining_s is None:
+        return cap_s
+    return max(0.0, min(remaining_s, cap_s))
+
+
+def expect(result: Success | Failure, kind: type[SuccessT]) -> SuccessT:
+    """The successful answer of the expected kind; a failure is raised for the one mapping in
+    :mod:`.errors`, and any other answer is a broken invariant."""
+    if isinstance(result, Failure):
+        raise RequestFailed(result)
+    if not isinstance(result, kind):
+        raise AssertionError(f"expected {kind.__name__}, the state machine answered {result!r}")
+    return result
+
+
+async def propose(
+    node: ServerNode,
+    command: Command,
+    context: Context,
+    kind: type[SuccessT],
+    header: common_pb2.RequestHeader | None = None,
+    session_id: int = 0,
+    first_unacked: int = 0,
+) -> SuccessT:
+    """Propose ``command`` under the request's session header (a validated
+    ``RequestHeader``), or, for session commands, under ``session_id`` with no sequence."""
+    if header is not None:
+        session_id, sequence, first_unacked = (
+            header.session_id,
+            header.sequence,
+            header.first_unacked,
+        )
+    else:
+        sequence = 0
+    result = await node.propose(
+        command,
+        session_id=session_id,
+        sequence=sequence,
+        first_unacked=first_unacked,
+        timeout_s=wait_s(context),
+    )
+    return expect(result, kind)
+
+
+async def read_barrier(node: ServerNode, context: Context, serializable: bool) -> None:
+    """Make the following read linearizable, unless the client asked for a serializable one."""
+    if not serializable:
+        await node.read_barrier(timeout_s=wait_s(context))

@@ -1,0 +1,155 @@
+"""Registering the public API on a grpc.aio server, with error mapping and token auth.
+
+Theory of operation. Each service's generated ``add_*_to_server`` is pointed at a recorder
+instead of the server, which yields the service's method handlers. Every handler's behaviour
+is then wrapped once, here, before the handlers reach the real server, so no servicer method
+can escape it: the wrapper checks the bearer token (when one is configured), runs the
+servicer, and turns any exception into a status through :func:`.errors.status_for`. The
+standard health service is registered unwrapped: health probes (load balancers, Kubernetes)
+rarely carry credentials, and health reveals nothing but "serving".
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, NoReturn, cast
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+
+from rallypoint.proto.v1 import (
+    cluster_pb2_grpc,
+    kv_pb2_grpc,
+    lease_pb2_grpc,
+    session_pb2_grpc,
+    watch_pb2_grpc,
+)
+
+from ..node_api import ServerNode
+from .cluster import ClusterServicer
+from .common import Context
+from .errors import Code, Status, status_for
+from .kv import KVServicer
+from .lease import LeaseServicer
+from .session import SessionServicer
+from .watch import WatchServicer
+
+AUTHORIZATION_KEY = "authorization"
+
+SERVICE_NAMES = (
+    "rallypoint.v1.KV",
+    "rallypoint.v1.Watch",
+    "rallypoint.v1.Lease",
+    "rallypoint.v1.Session",
+    "rallypoint.v1.Cluster",
+)
+
+Handler = Any  # grpc.RpcMethodHandler: a namedtuple whose behaviour fields we replace
+
+
+class _Recorder:
+    """Stands in for the server in a generated ``add_*_to_server``: keeps the handlers."""
+
+    def __init__(self) -> None:
+        self.services: list[tuple[str, dict[str, Handler]]] = []
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[object]) -> None:
+        """Ignored: the same handlers arrive through add_registered_method_handlers."""
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Handler]) -> None:
+        self.services.append((service, handlers))
+
+
+class _Guard:
+    """Authenticates a call and maps whatever its handler raises to a status."""
+
+    def __init__(self, auth_token: str | None) -> None:
+        self._expected = f"Bearer {auth_token}".encode() if auth_token else None
+
+    def _authenticated(self, context: Context) -> bool:
+        if self._expected is None:
+            return True
+        for key, value in context.invocation_metadata() or ():
+            if key == AUTHORIZATION_KEY:
+                presented = value.encode() if isinstance(value, str) else value
+                return hmac.compare_digest(presented, self._expected)
+        return False
+
+    async def _check(self, context: Context) -> None:
+        if not self._authenticated(context):
+            status = Status(
+                Code.UNAUTHENTICATED,
+                'missing or wrong credentials: send metadata "authorization: Bearer <token>"',
+                "INVALID_REQUEST",
+            )
+            await _abort(context, status)
+
+    async def _fail(self, context: Context, error: Exception) -> NoReturn:
+        if isinstance(error, grpc.aio.AbortError):
+            raise error
+        remaining_s: float | None = context.time_remaining()
+        await _abort(context, status_for(error, remaining_s is not None and remaining_s <= 0))
+
+    def unary(self, behaviour: Callable[..., Any]) -> Callable[..., Any]:
+        async def guarded(request: Any, context: Context) -> Any:
+            await self._check(context)
+            try:
+                return await behaviour(request, context)
+            except Exception as error:
+                await self._fail(context, error)
+
+        return guarded
+
+    def streaming(self, behaviour: Callable[..., AsyncIterator[Any]]) -> Callable[..., Any]:
+        async def guarded(request: Any, context: Context) -> AsyncIterator[Any]:
+            await self._check(context)
+            try:
+                async for response in behaviour(request, context):
+                    yield response
+            except Exception as error:
+                await self._fail(context, error)
+
+        return guarded
+
+    def wrap(self, handler: Handler) -> Handler:
+        if handler.response_streaming:
+            field = "stream_stream" if handler.request_streaming else "unary_stream"
+            return handler._replace(**{field: self.streaming(getattr(handler, field))})
+        field = "stream_unary" if handler.request_streaming else "unary_unary"
+        return handler._replace(**{field: self.unary(getattr(handler, field))})
+
+
+async def _abort(context: Context, status: Status) -> NoReturn:
+    await context.abort(status.code, status.message, status.trailing_metadata())
+
+
+class _Health(HealthServicer):  # type: ignore[misc]
+    def __init__(self, services: Sequence[str]) -> None:
+        super().__init__()
+        # HealthServicer.set is a coroutine, and add_services runs before the server starts
+        # (often outside the event loop); with no watchers yet, setting the status is only
+        # this assignment, which is what set() would do.
+        for service in services:
+            self._server_status[service] = health_pb2.HealthCheckResponse.SERVING
+
+
+def add_services(
+    server: grpc.aio.Server, node: ServerNode, *, auth_token: str | None = None
+) -> None:
+    """Register KV, Watch, Lease, Session and Cluster over ``node``, and the health service
+    (SERVING for "" and each service). With ``auth_token``, every call to the public API
+    must carry the metadata ``authorization: Bearer <auth_token>`` (else UNAUTHENTICATED)."""
+    recorder = _Recorder()
+    target = cast(grpc.aio.Server, recorder)
+    kv_pb2_grpc.add_KVServicer_to_server(KVServicer(node), target)
+    watch_pb2_grpc.add_WatchServicer_to_server(WatchServicer(node), target)
+    lease_pb2_grpc.add_LeaseServicer_to_server(LeaseServicer(node), target)
+    session_pb2_grpc.add_SessionServicer_to_server(SessionServicer(node), target)
+    cluster_pb2_grpc.add_ClusterServicer_to_server(ClusterServicer(node), target)
+    guard = _Guard(auth_token)
+    for service, handlers in recorder.services:
+        wrapped = {name: guard.wrap(handler) for name, handler in handlers.items()}
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, wrapped),))
+    health_pb2_grpc.add_HealthServicer_to_server(_Health(("", *SERVICE_NAMES)), server)

@@ -1,0 +1,55 @@
+"""The Session service: open, keep alive and close client sessions, all replicated (session
+expiry is decided by the state machine from leader time, so activity must be in the log)."""
+
+from __future__ import annotations
+
+from rallypoint.proto.v1 import session_pb2, session_pb2_grpc
+
+from ..node_api import ServerNode
+from ..state.commands import SessionClose, SessionKeepAlive, SessionOpen
+from ..state.results import SessionCloseResult, SessionKeepAliveResult, SessionOpenResult
+from . import validate
+from .common import Context, header_pb, propose
+
+
+class SessionServicer(session_pb2_grpc.SessionServicer):
+    def __init__(self, node: ServerNode) -> None:
+        self.node = node
+
+    async def Open(
+        self, request: session_pb2.SessionOpenRequest, context: Context
+    ) -> session_pb2.SessionOpenResponse:
+        command = SessionOpen(ttl_ms=validate.positive(request.ttl_ms, "ttl_ms"))
+        result = await propose(self.node, command, context, SessionOpenResult)
+        return session_pb2.SessionOpenResponse(
+            header=header_pb(self.node.header()),
+            session_id=result.session_id,
+            ttl_ms=result.ttl_ms,
+        )
+
+    async def KeepAlive(
+        self, request: session_pb2.SessionKeepAliveRequest, context: Context
+    ) -> session_pb2.SessionKeepAliveResponse:
+        result = await propose(
+            self.node,
+            SessionKeepAlive(),
+            context,
+            SessionKeepAliveResult,
+            session_id=validate.session_id(request.session_id),
+            first_unacked=request.first_unacked,
+        )
+        return session_pb2.SessionKeepAliveResponse(
+            header=header_pb(self.node.header()), ttl_ms=result.ttl_ms
+        )
+
+    async def Close(
+        self, request: session_pb2.SessionCloseRequest, context: Context
+    ) -> session_pb2.SessionCloseResponse:
+        await propose(
+            self.node,
+            SessionClose(),
+            context,
+            SessionCloseResult,
+            session_id=validate.session_id(request.session_id),
+        )
+        return session_pb2.SessionCloseResponse(header=header_pb(self.node.header()))

@@ -1,0 +1,101 @@
+"""The Watch service: one WatchResponse per revision, in order, from the member's watch.
+
+Theory of operation. ``node.watch`` yields the events of one revision at a time, with no
+gaps and no duplicates; each batch becomes one response, so a revision's events are never
+split. With a progress interval, the next batch is awaited as a task and an empty response
+carrying the current header is sent whenever the interval passes without one (the task is
+kept, not cancelled: cancelling the member's iterator mid-step would end it). When the start
+revision was compacted, the member raises CompactedWatchError; the client is sent one
+response with ``compact_revision`` set, then the error ends the stream with OUT_OF_RANGE.
+When the client cancels, grpc cancels this handler; ``finally`` releases the member's
+iterator so its resources go at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from rallypoint.proto.v1 import watch_pb2, watch_pb2_grpc
+
+from ..node_api import CompactedWatchError, ServerNode
+from ..state.values import Event, EventType
+from . import validate
+from .common import Context, header_pb, kv_pb
+from .errors import InvalidArgument
+
+_EVENT_TYPES = {EventType.PUT: watch_pb2.PUT, EventType.DELETE: watch_pb2.DELETE}
+
+
+def event_pb(event: Event, with_prev: bool) -> watch_pb2.Event:
+    message = watch_pb2.Event(
+        type=_EVENT_TYPES[event.type],
+        kv=kv_pb(event.kv),
+        prev_revision=event.prev.mod_revision if event.prev is not None else 0,
+    )
+    if with_prev and event.prev is not None:
+        message.prev_kv.CopyFrom(kv_pb(event.prev))
+    return message
+
+
+class WatchServicer(watch_pb2_grpc.WatchServicer):
+    def __init__(self, node: ServerNode) -> None:
+        self.node = node
+
+    async def Watch(
+        self, request: watch_pb2.WatchRequest, context: Context
+    ) -> AsyncIterator[watch_pb2.WatchResponse]:
+        if not request.key and not request.prefix:
+            raise InvalidArgument("key", "must not be empty unless prefix is set")
+        validate.key(request.key, self.node.state.limits, allow_empty=True)
+        start_revision = validate.non_negative(request.start_revision, "start_revision")
+        interval_ms = validate.non_negative(request.progress_interval_ms, "progress_interval_ms")
+        batches = self.node.watch(start_revision, request.key, request.prefix)
+        try:
+            async for batch in _with_progress(batches, interval_ms / 1000):
+                yield watch_pb2.WatchResponse(
+                    header=header_pb(self.node.header()),
+                    events=[event_pb(event, request.prev_kv) for event in batch],
+                )
+        except CompactedWatchError as compacted:
+            yield watch_pb2.WatchResponse(
+                header=header_pb(self.node.header()),
+                compact_revision=compacted.first_available,
+            )
+            raise
+
+
+async def _with_progress(
+    batches: AsyncIterator[list[Event]], interval_s: float
+) -> AsyncIterator[list[Event]]:
+    """The batches, with an empty one whenever ``interval_s`` (> 0) passes without a batch.
+    Closes ``batches`` when done, however it ends."""
+    pending: asyncio.Future[list[Event]] | None = None
+    try:
+        if interval_s <= 0:
+            async for batch in batches:
+                yield batch
+            return
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(batches))
+            done, _ = await asyncio.wait({pending}, timeout=interval_s)
+            if not done:
+                yield []
+                continue
+            try:
+                batch = pending.result()
+            except StopAsyncIteration:
+                return
+            finally:
+                pending = None
+            yield batch
+    finally:
+        if pending is not None:
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await pending
+        aclose = getattr(batches, "aclose", None)
+        if aclose is not None:
+            await aclose()

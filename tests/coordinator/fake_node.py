@@ -1,0 +1,260 @@
+"""An in-memory member for servicer tests: a real StateMachine, no Raft.
+
+Every proposal is applied at once at the next index, as if this member led a cluster of one,
+so the servicers see real results and real failures. Switches make it behave like a member
+that cannot serve: ``not_leader(leader_id, address)`` (a follower that knows the leader, or
+with ``leader_id=0`` one that knows none), ``fail_next`` (the next proposal or read barrier
+raises the given member error), ``raise_next`` (an unexpected exception). Compaction is real:
+build it with small ``Limits`` and the watch history drops old revisions. The lessor's clock
+is ``clock_ms``, set by hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import grpc
+
+from rallypoint.coordinator.node_api import (
+    CompactedWatchError,
+    Header,
+    Member,
+    MemberNotFoundError,
+    NodeError,
+    NodeStatus,
+    NoLeaderError,
+    NotLeaderError,
+    PeerProgress,
+)
+from rallypoint.coordinator.service import add_services
+from rallypoint.coordinator.state import Envelope, Lessor, Limits, StateMachine, encode_envelope
+from rallypoint.coordinator.state.commands import Command
+from rallypoint.coordinator.state.errors import Compacted
+from rallypoint.coordinator.state.results import LeaseEndResult, LeaseGrantResult, Result
+from rallypoint.coordinator.state.values import Event
+
+MEMBER_ID = 1
+CLUSTER_ID = 77
+TERM = 3
+
+
+class FakeNode:
+    def __init__(self, limits: Limits | None = None) -> None:
+        self._state = StateMachine(limits)
+        self.clock_ms = 1_000_000
+        self.lessor = Lessor(lambda: self.clock_ms)
+        self.lessor.promote()
+        self.index = 0
+        self.leader_id = MEMBER_ID
+        self.leader_address: str | None = None
+        self.fail_next: NodeError | None = None
+        self.raise_next: Exception | None = None
+        self.members: list[Member] = [Member(MEMBER_ID, "10.0.0.1:2380", "10.0.0.1:2379", False)]
+        self.snapshot_index = 0
+        # What the servicers asked for, for the tests to check.
+        self.proposals: list[tuple[Command, int, int, int, float]] = []
+        self.read_barriers = 0
+        self.transfers: list[int] = []
+        # Open watch iterators; tests wait for this to return to 0 after a cancel.
+        self.open_watches = 0
+        self._applied = asyncio.Condition()
+
+    # ------------------------------------------------------------------ switches
+
+    def not_leader(self, leader_id: int, leader_address: str | None) -> None:
+        self.leader_id, self.leader_address = leader_id, leader_address
+
+    def _check_serving(self) -> None:
+        if self.raise_next is not None:
+            error, self.raise_next = self.raise_next, None
+            raise error
+        if self.fail_next is not None:
+            failure, self.fail_next = self.fail_next, None
+            raise failure
+        if self.leader_id == 0:
+            raise NoLeaderError()
+        if self.leader_id != MEMBER_ID:
+            raise NotLeaderError(self.leader_id, self.leader_address)
+
+    # ------------------------------------------------------------------ ServerNode
+
+    @property
+    def member_id(self) -> int:
+        return MEMBER_ID
+
+    @property
+    def cluster_id(self) -> int:
+        return CLUSTER_ID
+
+    @property
+    def state(self) -> StateMachine:
+        return self._state
+
+    def header(self) -> Header:
+        return Header(self._state.revision, TERM, self.leader_id, MEMBER_ID)
+
+    async def propose(
+        self,
+        command: Command,
+        *,
+        session_id: int = 0,
+        sequence: int = 0,
+        first_unacked: int = 0,
+        timeout_s: float = 5.0,
+    ) -> Result:
+        self.proposals.append((command, session_id, sequence, first_unacked, timeout_s))
+        self._check_serving()
+        envelope = Envelope(session_id, sequence, first_unacked, self.clock_ms, command)
+        return await self.apply(encode_envelope(envelope))
+
+    async def apply(self, data: bytes) -> Result:
+        """Apply an entry at the next index, keep the lessor in step, wake the watchers."""
+        self.index += 1
+        result = self._state.apply(self.index, data)
+        if isinstance(result, LeaseGrantResult):
+            self.lessor.grant(result.lease_id, result.ttl_ms)
+        elif isinstance(result, LeaseEndResult):
+            self.lessor.forget(result.lease_id)
+        async with self._applied:
+            self._applied.notify_all()
+        return result
+
+    async def read_barrier(self, timeout_s: float = 5.0) -> None:
+        self.read_barriers += 1
+        self._check_serving()
+
+    async def watch(
+        self, start_revision: int, key: bytes, prefix: bool
+    ) -> AsyncIterator[list[Event]]:
+        next_revision = start_revision or self._state.revision + 1
+        self.open_watches += 1
+        try:
+            while True:
+                async with self._applied:
+                    await self._applied.wait_for(
+                        lambda rev=next_revision: self._state.revision >= rev
+                    )
+                events = self._state.events_since(next_revision, key, prefix)
+                if isinstance(events, Compacted):
+                    raise CompactedWatchError(next_revision, events.first_available_revision)
+                for revision in sorted({event.revision for event in events}):
+                    yield [event for event in events if event.revision == revision]
+                next_revision = self._state.revision + 1
+        finally:
+            self.open_watches -= 1
+
+    def lease_keep_alive(self, lease_id: int) -> int | None:
+        self._check_serving()
+        return self.lessor.keep_alive(lease_id)
+
+    def lease_remaining_ms(self, lease_id: int) -> int | None:
+        self._check_serving()
+        return self.lessor.remaining_ms(lease_id)
+
+    def status(self) -> NodeStatus:
+        progress = tuple(
+            PeerProgress(m.member_id, self.index, self.index + 1, "replicate", True)
+            for m in self.members
+        )
+        return NodeStatus(
+            member_id=MEMBER_ID,
+            cluster_id=CLUSTER_ID,
+            term=TERM,
+            leader_id=self.leader_id,
+            role="leader" if self.leader_id == MEMBER_ID else "follower",
+            commit_index=self.index,
+            applied_index=self.index,
+            snapshot_index=self.snapshot_index,
+            members=tuple(self.members),
+            progress=progress if self.leader_id == MEMBER_ID else (),
+        )
+
+    def _member(self, member_id: int) -> Member:
+        for member in self.members:
+            if member.member_id == member_id:
+                return member
+        raise MemberNotFoundError(member_id)
+
+    async def member_add(
+        self, peer_address: str, client_address: str, as_learner: bool, timeout_s: float = 10.0
+    ) -> Member:
+        self._check_serving()
+        member = Member(
+            max(m.member_id for m in self.members) + 1, peer_address, client_address, as_learner
+        )
+        self.members.append(member)
+        return member
+
+    async def member_remove(self, member_id: int, timeout_s: float = 10.0) -> None:
+        self._check_serving()
+        self.members.remove(self._member(member_id))
+
+    async def member_promote(self, member_id: int, timeout_s: float = 10.0) -> Member:
+        self._check_serving()
+        member = self._member(member_id)
+        promoted = Member(member_id, member.peer_address, member.client_address, False)
+        self.members[self.members.index(member)] = promoted
+        return promoted
+
+    async def transfer_leader(self, target_id: int, timeout_s: float = 10.0) -> int:
+        self._check_serving()
+        self._member(target_id or MEMBER_ID)
+        self.transfers.append(target_id)
+        return target_id or MEMBER_ID
+
+    async def snapshot_now(self) -> int:
+        self.snapshot_index = self.index
+        return self.index
+
+
+@contextlib.asynccontextmanager
+async def serving(node: FakeNode, auth_token: str | None = None) -> AsyncIterator[grpc.aio.Channel]:
+    """A real grpc.aio server on 127.0.0.1 (a free port) with the public API over ``node``,
+    and a channel to it; both closed on exit."""
+    server = grpc.aio.server()
+    add_services(server, node, auth_token=auth_token)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield channel
+    finally:
+        await channel.close()
+        await server.stop(grace=None)
+
+
+async def until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Wait until ``predicate`` holds, polling the event loop; fail after ``timeout_s``."""
+    async with asyncio.timeout(timeout_s):
+        while not predicate():
+            await asyncio.sleep(0.005)
+
+
+@dataclass(frozen=True, slots=True)
+class RpcFailure:
+    code: grpc.StatusCode
+    details: str
+    reason: str | None
+    leader: str | None
+
+
+def rpc_failure(error: grpc.aio.AioRpcError) -> RpcFailure:
+    metadata = dict(error.trailing_metadata() or ())
+    return RpcFailure(
+        error.code(),
+        error.details() or "",
+        metadata.get("rallypoint-error-reason"),
+        metadata.get("rallypoint-leader"),
+    )
+
+
+async def fails(call: Awaitable[object]) -> RpcFailure:
+    """Await a unary call that must fail; its status, message and reason metadata."""
+    try:
+        await call
+    except grpc.aio.AioRpcError as error:
+        return rpc_failure(error)
+    raise AssertionError("the call succeeded")

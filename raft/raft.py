@@ -1232,6 +1232,20 @@ class Raft:
             )
             self.raft_log.commit_to(meta.index)
             return False
+        if self.raft_log.applying > self.raft_log.applied:
+            # Entries handed to the application (a Ready not yet advanced) are still being
+            # applied; it would apply them, conf changes included, on top of the snapshot's
+            # configuration. Refuse for now: the leader sends the snapshot again later.
+            self.logger.info(
+                "%d [applied: %d, applying: %d] ignored snapshot [index: %d, term: %d] while "
+                "applying committed entries",
+                self.id,
+                self.raft_log.applied,
+                self.raft_log.applying,
+                meta.index,
+                meta.term,
+            )
+            return False
         self.raft_log.restore(snap)
         # Rebuild the configuration from the snapshot's.
         self.trk = ProgressTracker(self.trk.max_inflight, self.trk.max_inflight_bytes)

@@ -32,6 +32,7 @@ from rallypoint.raft import (
     ProposalDroppedError,
     Raft,
     RawNode,
+    ReadState,
     Ready,
 )
 from rallypoint.raft.codec import decode_conf_change
@@ -46,7 +47,7 @@ class BootstrapStorage(MemoryStorage):
 
     def initial_state(self) -> tuple[HardState, ConfState]:
         hard_state, conf_state = super().initial_state()
-        if self.snapshot().is_empty():
+        if MemoryStorage.snapshot(self).is_empty():
             return hard_state, self.bootstrap_conf_state
         return hard_state, conf_state
 
@@ -74,7 +75,8 @@ def new_config(
     return Config(
         id=NodeId(node_id),
         storage=storage,
-        rng=random.Random(node_id if seed is None else seed),
+        # A string seed is hashed deterministically, unlike tuples of objects.
+        rng=random.Random(node_id if seed is None else f"{seed}-{node_id}"),
         election_tick=election_tick,
         heartbeat_tick=heartbeat_tick,
         **options,
@@ -91,6 +93,8 @@ class Peer:
     applied: list[Entry] = field(default_factory=list)
     # Every Ready handled, in order (tests inspect them).
     readies: list[Ready] = field(default_factory=list)
+    # Every ReadIndex result received, in order.
+    read_states: list[ReadState] = field(default_factory=list)
     # Apply CONF_CHANGE entries automatically when they are applied.
     auto_apply_conf_changes: bool = True
 
@@ -113,6 +117,7 @@ class Peer:
         while self.node.has_ready():
             rd = self.node.ready()
             self.readies.append(rd)
+            self.read_states.extend(rd.read_states)
             if not rd.snapshot.is_empty():
                 self.storage.apply_snapshot(rd.snapshot)
             if rd.entries:
@@ -194,6 +199,17 @@ class Network:
             peer.step(m)
             queue.extend(self.filter(peer.handle_ready()))
 
+    def tick_all(self, ticks: int = 1) -> None:
+        """Tick every live peer, in id order, delivering messages after each tick."""
+        for _ in range(ticks):
+            for node_id, peer in sorted(self.peers.items()):
+                if peer is not None:
+                    self.tick(node_id)
+
+    def deliver(self, node_id: int) -> None:
+        """Send whatever ``node_id`` has pending (after a direct RawNode call)."""
+        self.send(*self.filter(self.peer(node_id).handle_ready()))
+
     def tick(self, node_id: int, ticks: int = 1) -> None:
         """Tick one peer and deliver whatever it sends."""
         peer = self.peer(node_id)
@@ -219,7 +235,7 @@ class Network:
         peer = self.peer(node_id)
         with contextlib.suppress(ProposalDroppedError):
             peer.node.propose_conf_change(cc)
-        self.send(*self.filter(peer.handle_ready()))
+        self.deliver(node_id)
 
     def drop(self, from_: int, to: int, probability: float) -> None:
         self.dropm[(NodeId(from_), NodeId(to))] = probability

@@ -1,20 +1,683 @@
-"""Multi-node behaviour of the Raft core (etcd-io/raft raft_test.go, selected)."""
+"""Multi-node behaviour of the Raft core beyond the paper's basics (etcd raft_test.go style):
+pre-vote, check-quorum, ReadIndex, leadership transfer, joint consensus, learners,
+snapshots, fast backtracking and flow control."""
 
 from __future__ import annotations
 
-from rallypoint.raft import StateType
+import random
 
-from .network import Network
+import pytest
+
+from rallypoint.raft import (
+    NONE,
+    ConfChange,
+    ConfChangeSingle,
+    ConfChangeTransition,
+    ConfChangeType,
+    ConfigError,
+    ConfState,
+    Entry,
+    EntryType,
+    HardState,
+    Index,
+    Message,
+    MessageType,
+    NodeId,
+    ProgressState,
+    ProposalDroppedError,
+    RawNode,
+    ReadOnlyOption,
+    Snapshot,
+    SnapshotTemporarilyUnavailableError,
+    StateType,
+    Term,
+)
+from rallypoint.raft.storage import entries_size
+
+from .network import BootstrapStorage, Network, Peer, new_config, new_peer, new_storage
+
+MT = MessageType
+ADD = ConfChangeType.ADD_NODE
+REMOVE = ConfChangeType.REMOVE_NODE
+LEARNER = ConfChangeType.ADD_LEARNER_NODE
+
+
+def change(
+    *changes: tuple[ConfChangeType, int],
+    transition: ConfChangeTransition = ConfChangeTransition.AUTO,
+) -> ConfChange:
+    return ConfChange(
+        tuple(ConfChangeSingle(t, NodeId(i)) for t, i in changes), transition=transition
+    )
+
+
+def conf_state(peer: Peer) -> ConfState:
+    return peer.raft.trk.conf_state()
+
+
+def voters(*values: int) -> ConfState:
+    return ConfState(voters=tuple(NodeId(v) for v in values))
+
+
+def leaders(nt: Network) -> list[int]:
+    return [
+        node_id
+        for node_id, peer in nt.peers.items()
+        if peer is not None and peer.raft.state is StateType.LEADER
+    ]
 
 
 def test_three_nodes_elect_a_leader_and_replicate() -> None:
     nt = Network.of_size(3)
     nt.campaign(1)
-    assert nt.raft(1).state is StateType.LEADER
-    assert nt.raft(2).state is StateType.FOLLOWER
-    assert nt.raft(3).state is StateType.FOLLOWER
+    assert leaders(nt) == [1]
     nt.propose(1, b"somedata")
     for node_id in (1, 2, 3):
-        raft = nt.raft(node_id)
-        assert raft.raft_log.committed == 2
+        assert nt.raft(node_id).raft_log.committed == 2
         assert nt.peer(node_id).applied_data() == [b"somedata"]
+
+
+def test_follower_forwards_proposals_to_the_leader() -> None:
+    nt = Network.of_size(3)
+    nt.campaign(1)
+    nt.propose(2, b"forwarded")
+    assert all(nt.peer(i).applied_data() == [b"forwarded"] for i in (1, 2, 3))
+
+
+def test_proposal_forwarding_can_be_disabled() -> None:
+    nt = Network.of_size(3, disable_proposal_forwarding=True)
+    nt.campaign(1)
+    with pytest.raises(ProposalDroppedError, match="forwarding"):
+        nt.peer(2).node.propose(b"x")
+
+
+def test_election_happens_by_ticks_alone() -> None:
+    nt = Network.of_size(5, pre_vote=True, check_quorum=True)
+    for _ in range(30):
+        nt.tick_all()
+        if leaders(nt):
+            break
+    assert len(leaders(nt)) == 1
+
+
+# -- pre-vote and check-quorum -----------------------------------------------------------------
+
+
+def test_pre_vote_keeps_a_partitioned_node_from_disrupting_the_leader() -> None:
+    nt = Network.of_size(3, pre_vote=True)
+    nt.campaign(1)
+    nt.isolate(3)
+    nt.tick(3, 50)  # many election timeouts, but only pre-votes: the term never moves
+    assert nt.raft(3).term == 1
+    assert nt.raft(3).state is StateType.PRE_CANDIDATE
+    nt.recover()
+    nt.tick(1)  # a heartbeat brings it back
+    assert nt.raft(3).state is StateType.FOLLOWER
+    assert leaders(nt) == [1]
+    assert nt.raft(1).term == 1
+
+
+def test_without_pre_vote_a_rejoining_node_disrupts_the_leader() -> None:
+    nt = Network.of_size(3, pre_vote=False)
+    nt.campaign(1)
+    nt.isolate(3)
+    nt.tick(3, 50)
+    assert nt.raft(3).term > 1
+    nt.recover()
+    nt.tick(3, 50)
+    assert nt.raft(1).term > 1  # the leader of term 1 was deposed
+
+
+def test_pre_vote_rejected_by_up_to_date_majority() -> None:
+    nt = Network.of_size(3, pre_vote=True)
+    nt.campaign(1)
+    nt.isolate(3)
+    nt.propose(1, b"x")
+    nt.recover()
+    # Node 3's log is behind: its pre-vote is refused and its term is left alone.
+    nt.raft(1).become_follower(nt.raft(1).term, NONE)
+    nt.raft(2).become_follower(nt.raft(2).term, NONE)
+    nt.campaign(3)
+    assert nt.raft(3).state is StateType.FOLLOWER
+    assert nt.raft(3).term == 1
+
+
+def test_check_quorum_leader_steps_down_without_quorum_contact() -> None:
+    nt = Network.of_size(3, check_quorum=True)
+    nt.campaign(1)
+    nt.tick(1, 25)  # heartbeats answered: stays leader
+    assert nt.raft(1).state is StateType.LEADER
+    nt.isolate(1)
+    nt.tick(1, 2 * 10)
+    assert nt.raft(1).state is StateType.FOLLOWER
+    assert nt.raft(1).lead == 0
+
+
+def test_leader_stickiness_ignores_vote_requests_during_lease() -> None:
+    nt = Network.of_size(3, check_quorum=True)
+    nt.campaign(1)
+    nt.campaign(3)  # an impatient node: both others heard from the leader recently
+    assert nt.raft(3).state is StateType.CANDIDATE
+    assert nt.raft(1).state is StateType.LEADER
+    assert nt.raft(1).term == 1
+    assert nt.raft(2).term == 1 and nt.raft(2).vote == 1
+
+
+def test_transfer_campaign_overrides_the_lease() -> None:
+    nt = Network.of_size(3, check_quorum=True)
+    nt.campaign(1)
+    nt.send(Message(type=MT.MsgTransferLeader, from_=NodeId(3), to=NodeId(1)))
+    assert leaders(nt) == [3]
+    assert nt.raft(3).term == 2
+
+
+# -- ReadIndex --------------------------------------------------------------------------------
+
+
+def test_read_index_safe_confirms_leadership_with_a_heartbeat_round() -> None:
+    nt = Network.of_size(3)
+    nt.campaign(1)
+    nt.propose(1, b"x")
+    leader = nt.peer(1)
+    delivered = len(nt.delivered)
+    leader.node.read_index(b"read-1")
+    nt.deliver(1)
+    assert [rs.request_ctx for rs in leader.read_states] == [b"read-1"]
+    assert leader.read_states[0].index == leader.raft.raft_log.committed == 2
+    heartbeats = [m for m in nt.delivered[delivered:] if m.type is MT.MsgHeartbeat]
+    assert {m.context for m in heartbeats} == {b"read-1"}
+
+
+def test_read_index_safe_waits_for_a_quorum() -> None:
+    nt = Network.of_size(3)
+    nt.campaign(1)
+    nt.isolate(1)
+    nt.peer(1).node.read_index(b"r")
+    nt.deliver(1)
+    assert nt.peer(1).read_states == []
+    nt.recover()
+    nt.tick(1)  # the next heartbeat carries the pending context
+    assert [rs.request_ctx for rs in nt.peer(1).read_states] == [b"r"]
+
+
+def test_read_index_from_a_follower_is_answered_through_the_leader() -> None:
+    nt = Network.of_size(3)
+    nt.campaign(1)
+    nt.peer(2).node.read_index(b"follower-read")
+    nt.deliver(2)
+    [state] = nt.peer(2).read_states
+    assert state.request_ctx == b"follower-read"
+    assert state.index == nt.raft(1).raft_log.committed
+
+
+def test_read_index_waits_for_the_new_leader_to_commit_in_its_term() -> None:
+    nt = Network.of_size(3)
+    nt.ignore(MT.MsgApp)
+    nt.campaign(1)
+    assert nt.raft(1).raft_log.committed == 0
+    nt.peer(1).node.read_index(b"early")
+    nt.deliver(1)
+    assert nt.peer(1).read_states == []
+    assert len(nt.raft(1).pending_read_index_messages) == 1
+    nt.recover()
+    nt.tick(1)  # heartbeat responses trigger the append; the no-op commits; the read goes
+    assert [rs.request_ctx for rs in nt.peer(1).read_states] == [b"early"]
+    assert nt.peer(1).read_states[0].index == 1
+
+
+def test_read_index_lease_based_answers_without_a_heartbeat_round() -> None:
+    nt = Network.of_size(3, check_quorum=True, read_only_option=ReadOnlyOption.LEASE_BASED)
+    nt.campaign(1)
+    nt.isolate(1)  # no round trip is needed within the lease
+    nt.peer(1).node.read_index(b"lease")
+    nt.deliver(1)
+    assert [rs.request_ctx for rs in nt.peer(1).read_states] == [b"lease"]
+
+
+def test_lease_based_reads_require_check_quorum() -> None:
+    storage = new_storage((1,))
+    with pytest.raises(ConfigError, match="check_quorum"):
+        RawNode(
+            new_config(1, storage, check_quorum=False, read_only_option=ReadOnlyOption.LEASE_BASED)
+        )
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"heartbeat_tick": 0},
+        {"election_tick": 1, "heartbeat_tick": 1},
+        {"max_inflight_msgs": 0},
+        {"max_inflight_bytes": 10, "max_size_per_msg": 100},
+    ],
+)
+def test_invalid_configs_are_refused(overrides: dict[str, int]) -> None:
+    with pytest.raises(ConfigError):
+        RawNode(new_config(1, new_storage((1,)), **overrides))
+
+
+# -- leadership transfer ---------------------------------------------------------------------
+
+
+def test_transfer_to_up_to_date_follower() -> None:
+    nt = Network.of_size(3)
+    nt.campaign(1)
+    nt.send(Message(type=MT.MsgTransferLeader, from_=NodeId(2), to=NodeId(1)))
+    assert leaders(nt) == [2]
+    assert nt.raft(1).lead == 2
+
+
+def test_transfer_catches_up_a_lagging_transferee_first() -> None:
+    nt = Network.of_size(3)
+    nt.campaign(1)
+    nt.isolate(3)
+    nt.propose(1, b"x")
+    nt.recover()
+    assert nt.raft(3).raft_log.last_index() < nt.raft(1).raft_log.last_index()
+    nt.peer(1).node.transfer_leader(NodeId(3))
+    nt.deliver(1)
+    assert leaders(nt) == [3]
+    assert nt.peer(3).applied_data() == [b"x"]
+
+
+def test_transfer_drops_proposals_and_aborts_after_an_election_timeout() -> None:
+    nt = Network.of_size(3)
+    nt.campaign(1)
+    nt.isolate(3)
+    nt.peer(1).node.transfer_leader(NodeId(3))
+    nt.deliver(1)
+    assert nt.raft(1).lead_transferee == 3
+    with pytest.raises(ProposalDroppedError, match="transfer"):
+        nt.peer(1).node.propose(b"dropped")
+    nt.tick(1, 10)
+    assert nt.raft(1).lead_transferee == NONE
+    assert nt.raft(1).state is StateType.LEADER
+    nt.propose(1, b"accepted")
+    assert nt.peer(2).applied_data() == [b"accepted"]
+
+
+def test_a_learner_cannot_be_transferee() -> None:
+    peers = [new_peer(i, (1, 2, 3), learners=(4,)) for i in (1, 2, 3, 4)]
+    nt = Network(peers)
+    nt.campaign(1)
+    nt.send(Message(type=MT.MsgTransferLeader, from_=NodeId(4), to=NodeId(1)))
+    assert nt.raft(1).lead_transferee == NONE
+    assert leaders(nt) == [1]
+
+
+# -- membership changes ------------------------------------------------------------------------
+
+
+def new_cluster_with_spares(members: int, spares: tuple[int, ...], **config: object) -> Network:
+    """``members`` voters plus spare nodes that know the initial configuration but are not in
+    it (they replay the log, configuration changes included, once added)."""
+    member_ids = range(1, members + 1)
+    peers = [new_peer(i, member_ids, **config) for i in (*member_ids, *spares)]  # type: ignore[arg-type]
+    return Network(peers)
+
+
+def test_joint_consensus_enter_and_auto_leave() -> None:
+    nt = new_cluster_with_spares(3, (4, 5))
+    nt.campaign(1)
+    nt.propose_conf_change(1, change((ADD, 4), (REMOVE, 3), (ADD, 5)))
+    # The joint configuration was entered, then left automatically by the leader.
+    cc_entries = [e for e in nt.peer(1).applied if e.type is EntryType.CONF_CHANGE]
+    assert len(cc_entries) == 2
+    for node_id in (1, 2, 4, 5):
+        assert conf_state(nt.peer(node_id)) == voters(1, 2, 4, 5)
+    nt.propose(1, b"after")
+    for node_id in (1, 2, 4, 5):
+        assert nt.peer(node_id).applied_data() == [b"after"]
+
+
+def test_joint_consensus_explicit_leave() -> None:
+    nt = new_cluster_with_spares(3, (4,))
+    nt.campaign(1)
+    nt.propose_conf_change(1, change((ADD, 4), transition=ConfChangeTransition.JOINT_EXPLICIT))
+    joint = ConfState(
+        voters=(NodeId(1), NodeId(2), NodeId(3), NodeId(4)),
+        voters_outgoing=(NodeId(1), NodeId(2), NodeId(3)),
+    )
+    assert conf_state(nt.peer(1)) == joint
+    assert conf_state(nt.peer(4)) == joint
+    # While joint, a change other than leaving is refused (becomes an empty entry).
+    nt.propose_conf_change(1, change((ADD, 5)))
+    assert conf_state(nt.peer(1)) == joint
+    nt.propose_conf_change(1, ConfChange())
+    assert conf_state(nt.peer(1)) == voters(1, 2, 3, 4)
+
+
+def test_joint_quorum_needs_both_majorities() -> None:
+    nt = new_cluster_with_spares(3, (4, 5, 6))
+    nt.campaign(1)
+    nt.propose_conf_change(
+        1,
+        change((ADD, 4), (ADD, 5), (ADD, 6), transition=ConfChangeTransition.JOINT_EXPLICIT),
+    )
+    # Incoming (1..6) has a majority without 2 and 3 (1, 4, 5, 6) but outgoing (1, 2, 3)
+    # does not: nothing commits.
+    nt.isolate(2)
+    nt.isolate(3)
+    committed = nt.raft(1).raft_log.committed
+    nt.propose(1, b"needs-outgoing-majority")
+    assert nt.raft(1).raft_log.committed == committed
+    nt.recover()
+    nt.tick(1)
+    assert b"needs-outgoing-majority" in nt.peer(1).applied_data()
+
+
+def test_conf_change_refused_while_another_is_pending() -> None:
+    nt = new_cluster_with_spares(3, (4, 5))
+    nt.campaign(1)
+    nt.ignore(MT.MsgApp)  # keep the first change from committing
+    nt.propose_conf_change(1, change((ADD, 4)))
+    assert nt.raft(1).pending_conf_index > nt.raft(1).raft_log.applied
+    nt.propose_conf_change(1, change((ADD, 5)))
+    last = nt.raft(1).raft_log.all_entries()[-1]
+    assert last.type is EntryType.NORMAL and last.data == b""
+    nt.recover()
+    nt.tick(1)
+    assert conf_state(nt.peer(1)) == voters(1, 2, 3, 4)
+
+
+def test_new_leader_conf_change_waits_until_its_log_is_applied() -> None:
+    # The new leader holds entries it has not applied; one may be a conf change.
+    storage = new_storage((1, 2, 3))
+    storage.append([Entry(Term(1), Index(1)), Entry(Term(1), Index(2), data=b"x")])
+    storage.set_hard_state(HardState(term=Term(1)))
+    leader = Peer(RawNode(new_config(1, storage)), storage)
+    nt = Network([leader, new_peer(2, (1, 2, 3)), new_peer(3, (1, 2, 3))])
+    nt.ignore(MT.MsgApp)
+    nt.campaign(1)
+    assert leader.raft.state is StateType.LEADER
+    assert leader.raft.pending_conf_index == 2
+    nt.propose_conf_change(1, change((LEARNER, 4)))
+    assert leader.raft.raft_log.all_entries()[-1].type is EntryType.NORMAL  # refused
+    nt.recover()
+    nt.tick(1)
+    assert leader.raft.raft_log.applied >= 3  # the no-op and everything before it
+    nt.propose_conf_change(1, change((LEARNER, 4)))
+    assert ConfState(voters=(NodeId(1), NodeId(2), NodeId(3)), learners=(NodeId(4),)) == (
+        conf_state(leader)
+    )
+
+
+def test_leader_steps_down_when_removed() -> None:
+    nt = Network.of_size(3)
+    nt.campaign(1)
+    nt.propose_conf_change(1, change((REMOVE, 1)))
+    assert nt.raft(1).state is StateType.FOLLOWER
+    assert conf_state(nt.peer(2)) == voters(2, 3)
+    with pytest.raises(ProposalDroppedError):
+        nt.peer(1).node.propose(b"x")  # no leader known, and not a member anyway
+    nt.campaign(2)
+    assert leaders(nt) == [2]
+
+
+# -- learners -----------------------------------------------------------------------------------
+
+
+def test_learner_receives_the_log_but_never_campaigns() -> None:
+    peers = [new_peer(i, (1, 2, 3), learners=(4,)) for i in (1, 2, 3, 4)]
+    nt = Network(peers)
+    nt.campaign(1)
+    nt.propose(1, b"x")
+    assert nt.peer(4).applied_data() == [b"x"]
+    nt.isolate(1)
+    sent_before = len(nt.delivered)
+    nt.tick(4, 50)
+    assert nt.raft(4).state is StateType.FOLLOWER
+    assert not any(m.from_ == 4 for m in nt.delivered[sent_before:])
+
+
+def test_learner_is_not_asked_to_vote_and_its_vote_does_not_count() -> None:
+    peers: list[Peer | None] = [new_peer(1, (1, 2), learners=(3,)), None]
+    peers.append(new_peer(3, (1, 2), learners=(3,)))
+    nt = Network(peers)
+    nt.campaign(1)
+    assert not [m for m in nt.delivered if m.type is MT.MsgVote and m.to == 3]
+    nt.send(Message(type=MT.MsgVoteResp, from_=NodeId(3), to=NodeId(1), term=Term(1)))
+    assert nt.raft(1).state is StateType.CANDIDATE  # only voters count
+
+
+def test_learner_promotion() -> None:
+    peers = [new_peer(i, (1, 2, 3), learners=(4,)) for i in (1, 2, 3, 4)]
+    nt = Network(peers)
+    nt.campaign(1)
+    nt.propose_conf_change(1, change((ADD, 4)))
+    assert conf_state(nt.peer(4)) == voters(1, 2, 3, 4)
+    assert not nt.raft(4).is_learner
+    nt.campaign(4)
+    assert leaders(nt) == [4]
+
+
+# -- snapshots --------------------------------------------------------------------------------
+
+
+def compact_leader(nt: Network, node_id: int = 1) -> Snapshot:
+    peer = nt.peer(node_id)
+    applied = peer.raft.raft_log.applied
+    snap = peer.storage.create_snapshot(applied, conf_state(peer), b"state@%d" % applied)
+    peer.storage.compact(applied)
+    return snap
+
+
+def test_snapshot_catches_up_a_follower_behind_compaction() -> None:
+    nt = Network.of_size(3)
+    nt.campaign(1)
+    nt.isolate(3)
+    for i in range(5):
+        nt.propose(1, b"e%d" % i)
+    snap = compact_leader(nt)
+    nt.propose(1, b"after-snapshot")
+    nt.recover()
+    nt.tick(1)  # heartbeat -> response -> the follower needs compacted entries
+    sent = [m for m in nt.delivered if m.type is MT.MsgSnap]
+    assert len(sent) == 1 and sent[0].to == 3
+    follower = nt.peer(3)
+    assert any(rd.snapshot == snap for rd in follower.readies)
+    assert follower.storage.snapshot() == snap
+    assert follower.raft.raft_log.last_index() == nt.raft(1).raft_log.last_index()
+    assert follower.applied_data()[-1:] == [b"after-snapshot"]
+    assert nt.raft(1).trk.progress[NodeId(3)].state is ProgressState.REPLICATE
+
+
+class FlakySnapshotStorage(BootstrapStorage):
+    """Storage whose snapshot is temporarily unavailable until ``ready`` is set."""
+
+    def __init__(self, cs: ConfState) -> None:
+        super().__init__(cs)
+        self.ready = False
+
+    def snapshot(self) -> Snapshot:
+        if not self.ready:
+            raise SnapshotTemporarilyUnavailableError()
+        return super().snapshot()
+
+
+def test_snapshot_temporarily_unavailable_is_retried_later() -> None:
+    storage = FlakySnapshotStorage(voters(1, 2, 3))
+    leader = Peer(RawNode(new_config(1, storage)), storage)
+    nt = Network([leader, new_peer(2, (1, 2, 3)), new_peer(3, (1, 2, 3))])
+    nt.campaign(1)
+    nt.isolate(3)
+    nt.propose(1, b"x")
+    storage.ready = True
+    compact_leader(nt)
+    storage.ready = False
+    nt.recover()
+    nt.tick(1)
+    assert not [m for m in nt.delivered if m.type is MT.MsgSnap]
+    storage.ready = True
+    nt.tick(1)
+    assert [m.to for m in nt.delivered if m.type is MT.MsgSnap] == [3]
+    assert nt.peer(3).applied_data() == [] and nt.raft(3).raft_log.committed >= 2
+
+
+# -- replication: backtracking and flow control ---------------------------------------------
+
+
+def peer_with_terms(node_id: int, terms: list[int], term: int) -> Peer:
+    storage = new_storage((1, 2, 3))
+    storage.append([Entry(Term(t), Index(i)) for i, t in enumerate(terms, start=1)])
+    storage.set_hard_state(HardState(term=Term(term), commit=Index(1)))
+    return Peer(RawNode(new_config(node_id, storage)), storage)
+
+
+@pytest.mark.parametrize(
+    ("leader_terms", "follower_terms"),
+    [
+        # The follower has a long divergent tail of higher terms than the leader's entries.
+        ([1] + [3] * 50, [1] + [2] * 50 + [5] * 50),
+        # The follower has a long divergent tail of lower terms.
+        ([1] + [2] * 10 + [5] * 40, [1] + [3] * 80),
+    ],
+)
+def test_fast_backtracking_needs_few_rejections(
+    leader_terms: list[int], follower_terms: list[int]
+) -> None:
+    top = max(leader_terms + follower_terms)
+    leader = peer_with_terms(1, leader_terms, top)
+    follower = peer_with_terms(2, follower_terms, top)
+    third = peer_with_terms(3, leader_terms, top)
+    nt = Network([leader, follower, third])
+    nt.send(Message(type=MT.MsgHup, from_=NodeId(1), to=NodeId(1)))
+    if leader.raft.state is not StateType.LEADER:  # the follower's log may win the vote
+        nt.send(Message(type=MT.MsgVoteResp, from_=NodeId(3), to=NodeId(1), term=Term(top + 1)))
+    assert leader.raft.state is StateType.LEADER
+    rejections = [m for m in nt.delivered if m.type is MT.MsgAppResp and m.reject and m.from_ == 2]
+    # Naive probing would need one rejection per divergent entry (tens here).
+    assert 1 <= len(rejections) <= 2
+    assert follower.raft.raft_log.all_entries() == leader.raft.raft_log.all_entries()
+
+
+def test_inflight_limit_caps_pipelined_messages() -> None:
+    nt = Network.of_size(3, max_inflight_msgs=3)
+    nt.campaign(1)
+    nt.propose(1, b"warmup")  # node 2 is now in REPLICATE state
+    sent_to_2: list[Message] = []
+
+    def swallow_to_2(m: Message) -> Message | None:
+        if m.to == 2:
+            sent_to_2.append(m)
+            return None
+        return m
+
+    nt.msg_hook = swallow_to_2
+    for i in range(10):
+        nt.propose(1, b"p%d" % i)
+    appends = [m for m in sent_to_2 if m.type is MT.MsgApp and m.entries]
+    assert len(appends) == 3
+    pr = nt.raft(1).trk.progress[NodeId(2)]
+    assert pr.state is ProgressState.REPLICATE and pr.inflights.full() and pr.is_paused()
+    # Everything still commits through node 3.
+    assert nt.peer(3).applied_data()[-1] == b"p9"
+
+
+def test_inflight_byte_limit() -> None:
+    nt = Network.of_size(3, max_inflight_bytes=250, max_size_per_msg=100)
+    nt.campaign(1)
+    nt.propose(1, b"warmup")
+    nt.msg_hook = lambda m: None if m.to == 2 else m
+    for _i in range(10):
+        nt.propose(1, b"x" * 100)
+    pr = nt.raft(1).trk.progress[NodeId(2)]
+    assert pr.inflights.count() == 3 and pr.inflights.bytes == 300
+    assert pr.is_paused()
+
+
+def test_batching_respects_max_size_per_msg() -> None:
+    payload = b"y" * 100
+    one = entries_size([Entry(Term(1), Index(1), data=payload)])
+    nt = Network.of_size(3, max_size_per_msg=2 * one)
+    nt.campaign(1)
+    nt.isolate(3)
+    for _ in range(6):
+        nt.propose(1, payload)
+    nt.recover()
+    start = len(nt.delivered)
+    nt.tick(1)
+    appends = [m for m in nt.delivered[start:] if m.type is MT.MsgApp and m.to == 3 and m.entries]
+    assert [len(m.entries) for m in appends] == [2, 2, 2]
+    assert nt.peer(3).applied_data() == [payload] * 6
+
+
+def test_max_uncommitted_entries_size_drops_proposals() -> None:
+    nt = Network.of_size(3, max_uncommitted_entries_size=250)
+    nt.campaign(1)
+    nt.isolate(1)
+    node = nt.peer(1).node
+    node.propose(b"a" * 100)
+    node.propose(b"b" * 100)
+    with pytest.raises(ProposalDroppedError, match="uncommitted"):
+        node.propose(b"c" * 100)
+    nt.recover()
+    nt.deliver(1)
+    nt.tick(1)  # the backlog commits and frees the quota
+    assert nt.raft(1).uncommitted_size == 0
+    node.propose(b"c" * 100)
+
+
+def test_unreachable_follower_falls_back_to_probing() -> None:
+    nt = Network.of_size(3)
+    nt.campaign(1)
+    nt.propose(1, b"x")
+    pr = nt.raft(1).trk.progress[NodeId(2)]
+    states = [pr.state]
+    nt.peer(1).node.report_unreachable(NodeId(2))
+    states.append(pr.state)
+    assert states == [ProgressState.REPLICATE, ProgressState.PROBE]
+
+
+def test_heartbeat_commit_never_exceeds_follower_match() -> None:
+    nt = Network.of_size(3)
+    nt.campaign(1)
+    nt.isolate(3)
+    nt.propose(1, b"x")
+    nt.recover()
+    start = len(nt.delivered)
+    nt.ignore(MT.MsgHeartbeatResp)
+    nt.tick(1)
+    [hb] = [m for m in nt.delivered[start:] if m.type is MT.MsgHeartbeat and m.to == 3]
+    assert hb.commit == nt.raft(1).trk.progress[NodeId(3)].match < nt.raft(1).raft_log.committed
+
+
+def test_state_machine_safety_under_random_faults_and_membership_churn() -> None:
+    """A short seeded run mixing faults, leader changes and conf changes."""
+    for seed in range(2):
+        rng = random.Random(seed)
+        nt = new_cluster_with_spares(3, (4,), pre_vote=True, check_quorum=True, seed=seed)
+        nt.campaign(1)
+        for step in range(300):
+            if step % 50 == 0:
+                nt.recover()
+                victim = rng.choice([1, 2, 3])
+                if rng.random() < 0.5:
+                    nt.isolate(victim)
+            if step == 100:
+                for node_id in leaders(nt):
+                    nt.propose_conf_change(node_id, change((ADD, 4)))
+            nt.tick(rng.choice([1, 2, 3, 4]))
+            if rng.random() < 0.3:
+                nt.propose(rng.choice([1, 2, 3]), b"s%d-%d" % (seed, step))
+        nt.recover()
+        nt.tick_all(30)
+        applied = [nt.peer(i).applied for i in (1, 2, 3, 4)]
+        longest = max(applied, key=len)
+        assert len(longest) > 10  # the run made progress
+        for log in applied:
+            assert log == longest[: len(log)]
+        terms = {nt.raft(i).term for i in leaders(nt)}
+        assert len(leaders(nt)) <= 1 or len(terms) == len(leaders(nt))
+
+
+def test_storage_is_untouched_by_the_core() -> None:
+    """The core only reads storage; everything durable goes through Ready."""
+    nt = Network.of_size(3)
+    nt.campaign(1)
+    nt.propose(1, b"x")
+    for node_id in (1, 2, 3):
+        peer = nt.peer(node_id)
+        stored = peer.storage.entries(Index(1), Index(peer.storage.last_index() + 1))
+        assert stored == peer.raft.raft_log.all_entries()
+        assert peer.storage.hard_state == peer.raft.hard_state()

@@ -38,7 +38,7 @@ import struct
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import grpc.aio
@@ -133,6 +133,14 @@ def wall_clock_ms() -> int:
     return int(time.time() * 1000)
 
 
+class PeerTls(Protocol):
+    """Credentials for mutual TLS on the peer port (see ``daemon.TlsFiles``)."""
+
+    def server_credentials(self) -> grpc.ServerCredentials: ...
+
+    def channel_credentials(self) -> grpc.ChannelCredentials: ...
+
+
 @dataclass(frozen=True, slots=True)
 class NodeConfig:
     """How to run one member. Durations in ticks are multiples of ``tick_ms``."""
@@ -190,8 +198,10 @@ class Node:
         config: NodeConfig,
         *,
         on_fatal: Callable[[BaseException], None] | None = None,
+        peer_tls: PeerTls | None = None,
     ) -> None:
         config.validate()
+        self._peer_tls = peer_tls
         self.config = config
         self._on_fatal = on_fatal or _exit_on_fatal
         self._rng = random.Random(int.from_bytes(os.urandom(8), "big"))
@@ -221,7 +231,13 @@ class Node:
         self._applied_signal = asyncio.Event()
         self._leader_signal = asyncio.Event()
         self._snapshot_requests: list[asyncio.Future[int]] = []
-        self._transport = Transport(self, self._rng)
+        channel_factory = None
+        if peer_tls is not None:
+            credentials = peer_tls.channel_credentials()
+            channel_factory = lambda address: grpc.aio.secure_channel(  # noqa: E731
+                address, credentials, options=GRPC_OPTIONS
+            )
+        self._transport = Transport(self, self._rng, channel_factory)
         self._peer_server: grpc.aio.Server | None = None
         self._stopping = False
         self.removed = False
@@ -271,7 +287,10 @@ class Node:
         )
         server = grpc.aio.server(options=GRPC_OPTIONS)
         peer_pb2_grpc.add_RaftServicer_to_server(PeerServicer(self), server)
-        server.add_insecure_port(self.config.peer_address)
+        if self._peer_tls is not None:
+            server.add_secure_port(self.config.peer_address, self._peer_tls.server_credentials())
+        else:
+            server.add_insecure_port(self.config.peer_address)
         await server.start()
         self._peer_server = server
         for coro in (self._ready_loop(), self._tick_loop(), self._lease_loop()):

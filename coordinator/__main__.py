@@ -1,0 +1,7 @@
+"""``python -m rallypoint.coordinator`` runs the ``rallypoint`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,240 @@
+"""Running one member as a daemon: the member, its client API server, metrics and signals.
+
+Settings come, in increasing precedence, from defaults, a TOML file (``--config``),
+environment variables (``RALLYPOINT_<SETTING>``, e.g. ``RALLYPOINT_DATA_DIR``) and flags.
+SIGTERM and SIGINT stop the member gracefully: a leader first hands leadership to the most
+up-to-date voter, so clients see no election timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import tomllib
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from .members import MemberAddress
+from .node import Node, NodeConfig
+from .transport import GRPC_OPTIONS
+
+log = logging.getLogger("rallypoint.daemon")
+
+
+class SettingsError(ValueError):
+    """A setting that cannot be used; the message names it and says why."""
+
+
+@dataclass
+class TlsFiles:
+    """PEM files for mutual TLS: this member's certificate and key, and the CA that signs
+    every member's and client's certificate (clients must present one)."""
+
+    cert_file: str
+    key_file: str
+    ca_file: str
+
+    def read(self) -> tuple[bytes, bytes, bytes]:
+        out = []
+        for name in ("cert_file", "key_file", "ca_file"):
+            path = getattr(self, name)
+            try:
+                with open(path, "rb") as f:
+                    out.append(f.read())
+            except OSError as exc:
+                raise SettingsError(f"tls {name.removesuffix('_file')}: {exc}") from exc
+        return out[0], out[1], out[2]
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        cert, key, ca = self.read()
+        return grpc.ssl_server_credentials(
+            [(key, cert)], root_certificates=ca, require_client_auth=True
+        )
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        cert, key, ca = self.read()
+        return grpc.ssl_channel_credentials(
+            root_certificates=ca, private_key=key, certificate_chain=cert
+        )
+
+
+@dataclass
+class Settings:
+    """Everything ``rallypoint serve`` accepts. Field names are the TOML keys; the
+    environment variable of a field is RALLYPOINT_ + its name in capitals."""
+
+    member_id: int = 1
+    data_dir: str = "rallypoint-data"
+    peer_address: str = "127.0.0.1:2380"
+    client_address: str = "127.0.0.1:2379"
+    # "1=peerhost:port@clienthost:port,2=..." (the members when the cluster was created).
+    initial_cluster: str = ""
+    join: bool = False
+    cluster_token: str = "rallypoint"
+    tick_ms: int = 100
+    election_ticks: int = 10
+    heartbeat_ticks: int = 1
+    snapshot_entries: int = 10_000
+    metrics_address: str = ""  # host:port for /metrics; empty disables
+    auth_token: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
+    log_level: str = "INFO"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls) if f.name != "extra"]
+
+    def merge(self, values: dict[str, Any], source: str) -> None:
+        types = {f.name: f.type for f in fields(self)}
+        for key, value in values.items():
+            name = key.replace("-", "_")
+            if name not in types or name == "extra":
+                raise SettingsError(f"{source}: unknown setting {key!r}")
+            current = getattr(self, name)
+            try:
+                if isinstance(current, bool):
+                    if isinstance(value, str):
+                        lowered = value.strip().lower()
+                        if lowered not in ("1", "0", "true", "false", "yes", "no"):
+                            raise ValueError(value)
+                        value = lowered in ("1", "true", "yes")
+                    value = bool(value)
+                elif isinstance(current, int):
+                    value = int(value)
+                else:
+                    value = str(value)
+            except (TypeError, ValueError):
+                raise SettingsError(
+                    f"{source}: setting {key!r} wants a {type(current).__name__}, got {value!r}"
+                ) from None
+            setattr(self, name, value)
+
+    def merge_toml(self, path: str) -> None:
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except OSError as exc:
+            raise SettingsError(f"config file {path}: {exc}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise SettingsError(f"config file {path}: {exc}") from exc
+        self.merge(data, f"config file {path}")
+
+    def merge_environment(self, environ: dict[str, str]) -> None:
+        found = {}
+        for name in self.field_names():
+            value = environ.get("RALLYPOINT_" + name.upper())
+            if value is not None:
+                found[name] = value
+        self.merge(found, "environment")
+
+    def tls(self) -> TlsFiles | None:
+        given = [self.tls_cert_file, self.tls_key_file, self.tls_ca_file]
+        if not any(given):
+            return None
+        if not all(given):
+            raise SettingsError("TLS needs all of tls_cert_file, tls_key_file and tls_ca_file")
+        return TlsFiles(*given)
+
+    def members(self) -> dict[int, MemberAddress]:
+        return parse_initial_cluster(self.initial_cluster)
+
+    def node_config(self) -> NodeConfig:
+        members = self.members()
+        if not members and not self.join:
+            members = {self.member_id: MemberAddress(self.peer_address, self.client_address)}
+        cluster_id = int.from_bytes(self.cluster_token.encode()[:8].ljust(8, b"\0"), "big")
+        try:
+            config = NodeConfig(
+                member_id=self.member_id,
+                data_dir=self.data_dir,
+                peer_address=self.peer_address,
+                client_address=self.client_address,
+                initial_members=members,
+                join_existing=self.join,
+                cluster_id=cluster_id,
+                tick_ms=self.tick_ms,
+                election_ticks=self.election_ticks,
+                heartbeat_ticks=self.heartbeat_ticks,
+                snapshot_entries=self.snapshot_entries,
+            )
+            config.validate()
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
+        return config
+
+
+def parse_initial_cluster(text: str) -> dict[int, MemberAddress]:
+    """``"1=10.0.0.1:2380@10.0.0.1:2379,2=..."`` -> {1: MemberAddress(...), ...}."""
+    members: dict[int, MemberAddress] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        ident, sep, addresses = part.partition("=")
+        peer, at, client = addresses.partition("@")
+        if not (sep and at and ident.strip().isdigit() and peer and client):
+            raise SettingsError(
+                f"initial cluster entry {part!r} is not ID=PEER_HOST:PORT@CLIENT_HOST:PORT"
+            )
+        member_id = int(ident)
+        if member_id <= 0 or member_id in members:
+            raise SettingsError(f"initial cluster: member id {member_id} is zero or repeated")
+        members[member_id] = MemberAddress(peer.strip(), client.strip())
+    return members
+
+
+async def serve(settings: Settings) -> int:
+    """Run one member until SIGTERM/SIGINT; return the process exit code."""
+    from .service.server import add_services
+
+    config = settings.node_config()
+    tls = settings.tls()
+    node = Node(config, peer_tls=tls)
+    await node.start()
+    server = grpc.aio.server(options=GRPC_OPTIONS)
+    add_services(server, node, auth_token=settings.auth_token or None)
+    if tls is not None:
+        server.add_secure_port(config.client_address, tls.server_credentials())
+    else:
+        server.add_insecure_port(config.client_address)
+    await server.start()
+    if settings.metrics_address:
+        host, _, port = settings.metrics_address.rpartition(":")
+        node.metrics.serve(int(port), host or "127.0.0.1")
+    log.info(
+        "member %d serving clients at %s (peers at %s)",
+        config.member_id,
+        config.client_address,
+        config.peer_address,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    log.info("member %d shutting down", config.member_id)
+    await node.stop(transfer_leadership=True)
+    await server.stop(grace=1.0)
+    return 0
+
+
+def run(settings: Settings) -> int:
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        return int(uvloop.run(serve(settings)))
+    return asyncio.run(serve(settings))
+
+
+def default_environment() -> dict[str, str]:
+    return dict(os.environ)

@@ -54,6 +54,7 @@ from .types import (
     NONE,
     ConfChange,
     ConfChangeTransition,
+    ConfChangeType,
     ConfState,
     Entry,
     EntryType,
@@ -162,6 +163,18 @@ class Config:
 def payloads_size(entries: Sequence[Entry]) -> int:
     """The bytes of application data in ``entries`` (what the size quotas count)."""
     return sum(len(e.data) for e in entries)
+
+
+_CHANGE_LETTERS = {
+    ConfChangeType.ADD_NODE: "v",
+    ConfChangeType.REMOVE_NODE: "r",
+    ConfChangeType.ADD_LEARNER_NODE: "l",
+}
+
+
+def _describe_changes(cc: ConfChange) -> str:
+    """etcd's compact form: ``v4 r3 l5`` (voter, removal, learner); empty = leave joint."""
+    return " ".join(f"{_CHANGE_LETTERS[c.type]}{c.node_id}" for c in cc.changes) or "leave-joint"
 
 
 def _enter_joint(cc: ConfChange) -> tuple[bool, bool]:
@@ -544,13 +557,15 @@ class Raft:
         pr = self.trk.progress[self.id]
         pr.become_replicate()
         pr.recent_active = True
-        # Any entry after our last one may not be proposed as a conf change before this
-        # point is applied: a previous leader's change may still be unapplied here, and this
-        # also makes the first change wait for our no-op to commit.
-        self.pending_conf_index = self.raft_log.last_index()
         # The no-op of thesis 6.4: committing it commits every earlier entry (5.4.2).
         if not self.append_entry([Entry(Term(0), Index(0))]):
             raise AssertionError("empty entry was dropped")
+        # No conf change may be proposed before our no-op is applied: an earlier leader's
+        # change may still be unapplied in our log (scanning for one would be costly), and a
+        # change must not be appended while our leadership's first entry is uncommitted.
+        # etcd sets this to the index before the no-op, which lets a change in right after
+        # an uncommitted no-op when everything before it was applied.
+        self.pending_conf_index = self.raft_log.last_index()
         self.logger.info("%d became leader at term %d", self.id, self.term)
 
     def hup(self, campaign_type: CampaignType) -> None:
@@ -867,7 +882,7 @@ class Raft:
                 self.logger.info(
                     "%d ignoring conf change %s at config %s: %s",
                     self.id,
-                    cc,
+                    _describe_changes(cc),
                     self.trk.config,
                     failed_check,
                 )

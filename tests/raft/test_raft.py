@@ -380,6 +380,19 @@ def test_conf_change_refused_while_another_is_pending() -> None:
     assert conf_state(nt.peer(1)) == voters(1, 2, 3, 4)
 
 
+def test_fresh_leader_conf_change_waits_for_its_no_op() -> None:
+    nt = new_cluster_with_spares(3, (4,))
+    nt.ignore(MT.MsgApp)
+    nt.campaign(1)
+    assert nt.raft(1).raft_log.committed == 0  # the no-op is not committed
+    nt.propose_conf_change(1, change((ADD, 4)))
+    assert nt.raft(1).raft_log.all_entries()[-1].type is EntryType.NORMAL  # refused
+    nt.recover()
+    nt.tick(1)
+    nt.propose_conf_change(1, change((ADD, 4)))
+    assert conf_state(nt.peer(1)) == voters(1, 2, 3, 4)
+
+
 def test_new_leader_conf_change_waits_until_its_log_is_applied() -> None:
     # The new leader holds entries it has not applied; one may be a conf change.
     storage = new_storage((1, 2, 3))
@@ -390,7 +403,7 @@ def test_new_leader_conf_change_waits_until_its_log_is_applied() -> None:
     nt.ignore(MT.MsgApp)
     nt.campaign(1)
     assert leader.raft.state is StateType.LEADER
-    assert leader.raft.pending_conf_index == 2
+    assert leader.raft.pending_conf_index == 3  # the no-op
     nt.propose_conf_change(1, change((LEARNER, 4)))
     assert leader.raft.raft_log.all_entries()[-1].type is EntryType.NORMAL  # refused
     nt.recover()

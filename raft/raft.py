@@ -203,6 +203,7 @@ class Raft:
         self.vote = NONE
         # The leader of `term` as far as we know (NONE if unknown).
         self.lead = NONE
+        # Our role; changed only by the become_* methods, with step_role and tick.
         self.state = StateType.FOLLOWER
         # True if this node is a learner in the current configuration.
         self.is_learner = False
@@ -213,8 +214,11 @@ class Raft:
         self.msgs_after_append: list[Message] = []
         # ReadIndex results for the application (drained by Ready).
         self.read_states: list[ReadState] = []
+        # Bytes of entries per MsgApp (at least one entry is always sent).
         self.max_msg_size = config.max_size_per_msg
+        # Limit of uncommitted_size for accepting proposals; 0 means none.
         self.max_uncommitted_size = config.max_uncommitted_entries_size
+        # Configuration, per-peer progress (meaningful on the leader) and election votes.
         self.trk = ProgressTracker(config.max_inflight_msgs, config.max_inflight_bytes)
         # The transfer target while a leadership transfer is in progress, else NONE.
         self.lead_transferee = NONE
@@ -224,6 +228,7 @@ class Raft:
         self.pending_conf_index = Index(0)
         # Estimated payload bytes of the leader's uncommitted tail (never overestimated).
         self.uncommitted_size = 0
+        # The leader's pending ReadIndex requests; reset on every role change.
         self.read_only = ReadOnly(config.read_only_option)
         # ReadIndex requests received before this leader committed an entry of its term.
         self.pending_read_index_messages: list[Message] = []
@@ -232,6 +237,7 @@ class Raft:
         self.election_elapsed = 0
         # Ticks since the last heartbeat (leader only).
         self.heartbeat_elapsed = 0
+        # Feature switches and timeouts from the Config (fixed for the node's life).
         self.check_quorum = config.check_quorum
         self.pre_vote = config.pre_vote
         self.heartbeat_timeout = config.heartbeat_tick
@@ -240,6 +246,8 @@ class Raft:
         self.randomized_election_timeout = config.election_tick
         self.disable_proposal_forwarding = config.disable_proposal_forwarding
         self.step_down_on_removal = config.step_down_on_removal
+        # The role's tick and step functions (tick_election / tick_heartbeat; step_follower /
+        # step_candidate / step_leader), swapped together with state.
         self.tick: Callable[[], None] = self.tick_election
         self.step_role: Callable[[Message], None] = self.step_follower
 

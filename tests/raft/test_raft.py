@@ -267,6 +267,14 @@ def test_transfer_to_up_to_date_follower() -> None:
     assert nt.raft(1).lead == 2
 
 
+def test_transfer_request_to_a_follower_is_forwarded_to_the_leader() -> None:
+    nt = Network.of_size(3)
+    nt.campaign(1)
+    nt.peer(3).node.transfer_leader(NodeId(3))
+    nt.deliver(3)
+    assert leaders(nt) == [3]
+
+
 def test_transfer_catches_up_a_lagging_transferee_first() -> None:
     nt = Network.of_size(3)
     nt.campaign(1)

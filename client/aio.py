@@ -1,0 +1,605 @@
+"""The asyncio client of a rallypoint cluster.
+
+    async with Client(["127.0.0.1:2379", "127.0.0.1:2381", "127.0.0.1:2383"]) as c:
+        await c.put("job/config", b"...")
+        async with c.lease(ttl_s=5) as lease:
+            await c.put("job/owner", b"me", lease=lease, fence=lease.fence)
+        async for event in c.watch("job/", prefix=True):
+            ...
+
+Every call has a deadline (``timeout_s`` on the client, overridable per call) within which it
+finds the leader and retries (``transport.py``); writes are stamped by the session so a retry
+applies at most once (``session.py``); every failure is a :class:`RallypointError`
+(``errors.py``). Reads are linearizable unless ``serializable=True``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TypeVar
+
+from rallypoint.proto.v1 import cluster_pb2, common_pb2, kv_pb2, lease_pb2
+
+from .backoff import DEFAULT_BACKOFF, Backoff
+from .errors import LeaseNotFoundError, RallypointError
+from .lease import Lease, LeaseKeeper
+from .session import SessionKeeper
+from .transport import Deadline, Method, TlsConfig, Transport
+from .values import (
+    AddResult,
+    CompareAndSetResult,
+    DeleteResult,
+    EndpointStatus,
+    Fence,
+    GetResult,
+    Header,
+    KeyValue,
+    LeaseInfo,
+    Member,
+    MemberStatus,
+    PutResult,
+    RangeResult,
+    SnapshotInfo,
+    members_from_proto,
+    optional_kv,
+)
+from .watch import Watcher
+
+Request = TypeVar("Request")
+Response = TypeVar("Response")
+
+Bytes = bytes | str
+LeaseRef = Lease | int | None
+
+
+def _bytes(data: Bytes) -> bytes:
+    return data.encode() if isinstance(data, str) else bytes(data)
+
+
+def _lease_id(lease: LeaseRef) -> int:
+    if lease is None:
+        return 0
+    return lease.lease_id if isinstance(lease, Lease) else int(lease)
+
+
+def _fence(fence: Fence | None) -> common_pb2.Fence | None:
+    return fence.to_proto() if fence is not None else None
+
+
+class Client:
+    """See the module docstring. Not thread-safe: use it from one event loop (or
+    :class:`rallypoint.client.SyncClient` from threads)."""
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        *,
+        timeout_s: float = 10.0,
+        attempt_timeout_s: float = 5.0,
+        token: str | None = None,
+        tls: TlsConfig | None = None,
+        session_ttl_s: float = 30.0,
+        open_session_on_connect: bool = True,
+        max_inflight_writes: int = 256,
+        backoff: Backoff = DEFAULT_BACKOFF,
+        rng: random.Random | None = None,
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        self.timeout_s = timeout_s
+        self._transport = Transport(
+            endpoints,
+            token=token,
+            tls=tls,
+            backoff=backoff,
+            attempt_timeout_s=attempt_timeout_s,
+            rng=rng,
+        )
+        self._session_ttl_s = session_ttl_s
+        self._open_session_on_connect = open_session_on_connect
+        self._max_inflight_writes = max_inflight_writes
+        # Created on the running loop (connect), never in __init__, so a Client may be built
+        # outside the loop that uses it.
+        self._sessions: SessionKeeper | None = None
+        self._leases: LeaseKeeper | None = None
+        self._write_slots: asyncio.Semaphore | None = None
+        self._watchers: weakref.WeakSet[Watcher] = weakref.WeakSet()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def endpoints(self) -> list[str]:
+        return list(self._transport.endpoints)
+
+    @property
+    def session_id(self) -> int:
+        """The current session's id; 0 before the first write (or connect)."""
+        session = self._sessions.current if self._sessions is not None else None
+        return session.session_id if session is not None else 0
+
+    async def connect(self) -> Client:
+        self._ensure_started()
+        if self._open_session_on_connect:
+            assert self._sessions is not None
+            await self._sessions.ensure(Deadline(self.timeout_s))
+        return self
+
+    def _ensure_started(self) -> tuple[SessionKeeper, LeaseKeeper, asyncio.Semaphore]:
+        if self._sessions is None or self._leases is None or self._write_slots is None:
+            self._sessions = SessionKeeper(
+                self._transport, self._session_ttl_s, open_timeout_s=self.timeout_s
+            )
+            self._leases = LeaseKeeper(self._transport)
+            # The server keeps at most a bounded number of unacknowledged answers per session
+            # (TOO_MANY_OUTSTANDING); bounding the writes in flight keeps clear of it.
+            self._write_slots = asyncio.Semaphore(self._max_inflight_writes)
+        return self._sessions, self._leases, self._write_slots
+
+    async def close(self) -> None:
+        """Close watches, stop lease keep-alives (leases are left to expire), end the session."""
+        for watcher in list(self._watchers):
+            await watcher.aclose()
+        if self._leases is not None:
+            await self._leases.close()
+        if self._sessions is not None:
+            await self._sessions.close(Deadline(min(self.timeout_s, 2.0)))
+        await self._transport.close()
+
+    async def __aenter__(self) -> Client:
+        try:
+            return await self.connect()
+        except BaseException:
+            await self._transport.close()
+            raise
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _deadline(self, timeout_s: float | None) -> Deadline:
+        return Deadline(self.timeout_s if timeout_s is None else timeout_s)
+
+    async def _read(
+        self, method: Method[Request, Response], request: Request, timeout_s: float | None
+    ) -> Response:
+        return await self._transport.unary(method, request, self._deadline(timeout_s))
+
+    async def _write(
+        self,
+        method: Method[Request, Response],
+        build: Callable[[common_pb2.RequestHeader], Request],
+        timeout_s: float | None,
+    ) -> Response:
+        """A mutating call: stamped by the session, retried with the same sequence."""
+        sessions, _, write_slots = self._ensure_started()
+        deadline = self._deadline(timeout_s)
+
+        def send(
+            header: common_pb2.RequestHeader,
+            deadline: Deadline,
+            on_retry: Callable[[RallypointError], None],
+        ) -> Awaitable[Response]:
+            return self._transport.unary(method, build(header), deadline, on_retry=on_retry)
+
+        async with write_slots:
+            return await sessions.write(send, deadline)
+
+    # ------------------------------------------------------------------ key-value
+
+    async def put(
+        self,
+        key: Bytes,
+        value: Bytes,
+        *,
+        lease: LeaseRef = None,
+        fence: Fence | None = None,
+        prev_kv: bool = False,
+        timeout_s: float | None = None,
+    ) -> PutResult:
+        response = await self._write(
+            lambda s: s.kv.Put,
+            lambda header: kv_pb2.PutRequest(
+                header=header,
+                key=_bytes(key),
+                value=_bytes(value),
+                lease_id=_lease_id(lease),
+                fence=_fence(fence),
+                prev_kv=prev_kv,
+            ),
+            timeout_s,
+        )
+        return PutResult(
+            Header.from_proto(response.header),
+            KeyValue.from_proto(response.kv),
+            optional_kv(response, "prev_kv"),
+        )
+
+    async def get(
+        self, key: Bytes, *, serializable: bool = False, timeout_s: float | None = None
+    ) -> KeyValue | None:
+        """The key, or None when it does not exist."""
+        return (await self.get_with_header(key, serializable=serializable, timeout_s=timeout_s)).kv
+
+    async def get_with_header(
+        self, key: Bytes, *, serializable: bool = False, timeout_s: float | None = None
+    ) -> GetResult:
+        response = await self._read(
+            lambda s: s.kv.Get,
+            kv_pb2.GetRequest(key=_bytes(key), serializable=serializable),
+            timeout_s,
+        )
+        return GetResult(Header.from_proto(response.header), optional_kv(response, "kv"))
+
+    async def range(
+        self,
+        prefix: Bytes = b"",
+        *,
+        limit: int = 0,
+        start_after: Bytes = b"",
+        serializable: bool = False,
+        keys_only: bool = False,
+        timeout_s: float | None = None,
+    ) -> RangeResult:
+        """One page of keys under ``prefix`` in byte order (``limit`` 0: all of them)."""
+        response = await self._read(
+            lambda s: s.kv.Range,
+            kv_pb2.RangeRequest(
+                prefix=_bytes(prefix),
+                limit=limit,
+                start_after=_bytes(start_after),
+                serializable=serializable,
+                keys_only=keys_only,
+            ),
+            timeout_s,
+        )
+        return RangeResult(
+            Header.from_proto(response.header),
+            tuple(KeyValue.from_proto(kv) for kv in response.kvs),
+            response.more,
+        )
+
+    async def range_pages(
+        self,
+        prefix: Bytes = b"",
+        *,
+        page_size: int = 1000,
+        serializable: bool = False,
+        keys_only: bool = False,
+        timeout_s: float | None = None,
+    ) -> AsyncIterator[KeyValue]:
+        """Every key under ``prefix``, fetched ``page_size`` at a time (each page is its own
+        read: a key changed between pages may be seen at either side of the change)."""
+        if page_size <= 0:
+            raise ValueError(f"page_size must be positive, got {page_size}")
+        start_after = b""
+        while True:
+            page = await self.range(
+                prefix,
+                limit=page_size,
+                start_after=start_after,
+                serializable=serializable,
+                keys_only=keys_only,
+                timeout_s=timeout_s,
+            )
+            for kv in page.kvs:
+                yield kv
+            if not page.more or not page.kvs:
+                return
+            start_after = page.kvs[-1].key
+
+    async def delete(
+        self,
+        key: Bytes,
+        *,
+        prefix: bool = False,
+        fence: Fence | None = None,
+        prev_kv: bool = False,
+        timeout_s: float | None = None,
+    ) -> DeleteResult:
+        response = await self._write(
+            lambda s: s.kv.Delete,
+            lambda header: kv_pb2.DeleteRequest(
+                header=header, key=_bytes(key), prefix=prefix, fence=_fence(fence), prev_kv=prev_kv
+            ),
+            timeout_s,
+        )
+        return DeleteResult(
+            Header.from_proto(response.header),
+            response.deleted,
+            tuple(KeyValue.from_proto(kv) for kv in response.prev_kvs),
+        )
+
+    async def compare_and_set(
+        self,
+        key: Bytes,
+        value: Bytes,
+        *,
+        value_equals: Bytes | None = None,
+        mod_revision_equals: int | None = None,
+        must_not_exist: bool = False,
+        lease: LeaseRef = None,
+        fence: Fence | None = None,
+        timeout_s: float | None = None,
+    ) -> CompareAndSetResult:
+        """Set ``key`` to ``value`` if exactly one given comparison holds. A false comparison
+        is not an error: ``succeeded`` is False and ``kv`` is the current key."""
+        given = (value_equals is not None) + (mod_revision_equals is not None) + must_not_exist
+        if given != 1:
+            raise ValueError(
+                "give exactly one of value_equals, mod_revision_equals, must_not_exist"
+            )
+
+        def build(header: common_pb2.RequestHeader) -> kv_pb2.CompareAndSetRequest:
+            request = kv_pb2.CompareAndSetRequest(
+                header=header,
+                key=_bytes(key),
+                value=_bytes(value),
+                lease_id=_lease_id(lease),
+                fence=_fence(fence),
+            )
+            if value_equals is not None:
+                request.value_equals = _bytes(value_equals)
+            elif mod_revision_equals is not None:
+                request.mod_revision_equals = mod_revision_equals
+            else:
+                request.must_not_exist = True
+            return request
+
+        response = await self._write(lambda s: s.kv.CompareAndSet, build, timeout_s)
+        return CompareAndSetResult(
+            Header.from_proto(response.header), response.succeeded, optional_kv(response, "kv")
+        )
+
+    async def add(
+        self,
+        key: Bytes,
+        delta: int,
+        *,
+        lease: LeaseRef = None,
+        fence: Fence | None = None,
+        timeout_s: float | None = None,
+    ) -> AddResult:
+        """Add ``delta`` to the decimal counter at ``key`` (missing counts as 0)."""
+        response = await self._write(
+            lambda s: s.kv.Add,
+            lambda header: kv_pb2.AddRequest(
+                header=header,
+                key=_bytes(key),
+                delta=delta,
+                lease_id=_lease_id(lease),
+                fence=_fence(fence),
+            ),
+            timeout_s,
+        )
+        return AddResult(
+            Header.from_proto(response.header), response.value, optional_kv(response, "kv")
+        )
+
+    # ------------------------------------------------------------------ leases
+
+    async def grant_lease(
+        self, ttl_s: float, *, keep_alive: bool = True, timeout_s: float | None = None
+    ) -> Lease:
+        """A new lease, kept alive in the background until revoked or lost."""
+        _, keeper, _ = self._ensure_started()
+        loop = asyncio.get_running_loop()
+        # The leader starts the TTL no earlier than this: measuring from here is pessimistic.
+        sent_at = loop.time()
+        response = await self._write(
+            lambda s: s.lease.Grant,
+            lambda header: lease_pb2.LeaseGrantRequest(
+                header=header, ttl_ms=max(1, round(ttl_s * 1000))
+            ),
+            timeout_s,
+        )
+        lease = Lease(
+            response.lease_id, response.fencing_token, response.ttl_ms / 1000.0, self._revoke
+        )
+        if keep_alive:
+            keeper.add(lease, sent_at)
+        else:
+            lease.expire_at(sent_at + lease.ttl_s)
+        return lease
+
+    async def keep_alive_lease(self, lease_id: int, *, timeout_s: float | None = None) -> Lease:
+        """Take over keeping an existing lease alive (its token read from the leader)."""
+        _, keeper, _ = self._ensure_started()
+        sent_at = asyncio.get_running_loop().time()
+        info = await self.lease_time_to_live(lease_id, timeout_s=timeout_s)
+        lease = Lease(info.lease_id, info.fencing_token, info.granted_ttl_s, self._revoke)
+        keeper.add(lease, sent_at + (info.remaining_ttl_s or 0.0) - lease.ttl_s)
+        return lease
+
+    @contextlib.asynccontextmanager
+    async def lease(self, ttl_s: float, *, timeout_s: float | None = None) -> AsyncIterator[Lease]:
+        """``async with c.lease(ttl_s) as lease:`` grants, keeps alive, revokes on exit."""
+        lease = await self.grant_lease(ttl_s, timeout_s=timeout_s)
+        try:
+            yield lease
+        finally:
+            if lease.alive:
+                with contextlib.suppress(LeaseNotFoundError):
+                    await lease.revoke()
+
+    async def _revoke(self, lease: Lease) -> None:
+        await self.revoke_lease(lease.lease_id)
+        lease.mark_lost(f"lease {lease.lease_id} was revoked")
+
+    async def revoke_lease(self, lease_id: int, *, timeout_s: float | None = None) -> list[bytes]:
+        """Revoke a lease; the keys deleted with it."""
+        response = await self._write(
+            lambda s: s.lease.Revoke,
+            lambda header: lease_pb2.LeaseRevokeRequest(header=header, lease_id=lease_id),
+            timeout_s,
+        )
+        return list(response.deleted_keys)
+
+    async def lease_list(
+        self, *, serializable: bool = False, timeout_s: float | None = None
+    ) -> list[LeaseInfo]:
+        response = await self._read(
+            lambda s: s.lease.List, lease_pb2.LeaseListRequest(serializable=serializable), timeout_s
+        )
+        return [
+            LeaseInfo(status.lease_id, status.fencing_token, status.granted_ttl_ms / 1000.0)
+            for status in response.leases
+        ]
+
+    async def lease_time_to_live(
+        self, lease_id: int, *, keys: bool = False, timeout_s: float | None = None
+    ) -> LeaseInfo:
+        response = await self._read(
+            lambda s: s.lease.TimeToLive,
+            lease_pb2.LeaseTimeToLiveRequest(lease_id=lease_id, keys=keys),
+            timeout_s,
+        )
+        return LeaseInfo(
+            response.lease_id,
+            response.fencing_token,
+            response.granted_ttl_ms / 1000.0,
+            response.remaining_ttl_ms / 1000.0,
+            tuple(response.keys),
+        )
+
+    # ------------------------------------------------------------------ watch
+
+    def watch(
+        self,
+        key: Bytes,
+        *,
+        prefix: bool = False,
+        start_revision: int = 0,
+        prev_kv: bool = False,
+        progress_interval_s: float | None = 2.0,
+    ) -> Watcher:
+        """Changes to ``key`` (or every key under it with ``prefix``) from ``start_revision``
+        (0: from now), resumed across reconnects with no gaps or duplicates; see watch.py."""
+        watch_key = _bytes(key)
+
+        async def current_revision() -> int:
+            page = await self.range(watch_key, limit=1, keys_only=True)
+            return page.header.revision
+
+        watcher = Watcher(
+            self._transport,
+            watch_key,
+            prefix=prefix,
+            start_revision=start_revision,
+            prev_kv=prev_kv,
+            progress_interval_s=progress_interval_s,
+            current_revision=current_revision,
+        )
+        self._watchers.add(watcher)
+        return watcher
+
+    # ------------------------------------------------------------------ cluster
+
+    async def member_list(
+        self, *, serializable: bool = False, timeout_s: float | None = None
+    ) -> list[Member]:
+        response = await self._read(
+            lambda s: s.cluster.MemberList,
+            cluster_pb2.MemberListRequest(serializable=serializable),
+            timeout_s,
+        )
+        return list(members_from_proto(response.members))
+
+    async def member_add(
+        self,
+        peer_address: str,
+        client_address: str,
+        *,
+        member_id: int = 0,
+        name: str = "",
+        as_learner: bool = True,
+        timeout_s: float | None = None,
+    ) -> tuple[Member, list[Member]]:
+        """Add a member (a learner by default: promote it once caught up); the new member and
+        the resulting membership."""
+        response = await self._read(
+            lambda s: s.cluster.MemberAdd,
+            cluster_pb2.MemberAddRequest(
+                id=member_id,
+                name=name,
+                peer_address=peer_address,
+                client_address=client_address,
+                as_learner=as_learner,
+            ),
+            timeout_s,
+        )
+        return Member.from_proto(response.member), list(members_from_proto(response.members))
+
+    async def member_remove(
+        self, member_id: int, *, timeout_s: float | None = None
+    ) -> list[Member]:
+        response = await self._read(
+            lambda s: s.cluster.MemberRemove,
+            cluster_pb2.MemberRemoveRequest(id=member_id),
+            timeout_s,
+        )
+        return list(members_from_proto(response.members))
+
+    async def member_promote(
+        self, member_id: int, *, timeout_s: float | None = None
+    ) -> list[Member]:
+        response = await self._read(
+            lambda s: s.cluster.MemberPromote,
+            cluster_pb2.MemberPromoteRequest(id=member_id),
+            timeout_s,
+        )
+        return list(members_from_proto(response.members))
+
+    async def transfer_leader(self, target_id: int, *, timeout_s: float | None = None) -> Header:
+        response = await self._read(
+            lambda s: s.cluster.TransferLeader,
+            cluster_pb2.TransferLeaderRequest(target_id=target_id),
+            timeout_s,
+        )
+        return Header.from_proto(response.header)
+
+    async def snapshot(
+        self, *, endpoint: str | None = None, timeout_s: float | None = None
+    ) -> SnapshotInfo:
+        """Have one member (``endpoint``, else whichever answers) write a snapshot now."""
+        transport = self._transport
+        address = endpoint if endpoint is not None else transport.pick()
+        response = await transport.unary(
+            lambda s: s.cluster.Snapshot,
+            cluster_pb2.SnapshotRequest(),
+            self._deadline(timeout_s),
+            address=address,
+        )
+        return SnapshotInfo(
+            address, response.header.member_id, response.index, response.term, response.size_bytes
+        )
+
+    async def member_status(self, endpoint: str, *, timeout_s: float | None = None) -> MemberStatus:
+        """The Status of the member at ``endpoint`` (no redirect: its own view)."""
+        response = await self._transport.unary(
+            lambda s: s.cluster.Status,
+            cluster_pb2.StatusRequest(),
+            self._deadline(timeout_s),
+            address=endpoint,
+        )
+        return MemberStatus.from_proto(response)
+
+    async def status(
+        self, endpoints: Sequence[str] | None = None, *, timeout_s: float | None = None
+    ) -> list[EndpointStatus]:
+        """Every endpoint's own status, asked concurrently; an endpoint that fails is reported
+        with its error instead."""
+        targets = list(endpoints) if endpoints is not None else self.endpoints
+
+        async def one(endpoint: str) -> EndpointStatus:
+            try:
+                status = await self.member_status(endpoint, timeout_s=timeout_s)
+            except RallypointError as error:
+                return EndpointStatus(endpoint, None, str(error))
+            return EndpointStatus(endpoint, status, None)
+
+        return list(await asyncio.gather(*(one(endpoint) for endpoint in targets)))

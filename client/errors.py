@@ -1,0 +1,205 @@
+"""The client's one error hierarchy, and the one place gRPC failures are mapped into it.
+
+Users of :mod:`rallypoint.client` never see a ``grpc`` exception. Every failed RPC goes through
+:func:`map_rpc_error`, which picks the class from the status code and the machine-readable
+reason the server sends in the trailing metadata key ``rallypoint-error-reason`` (see
+``proto/v1/common.proto``), and keeps the server's message, the reason and the
+``rallypoint-leader`` hint on the exception.
+
+Retry rule: only :class:`UnavailableError` is retried inside the client (the request was
+fine, this member could not serve it now). Everything else describes the request or the
+state and is raised at once.
+
+Unknown outcomes. A write that fails with :class:`UnavailableError` or
+:class:`DeadlineExceededError` after the client gave up retrying, or with
+:class:`OutcomeUnknownError`, may or may not have been applied. Every other error means the
+write was not applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import grpc
+import grpc.aio
+
+REASON_KEY = "rallypoint-error-reason"
+LEADER_KEY = "rallypoint-leader"
+
+
+class RallypointError(Exception):
+    """Base of every error the client raises.
+
+    ``reason`` is the server's ErrorReason name ("" when none was sent), ``leader_hint`` the
+    leader's client address when the server named one, ``server_message`` the server's own text.
+    """
+
+    def __init__(self, message: str, *, reason: str = "", leader_hint: str | None = None) -> None:
+        super().__init__(message)
+        self.server_message = message
+        self.reason = reason
+        self.leader_hint = leader_hint
+
+    def __str__(self) -> str:
+        text = self.server_message or type(self).__name__
+        return f"{text} [{self.reason}]" if self.reason else text
+
+
+class UnavailableError(RallypointError):
+    """No member could serve the request: none reachable, or no leader, within the deadline."""
+
+
+class DeadlineExceededError(RallypointError):
+    """The call did not complete within its deadline."""
+
+
+class InvalidArgumentError(RallypointError):
+    """The request is malformed (empty key, non-positive TTL, ...)."""
+
+
+class NotFoundError(RallypointError):
+    """The named lease, session or member does not exist."""
+
+
+class LeaseNotFoundError(NotFoundError):
+    pass
+
+
+class SessionExpiredError(NotFoundError):
+    """The client's session ended on the server (it expired or was closed)."""
+
+
+class OutcomeUnknownError(SessionExpiredError):
+    """A write was sent, its answer was lost, and its session expired before a retry could ask
+    again: the write may or may not have been applied. Read the state to find out."""
+
+
+class MemberNotFoundError(NotFoundError):
+    pass
+
+
+class FailedPreconditionError(RallypointError):
+    """The request is well-formed but the current state refuses it; a retry will not help."""
+
+
+class StaleFenceError(FailedPreconditionError):
+    """The write's fencing token is stale: the lease is gone or a newer holder wrote."""
+
+
+class NotAnIntegerError(FailedPreconditionError):
+    """``add`` on a value that is not a decimal integer."""
+
+
+class SequenceDiscardedError(FailedPreconditionError):
+    """The session already discarded this request's answer (a client bug if it happens)."""
+
+
+class ResourceExhaustedError(RallypointError):
+    pass
+
+
+class KeyTooLargeError(ResourceExhaustedError):
+    pass
+
+
+class ValueTooLargeError(ResourceExhaustedError):
+    pass
+
+
+class TooManyOutstandingError(ResourceExhaustedError):
+    pass
+
+
+class OutOfRangeError(RallypointError):
+    pass
+
+
+class AddOverflowError(OutOfRangeError):
+    """``add`` would leave the signed 64-bit range."""
+
+
+class CompactedError(OutOfRangeError):
+    """A watch asked for history that was compacted away. ``compact_revision`` is the oldest
+    revision still available (0 when the server did not say): re-read the state and watch
+    from the read's revision + 1."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str = "COMPACTED",
+        leader_hint: str | None = None,
+        compact_revision: int = 0,
+    ) -> None:
+        super().__init__(message, reason=reason, leader_hint=leader_hint)
+        self.compact_revision = compact_revision
+
+
+class UnauthenticatedError(RallypointError):
+    """The bearer token is missing, wrong, or not allowed to make this request."""
+
+
+class InternalError(RallypointError):
+    """The server failed in a way the API does not describe (INTERNAL, UNKNOWN, ...)."""
+
+
+_S = grpc.StatusCode
+# reason -> (the status code the contract sends it with, the class).
+_BY_REASON: dict[str, tuple[grpc.StatusCode, type[RallypointError]]] = {
+    "LEASE_NOT_FOUND": (_S.NOT_FOUND, LeaseNotFoundError),
+    "SESSION_EXPIRED": (_S.NOT_FOUND, SessionExpiredError),
+    "MEMBER_NOT_FOUND": (_S.NOT_FOUND, MemberNotFoundError),
+    "STALE_FENCE": (_S.FAILED_PRECONDITION, StaleFenceError),
+    "NOT_AN_INTEGER": (_S.FAILED_PRECONDITION, NotAnIntegerError),
+    "SEQUENCE_DISCARDED": (_S.FAILED_PRECONDITION, SequenceDiscardedError),
+    "KEY_TOO_LARGE": (_S.RESOURCE_EXHAUSTED, KeyTooLargeError),
+    "VALUE_TOO_LARGE": (_S.RESOURCE_EXHAUSTED, ValueTooLargeError),
+    "TOO_MANY_OUTSTANDING": (_S.RESOURCE_EXHAUSTED, TooManyOutstandingError),
+    "ADD_OVERFLOW": (_S.OUT_OF_RANGE, AddOverflowError),
+    "COMPACTED": (_S.OUT_OF_RANGE, CompactedError),
+}
+
+_BY_CODE: dict[grpc.StatusCode, type[RallypointError]] = {
+    grpc.StatusCode.UNAVAILABLE: UnavailableError,
+    # The server went away mid-call (shutdown, connection reset): another member may serve it.
+    grpc.StatusCode.CANCELLED: UnavailableError,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
+    grpc.StatusCode.NOT_FOUND: NotFoundError,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPreconditionError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhaustedError,
+    grpc.StatusCode.OUT_OF_RANGE: OutOfRangeError,
+    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
+    grpc.StatusCode.PERMISSION_DENIED: UnauthenticatedError,
+}
+
+
+def _metadata_value(metadata: Iterable[object] | None, key: str) -> str | None:
+    # grpc.aio gives a Metadata of (key, value) pairs; the type stubs describe the sync API's
+    # objects, hence the loose type and the shape check.
+    for item in metadata or ():
+        if isinstance(item, tuple) and len(item) == 2 and item[0] == key:
+            value = item[1]
+            return value.decode() if isinstance(value, bytes) else str(value)
+    return None
+
+
+def map_rpc_error(error: grpc.aio.AioRpcError) -> RallypointError:
+    """The client error for a failed RPC: the one mapping from gRPC to rallypoint errors."""
+    code = error.code()
+    details = error.details() or ""
+    trailing = error.trailing_metadata()
+    reason = _metadata_value(trailing, REASON_KEY) or ""
+    leader_hint = _metadata_value(trailing, LEADER_KEY) or None
+    by_reason = _BY_REASON.get(reason)
+    cls: type[RallypointError]
+    if by_reason is not None and by_reason[0] is code:
+        cls = by_reason[1]
+    else:
+        # No reason, or one under an unexpected code: the status code decides (common.proto:
+        # "the status code alone decides retry behaviour").
+        cls = _BY_CODE.get(code, InternalError)
+    message = details or code.name.lower().replace("_", " ")
+    if cls is InternalError:
+        message = f"{message} (status {code.name})"
+    return cls(message, reason=reason, leader_hint=leader_hint)

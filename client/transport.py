@@ -1,0 +1,290 @@
+"""Channels to the members, leader discovery, and the retry loop every unary call goes through.
+
+Theory of operation. The client knows a list of endpoints (members' client addresses) and
+keeps one gRPC channel per address it has used. ``preferred`` is the member tried first: the
+last one that answered, or the leader a refusal named. A member that cannot serve a request
+answers UNAVAILABLE, with the leader's address in the ``rallypoint-leader`` trailing metadata
+when it knows one (common.proto). The retry loop then:
+
+- follows a leader hint at once, without sleeping (a redirect is not a failure of the
+  cluster), at most ``len(endpoints) + 1`` times in a row so two members with stale views
+  cannot bounce a request forever;
+- otherwise forgets the preferred member, moves on to the next endpoint in rotation, and
+  sleeps with exponential backoff and full jitter (``backoff.py``);
+- stops when the call's deadline passes: UnavailableError when members kept refusing,
+  DeadlineExceededError when the last attempt got no answer in time.
+
+Each attempt is bounded by ``attempt_timeout_s`` as well as by the deadline, so a member that
+accepts connections but never answers (a paused process) costs one attempt, not the whole
+call. Only UnavailableError (and an attempt cut short by ``attempt_timeout_s``) is retried;
+every other error is the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+import grpc.aio
+
+from rallypoint.proto.v1 import (
+    cluster_pb2_grpc,
+    kv_pb2_grpc,
+    lease_pb2_grpc,
+    session_pb2_grpc,
+    watch_pb2_grpc,
+)
+
+from .backoff import DEFAULT_BACKOFF, Backoff
+from .errors import DeadlineExceededError, RallypointError, UnavailableError, map_rpc_error
+
+Request = TypeVar("Request")
+Response = TypeVar("Response")
+
+# Reconnect quickly to a member that restarted: gRPC's default reconnect backoff grows to
+# 120 s, far longer than a member's restart or a leader election.
+_CHANNEL_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.enable_retries", 0),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """PEM bytes. ``root_certificates`` None uses the system roots; a client certificate needs
+    both ``certificate_chain`` and ``private_key``."""
+
+    root_certificates: bytes | None = None
+    certificate_chain: bytes | None = None
+    private_key: bytes | None = None
+
+    @staticmethod
+    def from_files(
+        ca_file: str | None = None, cert_file: str | None = None, key_file: str | None = None
+    ) -> TlsConfig:
+        def read(path: str | None) -> bytes | None:
+            if path is None:
+                return None
+            with open(path, "rb") as f:
+                return f.read()
+
+        return TlsConfig(read(ca_file), read(cert_file), read(key_file))
+
+
+class Deadline:
+    """An absolute point on the event loop's clock, with the timeout it came from."""
+
+    def __init__(self, timeout_s: float) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        self.timeout_s = timeout_s
+        self._at = asyncio.get_running_loop().time() + timeout_s
+
+    def remaining_s(self) -> float:
+        return self._at - asyncio.get_running_loop().time()
+
+
+class Stubs:
+    """The five service stubs over one channel."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.channel = channel
+        self.kv = kv_pb2_grpc.KVStub(channel)
+        self.watch = watch_pb2_grpc.WatchStub(channel)
+        self.lease = lease_pb2_grpc.LeaseStub(channel)
+        self.session = session_pb2_grpc.SessionStub(channel)
+        self.cluster = cluster_pb2_grpc.ClusterStub(channel)
+
+
+Method = Callable[[Stubs], "grpc.aio.UnaryUnaryMultiCallable[Request, Response]"]
+
+
+def parse_endpoints(endpoints: str | Sequence[str]) -> list[str]:
+    """ "a:1,b:2" or ["a:1", "b:2"] -> ["a:1", "b:2"], without blanks or repeats."""
+    items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
+    result: list[str] = []
+    for item in items:
+        address = item.strip()
+        if address.startswith(("http://", "https://")):
+            address = address.split("://", 1)[1]
+        if address and address not in result:
+            result.append(address)
+    if not result:
+        raise ValueError("at least one endpoint (host:port) is required")
+    return result
+
+
+class Transport:
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        token: str | None = None,
+        tls: TlsConfig | None = None,
+        backoff: Backoff = DEFAULT_BACKOFF,
+        attempt_timeout_s: float = 5.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.endpoints: list[str] = parse_endpoints(endpoints)
+        # Invariant: every address in `preferred` and `_channels` is in `endpoints` (hinted
+        # leaders are added to it).
+        self.preferred: str | None = None
+        self.backoff = backoff
+        self.attempt_timeout_s = attempt_timeout_s
+        self.rng = rng if rng is not None else random.Random()
+        self.metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {token}"),) if token else ()
+        )
+        self._tls = tls
+        self._channels: dict[str, Stubs] = {}
+        self._rotation = 0
+        self._closed = False
+
+    def stubs(self, address: str) -> Stubs:
+        if self._closed:
+            raise UnavailableError("the client is closed")
+        stubs = self._channels.get(address)
+        if stubs is None:
+            if self._tls is None:
+                channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            else:
+                credentials = grpc.ssl_channel_credentials(
+                    self._tls.root_certificates,
+                    self._tls.private_key,
+                    self._tls.certificate_chain,
+                )
+                channel = grpc.aio.secure_channel(address, credentials, options=_CHANNEL_OPTIONS)
+            stubs = self._channels[address] = Stubs(channel)
+        return stubs
+
+    def pick(self) -> str:
+        """The member to try next: the preferred one, else the next endpoint in rotation."""
+        if self.preferred is not None:
+            return self.preferred
+        address = self.endpoints[self._rotation % len(self.endpoints)]
+        self._rotation += 1
+        return address
+
+    def note_success(self, address: str) -> None:
+        self.preferred = address
+
+    def note_failure(self, address: str, error: RallypointError) -> bool:
+        """Learn from a refusal; True when it named a leader other than ``address``."""
+        hint = error.leader_hint
+        if hint and hint != address:
+            if hint not in self.endpoints:
+                self.endpoints.append(hint)
+            self.preferred = hint
+            return True
+        if self.preferred == address:
+            self.preferred = None
+            # Resume the rotation after the member that failed.
+            if address in self.endpoints:
+                self._rotation = self.endpoints.index(address) + 1
+        return False
+
+    async def unary(
+        self,
+        method: Method[Request, Response],
+        request: Request,
+        deadline: Deadline,
+        *,
+        address: str | None = None,
+        on_retry: Callable[[RallypointError], None] | None = None,
+    ) -> Response:
+        """Call ``method`` until it answers, a non-retryable error, or the deadline.
+
+        ``address`` asks one member for its own answer: one attempt, no redirect.
+        ``on_retry`` hears about every failed attempt that is about to be retried: callers
+        that write use it to know the request may have been applied.
+        """
+        retrier = Retrier(self)
+        last_error: RallypointError | None = None
+        target = address if address is not None else self.pick()
+        while True:
+            remaining_s = deadline.remaining_s()
+            if remaining_s <= 0:
+                raise self._gave_up(last_error, deadline)
+            attempt_timeout_s = min(remaining_s, self.attempt_timeout_s)
+            try:
+                callable_ = method(self.stubs(target))
+                response = await callable_(
+                    request, timeout=attempt_timeout_s, metadata=self.metadata
+                )
+            except grpc.aio.AioRpcError as rpc_error:
+                error = map_rpc_error(rpc_error)
+            else:
+                if address is None:
+                    self.note_success(target)
+                return response
+            cut_short = isinstance(error, DeadlineExceededError) and (
+                attempt_timeout_s < remaining_s
+            )
+            if not isinstance(error, UnavailableError) and not cut_short:
+                if isinstance(error, DeadlineExceededError):
+                    raise self._gave_up(error, deadline)
+                raise error
+            if address is not None:
+                raise error
+            last_error = error
+            if on_retry is not None:
+                on_retry(error)
+            await retrier.after_failure(target, error, max_sleep_s=deadline.remaining_s())
+            target = self.pick()
+
+    def _gave_up(self, last_error: RallypointError | None, deadline: Deadline) -> RallypointError:
+        within = f"within {deadline.timeout_s:g} s"
+        if isinstance(last_error, UnavailableError):
+            tried = ", ".join(self.endpoints)
+            return UnavailableError(
+                f"no member could serve the request {within} (endpoints: {tried}); "
+                f"last error: {last_error.server_message}",
+                reason=last_error.reason,
+                leader_hint=last_error.leader_hint,
+            )
+        detail = f"; last error: {last_error.server_message}" if last_error is not None else ""
+        return DeadlineExceededError(f"no answer {within}{detail}")
+
+    async def close(self) -> None:
+        self._closed = True
+        channels, self._channels = self._channels, {}
+        await asyncio.gather(*(stubs.channel.close(None) for stubs in channels.values()))
+
+
+class Retrier:
+    """The retry policy shared by unary calls and streams: follow a leader hint at once (at
+    most ``len(endpoints) + 1`` times in a row), otherwise sleep with full-jitter backoff."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+        # Invariant: retry counts the backoff sleeps since the last answer.
+        self.retry = 0
+        self.redirects = 0
+
+    def answered(self) -> None:
+        self.retry = 0
+        self.redirects = 0
+
+    async def after_failure(
+        self, address: str, error: RallypointError, *, max_sleep_s: float | None = None
+    ) -> None:
+        transport = self._transport
+        if transport.note_failure(address, error) and self.redirects <= len(transport.endpoints):
+            self.redirects += 1
+            return
+        self.redirects = 0
+        await self.sleep(max_sleep_s=max_sleep_s)
+
+    async def sleep(self, *, max_sleep_s: float | None = None) -> None:
+        transport = self._transport
+        delay_s = transport.backoff.delay_s(self.retry, transport.rng)
+        if max_sleep_s is not None:
+            delay_s = min(delay_s, max(0.0, max_sleep_s))
+        self.retry += 1
+        await asyncio.sleep(delay_s)

@@ -1,0 +1,176 @@
+"""A watch that survives reconnects and leader changes with no gaps and no duplicates.
+
+Theory of operation (proto/v1/watch.proto). The server streams events in revision order, every
+event of one revision in one response. The watcher keeps ``next_revision``, the first revision
+it has not delivered yet, and always (re)opens the stream with ``start_revision =
+next_revision``:
+
+- after delivering events, ``next_revision`` = the last event's revision + 1;
+- a response without events is a progress notification: everything up to its header's
+  revision was delivered, so ``next_revision`` may move up to that revision + 1 (this keeps an
+  idle watcher from resuming from compacted history);
+- events below ``next_revision`` (a member resending what another already sent) are dropped.
+
+A watch "from now" (start_revision 0) first reads the current revision with a linearizable
+range and starts at that revision + 1, so even a stream that breaks before its first event
+resumes without a gap. When the server says the start revision was compacted the watcher
+raises :class:`CompactedError`. A stream that ends, fails with UNAVAILABLE, or stays silent
+for three progress intervals is reopened (following leader hints, with backoff); any other
+error is raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Awaitable, Callable
+
+import grpc
+import grpc.aio
+
+from rallypoint.proto.v1 import watch_pb2
+
+from .errors import CompactedError, RallypointError, UnavailableError, map_rpc_error
+from .transport import Retrier, Transport
+from .values import WatchEvent
+
+WatchCall = grpc.aio.UnaryStreamCall[watch_pb2.WatchRequest, watch_pb2.WatchResponse]
+
+
+class Watcher:
+    """``async for event in watcher``; close it with ``aclose()`` or ``async with``."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        key: bytes,
+        *,
+        prefix: bool,
+        start_revision: int,
+        prev_kv: bool,
+        progress_interval_s: float | None,
+        current_revision: Callable[[], Awaitable[int]],
+    ) -> None:
+        if start_revision < 0:
+            raise ValueError(f"start_revision must be >= 0, got {start_revision}")
+        self._transport = transport
+        self.key = key
+        self.prefix = prefix
+        self._prev_kv = prev_kv
+        self._progress_interval_s = progress_interval_s
+        self._current_revision = current_revision
+        # Invariant: every event with revision < next_revision was delivered (or precedes the
+        # watch's start); none with revision >= next_revision was. 0 until the start is known.
+        self.next_revision = start_revision
+        self._buffer: collections.deque[WatchEvent] = collections.deque()
+        self._call: WatchCall | None = None
+        self._address = ""
+        self._retrier = Retrier(transport)
+        self._compact_revision = 0
+        self._closed = False
+        # Number of streams opened; the first is 1.
+        self.streams_opened = 0
+
+    def __aiter__(self) -> Watcher:
+        return self
+
+    async def __anext__(self) -> WatchEvent:
+        while not self._buffer:
+            if self._closed:
+                raise StopAsyncIteration
+            await self._fill()
+        return self._buffer.popleft()
+
+    async def __aenter__(self) -> Watcher:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        self._drop_stream()
+
+    def _drop_stream(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
+
+    def _open(self) -> WatchCall:
+        self._address = self._transport.pick()
+        request = watch_pb2.WatchRequest(
+            key=self.key,
+            prefix=self.prefix,
+            start_revision=self.next_revision,
+            prev_kv=self._prev_kv,
+            progress_interval_ms=round((self._progress_interval_s or 0) * 1000),
+        )
+        self.streams_opened += 1
+        return self._transport.stubs(self._address).watch.Watch(
+            request, metadata=self._transport.metadata
+        )
+
+    async def _fill(self) -> None:
+        """Read one response into the buffer, or recover from one failure."""
+        if self.next_revision == 0:
+            self.next_revision = await self._current_revision() + 1
+        if self._call is None:
+            self._call = self._open()
+        patience_s = None
+        if self._progress_interval_s:
+            patience_s = 3 * self._progress_interval_s + 1.0
+        try:
+            response = await asyncio.wait_for(self._call.read(), patience_s)
+        except asyncio.CancelledError:
+            # aclose() cancelled the stream under a pending read: the iteration ends. A
+            # cancellation of the reading task itself propagates.
+            task = asyncio.current_task()
+            if self._closed and (task is None or not task.cancelling()):
+                raise StopAsyncIteration from None
+            raise
+        except TimeoutError:
+            await self._recover(
+                UnavailableError(f"{self._address} sent nothing on a watch for {patience_s:g} s")
+            )
+            return
+        except grpc.aio.AioRpcError as rpc_error:
+            error = map_rpc_error(rpc_error)
+            if isinstance(error, CompactedError):
+                self._drop_stream()
+                raise CompactedError(
+                    f"{error.server_message}: watch from revision {self.next_revision} "
+                    "needs history that was compacted; re-read the state and watch from the "
+                    "read's revision + 1",
+                    reason=error.reason,
+                    compact_revision=self._compact_revision,
+                ) from None
+            if not isinstance(error, UnavailableError):
+                self._drop_stream()
+                raise error from None
+            await self._recover(error)
+            return
+        if not isinstance(response, watch_pb2.WatchResponse):  # grpc.aio.EOF
+            await self._recover(UnavailableError(f"{self._address} ended the watch stream"))
+            return
+        self._retrier.answered()
+        self._transport.note_success(self._address)
+        if response.compact_revision:
+            # The stream ends with OUT_OF_RANGE next; remember what the server offered.
+            self._compact_revision = response.compact_revision
+            return
+        self._deliver(response)
+
+    def _deliver(self, response: watch_pb2.WatchResponse) -> None:
+        if not response.events:
+            self.next_revision = max(self.next_revision, response.header.revision + 1)
+            return
+        for proto_event in response.events:
+            event = WatchEvent.from_proto(proto_event)
+            if event.revision >= self.next_revision:
+                self._buffer.append(event)
+        if self._buffer:
+            self.next_revision = max(self.next_revision, self._buffer[-1].revision + 1)
+
+    async def _recover(self, error: RallypointError) -> None:
+        self._drop_stream()
+        await self._retrier.after_failure(self._address, error)

@@ -142,16 +142,25 @@ def status_for(error: Exception, deadline_passed: bool) -> Status:
     ``deadline_passed``: the client's deadline has expired (decides DEADLINE_EXCEEDED over
     UNAVAILABLE for a proposal that timed out).
     """
+    try:
+        status = _expected_status(error, deadline_passed)
+    except AssertionError as unmapped:
+        unmapped.__cause__ = error
+        error, status = unmapped, None
+    if status is not None:
+        return status
+    log.error("internal error while serving a request", exc_info=error)
+    return Status(Code.INTERNAL, f"internal error: {type(error).__name__}: {error}", UNSPECIFIED)
+
+
+def _expected_status(error: Exception, deadline_passed: bool) -> Status | None:
+    """The status of an expected outcome; None for anything else (a bug)."""
     if isinstance(error, InvalidArgument):
         return Status(Code.INVALID_ARGUMENT, str(error), "INVALID_REQUEST")
     if isinstance(error, RequestFailed):
         return failure_status(error.failure)
     if isinstance(error, PreconditionFailed):
         return Status(Code.FAILED_PRECONDITION, str(error), UNSPECIFIED)
-    try:
-        if isinstance(error, NodeError):
-            return node_error_status(error, deadline_passed)
-    except AssertionError as unmapped:
-        error = unmapped
-    log.error("internal error while serving a request", exc_info=error)
-    return Status(Code.INTERNAL, f"internal error: {type(error).__name__}: {error}", UNSPECIFIED)
+    if isinstance(error, NodeError):
+        return node_error_status(error, deadline_passed)
+    return None

@@ -51,7 +51,7 @@ pytest: setup
 test: lint typecheck pytest
 
 sim: setup
-	$(PY) -m rallypoint.raft.sim --seeds $(SEEDS)
+	$(PY) -m tests.sim --seeds $(SEEDS)
 
 crash-test: setup
 	$(PY) -m tests.crash --iterations $(ITER)

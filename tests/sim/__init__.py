@@ -1,0 +1,1 @@
+"""A seeded, deterministic whole-cluster simulator for the Raft core (see README.md)."""

@@ -19,12 +19,7 @@ SCENARIOS = sorted(TESTDATA.glob("*.txt"))
 
 # Scenarios whose expected output is the correct behaviour, which the core does not show yet.
 # Strict: once the core is fixed the scenario passes, the xfail fails, and the entry goes.
-KNOWN_CORE_BUGS = {
-    "confchange_before_noop": (
-        "become_leader sets pending_conf_index before appending the no-op, so a conf change "
-        "is accepted while the no-op is uncommitted"
-    ),
-}
+KNOWN_CORE_BUGS: dict[str, str] = {}
 
 
 def _param(path: Path) -> object:

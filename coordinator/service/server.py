@@ -148,6 +148,9 @@ def add_services(
     lease_pb2_grpc.add_LeaseServicer_to_server(LeaseServicer(node), target)
     session_pb2_grpc.add_SessionServicer_to_server(SessionServicer(node), target)
     cluster_pb2_grpc.add_ClusterServicer_to_server(ClusterServicer(node), target)
+    recorded = tuple(service for service, _ in recorder.services)
+    if recorded != SERVICE_NAMES:
+        raise AssertionError(f"generated code registered {recorded}, expected {SERVICE_NAMES}")
     guard = _Guard(auth_token)
     for service, handlers in recorder.services:
         wrapped = {name: guard.wrap(handler) for name, handler in handlers.items()}

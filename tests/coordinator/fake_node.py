@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import grpc
 
@@ -134,9 +136,7 @@ class FakeNode:
         try:
             while True:
                 async with self._applied:
-                    await self._applied.wait_for(
-                        lambda rev=next_revision: self._state.revision >= rev
-                    )
+                    await self._applied.wait_for(functools.partial(self._reached, next_revision))
                 events = self._state.events_since(next_revision, key, prefix)
                 if isinstance(events, Compacted):
                     raise CompactedWatchError(next_revision, events.first_available_revision)
@@ -145,6 +145,9 @@ class FakeNode:
                 next_revision = self._state.revision + 1
         finally:
             self.open_watches -= 1
+
+    def _reached(self, revision: int) -> bool:
+        return self._state.revision >= revision
 
     def lease_keep_alive(self, lease_id: int) -> int | None:
         self._check_serving()
@@ -222,7 +225,7 @@ async def serving(node: FakeNode, auth_token: str | None = None) -> AsyncIterato
     try:
         yield channel
     finally:
-        await channel.close()
+        await channel.close(None)
         await server.stop(grace=None)
 
 
@@ -242,7 +245,8 @@ class RpcFailure:
 
 
 def rpc_failure(error: grpc.aio.AioRpcError) -> RpcFailure:
-    metadata = dict(error.trailing_metadata() or ())
+    # grpc-stubs types metadata entries loosely; on the wire both are strings here.
+    metadata = dict(cast(Iterable[tuple[str, str]], error.trailing_metadata() or ()))
     return RpcFailure(
         error.code(),
         error.details() or "",

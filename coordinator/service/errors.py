@@ -1,7 +1,8 @@
 """The one place where outcomes become gRPC statuses.
 
-Servicers never choose a status code. They raise: :class:`InvalidArgument` for a malformed
-request, :class:`RequestFailed` for a state-machine :class:`~..state.errors.Failure`,
+Servicers never choose a status code. They raise: :class:`Unauthenticated` for a call
+without the configured token, :class:`InvalidArgument` for a malformed request,
+:class:`RequestFailed` for a state-machine :class:`~..state.errors.Failure`,
 :class:`PreconditionFailed` for a well-formed request the current state forbids, or let a
 member's :class:`~..node_api.NodeError` propagate. The handler wrapper installed by
 ``add_services`` catches whatever escapes a handler and calls :func:`status_for`, which
@@ -70,6 +71,10 @@ class RequestFailed(ServiceError):
     def __init__(self, failure: Failure) -> None:
         super().__init__(failure.message)
         self.failure = failure
+
+
+class Unauthenticated(ServiceError):
+    """The call did not carry the configured bearer token."""
 
 
 class PreconditionFailed(ServiceError):
@@ -161,6 +166,8 @@ def _expected_status(error: Exception, deadline_passed: bool) -> Status | None:
         return failure_status(error.failure)
     if isinstance(error, PreconditionFailed):
         return Status(Code.FAILED_PRECONDITION, str(error), UNSPECIFIED)
+    if isinstance(error, Unauthenticated):
+        return Status(Code.UNAUTHENTICATED, str(error), UNSPECIFIED)
     if isinstance(error, NodeError):
         return node_error_status(error, deadline_passed)
     return None

@@ -30,7 +30,7 @@ from rallypoint.proto.v1 import (
 from ..node_api import ServerNode
 from .cluster import ClusterServicer
 from .common import Context
-from .errors import Code, Status, status_for
+from .errors import Status, Unauthenticated, status_for
 from .kv import KVServicer
 from .lease import LeaseServicer
 from .session import SessionServicer
@@ -77,14 +77,11 @@ class _Guard:
                 return hmac.compare_digest(presented, self._expected)
         return False
 
-    async def _check(self, context: Context) -> None:
+    def _check(self, context: Context) -> None:
         if not self._authenticated(context):
-            status = Status(
-                Code.UNAUTHENTICATED,
-                'missing or wrong credentials: send metadata "authorization: Bearer <token>"',
-                "INVALID_REQUEST",
+            raise Unauthenticated(
+                'missing or wrong credentials: send metadata "authorization: Bearer <token>"'
             )
-            await _abort(context, status)
 
     async def _fail(self, context: Context, error: Exception) -> NoReturn:
         if isinstance(error, grpc.aio.AbortError):
@@ -94,8 +91,8 @@ class _Guard:
 
     def unary(self, behaviour: Callable[..., Any]) -> Callable[..., Any]:
         async def guarded(request: Any, context: Context) -> Any:
-            await self._check(context)
             try:
+                self._check(context)
                 return await behaviour(request, context)
             except Exception as error:
                 await self._fail(context, error)
@@ -104,8 +101,8 @@ class _Guard:
 
     def streaming(self, behaviour: Callable[..., AsyncIterator[Any]]) -> Callable[..., Any]:
         async def guarded(request: Any, context: Context) -> AsyncIterator[Any]:
-            await self._check(context)
             try:
+                self._check(context)
                 async for response in behaviour(request, context):
                     yield response
             except Exception as error:

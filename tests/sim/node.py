@@ -320,11 +320,11 @@ class SimNode:
         """Do the next step of Ready handling; returns the messages to send (SEND only)."""
         raw = self.rawnode()
         if self.stage is Stage.IDLE:
-            rd = raw.ready()
-            self.ready = rd
-            if not rd.snapshot.is_empty():
-                self.written.restore(rd.snapshot, decode_state(rd.snapshot))
-            self.written.append(self.id, rd.entries, checker)
+            fresh = raw.ready()
+            self.ready = fresh
+            if not fresh.snapshot.is_empty():
+                self.written.restore(fresh.snapshot, decode_state(fresh.snapshot))
+            self.written.append(self.id, fresh.entries, checker)
             self.stage = Stage.WRITTEN
             return ()
         rd = self.ready

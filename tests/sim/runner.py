@@ -16,10 +16,10 @@ import sys
 import time
 import traceback
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .checker import Violation
-from .schedule import TICK, OpKind, params_for_seed
+from .schedule import TICK, OpKind, Profile, params_for_seed
 from .simulation import Options, RunStats, Simulation
 
 #: The length of the fault phase, in ticks, unless told otherwise. With the rates in
@@ -38,9 +38,12 @@ class Replay:
     fault_ticks: int = DEFAULT_FAULT_TICKS
     disabled_faults: frozenset[int] = frozenset()
     disabled_ops: frozenset[OpKind] = frozenset()
+    profile: Profile | None = None  # None: the seed draws its own
 
     def command(self) -> str:
         parts = [f"python -m tests.sim --seed {self.seed}"]
+        if self.profile is not None:
+            parts.append(f"--profile {self.profile.value}")
         if self.fault_ticks != DEFAULT_FAULT_TICKS:
             parts.append(f"--fault-ticks {self.fault_ticks}")
         if self.disabled_faults:
@@ -62,7 +65,7 @@ class Outcome:
 
 def run(replay: Replay, trace: bool = False) -> Outcome:
     """Run one seed; a Violation, or any exception out of the core, is the outcome."""
-    params = params_for_seed(replay.seed, replay.fault_ticks)
+    params = params_for_seed(replay.seed, replay.fault_ticks, replay.profile)
     sink: list[str] = []
     sim = Simulation(
         params,
@@ -99,27 +102,18 @@ def shrink(found: Outcome) -> Outcome:
     for kind in OpKind:
         if kind is OpKind.PROPOSE or kind in replay.disabled_ops:
             continue
-        candidate = Replay(
-            replay.seed, replay.fault_ticks, replay.disabled_faults, replay.disabled_ops | {kind}
-        )
+        candidate = replace(replay, disabled_ops=replay.disabled_ops | {kind})
         if attempt(candidate):
             replay = candidate
-    params = params_for_seed(replay.seed, replay.fault_ticks)
+    params = params_for_seed(replay.seed, replay.fault_ticks, replay.profile)
     violation_time = best.stats.end_time
     # Faults that start after the violation never fired: disabling them changes nothing.
     late = {f.number for f in params.faults if f.start > violation_time}
-    replay = Replay(
-        replay.seed, replay.fault_ticks, replay.disabled_faults | late, replay.disabled_ops
-    )
+    replay = replace(replay, disabled_faults=replay.disabled_faults | late)
     for fault in reversed(params.faults):
         if fault.number in replay.disabled_faults:
             continue
-        candidate = Replay(
-            replay.seed,
-            replay.fault_ticks,
-            replay.disabled_faults | {fault.number},
-            replay.disabled_ops,
-        )
+        candidate = replace(replay, disabled_faults=replay.disabled_faults | {fault.number})
         if attempt(candidate):
             replay = candidate
     return run(replay, trace=True)
@@ -153,10 +147,9 @@ def report(outcome: Outcome, full_trace: bool, out: Iterable[str] | None = None)
     return lines
 
 
-def _run_quietly(args: tuple[int, int]) -> tuple[int, str | None, str, int]:
-    seed, fault_ticks = args
-    outcome = run(Replay(seed, fault_ticks))
-    return seed, outcome.invariant, outcome.detail, outcome.stats.events
+def _run_quietly(replay: Replay) -> tuple[int, str | None, str, int]:
+    outcome = run(replay)
+    return replay.seed, outcome.invariant, outcome.detail, outcome.stats.events
 
 
 @dataclass(slots=True)
@@ -171,13 +164,14 @@ def sweep(
     seeds: Sequence[int],
     jobs: int,
     fault_ticks: int = DEFAULT_FAULT_TICKS,
+    profile: Profile | None = None,
     progress: bool = False,
 ) -> SweepResult:
     """Run ``seeds`` over ``jobs`` processes (in this process when jobs == 1)."""
     started = time.monotonic()
     violations: list[tuple[int, str, str]] = []
     events = 0
-    work = [(seed, fault_ticks) for seed in seeds]
+    work = [Replay(seed, fault_ticks, profile=profile) for seed in seeds]
     if jobs <= 1:
         results: Iterable[tuple[int, str | None, str, int]] = map(_run_quietly, work)
         pool = None
@@ -226,7 +220,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-shrink", action="store_true", help="report violations as found")
     parser.add_argument("--shrink-limit", type=int, default=3, help="violations to shrink")
     parser.add_argument("--progress", action="store_true", help="progress on stderr")
+    parser.add_argument(
+        "--profile", choices=[p.value for p in Profile], help="force every seed's fault mix"
+    )
     args = parser.parse_args(argv)
+    profile = None if args.profile is None else Profile(args.profile)
 
     if args.seed is not None:
         replay = Replay(
@@ -234,6 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.fault_ticks,
             frozenset(int(n) for n in args.disable_faults),
             frozenset(OpKind(k) for k in args.disable_ops),
+            profile,
         )
         outcome = run(replay, trace=True)
         for line in report(outcome, full_trace=args.trace):
@@ -243,13 +242,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1 if violations else 0
 
     seeds = range(args.start, args.start + args.seeds)
-    result = sweep(seeds, args.jobs, args.fault_ticks, progress=args.progress)
+    result = sweep(seeds, args.jobs, args.fault_ticks, profile, progress=args.progress)
     for index, (seed, invariant, detail) in enumerate(result.violations):
+        replay = Replay(seed, args.fault_ticks, profile=profile)
         if index >= args.shrink_limit or args.no_shrink:
             print(f"VIOLATION seed {seed}: {invariant}: {detail}")
-            print(f"  reproduce: {Replay(seed, args.fault_ticks).command()}")
+            print(f"  reproduce: {replay.command()}")
             continue
-        found = run(Replay(seed, args.fault_ticks))
+        found = run(replay)
         shrunk = shrink(found)
         for line in report(shrunk, full_trace=False):
             print(line)

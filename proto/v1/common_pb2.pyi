@@ -23,6 +23,16 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MEMBER_NOT_FOUND: _ClassVar[ErrorReason]
     CLUSTER_MISMATCH: _ClassVar[ErrorReason]
     INVALID_REQUEST: _ClassVar[ErrorReason]
+    JOB_NOT_FOUND: _ClassVar[ErrorReason]
+    JOB_CLOSED: _ClassVar[ErrorReason]
+    CONFIG_CONFLICT: _ClassVar[ErrorReason]
+    NAME_TAKEN: _ClassVar[ErrorReason]
+    PARTICIPANT_NOT_FOUND: _ClassVar[ErrorReason]
+    STALE_ROUND: _ClassVar[ErrorReason]
+    STALE_TOKEN: _ClassVar[ErrorReason]
+    CHECKPOINT_NOT_FOUND: _ClassVar[ErrorReason]
+    CHECKPOINT_INCOMPLETE: _ClassVar[ErrorReason]
+    LIMIT_EXCEEDED: _ClassVar[ErrorReason]
 ERROR_REASON_UNSPECIFIED: ErrorReason
 NOT_LEADER: ErrorReason
 NO_LEADER: ErrorReason
@@ -39,6 +49,16 @@ COMPACTED: ErrorReason
 MEMBER_NOT_FOUND: ErrorReason
 CLUSTER_MISMATCH: ErrorReason
 INVALID_REQUEST: ErrorReason
+JOB_NOT_FOUND: ErrorReason
+JOB_CLOSED: ErrorReason
+CONFIG_CONFLICT: ErrorReason
+NAME_TAKEN: ErrorReason
+PARTICIPANT_NOT_FOUND: ErrorReason
+STALE_ROUND: ErrorReason
+STALE_TOKEN: ErrorReason
+CHECKPOINT_NOT_FOUND: ErrorReason
+CHECKPOINT_INCOMPLETE: ErrorReason
+LIMIT_EXCEEDED: ErrorReason
 
 class RequestHeader(_message.Message):
     __slots__ = ("session_id", "sequence", "first_unacked")

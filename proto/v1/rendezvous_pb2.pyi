@@ -1,0 +1,573 @@
+from rallypoint.proto.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RoundState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ROUND_STATE_UNSPECIFIED: _ClassVar[RoundState]
+    ROUND_STATE_JOINING: _ClassVar[RoundState]
+    ROUND_STATE_ACTIVE: _ClassVar[RoundState]
+    ROUND_STATE_ENDED: _ClassVar[RoundState]
+
+class RoundEndReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ROUND_END_REASON_UNSPECIFIED: _ClassVar[RoundEndReason]
+    ROUND_END_REASON_MEMBER_FAILED: _ClassVar[RoundEndReason]
+    ROUND_END_REASON_MEMBER_LEFT: _ClassVar[RoundEndReason]
+    ROUND_END_REASON_MEMBER_EVICTED: _ClassVar[RoundEndReason]
+    ROUND_END_REASON_SCALE_UP: _ClassVar[RoundEndReason]
+    ROUND_END_REASON_JOB_CLOSED: _ClassVar[RoundEndReason]
+ROUND_STATE_UNSPECIFIED: RoundState
+ROUND_STATE_JOINING: RoundState
+ROUND_STATE_ACTIVE: RoundState
+ROUND_STATE_ENDED: RoundState
+ROUND_END_REASON_UNSPECIFIED: RoundEndReason
+ROUND_END_REASON_MEMBER_FAILED: RoundEndReason
+ROUND_END_REASON_MEMBER_LEFT: RoundEndReason
+ROUND_END_REASON_MEMBER_EVICTED: RoundEndReason
+ROUND_END_REASON_SCALE_UP: RoundEndReason
+ROUND_END_REASON_JOB_CLOSED: RoundEndReason
+
+class JobConfig(_message.Message):
+    __slots__ = ("min_nodes", "max_nodes", "last_call_ms", "join_timeout_ms", "heartbeat_interval_ms", "phi_threshold", "phi_window", "min_std_ms", "acceptable_pause_ms", "scale_up", "keep_checkpoints")
+    MIN_NODES_FIELD_NUMBER: _ClassVar[int]
+    MAX_NODES_FIELD_NUMBER: _ClassVar[int]
+    LAST_CALL_MS_FIELD_NUMBER: _ClassVar[int]
+    JOIN_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    PHI_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    PHI_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    MIN_STD_MS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTABLE_PAUSE_MS_FIELD_NUMBER: _ClassVar[int]
+    SCALE_UP_FIELD_NUMBER: _ClassVar[int]
+    KEEP_CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    min_nodes: int
+    max_nodes: int
+    last_call_ms: int
+    join_timeout_ms: int
+    heartbeat_interval_ms: int
+    phi_threshold: float
+    phi_window: int
+    min_std_ms: int
+    acceptable_pause_ms: int
+    scale_up: bool
+    keep_checkpoints: int
+    def __init__(self, min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., last_call_ms: _Optional[int] = ..., join_timeout_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., phi_threshold: _Optional[float] = ..., phi_window: _Optional[int] = ..., min_std_ms: _Optional[int] = ..., acceptable_pause_ms: _Optional[int] = ..., scale_up: _Optional[bool] = ..., keep_checkpoints: _Optional[int] = ...) -> None: ...
+
+class RoundMember(_message.Message):
+    __slots__ = ("participant_id", "name", "rank", "metadata", "phi")
+    PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    PHI_FIELD_NUMBER: _ClassVar[int]
+    participant_id: int
+    name: str
+    rank: int
+    metadata: bytes
+    phi: float
+    def __init__(self, participant_id: _Optional[int] = ..., name: _Optional[str] = ..., rank: _Optional[int] = ..., metadata: _Optional[bytes] = ..., phi: _Optional[float] = ...) -> None: ...
+
+class RoundInfo(_message.Message):
+    __slots__ = ("job", "round", "state", "members", "world_size", "fencing_token", "store_namespace", "reason", "waiting", "opened_ms", "closed_ms", "job_closed", "job_revision")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    STORE_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    OPENED_MS_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_MS_FIELD_NUMBER: _ClassVar[int]
+    JOB_CLOSED_FIELD_NUMBER: _ClassVar[int]
+    JOB_REVISION_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    round: int
+    state: RoundState
+    members: _containers.RepeatedCompositeFieldContainer[RoundMember]
+    world_size: int
+    fencing_token: int
+    store_namespace: str
+    reason: str
+    waiting: _containers.RepeatedCompositeFieldContainer[RoundMember]
+    opened_ms: int
+    closed_ms: int
+    job_closed: bool
+    job_revision: int
+    def __init__(self, job: _Optional[str] = ..., round: _Optional[int] = ..., state: _Optional[_Union[RoundState, str]] = ..., members: _Optional[_Iterable[_Union[RoundMember, _Mapping]]] = ..., world_size: _Optional[int] = ..., fencing_token: _Optional[int] = ..., store_namespace: _Optional[str] = ..., reason: _Optional[str] = ..., waiting: _Optional[_Iterable[_Union[RoundMember, _Mapping]]] = ..., opened_ms: _Optional[int] = ..., closed_ms: _Optional[int] = ..., job_closed: _Optional[bool] = ..., job_revision: _Optional[int] = ...) -> None: ...
+
+class RoundRecord(_message.Message):
+    __slots__ = ("round", "members", "fencing_token", "opened_ms", "closed_ms", "ended_ms", "end_reason", "ended_by")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    OPENED_MS_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_MS_FIELD_NUMBER: _ClassVar[int]
+    ENDED_MS_FIELD_NUMBER: _ClassVar[int]
+    END_REASON_FIELD_NUMBER: _ClassVar[int]
+    ENDED_BY_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    members: _containers.RepeatedCompositeFieldContainer[RoundMember]
+    fencing_token: int
+    opened_ms: int
+    closed_ms: int
+    ended_ms: int
+    end_reason: RoundEndReason
+    ended_by: int
+    def __init__(self, round: _Optional[int] = ..., members: _Optional[_Iterable[_Union[RoundMember, _Mapping]]] = ..., fencing_token: _Optional[int] = ..., opened_ms: _Optional[int] = ..., closed_ms: _Optional[int] = ..., ended_ms: _Optional[int] = ..., end_reason: _Optional[_Union[RoundEndReason, str]] = ..., ended_by: _Optional[int] = ...) -> None: ...
+
+class CheckpointInfo(_message.Message):
+    __slots__ = ("checkpoint_id", "step", "round", "world_size", "layout", "uri", "committed_ms")
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    URI_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_MS_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_id: int
+    step: int
+    round: int
+    world_size: int
+    layout: bytes
+    uri: str
+    committed_ms: int
+    def __init__(self, checkpoint_id: _Optional[int] = ..., step: _Optional[int] = ..., round: _Optional[int] = ..., world_size: _Optional[int] = ..., layout: _Optional[bytes] = ..., uri: _Optional[str] = ..., committed_ms: _Optional[int] = ...) -> None: ...
+
+class ConfigureRequest(_message.Message):
+    __slots__ = ("header", "job", "config")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.RequestHeader
+    job: str
+    config: JobConfig
+    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., job: _Optional[str] = ..., config: _Optional[_Union[JobConfig, _Mapping]] = ...) -> None: ...
+
+class ConfigureResponse(_message.Message):
+    __slots__ = ("header", "created", "round")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    created: bool
+    round: RoundInfo
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., created: _Optional[bool] = ..., round: _Optional[_Union[RoundInfo, _Mapping]] = ...) -> None: ...
+
+class JoinRequest(_message.Message):
+    __slots__ = ("header", "job", "name", "metadata", "config")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.RequestHeader
+    job: str
+    name: str
+    metadata: bytes
+    config: JobConfig
+    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., job: _Optional[str] = ..., name: _Optional[str] = ..., metadata: _Optional[bytes] = ..., config: _Optional[_Union[JobConfig, _Mapping]] = ...) -> None: ...
+
+class JoinResponse(_message.Message):
+    __slots__ = ("header", "participant_id", "waiting", "round")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    participant_id: int
+    waiting: bool
+    round: RoundInfo
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., participant_id: _Optional[int] = ..., waiting: _Optional[bool] = ..., round: _Optional[_Union[RoundInfo, _Mapping]] = ...) -> None: ...
+
+class LeaveRequest(_message.Message):
+    __slots__ = ("header", "job", "participant_id")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.RequestHeader
+    job: str
+    participant_id: int
+    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., job: _Optional[str] = ..., participant_id: _Optional[int] = ...) -> None: ...
+
+class LeaveResponse(_message.Message):
+    __slots__ = ("header", "ended_round")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    ENDED_ROUND_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    ended_round: int
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., ended_round: _Optional[int] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("job", "participant_id", "round")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    participant_id: int
+    round: int
+    def __init__(self, job: _Optional[str] = ..., participant_id: _Optional[int] = ..., round: _Optional[int] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("header", "current_round", "state")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_ROUND_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    current_round: int
+    state: RoundState
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., current_round: _Optional[int] = ..., state: _Optional[_Union[RoundState, str]] = ...) -> None: ...
+
+class WatchJobRequest(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    def __init__(self, job: _Optional[str] = ...) -> None: ...
+
+class WatchJobResponse(_message.Message):
+    __slots__ = ("header", "round")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    round: RoundInfo
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., round: _Optional[_Union[RoundInfo, _Mapping]] = ...) -> None: ...
+
+class GetJobRequest(_message.Message):
+    __slots__ = ("job", "serializable")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    SERIALIZABLE_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    serializable: bool
+    def __init__(self, job: _Optional[str] = ..., serializable: _Optional[bool] = ...) -> None: ...
+
+class GetJobResponse(_message.Message):
+    __slots__ = ("header", "config", "round", "history", "latest_checkpoint")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    LATEST_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    config: JobConfig
+    round: RoundInfo
+    history: _containers.RepeatedCompositeFieldContainer[RoundRecord]
+    latest_checkpoint: CheckpointInfo
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., config: _Optional[_Union[JobConfig, _Mapping]] = ..., round: _Optional[_Union[RoundInfo, _Mapping]] = ..., history: _Optional[_Iterable[_Union[RoundRecord, _Mapping]]] = ..., latest_checkpoint: _Optional[_Union[CheckpointInfo, _Mapping]] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ("serializable",)
+    SERIALIZABLE_FIELD_NUMBER: _ClassVar[int]
+    serializable: bool
+    def __init__(self, serializable: _Optional[bool] = ...) -> None: ...
+
+class ListJobsResponse(_message.Message):
+    __slots__ = ("header", "jobs")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    jobs: _containers.RepeatedCompositeFieldContainer[RoundInfo]
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., jobs: _Optional[_Iterable[_Union[RoundInfo, _Mapping]]] = ...) -> None: ...
+
+class EvictRequest(_message.Message):
+    __slots__ = ("header", "job", "participant_id")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.RequestHeader
+    job: str
+    participant_id: int
+    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., job: _Optional[str] = ..., participant_id: _Optional[int] = ...) -> None: ...
+
+class EvictResponse(_message.Message):
+    __slots__ = ("header", "ended_round")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    ENDED_ROUND_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    ended_round: int
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., ended_round: _Optional[int] = ...) -> None: ...
+
+class CloseJobRequest(_message.Message):
+    __slots__ = ("header", "job")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.RequestHeader
+    job: str
+    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., job: _Optional[str] = ...) -> None: ...
+
+class CloseJobResponse(_message.Message):
+    __slots__ = ("header", "ended_round")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    ENDED_ROUND_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    ended_round: int
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., ended_round: _Optional[int] = ...) -> None: ...
+
+class StoreScope(_message.Message):
+    __slots__ = ("job", "round", "participant_id")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    round: int
+    participant_id: int
+    def __init__(self, job: _Optional[str] = ..., round: _Optional[int] = ..., participant_id: _Optional[int] = ...) -> None: ...
+
+class StoreSetRequest(_message.Message):
+    __slots__ = ("header", "scope", "key", "value")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.RequestHeader
+    scope: StoreScope
+    key: bytes
+    value: bytes
+    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., scope: _Optional[_Union[StoreScope, _Mapping]] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ...) -> None: ...
+
+class StoreSetResponse(_message.Message):
+    __slots__ = ("header",)
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ...) -> None: ...
+
+class StoreGetRequest(_message.Message):
+    __slots__ = ("scope", "key", "timeout_ms")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    scope: StoreScope
+    key: bytes
+    timeout_ms: int
+    def __init__(self, scope: _Optional[_Union[StoreScope, _Mapping]] = ..., key: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class StoreGetResponse(_message.Message):
+    __slots__ = ("header", "value")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    value: bytes
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., value: _Optional[bytes] = ...) -> None: ...
+
+class StoreAddRequest(_message.Message):
+    __slots__ = ("header", "scope", "key", "delta")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.RequestHeader
+    scope: StoreScope
+    key: bytes
+    delta: int
+    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., scope: _Optional[_Union[StoreScope, _Mapping]] = ..., key: _Optional[bytes] = ..., delta: _Optional[int] = ...) -> None: ...
+
+class StoreAddResponse(_message.Message):
+    __slots__ = ("header", "value")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    value: int
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., value: _Optional[int] = ...) -> None: ...
+
+class StoreCompareSetRequest(_message.Message):
+    __slots__ = ("header", "scope", "key", "expected", "desired")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    DESIRED_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.RequestHeader
+    scope: StoreScope
+    key: bytes
+    expected: bytes
+    desired: bytes
+    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., scope: _Optional[_Union[StoreScope, _Mapping]] = ..., key: _Optional[bytes] = ..., expected: _Optional[bytes] = ..., desired: _Optional[bytes] = ...) -> None: ...
+
+class StoreCompareSetResponse(_message.Message):
+    __slots__ = ("header", "swapped", "value")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    SWAPPED_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    swapped: bool
+    value: bytes
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., swapped: _Optional[bool] = ..., value: _Optional[bytes] = ...) -> None: ...
+
+class StoreWaitRequest(_message.Message):
+    __slots__ = ("scope", "keys", "timeout_ms")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    scope: StoreScope
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    timeout_ms: int
+    def __init__(self, scope: _Optional[_Union[StoreScope, _Mapping]] = ..., keys: _Optional[_Iterable[bytes]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class StoreWaitResponse(_message.Message):
+    __slots__ = ("header",)
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ...) -> None: ...
+
+class StoreDeleteRequest(_message.Message):
+    __slots__ = ("header", "scope", "key")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.RequestHeader
+    scope: StoreScope
+    key: bytes
+    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., scope: _Optional[_Union[StoreScope, _Mapping]] = ..., key: _Optional[bytes] = ...) -> None: ...
+
+class StoreDeleteResponse(_message.Message):
+    __slots__ = ("header", "existed")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    EXISTED_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    existed: bool
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., existed: _Optional[bool] = ...) -> None: ...
+
+class StoreNumKeysRequest(_message.Message):
+    __slots__ = ("scope",)
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    scope: StoreScope
+    def __init__(self, scope: _Optional[_Union[StoreScope, _Mapping]] = ...) -> None: ...
+
+class StoreNumKeysResponse(_message.Message):
+    __slots__ = ("header", "num_keys")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    NUM_KEYS_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    num_keys: int
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., num_keys: _Optional[int] = ...) -> None: ...
+
+class StoreCheckRequest(_message.Message):
+    __slots__ = ("scope", "keys")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    scope: StoreScope
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, scope: _Optional[_Union[StoreScope, _Mapping]] = ..., keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class StoreCheckResponse(_message.Message):
+    __slots__ = ("header", "all_exist")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    ALL_EXIST_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    all_exist: bool
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., all_exist: _Optional[bool] = ...) -> None: ...
+
+class CheckpointFence(_message.Message):
+    __slots__ = ("job", "round", "fencing_token")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    round: int
+    fencing_token: int
+    def __init__(self, job: _Optional[str] = ..., round: _Optional[int] = ..., fencing_token: _Optional[int] = ...) -> None: ...
+
+class CheckpointBeginRequest(_message.Message):
+    __slots__ = ("header", "fence", "step", "world_size", "layout", "uri")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    URI_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.RequestHeader
+    fence: CheckpointFence
+    step: int
+    world_size: int
+    layout: bytes
+    uri: str
+    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., fence: _Optional[_Union[CheckpointFence, _Mapping]] = ..., step: _Optional[int] = ..., world_size: _Optional[int] = ..., layout: _Optional[bytes] = ..., uri: _Optional[str] = ...) -> None: ...
+
+class CheckpointBeginResponse(_message.Message):
+    __slots__ = ("header", "checkpoint_id")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    checkpoint_id: int
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., checkpoint_id: _Optional[int] = ...) -> None: ...
+
+class CheckpointShardDoneRequest(_message.Message):
+    __slots__ = ("header", "fence", "checkpoint_id", "rank")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.RequestHeader
+    fence: CheckpointFence
+    checkpoint_id: int
+    rank: int
+    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., fence: _Optional[_Union[CheckpointFence, _Mapping]] = ..., checkpoint_id: _Optional[int] = ..., rank: _Optional[int] = ...) -> None: ...
+
+class CheckpointShardDoneResponse(_message.Message):
+    __slots__ = ("header", "reported", "world_size")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    reported: int
+    world_size: int
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., reported: _Optional[int] = ..., world_size: _Optional[int] = ...) -> None: ...
+
+class CheckpointCommitRequest(_message.Message):
+    __slots__ = ("header", "fence", "checkpoint_id")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.RequestHeader
+    fence: CheckpointFence
+    checkpoint_id: int
+    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., fence: _Optional[_Union[CheckpointFence, _Mapping]] = ..., checkpoint_id: _Optional[int] = ...) -> None: ...
+
+class CheckpointCommitResponse(_message.Message):
+    __slots__ = ("header", "checkpoint", "retired")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    checkpoint: CheckpointInfo
+    retired: _containers.RepeatedCompositeFieldContainer[CheckpointInfo]
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointInfo, _Mapping]] = ..., retired: _Optional[_Iterable[_Union[CheckpointInfo, _Mapping]]] = ...) -> None: ...
+
+class CheckpointAbortRequest(_message.Message):
+    __slots__ = ("header", "fence", "checkpoint_id")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.RequestHeader
+    fence: CheckpointFence
+    checkpoint_id: int
+    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., fence: _Optional[_Union[CheckpointFence, _Mapping]] = ..., checkpoint_id: _Optional[int] = ...) -> None: ...
+
+class CheckpointAbortResponse(_message.Message):
+    __slots__ = ("header",)
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ...) -> None: ...
+
+class CheckpointLatestRequest(_message.Message):
+    __slots__ = ("job", "serializable")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    SERIALIZABLE_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    serializable: bool
+    def __init__(self, job: _Optional[str] = ..., serializable: _Optional[bool] = ...) -> None: ...
+
+class CheckpointLatestResponse(_message.Message):
+    __slots__ = ("header", "checkpoint")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    checkpoint: CheckpointInfo
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointInfo, _Mapping]] = ...) -> None: ...

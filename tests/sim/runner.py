@@ -256,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     per_seed_ms = 1000 * result.seconds * max(1, args.jobs) / max(1, result.seeds)
     print(
         f"{result.events} events in {result.seconds:.1f} s over {args.jobs} processes "
-        f"({result.events // max(1, result.seeds)} events and ~{per_seed_ms:.0f} ms CPU per seed)"
+        f"({result.events // max(1, result.seeds)} events, {per_seed_ms:.0f} process-ms per seed)"
     )
     print(f"{result.seeds} seeds, {len(result.violations)} violations")
     return 1 if result.violations else 0

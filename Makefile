@@ -9,7 +9,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 SEEDS ?= 500
 ITER  ?= 50
 
-.PHONY: help setup lint format typecheck pytest test sim crash-test bench-wal demo proto clean
+.PHONY: help setup lint format typecheck pytest test sim crash-test bench-wal bench-kv demo proto clean
 
 help:
 	@echo "make demo             start a local cluster and elastic workers, kill things, watch recovery"
@@ -17,6 +17,7 @@ help:
 	@echo "make sim SEEDS=N      run the seeded Raft cluster simulator over N seeds"
 	@echo "make crash-test ITER=N  SIGKILL a WAL writer N times and check nothing acknowledged is lost"
 	@echo "make bench-wal        WAL append/fsync benchmark -> bench/results/wal.json"
+	@echo "make bench-kv         KV put/get/keep-alive vs a 3-member etcd -> bench/results/kv.json (.png)"
 	@echo "make proto            regenerate the Python code for proto/**/*.proto"
 
 $(STAMP): pyproject.toml constraints.txt
@@ -58,6 +59,11 @@ crash-test: setup
 
 bench-wal: setup
 	$(PY) bench/wal_bench.py --out bench/results/wal.json
+
+# Installs Debian's etcd (the anchor) if missing, then runs both systems in one run.
+bench-kv: setup
+	command -v etcd >/dev/null || (apt-get update && apt-get install -y etcd-server etcd-client)
+	$(PY) -m bench.kv_bench --out bench/results/kv.json
 
 # Regenerate the Python code for proto/**/*.proto (tests/proto checks it is fresh).
 proto: setup

@@ -1,0 +1,202 @@
+"""Helpers shared by the benchmarks: machine and version facts for the JSON, latency
+percentiles, CPU accounting of processes from /proc, and free loopback ports.
+
+Every benchmark writes the machine it ran on and the versions it measured beside its numbers,
+because a figure without them cannot be compared with another run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+# Linux reports process times in clock ticks of this many per second.
+_CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_model() -> str:
+    """The processor's model name from /proc/cpuinfo (platform.processor() is often empty)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def memory_total_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def machine_info() -> dict[str, Any]:
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "memory_total_bytes": memory_total_bytes(),
+        "kernel": platform.release(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+    }
+
+
+def package_versions(names: Iterable[str]) -> dict[str, str]:
+    """Installed versions of Python distributions, with the interpreter's as "python"."""
+    versions = {"python": sys.version.split()[0]}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    return versions
+
+
+def command_version(command: Sequence[str]) -> str:
+    """The first line a program prints for its version flag, or why there is none."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unavailable ({exc})"
+    output = (done.stdout or done.stderr).strip()
+    return output.splitlines()[0] if output else f"unavailable (exit {done.returncode})"
+
+
+def percentile(sorted_values: Sequence[float], fraction: float) -> float:
+    """Linear-interpolated percentile of already sorted values (fraction in [0, 1])."""
+    if not sorted_values:
+        return math.nan
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"fraction must be in [0, 1], got {fraction}")
+    position = fraction * (len(sorted_values) - 1)
+    lower = math.floor(position)
+    upper = min(lower + 1, len(sorted_values) - 1)
+    weight = position - lower
+    return sorted_values[lower] * (1.0 - weight) + sorted_values[upper] * weight
+
+
+def latency_summary_ms(latencies_s: Iterable[float]) -> dict[str, float]:
+    """p50, p90, p99, max and mean in milliseconds of latencies given in seconds."""
+    ordered = sorted(latencies_s)
+    if not ordered:
+        return {"p50_ms": math.nan, "p90_ms": math.nan, "p99_ms": math.nan, "max_ms": math.nan}
+    return {
+        "p50_ms": percentile(ordered, 0.50) * 1e3,
+        "p90_ms": percentile(ordered, 0.90) * 1e3,
+        "p99_ms": percentile(ordered, 0.99) * 1e3,
+        "max_ms": ordered[-1] * 1e3,
+        "mean_ms": statistics.fmean(ordered) * 1e3,
+    }
+
+
+def median_of(trials: Sequence[dict[str, Any]], field: str) -> float:
+    """The median of one numeric field over trials, ignoring trials that lack it."""
+    values = [float(t[field]) for t in trials if t.get(field) is not None]
+    return statistics.median(values) if values else math.nan
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process (all its threads) has used; 0 if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    # The command name (field 2) may hold spaces; the fields after its closing parenthesis
+    # start at field 3, so utime (14) and stime (15) are at offsets 11 and 12.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS_PER_S
+
+
+def child_pids(pid: int) -> list[int]:
+    """Direct children of a process, from /proc/PID/task/*/children or by scanning /proc."""
+    children: list[int] = []
+    task_dir = Path(f"/proc/{pid}/task")
+    try:
+        for task in task_dir.iterdir():
+            text = (task / "children").read_text()
+            children.extend(int(part) for part in text.split())
+        return sorted(set(children))
+    except OSError:
+        pass
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+            children.append(int(entry.name))
+    return sorted(children)
+
+
+@dataclass(frozen=True, slots=True)
+class CpuSample:
+    """CPU seconds used so far by each watched process, at one wall-clock instant."""
+
+    wall_s: float
+    cpu_s_by_pid: dict[int, float]
+
+    @staticmethod
+    def take(pids: Iterable[int], wall_s: float) -> CpuSample:
+        return CpuSample(wall_s, {pid: process_cpu_s(pid) for pid in pids})
+
+
+def cpu_share(before: CpuSample, after: CpuSample) -> dict[str, float]:
+    """CPU used between two samples: seconds and cores busy (1.0 = one core all the time)."""
+    elapsed_s = after.wall_s - before.wall_s
+    used_s = sum(
+        after.cpu_s_by_pid[pid] - before.cpu_s_by_pid.get(pid, 0.0) for pid in after.cpu_s_by_pid
+    )
+    return {"cpu_s": used_s, "cores": used_s / elapsed_s if elapsed_s > 0 else math.nan}
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_block(count: int, attempts: int = 200) -> int:
+    """The first of ``count`` consecutive loopback ports that are free now.
+
+    Another process may take one before the caller binds it; callers that start servers on
+    these ports should fail clearly (they do: the server will not come up) rather than retry
+    blindly.
+    """
+    for _ in range(attempts):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = int(probe.getsockname()[1])
+        if base + count < 65536 and all(port_is_free(base + i) for i in range(count)):
+            return base
+    raise RuntimeError(f"found no {count} consecutive free loopback ports")
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every NaN or infinity replaced by None, so the JSON is standard."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(item) for item in value]
+    return value

@@ -29,6 +29,10 @@ DEFAULT_FAULT_TICKS = 120
 #: Lines of the shrunk run's trace printed with a violation (--trace prints all of it).
 TRACE_TAIL = 80
 
+#: Before that tail, the trace lines that tell the story: faults, leaders, crashes, restarts.
+KEY_EVENTS = ("fault #", "heal", "became leader", "crash", "kill leader", "restart", "snapshot at")
+KEY_EVENTS_SHOWN = 60
+
 
 @dataclass(frozen=True, slots=True)
 class Replay:
@@ -75,10 +79,9 @@ def run(replay: Replay, trace: bool = False) -> Outcome:
     try:
         stats = sim.run()
     except Violation as v:
-        sim.stats.end_time = sim.now
-        return Outcome(replay, v.invariant, v.detail, sim.stats, sink, faults)
+        return Outcome(replay, v.invariant, v.detail, sim.final_stats(), sink, faults)
     except Exception as exc:  # a broken invariant inside the core, or a crash of the core
-        sim.stats.end_time = sim.now
+        sim.final_stats()
         where = traceback.extract_tb(exc.__traceback__)[-1]
         detail = f"{exc!r} at {where.filename}:{where.lineno} ({where.name})"
         return Outcome(replay, f"exception {type(exc).__name__}", detail, sim.stats, sink, faults)
@@ -141,6 +144,10 @@ def report(outcome: Outcome, full_trace: bool, out: Iterable[str] | None = None)
         lines.append("  operation kinds disabled: " + ", ".join(k.value for k in r.disabled_ops))
     lines.append(f"  reproduce: {r.command()}")
     trace = outcome.trace if full_trace else outcome.trace[-TRACE_TAIL:]
+    if not full_trace and len(outcome.trace) > TRACE_TAIL:
+        key = [t for t in outcome.trace[:-TRACE_TAIL] if any(k in t for k in KEY_EVENTS)]
+        lines.append(f"  key events before those ({len(key)}: faults, elections, restarts):")
+        lines.extend("    " + t for t in key[-KEY_EVENTS_SHOWN:])
     if trace:
         lines.append(f"  trace ({'all' if full_trace else 'last'} {len(trace)} events):")
         lines.extend("    " + t for t in trace)

@@ -151,6 +151,10 @@ class Simulation:
                 self._check_probe_done()
         if not self._done:
             raise RuntimeError("the event queue ran dry before the liveness check finished")
+        return self.final_stats()
+
+    def final_stats(self) -> RunStats:
+        """The run's figures so far (complete once run() returned or raised)."""
         self.stats.end_time = self.now
         self.stats.messages = self.network.sent
         self.stats.dropped = self.network.dropped

@@ -52,8 +52,8 @@ Recovery (:meth:`WAL.open`). Segments are read in seq order and every record ver
 the last segment may end damaged, and only in the way a crash leaves it: a record whose bytes
 run past the end of the file (the file was cut short), or whose crc fails while one of its
 512-byte sectors is all zeros (the write never reached that sector), and nothing but zeros
-after it. Such a torn tail is truncated: its bytes are kept in ``<segment>.<offset>.broken``,
-then zeroed in the segment, and writing resumes there. Anything else (a crc mismatch with no
+after it. Such a torn tail is truncated: its bytes are kept in ``<segment>.<offset>.broken``
+(deleted along with the segment), then zeroed in the segment, and writing resumes there. Anything else (a crc mismatch with no
 zero sector, a bad header, a zeroed header followed by data, a broken chain, a missing
 segment, damage in any segment but the last) raises :class:`WalCorruptionError` naming the
 file and offset: the node refuses to start rather than serve a log it cannot trust. (A power
@@ -68,6 +68,7 @@ so fsync never blocks the event loop.
 from __future__ import annotations
 
 import enum
+import glob
 import itertools
 import logging
 import os
@@ -581,7 +582,7 @@ class WAL:
         """Delete the oldest segments whose entries are all at or below ``index``.
 
         The last segment is always kept. Call only once the log up to ``index`` is covered
-        by a durable snapshot. Returns the paths removed.
+        by a durable snapshot. Their ``.broken`` files go too. Returns the paths removed.
         """
         self._check_usable()
         removed: list[str] = []
@@ -589,6 +590,10 @@ class WAL:
             segment = self._segments.pop(0)
             os.unlink(segment.path)
             removed.append(segment.path)
+            # Torn tails kept aside from this segment go with it.
+            for broken in glob.glob(glob.escape(segment.path) + ".*.broken"):
+                os.unlink(broken)
+                removed.append(broken)
         if removed:
             fsync_dir(self._directory, self._fsync)
         return removed

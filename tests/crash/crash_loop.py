@@ -60,6 +60,9 @@ class Acknowledged:
     snapshot_index: int = 0  # highest durable snapshot
     segment: str = ""  # WAL segment of the last report, and the end of its durable records
     synced_offset: int = 0
+    # False while a snapshot was being written: its WAL marker may be synced past
+    # synced_offset, so nothing after it may be treated as unsynced.
+    position_known: bool = True
 
 
 @dataclass
@@ -131,9 +134,13 @@ def run_writer(data_dir: str, seed: int, kill_after_s: float, acked: Acknowledge
                 elif words[0] == "ACK":
                     acked.index = max(acked.index, int(words[1]))
                     acked.segment, acked.synced_offset = words[2], int(words[3])
+                    acked.position_known = True
+                elif words[0] == "SNAPSHOTTING":
+                    acked.position_known = False
                 elif words[0] == "SNAP":
                     acked.snapshot_index = max(acked.snapshot_index, int(words[1]))
                     acked.segment, acked.synced_offset = words[2], int(words[3])
+                    acked.position_known = True
         returncode = proc.wait()
         if returncode != -signal.SIGKILL:
             stderr.seek(0)
@@ -157,11 +164,12 @@ def mutate(
     """Damage the files; for a flip return (file, byte offset, bit) so it can be undone.
 
     Truncation and zeroing touch only bytes after the last acknowledged write (what a crash
-    can damage); when that position is not known (the writer cut a segment after its last
-    report) they do nothing. A flip hits synced data before the last record of the log.
+    can damage); when that position is not known (the writer cut a segment, or was writing a
+    snapshot, after its last report) they do nothing. A flip hits synced data before the
+    last record of the log.
     """
     last = _segments(wal_dir)[-1]
-    last_is_known = acked.segment == str(last)
+    last_is_known = acked.position_known and acked.segment == str(last)
     if kind is Mutation.TRUNCATE and last_is_known:
         end = _nonzero_end(last.read_bytes())
         os.truncate(last, rng.randint(acked.synced_offset, max(acked.synced_offset, end)))
@@ -284,11 +292,11 @@ def run(
                 totals.refusals += 1
                 if verbose:
                     print(f"{label}: refused as expected: {exc}")
-            else:
+                _flip(path, offset, bit)  # restore, so the loop continues on a sound log
+            else:  # the open may have rewritten the file: leave it as it is now
                 storage.close()
                 totals.undetected += 1
                 totals.notes.append(f"{label}: bit {bit} of {path}:{offset} flipped unnoticed")
-            _flip(path, offset, bit)  # restore, so the loop continues on a sound log
         check(data_dir, acked, totals, label)
         totals.iterations += 1
         if verbose:

@@ -3,7 +3,8 @@
 Usage: ``python -m tests.crash.writer DATA_DIR SEED``. Prints (unbuffered, one atomic write
 per line) ``READY <last index>`` once the storage is open, then after every persist that
 returned (so is fsynced) ``ACK <last index> <wal segment> <synced offset>``, and after every
-durable snapshot ``SNAP <index> <wal segment> <synced offset>``. It runs until killed.
+durable snapshot ``SNAP <index> <wal segment> <synced offset>`` (preceded by
+``SNAPSHOTTING`` when it starts). It runs until killed.
 
 Entry data is a function of the index alone (:func:`expected_data`), so the checker can tell
 an intact entry from a damaged or invented one without a record of what was written.
@@ -61,6 +62,9 @@ def main(argv: list[str]) -> int:
         say(f"ACK {storage.last_index()} {segment} {offset}")
         applied = Index(storage.last_index())
         if storage.should_snapshot(applied):
+            # From here until SNAP the WAL syncs a marker the checker has not been told of,
+            # so it must not treat anything after the last ACK as unsynced.
+            say("SNAPSHOTTING")
             storage.create_snapshot(applied, CONF, expected_snapshot(applied))
             storage.compact(applied)
             segment, offset = storage.wal_position()

@@ -207,8 +207,11 @@ def test_segments_are_cut_chained_and_released(tmp_path: Path) -> None:
     assert names[0] == segment_name(0, 1)
     assert [e.index for e in entries_of(records)] == list(range(1, 201))
     # Every segment restates the hard state at its head, so a released prefix loses none.
+    kept_aside = Path(wal.segment_paths()[0] + ".40.broken")
+    kept_aside.write_bytes(b"torn")
     removed = wal.release_to(Index(100))
     assert removed and all(p not in wal.segment_paths() for p in removed)
+    assert str(kept_aside) in removed and not kept_aside.exists()
     wal.close()
     _, after = open_wal(tmp_path)
     replayed = entries_of(after)

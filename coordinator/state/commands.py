@@ -5,11 +5,13 @@ names the client request it came from and carries the leader's clock reading. Ti
 the state machine only through ``Envelope.leader_time_ms``: followers never read a clock.
 
 Which commands need a session (``session_id != 0`` and ``sequence >= 1``, applied at most once
-and their answer cached; Raft thesis 6.3): every KV write and lease grant and revoke. The
-others are documented where they are defined: :class:`SessionOpen` creates the session,
+and their answer cached; Raft thesis 6.3): every KV write and lease grant and revoke, and
+every rendezvous, round-store and checkpoint command a client sends. The others are
+documented where they are defined: :class:`SessionOpen` creates the session,
 :class:`SessionKeepAlive` and :class:`SessionClose` name the session without a sequence
-(repeating them changes nothing more), and :class:`LeaseExpire` is the leader's own decision
-with no client behind it (applying it twice deletes nothing the second time).
+(repeating them changes nothing more), and :class:`LeaseExpire`, :class:`CloseRound` and
+:class:`MemberFailed` are the leader's own decisions with no client behind them (each
+re-checks its condition when applied, so a repeated or stale one changes nothing).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .codec import StateCodecError, decode, encode, record
+from .jobs import JobConfig
 from .values import Fence
 
 
@@ -121,6 +124,165 @@ class SessionClose(Command):
     """Ends the envelope's session and drops its cached answers (sequence 0)."""
 
 
+# ---------------------------------------------------------------- rendezvous (tags 40-49)
+
+
+@dataclass(frozen=True, slots=True)
+class JobCommand(SessionCommand):
+    """A client's rendezvous command (see :mod:`.rendezvous`)."""
+
+    job: str
+
+
+@record(40)
+@dataclass(frozen=True, slots=True)
+class Configure(JobCommand):
+    """Create the job, change its config (if compatible), or reopen it if closed."""
+
+    config: JobConfig
+
+
+@record(41)
+@dataclass(frozen=True, slots=True)
+class Join(JobCommand):
+    """Add a participant (id: this entry's raft index) tied to the envelope's session. With a
+    config, creates the job if absent; the config must equal the job's if present."""
+
+    name: str
+    metadata: bytes
+    config: JobConfig | None = None
+
+
+@record(42)
+@dataclass(frozen=True, slots=True)
+class Leave(JobCommand):
+    participant_id: int
+
+
+@record(43)
+@dataclass(frozen=True, slots=True)
+class Evict(JobCommand):
+    """An operator removes a participant."""
+
+    participant_id: int
+
+
+@record(44)
+@dataclass(frozen=True, slots=True)
+class CloseJob(JobCommand):
+    """End the current round and remove every participant; the job stays, closed."""
+
+
+@record(45)
+@dataclass(frozen=True, slots=True)
+class CloseRound(Command):
+    """Proposed by the leader when its clock says the last call of a JOINING round is over;
+    no session. Applied only if the round is still the job's JOINING round and the close
+    condition holds at the state machine's time; otherwise nothing changes."""
+
+    job: str
+    round: int
+
+
+@record(46)
+@dataclass(frozen=True, slots=True)
+class MemberFailed(Command):
+    """Proposed by the leader's failure detector; no session. Applied only if the
+    participant is still in the job and ``round`` is still the job's current round."""
+
+    job: str
+    participant_id: int
+    round: int
+    cause: str
+
+
+# ---------------------------------------------------------------- round store (tags 50-54)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreCommand(SessionCommand):
+    """A write to the store of (job, round), made by ``participant_id``: refused unless the
+    round is the job's current ACTIVE round and the participant one of its members."""
+
+    job: str
+    round: int
+    participant_id: int
+    key: bytes
+
+
+@record(50)
+@dataclass(frozen=True, slots=True)
+class StoreSet(StoreCommand):
+    value: bytes
+
+
+@record(51)
+@dataclass(frozen=True, slots=True)
+class StoreAdd(StoreCommand):
+    """Add ``delta`` to the decimal integer at ``key`` (absent counts as 0)."""
+
+    delta: int
+
+
+@record(52)
+@dataclass(frozen=True, slots=True)
+class StoreCompareSet(StoreCommand):
+    """torch's compare_set: set ``desired`` if the key holds ``expected``, or if it is
+    absent and ``expected`` is empty."""
+
+    expected: bytes
+    desired: bytes
+
+
+@record(53)
+@dataclass(frozen=True, slots=True)
+class StoreDelete(StoreCommand):
+    pass
+
+
+# ---------------------------------------------------------------- checkpoints (tags 55-59)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointCommand(SessionCommand):
+    """Refused unless ``round`` is the job's current ACTIVE round and ``fencing_token`` its
+    token (see :mod:`.checkpoints`)."""
+
+    job: str
+    round: int
+    fencing_token: int
+
+
+@record(55)
+@dataclass(frozen=True, slots=True)
+class CheckpointBegin(CheckpointCommand):
+    """Start a checkpoint (id: this entry's raft index) of ``world_size`` shards."""
+
+    step: int
+    world_size: int
+    layout: bytes
+    uri: str
+
+
+@record(56)
+@dataclass(frozen=True, slots=True)
+class CheckpointShardDone(CheckpointCommand):
+    checkpoint_id: int
+    rank: int
+
+
+@record(57)
+@dataclass(frozen=True, slots=True)
+class CheckpointCommit(CheckpointCommand):
+    checkpoint_id: int
+
+
+@record(58)
+@dataclass(frozen=True, slots=True)
+class CheckpointAbort(CheckpointCommand):
+    checkpoint_id: int
+
+
 @record(20)
 @dataclass(frozen=True, slots=True)
 class Envelope:
@@ -150,19 +312,37 @@ def decode_envelope(data: bytes) -> Envelope:
 
 __all__ = [
     "Add",
+    "CheckpointAbort",
+    "CheckpointBegin",
+    "CheckpointCommand",
+    "CheckpointCommit",
+    "CheckpointShardDone",
+    "CloseJob",
+    "CloseRound",
     "Command",
     "CompareAndSet",
+    "Configure",
     "Delete",
     "Envelope",
+    "Evict",
+    "JobCommand",
+    "Join",
     "LeaseExpire",
     "LeaseGrant",
     "LeaseRevoke",
+    "Leave",
+    "MemberFailed",
     "Put",
     "SessionClose",
     "SessionCommand",
     "SessionKeepAlive",
     "SessionOpen",
     "StateCodecError",
+    "StoreAdd",
+    "StoreCommand",
+    "StoreCompareSet",
+    "StoreDelete",
+    "StoreSet",
     "decode_envelope",
     "encode_envelope",
 ]

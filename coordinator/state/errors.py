@@ -174,3 +174,154 @@ class Compacted(Failure):
             "requested revision has been compacted; the oldest available is "
             f"{self.first_available_revision}"
         )
+
+
+# ---------------------------------------------------------------- rendezvous (tags 240-249)
+
+
+@record(240)
+@dataclass(frozen=True, slots=True)
+class JobNotFound(Failure):
+    reason: ClassVar[str] = "JOB_NOT_FOUND"
+    job: str
+
+    @property
+    def message(self) -> str:
+        return f"job {self.job!r} does not exist; join with a config or configure it first"
+
+
+@record(241)
+@dataclass(frozen=True, slots=True)
+class JobClosed(Failure):
+    reason: ClassVar[str] = "JOB_CLOSED"
+    job: str
+
+    @property
+    def message(self) -> str:
+        return f"job {self.job!r} is closed; configure it again to reopen it"
+
+
+@record(242)
+@dataclass(frozen=True, slots=True)
+class ConfigConflict(Failure):
+    """A config that differs from (Join) or cannot replace (Configure) the job's."""
+
+    reason: ClassVar[str] = "CONFIG_CONFLICT"
+    job: str
+    detail: str
+
+    @property
+    def message(self) -> str:
+        return f"job {self.job!r}: config conflict: {self.detail}"
+
+
+@record(243)
+@dataclass(frozen=True, slots=True)
+class NameTaken(Failure):
+    reason: ClassVar[str] = "NAME_TAKEN"
+    job: str
+    name: str
+    participant_id: int
+
+    @property
+    def message(self) -> str:
+        return (
+            f"job {self.job!r}: name {self.name!r} is taken by participant "
+            f"{self.participant_id} of another session"
+        )
+
+
+@record(244)
+@dataclass(frozen=True, slots=True)
+class ParticipantNotFound(Failure):
+    reason: ClassVar[str] = "PARTICIPANT_NOT_FOUND"
+    job: str
+    participant_id: int
+
+    @property
+    def message(self) -> str:
+        return f"job {self.job!r} has no participant {self.participant_id}"
+
+
+@record(245)
+@dataclass(frozen=True, slots=True)
+class StaleRound(Failure):
+    """The named round is not the job's current ACTIVE round, or the participant is not one
+    of its members: a zombie's write, or a straggler's from a round that ended."""
+
+    reason: ClassVar[str] = "STALE_ROUND"
+    job: str
+    round: int
+    current_round: int
+    detail: str
+
+    @property
+    def message(self) -> str:
+        return (
+            f"job {self.job!r}: round {self.round} is stale (current round "
+            f"{self.current_round}): {self.detail}"
+        )
+
+
+@record(246)
+@dataclass(frozen=True, slots=True)
+class StaleToken(Failure):
+    reason: ClassVar[str] = "STALE_TOKEN"
+    job: str
+    round: int
+    token: int
+    current_token: int
+
+    @property
+    def message(self) -> str:
+        return (
+            f"job {self.job!r}: fencing token {self.token} is not round {self.round}'s "
+            f"({self.current_token})"
+        )
+
+
+@record(247)
+@dataclass(frozen=True, slots=True)
+class CheckpointNotFound(Failure):
+    """Never begun, aborted, committed already, or dropped when its round ended."""
+
+    reason: ClassVar[str] = "CHECKPOINT_NOT_FOUND"
+    job: str
+    checkpoint_id: int
+
+    @property
+    def message(self) -> str:
+        return f"job {self.job!r} has no pending checkpoint {self.checkpoint_id}"
+
+
+@record(248)
+@dataclass(frozen=True, slots=True)
+class CheckpointIncomplete(Failure):
+    reason: ClassVar[str] = "CHECKPOINT_INCOMPLETE"
+    job: str
+    checkpoint_id: int
+    missing_ranks: tuple[int, ...]
+
+    @property
+    def message(self) -> str:
+        shown = ", ".join(str(rank) for rank in self.missing_ranks[:16])
+        more = "" if len(self.missing_ranks) <= 16 else f" and {len(self.missing_ranks) - 16} more"
+        return (
+            f"job {self.job!r}: checkpoint {self.checkpoint_id} cannot commit: "
+            f"ranks {shown}{more} have not reported their shard"
+        )
+
+
+@record(249)
+@dataclass(frozen=True, slots=True)
+class LimitExceeded(Failure):
+    """A configured bound (jobs, waiting participants, store keys or bytes, pending
+    checkpoints, metadata size) would be exceeded."""
+
+    reason: ClassVar[str] = "LIMIT_EXCEEDED"
+    what: str
+    limit: int
+
+    @property
+    def message(self) -> str:
+        return f"limit exceeded: {self.what} (limit {self.limit})"

@@ -12,6 +12,12 @@ apply it at most once per (session, sequence) and cache its answer (see :mod:`.s
 Every key-value change made by the entry at raft index ``i`` has revision ``i``, and its
 events enter the watch history together.
 
+Rendezvous, round-store and checkpoint commands are delegated to :mod:`.rendezvous`,
+:mod:`.roundstore` and :mod:`.checkpoints` (each states its own rules); this module only
+routes them, fencing round-scoped writes through the rendezvous first. A session that ends
+(expired or closed) removes its rendezvous participants as failed, at the same index on
+every replica.
+
 Expected outcomes (a failed compare, a stale fence, an unknown lease, an expired session) are
 returned as :mod:`.errors` values; an exception means a broken invariant or a corrupt entry,
 and the replica must stop rather than diverge.
@@ -20,23 +26,28 @@ and the replica must stop rather than diverge.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import codec
 from .commands import (
     Add,
+    CheckpointCommand,
+    CloseRound,
     CompareAndSet,
     Delete,
     Envelope,
+    JobCommand,
     LeaseExpire,
     LeaseGrant,
     LeaseRevoke,
+    MemberFailed,
     Put,
     SessionClose,
     SessionCommand,
     SessionKeepAlive,
     SessionOpen,
+    StoreCommand,
     decode_envelope,
 )
 from .errors import (
@@ -53,8 +64,10 @@ from .errors import (
     TooManyOutstanding,
     ValueTooLarge,
 )
+from .jobs import RendezvousLimits
 from .kv import KeyValueStore
 from .leases import LeaseInfo, LeaseTable
+from .rendezvous import Rendezvous
 from .results import (
     AddResult,
     CompareAndSetResult,
@@ -72,7 +85,7 @@ from .sessions import Session, SessionTable
 from .values import Event, EventType, Fence, KeyValue
 from .watch import WatchHistory
 
-SNAPSHOT_FORMAT = 1
+SNAPSHOT_FORMAT = 2
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _DECIMAL = re.compile(rb"-?[0-9]+")
 
@@ -86,6 +99,7 @@ class Limits:
     max_history_events: int = 10_000
     max_history_bytes: int = 64 * 1024 * 1024
     max_outstanding_answers: int = 1024
+    rendezvous: RendezvousLimits = field(default_factory=RendezvousLimits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +124,7 @@ class StateMachine:
         self.leases = LeaseTable()
         self.sessions = SessionTable()
         self.history = WatchHistory(self.limits.max_history_events, self.limits.max_history_bytes)
+        self.rendezvous = Rendezvous(self.limits.rendezvous)
 
     # ----------------------------------------------------------------- applying entries
 
@@ -123,7 +138,9 @@ class StateMachine:
             return NoOp()
         envelope = decode_envelope(data)
         self.now_ms = max(self.now_ms, envelope.leader_time_ms)
-        self.sessions.expire(self.now_ms)
+        expired = self.sessions.expire(self.now_ms)
+        if expired:
+            self.rendezvous.sessions_ended(index, self.now_ms, expired)
         return self._apply_envelope(index, envelope)
 
     def _apply_envelope(self, index: int, envelope: Envelope) -> Result:
@@ -137,6 +154,10 @@ class StateMachine:
             return SessionOpenResult(index, command.ttl_ms)
         if isinstance(command, LeaseExpire):
             return self._end_lease(index, command.lease_id)
+        if isinstance(command, CloseRound):
+            return self.rendezvous.close_round(index, self.now_ms, command)
+        if isinstance(command, MemberFailed):
+            return self.rendezvous.member_failed(index, self.now_ms, command)
         if envelope.session_id == 0:
             return InvalidCommand(f"{type(command).__name__} requires a session")
         session = self.sessions.get(envelope.session_id)
@@ -148,6 +169,7 @@ class StateMachine:
             return SessionKeepAliveResult(session.ttl_ms)
         if isinstance(command, SessionClose):
             self.sessions.close(session.session_id)
+            self.rendezvous.sessions_ended(index, self.now_ms, [session.session_id])
             return SessionCloseResult(session.session_id)
         if not isinstance(command, SessionCommand):
             raise AssertionError(f"no rule to apply {command!r}")
@@ -165,11 +187,11 @@ class StateMachine:
             return cached
         if len(session.answers) >= self.limits.max_outstanding_answers:
             return TooManyOutstanding(session.session_id, self.limits.max_outstanding_answers)
-        result = self._execute(index, command)
+        result = self._execute(index, session.session_id, command)
         session.answers[sequence] = result
         return result
 
-    def _execute(self, index: int, command: SessionCommand) -> Result:
+    def _execute(self, index: int, session_id: int, command: SessionCommand) -> Result:
         if isinstance(command, Put):
             return self._put(index, command)
         if isinstance(command, Delete):
@@ -185,6 +207,26 @@ class StateMachine:
             return LeaseGrantResult(index, index, command.ttl_ms)
         if isinstance(command, LeaseRevoke):
             return self._end_lease(index, command.lease_id)
+        if isinstance(command, JobCommand):
+            return self.rendezvous.execute(index, session_id, self.now_ms, command)
+        if isinstance(command, StoreCommand):
+            store = self.rendezvous.member_store(command.job, command.round, command.participant_id)
+            if isinstance(store, Failure):
+                return store
+            return store.execute(command, self.limits.rendezvous)
+        if isinstance(command, CheckpointCommand):
+            job = self.rendezvous.fenced_job(command.job, command.round, command.fencing_token)
+            if isinstance(job, Failure):
+                return job
+            return job.checkpoints.execute(
+                job.job_id,
+                index,
+                self.now_ms,
+                len(job.round.members),
+                job.config.keep_checkpoints,
+                command,
+                self.limits.rendezvous,
+            )
         raise AssertionError(f"no rule to execute {command!r}")
 
     # ----------------------------------------------------------------- key-value writes
@@ -392,12 +434,13 @@ class StateMachine:
                 sessions,
                 self.history.compacted_revision,
                 [codec.to_obj(event) for event in self.history.in_order()],
+                self.rendezvous.to_obj(),
             ]
         )
 
     def restore(self, data: bytes) -> None:
         """Replace the state with a snapshot's. Raises StateCodecError on malformed data."""
-        obj = _array(codec.unpack(data), 10, "snapshot")
+        obj = _array(codec.unpack(data), 11, "snapshot")
         if obj[0] != SNAPSHOT_FORMAT:
             raise codec.StateCodecError(f"unknown snapshot format {obj[0]!r}")
         applied_index, now_ms, revision = (_int(v) for v in obj[1:4])
@@ -425,11 +468,14 @@ class StateMachine:
             sessions.add_restored(session)
         history = WatchHistory(self.limits.max_history_events, self.limits.max_history_bytes)
         history.restore(_int(obj[8]), [codec.from_obj(item, Event) for item in _list(obj[9])])
+        rendezvous = Rendezvous(self.limits.rendezvous)
+        rendezvous.restore(obj[10])
 
         self.applied_index, self.now_ms, self.revision = applied_index, now_ms, revision
         self.kv = KeyValueStore()
         self.kv.restore(kvs, tokens)
         self.leases, self.sessions, self.history = leases, sessions, history
+        self.rendezvous = rendezvous
 
 
 def _list(obj: Any) -> list[Any]:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from .codec import record
 from .errors import Failure
+from .jobs import CheckpointInfo
 from .values import KeyValue
 
 
@@ -88,6 +89,125 @@ class SessionKeepAliveResult(Success):
 @dataclass(frozen=True, slots=True)
 class SessionCloseResult(Success):
     session_id: int
+
+
+# ---------------------------------------------------------------- rendezvous (tags 140-149)
+
+
+@record(140)
+@dataclass(frozen=True, slots=True)
+class ConfigureResult(Success):
+    """``created``: the job did not exist, or was closed, and now is open."""
+
+    job: str
+    created: bool
+
+
+@record(141)
+@dataclass(frozen=True, slots=True)
+class JoinResult(Success):
+    """``round`` is the job's current round; ``waiting`` when the participant waits for
+    the next one."""
+
+    job: str
+    participant_id: int
+    round: int
+    waiting: bool
+
+
+@record(142)
+@dataclass(frozen=True, slots=True)
+class RemoveResult(Success):
+    """A participant left, was evicted or failed. ``removed`` is False for a stale
+    MemberFailed (nothing changed); ``ended_round`` is the round this ended, or 0."""
+
+    job: str
+    participant_id: int
+    removed: bool
+    ended_round: int
+
+
+@record(143)
+@dataclass(frozen=True, slots=True)
+class CloseRoundResult(Success):
+    """``closed`` is False when the proposal was stale or the condition did not hold."""
+
+    job: str
+    round: int
+    closed: bool
+
+
+@record(144)
+@dataclass(frozen=True, slots=True)
+class CloseJobResult(Success):
+    """``ended_round`` is 0 when the job was already closed."""
+
+    job: str
+    ended_round: int
+
+
+# ---------------------------------------------------------------- round store (tags 150-154)
+
+
+@record(150)
+@dataclass(frozen=True, slots=True)
+class StoreSetResult(Success):
+    pass
+
+
+@record(151)
+@dataclass(frozen=True, slots=True)
+class StoreAddResult(Success):
+    value: int
+
+
+@record(152)
+@dataclass(frozen=True, slots=True)
+class StoreCompareSetResult(Success):
+    """``value`` is what the key holds after the command (None: absent)."""
+
+    swapped: bool
+    value: bytes | None
+
+
+@record(153)
+@dataclass(frozen=True, slots=True)
+class StoreDeleteResult(Success):
+    existed: bool
+
+
+# ---------------------------------------------------------------- checkpoints (tags 155-159)
+
+
+@record(155)
+@dataclass(frozen=True, slots=True)
+class CheckpointBeginResult(Success):
+    checkpoint_id: int
+
+
+@record(156)
+@dataclass(frozen=True, slots=True)
+class ShardDoneResult(Success):
+    """``reported`` distinct ranks of ``world_size`` have reported their shard."""
+
+    checkpoint_id: int
+    reported: int
+    world_size: int
+
+
+@record(157)
+@dataclass(frozen=True, slots=True)
+class CheckpointCommitResult(Success):
+    """``retired``: committed checkpoints dropped beyond keep_checkpoints, oldest first."""
+
+    checkpoint: CheckpointInfo
+    retired: tuple[CheckpointInfo, ...]
+
+
+@record(158)
+@dataclass(frozen=True, slots=True)
+class CheckpointAbortResult(Success):
+    checkpoint_id: int
 
 
 Result = Success | Failure

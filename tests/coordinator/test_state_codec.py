@@ -16,7 +16,7 @@ from rallypoint.coordinator.state.commands import (
     encode_envelope,
 )
 from rallypoint.coordinator.state.errors import Failure, StaleFence
-from rallypoint.coordinator.state.machine import StateMachine
+from rallypoint.coordinator.state.machine import SNAPSHOT_FORMAT, StateMachine
 from rallypoint.coordinator.state.results import DeleteResult, PutResult, Result, Success
 from rallypoint.coordinator.state.values import Event, EventType, Fence, KeyValue
 
@@ -78,7 +78,11 @@ def test_malformed_snapshots_are_refused() -> None:
     machine = StateMachine()
     good = machine.snapshot()
     machine.restore(good)
-    for bad in [b"", msgpack.packb([2, *msgpack.unpackb(good)[1:]]), msgpack.packb([1, 2])]:
+    for bad in [
+        b"",
+        msgpack.packb([SNAPSHOT_FORMAT + 1, *msgpack.unpackb(good)[1:]]),
+        msgpack.packb([1, 2]),
+    ]:
         with pytest.raises(codec.StateCodecError):
             machine.restore(bad)
 

@@ -1,0 +1,215 @@
+"""Values of the rendezvous: job configs, participants, rounds, history, checkpoints, limits,
+and the rank assignment rule. See :mod:`.rendezvous` for how they change."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .codec import record
+
+_JOB_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+def job_id_problem(job_id: str) -> str | None:
+    if _JOB_ID.fullmatch(job_id):
+        return None
+    return f"job id {job_id[:140]!r} is not 1..128 characters of [A-Za-z0-9._-]"
+
+
+@dataclass(frozen=True, slots=True)
+class RendezvousLimits:
+    """Bounds on rendezvous state; like every limit, the same on every member."""
+
+    max_jobs: int = 1024
+    max_nodes: int = 65_536
+    max_waiting: int = 4096
+    max_name_chars: int = 256
+    max_metadata_bytes: int = 4096
+    max_round_history: int = 16
+    max_store_keys: int = 65_536
+    max_store_bytes: int = 64 * 1024 * 1024
+    max_store_key_bytes: int = 4096
+    max_store_value_bytes: int = 1024 * 1024
+    max_pending_checkpoints: int = 16
+    max_layout_bytes: int = 1024 * 1024
+    max_uri_chars: int = 4096
+
+
+@record(340)
+@dataclass(frozen=True, slots=True)
+class JobConfig:
+    """A job's configuration. ``phi_threshold_milli`` is the phi threshold in thousandths
+    (8000 = 8.0): replicated state holds no floats, whose text forms differ by platform."""
+
+    min_nodes: int
+    max_nodes: int
+    last_call_ms: int = 0
+    join_timeout_ms: int = 600_000
+    heartbeat_interval_ms: int = 100
+    phi_threshold_milli: int = 8_000
+    phi_window: int = 100
+    min_std_ms: int = 50
+    acceptable_pause_ms: int = 0
+    scale_up: bool = False
+    keep_checkpoints: int = 3
+
+    def problem(self, limits: RendezvousLimits) -> str | None:
+        """What makes this config invalid, or None."""
+        checks = [
+            (1 <= self.min_nodes <= self.max_nodes, "need 1 <= min_nodes <= max_nodes"),
+            (self.max_nodes <= limits.max_nodes, f"max_nodes above {limits.max_nodes}"),
+            (self.last_call_ms >= 0, "last_call_ms must be >= 0"),
+            (self.join_timeout_ms > 0, "join_timeout_ms must be > 0"),
+            (self.heartbeat_interval_ms > 0, "heartbeat_interval_ms must be > 0"),
+            (self.phi_threshold_milli > 0, "the phi threshold must be > 0"),
+            (self.phi_window >= 2, "phi_window must be >= 2"),
+            (self.min_std_ms > 0, "min_std_ms must be > 0"),
+            (self.acceptable_pause_ms >= 0, "acceptable_pause_ms must be >= 0"),
+            (self.keep_checkpoints >= 1, "keep_checkpoints must be >= 1"),
+        ]
+        failed = [message for holds, message in checks if not holds]
+        return "; ".join(failed) if failed else None
+
+    def differences(self, other: JobConfig) -> str:
+        """``field this != other`` for each field that differs, for error messages."""
+        names = [
+            f.name
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) != getattr(other, f.name)
+        ]
+        return ", ".join(f"{n} {getattr(self, n)!r} != {getattr(other, n)!r}" for n in names)
+
+
+class RoundState(enum.IntEnum):
+    """Values match rallypoint.v1.RoundState."""
+
+    JOINING = 1
+    ACTIVE = 2
+    ENDED = 3
+
+
+class EndReason(enum.IntEnum):
+    """Why a round ended. Values match rallypoint.v1.RoundEndReason."""
+
+    MEMBER_FAILED = 1
+    MEMBER_LEFT = 2
+    MEMBER_EVICTED = 3
+    SCALE_UP = 4
+    JOB_CLOSED = 5
+
+
+@record(341)
+@dataclass(frozen=True, slots=True)
+class Participant:
+    """A worker in a job. ``participant_id`` is the raft index of its join; it is removed
+    (as failed) when ``session_id`` ends."""
+
+    participant_id: int
+    name: str
+    metadata: bytes
+    session_id: int
+
+
+@record(342)
+@dataclass(frozen=True, slots=True)
+class Seat:
+    """A participant's place in a round: its rank, or -1 while the round is JOINING."""
+
+    participant_id: int
+    rank: int
+
+
+@record(343)
+@dataclass(frozen=True, slots=True)
+class Round:
+    """A job's current round. Invariants: ``members`` in participant-id order; JOINING: every
+    rank is -1, ``closed_ms`` and ``fencing_token`` are 0, fewer than max_nodes members, and
+    ``min_reached_ms`` is set exactly when at least min_nodes are present; ACTIVE: the ranks
+    are a permutation of range(len(members)) and ``fencing_token`` is the raft index of the
+    close. ``previous`` holds the ranks the carried-over survivors had in the round before."""
+
+    number: int
+    state: RoundState
+    members: tuple[Seat, ...]
+    previous: tuple[Seat, ...]
+    opened_ms: int
+    min_reached_ms: int | None
+    closed_ms: int
+    fencing_token: int
+
+    @property
+    def member_ids(self) -> list[int]:
+        return [seat.participant_id for seat in self.members]
+
+    def rank_of(self, participant_id: int) -> int | None:
+        for seat in self.members:
+            if seat.participant_id == participant_id:
+                return seat.rank
+        return None
+
+
+@record(344)
+@dataclass(frozen=True, slots=True)
+class MemberRecord:
+    participant_id: int
+    name: str
+    rank: int
+
+
+@record(345)
+@dataclass(frozen=True, slots=True)
+class RoundRecord:
+    """An ended round, for the history. ``ended_by`` is the participant whose failure,
+    departure or eviction ended it (0 otherwise); ``detail`` says more (e.g. the cause the
+    failure detector gave)."""
+
+    number: int
+    members: tuple[MemberRecord, ...]
+    fencing_token: int
+    opened_ms: int
+    closed_ms: int
+    ended_ms: int
+    end_reason: EndReason
+    ended_by: int
+    detail: str
+
+
+@record(346)
+@dataclass(frozen=True, slots=True)
+class CheckpointInfo:
+    """A committed checkpoint. ``checkpoint_id`` is the raft index of its begin."""
+
+    checkpoint_id: int
+    step: int
+    round: int
+    world_size: int
+    layout: bytes
+    uri: str
+    committed_ms: int
+
+
+def assign_ranks(previous: Mapping[int, int], members: Sequence[int]) -> dict[int, int]:
+    """Ranks for a closing round of ``members`` (participant ids), least movement first.
+
+    A survivor (a key of ``previous``, its old rank) keeps its rank if it is below the new
+    world size W. The ranks below W left free go, in increasing order, first to the survivors
+    whose old rank no longer fits (in old-rank order), then to the newcomers in
+    participant-id order. The result is a permutation of range(W)."""
+    world_size = len(members)
+    ranks = {
+        pid: previous[pid] for pid in members if pid in previous and previous[pid] < world_size
+    }
+    if len(set(ranks.values())) != len(ranks):
+        raise AssertionError(f"survivors share a rank: {sorted(ranks.items())}")
+    free = iter(sorted(set(range(world_size)) - set(ranks.values())))
+    displaced = sorted(
+        (previous[pid], pid) for pid in members if pid in previous and pid not in ranks
+    )
+    newcomers = sorted(pid for pid in members if pid not in previous)
+    for pid in [pid for _, pid in displaced] + newcomers:
+        ranks[pid] = next(free)
+    return ranks

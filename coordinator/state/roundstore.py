@@ -1,0 +1,146 @@
+"""The bootstrap store of one ACTIVE round: the c10d Store semantics torch needs.
+
+Theory of operation. Process groups bootstrap from the replicated cluster, never from rank
+0's host: each (job, round) has its own store, namespaced "<job>/<round>", created empty
+when the round closes and dropped when it ends, so memory stays bounded by one store per
+job and no key of an old world leaks into a new one.
+
+Only members of the round may use it, and only while it is ACTIVE (the rendezvous checks
+this before calling in here: see ``Rendezvous.member_store``). Not while JOINING: the
+bootstrap needs the rank and world size, which exist only once the round closes, and a
+JOINING round's membership may still change. Not after it ends: a straggler or a zombie
+(paused past its failure detection, then resumed) gets ``StaleRound`` for every read and
+write, including a blocked wait, instead of writing into, or waiting on, a world that no
+longer exists. The previous round's store is not kept for stragglers: nothing in it is of
+use to a new round, and a clear "your round ended" is what a straggler needs.
+
+Writes are commands (applied in log order on every replica); reads (get, wait, num_keys,
+check) are answered from the applied state by the servicer, which also implements waiting
+(re-checking after each applied entry until its deadline). Values are bytes; ``add`` keeps
+a decimal integer like the KV store's Add.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import codec
+from .commands import StoreAdd, StoreCommand, StoreCompareSet, StoreDelete, StoreSet
+from .errors import (
+    AddOverflow,
+    InvalidCommand,
+    KeyTooLarge,
+    LimitExceeded,
+    NotAnInteger,
+    ValueTooLarge,
+)
+from .jobs import RendezvousLimits
+from .results import (
+    Result,
+    StoreAddResult,
+    StoreCompareSetResult,
+    StoreDeleteResult,
+    StoreSetResult,
+)
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _decimal(value: bytes) -> int | None:
+    text = value[1:] if value.startswith(b"-") else value
+    return int(value) if text and text.isdigit() and text.isascii() else None
+
+
+class RoundStore:
+    def __init__(self) -> None:
+        # Iterated only through sorted() (bytes hash with the process's seed).
+        self.values: dict[bytes, bytes] = {}
+        # Invariant: the sum of len(key) + len(value) over `values`.
+        self.size_bytes = 0
+
+    # ----------------------------------------------------------------- reads
+
+    def get(self, key: bytes) -> bytes | None:
+        return self.values.get(key)
+
+    def num_keys(self) -> int:
+        return len(self.values)
+
+    def check(self, keys: list[bytes]) -> bool:
+        return all(key in self.values for key in keys)
+
+    # ----------------------------------------------------------------- writes
+
+    def execute(self, command: StoreCommand, limits: RendezvousLimits) -> Result:
+        key = command.key
+        if not key:
+            return InvalidCommand("the store key must not be empty")
+        if len(key) > limits.max_store_key_bytes:
+            return KeyTooLarge(len(key), limits.max_store_key_bytes)
+        if isinstance(command, StoreSet):
+            return self._write(key, command.value, limits) or StoreSetResult()
+        if isinstance(command, StoreAdd):
+            return self._add(key, command.delta, limits)
+        if isinstance(command, StoreCompareSet):
+            return self._compare_set(key, command.expected, command.desired, limits)
+        if isinstance(command, StoreDelete):
+            return StoreDeleteResult(self._delete(key))
+        raise AssertionError(f"no rule to execute {command!r}")
+
+    def _write(self, key: bytes, value: bytes, limits: RendezvousLimits) -> Result | None:
+        """Store ``value`` at ``key``; a failure if a limit forbids it (nothing changed)."""
+        if len(value) > limits.max_store_value_bytes:
+            return ValueTooLarge(len(value), limits.max_store_value_bytes)
+        previous = self.values.get(key)
+        if previous is None and len(self.values) >= limits.max_store_keys:
+            return LimitExceeded("keys in one round's store", limits.max_store_keys)
+        growth = len(value) - (len(previous) if previous is not None else -len(key))
+        if self.size_bytes + growth > limits.max_store_bytes:
+            return LimitExceeded("bytes in one round's store", limits.max_store_bytes)
+        self.values[key] = value
+        self.size_bytes += growth
+        return None
+
+    def _add(self, key: bytes, delta: int, limits: RendezvousLimits) -> Result:
+        current = self.values.get(key)
+        base = 0 if current is None else _decimal(current)
+        if base is None:
+            return NotAnInteger(key)
+        total = base + delta
+        if not INT64_MIN <= total <= INT64_MAX:
+            return AddOverflow(key)
+        return self._write(key, str(total).encode("ascii"), limits) or StoreAddResult(total)
+
+    def _compare_set(
+        self, key: bytes, expected: bytes, desired: bytes, limits: RendezvousLimits
+    ) -> Result:
+        current = self.values.get(key)
+        if (current is None and expected == b"") or current == expected:
+            failure = self._write(key, desired, limits)
+            return failure or StoreCompareSetResult(True, desired)
+        return StoreCompareSetResult(False, current)
+
+    def _delete(self, key: bytes) -> bool:
+        previous = self.values.pop(key, None)
+        if previous is None:
+            return False
+        self.size_bytes -= len(key) + len(previous)
+        return True
+
+    # ----------------------------------------------------------------- snapshots
+
+    def to_obj(self) -> list[Any]:
+        return [[key, self.values[key]] for key in sorted(self.values)]
+
+    @classmethod
+    def from_obj(cls, obj: Any) -> RoundStore:
+        store = cls()
+        if not isinstance(obj, list):
+            raise codec.StateCodecError(f"malformed round store: {obj!r}"[:200])
+        for item in obj:
+            if not (isinstance(item, list) and len(item) == 2):
+                raise codec.StateCodecError(f"malformed store entry: {item!r}"[:200])
+            key, value = (codec.from_obj(part, bytes) for part in item)
+            store.values[key] = value
+            store.size_bytes += len(key) + len(value)
+        return store

@@ -97,6 +97,7 @@ class Checker:
         self.latest_conf_index = 0
         self.latest_conf: ConfState | None = None
         self.ever_members: set[NodeId] = set()  # every id in any applied configuration
+        self.configs: dict[int, ConfState] = {}  # index -> configuration applied there
         self.reads: dict[bytes, PendingRead] = {}
         self.reads_checked = 0
 
@@ -174,6 +175,7 @@ class Checker:
             )
 
     def observe_conf(self, index: int, conf: ConfState) -> None:
+        self.configs[index] = conf
         self.ever_members.update(conf.voters, conf.learners)
         if index >= self.latest_conf_index:
             self.latest_conf_index = index

@@ -45,6 +45,7 @@ from rallypoint.raft import (
     Ready,
     Snapshot,
     SnapshotMetadata,
+    SnapshotTemporarilyUnavailableError,
     StateType,
     Term,
     UnavailableError,
@@ -189,8 +190,10 @@ class SimStorage(MemoryStorage):
         self._node = node
 
     def snapshot(self) -> Snapshot:
-        stored = super().snapshot()
         node = self._node
+        if node.raw is not None and node.snapshot_rng.random() < node.options.snapshot_busy_prob:
+            raise SnapshotTemporarilyUnavailableError("the state machine is busy")
+        stored = super().snapshot()
         if node.raw is not None and node.conf_index > stored.metadata.index:
             return self.create_snapshot(
                 Index(node.app_applied),
@@ -223,6 +226,7 @@ class NodeOptions:
     check_quorum: bool
     max_size_per_msg: int
     max_inflight_msgs: int
+    snapshot_busy_prob: float  # chance Storage.snapshot() says "temporarily unavailable"
 
 
 class SimNode:
@@ -240,6 +244,7 @@ class SimNode:
         self.options = options
         self._rng_seed = rng_seed
         self._logger = CoreLog(emit, node_id)
+        self.snapshot_rng = random.Random(f"{rng_seed}/snapshot")
         # Durable storage: survives crashes. Invariant: only SYNC and snapshots write it.
         self.storage = SimStorage(self)
         self.durable = LogMirror(0, 0, b"")
@@ -427,13 +432,16 @@ class SimNode:
                     f"node {self.id} was handed entry {entry.index} to apply after applying "
                     f"up to {self.app_applied}",
                 )
-            self.app_chain = chain_next(self.app_chain, entry)
-            self.app_applied = entry.index
-            checker.observe_applied(self.id, entry.index, entry.term, self.app_chain)
+            chain = chain_next(self.app_chain, entry)
             if entry.type is EntryType.CONF_CHANGE:
-                self.conf_state = raw.apply_conf_change(decode_conf_change(entry.data))
-                self.conf_index = entry.index
-                checker.observe_conf(entry.index, self.conf_state)
+                # The core may ask storage for a snapshot from inside apply_conf_change (a
+                # leader probing a new member); the state machine must still be the one
+                # before this entry then, with its configuration.
+                conf_state = raw.apply_conf_change(decode_conf_change(entry.data))
+                self.conf_state, self.conf_index = conf_state, entry.index
+                checker.observe_conf(entry.index, conf_state)
+            self.app_chain, self.app_applied = chain, entry.index
+            checker.observe_applied(self.id, entry.index, entry.term, chain)
         for rs in rd.read_states:
             checker.read_answered(self.id, rs.request_ctx, rs.index)
 

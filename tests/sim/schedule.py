@@ -140,6 +140,7 @@ def params_for_seed(seed: int, fault_ticks: int = 120, profile: Profile | None =
         check_quorum=rng.random() < 0.7,
         max_size_per_msg=1 if churn else rng.choice((1, 200, 1 << 20)),
         max_inflight_msgs=rng.choice((1, 4, 256)),
+        snapshot_busy_prob=rng.choice((0.0, 0.0, 0.3)),
     )
     delay_max = rng.choice((150, 400, 1000))
     network = NetworkParams(

@@ -68,6 +68,10 @@ class RunStats:
     messages: int = 0
     dropped: int = 0
     reads_checked: int = 0
+    snapshots_sent: int = 0  # MsgSnap messages
+    transfers: int = 0  # MsgTimeoutNow messages (a leadership transfer's last step)
+    configs: int = 0  # distinct configurations applied (joint ones included)
+    joint_configs: int = 0
     committed: int = 0
     end_time: int = 0
 
@@ -161,6 +165,10 @@ class Simulation:
         self.stats.reads_checked = self.checker.reads_checked
         self.stats.committed = self.checker.commit_max
         self.stats.elections = len(self.checker.leaders)
+        self.stats.configs = len(self.checker.configs)
+        self.stats.joint_configs = sum(
+            1 for c in self.checker.configs.values() if c.voters_outgoing
+        )
         return self.stats
 
     def _at(self, time: int, handler: Handler, arg: object) -> None:
@@ -238,6 +246,10 @@ class Simulation:
     # -- network -------------------------------------------------------------------------
 
     def _send(self, m: Message) -> None:
+        if m.type is MessageType.MsgSnap:
+            self.stats.snapshots_sent += 1
+        elif m.type is MessageType.MsgTimeoutNow:
+            self.stats.transfers += 1
         delays = self.network.plan(m.from_, m.to)
         if self._tracing:
             fate = "lost" if not delays else "+".join(str(d) for d in delays)

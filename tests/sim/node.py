@@ -120,7 +120,13 @@ class LogMirror:
         k = index - self.base_index - 1
         return self.chains[k] if 0 <= k < len(self.chains) else None
 
-    def restore(self, snapshot: Snapshot, chain: bytes) -> None:
+    def restore(
+        self, snapshot: Snapshot, chain: bytes, node: NodeId, checker: Checker | None
+    ) -> None:
+        """Replace the log by ``snapshot`` (whose state summarises the log up to it)."""
+        if checker is not None:
+            meta = snapshot.metadata
+            checker.observe_stored(node, meta.index, meta.term, chain)
         self.base_index = snapshot.metadata.index
         self.base_term = snapshot.metadata.term
         self.base_chain = chain
@@ -251,7 +257,7 @@ class SimNode:
         if initial is not None:
             self.storage.apply_snapshot(initial)
             self.storage.set_hard_state(HardState(Term(GENESIS_TERM), NONE, Index(GENESIS_INDEX)))
-            self.durable.restore(initial, decode_state(initial))
+            self.durable.restore(initial, decode_state(initial), node_id, None)
         # What was written (durable + volatile). Invariant: equals `durable` at IDLE and SYNCED+.
         self.written = self.durable.copy()
         self.raw: RawNode | None = None
@@ -328,7 +334,7 @@ class SimNode:
             fresh = raw.ready()
             self.ready = fresh
             if not fresh.snapshot.is_empty():
-                self.written.restore(fresh.snapshot, decode_state(fresh.snapshot))
+                self.written.restore(fresh.snapshot, decode_state(fresh.snapshot), self.id, checker)
             self.written.append(self.id, fresh.entries, checker)
             self.stage = Stage.WRITTEN
             return ()
@@ -355,7 +361,7 @@ class SimNode:
     def _sync(self, rd: Ready, checker: Checker) -> None:
         if not rd.snapshot.is_empty():
             self.storage.apply_snapshot(rd.snapshot)
-            self.durable.restore(rd.snapshot, decode_state(rd.snapshot))
+            self.durable.restore(rd.snapshot, decode_state(rd.snapshot), self.id, checker)
         self.storage.append(rd.entries)
         self.durable.append(self.id, rd.entries, checker)
         if not rd.hard_state.is_empty():

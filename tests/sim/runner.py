@@ -138,7 +138,9 @@ def report(outcome: Outcome, full_trace: bool, out: Iterable[str] | None = None)
     lines.append(
         f"  {s.proposals} proposals, {s.conf_changes} conf changes, {s.crashes} crashes, "
         f"{s.snapshots} snapshots, {s.elections} leaders, commit index {s.committed}, "
-        f"{s.reads_checked} reads checked, {s.messages} messages ({s.dropped} lost)"
+        f"{s.reads_checked} reads checked, {s.messages} messages ({s.dropped} lost), "
+        f"{s.snapshots_sent} MsgSnap, {s.transfers} MsgTimeoutNow, {s.configs} configurations "
+        f"({s.joint_configs} joint)"
     )
     if r.disabled_ops:
         lines.append("  operation kinds disabled: " + ", ".join(k.value for k in r.disabled_ops))

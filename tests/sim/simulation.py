@@ -87,6 +87,8 @@ class Options:
 
 
 class Simulation:
+    """One seed's cluster and event loop (see the module docstring)."""
+
     def __init__(self, params: SimParams, options: Options | None = None) -> None:
         self.params = params
         self.options = options or Options()
@@ -96,9 +98,11 @@ class Simulation:
         self._sched_rng = stream(seed, "sched")  # tick jitter and Ready step delays
         self._client_rng = stream(seed, "client")
         self._kill_rng = stream(seed, "kill")
+        # Pending events by (time, seq); seq is unique and increasing, so ties keep their
+        # scheduling order and handlers are never compared.
         self._heap: list[tuple[int, int, Handler, object]] = []
         self._seq = 0
-        self.now = 0
+        self.now = 0  # time of the event being handled; never decreases
         self.stats = RunStats()
         self.trace: list[str] = (
             self.options.trace_sink if self.options.trace_sink is not None else []
@@ -107,7 +111,7 @@ class Simulation:
         self._touched: list[SimNode] = []  # nodes the current event touched
         initial = tuple(NodeId(i) for i in range(1, params.cluster_size + 1))
         snap = bootstrap_snapshot(initial)
-        self.nodes: dict[NodeId, SimNode] = {}
+        self.nodes: dict[NodeId, SimNode] = {}  # every server ever created, by id; never shrinks
         for node_id in initial:
             self._add_node(node_id, snap)
         self.checker.observe_conf(1, snap.metadata.conf_state)
@@ -116,11 +120,11 @@ class Simulation:
             for i in range(params.cluster_size + 1, params.cluster_size + params.spare_ids + 1)
         ]
         self._crashed_by: dict[int, NodeId] = {}  # fault number -> the node it crashed
-        self._counter = 0
-        self._phase_faults = True
+        self._counter = 0  # makes proposal values and read contexts unique within the run
+        self._phase_faults = True  # False from healing on: no faults or operations after that
         self._probe_index = 0  # index at which the liveness proposal was first applied
         self._probe_values: set[bytes] = set()
-        self._done = False
+        self._done = False  # the liveness proposal reached every voter: the run is over
         for fault in params.faults:
             if fault.number not in self.options.disabled_faults:
                 self._at(fault.start, self._on_fault_start, fault)

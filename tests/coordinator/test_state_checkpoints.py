@@ -21,7 +21,7 @@ from rallypoint.coordinator.state.errors import (
     StaleToken,
 )
 from rallypoint.coordinator.state.jobs import CheckpointInfo, RendezvousLimits
-from rallypoint.coordinator.state.machine import Limits
+from rallypoint.coordinator.state.machine import Limits, StateMachine
 from rallypoint.coordinator.state.results import (
     CheckpointAbortResult,
     CheckpointBeginResult,
@@ -131,3 +131,18 @@ def test_pending_checkpoints_are_bounded() -> None:
     assert r.do(s, CheckpointBegin("j", round_, token, 2, 3, b"", "u")) == LimitExceeded(
         "pending checkpoints per job", 1
     )
+
+
+def test_pending_and_committed_checkpoints_survive_a_snapshot_byte_for_byte() -> None:
+    r, s, round_, token = active()
+    checkpoint(r, s, round_, token, 5)
+    begun = r.do(s, CheckpointBegin("j", round_, token, 6, 3, b"L", "u"))
+    assert isinstance(begun, CheckpointBeginResult)
+    r.do(s, CheckpointShardDone("j", round_, token, begun.checkpoint_id, 1))
+    image = r.sm.snapshot()
+    restored = StateMachine()
+    restored.restore(image)
+    assert restored.snapshot() == image
+    registry = restored.rendezvous.jobs["j"].checkpoints
+    assert registry.pending[begun.checkpoint_id].reported == {1}
+    assert registry.latest() == r.job().checkpoints.latest()

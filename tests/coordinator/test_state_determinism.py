@@ -16,25 +16,53 @@ from hypothesis import strategies as st
 from rallypoint.coordinator.state import codec
 from rallypoint.coordinator.state.commands import (
     Add,
+    CheckpointAbort,
+    CheckpointBegin,
+    CheckpointCommit,
+    CheckpointShardDone,
+    CloseJob,
+    CloseRound,
     Command,
     CompareAndSet,
+    Configure,
     Delete,
     Envelope,
+    Evict,
+    Join,
     LeaseExpire,
     LeaseGrant,
     LeaseRevoke,
+    Leave,
+    MemberFailed,
     Put,
     SessionClose,
     SessionKeepAlive,
     SessionOpen,
+    StoreAdd,
+    StoreCompareSet,
+    StoreDelete,
+    StoreSet,
     encode_envelope,
 )
+from rallypoint.coordinator.state.jobs import JobConfig, RendezvousLimits
 from rallypoint.coordinator.state.machine import Limits, StateMachine
 from rallypoint.coordinator.state.results import Result
 from rallypoint.coordinator.state.values import Fence
 
 # Small enough that history compaction, session expiry and answer eviction all happen.
-LIMITS = Limits(max_key_bytes=6, max_value_bytes=8, max_history_events=20)
+LIMITS = Limits(
+    max_key_bytes=6,
+    max_value_bytes=8,
+    max_history_events=20,
+    rendezvous=RendezvousLimits(
+        max_waiting=2, max_round_history=3, max_store_keys=3, max_pending_checkpoints=2
+    ),
+)
+CONFIGS = {
+    "j": JobConfig(1, 3, 0, scale_up=True, keep_checkpoints=1),
+    "k": JobConfig(2, 3, 300, keep_checkpoints=2),
+}
+JOBS = sorted(CONFIGS)
 KEYS = [b"a", b"a/x", b"a/y", b"b", b"\xff\x00", b"\xc3\xa9", b"k" * 7]
 
 
@@ -47,7 +75,12 @@ def build_log(rng: random.Random, length: int) -> list[bytes]:
     sessions: dict[int, int] = {}  # session id -> next sequence
     leases: list[int] = [0]
     log: list[bytes] = []
+    # Rendezvous commands are aimed with a replica of their own (which rounds, members and
+    # tokens exist), so they reach the success paths as well as the stale ones.
+    shadow = StateMachine(LIMITS)
     for index in range(1, length + 1):
+        if log:
+            shadow.apply(index - 1, log[-1])
         time_ms += rng.choice([0] * 8 + [10] * 8 + [200] * 3 + [4_000])
         if rng.random() < 0.05:
             log.append(b"")
@@ -77,6 +110,8 @@ def build_log(rng: random.Random, length: int) -> list[bytes]:
             LeaseRevoke(lease_id) if rng.random() < 0.5 else LeaseExpire(lease_id),
             *[Put(key, value, lease_id, None, False)] * 3,
         ]
+        if rng.random() < 0.4:
+            choices = rendezvous_commands(rng, shadow, key, value)
         command = rng.choice(choices)
         next_sequence = sessions.get(session_id, 1)
         sequence = rng.choice([next_sequence] * 6 + [next_sequence - 1, 0, 1])
@@ -90,6 +125,53 @@ def build_log(rng: random.Random, length: int) -> list[bytes]:
             leases.append(index)
         log.append(encode_envelope(Envelope(session_id, sequence, first_unacked, time_ms, command)))
     return log
+
+
+def rendezvous_commands(
+    rng: random.Random, shadow: StateMachine, key: bytes, value: bytes
+) -> list[Command]:
+    """Rendezvous, store and checkpoint commands, mostly naming what ``shadow`` holds."""
+    job_id = rng.choice(JOBS)
+    job = shadow.rendezvous.jobs.get(job_id)
+    config = CONFIGS[job_id]
+    if rng.random() < 0.2:  # now and then a different one: a conflict or a reconfiguration
+        config = JobConfig(rng.randrange(1, 3), rng.randrange(2, 4), rng.choice([0, 300]))
+    round_number, token, world_size, pids = 1, 0, 1, [0]
+    if job is not None:
+        round_number = job.round.number - (rng.random() < 0.1)
+        token = job.round.fencing_token - (rng.random() < 0.1)
+        world_size = max(1, len(job.round.members))
+        pids = sorted(job.participants) or pids
+    pid = rng.choice(pids)
+    checkpoint_id = max(job.checkpoints.pending, default=0) if job else 0
+    # Mostly a rank that has not reported yet, so that commits can succeed.
+    unreported = [world_size]
+    if job and checkpoint_id:
+        pending = job.checkpoints.pending[checkpoint_id]
+        unreported = sorted(set(range(pending.world_size)) - pending.reported) or unreported
+    rank = rng.choice(unreported) if rng.random() < 0.8 else rng.randrange(0, world_size + 1)
+    step = rng.randrange(0, 1_000)
+    commit = CheckpointCommit(job_id, round_number, token, checkpoint_id)
+    ready = [commit] * 8 if checkpoint_id and unreported == [world_size] else []
+    return [
+        *ready,
+        Join(job_id, rng.choice("abcde"), value, config if rng.random() < 0.7 else None),
+        Join(job_id, rng.choice("abcde"), b"", job.config if job else config),
+        Configure(job_id, config),
+        Leave(job_id, pid) if rng.random() < 0.5 else Evict(job_id, pid),
+        MemberFailed(job_id, pid, round_number, "phi"),
+        CloseRound(job_id, round_number),
+        CloseJob(job_id) if rng.random() < 0.1 else CloseRound(job_id, round_number),
+        StoreSet(job_id, round_number, pid, key, value),
+        StoreAdd(job_id, round_number, pid, key, rng.randrange(-3, 4)),
+        StoreCompareSet(job_id, round_number, pid, key, rng.choice([b"", value]), value),
+        StoreDelete(job_id, round_number, pid, key),
+        *[CheckpointBegin(job_id, round_number, token, step, world_size, value, "u")] * 2,
+        CheckpointShardDone(job_id, round_number, token, checkpoint_id, rank),
+        CheckpointShardDone(job_id, round_number, token, checkpoint_id, rank),
+        commit,
+        CheckpointAbort(job_id, round_number, token, checkpoint_id),
+    ]
 
 
 def replay(
@@ -149,6 +231,10 @@ def test_the_random_log_exercises_the_interesting_paths() -> None:
         "PutResult", "DeleteResult", "CompareAndSetResult", "AddResult", "LeaseGrantResult",
         "LeaseEndResult", "SessionOpenResult", "StaleFence", "SessionExpired", "KeyTooLarge",
         "SequenceDiscarded", "NoOp", "LeaseNotFound", "AddOverflow",
+        "JoinResult", "RemoveResult", "CloseRoundResult", "CloseJobResult", "ConfigureResult",
+        "StoreSetResult", "StoreAddResult", "StoreCompareSetResult", "StoreDeleteResult",
+        "CheckpointBeginResult", "ShardDoneResult", "CheckpointAbortResult", "StaleRound",
+        "StaleToken", "ConfigConflict", "NameTaken",
     } <= kinds  # fmt: skip
 
 

@@ -42,6 +42,8 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from .state.jobs import JobConfig
+
 Key = tuple[str, int]
 """(job id, participant id)."""
 
@@ -130,6 +132,16 @@ class DetectorSettings:
     window: int
     min_std_ms: int
     acceptable_pause_ms: int
+
+    @classmethod
+    def of_job(cls, config: JobConfig) -> DetectorSettings:
+        return cls(
+            config.heartbeat_interval_ms,
+            config.phi_threshold_milli / 1000,
+            config.phi_window,
+            config.min_std_ms,
+            config.acceptable_pause_ms,
+        )
 
     @property
     def confirm_closed_ms(self) -> int:

@@ -10,6 +10,7 @@ from statistics import NormalDist
 import pytest
 
 from rallypoint.coordinator.phi import DetectorSet, DetectorSettings, PhiAccrualDetector, phi_of
+from rallypoint.coordinator.state.jobs import JobConfig
 
 INTERVAL_MS = 100
 SETTINGS = DetectorSettings(
@@ -179,3 +180,8 @@ def test_tracking_again_keeps_history_unless_the_settings_change() -> None:
     slower = DetectorSettings(1_000, 8.0, 100, 50, 0)
     detectors.track(("j", 1), slower, 5_000)
     assert detectors.suspects(6_000) == []
+
+
+def test_settings_come_from_the_jobs_config() -> None:
+    config = JobConfig(1, 2, heartbeat_interval_ms=100, phi_threshold_milli=8_000, min_std_ms=50)
+    assert DetectorSettings.of_job(config) == SETTINGS

@@ -66,6 +66,7 @@ from rallypoint.raft.types import (
     HardState,
     Index,
     Message,
+    MessageType,
     NodeId,
     ReadState,
     Snapshot,
@@ -108,6 +109,11 @@ log = logging.getLogger("rallypoint.node")
 # then the encoded Envelope. Empty data is the leader's no-op.
 _ENTRY_HEADER = struct.Struct(">BQQ")
 _ENTRY_VERSION = 1
+# What a leader may send before its own write completes: appends and heartbeats carry only
+# its (already durable) term; acks and votes vouch for persisted state and wait.
+_SEND_BEFORE_PERSIST = frozenset(
+    {MessageType.MsgApp, MessageType.MsgHeartbeat, MessageType.MsgSnap, MessageType.MsgTimeoutNow}
+)
 _ROLE_NAMES = {
     StateType.LEADER: "leader",
     StateType.FOLLOWER: "follower",
@@ -387,6 +393,15 @@ class Node:
                 self._term = rd.hard_state.term
                 self.metrics.term.set(self._term)
             self._commit_index = rd.hard_state.commit
+        # A leader may send its appends while it writes them itself (thesis 10.2.1): they
+        # vouch for nothing it has not persisted (its term and vote already are), and its
+        # own acknowledgement counts only after the write, when advance() steps it in. Any
+        # other role sends only after persisting: its messages are votes and acks.
+        later = rd.messages
+        if raw.raft.state is StateType.LEADER:
+            early = [m for m in rd.messages if m.type in _SEND_BEFORE_PERSIST]
+            later = tuple(m for m in rd.messages if m.type not in _SEND_BEFORE_PERSIST)
+            self._transport.send(early)
         if rd.entries or not rd.hard_state.is_empty() or not rd.snapshot.is_empty():
             request = PersistRequest(rd.hard_state, rd.entries, rd.snapshot)
             started = time.monotonic()
@@ -395,7 +410,7 @@ class Node:
             )
             self.metrics.fsync_seconds.observe(time.monotonic() - started)
             storage.apply_batch([request])
-        self._transport.send(rd.messages)
+        self._transport.send(later)
         if not rd.snapshot.is_empty():
             self._install_snapshot(rd.snapshot)
         for read_state in rd.read_states:

@@ -168,7 +168,7 @@ class LeaseKeeper:
             return map_rpc_error(rpc_error)
         finally:
             sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+            with contextlib.suppress(asyncio.CancelledError):
                 await sender
             call.cancel()
 
@@ -196,7 +196,11 @@ class LeaseKeeper:
                 if next_send.get(lease_id, 0.0) <= now:
                     lease.unanswered_sends.append(now)
                     next_send[lease_id] = now + lease.ttl_s / 3
-                    await call.write(lease_pb2.LeaseKeepAliveRequest(lease_id=lease_id))
+                    try:
+                        await call.write(lease_pb2.LeaseKeepAliveRequest(lease_id=lease_id))
+                    except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                        # The stream ended; the reader reports why.
+                        return
             for lease_id in [i for i in next_send if i not in self._leases]:
                 del next_send[lease_id]
             self._wake.clear()

@@ -228,7 +228,11 @@ class SyncClient:
                     lease.revoke()
 
     def watch(self, key: bytes | str, **options: Any) -> SyncWatcher:
+        """A started watch (``start_revision`` 0 means changes after this call returns)."""
+
         async def make() -> Watcher:
-            return self._client.watch(key, **options)
+            watcher = self._client.watch(key, **options)
+            await watcher.start()
+            return watcher
 
         return SyncWatcher(self._runner.run(make()), self._runner)

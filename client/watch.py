@@ -13,8 +13,11 @@ next_revision``:
 
 A watch "from now" (start_revision 0) first reads the current revision with a linearizable
 range and starts at that revision + 1, so even a stream that breaks before its first event
-resumes without a gap. When the server says the start revision was compacted the watcher
-raises :class:`CompactedError`. A stream that ends, fails with UNAVAILABLE, or stays silent
+resumes without a gap. "Now" is when the watch starts: on ``async with`` entry, ``start()``,
+or the first iteration. To watch with no gap after a read, pass the read's revision + 1.
+
+When the server says the start revision was compacted the watcher raises
+:class:`CompactedError`. A stream that ends, fails with UNAVAILABLE, or stays silent
 for three progress intervals is reopened (following leader hints, with backoff); any other
 error is raised.
 """
@@ -82,7 +85,16 @@ class Watcher:
         return self._buffer.popleft()
 
     async def __aenter__(self) -> Watcher:
+        await self.start()
         return self
+
+    async def start(self) -> None:
+        """Fix the start revision (for a watch from now) and open the stream. Iterating does
+        this too; ``async with`` does it on entry, so changes made inside the block are seen."""
+        if self.next_revision == 0:
+            self.next_revision = await self._current_revision() + 1
+        if self._call is None:
+            self._call = self._open()
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
@@ -112,22 +124,23 @@ class Watcher:
 
     async def _fill(self) -> None:
         """Read one response into the buffer, or recover from one failure."""
-        if self.next_revision == 0:
-            self.next_revision = await self._current_revision() + 1
-        if self._call is None:
-            self._call = self._open()
+        await self.start()
+        assert self._call is not None
         patience_s = None
         if self._progress_interval_s:
             patience_s = 3 * self._progress_interval_s + 1.0
         try:
             response = await asyncio.wait_for(self._call.read(), patience_s)
         except asyncio.CancelledError:
-            # aclose() cancelled the stream under a pending read: the iteration ends. A
-            # cancellation of the reading task itself propagates.
+            # A cancellation of the reading task itself propagates. Otherwise the stream was
+            # cancelled under a pending read: by aclose() (the iteration ends) or by gRPC.
             task = asyncio.current_task()
-            if self._closed and (task is None or not task.cancelling()):
+            if task is not None and task.cancelling():
+                raise
+            if self._closed:
                 raise StopAsyncIteration from None
-            raise
+            await self._recover(UnavailableError(f"the watch stream to {self._address} ended"))
+            return
         except TimeoutError:
             await self._recover(
                 UnavailableError(f"{self._address} sent nothing on a watch for {patience_s:g} s")

@@ -111,6 +111,8 @@ class FakeStore:
         self.term = 3
         self.members: list[cluster_pb2.Member] = []
         self.changed = asyncio.Condition()
+        # Bumped by break_watches; a watch stream opened under an older value ends.
+        self.watch_generation = 0
 
     # -------------------------------------------------------------- test hooks
 
@@ -119,6 +121,12 @@ class FakeStore:
 
     async def expire_lease(self, lease_id: int) -> None:
         await self._end_lease(lease_id)
+
+    async def break_watches(self) -> None:
+        """End every open watch stream with UNAVAILABLE."""
+        self.watch_generation += 1
+        async with self.changed:
+            self.changed.notify_all()
 
     def compact(self, below_revision: int) -> None:
         self.compacted_below = below_revision
@@ -459,12 +467,12 @@ class WatchServicer(watch_pb2_grpc.WatchServicer):
                 Refusal(grpc.StatusCode.OUT_OF_RANGE, "COMPACTED", "revision compacted"),
             )
         match = store.matching(request.key, request.prefix)
+        generation = store.watch_generation
         sent_with_events = 0
         progress_s = request.progress_interval_ms / 1000 or None
         while True:
-            for revision, events in list(store.history):
-                if revision < next_revision:
-                    continue
+            pending = [(rev, events) for rev, events in store.history if rev >= next_revision]
+            for revision, events in pending:
                 chosen = [self._copy(e, request.prev_kv) for e in events if match(e.kv.key)]
                 next_revision = revision + 1
                 if not chosen:
@@ -478,6 +486,11 @@ class WatchServicer(watch_pb2_grpc.WatchServicer):
                     await abort(
                         context, Refusal(grpc.StatusCode.UNAVAILABLE, "", "watch stream broken")
                     )
+            if pending:
+                # Changes may have landed while the responses above were sent: scan again.
+                continue
+            # Nothing was awaited since the scan found no pending change: every revision up to
+            # store.revision is delivered.
             next_revision = max(next_revision, store.revision + 1)
             async with store.changed:
                 try:
@@ -485,6 +498,8 @@ class WatchServicer(watch_pb2_grpc.WatchServicer):
                 except TimeoutError:
                     # Everything up to store.revision was delivered above: a true progress mark.
                     yield watch_pb2.WatchResponse(header=self.m.header())
+            if store.watch_generation != generation:
+                await abort(context, Refusal(grpc.StatusCode.UNAVAILABLE, "", "watch broken"))
 
     @staticmethod
     def _copy(event: watch_pb2.Event, prev_kv: bool) -> watch_pb2.Event:

@@ -30,15 +30,25 @@ from ..node_api import (
 )
 from ..state.errors import (
     AddOverflow,
+    CheckpointIncomplete,
+    CheckpointNotFound,
     Compacted,
+    ConfigConflict,
     Failure,
     InvalidCommand,
+    JobClosed,
+    JobNotFound,
     KeyTooLarge,
     LeaseNotFound,
+    LimitExceeded,
+    NameTaken,
     NotAnInteger,
+    ParticipantNotFound,
     SequenceDiscarded,
     SessionExpired,
     StaleFence,
+    StaleRound,
+    StaleToken,
     TooManyOutstanding,
     ValueTooLarge,
 )
@@ -111,6 +121,17 @@ _FAILURE_CODES: dict[type[Failure], grpc.StatusCode] = {
     ValueTooLarge: Code.RESOURCE_EXHAUSTED,
     AddOverflow: Code.OUT_OF_RANGE,
     Compacted: Code.OUT_OF_RANGE,
+    # Rendezvous, round store and checkpoints (rendezvous.proto, "Errors").
+    JobNotFound: Code.NOT_FOUND,
+    ParticipantNotFound: Code.NOT_FOUND,
+    CheckpointNotFound: Code.NOT_FOUND,
+    JobClosed: Code.FAILED_PRECONDITION,
+    ConfigConflict: Code.FAILED_PRECONDITION,
+    StaleRound: Code.FAILED_PRECONDITION,
+    StaleToken: Code.FAILED_PRECONDITION,
+    CheckpointIncomplete: Code.FAILED_PRECONDITION,
+    NameTaken: Code.ALREADY_EXISTS,
+    LimitExceeded: Code.RESOURCE_EXHAUSTED,
 }
 
 

@@ -122,6 +122,16 @@ def test_every_member_error_and_state_failure_has_its_documented_status() -> Non
         failures.NotAnInteger(b"k"): Code.FAILED_PRECONDITION,
         failures.AddOverflow(b"k"): Code.OUT_OF_RANGE,
         failures.Compacted(5): Code.OUT_OF_RANGE,
+        failures.JobNotFound("j"): Code.NOT_FOUND,
+        failures.ParticipantNotFound("j", 3): Code.NOT_FOUND,
+        failures.CheckpointNotFound("j", 7): Code.NOT_FOUND,
+        failures.JobClosed("j"): Code.FAILED_PRECONDITION,
+        failures.ConfigConflict("j", "max_nodes 8 != 4"): Code.FAILED_PRECONDITION,
+        failures.StaleRound("j", 1, 2, "round 1 has ended"): Code.FAILED_PRECONDITION,
+        failures.StaleToken("j", 2, 5, 9): Code.FAILED_PRECONDITION,
+        failures.CheckpointIncomplete("j", 7, (1, 2)): Code.FAILED_PRECONDITION,
+        failures.NameTaken("j", "w", 3): Code.ALREADY_EXISTS,
+        failures.LimitExceeded("jobs", 4): Code.RESOURCE_EXHAUSTED,
     }
     # Compared by name: a slotted dataclass replaces its class, and both stay subclasses.
     defined = {

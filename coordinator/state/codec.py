@@ -33,6 +33,9 @@ _TAG_BY_CLASS: dict[type[Any], int] = {}
 # Resolved field annotations per record class, filled lazily (forward references resolve only
 # once every module has been imported).
 _HINTS: dict[type[Any], list[tuple[str, Any]]] = {}
+# _is_record_type's answers; emptied whenever a class is registered. Decoding asks for every
+# field of every entry applied, so this is on the apply path.
+_IS_RECORD_TYPE: dict[Any, bool] = {}
 
 
 def record(tag: int) -> typing.Callable[[type[_T]], type[_T]]:
@@ -45,6 +48,7 @@ def record(tag: int) -> typing.Callable[[type[_T]], type[_T]]:
             raise TypeError(f"tag {tag} of {cls.__name__} already names {_CLASS_BY_TAG[tag]}")
         _CLASS_BY_TAG[tag] = cls
         _TAG_BY_CLASS[cls] = tag
+        _IS_RECORD_TYPE.clear()
         return cls
 
     return register
@@ -117,7 +121,15 @@ def _record_from_obj(obj: Any, allowed: tuple[type[Any], ...]) -> Any:
 
 def _is_record_type(hint: Any) -> bool:
     """A registered record class, or a base class of some (decoded by the tag it carries)."""
-    return isinstance(hint, type) and any(issubclass(cls, hint) for cls in _TAG_BY_CLASS)
+    try:
+        return _IS_RECORD_TYPE[hint]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable annotation is never a record class
+        return False
+    answer = isinstance(hint, type) and any(issubclass(cls, hint) for cls in _TAG_BY_CLASS)
+    _IS_RECORD_TYPE[hint] = answer
+    return answer
 
 
 def from_obj(obj: Any, hint: Any) -> Any:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rallypoint.coordinator.state import codec
@@ -195,7 +195,12 @@ def replay_digest(seed: int, length: int) -> str:
     return digest.hexdigest()
 
 
-@settings(max_examples=60, deadline=None)
+# The command log is drawn from one seeded Random, which Hypothesis counts as large input.
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.data_too_large, HealthCheck.too_slow],
+)
 @given(rng=st.randoms(use_true_random=False), length=st.integers(1, 150))
 def test_two_replicas_reach_identical_bytes(rng: random.Random, length: int) -> None:
     log = build_log(rng, length)
@@ -205,7 +210,12 @@ def test_two_replicas_reach_identical_bytes(rng: random.Random, length: int) -> 
     assert first.snapshot() == second.snapshot()
 
 
-@settings(max_examples=60, deadline=None)
+# The command log is drawn from one seeded Random, which Hypothesis counts as large input.
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.data_too_large, HealthCheck.too_slow],
+)
 @given(rng=st.randoms(use_true_random=False), length=st.integers(2, 150), data=st.data())
 def test_restore_midway_then_continue_matches_straight_replay(
     rng: random.Random, length: int, data: st.DataObject

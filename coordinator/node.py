@@ -101,6 +101,7 @@ from .state.lessor import Lessor
 from .state.machine import Limits, StateMachine
 from .state.results import LeaseEndResult, LeaseGrantResult, Result
 from .state.values import Event
+from .supervisor import RendezvousSupervisor
 from .transport import GRPC_OPTIONS, PeerServicer, Transport
 
 log = logging.getLogger("rallypoint.node")
@@ -170,6 +171,9 @@ class NodeConfig:
     wal_segment_size_bytes: int = 64 * 1024 * 1024
     pre_vote: bool = True
     check_quorum: bool = True
+    # After becoming leader, no worker is declared failed for this long: heartbeats need a
+    # moment to find the new leader.
+    detector_grace_ms: int = 2000
 
     def validate(self) -> None:
         if self.member_id <= 0:
@@ -244,6 +248,12 @@ class Node:
                 address, credentials, options=GRPC_OPTIONS
             )
         self._transport = Transport(self, self._rng, channel_factory)
+        self.supervisor = RendezvousSupervisor(
+            self._sm,
+            lambda command: self.propose(command, timeout_s=5.0),
+            wall_clock_ms,
+            grace_ms=config.detector_grace_ms,
+        )
         self._peer_server: grpc.aio.Server | None = None
         self._stopping = False
         self.removed = False
@@ -299,7 +309,8 @@ class Node:
             server.add_insecure_port(self.config.peer_address)
         await server.start()
         self._peer_server = server
-        for coro in (self._ready_loop(), self._tick_loop(), self._lease_loop()):
+        loops = (self._ready_loop(), self._tick_loop(), self._lease_loop(), self.supervisor.run())
+        for coro in loops:
             self._tasks.append(loop.create_task(self._guard(coro)))
         self._wakeup.set()
         log.info(
@@ -445,8 +456,10 @@ class Node:
         is_leader = soft.raft_state is StateType.LEADER
         if is_leader and not was_leader:
             self._lessor.promote()
+            self.supervisor.promote()
         elif was_leader and not is_leader:
             self._lessor.demote()
+            self.supervisor.demote()
         self.metrics.is_leader.set(1 if is_leader else 0)
 
     def _apply(self, entry: Entry) -> None:
@@ -758,6 +771,28 @@ class Node:
     def lease_remaining_ms(self, lease_id: int) -> int | None:
         self._require_leader()
         return self._lessor.remaining_ms(lease_id)
+
+    def heartbeat(self, job: str, participant_id: int) -> bool:
+        self._require_leader()
+        return self.supervisor.heartbeat(job, participant_id)
+
+    def heartbeat_stream_closed(self, job: str, participant_id: int) -> None:
+        if self.is_leader():
+            self.supervisor.stream_closed(job, participant_id)
+
+    def phi(self, job: str, participant_id: int) -> float | None:
+        return self.supervisor.phi(job, participant_id) if self.is_leader() else None
+
+    def leader_clock_ms(self) -> int:
+        return wall_clock_ms()
+
+    async def wait_for_apply(self, timeout_s: float) -> bool:
+        signal = self._applied_signal
+        try:
+            await asyncio.wait_for(signal.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
 
     def status(self) -> NodeStatus:
         raw_status = self.raw.status()

@@ -160,6 +160,31 @@ class ServerNode(Protocol):
 
     def status(self) -> NodeStatus: ...
 
+    # -- rendezvous: the leader's failure detector and time ------------------------------
+
+    def heartbeat(self, job: str, participant_id: int) -> bool:
+        """Leader only: record a heartbeat; False if the participant is unknown.
+        Raises NotLeaderError on a follower."""
+        ...
+
+    def heartbeat_stream_closed(self, job: str, participant_id: int) -> None:
+        """A worker's heartbeat stream ended abnormally (evidence it died)."""
+        ...
+
+    def phi(self, job: str, participant_id: int) -> float | None:
+        """The leader's current suspicion of a worker (inf once a closed stream is
+        confirmed); None on a follower or for an unknown participant."""
+        ...
+
+    def leader_clock_ms(self) -> int:
+        """This member's wall clock, in the state machine's time base (for reason strings)."""
+        ...
+
+    async def wait_for_apply(self, timeout_s: float) -> bool:
+        """Wait until the next batch of entries is applied; False on timeout. Waits on the
+        round store and job watches re-check their condition after each return."""
+        ...
+
     async def member_add(
         self, peer_address: str, client_address: str, as_learner: bool, timeout_s: float = 10.0
     ) -> Member: ...

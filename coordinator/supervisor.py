@@ -1,0 +1,153 @@
+"""The leader's rendezvous duties: close rounds on time and declare silent workers failed.
+
+Theory of operation. The replicated state machine never reads a clock, so two decisions
+that depend on time are the leader's to take and to propose:
+
+- closing a JOINING round whose last call has passed (``CloseRound``; the apply re-checks
+  the condition against the proposed time, so a stale or early proposal changes nothing);
+- declaring a worker failed when its phi-accrual suspicion crosses the job's threshold, or
+  when its heartbeat stream closed and no new one arrived in time (``MemberFailed``).
+
+The detectors are soft state (``phi.DetectorSet``): they live only on the leader and start
+over with a grace period whenever this member becomes leader, so nobody is declared dead
+because leadership moved and heartbeats took a moment to find the new leader. Detectors
+run on the monotonic clock; the round-closing decision uses the wall clock, which is what
+the state machine's time is made of (``Envelope.leader_time_ms``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+
+from .node_api import NodeError
+from .phi import DetectorSet, DetectorSettings
+from .state.commands import CloseRound, Command, MemberFailed
+from .state.machine import StateMachine
+
+log = logging.getLogger("rallypoint.supervisor")
+
+Key = tuple[str, int]
+
+
+def monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class RendezvousSupervisor:
+    def __init__(
+        self,
+        state: StateMachine,
+        propose: Callable[[Command], Awaitable[object]],
+        wall_clock_ms: Callable[[], int],
+        *,
+        grace_ms: int = 2000,
+        interval_s: float = 0.02,
+    ) -> None:
+        self._state = state
+        self._propose = propose
+        self._wall_clock_ms = wall_clock_ms
+        self.grace_ms = grace_ms
+        self.interval_s = interval_s
+        self.detectors = DetectorSet(retry_ms=1000)
+        self.is_leader = False
+        # The rendezvous revision the detectors were last synced to (-1: never).
+        self._synced_revision = -1
+        # Close proposals in flight or recently made, so each is proposed once per second.
+        self._close_proposed_ms: dict[Key, int] = {}
+        # Proposals in flight (referenced so they are not collected before they finish).
+        self._in_flight: set[asyncio.Task[None]] = set()
+
+    # -------------------------------------------------------------- leadership
+
+    def promote(self) -> None:
+        self.is_leader = True
+        self._synced_revision = -1
+        self._sync()
+        self.detectors.start_grace(monotonic_ms(), self.grace_ms)
+
+    def demote(self) -> None:
+        self.is_leader = False
+        self._close_proposed_ms.clear()
+
+    # -------------------------------------------------------------- inputs
+
+    def heartbeat(self, job: str, participant_id: int) -> bool:
+        """Record a heartbeat on the leader; False if the participant is unknown."""
+        key = (job, participant_id)
+        now_ms = monotonic_ms()
+        if self.detectors.heartbeat(key, now_ms):
+            return True
+        self._sync()  # it may have just joined
+        return self.detectors.heartbeat(key, now_ms)
+
+    def stream_closed(self, job: str, participant_id: int) -> None:
+        self.detectors.stream_closed((job, participant_id), monotonic_ms())
+
+    def phi(self, job: str, participant_id: int) -> float | None:
+        value = self.detectors.phi((job, participant_id), monotonic_ms())
+        if value is None or math.isinf(value):
+            return value
+        return round(value, 3)
+
+    # -------------------------------------------------------------- the loop
+
+    def _sync(self) -> None:
+        rendezvous = self._state.rendezvous
+        revision = rendezvous.revision
+        if revision == self._synced_revision:
+            return
+        self._synced_revision = revision
+        keys = rendezvous.participant_keys()
+        self.detectors.retain(keys)
+        now_ms = monotonic_ms()
+        for job_id, pid in keys:
+            settings = DetectorSettings.of_job(rendezvous.jobs[job_id].config)
+            self.detectors.track((job_id, pid), settings, now_ms)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            if self.is_leader:
+                self.step()
+
+    def step(self) -> None:
+        """One pass of the leader's duties (public for tests)."""
+        self._sync()
+        wall_ms = self._wall_clock_ms()
+        rendezvous = self._state.rendezvous
+        for key in rendezvous.closes_due(wall_ms):
+            last = self._close_proposed_ms.get(key)
+            if last is not None and wall_ms - last < 1000:
+                continue
+            self._close_proposed_ms[key] = wall_ms
+            self._spawn(CloseRound(key[0], key[1]))
+        if len(self._close_proposed_ms) > 1024:
+            self._close_proposed_ms.clear()
+        now_ms = monotonic_ms()
+        for job_id, pid in self.detectors.suspects(now_ms):
+            job = rendezvous.jobs.get(job_id)
+            if job is None or pid not in job.participants:
+                continue
+            value = self.detectors.phi((job_id, pid), now_ms)
+            threshold = job.config.phi_threshold_milli / 1000
+            cause = (
+                "heartbeat stream closed and not reopened"
+                if value is not None and math.isinf(value)
+                else f"phi {value:.1f} crossed the threshold {threshold:g}"
+            )
+            log.info("job %s: participant %d suspected: %s", job_id, pid, cause)
+            self._spawn(MemberFailed(job_id, pid, job.round.number, cause))
+
+    def _spawn(self, command: Command) -> None:
+        task = asyncio.get_running_loop().create_task(self._submit(command))
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+
+    async def _submit(self, command: Command) -> None:
+        with contextlib.suppress(NodeError):
+            await self._propose(command)

@@ -26,7 +26,7 @@ from rallypoint.proto.v1 import cluster_pb2, common_pb2, kv_pb2, lease_pb2
 
 from .backoff import DEFAULT_BACKOFF, Backoff
 from .errors import LeaseNotFoundError, RallypointError
-from .lease import Lease, LeaseKeeper
+from .lease import Lease, LeaseKeeper, keep_alive_once
 from .session import SessionKeeper
 from .transport import Deadline, Method, TlsConfig, Transport
 from .values import (
@@ -414,6 +414,11 @@ class Client:
         lease = Lease(info.lease_id, info.fencing_token, info.granted_ttl_s, self._revoke)
         keeper.add(lease, sent_at + (info.remaining_ttl_s or 0.0) - lease.ttl_s)
         return lease
+
+    async def keep_alive_once(self, lease_id: int, *, timeout_s: float | None = None) -> float:
+        """Extend a lease once (at the leader); its new TTL in seconds. Raises
+        LeaseNotFoundError when it no longer exists."""
+        return await keep_alive_once(self._transport, lease_id, self._deadline(timeout_s))
 
     @contextlib.asynccontextmanager
     async def lease(self, ttl_s: float, *, timeout_s: float | None = None) -> AsyncIterator[Lease]:

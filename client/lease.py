@@ -27,8 +27,8 @@ import grpc.aio
 
 from rallypoint.proto.v1 import lease_pb2
 
-from .errors import RallypointError, UnavailableError, map_rpc_error
-from .transport import Retrier, Transport
+from .errors import LeaseNotFoundError, RallypointError, UnavailableError, map_rpc_error
+from .transport import Deadline, Retrier, Transport
 from .values import Fence
 
 
@@ -217,3 +217,37 @@ class LeaseKeeper:
         for lease in list(self._leases.values()):
             lease.mark_lost("the client was closed")
         self._leases.clear()
+
+
+async def keep_alive_once(transport: Transport, lease_id: int, deadline: Deadline) -> float:
+    """One keep-alive over a short-lived stream, at the leader; the new TTL in seconds.
+
+    Raises LeaseNotFoundError when the lease no longer exists.
+    """
+    retrier = Retrier(transport)
+    while True:
+        address = transport.pick()
+        call = transport.stubs(address).lease.KeepAlive(
+            None, timeout=max(0.001, deadline.remaining_s()), metadata=transport.metadata
+        )
+        try:
+            # A stream that already ended refuses the write; the read then raises its status.
+            with contextlib.suppress(asyncio.InvalidStateError):
+                await call.write(lease_pb2.LeaseKeepAliveRequest(lease_id=lease_id))
+            response = await call.read()
+            if isinstance(response, lease_pb2.LeaseKeepAliveResponse):
+                transport.note_success(address)
+                if response.ttl_ms <= 0:
+                    raise LeaseNotFoundError(
+                        f"lease {lease_id} does not exist (expired or revoked)",
+                        reason="LEASE_NOT_FOUND",
+                    )
+                return response.ttl_ms / 1000.0
+            error: RallypointError = UnavailableError(f"{address} ended the keep-alive stream")
+        except grpc.aio.AioRpcError as rpc_error:
+            error = map_rpc_error(rpc_error)
+        finally:
+            call.cancel()
+        if not isinstance(error, UnavailableError) or deadline.remaining_s() <= 0:
+            raise error
+        await retrier.after_failure(address, error, max_sleep_s=deadline.remaining_s())

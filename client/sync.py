@@ -185,6 +185,7 @@ class SyncClient:
     compare_and_set = _blocking(Client.compare_and_set)
     add = _blocking(Client.add)
     revoke_lease = _blocking(Client.revoke_lease)
+    keep_alive_once = _blocking(Client.keep_alive_once)
     lease_list = _blocking(Client.lease_list)
     lease_time_to_live = _blocking(Client.lease_time_to_live)
     member_list = _blocking(Client.member_list)

@@ -1,0 +1,642 @@
+"""The operator commands of ``rallypoint``: clients of a running cluster.
+
+``register`` adds the command groups to the program's parser (``cli.py``): ``status``, ``kv``,
+``lease``, ``member``, ``transfer-leader`` and ``snapshot``. Every command takes
+``--endpoints`` (default ``$RALLYPOINT_ENDPOINTS``, else the local development cluster),
+``--timeout``, ``--token`` (default ``$RALLYPOINT_TOKEN``), TLS files, and ``--json``. Human
+output is rich tables; ``--json`` prints one JSON document (``kv watch``: one per line).
+Failures print one line, ``error: ...``, to stderr and exit 1. Keys and values are shown as
+UTF-8, with undecodable bytes escaped (``\\xff``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+from rich.console import Console
+from rich.table import Table
+
+from rallypoint.client import (
+    Client,
+    EndpointStatus,
+    KeyValue,
+    LeaseNotFoundError,
+    Member,
+    RallypointError,
+    Role,
+    TlsConfig,
+    WatchEvent,
+)
+
+DEFAULT_ENDPOINTS = "127.0.0.1:2379,127.0.0.1:2381,127.0.0.1:2383"
+ENDPOINTS_ENV = "RALLYPOINT_ENDPOINTS"
+TOKEN_ENV = "RALLYPOINT_TOKEN"
+
+# A string: argparse._SubParsersAction is generic only to type checkers.
+SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+class CommandError(Exception):
+    """An expected failure of a command (not found, unhealthy): one line on stderr, exit 1."""
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    as_json: bool
+
+    def json(self, document: object) -> None:
+        print(json.dumps(document, indent=2, sort_keys=False))
+
+    def json_line(self, document: object) -> None:
+        print(json.dumps(document), flush=True)
+
+    def table(self, table: Table) -> None:
+        Console(soft_wrap=True).print(table)
+
+    def line(self, text: str) -> None:
+        print(text, flush=True)
+
+
+def text(data: bytes) -> str:
+    return data.decode("utf-8", errors="backslashreplace")
+
+
+def kv_document(kv: KeyValue) -> dict[str, object]:
+    return {
+        "key": text(kv.key),
+        "value": text(kv.value),
+        "create_revision": kv.create_revision,
+        "mod_revision": kv.mod_revision,
+        "version": kv.version,
+        "lease_id": kv.lease_id,
+    }
+
+
+def member_document(member: Member) -> dict[str, object]:
+    return {
+        "id": member.member_id,
+        "name": member.name,
+        "peer_address": member.peer_address,
+        "client_address": member.client_address,
+        "is_learner": member.is_learner,
+    }
+
+
+def members_table(members: Sequence[Member]) -> Table:
+    table = Table(title="members")
+    for column in ("id", "name", "peer address", "client address", "learner"):
+        table.add_column(column)
+    for m in members:
+        table.add_row(
+            str(m.member_id),
+            m.name,
+            m.peer_address,
+            m.client_address,
+            "yes" if m.is_learner else "",
+        )
+    return table
+
+
+def kvs_table(kvs: Sequence[KeyValue]) -> Table:
+    table = Table()
+    for column in ("key", "value", "create rev", "mod rev", "version", "lease"):
+        table.add_column(column)
+    for kv in kvs:
+        table.add_row(
+            text(kv.key),
+            text(kv.value),
+            str(kv.create_revision),
+            str(kv.mod_revision),
+            str(kv.version),
+            str(kv.lease_id or ""),
+        )
+    return table
+
+
+# ---------------------------------------------------------------------------- plumbing
+
+Body = Callable[[argparse.Namespace, Client, Output], Awaitable[int]]
+
+
+def _run(body: Body) -> Callable[[argparse.Namespace], int]:
+    """A command handler: build the client, run ``body``, turn failures into one line."""
+
+    def handler(args: argparse.Namespace) -> int:
+        try:
+            return asyncio.run(_with_client(args, body))
+        except KeyboardInterrupt:
+            return 0
+        except (RallypointError, CommandError, ValueError, OSError) as error:
+            kind = "" if isinstance(error, CommandError) else f"{type(error).__name__}: "
+            print(f"error: {kind}{error}", file=sys.stderr)
+            return 1
+
+    return handler
+
+
+async def _with_client(args: argparse.Namespace, body: Body) -> int:
+    tls = None
+    if args.tls_ca_file or args.tls_cert_file or args.tls_key_file:
+        tls = TlsConfig.from_files(args.tls_ca_file, args.tls_cert_file, args.tls_key_file)
+    client = Client(
+        args.endpoints,
+        timeout_s=args.timeout,
+        attempt_timeout_s=min(args.timeout, 5.0),
+        token=args.token,
+        tls=tls,
+        # A command that only reads leaves no session behind; writes open one on demand.
+        open_session_on_connect=False,
+    )
+    async with client:
+        return await body(args, client, Output(args.json))
+
+
+def _common() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--endpoints",
+        default=os.environ.get(ENDPOINTS_ENV) or DEFAULT_ENDPOINTS,
+        help=f"comma-separated host:port list (default: ${ENDPOINTS_ENV} or {DEFAULT_ENDPOINTS})",
+    )
+    common.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    common.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds per request, retries included"
+    )
+    common.add_argument(
+        "--token", default=os.environ.get(TOKEN_ENV), help=f"bearer token (default: ${TOKEN_ENV})"
+    )
+    common.add_argument("--tls-ca-file", help="PEM CA bundle to verify members (enables TLS)")
+    common.add_argument("--tls-cert-file", help="PEM client certificate (mutual TLS)")
+    common.add_argument("--tls-key-file", help="PEM client private key (mutual TLS)")
+    return common
+
+
+def _leaf(
+    group: SubParsers, name: str, help_text: str, body: Body, common: argparse.ArgumentParser
+) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = group.add_parser(
+        name, help=help_text, description=help_text, parents=[common]
+    )
+    parser.set_defaults(handler=_run(body))
+    return parser
+
+
+def _group(subparsers: SubParsers, name: str, help_text: str) -> SubParsers:
+    parser = subparsers.add_parser(name, help=help_text, description=help_text)
+    group: SubParsers = parser.add_subparsers(
+        dest=f"{name}_command", required=True, metavar="COMMAND"
+    )
+    return group
+
+
+# ---------------------------------------------------------------------------- status
+
+
+def _health(endpoint: EndpointStatus) -> str:
+    if endpoint.status is None:
+        return "unreachable"
+    return "ok" if endpoint.healthy else "no leader"
+
+
+def _status_document(
+    statuses: Sequence[EndpointStatus], members: Sequence[Member]
+) -> list[dict[str, Any]]:
+    """One row per member (and per endpoint that matches no member)."""
+    by_id = {s.status.member_id: s for s in statuses if s.status is not None}
+    by_address = {s.endpoint: s for s in statuses}
+    rows: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for member in members:
+        endpoint = by_id.get(member.member_id) or by_address.get(member.client_address)
+        rows.append(_status_row(endpoint, member))
+        if endpoint is not None:
+            seen.add(endpoint.endpoint)
+    for endpoint in statuses:
+        if endpoint.endpoint not in seen:
+            rows.append(_status_row(endpoint, None))
+    return rows
+
+
+def _status_row(endpoint: EndpointStatus | None, member: Member | None) -> dict[str, Any]:
+    status = endpoint.status if endpoint is not None else None
+    return {
+        "id": member.member_id if member else (status.member_id if status else None),
+        "name": member.name if member else "",
+        "client_address": member.client_address
+        if member
+        else (endpoint.endpoint if endpoint else ""),
+        "peer_address": member.peer_address if member else "",
+        "endpoint": endpoint.endpoint if endpoint else None,
+        "is_learner": member.is_learner if member else None,
+        "role": status.role.value if status else None,
+        "is_leader": bool(status and status.role is Role.LEADER),
+        "leader_id": status.leader_id if status else None,
+        "term": status.term if status else None,
+        "commit_index": status.commit_index if status else None,
+        "applied_index": status.applied_index if status else None,
+        "health": _health(endpoint) if endpoint else "not among the endpoints",
+        "error": endpoint.error if endpoint else None,
+    }
+
+
+async def _status(args: argparse.Namespace, client: Client, out: Output) -> int:
+    statuses = await client.status()
+    members: list[Member] = []
+    if any(s.status is not None for s in statuses):
+        try:
+            members = await client.member_list(serializable=True)
+        except RallypointError as error:
+            print(f"warning: no member list: {error}", file=sys.stderr)
+    rows = _status_document(statuses, members)
+    if not members and not any(s.status is not None for s in statuses):
+        raise CommandError(f"no endpoint answered: {statuses[0].endpoint}: {statuses[0].error}")
+    if out.as_json:
+        out.json({"members": rows})
+    else:
+        table = Table(title="cluster status")
+        for column in (
+            "id",
+            "name",
+            "client address",
+            "peer address",
+            "role",
+            "leader",
+            "term",
+            "commit",
+            "applied",
+            "health",
+        ):
+            table.add_column(column)
+        for row in rows:
+            table.add_row(
+                *(
+                    "" if row[key] is None else str(row[key])
+                    for key in ("id", "name", "client_address", "peer_address", "role")
+                ),
+                "*" if row["is_leader"] else "",
+                *("" if row[key] is None else str(row[key]) for key in ("term", "commit_index")),
+                "" if row["applied_index"] is None else str(row["applied_index"]),
+                row["health"],
+            )
+        out.table(table)
+    unhealthy = [s for s in statuses if not s.healthy]
+    if unhealthy:
+        raise CommandError(
+            f"{len(unhealthy)} of {len(statuses)} endpoints unhealthy: "
+            + "; ".join(f"{s.endpoint}: {s.error or _health(s)}" for s in unhealthy)
+        )
+    return 0
+
+
+# ---------------------------------------------------------------------------- kv
+
+
+async def _kv_get(args: argparse.Namespace, client: Client, out: Output) -> int:
+    if args.prefix:
+        kvs = [
+            kv
+            async for kv in client.range_pages(
+                args.key, serializable=args.serializable, keys_only=args.keys_only
+            )
+        ]
+        if args.limit:
+            kvs = kvs[: args.limit]
+    else:
+        kv = await client.get(args.key, serializable=args.serializable)
+        if kv is None:
+            raise CommandError(f"key {args.key!r} not found")
+        kvs = [kv]
+    if out.as_json:
+        out.json({"kvs": [kv_document(kv) for kv in kvs]})
+    else:
+        out.table(kvs_table(kvs))
+    return 0
+
+
+async def _kv_put(args: argparse.Namespace, client: Client, out: Output) -> int:
+    result = await client.put(args.key, args.value, lease=args.lease, prev_kv=args.prev_kv)
+    if out.as_json:
+        out.json(
+            {
+                "revision": result.header.revision,
+                "kv": kv_document(result.kv),
+                "prev_kv": kv_document(result.prev_kv) if result.prev_kv else None,
+            }
+        )
+    else:
+        out.line(f"OK (revision {result.header.revision})")
+    return 0
+
+
+async def _kv_del(args: argparse.Namespace, client: Client, out: Output) -> int:
+    result = await client.delete(args.key, prefix=args.prefix)
+    if out.as_json:
+        out.json({"revision": result.header.revision, "deleted": result.deleted})
+    else:
+        out.line(f"deleted {result.deleted} key{'s' if result.deleted != 1 else ''}")
+    return 0
+
+
+def _event_document(event: WatchEvent) -> dict[str, object]:
+    return {"type": event.type.value, "revision": event.revision, "kv": kv_document(event.kv)}
+
+
+async def _kv_watch(args: argparse.Namespace, client: Client, out: Output) -> int:
+    seen = 0
+    async with client.watch(args.key, prefix=args.prefix, start_revision=args.rev) as watcher:
+        if not out.as_json:
+            print(f"watching from revision {watcher.next_revision}", file=sys.stderr, flush=True)
+        async for event in watcher:
+            if out.as_json:
+                out.json_line(_event_document(event))
+            else:
+                out.line(
+                    f"{event.type.value.upper():6} rev {event.revision:<8} {text(event.kv.key)}"
+                    + (f" = {text(event.kv.value)}" if event.type.value == "put" else "")
+                )
+            seen += 1
+            if args.count and seen >= args.count:
+                break
+    return 0
+
+
+# ---------------------------------------------------------------------------- lease
+
+
+async def _lease_grant(args: argparse.Namespace, client: Client, out: Output) -> int:
+    lease = await client.grant_lease(args.ttl, keep_alive=False)
+    document = {
+        "lease_id": lease.lease_id,
+        "fencing_token": lease.fencing_token,
+        "ttl_s": lease.ttl_s,
+    }
+    if out.as_json:
+        out.json(document)
+    else:
+        out.line(
+            f"lease {lease.lease_id} granted, TTL {lease.ttl_s:g} s, fencing token "
+            f"{lease.fencing_token} (keep it alive with `rallypoint lease keep-alive "
+            f"{lease.lease_id}`)"
+        )
+    return 0
+
+
+async def _lease_keep_alive(args: argparse.Namespace, client: Client, out: Output) -> int:
+    while True:
+        try:
+            ttl_s = await client.keep_alive_once(args.lease_id)
+        except LeaseNotFoundError as error:
+            raise CommandError(str(error)) from None
+        if out.as_json:
+            out.json_line({"lease_id": args.lease_id, "ttl_s": ttl_s})
+        else:
+            out.line(f"lease {args.lease_id} kept alive, TTL {ttl_s:g} s")
+        if args.once:
+            return 0
+        await asyncio.sleep(max(ttl_s / 3, 0.05))
+
+
+async def _lease_revoke(args: argparse.Namespace, client: Client, out: Output) -> int:
+    deleted = await client.revoke_lease(args.lease_id)
+    if out.as_json:
+        out.json({"lease_id": args.lease_id, "deleted_keys": [text(k) for k in deleted]})
+    else:
+        out.line(f"lease {args.lease_id} revoked; {len(deleted)} keys deleted")
+    return 0
+
+
+async def _lease_list(args: argparse.Namespace, client: Client, out: Output) -> int:
+    leases = await client.lease_list()
+    if out.as_json:
+        out.json(
+            {
+                "leases": [
+                    {
+                        "lease_id": x.lease_id,
+                        "fencing_token": x.fencing_token,
+                        "ttl_s": x.granted_ttl_s,
+                    }
+                    for x in leases
+                ]
+            }
+        )
+    else:
+        table = Table(title="leases")
+        for column in ("id", "fencing token", "granted TTL (s)"):
+            table.add_column(column)
+        for x in leases:
+            table.add_row(str(x.lease_id), str(x.fencing_token), f"{x.granted_ttl_s:g}")
+        out.table(table)
+    return 0
+
+
+# ---------------------------------------------------------------------------- members
+
+
+def _show_members(
+    out: Output, members: Sequence[Member], message: str | None = None, **extra: object
+) -> None:
+    """The membership after a change (``message`` says what changed, for humans)."""
+    if message is not None and not out.as_json:
+        out.line(message)
+    if out.as_json:
+        out.json({**extra, "members": [member_document(m) for m in members]})
+    else:
+        out.table(members_table(members))
+
+
+async def _member_list(args: argparse.Namespace, client: Client, out: Output) -> int:
+    _show_members(out, await client.member_list())
+    return 0
+
+
+async def _member_add(args: argparse.Namespace, client: Client, out: Output) -> int:
+    added, members = await client.member_add(
+        args.peer_address,
+        args.client_address,
+        member_id=args.id,
+        name=args.name,
+        as_learner=args.learner,
+    )
+    kind = "learner" if added.is_learner else "voter"
+    message = f"added member {added.member_id} as a {kind}"
+    _show_members(out, members, message, added=member_document(added))
+    return 0
+
+
+async def _member_remove(args: argparse.Namespace, client: Client, out: Output) -> int:
+    members = await client.member_remove(args.member_id)
+    _show_members(out, members, f"removed member {args.member_id}")
+    return 0
+
+
+async def _member_promote(args: argparse.Namespace, client: Client, out: Output) -> int:
+    members = await client.member_promote(args.member_id)
+    _show_members(out, members, f"promoted member {args.member_id} to voter")
+    return 0
+
+
+async def _transfer_leader(args: argparse.Namespace, client: Client, out: Output) -> int:
+    statuses = [s.status for s in await client.status() if s.status is not None]
+    leader_id = next((s.leader_id for s in statuses if s.leader_id), 0)
+    target = args.member_id
+    if target is None:
+        # The most caught-up voter other than the leader.
+        applied = {s.member_id: s.applied_index for s in statuses}
+        voters = [
+            m.member_id
+            for m in await client.member_list()
+            if not m.is_learner and m.member_id != leader_id
+        ]
+        if not voters:
+            raise CommandError("no other voter to transfer leadership to")
+        target = max(voters, key=lambda member_id: (applied.get(member_id, -1), -member_id))
+    header = await client.transfer_leader(target)
+    if out.as_json:
+        out.json({"previous_leader_id": leader_id, "leader_id": target, "term": header.raft_term})
+    else:
+        out.line(f"leadership transferred from member {leader_id} to member {target}")
+    return 0
+
+
+async def _snapshot_save(args: argparse.Namespace, client: Client, out: Output) -> int:
+    endpoints: list[str | None] = list(client.endpoints) if args.all else [args.endpoint]
+    infos = [await client.snapshot(endpoint=endpoint) for endpoint in endpoints]
+    if out.as_json:
+        out.json(
+            {
+                "snapshots": [
+                    {
+                        "endpoint": i.endpoint,
+                        "member_id": i.member_id,
+                        "index": i.index,
+                        "term": i.term,
+                        "size_bytes": i.size_bytes,
+                    }
+                    for i in infos
+                ]
+            }
+        )
+    else:
+        table = Table(title="snapshots")
+        for column in ("endpoint", "member", "index", "term", "size (bytes)"):
+            table.add_column(column)
+        for i in infos:
+            table.add_row(
+                i.endpoint, str(i.member_id), str(i.index), str(i.term), str(i.size_bytes)
+            )
+        out.table(table)
+    return 0
+
+
+# ---------------------------------------------------------------------------- registration
+
+
+def register(subparsers: SubParsers) -> None:
+    """Add the client command groups to the ``rallypoint`` parser. Each leaf sets
+    ``handler(args) -> exit code``."""
+    common = _common()
+
+    _leaf(
+        subparsers,
+        "status",
+        "every endpoint's view: members, leader, term, progress, health",
+        _status,
+        common,
+    )
+
+    kv = _group(subparsers, "kv", "read, write, delete and watch keys")
+    get = _leaf(kv, "get", "read a key (or every key under a prefix)", _kv_get, common)
+    get.add_argument("key")
+    get.add_argument("--prefix", action="store_true", help="every key starting with KEY")
+    get.add_argument("--limit", type=int, default=0, help="at most this many keys (--prefix)")
+    get.add_argument("--keys-only", action="store_true", help="omit values (--prefix)")
+    get.add_argument("--serializable", action="store_true", help="answer from any member")
+    put = _leaf(kv, "put", "write a key", _kv_put, common)
+    put.add_argument("key")
+    put.add_argument("value")
+    put.add_argument("--lease", type=int, default=0, help="attach the key to this lease id")
+    put.add_argument("--prev-kv", action="store_true", help="also print the previous value")
+    delete = _leaf(kv, "del", "delete a key (or every key under a prefix)", _kv_del, common)
+    delete.add_argument("key")
+    delete.add_argument("--prefix", action="store_true", help="every key starting with KEY")
+    watch = _leaf(kv, "watch", "print changes as they happen (Ctrl-C ends)", _kv_watch, common)
+    watch.add_argument("key")
+    watch.add_argument("--prefix", action="store_true", help="every key starting with KEY")
+    watch.add_argument("--rev", type=int, default=0, help="start at this revision (0: now)")
+    watch.add_argument("--count", type=int, default=0, help="stop after this many events")
+
+    lease = _group(subparsers, "lease", "grant, keep alive, revoke and list leases")
+    grant = _leaf(lease, "grant", "grant a lease", _lease_grant, common)
+    grant.add_argument("ttl", type=float, help="time to live in seconds")
+    keep = _leaf(lease, "keep-alive", "keep a lease alive until Ctrl-C", _lease_keep_alive, common)
+    keep.add_argument("lease_id", type=int)
+    keep.add_argument("--once", action="store_true", help="one keep-alive, then exit")
+    revoke = _leaf(lease, "revoke", "revoke a lease and delete its keys", _lease_revoke, common)
+    revoke.add_argument("lease_id", type=int)
+    _leaf(lease, "list", "every live lease", _lease_list, common)
+
+    member = _group(subparsers, "member", "list and change the cluster's membership")
+    _leaf(member, "list", "the members", _member_list, common)
+    add = _leaf(
+        member, "add", "add a member (then start it with `serve --join`)", _member_add, common
+    )
+    add.add_argument("peer_address", help="host:port of the new member's peer service")
+    add.add_argument("client_address", help="host:port of the new member's public API")
+    add.add_argument("--id", type=int, default=0, help="member id (default: the cluster picks)")
+    add.add_argument("--name", default="", help="a name for humans")
+    add.add_argument(
+        "--learner",
+        action="store_true",
+        help="add as a non-voting learner (promote it once caught up)",
+    )
+    remove = _leaf(member, "remove", "remove a member", _member_remove, common)
+    remove.add_argument("member_id", type=int)
+    promote = _leaf(member, "promote", "make a caught-up learner a voter", _member_promote, common)
+    promote.add_argument("member_id", type=int)
+
+    transfer = _leaf(
+        subparsers,
+        "transfer-leader",
+        "hand leadership to a voter (default: the most caught-up one)",
+        _transfer_leader,
+        common,
+    )
+    transfer.add_argument("member_id", type=int, nargs="?", help="the new leader's member id")
+
+    snapshot = _group(subparsers, "snapshot", "snapshots of the state machine")
+    save = _leaf(
+        snapshot,
+        "save",
+        "have members write a snapshot now and compact their log",
+        _snapshot_save,
+        common,
+    )
+    where = save.add_mutually_exclusive_group()
+    where.add_argument("--endpoint", help="the member to snapshot (default: the first to answer)")
+    where.add_argument("--all", action="store_true", help="every endpoint")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rallypoint", description="rallypoint client commands")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The client commands alone (``rallypoint``'s own main adds ``serve`` and ``cluster``)."""
+    args = build_parser().parse_args(argv)
+    code: int = args.handler(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

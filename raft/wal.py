@@ -53,12 +53,14 @@ the last segment may end damaged, and only in the way a crash leaves it: a recor
 run past the end of the file (the file was cut short), or whose crc fails while one of its
 512-byte sectors is all zeros (the write never reached that sector), and nothing but zeros
 after it. Such a torn tail is truncated: its bytes are kept in ``<segment>.<offset>.broken``
-(deleted along with the segment), then zeroed in the segment, and writing resumes there. Anything else (a crc mismatch with no
-zero sector, a bad header, a zeroed header followed by data, a broken chain, a missing
-segment, damage in any segment but the last) raises :class:`WalCorruptionError` naming the
-file and offset: the node refuses to start rather than serve a log it cannot trust. (A power
-loss that persisted sectors of an unsynced write *after* a lost one is indistinguishable from
-a zeroed sector in synced data; it is refused too, which is the safe side.)
+(deleted along with the segment), then zeroed in the segment, and writing resumes there.
+Anything else (a crc mismatch with no zero sector, a bad header, a zeroed header followed by
+data, a broken chain, a missing segment, damage in any segment but the last) raises
+:class:`WalCorruptionError` naming the file and offset: the node refuses to start rather
+than serve a log it cannot trust. (A power loss that persisted sectors of an unsynced write
+*after* a lost one is indistinguishable from a zeroed sector in synced data; it is refused
+too, which is the safe side. A bit flip in a record that also holds a 512-byte-aligned run
+of zeros, when it is the very last record, would pass for a torn tail.)
 
 Threading. A WAL is used by one thread at a time (no locks: ``raft/`` imports no
 ``threading``). The daemon calls ``save``/``sync``/``release_to`` from a single worker thread

@@ -3,7 +3,8 @@
 Servicers never choose a status code. They raise: :class:`Unauthenticated` for a call
 without the configured token, :class:`InvalidArgument` for a malformed request,
 :class:`RequestFailed` for a state-machine :class:`~..state.errors.Failure`,
-:class:`PreconditionFailed` for a well-formed request the current state forbids, or let a
+:class:`PreconditionFailed` for a well-formed request the current state forbids,
+:class:`WaitTimedOut` for a round-store wait that reached its timeout, or let a
 member's :class:`~..node_api.NodeError` propagate. The handler wrapper installed by
 ``add_services`` catches whatever escapes a handler and calls :func:`status_for`, which
 decides the code, the message and the trailing metadata (``rallypoint-error-reason``, the
@@ -85,6 +86,11 @@ class RequestFailed(ServiceError):
 
 class Unauthenticated(ServiceError):
     """The call did not carry the configured bearer token."""
+
+
+class WaitTimedOut(ServiceError):
+    """A round-store wait ended at its own timeout (``timeout_ms``) with a key still missing:
+    DEADLINE_EXCEEDED, as torch's store reports a wait that timed out."""
 
 
 class PreconditionFailed(ServiceError):
@@ -189,6 +195,8 @@ def _expected_status(error: Exception, deadline_passed: bool) -> Status | None:
         return Status(Code.FAILED_PRECONDITION, str(error), UNSPECIFIED)
     if isinstance(error, Unauthenticated):
         return Status(Code.UNAUTHENTICATED, str(error), UNSPECIFIED)
+    if isinstance(error, WaitTimedOut):
+        return Status(Code.DEADLINE_EXCEEDED, str(error), UNSPECIFIED)
     if isinstance(error, NodeError):
         return node_error_status(error, deadline_passed)
     return None

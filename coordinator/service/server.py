@@ -23,16 +23,20 @@ from rallypoint.proto.v1 import (
     cluster_pb2_grpc,
     kv_pb2_grpc,
     lease_pb2_grpc,
+    rendezvous_pb2_grpc,
     session_pb2_grpc,
     watch_pb2_grpc,
 )
 
 from ..node_api import ServerNode
+from .checkpoint import CheckpointServicer
 from .cluster import ClusterServicer
 from .common import Context
 from .errors import Status, Unauthenticated, status_for
 from .kv import KVServicer
 from .lease import LeaseServicer
+from .rendezvous import RendezvousServicer
+from .roundstore import RoundStoreServicer
 from .session import SessionServicer
 from .watch import WatchServicer
 
@@ -44,6 +48,9 @@ SERVICE_NAMES = (
     "rallypoint.v1.Lease",
     "rallypoint.v1.Session",
     "rallypoint.v1.Cluster",
+    "rallypoint.v1.Rendezvous",
+    "rallypoint.v1.RoundStore",
+    "rallypoint.v1.CheckpointRegistry",
 )
 
 Handler = Any  # grpc.RpcMethodHandler: a namedtuple whose behaviour fields we replace
@@ -135,7 +142,8 @@ class _Health(HealthServicer):  # type: ignore[misc]
 def add_services(
     server: grpc.aio.Server, node: ServerNode, *, auth_token: str | None = None
 ) -> None:
-    """Register KV, Watch, Lease, Session and Cluster over ``node``, and the health service
+    """Register KV, Watch, Lease, Session, Cluster, Rendezvous, RoundStore and
+    CheckpointRegistry over ``node``, and the health service
     (SERVING for "" and each service). With ``auth_token``, every call to the public API
     must carry the metadata ``authorization: Bearer <auth_token>`` (else UNAUTHENTICATED)."""
     recorder = _Recorder()
@@ -145,6 +153,9 @@ def add_services(
     lease_pb2_grpc.add_LeaseServicer_to_server(LeaseServicer(node), target)
     session_pb2_grpc.add_SessionServicer_to_server(SessionServicer(node), target)
     cluster_pb2_grpc.add_ClusterServicer_to_server(ClusterServicer(node), target)
+    rendezvous_pb2_grpc.add_RendezvousServicer_to_server(RendezvousServicer(node), target)
+    rendezvous_pb2_grpc.add_RoundStoreServicer_to_server(RoundStoreServicer(node), target)
+    rendezvous_pb2_grpc.add_CheckpointRegistryServicer_to_server(CheckpointServicer(node), target)
     recorded = tuple(service for service, _ in recorder.services)
     if recorded != SERVICE_NAMES:
         raise AssertionError(f"generated code registered {recorded}, expected {SERVICE_NAMES}")

@@ -9,9 +9,13 @@ or the state machine notices first; refusing here keeps oversized requests out o
 
 from __future__ import annotations
 
-from rallypoint.proto.v1 import common_pb2
+import math
+from dataclasses import dataclass
 
-from ..state.errors import KeyTooLarge, ValueTooLarge
+from rallypoint.proto.v1 import common_pb2, rendezvous_pb2
+
+from ..state.errors import KeyTooLarge, LimitExceeded, ValueTooLarge
+from ..state.jobs import JobConfig, RendezvousLimits, job_id_problem
 from ..state.machine import Limits
 from ..state.values import Fence
 from .errors import InvalidArgument, RequestFailed
@@ -109,3 +113,120 @@ def address(text: str, field: str) -> str:
     if host.startswith("[") != host.endswith("]"):
         raise InvalidArgument(field, f"unbalanced brackets around an IPv6 host in {text!r}")
     return text
+
+
+# ---------------------------------------------------------------- rendezvous (rendezvous.proto)
+
+
+def job_id(job: str, field: str = "job") -> str:
+    problem = job_id_problem(job)
+    if problem:
+        raise InvalidArgument(field, problem)
+    return job
+
+
+def job_config(
+    present: bool, config: rendezvous_pb2.JobConfig, limits: RendezvousLimits, field: str = "config"
+) -> JobConfig:
+    """A JobConfig, every bound rendezvous.proto states checked field by field. Zero is not
+    read as "default": the wire contract states each bound, and a client fills them all."""
+    if not present:
+        raise InvalidArgument(field, "required")
+    if config.min_nodes < 1:
+        raise InvalidArgument(f"{field}.min_nodes", f"must be >= 1, got {config.min_nodes}")
+    if not config.min_nodes <= config.max_nodes <= limits.max_nodes:
+        raise InvalidArgument(
+            f"{field}.max_nodes",
+            f"must be in min_nodes..{limits.max_nodes} ({config.min_nodes}..), "
+            f"got {config.max_nodes}",
+        )
+    non_negative(config.last_call_ms, f"{field}.last_call_ms")
+    positive(config.join_timeout_ms, f"{field}.join_timeout_ms")
+    positive(config.heartbeat_interval_ms, f"{field}.heartbeat_interval_ms")
+    # The state machine keeps the threshold in thousandths (no floats in replicated state).
+    threshold_milli = (
+        round(config.phi_threshold * 1000) if math.isfinite(config.phi_threshold) else 0
+    )
+    if threshold_milli < 1 or threshold_milli > 2**62:
+        raise InvalidArgument(
+            f"{field}.phi_threshold",
+            f"must be a finite number >= 0.001, got {config.phi_threshold}",
+        )
+    if config.phi_window < 2:
+        raise InvalidArgument(f"{field}.phi_window", f"must be >= 2, got {config.phi_window}")
+    positive(config.min_std_ms, f"{field}.min_std_ms")
+    non_negative(config.acceptable_pause_ms, f"{field}.acceptable_pause_ms")
+    positive(config.keep_checkpoints, f"{field}.keep_checkpoints")
+    return JobConfig(
+        min_nodes=config.min_nodes,
+        max_nodes=config.max_nodes,
+        last_call_ms=config.last_call_ms,
+        join_timeout_ms=config.join_timeout_ms,
+        heartbeat_interval_ms=config.heartbeat_interval_ms,
+        phi_threshold_milli=threshold_milli,
+        phi_window=config.phi_window,
+        min_std_ms=config.min_std_ms,
+        acceptable_pause_ms=config.acceptable_pause_ms,
+        scale_up=config.scale_up,
+        keep_checkpoints=config.keep_checkpoints,
+    )
+
+
+def participant_name(name: str, limits: RendezvousLimits, field: str = "name") -> str:
+    if not 1 <= len(name) <= limits.max_name_chars:
+        raise InvalidArgument(
+            field, f"must be 1..{limits.max_name_chars} characters, got {len(name)}"
+        )
+    return name
+
+
+def participant_metadata(metadata: bytes, limits: RendezvousLimits) -> bytes:
+    if len(metadata) > limits.max_metadata_bytes:
+        raise RequestFailed(LimitExceeded("participant metadata bytes", limits.max_metadata_bytes))
+    return metadata
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """Whose request, in which round: a StoreScope or a CheckpointFence, checked."""
+
+    job: str
+    round: int
+    participant_id: int = 0
+    fencing_token: int = 0
+
+
+def store_scope(present: bool, scope: rendezvous_pb2.StoreScope, field: str = "scope") -> Scope:
+    if not present:
+        raise InvalidArgument(field, "required: the (job, round, participant_id) of the request")
+    return Scope(
+        job_id(scope.job, f"{field}.job"),
+        positive(scope.round, f"{field}.round"),
+        positive(scope.participant_id, f"{field}.participant_id"),
+    )
+
+
+def checkpoint_fence(
+    present: bool, fence: rendezvous_pb2.CheckpointFence, field: str = "fence"
+) -> Scope:
+    if not present:
+        raise InvalidArgument(field, "required: the (job, round, fencing_token) of the round")
+    return Scope(
+        job_id(fence.job, f"{field}.job"),
+        positive(fence.round, f"{field}.round"),
+        fencing_token=positive(fence.fencing_token, f"{field}.fencing_token"),
+    )
+
+
+def store_key(data: bytes, limits: RendezvousLimits, field: str = "key") -> bytes:
+    if not data:
+        raise InvalidArgument(field, "must not be empty")
+    if len(data) > limits.max_store_key_bytes:
+        raise RequestFailed(KeyTooLarge(len(data), limits.max_store_key_bytes))
+    return data
+
+
+def store_value(data: bytes, limits: RendezvousLimits) -> bytes:
+    if len(data) > limits.max_store_value_bytes:
+        raise RequestFailed(ValueTooLarge(len(data), limits.max_store_value_bytes))
+    return data

@@ -6,7 +6,12 @@ that cannot serve: ``not_leader(leader_id, address)`` (a follower that knows the
 with ``leader_id=0`` one that knows none), ``fail_next`` (the next proposal or read barrier
 raises the given member error), ``raise_next`` (an unexpected exception). Compaction is real:
 build it with small ``Limits`` and the watch history drops old revisions. The lessor's clock
-is ``clock_ms``, set by hand.
+is ``clock_ms``, set by hand; it is also the leader clock (``leader_clock_ms``).
+
+Rendezvous: ``heartbeat`` knows every participant the state machine has (and raises like a
+follower under ``not_leader``); ``phis`` sets the suspicion reported for a (job,
+participant), leader only; ``heartbeats``, ``closed_streams`` and ``apply_waits`` record what
+the servicers did.
 """
 
 from __future__ import annotations
@@ -63,6 +68,14 @@ class FakeNode:
         # Open watch iterators; tests wait for this to return to 0 after a cancel.
         self.open_watches = 0
         self._applied = asyncio.Condition()
+        # Set, and replaced by a fresh one, whenever an entry applies (wait_for_apply).
+        self._applied_signal = asyncio.Event()
+        # Rendezvous: the phi each (job, participant) reports on the leader; heartbeats fed,
+        # streams reported closed, and calls to wait_for_apply (all in call order).
+        self.phis: dict[tuple[str, int], float] = {}
+        self.heartbeats: list[tuple[str, int]] = []
+        self.closed_streams: list[tuple[str, int]] = []
+        self.apply_waits = 0
 
     # ------------------------------------------------------------------ switches
 
@@ -120,6 +133,8 @@ class FakeNode:
             self.lessor.grant(result.lease_id, result.ttl_ms)
         elif isinstance(result, LeaseEndResult):
             self.lessor.forget(result.lease_id)
+        signal, self._applied_signal = self._applied_signal, asyncio.Event()
+        signal.set()
         async with self._applied:
             self._applied.notify_all()
         return result
@@ -156,6 +171,34 @@ class FakeNode:
     def lease_remaining_ms(self, lease_id: int) -> int | None:
         self._check_serving()
         return self.lessor.remaining_ms(lease_id)
+
+    def heartbeat(self, job: str, participant_id: int) -> bool:
+        self._check_serving()
+        found = self._state.rendezvous.jobs.get(job)
+        if found is None or participant_id not in found.participants:
+            return False
+        self.heartbeats.append((job, participant_id))
+        return True
+
+    def heartbeat_stream_closed(self, job: str, participant_id: int) -> None:
+        self.closed_streams.append((job, participant_id))
+
+    def phi(self, job: str, participant_id: int) -> float | None:
+        if self.leader_id != MEMBER_ID:
+            return None
+        return self.phis.get((job, participant_id))
+
+    def leader_clock_ms(self) -> int:
+        return self.clock_ms
+
+    async def wait_for_apply(self, timeout_s: float) -> bool:
+        self.apply_waits += 1
+        signal = self._applied_signal
+        try:
+            await asyncio.wait_for(signal.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
 
     def status(self) -> NodeStatus:
         progress = tuple(

@@ -1,0 +1,312 @@
+"""The Rendezvous service: jobs, joins, heartbeats, round watches and job status.
+
+Theory of operation. Configure, Join, Leave, Evict and CloseJob are replicated commands;
+their answers carry the job's RoundInfo as this member has applied it once the command
+applied. GetJob and ListJobs read the applied state after a read barrier (unless the client
+asked for a serializable read). The reason string is computed here, from the state and
+``node.leader_clock_ms()``: the state machine holds no clock, and the reason is only a
+description, never a decision.
+
+Phi is the leader's soft state: only the leader has failure detectors, so GetJob reports
+each member's phi when served by the leader, and 0 (as rendezvous.proto documents) when
+served by a follower or for a participant the detectors do not know yet. A suspicion that
+is certain (a closed stream confirmed) is +inf.
+
+Heartbeat is a bidirectional stream served by the leader only (``node.heartbeat`` raises
+NotLeaderError on a follower, which ends the stream with UNAVAILABLE and the leader hint,
+as the lease keep-alive stream does). Each request feeds the detector of its (job,
+participant). The stream answers when the job's current round (number or state) differs
+from what the worker said or from what this stream last told it, and every
+``HEARTBEAT_ANSWER_EVERY`` heartbeats otherwise, so a worker learns of a change without a
+watch and knows the stream is alive. A stream that ends abnormally (the client cancelled,
+the connection broke, or an error ended it) is reported for every participant it carried
+(``node.heartbeat_stream_closed``): a dead process's stream closing is immediate evidence,
+confirmed unless a new stream arrives. A clean half-close by the client is not evidence:
+that is how a worker stops heartbeating after Leave.
+
+WatchJob sends the job's current RoundInfo after a read barrier, then a fresh one whenever
+the job's revision moves (intermediate states may be coalesced; the latest never is),
+re-checking after every batch of applied entries; it ends with NOT_FOUND when the job is
+gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from rallypoint.proto.v1 import rendezvous_pb2, rendezvous_pb2_grpc
+
+from ..node_api import ServerNode
+from ..state.commands import CloseJob, Configure, Evict, Join, Leave
+from ..state.errors import JobNotFound, ParticipantNotFound
+from ..state.jobs import EndReason, JobConfig, RoundRecord, RoundState
+from ..state.rendezvous import Job, round_reason
+from ..state.results import CloseJobResult, ConfigureResult, JoinResult, RemoveResult
+from . import validate
+from .checkpoint import checkpoint_pb
+from .common import Context, header_pb, propose, read_barrier
+from .errors import RequestFailed
+
+# A heartbeat stream answers at least once per this many heartbeats.
+HEARTBEAT_ANSWER_EVERY = 10
+# How long WatchJob waits for an apply before re-checking anyway (a bound, not a poll: an
+# apply wakes it at once).
+WATCH_RECHECK_S = 5.0
+
+
+_ROUND_STATES = {
+    RoundState.JOINING: rendezvous_pb2.ROUND_STATE_JOINING,
+    RoundState.ACTIVE: rendezvous_pb2.ROUND_STATE_ACTIVE,
+    RoundState.ENDED: rendezvous_pb2.ROUND_STATE_ENDED,
+}
+_END_REASONS = {
+    EndReason.MEMBER_FAILED: rendezvous_pb2.ROUND_END_REASON_MEMBER_FAILED,
+    EndReason.MEMBER_LEFT: rendezvous_pb2.ROUND_END_REASON_MEMBER_LEFT,
+    EndReason.MEMBER_EVICTED: rendezvous_pb2.ROUND_END_REASON_MEMBER_EVICTED,
+    EndReason.SCALE_UP: rendezvous_pb2.ROUND_END_REASON_SCALE_UP,
+    EndReason.JOB_CLOSED: rendezvous_pb2.ROUND_END_REASON_JOB_CLOSED,
+}
+
+
+def config_pb(config: JobConfig) -> rendezvous_pb2.JobConfig:
+    return rendezvous_pb2.JobConfig(
+        min_nodes=config.min_nodes,
+        max_nodes=config.max_nodes,
+        last_call_ms=config.last_call_ms,
+        join_timeout_ms=config.join_timeout_ms,
+        heartbeat_interval_ms=config.heartbeat_interval_ms,
+        phi_threshold=config.phi_threshold_milli / 1000,
+        phi_window=config.phi_window,
+        min_std_ms=config.min_std_ms,
+        acceptable_pause_ms=config.acceptable_pause_ms,
+        scale_up=config.scale_up,
+        keep_checkpoints=config.keep_checkpoints,
+    )
+
+
+def record_pb(record: RoundRecord) -> rendezvous_pb2.RoundRecord:
+    return rendezvous_pb2.RoundRecord(
+        round=record.number,
+        members=[
+            rendezvous_pb2.RoundMember(participant_id=m.participant_id, name=m.name, rank=m.rank)
+            for m in record.members
+        ],
+        fencing_token=record.fencing_token,
+        opened_ms=record.opened_ms,
+        closed_ms=record.closed_ms,
+        ended_ms=record.ended_ms,
+        end_reason=_END_REASONS[record.end_reason],
+        ended_by=record.ended_by,
+    )
+
+
+class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
+    def __init__(self, node: ServerNode) -> None:
+        self.node = node
+
+    # ----------------------------------------------------------------- reading jobs
+
+    def _job(self, job_id: str) -> Job:
+        job = self.node.state.rendezvous.jobs.get(job_id)
+        if job is None:
+            raise RequestFailed(JobNotFound(job_id))
+        return job
+
+    def _member_pb(
+        self, job: Job, pid: int, rank: int, with_phi: bool
+    ) -> rendezvous_pb2.RoundMember:
+        member = rendezvous_pb2.RoundMember(participant_id=pid, rank=rank)
+        participant = job.participants.get(pid)
+        if participant is not None:
+            member.name, member.metadata = participant.name, participant.metadata
+        elif job.history and job.history[-1].number == job.round.number:
+            # A closed job's participants are gone; its last round's record keeps the names.
+            names = {m.participant_id: m.name for m in job.history[-1].members}
+            member.name = names.get(pid, "")
+        if with_phi:
+            phi = self.node.phi(job.job_id, pid)
+            member.phi = 0.0 if phi is None else phi
+        return member
+
+    def round_info(self, job: Job, with_phi: bool = False) -> rendezvous_pb2.RoundInfo:
+        r = job.round
+        return rendezvous_pb2.RoundInfo(
+            job=job.job_id,
+            round=r.number,
+            state=_ROUND_STATES[r.state],
+            members=[self._member_pb(job, s.participant_id, s.rank, with_phi) for s in r.members],
+            world_size=len(r.members) if r.state is RoundState.ACTIVE else 0,
+            fencing_token=r.fencing_token,
+            store_namespace=f"{job.job_id}/{r.number}",
+            reason=round_reason(job, self.node.leader_clock_ms()),
+            waiting=[self._member_pb(job, pid, -1, with_phi) for pid in job.waiting],
+            opened_ms=r.opened_ms,
+            closed_ms=r.closed_ms,
+            job_closed=job.closed,
+            job_revision=job.revision,
+        )
+
+    async def GetJob(
+        self, request: rendezvous_pb2.GetJobRequest, context: Context
+    ) -> rendezvous_pb2.GetJobResponse:
+        job_id = validate.job_id(request.job)
+        await read_barrier(self.node, context, request.serializable)
+        job = self._job(job_id)
+        response = rendezvous_pb2.GetJobResponse(
+            header=header_pb(self.node.header()),
+            config=config_pb(job.config),
+            round=self.round_info(job, with_phi=True),
+            history=[record_pb(record) for record in job.history],
+        )
+        latest = job.checkpoints.latest()
+        if latest is not None:
+            response.latest_checkpoint.CopyFrom(checkpoint_pb(latest))
+        return response
+
+    async def ListJobs(
+        self, request: rendezvous_pb2.ListJobsRequest, context: Context
+    ) -> rendezvous_pb2.ListJobsResponse:
+        await read_barrier(self.node, context, request.serializable)
+        jobs = self.node.state.rendezvous.jobs
+        return rendezvous_pb2.ListJobsResponse(
+            header=header_pb(self.node.header()),
+            jobs=[self.round_info(jobs[job_id]) for job_id in sorted(jobs)],
+        )
+
+    async def WatchJob(
+        self, request: rendezvous_pb2.WatchJobRequest, context: Context
+    ) -> AsyncIterator[rendezvous_pb2.WatchJobResponse]:
+        job_id = validate.job_id(request.job)
+        await read_barrier(self.node, context, serializable=False)
+        while True:
+            job = self._job(job_id)
+            revision = job.revision
+            yield rendezvous_pb2.WatchJobResponse(
+                header=header_pb(self.node.header()), round=self.round_info(job)
+            )
+            # No await between a check and the wait that follows it: no apply is missed.
+            while not self._changed_since(job_id, revision):
+                await self.node.wait_for_apply(WATCH_RECHECK_S)
+
+    def _changed_since(self, job_id: str, revision: int) -> bool:
+        changed = self.node.state.rendezvous.job_changed_since(job_id, revision)
+        if changed is None:
+            raise RequestFailed(JobNotFound(job_id))
+        return changed
+
+    # ----------------------------------------------------------------- heartbeats
+
+    async def Heartbeat(
+        self,
+        request_iterator: AsyncIterator[rendezvous_pb2.HeartbeatRequest],
+        context: Context,
+    ) -> AsyncIterator[rendezvous_pb2.HeartbeatResponse]:
+        # The participants this stream has fed, and the (round, state) it last told each.
+        carried: dict[tuple[str, int], tuple[int, RoundState] | None] = {}
+        heartbeats = 0
+        try:
+            async for request in request_iterator:
+                job_id = validate.job_id(request.job)
+                pid = validate.positive(request.participant_id, "participant_id")
+                if not self.node.heartbeat(job_id, pid):
+                    self._job(job_id)
+                    raise RequestFailed(ParticipantNotFound(job_id, pid))
+                key = (job_id, pid)
+                told = carried.setdefault(key, None)
+                heartbeats += 1
+                r = self._job(job_id).round
+                current = (r.number, r.state)
+                if (
+                    request.round != r.number
+                    or told != current
+                    or (heartbeats % HEARTBEAT_ANSWER_EVERY == 0)
+                ):
+                    carried[key] = current
+                    yield rendezvous_pb2.HeartbeatResponse(
+                        header=header_pb(self.node.header()),
+                        current_round=r.number,
+                        state=_ROUND_STATES[r.state],
+                    )
+        except BaseException:
+            # Cancelled, broken or failed: evidence, unless a new stream arrives in time.
+            for job_id, pid in sorted(carried):
+                self.node.heartbeat_stream_closed(job_id, pid)
+            raise
+
+    # ----------------------------------------------------------------- commands
+
+    async def Configure(
+        self, request: rendezvous_pb2.ConfigureRequest, context: Context
+    ) -> rendezvous_pb2.ConfigureResponse:
+        limits = self.node.state.limits.rendezvous
+        header = validate.session_header(request.HasField("header"), request.header)
+        command = Configure(
+            job=validate.job_id(request.job),
+            config=validate.job_config(request.HasField("config"), request.config, limits),
+        )
+        result = await propose(self.node, command, context, ConfigureResult, header)
+        return rendezvous_pb2.ConfigureResponse(
+            header=header_pb(self.node.header()),
+            created=result.created,
+            round=self.round_info(self._job(result.job)),
+        )
+
+    async def Join(
+        self, request: rendezvous_pb2.JoinRequest, context: Context
+    ) -> rendezvous_pb2.JoinResponse:
+        limits = self.node.state.limits.rendezvous
+        header = validate.session_header(request.HasField("header"), request.header)
+        config = (
+            validate.job_config(True, request.config, limits)
+            if request.HasField("config")
+            else None
+        )
+        command = Join(
+            job=validate.job_id(request.job),
+            name=validate.participant_name(request.name, limits),
+            metadata=validate.participant_metadata(request.metadata, limits),
+            config=config,
+        )
+        result = await propose(self.node, command, context, JoinResult, header)
+        return rendezvous_pb2.JoinResponse(
+            header=header_pb(self.node.header()),
+            participant_id=result.participant_id,
+            waiting=result.waiting,
+            round=self.round_info(self._job(result.job)),
+        )
+
+    async def Leave(
+        self, request: rendezvous_pb2.LeaveRequest, context: Context
+    ) -> rendezvous_pb2.LeaveResponse:
+        header = validate.session_header(request.HasField("header"), request.header)
+        command = Leave(
+            job=validate.job_id(request.job),
+            participant_id=validate.positive(request.participant_id, "participant_id"),
+        )
+        result = await propose(self.node, command, context, RemoveResult, header)
+        return rendezvous_pb2.LeaveResponse(
+            header=header_pb(self.node.header()), ended_round=result.ended_round
+        )
+
+    async def Evict(
+        self, request: rendezvous_pb2.EvictRequest, context: Context
+    ) -> rendezvous_pb2.EvictResponse:
+        header = validate.session_header(request.HasField("header"), request.header)
+        command = Evict(
+            job=validate.job_id(request.job),
+            participant_id=validate.positive(request.participant_id, "participant_id"),
+        )
+        result = await propose(self.node, command, context, RemoveResult, header)
+        return rendezvous_pb2.EvictResponse(
+            header=header_pb(self.node.header()), ended_round=result.ended_round
+        )
+
+    async def CloseJob(
+        self, request: rendezvous_pb2.CloseJobRequest, context: Context
+    ) -> rendezvous_pb2.CloseJobResponse:
+        header = validate.session_header(request.HasField("header"), request.header)
+        command = CloseJob(job=validate.job_id(request.job))
+        result = await propose(self.node, command, context, CloseJobResult, header)
+        return rendezvous_pb2.CloseJobResponse(
+            header=header_pb(self.node.header()), ended_round=result.ended_round
+        )

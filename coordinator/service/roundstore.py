@@ -1,0 +1,200 @@
+"""The RoundStore service: the c10d store of one (job, round), for that round's members.
+
+Theory of operation. Writes (Set, Add, CompareSet, Delete) are replicated commands; the
+state machine's ``Rendezvous.member_store`` refuses them with STALE_ROUND unless the round is
+the job's current ACTIVE round and the participant one of its members. Reads (Get, Wait,
+NumKeys, Check) are answered from this member's applied state after a read barrier (so they
+see every write acknowledged before they started), and go through the same
+``member_store`` check: a zombie cannot even read a world it has left.
+
+Waiting (Get with ``timeout_ms``, Wait) re-checks after every batch of applied entries
+(``node.wait_for_apply``) until the keys exist or the deadline passes: the check and the
+call that starts waiting run with no await between them, so no applied entry is missed.
+The membership check is part of each re-check, so a round that ends during the wait ends
+it with STALE_ROUND rather than leaving the worker waiting on a world that is gone. The
+deadline is ``timeout_ms``, bounded by the client's own deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TypeVar
+
+from rallypoint.proto.v1 import rendezvous_pb2, rendezvous_pb2_grpc
+
+from ..node_api import ServerNode
+from ..state.commands import StoreAdd, StoreCompareSet, StoreDelete, StoreSet
+from ..state.errors import Failure
+from ..state.results import (
+    StoreAddResult,
+    StoreCompareSetResult,
+    StoreDeleteResult,
+    StoreSetResult,
+)
+from ..state.roundstore import RoundStore
+from . import validate
+from .common import Context, header_pb, propose, read_barrier
+from .errors import RequestFailed, WaitTimedOut
+
+T = TypeVar("T")
+
+
+class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
+    def __init__(self, node: ServerNode) -> None:
+        self.node = node
+
+    # ----------------------------------------------------------------- reads
+
+    def _store(self, scope: validate.Scope) -> RoundStore:
+        """The scope's store if its participant may use it now; else the fencing failure."""
+        store = self.node.state.rendezvous.member_store(
+            scope.job, scope.round, scope.participant_id
+        )
+        if isinstance(store, Failure):
+            raise RequestFailed(store)
+        return store
+
+    async def _wait_for(
+        self,
+        scope: validate.Scope,
+        found: Callable[[RoundStore], T | None],
+        timeout_ms: int,
+        context: Context,
+        what: str,
+    ) -> T:
+        """``found(store)`` once it is not None, re-checked after every apply until
+        ``timeout_ms`` (bounded by the client's deadline) passes."""
+        loop = asyncio.get_running_loop()
+        remaining_s: float | None = context.time_remaining()
+        wait_s = timeout_ms / 1000 if remaining_s is None else min(timeout_ms / 1000, remaining_s)
+        deadline_s = loop.time() + wait_s
+        await read_barrier(self.node, context, serializable=False)
+        while True:
+            answer = found(self._store(scope))
+            if answer is not None:
+                return answer
+            left_s = deadline_s - loop.time()
+            if left_s <= 0:
+                raise WaitTimedOut(
+                    f"job {scope.job!r} round {scope.round}: {what} after {timeout_ms} ms"
+                )
+            await self.node.wait_for_apply(left_s)
+
+    async def Get(
+        self, request: rendezvous_pb2.StoreGetRequest, context: Context
+    ) -> rendezvous_pb2.StoreGetResponse:
+        scope = validate.store_scope(request.HasField("scope"), request.scope)
+        key = validate.store_key(request.key, self.node.state.limits.rendezvous)
+        timeout_ms = validate.non_negative(request.timeout_ms, "timeout_ms")
+        value = await self._wait_for(
+            scope, lambda store: store.get(key), timeout_ms, context, f"key {key!r} is missing"
+        )
+        return rendezvous_pb2.StoreGetResponse(header=header_pb(self.node.header()), value=value)
+
+    async def Wait(
+        self, request: rendezvous_pb2.StoreWaitRequest, context: Context
+    ) -> rendezvous_pb2.StoreWaitResponse:
+        scope = validate.store_scope(request.HasField("scope"), request.scope)
+        limits = self.node.state.limits.rendezvous
+        keys = [validate.store_key(key, limits, f"keys[{i}]") for i, key in enumerate(request.keys)]
+        timeout_ms = validate.non_negative(request.timeout_ms, "timeout_ms")
+
+        def all_present(store: RoundStore) -> bool | None:
+            return True if store.check(keys) else None
+
+        await self._wait_for(scope, all_present, timeout_ms, context, "keys are still missing")
+        return rendezvous_pb2.StoreWaitResponse(header=header_pb(self.node.header()))
+
+    async def NumKeys(
+        self, request: rendezvous_pb2.StoreNumKeysRequest, context: Context
+    ) -> rendezvous_pb2.StoreNumKeysResponse:
+        scope = validate.store_scope(request.HasField("scope"), request.scope)
+        await read_barrier(self.node, context, serializable=False)
+        return rendezvous_pb2.StoreNumKeysResponse(
+            header=header_pb(self.node.header()), num_keys=self._store(scope).num_keys()
+        )
+
+    async def Check(
+        self, request: rendezvous_pb2.StoreCheckRequest, context: Context
+    ) -> rendezvous_pb2.StoreCheckResponse:
+        scope = validate.store_scope(request.HasField("scope"), request.scope)
+        limits = self.node.state.limits.rendezvous
+        keys = [validate.store_key(key, limits, f"keys[{i}]") for i, key in enumerate(request.keys)]
+        await read_barrier(self.node, context, serializable=False)
+        return rendezvous_pb2.StoreCheckResponse(
+            header=header_pb(self.node.header()), all_exist=self._store(scope).check(keys)
+        )
+
+    # ----------------------------------------------------------------- writes
+
+    async def Set(
+        self, request: rendezvous_pb2.StoreSetRequest, context: Context
+    ) -> rendezvous_pb2.StoreSetResponse:
+        limits = self.node.state.limits.rendezvous
+        header = validate.session_header(request.HasField("header"), request.header)
+        scope = validate.store_scope(request.HasField("scope"), request.scope)
+        command = StoreSet(
+            job=scope.job,
+            round=scope.round,
+            participant_id=scope.participant_id,
+            key=validate.store_key(request.key, limits),
+            value=validate.store_value(request.value, limits),
+        )
+        await propose(self.node, command, context, StoreSetResult, header)
+        return rendezvous_pb2.StoreSetResponse(header=header_pb(self.node.header()))
+
+    async def Add(
+        self, request: rendezvous_pb2.StoreAddRequest, context: Context
+    ) -> rendezvous_pb2.StoreAddResponse:
+        header = validate.session_header(request.HasField("header"), request.header)
+        scope = validate.store_scope(request.HasField("scope"), request.scope)
+        command = StoreAdd(
+            job=scope.job,
+            round=scope.round,
+            participant_id=scope.participant_id,
+            key=validate.store_key(request.key, self.node.state.limits.rendezvous),
+            delta=request.delta,
+        )
+        result = await propose(self.node, command, context, StoreAddResult, header)
+        return rendezvous_pb2.StoreAddResponse(
+            header=header_pb(self.node.header()), value=result.value
+        )
+
+    async def CompareSet(
+        self, request: rendezvous_pb2.StoreCompareSetRequest, context: Context
+    ) -> rendezvous_pb2.StoreCompareSetResponse:
+        limits = self.node.state.limits.rendezvous
+        header = validate.session_header(request.HasField("header"), request.header)
+        scope = validate.store_scope(request.HasField("scope"), request.scope)
+        command = StoreCompareSet(
+            job=scope.job,
+            round=scope.round,
+            participant_id=scope.participant_id,
+            key=validate.store_key(request.key, limits),
+            expected=validate.store_value(request.expected, limits),
+            desired=validate.store_value(request.desired, limits),
+        )
+        result = await propose(self.node, command, context, StoreCompareSetResult, header)
+        response = rendezvous_pb2.StoreCompareSetResponse(
+            header=header_pb(self.node.header()), swapped=result.swapped
+        )
+        if result.value is not None:
+            response.value = result.value
+        return response
+
+    async def Delete(
+        self, request: rendezvous_pb2.StoreDeleteRequest, context: Context
+    ) -> rendezvous_pb2.StoreDeleteResponse:
+        header = validate.session_header(request.HasField("header"), request.header)
+        scope = validate.store_scope(request.HasField("scope"), request.scope)
+        command = StoreDelete(
+            job=scope.job,
+            round=scope.round,
+            participant_id=scope.participant_id,
+            key=validate.store_key(request.key, self.node.state.limits.rendezvous),
+        )
+        result = await propose(self.node, command, context, StoreDeleteResult, header)
+        return rendezvous_pb2.StoreDeleteResponse(
+            header=header_pb(self.node.header()), existed=result.existed
+        )

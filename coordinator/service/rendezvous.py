@@ -18,11 +18,15 @@ as the lease keep-alive stream does). Each request feeds the detector of its (jo
 participant). The stream answers when the job's current round (number or state) differs
 from what the worker said or from what this stream last told it, and every
 ``HEARTBEAT_ANSWER_EVERY`` heartbeats otherwise, so a worker learns of a change without a
-watch and knows the stream is alive. A stream that ends abnormally (the client cancelled,
-the connection broke, or an error ended it) is reported for every participant it carried
+watch and knows the stream is alive.
+
+When a stream ends, every participant it carried that is still in its job is reported
 (``node.heartbeat_stream_closed``): a dead process's stream closing is immediate evidence,
-confirmed unless a new stream arrives. A clean half-close by the client is not evidence:
-that is how a worker stops heartbeating after Leave.
+confirmed unless a new stream arrives within two heartbeat intervals. A worker that leaves
+does so before closing its stream, so it is no longer a participant when the stream ends
+and nothing is reported. The end itself cannot tell the two apart: gRPC hands the handler
+a client's cancellation (or a broken connection) as the same end of requests as a clean
+half-close, and only sometimes cancels the handler afterwards.
 
 WatchJob sends the job's current RoundInfo after a read barrier, then a fresh one whenever
 the job's revision moves (intermediate states may be coalesced; the latest never is),
@@ -227,11 +231,12 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
                         current_round=r.number,
                         state=_ROUND_STATES[r.state],
                     )
-        except BaseException:
-            # Cancelled, broken or failed: evidence, unless a new stream arrives in time.
+        finally:
+            jobs = self.node.state.rendezvous.jobs
             for job_id, pid in sorted(carried):
-                self.node.heartbeat_stream_closed(job_id, pid)
-            raise
+                job = jobs.get(job_id)
+                if job is not None and pid in job.participants:
+                    self.node.heartbeat_stream_closed(job_id, pid)
 
     # ----------------------------------------------------------------- commands
 

@@ -21,7 +21,7 @@ import contextlib
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import grpc
 
@@ -38,10 +38,12 @@ from rallypoint.coordinator.node_api import (
 )
 from rallypoint.coordinator.service import add_services
 from rallypoint.coordinator.state import Envelope, Lessor, Limits, StateMachine, encode_envelope
-from rallypoint.coordinator.state.commands import Command
+from rallypoint.coordinator.state.commands import Command, SessionOpen
 from rallypoint.coordinator.state.errors import Compacted
+from rallypoint.coordinator.state.jobs import JobConfig
 from rallypoint.coordinator.state.results import LeaseEndResult, LeaseGrantResult, Result
 from rallypoint.coordinator.state.values import Event
+from rallypoint.proto.v1 import common_pb2, rendezvous_pb2, rendezvous_pb2_grpc
 
 MEMBER_ID = 1
 CLUSTER_ID = 77
@@ -305,3 +307,60 @@ async def fails(call: Awaitable[object]) -> RpcFailure:
     except grpc.aio.AioRpcError as error:
         return rpc_failure(error)
     raise AssertionError("the call succeeded")
+
+
+# ---------------------------------------------------------------------- rendezvous helpers
+
+
+class Headers:
+    """The request headers of one session: each call is the next sequence."""
+
+    def __init__(self, session_id: int) -> None:
+        self.session_id = session_id
+        self.sequence = 0
+
+    def __call__(self) -> common_pb2.RequestHeader:
+        self.sequence += 1
+        return common_pb2.RequestHeader(session_id=self.session_id, sequence=self.sequence)
+
+
+async def open_session(node: FakeNode) -> Headers:
+    """A session opened straight in the fake member's state machine."""
+    await node.apply(encode_envelope(Envelope(0, 0, 0, node.clock_ms, SessionOpen(600_000))))
+    return Headers(node.index)
+
+
+def job_config(min_nodes: int, max_nodes: int, **fields: Any) -> rendezvous_pb2.JobConfig:
+    """A valid JobConfig on the wire: the state machine's defaults, then ``fields``."""
+    defaults = JobConfig(min_nodes, max_nodes)
+    values: dict[str, Any] = {
+        "min_nodes": min_nodes,
+        "max_nodes": max_nodes,
+        "last_call_ms": defaults.last_call_ms,
+        "join_timeout_ms": defaults.join_timeout_ms,
+        "heartbeat_interval_ms": defaults.heartbeat_interval_ms,
+        "phi_threshold": defaults.phi_threshold_milli / 1000,
+        "phi_window": defaults.phi_window,
+        "min_std_ms": defaults.min_std_ms,
+        "acceptable_pause_ms": defaults.acceptable_pause_ms,
+        "scale_up": defaults.scale_up,
+        "keep_checkpoints": defaults.keep_checkpoints,
+    }
+    values.update(fields)
+    return rendezvous_pb2.JobConfig(**values)
+
+
+async def join_round(
+    channel: grpc.aio.Channel, headers: Headers, job: str, size: int, **config: Any
+) -> list[rendezvous_pb2.JoinResponse]:
+    """``size`` participants ("w0", "w1", ...) of one session join ``job`` with min = max =
+    ``size``: the last join closes the round, ranks in join order."""
+    stub = rendezvous_pb2_grpc.RendezvousStub(channel)
+    return [
+        await stub.Join(
+            rendezvous_pb2.JoinRequest(
+                header=headers(), job=job, name=f"w{i}", config=job_config(size, size, **config)
+            )
+        )
+        for i in range(size)
+    ]

@@ -1,0 +1,251 @@
+"""The RoundStore service over a real gRPC server and the fake member: c10d semantics,
+waits, fencing to the ACTIVE round's members (reads included), and every failure."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+import pytest
+
+from rallypoint.coordinator.state import Limits
+from rallypoint.coordinator.state.jobs import RendezvousLimits
+from rallypoint.proto.v1 import common_pb2, rendezvous_pb2_grpc
+from rallypoint.proto.v1 import rendezvous_pb2 as pb
+
+from .fake_node import FakeNode, Headers, fails, join_round, open_session, serving, until
+
+Code = grpc.StatusCode
+LIMITS = Limits(
+    rendezvous=RendezvousLimits(
+        max_store_keys=4, max_store_key_bytes=8, max_store_value_bytes=24, max_waiting=4
+    )
+)
+
+
+@dataclass
+class Client:
+    node: FakeNode
+    channel: grpc.aio.Channel
+    headers: Headers
+    store: rendezvous_pb2_grpc.RoundStoreStub
+    rendezvous: rendezvous_pb2_grpc.RendezvousStub
+    # Participant ids of the round's two members (ranks 0 and 1).
+    members: tuple[int, int]
+
+    def scope(self, member: int = 0, round_number: int = 1) -> pb.StoreScope:
+        return pb.StoreScope(job="j", round=round_number, participant_id=self.members[member])
+
+    async def set(self, key: bytes, value: bytes, member: int = 0) -> pb.StoreSetResponse:
+        request = pb.StoreSetRequest(
+            header=self.headers(), scope=self.scope(member), key=key, value=value
+        )
+        return await self.store.Set(request)
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[Client]:
+    node = FakeNode(LIMITS)
+    async with serving(node) as channel:
+        headers = await open_session(node)
+        a, b = await join_round(channel, headers, "j", 2)
+        yield Client(
+            node,
+            channel,
+            headers,
+            rendezvous_pb2_grpc.RoundStoreStub(channel),
+            rendezvous_pb2_grpc.RendezvousStub(channel),
+            (a.participant_id, b.participant_id),
+        )
+
+
+async def test_set_get_add_compare_set_delete_num_keys_check(client: Client) -> None:
+    store, h = client.store, client.headers
+    await client.set(b"addr", b"10.0.0.1")
+    got = await store.Get(pb.StoreGetRequest(scope=client.scope(1), key=b"addr"))
+    assert got.value == b"10.0.0.1"
+    added = await store.Add(pb.StoreAddRequest(header=h(), scope=client.scope(), key=b"n", delta=5))
+    again = await store.Add(
+        pb.StoreAddRequest(header=h(), scope=client.scope(1), key=b"n", delta=-2)
+    )
+    assert (added.value, again.value) == (5, 3)
+
+    def cas(expected: bytes, desired: bytes) -> pb.StoreCompareSetRequest:
+        return pb.StoreCompareSetRequest(
+            header=h(), scope=client.scope(), key=b"c", expected=expected, desired=desired
+        )
+
+    created = await store.CompareSet(cas(b"", b"first"))
+    assert created.swapped and created.value == b"first"
+    lost = await store.CompareSet(cas(b"other", b"second"))
+    assert not lost.swapped and lost.value == b"first"
+    swapped = await store.CompareSet(cas(b"first", b"second"))
+    assert swapped.swapped and swapped.value == b"second"
+
+    counted = await store.NumKeys(pb.StoreNumKeysRequest(scope=client.scope()))
+    assert counted.num_keys == 3
+    checked = await store.Check(pb.StoreCheckRequest(scope=client.scope(), keys=[b"n", b"c"]))
+    assert checked.all_exist
+    deleted = await store.Delete(pb.StoreDeleteRequest(header=h(), scope=client.scope(), key=b"c"))
+    assert deleted.existed
+    absent = await store.Delete(pb.StoreDeleteRequest(header=h(), scope=client.scope(), key=b"c"))
+    assert not absent.existed
+    missing = await store.CompareSet(cas(b"x", b"y"))
+    assert not missing.swapped and not missing.HasField("value")
+    partly = await store.Check(pb.StoreCheckRequest(scope=client.scope(), keys=[b"n", b"c"]))
+    assert not partly.all_exist
+    await store.Wait(pb.StoreWaitRequest(scope=client.scope(), keys=[b"n", b"addr"]))
+
+
+async def test_reads_are_linearizable_and_a_follower_refuses_them(client: Client) -> None:
+    barriers = client.node.read_barriers
+    await client.store.NumKeys(pb.StoreNumKeysRequest(scope=client.scope()))
+    await client.store.Check(pb.StoreCheckRequest(scope=client.scope(), keys=[b"k"]))
+    assert client.node.read_barriers == barriers + 2
+    client.node.not_leader(2, "10.0.0.2:2379")
+    refused = await fails(client.store.Get(pb.StoreGetRequest(scope=client.scope(), key=b"k")))
+    assert (refused.code, refused.reason, refused.leader) == (
+        Code.UNAVAILABLE,
+        "NOT_LEADER",
+        "10.0.0.2:2379",
+    )
+
+
+async def test_get_and_wait_block_until_the_keys_appear(client: Client) -> None:
+    get = asyncio.ensure_future(
+        client.store.Get(pb.StoreGetRequest(scope=client.scope(1), key=b"k", timeout_ms=30_000))
+    )
+    wait = asyncio.ensure_future(
+        client.store.Wait(
+            pb.StoreWaitRequest(scope=client.scope(1), keys=[b"k", b"m"], timeout_ms=30_000)
+        )
+    )
+    await until(lambda: client.node.apply_waits >= 2)
+    await client.set(b"k", b"v")
+    assert (await get).value == b"v"
+    assert not wait.done()
+    await client.set(b"m", b"")
+    await wait
+
+
+async def test_a_key_still_missing_at_the_timeout_is_deadline_exceeded(client: Client) -> None:
+    for timeout_ms in (0, 20):
+        got = await fails(
+            client.store.Get(
+                pb.StoreGetRequest(scope=client.scope(), key=b"k", timeout_ms=timeout_ms)
+            )
+        )
+        assert got.code == Code.DEADLINE_EXCEEDED and "key b'k' is missing" in got.details
+    await client.set(b"k", b"v")
+    waited = await fails(
+        client.store.Wait(
+            pb.StoreWaitRequest(scope=client.scope(), keys=[b"k", b"x"], timeout_ms=20)
+        )
+    )
+    assert waited.code == Code.DEADLINE_EXCEEDED
+
+
+async def test_the_round_ending_during_a_wait_ends_it_with_stale_round(client: Client) -> None:
+    get = asyncio.ensure_future(
+        client.store.Get(pb.StoreGetRequest(scope=client.scope(), key=b"k", timeout_ms=30_000))
+    )
+    await until(lambda: client.node.apply_waits >= 1)
+    await client.rendezvous.Leave(
+        pb.LeaveRequest(header=client.headers(), job="j", participant_id=client.members[1])
+    )
+    failure = await fails(get)
+    assert (failure.code, failure.reason) == (Code.FAILED_PRECONDITION, "STALE_ROUND")
+    assert "round 1 has ended" in failure.details
+
+
+async def test_only_members_of_the_active_round_may_read_or_write(client: Client) -> None:
+    waiter = await client.rendezvous.Join(
+        pb.JoinRequest(header=client.headers(), job="j", name="late")
+    )
+    assert waiter.waiting
+    outsider = pb.StoreScope(job="j", round=1, participant_id=waiter.participant_id)
+    future = pb.StoreScope(job="j", round=2, participant_id=client.members[0])
+    h = client.headers
+    for scope in (outsider, future):
+        calls = [
+            client.store.Set(pb.StoreSetRequest(header=h(), scope=scope, key=b"k", value=b"v")),
+            client.store.Get(pb.StoreGetRequest(scope=scope, key=b"k")),
+            client.store.Wait(pb.StoreWaitRequest(scope=scope, keys=[b"k"])),
+            client.store.NumKeys(pb.StoreNumKeysRequest(scope=scope)),
+            client.store.Check(pb.StoreCheckRequest(scope=scope, keys=[b"k"])),
+            client.store.Add(pb.StoreAddRequest(header=h(), scope=scope, key=b"k", delta=1)),
+            client.store.Delete(pb.StoreDeleteRequest(header=h(), scope=scope, key=b"k")),
+        ]
+        for call in calls:
+            failure = await fails(call)
+            assert (failure.code, failure.reason) == (Code.FAILED_PRECONDITION, "STALE_ROUND")
+    # After the round ends, its own former members are refused too (a zombie's write).
+    await client.set(b"k", b"v")
+    await client.rendezvous.Leave(
+        pb.LeaveRequest(header=h(), job="j", participant_id=client.members[1])
+    )
+    zombie = await fails(client.set(b"k", b"v2", member=1))
+    assert (zombie.code, zombie.reason) == (Code.FAILED_PRECONDITION, "STALE_ROUND")
+    stale = await fails(client.store.Get(pb.StoreGetRequest(scope=client.scope(), key=b"k")))
+    assert stale.reason == "STALE_ROUND"
+    unknown = pb.StoreScope(job="nope", round=1, participant_id=1)
+    missing = await fails(client.store.NumKeys(pb.StoreNumKeysRequest(scope=unknown)))
+    assert (missing.code, missing.reason) == (Code.NOT_FOUND, "JOB_NOT_FOUND")
+
+
+async def test_store_failures_have_their_documented_status(client: Client) -> None:
+    h, scope = client.headers, client.scope()
+    await client.set(b"text", b"abc")
+    not_int = await fails(
+        client.store.Add(pb.StoreAddRequest(header=h(), scope=scope, key=b"text", delta=1))
+    )
+    assert (not_int.code, not_int.reason) == (Code.FAILED_PRECONDITION, "NOT_AN_INTEGER")
+    await client.set(b"big", str(2**63 - 1).encode())
+    overflow = await fails(
+        client.store.Add(pb.StoreAddRequest(header=h(), scope=scope, key=b"big", delta=1))
+    )
+    assert (overflow.code, overflow.reason) == (Code.OUT_OF_RANGE, "ADD_OVERFLOW")
+    long_key = await fails(client.set(b"k" * 9, b"v"))
+    assert (long_key.code, long_key.reason) == (Code.RESOURCE_EXHAUSTED, "KEY_TOO_LARGE")
+    long_value = await fails(client.set(b"k", b"v" * 25))
+    assert (long_value.code, long_value.reason) == (Code.RESOURCE_EXHAUSTED, "VALUE_TOO_LARGE")
+    await client.set(b"k3", b"v")
+    await client.set(b"k4", b"v")
+    full = await fails(client.set(b"k5", b"v"))
+    assert (full.code, full.reason) == (Code.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED")
+
+
+def _bad_requests() -> list[tuple[str, str, object]]:
+    h = Headers(1)
+    scope = pb.StoreScope(job="j", round=1, participant_id=2)
+    return [
+        ("Set", "header", pb.StoreSetRequest(scope=scope, key=b"k")),
+        ("Set", "header.session_id", pb.StoreSetRequest(header=common_pb2.RequestHeader(sequence=1), scope=scope, key=b"k")),  # noqa: E501
+        ("Set", "scope", pb.StoreSetRequest(header=h(), key=b"k")),
+        ("Set", "scope.job", pb.StoreSetRequest(header=h(), scope=pb.StoreScope(job="/", round=1, participant_id=2), key=b"k")),  # noqa: E501
+        ("Set", "scope.round", pb.StoreSetRequest(header=h(), scope=pb.StoreScope(job="j", participant_id=2), key=b"k")),  # noqa: E501
+        ("Set", "scope.participant_id", pb.StoreSetRequest(header=h(), scope=pb.StoreScope(job="j", round=1), key=b"k")),  # noqa: E501
+        ("Set", "key", pb.StoreSetRequest(header=h(), scope=scope)),
+        ("Add", "key", pb.StoreAddRequest(header=h(), scope=scope, delta=1)),
+        ("CompareSet", "key", pb.StoreCompareSetRequest(header=h(), scope=scope)),
+        ("Delete", "key", pb.StoreDeleteRequest(header=h(), scope=scope)),
+        ("Get", "key", pb.StoreGetRequest(scope=scope)),
+        ("Get", "timeout_ms", pb.StoreGetRequest(scope=scope, key=b"k", timeout_ms=-1)),
+        ("Wait", "keys[1]", pb.StoreWaitRequest(scope=scope, keys=[b"k", b""])),
+        ("Wait", "timeout_ms", pb.StoreWaitRequest(scope=scope, keys=[b"k"], timeout_ms=-1)),
+        ("Check", "keys[0]", pb.StoreCheckRequest(scope=scope, keys=[b""])),
+        ("NumKeys", "scope", pb.StoreNumKeysRequest()),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(("method", "field", "request_"), _bad_requests())
+async def test_malformed_requests_are_refused_naming_the_field(
+    client: Client, method: str, field: str, request_: object
+) -> None:
+    proposals, barriers = len(client.node.proposals), client.node.read_barriers
+    failure = await fails(getattr(client.store, method)(request_))
+    assert (failure.code, failure.reason) == (Code.INVALID_ARGUMENT, "INVALID_REQUEST")
+    assert failure.details.startswith(f"{field}: "), failure.details
+    assert (len(client.node.proposals), client.node.read_barriers) == (proposals, barriers)

@@ -194,6 +194,8 @@ def sweep(
             events += n
             if invariant is not None:
                 violations.append((seed, invariant, detail))
+                if progress:
+                    print(f"[seed {seed}: {invariant}: {detail}]", file=sys.stderr, flush=True)
             if progress and done % 1000 == 0:
                 elapsed = time.monotonic() - started
                 print(

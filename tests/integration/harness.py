@@ -1,0 +1,260 @@
+"""Real coordinator processes on loopback, for integration and fault-injection tests.
+
+A :class:`ProcessCluster` starts ``python -m rallypoint.coordinator serve`` members with
+their own data directories and free ports, and can stop, kill -9, pause (SIGSTOP), resume
+and restart each one. It asks members for their status over the public API (generated stubs,
+no client library), so it can also check the client library itself. Every wait is a poll of
+a condition with a deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import grpc
+
+from rallypoint.proto.v1 import cluster_pb2, cluster_pb2_grpc
+
+T = TypeVar("T")
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports free right now on 127.0.0.1 (bound together, so they are distinct)."""
+    sockets = []
+    for _ in range(count):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        sockets.append(s)
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def wait_until(
+    condition: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.05
+) -> T:
+    """Poll ``condition`` until it returns something truthy; raise naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.1f}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+@dataclass
+class MemberProcess:
+    member_id: int
+    peer_address: str
+    client_address: str
+    data_dir: Path
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    paused: bool = False
+    extra_args: list[str] = field(default_factory=list)
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class ProcessCluster:
+    def __init__(
+        self,
+        root: Path,
+        size: int = 3,
+        *,
+        tick_ms: int = 50,
+        election_ticks: int = 10,
+        snapshot_entries: int = 10_000,
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.root = root
+        self.tick_ms = tick_ms
+        self.election_ticks = election_ticks
+        self.snapshot_entries = snapshot_entries
+        self.extra_args = list(extra_args or [])
+        self.env = dict(os.environ, **(env or {}))
+        self.members: dict[int, MemberProcess] = {}
+        for member_id in range(1, size + 1):
+            self._describe(member_id)
+
+    def _describe(self, member_id: int) -> MemberProcess:
+        peer, client = free_ports(2)
+        member = MemberProcess(
+            member_id,
+            f"127.0.0.1:{peer}",
+            f"127.0.0.1:{client}",
+            self.root / f"member-{member_id}",
+            self.root / f"member-{member_id}.log",
+        )
+        self.members[member_id] = member
+        return member
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [m.client_address for m in self.members.values()]
+
+    def initial_cluster(self, ids: list[int] | None = None) -> str:
+        chosen = ids or sorted(self.members)
+        return ",".join(
+            f"{i}={self.members[i].peer_address}@{self.members[i].client_address}" for i in chosen
+        )
+
+    def _command(self, member: MemberProcess, initial: str, join: bool) -> list[str]:
+        command = [
+            sys.executable,
+            "-m",
+            "rallypoint.coordinator",
+            "serve",
+            f"--member-id={member.member_id}",
+            f"--data-dir={member.data_dir}",
+            f"--peer-address={member.peer_address}",
+            f"--client-address={member.client_address}",
+            f"--initial-cluster={initial}",
+            f"--tick-ms={self.tick_ms}",
+            f"--election-ticks={self.election_ticks}",
+            f"--snapshot-entries={self.snapshot_entries}",
+            "--log-level=INFO",
+            *self.extra_args,
+            *member.extra_args,
+        ]
+        if join:
+            command.append("--join")
+        return command
+
+    def start(self, member_id: int, *, join: bool = False, initial: str | None = None) -> None:
+        member = self.members[member_id]
+        assert not member.running, f"member {member_id} is already running"
+        log = open(member.log_path, "ab")  # noqa: SIM115 (the child keeps it open)
+        member.proc = subprocess.Popen(
+            self._command(member, initial or self.initial_cluster(), join),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+        )
+        log.close()
+        member.paused = False
+
+    def start_all(self) -> None:
+        for member_id in self.members:
+            self.start(member_id)
+
+    def add_member_process(self) -> MemberProcess:
+        """Describe a new member (not started) with the next id and fresh ports."""
+        return self._describe(max(self.members) + 1)
+
+    def kill(self, member_id: int) -> None:
+        """kill -9."""
+        member = self.members[member_id]
+        if member.proc is not None:
+            if member.paused:
+                member.proc.send_signal(signal.SIGCONT)
+            member.proc.kill()
+            member.proc.wait()
+        member.paused = False
+
+    def stop(self, member_id: int, timeout_s: float = 15.0) -> int:
+        """SIGTERM (graceful: a leader transfers leadership first); returns the exit code."""
+        member = self.members[member_id]
+        assert member.proc is not None
+        if member.paused:
+            self.resume(member_id)
+        member.proc.terminate()
+        try:
+            return member.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            member.proc.kill()
+            member.proc.wait()
+            raise
+
+    def pause(self, member_id: int) -> None:
+        member = self.members[member_id]
+        assert member.proc is not None
+        member.proc.send_signal(signal.SIGSTOP)
+        member.paused = True
+
+    def resume(self, member_id: int) -> None:
+        member = self.members[member_id]
+        assert member.proc is not None
+        member.proc.send_signal(signal.SIGCONT)
+        member.paused = False
+
+    def restart(self, member_id: int) -> None:
+        self.kill(member_id)
+        self.start(member_id)
+
+    def shutdown(self) -> None:
+        for member in self.members.values():
+            if member.running:
+                assert member.proc is not None
+                if member.paused:
+                    member.proc.send_signal(signal.SIGCONT)
+                member.proc.kill()
+                member.proc.wait()
+
+    def status(self, member_id: int, timeout_s: float = 1.0) -> cluster_pb2.StatusResponse | None:
+        member = self.members[member_id]
+        if not member.running or member.paused:
+            return None
+        with grpc.insecure_channel(member.client_address) as channel:
+            try:
+                response: cluster_pb2.StatusResponse = cluster_pb2_grpc.ClusterStub(channel).Status(
+                    cluster_pb2.StatusRequest(), timeout=timeout_s
+                )
+                return response
+            except grpc.RpcError:
+                return None
+
+    def leader(self, timeout_s: float = 20.0, among: list[int] | None = None) -> int:
+        """The member that every live (listed) member agrees leads."""
+
+        def agreed() -> int | None:
+            ids = among or [i for i, m in self.members.items() if m.running and not m.paused]
+            statuses = [self.status(i) for i in ids]
+            if not statuses or any(s is None for s in statuses):
+                return None
+            leaders = {s.leader_id for s in statuses if s is not None}
+            if len(leaders) == 1:
+                (leader,) = leaders
+                if leader and leader in ids:
+                    return int(leader)
+            return None
+
+        return wait_until(agreed, timeout_s, "a leader all live members agree on")
+
+    def log_text(self, member_id: int) -> str:
+        with contextlib.suppress(OSError):
+            return self.members[member_id].log_path.read_text(errors="replace")
+        return ""
+
+
+@contextlib.contextmanager
+def running_cluster(root: Path, size: int = 3, **kwargs: object) -> Iterator[ProcessCluster]:
+    cluster = ProcessCluster(root, size, **kwargs)
+    cluster.start_all()
+    try:
+        cluster.leader()
+        yield cluster
+    except BaseException:
+        for member_id in cluster.members:
+            tail = cluster.log_text(member_id)[-3000:]
+            if tail:
+                print(f"--- member {member_id} log (tail) ---\n{tail}", file=sys.stderr)
+        raise
+    finally:
+        cluster.shutdown()

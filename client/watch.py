@@ -1,15 +1,17 @@
 """A watch that survives reconnects and leader changes with no gaps and no duplicates.
 
-Theory of operation (proto/v1/watch.proto). The server streams events in revision order, every
-event of one revision in one response. The watcher keeps ``next_revision``, the first revision
-it has not delivered yet, and always (re)opens the stream with ``start_revision =
-next_revision``:
+Theory of operation (proto/v1/watch.proto). The server streams events in revision order,
+every event of one revision in one response. The watcher tracks two revisions:
 
-- after delivering events, ``next_revision`` = the last event's revision + 1;
-- a response without events is a progress notification: everything up to its header's
-  revision was delivered, so ``next_revision`` may move up to that revision + 1 (this keeps an
-  idle watcher from resuming from compacted history);
-- events below ``next_revision`` (a member resending what another already sent) are dropped.
+- ``delivered_next``: the last delivered event's revision + 1. Events below it (a member
+  resending what another already sent after a reconnect) are dropped, so nothing is
+  delivered twice.
+- ``next_revision``, where a new stream starts: at least ``delivered_next``, and moved further
+  by progress notifications (responses without events, whose header revision says how far
+  the member is), so an idle watcher does not resume from history that has since been
+  compacted. A progress mark is trusted only once a *later* progress mark arrives on the same
+  stream: a member's header can run a little ahead of its watch stream (the batch for that
+  revision may still be on its way), and a whole progress interval later it no longer is.
 
 A watch "from now" (start_revision 0) first reads the current revision with a linearizable
 range and starts at that revision + 1, so even a stream that breaks before its first event
@@ -62,9 +64,14 @@ class Watcher:
         self._prev_kv = prev_kv
         self._progress_interval_s = progress_interval_s
         self._current_revision = current_revision
-        # Invariant: every event with revision < next_revision was delivered (or precedes the
-        # watch's start); none with revision >= next_revision was. 0 until the start is known.
-        self.next_revision = start_revision
+        # Invariant: every event with revision < delivered_next was delivered (or precedes the
+        # watch's start); none with revision >= delivered_next was. 0 until the start is known.
+        self.delivered_next = start_revision
+        # The last progress mark of the current stream, not trusted yet (see the docstring),
+        # and the latest trusted one. Invariant: every matching event with revision <=
+        # progress_confirmed was delivered.
+        self._progress_candidate = 0
+        self._progress_confirmed = 0
         self._buffer: collections.deque[WatchEvent] = collections.deque()
         self._call: WatchCall | None = None
         self._address = ""
@@ -91,8 +98,8 @@ class Watcher:
     async def start(self) -> None:
         """Fix the start revision (for a watch from now) and open the stream. Iterating does
         this too; ``async with`` does it on entry, so changes made inside the block are seen."""
-        if self.next_revision == 0:
-            self.next_revision = await self._current_revision() + 1
+        if self.delivered_next == 0:
+            self.delivered_next = await self._current_revision() + 1
         if self._call is None:
             self._call = self._open()
 
@@ -103,7 +110,13 @@ class Watcher:
         self._closed = True
         self._drop_stream()
 
+    @property
+    def next_revision(self) -> int:
+        """Where a new stream would start: nothing before it remains to be delivered."""
+        return max(self.delivered_next, self._progress_confirmed + 1)
+
     def _drop_stream(self) -> None:
+        self._progress_candidate = 0
         if self._call is not None:
             self._call.cancel()
             self._call = None
@@ -175,14 +188,16 @@ class Watcher:
 
     def _deliver(self, response: watch_pb2.WatchResponse) -> None:
         if not response.events:
-            self.next_revision = max(self.next_revision, response.header.revision + 1)
+            if self._progress_candidate:
+                self._progress_confirmed = max(self._progress_confirmed, self._progress_candidate)
+            self._progress_candidate = response.header.revision
             return
         for proto_event in response.events:
             event = WatchEvent.from_proto(proto_event)
-            if event.revision >= self.next_revision:
+            if event.revision >= self.delivered_next:
                 self._buffer.append(event)
         if self._buffer:
-            self.next_revision = max(self.next_revision, self._buffer[-1].revision + 1)
+            self.delivered_next = self._buffer[-1].revision + 1
 
     async def _recover(self, error: RallypointError) -> None:
         self._drop_stream()

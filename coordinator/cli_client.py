@@ -58,7 +58,9 @@ class Output:
         print(json.dumps(document), flush=True)
 
     def table(self, table: Table) -> None:
-        Console(soft_wrap=True).print(table)
+        # Piped output is not cut to rich's default 80 columns.
+        width = None if sys.stdout.isatty() else 200
+        Console(soft_wrap=True, width=width).print(table)
 
     def line(self, text: str) -> None:
         print(text, flush=True)

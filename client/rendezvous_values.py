@@ -1,0 +1,270 @@
+"""What the rendezvous, round-store and checkpoint calls return: frozen values converted from
+the wire messages of ``proto/v1/rendezvous.proto`` in one place."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from rallypoint.proto.v1 import rendezvous_pb2
+
+
+@dataclass(frozen=True, slots=True)
+class JobConfig:
+    """A job's configuration (rendezvous.proto, ``JobConfig``). The defaults are the
+    coordinator's own; every field goes on the wire, since the server reads no zero as
+    "default"."""
+
+    min_nodes: int
+    max_nodes: int
+    last_call_ms: int = 0
+    join_timeout_ms: int = 600_000
+    heartbeat_interval_ms: int = 100
+    phi_threshold: float = 8.0
+    phi_window: int = 100
+    min_std_ms: int = 50
+    acceptable_pause_ms: int = 0
+    scale_up: bool = False
+    keep_checkpoints: int = 3
+
+    def to_proto(self) -> rendezvous_pb2.JobConfig:
+        return rendezvous_pb2.JobConfig(
+            min_nodes=self.min_nodes,
+            max_nodes=self.max_nodes,
+            last_call_ms=self.last_call_ms,
+            join_timeout_ms=self.join_timeout_ms,
+            heartbeat_interval_ms=self.heartbeat_interval_ms,
+            phi_threshold=self.phi_threshold,
+            phi_window=self.phi_window,
+            min_std_ms=self.min_std_ms,
+            acceptable_pause_ms=self.acceptable_pause_ms,
+            scale_up=self.scale_up,
+            keep_checkpoints=self.keep_checkpoints,
+        )
+
+    @staticmethod
+    def from_proto(config: rendezvous_pb2.JobConfig) -> JobConfig:
+        return JobConfig(
+            min_nodes=config.min_nodes,
+            max_nodes=config.max_nodes,
+            last_call_ms=config.last_call_ms,
+            join_timeout_ms=config.join_timeout_ms,
+            heartbeat_interval_ms=config.heartbeat_interval_ms,
+            phi_threshold=config.phi_threshold,
+            phi_window=config.phi_window,
+            min_std_ms=config.min_std_ms,
+            acceptable_pause_ms=config.acceptable_pause_ms,
+            scale_up=config.scale_up,
+            keep_checkpoints=config.keep_checkpoints,
+        )
+
+
+class RoundState(enum.Enum):
+    JOINING = "joining"
+    ACTIVE = "active"
+    ENDED = "ended"
+
+
+class EndReason(enum.Enum):
+    MEMBER_FAILED = "member_failed"
+    MEMBER_LEFT = "member_left"
+    MEMBER_EVICTED = "member_evicted"
+    SCALE_UP = "scale_up"
+    JOB_CLOSED = "job_closed"
+
+
+_ROUND_STATES = {
+    rendezvous_pb2.ROUND_STATE_JOINING: RoundState.JOINING,
+    rendezvous_pb2.ROUND_STATE_ACTIVE: RoundState.ACTIVE,
+    rendezvous_pb2.ROUND_STATE_ENDED: RoundState.ENDED,
+}
+_END_REASONS = {
+    rendezvous_pb2.ROUND_END_REASON_MEMBER_FAILED: EndReason.MEMBER_FAILED,
+    rendezvous_pb2.ROUND_END_REASON_MEMBER_LEFT: EndReason.MEMBER_LEFT,
+    rendezvous_pb2.ROUND_END_REASON_MEMBER_EVICTED: EndReason.MEMBER_EVICTED,
+    rendezvous_pb2.ROUND_END_REASON_SCALE_UP: EndReason.SCALE_UP,
+    rendezvous_pb2.ROUND_END_REASON_JOB_CLOSED: EndReason.JOB_CLOSED,
+}
+
+
+def round_state(value: int) -> RoundState:
+    state = _ROUND_STATES.get(value)  # type: ignore[call-overload]
+    if state is None:
+        raise ValueError(f"the server sent an unknown round state {value}")
+    return state
+
+
+@dataclass(frozen=True, slots=True)
+class RoundMember:
+    participant_id: int
+    name: str
+    # -1 while the round is JOINING (and for waiting participants).
+    rank: int
+    metadata: bytes
+    # The leader's failure-detector reading (GetJob from the leader only; 0 otherwise).
+    phi: float
+
+    @staticmethod
+    def from_proto(member: rendezvous_pb2.RoundMember) -> RoundMember:
+        return RoundMember(
+            member.participant_id, member.name, member.rank, member.metadata, member.phi
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RoundInfo:
+    """A job's current round as one member saw it (rendezvous.proto, ``RoundInfo``)."""
+
+    job: str
+    round: int
+    state: RoundState
+    # In participant-id order.
+    members: tuple[RoundMember, ...]
+    # The number of members once ACTIVE; 0 while JOINING.
+    world_size: int
+    # The raft index of the round's close; 0 while JOINING.
+    fencing_token: int
+    store_namespace: str
+    # Why the round is not closing (JOINING), or since when it is active.
+    reason: str
+    waiting: tuple[RoundMember, ...]
+    opened_ms: int
+    closed_ms: int
+    job_closed: bool
+    # Increases with every change to the job: orders two RoundInfos of one job.
+    job_revision: int
+
+    @staticmethod
+    def from_proto(info: rendezvous_pb2.RoundInfo) -> RoundInfo:
+        return RoundInfo(
+            job=info.job,
+            round=info.round,
+            state=round_state(info.state),
+            members=tuple(RoundMember.from_proto(m) for m in info.members),
+            world_size=info.world_size,
+            fencing_token=info.fencing_token,
+            store_namespace=info.store_namespace,
+            reason=info.reason,
+            waiting=tuple(RoundMember.from_proto(m) for m in info.waiting),
+            opened_ms=info.opened_ms,
+            closed_ms=info.closed_ms,
+            job_closed=info.job_closed,
+            job_revision=info.job_revision,
+        )
+
+    def member(self, participant_id: int) -> RoundMember | None:
+        return next((m for m in self.members if m.participant_id == participant_id), None)
+
+    def rank_of(self, participant_id: int) -> int | None:
+        """The participant's rank in this round; None unless the round is ACTIVE and it is a
+        member."""
+        member = self.member(participant_id)
+        if member is None or self.state is not RoundState.ACTIVE:
+            return None
+        return member.rank
+
+    def includes(self, participant_id: int) -> bool:
+        """The participant is in the job as of this round: a member or waiting."""
+        return self.member(participant_id) is not None or any(
+            m.participant_id == participant_id for m in self.waiting
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RoundRecord:
+    """A finished round, from the job's history."""
+
+    round: int
+    members: tuple[RoundMember, ...]
+    fencing_token: int
+    opened_ms: int
+    closed_ms: int
+    ended_ms: int
+    end_reason: EndReason | None
+    # The participant whose failure, departure or eviction ended the round; 0 otherwise.
+    ended_by: int
+
+    @staticmethod
+    def from_proto(record: rendezvous_pb2.RoundRecord) -> RoundRecord:
+        return RoundRecord(
+            round=record.round,
+            members=tuple(RoundMember.from_proto(m) for m in record.members),
+            fencing_token=record.fencing_token,
+            opened_ms=record.opened_ms,
+            closed_ms=record.closed_ms,
+            ended_ms=record.ended_ms,
+            end_reason=_END_REASONS.get(record.end_reason),  # type: ignore[call-overload]
+            ended_by=record.ended_by,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointInfo:
+    checkpoint_id: int
+    step: int
+    round: int
+    world_size: int
+    # Opaque to the coordinator: how the state is sharded.
+    layout: bytes
+    uri: str
+    committed_ms: int
+
+    @staticmethod
+    def from_proto(info: rendezvous_pb2.CheckpointInfo) -> CheckpointInfo:
+        return CheckpointInfo(
+            info.checkpoint_id,
+            info.step,
+            info.round,
+            info.world_size,
+            info.layout,
+            info.uri,
+            info.committed_ms,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    """GetJob's answer: config, current round (members with phi), history (most recent
+    last) and the latest committed checkpoint."""
+
+    config: JobConfig
+    round: RoundInfo
+    history: tuple[RoundRecord, ...]
+    latest_checkpoint: CheckpointInfo | None
+
+    @staticmethod
+    def from_proto(response: rendezvous_pb2.GetJobResponse) -> JobStatus:
+        latest = (
+            CheckpointInfo.from_proto(response.latest_checkpoint)
+            if response.HasField("latest_checkpoint")
+            else None
+        )
+        return JobStatus(
+            JobConfig.from_proto(response.config),
+            RoundInfo.from_proto(response.round),
+            tuple(RoundRecord.from_proto(r) for r in response.history),
+            latest,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class JoinResult:
+    participant_id: int
+    # The participant waits for the next round (the current one is ACTIVE).
+    waiting: bool
+    round: RoundInfo
+
+
+@dataclass(frozen=True, slots=True)
+class ShardProgress:
+    """How many distinct ranks reported a checkpoint's shard, of ``world_size``."""
+
+    reported: int
+    world_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    checkpoint: CheckpointInfo
+    # Committed checkpoints beyond keep_checkpoints, dropped by this commit: delete their files.
+    retired: tuple[CheckpointInfo, ...] = field(default=())

@@ -83,8 +83,6 @@ class SessionKeeper:
         # Serialises opening, so concurrent writes that find no session open only one.
         self._lock = asyncio.Lock()
         self._keepalive: asyncio.Task[None] | None = None
-        # Counts sessions opened by this client; tests and logs use it.
-        self.opened = 0
 
     async def ensure(self, deadline: Deadline) -> Session:
         session = self.current
@@ -106,7 +104,6 @@ class SessionKeeper:
             response = await self._transport.unary(lambda s: s.session.Open, request, deadline)
             session = Session(response.session_id, response.ttl_ms / 1000.0 or self._ttl_s)
             self.current = session
-            self.opened += 1
             if self._keepalive is None or self._keepalive.done():
                 self._keepalive = asyncio.create_task(self._keep_alive(), name="session-keepalive")
             return session

@@ -289,7 +289,7 @@ class Node:
         self._raw = RawNode(
             Config(
                 id=NodeId(self.config.member_id),
-                storage=storage,
+                storage=_LeaderSnapshots(storage, self._snapshot_for_follower),
                 rng=self._rng,
                 election_tick=self.config.election_ticks,
                 heartbeat_tick=self.config.heartbeat_ticks,
@@ -547,6 +547,24 @@ class Node:
         for future in requests:
             if not future.done():
                 future.set_result(int(current))
+
+    def _snapshot_for_follower(self) -> Snapshot:
+        """The snapshot Raft sends a follower that needs compacted entries.
+
+        The newest stored snapshot may predate the configuration that added the follower
+        (the cluster's first snapshot never names a member added later), and a follower
+        ignores a snapshot whose configuration leaves it out. Then an up-to-date one is
+        made in memory at the applied index: it is sent, not stored.
+        """
+        storage = self._storage
+        assert storage is not None
+        stored = storage.snapshot()
+        if stored.metadata.conf_state == self._conf_state:
+            return stored
+        applied = Index(self._sm.applied_index)
+        data = encode_app_snapshot(self._members, self._sm.snapshot())
+        metadata = SnapshotMetadata(self._conf_state, applied, storage.term(applied))
+        return Snapshot(data, metadata)
 
     # ---------------------------------------------------------------- timers
 
@@ -854,6 +872,14 @@ class Node:
         self, peer_address: str, client_address: str, as_learner: bool, timeout_s: float = 10.0
     ) -> Member:
         self._require_leader()
+        for member_id, address in self._members.items():
+            if address.peer_address == peer_address:
+                # A retried add (its answer was lost): the member is already there.
+                if address.client_address != client_address:
+                    raise ProposalDroppedError(
+                        f"member {member_id} already uses peer address {peer_address}"
+                    )
+                return self._member(member_id)
         known = set(self._members.ids()) | set(self._conf_state.voters)
         known |= set(self._conf_state.learners)
         new_id = max(known, default=0) + 1
@@ -932,6 +958,33 @@ class Node:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._leader_signal.wait(), remaining)
         return self.leader_id
+
+
+class _LeaderSnapshots:
+    """The Storage Raft reads: DiskStorage, except that the snapshot it hands a follower
+    comes from ``make_snapshot`` (see ``Node._snapshot_for_follower``)."""
+
+    def __init__(self, storage: DiskStorage, make_snapshot: Callable[[], Snapshot]) -> None:
+        self._storage = storage
+        self._make_snapshot = make_snapshot
+
+    def initial_state(self) -> tuple[HardState, ConfState]:
+        return self._storage.initial_state()
+
+    def entries(self, lo: Index, hi: Index, max_size: int | None = None) -> list[Entry]:
+        return self._storage.entries(lo, hi, max_size)
+
+    def term(self, index: Index) -> Term:
+        return self._storage.term(index)
+
+    def first_index(self) -> Index:
+        return self._storage.first_index()
+
+    def last_index(self) -> Index:
+        return self._storage.last_index()
+
+    def snapshot(self) -> Snapshot:
+        return self._make_snapshot()
 
 
 def _exit_on_fatal(exc: BaseException) -> None:

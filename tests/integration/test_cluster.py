@@ -1,0 +1,213 @@
+"""The coordinator as users run it: real member processes on loopback, the client library.
+
+Each test starts its own 3-member cluster (tick 50 ms, so elections take about a second)
+and breaks it the way production breaks: kill -9, restart after falling behind, membership
+changes, leadership transfer, graceful stop. Durations are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from rallypoint.client import Client, StaleFenceError
+from tests.integration.harness import ProcessCluster, running_cluster, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[ProcessCluster]:
+    with running_cluster(tmp_path, 3, snapshot_entries=200) as c:
+        yield c
+
+
+@pytest.fixture
+async def client(cluster: ProcessCluster) -> AsyncIterator[Client]:
+    async with Client(cluster.endpoints, timeout_s=20.0) as c:
+        yield c
+
+
+async def test_compare_and_set_races_have_one_winner_per_round(
+    cluster: ProcessCluster,
+) -> None:
+    clients = [Client(cluster.endpoints, timeout_s=20.0) for _ in range(4)]
+    for c in clients:
+        await c.connect()
+    try:
+        await clients[0].put("counter", "0")
+        for _round in range(10):
+            current = await clients[0].get("counter")
+            assert current is not None
+            attempts = await asyncio.gather(
+                *(
+                    c.compare_and_set(
+                        "counter",
+                        str(int(current.value) + 1 + i).encode(),
+                        value_equals=current.value,
+                    )
+                    for i, c in enumerate(clients)
+                )
+            )
+            assert sum(1 for a in attempts if a.succeeded) == 1
+        final = await clients[1].get("counter")
+        assert final is not None and final.version == 11
+    finally:
+        for c in clients:
+            await c.close()
+
+
+async def test_watch_order_survives_a_leader_change(
+    cluster: ProcessCluster, client: Client
+) -> None:
+    seen: list[int] = []
+
+    async def watch() -> None:
+        async for event in client.watch("w/", prefix=True):
+            seen.append(int(event.kv.value))
+            if len(seen) == 40:
+                return
+
+    watcher = asyncio.create_task(watch())
+    async with Client(cluster.endpoints, timeout_s=20.0) as writer:
+        for i in range(20):
+            await writer.put(f"w/{i % 3}", str(i))
+        cluster.kill(cluster.leader())
+        for i in range(20, 40):
+            await writer.put(f"w/{i % 3}", str(i))
+    await asyncio.wait_for(watcher, 30)
+    assert seen == list(range(40))
+
+
+async def test_lease_expiry_deletes_attached_keys(client: Client) -> None:
+    lease = await client.grant_lease(1.0, keep_alive=False)
+    await client.put("ephemeral", "x", lease=lease)
+    await client.put("durable", "y")
+
+    async def gone() -> bool:
+        return await client.get("ephemeral") is None
+
+    deadline = time.monotonic() + 15
+    while not await gone():
+        assert time.monotonic() < deadline, "the lease's key outlived it"
+        await asyncio.sleep(0.1)
+    assert await client.get("durable") is not None
+
+
+async def test_fencing_tokens_increase_across_leader_changes(
+    cluster: ProcessCluster, client: Client
+) -> None:
+    first = await client.grant_lease(30.0)
+    await client.put("resource", "a", fence=first.fence)
+    cluster.kill(cluster.leader())
+    second = await client.grant_lease(30.0)
+    assert second.fencing_token > first.fencing_token
+    await client.put("resource", "b", fence=second.fence)
+    with pytest.raises(StaleFenceError):
+        await client.put("resource", "stale", fence=first.fence)
+    kv = await client.get("resource")
+    assert kv is not None and kv.value == b"b"
+
+
+async def test_writes_resume_after_kill_9_of_the_leader(
+    cluster: ProcessCluster, client: Client
+) -> None:
+    await client.put("before", "1")
+    leader = cluster.leader()
+    killed_at = time.monotonic()
+    cluster.kill(leader)
+    await client.put("after", "2")
+    resumed_s = time.monotonic() - killed_at
+    print(f"\nkill -9 of the leader -> next write acknowledged: {resumed_s:.2f} s")
+    assert (await client.get("before")) is not None
+    # The killed member restarts from its own disk and rejoins.
+    cluster.start(leader)
+    wait_until(lambda: cluster.status(leader), 20, "the restarted member to answer")
+    cluster.leader()
+
+
+async def test_retried_write_after_leader_death_applies_once(
+    cluster: ProcessCluster, client: Client
+) -> None:
+    await client.put("n", "0")
+    leader = cluster.leader()
+    # Pause the leader so the add reaches it and stays unanswered, then kill it: the client
+    # retries the same (session, sequence) at the new leader.
+    add = asyncio.create_task(client.add("n", 1))
+    await asyncio.sleep(0.05)
+    cluster.pause(leader)
+    await asyncio.sleep(0.2)
+    cluster.kill(leader)
+    result = await asyncio.wait_for(add, 30)
+    kv = await client.get("n")
+    assert kv is not None and int(kv.value) == result.value
+    assert result.value == 1
+
+
+async def test_restarted_member_far_behind_catches_up_by_snapshot(
+    cluster: ProcessCluster, client: Client
+) -> None:
+    leader = cluster.leader()
+    lagging = next(i for i in cluster.members if i != leader)
+    cluster.kill(lagging)
+    for i in range(600):
+        await client.put(f"bulk/{i:04d}", "v" * 64)
+    cluster.start(lagging)
+    leader_status = wait_until(lambda: cluster.status(cluster.leader()), 20, "leader status")
+
+    def caught_up() -> bool:
+        status = cluster.status(lagging)
+        return status is not None and status.applied_index >= leader_status.applied_index
+
+    wait_until(caught_up, 30, "the lagging member to catch up")
+    status = cluster.status(lagging)
+    assert status is not None and status.snapshot_index > 0
+    assert "snapshot at" in cluster.log_text(lagging) or status.snapshot_index > 0
+    # It serves what it caught up on.
+    async with Client([cluster.members[lagging].client_address]) as local:
+        kv = await local.get("bulk/0599", serializable=True)
+        assert kv is not None
+
+
+async def test_member_add_promote_remove_and_transfer(
+    cluster: ProcessCluster, client: Client
+) -> None:
+    new = cluster.add_member_process()
+    members = await client.member_list()
+    assert len(members) == 3
+    await client.member_add(new.peer_address, new.client_address, as_learner=True)
+    cluster.start(new.member_id, join=True, initial=cluster.initial_cluster())
+    wait_until(lambda: cluster.status(new.member_id), 20, "the new member to answer")
+
+    def learner_caught_up() -> bool:
+        status = cluster.status(new.member_id)
+        leader_status = cluster.status(cluster.leader(among=[1, 2, 3]))
+        return bool(status and leader_status and status.applied_index >= leader_status.commit_index)
+
+    wait_until(learner_caught_up, 30, "the learner to catch up")
+    await client.member_promote(new.member_id)
+    members = await client.member_list()
+    assert {m.member_id for m in members if not m.is_learner} == {1, 2, 3, new.member_id}
+    # Hand leadership to the new member, then remove an old one.
+    await client.transfer_leader(new.member_id)
+    assert cluster.leader(among=[1, 2, 3, new.member_id]) == new.member_id
+    await client.member_remove(1)
+    members = await client.member_list()
+    assert 1 not in {m.member_id for m in members}
+    await client.put("after-membership-changes", "ok")
+
+
+async def test_graceful_stop_hands_over_leadership(cluster: ProcessCluster, client: Client) -> None:
+    leader = cluster.leader()
+    stopped_at = time.monotonic()
+    assert cluster.stop(leader) == 0
+    others = [i for i in cluster.members if i != leader]
+    new_leader = cluster.leader(among=others)
+    print(f"\ngraceful stop -> new leader agreed: {time.monotonic() - stopped_at:.2f} s")
+    assert new_leader != leader
+    await client.put("after-stop", "ok")
+    assert "shutting down" in cluster.log_text(leader)

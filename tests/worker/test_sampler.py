@@ -8,6 +8,7 @@ import itertools
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -22,6 +23,17 @@ segments = st.lists(
     min_size=1,
     max_size=6,
 )
+
+
+def epochs(test: Callable[[int, int, list[tuple[int, int]]], None]) -> Callable[[], None]:
+    """Runs ``test`` over random dataset sizes, batch sizes and world-size sequences."""
+    cases = given(
+        num_samples=st.integers(min_value=0, max_value=150),
+        batch_size=st.integers(min_value=1, max_value=7),
+        world_sizes=segments,
+    )
+    wrapped: Callable[[], None] = settings(max_examples=200, deadline=None)(cases(test))
+    return wrapped
 
 
 def make(
@@ -64,12 +76,7 @@ def run_epoch(
     return consumed, final
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    num_samples=st.integers(min_value=0, max_value=150),
-    batch_size=st.integers(min_value=1, max_value=7),
-    world_sizes=segments,
-)
+@epochs
 def test_an_epoch_consumes_the_permutation_exactly_once(
     num_samples: int, batch_size: int, world_sizes: list[tuple[int, int]]
 ) -> None:
@@ -78,12 +85,7 @@ def test_an_epoch_consumes_the_permutation_exactly_once(
     assert final.position == num_samples and final.epoch_done()
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    num_samples=st.integers(min_value=0, max_value=150),
-    batch_size=st.integers(min_value=1, max_value=7),
-    world_sizes=segments,
-)
+@epochs
 def test_drop_last_consumes_a_prefix_once_in_full_batches(
     num_samples: int, batch_size: int, world_sizes: list[tuple[int, int]]
 ) -> None:

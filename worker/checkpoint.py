@@ -1,0 +1,722 @@
+"""Checkpoints of model, optimizer, sampler, step and extra state with torch.distributed.checkpoint.
+
+Theory of operation. A checkpoint is one directory per step under a checkpoint root
+(``root/step-000123``, or ``root/step-000123-round-7`` when the round is given, so a zombie of
+an older round never writes into the directory of the current one). It holds DCP's files
+(``.metadata`` and one or more ``__<rank>_<n>.distcp`` per rank) and a small JSON file,
+``rallypoint-checkpoint.json``, written by rank 0 once DCP has finished: the step, the world
+size, and the layout of the parameters (which are sharded DTensors, as FSDP2's
+``fully_shard`` makes them, and which are replicated).
+
+Saving (``Checkpointer.save_async``) takes the state dicts with
+``get_state_dict(model, optimizer)`` (sharded: each rank its own shards, no gather), stages a
+copy in memory and writes it on a background thread (``dcp.async_save``), so training goes on
+as soon as ``save_async`` returns. DCP's writes run collectives (planning and the final
+metadata exchange) from that thread; they go over a process group of the checkpointer's own,
+so they never interleave with the training loop's collectives on the default group, and one
+save at a time per checkpointer. ``PendingCheckpoint.wait()`` returns once DCP has written
+and synced every rank's files and its ``.metadata`` (DCP's save ends in an all-reduce, so
+"this rank's part is durable" and "every rank's part is durable" coincide), and on rank 0
+also the JSON file. The elastic loop then reports the shard to the coordinator; rank 0
+commits after its own ``wait()`` and every rank's report. Done-callbacks are the hooks for
+that; the coordinator calls stay outside this module.
+
+Restoring (``restore_checkpoint``) builds state dicts laid out for the *current* world and
+model wrapping, and lets DCP read into them: each rank reads only the stored chunks that
+overlap its own shards, so a checkpoint saved at any world size loads at any other
+(resharding 4 -> 3 ranks is DCP's work, not ours), then ``set_state_dict`` installs them.
+
+A plain data-parallel model (every rank a full replica) can instead receive the state from a
+survivor over the process group (``broadcast_state``). ``restore_state`` gathers what every
+rank holds, makes the same choice on every rank (``choose_restore_source``: keep, broadcast,
+disk or fresh start) and says which it took and why.
+
+Retention: the coordinator's registry keeps the last K committed checkpoints and returns the
+ones it retired; ``delete_checkpoints`` removes their directories.
+
+Step, sampler state and extra state travel as one opaque blob (``torch.save`` of a dict)
+saved once (DCP deduplicates identical non-tensor items), so the extra state must be the same
+on every rank (e.g. a learning-rate schedule), and, as with any checkpoint, trusted.
+"""
+
+from __future__ import annotations
+
+import enum
+import io
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
+from torch.distributed.tensor import DTensor, Shard
+
+from .sampler import ElasticSampler
+
+METADATA_FILE = "rallypoint-checkpoint.json"
+METADATA_FORMAT = 1
+# DCP state dict keys. The progress blob holds step, sampler state and extra state.
+MODEL_KEY, OPTIMIZER_KEY, PROGRESS_KEY = "model", "optimizer", "progress"
+
+
+class CheckpointError(Exception):
+    """A checkpoint directory is missing, incomplete or not one of ours."""
+
+
+# -- layout ---------------------------------------------------------------------------------
+
+
+class Placement(enum.Enum):
+    SHARDED = "sharded"  # a DTensor with a Shard placement: each rank holds a part
+    REPLICATED = "replicated"  # every rank holds the whole tensor
+
+
+@dataclass(frozen=True, slots=True)
+class ParamLayout:
+    name: str
+    placement: Placement
+    shape: tuple[int, ...]  # the global (unsharded) shape
+    dtype: str
+    # DTensor placements as torch prints them, e.g. "Shard(dim=0)"; "" for a plain tensor.
+    placements: str
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointLayout:
+    world_size: int
+    params: tuple[ParamLayout, ...]
+
+    @property
+    def fully_replicated(self) -> bool:
+        return all(param.placement is Placement.REPLICATED for param in self.params)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "world_size": self.world_size,
+            "params": [
+                {
+                    "name": param.name,
+                    "placement": param.placement.value,
+                    "shape": list(param.shape),
+                    "dtype": param.dtype,
+                    "placements": param.placements,
+                }
+                for param in self.params
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> CheckpointLayout:
+        params = tuple(
+            ParamLayout(
+                name=param["name"],
+                placement=Placement(param["placement"]),
+                shape=tuple(param["shape"]),
+                dtype=param["dtype"],
+                placements=param["placements"],
+            )
+            for param in obj["params"]
+        )
+        return cls(world_size=int(obj["world_size"]), params=params)
+
+    def to_bytes(self) -> bytes:
+        """The layout as the coordinator's checkpoint registry stores it."""
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")).encode()
+
+
+def describe_layout(model: torch.nn.Module, world_size: int) -> CheckpointLayout:
+    params = []
+    for name, param in model.named_parameters():
+        if isinstance(param, DTensor):
+            sharded = any(isinstance(p, Shard) for p in param.placements)
+            placements = ",".join(str(p) for p in param.placements)
+        else:
+            sharded, placements = False, ""
+        params.append(
+            ParamLayout(
+                name=name,
+                placement=Placement.SHARDED if sharded else Placement.REPLICATED,
+                shape=tuple(param.shape),
+                dtype=str(param.dtype).removeprefix("torch."),
+                placements=placements,
+            )
+        )
+    return CheckpointLayout(world_size=world_size, params=tuple(params))
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointMetadata:
+    """The contents of ``rallypoint-checkpoint.json``."""
+
+    step: int
+    world_size: int
+    round_number: int | None
+    layout: CheckpointLayout
+    bytes_total: int  # DCP's stored bytes over every rank
+    save_duration_s: float  # from save_async's call to DCP's completion, on rank 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": METADATA_FORMAT,
+            "step": self.step,
+            "world_size": self.world_size,
+            "round_number": self.round_number,
+            "layout": self.layout.to_json(),
+            "bytes_total": self.bytes_total,
+            "save_duration_s": self.save_duration_s,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> CheckpointMetadata:
+        if obj.get("format") != METADATA_FORMAT:
+            raise CheckpointError(f"unknown checkpoint metadata format {obj.get('format')!r}")
+        return cls(
+            step=int(obj["step"]),
+            world_size=int(obj["world_size"]),
+            round_number=obj["round_number"],
+            layout=CheckpointLayout.from_json(obj["layout"]),
+            bytes_total=int(obj["bytes_total"]),
+            save_duration_s=float(obj["save_duration_s"]),
+        )
+
+
+def checkpoint_path(
+    root: str | os.PathLike[str], step: int, round_number: int | None = None
+) -> Path:
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    name = f"step-{step:06d}" if round_number is None else f"step-{step:06d}-round-{round_number}"
+    return Path(root) / name
+
+
+def read_metadata(path: str | os.PathLike[str]) -> CheckpointMetadata:
+    """The metadata of a finished checkpoint; ``CheckpointError`` if it is not finished."""
+    metadata_file = Path(path) / METADATA_FILE
+    try:
+        text = metadata_file.read_text()
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is not a finished checkpoint (no {METADATA_FILE})") from None
+    obj: dict[str, Any] = json.loads(text)
+    return CheckpointMetadata.from_json(obj)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Temp file, fsync, rename, fsync the directory: a reader sees all of it or nothing."""
+    temp = path.with_name(path.name + ".tmp")
+    with open(temp, "wb") as stream:
+        stream.write(data)
+        stream.flush()
+        os.fsync(stream.fileno())
+    os.replace(temp, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+# -- progress: step, sampler and extra state --------------------------------------------------
+
+
+def _pack_progress(step: int, sampler: ElasticSampler | None, extra: Any) -> bytes:
+    buffer = io.BytesIO()
+    sampler_state = sampler.state_dict() if sampler is not None else None
+    torch.save({"step": step, "sampler": sampler_state, "extra": extra}, buffer)
+    return buffer.getvalue()
+
+
+def _unpack_progress(blob: bytes, sampler: ElasticSampler | None) -> tuple[int, Any]:
+    progress: dict[str, Any] = torch.load(io.BytesIO(blob), weights_only=False)
+    if sampler is not None:
+        if progress["sampler"] is None:
+            raise CheckpointError("the checkpoint holds no sampler state")
+        sampler.load_state_dict(progress["sampler"])
+    return int(progress["step"]), progress["extra"]
+
+
+# -- saving ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SavedCheckpoint:
+    step: int
+    path: Path
+    world_size: int
+    bytes_total: int
+    duration_s: float  # from save_async's call until the save was durable
+
+
+class PendingCheckpoint:
+    """A save in progress; ``wait()`` blocks until it is durable (see the module's docstring)."""
+
+    def __init__(self, step: int, path: Path, layout: CheckpointLayout) -> None:
+        self.step = step
+        self.path = path
+        self.layout = layout
+        self._future: Future[SavedCheckpoint] = Future()
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def wait(self, timeout_s: float | None = None) -> SavedCheckpoint:
+        """The saved checkpoint; re-raises the save's failure; ``TimeoutError`` on timeout."""
+        return self._future.result(timeout=timeout_s)
+
+    def add_done_callback(self, callback: Callable[[PendingCheckpoint], None]) -> None:
+        """Called once the save is durable or failed (on the writer's thread, or at once if it
+        already is): the hook where the elastic loop reports its shard to the coordinator."""
+        self._future.add_done_callback(lambda _: callback(self))
+
+
+class Checkpointer:
+    """Saves checkpoints under ``root`` for one world (make a new one after re-forming).
+
+    Creating it is collective over the default process group: it makes the gloo group that
+    DCP's background writes use (``process_group`` overrides that)."""
+
+    def __init__(
+        self, root: str | os.PathLike[str], *, process_group: dist.ProcessGroup | None = None
+    ) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("Checkpointer needs an initialised default process group")
+        self.root = Path(root)
+        self._group = process_group if process_group is not None else dist.new_group(backend="gloo")
+        self._lock = threading.Lock()
+        # The last save started. Invariant: a new save starts only after it is done, since two
+        # saves' collectives on one group from two writer threads could interleave.
+        self._pending: PendingCheckpoint | None = None
+
+    def save_async(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        sampler: ElasticSampler | None = None,
+        extra: Any = None,
+        round_number: int | None = None,
+    ) -> PendingCheckpoint:
+        """Start saving; returns once the state is staged in memory and training may go on.
+
+        Collective: every rank of the world calls it for the same step."""
+        with self._lock:
+            if self._pending is not None:
+                self._pending.wait()
+            started = time.monotonic()
+            path = checkpoint_path(self.root, step, round_number)
+            path.mkdir(parents=True, exist_ok=True)
+            world_size = dist.get_world_size()
+            layout = describe_layout(model, world_size)
+            model_state, optimizer_state = get_state_dict(model, optimizer)
+            state = {
+                MODEL_KEY: model_state,
+                OPTIMIZER_KEY: optimizer_state,
+                PROGRESS_KEY: _pack_progress(step, sampler, extra),
+            }
+            upload = dcp_async_save(state, checkpoint_id=str(path), process_group=self._group)
+            if not isinstance(upload, Future):
+                raise AssertionError(f"dcp.async_save returned {type(upload).__name__}")
+            pending = PendingCheckpoint(step, path, layout)
+            is_writer = dist.get_rank() == 0
+
+            def finish(done: Future[Any]) -> None:
+                try:
+                    dcp_metadata = done.result()
+                    bytes_total = sum(info.length for info in dcp_metadata.storage_data.values())
+                    duration_s = time.monotonic() - started
+                    if is_writer:
+                        metadata = CheckpointMetadata(
+                            step, world_size, round_number, layout, bytes_total, duration_s
+                        )
+                        data = json.dumps(metadata.to_json(), indent=1).encode()
+                        _write_atomically(path / METADATA_FILE, data)
+                    saved = SavedCheckpoint(step, path, world_size, bytes_total, duration_s)
+                    pending._future.set_result(saved)
+                except BaseException as failure:
+                    pending._future.set_exception(failure)
+
+            upload.add_done_callback(finish)
+            self._pending = pending
+            return pending
+
+    def wait(self) -> None:
+        """Wait for the last save (if any) to be durable; re-raises its failure."""
+        with self._lock:
+            if self._pending is not None:
+                self._pending.wait()
+
+
+# -- restoring ------------------------------------------------------------------------------
+
+
+class RestoreSource(enum.Enum):
+    DISK = "disk"  # read a committed checkpoint, resharded to this world
+    BROADCAST = "broadcast"  # received from a survivor over the process group
+    KEEP = "keep"  # every rank already holds the same full state: nothing moved
+    FRESH = "fresh"  # no checkpoint and no survivor to copy from: start from step 0
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreResult:
+    source: RestoreSource
+    reason: str
+    step: int
+    extra: Any
+    bytes_moved: int  # read from disk by this rank, or broadcast, in bytes
+    duration_s: float
+
+    @property
+    def bytes_per_s(self) -> float | None:
+        return self.bytes_moved / self.duration_s if self.duration_s > 0 else None
+
+
+class _CountingReader(FileSystemReader):
+    """A FileSystemReader that counts the stored bytes this rank reads."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(path)
+        self.bytes_read = 0
+
+    def read_data(self, plan: Any, planner: Any) -> Any:
+        for item in plan.items:
+            self.bytes_read += self.storage_data[item.storage_index].length
+        return super().read_data(plan, planner)
+
+
+def restore_checkpoint(
+    path: str | os.PathLike[str],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    sampler: ElasticSampler | None = None,
+    process_group: dist.ProcessGroup | None = None,
+) -> RestoreResult:
+    """Load a checkpoint saved at any world size into the current world. Collective."""
+    started = time.monotonic()
+    metadata = read_metadata(path)
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state: dict[str, Any] = {
+        MODEL_KEY: model_state,
+        OPTIMIZER_KEY: optimizer_state,
+        PROGRESS_KEY: b"",
+    }
+    reader = _CountingReader(path)
+    dcp_load(state, storage_reader=reader, process_group=process_group)
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=state[MODEL_KEY],
+        optim_state_dict=state[OPTIMIZER_KEY],
+    )
+    step, extra = _unpack_progress(state[PROGRESS_KEY], sampler)
+    if step != metadata.step:
+        raise CheckpointError(f"{path}: metadata says step {metadata.step}, state says {step}")
+    return RestoreResult(
+        source=RestoreSource.DISK,
+        reason=f"read {path} (saved by {metadata.world_size} ranks)",
+        step=step,
+        extra=extra,
+        bytes_moved=reader.bytes_read,
+        duration_s=time.monotonic() - started,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _TensorSpec:
+    """Where a tensor was in a broadcast state dict: its place in its dtype's flat buffer."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int
+
+
+def _split_tensors(obj: Any, buffers: dict[torch.dtype, list[torch.Tensor]]) -> Any:
+    """``obj`` with every tensor replaced by a ``_TensorSpec``; the tensors go to ``buffers``."""
+    if isinstance(obj, DTensor):
+        raise ValueError("broadcast_state needs a replicated model; this state holds DTensors")
+    if isinstance(obj, torch.Tensor):
+        parts = buffers.setdefault(obj.dtype, [])
+        offset = sum(part.numel() for part in parts)
+        parts.append(obj.detach().reshape(-1))
+        return _TensorSpec(obj.dtype, tuple(obj.shape), offset)
+    if isinstance(obj, dict):
+        return {key: _split_tensors(value, buffers) for key, value in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_split_tensors(value, buffers) for value in obj)
+    return obj
+
+
+def _join_tensors(obj: Any, flat: dict[torch.dtype, torch.Tensor]) -> Any:
+    if isinstance(obj, _TensorSpec):
+        numel = 1
+        for size in obj.shape:
+            numel *= size
+        return flat[obj.dtype][obj.offset : obj.offset + numel].view(obj.shape).clone()
+    if isinstance(obj, dict):
+        return {key: _join_tensors(value, flat) for key, value in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_join_tensors(value, flat) for value in obj)
+    return obj
+
+
+def broadcast_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    src: int,
+    step: int = 0,
+    extra: Any = None,
+    sampler: ElasticSampler | None = None,
+    process_group: dist.ProcessGroup | None = None,
+) -> RestoreResult:
+    """Copy a replicated model's and optimizer's state (and step, sampler, extra) from rank
+    ``src`` (a global rank) to every rank of the group. Collective.
+
+    ``step``, ``extra`` and ``sampler``'s state are taken from ``src``; elsewhere they are
+    replaced. One object broadcast carries the structure, then one tensor broadcast per
+    dtype carries the values, bit for bit."""
+    started = time.monotonic()
+    structure: list[Any] = [None]
+    buffers: dict[torch.dtype, list[torch.Tensor]] = {}
+    if dist.get_rank() == src:
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        state = {
+            MODEL_KEY: model_state,
+            OPTIMIZER_KEY: optimizer_state,
+            PROGRESS_KEY: _pack_progress(step, sampler, extra),
+        }
+        skeleton = _split_tensors(state, buffers)
+        sizes = {dtype: sum(part.numel() for part in parts) for dtype, parts in buffers.items()}
+        structure = [(skeleton, sizes)]
+    dist.broadcast_object_list(structure, src=src, group=process_group)
+    skeleton, sizes = structure[0]
+    flat: dict[torch.dtype, torch.Tensor] = {}
+    bytes_moved = 0
+    # Sorted by name, so every rank issues the broadcasts in the same order.
+    for dtype in sorted(sizes, key=str):
+        if dist.get_rank() == src:
+            buffer = torch.cat(buffers[dtype])
+        else:
+            buffer = torch.empty(sizes[dtype], dtype=dtype)
+        dist.broadcast(buffer, src=src, group=process_group)
+        flat[dtype] = buffer
+        bytes_moved += buffer.numel() * buffer.element_size()
+    state = _join_tensors(skeleton, flat)
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=state[MODEL_KEY],
+        optim_state_dict=state[OPTIMIZER_KEY],
+    )
+    received_step, received_extra = _unpack_progress(state[PROGRESS_KEY], sampler)
+    return RestoreResult(
+        source=RestoreSource.BROADCAST,
+        reason=f"received from rank {src}",
+        step=received_step,
+        extra=received_extra,
+        bytes_moved=bytes_moved,
+        duration_s=time.monotonic() - started,
+    )
+
+
+# -- choosing where the state comes from ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PeerState:
+    """What one rank holds before a restore; every rank gathers every rank's."""
+
+    rank: int
+    survivor: bool  # it trained in the previous world and holds that state in memory
+    replicated: bool  # its model's parameters are full replicas (no sharded DTensors)
+    step: int | None  # the step of the state it holds (survivors only)
+    state_bytes: int  # bytes of its model and optimizer state
+    # Throughputs measured in earlier restores, in bytes/s; None until measured.
+    disk_bytes_per_s: float | None = None
+    broadcast_bytes_per_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RestorePolicy:
+    # Without measurements, broadcast only states up to this size (a gloo broadcast of a
+    # large state holds every rank for its whole duration; reading shards does not).
+    broadcast_max_bytes: int = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreDecision:
+    source: RestoreSource
+    src_rank: int | None  # the survivor that broadcasts (BROADCAST only)
+    reason: str
+
+
+def choose_restore_source(
+    peers: Sequence[PeerState], checkpoint_step: int | None, policy: RestorePolicy
+) -> RestoreDecision:
+    """The same decision on every rank, from every rank's ``PeerState``.
+
+    A survivor's memory is used only when the model is replicated on every rank and the
+    survivors agree on a step no older than the checkpoint's: then KEEP if every rank is such
+    a survivor, else BROADCAST from the lowest-ranked survivor when the state is small enough
+    (or broadcasting was measured at least as fast as reading). Otherwise DISK if there is a
+    checkpoint, else FRESH."""
+    survivors = sorted((peer for peer in peers if peer.survivor), key=lambda peer: peer.rank)
+    survivor_steps = {peer.step for peer in survivors}
+    blocker = None
+    if not survivors:
+        blocker = "no survivor holds the state"
+    elif not all(peer.replicated for peer in peers):
+        blocker = "the model is sharded, no rank holds a full replica"
+    elif len(survivor_steps) != 1 or None in survivor_steps:
+        blocker = f"survivors disagree on the step ({sorted(map(str, survivor_steps))})"
+    else:
+        (survivor_step,) = survivor_steps
+        if checkpoint_step is not None and (survivor_step or 0) < checkpoint_step:
+            blocker = f"survivors are at step {survivor_step}, older than the checkpoint"
+    if blocker is None:
+        src = survivors[0]
+        if len(survivors) == len(peers):
+            return RestoreDecision(RestoreSource.KEEP, None, "every rank holds the same replica")
+        if checkpoint_step is None:
+            return RestoreDecision(RestoreSource.BROADCAST, src.rank, "no checkpoint on disk")
+        if src.disk_bytes_per_s is not None and src.broadcast_bytes_per_s is not None:
+            if src.broadcast_bytes_per_s >= src.disk_bytes_per_s:
+                return RestoreDecision(
+                    RestoreSource.BROADCAST, src.rank, "broadcast measured at least as fast"
+                )
+            blocker = "disk measured faster than broadcast"
+        elif src.state_bytes <= policy.broadcast_max_bytes:
+            return RestoreDecision(
+                RestoreSource.BROADCAST,
+                src.rank,
+                f"state of {src.state_bytes} bytes is within the broadcast limit",
+            )
+        else:
+            blocker = f"state of {src.state_bytes} bytes is over the broadcast limit"
+    if checkpoint_step is not None:
+        return RestoreDecision(RestoreSource.DISK, None, blocker)
+    return RestoreDecision(RestoreSource.FRESH, None, f"no checkpoint and {blocker}")
+
+
+def _state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    total: int = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    for param_state in optimizer.state.values():
+        for value in param_state.values():
+            if isinstance(value, torch.Tensor):
+                total += value.numel() * value.element_size()
+    return total
+
+
+def restore_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    checkpoint: str | os.PathLike[str] | None,
+    survivor_step: int | None,
+    extra: Any = None,
+    sampler: ElasticSampler | None = None,
+    policy: RestorePolicy | None = None,
+    disk_bytes_per_s: float | None = None,
+    broadcast_bytes_per_s: float | None = None,
+    process_group: dist.ProcessGroup | None = None,
+) -> RestoreResult:
+    """Bring every rank to the same state from the best source, and say which. Collective.
+
+    ``checkpoint`` is the latest committed checkpoint (the same on every rank) or None;
+    ``survivor_step`` is the step this rank's in-memory state is at if it trained in the
+    previous world, else None (``extra`` is its extra state then). A FRESH result leaves the
+    model as it is, at step 0."""
+    started = time.monotonic()
+    replicated = not any(isinstance(param, DTensor) for param in model.parameters())
+    mine = PeerState(
+        rank=dist.get_rank(),
+        survivor=survivor_step is not None,
+        replicated=replicated,
+        step=survivor_step,
+        state_bytes=_state_bytes(model, optimizer),
+        disk_bytes_per_s=disk_bytes_per_s,
+        broadcast_bytes_per_s=broadcast_bytes_per_s,
+    )
+    peers: list[Any] = [None] * dist.get_world_size(process_group)
+    dist.all_gather_object(peers, mine, group=process_group)
+    checkpoint_step = read_metadata(checkpoint).step if checkpoint is not None else None
+    decision = choose_restore_source(peers, checkpoint_step, policy or RestorePolicy())
+    if decision.source is RestoreSource.DISK:
+        if checkpoint is None:
+            raise AssertionError("DISK chosen without a checkpoint")
+        result = restore_checkpoint(
+            checkpoint, model, optimizer, sampler=sampler, process_group=process_group
+        )
+    elif decision.source is RestoreSource.BROADCAST:
+        if decision.src_rank is None:
+            raise AssertionError("BROADCAST chosen without a source rank")
+        result = broadcast_state(
+            model,
+            optimizer,
+            src=decision.src_rank,
+            step=survivor_step or 0,
+            extra=extra,
+            sampler=sampler,
+            process_group=process_group,
+        )
+    else:
+        step = (survivor_step or 0) if decision.source is RestoreSource.KEEP else 0
+        result = RestoreResult(decision.source, "", step, extra, 0, 0.0)
+    return RestoreResult(
+        source=decision.source,
+        reason=decision.reason,
+        step=result.step,
+        extra=result.extra,
+        bytes_moved=result.bytes_moved,
+        duration_s=time.monotonic() - started,
+    )
+
+
+# -- retention ------------------------------------------------------------------------------
+
+
+def retired_beyond(committed: Sequence[str], keep: int) -> list[str]:
+    """The checkpoints (oldest first) to retire so that the last ``keep`` remain."""
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    return list(committed[: max(0, len(committed) - keep)])
+
+
+def _uri_to_path(uri: str | os.PathLike[str]) -> Path:
+    text = os.fspath(uri)
+    parsed = urlparse(text)
+    if parsed.scheme == "file":
+        return Path(parsed.path)
+    if parsed.scheme:
+        raise ValueError(f"not a local checkpoint: {text}")
+    return Path(text)
+
+
+def delete_checkpoints(
+    root: str | os.PathLike[str], uris: Iterable[str | os.PathLike[str]]
+) -> list[Path]:
+    """Delete retired checkpoint directories (paths or ``file://`` URIs) and return those
+    deleted. Only ``step-*`` directories directly under ``root`` are touched; a path elsewhere
+    raises ``ValueError``; one already gone is skipped (retention may run twice)."""
+    resolved_root = Path(root).resolve()
+    deleted = []
+    for uri in uris:
+        path = _uri_to_path(uri).resolve()
+        if path.parent != resolved_root or not path.name.startswith("step-"):
+            raise ValueError(f"refusing to delete {path}: not a checkpoint under {resolved_root}")
+        if path.exists():
+            shutil.rmtree(path)
+            deleted.append(path)
+    return deleted

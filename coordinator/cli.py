@@ -46,6 +46,7 @@ _SERVE_HELP = {
     "tls_key_file": "PEM private key for mutual TLS",
     "tls_ca_file": "PEM CA bundle that signs members' and clients' certificates",
     "log_level": "DEBUG, INFO, WARNING or ERROR",
+    "log_format": "text, or json for one JSON object per line",
 }
 
 

@@ -1,0 +1,107 @@
+"""`rallypoint serve` settings (file, environment, flags) and mutual TLS on both ports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rallypoint.client import Client, TlsConfig, UnavailableError
+from rallypoint.coordinator.daemon import Settings, SettingsError, parse_initial_cluster
+from tests.integration.harness import ProcessCluster
+
+
+def test_settings_precedence_file_then_environment_then_flags(tmp_path: Path) -> None:
+    config = tmp_path / "member.toml"
+    config.write_text('member_id = 2\ndata_dir = "/from/file"\ntick_ms = 70\n')
+    settings = Settings()
+    settings.merge_toml(str(config))
+    settings.merge_environment({"RALLYPOINT_DATA_DIR": "/from/env", "RALLYPOINT_JOIN": "yes"})
+    settings.merge({"tick_ms": 30}, "command line")
+    assert (settings.member_id, settings.data_dir, settings.tick_ms) == (2, "/from/env", 30)
+    assert settings.join is True
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"tick_ms": "fast"}, "wants a int"),
+        ({"colour": "blue"}, "unknown setting 'colour'"),
+        ({"join": "maybe"}, "wants a bool"),
+    ],
+)
+def test_bad_settings_name_the_setting(values: dict[str, object], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        Settings().merge(values, "test")
+
+
+def test_initial_cluster_parsing() -> None:
+    members = parse_initial_cluster("1=127.0.0.1:1@127.0.0.1:2, 2=h:3@h:4")
+    assert members[2].peer_address == "h:3" and members[2].client_address == "h:4"
+    for bad in ("1=a:1", "x=a:1@b:2", "1=a:1@b:2,1=c:3@d:4", "0=a:1@b:2"):
+        with pytest.raises(SettingsError):
+            parse_initial_cluster(bad)
+
+
+def test_serve_refuses_bad_settings_with_a_clear_message(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "rallypoint.coordinator", "serve", "--member-id", "4",
+         "--data-dir", str(tmp_path), "--initial-cluster", "1=a:1@a:2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "member 4 is not in the initial cluster" in result.stderr
+
+
+def _make_certificates(directory: Path) -> dict[str, Path]:
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+            "/CN=rallypoint-test-ca", "-keyout", "ca.key", "-out", "ca.pem")  # fmt: skip
+    (directory / "san.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for name in ("member", "client"):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+                "-keyout", f"{name}.key", "-out", f"{name}.csr")  # fmt: skip
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                "-CAcreateserial", "-days", "2", "-extfile", "san.cnf",
+                "-out", f"{name}.pem")  # fmt: skip
+    return {name: directory / name for name in ("ca.pem", "member.pem", "member.key",
+                                                 "client.pem", "client.key")}  # fmt: skip
+
+
+@pytest.mark.integration
+async def test_mutual_tls_on_both_ports(tmp_path: Path) -> None:
+    certs_dir = tmp_path / "certs"
+    certs_dir.mkdir()
+    certs = _make_certificates(certs_dir)
+    cluster = ProcessCluster(
+        tmp_path,
+        3,
+        extra_args=[
+            f"--tls-cert-file={certs['member.pem']}",
+            f"--tls-key-file={certs['member.key']}",
+            f"--tls-ca-file={certs['ca.pem']}",
+        ],
+    )
+    cluster.start_all()
+    try:
+        tls = TlsConfig.from_files(
+            str(certs["ca.pem"]), str(certs["client.pem"]), str(certs["client.key"])
+        )
+        # The members elect a leader over TLS peer links and serve TLS clients.
+        async with Client(cluster.endpoints, tls=tls, timeout_s=30.0) as client:
+            await client.put("secure", "yes")
+            kv = await client.get("secure")
+            assert kv is not None and kv.value == b"yes"
+        # A client without a certificate is refused.
+        no_cert = TlsConfig.from_files(str(certs["ca.pem"]))
+        with pytest.raises(UnavailableError):
+            async with Client(cluster.endpoints, tls=no_cert, timeout_s=3.0) as client:
+                await client.get("secure")
+    finally:
+        cluster.shutdown()

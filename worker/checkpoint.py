@@ -50,6 +50,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -237,8 +238,37 @@ def _pack_progress(step: int, sampler: ElasticSampler | None, extra: Any) -> byt
     return buffer.getvalue()
 
 
-def _unpack_progress(blob: bytes, sampler: ElasticSampler | None) -> tuple[int, Any]:
-    progress: dict[str, Any] = torch.load(io.BytesIO(blob), weights_only=False)
+def _capture(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    step: int,
+    sampler: ElasticSampler | None,
+    extra: Any,
+) -> dict[str, Any]:
+    """The state to save or send: this rank's view (its shards, for a sharded model)."""
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    return {
+        MODEL_KEY: model_state,
+        OPTIMIZER_KEY: optimizer_state,
+        PROGRESS_KEY: _pack_progress(step, sampler, extra),
+    }
+
+
+def _install(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: dict[str, Any],
+    sampler: ElasticSampler | None,
+) -> tuple[int, Any]:
+    """Load a loaded or received state into the model, optimizer and sampler; returns the
+    step and the extra state."""
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=state[MODEL_KEY],
+        optim_state_dict=state[OPTIMIZER_KEY],
+    )
+    progress: dict[str, Any] = torch.load(io.BytesIO(state[PROGRESS_KEY]), weights_only=False)
     if sampler is not None:
         if progress["sampler"] is None:
             raise CheckpointError("the checkpoint holds no sampler state")
@@ -313,18 +343,14 @@ class Checkpointer:
         Collective: every rank of the world calls it for the same step."""
         with self._lock:
             if self._pending is not None:
-                self._pending.wait()
+                # Its outcome, failed or not, went to whoever waited on it; only its end matters.
+                futures_wait([self._pending._future])
             started = time.monotonic()
             path = checkpoint_path(self.root, step, round_number)
             path.mkdir(parents=True, exist_ok=True)
             world_size = dist.get_world_size()
             layout = describe_layout(model, world_size)
-            model_state, optimizer_state = get_state_dict(model, optimizer)
-            state = {
-                MODEL_KEY: model_state,
-                OPTIMIZER_KEY: optimizer_state,
-                PROGRESS_KEY: _pack_progress(step, sampler, extra),
-            }
+            state = _capture(model, optimizer, step, sampler, extra)
             upload = dcp_async_save(state, checkpoint_id=str(path), process_group=self._group)
             if not isinstance(upload, Future):
                 raise AssertionError(f"dcp.async_save returned {type(upload).__name__}")
@@ -414,13 +440,7 @@ def restore_checkpoint(
     }
     reader = _CountingReader(path)
     dcp_load(state, storage_reader=reader, process_group=process_group)
-    set_state_dict(
-        model,
-        optimizer,
-        model_state_dict=state[MODEL_KEY],
-        optim_state_dict=state[OPTIMIZER_KEY],
-    )
-    step, extra = _unpack_progress(state[PROGRESS_KEY], sampler)
+    step, extra = _install(model, optimizer, state, sampler)
     if step != metadata.step:
         raise CheckpointError(f"{path}: metadata says step {metadata.step}, state says {step}")
     return RestoreResult(
@@ -491,13 +511,7 @@ def broadcast_state(
     structure: list[Any] = [None]
     buffers: dict[torch.dtype, list[torch.Tensor]] = {}
     if dist.get_rank() == src:
-        model_state, optimizer_state = get_state_dict(model, optimizer)
-        state = {
-            MODEL_KEY: model_state,
-            OPTIMIZER_KEY: optimizer_state,
-            PROGRESS_KEY: _pack_progress(step, sampler, extra),
-        }
-        skeleton = _split_tensors(state, buffers)
+        skeleton = _split_tensors(_capture(model, optimizer, step, sampler, extra), buffers)
         sizes = {dtype: sum(part.numel() for part in parts) for dtype, parts in buffers.items()}
         structure = [(skeleton, sizes)]
     dist.broadcast_object_list(structure, src=src, group=process_group)
@@ -513,14 +527,9 @@ def broadcast_state(
         dist.broadcast(buffer, src=src, group=process_group)
         flat[dtype] = buffer
         bytes_moved += buffer.numel() * buffer.element_size()
-    state = _join_tensors(skeleton, flat)
-    set_state_dict(
-        model,
-        optimizer,
-        model_state_dict=state[MODEL_KEY],
-        optim_state_dict=state[OPTIMIZER_KEY],
+    received_step, received_extra = _install(
+        model, optimizer, _join_tensors(skeleton, flat), sampler
     )
-    received_step, received_extra = _unpack_progress(state[PROGRESS_KEY], sampler)
     return RestoreResult(
         source=RestoreSource.BROADCAST,
         reason=f"received from rank {src}",
@@ -636,8 +645,9 @@ def restore_state(
 
     ``checkpoint`` is the latest committed checkpoint (the same on every rank) or None;
     ``survivor_step`` is the step this rank's in-memory state is at if it trained in the
-    previous world, else None (``extra`` is its extra state then). A FRESH result leaves the
-    model as it is, at step 0."""
+    previous world, else None (``extra`` is its extra state then). A FRESH result moves
+    nothing: the caller starts every rank from the same initial state (e.g. re-seeded), since
+    a survivor's model may still hold what it trained."""
     started = time.monotonic()
     replicated = not any(isinstance(param, DTensor) for param in model.parameters())
     mine = PeerState(
@@ -671,9 +681,10 @@ def restore_state(
             sampler=sampler,
             process_group=process_group,
         )
+    elif decision.source is RestoreSource.KEEP:
+        result = RestoreResult(decision.source, "", survivor_step or 0, extra, 0, 0.0)
     else:
-        step = (survivor_step or 0) if decision.source is RestoreSource.KEEP else 0
-        result = RestoreResult(decision.source, "", step, extra, 0, 0.0)
+        result = RestoreResult(decision.source, "", 0, None, 0, 0.0)
     return RestoreResult(
         source=decision.source,
         reason=decision.reason,

@@ -104,6 +104,12 @@ from .state.values import Event
 from .supervisor import RendezvousSupervisor
 from .transport import GRPC_OPTIONS, PeerServicer, Transport
 
+# Test-only: breaks linearizability/fencing on purpose for the fault-injection suite's negative
+# controls (tests/jepsen). With RALLYPOINT_UNSAFE_STALE_READS=1 in a member's environment when it
+# starts, read_barrier returns at once, so "linearizable" reads are served from local state and
+# may be stale. Never set it outside that suite.
+UNSAFE_STALE_READS = os.environ.get("RALLYPOINT_UNSAFE_STALE_READS") == "1"
+
 log = logging.getLogger("rallypoint.node")
 
 # Entry data written by this driver: a version byte, the proposing member, the proposal id,
@@ -725,6 +731,8 @@ class Node:
                 future.set_exception(error)
 
     async def read_barrier(self, timeout_s: float = 5.0) -> None:
+        if UNSAFE_STALE_READS:
+            return
         if self.leader_id == NONE:
             raise NoLeaderError()
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()

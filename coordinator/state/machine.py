@@ -25,6 +25,7 @@ and the replica must stop rather than diverge.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,6 +85,12 @@ from .results import (
 from .sessions import Session, SessionTable
 from .values import Event, EventType, Fence, KeyValue
 from .watch import WatchHistory
+
+# Test-only: breaks linearizability/fencing on purpose for the fault-injection suite's negative
+# controls (tests/jepsen). With RALLYPOINT_UNSAFE_ACCEPT_STALE_FENCE=1 in the environment when a
+# member starts, _check_fence accepts any token. Every member of such a cluster gets the same
+# environment, so the state machine stays deterministic. Never set it outside that suite.
+UNSAFE_ACCEPT_STALE_FENCE = os.environ.get("RALLYPOINT_UNSAFE_ACCEPT_STALE_FENCE") == "1"
 
 SNAPSHOT_FORMAT = 2
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -247,7 +254,7 @@ class StateMachine:
     def _check_fence(self, fence: Fence | None, keys: list[bytes]) -> StaleFence | None:
         """Refuse a fenced write whose token is not the lease's, or is below a token a key
         was already written under (a newer holder got there first)."""
-        if fence is None:
+        if fence is None or UNSAFE_ACCEPT_STALE_FENCE:
             return None
         key = keys[0] if keys else b""
         lease = self.leases.get(fence.lease_id)

@@ -24,9 +24,15 @@ from typing import TypeVar
 
 from rallypoint.proto.v1 import cluster_pb2, common_pb2, kv_pb2, lease_pb2
 
+from . import jobs as _jobs
 from .backoff import DEFAULT_BACKOFF, Backoff
+from .checkpoints import CheckpointRegistry
 from .errors import LeaseNotFoundError, RallypointError
 from .lease import Lease, LeaseKeeper, keep_alive_once
+from .rendezvous import Participant
+from .rendezvous import join as _join
+from .rendezvous_values import CheckpointInfo, JobConfig, JobStatus, RoundInfo
+from .roundstore import RoundStore
 from .session import SessionKeeper
 from .transport import Deadline, Method, TlsConfig, Transport
 from .values import (
@@ -108,6 +114,7 @@ class Client:
         self._leases: LeaseKeeper | None = None
         self._write_slots: asyncio.Semaphore | None = None
         self._watchers: weakref.WeakSet[Watcher] = weakref.WeakSet()
+        self._participants: weakref.WeakSet[Participant] = weakref.WeakSet()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -140,7 +147,10 @@ class Client:
         return self._sessions, self._leases, self._write_slots
 
     async def close(self) -> None:
-        """Close watches, stop lease keep-alives (leases are left to expire), end the session."""
+        """Close watches, stop lease keep-alives (leases are left to expire) and participants'
+        heartbeats (without leaving: they count as failed), end the session."""
+        for participant in list(self._participants):
+            await participant.close()
         for watcher in list(self._watchers):
             await watcher.aclose()
         if self._leases is not None:
@@ -608,3 +618,68 @@ class Client:
             return EndpointStatus(endpoint, status, None)
 
         return list(await asyncio.gather(*(one(endpoint) for endpoint in targets)))
+
+    # ------------------------------------------------------------------ rendezvous
+
+    async def join(
+        self,
+        job: str,
+        name: str,
+        *,
+        config: JobConfig | None = None,
+        metadata: bytes = b"",
+        timeout_s: float | None = None,
+    ) -> Participant:
+        """Join ``job`` as ``name``; the participant heartbeats and follows the rounds until
+        it leaves (see rendezvous.py). ``config`` creates the job when absent."""
+        participant = await _join(
+            self, job, name, config=config, metadata=metadata, timeout_s=timeout_s
+        )
+        self._participants.add(participant)
+        return participant
+
+    async def configure(
+        self, job: str, config: JobConfig, *, timeout_s: float | None = None
+    ) -> tuple[bool, RoundInfo]:
+        """Create, reconfigure or reopen ``job``; (created, current round)."""
+        return await _jobs.configure(self, job, config, timeout_s=timeout_s)
+
+    async def get_job(
+        self, job: str, *, serializable: bool = False, timeout_s: float | None = None
+    ) -> JobStatus:
+        return await _jobs.get_job(self, job, serializable=serializable, timeout_s=timeout_s)
+
+    async def list_jobs(
+        self, *, serializable: bool = False, timeout_s: float | None = None
+    ) -> list[RoundInfo]:
+        """Every job's current round, in job-id order (members' phi reads 0 here)."""
+        return await _jobs.list_jobs(self, serializable=serializable, timeout_s=timeout_s)
+
+    async def job_statuses(
+        self, *, serializable: bool = False, timeout_s: float | None = None
+    ) -> list[JobStatus]:
+        """Every job's full status: each member's phi, history, latest checkpoint."""
+        return await _jobs.job_statuses(self, serializable=serializable, timeout_s=timeout_s)
+
+    async def evict(self, job: str, participant_id: int, *, timeout_s: float | None = None) -> int:
+        """Remove a participant; the round that ended because of it (0: none)."""
+        return await _jobs.evict(self, job, participant_id, timeout_s=timeout_s)
+
+    async def close_job(self, job: str, *, timeout_s: float | None = None) -> int:
+        """End the job; the round that ended (0: it was already closed)."""
+        return await _jobs.close_job(self, job, timeout_s=timeout_s)
+
+    async def latest_checkpoint(
+        self, job: str, *, serializable: bool = False, timeout_s: float | None = None
+    ) -> CheckpointInfo | None:
+        return await _jobs.latest_checkpoint(
+            self, job, serializable=serializable, timeout_s=timeout_s
+        )
+
+    def round_store(self, job: str, round_number: int, participant_id: int) -> RoundStore:
+        """The store of one round, used as ``participant_id`` (see roundstore.py)."""
+        return RoundStore(self, job, round_number, participant_id)
+
+    def checkpoint_registry(self, info: RoundInfo) -> CheckpointRegistry:
+        """The checkpoint registry fenced by ``info``'s round and token."""
+        return CheckpointRegistry.for_round(self, info)

@@ -88,7 +88,7 @@ _END_REASONS = {
 
 
 def round_state(value: int) -> RoundState:
-    state = _ROUND_STATES.get(value)  # type: ignore[call-overload]
+    state: RoundState | None = _ROUND_STATES.get(value)  # type: ignore[call-overload]
     if state is None:
         raise ValueError(f"the server sent an unknown round state {value}")
     return state
@@ -193,7 +193,7 @@ class RoundRecord:
             opened_ms=record.opened_ms,
             closed_ms=record.closed_ms,
             ended_ms=record.ended_ms,
-            end_reason=_END_REASONS.get(record.end_reason),  # type: ignore[call-overload]
+            end_reason=_END_REASONS.get(record.end_reason),
             ended_by=record.ended_by,
         )
 

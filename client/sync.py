@@ -20,6 +20,8 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from .aio import Client
 from .errors import LeaseNotFoundError
 from .lease import Lease
+from .rendezvous_values import RoundInfo
+from .sync_rendezvous import SyncCheckpointRegistry, SyncParticipant, SyncRoundStore
 from .values import Fence, KeyValue, WatchEvent
 from .watch import Watcher
 
@@ -196,6 +198,13 @@ class SyncClient:
     snapshot = _blocking(Client.snapshot)
     member_status = _blocking(Client.member_status)
     status = _blocking(Client.status)
+    configure = _blocking(Client.configure)
+    get_job = _blocking(Client.get_job)
+    list_jobs = _blocking(Client.list_jobs)
+    job_statuses = _blocking(Client.job_statuses)
+    evict = _blocking(Client.evict)
+    close_job = _blocking(Client.close_job)
+    latest_checkpoint = _blocking(Client.latest_checkpoint)
 
     def range_pages(self, prefix: bytes | str = b"", **options: Any) -> Iterator[KeyValue]:
         """Every key under ``prefix``, a page at a time (see ``Client.range_pages``)."""
@@ -237,3 +246,16 @@ class SyncClient:
             return watcher
 
         return SyncWatcher(self._runner.run(make()), self._runner)
+
+    def join(self, job: str, name: str, **options: Any) -> SyncParticipant:
+        """``Client.join`` from a thread: a participant heartbeating on the client's loop."""
+        participant = self._runner.run(self._client.join(job, name, **options))
+        return SyncParticipant(participant, self._runner)
+
+    def round_store(self, job: str, round_number: int, participant_id: int) -> SyncRoundStore:
+        return SyncRoundStore(
+            self._client.round_store(job, round_number, participant_id), self._runner
+        )
+
+    def checkpoint_registry(self, info: RoundInfo) -> SyncCheckpointRegistry:
+        return SyncCheckpointRegistry(self._client.checkpoint_registry(info), self._runner)

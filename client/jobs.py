@@ -1,0 +1,149 @@
+"""Job administration (rendezvous.proto, service Rendezvous): configure, inspect, evict, close.
+
+These are plain calls through the client's transport (leader following, retries,
+deadlines) and session (a retried command applies once); their failures are the typed
+errors of ``rendezvous_errors``. ``join`` and the participant it returns are in
+``rendezvous.py``; the round store and the checkpoint registry in ``roundstore.py`` and
+``checkpoints.py``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING
+
+from rallypoint.proto.v1 import rendezvous_pb2, rendezvous_pb2_grpc
+
+from .rendezvous_errors import JobNotFoundError, refined
+from .rendezvous_values import CheckpointInfo, JobConfig, JobStatus, RoundInfo
+from .transport import Stubs
+
+if TYPE_CHECKING:
+    from .aio import Client
+
+
+class RendezvousStubs:
+    """The three rendezvous services' stubs over one member's channel."""
+
+    def __init__(self, stubs: Stubs) -> None:
+        self.rendezvous = rendezvous_pb2_grpc.RendezvousStub(stubs.channel)
+        self.store = rendezvous_pb2_grpc.RoundStoreStub(stubs.channel)
+        self.checkpoints = rendezvous_pb2_grpc.CheckpointRegistryStub(stubs.channel)
+
+
+# One set per channel, made on first use and dropped with the channel's stubs.
+_BY_CHANNEL: weakref.WeakKeyDictionary[Stubs, RendezvousStubs] = weakref.WeakKeyDictionary()
+
+
+def services(stubs: Stubs) -> RendezvousStubs:
+    found = _BY_CHANNEL.get(stubs)
+    if found is None:
+        found = _BY_CHANNEL[stubs] = RendezvousStubs(stubs)
+    return found
+
+
+async def configure(
+    client: Client, job: str, config: JobConfig, *, timeout_s: float | None = None
+) -> tuple[bool, RoundInfo]:
+    """Create the job, change its config, or reopen it when closed; (created, round)."""
+    response = await refined(
+        client._write(
+            lambda s: services(s).rendezvous.Configure,
+            lambda header: rendezvous_pb2.ConfigureRequest(
+                header=header, job=job, config=config.to_proto()
+            ),
+            timeout_s,
+        )
+    )
+    return response.created, RoundInfo.from_proto(response.round)
+
+
+async def get_job(
+    client: Client, job: str, *, serializable: bool = False, timeout_s: float | None = None
+) -> JobStatus:
+    """The job's config, current round (each member's phi, when the leader answers),
+    history and latest committed checkpoint."""
+    response = await refined(
+        client._read(
+            lambda s: services(s).rendezvous.GetJob,
+            rendezvous_pb2.GetJobRequest(job=job, serializable=serializable),
+            timeout_s,
+        )
+    )
+    return JobStatus.from_proto(response)
+
+
+async def list_jobs(
+    client: Client, *, serializable: bool = False, timeout_s: float | None = None
+) -> list[RoundInfo]:
+    """Every job's current round, in job-id order (no phi: see ``job_statuses``)."""
+    response = await refined(
+        client._read(
+            lambda s: services(s).rendezvous.ListJobs,
+            rendezvous_pb2.ListJobsRequest(serializable=serializable),
+            timeout_s,
+        )
+    )
+    return [RoundInfo.from_proto(info) for info in response.jobs]
+
+
+async def job_statuses(
+    client: Client, *, serializable: bool = False, timeout_s: float | None = None
+) -> list[JobStatus]:
+    """Every job's full status, with each member's phi: ListJobs, then GetJob per job (a job
+    dropped in between is left out)."""
+    statuses = []
+    for info in await list_jobs(client, serializable=serializable, timeout_s=timeout_s):
+        try:
+            statuses.append(
+                await get_job(client, info.job, serializable=serializable, timeout_s=timeout_s)
+            )
+        except JobNotFoundError:
+            continue
+    return statuses
+
+
+async def evict(
+    client: Client, job: str, participant_id: int, *, timeout_s: float | None = None
+) -> int:
+    """Remove a participant; the round that ended because of it (0: none did)."""
+    response = await refined(
+        client._write(
+            lambda s: services(s).rendezvous.Evict,
+            lambda header: rendezvous_pb2.EvictRequest(
+                header=header, job=job, participant_id=participant_id
+            ),
+            timeout_s,
+        )
+    )
+    return response.ended_round
+
+
+async def close_job(client: Client, job: str, *, timeout_s: float | None = None) -> int:
+    """End the job's current round and remove every participant; the round that ended (0:
+    the job was already closed)."""
+    response = await refined(
+        client._write(
+            lambda s: services(s).rendezvous.CloseJob,
+            lambda header: rendezvous_pb2.CloseJobRequest(header=header, job=job),
+            timeout_s,
+        )
+    )
+    return response.ended_round
+
+
+async def latest_checkpoint(
+    client: Client, job: str, *, serializable: bool = False, timeout_s: float | None = None
+) -> CheckpointInfo | None:
+    """The job's most recently committed checkpoint (linearizable unless ``serializable``);
+    None when there is none."""
+    response = await refined(
+        client._read(
+            lambda s: services(s).checkpoints.Latest,
+            rendezvous_pb2.CheckpointLatestRequest(job=job, serializable=serializable),
+            timeout_s,
+        )
+    )
+    if not response.HasField("checkpoint"):
+        return None
+    return CheckpointInfo.from_proto(response.checkpoint)

@@ -1,0 +1,530 @@
+"""Joining a job and staying in it: a participant's heartbeat, its view of the rounds, leaving.
+
+Theory of operation (rendezvous.proto). ``join`` adds a participant, tied to the client's
+session, and returns a :class:`Participant` that runs two background tasks until it leaves,
+is lost, or the client closes:
+
+- The heartbeat: one bidirectional ``Heartbeat`` stream to the leader, a request every
+  ``heartbeat_interval_ms`` naming the round the participant believes current. A follower
+  ends the stream with UNAVAILABLE and the leader's address; the participant reconnects there
+  at once, otherwise after a full-jitter backoff capped at two heartbeat intervals
+  (:func:`reconnect_backoff`): after a leader change the new leader suspects nobody for a
+  grace period, and the participant must reach it well within that. The leader answers at
+  least every few heartbeats and whenever the job's round differs from the one the request
+  named; an answer ahead of the participant's view triggers a linearizable GetJob, so a
+  round change is learnt from the heartbeat even when the watch is stuck on a paused member.
+  A stream with no answer for ``ANSWER_PATIENCE_BEATS`` intervals is abandoned for another
+  member.
+- The watch: ``WatchJob`` sends the job's RoundInfo at once and after every change. It is
+  reopened after any failure; the first message of a new stream is the current state, so a
+  reconnect misses no change for good (intermediate states may be coalesced, by the server
+  as by the reconnect, but the latest never is).
+
+Both feed :meth:`Participant._observe`, which keeps the newest RoundInfo by ``job_revision``
+(never going back), hands each new (round, state) to ``rounds()`` iterators and
+``on_round_change`` callbacks once, and wakes ``wait_for_round``. A RoundInfo that no longer
+lists the participant as a member or as waiting means the coordinator removed it (declared
+failed, evicted, session ended, job closed): ``lost`` is set and stays set. So is it when the
+heartbeat is refused with NOT_FOUND (the participant or the job is gone): a worker that was
+paused past its failure detection finds out as soon as it runs again.
+
+``leave`` sends Leave *before* closing the streams: the leader then no longer counts the
+participant, and the stream's end is not taken for a death.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
+
+import grpc
+import grpc.aio
+
+from rallypoint.proto.v1 import rendezvous_pb2
+
+from .backoff import Backoff
+from .checkpoints import CheckpointRegistry
+from .errors import (
+    DeadlineExceededError,
+    NotFoundError,
+    RallypointError,
+    UnavailableError,
+    map_rpc_error,
+)
+from .jobs import get_job, services
+from .rendezvous_errors import (
+    JobNotFoundError,
+    ParticipantLostError,
+    ParticipantNotFoundError,
+    refine,
+    refined,
+)
+from .rendezvous_values import JobConfig, JoinResult, RoundInfo, RoundState, round_state
+from .roundstore import RoundStore
+from .transport import Transport
+
+if TYPE_CHECKING:
+    from .aio import Client
+
+log = logging.getLogger("rallypoint.client.rendezvous")
+
+# The leader answers at least every ten heartbeats (rendezvous.proto: "now and then"); a
+# stream silent for this many intervals is taken as a member that stopped answering.
+ANSWER_PATIENCE_BEATS = 30
+# ... but never less than this, so a short interval does not make a slow leader look dead.
+MIN_ANSWER_PATIENCE_S = 2.0
+
+_STATE_ORDER = {RoundState.JOINING: 0, RoundState.ACTIVE: 1, RoundState.ENDED: 2}
+
+RoundCallback = Callable[[RoundInfo], object]
+
+
+def reconnect_backoff(heartbeat_interval_s: float, backoff: Backoff) -> Backoff:
+    """The heartbeat's reconnect backoff: the client's, capped at two heartbeat intervals."""
+    cap_s = max(min(backoff.cap_s, 2 * heartbeat_interval_s), min(backoff.base_s, 0.001))
+    return Backoff(base_s=min(backoff.base_s, cap_s), cap_s=cap_s)
+
+
+def round_position(round_number: int, state: RoundState) -> tuple[int, int]:
+    """Orders (round, state) pairs: rounds increase, and within one JOINING < ACTIVE < ENDED."""
+    return round_number, _STATE_ORDER[state]
+
+
+class Reconnector:
+    """The reconnect decisions of a stream: follow a leader hint at once (at most
+    ``len(endpoints) + 1`` times in a row, so two members with stale views cannot bounce it
+    forever), otherwise back off with full jitter."""
+
+    def __init__(self, transport: Transport, backoff: Backoff) -> None:
+        self._transport = transport
+        self._backoff = backoff
+        # Invariant: retry counts the backoff sleeps since the last answer.
+        self.retry = 0
+        self.redirects = 0
+
+    def answered(self) -> None:
+        self.retry = 0
+        self.redirects = 0
+
+    def delay_s(self, address: str, error: RallypointError) -> float:
+        """How long to wait before the next attempt (the transport learns the hint)."""
+        transport = self._transport
+        if transport.note_failure(address, error) and self.redirects <= len(transport.endpoints):
+            self.redirects += 1
+            return 0.0
+        self.redirects = 0
+        delay_s = self._backoff.delay_s(self.retry, transport.rng)
+        self.retry += 1
+        return delay_s
+
+    async def after_failure(self, address: str, error: RallypointError) -> None:
+        delay_s = self.delay_s(address, error)
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)
+
+
+class Participant:
+    """A participant of a job; see the module docstring. Use it from the client's loop."""
+
+    def __init__(self, client: Client, name: str, joined: JoinResult, config: JobConfig) -> None:
+        self.client = client
+        self.job = joined.round.job
+        self.name = name
+        self.participant_id = joined.participant_id
+        self.config = config
+        self.heartbeat_interval_s = config.heartbeat_interval_ms / 1000
+        # The newest RoundInfo seen. Invariant: its job_revision never decreases.
+        self.round: RoundInfo = joined.round
+        self.lost = asyncio.Event()
+        # Why the participant was lost; None while it is not.
+        self.lost_reason: str | None = None
+        # Leave was called (it may still be in flight): a view without us is then expected.
+        self.leaving = False
+        # close() was called: the background work stops without leaving.
+        self.closed = False
+        # The (round, state) last handed to iterators and callbacks.
+        self._delivered = (joined.round.round, joined.round.state)
+        # The round number wait_for_round returned last (0: none yet).
+        self._returned_round = 0
+        self._subscribers: list[asyncio.Queue[RoundInfo | None]] = []
+        self._callbacks: list[RoundCallback] = []
+        # Set (and replaced) on every change of view, lost or left.
+        self._changed = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._refresh: asyncio.Task[None] | None = None
+        # The watch stream in use, so a refresh that finds it behind can restart it.
+        self._watch_call: (
+            grpc.aio.UnaryStreamCall[
+                rendezvous_pb2.WatchJobRequest, rendezvous_pb2.WatchJobResponse
+            ]
+            | None
+        ) = None
+        self._watch_restart = False
+        self._observe(joined.round)
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost.is_set() else ("left" if self.leaving else "in")
+        return (
+            f"Participant(job={self.job!r}, name={self.name!r}, id={self.participant_id}, "
+            f"round={self.round.round} {self.round.state.value}, {state})"
+        )
+
+    # -------------------------------------------------------------- the view
+
+    @property
+    def rank(self) -> int | None:
+        """This participant's rank in the current round; None unless it is ACTIVE with us."""
+        return self.round.rank_of(self.participant_id)
+
+    @property
+    def waiting(self) -> bool:
+        return any(m.participant_id == self.participant_id for m in self.round.waiting)
+
+    def on_round_change(self, callback: RoundCallback) -> None:
+        """Call ``callback(round_info)`` on the loop for each new (round, state)."""
+        self._callbacks.append(callback)
+
+    async def rounds(self) -> AsyncIterator[RoundInfo]:
+        """The current round, then each new (round, state) as it is learnt; ends when the
+        participant leaves or is lost."""
+        queue: asyncio.Queue[RoundInfo | None] = asyncio.Queue()
+        self._subscribers.append(queue)
+        try:
+            if self.lost.is_set() or self.leaving:
+                return
+            yield self.round
+            while (info := await queue.get()) is not None:
+                yield info
+        finally:
+            self._subscribers.remove(queue)
+
+    async def wait_for_round(self, timeout_s: float | None = None) -> RoundInfo:
+        """The next ACTIVE round that includes this participant: the current one if it is
+        ACTIVE with us and was not returned by an earlier call, else the first such round to
+        come. Waits up to ``timeout_s`` (default: the job's join_timeout_ms), then raises
+        DeadlineExceededError; raises ParticipantLostError once the participant is lost."""
+        wait_s = self.config.join_timeout_ms / 1000 if timeout_s is None else timeout_s
+        try:
+            async with asyncio.timeout(wait_s):
+                while True:
+                    self._check_in_job()
+                    info = self.round
+                    if info.rank_of(self.participant_id) is not None and (
+                        info.round > self._returned_round
+                    ):
+                        self._returned_round = info.round
+                        return info
+                    await self._changed.wait()
+        except TimeoutError:
+            raise DeadlineExceededError(
+                f"job {self.job!r}: no ACTIVE round with participant {self.participant_id} "
+                f"within {wait_s:g} s (round {self.round.round} is "
+                f"{self.round.state.value}: {self.round.reason})"
+            ) from None
+
+    def _check_in_job(self) -> None:
+        if self.lost.is_set():
+            raise ParticipantLostError(self.lost_reason or "the participant was lost")
+        if self.leaving:
+            raise ParticipantLostError(f"participant {self.participant_id} left job {self.job}")
+
+    def store(self) -> RoundStore:
+        """The current round's store (raises StaleRoundError once the round is over)."""
+        return RoundStore(self.client, self.job, self.round.round, self.participant_id)
+
+    def checkpoints(self) -> CheckpointRegistry:
+        """The checkpoint registry, fenced by the current round and its token."""
+        return CheckpointRegistry.for_round(self.client, self.round)
+
+    def _observe(self, info: RoundInfo) -> bool:
+        """Take a RoundInfo from any source; True if it was newer than the view."""
+        if info.job_revision < self.round.job_revision:
+            return False
+        newer = info.job_revision > self.round.job_revision
+        self.round = info
+        if self.lost.is_set() or self.leaving:
+            return newer
+        if not info.includes(self.participant_id):
+            what = "the job was closed" if info.job_closed else "declared failed or evicted"
+            self._mark_lost(
+                f"participant {self.participant_id} ({self.name}) is no longer in job "
+                f"{self.job!r} as of round {info.round} ({what})"
+            )
+            return newer
+        position = (info.round, info.state)
+        if position != self._delivered:
+            self._delivered = position
+            for queue in self._subscribers:
+                queue.put_nowait(info)
+            loop = asyncio.get_running_loop()
+            for callback in self._callbacks:
+                loop.call_soon(callback, info)
+        self._wake()
+        return newer
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _end_iterators(self) -> None:
+        for queue in self._subscribers:
+            queue.put_nowait(None)
+        self._wake()
+
+    def _mark_lost(self, reason: str) -> None:
+        if self.lost.is_set():
+            return
+        log.warning("%s", reason)
+        self.lost_reason = reason
+        self.lost.set()
+        self._end_iterators()
+        self._cancel_tasks()
+
+    # -------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Start the heartbeat and the watch (``join`` does)."""
+        if self._tasks or not self._running():
+            return
+        tag = f"{self.job}/{self.participant_id}"
+        self._tasks = [
+            asyncio.create_task(self._heartbeat_forever(), name=f"heartbeat {tag}"),
+            asyncio.create_task(self._watch_forever(), name=f"round watch {tag}"),
+        ]
+
+    def _cancel_tasks(self) -> list[asyncio.Task[None]]:
+        current = asyncio.current_task()
+        tasks = [t for t in [*self._tasks, self._refresh] if t is not None and t is not current]
+        for task in tasks:
+            task.cancel()
+        return tasks
+
+    async def _stop(self) -> None:
+        tasks = self._cancel_tasks()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    async def leave(self, *, timeout_s: float | None = None) -> None:
+        """Leave the job (Leave first, then close the streams). Leaving twice, or after the
+        participant was lost, does nothing more."""
+        if self.leaving:
+            return
+        self.leaving = True
+        try:
+            if not self.lost.is_set():
+                with contextlib.suppress(ParticipantNotFoundError, JobNotFoundError):
+                    await refined(
+                        self.client._write(
+                            lambda s: services(s).rendezvous.Leave,
+                            lambda header: rendezvous_pb2.LeaveRequest(
+                                header=header, job=self.job, participant_id=self.participant_id
+                            ),
+                            timeout_s,
+                        )
+                    )
+        finally:
+            await self._stop()
+            self._end_iterators()
+
+    async def close(self) -> None:
+        """Stop heartbeating without leaving: the leader will count this participant failed
+        (what a process that dies does). The client's close does this."""
+        self.closed = True
+        self._end_iterators()
+        await self._stop()
+
+    async def __aenter__(self) -> Participant:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.leave()
+
+    # -------------------------------------------------------------- heartbeat
+
+    def _running(self) -> bool:
+        return not (self.lost.is_set() or self.leaving or self.closed)
+
+    async def _heartbeat_forever(self) -> None:
+        transport = self.client._transport
+        reconnector = Reconnector(
+            transport, reconnect_backoff(self.heartbeat_interval_s, transport.backoff)
+        )
+        while self._running():
+            address = transport.pick()
+            error = await self._heartbeat_stream(transport, address, reconnector)
+            if self._gone(error, "heartbeat"):
+                return
+            log.debug("heartbeat stream to %s ended: %s", address, error)
+            await reconnector.after_failure(address, error)
+
+    async def _heartbeat_stream(
+        self, transport: Transport, address: str, reconnector: Reconnector
+    ) -> RallypointError:
+        """Heartbeat over one stream until it fails; the failure."""
+        try:
+            call = services(transport.stubs(address)).rendezvous.Heartbeat(
+                None, metadata=transport.metadata
+            )
+        except UnavailableError as closed:  # the client was closed
+            return closed
+        sender = asyncio.create_task(self._send_heartbeats(call), name="heartbeat-send")
+        patience_s = max(MIN_ANSWER_PATIENCE_S, ANSWER_PATIENCE_BEATS * self.heartbeat_interval_s)
+        try:
+            while True:
+                try:
+                    response = await asyncio.wait_for(call.read(), patience_s)
+                except TimeoutError:
+                    return UnavailableError(f"{address} answered no heartbeat in {patience_s:g} s")
+                if not isinstance(response, rendezvous_pb2.HeartbeatResponse):  # grpc.aio.EOF
+                    return UnavailableError(f"{address} ended the heartbeat stream")
+                reconnector.answered()
+                transport.note_success(address)
+                self._on_heartbeat_answer(response)
+        except grpc.aio.AioRpcError as rpc_error:
+            return refine(map_rpc_error(rpc_error))
+        finally:
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sender
+            call.cancel()
+
+    async def _send_heartbeats(
+        self,
+        call: grpc.aio.StreamStreamCall[
+            rendezvous_pb2.HeartbeatRequest, rendezvous_pb2.HeartbeatResponse
+        ],
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            request = rendezvous_pb2.HeartbeatRequest(
+                job=self.job, participant_id=self.participant_id, round=self.round.round
+            )
+            try:
+                await call.write(request)
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                return  # the stream ended; the reader reports why
+            # A fixed schedule, not sleep(interval) after each write: the detector learns the
+            # intervals, and drift would read as lateness.
+            next_at = max(next_at + self.heartbeat_interval_s, loop.time())
+            await asyncio.sleep(next_at - loop.time())
+
+    def _on_heartbeat_answer(self, response: rendezvous_pb2.HeartbeatResponse) -> None:
+        answered = round_position(response.current_round, round_state(response.state))
+        if answered > round_position(self.round.round, self.round.state):
+            self._refresh_soon()
+
+    def _refresh_soon(self) -> None:
+        if self._refresh is None or self._refresh.done():
+            self._refresh = asyncio.create_task(self._refresh_view(), name="round refresh")
+
+    async def _refresh_view(self) -> None:
+        """Read the job linearizably; if that shows the watch was behind, restart it."""
+        try:
+            status = await get_job(self.client, self.job)
+        except JobNotFoundError as error:
+            self._gone(error, "refresh")
+            return
+        except RallypointError as error:
+            log.debug("refreshing job %s failed: %s", self.job, error)
+            return
+        if self._observe(status.round) and self._watch_call is not None:
+            self._watch_restart = True
+            self._watch_call.cancel()
+
+    def _gone(self, error: RallypointError, source: str) -> bool:
+        """Whether ``error`` ends the participant's background work (marking it lost when the
+        coordinator no longer knows it)."""
+        if not self._running():
+            return True
+        if isinstance(error, NotFoundError) and error.reason in (
+            "PARTICIPANT_NOT_FOUND",
+            "JOB_NOT_FOUND",
+        ):
+            self._mark_lost(
+                f"participant {self.participant_id} ({self.name}) of job {self.job!r} is gone "
+                f"({source} refused: {error})"
+            )
+            return True
+        if not isinstance(error, UnavailableError | DeadlineExceededError):
+            # Nothing else is expected of these streams: stop acting rather than guess.
+            self._mark_lost(f"the {source} of participant {self.participant_id} failed: {error}")
+            return True
+        return False
+
+    # -------------------------------------------------------------- watch
+
+    async def _watch_forever(self) -> None:
+        transport = self.client._transport
+        reconnector = Reconnector(transport, transport.backoff)
+        request = rendezvous_pb2.WatchJobRequest(job=self.job)
+        while self._running():
+            address = transport.pick()
+            try:
+                call = services(transport.stubs(address)).rendezvous.WatchJob(
+                    request, metadata=transport.metadata
+                )
+            except UnavailableError:  # the client was closed
+                return
+            self._watch_call = call
+            error: RallypointError
+            try:
+                async for response in call:
+                    reconnector.answered()
+                    self._observe(RoundInfo.from_proto(response.round))
+                error = UnavailableError(f"{address} ended the round watch")
+            except grpc.aio.AioRpcError as rpc_error:
+                error = refine(map_rpc_error(rpc_error))
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if not self._watch_restart or (task is not None and task.cancelling()):
+                    raise
+                error = UnavailableError("restarted: the watch was behind")
+            finally:
+                self._watch_call = None
+                call.cancel()
+            if self._watch_restart:
+                self._watch_restart = False
+                continue
+            if self._gone(error, "round watch"):
+                return
+            await reconnector.after_failure(address, error)
+
+
+async def join(
+    client: Client,
+    job: str,
+    name: str,
+    *,
+    config: JobConfig | None = None,
+    metadata: bytes = b"",
+    timeout_s: float | None = None,
+) -> Participant:
+    """Join ``job`` as ``name`` (unique in the job) and start heartbeating.
+
+    ``config`` creates the job when absent and must equal its config when present; without
+    it the job must exist. ``metadata`` (addresses, device info) is shown to every member.
+    """
+    request_config = config.to_proto() if config is not None else None
+    response = await refined(
+        client._write(
+            lambda s: services(s).rendezvous.Join,
+            lambda header: rendezvous_pb2.JoinRequest(
+                header=header, job=job, name=name, metadata=metadata, config=request_config
+            ),
+            timeout_s,
+        )
+    )
+    joined = JoinResult(
+        response.participant_id, response.waiting, RoundInfo.from_proto(response.round)
+    )
+    if config is None:
+        config = (await get_job(client, job, timeout_s=timeout_s)).config
+    participant = Participant(client, name, joined, config)
+    participant.start()
+    return participant

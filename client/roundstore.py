@@ -1,0 +1,223 @@
+"""The round store: the c10d store of one (job, round), for that round's members.
+
+Every call names (job, round, participant id) and is refused with :class:`StaleRoundError`
+once the round is not the job's current ACTIVE round or the participant not one of its
+members (rendezvous.proto, service RoundStore). Writes go through the client's session (a
+retry applies once); reads through its transport.
+
+Get and Wait block on the server for up to the caller's timeout, so they do not use the
+transport's per-attempt timeout (which would cut a long wait short and retry it, or retry a
+server's "still missing" answer as if the member had not answered): each attempt asks the
+server to wait for what is left of the caller's timeout and allows ``attempt_timeout_s``
+more for the answer. Only UNAVAILABLE (not the leader, no leader, member down) is retried,
+following the leader hint or backing off; DEADLINE_EXCEEDED means a key was still missing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+import grpc
+import grpc.aio
+
+from rallypoint.proto.v1 import rendezvous_pb2
+
+from .errors import DeadlineExceededError, RallypointError, UnavailableError, map_rpc_error
+from .jobs import RendezvousStubs, services
+from .rendezvous_errors import refine, refined
+from .transport import Deadline, Retrier
+
+if TYPE_CHECKING:
+    from .aio import Client
+
+# The requests the server holds (both carry timeout_ms).
+Request = TypeVar("Request", rendezvous_pb2.StoreGetRequest, rendezvous_pb2.StoreWaitRequest)
+Response = TypeVar("Response")
+Bytes = bytes | str
+
+
+def _bytes(data: Bytes) -> bytes:
+    return data.encode() if isinstance(data, str) else bytes(data)
+
+
+@dataclass(frozen=True, slots=True)
+class CompareSetResult:
+    # The key was set to the desired value.
+    swapped: bool
+    # What the key holds now; None when it does not exist.
+    value: bytes | None
+
+
+class RoundStore:
+    """The store of ``round`` of ``job``, used as ``participant_id``."""
+
+    def __init__(self, client: Client, job: str, round_number: int, participant_id: int) -> None:
+        self.client = client
+        self.scope = rendezvous_pb2.StoreScope(
+            job=job, round=round_number, participant_id=participant_id
+        )
+
+    @property
+    def job(self) -> str:
+        return self.scope.job
+
+    @property
+    def round(self) -> int:
+        return self.scope.round
+
+    @property
+    def namespace(self) -> str:
+        return f"{self.scope.job}/{self.scope.round}"
+
+    def __repr__(self) -> str:
+        return f"RoundStore({self.namespace}, participant={self.scope.participant_id})"
+
+    # -------------------------------------------------------------- writes
+
+    async def set(self, key: Bytes, value: Bytes, *, timeout_s: float | None = None) -> None:
+        await refined(
+            self.client._write(
+                lambda s: services(s).store.Set,
+                lambda header: rendezvous_pb2.StoreSetRequest(
+                    header=header, scope=self.scope, key=_bytes(key), value=_bytes(value)
+                ),
+                timeout_s,
+            )
+        )
+
+    async def add(self, key: Bytes, delta: int, *, timeout_s: float | None = None) -> int:
+        """Add ``delta`` to the decimal integer at ``key`` (missing counts as 0); the sum."""
+        response = await refined(
+            self.client._write(
+                lambda s: services(s).store.Add,
+                lambda header: rendezvous_pb2.StoreAddRequest(
+                    header=header, scope=self.scope, key=_bytes(key), delta=delta
+                ),
+                timeout_s,
+            )
+        )
+        return response.value
+
+    async def compare_set(
+        self, key: Bytes, expected: Bytes, desired: Bytes, *, timeout_s: float | None = None
+    ) -> CompareSetResult:
+        """torch semantics: set ``key`` to ``desired`` if it holds ``expected``, or if it is
+        absent and ``expected`` is empty."""
+        response = await refined(
+            self.client._write(
+                lambda s: services(s).store.CompareSet,
+                lambda header: rendezvous_pb2.StoreCompareSetRequest(
+                    header=header,
+                    scope=self.scope,
+                    key=_bytes(key),
+                    expected=_bytes(expected),
+                    desired=_bytes(desired),
+                ),
+                timeout_s,
+            )
+        )
+        value = response.value if response.HasField("value") else None
+        return CompareSetResult(response.swapped, value)
+
+    async def delete(self, key: Bytes, *, timeout_s: float | None = None) -> bool:
+        """Delete ``key``; whether it existed."""
+        response = await refined(
+            self.client._write(
+                lambda s: services(s).store.Delete,
+                lambda header: rendezvous_pb2.StoreDeleteRequest(
+                    header=header, scope=self.scope, key=_bytes(key)
+                ),
+                timeout_s,
+            )
+        )
+        return response.existed
+
+    # -------------------------------------------------------------- reads
+
+    async def get(self, key: Bytes, *, wait: bool = True, timeout_s: float | None = None) -> bytes:
+        """The value at ``key``, waiting up to ``timeout_s`` (default: the client's timeout)
+        for it to be set; ``wait=False`` does not wait. A key still missing raises
+        DeadlineExceededError."""
+        wait_s = self._wait_s(timeout_s) if wait else 0.0
+        response = await self._blocking(
+            lambda stubs: stubs.store.Get,
+            rendezvous_pb2.StoreGetRequest(scope=self.scope, key=_bytes(key)),
+            wait_s,
+        )
+        return response.value
+
+    async def wait(self, keys: Sequence[Bytes], *, timeout_s: float | None = None) -> None:
+        """Wait up to ``timeout_s`` (default: the client's timeout) for every key to exist;
+        DeadlineExceededError if one is still missing."""
+        encoded = [_bytes(key) for key in keys]
+        await self._blocking(
+            lambda stubs: stubs.store.Wait,
+            rendezvous_pb2.StoreWaitRequest(scope=self.scope, keys=encoded),
+            self._wait_s(timeout_s),
+        )
+
+    async def num_keys(self, *, timeout_s: float | None = None) -> int:
+        response = await refined(
+            self.client._read(
+                lambda s: services(s).store.NumKeys,
+                rendezvous_pb2.StoreNumKeysRequest(scope=self.scope),
+                timeout_s,
+            )
+        )
+        return response.num_keys
+
+    async def check(self, keys: Sequence[Bytes], *, timeout_s: float | None = None) -> bool:
+        """Whether every key exists, without waiting."""
+        response = await refined(
+            self.client._read(
+                lambda s: services(s).store.Check,
+                rendezvous_pb2.StoreCheckRequest(
+                    scope=self.scope, keys=[_bytes(key) for key in keys]
+                ),
+                timeout_s,
+            )
+        )
+        return response.all_exist
+
+    def _wait_s(self, timeout_s: float | None) -> float:
+        wait_s = self.client.timeout_s if timeout_s is None else timeout_s
+        if wait_s < 0:
+            raise ValueError(f"timeout_s must not be negative, got {wait_s}")
+        return wait_s
+
+    async def _blocking(
+        self,
+        method: Callable[[RendezvousStubs], grpc.aio.UnaryUnaryMultiCallable[Request, Response]],
+        request: Request,
+        wait_s: float,
+    ) -> Response:
+        """A read the server holds for up to ``wait_s``; see the module docstring."""
+        transport = self.client._transport
+        answer_s = transport.attempt_timeout_s
+        deadline = Deadline(wait_s + answer_s)
+        retrier = Retrier(transport)
+        while True:
+            address = transport.pick()
+            left_s = max(0.0, deadline.remaining_s() - answer_s)
+            request.timeout_ms = int(left_s * 1000)
+            try:
+                response: Response = await method(services(transport.stubs(address)))(
+                    request,
+                    timeout=max(0.001, min(left_s + answer_s, deadline.remaining_s())),
+                    metadata=transport.metadata,
+                )
+            except grpc.aio.AioRpcError as rpc_error:
+                error: RallypointError = refine(map_rpc_error(rpc_error))
+            else:
+                transport.note_success(address)
+                return response
+            if not isinstance(error, UnavailableError):
+                raise error
+            if deadline.remaining_s() <= 0:
+                raise DeadlineExceededError(
+                    f"{self.namespace}: no member could answer within {wait_s:g} s; last "
+                    f"error: {error}"
+                )
+            await retrier.after_failure(address, error, max_sleep_s=deadline.remaining_s())

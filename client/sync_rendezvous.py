@@ -1,0 +1,162 @@
+"""Blocking views of a participant, a round store and a checkpoint registry, for threads.
+
+Each runs the async object on the :class:`SyncClient`'s private loop and blocks the calling
+thread (any thread but the client's own: torch's c10d store adapter calls the round store
+from worker threads). Round-change callbacks run on the client's thread and must not call
+back into the SyncClient; iterate ``rounds()`` or wait on ``lost`` from another thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar
+
+from .checkpoints import CheckpointRegistry
+from .rendezvous import Participant
+from .rendezvous_values import RoundInfo
+from .roundstore import RoundStore
+
+P = ParamSpec("P")
+T = TypeVar("T")
+Target = TypeVar("Target")
+
+
+class Runner(Protocol):
+    """The SyncClient's loop thread."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T: ...
+
+
+class _Blocking(Generic[Target]):
+    def __init__(self, target: Target, runner: Runner) -> None:
+        self._target = target
+        self._runner = runner
+
+
+def _blocking(
+    method: Callable[Concatenate[Target, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[_Blocking[Target], P], T]:
+    def call(self: _Blocking[Target], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self._runner.run(method(self._target, *args, **kwargs))
+
+    call.__name__ = method.__name__
+    call.__doc__ = method.__doc__
+    return call
+
+
+class SyncRoundStore(_Blocking[RoundStore]):
+    """A :class:`RoundStore` seen from threads."""
+
+    set = _blocking(RoundStore.set)
+    get = _blocking(RoundStore.get)
+    add = _blocking(RoundStore.add)
+    compare_set = _blocking(RoundStore.compare_set)
+    wait = _blocking(RoundStore.wait)
+    delete = _blocking(RoundStore.delete)
+    num_keys = _blocking(RoundStore.num_keys)
+    check = _blocking(RoundStore.check)
+
+    @property
+    def store(self) -> RoundStore:
+        return self._target
+
+    @property
+    def namespace(self) -> str:
+        return self._target.namespace
+
+    @property
+    def round(self) -> int:
+        return self._target.round
+
+
+class SyncCheckpointRegistry(_Blocking[CheckpointRegistry]):
+    """A :class:`CheckpointRegistry` seen from threads."""
+
+    begin = _blocking(CheckpointRegistry.begin)
+    shard_done = _blocking(CheckpointRegistry.shard_done)
+    commit = _blocking(CheckpointRegistry.commit)
+    abort = _blocking(CheckpointRegistry.abort)
+    latest = _blocking(CheckpointRegistry.latest)
+
+    @property
+    def registry(self) -> CheckpointRegistry:
+        return self._target
+
+
+class SyncParticipant(_Blocking[Participant]):
+    """A :class:`Participant` seen from threads. ``lost`` is a ``threading.Event``."""
+
+    def __init__(self, participant: Participant, runner: Runner) -> None:
+        super().__init__(participant, runner)
+        self.lost = threading.Event()
+        if participant.lost.is_set():
+            self.lost.set()
+        else:
+            # Mirrors the participant's event; ends with the loop if it is never set.
+            asyncio.run_coroutine_threadsafe(self._mirror_lost(), runner.loop)
+
+    async def _mirror_lost(self) -> None:
+        await self._target.lost.wait()
+        self.lost.set()
+
+    wait_for_round = _blocking(Participant.wait_for_round)
+    leave = _blocking(Participant.leave)
+    close = _blocking(Participant.close)
+
+    @property
+    def participant(self) -> Participant:
+        return self._target
+
+    @property
+    def participant_id(self) -> int:
+        return self._target.participant_id
+
+    @property
+    def job(self) -> str:
+        return self._target.job
+
+    @property
+    def name(self) -> str:
+        return self._target.name
+
+    @property
+    def round(self) -> RoundInfo:
+        # One attribute read of an immutable value: safe from any thread.
+        return self._target.round
+
+    @property
+    def rank(self) -> int | None:
+        return self._target.round.rank_of(self._target.participant_id)
+
+    @property
+    def lost_reason(self) -> str | None:
+        return self._target.lost_reason
+
+    def on_round_change(self, callback: Callable[[RoundInfo], object]) -> None:
+        """Call ``callback(round_info)`` on the client's thread for each new (round, state)."""
+        self._runner.loop.call_soon_threadsafe(self._target.on_round_change, callback)
+
+    def rounds(self) -> Iterator[RoundInfo]:
+        """The current round, then each new one; ends when the participant leaves or is
+        lost."""
+        rounds = self._target.rounds()
+
+        async def next_round() -> RoundInfo:
+            return await anext(rounds)
+
+        while True:
+            try:
+                yield self._runner.run(next_round())
+            except StopAsyncIteration:
+                return
+
+    def store(self) -> SyncRoundStore:
+        return SyncRoundStore(self._target.store(), self._runner)
+
+    def checkpoints(self) -> SyncCheckpointRegistry:
+        return SyncCheckpointRegistry(self._target.checkpoints(), self._runner)

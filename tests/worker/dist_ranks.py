@@ -1,10 +1,11 @@
 """One rank of a multi-process checkpoint scenario, run as a script by test_checkpoint.py.
 
-    python dist_ranks.py SCENARIO RANK WORLD_SIZE WORKDIR
+    python dist_ranks.py SCENARIO[,SCENARIO...] RANK WORLD_SIZE WORKDIR
 
 The ranks meet through a FileStore in WORKDIR (no coordinator, no port). Every check is an
 assert, so a mismatch fails the rank's exit code with the details on stderr; figures go to
-WORKDIR/<scenario>-rank<r>.json for the test to read.
+WORKDIR/<scenarios>-<world size>-rank<r>.json for the test to read, by scenario. Several
+scenarios run one after the other in one process group (starting processes is the slow part).
 
 Scenarios:
   save     train an FSDP2 model and a replicated (DDP) model for 3 steps, save both
@@ -130,11 +131,16 @@ def save(rank: int, world_size: int, workdir: Path) -> dict[str, Any]:
         )
         for name, model in models.items()
     }
+    durable: list[str] = []
+    for name, save_in_progress in pending.items():
+        save_in_progress.add_done_callback(lambda done, name=name: durable.append(name))
     # Training goes on while the checkpoint is written; the checkpoint must still hold step 3.
     batch = next(batches)
     for name, model in models.items():
         train_step(model, optimizers[name], batch)
     saved = {name: pending[name].wait() for name in models}
+    # The hook where the elastic loop reports its shard ran once per save.
+    assert sorted(durable) == sorted(models), durable
     if rank == 0:
         reference["sampler"] = sampler.state_dict()
         torch.save(reference, workdir / "reference.pt")
@@ -187,6 +193,15 @@ def heal(rank: int, world_size: int, workdir: Path) -> dict[str, Any]:
     assert (result.step, result.extra) == (SAVED_STEP, EXTRA)
     assert sampler.state_dict() == reference["sampler"]
     assert_bit_equal(full_state(model, optimizer), reference["replicated"], "healed")
+    # Now every rank holds the same replica: nothing needs to move.
+    again = restore_state(
+        model,
+        optimizer,
+        checkpoint=read_checkpoint_dir(workdir / "replicated"),
+        survivor_step=result.step,
+        extra=result.extra,
+    )
+    assert (again.source, again.step, again.bytes_moved) == (RestoreSource.KEEP, SAVED_STEP, 0)
     return {"bytes": result.bytes_moved, "duration_s": result.duration_s, "reason": result.reason}
 
 
@@ -206,9 +221,10 @@ def main() -> None:
     store = workdir / f"store-{scenario}-{world_size}"
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
     try:
-        figures = {"save": save, "restore": restore, "heal": heal}[scenario](
-            rank, world_size, workdir
-        )
+        figures = {
+            name: {"save": save, "restore": restore, "heal": heal}[name](rank, world_size, workdir)
+            for name in scenario.split(",")
+        }
         dist.barrier()
     finally:
         dist.destroy_process_group()

@@ -36,7 +36,8 @@ WORLD_TIMEOUT_S = 120
 
 
 def run_world(scenario: str, world_size: int, workdir: Path) -> list[dict[str, Any]]:
-    """Run every rank of ``scenario`` as its own process; their figures, by rank."""
+    """Run every rank of ``scenario`` (names joined by commas) as its own process; their
+    figures by rank, then by scenario."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     command = [sys.executable, str(RANKS_SCRIPT), scenario]
     ranks = [
@@ -70,7 +71,14 @@ def run_world(scenario: str, world_size: int, workdir: Path) -> list[dict[str, A
 @pytest.fixture(scope="module")
 def saved_at_4(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
     workdir = tmp_path_factory.mktemp("checkpoints")
-    return workdir, run_world("save", 4, workdir)
+    return workdir, [rank["save"] for rank in run_world("save", 4, workdir)]
+
+
+@pytest.fixture(scope="module")
+def restored_at_3(saved_at_4: tuple[Path, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Restore from disk, then heal a new member by broadcast, in one world of 3 ranks."""
+    workdir, _ = saved_at_4
+    return run_world("restore,heal", 3, workdir)
 
 
 def test_save_at_4_writes_dcp_files_and_metadata(
@@ -97,24 +105,19 @@ def test_fsdp_and_replicated_restore_into_2_ranks(
 ) -> None:
     workdir, _ = saved_at_4
     figures = run_world("restore", 2, workdir)
-    assert all(rank["fsdp"]["bytes_read"] > 0 for rank in figures)
+    assert all(rank["restore"]["fsdp"]["bytes_read"] > 0 for rank in figures)
 
 
-def test_fsdp_and_replicated_restore_into_3_ranks(
-    saved_at_4: tuple[Path, list[dict[str, Any]]],
-) -> None:
-    workdir, _ = saved_at_4
-    figures = run_world("restore", 3, workdir)
+def test_fsdp_and_replicated_restore_into_3_ranks(restored_at_3: list[dict[str, Any]]) -> None:
     # Resharded reads: each rank reads about a third of the sharded checkpoint, not all of it.
-    fsdp_read = [rank["fsdp"]["bytes_read"] for rank in figures]
+    fsdp_read = [rank["restore"]["fsdp"]["bytes_read"] for rank in restored_at_3]
     assert 0 < max(fsdp_read) < sum(fsdp_read)
 
 
 def test_new_member_receives_the_replicated_state_by_broadcast(
-    saved_at_4: tuple[Path, list[dict[str, Any]]],
+    restored_at_3: list[dict[str, Any]],
 ) -> None:
-    workdir, _ = saved_at_4
-    figures = run_world("heal", 3, workdir)
+    figures = [rank["heal"] for rank in restored_at_3]
     assert len({rank["bytes"] for rank in figures}) == 1 and figures[0]["bytes"] > 0
 
 

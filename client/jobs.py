@@ -9,11 +9,13 @@ errors of ``rendezvous_errors``. ``join`` and the participant it returns are in
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import TYPE_CHECKING
 
 from rallypoint.proto.v1 import rendezvous_pb2, rendezvous_pb2_grpc
 
+from .errors import RallypointError
 from .rendezvous_errors import JobNotFoundError, refined
 from .rendezvous_values import CheckpointInfo, JobConfig, JobStatus, RoundInfo
 from .transport import Stubs
@@ -61,16 +63,35 @@ async def configure(
 async def get_job(
     client: Client, job: str, *, serializable: bool = False, timeout_s: float | None = None
 ) -> JobStatus:
-    """The job's config, current round (each member's phi, when the leader answers),
-    history and latest committed checkpoint."""
+    """The job's config, current round, history and latest committed checkpoint. Members'
+    phi is the leader's soft state: a follower that answered is asked for the leader, which
+    is then asked itself (if it cannot answer, the follower's answer stands, phi 0)."""
+    request = rendezvous_pb2.GetJobRequest(job=job, serializable=serializable)
     response = await refined(
-        client._read(
-            lambda s: services(s).rendezvous.GetJob,
-            rendezvous_pb2.GetJobRequest(job=job, serializable=serializable),
-            timeout_s,
-        )
+        client._read(lambda s: services(s).rendezvous.GetJob, request, timeout_s)
     )
+    header = response.header
+    if header.leader_id and header.member_id != header.leader_id:
+        leader = await _leader_address(client, header.leader_id, timeout_s)
+        if leader is not None:
+            with contextlib.suppress(RallypointError):
+                response = await refined(
+                    client._transport.unary(
+                        lambda s: services(s).rendezvous.GetJob,
+                        request,
+                        client._deadline(timeout_s),
+                        address=leader,
+                    )
+                )
     return JobStatus.from_proto(response)
+
+
+async def _leader_address(client: Client, leader_id: int, timeout_s: float | None) -> str | None:
+    try:
+        members = await client.member_list(serializable=True, timeout_s=timeout_s)
+    except RallypointError:
+        return None
+    return next((m.client_address for m in members if m.member_id == leader_id), None)
 
 
 async def list_jobs(

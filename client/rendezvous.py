@@ -134,6 +134,8 @@ class Participant:
         self.job = joined.round.job
         self.name = name
         self.participant_id = joined.participant_id
+        # The Join's answer (``joined.waiting``: the round was ACTIVE, so it waited).
+        self.joined = joined
         self.config = config
         self.heartbeat_interval_s = config.heartbeat_interval_ms / 1000
         # The newest RoundInfo seen. Invariant: its job_revision never decreases.

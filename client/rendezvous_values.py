@@ -106,8 +106,9 @@ class RoundMember:
 
     @staticmethod
     def from_proto(member: rendezvous_pb2.RoundMember) -> RoundMember:
+        # + 0.0 turns the detector's -0.0 (a heartbeat just arrived) into 0.0.
         return RoundMember(
-            member.participant_id, member.name, member.rank, member.metadata, member.phi
+            member.participant_id, member.name, member.rank, member.metadata, member.phi + 0.0
         )
 
 

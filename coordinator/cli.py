@@ -221,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         register(subparsers)
+        from .cli_jobs import register as register_jobs
+
+        register_jobs(subparsers)
     return parser
 
 

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from rallypoint.client import Client, EndReason, JobConfig, RoundState
+from rallypoint.coordinator.cli import main as rallypoint_main
 
 from .harness import ProcessCluster, running_cluster, wait_until
 
@@ -369,6 +370,68 @@ def test_leader_killed_during_rendezvous_loses_and_duplicates_nobody(
     status = admin(cluster, lambda c: c.get_job(job))
     assert (status.round.round, status.round.state) == (first["round"], RoundState.ACTIVE)
     assert not any(w.seen("lost") for w in early + late)
+
+
+# ---------------------------------------------------------------------------- operator commands
+
+
+def test_operator_commands_jobs_rounds_evict_close(
+    cluster: ProcessCluster,
+    workers: Callable[..., WorkerProcess],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    job = "operated"
+    config = JobConfig(**{**asdict(CONFIG), "min_nodes": 2, "max_nodes": 2})
+    started, first = start_round(workers, job, 2, config)
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = rallypoint_main([*argv, "--endpoints", ",".join(cluster.endpoints)])
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    def run_json(*argv: str) -> Any:
+        code, out, err = run(*argv, "--json")
+        assert code == 0, err
+        return json.loads(out)
+
+    jobs = {j["job"]: j for j in run_json("jobs")["jobs"]}
+    assert (jobs[job]["round"], jobs[job]["state"], jobs[job]["world_size"]) == (
+        first["round"],
+        "active",
+        2,
+    )
+    code, out, _ = run("jobs")
+    assert code == 0 and job in out
+    rounds = run_json("rounds", job)
+    members = rounds["round"]["members"]
+    assert [(m["participant_id"], m["name"], m["rank"]) for m in members] == [
+        tuple(m) for m in first["members"]
+    ]
+    assert all(isinstance(m["phi"], float) for m in members)
+    code, out, _ = run("rounds", job)
+    assert code == 0 and "reason:" in out and "phi" in out
+
+    evicted = next(w for w in started if w.active_round()["rank"] == 1)
+    result = run_json("evict", job, evicted.name)
+    assert (result["participant_id"], result["ended_round"]) == (
+        evicted.participant_id,
+        first["round"],
+    )
+    evicted.wait_for("lost")
+    history = run_json("rounds", job)["history"]
+    assert (history[-1]["end_reason"], history[-1]["ended_by"]) == (
+        "member_evicted",
+        evicted.participant_id,
+    )
+    code, out, err = run("evict", job, "nobody")
+    assert (code, out) == (1, "") and err.startswith("error: ") and err.count("\n") == 1
+
+    assert run_json("close-job", job)["ended_round"] > 0
+    for worker in started:
+        worker.wait_for("lost")
+    assert run_json("close-job", job)["ended_round"] == 0
+    assert {j["job"]: j for j in run_json("jobs")["jobs"]}[job]["job_closed"]
 
 
 # ---------------------------------------------------------------------------- load

@@ -56,6 +56,8 @@ def check_register(ops: Sequence[Operation], budget_s: float) -> CheckResult:
         "unknown_outcomes": sum(op.unknown for op in ops),
         "keys_unknown": sum(k.verdict is Verdict.UNKNOWN for k in result.keys),
     }
+    if not any(op.status == "ok" for op in ops):
+        return CheckResult("register", Outcome.UNKNOWN, "no operation completed", stats=stats)
     if result.verdict is Verdict.LINEARIZABLE:
         return CheckResult("register", Outcome.VALID, "linearizable", stats=stats)
     if result.verdict is Verdict.UNKNOWN:
@@ -110,6 +112,8 @@ def check_lease(ops: Sequence[Operation]) -> CheckResult:
     grants = [op for op in ops if op.f == "grant" and not op.unknown]
     writes = [op for op in ops if op.f == "write" and not op.unknown]
     stats = {"grants": len(grants), "accepted_writes": len(writes)}
+    if not grants:
+        return CheckResult("lease", Outcome.UNKNOWN, "no lease was granted", stats=stats)
     # Tokens strictly increase in real time: a grant called after another returned has a
     # larger token.
     by_return = sorted(grants, key=lambda op: op.return_s)

@@ -1,0 +1,78 @@
+"""``python -m tests.jepsen``: run a matrix of fault-injection runs and report.
+
+The last line is ``jepsen: R runs, V violations``; the exit status is non-zero when V > 0 or
+a negative control was not caught. Needs root (network namespaces, iptables, tc).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+from pathlib import Path
+
+from . import netns
+from .report import RunSummary, write_summary
+from .runner import LONG_MIXES, long_matrix, negative_controls, run_one, short_matrix
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.jepsen", description=__doc__)
+    parser.add_argument("--matrix", choices=["short", "long"], default="short")
+    parser.add_argument("--runs", type=int, default=20, help="runs per fault mix (long)")
+    parser.add_argument("--time", type=float, default=None, help="seconds per run")
+    parser.add_argument("--mix", action="append", help="only these fault mixes or run names")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=Path("store/jepsen"))
+    parser.add_argument("--no-controls", action="store_true", help="skip negative controls")
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        print("jepsen: needs root (network namespaces, iptables, tc)", file=sys.stderr)
+        return 2
+    if args.matrix == "short":
+        specs = short_matrix(args.time or 20.0, args.seed)
+        if args.no_controls:
+            specs = [s for s in specs if s.expect_violation is None]
+        if args.mix:
+            specs = [s for s in specs if s.nemesis in args.mix or s.name in args.mix]
+    else:
+        specs = long_matrix(args.runs, args.time or 60.0, args.seed, args.mix or LONG_MIXES)
+        if not args.no_controls:
+            specs += negative_controls(args.time or 60.0, args.seed)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = args.out / f"{args.matrix}-{stamp}"
+    out.mkdir(parents=True, exist_ok=True)
+    latest = args.out / f"latest-{args.matrix}"
+    if latest.is_symlink() or latest.exists():
+        latest.unlink()
+    latest.symlink_to(out.name)
+    summaries: list[RunSummary] = []
+    try:
+        for number, spec in enumerate(specs, 1):
+            summary = run_one(spec, out / spec.name)
+            summaries.append(summary)
+            verdicts = ", ".join(f"{r.checker} {r.outcome.value}" for r in summary.results)
+            control = ""
+            if spec.expect_violation:
+                control = " [control: " + ("caught]" if summary.caught else "NOT caught]")
+            print(
+                f"[{number}/{len(specs)}] {spec.name}: {summary.operations} ops; {verdicts}"
+                f"{control}" + (f"; error: {summary.error}" if summary.error else ""),
+                flush=True,
+            )
+            write_summary(summaries, out / "summary.md")
+    finally:
+        netns.cleanup()
+    ordinary = [s for s in summaries if s.expected_violation is None]
+    violations = sum(s.violations for s in ordinary)
+    missed = [s.name for s in summaries if s.expected_violation and not s.caught]
+    print(f"reports: {out}/summary.md")
+    if missed:
+        print(f"negative controls not caught: {', '.join(missed)}")
+    print(f"jepsen: {len(ordinary)} runs, {violations} violations")
+    return 1 if violations or missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""The integration harness's ProcessCluster, with each member in its own network namespace.
+
+:class:`NamespaceCluster` keeps everything ProcessCluster does (start, stop, kill -9, pause,
+resume, restart, status, leader) and adds what the fault-injection suite needs: members at
+their namespace's address, a per-member environment (libfaketime for clock skew, the unsafe
+test switches for negative controls), membership changes with real processes, and damage to a
+stopped member's write-ahead log.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from pathlib import Path
+
+from tests.integration.harness import MemberProcess, ProcessCluster, wait_until
+
+from . import netns
+
+FAKETIME_LIBRARY = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
+
+
+class NamespaceCluster(ProcessCluster):
+    def __init__(
+        self,
+        root: Path,
+        network: netns.Network,
+        size: int = 3,
+        *,
+        env: dict[str, str] | None = None,
+        **kwargs: int,
+    ) -> None:
+        self.network = network
+        # Extra environment of one member's next start (clock skew).
+        self.member_env: dict[int, dict[str, str]] = {}
+        # The members of the cluster's configuration (described members may have left).
+        self.active: set[int] = set(range(1, size + 1))
+        super().__init__(root, size, env=env, **kwargs)  # type: ignore[arg-type]
+
+    def _describe(self, member_id: int) -> MemberProcess:
+        self.network.add_member(member_id)
+        host = netns.address(member_id)
+        member = MemberProcess(
+            member_id,
+            f"{host}:{netns.PEER_PORT}",
+            f"{host}:{netns.CLIENT_PORT}",
+            self.root / f"member-{member_id}",
+            self.root / f"member-{member_id}.log",
+        )
+        self.members[member_id] = member
+        return member
+
+    def _command(self, member: MemberProcess, initial: str, join: bool) -> list[str]:
+        # `ip netns exec` and `env` both exec, so the Popen pid is the member's own (signals
+        # reach it directly).
+        extra = [f"{k}={v}" for k, v in sorted(self.member_env.get(member.member_id, {}).items())]
+        prefix = ["ip", "netns", "exec", netns.namespace(member.member_id), "env", *extra]
+        return prefix + super()._command(member, initial, join)
+
+    def initial_cluster(self, ids: list[int] | None = None) -> str:
+        return super().initial_cluster(ids or sorted(self.active))
+
+    def live(self) -> list[int]:
+        return [i for i in sorted(self.active) if self.members[i].running]
+
+    def leader_or_none(self, timeout_s: float = 10.0) -> int | None:
+        try:
+            return self.leader(timeout_s=timeout_s, among=self.live())
+        except TimeoutError:
+            return None
+
+    # ------------------------------------------------------------------ clock
+
+    def skew_clock(self, member_id: int, offset_s: float, rate: float) -> None:
+        """Restart a member under libfaketime: its clocks (monotonic too) offset and running
+        at ``rate`` times real speed."""
+        self.member_env[member_id] = {
+            "LD_PRELOAD": FAKETIME_LIBRARY,
+            "FAKETIME": f"{offset_s:+.1f}s x{rate:.2f}",
+            "FAKETIME_DONT_RESET": "1",
+        }
+        self.kill(member_id)
+        self.start(member_id)
+
+    def unskew_clock(self, member_id: int) -> None:
+        if self.member_env.pop(member_id, None) is not None:
+            self.kill(member_id)
+            self.start(member_id)
+
+    # ------------------------------------------------------------------ storage
+
+    def damage_wal(self, member_id: int, rng: random.Random) -> str:
+        """On a stopped member: cut the last segment inside its final record (a torn write)
+        or flip one bit among its last records. What was done, for the report."""
+        member = self.members[member_id]
+        assert not member.running, "damage a stopped member only"
+        segments = sorted((member.data_dir / "wal").glob("*.wal"))
+        if not segments:
+            return "no WAL segment to damage"
+        segment = segments[-1]
+        data = bytearray(segment.read_bytes())
+        end = len(data.rstrip(b"\0"))
+        if end <= 64:
+            return f"{segment.name}: too little data to damage"
+        if rng.random() < 0.5:
+            cut = end - rng.randint(1, min(48, end - 64))
+            # Keep the file's length (preallocated): zero the tail instead of shortening.
+            data[cut:end] = bytes(end - cut)
+            segment.write_bytes(bytes(data))
+            return f"{segment.name}: zeroed bytes {cut}..{end} (a torn final record)"
+        offset = rng.randint(max(64, end - 4096), end - 1)
+        bit = rng.randrange(8)
+        data[offset] ^= 1 << bit
+        segment.write_bytes(bytes(data))
+        return f"{segment.name}: flipped bit {bit} of byte {offset} (of {end} written)"
+
+    def refused_to_start(self, member_id: int, within_s: float = 8.0) -> bool:
+        """True when the member exited by itself soon after starting (corruption detected)."""
+        member = self.members[member_id]
+        try:
+            wait_until(lambda: not member.running or self.status(member_id), within_s, "x")
+        except TimeoutError:
+            return False
+        return not member.running
+
+    # ------------------------------------------------------------------ membership
+
+    def wipe(self, member_id: int) -> None:
+        member = self.members[member_id]
+        assert not member.running
+        shutil.rmtree(member.data_dir, ignore_errors=True)
+
+    def forget(self, member_id: int) -> None:
+        """After removal from the configuration: stop its process and drop its namespace."""
+        if self.members[member_id].running:
+            self.kill(member_id)
+        self.active.discard(member_id)
+        self.member_env.pop(member_id, None)
+        self.network.forget(member_id)
+
+
+def process_environment(unsafe: str | None) -> dict[str, str]:
+    """The members' environment: uvloop's default kept, the unsafe switch if asked for."""
+    env = {"PYTHONUNBUFFERED": "1"}
+    if unsafe == "stale-reads":
+        env["RALLYPOINT_UNSAFE_STALE_READS"] = "1"
+    elif unsafe == "stale-fence":
+        env["RALLYPOINT_UNSAFE_ACCEPT_STALE_FENCE"] = "1"
+    elif unsafe is not None:
+        raise ValueError(f"unknown unsafe switch {unsafe!r}")
+    return {**env, "PATH": os.environ.get("PATH", "")}

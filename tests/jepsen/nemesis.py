@@ -1,0 +1,262 @@
+"""Nemeses: the faults, and a schedule that mixes them.
+
+Every fault is a pair (inflict, heal) run off the event loop (they block on subprocesses and
+status polls) while the clients keep running. The schedule alternates a quiet interval with
+one fault from the run's mix held for a few seconds, records a ``start`` and a ``stop``
+event in the history for each (reports shade those windows), and heals everything at the end.
+
+Timing against the cluster's settings (tick 50 ms, election after 10 ticks = 0.5 s, lease TTL
+1.5 s in the lease workload): faults last 2-5 s, so pauses and partitions outlast both an
+election timeout and a lease's TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import combinations
+
+from rallypoint.client import Client, RallypointError
+from tests.integration.harness import wait_until
+
+from .cluster import NamespaceCluster
+from .history import NEMESIS_PROCESS, EventType, HistoryWriter
+
+Heal = Callable[[], str]
+
+
+@dataclass
+class Faults:
+    cluster: NamespaceCluster
+    rng: random.Random
+    admin: Client
+    loop: asyncio.AbstractEventLoop
+
+    # ------------------------------------------------------------------ helpers
+
+    def _members(self) -> list[int]:
+        return sorted(self.cluster.active)
+
+    def _leader(self) -> int | None:
+        return self.cluster.leader_or_none(timeout_s=3.0)
+
+    def _admin(self, coroutine: object) -> object:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=30)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ partitions
+
+    def partition(self) -> tuple[str, Heal]:
+        members = self._members()
+        shapes = ["isolate-leader", "halves", "bridge"]
+        if len(members) >= 5:
+            shapes.append("ring")
+        shape = self.rng.choice(shapes)
+        blocked: set[tuple[int, int]] = set()
+        if shape == "isolate-leader":
+            leader = self._leader() or self.rng.choice(members)
+            blocked = {(leader, m) for m in members if m != leader}
+            what = f"isolate leader {leader}"
+        elif shape == "halves":
+            shuffled = self.rng.sample(members, len(members))
+            minority = shuffled[: (len(members) - 1) // 2 or 1]
+            majority = [m for m in members if m not in minority]
+            blocked = {(a, b) for a in minority for b in majority}
+            what = f"halves {sorted(minority)} | {sorted(majority)}"
+        elif shape == "bridge":
+            # Two halves that one member (the bridge) sees both of.
+            shuffled = self.rng.sample(members, len(members))
+            bridge, rest = shuffled[0], shuffled[1:]
+            left, right = rest[: len(rest) // 2], rest[len(rest) // 2 :]
+            blocked = {(a, b) for a in left for b in right}
+            what = f"bridge {bridge} between {sorted(left)} and {sorted(right)}"
+        else:
+            # Majorities ring: each member sees its two neighbours on each side of a ring,
+            # so every member sees a majority and no two see the same one.
+            ring = self.rng.sample(members, len(members))
+            position = {m: i for i, m in enumerate(ring)}
+            n = len(ring)
+            for a, b in combinations(members, 2):
+                distance = min((position[a] - position[b]) % n, (position[b] - position[a]) % n)
+                if distance > 1:
+                    blocked.add((a, b))
+            what = f"ring {ring}"
+        self.cluster.network.block(blocked)
+        return what, self._heal_network
+
+    def _heal_network(self) -> str:
+        self.cluster.network.heal()
+        return "network healed"
+
+    def slow_network(self) -> tuple[str, Heal]:
+        members = self._members()
+        chosen = self.rng.sample(members, self.rng.randint(1, len(members)))
+        if self.rng.random() < 0.5:
+            probability = self.rng.uniform(0.1, 0.4)
+            self.cluster.network.lose(chosen, probability)
+            return f"lose {probability:.0%} of peer packets at {sorted(chosen)}", self._heal_network
+        delay_ms = self.rng.randint(50, 400)
+        kind = self.cluster.network.delay(chosen, delay_ms, delay_ms // 4)
+        return f"delay ({kind}) up to {delay_ms}ms at {sorted(chosen)}", self._heal_network
+
+    # ------------------------------------------------------------------ processes
+
+    def _victim(self) -> int:
+        members = [m for m in self._members() if self.cluster.members[m].running]
+        if self.rng.random() < 0.5:
+            leader = self._leader()
+            if leader is not None:
+                return leader
+        return self.rng.choice(members)
+
+    def kill(self) -> tuple[str, Heal]:
+        victim = self._victim()
+        self.cluster.kill(victim)
+
+        def restart() -> str:
+            self.cluster.start(victim)
+            return f"restarted {victim}"
+
+        return f"kill -9 {victim}", restart
+
+    def pause(self) -> tuple[str, Heal]:
+        victim = self._victim()
+        self.cluster.pause(victim)
+
+        def resume() -> str:
+            self.cluster.resume(victim)
+            return f"resumed {victim}"
+
+        return f"SIGSTOP {victim}", resume
+
+    def clock(self) -> tuple[str, Heal]:
+        victim = self._victim()
+        offset_s = self.rng.choice([-1, 1]) * self.rng.uniform(1.0, 30.0)
+        rate = self.rng.choice([0.5, 0.8, 1.5, 2.0])
+        self.cluster.skew_clock(victim, offset_s, rate)
+
+        def unskew() -> str:
+            self.cluster.unskew_clock(victim)
+            return f"clock of {victim} restored"
+
+        return f"clock of {victim} {offset_s:+.1f}s x{rate}", unskew
+
+    def corrupt(self) -> tuple[str, Heal]:
+        victim = self._victim()
+        self.cluster.kill(victim)
+        damage = self.cluster.damage_wal(victim, self.rng)
+
+        def restart() -> str:
+            self.cluster.start(victim)
+            if not self.cluster.refused_to_start(victim):
+                return f"{victim} restarted with damaged WAL (recovered)"
+            # Detected: the member refuses to run on a corrupt log. Replace it.
+            replacement = self._replace(victim)
+            return f"{victim} refused its corrupt WAL; replaced by {replacement}"
+
+        return f"damage WAL of {victim}: {damage}", restart
+
+    # ------------------------------------------------------------------ membership
+
+    def _replace(self, old: int) -> int:
+        self._admin(self.admin.member_remove(old, timeout_s=10))
+        self.cluster.forget(old)
+        return self._add()
+
+    def _add(self) -> int:
+        new = self.cluster.add_member_process()
+        self._admin(
+            self.admin.member_add(
+                new.peer_address, new.client_address, member_id=new.member_id, timeout_s=10
+            )
+        )
+        self.cluster.active.add(new.member_id)
+        self.cluster.start(new.member_id, join=True)
+
+        def caught_up() -> bool:
+            status = self.cluster.status(new.member_id)
+            leader = self._leader()
+            leader_status = self.cluster.status(leader) if leader else None
+            return bool(
+                status and leader_status and status.applied_index >= leader_status.commit_index
+            )
+
+        wait_until(caught_up, 30, f"new member {new.member_id} to catch up")
+        self._admin(self.admin.member_promote(new.member_id, timeout_s=10))
+        return new.member_id
+
+    def membership(self) -> tuple[str, Heal]:
+        leader = self._leader()
+        candidates = [m for m in self._members() if m != leader]
+        removed = self.rng.choice(candidates)
+        self._admin(self.admin.member_remove(removed, timeout_s=10))
+        self.cluster.forget(removed)
+
+        def add() -> str:
+            return f"added member {self._add()}"
+
+        return f"removed member {removed}", add
+
+
+MIXES: dict[str, list[str]] = {
+    "none": [],
+    "partition": ["partition"],
+    "net-slow": ["slow_network"],
+    "kill": ["kill"],
+    "pause": ["pause"],
+    "clock": ["clock"],
+    "corrupt": ["corrupt"],
+    "membership": ["membership"],
+    "mixed": ["partition", "slow_network", "kill", "pause", "clock", "corrupt", "membership"],
+}
+
+
+async def run_schedule(
+    faults: Faults,
+    mix: str,
+    history: HistoryWriter,
+    stop_at_s: float,
+    quiet_s: tuple[float, float] = (1.0, 3.0),
+    fault_s: tuple[float, float] = (2.0, 5.0),
+) -> list[str]:
+    """Inflict faults from ``mix`` until ``stop_at_s``; a log of what was done."""
+    kinds = MIXES[mix]
+    log: list[str] = []
+    rng = faults.rng
+    while kinds and time.monotonic() + quiet_s[0] + fault_s[0] < stop_at_s:
+        await asyncio.sleep(rng.uniform(*quiet_s))
+        kind = rng.choice(kinds)
+        try:
+            what, heal = await asyncio.to_thread(getattr(faults, kind))
+        except (RallypointError, TimeoutError) as error:
+            log.append(f"{kind}: not inflicted ({error})")
+            continue
+        history.record(NEMESIS_PROCESS, EventType.START, kind, "", what)
+        log.append(f"{time.monotonic():.3f} start {kind}: {what}")
+        hold_s = min(rng.uniform(*fault_s), max(0.0, stop_at_s - time.monotonic()))
+        await asyncio.sleep(hold_s)
+        try:
+            outcome = await asyncio.to_thread(heal)
+        except (RallypointError, TimeoutError, concurrent.futures.TimeoutError) as error:
+            outcome = f"heal failed: {error}"
+        history.record(NEMESIS_PROCESS, EventType.STOP, kind, "", outcome)
+        log.append(f"{time.monotonic():.3f} stop {kind}: {outcome}")
+    return log
+
+
+def heal_all(faults: Faults) -> str:
+    """Undo whatever is still in effect: network rules, pauses, kills, clock skew."""
+    cluster = faults.cluster
+    cluster.network.heal()
+    for member_id in sorted(cluster.active):
+        member = cluster.members[member_id]
+        if member.paused:
+            cluster.resume(member_id)
+        if member_id in cluster.member_env:
+            cluster.unskew_clock(member_id)
+        if not member.running:
+            cluster.start(member_id)
+    return "all faults healed"

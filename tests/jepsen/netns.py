@@ -1,0 +1,197 @@
+"""Real network faults between members: one network namespace per member.
+
+Layout. Member N runs in namespace ``rpj-mN`` whose veth ``rpjnN`` has 10.213.0.N/24; its
+host end ``rpjhN`` is a port of the bridge ``rpjbr0`` in the root namespace, which has
+10.213.0.254. Members listen on their own address (peer port 2380, client port 2379); the
+harness and the clients run in the root namespace and reach every member through the bridge.
+Nothing routes beyond the bridge: member namespaces have no default route and the bridge's
+subnet is only on this machine.
+
+Faults are rules inside the members' namespaces, so they hit the real peer traffic:
+
+- partitions: iptables DROP of everything to and from the chosen peers' addresses (a chain
+  ``RPJ`` hooked into INPUT and OUTPUT; healing flushes it). Clients still reach every member,
+  as in Jepsen: a minority member keeps answering clients, which is what a stale read needs.
+- loss: iptables ``statistic`` random DROP of peer packets.
+- delay: ``tc netem`` where the kernel has it; kernels without sch_netem (this CI machine's)
+  get a ``tbf`` bottleneck instead, whose queue holds packets up to its latency bound, so
+  messages arrive late and bursts are dropped.
+
+Everything is named with the ``rpj`` prefix; :func:`cleanup` removes all of it and runs at
+start (leftovers of a crashed run) and at the end, failure or not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from collections.abc import Iterable
+
+SUBNET_PREFIX = "10.213.0."
+HOST_ADDRESS = SUBNET_PREFIX + "254"
+BRIDGE = "rpjbr0"
+CHAIN = "RPJ"
+PEER_PORT = 2380
+CLIENT_PORT = 2379
+
+
+def _run(*command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, check=check, capture_output=True, text=True, timeout=30)
+
+
+def namespace(member_id: int) -> str:
+    return f"rpj-m{member_id}"
+
+
+def address(member_id: int) -> str:
+    if not 1 <= member_id <= 250:
+        raise ValueError(f"member ids 1..250 fit the subnet, got {member_id}")
+    return SUBNET_PREFIX + str(member_id)
+
+
+def _in(member_id: int, *command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return _run("ip", "netns", "exec", namespace(member_id), *command, check=check)
+
+
+def cleanup() -> None:
+    """Remove every namespace, veth and the bridge this module makes (idempotent)."""
+    listed = _run("ip", "netns", "list", check=False).stdout.split("\n")
+    for line in listed:
+        name = line.split(" ")[0]
+        if name.startswith("rpj-m"):
+            _run("ip", "netns", "delete", name, check=False)
+    links = _run("ip", "-o", "link", "show", check=False).stdout.split("\n")
+    for line in links:
+        parts = line.split(": ")
+        if len(parts) > 1:
+            name = parts[1].split("@")[0]
+            if name.startswith("rpjh") or name == BRIDGE:
+                _run("ip", "link", "delete", name, check=False)
+
+
+class Network:
+    """The bridge and the members' namespaces, with faults applied to them."""
+
+    def __init__(self) -> None:
+        self.members: set[int] = set()
+        # Members with a delay qdisc on their veth (removed on heal).
+        self._delayed: set[int] = set()
+        self._netem: bool | None = None
+
+    def setup(self) -> None:
+        cleanup()
+        _run("ip", "link", "add", BRIDGE, "type", "bridge")
+        _run("ip", "addr", "add", HOST_ADDRESS + "/24", "dev", BRIDGE)
+        _run("ip", "link", "set", BRIDGE, "up")
+
+    def add_member(self, member_id: int) -> None:
+        ns, host_end, ns_end = namespace(member_id), f"rpjh{member_id}", f"rpjn{member_id}"
+        _run("ip", "netns", "delete", ns, check=False)
+        _run("ip", "link", "delete", host_end, check=False)
+        _run("ip", "netns", "add", ns)
+        _run("ip", "link", "add", host_end, "type", "veth", "peer", "name", ns_end)
+        _run("ip", "link", "set", ns_end, "netns", ns)
+        _run("ip", "link", "set", host_end, "master", BRIDGE)
+        _run("ip", "link", "set", host_end, "up")
+        _in(member_id, "ip", "addr", "add", address(member_id) + "/24", "dev", ns_end)
+        _in(member_id, "ip", "link", "set", ns_end, "up")
+        _in(member_id, "ip", "link", "set", "lo", "up")
+        _in(member_id, "iptables", "-N", CHAIN)
+        _in(member_id, "iptables", "-I", "INPUT", "-j", CHAIN)
+        _in(member_id, "iptables", "-I", "OUTPUT", "-j", CHAIN)
+        self.members.add(member_id)
+
+    def teardown(self) -> None:
+        cleanup()
+        self.members.clear()
+
+    # ------------------------------------------------------------------ faults
+
+    def block(self, pairs: Iterable[tuple[int, int]]) -> None:
+        """Drop all traffic between each (a, b), both directions, at both ends."""
+        for a, b in pairs:
+            for here, there in ((a, b), (b, a)):
+                if here in self.members:
+                    _in(here, "iptables", "-A", CHAIN, "-s", address(there), "-j", "DROP")
+                    _in(here, "iptables", "-A", CHAIN, "-d", address(there), "-j", "DROP")
+
+    def lose(self, member_ids: Iterable[int], probability: float) -> None:
+        """Drop this fraction of the packets each member exchanges with the other members."""
+        chosen = list(member_ids)
+        for member in chosen:
+            for other in sorted(self.members - {member}):
+                for direction in ("-s", "-d"):
+                    _in(
+                        member,
+                        "iptables",
+                        "-A",
+                        CHAIN,
+                        direction,
+                        address(other),
+                        "-m",
+                        "statistic",
+                        "--mode",
+                        "random",
+                        "--probability",
+                        f"{probability:.3f}",
+                        "-j",
+                        "DROP",
+                    )
+
+    def delay(self, member_ids: Iterable[int], delay_ms: int, jitter_ms: int) -> str:
+        """Delay everything each member sends; the mechanism used ("netem" or "tbf")."""
+        kind = "netem" if self._has_netem() else "tbf"
+        for member in member_ids:
+            device = f"rpjn{member}"
+            if kind == "netem":
+                _in(
+                    member,
+                    *("tc", "qdisc", "replace", "dev", device, "root", "netem"),
+                    *("delay", f"{delay_ms}ms", f"{jitter_ms}ms"),
+                )
+            else:
+                # A narrow pipe whose queue may hold a packet up to delay_ms + jitter_ms.
+                _in(
+                    member,
+                    *("tc", "qdisc", "replace", "dev", device, "root", "tbf"),
+                    *("rate", "96kbit", "burst", "3000", "latency", f"{delay_ms + jitter_ms}ms"),
+                )
+            self._delayed.add(member)
+        return kind
+
+    def _has_netem(self) -> bool:
+        if self._netem is None:
+            probe = sorted(self.members)[0]
+            result = _in(
+                probe,
+                "tc",
+                "qdisc",
+                "add",
+                "dev",
+                "lo",
+                "root",
+                "netem",
+                "delay",
+                "1ms",
+                check=False,
+            )
+            self._netem = result.returncode == 0
+            if self._netem:
+                _in(probe, "tc", "qdisc", "del", "dev", "lo", "root", check=False)
+        return self._netem
+
+    def heal(self) -> None:
+        """Remove every partition, loss and delay rule."""
+        for member in sorted(self.members):
+            with contextlib.suppress(subprocess.CalledProcessError):
+                _in(member, "iptables", "-F", CHAIN)
+        for member in sorted(self._delayed):
+            _in(member, "tc", "qdisc", "del", "dev", f"rpjn{member}", "root", check=False)
+        self._delayed.clear()
+
+    def forget(self, member_id: int) -> None:
+        """A removed member's namespace goes (its process must be gone)."""
+        _run("ip", "netns", "delete", namespace(member_id), check=False)
+        _run("ip", "link", "delete", f"rpjh{member_id}", check=False)
+        self.members.discard(member_id)
+        self._delayed.discard(member_id)

@@ -1,0 +1,228 @@
+"""One run: a fresh cluster in namespaces, every chosen workload's clients, one nemesis mix,
+then the checks and the report. And the matrices of runs behind ``make jepsen`` and
+``make jepsen-long``."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import shutil
+import time
+import traceback
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rallypoint.client import Client, RallypointError
+
+from . import checkers, netns, workloads
+from .cluster import NamespaceCluster, process_environment
+from .history import EventType, HistoryWriter, Operation, pair, read_history
+from .nemesis import Faults, heal_all, run_schedule
+from .report import RunSummary, plot_run, write_run_report
+
+ALL_WORKLOADS = ("register", "set", "lease", "watch", "rendezvous")
+LEASE_TTL_S = 1.5
+CHECK_BUDGET_S = 60.0
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    name: str
+    nemesis: str
+    nodes: int
+    time_s: float
+    seed: int
+    workloads: tuple[str, ...] = ALL_WORKLOADS
+    # A test-only switch in the members ("stale-reads", "stale-fence") for negative controls,
+    # and the checker expected to catch it.
+    unsafe: str | None = None
+    expect_violation: str | None = None
+
+
+def _select(ops: Sequence[Operation], predicate: Callable[[Operation], bool]) -> list[Operation]:
+    return [op for op in ops if predicate(op)]
+
+
+def check(ops: Sequence[Operation], chosen: Sequence[str]) -> list[checkers.CheckResult]:
+    results = []
+    if "register" in chosen:
+        register_ops = _select(ops, lambda op: op.key.startswith("reg/"))
+        results.append(checkers.check_register(register_ops, CHECK_BUDGET_S))
+    if "set" in chosen:
+        results.append(checkers.check_set(_select(ops, lambda op: op.key == "set")))
+    if "lease" in chosen:
+        lease_ops = _select(ops, lambda op: op.key in ("lease", "fenced/store"))
+        results.append(checkers.check_lease(lease_ops))
+    if "watch" in chosen:
+        watch_ops = _select(ops, lambda op: op.key == "watch" or op.key.startswith("watch/"))
+        results.append(checkers.check_watch(watch_ops))
+    if "rendezvous" in chosen:
+        results.append(checkers.check_rendezvous(_select(ops, lambda op: op.key == "jepsen")))
+    return results
+
+
+async def _drive(spec: RunSpec, cluster: NamespaceCluster, history: HistoryWriter) -> list[str]:
+    """Clients and nemesis for ``spec.time_s``, then heal and drain; the nemesis log."""
+    rng = random.Random(spec.seed)
+    await asyncio.to_thread(cluster.leader, 30.0)
+    async with Client(cluster.endpoints, timeout_s=10.0) as admin:
+        watch_start = (await admin.range("watch/", limit=1, keys_only=True)).header.revision + 1
+        stop_at = time.monotonic() + spec.time_s
+        ctx = workloads.Context(cluster.endpoints, history, random.Random(rng.random()), stop_at)
+        tasks: list[Coroutine[Any, Any, None]] = []
+        if "register" in spec.workloads:
+            tasks += [workloads.register_client(ctx, keys=6) for _ in range(5)]
+        if "set" in spec.workloads:
+            tasks += [workloads.set_client(ctx, worker) for worker in range(2)]
+        if "lease" in spec.workloads:
+            tasks += [workloads.lease_client(ctx, LEASE_TTL_S) for _ in range(3)]
+        if "rendezvous" in spec.workloads:
+            tasks += [workloads.rendezvous_participant(ctx, f"w{i}") for i in range(3)]
+        if "watch" in spec.workloads:
+            tasks.append(workloads.watch_writer(ctx))
+            drain_until = stop_at + 15.0
+
+            def finished(last_revision: int) -> bool:
+                if time.monotonic() > drain_until:
+                    return True
+                if ctx.running():
+                    return False
+                acknowledged = [
+                    e.value["revision"]
+                    for e in history.events
+                    if e.f == "put" and e.type is EventType.OK
+                ]
+                return last_revision >= max(acknowledged, default=0)
+
+            tasks += [workloads.watch_reader(ctx, watch_start, finished) for _ in range(3)]
+        client_tasks = [asyncio.create_task(t) for t in tasks]
+        faults = Faults(cluster, random.Random(rng.random()), admin, asyncio.get_running_loop())
+        log = await run_schedule(faults, spec.nemesis, history, stop_at)
+        log.append(f"{time.monotonic():.3f} {await asyncio.to_thread(heal_all, faults)}")
+        await asyncio.sleep(max(0.0, stop_at - time.monotonic()))
+        done, pending = await asyncio.wait(client_tasks, timeout=30.0)
+        for task in pending:
+            task.cancel()
+        for task in done:
+            if task.exception() is not None:
+                error = task.exception()
+                log.append(f"client task failed: {type(error).__name__}: {error}")
+        if "set" in spec.workloads:
+            await workloads.set_final_read(ctx, time.monotonic() + 20.0)
+        return log
+
+
+def run_one(spec: RunSpec, directory: Path) -> RunSummary:
+    if directory.exists():
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True)
+    network = netns.Network()
+    history = HistoryWriter(directory / "history.jsonl")
+    summary = RunSummary(
+        spec.name,
+        "+".join(spec.workloads),
+        spec.nemesis,
+        spec.nodes,
+        spec.time_s,
+        0,
+        expected_violation=spec.expect_violation,
+    )
+    log: list[str] = []
+    cluster: NamespaceCluster | None = None
+    try:
+        network.setup()
+        (directory / "data").mkdir()
+        cluster = NamespaceCluster(
+            directory / "data",
+            network,
+            spec.nodes,
+            env=process_environment(spec.unsafe),
+            tick_ms=50,
+            election_ticks=10,
+            snapshot_entries=2000,
+        )
+        cluster.start_all()
+        log = asyncio.run(_drive(spec, cluster, history))
+    except (RallypointError, TimeoutError, OSError) as error:
+        summary.error = f"{type(error).__name__}: {error}"
+        log.append(traceback.format_exc())
+    finally:
+        history.close()
+        if cluster is not None:
+            cluster.shutdown()
+        network.teardown()
+    events = read_history(directory / "history.jsonl")
+    ops = list(pair(events))
+    summary.operations = len(ops)
+    summary.results = check(ops, spec.workloads)
+    plots = plot_run(events, ops, directory)
+    summary.report_path = write_run_report(summary, events, log, plots, directory)
+    # Keep the members' logs, drop their data directories (WAL segments are large).
+    if cluster is not None:
+        for member in cluster.members.values():
+            shutil.rmtree(member.data_dir, ignore_errors=True)
+    return summary
+
+
+SHORT_MIXES = (
+    ("partition", 5),
+    ("net-slow", 3),
+    ("kill", 5),
+    ("pause", 3),
+    ("clock", 3),
+    ("corrupt", 3),
+    ("membership", 3),
+)
+LONG_MIXES = (
+    "partition",
+    "net-slow",
+    "kill",
+    "pause",
+    "clock",
+    "corrupt",
+    "membership",
+    "mixed",
+)
+
+
+def short_matrix(time_s: float, seed: int) -> list[RunSpec]:
+    specs = [
+        RunSpec(f"{mix}-{nodes}n", mix, nodes, time_s, seed + i)
+        for i, (mix, nodes) in enumerate(SHORT_MIXES)
+    ]
+    return specs + negative_controls(time_s, seed)
+
+
+def negative_controls(time_s: float, seed: int) -> list[RunSpec]:
+    return [
+        RunSpec(
+            "control-stale-reads",
+            "partition",
+            3,
+            time_s,
+            seed + 100,
+            ("register",),
+            unsafe="stale-reads",
+            expect_violation="register",
+        ),
+        RunSpec(
+            "control-stale-fence",
+            "partition",
+            3,
+            time_s,
+            seed + 101,
+            ("lease",),
+            unsafe="stale-fence",
+            expect_violation="lease",
+        ),
+    ]
+
+
+def long_matrix(runs: int, time_s: float, seed: int, mixes: Sequence[str]) -> list[RunSpec]:
+    return [
+        RunSpec(f"{mix}-{i + 1:02d}", mix, 3 if i % 2 == 0 else 5, time_s, seed + 1000 * j + i)
+        for j, mix in enumerate(mixes)
+        for i in range(runs)
+    ]

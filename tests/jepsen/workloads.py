@@ -1,0 +1,336 @@
+"""Workloads: real client-library users, each on its own connection, recording every
+invocation and completion into the run's history.
+
+Each workload has its own key prefix, so all of them run together on one cluster (one run
+exercises every workload under one nemesis). A client whose operation ended with an unknown
+outcome takes a new process number for its next one, as Jepsen does: the old operation may
+still be in flight, and a process has one operation at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rallypoint.client import (
+    Client,
+    DeadlineExceededError,
+    JobConfig,
+    OutcomeUnknownError,
+    RallypointError,
+    RoundState,
+    UnavailableError,
+)
+
+from .history import EventType, HistoryWriter
+
+UNKNOWN_ERRORS = (DeadlineExceededError, UnavailableError, OutcomeUnknownError)
+
+# Per call: long enough to ride out a leader election, short enough that a partition makes
+# operations time out (unknown outcomes are what the checkers must handle).
+OPERATION_TIMEOUT_S = 3.0
+
+
+@dataclass
+class Context:
+    endpoints: list[str]
+    history: HistoryWriter
+    rng: random.Random
+    # Loop time when the clients stop issuing new operations.
+    stop_at_s: float
+
+    def client(self) -> Client:
+        return Client(
+            self.endpoints,
+            timeout_s=OPERATION_TIMEOUT_S,
+            attempt_timeout_s=1.0,
+            session_ttl_s=10.0,
+            rng=random.Random(self.rng.random()),
+        )
+
+    def running(self) -> bool:
+        return time.monotonic() < self.stop_at_s
+
+
+class Process:
+    """One logical client: a process number that changes after an unknown outcome."""
+
+    _numbers = iter(range(1, 1_000_000))
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.number = next(self._numbers)
+
+    async def call(
+        self, f: str, key: str, value: Any, action: Callable[[], Awaitable[Any]]
+    ) -> tuple[str, Any]:
+        """Record the invocation, run ``action``, record its completion: ("ok", result),
+        ("fail", error) or ("info", error)."""
+        history = self.ctx.history
+        history.record(self.number, EventType.INVOKE, f, key, value)
+        try:
+            result = await action()
+        except UNKNOWN_ERRORS as error:
+            history.record(self.number, EventType.INFO, f, key, type(error).__name__)
+            self.number = next(self._numbers)
+            return "info", error
+        except RallypointError as error:
+            history.record(self.number, EventType.FAIL, f, key, type(error).__name__)
+            return "fail", error
+        history.record(self.number, EventType.OK, f, key, result)
+        return "ok", result
+
+
+def _int(value: bytes | None) -> int | None:
+    return None if value is None else int(value)
+
+
+# ---------------------------------------------------------------------- register
+
+
+async def register_client(ctx: Context, keys: int) -> None:
+    """Reads, writes and compare-and-sets of small integers on ``keys`` independent keys."""
+    async with contextlib.AsyncExitStack() as stack:
+        client = await _connect(ctx, stack)
+        if client is None:
+            return
+        process = Process(ctx)
+        while ctx.running():
+            key = f"reg/{ctx.rng.randrange(keys)}"
+            roll = ctx.rng.random()
+            if roll < 0.5:
+
+                async def read(key: str = key) -> int | None:
+                    kv = await client.get(key)
+                    return _int(kv.value if kv is not None else None)
+
+                await process.call("read", key, None, read)
+            elif roll < 0.75:
+                value = ctx.rng.randrange(5)
+
+                async def write(key: str = key, value: int = value) -> None:
+                    await client.put(key, str(value))
+
+                await process.call("write", key, value, write)
+            else:
+                old, new = ctx.rng.randrange(5), ctx.rng.randrange(5)
+
+                async def cas(key: str = key, old: int = old, new: int = new) -> bool:
+                    result = await client.compare_and_set(key, str(new), value_equals=str(old))
+                    return result.succeeded
+
+                await process.call("cas", key, [old, new], cas)
+
+
+async def _connect(ctx: Context, stack: contextlib.AsyncExitStack) -> Client | None:
+    """A connected client, or None when the cluster never answered before the end."""
+    while ctx.running():
+        client = ctx.client()
+        try:
+            return await stack.enter_async_context(client)
+        except RallypointError:
+            await asyncio.sleep(0.2)
+    return None
+
+
+# ---------------------------------------------------------------------- set
+
+
+async def set_client(ctx: Context, worker: int) -> None:
+    """Adds unique elements (one key each) under set/."""
+    async with contextlib.AsyncExitStack() as stack:
+        client = await _connect(ctx, stack)
+        if client is None:
+            return
+        process = Process(ctx)
+        sequence = 0
+        while ctx.running():
+            element = worker * 1_000_000 + sequence
+            sequence += 1
+
+            async def add(element: int = element) -> None:
+                await client.put(f"set/{element}", "1")
+
+            await process.call("add", "set", element, add)
+
+
+async def set_final_read(ctx: Context, deadline_s: float) -> None:
+    async with ctx.client() as client:
+        process = Process(ctx)
+        while time.monotonic() < deadline_s:
+
+            async def read() -> list[int]:
+                return sorted(
+                    [int(kv.key.split(b"/")[1]) async for kv in client.range_pages("set/")]
+                )
+
+            status, _ = await process.call("read", "set", None, read)
+            if status == "ok":
+                return
+            await asyncio.sleep(0.5)
+
+
+# ---------------------------------------------------------------------- lease
+
+
+async def lease_client(ctx: Context, lease_ttl_s: float) -> None:
+    """Compete for a lock held by a lease; the holder writes to ``fenced/store`` with its
+    fencing token. After letting go (or losing the lease) a holder sometimes writes once more
+    with its old token, late, as a paused holder waking up would: the store must refuse it."""
+    async with contextlib.AsyncExitStack() as stack:
+        client = await _connect(ctx, stack)
+        if client is None:
+            return
+        process = Process(ctx)
+        me = process.number
+        # The grant puts the lease here (a call's result is what gets recorded).
+        leases: dict[int, Any] = {}
+        while ctx.running():
+
+            async def grant() -> dict[str, int]:
+                lease = await client.grant_lease(lease_ttl_s)
+                leases[lease.lease_id] = lease
+                return {"lease_id": lease.lease_id, "token": lease.fencing_token}
+
+            leases.clear()
+            status, granted = await process.call("grant", "lease", None, grant)
+            if status != "ok":
+                await asyncio.sleep(0.1)
+                continue
+            lease = leases[granted["lease_id"]]
+            try:
+                acquired = await client.compare_and_set(
+                    "fenced/lock", str(me), must_not_exist=True, lease=lease
+                )
+            except RallypointError:
+                acquired = None
+            if acquired is not None and acquired.succeeded:
+                for _ in range(ctx.rng.randint(2, 6)):
+                    if not lease.alive or not ctx.running():
+                        break
+                    await _fenced_write(process, client, lease.fence, granted["token"])
+            with contextlib.suppress(RallypointError):
+                await lease.revoke()
+            if acquired is not None and acquired.succeeded and ctx.rng.random() < 0.5:
+                # The late write of a holder that lost its lock.
+                await asyncio.sleep(ctx.rng.uniform(0.2, 1.0))
+                await _fenced_write(process, client, lease.fence, granted["token"])
+            await asyncio.sleep(ctx.rng.uniform(0.0, 0.1))
+
+
+async def _fenced_write(process: Process, client: Client, fence: Any, token: int) -> None:
+    async def write() -> dict[str, int]:
+        result = await client.put("fenced/store", str(token), fence=fence)
+        return {"revision": result.kv.mod_revision}
+
+    await process.call("write", "fenced/store", {"token": token}, write)
+
+
+# ---------------------------------------------------------------------- watch
+
+
+async def watch_writer(ctx: Context) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        client = await _connect(ctx, stack)
+        if client is None:
+            return
+        process = Process(ctx)
+        sequence = 0
+        while ctx.running():
+            sequence += 1
+            key = f"watch/{sequence % 7}"
+
+            async def put(key: str = key, value: int = sequence) -> dict[str, int]:
+                result = await client.put(key, str(value))
+                return {"revision": result.kv.mod_revision}
+
+            await process.call("put", key, sequence, put)
+
+
+async def watch_reader(ctx: Context, start_revision: int, finished: Callable[[int], bool]) -> None:
+    """Deliver every event under watch/ from ``start_revision`` until ``finished(last
+    delivered revision)``; each delivery is recorded as an (instant) operation of this
+    watcher's process."""
+    async with ctx.client() as client:
+        process = Process(ctx)
+        watcher = client.watch("watch/", prefix=True, start_revision=start_revision)
+        iterator = watcher.__aiter__()
+        last_revision = 0
+        try:
+            while not finished(last_revision):
+                try:
+                    event = await asyncio.wait_for(iterator.__anext__(), 0.5)
+                except TimeoutError:
+                    continue
+                except RallypointError as error:
+                    ctx.history.record(
+                        process.number, EventType.INVOKE, "watch-error", "watch", None
+                    )
+                    ctx.history.record(
+                        process.number, EventType.FAIL, "watch-error", "watch", str(error)
+                    )
+                    return
+                last_revision = event.revision
+                delivered = [event.revision, event.kv.key.decode(), event.kv.value.decode()]
+                ctx.history.record(process.number, EventType.INVOKE, "event", "watch", None)
+                ctx.history.record(process.number, EventType.OK, "event", "watch", delivered)
+        finally:
+            await watcher.aclose()
+
+
+# ---------------------------------------------------------------------- rendezvous
+
+JOB_CONFIG = JobConfig(min_nodes=2, max_nodes=4, last_call_ms=300, scale_up=True)
+
+
+async def rendezvous_participant(ctx: Context, name: str) -> None:
+    """Join the job, record every active round seen (its number, members and ranks), leave
+    after a while and join again, until the end."""
+    async with contextlib.AsyncExitStack() as stack:
+        client = await _connect(ctx, stack)
+        if client is None:
+            return
+        process = Process(ctx)
+        joined: list[Any] = []
+        while ctx.running():
+            joined.clear()
+
+            async def join() -> int:
+                participant = await client.join("jepsen", name, config=JOB_CONFIG)
+                joined.append(participant)
+                return int(participant.participant_id)
+
+            status, _ = await process.call("join", "jepsen", name, join)
+            if status != "ok":
+                await asyncio.sleep(0.2)
+                continue
+            participant = joined[0]
+            stay_until = time.monotonic() + ctx.rng.uniform(2.0, 6.0)
+            seen: set[int] = set()
+            try:
+                while (
+                    time.monotonic() < stay_until
+                    and ctx.running()
+                    and not participant.lost.is_set()
+                ):
+                    info = participant.round
+                    if info.state is RoundState.ACTIVE and info.round not in seen:
+                        seen.add(info.round)
+                        view = {
+                            "round": info.round,
+                            "members": {m.name: m.rank for m in info.members},
+                        }
+                        ctx.history.record(
+                            process.number, EventType.INVOKE, "round", "jepsen", None
+                        )
+                        ctx.history.record(process.number, EventType.OK, "round", "jepsen", view)
+                    await asyncio.sleep(0.05)
+            finally:
+                with contextlib.suppress(RallypointError):
+                    await participant.leave()
+                await participant.close()

@@ -1,0 +1,207 @@
+"""The participant's decisions without a server: reconnect policy, error refinement, and how
+a stream of RoundInfos (from the watch, the heartbeat's refresh, in any order) becomes its
+view, its round-change notifications, ``wait_for_round`` and ``lost``. Everything the daemon
+does is tested with real processes in tests/integration/test_rendezvous.py."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+
+import pytest
+
+from rallypoint.client import (
+    Backoff,
+    Client,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InternalError,
+    JobConfig,
+    NameTakenError,
+    NotFoundError,
+    Participant,
+    ParticipantLostError,
+    RoundInfo,
+    RoundMember,
+    RoundState,
+    StaleRoundError,
+    UnavailableError,
+)
+from rallypoint.client.rendezvous import (
+    Reconnector,
+    reconnect_backoff,
+    round_position,
+)
+from rallypoint.client.rendezvous_errors import refine
+from rallypoint.client.rendezvous_values import JoinResult
+from rallypoint.client.transport import Transport
+
+ME = 7
+OTHER = 9
+
+
+def member(pid: int, rank: int = -1) -> RoundMember:
+    return RoundMember(pid, f"w{pid}", rank, b"", 0.0)
+
+
+def info(
+    revision: int,
+    round_number: int,
+    state: RoundState,
+    members: tuple[int, ...] = (ME, OTHER),
+    waiting: tuple[int, ...] = (),
+) -> RoundInfo:
+    active = state is RoundState.ACTIVE
+    return RoundInfo(
+        job="job",
+        round=round_number,
+        state=state,
+        members=tuple(member(pid, rank if active else -1) for rank, pid in enumerate(members)),
+        world_size=len(members) if active else 0,
+        fencing_token=revision if active else 0,
+        store_namespace=f"job/{round_number}",
+        reason="",
+        waiting=tuple(member(pid) for pid in waiting),
+        opened_ms=0,
+        closed_ms=0,
+        job_closed=False,
+        job_revision=revision,
+    )
+
+
+@pytest.fixture
+async def participant() -> AsyncIterator[Participant]:
+    # Never connected and never started: only the view logic runs.
+    client = Client(["127.0.0.1:1"])
+    joined = JoinResult(ME, False, info(1, 1, RoundState.JOINING))
+    yield Participant(client, "w7", joined, JobConfig(2, 2))
+    await client.close()
+
+
+# ---------------------------------------------------------------------------- reconnects
+
+
+def test_heartbeat_backoff_is_capped_at_two_intervals() -> None:
+    client_backoff = Backoff(base_s=0.05, cap_s=2.0)
+    assert reconnect_backoff(0.1, client_backoff) == Backoff(base_s=0.05, cap_s=0.2)
+    # A slow heartbeat keeps the client's own cap.
+    assert reconnect_backoff(5.0, client_backoff) == client_backoff
+    # An interval shorter than the client's base lowers the base too.
+    fast = reconnect_backoff(0.01, client_backoff)
+    assert fast.cap_s == pytest.approx(0.02) and fast.base_s <= fast.cap_s
+
+
+def test_reconnector_follows_hints_at_once_then_backs_off() -> None:
+    transport = Transport(["a:1", "b:1", "c:1"], rng=random.Random(3))
+    reconnector = Reconnector(transport, Backoff(base_s=0.1, cap_s=0.4))
+    hinted = UnavailableError("not the leader", reason="NOT_LEADER", leader_hint="b:1")
+    assert reconnector.delay_s("a:1", hinted) == 0.0
+    assert transport.pick() == "b:1"
+    # Two members naming each other cannot bounce the stream forever: after
+    # len(endpoints) + 1 redirects in a row, it sleeps.
+    delays = [
+        reconnector.delay_s(address, UnavailableError("x", leader_hint=hint))
+        for address, hint in [("b:1", "c:1"), ("c:1", "b:1"), ("b:1", "c:1"), ("c:1", "b:1")]
+    ]
+    assert delays[:3] == [0.0, 0.0, 0.0] and 0.0 <= delays[3] <= 0.1
+
+
+def test_reconnector_backs_off_with_full_jitter_and_resets_on_answer() -> None:
+    transport = Transport(["a:1", "b:1"], rng=random.Random(5))
+    reconnector = Reconnector(transport, Backoff(base_s=0.1, cap_s=0.4))
+    down = UnavailableError("connection refused")
+    delays = [reconnector.delay_s("a:1", down) for _ in range(6)]
+    ceilings = [0.1, 0.2, 0.4, 0.4, 0.4, 0.4]
+    assert all(0.0 <= d <= c for d, c in zip(delays, ceilings, strict=True))
+    assert reconnector.retry == 6
+    reconnector.answered()
+    assert reconnector.retry == 0 and reconnector.delay_s("a:1", down) <= 0.1
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+def test_rendezvous_reasons_are_refined_into_typed_errors() -> None:
+    stale = refine(FailedPreconditionError("round 1 is stale", reason="STALE_ROUND"))
+    assert isinstance(stale, StaleRoundError) and isinstance(stale, FailedPreconditionError)
+    assert str(stale) == "round 1 is stale [STALE_ROUND]"
+    taken = refine(InternalError("name w0 taken (status ALREADY_EXISTS)", reason="NAME_TAKEN"))
+    assert isinstance(taken, NameTakenError) and taken.server_message == "name w0 taken"
+    # A reason under a code the contract does not pair it with is left as the code says.
+    odd = NotFoundError("?", reason="STALE_ROUND")
+    assert refine(odd) is odd
+    plain = FailedPreconditionError("no reason")
+    assert refine(plain) is plain
+
+
+# ---------------------------------------------------------------------------- the view
+
+
+def test_round_positions_order_rounds_then_states() -> None:
+    assert round_position(1, RoundState.ACTIVE) > round_position(1, RoundState.JOINING)
+    assert round_position(1, RoundState.ENDED) > round_position(1, RoundState.ACTIVE)
+    assert round_position(2, RoundState.JOINING) > round_position(1, RoundState.ENDED)
+
+
+async def test_view_never_goes_back_and_each_round_change_is_told_once(
+    participant: Participant,
+) -> None:
+    told: list[tuple[int, RoundState]] = []
+    participant.on_round_change(lambda r: told.append((r.round, r.state)))
+    rounds = participant.rounds()
+    assert (await anext(rounds)).round == 1
+    active = info(3, 1, RoundState.ACTIVE)
+    assert participant._observe(active)
+    # The same state again (the watch and a refresh both saw it), and an older one.
+    assert not participant._observe(active)
+    assert not participant._observe(info(2, 1, RoundState.JOINING))
+    assert participant.round == active and participant.rank == 0
+    # A newer revision of the same (round, state): the view moves, nobody is told.
+    assert participant._observe(info(4, 1, RoundState.ACTIVE, waiting=(11,)))
+    participant._observe(info(6, 2, RoundState.JOINING))
+    await asyncio.sleep(0)  # callbacks run on the loop
+    assert [((await anext(rounds)).round, r) for r in (1, 2)] == [(1, 1), (2, 2)]
+    assert told == [(1, RoundState.ACTIVE), (2, RoundState.JOINING)]
+
+
+async def test_wait_for_round_returns_each_active_round_with_me_once(
+    participant: Participant,
+) -> None:
+    waiter = asyncio.create_task(participant.wait_for_round(timeout_s=5))
+    await asyncio.sleep(0)
+    participant._observe(info(2, 1, RoundState.ACTIVE, members=(OTHER, ME)))
+    first = await waiter
+    assert (first.round, first.rank_of(ME)) == (1, 1)
+    # Round 1 was returned: the next call waits for round 2, whatever happens in between.
+    waiter = asyncio.create_task(participant.wait_for_round(timeout_s=5))
+    participant._observe(info(3, 2, RoundState.JOINING, members=(ME,)))
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    participant._observe(info(4, 2, RoundState.ACTIVE, members=(ME,)))
+    assert (await waiter).rank_of(ME) == 0
+    with pytest.raises(DeadlineExceededError, match="no ACTIVE round"):
+        await participant.wait_for_round(timeout_s=0.01)
+
+
+async def test_a_view_without_me_means_lost(participant: Participant) -> None:
+    waiter = asyncio.create_task(participant.wait_for_round(timeout_s=5))
+    rounds = participant.rounds()
+    await anext(rounds)
+    # Waiting for the next round still counts as being in the job.
+    participant._observe(info(2, 1, RoundState.ACTIVE, members=(OTHER,), waiting=(ME,)))
+    assert not participant.lost.is_set() and participant.waiting
+    # Declared failed while waiting: the next round goes on without us.
+    participant._observe(info(3, 2, RoundState.ACTIVE, members=(OTHER,)))
+    assert participant.lost.is_set()
+    assert "no longer in job" in (participant.lost_reason or "")
+    with pytest.raises(ParticipantLostError):
+        await waiter
+    # The iterator hands out what it was told before the loss (round 1 closing without
+    # us), then ends.
+    assert (await anext(rounds)).state is RoundState.ACTIVE
+    with pytest.raises(StopAsyncIteration):
+        await anext(rounds)
+    # Lost is final: a stale view that still lists us changes nothing.
+    participant._observe(info(5, 3, RoundState.ACTIVE, members=(ME, OTHER)))
+    assert participant.lost.is_set()

@@ -171,7 +171,7 @@ def params_for_seed(seed: int, fault_ticks: int = 120, profile: Profile | None =
         network=network,
         fault_ticks=fault_ticks,
         quiet_ticks=5,
-        liveness_ticks=150,
+        liveness_ticks=300,
         op_weights=op_weights,
         op_gap=(TICK // 10, TICK * 2 // 3),
         kill_on_election_prob=kill_on_election_prob,

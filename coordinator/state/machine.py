@@ -88,8 +88,9 @@ from .watch import WatchHistory
 
 # Test-only: breaks linearizability/fencing on purpose for the fault-injection suite's negative
 # controls (tests/jepsen). With RALLYPOINT_UNSAFE_ACCEPT_STALE_FENCE=1 in the environment when a
-# member starts, _check_fence accepts any token. Every member of such a cluster gets the same
-# environment, so the state machine stays deterministic. Never set it outside that suite.
+# member starts, _check_fence accepts any token (and _record_fence records none). Every member
+# of such a cluster gets the same environment, so the state machine stays deterministic. Never
+# set it outside that suite.
 UNSAFE_ACCEPT_STALE_FENCE = os.environ.get("RALLYPOINT_UNSAFE_ACCEPT_STALE_FENCE") == "1"
 
 SNAPSHOT_FORMAT = 2
@@ -271,7 +272,9 @@ class StateMachine:
         return None
 
     def _record_fence(self, fence: Fence | None, keys: list[bytes]) -> None:
-        if fence is not None:
+        # Under the test-only switch a stale token is accepted but not recorded (the store
+        # keeps the highest token as an invariant).
+        if fence is not None and not UNSAFE_ACCEPT_STALE_FENCE:
             for key in keys:
                 self.kv.record_fence_token(key, fence.token)
 

@@ -95,6 +95,8 @@ class HistoryWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file: IO[str] = open(path, "w")  # noqa: SIM115 (closed in close())
         self.events: list[Event] = []
+        # The lease workload's late writers wait for a newer holder's accepted write.
+        self.highest_fenced_token = 0
 
     def record(self, process: int, type_: EventType, f: str, key: str, value: Any) -> Event:
         event = Event(process, type_, f, key, value, time.monotonic())

@@ -219,10 +219,12 @@ async def run_schedule(
     mix: str,
     history: HistoryWriter,
     stop_at_s: float,
-    quiet_s: tuple[float, float] = (1.0, 3.0),
+    origin_s: float,
     fault_s: tuple[float, float] = (2.0, 5.0),
+    quiet_s: tuple[float, float] = (1.0, 3.0),
 ) -> list[str]:
-    """Inflict faults from ``mix`` until ``stop_at_s``; a log of what was done."""
+    """Inflict faults from ``mix`` until ``stop_at_s``; a log of what was done (times in
+    seconds from ``origin_s``)."""
     kinds = MIXES[mix]
     log: list[str] = []
     rng = faults.rng
@@ -235,7 +237,7 @@ async def run_schedule(
             log.append(f"{kind}: not inflicted ({error})")
             continue
         history.record(NEMESIS_PROCESS, EventType.START, kind, "", what)
-        log.append(f"{time.monotonic():.3f} start {kind}: {what}")
+        log.append(f"{time.monotonic() - origin_s:8.3f} start {kind}: {what}")
         hold_s = min(rng.uniform(*fault_s), max(0.0, stop_at_s - time.monotonic()))
         await asyncio.sleep(hold_s)
         try:
@@ -243,7 +245,7 @@ async def run_schedule(
         except (RallypointError, TimeoutError, concurrent.futures.TimeoutError) as error:
             outcome = f"heal failed: {error}"
         history.record(NEMESIS_PROCESS, EventType.STOP, kind, "", outcome)
-        log.append(f"{time.monotonic():.3f} stop {kind}: {outcome}")
+        log.append(f"{time.monotonic() - origin_s:8.3f} stop {kind}: {outcome}")
     return log
 
 

@@ -73,11 +73,15 @@ async def _drive(spec: RunSpec, cluster: NamespaceCluster, history: HistoryWrite
         ctx = workloads.Context(cluster.endpoints, history, random.Random(rng.random()), stop_at)
         tasks: list[Coroutine[Any, Any, None]] = []
         if "register" in spec.workloads:
-            tasks += [workloads.register_client(ctx, keys=6) for _ in range(5)]
+            endpoints = cluster.endpoints
+            tasks += [
+                workloads.register_client(ctx, keys=6, home=endpoints[i % len(endpoints)])
+                for i in range(5)
+            ]
         if "set" in spec.workloads:
             tasks += [workloads.set_client(ctx, worker) for worker in range(2)]
         if "lease" in spec.workloads:
-            tasks += [workloads.lease_client(ctx, LEASE_TTL_S) for _ in range(3)]
+            tasks += [workloads.lease_client(ctx, LEASE_TTL_S) for _ in range(4)]
         if "rendezvous" in spec.workloads:
             tasks += [workloads.rendezvous_participant(ctx, f"w{i}") for i in range(3)]
         if "watch" in spec.workloads:
@@ -99,8 +103,10 @@ async def _drive(spec: RunSpec, cluster: NamespaceCluster, history: HistoryWrite
             tasks += [workloads.watch_reader(ctx, watch_start, finished) for _ in range(3)]
         client_tasks = [asyncio.create_task(t) for t in tasks]
         faults = Faults(cluster, random.Random(rng.random()), admin, asyncio.get_running_loop())
-        log = await run_schedule(faults, spec.nemesis, history, stop_at)
-        log.append(f"{time.monotonic():.3f} {await asyncio.to_thread(heal_all, faults)}")
+        origin_s = history.events[0].time_s if history.events else time.monotonic()
+        log = await run_schedule(faults, spec.nemesis, history, stop_at, origin_s)
+        healed = await asyncio.to_thread(heal_all, faults)
+        log.append(f"{time.monotonic() - origin_s:8.3f} {healed}")
         await asyncio.sleep(max(0.0, stop_at - time.monotonic()))
         done, pending = await asyncio.wait(client_tasks, timeout=30.0)
         for task in pending:

@@ -44,12 +44,13 @@ class Context:
     # Loop time when the clients stop issuing new operations.
     stop_at_s: float
 
-    def client(self) -> Client:
+    def client(self, endpoints: list[str] | None = None, session: bool = True) -> Client:
         return Client(
-            self.endpoints,
+            endpoints or self.endpoints,
             timeout_s=OPERATION_TIMEOUT_S,
             attempt_timeout_s=1.0,
             session_ttl_s=10.0,
+            open_session_on_connect=session,
             rng=random.Random(self.rng.random()),
         )
 
@@ -93,11 +94,14 @@ def _int(value: bytes | None) -> int | None:
 # ---------------------------------------------------------------------- register
 
 
-async def register_client(ctx: Context, keys: int) -> None:
-    """Reads, writes and compare-and-sets of small integers on ``keys`` independent keys."""
+async def register_client(ctx: Context, keys: int, home: str) -> None:
+    """Reads, writes and compare-and-sets of small integers on ``keys`` independent keys.
+    Reads go to the ``home`` member (a client of its own, with no session, so no write
+    redirects it to the leader): a follower's read must be as linearizable as the leader's."""
     async with contextlib.AsyncExitStack() as stack:
         client = await _connect(ctx, stack)
-        if client is None:
+        reader = await _connect(ctx, stack, [home], session=False)
+        if client is None or reader is None:
             return
         process = Process(ctx)
         while ctx.running():
@@ -106,7 +110,7 @@ async def register_client(ctx: Context, keys: int) -> None:
             if roll < 0.5:
 
                 async def read(key: str = key) -> int | None:
-                    kv = await client.get(key)
+                    kv = await reader.get(key)
                     return _int(kv.value if kv is not None else None)
 
                 await process.call("read", key, None, read)
@@ -127,10 +131,15 @@ async def register_client(ctx: Context, keys: int) -> None:
                 await process.call("cas", key, [old, new], cas)
 
 
-async def _connect(ctx: Context, stack: contextlib.AsyncExitStack) -> Client | None:
+async def _connect(
+    ctx: Context,
+    stack: contextlib.AsyncExitStack,
+    endpoints: list[str] | None = None,
+    session: bool = True,
+) -> Client | None:
     """A connected client, or None when the cluster never answered before the end."""
     while ctx.running():
-        client = ctx.client()
+        client = ctx.client(endpoints, session)
         try:
             return await stack.enter_async_context(client)
         except RallypointError:
@@ -216,16 +225,29 @@ async def lease_client(ctx: Context, lease_ttl_s: float) -> None:
                     await _fenced_write(process, client, lease.fence, granted["token"])
             with contextlib.suppress(RallypointError):
                 await lease.revoke()
-            if acquired is not None and acquired.succeeded and ctx.rng.random() < 0.5:
-                # The late write of a holder that lost its lock.
-                await asyncio.sleep(ctx.rng.uniform(0.2, 1.0))
+            if acquired is not None and acquired.succeeded and ctx.running():
+                # The late write of a holder that lost its lock, once a newer holder wrote
+                # (as a holder paused past its lease would): the store must refuse it.
+                await _newer_token_written(ctx, granted["token"], patience_s=3.0)
                 await _fenced_write(process, client, lease.fence, granted["token"])
             await asyncio.sleep(ctx.rng.uniform(0.0, 0.1))
+
+
+async def _newer_token_written(ctx: Context, token: int, patience_s: float) -> None:
+    """Wait (bounded) until the history shows a fenced write accepted under a larger token."""
+    deadline_s = time.monotonic() + patience_s
+    while time.monotonic() < deadline_s and ctx.running():
+        if ctx.history.highest_fenced_token > token:
+            return
+        await asyncio.sleep(0.05)
 
 
 async def _fenced_write(process: Process, client: Client, fence: Any, token: int) -> None:
     async def write() -> dict[str, int]:
         result = await client.put("fenced/store", str(token), fence=fence)
+        process.ctx.history.highest_fenced_token = max(
+            process.ctx.history.highest_fenced_token, token
+        )
         return {"revision": result.kv.mod_revision}
 
     await process.call("write", "fenced/store", {"token": token}, write)

@@ -195,7 +195,7 @@ class Participant:
         queue: asyncio.Queue[RoundInfo | None] = asyncio.Queue()
         self._subscribers.append(queue)
         try:
-            if self.lost.is_set() or self.leaving:
+            if not self._running():
                 return
             yield self.round
             while (info := await queue.get()) is not None:
@@ -230,8 +230,9 @@ class Participant:
     def _check_in_job(self) -> None:
         if self.lost.is_set():
             raise ParticipantLostError(self.lost_reason or "the participant was lost")
-        if self.leaving:
-            raise ParticipantLostError(f"participant {self.participant_id} left job {self.job}")
+        if self.leaving or self.closed:
+            what = "left job" if self.leaving else "was closed without leaving job"
+            raise ParticipantLostError(f"participant {self.participant_id} {what} {self.job}")
 
     def store(self) -> RoundStore:
         """The current round's store (raises StaleRoundError once the round is over)."""

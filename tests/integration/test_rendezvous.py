@@ -28,7 +28,14 @@ from typing import Any
 
 import pytest
 
-from rallypoint.client import Client, EndReason, JobConfig, RoundState
+from rallypoint.client import (
+    Client,
+    EndReason,
+    JobConfig,
+    RoundState,
+    StaleRoundError,
+    SyncClient,
+)
 from rallypoint.coordinator.cli import main as rallypoint_main
 
 from .harness import ProcessCluster, running_cluster, wait_until
@@ -370,6 +377,43 @@ def test_leader_killed_during_rendezvous_loses_and_duplicates_nobody(
     status = admin(cluster, lambda c: c.get_job(job))
     assert (status.round.round, status.round.state) == (first["round"], RoundState.ACTIVE)
     assert not any(w.seen("lost") for w in early + late)
+
+
+# ---------------------------------------------------------------------------- threads
+
+
+def test_sync_client_from_threads(cluster: ProcessCluster) -> None:
+    """What torch's c10d store adapter does: the round store from several threads."""
+    config = JobConfig(**{**asdict(CONFIG), "min_nodes": 1, "max_nodes": 1})
+    with SyncClient(cluster.endpoints) as client:
+        participant = client.join("threads", "solo", config=config)
+        info = participant.wait_for_round(timeout_s=20)
+        assert (info.world_size, participant.rank) == (1, 0)
+        store = participant.store()
+
+        def add_many() -> None:
+            for _ in range(5):
+                store.add("counter", 1)
+
+        threads = [threading.Thread(target=add_many) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert store.get("counter") == b"20"
+        assert store.compare_set("leader", b"", b"solo").swapped
+        assert store.check(["counter", "leader"]) and store.num_keys() == 2
+        registry = participant.checkpoints()
+        checkpoint_id = registry.begin(7, uri="file:///tmp/ckpt-7")
+        assert registry.shard_done(checkpoint_id, 0).reported == 1
+        assert registry.commit(checkpoint_id).checkpoint.step == 7
+        assert client.latest_checkpoint("threads").step == 7
+        participant.leave()
+        assert not participant.lost.is_set()
+        # Leaving ended the round: its store refuses the departed participant.
+        with pytest.raises(StaleRoundError):
+            store.set("late", b"write")
+        assert client.get_job("threads").history[-1].end_reason is EndReason.MEMBER_LEFT
 
 
 # ---------------------------------------------------------------------------- operator commands

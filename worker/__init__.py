@@ -28,12 +28,15 @@ from .checkpoint import (
     retired_beyond,
 )
 from .sampler import ElasticSampler, GlobalStep, epoch_permutation, global_step_size, rank_slice
+from .store import CoordinatorStore, CoordinatorStoreError, StaleStoreRoundError, StoreTimeoutError
 
 __all__ = [
     "CheckpointError",
     "CheckpointLayout",
     "CheckpointMetadata",
     "Checkpointer",
+    "CoordinatorStore",
+    "CoordinatorStoreError",
     "ElasticSampler",
     "GlobalStep",
     "ParamLayout",
@@ -45,6 +48,8 @@ __all__ = [
     "RestoreResult",
     "RestoreSource",
     "SavedCheckpoint",
+    "StaleStoreRoundError",
+    "StoreTimeoutError",
     "broadcast_state",
     "checkpoint_path",
     "choose_restore_source",

@@ -1,0 +1,247 @@
+"""A c10d store backed by the coordinator: ``init_process_group(store=CoordinatorStore(...))``.
+
+Theory of operation. torch's process groups bootstrap through a ``torch.distributed.Store``
+(rank 0 publishes an address, the others read it; barriers count with ``add``). The usual
+one, ``TCPStore``, lives in rank 0's process: it is a single point of failure, and one that a
+restarted group may read stale addresses from. :class:`CoordinatorStore` is the round store
+of one (job, round, participant) instead (rendezvous.proto, service RoundStore): replicated
+by the coordinator cluster, created empty when the round closes, and dropped when it ends.
+So every round starts from a clean namespace, nothing depends on one host staying up, and a
+zombie (a worker of a round that ended) is refused: every call raises
+:class:`StaleStoreRoundError` naming the round, and its ``init_process_group`` fails at once
+instead of waiting for peers that will never come.
+
+Threads. torch calls a store from several threads (the caller, gloo's and the watchdog's).
+The calls go through one :class:`SyncClient`, which is thread-safe: each call is a coroutine
+submitted to the client's private event loop, and blocking reads (get, wait) are held by the
+server, not by the loop, so one thread's long ``get`` does not delay another thread's
+``set`` (the gRPC channel multiplexes them). The one thread that must not call the store is
+the client's own loop thread (round-change callbacks run there).
+
+Errors. A key still missing at the timeout is :class:`StoreTimeoutError`; any other failure
+of the coordinator (no quorum within the client's timeout, a limit) is
+:class:`CoordinatorStoreError`. All are ``torch.distributed.DistStoreError``, hence
+``RuntimeError``, which is what torch's callers expect of a store.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import TypeVar
+
+import torch.distributed as dist
+from torch._C._distributed_c10d import Store
+
+from rallypoint.client import (
+    DeadlineExceededError,
+    RallypointError,
+    RoundInfo,
+    RoundState,
+    StaleRoundError,
+    SyncClient,
+    SyncParticipant,
+    SyncRoundStore,
+    TlsConfig,
+)
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT = timedelta(seconds=300)
+
+
+class CoordinatorStoreError(dist.DistStoreError):
+    """The coordinator could not serve a store call (see the message and the cause)."""
+
+
+class StoreTimeoutError(CoordinatorStoreError):
+    """A key was still missing when the timeout passed."""
+
+
+class StaleStoreRoundError(CoordinatorStoreError):
+    """The store's round is over (or the participant is no longer one of its members): the
+    world it was made for is gone."""
+
+    def __init__(self, message: str, *, job: str, round_number: int) -> None:
+        super().__init__(message)
+        self.job = job
+        self.round_number = round_number
+
+
+def _text(key: str | bytes) -> str:
+    return key.decode() if isinstance(key, bytes) else key
+
+
+class CoordinatorStore(Store):
+    """The round store of ``round_number`` of ``job``, used as ``participant_id``, as a c10d
+    store. ``client`` is a :class:`SyncClient` (borrowed: closing the store leaves it open)
+    or the coordinator's endpoints (a list, or one comma-separated string), for which the
+    store opens a client of its own, with ``token`` and ``tls``, and closes it in
+    :meth:`close`."""
+
+    def __init__(
+        self,
+        client: SyncClient | str | Sequence[str],
+        job: str,
+        round_number: int,
+        participant_id: int,
+        *,
+        timeout: timedelta = DEFAULT_TIMEOUT,
+        token: str | None = None,
+        tls: TlsConfig | None = None,
+    ) -> None:
+        super().__init__()
+        if isinstance(client, SyncClient):
+            self._client: SyncClient | None = None
+            round_store = client.round_store(job, round_number, participant_id)
+        else:
+            endpoints = client.split(",") if isinstance(client, str) else list(client)
+            self._client = SyncClient(endpoints, token=token, tls=tls)
+            round_store = self._client.round_store(job, round_number, participant_id)
+        self._init(round_store, participant_id, timeout)
+
+    def _init(self, round_store: SyncRoundStore, participant_id: int, timeout: timedelta) -> None:
+        self._store = round_store
+        self.job = round_store.store.job
+        self.round_number = round_store.round
+        self.participant_id = participant_id
+        self._close_lock = threading.Lock()
+        self.set_timeout(timeout)
+
+    @classmethod
+    def for_participant(
+        cls, participant: SyncParticipant, *, timeout: timedelta = DEFAULT_TIMEOUT
+    ) -> CoordinatorStore:
+        """The store of the participant's current round, which must be ACTIVE with it."""
+        info = participant.round
+        if info.rank_of(participant.participant_id) is None:
+            raise StaleStoreRoundError(
+                f"job {info.job!r} round {info.round} is {info.state.value} without participant "
+                f"{participant.participant_id}: it has no store for it",
+                job=info.job,
+                round_number=info.round,
+            )
+        store: CoordinatorStore = cls.__new__(cls)
+        Store.__init__(store)
+        store._client = None
+        store._init(participant.store(), participant.participant_id, timeout)
+        return store
+
+    @classmethod
+    def for_round(
+        cls,
+        client: SyncClient,
+        info: RoundInfo,
+        participant_id: int,
+        *,
+        timeout: timedelta = DEFAULT_TIMEOUT,
+    ) -> CoordinatorStore:
+        """The store of the ACTIVE round ``info``, for its member ``participant_id``."""
+        if info.state is not RoundState.ACTIVE:
+            raise StaleStoreRoundError(
+                f"job {info.job!r} round {info.round} is {info.state.value}: only an ACTIVE "
+                "round has a store",
+                job=info.job,
+                round_number=info.round,
+            )
+        return cls(client, info.job, info.round, participant_id, timeout=timeout)
+
+    def __repr__(self) -> str:
+        return (
+            f"CoordinatorStore({self.job}/{self.round_number}, participant={self.participant_id})"
+        )
+
+    def close(self) -> None:
+        """Close the client the store opened (a borrowed one stays open)."""
+        with self._close_lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def __enter__(self) -> CoordinatorStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -------------------------------------------------------------- the c10d API
+
+    def set(self, key: str, value: bytes | str) -> None:
+        self._call("set", lambda: self._store.set(key, value))
+
+    def get(self, key: str) -> bytes:
+        """The value at ``key``, waiting up to the store's timeout for it to be set."""
+        timeout_s = self._timeout_s(None)
+        return self._call(
+            "get", lambda: self._store.get(key, timeout_s=timeout_s), key=key, wait_s=timeout_s
+        )
+
+    def add(self, key: str, value: int) -> int:
+        return self._call("add", lambda: self._store.add(key, value))
+
+    def compare_set(
+        self, key: str, expected_value: bytes | str, desired_value: bytes | str
+    ) -> bytes:
+        """torch's semantics (HashStore, TCPStore): set ``key`` to ``desired_value`` if it
+        holds ``expected_value``, or is absent and ``expected_value`` is empty; answer what
+        the key holds now, or ``expected_value`` when the key is absent."""
+        result = self._call(
+            "compare_set", lambda: self._store.compare_set(key, expected_value, desired_value)
+        )
+        if result.value is None:
+            return expected_value.encode() if isinstance(expected_value, str) else expected_value
+        return result.value
+
+    def wait(self, keys: Sequence[str], timeout: timedelta | None = None) -> None:
+        """Wait for every key to exist, up to ``timeout`` (default: the store's)."""
+        timeout_s = self._timeout_s(timeout)
+        self._call(
+            "wait",
+            lambda: self._store.wait(list(keys), timeout_s=timeout_s),
+            key=", ".join(_text(k) for k in keys),
+            wait_s=timeout_s,
+        )
+
+    def check(self, keys: Sequence[str]) -> bool:
+        return self._call("check", lambda: self._store.check(list(keys)))
+
+    def delete_key(self, key: str) -> bool:
+        return self._call("delete_key", lambda: self._store.delete(key))
+
+    def num_keys(self) -> int:
+        return self._call("num_keys", self._store.num_keys)
+
+    # -------------------------------------------------------------- plumbing
+
+    def _timeout_s(self, timeout: timedelta | None) -> float:
+        if timeout is not None:
+            return max(0.0, timeout.total_seconds())
+        # The C++ base holds the timeout (set_timeout, and torch's own calls from C++, set it
+        # there); torch's type stubs omit the property.
+        default: timedelta = self.timeout  # type: ignore[attr-defined]
+        return max(0.0, default.total_seconds())
+
+    def _call(
+        self, operation: str, call: Callable[[], T], *, key: str = "", wait_s: float = 0.0
+    ) -> T:
+        """Run ``call``, raising its failure as one of this module's errors."""
+        where = f"{self.job}/{self.round_number}"
+        try:
+            return call()
+        except StaleRoundError as error:
+            raise StaleStoreRoundError(
+                f"{operation} refused: round {self.round_number} of job {self.job!r} is over "
+                f"or participant {self.participant_id} is not one of its members ({error})",
+                job=self.job,
+                round_number=self.round_number,
+            ) from error
+        except DeadlineExceededError as error:
+            if wait_s > 0 or key:
+                raise StoreTimeoutError(
+                    f"{operation} timed out after {wait_s:g} s in store {where}: "
+                    f"{key or 'a key'} still missing ({error})"
+                ) from error
+            raise CoordinatorStoreError(f"{operation} in store {where}: {error}") from error
+        except RallypointError as error:
+            raise CoordinatorStoreError(f"{operation} in store {where}: {error}") from error

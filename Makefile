@@ -8,8 +8,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 SEEDS ?= 500
 ITER  ?= 50
+RUNS  ?= 20
+TIME  ?= 60
 
-.PHONY: help setup lint format typecheck pytest test sim crash-test bench-wal bench-kv demo proto clean
+.PHONY: help setup lint format typecheck pytest test sim crash-test bench-wal bench-kv demo proto clean jepsen jepsen-long
 
 help:
 	@echo "make demo             start a local cluster and elastic workers, kill things, watch recovery"
@@ -19,6 +21,8 @@ help:
 	@echo "make bench-wal        WAL append/fsync benchmark -> bench/results/wal.json"
 	@echo "make bench-kv         KV put/get/keep-alive vs a 3-member etcd -> bench/results/kv.json (.png)"
 	@echo "make proto            regenerate the Python code for proto/**/*.proto"
+	@echo "make jepsen           fault-injection runs: every workload under every nemesis, short (root)"
+	@echo "make jepsen-long RUNS=N TIME=S  N runs of S seconds per fault mix -> store/jepsen/"
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -64,6 +68,19 @@ bench-wal: setup
 bench-kv: setup
 	command -v etcd >/dev/null || (apt-get update && apt-get install -y etcd-server etcd-client)
 	$(PY) -m bench.kv_bench --out bench/results/kv.json
+
+# Fault injection with real processes in network namespaces (needs root, iptables and
+# libfaketime: installed from Debian's packages when missing). Reports under store/jepsen/.
+JEPSEN_TOOLS = command -v iptables >/dev/null && test -e /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 \
+	|| (apt-get update && apt-get install -y iptables faketime)
+
+jepsen: setup
+	@$(JEPSEN_TOOLS)
+	$(PY) -m tests.jepsen --matrix short
+
+jepsen-long: setup
+	@$(JEPSEN_TOOLS)
+	$(PY) -m tests.jepsen --matrix long --runs $(RUNS) --time $(TIME)
 
 # Regenerate the Python code for proto/**/*.proto (tests/proto checks it is fresh).
 proto: setup

@@ -95,7 +95,7 @@ class NamespaceCluster(ProcessCluster):
         or flip one bit among its last records. What was done, for the report."""
         member = self.members[member_id]
         assert not member.running, "damage a stopped member only"
-        segments = sorted((member.data_dir / "wal").glob("*.wal"))
+        segments = sorted(member.data_dir.glob("**/wal/*.wal"))
         if not segments:
             return "no WAL segment to damage"
         segment = segments[-1]

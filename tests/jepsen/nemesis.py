@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import random
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +28,13 @@ from .cluster import NamespaceCluster
 from .history import NEMESIS_PROCESS, EventType, HistoryWriter
 
 Heal = Callable[[], str]
+# What a fault or its healing may fail with without ending the run (it is logged).
+NEMESIS_ERRORS = (
+    RallypointError,
+    TimeoutError,
+    concurrent.futures.TimeoutError,
+    subprocess.CalledProcessError,
+)
 
 
 @dataclass
@@ -104,11 +112,17 @@ class Faults:
 
     # ------------------------------------------------------------------ processes
 
-    def _victim(self) -> int:
+    def _victim(self, keep_newest: bool = False) -> int:
+        """The leader half the time, else a random running member. ``keep_newest`` spares the
+        member with the highest id: the cluster numbers a new member max(ids) + 1, and the
+        harness must know that number before it asks (the new member's namespace is made
+        first), so the highest id is never removed."""
         members = [m for m in self._members() if self.cluster.members[m].running]
+        if keep_newest:
+            members.remove(max(self._members()))
         if self.rng.random() < 0.5:
             leader = self._leader()
-            if leader is not None:
+            if leader is not None and leader in members:
                 return leader
         return self.rng.choice(members)
 
@@ -145,7 +159,7 @@ class Faults:
         return f"clock of {victim} {offset_s:+.1f}s x{rate}", unskew
 
     def corrupt(self) -> tuple[str, Heal]:
-        victim = self._victim()
+        victim = self._victim(keep_newest=True)
         self.cluster.kill(victim)
         damage = self.cluster.damage_wal(victim, self.rng)
 
@@ -168,11 +182,13 @@ class Faults:
 
     def _add(self) -> int:
         new = self.cluster.add_member_process()
-        self._admin(
-            self.admin.member_add(
-                new.peer_address, new.client_address, member_id=new.member_id, timeout_s=10
+        added, _ = self._admin(
+            self.admin.member_add(new.peer_address, new.client_address, timeout_s=10)
+        )  # type: ignore[misc]
+        if added.member_id != new.member_id:
+            raise AssertionError(
+                f"the cluster numbered the new member {added.member_id}, not {new.member_id}"
             )
-        )
         self.cluster.active.add(new.member_id)
         self.cluster.start(new.member_id, join=True)
 
@@ -189,16 +205,19 @@ class Faults:
         return new.member_id
 
     def membership(self) -> tuple[str, Heal]:
-        leader = self._leader()
-        candidates = [m for m in self._members() if m != leader]
-        removed = self.rng.choice(candidates)
-        self._admin(self.admin.member_remove(removed, timeout_s=10))
-        self.cluster.forget(removed)
+        """Grow by a new member (learner, caught up, promoted); on heal shrink back by
+        removing a member other than the leader and the newest."""
+        added = self._add()
 
-        def add() -> str:
-            return f"added member {self._add()}"
+        def remove() -> str:
+            leader = self._leader()
+            candidates = [m for m in self._members() if m not in (leader, max(self._members()))]
+            removed = self.rng.choice(candidates)
+            self._admin(self.admin.member_remove(removed, timeout_s=10))
+            self.cluster.forget(removed)
+            return f"removed member {removed}"
 
-        return f"removed member {removed}", add
+        return f"added member {added}", remove
 
 
 MIXES: dict[str, list[str]] = {
@@ -233,8 +252,8 @@ async def run_schedule(
         kind = rng.choice(kinds)
         try:
             what, heal = await asyncio.to_thread(getattr(faults, kind))
-        except (RallypointError, TimeoutError) as error:
-            log.append(f"{kind}: not inflicted ({error})")
+        except (*NEMESIS_ERRORS, AssertionError) as error:
+            log.append(f"{time.monotonic() - origin_s:8.3f} {kind}: not inflicted ({error})")
             continue
         history.record(NEMESIS_PROCESS, EventType.START, kind, "", what)
         log.append(f"{time.monotonic() - origin_s:8.3f} start {kind}: {what}")
@@ -242,7 +261,7 @@ async def run_schedule(
         await asyncio.sleep(hold_s)
         try:
             outcome = await asyncio.to_thread(heal)
-        except (RallypointError, TimeoutError, concurrent.futures.TimeoutError) as error:
+        except (*NEMESIS_ERRORS, AssertionError) as error:
             outcome = f"heal failed: {error}"
         history.record(NEMESIS_PROCESS, EventType.STOP, kind, "", outcome)
         log.append(f"{time.monotonic() - origin_s:8.3f} stop {kind}: {outcome}")

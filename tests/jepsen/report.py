@@ -49,7 +49,7 @@ class RunSummary:
         )
 
 
-_COLOURS = {"read": "tab:blue", "write": "tab:orange", "cas": "tab:green", "add": "tab:purple"}
+_INSTANTS = {"event", "round"}
 
 
 def plot_run(events: Sequence[Event], ops: Sequence[Operation], directory: Path) -> list[str]:
@@ -72,15 +72,18 @@ def plot_run(events: Sequence[Event], ops: Sequence[Operation], directory: Path)
 
     figure, axis = plt.subplots(figsize=(10, 4))
     shade(axis)
-    for f in sorted({op.f for op in ops}):
-        chosen = [op for op in ops if op.f == f and not op.unknown and op.return_s > op.call_s]
+    # Watch deliveries and round views are recorded as instants, not calls: no latency.
+    timed = sorted({op.f for op in ops} - _INSTANTS)
+    palette = plt.get_cmap("tab10")
+    for i, f in enumerate(timed):
+        chosen = [op for op in ops if op.f == f and not op.unknown]
         if chosen:
             axis.scatter(
                 [op.call_s - origin for op in chosen],
-                [(op.return_s - op.call_s) * 1000 for op in chosen],
+                [max(0.01, (op.return_s - op.call_s) * 1000) for op in chosen],
                 s=4,
                 label=f,
-                color=_COLOURS.get(f),
+                color=palette(i % 10),
             )
     unknown = [op for op in ops if op.unknown]
     if unknown:
@@ -109,7 +112,7 @@ def plot_run(events: Sequence[Event], ops: Sequence[Operation], directory: Path)
     for status, colour in (("ok", "tab:green"), ("info", "black")):
         counts = [0] * buckets
         for op in ops:
-            if op.status == status:
+            if op.status == status and op.f not in _INSTANTS:
                 at = op.return_s if status == "ok" else op.call_s
                 counts[min(buckets - 1, int(at - origin))] += 1
         axis.plot(range(buckets), counts, color=colour, label=f"{status} per second")

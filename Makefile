@@ -20,6 +20,7 @@ help:
 	@echo "make crash-test ITER=N  SIGKILL a WAL writer N times and check nothing acknowledged is lost"
 	@echo "make bench-wal        WAL append/fsync benchmark -> bench/results/wal.json"
 	@echo "make bench-kv         KV put/get/keep-alive vs a 3-member etcd -> bench/results/kv.json (.png)"
+	@echo "make bench-rendezvous rounds of 64/256/1024 vs torchrun, detection, capacity -> bench/results/rendezvous.json (.png)"
 	@echo "make proto            regenerate the Python code for proto/**/*.proto"
 	@echo "make jepsen           fault-injection runs: every workload under every nemesis, short (root)"
 	@echo "make jepsen-long RUNS=N TIME=S  N runs of S seconds per fault mix -> store/jepsen/"
@@ -81,6 +82,10 @@ jepsen: setup
 jepsen-long: setup
 	@$(JEPSEN_TOOLS)
 	$(PY) -m tests.jepsen --matrix long --runs $(RUNS) --time $(TIME)
+
+# Rendezvous at 64/256/1024 workers and torchrun's c10d rendezvous in one run; ~10 minutes.
+bench-rendezvous: setup
+	$(PY) -m bench.rendezvous_bench --out bench/results/rendezvous.json
 
 # Regenerate the Python code for proto/**/*.proto (tests/proto checks it is fresh).
 proto: setup

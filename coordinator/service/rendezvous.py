@@ -36,6 +36,7 @@ gone.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from rallypoint.proto.v1 import rendezvous_pb2, rendezvous_pb2_grpc
@@ -109,6 +110,16 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         self.node = node
 
     # ----------------------------------------------------------------- reading jobs
+
+    async def _applied_through(self, index: int, timeout_s: float = 2.0) -> None:
+        """Wait (bounded) until this member has applied ``index``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.node.state.applied_index < index:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            await self.node.wait_for_apply(remaining)
 
     def _job(self, job_id: str) -> Job:
         job = self.node.state.rendezvous.jobs.get(job_id)
@@ -212,6 +223,11 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
             async for request in request_iterator:
                 job_id = validate.job_id(request.job)
                 pid = validate.positive(request.participant_id, "participant_id")
+                # The participant id is the raft index of its Join. A member that answered the
+                # Join may have applied it before this leader did (the leader's own write can
+                # finish after a quorum of followers acknowledged): wait for the apply rather
+                # than call a live participant unknown.
+                await self._applied_through(pid)
                 if not self.node.heartbeat(job_id, pid):
                     self._job(job_id)
                     raise RequestFailed(ParticipantNotFound(job_id, pid))

@@ -116,7 +116,8 @@ async def _drive(spec: RunSpec, cluster: NamespaceCluster, history: HistoryWrite
                 error = task.exception()
                 log.append(f"client task failed: {type(error).__name__}: {error}")
         if "set" in spec.workloads:
-            await workloads.set_final_read(ctx, time.monotonic() + 20.0)
+            current = [cluster.members[m].client_address for m in sorted(cluster.active)]
+            await workloads.set_final_read(ctx, time.monotonic() + 20.0, current)
         return log
 
 

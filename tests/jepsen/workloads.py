@@ -168,8 +168,11 @@ async def set_client(ctx: Context, worker: int) -> None:
             await process.call("add", "set", element, add)
 
 
-async def set_final_read(ctx: Context, deadline_s: float) -> None:
-    async with ctx.client() as client:
+async def set_final_read(ctx: Context, deadline_s: float, endpoints: list[str]) -> None:
+    """The final read, from the members in the configuration now (members may have been
+    replaced during the run), retried until ``deadline_s``."""
+    client = ctx.client(endpoints, session=False)
+    async with client:
         process = Process(ctx)
         while time.monotonic() < deadline_s:
 

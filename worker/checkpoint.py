@@ -63,6 +63,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.tensor import DTensor, Shard
+from torch.nn.parallel import DistributedDataParallel
 
 from .sampler import ElasticSampler
 
@@ -138,8 +139,10 @@ class CheckpointLayout:
 
 
 def describe_layout(model: torch.nn.Module, world_size: int) -> CheckpointLayout:
+    # Names as DCP stores them: DDP's "module." wrapper prefix is not part of them.
+    inner = model.module if isinstance(model, DistributedDataParallel) else model
     params = []
-    for name, param in model.named_parameters():
+    for name, param in inner.named_parameters():
         if isinstance(param, DTensor):
             sharded = any(isinstance(p, Shard) for p in param.placements)
             placements = ",".join(str(p) for p in param.placements)
@@ -348,6 +351,11 @@ class Checkpointer:
             started = time.monotonic()
             path = checkpoint_path(self.root, step, round_number)
             path.mkdir(parents=True, exist_ok=True)
+            is_writer = dist.get_rank() == 0
+            if is_writer:
+                # A directory written before for this step (by a world that failed before
+                # committing) must not look finished while it is being overwritten.
+                (path / METADATA_FILE).unlink(missing_ok=True)
             world_size = dist.get_world_size()
             layout = describe_layout(model, world_size)
             state = _capture(model, optimizer, step, sampler, extra)
@@ -355,7 +363,6 @@ class Checkpointer:
             if not isinstance(upload, Future):
                 raise AssertionError(f"dcp.async_save returned {type(upload).__name__}")
             pending = PendingCheckpoint(step, path, layout)
-            is_writer = dist.get_rank() == 0
 
             def finish(done: Future[Any]) -> None:
                 try:

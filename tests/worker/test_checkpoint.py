@@ -93,6 +93,7 @@ def test_save_at_4_writes_dcp_files_and_metadata(
         assert {p.placement for p in metadata.layout.params} == {
             Placement.SHARDED if sharded else Placement.REPLICATED
         }
+        assert metadata.layout.params[0].name == "0.weight"
         assert metadata.layout.params[0].shape == (10, 6)
         assert (path / ".metadata").exists()
         assert metadata.bytes_total == figures[0][name]["bytes_total"] > 0

@@ -29,6 +29,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from functools import partial
 from typing import TypeVar
 
 import torch.distributed as dist
@@ -202,6 +203,29 @@ class CoordinatorStore(Store):
             key=", ".join(_text(k) for k in keys),
             wait_s=timeout_s,
         )
+
+    def multi_get(self, keys: Sequence[str]) -> list[bytes]:
+        """Every key's value, each waited for as ``get`` does."""
+        return [self.get(key) for key in keys]
+
+    def multi_set(self, keys: Sequence[str], values: Sequence[bytes | str]) -> None:
+        if len(keys) != len(values):
+            raise ValueError(f"multi_set: {len(keys)} keys but {len(values)} values")
+        for key, value in zip(keys, values, strict=True):
+            self.set(key, value)
+
+    def append(self, key: str, value: bytes | str) -> None:
+        """Append to the value at ``key`` (a missing key counts as empty), by compare-and-set
+        retried until no other writer came in between."""
+        suffix = value.encode() if isinstance(value, str) else value
+        current = b""
+        while True:
+            result = self._call(
+                "append", partial(self._store.compare_set, key, current, current + suffix)
+            )
+            if result.swapped:
+                return
+            current = result.value or b""
 
     def check(self, keys: Sequence[str]) -> bool:
         return self._call("check", lambda: self._store.check(list(keys)))

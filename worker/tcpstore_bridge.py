@@ -1,0 +1,312 @@
+"""Serves torch's TCPStore wire protocol on a local port, backed by a coordinator round store.
+
+Theory of operation. Under torchrun, a worker's ``init_process_group()`` (``env://``) opens a
+``TCPStore`` client to ``MASTER_ADDR:MASTER_PORT``; with ``TORCHELASTIC_USE_AGENT_STORE=True``
+it assumes the agent serves that address and never starts a server of its own. The rallypoint
+torchrun handler sets that flag and hands each agent's workers the address of a
+:class:`TCPStoreBridge` in that agent: every request the workers make is forwarded to the
+round store of the agent's current round (rendezvous.proto, service RoundStore). So the
+workers' store is replicated by the coordinator cluster, no worker connects to another
+node's host, and a round's keys vanish with the round.
+
+One listening port per round: :meth:`TCPStoreBridge.serve_round` opens a fresh port bound to
+the new round's store and closes the previous one with its connections, so a worker of an
+earlier round can never read or write the new round's keys (and the coordinator refuses its
+old round anyway). A request the coordinator refuses (the round ended, a limit) closes the
+connection: the worker's store call fails at once instead of waiting out its timeout.
+
+The protocol (torch/csrc/distributed/c10d/TCPStoreBackend.hpp; checked against the client of
+the installed torch by tests/worker/test_torchrun.py): a one-byte query type, then arguments;
+strings and byte strings are a little-endian u64 length and the bytes, counts are u64,
+integers i64. VALIDATE carries a u32 magic number and has no answer; PING echoes its u32
+nonce. WAIT answers STOP_WAITING once every key exists; the client sends CANCEL_WAIT when its
+own timeout passes and expects WAIT_CANCELED (possibly after a STOP_WAITING that crossed it).
+GET and MULTI_GET follow a WAIT on the same keys. The queue and key-listing queries are not
+served (torch's process groups do not use them): they close the connection.
+
+The bridge runs its own event loop thread and its own coordinator client, apart from the
+agent's participant, so a burst of worker store traffic never delays the agent's
+heartbeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import struct
+import threading
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
+
+from rallypoint.client import (
+    Client,
+    DeadlineExceededError,
+    RallypointError,
+    RoundStore,
+    TlsConfig,
+)
+
+T = TypeVar("T")
+
+log = logging.getLogger("rallypoint.worker.tcpstore_bridge")
+
+VALIDATION_MAGIC = 0x3C85F7CE
+# A WAIT is forwarded in slices of this length until its keys exist or it is cancelled.
+WAIT_SLICE_S = 30.0
+
+_U8 = struct.Struct("<B")
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_I64 = struct.Struct("<q")
+
+
+class Query(enum.IntEnum):
+    VALIDATE = 0
+    SET = 1
+    COMPARE_SET = 2
+    GET = 3
+    ADD = 4
+    CHECK = 5
+    WAIT = 6
+    GETNUMKEYS = 7
+    DELETE_KEY = 8
+    APPEND = 9
+    MULTI_GET = 10
+    MULTI_SET = 11
+    CANCEL_WAIT = 12
+    PING = 13
+
+
+class CheckResponse(enum.IntEnum):
+    READY = 0
+    NOT_READY = 1
+
+
+class WaitResponse(enum.IntEnum):
+    STOP_WAITING = 0
+    WAIT_CANCELED = 1
+
+
+class ProtocolError(Exception):
+    """The peer sent something this bridge does not serve."""
+
+
+class _Reader:
+    def __init__(self, stream: asyncio.StreamReader) -> None:
+        self._stream = stream
+
+    async def value(self, form: struct.Struct) -> int:
+        (value,) = form.unpack(await self._stream.readexactly(form.size))
+        return int(value)
+
+    async def data(self) -> bytes:
+        return await self._stream.readexactly(await self.value(_U64))
+
+    async def keys(self) -> list[bytes]:
+        return [await self.data() for _ in range(await self.value(_U64))]
+
+
+def _data(value: bytes) -> bytes:
+    return _U64.pack(len(value)) + value
+
+
+class _Connection:
+    """One worker's TCPStore client, served against one round's store."""
+
+    def __init__(
+        self, store: RoundStore, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.store = store
+        self.reader = _Reader(reader)
+        self.writer = writer
+        # The WAIT being served. Invariant: at most one (the client sends one query at a
+        # time, and only CANCEL_WAIT may follow a WAIT before its answer).
+        self.waiting: asyncio.Task[None] | None = None
+
+    async def serve(self) -> None:
+        peer = self.writer.get_extra_info("peername")
+        try:
+            while True:
+                try:
+                    code = await self.reader.value(_U8)
+                except asyncio.IncompleteReadError:
+                    return  # the worker closed its store
+                await self.answer(code)
+                await self.writer.drain()
+        except RallypointError as error:
+            log.warning("store %s refused a request of %s: %s", self.store.namespace, peer, error)
+        except (ProtocolError, asyncio.IncompleteReadError, ConnectionError) as error:
+            log.warning("closing the store connection of %s: %s", peer, error)
+        finally:
+            if self.waiting is not None:
+                self.waiting.cancel()
+            self.writer.close()
+            with contextlib.suppress(ConnectionError):
+                await self.writer.wait_closed()
+
+    async def answer(self, code: int) -> None:
+        try:
+            query = Query(code)
+        except ValueError:
+            raise ProtocolError(f"query type {code} is not served") from None
+        store, read, write = self.store, self.reader, self.writer.write
+        if query is Query.VALIDATE:
+            magic = await read.value(_U32)
+            if magic != VALIDATION_MAGIC:
+                raise ProtocolError(f"bad validation number {magic:#x}")
+        elif query is Query.PING:
+            write(_U32.pack(await read.value(_U32)))
+        elif query is Query.SET:
+            key, value = await read.data(), await read.data()
+            await store.set(key, value)
+        elif query is Query.COMPARE_SET:
+            key, expected, desired = await read.data(), await read.data(), await read.data()
+            result = await store.compare_set(key, expected, desired)
+            # torch's answer for an absent key with a non-empty expectation is the expectation.
+            write(_data(expected if result.value is None else result.value))
+        elif query is Query.GET:
+            write(_data(await store.get(await read.data(), wait=False)))
+        elif query is Query.ADD:
+            key, delta = await read.data(), await read.value(_I64)
+            write(_I64.pack(await store.add(key, delta)))
+        elif query is Query.CHECK:
+            ready = await store.check(await read.keys())
+            write(_U8.pack(CheckResponse.READY if ready else CheckResponse.NOT_READY))
+        elif query is Query.WAIT:
+            self.start_wait(await read.keys())
+        elif query is Query.CANCEL_WAIT:
+            await self.cancel_wait()
+            write(_U8.pack(WaitResponse.WAIT_CANCELED))
+        elif query is Query.GETNUMKEYS:
+            write(_I64.pack(await store.num_keys()))
+        elif query is Query.DELETE_KEY:
+            write(_I64.pack(1 if await store.delete(await read.data()) else 0))
+        elif query is Query.APPEND:
+            key, value = await read.data(), await read.data()
+            await self.append(key, value)
+        elif query is Query.MULTI_GET:
+            for key in await read.keys():
+                write(_data(await store.get(key, wait=False)))
+        elif query is Query.MULTI_SET:
+            for _ in range(await read.value(_U64)):
+                key, value = await read.data(), await read.data()
+                await store.set(key, value)
+
+    def start_wait(self, keys: Sequence[bytes]) -> None:
+        if self.waiting is not None and not self.waiting.done():
+            raise ProtocolError("a WAIT arrived while another was pending")
+        self.waiting = asyncio.create_task(self.wait_for(keys))
+
+    async def wait_for(self, keys: Sequence[bytes]) -> None:
+        while True:
+            try:
+                await self.store.wait(keys, timeout_s=WAIT_SLICE_S)
+                break
+            except DeadlineExceededError:
+                continue
+            except RallypointError as error:
+                # The reader is blocked on the socket: closing it ends the worker's wait now.
+                log.warning("store %s refused a wait: %s", self.store.namespace, error)
+                self.writer.close()
+                return
+        self.writer.write(_U8.pack(WaitResponse.STOP_WAITING))
+
+    async def cancel_wait(self) -> None:
+        task, self.waiting = self.waiting, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def append(self, key: bytes, value: bytes) -> None:
+        """Append by compare-and-set, retried until no other writer came in between."""
+        current = b""
+        while True:
+            result = await self.store.compare_set(key, current, current + value)
+            if result.swapped:
+                return
+            current = result.value or b""
+
+
+class TCPStoreBridge:
+    """Serves the TCPStore protocol for one round at a time; see the module docstring."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        host: str = "127.0.0.1",
+        token: str | None = None,
+        tls: TlsConfig | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self.host = host
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="rallypoint-tcpstore-bridge", daemon=True
+        )
+        self._thread.start()
+        self._client = Client(list(endpoints), token=token, tls=tls, timeout_s=timeout_s)
+        # The listener of the current round; None before the first round and after close.
+        self._server: asyncio.Server | None = None
+        # The connections of the current round's listener, with their streams.
+        self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+        self.round_number = 0
+        self.port = 0
+        self._closed = False
+        self._run(self._client.connect())
+
+    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def serve_round(self, job: str, round_number: int, participant_id: int) -> int:
+        """Stop serving the previous round and serve this one on a fresh port; the port."""
+        if self._closed:
+            raise RuntimeError("the bridge is closed")
+        return self._run(self._open(job, round_number, participant_id))
+
+    async def _open(self, job: str, round_number: int, participant_id: int) -> int:
+        await self._stop_serving()
+        store = self._client.round_store(job, round_number, participant_id)
+
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            self._connections[task] = writer
+            try:
+                await _Connection(store, reader, writer).serve()
+            finally:
+                del self._connections[task]
+
+        self._server = await asyncio.start_server(accept, self.host, 0)
+        self.round_number = round_number
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        log.info("serving the store of %s to local workers on %s:%d", store, self.host, self.port)
+        return self.port
+
+    async def _stop_serving(self) -> None:
+        """Close the listener and every connection; the handlers then end on their own (a
+        closed stream ends their read), which cancelling them would not do cleanly."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        for writer in self._connections.values():
+            writer.close()
+        if self._connections:
+            await asyncio.wait(list(self._connections))
+        if server is not None:
+            await server.wait_closed()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._run(self._stop_serving())
+            self._run(self._client.close())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()

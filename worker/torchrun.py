@@ -1,0 +1,415 @@
+"""torchrun's rendezvous over the coordinator: ``torchrun --rdzv-backend=rallypoint``.
+
+    torchrun --nnodes=1:4 --nproc-per-node=8 --max-restarts=3 \\
+        --rdzv-backend=rallypoint --rdzv-id=my-job \\
+        --rdzv-endpoint=coord1:2379,coord2:2379,coord3:2379 train.py
+
+Theory of operation. Each torchrun agent is one participant of the coordinator job named by
+``--rdzv-id``; the agent's rendezvous rounds are the job's rounds (rendezvous.proto). The
+handler implements torch's ``RendezvousHandler`` on them directly, rather than plugging a
+key-value backend under torch's own dynamic rendezvous, so torchrun gets the coordinator's
+failure detection (phi-accrual heartbeats: a dead or paused node is noticed in about a
+second, not at a keep-alive timeout), stable ranks (a surviving node keeps its group rank),
+round changes pushed by a watch, and round-fenced stores.
+
+- ``next_rendezvous`` waits for the next ACTIVE round with this agent's participant. If the
+  agent's current round is still ACTIVE (its own workers failed, so the other agents' groups
+  must restart too), the agent first joins again under a new name and then leaves with the
+  old one: that ends the round once, and the next one opens at once with the survivors and
+  the new participant. The same happens when the participant was lost (the agent was paused
+  past its failure detection).
+- ``num_nodes_waiting`` is what makes the other agents restart their workers: it is positive
+  once the round their workers run in is over (a member failed or left, or a waiting node
+  scaled the job up: jobs are created with ``scale_up``, torchrun's admit-by-restart).
+- The store in ``RendezvousInfo`` (the agents' rank assignment and exit barrier) is the
+  round's store (:class:`CoordinatorStore`). The workers' store is the same round store,
+  served to them by a :class:`TCPStoreBridge` in their own agent: the handler sets
+  ``use_agent_store`` so that torch's ``env://`` makes every worker a TCPStore client of
+  ``MASTER_ADDR:MASTER_PORT``, which each agent points at its own bridge. No process
+  connects to another node's store, nothing depends on node 0 staying up, and each round
+  starts from an empty store, so restarted workers never read an earlier attempt's
+  addresses. The training script needs no change.
+
+Settings come from ``--rdzv-conf`` (seconds unless named otherwise): ``timeout`` (torch's
+rendezvous timeout, also ``join_timeout``), ``last_call_timeout``, ``heartbeat_interval``,
+``phi_threshold``, ``acceptable_pause``, ``client_timeout``, ``store_timeout``, ``token``,
+``tls_ca``, ``tls_cert``, ``tls_key``, ``bridge_host``. Keys of torch's own backends (such
+as ``read_timeout``) are accepted and ignored with a warning, so a command line written for
+``c10d`` runs unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from torch.distributed.elastic.rendezvous.api import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousHandler,
+    RendezvousHandlerCreator,
+    RendezvousInfo,
+    RendezvousParameters,
+    RendezvousStoreInfo,
+    RendezvousTimeoutError,
+)
+
+from rallypoint.client import (
+    DeadlineExceededError,
+    JobClosedError,
+    JobConfig,
+    JobNotFoundError,
+    ParticipantLostError,
+    RallypointError,
+    RoundInfo,
+    RoundState,
+    SyncClient,
+    SyncParticipant,
+    TlsConfig,
+)
+
+from .store import CoordinatorStore, CoordinatorStoreError
+from .tcpstore_bridge import TCPStoreBridge
+
+log = logging.getLogger("rallypoint.worker.torchrun")
+
+BACKEND = "rallypoint"
+_JOB_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+# Keys of a round's store under which the agents count themselves done (see _settle).
+_DONE_COUNT_KEY = "rallypoint/torchrun/done"
+_ALL_DONE_KEY = "rallypoint/torchrun/all-done"
+SETTLE_TIMEOUT_S = 30.0
+_OUR_KEYS = frozenset(
+    {
+        "timeout",
+        "join_timeout",
+        "last_call_timeout",
+        "heartbeat_interval",
+        "phi_threshold",
+        "acceptable_pause",
+        "client_timeout",
+        "store_timeout",
+        "token",
+        "tls_ca",
+        "tls_cert",
+        "tls_key",
+        "bridge_host",
+    }
+)
+
+
+def _seconds(config: Mapping[str, Any], key: str, default: float) -> float:
+    value = config.get(key, default)
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"--rdzv-conf {key}={value!r}: expected a number of seconds") from None
+    if seconds < 0:
+        raise ValueError(f"--rdzv-conf {key}={value!r}: must not be negative")
+    return seconds
+
+
+@dataclass(frozen=True, slots=True)
+class RendezvousSettings:
+    """The handler's settings, from torchrun's rendezvous parameters."""
+
+    endpoints: tuple[str, ...]
+    job: str
+    min_nodes: int
+    max_nodes: int
+    # How this node names itself to the coordinator (``--local-addr`` or the host name).
+    node_name: str
+    join_timeout_s: float = 900.0
+    # A round with min_nodes present waits this long for more (torch's c10d waits 30 s).
+    last_call_s: float = 1.0
+    heartbeat_interval_s: float = 0.1
+    phi_threshold: float = 8.0
+    acceptable_pause_s: float = 0.5
+    client_timeout_s: float = 10.0
+    store_timeout_s: float = 300.0
+    token: str | None = None
+    tls: TlsConfig | None = None
+    bridge_host: str = "127.0.0.1"
+
+    @staticmethod
+    def from_parameters(params: RendezvousParameters) -> RendezvousSettings:
+        endpoints = tuple(e.strip() for e in params.endpoint.split(",") if e.strip())
+        if not endpoints:
+            raise ValueError(
+                "--rdzv-endpoint must list the coordinator members, comma-separated "
+                "(host:port,host:port,...)"
+            )
+        if not _JOB_ID.fullmatch(params.run_id):
+            raise ValueError(
+                f"--rdzv-id {params.run_id!r} is not a coordinator job id: 1..128 characters "
+                "of A-Z a-z 0-9 . _ -"
+            )
+        config: dict[str, Any] = dict(params.config)
+        ignored = sorted(set(config) - _OUR_KEYS)
+        if ignored:
+            log.warning("--rdzv-conf keys not used by the rallypoint backend: %s", ignored)
+        tls_files = [config.get(key) for key in ("tls_ca", "tls_cert", "tls_key")]
+        tls = TlsConfig.from_files(*tls_files) if any(tls_files) else None
+        timeout_key = "join_timeout" if "join_timeout" in config else "timeout"
+        return RendezvousSettings(
+            endpoints=endpoints,
+            job=params.run_id,
+            min_nodes=params.min_nodes,
+            max_nodes=params.max_nodes,
+            node_name=params.local_addr or socket.getfqdn(),
+            join_timeout_s=_seconds(config, timeout_key, 900.0),
+            last_call_s=_seconds(config, "last_call_timeout", 1.0),
+            heartbeat_interval_s=_seconds(config, "heartbeat_interval", 0.1),
+            phi_threshold=_seconds(config, "phi_threshold", 8.0),
+            acceptable_pause_s=_seconds(config, "acceptable_pause", 0.5),
+            client_timeout_s=_seconds(config, "client_timeout", 10.0),
+            store_timeout_s=_seconds(config, "store_timeout", 300.0),
+            token=config.get("token"),
+            tls=tls,
+            bridge_host=str(config.get("bridge_host", "127.0.0.1")),
+        )
+
+    def job_config(self) -> JobConfig:
+        return JobConfig(
+            min_nodes=self.min_nodes,
+            max_nodes=self.max_nodes,
+            last_call_ms=round(self.last_call_s * 1000),
+            join_timeout_ms=max(1, round(self.join_timeout_s * 1000)),
+            heartbeat_interval_ms=max(1, round(self.heartbeat_interval_s * 1000)),
+            phi_threshold=self.phi_threshold,
+            acceptable_pause_ms=round(self.acceptable_pause_s * 1000),
+            # torchrun admits a late node by restarting every group: a waiting participant
+            # ends a round smaller than max_nodes.
+            scale_up=True,
+        )
+
+
+class RallypointRendezvousHandler(RendezvousHandler):
+    """torch's ``RendezvousHandler`` over coordinator rounds; see the module docstring. Used
+    from the agent's thread only (torch's agent is single-threaded)."""
+
+    def __init__(self, settings: RendezvousSettings) -> None:
+        self.settings = settings
+        self._client: SyncClient | None = None
+        self._bridge: TCPStoreBridge | None = None
+        # The agent's participant; replaced when the agent joins again.
+        self._participant: SyncParticipant | None = None
+        # Participants this agent has joined as: names the next one.
+        self._joins = 0
+        # The round the last next_rendezvous returned (its workers run in it); None before.
+        self._round: RoundInfo | None = None
+        self._closed_locally = False
+        # The store of that round, as handed to the agent.
+        self._store: CoordinatorStore | None = None
+
+    # -------------------------------------------------------------- RendezvousHandler
+
+    def get_backend(self) -> str:
+        return BACKEND
+
+    def get_run_id(self) -> str:
+        return self.settings.job
+
+    @property
+    def use_agent_store(self) -> bool:
+        # Workers become TCPStore clients of MASTER_ADDR:MASTER_PORT, our bridge.
+        return True
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        settings = self.settings
+        try:
+            client = self._connect()
+            participant = self._participant
+            if participant is None or participant.lost.is_set() or self._runs_in_live_round():
+                participant = self._join_again(client, participant)
+            info = self._wait_for_round(client, participant)
+        except JobClosedError as error:
+            raise RendezvousClosedError(f"job {settings.job!r} is closed: {error}") from error
+        except RallypointError as error:
+            raise RendezvousConnectionError(
+                f"rendezvous of job {settings.job!r} failed: {error}"
+            ) from error
+        rank = info.rank_of(participant.participant_id)
+        assert rank is not None, "wait_for_round returned a round without this participant"
+        store = CoordinatorStore.for_round(
+            client,
+            info,
+            participant.participant_id,
+            timeout=timedelta(seconds=settings.store_timeout_s),
+        )
+        self._store = store
+        assert self._bridge is not None
+        port = self._bridge.serve_round(settings.job, info.round, participant.participant_id)
+        self._round = info
+        log.info(
+            "job %s round %d: group rank %d of %d (participant %d); workers' store at %s:%d",
+            settings.job,
+            info.round,
+            rank,
+            info.world_size,
+            participant.participant_id,
+            self._bridge.host,
+            port,
+        )
+        return RendezvousInfo(
+            store, rank, info.world_size, RendezvousStoreInfo(self._bridge.host, port)
+        )
+
+    def num_nodes_waiting(self) -> int:
+        """Positive once the round this agent's workers run in is over: the agent must then
+        restart them and rendezvous again."""
+        participant, current = self._participant, self._round
+        if participant is None or current is None:
+            return 0
+        if participant.lost.is_set():
+            return 1
+        view = participant.round
+        if view.round == current.round and view.state is RoundState.ACTIVE:
+            return 0
+        ours = {m.participant_id for m in current.members}
+        newcomers = [m for m in (*view.members, *view.waiting) if m.participant_id not in ours]
+        return max(1, len(newcomers))
+
+    def is_closed(self) -> bool:
+        if self._closed_locally:
+            return True
+        participant = self._participant
+        if participant is not None:
+            return participant.round.job_closed
+        try:
+            return self._connect().get_job(self.settings.job).round.job_closed
+        except JobNotFoundError:
+            return False
+        except RallypointError as error:
+            raise RendezvousConnectionError(str(error)) from error
+
+    def set_closed(self) -> None:
+        self._closed_locally = True
+        try:
+            self._connect().close_job(self.settings.job)
+        except JobNotFoundError:
+            pass
+        except RallypointError as error:
+            raise RendezvousConnectionError(
+                f"closing job {self.settings.job!r}: {error}"
+            ) from error
+
+    def shutdown(self) -> bool:
+        """Leave the job (once every member of the round is done, see :meth:`_settle`) and
+        close the bridge and the client."""
+        self._settle()
+        participant, self._participant = self._participant, None
+        if participant is not None and not participant.lost.is_set():
+            with contextlib.suppress(RallypointError):
+                participant.leave()
+        bridge, self._bridge = self._bridge, None
+        if bridge is not None:
+            bridge.close()
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+        return True
+
+    # -------------------------------------------------------------- plumbing
+
+    def _settle(self) -> None:
+        """Leaving ends the round, and with it the round's store: an agent still inside
+        torch's exit barrier (a store wait) would have it refused. So each agent counts
+        itself done in the store after its barrier, and leaves once all members have (the
+        last one to count says so), the round ended anyway, or SETTLE_TIMEOUT_S passed."""
+        store, current = self._store, self._round
+        if store is None or current is None or not self._runs_in_live_round():
+            return
+        try:
+            if store.add(_DONE_COUNT_KEY, 1) >= current.world_size:
+                store.set(_ALL_DONE_KEY, b"1")
+            else:
+                store.wait([_ALL_DONE_KEY], timedelta(seconds=SETTLE_TIMEOUT_S))
+        except CoordinatorStoreError as error:
+            log.info("leaving job %s without every member done: %s", self.settings.job, error)
+
+    def _connect(self) -> SyncClient:
+        settings = self.settings
+        if self._client is None:
+            self._client = SyncClient(
+                list(settings.endpoints),
+                token=settings.token,
+                tls=settings.tls,
+                timeout_s=settings.client_timeout_s,
+            )
+        if self._bridge is None:
+            self._bridge = TCPStoreBridge(
+                settings.endpoints,
+                host=settings.bridge_host,
+                token=settings.token,
+                tls=settings.tls,
+                timeout_s=settings.client_timeout_s,
+            )
+        return self._client
+
+    def _runs_in_live_round(self) -> bool:
+        """This agent's workers ran in a round that is still ACTIVE with it."""
+        participant, current = self._participant, self._round
+        if participant is None or current is None:
+            return False
+        view = participant.round
+        return view.round == current.round and view.state is RoundState.ACTIVE
+
+    def _join_again(self, client: SyncClient, old: SyncParticipant | None) -> SyncParticipant:
+        """Join as a new participant, then leave as the old one (if it is still in the job):
+        one round change, into a round that already counts the new participant."""
+        self._joins += 1
+        name = f"{self.settings.node_name}/{os.getpid()}/{self._joins}"
+        new = client.join(
+            self.settings.job,
+            name,
+            config=self.settings.job_config(),
+            metadata=self.settings.node_name.encode(),
+        )
+        self._participant = new
+        if old is not None:
+            if not old.lost.is_set():
+                with contextlib.suppress(RallypointError):
+                    old.leave()
+            old.close()
+        return new
+
+    def _wait_for_round(self, client: SyncClient, participant: SyncParticipant) -> RoundInfo:
+        """The next ACTIVE round with this agent, joining again if the participant is lost
+        while waiting, until the rendezvous timeout."""
+        timeout_s = self.settings.join_timeout_s
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return participant.wait_for_round(timeout_s=max(0.0, deadline - time.monotonic()))
+            except DeadlineExceededError as error:
+                raise RendezvousTimeoutError(
+                    f"job {self.settings.job!r}: no round within {timeout_s:g} s: {error}"
+                ) from error
+            except ParticipantLostError:
+                if participant.round.job_closed:
+                    raise RendezvousClosedError(f"job {self.settings.job!r} was closed") from None
+                log.warning(
+                    "participant %d of job %s was lost while waiting; joining again",
+                    participant.participant_id,
+                    self.settings.job,
+                )
+                participant = self._join_again(client, participant)
+
+
+def create_handler(params: RendezvousParameters) -> RendezvousHandler:
+    """torch's handler creator for the ``rallypoint`` backend."""
+    return RallypointRendezvousHandler(RendezvousSettings.from_parameters(params))
+
+
+def create_handler_factory() -> RendezvousHandlerCreator:
+    """The ``torchrun.handlers`` entry point: torch calls it and registers what it returns."""
+    return create_handler

@@ -15,7 +15,7 @@ TIME  ?= 60
 
 help:
 	@echo "make demo             start a local cluster and elastic workers, kill things, watch recovery"
-	@echo "make test             lint (ruff), type-check (mypy) and run the tests (pytest)"
+	@echo "make test             lint (ruff), type-check (mypy), the tests (pytest), then make jepsen"
 	@echo "make sim SEEDS=N      run the seeded Raft cluster simulator over N seeds"
 	@echo "make crash-test ITER=N  SIGKILL a WAL writer N times and check nothing acknowledged is lost"
 	@echo "make bench-wal        WAL append/fsync benchmark -> bench/results/wal.json"
@@ -54,7 +54,10 @@ typecheck: setup
 pytest: setup
 	$(VENV)/bin/pytest -q
 
+# The fault-injection suite needs root (network namespaces, iptables); CI runs as root.
 test: lint typecheck pytest
+	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory jepsen; \
+	else echo "make test: the fault-injection suite needs root; run 'sudo make jepsen'"; fi
 
 sim: setup
 	$(PY) -m tests.sim --seeds $(SEEDS)

@@ -14,10 +14,10 @@ round changes pushed by a watch, and round-fenced stores.
 
 - ``next_rendezvous`` waits for the next ACTIVE round with this agent's participant. If the
   agent's current round is still ACTIVE (its own workers failed, so the other agents' groups
-  must restart too), the agent first joins again under a new name and then leaves with the
-  old one: that ends the round once, and the next one opens at once with the survivors and
-  the new participant. The same happens when the participant was lost (the agent was paused
-  past its failure detection).
+  must restart too), one agent (the first to claim the round's restart key) joins again
+  under a new name and then leaves with the old one: that ends the round once, and the next
+  one opens at once with the survivors and the new participant. An agent whose participant
+  was lost (it was paused past its failure detection) joins again too.
 - ``num_nodes_waiting`` is what makes the other agents restart their workers: it is positive
   once the round their workers run in is over (a member failed or left, or a waiting node
   scaled the job up: jobs are created with ``scale_up``, torchrun's admit-by-restart).
@@ -86,6 +86,8 @@ _JOB_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 # Keys of a round's store under which the agents count themselves done (see _settle).
 _DONE_COUNT_KEY = "rallypoint/torchrun/done"
 _ALL_DONE_KEY = "rallypoint/torchrun/all-done"
+# The key of a round's store whose first writer ends the round for a restart (_claim_restart).
+_RESTART_KEY = "rallypoint/torchrun/restart"
 SETTLE_TIMEOUT_S = 30.0
 _OUR_KEYS = frozenset(
     {
@@ -228,7 +230,11 @@ class RallypointRendezvousHandler(RendezvousHandler):
         try:
             client = self._connect()
             participant = self._participant
-            if participant is None or participant.lost.is_set() or self._runs_in_live_round():
+            if (
+                participant is None
+                or participant.lost.is_set()
+                or (self._runs_in_live_round() and self._claim_restart())
+            ):
                 participant = self._join_again(client, participant)
             info = self._wait_for_round(client, participant)
         except JobClosedError as error:
@@ -362,6 +368,22 @@ class RallypointRendezvousHandler(RendezvousHandler):
             return False
         view = participant.round
         return view.round == current.round and view.state is RoundState.ACTIVE
+
+    def _claim_restart(self) -> bool:
+        """Whether this agent is the one to end its live round. When a worker dies, every
+        agent's group fails at about the same time; if each joined again and left, each
+        departure would end one more round. The first to set the round's restart key does
+        it; the others keep their participants, carried into the next round."""
+        store, participant = self._store, self._participant
+        assert store is not None and participant is not None
+        claim = str(participant.participant_id).encode()
+        try:
+            return store.compare_set(_RESTART_KEY, b"", claim) == claim
+        except CoordinatorStoreError as error:
+            log.info(
+                "job %s: not ending round %d: %s", self.settings.job, store.round_number, error
+            )
+            return False
 
     def _join_again(self, client: SyncClient, old: SyncParticipant | None) -> SyncParticipant:
         """Join as a new participant, then leave as the old one (if it is still in the job):

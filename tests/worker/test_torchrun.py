@@ -1,0 +1,284 @@
+"""``torchrun --rdzv-backend=rallypoint`` against a real 3-member cluster on loopback.
+
+Two torchrun agents on this host, two workers each, run ``torchrun_script.py`` (gloo
+all-reduces, checked). Claims: the job completes with 4 ranks, each agent's workers reading
+their store from their own agent; a SIGKILLed worker restarts both groups in a new round
+(new store address) and the job completes at 4; a SIGKILLed agent leaves the other one
+finishing at 2 ranks (``--nnodes=1:2``); the coordinator leader killed with -9 mid-job
+changes nothing (one round, no restart). The handler's settings and the TCPStore bridge
+are also checked against torch's own TCPStore client.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+from rallypoint.client import JobConfig, SyncClient
+from rallypoint.worker.tcpstore_bridge import TCPStoreBridge
+from rallypoint.worker.torchrun import RallypointRendezvousHandler, RendezvousSettings
+from tests.integration.harness import ProcessCluster, running_cluster, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+
+SCRIPT = Path(__file__).with_name("torchrun_script.py")
+Event = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessCluster]:
+    with running_cluster(tmp_path_factory.mktemp("torchrun-cluster")) as cluster:
+        yield cluster
+
+
+class TorchrunJob:
+    """Two torchrun agents of one job, and the events their workers write."""
+
+    def __init__(
+        self,
+        endpoints: list[str],
+        job: str,
+        out: Path,
+        *,
+        nnodes: str = "2",
+        steps: int = 30,
+        agents: int = 2,
+    ) -> None:
+        self.out = out
+        out.mkdir(parents=True, exist_ok=True)
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={nnodes}",
+            "--nproc-per-node=2",
+            "--max-restarts=3",
+            "--monitor-interval=0.1",
+            "--rdzv-backend=rallypoint",
+            f"--rdzv-endpoint={','.join(endpoints)}",
+            f"--rdzv-id={job}",
+            "--rdzv-conf=last_call_timeout=0.5,read_timeout=60",
+            str(SCRIPT),
+            f"--out={out}",
+            f"--steps={steps}",
+        ]
+        self.logs = [out / f"agent-{i}.log" for i in range(agents)]
+        self.agents = []
+        for log_path in self.logs:
+            with open(log_path, "w") as log:
+                self.agents.append(
+                    subprocess.Popen(
+                        command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                    )
+                )
+
+    def events(self, event: str | None = None) -> list[Event]:
+        found: list[Event] = []
+        for path in self.out.glob("events-*.jsonl"):
+            found += [json.loads(line) for line in path.read_text().splitlines() if line]
+        return sorted(
+            (e for e in found if event in (None, e["event"])), key=lambda e: float(e["t"])
+        )
+
+    def wait_for_step(self, step: int, timeout_s: float = 60) -> list[Event]:
+        def reached() -> list[Event]:
+            for agent, log in zip(self.agents, self.logs, strict=True):
+                if agent.poll() is not None:
+                    raise AssertionError(f"agent exited early:\n{log.read_text()[-3000:]}")
+            return [e for e in self.events("step") if e["step"] >= step]
+
+        return wait_until(reached, timeout_s, f"a worker at step {step}")
+
+    def finish(self, agents: list[int] | None = None, timeout_s: float = 90) -> None:
+        for index in agents if agents is not None else range(len(self.agents)):
+            code = self.agents[index].wait(timeout=timeout_s)
+            assert code == 0, (
+                f"agent {index} exited {code}:\n{self.logs[index].read_text()[-4000:]}"
+            )
+
+    def kill_all(self) -> None:
+        for agent in self.agents:
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGKILL)
+                agent.wait()
+
+
+@pytest.fixture
+def jobs() -> Iterator[list[TorchrunJob]]:
+    started: list[TorchrunJob] = []
+    yield started
+    for job in started:
+        job.kill_all()
+
+
+def done_by_pid(job: TorchrunJob) -> dict[int, Event]:
+    return {e["pid"]: e for e in job.events("done")}
+
+
+def test_two_agents_complete_with_per_agent_stores(
+    cluster: ProcessCluster, jobs: list[TorchrunJob], tmp_path: Path
+) -> None:
+    job = TorchrunJob(cluster.endpoints, "plain", tmp_path)
+    jobs.append(job)
+    job.finish()
+    started = job.events("started")
+    assert sorted(e["rank"] for e in started) == [0, 1, 2, 3]
+    assert {e["world_size"] for e in started} == {4}
+    # Each agent gives its own two workers its own bridge: two addresses, two workers each.
+    masters = [e["master"] for e in started]
+    assert sorted(masters.count(m) for m in set(masters)) == [2, 2]
+    assert len(done_by_pid(job)) == 4
+
+
+def test_killed_worker_restarts_both_groups_in_a_new_round(
+    cluster: ProcessCluster, jobs: list[TorchrunJob], tmp_path: Path
+) -> None:
+    job = TorchrunJob(cluster.endpoints, "worker-kill", tmp_path, steps=40)
+    jobs.append(job)
+    job.wait_for_step(3)
+    first = job.events("started")
+    victim = next(e for e in first if e["rank"] == 1)
+    killed_at = time.time()
+    os.kill(victim["pid"], signal.SIGKILL)
+    job.finish()
+    later = [e for e in job.events("started") if e["t"] > killed_at]
+    assert sorted(e["rank"] for e in later) == [0, 1, 2, 3], later
+    # The new round's store is served on new ports: no worker reads the old addresses.
+    assert not {e["master"] for e in later} & {e["master"] for e in first}
+    done = done_by_pid(job)
+    assert sorted(done) == sorted(e["pid"] for e in later)
+    first_steps = [min(e["t"] for e in job.events("step") if e["pid"] == s["pid"]) for s in later]
+    print(
+        f"\nSIGKILL of a worker -> every new worker's first all_reduce: "
+        f"{max(first_steps) - killed_at:.2f} s"
+    )
+
+
+def test_killed_agent_leaves_the_other_running_at_half_size(
+    cluster: ProcessCluster, jobs: list[TorchrunJob], tmp_path: Path
+) -> None:
+    job = TorchrunJob(cluster.endpoints, "agent-kill", tmp_path, nnodes="1:2", steps=40)
+    jobs.append(job)
+    job.wait_for_step(3)
+    assert {e["world_size"] for e in job.events("started")} == {4}
+    killed_at = time.time()
+    os.killpg(job.agents[1].pid, signal.SIGKILL)  # the agent and its workers: a node lost
+    job.agents[1].wait()
+    job.finish([0])
+    later = [e for e in job.events("started") if e["t"] > killed_at]
+    assert sorted(e["rank"] for e in later) == [0, 1], later
+    assert {e["world_size"] for e in later} == {2}
+    assert sorted(done_by_pid(job)) == sorted(e["pid"] for e in later)
+
+
+def test_coordinator_leader_killed_mid_job_changes_nothing(
+    cluster: ProcessCluster, jobs: list[TorchrunJob], tmp_path: Path
+) -> None:
+    job = TorchrunJob(cluster.endpoints, "leader-kill", tmp_path, steps=60)
+    jobs.append(job)
+    job.wait_for_step(3)
+    leader = cluster.leader()
+    cluster.kill(leader)
+    try:
+        job.finish()
+    finally:
+        cluster.start(leader)
+    started = job.events("started")
+    assert len(started) == 4, started  # one set of workers: no restart, no new round
+    assert {e["restart"] for e in started} == {0}
+    assert len(done_by_pid(job)) == 4
+
+
+# ------------------------------------------------------------------ the pieces
+
+
+def test_torchrun_finds_the_backend_and_reads_its_settings() -> None:
+    params = RendezvousParameters(
+        backend="rallypoint",
+        endpoint="a:1, b:2,c:3",
+        run_id="job-1",
+        min_nodes=1,
+        max_nodes=4,
+        local_addr="node-7",
+        timeout=120,
+        last_call_timeout="2.5",
+        heartbeat_interval="0.2",
+        keep_alive_interval=5,
+    )
+    handler = get_rendezvous_handler(params)
+    assert isinstance(handler, RallypointRendezvousHandler)
+    assert handler.use_agent_store is True
+    settings = handler.settings
+    assert settings.endpoints == ("a:1", "b:2", "c:3")
+    assert (settings.join_timeout_s, settings.last_call_s) == (120.0, 2.5)
+    config = settings.job_config()
+    assert (config.min_nodes, config.max_nodes, config.heartbeat_interval_ms) == (1, 4, 200)
+    assert config.scale_up is True
+    with pytest.raises(ValueError, match="job id"):
+        RendezvousSettings.from_parameters(
+            RendezvousParameters("rallypoint", "a:1", "bad id!", 1, 1)
+        )
+    with pytest.raises(ValueError, match="seconds"):
+        RendezvousSettings.from_parameters(
+            RendezvousParameters("rallypoint", "a:1", "j", 1, 1, timeout="soon")
+        )
+
+
+def test_bridge_serves_torch_tcpstore_clients_for_one_round_at_a_time(
+    cluster: ProcessCluster,
+) -> None:
+    with SyncClient(cluster.endpoints) as client:
+        participant = client.join("bridge", "solo", config=JobConfig(min_nodes=1, max_nodes=1))
+        info = participant.wait_for_round(timeout_s=30)
+        bridge = TCPStoreBridge(cluster.endpoints)
+        try:
+            port = bridge.serve_round("bridge", info.round, participant.participant_id)
+            timeout = timedelta(seconds=20)
+            store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
+            other = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
+            store.set("key", b"value")
+            assert other.get("key") == b"value"
+            assert (store.add("n", 3), other.add("n", 2)) == (3, 5)
+            assert store.check(["key"]) and not store.check(["absent"])
+            assert store.compare_set("cas", b"", b"1") == b"1"
+            assert store.compare_set("cas", b"x", b"2") == b"1"
+            assert store.compare_set("absent", b"x", b"2") == b"x"
+            store.multi_set(["a", "b"], [b"1", b"2"])
+            assert other.multi_get(["a", "b"]) == [b"1", b"2"]
+            store.append("log", b"x")
+            other.append("log", b"y")
+            assert store.get("log") == b"xy"
+            assert store.delete_key("a") and not store.delete_key("a")
+            # A get blocks until another client sets the key.
+            setter = threading.Timer(0.5, lambda: other.set("late", b"L"))
+            setter.start()
+            assert store.get("late") == b"L"
+            # A wait that times out is cancelled, and the connection goes on.
+            with pytest.raises(dist.DistStoreError):
+                store.wait(["never"], timedelta(seconds=0.5))
+            store.set("after", b"ok")
+            assert store.get("after") == b"ok"
+            assert store.num_keys() == other.num_keys() > 0
+            # The round's store is the coordinator's: visible through the client library
+            # (torch's TCPStore client puts "/" before every key).
+            assert participant.store().get("/key", wait=False) == b"value"
+            # Once the round ends, the workers' store calls fail at once.
+            participant.leave()
+            with pytest.raises(dist.DistError):
+                store.add("zombie", 1)
+        finally:
+            bridge.close()

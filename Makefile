@@ -20,6 +20,7 @@ help:
 	@echo "make crash-test ITER=N  SIGKILL a WAL writer N times and check nothing acknowledged is lost"
 	@echo "make bench-wal        WAL append/fsync benchmark -> bench/results/wal.json"
 	@echo "make bench-kv         KV put/get/keep-alive vs a 3-member etcd -> bench/results/kv.json (.png)"
+	@echo "make bench-torchrun   torchrun kill-to-running, rallypoint vs c10d -> bench/results/torchrun.json"
 	@echo "make bench-rendezvous rounds of 64/256/1024 vs torchrun, detection, capacity -> bench/results/rendezvous.json (.png)"
 	@echo "make proto            regenerate the Python code for proto/**/*.proto"
 	@echo "make jepsen           fault-injection runs: every workload under every nemesis, short (root)"
@@ -89,6 +90,10 @@ jepsen-long: setup
 # Rendezvous at 64/256/1024 workers and torchrun's c10d rendezvous in one run; ~10 minutes.
 bench-rendezvous: setup
 	$(PY) -m bench.rendezvous_bench --out bench/results/rendezvous.json
+
+# Two torchrun agents x 2 gloo workers per trial; SIGKILL a worker; both backends in one run.
+bench-torchrun: setup
+	$(PY) -m bench.torchrun_bench --out bench/results/torchrun.json
 
 # Regenerate the Python code for proto/**/*.proto (tests/proto checks it is fresh).
 proto: setup

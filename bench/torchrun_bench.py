@@ -1,0 +1,240 @@
+"""torchrun recovery: kill-to-running time over rallypoint against torchrun's default c10d.
+
+For each backend, each trial starts two torchrun agents on this host (``--nnodes=2
+--nproc-per-node=2 --max-restarts=3 --monitor-interval=0.1``) running
+``tests/worker/torchrun_script.py`` (gloo all-reduces every 50 ms), waits until every worker
+has done a few steps, SIGKILLs the worker of global rank 1, and measures from the kill until
+every worker of the new round has done its first all-reduce. Both backends run in the same
+invocation on the same machine, alternating trial by trial, so load hits both alike; medians
+over the trials that recovered are reported, with how many did. A trial that does not
+recover (an agent exhausts its restarts, or no new round runs within ``--timeout-s``) is a
+result, not an error: torch 2.13's c10d backend keeps one TCPStore across restarts, so
+restarted gloo workers can read the previous attempt's addresses and fail again.
+
+    .venv/bin/python -m bench.torchrun_bench [--trials 3] [--out bench/results/torchrun.json]
+
+rallypoint: a 3-member cluster (``rallypoint cluster up``), ``--rdzv-backend=rallypoint``
+with the three endpoints. c10d: ``--rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:PORT`` (one
+agent hosts the TCPStore), torch's defaults otherwise. Phases reported per trial:
+``restarted_s`` (kill until the last new worker is past ``init_process_group``) and
+``running_s`` (kill until the last new worker's first all-reduce: the figure compared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.common import free_port_block, json_safe, machine_info, package_versions
+from bench.kv_bench import RallypointCluster
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+SCRIPT = REPOSITORY / "tests" / "worker" / "torchrun_script.py"
+BACKENDS = ("rallypoint", "c10d")
+Event = dict[str, Any]
+
+
+class Trial:
+    """Two torchrun agents of one job; the events their workers write to ``out``."""
+
+    def __init__(self, backend: str, endpoint: str, job: str, out: Path) -> None:
+        self.out = out
+        out.mkdir(parents=True)
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=2",
+            "--nproc-per-node=2",
+            "--max-restarts=3",
+            "--monitor-interval=0.1",
+            f"--rdzv-backend={backend}",
+            f"--rdzv-endpoint={endpoint}",
+            f"--rdzv-id={job}",
+            str(SCRIPT),
+            f"--out={out}",
+            "--steps=1000000",
+        ]
+        self.logs = [out / f"agent-{i}.log" for i in range(2)]
+        self.agents: list[subprocess.Popen[bytes]] = []
+        for log_path in self.logs:
+            with open(log_path, "wb") as log:
+                self.agents.append(
+                    subprocess.Popen(
+                        command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                    )
+                )
+
+    def events(self, event: str) -> list[Event]:
+        found: list[Event] = []
+        for path in self.out.glob("events-*.jsonl"):
+            for line in path.read_text().splitlines():
+                # A line being written may be cut short: it is complete on the next read.
+                if line.endswith("}"):
+                    found.append(json.loads(line))
+        return [e for e in found if e["event"] == event]
+
+    def wait(self, what: str, ready: Any, timeout_s: float) -> Any:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for agent, log in zip(self.agents, self.logs, strict=True):
+                if agent.poll() is not None:
+                    raise RuntimeError(f"an agent exited ({agent.returncode}); see {log}")
+            value = ready()
+            if value:
+                return value
+            time.sleep(0.02)
+        raise TimeoutError(f"no {what} within {timeout_s:g} s; see {self.out}")
+
+    def stop(self) -> None:
+        for agent in self.agents:
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGKILL)
+            agent.wait()
+
+
+def run_trial(backend: str, endpoint: str, job: str, out: Path, timeout_s: float) -> Event:
+    trial = Trial(backend, endpoint, job, out)
+    try:
+
+        def warmed_up() -> list[Event] | None:
+            started = trial.events("started")
+            stepped = {e["pid"] for e in trial.events("step") if e["step"] >= 3}
+            return started if len(started) == 4 and len(stepped) == 4 else None
+
+        first = trial.wait("4 workers past step 3", warmed_up, timeout_s)
+        victim = next(e for e in first if e["rank"] == 1)
+        killed_at = time.time()
+        os.kill(victim["pid"], signal.SIGKILL)
+        old = {e["pid"] for e in first}
+
+        def new_round_running() -> tuple[list[Event], list[Event]] | None:
+            started = [e for e in trial.events("started") if e["pid"] not in old]
+            if len(started) < 4:
+                return None
+            pids = {e["pid"] for e in started}
+            first_steps: dict[int, Event] = {}
+            for e in trial.events("step"):
+                if e["pid"] in pids and e["pid"] not in first_steps:
+                    first_steps[e["pid"]] = e
+            return (started, list(first_steps.values())) if len(first_steps) == 4 else None
+
+        try:
+            started, first_steps = trial.wait(
+                "4 new workers stepping", new_round_running, timeout_s
+            )
+        except (RuntimeError, TimeoutError) as error:
+            # The job did not recover (an agent gave up, or nothing ran in time): a result.
+            return {"recovered": False, "error": str(error)}
+        return {
+            "recovered": True,
+            "restarted_s": max(e["t"] for e in started) - killed_at,
+            "running_s": max(e["t"] for e in first_steps) - killed_at,
+            "world_size": started[0]["world_size"],
+        }
+    finally:
+        trial.stop()
+
+
+def summarize(trials: Sequence[Event]) -> dict[str, Any]:
+    """Medians over the trials that recovered (None when none did)."""
+    recovered = [t for t in trials if t["recovered"]]
+    return {
+        "recovered": f"{len(recovered)}/{len(trials)}",
+        "running_s": statistics.median(t["running_s"] for t in recovered) if recovered else None,
+        "restarted_s": (
+            statistics.median(t["restarted_s"] for t in recovered) if recovered else None
+        ),
+        "trials": list(trials),
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    backends = [b for b in args.backends.split(",") if b]
+    unknown = set(backends) - set(BACKENDS)
+    if unknown:
+        raise SystemExit(f"unknown backends {sorted(unknown)}; choose from {BACKENDS}")
+    root = Path(tempfile.mkdtemp(prefix="torchrun-bench-"))
+    cluster = RallypointCluster(root / "cluster")
+    results: dict[str, list[Event]] = {backend: [] for backend in backends}
+    try:
+        if "rallypoint" in backends:
+            cluster.start()
+            asyncio.run(cluster.wait_ready())
+        for trial in range(args.trials):
+            for backend in backends:
+                if backend == "rallypoint":
+                    endpoint = ",".join(cluster.addresses.values())
+                else:
+                    endpoint = f"127.0.0.1:{free_port_block(1)}"
+                out = root / f"{backend}-{trial}"
+                figures = run_trial(backend, endpoint, f"bench-{trial}", out, args.timeout_s)
+                results[backend].append(figures)
+                if figures["recovered"]:
+                    print(
+                        f"{backend:>10} trial {trial}: running {figures['running_s']:.2f} s "
+                        f"after the kill (workers restarted {figures['restarted_s']:.2f} s)",
+                        flush=True,
+                    )
+                else:
+                    print(f"{backend:>10} trial {trial}: did not recover: {figures['error']}")
+    finally:
+        cluster.stop()
+    report: dict[str, Any] = {
+        "benchmark": "torchrun kill-to-running",
+        "machine": machine_info(),
+        "versions": package_versions(["torch", "rallypoint", "grpcio"]),
+        "parameters": {
+            "nnodes": 2,
+            "nproc_per_node": 2,
+            "trials": args.trials,
+            "step_s": 0.05,
+            "fault": "SIGKILL of the worker of global rank 1 after 3 steps",
+            "measured": "kill -> every new worker's first all_reduce",
+        },
+        "backends": {backend: summarize(trials) for backend, trials in results.items()},
+    }
+    medians = report["backends"]
+    if set(backends) == set(BACKENDS) and all(medians[b]["running_s"] for b in BACKENDS):
+        report["running_ratio_rallypoint_over_c10d"] = (
+            medians["rallypoint"]["running_s"] / medians["c10d"]["running_s"]
+        )
+    return report
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench/results/torchrun.json")
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated")
+    parser.add_argument("--timeout-s", type=float, default=120.0, help="per phase of a trial")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    report = run(args)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(json_safe(report), indent=2) + "\n")
+    for backend, summary in report["backends"].items():
+        running_s = summary["running_s"]
+        median = "n/a" if running_s is None else f"{running_s:.2f} s"
+        print(f"{backend:>10}: recovered {summary['recovered']}, median kill-to-running {median}")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""The torchrun benchmark runs end to end for one rallypoint trial (a 3-member cluster, two
+torchrun agents, one worker SIGKILLed) and writes the JSON shape `make bench-torchrun`
+promises. Speed is not checked: the figures only have to be present and sensible."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_one_rallypoint_trial_writes_the_report(tmp_path: Path) -> None:
+    out = tmp_path / "torchrun.json"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.torchrun_bench",
+            "--backends=rallypoint",
+            "--trials=1",
+            f"--out={out}",
+        ],
+        cwd=REPOSITORY,
+        check=True,
+        timeout=220,
+    )
+    report = json.loads(out.read_text())
+    assert {"machine", "versions", "parameters", "backends"} <= set(report)
+    summary = report["backends"]["rallypoint"]
+    assert summary["recovered"] == "1/1", summary
+    (trial,) = summary["trials"]
+    assert trial["world_size"] == 4
+    assert 0 < trial["restarted_s"] <= trial["running_s"] == summary["running_s"]
+    assert math.isfinite(summary["running_s"])

@@ -260,7 +260,10 @@ class Bench:
             f"--name-prefix={label}-",
             f"--config={config_json(config)}",
         ]
-        return await self.spread("participants", job, total, arguments, self.args.phase_timeout_s)
+        # Half the phase's timeout: the process reports what it saw before the driver gives up.
+        return await self.spread(
+            "participants", job, total, arguments, self.args.phase_timeout_s / 2
+        )
 
     async def failed_in_history(self, job: str, expected: frozenset[int] = frozenset()) -> int:
         """Rounds of ``job`` that ended because a participant not in ``expected`` failed."""
@@ -300,7 +303,11 @@ async def round_trial(bench: Bench, size: int, config: JobConfig, job: str) -> d
     last_ack = max(acks)
     seen_all = [t for t in seen if t is not None]
     complete = len(seen_all) == size
-    bench.unexpected_failures["rounds"] = bench.unexpected_failures.get("rounds", 0) + unexpected
+    lost = sum(event["lost"] for event in active)
+    load_lag_max_ms = max((event["loop_lag"]["max_ms"] or 0.0) for event in [*joined, *active])
+    # A live worker declared failed is a false positive whether or not it ended a round.
+    failed = max(unexpected, lost)
+    bench.unexpected_failures["rounds"] = bench.unexpected_failures.get("rounds", 0) + failed
     return {
         "job": job,
         "size": size,
@@ -315,18 +322,38 @@ async def round_trial(bench: Bench, size: int, config: JobConfig, job: str) -> d
         "leader_closed_after_last_join_s": closed_ms / 1000 - last_ack if closed_ms else None,
         "leader_cpu": cpu_share(before, after),
         "member_failed_rounds": unexpected,
+        "participants_lost": lost,
+        "load_loop_lag_max_ms": load_lag_max_ms,
+        "reason": None
+        if complete
+        else f"{lost} of {size} participants were declared failed before the round closed "
+        f"(load processes' event loops ran up to {load_lag_max_ms:.0f} ms late)",
+    }
+
+
+def failed_trial(size: int, reason: str) -> dict[str, Any]:
+    return {
+        "size": size,
+        "complete": False,
+        "all_saw_active_after_last_join_s": None,
+        "first_saw_active_after_last_join_s": None,
+        "join_spread_s": None,
+        "reason": reason[:1000],
     }
 
 
 def round_summary(trials: list[dict[str, Any]]) -> dict[str, Any]:
     figures = [t["all_saw_active_after_last_join_s"] for t in trials]
+    complete = [f for f in figures if f is not None]
     return {
-        "close_after_last_join_s": median([f for f in figures if f is not None]),
+        # Infinite when no trial completed: the round never closed for every worker.
+        "close_after_last_join_s": median(complete) if complete else math.inf,
         "first_seen_after_last_join_s": median(
-            [t["first_saw_active_after_last_join_s"] for t in trials]
+            [f for t in trials if (f := t["first_saw_active_after_last_join_s"]) is not None]
         ),
-        "join_spread_s": median([t["join_spread_s"] for t in trials]),
+        "join_spread_s": median([f for t in trials if (f := t["join_spread_s"]) is not None]),
         "incomplete_trials": sum(1 for f in figures if f is None),
+        "reason": next((t["reason"] for t in trials if t["reason"]), None),
         "trials": trials,
     }
 
@@ -338,7 +365,10 @@ async def bench_rounds(bench: Bench) -> dict[str, Any]:
         config = JobConfig(min_nodes=size, max_nodes=size, heartbeat_interval_ms=ROUND_HEARTBEAT_MS)
         trials = []
         for trial in range(1, args.round_trials + 1):
-            result = await round_trial(bench, size, config, f"round-{size}-t{trial}")
+            try:
+                result = await round_trial(bench, size, config, f"round-{size}-t{trial}")
+            except (TimeoutError, LoadProcessError) as error:
+                result = failed_trial(size, f"{type(error).__name__}: {error}")
             trials.append(result)
             print(
                 f"rounds  N={size:<5} trial {trial}: all saw ACTIVE "
@@ -347,6 +377,9 @@ async def bench_rounds(bench: Bench) -> dict[str, Any]:
                 f"{fmt_s(result['join_spread_s'])})",
                 flush=True,
             )
+            if not result["complete"]:
+                print(f"rounds  N={size:<5} incomplete: {result['reason']}", flush=True)
+                break  # the next trials of this size would spend the same timeout
         out["sizes"][str(size)] = round_summary(trials)
     size = args.last_call_size
     config = JobConfig(
@@ -914,7 +947,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--capacity-settle-s", type=float, default=5.0)
     parser.add_argument("--capacity-latency-bound-ms", type=float, default=250.0)
     parser.add_argument("--capacity-budget-s", type=float, default=240.0)
-    parser.add_argument("--phase-timeout-s", type=float, default=180.0)
+    parser.add_argument("--phase-timeout-s", type=float, default=120.0)
     parser.add_argument("--phases", default="rounds,torchrun,detection,false_positives,capacity")
     parser.add_argument("--data-dir", help="members' data and load logs (default: a temp dir)")
     parser.add_argument("--smoke", action="store_true", help="small and short: checks it runs")

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import functools
 import json
 import logging
@@ -148,23 +147,22 @@ async def run_participants(args: argparse.Namespace, lag: LoopLag) -> None:
     ]
     await bounded_gather([w.client.connect for w in workers], CONCURRENCY)
     emit("ready", count=len(workers))
-    all_active = asyncio.Event()
-    seen = 0
 
     def watch(worker: Simulated, participant: Participant) -> None:
-        nonlocal seen
-
         def on_round(info: Any) -> None:
-            nonlocal seen
             if worker.active_seen_at == 0.0 and info.state is RoundState.ACTIVE:
                 worker.active_seen_at = time.time()
-                seen += 1
-                if seen == len(workers):
-                    all_active.set()
 
         participant.on_round_change(on_round)
         # The join that completes the round is answered with the ACTIVE round itself.
         on_round(participant.round)
+
+    def settled() -> bool:
+        """Every worker saw its round ACTIVE or was removed (then it never will)."""
+        return all(
+            w.active_seen_at or (w.participant is not None and w.participant.lost.is_set())
+            for w in workers
+        )
 
     async def join(worker: Simulated, name: str) -> None:
         participant = await worker.client.join(args.job, name, config=config)
@@ -180,14 +178,20 @@ async def run_participants(args: argparse.Namespace, lag: LoopLag) -> None:
                 [functools.partial(join, w, n) for w, n in zip(workers, names, strict=True)],
                 len(workers),
             )
-            emit("joined", started=started, acks=[w.joined_at for w in workers])
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(all_active.wait(), args.active_timeout_s)
+            emit(
+                "joined", started=started, acks=[w.joined_at for w in workers], loop_lag=lag.take()
+            )
+            # The times come from the callbacks: how often this polls does not change them.
+            deadline = time.monotonic() + args.active_timeout_s
+            while not settled() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
             emit(
                 "active",
                 seen=[w.active_seen_at or None for w in workers],
                 ranks=[w.participant.rank if w.participant else None for w in workers],
                 closed_ms=[w.participant.round.closed_ms if w.participant else 0 for w in workers],
+                lost=sum(1 for w in workers if w.participant and w.participant.lost.is_set()),
+                loop_lag=lag.take(),
             )
         elif line == "report":
             lost = [

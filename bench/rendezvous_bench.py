@@ -497,8 +497,11 @@ def first_round_after(process: LoadProcess, round_number: int) -> float | None:
     )
 
 
-def everyone_active_in(workers: Sequence[LoadProcess], round_number: int) -> bool:
-    return all(latest_round(w) == (round_number, "active") for w in workers)
+def common_active_round(workers: Sequence[LoadProcess]) -> int | None:
+    """The round every worker last saw, if it is one round and ACTIVE for all of them."""
+    views = {latest_round(w) for w in workers}
+    view = views.pop() if len(views) == 1 else None
+    return view[0] if view is not None and view[1] == "active" else None
 
 
 def notice_times(workers: Sequence[LoadProcess], round_number: int) -> list[float] | None:
@@ -545,17 +548,19 @@ async def bench_detection(bench: Bench) -> dict[str, Any]:
     trials: list[dict[str, Any]] = []
     victims: set[int] = set()
     try:
+        await asyncio.gather(*(w.expect("ready", args.phase_timeout_s) for w in workers))
+        for worker in workers:
+            worker.send("join")
         joined = await asyncio.gather(*(w.expect("joined", args.phase_timeout_s) for w in workers))
         participant_ids = {
             w.name: e["participant_id"] for w, e in zip(workers, joined, strict=True)
         }
         alive = list(workers)
-        round_number = 1
         for trial, kind in enumerate(kinds, start=1):
-            await wait_until(
-                functools.partial(everyone_active_in, alive, round_number),
+            round_number = await wait_until(
+                functools.partial(common_active_round, alive),
                 args.phase_timeout_s,
-                f"every worker in round {round_number}, ACTIVE",
+                "every worker in one ACTIVE round",
             )
             # Let the detectors learn the heartbeats' rhythm before the fault.
             await asyncio.sleep(args.detection_settle_s)
@@ -584,7 +589,6 @@ async def bench_detection(bench: Bench) -> dict[str, Any]:
             )
             if kind is signal.SIGSTOP:
                 victim.proc.kill()  # a stopped process dies of SIGKILL too
-            round_number += 1
             # The next round holds the survivors: lowering min closes it at once.
             await bench.admin.configure(
                 job,
@@ -996,7 +1000,12 @@ async def run(args: argparse.Namespace, data_dir: Path) -> tuple[dict[str, Any],
             bench = Bench(args, cluster, admin, log_dir)
             for phase in args.phases.split(","):
                 started = time.perf_counter()
-                results[phase] = await PHASES[phase](bench)
+                try:
+                    results[phase] = await PHASES[phase](bench)
+                except (TimeoutError, LoadProcessError, RallypointError) as error:
+                    # The other phases still run; this one reports why it has no figures.
+                    print(f"{phase}: failed: {error}", flush=True)
+                    results[phase] = {**EMPTY_RESULTS[phase], "error": str(error)[:2000]}
                 results["phase_wall_s"][phase] = time.perf_counter() - started
             return results, bench.unexpected_failures
     finally:

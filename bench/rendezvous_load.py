@@ -14,7 +14,8 @@ so wall-clock times from different processes compare). Roles:
     lag), ``close``.
 ``worker``
     One participant in its own process, heartbeating every 100 ms: what the benchmark kills
-    or stops. Emits ``joined`` and one ``round`` event per new (round, state) it learns.
+    or stops. Emits ``ready``, joins on ``join``, then emits ``joined`` and one ``round``
+    event per new (round, state) it learns.
 ``heartbeaters``
     Leader capacity: participants without a round watch, each with its own session (kept
     alive every third of its TTL, as the client does) and its own heartbeat stream, written
@@ -211,7 +212,13 @@ async def run_participants(args: argparse.Namespace, lag: LoopLag) -> None:
 
 async def run_worker(args: argparse.Namespace, lag: LoopLag) -> None:
     config = JobConfig(**json.loads(args.config)) if args.config else None
+    commands = command_lines()
     async with Client(args.endpoints, timeout_s=CLIENT_TIMEOUT_S) as client:
+        # Join only when told: the driver starts every worker first, so no worker's first
+        # heartbeats compete with the others' start-up for the CPU.
+        emit("ready")
+        if await anext(commands, "close") != "join":
+            return
         participant = await client.join(args.job, args.name_prefix, config=config)
         emit("joined", participant_id=participant.participant_id, round=participant.round.round)
 
@@ -220,7 +227,7 @@ async def run_worker(args: argparse.Namespace, lag: LoopLag) -> None:
 
         participant.on_round_change(on_round)
         on_round(participant.round)
-        async for line in command_lines():
+        async for line in commands:
             if line == "report":
                 emit("report", lost=int(participant.lost.is_set()), loop_lag=lag.take())
             elif line == "close":

@@ -47,6 +47,17 @@ class _LoopThread:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
 
     def stop(self) -> None:
+        """Cancel what still runs on the loop (background watchers and mirrors), then stop."""
+
+        async def cancel_pending() -> None:
+            current = asyncio.current_task()
+            tasks = [task for task in asyncio.all_tasks() if task is not current]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(cancel_pending(), self.loop).result(timeout=5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join()
         self.loop.close()

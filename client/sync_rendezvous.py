@@ -97,16 +97,33 @@ class SyncParticipant(_Blocking[Participant]):
         if participant.lost.is_set():
             self.lost.set()
         else:
-            # Mirrors the participant's event; ends with the loop if it is never set.
-            asyncio.run_coroutine_threadsafe(self._mirror_lost(), runner.loop)
+            # Mirrors the participant's event until it is set or the participant is closed.
+            self._mirror = asyncio.run_coroutine_threadsafe(self._mirror_lost(), runner.loop)
 
     async def _mirror_lost(self) -> None:
         await self._target.lost.wait()
         self.lost.set()
 
     wait_for_round = _blocking(Participant.wait_for_round)
-    leave = _blocking(Participant.leave)
-    close = _blocking(Participant.close)
+    _leave = _blocking(Participant.leave)
+    _close = _blocking(Participant.close)
+
+    def leave(self, *, timeout_s: float | None = None) -> None:
+        try:
+            self._leave(timeout_s=timeout_s)
+        finally:
+            self._stop_mirror()
+
+    def close(self) -> None:
+        try:
+            self._close()
+        finally:
+            self._stop_mirror()
+
+    def _stop_mirror(self) -> None:
+        mirror = getattr(self, "_mirror", None)
+        if mirror is not None:
+            mirror.cancel()
 
     @property
     def participant(self) -> Participant:

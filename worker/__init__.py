@@ -27,6 +27,7 @@ from .checkpoint import (
     restore_state,
     retired_beyond,
 )
+from .elastic import ElasticRound, ElasticRun, Formation, TrainState, elastic_training
 from .sampler import ElasticSampler, GlobalStep, epoch_permutation, global_step_size, rank_slice
 from .store import CoordinatorStore, CoordinatorStoreError, StaleStoreRoundError, StoreTimeoutError
 
@@ -37,7 +38,10 @@ __all__ = [
     "Checkpointer",
     "CoordinatorStore",
     "CoordinatorStoreError",
+    "ElasticRound",
+    "ElasticRun",
     "ElasticSampler",
+    "Formation",
     "GlobalStep",
     "ParamLayout",
     "PeerState",
@@ -50,11 +54,13 @@ __all__ = [
     "SavedCheckpoint",
     "StaleStoreRoundError",
     "StoreTimeoutError",
+    "TrainState",
     "broadcast_state",
     "checkpoint_path",
     "choose_restore_source",
     "delete_checkpoints",
     "describe_layout",
+    "elastic_training",
     "epoch_permutation",
     "global_step_size",
     "rank_slice",

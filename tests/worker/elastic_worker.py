@@ -1,0 +1,112 @@
+"""One elastic worker of test_elastic.py: the demo's training program plus test probes.
+
+    python elastic_worker.py DEMO_TRAIN_ARGS... [--pause-file PATH]
+
+On top of the demo program's JSON lines it prints:
+
+- ``formed_state`` after every formation: the step and a digest of the model's and
+  optimizer's state, so the test can compare it with the checkpoint it was restored from;
+- with ``--pause-file``: when rank 0 is about to commit and PATH exists, the worker stops
+  itself (SIGSTOP, once), as a worker paused past its failure detection would be. Once
+  resumed and told it was declared failed, it tries to write to the store of the round it
+  was in and reports the outcome (``zombie_store``); then its commit proceeds and is refused
+  (``checkpoint_refused``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rallypoint.client import StaleRoundError
+from rallypoint.worker.demo_train import (
+    emit,
+    make_state,
+    open_run,
+    parse_args,
+    state_digest,
+    train,
+)
+from rallypoint.worker.elastic import ElasticRun
+
+
+def main() -> None:
+    probe = argparse.ArgumentParser(add_help=False)
+    probe.add_argument("--pause-file", type=Path, default=None)
+    probe_args, rest = probe.parse_known_args()
+    args = parse_args(rest)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    torch.set_num_threads(1)
+    state = make_state()
+    paused = False
+    run: ElasticRun | None = None
+
+    def on_event(kind: str, fields: Mapping[str, Any]) -> None:
+        nonlocal paused
+        emit(kind, fields)
+        pause_file = probe_args.pause_file
+        if kind != "committing" or paused or pause_file is None or not pause_file.exists():
+            return
+        paused = True
+        assert run is not None and run.current is not None
+        round_ = run.current
+        emit("pausing", {"t": time.time(), "round": round_.number, "step": fields["step"]})
+        os.kill(os.getpid(), signal.SIGSTOP)
+        # Resumed: the world has moved on without this worker, which learns so from the
+        # coordinator; its writes to the old round are refused from then on.
+        run.participant.lost.wait(timeout=30)
+        try:
+            round_.store.set("zombie-was-here", b"1")
+            outcome = "accepted"
+        except StaleRoundError as error:
+            outcome = f"refused: {error}"
+        emit("zombie_store", {"t": time.time(), "round": round_.number, "outcome": outcome})
+
+    def after_formed(formed: ElasticRun) -> None:
+        assert formed.current is not None and formed.current.formation is not None
+        formation = formed.current.formation
+        emit(
+            "formed_state",
+            {
+                "t": time.time(),
+                "name": formed.name,
+                "round": formation.round_number,
+                "world_size": formation.world_size,
+                "step": formed.state.step,
+                "source": formation.restore.source.value,
+                "checkpoint": formation.checkpoint,
+                "digest": state_digest(formed.state.model, formed.state.optimizer),
+            },
+        )
+
+    with open_run(args, state, on_event) as opened:
+        run = opened
+        train(
+            opened,
+            checkpoint_every=args.checkpoint_every,
+            step_sleep_s=args.step_sleep_s,
+            after_formed=after_formed,
+        )
+    emit(
+        "final_state",
+        {
+            "t": time.time(),
+            "step": state.step,
+            "digest": state_digest(state.model, state.optimizer),
+        },
+    )
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,781 @@
+"""The elastic training loop: rounds of a process group that re-form in the same process.
+
+Typical use (one process per worker; every worker runs the same code)::
+
+    state = TrainState(model, optimizer, sampler)
+    with elastic_training(endpoints, job="demo", name=name, min_nodes=2, max_nodes=4,
+                          checkpoint_dir=root, state=state, max_steps=500) as run:
+        for round in run.rounds():                 # each a formed group, state restored
+            for batch in round.batches():          # ends early when the world changes
+                loss = loss_fn(model(x[batch]), y[batch])
+                loss.backward()
+                round.all_reduce_gradients(model)  # abandoned (grads cleared) on a change
+                optimizer.step()
+                optimizer.zero_grad()
+                round.step_done(checkpoint_every=50)
+
+Theory of operation.
+
+Rounds. The worker joins the job (``Participant``) once. ``rounds()`` waits for the next
+ACTIVE round that includes it, then forms the round: the round store becomes a c10d store
+(:class:`CoordinatorStore`), ``init_process_group`` (gloo on CPU, nccl on GPU) bootstraps
+through it, and the state is restored (below). The round object is handed to the user's
+loop. The round *ends* when any of these happen: the coordinator pushes a new (round, state)
+(``on_round_change``: a member failed, left, was evicted, a worker waits to scale up), the
+participant is lost, or a collective fails or passes its deadline. An ended round's
+``batches()`` stops, so the user's loop falls back to ``rounds()``, which tears the group
+down and forms the next round. No process restarts; the user's code has no try/except.
+
+Abandonable collectives. Collectives that the loop issues (``all_reduce``,
+``all_reduce_gradients``) run with ``async_op=True``; the training thread waits on the
+work's future in slices of ``WAIT_SLICE_S`` and gives up as soon as the round ended (a
+round-change callback also wakes the waiter at once) or the collective deadline passed. A
+SIGKILLed peer usually makes gloo fail its neighbours' collectives within milliseconds; a
+SIGSTOPped one does not, and there the coordinator's phi-accrual detector and its push end
+the wait. An abandoned collective leaves the state as it was before the step: its gradients
+are cleared (``p.grad = None``), so the ``optimizer.step()`` that follows changes nothing,
+and ``step_done`` does not count the step.
+
+Teardown. ``destroy_process_group`` does not wait for pending gloo work (measured: it returns
+in microseconds with an all-reduce stuck on a stopped peer), but the C++ process group's
+destructor would: it joins gloo's worker threads. So the loop keeps a reference to the
+abandoned group, its store and its in-flight work in ``_abandoned`` until the group's own
+timeout (``collective_timeout_s``) has surely ended that work, then drops them. Leak bound:
+one group (its gloo threads and sockets) per round abandoned in the last
+``collective_timeout_s`` seconds. The next group always bootstraps in the next round's store
+namespace, so nothing of the old group can be mistaken for the new one.
+
+Restore. At each formation every rank calls ``restore_state`` with what it holds: a worker
+that trained in the previous round (and did not lose its participant) is a *survivor* at its
+step. The same decision is made on every rank: KEEP (every rank is a survivor at one step),
+BROADCAST from a survivor (replicated state, newcomers present), DISK (the latest committed
+checkpoint, resharded by DCP to this world size) or FRESH (nothing to restore: rank 0's
+initial replica is broadcast so every rank starts equal). ``restore="checkpoint"`` makes
+every formation read the latest committed checkpoint when there is one (the classic
+semantics: the state after a change is the last committed one). The sampler is
+repartitioned for the new (rank, world size) and resumes at the restored global position.
+
+Checkpoints. ``step_done(checkpoint_every=N)`` starts ``Checkpointer.save_async`` every N
+steps (training goes on while DCP writes, one directory per step and round). The commit
+protocol runs on a per-round commit thread, fenced by the round: when its save is durable,
+rank 0 calls ``begin`` (step, world size, layout, uri) and publishes the checkpoint id in
+the round store; every rank reports ``shard_done`` and marks its report in the store; rank 0
+waits for every rank's mark, then commits with the round's fencing token and deletes the
+checkpoints the registry retired (it keeps the last ``keep_checkpoints``). Everything the
+commit thread does names the round, so a zombie (a worker paused past its detection and
+resumed) is refused: its begin, report, commit and store writes raise StaleRoundError or
+StaleTokenError; they are reported as a ``checkpoint_refused`` event, never retried.
+
+Events. ``on_event(kind, fields)`` is called (from the training or the commit thread) for:
+``joined``, ``round_formed`` (round, rank, world size, restore source and reason, timings),
+``trained`` (the first step of a round is done), ``round_ended`` (why), ``checkpoint_saved``,
+``committing``, ``checkpoint_committed``, ``checkpoint_refused``, ``checkpoint_failed``,
+``rejoined`` and ``finished``. Every event carries ``t`` (wall clock, seconds).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d
+from torch.distributed.tensor import DTensor
+
+from rallypoint.client import (
+    DeadlineExceededError,
+    JobConfig,
+    ParticipantLostError,
+    RallypointError,
+    RoundInfo,
+    RoundState,
+    StaleRoundError,
+    StaleTokenError,
+    SyncCheckpointRegistry,
+    SyncClient,
+    SyncParticipant,
+    SyncRoundStore,
+)
+
+from .checkpoint import (
+    Checkpointer,
+    PendingCheckpoint,
+    RestoreResult,
+    RestoreSource,
+    broadcast_state,
+    delete_checkpoints,
+    restore_state,
+)
+from .sampler import ElasticSampler
+from .store import CoordinatorStore
+
+log = logging.getLogger("rallypoint.worker.elastic")
+
+# How long the training thread sleeps at most between two looks at "has the round ended?".
+WAIT_SLICE_S = 0.05
+# Round-store keys of the commit protocol (the store is the round's own: no clash with c10d's).
+CHECKPOINT_KEY = "rallypoint/checkpoint/{step}"
+REPORTED_KEY = "rallypoint/checkpoint/{step}/reported/{rank}"
+
+RestoreMode = Literal["auto", "checkpoint"]
+EventHandler = Callable[[str, Mapping[str, Any]], object]
+T = TypeVar("T")
+
+
+@dataclass
+class TrainState:
+    """What a worker trains and what a checkpoint holds: model, optimizer, sampler, step and
+    ``extra`` (picklable, the same on every rank, e.g. a schedule's state)."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    sampler: ElasticSampler | None = None
+    # Optimizer steps taken by the whole world. Invariant: the model and optimizer hold the
+    # state after exactly ``step`` steps (the sampler's position matches them).
+    step: int = 0
+    extra: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Formation:
+    """How one round was formed, for logs and the demo."""
+
+    round_number: int
+    rank: int
+    world_size: int
+    fencing_token: int
+    # From the round's ACTIVE notice to the group's init, and to the end of the restore.
+    init_s: float
+    restore: RestoreResult
+    formed_s: float
+    # The latest committed checkpoint when the round formed (None: there was none).
+    checkpoint: str | None
+
+
+class _Ended:
+    """Why a round ended; set once."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.reason = ""
+        # A collective failed while the coordinator still had the round ACTIVE.
+        self.broken = False
+        self._lock = threading.Lock()
+
+    def set(self, reason: str, *, broken: bool = False) -> bool:
+        with self._lock:
+            if self.event.is_set():
+                return False
+            self.reason, self.broken = reason, broken
+            self.event.set()
+            return True
+
+    def is_set(self) -> bool:
+        return self.event.is_set()
+
+
+class ElasticRound:
+    """One formed round: a process group at (rank, world size) with the state restored."""
+
+    def __init__(self, run: ElasticRun, info: RoundInfo, rank: int) -> None:
+        self.run = run
+        self.info = info
+        self.rank = rank
+        self.world_size = info.world_size
+        self.number = info.round
+        self.fencing_token = info.fencing_token
+        self.formation: Formation | None = None
+        self._ended = _Ended()
+        # The waiter to wake when the round ends (the training thread's current collective).
+        self._waiter: threading.Event | None = None
+        # Work handed to gloo and not known complete: kept alive past an abandon.
+        self.in_flight: list[object] = []
+        self.checkpointer: Checkpointer | None = None
+        # One thread per round reports checkpoints: a report stuck on a dead round must not
+        # delay the next round's.
+        self.commit_thread = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix=f"rallypoint-commit-r{info.round}"
+        )
+        self.commits: list[concurrent.futures.Future[None]] = []
+        # Per step of the user's loop: None (no collective yet), True (the gradients were
+        # reduced), False (a collective was abandoned: the step must not count).
+        self._step_reduced: bool | None = None
+        self._awaiting_step_done = False
+        self.steps_trained = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"ElasticRound({self.run.job}/{self.number}, rank={self.rank}/{self.world_size}"
+            f"{', ended: ' + self.end_reason if self.ended else ''})"
+        )
+
+    # -------------------------------------------------------------- state
+
+    @property
+    def ended(self) -> bool:
+        return self._ended.is_set()
+
+    @property
+    def end_reason(self) -> str:
+        return self._ended.reason
+
+    def end(self, reason: str, *, broken: bool = False) -> None:
+        """End the round locally (the loop stops at the next batch); idempotent."""
+        if self._ended.set(reason, broken=broken):
+            self.run.emit("round_ended", round=self.number, rank=self.rank, reason=reason)
+            waiter = self._waiter
+            if waiter is not None:
+                waiter.set()
+
+    @property
+    def store(self) -> SyncRoundStore:
+        """The round's store (refused once the round is over)."""
+        return self.run.client.round_store(
+            self.info.job, self.number, self.run.participant.participant_id
+        )
+
+    @property
+    def checkpoints(self) -> SyncCheckpointRegistry:
+        """The checkpoint registry fenced by this round and its token."""
+        return self.run.client.checkpoint_registry(self.info)
+
+    # -------------------------------------------------------------- the loop
+
+    def batches(self, loader: Iterable[T] | None = None) -> Iterator[Any]:
+        """This rank's batches from the restored position until the round ends or the run
+        reaches ``max_steps``; epochs roll over. Without ``loader``, the batches are the
+        sampler's lists of dataset indices; a ``loader`` (e.g. ``DataLoader(dataset,
+        batch_sampler=state.sampler)``) is iterated instead, once per epoch."""
+        state = self.run.state
+        sampler = state.sampler
+        if sampler is None and loader is None:
+            raise ValueError("batches() needs a loader or a TrainState with a sampler")
+        while not self.ended and not self.run.reached_max_steps():
+            if sampler is not None and sampler.epoch_done():
+                sampler.set_epoch(sampler.epoch + 1)
+            source: Iterable[Any] = loader if loader is not None else sampler  # type: ignore[assignment]
+            produced = False
+            for batch in source:
+                if self.ended or self.run.reached_max_steps():
+                    return
+                produced = True
+                self._step_reduced = None
+                self._awaiting_step_done = True
+                yield batch
+                if self._awaiting_step_done:
+                    raise RuntimeError("call round.step_done() once after each batch")
+            if not produced and sampler is None:
+                return  # a loader with no sampler of ours: its end is the end
+
+    def all_reduce(
+        self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
+    ) -> bool:
+        """All-reduce ``tensor`` in place; False if the round ended first (``tensor`` is then
+        unspecified)."""
+        if self.ended:
+            return False
+        try:
+            work = dist.all_reduce(tensor, op=op, async_op=True)
+        except (RuntimeError, ValueError) as error:
+            self.end(f"all_reduce failed to start: {error}", broken=True)
+            return False
+        assert work is not None
+        return self.wait(work, "all_reduce")
+
+    def all_reduce_gradients(self, model: torch.nn.Module) -> bool:
+        """Average the gradients of a replicated model over the world (one flat all-reduce).
+        False if the round ended first: the gradients are then cleared, so the following
+        ``optimizer.step()`` leaves the parameters and the optimizer state as they were."""
+        params = [p for p in model.parameters() if p.requires_grad]
+        if any(isinstance(p, DTensor) for p in params):
+            raise ValueError("all_reduce_gradients is for replicated models, not DTensors")
+        grads = [
+            p.grad
+            if p.grad is not None
+            else torch.zeros_like(p, memory_format=torch.contiguous_format)
+            for p in params
+        ]
+        flat = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(0)
+        reduced = self.all_reduce(flat)
+        if not reduced:
+            for p in params:
+                p.grad = None
+            self._step_reduced = False
+            return False
+        flat /= self.world_size
+        offset = 0
+        for p, g in zip(params, grads, strict=True):
+            numel = g.numel()
+            p.grad = flat[offset : offset + numel].view_as(p).clone()
+            offset += numel
+        if self._step_reduced is None:
+            self._step_reduced = True
+        return True
+
+    def step_done(self, *, checkpoint_every: int = 0, loss: float | None = None) -> bool:
+        """Count the step (every rank has trained on this batch): the step and the sampler
+        advance, and every ``checkpoint_every`` steps a checkpoint starts. False when the
+        step's collective was abandoned (nothing counts; the loop moves to the next round)."""
+        self._awaiting_step_done = False
+        if self._step_reduced is False:
+            return False
+        state = self.run.state
+        state.step += 1
+        if state.sampler is not None:
+            state.sampler.advance()
+        self.steps_trained += 1
+        if self.steps_trained == 1:
+            self.run.emit("trained", round=self.number, rank=self.rank, step=state.step)
+        if loss is not None:
+            self.run.last_loss = loss
+        if checkpoint_every > 0 and state.step % checkpoint_every == 0 and not self.ended:
+            self.checkpoint()
+        return True
+
+    def wait(self, work: dist.Work, what: str) -> bool:
+        """Wait for ``work`` until it completes, the round ends or the deadline passes."""
+        self.in_flight.append(work)
+        done = threading.Event()
+        self._waiter = done
+        work.get_future().add_done_callback(lambda _: done.set())
+        deadline = time.monotonic() + self.run.collective_timeout_s
+        try:
+            while not done.wait(WAIT_SLICE_S):
+                if self.ended:
+                    return False
+                if time.monotonic() >= deadline:
+                    self.end(
+                        f"{what} passed its {self.run.collective_timeout_s:g} s deadline",
+                        broken=True,
+                    )
+                    return False
+            if self.ended and not work.is_completed():
+                return False
+            try:
+                work.wait()
+            except RuntimeError as error:  # gloo's failures (DistBackendError among them)
+                self.end(f"{what} failed: {str(error).splitlines()[0][:200]}", broken=True)
+                return False
+        finally:
+            self._waiter = None
+        self.in_flight.remove(work)
+        return True
+
+    # -------------------------------------------------------------- checkpoints
+
+    def checkpoint(self) -> PendingCheckpoint | None:
+        """Start an asynchronous checkpoint of the state at its current step (every rank at
+        the same step); its commit follows on the commit thread."""
+        state = self.run.state
+        try:
+            if self.checkpointer is None:
+                # Collective (it makes DCP's own gloo group); made on first use so that
+                # forming a round does not wait for it.
+                self.checkpointer = Checkpointer(self.run.checkpoint_dir)
+            pending = self.checkpointer.save_async(
+                state.step,
+                state.model,
+                state.optimizer,
+                sampler=state.sampler,
+                extra=state.extra,
+                round_number=self.number,
+            )
+        except RuntimeError as error:
+            self.end(f"checkpoint at step {state.step} failed to start: {error}", broken=True)
+            return None
+        # The commit thread waits for the save itself (in order, one save after another).
+        self.commits.append(self.commit_thread.submit(self._report, pending))
+        return pending
+
+    def _report(self, pending: PendingCheckpoint) -> None:
+        """The commit protocol for one save (see the module docstring); commit thread."""
+        run, step = self.run, pending.step
+        fields = {"round": self.number, "rank": self.rank, "step": step}
+        try:
+            saved = pending.wait()
+            run.emit("checkpoint_saved", **fields, path=str(saved.path), bytes=saved.bytes_total)
+            registry, store = self.checkpoints, self.store
+            key = CHECKPOINT_KEY.format(step=step)
+            wait_s = run.collective_timeout_s
+            if self.rank == 0:
+                checkpoint_id = registry.begin(
+                    step,
+                    uri=str(saved.path),
+                    layout=pending.layout.to_bytes(),
+                    world_size=self.world_size,
+                )
+                store.set(key, str(checkpoint_id))
+            else:
+                checkpoint_id = int(store.get(key, timeout_s=wait_s))
+            registry.shard_done(checkpoint_id, self.rank)
+            store.set(REPORTED_KEY.format(step=step, rank=self.rank), b"1")
+            if self.rank != 0:
+                return
+            store.wait(
+                [REPORTED_KEY.format(step=step, rank=r) for r in range(self.world_size)],
+                timeout_s=wait_s,
+            )
+            run.emit("committing", **fields, checkpoint_id=checkpoint_id)
+            result = registry.commit(checkpoint_id)
+            deleted = delete_checkpoints(run.checkpoint_dir, [c.uri for c in result.retired])
+            run.emit(
+                "checkpoint_committed",
+                **fields,
+                checkpoint_id=checkpoint_id,
+                path=str(saved.path),
+                deleted=[str(p) for p in deleted],
+            )
+        except (StaleRoundError, StaleTokenError) as error:
+            run.emit("checkpoint_refused", **fields, error=f"{type(error).__name__}: {error}")
+        except (RallypointError, RuntimeError, OSError) as error:
+            # The round ended under the save, or the coordinator could not be reached in
+            # time: this checkpoint is not committed; the next one will be.
+            run.emit("checkpoint_failed", **fields, error=f"{type(error).__name__}: {error}")
+
+    def wait_for_commits(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for this round's checkpoint reports (a normal finish)."""
+        concurrent.futures.wait(self.commits, timeout=timeout_s)
+
+
+class ElasticRun:
+    """A worker's membership of an elastic job; see the module docstring. Use ``with``."""
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        *,
+        job: str,
+        name: str,
+        state: TrainState,
+        checkpoint_dir: str | Path,
+        min_nodes: int,
+        max_nodes: int,
+        max_steps: int | None = None,
+        keep_checkpoints: int = 3,
+        restore: RestoreMode = "auto",
+        backend: str | None = None,
+        collective_timeout_s: float = 30.0,
+        reform_timeout_s: float = 10.0,
+        join_timeout_s: float = 600.0,
+        heartbeat_interval_ms: int = 100,
+        phi_threshold: float = 8.0,
+        acceptable_pause_ms: int = 0,
+        last_call_s: float = 0.0,
+        rejoin: bool = True,
+        on_event: EventHandler | None = None,
+        client_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.endpoints = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
+        self.job = job
+        self.name = name
+        self.state = state
+        self.checkpoint_dir = Path(checkpoint_dir)
+        self.max_steps = max_steps
+        self.restore_mode: RestoreMode = restore
+        self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        self.collective_timeout_s = collective_timeout_s
+        self.reform_timeout_s = reform_timeout_s
+        self.join_timeout_s = join_timeout_s
+        self.rejoin = rejoin
+        self.config = JobConfig(
+            min_nodes=min_nodes,
+            max_nodes=max_nodes,
+            last_call_ms=int(last_call_s * 1000),
+            join_timeout_ms=int(join_timeout_s * 1000),
+            heartbeat_interval_ms=heartbeat_interval_ms,
+            phi_threshold=phi_threshold,
+            acceptable_pause_ms=acceptable_pause_ms,
+            scale_up=True,
+            keep_checkpoints=keep_checkpoints,
+        )
+        self._on_event = on_event
+        self._client_options = dict(client_options or {})
+        self._client: SyncClient | None = None
+        self._participant: SyncParticipant | None = None
+        # The round being trained in; None between rounds.
+        self.current: ElasticRound | None = None
+        # Rounds formed so far, by this process.
+        self.formations: list[Formation] = []
+        # The model and optimizer hold a state that the world trained (not a fresh process's
+        # initial state, nor one from before this participant was lost).
+        self._survivor = False
+        # Abandoned groups and their work, with the time they were abandoned; see "Teardown".
+        self._abandoned: list[tuple[float, list[object]]] = []
+        self.last_loss: float | None = None
+        self._finished = False
+
+    # -------------------------------------------------------------- lifecycle
+
+    def __enter__(self) -> ElasticRun:
+        self._client = SyncClient(self.endpoints, **self._client_options)
+        try:
+            self._join()
+        except BaseException:
+            self._client.close()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            if self.current is not None:
+                self._teardown(self.current, finished=exc_info[0] is None)
+            if self._participant is not None and not self._participant.lost.is_set():
+                with contextlib.suppress(RallypointError):
+                    self._participant.leave(timeout_s=5)
+        finally:
+            if self._client is not None:
+                self._client.close()
+
+    @property
+    def client(self) -> SyncClient:
+        if self._client is None:
+            raise RuntimeError("the run is not started: use it in a with statement")
+        return self._client
+
+    @property
+    def participant(self) -> SyncParticipant:
+        if self._participant is None:
+            raise RuntimeError("the run is not started: use it in a with statement")
+        return self._participant
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        if self._on_event is not None:
+            self._on_event(kind, {"t": time.time(), "name": self.name, **fields})
+
+    def reached_max_steps(self) -> bool:
+        return self.max_steps is not None and self.state.step >= self.max_steps
+
+    def _join(self) -> None:
+        participant = self.client.join(self.job, self.name, config=self.config)
+        participant.on_round_change(self._on_round_change)
+        self._participant = participant
+        # A lost participant ends the round at once, from the client's thread.
+        lost = participant.lost
+        threading.Thread(
+            target=self._watch_lost, args=(participant, lost), name="rallypoint-lost", daemon=True
+        ).start()
+        self.emit("joined", participant_id=participant.participant_id)
+
+    def _watch_lost(self, participant: SyncParticipant, lost: threading.Event) -> None:
+        lost.wait()
+        current = self.current
+        if current is not None and participant is self._participant:
+            current.end(f"participant lost: {participant.lost_reason}")
+
+    def _on_round_change(self, info: RoundInfo) -> None:
+        """On the client's thread: end the current round if the job moved past it."""
+        current = self.current
+        if current is None:
+            return
+        if info.round != current.number or info.state is not RoundState.ACTIVE:
+            current.end(f"round {info.round} is {info.state.value}: {info.reason}")
+
+    # -------------------------------------------------------------- rounds
+
+    def rounds(self) -> Iterator[ElasticRound]:
+        """Formed rounds, one after the other, until ``max_steps`` is reached (or the user's
+        loop stops iterating a round's batches while it is still healthy)."""
+        broken = False
+        while not self._finished:
+            info = self._next_round(broken)
+            if info is None:
+                broken = False
+                continue
+            round_ = self._form(info)
+            if round_.formation is None:
+                broken = round_._ended.broken
+                continue
+            self.current = round_
+            yield round_
+            if not round_.ended:
+                # The user's loop is done with a healthy round: the run is finished.
+                self._teardown(round_, finished=True)
+                self.current = None
+                self._finished = True
+                self.emit("finished", step=self.state.step, round=round_.number)
+                return
+            broken = round_._ended.broken
+            self._teardown(round_, finished=False)
+            self.current = None
+
+    def _next_round(self, broken: bool) -> RoundInfo | None:
+        """The next ACTIVE round with this worker, joining again if the participant was lost
+        (or if a collective broke and the coordinator saw nothing for reform_timeout_s)."""
+        participant = self.participant
+        timeout_s = self.reform_timeout_s if broken else self.join_timeout_s
+        try:
+            return participant.wait_for_round(timeout_s=timeout_s)
+        except ParticipantLostError as error:
+            if not self.rejoin:
+                raise
+            reason = str(error)
+        except DeadlineExceededError:
+            if not broken:
+                raise
+            reason = f"a collective broke and round {participant.round.round} did not change"
+            with contextlib.suppress(RallypointError):
+                participant.leave(timeout_s=5)
+        # Whatever this process holds is no longer the world's state.
+        self._survivor = False
+        with contextlib.suppress(RallypointError):
+            participant.close()
+        self._join()
+        self.emit("rejoined", reason=reason, participant_id=self.participant.participant_id)
+        return None
+
+    def _form(self, info: RoundInfo) -> ElasticRound:
+        """Init the process group and restore. A round that could not be formed comes back
+        ended, without a ``formation``."""
+        started = time.monotonic()
+        participant_id = self.participant.participant_id
+        rank = info.rank_of(participant_id)
+        if rank is None:
+            raise AssertionError(f"wait_for_round returned round {info.round} without us")
+        round_ = ElasticRound(self, info, rank)
+        self.current = round_
+        latest_view = self.participant.round
+        if latest_view.round != info.round or latest_view.state is not RoundState.ACTIVE:
+            round_.end(f"round {latest_view.round} is {latest_view.state.value}")
+        try:
+            store = CoordinatorStore.for_round(
+                self.client,
+                info,
+                participant_id,
+                timeout=timedelta(seconds=self.collective_timeout_s),
+            )
+            round_.in_flight.append(store)
+            if not round_.ended:
+                # torch names unnamed groups by a per-process counter that only destroying
+                # the default group resets; an init that failed half-way (its round ended)
+                # leaves it advanced, and ranks whose counters differ never find each other's
+                # gloo keys. Every round starts from zero on every rank.
+                distributed_c10d._world.group_count = 0
+                dist.init_process_group(
+                    self.backend,
+                    store=store,
+                    rank=rank,
+                    world_size=info.world_size,
+                    timeout=timedelta(seconds=self.collective_timeout_s),
+                )
+                round_.in_flight.append(dist.group.WORLD)
+            init_s = time.monotonic() - started
+            if round_.ended:
+                raise _RoundGone(round_.end_reason)
+            if self.state.sampler is not None:
+                self.state.sampler.set_world(rank, info.world_size)
+            latest = self.client.latest_checkpoint(self.job)
+            checkpoint = Path(latest.uri) if latest is not None else None
+            restored = self._restore(checkpoint, round_)
+        except (_RoundGone, RuntimeError, RallypointError) as error:
+            # Broken (not merely ended) if the coordinator still has the round ACTIVE.
+            round_.end(f"forming failed: {str(error).splitlines()[0][:200]}", broken=True)
+            self._teardown(round_, finished=False)
+            self.current = None
+            return round_
+        self._survivor = True
+        self.state.step = restored.step
+        formation = Formation(
+            round_number=info.round,
+            rank=rank,
+            world_size=info.world_size,
+            fencing_token=info.fencing_token,
+            init_s=init_s,
+            restore=restored,
+            formed_s=time.monotonic() - started,
+            checkpoint=str(checkpoint) if checkpoint is not None else None,
+        )
+        round_.formation = formation
+        self.formations.append(formation)
+        self.emit(
+            "round_formed",
+            round=info.round,
+            rank=rank,
+            world_size=info.world_size,
+            token=info.fencing_token,
+            step=self.state.step,
+            source=restored.source.value,
+            reason=restored.reason,
+            restore_s=restored.duration_s,
+            bytes=restored.bytes_moved,
+            init_s=init_s,
+            formed_s=formation.formed_s,
+            checkpoint=formation.checkpoint,
+        )
+        return round_
+
+    def _restore(self, checkpoint: Path | None, round_: ElasticRound) -> RestoreResult:
+        state = self.state
+        survivor_step: int | None = state.step if self._survivor else None
+        if self.restore_mode == "checkpoint" and checkpoint is not None:
+            survivor_step = None
+        result = restore_state(
+            state.model,
+            state.optimizer,
+            checkpoint=checkpoint,
+            survivor_step=survivor_step,
+            extra=state.extra,
+            sampler=state.sampler,
+        )
+        if result.source is RestoreSource.FRESH:
+            replicated = not any(isinstance(p, DTensor) for p in state.model.parameters())
+            if replicated and round_.world_size > 1:
+                # Every rank starts from rank 0's initial replica.
+                fresh = broadcast_state(
+                    state.model, state.optimizer, src=0, step=0, sampler=state.sampler
+                )
+                result = RestoreResult(
+                    RestoreSource.FRESH,
+                    "no checkpoint and no survivor: rank 0's initial state, broadcast",
+                    0,
+                    fresh.extra,
+                    fresh.bytes_moved,
+                    result.duration_s + fresh.duration_s,
+                )
+        if result.source is not RestoreSource.KEEP:
+            state.extra = result.extra
+        return result
+
+    def _teardown(self, round_: ElasticRound, *, finished: bool) -> None:
+        """Leave the round's group. A finished round first lets its checkpoint commit (and
+        waits for every rank's, so nobody leaves the job before rank 0 committed)."""
+        if finished and not round_.ended:
+            round_.wait_for_commits(self.collective_timeout_s)
+            if dist.is_initialized():
+                round_.all_reduce(torch.zeros(1))
+        round_.commit_thread.shutdown(wait=False)
+        now = time.monotonic()
+        if not round_.ended:
+            round_.end("finished" if finished else "left")
+        if dist.is_initialized():
+            round_.in_flight.append(dist.group.WORLD)
+            dist.destroy_process_group()
+        self._abandoned = [
+            (at, held) for at, held in self._abandoned if now - at < self.collective_timeout_s + 5
+        ]
+        self._abandoned.append((now, [round_.checkpointer, *round_.in_flight]))
+
+
+class _RoundGone(Exception):
+    """The round ended while it was being formed."""
+
+
+# The loop's entry point, as the README spells it: ``with elastic_training(...) as run``.
+elastic_training = ElasticRun
+
+
+__all__ = [
+    "ElasticRound",
+    "ElasticRun",
+    "Formation",
+    "TrainState",
+    "elastic_training",
+]

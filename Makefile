@@ -11,7 +11,7 @@ ITER  ?= 50
 RUNS  ?= 20
 TIME  ?= 60
 
-.PHONY: help setup lint format typecheck pytest test sim crash-test bench-wal bench-kv demo proto clean jepsen jepsen-long
+.PHONY: help setup lint format typecheck pytest test sim crash-test bench-wal bench-kv bench-recovery demo proto clean jepsen jepsen-long
 
 help:
 	@echo "make demo             start a local cluster and elastic workers, kill things, watch recovery"
@@ -20,6 +20,7 @@ help:
 	@echo "make crash-test ITER=N  SIGKILL a WAL writer N times and check nothing acknowledged is lost"
 	@echo "make bench-wal        WAL append/fsync benchmark -> bench/results/wal.json"
 	@echo "make bench-kv         KV put/get/keep-alive vs a 3-member etcd -> bench/results/kv.json (.png)"
+	@echo "make bench-recovery   worker SIGKILL -> training again vs torchrun; restore vs DCP -> bench/results/recovery.json (.png)"
 	@echo "make bench-torchrun   torchrun kill-to-running, rallypoint vs c10d -> bench/results/torchrun.json"
 	@echo "make bench-rendezvous rounds of 64/256/1024 vs torchrun, detection, capacity -> bench/results/rendezvous.json (.png)"
 	@echo "make proto            regenerate the Python code for proto/**/*.proto"
@@ -99,8 +100,13 @@ bench-torchrun: setup
 proto: setup
 	$(PY) proto/generate.py
 
+# Starts 3 members and 4 workers (temporary directories), kills things, exits 0; ~1 minute.
 demo: setup
-	@echo "make demo: the elastic training demo is not built yet (see the open issues)."
+	$(PY) -m rallypoint.worker.demo
+
+# SIGKILL-to-training recovery vs torchrun (tuned and default), restore vs raw DCP.
+bench-recovery: setup
+	$(PY) -m bench.recovery_bench --out bench/results/recovery.json
 
 clean:
 	rm -rf $(VENV) .pkgview .mypy_cache .pytest_cache .ruff_cache

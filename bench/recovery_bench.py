@@ -1,0 +1,432 @@
+"""Recovery: SIGKILL of one of 4 workers until the survivors train again, rallypoint's
+in-process re-formation against torchrun (c10d) restarting its workers; restore against a
+raw DCP load.
+
+    .venv/bin/python -m bench.recovery_bench [--trials 3] [--out bench/results/recovery.json]
+
+rallypoint: a 3-member cluster; each trial starts 4 workers of ``rallypoint.worker.
+demo_train`` (an MLP, gloo, a checkpoint every 20 steps), waits until all 4 have trained
+together, SIGKILLs one and measures until each of the 3 survivors has counted a step at
+world size 3 (``recovery_s``: detection, abandoning the collective, re-forming the group,
+restoring).
+
+torchrun: two agents of two workers each (``tests/worker/torchrun_script.py``, gloo
+all-reduces), ``--rdzv-backend=c10d``; the worker of global rank 1 is SIGKILLed and the time
+is measured until every worker of the restarted group has done its first all-reduce.
+*Tuned*: ``last_call_timeout=1`` s, ``--monitor-interval=0.1`` and the rendezvous store not
+shared with the workers (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: every restart gets a fresh
+store); *default*: torch's defaults. A configuration that never recovers is reported as null
+with the reason. All three run in the same invocation, alternating trial by trial.
+
+Restore: one process saves a ~``--restore-mb`` MB model and AdamW state with the
+Checkpointer, then alternately restores it with ``restore_checkpoint`` (what the elastic loop
+does: metadata, state dicts for this world, DCP load, install, sampler) and with a raw
+``dcp.load`` into ready state dicts; ``restore_vs_dcp`` is raw time / our time (1.0: as
+fast).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from bench.common import free_port_block, json_safe, machine_info, package_versions
+from bench.kv_bench import RallypointCluster
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+TORCHRUN_SCRIPT = REPOSITORY / "tests" / "worker" / "torchrun_script.py"
+WORKERS = 4
+Event = dict[str, Any]
+
+
+class ElasticTrial:
+    """Four elastic workers of one job, and the events they print."""
+
+    def __init__(self, endpoints: str, job: str, root: Path) -> None:
+        self.events: list[Event] = []
+        self.lock = threading.Lock()
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+        self.procs: dict[str, subprocess.Popen[str]] = {}
+        for index in range(WORKERS):
+            name = f"w{index}"
+            with open(root / f"{job}-{name}.err", "w") as stderr:
+                proc = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "rallypoint.worker.demo_train",
+                        f"--endpoints={endpoints}",
+                        f"--job={job}",
+                        f"--name={name}",
+                        f"--checkpoint-dir={root / job}",
+                        "--checkpoint-every=20",
+                        "--step-sleep-s=0.01",
+                    ],
+                    stdout=subprocess.PIPE,
+                    stderr=stderr,
+                    text=True,
+                    env=env,
+                    start_new_session=True,
+                )
+            self.procs[name] = proc
+            threading.Thread(target=self._read, args=(proc,), daemon=True).start()
+
+    def _read(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            with self.lock:
+                self.events.append(event)
+
+    def training_at(self, names: Sequence[str], world_size: int, after_t: float) -> float | None:
+        with self.lock:
+            steps = [e for e in self.events if e["event"] == "step" and e["t"] > after_t]
+        firsts = []
+        for name in names:
+            mine = [e["t"] for e in steps if e["name"] == name and e["world_size"] == world_size]
+            if not mine:
+                return None
+            firsts.append(float(mine[0]))
+        return max(firsts)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def wait_for(what: str, ready: Any, timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = ready()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise TimeoutError(f"no {what} within {timeout_s:g} s")
+
+
+def elastic_trial(endpoints: str, job: str, root: Path, timeout_s: float) -> Event:
+    trial = ElasticTrial(endpoints, job, root)
+    names = list(trial.procs)
+    try:
+        wait_for("4 workers training", lambda: trial.training_at(names, WORKERS, 0.0), timeout_s)
+        time.sleep(1.0)  # a few checkpoints' worth of training at world 4
+        victim = names[-1]
+        killed_at = time.time()
+        os.killpg(trial.procs[victim].pid, signal.SIGKILL)
+        survivors = names[:-1]
+        try:
+            back = wait_for(
+                "survivors training at world 3",
+                lambda: trial.training_at(survivors, WORKERS - 1, killed_at),
+                timeout_s,
+            )
+        except TimeoutError as error:
+            return {"recovered": False, "error": str(error)}
+        with trial.lock:
+            formed = [
+                e for e in trial.events if e["event"] == "round_formed" and e["t"] > killed_at
+            ]
+        return {
+            "recovered": True,
+            "recovery_s": back - killed_at,
+            "restore_sources": sorted({e["source"] for e in formed}),
+        }
+    finally:
+        trial.stop()
+
+
+class TorchrunTrial:
+    """Two torchrun agents (2 workers each) of one job; the events the workers write."""
+
+    def __init__(self, tuned: bool, job: str, out: Path) -> None:
+        self.out = out
+        out.mkdir(parents=True)
+        endpoint = f"127.0.0.1:{free_port_block(1)}"
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=2",
+            "--nproc-per-node=2",
+            "--max-restarts=3",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={endpoint}",
+            f"--rdzv-id={job}",
+        ]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+        if tuned:
+            command += ["--monitor-interval=0.1", "--rdzv-conf=last_call_timeout=1"]
+            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        command += [str(TORCHRUN_SCRIPT), f"--out={out}", "--steps=1000000"]
+        self.logs = [out / f"agent-{i}.log" for i in range(2)]
+        self.agents: list[subprocess.Popen[bytes]] = []
+        for log_path in self.logs:
+            with open(log_path, "wb") as log:
+                self.agents.append(
+                    subprocess.Popen(
+                        command,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                        env=env,
+                    )
+                )
+
+    def events(self, kind: str) -> list[Event]:
+        found: list[Event] = []
+        for path in self.out.glob("events-*.jsonl"):
+            for line in path.read_text().splitlines():
+                if line.endswith("}"):  # a line being written is complete on the next read
+                    found.append(json.loads(line))
+        return [e for e in found if e["event"] == kind]
+
+    def check_agents(self) -> None:
+        for agent, log in zip(self.agents, self.logs, strict=True):
+            if agent.poll() is not None:
+                errors = [
+                    line.strip()
+                    for line in log.read_text(errors="replace").splitlines()
+                    if "Error" in line and "registry.py" not in line
+                ]
+                last = errors[-1][:300] if errors else "no error line"
+                raise RuntimeError(f"an agent exited ({agent.returncode}): {last} ({log})")
+
+    def stop(self) -> None:
+        for agent in self.agents:
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGKILL)
+            agent.wait()
+
+
+def torchrun_trial(tuned: bool, job: str, out: Path, timeout_s: float) -> Event:
+    trial = TorchrunTrial(tuned, job, out)
+    try:
+
+        def warmed_up() -> list[Event] | None:
+            trial.check_agents()
+            started = trial.events("started")
+            stepped = {e["pid"] for e in trial.events("step") if e["step"] >= 3}
+            return started if len(started) == WORKERS and len(stepped) == WORKERS else None
+
+        first = wait_for("4 workers past step 3", warmed_up, timeout_s)
+        victim = next(e for e in first if e["rank"] == 1)
+        killed_at = time.time()
+        os.kill(victim["pid"], signal.SIGKILL)
+        old = {e["pid"] for e in first}
+
+        def restarted_and_stepping() -> float | None:
+            trial.check_agents()
+            pids = {e["pid"] for e in trial.events("started") if e["pid"] not in old}
+            if len(pids) < WORKERS:
+                return None
+            firsts: dict[int, float] = {}
+            for e in trial.events("step"):
+                if e["pid"] in pids and e["pid"] not in firsts:
+                    firsts[e["pid"]] = e["t"]
+            return max(firsts.values()) if len(firsts) == WORKERS else None
+
+        try:
+            back = wait_for("4 restarted workers stepping", restarted_and_stepping, timeout_s)
+        except (RuntimeError, TimeoutError) as error:
+            return {"recovered": False, "error": str(error)}
+        return {"recovered": True, "recovery_s": back - killed_at}
+    finally:
+        trial.stop()
+
+
+def median_or_reason(trials: Sequence[Event]) -> dict[str, Any]:
+    recovered = [t["recovery_s"] for t in trials if t["recovered"]]
+    summary: dict[str, Any] = {
+        "recovered": f"{len(recovered)}/{len(trials)}",
+        "median_s": statistics.median(recovered) if recovered else None,
+        "trials": list(trials),
+    }
+    if not recovered:
+        summary["reason"] = "; ".join(sorted({t["error"] for t in trials}))
+    return summary
+
+
+# ------------------------------------------------------------------ restore
+
+
+def restore_figures(root: Path, size_mb: float, repeats: int) -> dict[str, Any]:
+    """Our restore against a raw DCP load of the same checkpoint, alternating."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from rallypoint.worker import Checkpointer, ElasticSampler, restore_checkpoint
+
+    width = 1024
+    layers = max(1, int(size_mb * 1024 * 1024 / 4 / (width * width)))
+
+    def model() -> torch.nn.Module:
+        return torch.nn.Sequential(*(torch.nn.Linear(width, width) for _ in range(layers)))
+
+    store = dist.FileStore(str(root / "restore-store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=timedelta(60))
+    try:
+        source = model()
+        optimizer = torch.optim.AdamW(source.parameters())
+        source(torch.randn(2, width)).sum().backward()
+        optimizer.step()
+        sampler = ElasticSampler(1000, batch_size=10, rank=0, world_size=1)
+        saved = Checkpointer(root / "restore").save_async(1, source, optimizer, sampler=sampler)
+        path = saved.wait().path
+        ours_s, raw_s, bytes_read = [], [], 0
+        for _ in range(repeats):
+            target = model()
+            target_optimizer = torch.optim.AdamW(target.parameters())
+            started = time.perf_counter()
+            result = restore_checkpoint(path, target, target_optimizer, sampler=sampler)
+            ours_s.append(time.perf_counter() - started)
+            bytes_read = result.bytes_moved
+
+            target = model()
+            target_optimizer = torch.optim.AdamW(target.parameters())
+            started = time.perf_counter()
+            model_state, optimizer_state = get_state_dict(target, target_optimizer)
+            state = {"model": model_state, "optimizer": optimizer_state, "progress": b""}
+            dcp.load(state, checkpoint_id=str(path))
+            raw_s.append(time.perf_counter() - started)
+    finally:
+        dist.destroy_process_group()
+    ours, raw = statistics.median(ours_s), statistics.median(raw_s)
+    return {
+        "checkpoint_bytes": bytes_read,
+        "ours_median_s": ours,
+        "raw_dcp_median_s": raw,
+        "ours_bytes_per_s": bytes_read / ours,
+        "raw_dcp_bytes_per_s": bytes_read / raw,
+        "restore_vs_dcp": raw / ours,
+        "repeats": repeats,
+    }
+
+
+# ------------------------------------------------------------------ run
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix="recovery-bench-"))
+    cluster = RallypointCluster(root / "cluster")
+    trials: dict[str, list[Event]] = {
+        "rallypoint": [],
+        "torchrun_tuned": [],
+        "torchrun_default": [],
+    }
+    try:
+        cluster.start()
+        asyncio.run(cluster.wait_ready())
+        endpoints = ",".join(cluster.addresses.values())
+        for trial in range(args.trials):
+            figures = elastic_trial(endpoints, f"bench-{trial}", root, args.timeout_s)
+            trials["rallypoint"].append(figures)
+            print(f"rallypoint       trial {trial}: {figures}", flush=True)
+            for tuned in (True, False):
+                key = "torchrun_tuned" if tuned else "torchrun_default"
+                out = root / f"{key}-{trial}"
+                figures = torchrun_trial(tuned, f"{key}-{trial}", out, args.timeout_s)
+                trials[key].append(figures)
+                print(f"{key:<16} trial {trial}: {figures}", flush=True)
+    finally:
+        cluster.stop()
+    restore = restore_figures(root, args.restore_mb, args.restore_repeats)
+    print(f"restore: {restore}", flush=True)
+    summaries = {key: median_or_reason(values) for key, values in trials.items()}
+    report: dict[str, Any] = {
+        "benchmark": "elastic recovery and restore",
+        "machine": machine_info(),
+        "versions": package_versions(["torch", "rallypoint", "grpcio"]),
+        "parameters": {
+            "workers": WORKERS,
+            "trials": args.trials,
+            "fault": "SIGKILL of one of 4 workers",
+            "measured": "kill -> every survivor (rallypoint) or restarted worker (torchrun) "
+            "trained a step",
+            "torchrun_tuned": "c10d, last_call_timeout=1, monitor-interval 0.1, "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
+            "torchrun_default": "c10d, torch's defaults",
+            "restore_mb": args.restore_mb,
+        },
+        "recovery_s": summaries["rallypoint"]["median_s"],
+        "torchrun_tuned_s": summaries["torchrun_tuned"]["median_s"],
+        "torchrun_default_s": summaries["torchrun_default"]["median_s"],
+        "restore_vs_dcp": restore["restore_vs_dcp"],
+        "details": {**summaries, "restore": restore},
+    }
+    for key in ("torchrun_tuned", "torchrun_default"):
+        if summaries[key]["median_s"] is None:
+            report[f"{key}_reason"] = summaries[key]["reason"]
+    if report["recovery_s"] and report["torchrun_tuned_s"]:
+        report["speedup_vs_tuned_torchrun"] = report["torchrun_tuned_s"] / report["recovery_s"]
+    return report
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    labels, values = [], []
+    for label, key in (
+        ("rallypoint", "recovery_s"),
+        ("torchrun tuned", "torchrun_tuned_s"),
+        ("torchrun default", "torchrun_default_s"),
+    ):
+        labels.append(label if report[key] is not None else f"{label}\n(never recovered)")
+        values.append(report[key] or 0.0)
+    left.bar(labels, values, color=["tab:green", "tab:orange", "tab:red"])
+    left.set_ylabel("seconds, SIGKILL -> training (median)")
+    left.set_title("recovery from a worker's SIGKILL (4 workers)")
+    restore = report["details"]["restore"]
+    right.bar(
+        ["rallypoint restore", "raw DCP load"],
+        [restore["ours_bytes_per_s"] / 1e6, restore["raw_dcp_bytes_per_s"] / 1e6],
+        color=["tab:green", "tab:blue"],
+    )
+    right.set_ylabel("MB/s")
+    right.set_title(f"restore throughput (ratio {report['restore_vs_dcp']:.2f})")
+    figure.tight_layout()
+    figure.savefig(path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench/results/recovery.json")
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--timeout-s", type=float, default=90.0, help="per phase of a trial")
+    parser.add_argument("--restore-mb", type=float, default=64.0)
+    parser.add_argument("--restore-repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    report = run(args)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(json_safe(report), indent=2) + "\n")
+    plot(report, out.with_suffix(".png"))
+    print(json.dumps({k: v for k, v in report.items() if k != "details"}, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -33,6 +33,13 @@ log = logging.getLogger("rallypoint.supervisor")
 
 Key = tuple[str, int]
 
+# The leader's own event loop running this much late means heartbeats sat unread: nobody is
+# suspected for twice the stall (Cassandra's detector does the same after a GC pause).
+LOOP_STALL_S = 0.05
+# Suspecting more than half of a job's participants at once from phi alone is more likely the
+# leader being slow than half the workers dying together: such a verdict must hold this long.
+MASS_SUSPICION_HOLD_MS = 5000
+
 
 def monotonic_ms() -> int:
     return int(time.monotonic() * 1000)
@@ -61,6 +68,8 @@ class RendezvousSupervisor:
         self._close_proposed_ms: dict[Key, int] = {}
         # Proposals in flight (referenced so they are not collected before they finish).
         self._in_flight: set[asyncio.Task[None]] = set()
+        # Per job, since when phi alone has suspected more than half of its participants.
+        self._mass_suspicion_since_ms: dict[str, int] = {}
 
     # -------------------------------------------------------------- leadership
 
@@ -110,10 +119,23 @@ class RendezvousSupervisor:
             self.detectors.track((job_id, pid), settings, now_ms)
 
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        last = loop.time()
         while True:
             await asyncio.sleep(self.interval_s)
+            now = loop.time()
+            stall_s = now - last - self.interval_s
+            last = now
+            if stall_s > LOOP_STALL_S:
+                self.loop_stalled(int(stall_s * 1000))
             if self.is_leader:
                 self.step()
+
+    def loop_stalled(self, stall_ms: int) -> None:
+        """This process did not run for ``stall_ms``: heartbeats that arrived meanwhile are
+        still queued, so hold suspicion until they have been read."""
+        until_ms = monotonic_ms() + 2 * stall_ms
+        self.detectors.grace_until_ms = max(self.detectors.grace_until_ms, until_ms)
 
     def step(self) -> None:
         """One pass of the leader's duties (public for tests)."""
@@ -129,7 +151,7 @@ class RendezvousSupervisor:
         if len(self._close_proposed_ms) > 1024:
             self._close_proposed_ms.clear()
         now_ms = monotonic_ms()
-        for job_id, pid in self.detectors.suspects(now_ms):
+        for job_id, pid in self._credible(self.detectors.suspects(now_ms), now_ms):
             job = rendezvous.jobs.get(job_id)
             if job is None or pid not in job.participants:
                 continue
@@ -142,6 +164,38 @@ class RendezvousSupervisor:
             )
             log.info("job %s: participant %d suspected: %s", job_id, pid, cause)
             self._spawn(MemberFailed(job_id, pid, job.round.number, cause))
+
+    def _credible(self, suspects: list[Key], now_ms: int) -> list[Key]:
+        """Suspects minus phi-only verdicts on more than half of a job at once, until such a
+        verdict has held for MASS_SUSPICION_HOLD_MS (a closed stream always counts)."""
+        by_job: dict[str, list[Key]] = {}
+        for key in suspects:
+            by_job.setdefault(key[0], []).append(key)
+        credible: list[Key] = []
+        jobs = self._state.rendezvous.jobs
+        for job_id in sorted(by_job):
+            keys = by_job[job_id]
+            job = jobs.get(job_id)
+            closed = [k for k in keys if math.isinf(self.detectors.phi(k, now_ms) or 0.0)]
+            by_phi = [k for k in keys if k not in closed]
+            credible.extend(closed)
+            participants = len(job.participants) if job is not None else 0
+            if len(by_phi) <= max(1, participants // 2):
+                self._mass_suspicion_since_ms.pop(job_id, None)
+                credible.extend(by_phi)
+                continue
+            since = self._mass_suspicion_since_ms.setdefault(job_id, now_ms)
+            if now_ms - since >= MASS_SUSPICION_HOLD_MS:
+                credible.extend(by_phi)
+            else:
+                log.warning(
+                    "job %s: phi suspects %d of %d participants at once; waiting before "
+                    "believing it (the leader may be the slow one)",
+                    job_id,
+                    len(by_phi),
+                    participants,
+                )
+        return sorted(credible)
 
     def _spawn(self, command: Command) -> None:
         task = asyncio.get_running_loop().create_task(self._submit(command))

@@ -108,6 +108,10 @@ def record_pb(record: RoundRecord) -> rendezvous_pb2.RoundRecord:
 class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
     def __init__(self, node: ServerNode) -> None:
         self.node = node
+        # Per job, the RoundInfo last pushed to watchers and the job revision it shows: every
+        # watcher of a job gets the same message, built once per change (a round of N workers
+        # has N watchers, so building it per watcher costs N^2).
+        self._pushed: dict[str, tuple[int, rendezvous_pb2.RoundInfo]] = {}
 
     # ----------------------------------------------------------------- reading jobs
 
@@ -197,11 +201,21 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
             job = self._job(job_id)
             revision = job.revision
             yield rendezvous_pb2.WatchJobResponse(
-                header=header_pb(self.node.header()), round=self.round_info(job)
+                header=header_pb(self.node.header()), round=self._round_info_to_push(job)
             )
             # No await between a check and the wait that follows it: no apply is missed.
             while not self._changed_since(job_id, revision):
                 await self.node.wait_for_apply(WATCH_RECHECK_S)
+
+    def _round_info_to_push(self, job: Job) -> rendezvous_pb2.RoundInfo:
+        pushed = self._pushed.get(job.job_id)
+        if pushed is not None and pushed[0] == job.revision:
+            return pushed[1]
+        info = self.round_info(job)
+        if len(self._pushed) > 1024:
+            self._pushed.clear()
+        self._pushed[job.job_id] = (job.revision, info)
+        return info
 
     def _changed_since(self, job_id: str, revision: int) -> bool:
         changed = self.node.state.rendezvous.job_changed_since(job_id, revision)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -214,6 +215,11 @@ class TorchrunTrial:
             if agent.poll() is None:
                 os.killpg(agent.pid, signal.SIGKILL)
             agent.wait()
+        # torchrun starts its workers in sessions of their own: an agent's death leaves them
+        # running, so kill every worker that ever reported.
+        for pid in {e["pid"] for e in self.events("started")}:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def torchrun_trial(tuned: bool, job: str, out: Path, timeout_s: float) -> Event:

@@ -38,6 +38,7 @@ from typing import Any
 
 from bench.common import free_port_block, json_safe, machine_info, package_versions
 from bench.kv_bench import RallypointCluster
+from tests.integration.harness import kill_processes_mentioning
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 SCRIPT = REPOSITORY / "tests" / "worker" / "torchrun_script.py"
@@ -102,6 +103,7 @@ class Trial:
             if agent.poll() is None:
                 os.killpg(agent.pid, signal.SIGKILL)
             agent.wait()
+        kill_processes_mentioning(f"--out={self.out}")  # workers live in sessions of their own
 
 
 def run_trial(backend: str, endpoint: str, job: str, out: Path, timeout_s: float) -> Event:

@@ -41,6 +41,26 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
+def kill_processes_mentioning(text: str) -> list[int]:
+    """SIGKILL every process whose command line contains ``text`` (e.g. a test's own output
+    directory). torchrun starts its workers in sessions of their own, so killing an agent's
+    process group leaves them running; this finds them wherever they were reparented."""
+    killed = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry), signal.SIGKILL)
+                killed.append(int(entry))
+    return killed
+
+
 def wait_until(
     condition: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.05
 ) -> T:

@@ -31,7 +31,12 @@ from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 from rallypoint.client import JobConfig, SyncClient
 from rallypoint.worker.tcpstore_bridge import TCPStoreBridge
 from rallypoint.worker.torchrun import RallypointRendezvousHandler, RendezvousSettings
-from tests.integration.harness import ProcessCluster, running_cluster, wait_until
+from tests.integration.harness import (
+    ProcessCluster,
+    kill_processes_mentioning,
+    running_cluster,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -115,6 +120,7 @@ class TorchrunJob:
             if agent.poll() is None:
                 os.killpg(agent.pid, signal.SIGKILL)
                 agent.wait()
+        kill_processes_mentioning(f"--out={self.out}")  # workers live in sessions of their own
 
 
 @pytest.fixture

@@ -49,6 +49,7 @@ from .backoff import Backoff
 from .checkpoints import CheckpointRegistry
 from .errors import (
     DeadlineExceededError,
+    InternalError,
     NotFoundError,
     RallypointError,
     UnavailableError,
@@ -454,7 +455,9 @@ class Participant:
                 f"({source} refused: {error})"
             )
             return True
-        if not isinstance(error, UnavailableError | DeadlineExceededError):
+        # INTERNAL comes from gRPC's core when a stream breaks mid-flight (e.g. its member was
+        # killed): a transport failure like UNAVAILABLE, not a verdict on the participant.
+        if not isinstance(error, UnavailableError | DeadlineExceededError | InternalError):
             # Nothing else is expected of these streams: stop acting rather than guess.
             self._mark_lost(f"the {source} of participant {self.participant_id} failed: {error}")
             return True

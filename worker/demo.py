@@ -227,6 +227,8 @@ class Demo:
             self.note(f"{view.name}: {kind}: {event.get('error') or event.get('reason')}")
 
     def note(self, text: str) -> None:
+        if self.stop.is_set():
+            return  # the run is over: what workers say while being stopped is noise
         self.console.print(Text(f"{time.strftime('%H:%M:%S')} {text}", style="dim"))
 
     def select(self, kind: str, after_t: float) -> list[dict[str, Any]]:

@@ -235,6 +235,7 @@ class Node:
         self._disk = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rp-disk")
         self._wakeup = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[Any]] = set()
         self._proposal_ids = itertools.count(1)
         # Callers waiting for their entry to apply. Invariant: keys are proposal ids that
         # this member proposed and has not yet applied or given up on.
@@ -378,6 +379,13 @@ class Node:
         self._disk.shutdown(wait=True)
         log.info("member %d stopped", self.config.member_id)
 
+    def _spawn(self, coro: Any) -> None:
+        """Run ``coro`` in the background, referenced until it finishes (the event loop keeps
+        only weak references to tasks)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def _guard(self, coro: Any) -> None:
         try:
             await coro
@@ -497,7 +505,7 @@ class Node:
         for change in cc.changes:
             if change.type is ConfChangeType.REMOVE_NODE:
                 self._members.remove(change.node_id)
-                asyncio.get_running_loop().create_task(self._transport.remove_peer(change.node_id))
+                self._spawn(self._transport.remove_peer(change.node_id))
                 if change.node_id == self.config.member_id:
                     self.removed = True
                     log.warning("member %d was removed from the cluster", change.node_id)
@@ -598,7 +606,7 @@ class Node:
         while True:
             await asyncio.sleep(min(0.1, self.config.tick_ms / 1000))
             for lease_id in self._lessor.expired():
-                asyncio.get_running_loop().create_task(self._expire_lease(lease_id))
+                self._spawn(self._expire_lease(lease_id))
 
     async def _expire_lease(self, lease_id: int) -> None:
         with contextlib.suppress(NodeError):

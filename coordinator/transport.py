@@ -108,6 +108,7 @@ class PeerSender:
         self._snapshot_task: asyncio.Task[None] | None = None
         self._channel: grpc.aio.Channel | None = None
         self._channel_address: str | None = None
+        self._closing: set[asyncio.Task[None]] = set()
         self.dropped = 0
 
     def start(self) -> None:
@@ -139,7 +140,9 @@ class PeerSender:
         if self._channel is None or address != self._channel_address:
             if self._channel is not None:
                 old = self._channel
-                asyncio.get_running_loop().create_task(old.close(grace=None))
+                closing = asyncio.get_running_loop().create_task(old.close(grace=None))
+                self._closing.add(closing)  # referenced until done
+                closing.add_done_callback(self._closing.discard)
             self._channel = self._channel_factory(address)
             self._channel_address = address
         return self._channel

@@ -7,6 +7,7 @@ because a figure without them cannot be compared with another run.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
@@ -14,7 +15,7 @@ import socket
 import statistics
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -200,3 +201,14 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [json_safe(item) for item in value]
     return value
+
+
+def write_results(out: Path, document: dict[str, Any], plot: Callable[[Path], None] | None) -> None:
+    """Write ``document`` as standard JSON to ``out`` and, unless ``plot`` is None, draw the
+    plot beside it (same name, .png); say what was written."""
+    out.write_text(json.dumps(json_safe(document), indent=2, allow_nan=False) + "\n")
+    if plot is None:
+        print(f"wrote {out}")
+        return
+    plot(out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')}")

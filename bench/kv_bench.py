@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import contextlib
 import enum
-import json
 import math
 import os
 import shutil
@@ -51,11 +50,11 @@ from bench.common import (
     command_version,
     cpu_share,
     free_port_block,
-    json_safe,
     latency_summary_ms,
     machine_info,
     median_of,
     package_versions,
+    write_results,
 )
 from bench.etcd.api import load as load_etcd_api
 from bench.etcd.cluster import EtcdCluster
@@ -654,13 +653,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         "wall_time_s": time.perf_counter() - started,
     }
-    out.write_text(json.dumps(json_safe(document), indent=2, allow_nan=False) + "\n")
     print_report(results, measured)
-    if not args.no_plot:
-        plot(results, out.with_suffix(".png"))
-        print(f"wrote {out} and {out.with_suffix('.png')}")
-    else:
-        print(f"wrote {out}")
+    write_results(out, document, None if args.no_plot else lambda path: plot(results, path))
     return 0
 
 

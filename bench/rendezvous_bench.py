@@ -58,9 +58,9 @@ import uvloop
 from bench.common import (
     CpuSample,
     cpu_share,
-    json_safe,
     machine_info,
     package_versions,
+    write_results,
 )
 from bench.kv_bench import RallypointCluster
 from rallypoint.client import Client, EndReason, JobConfig, RallypointError
@@ -1041,13 +1041,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "results": results,
         "wall_time_s": time.perf_counter() - started,
     }
-    out.write_text(json.dumps(json_safe(document), indent=2, allow_nan=False) + "\n")
     print_report(top, checked)
-    if not args.no_plot:
-        plot(results, out.with_suffix(".png"))
-        print(f"wrote {out} and {out.with_suffix('.png')}")
-    else:
-        print(f"wrote {out}")
+    write_results(out, document, None if args.no_plot else lambda path: plot(results, path))
     return 0
 
 

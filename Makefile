@@ -10,6 +10,7 @@ SEEDS ?= 500
 ITER  ?= 50
 RUNS  ?= 20
 TIME  ?= 60
+LANES ?= 1
 
 .PHONY: help setup lint format typecheck pytest test sim crash-test bench-wal bench-kv bench-recovery demo proto clean jepsen jepsen-long
 
@@ -25,7 +26,7 @@ help:
 	@echo "make bench-rendezvous rounds of 64/256/1024 vs torchrun, detection, capacity -> bench/results/rendezvous.json (.png)"
 	@echo "make proto            regenerate the Python code for proto/**/*.proto"
 	@echo "make jepsen           fault-injection runs: every workload under every nemesis, short (root)"
-	@echo "make jepsen-long RUNS=N TIME=S  N runs of S seconds per fault mix -> store/jepsen/"
+	@echo "make jepsen-long RUNS=N TIME=S [LANES=L]  N runs of S s per fault mix, L at once -> store/jepsen/"
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -86,7 +87,7 @@ jepsen: setup
 
 jepsen-long: setup
 	@$(JEPSEN_TOOLS)
-	$(PY) -m tests.jepsen --matrix long --runs $(RUNS) --time $(TIME)
+	$(PY) -m tests.jepsen --matrix long --runs $(RUNS) --time $(TIME) --lanes $(LANES)
 
 # Rendezvous at 64/256/1024 workers and torchrun's c10d rendezvous in one run; ~10 minutes.
 bench-rendezvous: setup

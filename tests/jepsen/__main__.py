@@ -11,11 +11,19 @@ import datetime
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from . import netns
 from .report import RunSummary, write_summary
-from .runner import LONG_MIXES, long_matrix, negative_controls, run_one, short_matrix
+from .runner import (
+    LONG_MIXES,
+    long_matrix,
+    negative_controls,
+    run_one,
+    run_parallel,
+    short_matrix,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,7 +35,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("store/jepsen"))
     parser.add_argument("--no-controls", action="store_true", help="skip negative controls")
+    parser.add_argument(
+        "--lanes",
+        type=int,
+        default=1,
+        help="runs at once, each cluster in its own namespaces and subnet (default 1); "
+        "more lanes share the CPU, so each run sees fewer operations and slower members",
+    )
     args = parser.parse_args(argv)
+    if args.lanes < 1 or args.lanes >= netns.MAX_LANES:
+        parser.error(f"--lanes must be 1..{netns.MAX_LANES - 1}")
     # The clients' own warnings (a participant declared failed during a pause) are expected
     # under faults; the reports say what happened.
     logging.basicConfig(level=logging.ERROR)
@@ -41,7 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.mix:
             specs = [s for s in specs if s.nemesis in args.mix or s.name in args.mix]
     else:
-        specs = long_matrix(args.runs, args.time or 60.0, args.seed, args.mix or LONG_MIXES)
+        try:
+            specs = long_matrix(args.runs, args.time or 60.0, args.seed, args.mix or LONG_MIXES)
+        except ValueError as error:
+            parser.error(str(error))
         if not args.no_controls:
             specs += negative_controls(args.time or 60.0, args.seed)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -51,23 +71,29 @@ def main(argv: list[str] | None = None) -> int:
     if latest.is_symlink() or latest.exists():
         latest.unlink()
     latest.symlink_to(out.name)
-    summaries: list[RunSummary] = []
+    finished: dict[int, RunSummary] = {}
+    results: Iterator[tuple[int, RunSummary]]
+    if args.lanes == 1:
+        results = ((i, run_one(spec, out / spec.name)) for i, spec in enumerate(specs))
+    else:
+        results = run_parallel(specs, out, args.lanes)
     try:
-        for number, spec in enumerate(specs, 1):
-            summary = run_one(spec, out / spec.name)
-            summaries.append(summary)
+        for index, summary in results:
+            finished[index] = summary
+            spec = specs[index]
             verdicts = ", ".join(f"{r.checker} {r.outcome.value}" for r in summary.results)
             control = ""
             if spec.expect_violation:
                 control = " [control: " + ("caught]" if summary.caught else "NOT caught]")
             print(
-                f"[{number}/{len(specs)}] {spec.name}: {summary.operations} ops; {verdicts}"
+                f"[{len(finished)}/{len(specs)}] {spec.name}: {summary.operations} ops; {verdicts}"
                 f"{control}" + (f"; error: {summary.error}" if summary.error else ""),
                 flush=True,
             )
-            write_summary(summaries, out / "summary.md")
+            write_summary([finished[i] for i in sorted(finished)], out / "summary.md")
     finally:
         netns.cleanup()
+    summaries = [finished[i] for i in sorted(finished)]
     ordinary = [s for s in summaries if s.expected_violation is None]
     violations = sum(s.violations for s in ordinary)
     missed = [s.name for s in summaries if s.expected_violation and not s.caught]

@@ -19,6 +19,11 @@ Faults are rules inside the members' namespaces, so they hit the real peer traff
 
 Everything is named with the ``rpj`` prefix; :func:`cleanup` removes all of it and runs at
 start (leftovers of a crashed run) and at the end, failure or not.
+
+Lanes. Several runs can go at once, one per process, each in its own lane (:func:`set_lane`):
+lane K > 0 names everything ``rpjK...`` (namespaces ``rpjK-mN``, veths ``rpjKhN``/``rpjKnN``,
+bridge ``rpjbrK``) on subnet 10.213.K.0/24, so lanes never touch each other's namespaces or
+rules, and cleaning one lane leaves the others running. Lane 0 is the layout above.
 """
 
 from __future__ import annotations
@@ -27,12 +32,42 @@ import contextlib
 import subprocess
 from collections.abc import Iterable
 
-SUBNET_PREFIX = "10.213.0."
-HOST_ADDRESS = SUBNET_PREFIX + "254"
-BRIDGE = "rpjbr0"
 CHAIN = "RPJ"
 PEER_PORT = 2380
 CLIENT_PORT = 2379
+MAX_LANES = 200
+
+_lane = 0
+
+
+def set_lane(lane: int) -> None:
+    """Use lane ``lane``'s names and subnet from now on, in this process."""
+    global _lane
+    if not 0 <= lane < MAX_LANES:
+        raise ValueError(f"lanes are 0..{MAX_LANES - 1}, got {lane}")
+    _lane = lane
+
+
+def _tag() -> str:
+    return str(_lane) if _lane else ""
+
+
+def _subnet_prefix() -> str:
+    return f"10.213.{_lane}."
+
+
+def bridge() -> str:
+    return f"rpjbr{_lane}"
+
+
+def host_end(member_id: int) -> str:
+    """The root-namespace end of a member's veth (a port of the bridge)."""
+    return f"rpj{_tag()}h{member_id}"
+
+
+def member_end(member_id: int) -> str:
+    """The member-namespace end of its veth, which carries the member's address."""
+    return f"rpj{_tag()}n{member_id}"
 
 
 def _run(*command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -40,13 +75,13 @@ def _run(*command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 def namespace(member_id: int) -> str:
-    return f"rpj-m{member_id}"
+    return f"rpj{_tag()}-m{member_id}"
 
 
 def address(member_id: int) -> str:
     if not 1 <= member_id <= 250:
         raise ValueError(f"member ids 1..250 fit the subnet, got {member_id}")
-    return SUBNET_PREFIX + str(member_id)
+    return _subnet_prefix() + str(member_id)
 
 
 def _in(member_id: int, *command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -54,18 +89,19 @@ def _in(member_id: int, *command: str, check: bool = True) -> subprocess.Complet
 
 
 def cleanup() -> None:
-    """Remove every namespace, veth and the bridge this module makes (idempotent)."""
+    """Remove every namespace, veth and the bridge of this lane (idempotent)."""
+    prefix = namespace(0)[:-1]
     listed = _run("ip", "netns", "list", check=False).stdout.split("\n")
     for line in listed:
         name = line.split(" ")[0]
-        if name.startswith("rpj-m"):
+        if name.startswith(prefix):
             _run("ip", "netns", "delete", name, check=False)
     links = _run("ip", "-o", "link", "show", check=False).stdout.split("\n")
     for line in links:
         parts = line.split(": ")
         if len(parts) > 1:
             name = parts[1].split("@")[0]
-            if name.startswith("rpjh") or name == BRIDGE:
+            if name.startswith(host_end(0)[:-1]) or name == bridge():
                 _run("ip", "link", "delete", name, check=False)
 
 
@@ -80,19 +116,19 @@ class Network:
 
     def setup(self) -> None:
         cleanup()
-        _run("ip", "link", "add", BRIDGE, "type", "bridge")
-        _run("ip", "addr", "add", HOST_ADDRESS + "/24", "dev", BRIDGE)
-        _run("ip", "link", "set", BRIDGE, "up")
+        _run("ip", "link", "add", bridge(), "type", "bridge")
+        _run("ip", "addr", "add", _subnet_prefix() + "254/24", "dev", bridge())
+        _run("ip", "link", "set", bridge(), "up")
 
     def add_member(self, member_id: int) -> None:
-        ns, host_end, ns_end = namespace(member_id), f"rpjh{member_id}", f"rpjn{member_id}"
+        ns, host, ns_end = namespace(member_id), host_end(member_id), member_end(member_id)
         _run("ip", "netns", "delete", ns, check=False)
-        _run("ip", "link", "delete", host_end, check=False)
+        _run("ip", "link", "delete", host, check=False)
         _run("ip", "netns", "add", ns)
-        _run("ip", "link", "add", host_end, "type", "veth", "peer", "name", ns_end)
+        _run("ip", "link", "add", host, "type", "veth", "peer", "name", ns_end)
         _run("ip", "link", "set", ns_end, "netns", ns)
-        _run("ip", "link", "set", host_end, "master", BRIDGE)
-        _run("ip", "link", "set", host_end, "up")
+        _run("ip", "link", "set", host, "master", bridge())
+        _run("ip", "link", "set", host, "up")
         _in(member_id, "ip", "addr", "add", address(member_id) + "/24", "dev", ns_end)
         _in(member_id, "ip", "link", "set", ns_end, "up")
         _in(member_id, "ip", "link", "set", "lo", "up")
@@ -142,7 +178,7 @@ class Network:
         """Delay everything each member sends; the mechanism used ("netem" or "tbf")."""
         kind = "netem" if self._has_netem() else "tbf"
         for member in member_ids:
-            device = f"rpjn{member}"
+            device = member_end(member)
             if kind == "netem":
                 _in(
                     member,
@@ -186,12 +222,12 @@ class Network:
             with contextlib.suppress(subprocess.CalledProcessError):
                 _in(member, "iptables", "-F", CHAIN)
         for member in sorted(self._delayed):
-            _in(member, "tc", "qdisc", "del", "dev", f"rpjn{member}", "root", check=False)
+            _in(member, "tc", "qdisc", "del", "dev", member_end(member), "root", check=False)
         self._delayed.clear()
 
     def forget(self, member_id: int) -> None:
         """A removed member's namespace goes (its process must be gone)."""
         _run("ip", "netns", "delete", namespace(member_id), check=False)
-        _run("ip", "link", "delete", f"rpjh{member_id}", check=False)
+        _run("ip", "link", "delete", host_end(member_id), check=False)
         self.members.discard(member_id)
         self._delayed.discard(member_id)

@@ -705,11 +705,15 @@ class Raft:
                 else:
                     self.become_follower(m.term, NONE)
         elif m.term < self.term:
-            if (self.check_quorum or self.pre_vote) and m.type in (MT.MsgHeartbeat, MT.MsgApp):
+            if m.type in (MT.MsgHeartbeat, MT.MsgApp):
                 # A leader of an older term: maybe we raised our term while partitioned and
-                # can neither win nor rejoin. With check-quorum or pre-vote our higher-term
-                # votes are ignored, so tell that leader our term; it steps down and a fresh
-                # election frees us (pre-vote keeps this from disrupting a healthy cluster).
+                # can neither win nor rejoin. Tell that leader our term (the paper's "reply
+                # with currentTerm"); it steps down and a fresh election frees us (pre-vote
+                # keeps this from disrupting a healthy cluster). etcd answers only with
+                # check-quorum or pre-vote on, counting on our higher-term votes otherwise;
+                # but a member that missed a configuration change sends its votes to the
+                # wrong peers (possibly only removed ones), and nothing else would ever
+                # reach the leader: the simulator found that stall (seed 71958).
                 self.send(Message(type=MT.MsgAppResp, to=m.from_))
             elif m.type is MT.MsgPreVote:
                 # Reject rather than ignore, or a cluster upgraded to pre-vote with a

@@ -128,6 +128,37 @@ def test_without_pre_vote_a_rejoining_node_disrupts_the_leader() -> None:
     assert nt.raft(1).term > 1  # the leader of term 1 was deposed
 
 
+def test_a_higher_term_member_whose_votes_go_nowhere_still_catches_up() -> None:
+    # Without pre-vote or check-quorum a member at a higher term relies on its votes to
+    # raise the others' terms. One that missed a configuration change sends them to the
+    # wrong (removed) peers: here its vote requests are simply lost. It must still tell the
+    # lower-term leader its term when that leader's appends and heartbeats reach it, or the
+    # leader never learns of it and it never catches up (the simulator's seed 71958).
+    nt = Network.of_size(3, pre_vote=False, check_quorum=False)
+    nt.campaign(1)
+    nt.isolate(3)
+    nt.tick(3, 50)
+    stranded_term = nt.raft(3).term
+    assert stranded_term > 1
+    nt.recover()
+
+    def votes_from_3_lost(m: Message) -> Message | None:
+        return None if m.from_ == 3 and m.type is MT.MsgVote else m
+
+    nt.msg_hook = votes_from_3_lost
+    nt.propose(1, b"after")  # an append at term 1 reaches node 3 and is answered
+    assert nt.raft(1).term >= stranded_term  # the leader learned the higher term
+    nt.tick_all(100)
+    assert len(leaders(nt)) == 1
+    leader = leaders(nt)[0]
+    assert leader != 3  # its log is behind: it cannot win
+    nt.propose(leader, b"caught up")
+    assert nt.raft(3).term == nt.raft(leader).term
+    log = nt.raft(leader).raft_log
+    assert nt.raft(3).raft_log.committed == log.committed
+    assert nt.peer(3).applied_data()[-2:] == [b"after", b"caught up"]
+
+
 def test_pre_vote_rejected_by_up_to_date_majority() -> None:
     nt = Network.of_size(3, pre_vote=True)
     nt.campaign(1)

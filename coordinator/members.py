@@ -6,8 +6,14 @@ in a :class:`MemberTable`, which is replicated the same way as the state machine
 applying committed configuration changes and saved inside every snapshot. The table is
 deterministic (sorted by id) so a snapshot's bytes do not depend on the process.
 
-A snapshot's data is :func:`encode_app_snapshot`: a format number, the member table and the
-state machine's own snapshot bytes.
+Member ids are never reused. The table remembers the highest id the cluster ever gave
+(``highest_id``, kept after that member's removal and saved in snapshots), and a new member
+gets the next one. A reused id would let a removed member's process, still running somewhere,
+speak and vote as the new member (two processes, one id, two vote records).
+
+A snapshot's data is :func:`encode_app_snapshot`: a format number, the member table, the
+highest id given and the state machine's own snapshot bytes (format 1, from before ids were
+remembered, has no highest id: the largest id in its table stands in).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from typing import Any
 
 import msgpack
 
-APP_SNAPSHOT_FORMAT = 1
+APP_SNAPSHOT_FORMAT = 2
 
 
 class MemberTableError(ValueError):
@@ -61,10 +67,21 @@ class ConfChangeContext:
 
 
 class MemberTable:
-    """Member id -> addresses. Invariant: ids are positive."""
+    """Member id -> addresses, and the highest id ever given. Invariant: ids are positive."""
 
-    def __init__(self, members: dict[int, MemberAddress] | None = None) -> None:
+    def __init__(
+        self, members: dict[int, MemberAddress] | None = None, highest_id: int = 0
+    ) -> None:
         self._members: dict[int, MemberAddress] = dict(members or {})
+        self.highest_id = max([highest_id, *self._members])
+
+    def note_id(self, member_id: int) -> None:
+        """A configuration change named ``member_id``: it is never given out again."""
+        self.highest_id = max(self.highest_id, member_id)
+
+    def next_id(self) -> int:
+        """The id for a new member: above every id the cluster has ever used."""
+        return self.highest_id + 1
 
     def get(self, member_id: int) -> MemberAddress | None:
         return self._members.get(member_id)
@@ -73,6 +90,7 @@ class MemberTable:
         if member_id <= 0:
             raise MemberTableError(f"member id must be positive, got {member_id}")
         self._members[member_id] = address
+        self.note_id(member_id)
 
     def remove(self, member_id: int) -> None:
         self._members.pop(member_id, None)
@@ -87,10 +105,10 @@ class MemberTable:
         return [[i, a.peer_address, a.client_address] for i, a in self.items()]
 
     @classmethod
-    def from_obj(cls, obj: Any) -> MemberTable:
+    def from_obj(cls, obj: Any, highest_id: int = 0) -> MemberTable:
         if not isinstance(obj, list):
             raise MemberTableError("member table is not an array")
-        table = cls()
+        table = cls(highest_id=highest_id)
         for item in obj:
             if not (isinstance(item, list) and len(item) == 3):
                 raise MemberTableError(f"malformed member entry {item!r}")
@@ -103,7 +121,8 @@ class MemberTable:
 
 def encode_app_snapshot(members: MemberTable, state_machine_snapshot: bytes) -> bytes:
     out = msgpack.packb(
-        [APP_SNAPSHOT_FORMAT, members.to_obj(), state_machine_snapshot], use_bin_type=True
+        [APP_SNAPSHOT_FORMAT, members.to_obj(), members.highest_id, state_machine_snapshot],
+        use_bin_type=True,
     )
     assert isinstance(out, bytes)
     return out
@@ -114,8 +133,14 @@ def decode_app_snapshot(data: bytes) -> tuple[MemberTable, bytes]:
         obj = msgpack.unpackb(data, raw=False)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise MemberTableError(f"malformed snapshot data: {exc}") from exc
-    if not (isinstance(obj, list) and len(obj) == 3 and obj[0] == APP_SNAPSHOT_FORMAT):
+    if isinstance(obj, list) and len(obj) == 3 and obj[0] == 1:
+        table_obj, highest_id, state = obj[1], 0, obj[2]
+    elif isinstance(obj, list) and len(obj) == 4 and obj[0] == APP_SNAPSHOT_FORMAT:
+        table_obj, highest_id, state = obj[1], obj[2], obj[3]
+        if not (isinstance(highest_id, int) and highest_id >= 0):
+            raise MemberTableError(f"malformed snapshot data: highest id {highest_id!r}")
+    else:
         raise MemberTableError("malformed snapshot data: unknown format")
-    if not isinstance(obj[2], bytes):
+    if not isinstance(state, bytes):
         raise MemberTableError("malformed snapshot data: state is not bytes")
-    return MemberTable.from_obj(obj[1]), obj[2]
+    return MemberTable.from_obj(table_obj, highest_id), state

@@ -503,6 +503,7 @@ class Node:
         self._conf_state = self.raw.apply_conf_change(cc)
         context = ConfChangeContext.decode(cc.context)
         for change in cc.changes:
+            self._members.note_id(change.node_id)
             if change.type is ConfChangeType.REMOVE_NODE:
                 self._members.remove(change.node_id)
                 self._spawn(self._transport.remove_peer(change.node_id))
@@ -521,6 +522,7 @@ class Node:
         self._sm.restore(state)
         # The snapshot's state is as of its index even if no entry at it touched the state.
         self._sm.applied_index = max(self._sm.applied_index, snapshot.metadata.index)
+        members.note_id(self._members.highest_id)  # a snapshot never lowers it
         self._members = members
         for member_id, address in self.config.initial_members.items():
             if self._members.get(member_id) is None and self.config.join_existing:
@@ -907,7 +909,8 @@ class Node:
                 return self._member(member_id)
         known = set(self._members.ids()) | set(self._conf_state.voters)
         known |= set(self._conf_state.learners)
-        new_id = max(known, default=0) + 1
+        # Never an id used before, even one since removed (see members.py).
+        new_id = max(max(known, default=0) + 1, self._members.next_id())
         kind = ConfChangeType.ADD_LEARNER_NODE if as_learner else ConfChangeType.ADD_NODE
         context = ConfChangeContext(
             peer_address, client_address, self.member_id, next(self._proposal_ids)

@@ -181,3 +181,21 @@ async def test_lagging_member_catches_up_by_snapshot(tmp_path: Path) -> None:
         for member_id in list(c.nodes):
             await c.stop(member_id)
     assert not c.fatal
+
+
+async def test_a_removed_members_id_is_never_given_again(cluster: Cluster) -> None:
+    leader = await cluster.leader()
+    first = await leader.member_add("127.0.0.1:1", "127.0.0.1:2", as_learner=True)
+    assert first.member_id == 4
+    await leader.member_remove(4)
+    # The highest id is gone from the configuration, yet a new member gets a fresh id: a
+    # still-running process of the removed member 4 must never pass for the new one.
+    second = await leader.member_add("127.0.0.1:3", "127.0.0.1:4", as_learner=True)
+    assert second.member_id == 5
+
+    # Every member learned it by applying the changes, so any next leader agrees.
+    async def learned(node: Node) -> None:
+        while node._members.next_id() != 6:
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(asyncio.gather(*(learned(n) for n in cluster.nodes.values())), 10)

@@ -1,0 +1,52 @@
+"""The member table: addresses, ids never reused, and the snapshot format around it."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from rallypoint.coordinator.members import (
+    MemberAddress,
+    MemberTable,
+    MemberTableError,
+    decode_app_snapshot,
+    encode_app_snapshot,
+)
+
+
+def table() -> MemberTable:
+    return MemberTable(
+        {1: MemberAddress("h:1", "h:2"), 2: MemberAddress("h:3", "h:4")},
+    )
+
+
+def test_removed_ids_are_not_reused() -> None:
+    members = table()
+    members.set(3, MemberAddress("h:5", "h:6"))
+    members.remove(3)
+    assert members.ids() == [1, 2]
+    assert members.next_id() == 4
+
+
+def test_snapshot_keeps_the_highest_id_given() -> None:
+    members = table()
+    members.note_id(7)  # member 7 was added and removed
+    decoded, state = decode_app_snapshot(encode_app_snapshot(members, b"state"))
+    assert state == b"state"
+    assert decoded.items() == members.items()
+    assert decoded.next_id() == 8
+
+
+def test_format_1_snapshots_still_load() -> None:
+    old = msgpack.packb([1, table().to_obj(), b"state"], use_bin_type=True)
+    decoded, state = decode_app_snapshot(old)
+    assert (decoded.ids(), decoded.next_id(), state) == ([1, 2], 3, b"state")
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [[2, [], -1, b"s"], [2, [], "7", b"s"], [2, [], 3, "s"], [9, [], 3, b"s"], [2, [], 3]],
+)
+def test_malformed_snapshot_data_is_refused(obj: list[object]) -> None:
+    with pytest.raises(MemberTableError, match="malformed snapshot data"):
+        decode_app_snapshot(msgpack.packb(obj, use_bin_type=True))

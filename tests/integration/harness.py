@@ -175,7 +175,8 @@ class ProcessCluster:
             self.start(member_id)
 
     def add_member_process(self) -> MemberProcess:
-        """Describe a new member (not started) with the next id and fresh ports."""
+        """Describe a new member (not started) with fresh ports and the next id: one above
+        every id described so far, removed members included, as the cluster numbers them."""
         return self._describe(max(self.members) + 1)
 
     def kill(self, member_id: int) -> None:

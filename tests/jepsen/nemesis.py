@@ -112,14 +112,9 @@ class Faults:
 
     # ------------------------------------------------------------------ processes
 
-    def _victim(self, keep_newest: bool = False) -> int:
-        """The leader half the time, else a random running member. ``keep_newest`` spares the
-        member with the highest id: the cluster numbers a new member max(ids) + 1, and the
-        harness must know that number before it asks (the new member's namespace is made
-        first), so the highest id is never removed."""
+    def _victim(self) -> int:
+        """The leader half the time, else a random running member."""
         members = [m for m in self._members() if self.cluster.members[m].running]
-        if keep_newest:
-            members.remove(max(self._members()))
         if self.rng.random() < 0.5:
             leader = self._leader()
             if leader is not None and leader in members:
@@ -159,7 +154,7 @@ class Faults:
         return f"clock of {victim} {offset_s:+.1f}s x{rate}", unskew
 
     def corrupt(self) -> tuple[str, Heal]:
-        victim = self._victim(keep_newest=True)
+        victim = self._victim()
         self.cluster.kill(victim)
         damage = self.cluster.damage_wal(victim, self.rng)
 
@@ -206,12 +201,14 @@ class Faults:
 
     def membership(self) -> tuple[str, Heal]:
         """Grow by a new member (learner, caught up, promoted); on heal shrink back by
-        removing a member other than the leader and the newest."""
+        removing a member other than the leader (the newest included: the cluster never
+        gives a removed member's id again, and the harness numbers new members the same
+        way, one above every id it ever made)."""
         added = self._add()
 
         def remove() -> str:
             leader = self._leader()
-            candidates = [m for m in self._members() if m not in (leader, max(self._members()))]
+            candidates = [m for m in self._members() if m != leader]
             removed = self.rng.choice(candidates)
             self._admin(self.admin.member_remove(removed, timeout_s=10))
             self.cluster.forget(removed)
@@ -241,11 +238,13 @@ async def run_schedule(
     origin_s: float,
     fault_s: tuple[float, float] = (2.0, 5.0),
     quiet_s: tuple[float, float] = (1.0, 3.0),
+    log: list[str] | None = None,
 ) -> list[str]:
     """Inflict faults from ``mix`` until ``stop_at_s``; a log of what was done (times in
-    seconds from ``origin_s``)."""
+    seconds from ``origin_s``), appended to ``log`` as it happens when one is given (so a
+    run that fails part way still reports the faults before the failure)."""
     kinds = MIXES[mix]
-    log: list[str] = []
+    log = [] if log is None else log
     rng = faults.rng
     while kinds and time.monotonic() + quiet_s[0] + fault_s[0] < stop_at_s:
         await asyncio.sleep(rng.uniform(*quiet_s))

@@ -66,8 +66,11 @@ def check(ops: Sequence[Operation], chosen: Sequence[str]) -> list[checkers.Chec
     return results
 
 
-async def _drive(spec: RunSpec, cluster: NamespaceCluster, history: HistoryWriter) -> list[str]:
-    """Clients and nemesis for ``spec.time_s``, then heal and drain; the nemesis log."""
+async def _drive(
+    spec: RunSpec, cluster: NamespaceCluster, history: HistoryWriter, log: list[str]
+) -> None:
+    """Clients and nemesis for ``spec.time_s``, then heal and drain; the nemesis's doings
+    are appended to ``log`` as they happen."""
     rng = random.Random(spec.seed)
     await asyncio.to_thread(cluster.leader, 30.0)
     async with Client(cluster.endpoints, timeout_s=10.0) as admin:
@@ -107,7 +110,7 @@ async def _drive(spec: RunSpec, cluster: NamespaceCluster, history: HistoryWrite
         client_tasks = [asyncio.create_task(t) for t in tasks]
         faults = Faults(cluster, random.Random(rng.random()), admin, asyncio.get_running_loop())
         origin_s = history.events[0].time_s if history.events else time.monotonic()
-        log = await run_schedule(faults, spec.nemesis, history, stop_at, origin_s)
+        await run_schedule(faults, spec.nemesis, history, stop_at, origin_s, log=log)
         healed = await asyncio.to_thread(heal_all, faults)
         log.append(f"{time.monotonic() - origin_s:8.3f} {healed}")
         await asyncio.sleep(max(0.0, stop_at - time.monotonic()))
@@ -121,7 +124,6 @@ async def _drive(spec: RunSpec, cluster: NamespaceCluster, history: HistoryWrite
         if "set" in spec.workloads:
             current = [cluster.members[m].client_address for m in sorted(cluster.active)]
             await workloads.set_final_read(ctx, time.monotonic() + 20.0, current)
-        return log
 
 
 def blank_summary(spec: RunSpec) -> RunSummary:
@@ -159,7 +161,7 @@ def run_one(spec: RunSpec, directory: Path) -> RunSummary:
             snapshot_entries=2000,
         )
         cluster.start_all()
-        log = asyncio.run(_drive(spec, cluster, history))
+        asyncio.run(_drive(spec, cluster, history, log))
     except Exception as error:  # reported as the run's error; the matrix goes on
         summary.error = f"{type(error).__name__}: {error}"
         log.append(traceback.format_exc())

@@ -33,10 +33,21 @@ caller. The leader calls :meth:`DetectorSet.suspects` periodically and proposes
   so no worker is declared dead because the leader moved.
 - A suspect is reported once per ``retry_ms`` (its proposal may be dropped by a leader change
   or a full queue, so it is reported again later if still tracked).
+
+Cost. The leader asks for suspects every few tens of milliseconds, and a leader carries tens
+of thousands of participants, so :meth:`DetectorSet.suspects` must not look at each of them.
+phi grows with the time since the last heartbeat, so the moment it will reach the threshold
+is known when the heartbeat arrives: mean + pause + y * std after it, where y solves the
+threshold equation (:func:`threshold_deviations`, a cubic, solved once per threshold). Each
+participant therefore has a due time, kept in a heap (stale entries are skipped when popped);
+``suspects`` pops only the due ones and confirms each with the exact phi, so it costs
+O(log n) per heartbeat and per suspect instead of O(n) per call.
 """
 
 from __future__ import annotations
 
+import functools
+import heapq
 import math
 from collections import deque
 from collections.abc import Iterable
@@ -57,6 +68,25 @@ def phi_of(elapsed_ms: float, mean_ms: float, std_ms: float) -> float:
         # 1 - F = e / (1 + e); computed directly, it does not cancel to 0.
         return -math.log10(e / (1.0 + e))
     return -math.log10(1.0 - 1.0 / (1.0 + e))
+
+
+_LOGISTIC_A = 0.070566
+_LOGISTIC_B = 1.5976
+
+
+@functools.lru_cache(maxsize=64)
+def threshold_deviations(threshold: float) -> float:
+    """The y (in standard deviations past the mean) at which :func:`phi_of` equals
+    ``threshold``: phi = -log10(e / (1 + e)) with e = exp(-y (b + a y^2)), so
+    a y^3 + b y = ln((1 - p) / p) with p = 10^-threshold; a > 0 and b > 0 make the cubic
+    increasing, with one real root (Cardano)."""
+    if threshold <= 0:
+        raise ValueError(f"the phi threshold must be > 0, got {threshold}")
+    # ln((1 - p) / p), computed without cancelling 1 - p to 1.
+    log_odds = math.log(-math.expm1(-threshold * math.log(10))) + threshold * math.log(10)
+    p_coef, q_coef = _LOGISTIC_B / _LOGISTIC_A, -log_odds / _LOGISTIC_A
+    root = math.sqrt(q_coef * q_coef / 4 + p_coef**3 / 27)
+    return math.cbrt(-q_coef / 2 + root) + math.cbrt(-q_coef / 2 - root)
 
 
 class PhiAccrualDetector:
@@ -122,6 +152,14 @@ class PhiAccrualDetector:
         elapsed_ms = now_ms - self.last_heartbeat_ms
         return phi_of(elapsed_ms, self.mean_ms + self.acceptable_pause_ms, self.std_ms)
 
+    def reaches_ms(self, threshold: float) -> float:
+        """When phi will reach ``threshold`` if no heartbeat arrives (inf before the first
+        heartbeat, whose phi is 0 for ever)."""
+        if self.last_heartbeat_ms is None:
+            return math.inf
+        mean = self.mean_ms + self.acceptable_pause_ms
+        return self.last_heartbeat_ms + mean + threshold_deviations(threshold) * self.std_ms
+
 
 @dataclass(frozen=True, slots=True)
 class DetectorSettings:
@@ -162,6 +200,8 @@ class _Tracked:
     stream_closed_ms: int | None = None
     # When this key was last returned by suspects(); None if never (or since a heartbeat).
     reported_ms: int | None = None
+    # When suspects() must look at this key next (its heap entry with this time is current).
+    due_ms: float = math.inf
 
 
 class DetectorSet:
@@ -170,8 +210,30 @@ class DetectorSet:
     def __init__(self, retry_ms: int = 1000) -> None:
         self.retry_ms = retry_ms
         self._tracked: dict[Key, _Tracked] = {}
+        # (due_ms, key) per scheduling; an entry whose time is not its key's due_ms (or
+        # whose key is gone) is stale and skipped. Invariant: every tracked key with a
+        # finite due_ms has an entry with exactly that time.
+        self._due: list[tuple[float, Key]] = []
         # Nobody is suspected before this time (see start_grace).
         self.grace_until_ms = 0
+
+    def _schedule(self, key: Key, tracked: _Tracked, not_before_ms: float = -math.inf) -> None:
+        """Work out when ``key`` may next be a suspect and queue it for then."""
+        settings = tracked.settings
+        # A millisecond early: the exact phi decides when the time comes.
+        due = tracked.detector.reaches_ms(settings.phi_threshold) - 1.0
+        if tracked.stream_closed_ms is not None:
+            due = min(due, tracked.stream_closed_ms + settings.confirm_closed_ms)
+        if tracked.reported_ms is not None:
+            due = max(due, tracked.reported_ms + self.retry_ms)
+        due = max(due, not_before_ms)
+        tracked.due_ms = due
+        if due != math.inf:
+            heapq.heappush(self._due, (due, key))
+        if len(self._due) > 4 * len(self._tracked) + 1024:
+            # Mostly stale entries (heartbeats reschedule often): rebuild from the live ones.
+            self._due = [(t.due_ms, k) for k, t in self._tracked.items() if t.due_ms != math.inf]
+            heapq.heapify(self._due)
 
     def __contains__(self, key: Key) -> bool:
         return key in self._tracked
@@ -187,7 +249,8 @@ class DetectorSet:
             return
         detector = settings.new_detector()
         detector.heartbeat(now_ms)
-        self._tracked[key] = _Tracked(settings, detector)
+        tracked = self._tracked[key] = _Tracked(settings, detector)
+        self._schedule(key, tracked)
 
     def forget(self, key: Key) -> None:
         self._tracked.pop(key, None)
@@ -207,6 +270,7 @@ class DetectorSet:
         tracked.detector.heartbeat(now_ms)
         tracked.stream_closed_ms = None
         tracked.reported_ms = None
+        self._schedule(key, tracked)
         return True
 
     def stream_closed(self, key: Key, now_ms: int) -> None:
@@ -214,14 +278,17 @@ class DetectorSet:
         tracked = self._tracked.get(key)
         if tracked is not None and tracked.stream_closed_ms is None:
             tracked.stream_closed_ms = now_ms
+            self._schedule(key, tracked)
 
     def start_grace(self, now_ms: int, grace_ms: int) -> None:
         """Became leader: every detector starts over from now; no suspicion for grace_ms."""
-        for tracked in self._tracked.values():
+        self._due = []
+        for key, tracked in self._tracked.items():
             tracked.detector = tracked.settings.new_detector()
             tracked.detector.heartbeat(now_ms)
             tracked.stream_closed_ms = None
             tracked.reported_ms = None
+            self._schedule(key, tracked)
         self.grace_until_ms = now_ms + grace_ms
 
     def phi(self, key: Key, now_ms: int) -> float | None:
@@ -249,13 +316,21 @@ class DetectorSet:
         once per retry_ms. Empty during the grace period."""
         if now_ms < self.grace_until_ms:
             return []
-        due = []
-        for key, value in self.phis(now_ms):
-            tracked = self._tracked[key]
-            if value < tracked.settings.phi_threshold:
-                continue
+        due: list[Key] = []
+        heap = self._due
+        while heap and heap[0][0] <= now_ms:
+            when, key = heapq.heappop(heap)
+            tracked = self._tracked.get(key)
+            if tracked is None or tracked.due_ms != when:
+                continue  # stale: forgotten, or rescheduled since
+            value = self.phi(key, now_ms)
+            assert value is not None
             reported_ms = tracked.reported_ms
-            if reported_ms is None or now_ms - reported_ms >= self.retry_ms:
+            retry_ok = reported_ms is None or now_ms - reported_ms >= self.retry_ms
+            if value >= tracked.settings.phi_threshold and retry_ok:
                 tracked.reported_ms = now_ms
                 due.append(key)
-        return due
+            # Not yet (the due time was a little early) or reported: look again later, never
+            # in this same call.
+            self._schedule(key, tracked, not_before_ms=now_ms + 1)
+        return sorted(due)

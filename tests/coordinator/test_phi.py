@@ -9,7 +9,13 @@ from statistics import NormalDist
 
 import pytest
 
-from rallypoint.coordinator.phi import DetectorSet, DetectorSettings, PhiAccrualDetector, phi_of
+from rallypoint.coordinator.phi import (
+    DetectorSet,
+    DetectorSettings,
+    PhiAccrualDetector,
+    phi_of,
+    threshold_deviations,
+)
 from rallypoint.coordinator.state.jobs import JobConfig
 
 INTERVAL_MS = 100
@@ -185,3 +191,113 @@ def test_tracking_again_keeps_history_unless_the_settings_change() -> None:
 def test_settings_come_from_the_jobs_config() -> None:
     config = JobConfig(1, 2, heartbeat_interval_ms=100, phi_threshold_milli=8_000, min_std_ms=50)
     assert DetectorSettings.of_job(config) == SETTINGS
+
+
+@pytest.mark.parametrize("threshold", [0.1, 0.5, 1.0, 3.0, 8.0, 12.5, 30.0])
+def test_threshold_deviations_solve_the_logistic_equation(threshold: float) -> None:
+    y = threshold_deviations(threshold)
+    assert phi_of(100 + 10 * y, 100, 10) == pytest.approx(threshold, rel=1e-9)
+    if threshold > math.log10(2):  # the bisection below searches y >= 0 only
+        assert y == pytest.approx(logistic_quantile(threshold), abs=1e-9)
+
+
+class ScanEverything:
+    """The obvious detector set, for comparison: phi of every key on every call."""
+
+    def __init__(self, retry_ms: int) -> None:
+        self.retry_ms = retry_ms
+        self.tracked: dict[tuple[str, int], list[object]] = {}
+        self.grace_until_ms = 0
+
+    def track(self, key: tuple[str, int], settings: DetectorSettings, now_ms: int) -> None:
+        if key in self.tracked and self.tracked[key][0] == settings:
+            return
+        detector = settings.new_detector()
+        detector.heartbeat(now_ms)
+        self.tracked[key] = [settings, detector, None, None]  # closed_ms, reported_ms
+
+    def heartbeat(self, key: tuple[str, int], now_ms: int) -> None:
+        if key in self.tracked:
+            entry = self.tracked[key]
+            entry[1].heartbeat(now_ms)  # type: ignore[attr-defined]
+            entry[2] = entry[3] = None
+
+    def stream_closed(self, key: tuple[str, int], now_ms: int) -> None:
+        if key in self.tracked and self.tracked[key][2] is None:
+            self.tracked[key][2] = now_ms
+
+    def suspects(self, now_ms: int) -> list[tuple[str, int]]:
+        if now_ms < self.grace_until_ms:
+            return []
+        due = []
+        for key in sorted(self.tracked):
+            settings, detector, closed, reported = self.tracked[key]
+            assert isinstance(settings, DetectorSettings)
+            assert isinstance(detector, PhiAccrualDetector)
+            confirmed = closed is not None and now_ms - closed >= settings.confirm_closed_ms
+            value = math.inf if confirmed else detector.phi(now_ms)
+            if value >= settings.phi_threshold and (
+                reported is None or now_ms - reported >= self.retry_ms  # type: ignore[operator]
+            ):
+                self.tracked[key][3] = now_ms
+                due.append(key)
+        return due
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_due_times_find_exactly_the_suspects_a_full_scan_finds(seed: int) -> None:
+    rng = random.Random(seed)
+    settings = [
+        SETTINGS,
+        DetectorSettings(250, 3.0, 20, 20, 100),
+        DetectorSettings(50, 12, 8, 5, 0),
+    ]
+    fast, scan = DetectorSet(retry_ms=300), ScanEverything(retry_ms=300)
+    keys = [("a", i) for i in range(6)] + [("b", i) for i in range(6)]
+    now_ms = 0
+    for _ in range(3_000):
+        now_ms += rng.choice([0, 1, 1, 3, 10, 40, 120])
+        action = rng.random()
+        key = rng.choice(keys)
+        if action < 0.05:
+            chosen = rng.choice(settings)
+            fast.track(key, chosen, now_ms)
+            scan.track(key, chosen, now_ms)
+        elif action < 0.55:
+            fast.heartbeat(key, now_ms)
+            scan.heartbeat(key, now_ms)
+        elif action < 0.6:
+            fast.stream_closed(key, now_ms)
+            scan.stream_closed(key, now_ms)
+        elif action < 0.62:
+            kept = [k for k in keys if rng.random() < 0.8]
+            fast.retain(kept)
+            scan.tracked = {k: v for k, v in scan.tracked.items() if k in kept}
+        else:
+            assert fast.suspects(now_ms) == scan.suspects(now_ms), now_ms
+
+
+def test_suspects_does_not_look_at_participants_that_are_not_due(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    detectors = DetectorSet()
+    keys = [("big", i) for i in range(1, 2_001)]
+    for key in keys:
+        detectors.track(key, SETTINGS, 0)
+    looked = 0
+    real_phi = DetectorSet.phi
+
+    def counting_phi(self: DetectorSet, key: tuple[str, int], now_ms: int) -> float | None:
+        nonlocal looked
+        looked += 1
+        return real_phi(self, key, now_ms)
+
+    monkeypatch.setattr(DetectorSet, "phi", counting_phi)
+    for now_ms in range(0, 3_000, 20):  # the leader's step every 20 ms, for 3 s
+        if now_ms % INTERVAL_MS == 0:
+            for key in keys:
+                detectors.heartbeat(key, now_ms)
+        assert detectors.suspects(now_ms) == []
+    assert looked == 0  # everyone is healthy: nobody was due, nobody was looked at
+    assert detectors.suspects(10_000) == keys  # then everyone stops
+    assert looked == len(keys)

@@ -31,7 +31,11 @@ half-close, and only sometimes cancels the handler afterwards.
 WatchJob sends the job's current RoundInfo after a read barrier, then a fresh one whenever
 the job's revision moves (intermediate states may be coalesced; the latest never is),
 re-checking after every batch of applied entries; it ends with NOT_FOUND when the job is
-gone.
+gone. A change of round, round state or job state is sent at once; a change within them
+(joins, leaves, the wait list) waits until ``WATCH_COALESCE_S`` after the previous message,
+and everything that happened meanwhile goes as one. Without that, N workers joining one by
+one cost each of the N watchers N messages of up to N members: cubic work, which at 1024
+workers buried the workers' own event loops.
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ HEARTBEAT_ANSWER_EVERY = 10
 # How long WatchJob waits for an apply before re-checking anyway (a bound, not a poll: an
 # apply wakes it at once).
 WATCH_RECHECK_S = 5.0
+# The least time between two WatchJob messages about the same round in the same state.
+WATCH_COALESCE_S = 0.2
 
 
 _ROUND_STATES = {
@@ -197,15 +203,26 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
     ) -> AsyncIterator[rendezvous_pb2.WatchJobResponse]:
         job_id = validate.job_id(request.job)
         await read_barrier(self.node, context, serializable=False)
+        loop = asyncio.get_running_loop()
         while True:
             job = self._job(job_id)
-            revision = job.revision
+            revision, position = job.revision, self._position(job_id)
             yield rendezvous_pb2.WatchJobResponse(
                 header=header_pb(self.node.header()), round=self._round_info_to_push(job)
             )
+            hold_until = loop.time() + WATCH_COALESCE_S
             # No await between a check and the wait that follows it: no apply is missed.
             while not self._changed_since(job_id, revision):
                 await self.node.wait_for_apply(WATCH_RECHECK_S)
+            # Changed. Within the same round and state, gather more changes for a moment.
+            while (remaining := hold_until - loop.time()) > 0 and (
+                self._position(job_id) == position
+            ):
+                await self.node.wait_for_apply(remaining)
+
+    def _position(self, job_id: str) -> tuple[int, RoundState, bool]:
+        job = self._job(job_id)
+        return job.round.number, job.round.state, job.closed
 
     def _round_info_to_push(self, job: Job) -> rendezvous_pb2.RoundInfo:
         pushed = self._pushed.get(job.job_id)

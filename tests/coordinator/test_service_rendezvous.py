@@ -3,6 +3,7 @@ heartbeat stream, watches, job status, and every documented failure."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 import grpc
 import pytest
 
+from rallypoint.coordinator.service import rendezvous as rendezvous_service
 from rallypoint.coordinator.service.rendezvous import HEARTBEAT_ANSWER_EVERY
 from rallypoint.coordinator.state import Limits
 from rallypoint.coordinator.state.jobs import RendezvousLimits
@@ -315,6 +317,33 @@ async def test_watch_sends_the_current_round_then_each_change(client: Client) ->
     await client.stub.CloseJob(pb.CloseJobRequest(header=client.headers(), job="j"))
     ended = await call.read()
     assert isinstance(ended, pb.WatchJobResponse) and ended.round.job_closed
+    call.cancel()
+
+
+async def test_watch_coalesces_joins_but_sends_a_state_change_at_once(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Joins within one round and state wait for the coalescing window (here: for ever);
+    # the round closing goes at once and carries everything that happened meanwhile.
+    monkeypatch.setattr(rendezvous_service, "WATCH_COALESCE_S", 1_000.0)
+
+    async def join(name: str) -> None:
+        request = pb.JoinRequest(
+            header=client.headers(), job="big", name=name, config=job_config(12, 12)
+        )
+        await client.stub.Join(request)
+
+    await join("p0")
+    call = client.stub.WatchJob(pb.WatchJobRequest(job="big"))
+    first = await call.read()
+    assert isinstance(first, pb.WatchJobResponse)
+    assert len(first.round.members) == 1
+    for i in range(1, 12):  # the twelfth join closes the round
+        await join(f"p{i}")
+    closed = await asyncio.wait_for(call.read(), 20)
+    assert isinstance(closed, pb.WatchJobResponse)
+    assert closed.round.state == pb.ROUND_STATE_ACTIVE
+    assert len(closed.round.members) == 12
     call.cancel()
 
 

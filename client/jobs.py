@@ -10,6 +10,7 @@ errors of ``rendezvous_errors``. ``join`` and the participant it returns are in
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from typing import TYPE_CHECKING
 
@@ -25,12 +26,23 @@ if TYPE_CHECKING:
 
 
 class RendezvousStubs:
-    """The three rendezvous services' stubs over one member's channel."""
+    """The three rendezvous services' stubs over one member's channel, each made on first use
+    (a stub makes a callable per method up front; a worker mostly needs one service)."""
 
     def __init__(self, stubs: Stubs) -> None:
-        self.rendezvous = rendezvous_pb2_grpc.RendezvousStub(stubs.channel)
-        self.store = rendezvous_pb2_grpc.RoundStoreStub(stubs.channel)
-        self.checkpoints = rendezvous_pb2_grpc.CheckpointRegistryStub(stubs.channel)
+        self._channel = stubs.channel
+
+    @functools.cached_property
+    def rendezvous(self) -> rendezvous_pb2_grpc.RendezvousStub:
+        return rendezvous_pb2_grpc.RendezvousStub(self._channel)
+
+    @functools.cached_property
+    def store(self) -> rendezvous_pb2_grpc.RoundStoreStub:
+        return rendezvous_pb2_grpc.RoundStoreStub(self._channel)
+
+    @functools.cached_property
+    def checkpoints(self) -> rendezvous_pb2_grpc.CheckpointRegistryStub:
+        return rendezvous_pb2_grpc.CheckpointRegistryStub(self._channel)
 
 
 # One set per channel, made on first use and dropped with the channel's stubs.

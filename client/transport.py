@@ -23,6 +23,7 @@ every other error is the answer.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -91,15 +92,31 @@ class Deadline:
 
 
 class Stubs:
-    """The five service stubs over one channel."""
+    """The five service stubs over one channel, each made on first use (a stub makes a
+    callable per method up front, and most clients use two or three services)."""
 
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self.channel = channel
-        self.kv = kv_pb2_grpc.KVStub(channel)
-        self.watch = watch_pb2_grpc.WatchStub(channel)
-        self.lease = lease_pb2_grpc.LeaseStub(channel)
-        self.session = session_pb2_grpc.SessionStub(channel)
-        self.cluster = cluster_pb2_grpc.ClusterStub(channel)
+
+    @functools.cached_property
+    def kv(self) -> kv_pb2_grpc.KVStub:
+        return kv_pb2_grpc.KVStub(self.channel)
+
+    @functools.cached_property
+    def watch(self) -> watch_pb2_grpc.WatchStub:
+        return watch_pb2_grpc.WatchStub(self.channel)
+
+    @functools.cached_property
+    def lease(self) -> lease_pb2_grpc.LeaseStub:
+        return lease_pb2_grpc.LeaseStub(self.channel)
+
+    @functools.cached_property
+    def session(self) -> session_pb2_grpc.SessionStub:
+        return session_pb2_grpc.SessionStub(self.channel)
+
+    @functools.cached_property
+    def cluster(self) -> cluster_pb2_grpc.ClusterStub:
+        return cluster_pb2_grpc.ClusterStub(self.channel)
 
 
 Method = Callable[[Stubs], "grpc.aio.UnaryUnaryMultiCallable[Request, Response]"]

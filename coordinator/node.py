@@ -83,8 +83,10 @@ from .members import (
 )
 from .metrics import NodeMetrics
 from .node_api import (
+    PROMOTE_READY_PERCENT,
     CompactedWatchError,
     Header,
+    LearnerNotReadyError,
     Member,
     MemberNotFoundError,
     NodeError,
@@ -878,11 +880,23 @@ class Node:
     ) -> ConfState:
         self._require_leader()
         raft = self.raw.raft
-        if raft.pending_conf_index > raft.raft_log.applied:
-            raise ProposalDroppedError("another membership change is still in progress")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        # Raft takes one change at a time. The previous one may be committed and even
+        # answered but not yet marked applied (that happens when its Ready is advanced), or
+        # a new leader's no-op may not be applied yet: wait for that rather than refuse a
+        # caller who made two changes in a row.
+        while raft.pending_conf_index > raft.raft_log.applied:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise ProposalDroppedError("another membership change is still in progress")
+            await self.wait_for_apply(min(remaining, 0.05))
+            self._require_leader()
         cc = ConfChange(changes, context=context.encode())
         state: ConfState = await self._propose_and_wait(
-            context.proposal_id, lambda: self.raw.propose_conf_change(cc), timeout_s
+            context.proposal_id,
+            lambda: self.raw.propose_conf_change(cc),
+            max(0.0, deadline - loop.time()),
         )
         return state
 
@@ -930,9 +944,18 @@ class Node:
         )
 
     async def member_promote(self, member_id: int, timeout_s: float = 10.0) -> Member:
+        """Learner to voter, on the leader, once the learner's log has caught up (a lagging
+        new voter would weaken the quorum until it did)."""
+        self._require_leader()
         member = self._member(member_id)
         if not member.is_learner:
             raise ProposalDroppedError(f"member {member_id} is already a voter")
+        progress = self.raw.status().progress
+        leader_last = int(progress[NodeId(self.member_id)].match)
+        learner = progress.get(NodeId(member_id))
+        match = int(learner.match) if learner is not None else 0
+        if match * 100 < leader_last * PROMOTE_READY_PERCENT:
+            raise LearnerNotReadyError(member_id, match, leader_last)
         context = ConfChangeContext(
             proposer_id=self.member_id, proposal_id=next(self._proposal_ids)
         )

@@ -60,6 +60,22 @@ class CompactedWatchError(NodeError):
         self.first_available = first_available
 
 
+class LearnerNotReadyError(NodeError):
+    """A learner's log is too far behind the leader's to make it a voter yet."""
+
+    def __init__(self, member_id: int, match: int, leader_last: int) -> None:
+        super().__init__(
+            f"member {member_id} is not ready to be promoted: its log matches the leader's up "
+            f"to entry {match} of {leader_last} (it needs {PROMOTE_READY_PERCENT}%); wait for "
+            f"it to catch up and try again"
+        )
+        self.member_id = member_id
+
+
+# A learner becomes a voter only once its log matches this share of the leader's (as etcd).
+PROMOTE_READY_PERCENT = 90
+
+
 class MemberNotFoundError(NodeError):
     def __init__(self, member_id: int) -> None:
         super().__init__(f"member {member_id} is not in the cluster")

@@ -22,6 +22,7 @@ import grpc
 
 from ..node_api import (
     CompactedWatchError,
+    LearnerNotReadyError,
     MemberNotFoundError,
     NodeError,
     NoLeaderError,
@@ -163,6 +164,8 @@ def node_error_status(error: NodeError, deadline_passed: bool) -> Status:
         return Status(Code.UNAVAILABLE, message or "the proposal was dropped; retry", UNSPECIFIED)
     if isinstance(error, CompactedWatchError):
         return Status(Code.OUT_OF_RANGE, message, "COMPACTED")
+    if isinstance(error, LearnerNotReadyError):
+        return Status(Code.FAILED_PRECONDITION, message, UNSPECIFIED)
     if isinstance(error, MemberNotFoundError):
         return Status(Code.NOT_FOUND, message, "MEMBER_NOT_FOUND")
     raise AssertionError(f"no status code for member error {type(error).__name__}")

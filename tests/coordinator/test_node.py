@@ -11,7 +11,7 @@ import pytest
 
 from rallypoint.coordinator.members import MemberAddress
 from rallypoint.coordinator.node import Node, NodeConfig
-from rallypoint.coordinator.node_api import NotLeaderError
+from rallypoint.coordinator.node_api import LearnerNotReadyError, NotLeaderError
 from rallypoint.coordinator.state.commands import Add, LeaseGrant, Put, SessionOpen
 from rallypoint.coordinator.state.results import (
     AddResult,
@@ -199,3 +199,19 @@ async def test_a_removed_members_id_is_never_given_again(cluster: Cluster) -> No
             await asyncio.sleep(0.01)
 
     await asyncio.wait_for(asyncio.gather(*(learned(n) for n in cluster.nodes.values())), 10)
+
+
+async def test_a_learner_that_has_not_caught_up_is_not_promoted(cluster: Cluster) -> None:
+    leader = await cluster.leader()
+    session = await open_session(leader)
+    for seq in range(1, 21):
+        await leader.propose(Put(b"k%d" % seq, b"v"), session_id=session, sequence=seq)
+    # Nothing runs at this address: the learner's log stays empty.
+    learner = await leader.member_add("127.0.0.1:1", "127.0.0.1:2", as_learner=True)
+    with pytest.raises(LearnerNotReadyError, match=r"not ready to be promoted.*needs 90%"):
+        await leader.member_promote(learner.member_id)
+    follower = next(n for n in cluster.nodes.values() if n is not leader)
+    with pytest.raises(NotLeaderError):
+        await follower.member_promote(learner.member_id)
+    status = leader.status()
+    assert next(m for m in status.members if m.member_id == learner.member_id).is_learner

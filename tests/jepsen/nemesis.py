@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import combinations
 
-from rallypoint.client import Client, RallypointError
+from rallypoint.client import Client, FailedPreconditionError, RallypointError
 from tests.integration.harness import wait_until
 
 from .cluster import NamespaceCluster
@@ -186,17 +186,32 @@ class Faults:
             )
         self.cluster.active.add(new.member_id)
         self.cluster.start(new.member_id, join=True)
+        # Caught up = has applied what was committed when it was added. (Not "applied the
+        # leader's commit index now": under a steady write load a healthy learner stays a
+        # few entries behind a moving target, read a moment apart from its own.)
+        target: list[int] = []  # the leader's commit index, once read
 
         def caught_up() -> bool:
+            if not target:
+                leader = self._leader()
+                leader_status = self.cluster.status(leader) if leader else None
+                if leader_status is not None:
+                    target.append(leader_status.commit_index)
+                return False
             status = self.cluster.status(new.member_id)
-            leader = self._leader()
-            leader_status = self.cluster.status(leader) if leader else None
-            return bool(
-                status and leader_status and status.applied_index >= leader_status.commit_index
-            )
+            return bool(status and status.applied_index >= target[0])
 
         wait_until(caught_up, 30, f"new member {new.member_id} to catch up")
-        self._admin(self.admin.member_promote(new.member_id, timeout_s=10))
+
+        def promoted() -> bool:
+            # The leader also checks (90% of its log); a learner just short of it is retried.
+            try:
+                self._admin(self.admin.member_promote(new.member_id, timeout_s=10))
+            except FailedPreconditionError:
+                return False
+            return True
+
+        wait_until(promoted, 30, f"the leader to accept member {new.member_id} as caught up")
         return new.member_id
 
     def membership(self) -> tuple[str, Heal]:

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import random
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import TypeVar
 
 from rallypoint.proto.v1 import cluster_pb2, common_pb2, kv_pb2, lease_pb2
@@ -514,6 +514,13 @@ class Client:
 
     # ------------------------------------------------------------------ cluster
 
+    def _learn_members(self, members: Iterable[cluster_pb2.Member]) -> list[Member]:
+        """The membership in an answer; every member's client address becomes an endpoint
+        (members added since the client started included)."""
+        found = list(members_from_proto(members))
+        self._transport.learn([m.client_address for m in found])
+        return found
+
     async def member_list(
         self, *, serializable: bool = False, timeout_s: float | None = None
     ) -> list[Member]:
@@ -522,7 +529,7 @@ class Client:
             cluster_pb2.MemberListRequest(serializable=serializable),
             timeout_s,
         )
-        return list(members_from_proto(response.members))
+        return self._learn_members(response.members)
 
     async def member_add(
         self,
@@ -547,7 +554,7 @@ class Client:
             ),
             timeout_s,
         )
-        return Member.from_proto(response.member), list(members_from_proto(response.members))
+        return Member.from_proto(response.member), self._learn_members(response.members)
 
     async def member_remove(
         self, member_id: int, *, timeout_s: float | None = None
@@ -557,7 +564,7 @@ class Client:
             cluster_pb2.MemberRemoveRequest(id=member_id),
             timeout_s,
         )
-        return list(members_from_proto(response.members))
+        return self._learn_members(response.members)
 
     async def member_promote(
         self, member_id: int, *, timeout_s: float | None = None
@@ -567,7 +574,7 @@ class Client:
             cluster_pb2.MemberPromoteRequest(id=member_id),
             timeout_s,
         )
-        return list(members_from_proto(response.members))
+        return self._learn_members(response.members)
 
     async def transfer_leader(self, target_id: int, *, timeout_s: float | None = None) -> Header:
         response = await self._read(

@@ -188,6 +188,13 @@ class Transport:
         self._rotation += 1
         return address
 
+    def learn(self, addresses: Sequence[str]) -> None:
+        """Add members' client addresses the cluster told of (membership answers), so the
+        client still reaches the cluster after the members it was given are replaced."""
+        for address in addresses:
+            if address and address not in self.endpoints:
+                self.endpoints.append(address)
+
     def note_success(self, address: str) -> None:
         self.preferred = address
 

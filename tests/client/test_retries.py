@@ -192,3 +192,15 @@ async def test_bearer_token_is_sent(
         await make_client().connect()
     client = await make_client(token="s3cret").connect()
     await client.put("k", b"v")
+
+
+async def test_members_added_later_become_endpoints(
+    cluster: FakeCluster, make_client: Callable[..., Client]
+) -> None:
+    # Given one member; the others and a new one are learned from membership answers, so the
+    # client still reaches the cluster once the members it started with are gone.
+    client = await make_client([cluster.members[0].address]).connect()
+    await client.member_list()
+    assert sorted(client.endpoints) == sorted(cluster.addresses)
+    await client.member_add("10.0.0.9:2380", "10.0.0.9:2379")
+    assert "10.0.0.9:2379" in client.endpoints

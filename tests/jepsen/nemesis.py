@@ -267,7 +267,8 @@ async def run_schedule(
         try:
             what, heal = await asyncio.to_thread(getattr(faults, kind))
         except (*NEMESIS_ERRORS, AssertionError) as error:
-            log.append(f"{time.monotonic() - origin_s:8.3f} {kind}: not inflicted ({error})")
+            why = f"{type(error).__name__}: {error}"
+            log.append(f"{time.monotonic() - origin_s:8.3f} {kind}: not inflicted ({why})")
             continue
         history.record(NEMESIS_PROCESS, EventType.START, kind, "", what)
         log.append(f"{time.monotonic() - origin_s:8.3f} start {kind}: {what}")
@@ -276,7 +277,7 @@ async def run_schedule(
         try:
             outcome = await asyncio.to_thread(heal)
         except (*NEMESIS_ERRORS, AssertionError) as error:
-            outcome = f"heal failed: {error}"
+            outcome = f"heal failed: {type(error).__name__}: {error}"
         history.record(NEMESIS_PROCESS, EventType.STOP, kind, "", outcome)
         log.append(f"{time.monotonic() - origin_s:8.3f} stop {kind}: {outcome}")
     return log

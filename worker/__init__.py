@@ -1,35 +1,101 @@
 """Training-side integration: elastic data sampling and DCP checkpoints.
 
 Depends on ``rallypoint.client`` and torch.
+
+The names below load their module on first use. torchrun imports
+``rallypoint.worker.torchrun`` (its rendezvous backend) while torch itself is still importing
+``torch.distributed.checkpoint``; loading the checkpoint module eagerly from here would import
+that half-initialised module and fail.
 """
 
-from .checkpoint import (
-    Checkpointer,
-    CheckpointError,
-    CheckpointLayout,
-    CheckpointMetadata,
-    ParamLayout,
-    PeerState,
-    PendingCheckpoint,
-    Placement,
-    RestoreDecision,
-    RestorePolicy,
-    RestoreResult,
-    RestoreSource,
-    SavedCheckpoint,
-    broadcast_state,
-    checkpoint_path,
-    choose_restore_source,
-    delete_checkpoints,
-    describe_layout,
-    read_metadata,
-    restore_checkpoint,
-    restore_state,
-    retired_beyond,
-)
-from .elastic import ElasticRound, ElasticRun, Formation, TrainState, elastic_training
-from .sampler import ElasticSampler, GlobalStep, epoch_permutation, global_step_size, rank_slice
-from .store import CoordinatorStore, CoordinatorStoreError, StaleStoreRoundError, StoreTimeoutError
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .checkpoint import (
+        Checkpointer,
+        CheckpointError,
+        CheckpointLayout,
+        CheckpointMetadata,
+        ParamLayout,
+        PeerState,
+        PendingCheckpoint,
+        Placement,
+        RestoreDecision,
+        RestorePolicy,
+        RestoreResult,
+        RestoreSource,
+        SavedCheckpoint,
+        broadcast_state,
+        checkpoint_path,
+        choose_restore_source,
+        delete_checkpoints,
+        describe_layout,
+        read_metadata,
+        restore_checkpoint,
+        restore_state,
+        retired_beyond,
+    )
+    from .elastic import ElasticRound, ElasticRun, Formation, TrainState, elastic_training
+    from .sampler import ElasticSampler, GlobalStep, epoch_permutation, global_step_size, rank_slice
+    from .store import (
+        CoordinatorStore,
+        CoordinatorStoreError,
+        StaleStoreRoundError,
+        StoreTimeoutError,
+    )
+
+# Exported name -> the submodule that defines it.
+_EXPORTS: dict[str, str] = {
+    "CheckpointError": "checkpoint",
+    "CheckpointLayout": "checkpoint",
+    "CheckpointMetadata": "checkpoint",
+    "Checkpointer": "checkpoint",
+    "CoordinatorStore": "store",
+    "CoordinatorStoreError": "store",
+    "ElasticRound": "elastic",
+    "ElasticRun": "elastic",
+    "ElasticSampler": "sampler",
+    "Formation": "elastic",
+    "GlobalStep": "sampler",
+    "ParamLayout": "checkpoint",
+    "PeerState": "checkpoint",
+    "PendingCheckpoint": "checkpoint",
+    "Placement": "checkpoint",
+    "RestoreDecision": "checkpoint",
+    "RestorePolicy": "checkpoint",
+    "RestoreResult": "checkpoint",
+    "RestoreSource": "checkpoint",
+    "SavedCheckpoint": "checkpoint",
+    "StaleStoreRoundError": "store",
+    "StoreTimeoutError": "store",
+    "TrainState": "elastic",
+    "broadcast_state": "checkpoint",
+    "checkpoint_path": "checkpoint",
+    "choose_restore_source": "checkpoint",
+    "delete_checkpoints": "checkpoint",
+    "describe_layout": "checkpoint",
+    "elastic_training": "elastic",
+    "epoch_permutation": "sampler",
+    "global_step_size": "sampler",
+    "rank_slice": "sampler",
+    "read_metadata": "checkpoint",
+    "restore_checkpoint": "checkpoint",
+    "restore_state": "checkpoint",
+    "retired_beyond": "checkpoint",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CheckpointError",

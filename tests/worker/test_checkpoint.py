@@ -55,7 +55,9 @@ def run_world(scenario: str, world_size: int, workdir: Path) -> list[dict[str, A
         for rank, process in enumerate(ranks):
             _, stderr = process.communicate(timeout=WORLD_TIMEOUT_S)
             if process.returncode != 0:
-                failures.append(f"rank {rank} exited {process.returncode}:\n{stderr[-3000:]}")
+                # Torch's warnings can fill the tail: keep the first lines too.
+                shown = stderr if len(stderr) <= 6000 else f"{stderr[:3000]}\n...\n{stderr[-3000:]}"
+                failures.append(f"rank {rank} exited {process.returncode}:\n{shown}")
     finally:
         for process in ranks:
             if process.poll() is None:

@@ -55,7 +55,6 @@ from torch.distributed.elastic.rendezvous.api import (
     RendezvousClosedError,
     RendezvousConnectionError,
     RendezvousHandler,
-    RendezvousHandlerCreator,
     RendezvousInfo,
     RendezvousParameters,
     RendezvousStoreInfo,
@@ -430,8 +429,3 @@ class RallypointRendezvousHandler(RendezvousHandler):
 def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     """torch's handler creator for the ``rallypoint`` backend."""
     return RallypointRendezvousHandler(RendezvousSettings.from_parameters(params))
-
-
-def create_handler_factory() -> RendezvousHandlerCreator:
-    """The ``torchrun.handlers`` entry point: torch calls it and registers what it returns."""
-    return create_handler

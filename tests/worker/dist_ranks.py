@@ -218,8 +218,8 @@ def main() -> None:
         int(sys.argv[3]),
         Path(sys.argv[4]),
     )
-    store = workdir / f"store-{scenario}-{world_size}"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
+    # MASTER_ADDR / MASTER_PORT from the test: rank 0 hosts the TCPStore.
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world_size)
     try:
         figures = {
             name: {"save": save, "restore": restore, "heal": heal}[name](rank, world_size, workdir)

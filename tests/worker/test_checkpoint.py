@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +39,18 @@ WORLD_TIMEOUT_S = 120
 def run_world(scenario: str, world_size: int, workdir: Path) -> list[dict[str, Any]]:
     """Run every rank of ``scenario`` (names joined by commas) as its own process; their
     figures by rank, then by scenario."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    # Rank 0 hosts a TCPStore on a free port (a file:// store's file, removed by whichever
+    # rank finishes last, made ranks abort on exit now and then).
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "GLOO_SOCKET_IFNAME": "lo",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
     command = [sys.executable, str(RANKS_SCRIPT), scenario]
     ranks = [
         subprocess.Popen(

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import platform
+import signal
 import socket
 import statistics
 import subprocess
@@ -212,3 +213,50 @@ def write_results(out: Path, document: dict[str, Any], plot: Callable[[Path], No
         return
     plot(out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
+
+
+class TorchrunAgents:
+    """The agents of one torchrun job, each started from ``command`` in a session of its own
+    with its log in ``out/agent-<i>.log``, and the JSON-lines events their workers append to
+    ``out/events-*.jsonl``."""
+
+    def __init__(
+        self, command: Sequence[str], out: Path, count: int = 2, env: dict[str, str] | None = None
+    ) -> None:
+        self.out = out
+        out.mkdir(parents=True)
+        self.logs = [out / f"agent-{i}.log" for i in range(count)]
+        self.agents: list[subprocess.Popen[bytes]] = []
+        for log_path in self.logs:
+            with open(log_path, "wb") as log:
+                self.agents.append(
+                    subprocess.Popen(
+                        list(command),
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                        env=env,
+                    )
+                )
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        for path in self.out.glob("events-*.jsonl"):
+            for line in path.read_text().splitlines():
+                # A line being written may be cut short: it is complete on the next read.
+                if line.endswith("}"):
+                    found.append(json.loads(line))
+        return [e for e in found if e["event"] == kind]
+
+    def exited(self) -> tuple[subprocess.Popen[bytes], Path] | None:
+        """The first agent that has exited, with its log; None while all run."""
+        for agent, log in zip(self.agents, self.logs, strict=True):
+            if agent.poll() is not None:
+                return agent, log
+        return None
+
+    def kill_agents(self) -> None:
+        for agent in self.agents:
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGKILL)
+            agent.wait()

@@ -44,7 +44,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.common import free_port_block, json_safe, machine_info, package_versions
+from bench.common import (
+    TorchrunAgents,
+    free_port_block,
+    json_safe,
+    machine_info,
+    package_versions,
+)
 from bench.kv_bench import RallypointCluster
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -154,12 +160,10 @@ def elastic_trial(endpoints: str, job: str, root: Path, timeout_s: float) -> Eve
         trial.stop()
 
 
-class TorchrunTrial:
+class TorchrunTrial(TorchrunAgents):
     """Two torchrun agents (2 workers each) of one job; the events the workers write."""
 
     def __init__(self, tuned: bool, job: str, out: Path) -> None:
-        self.out = out
-        out.mkdir(parents=True)
         endpoint = f"127.0.0.1:{free_port_block(1)}"
         command = [
             sys.executable,
@@ -177,44 +181,22 @@ class TorchrunTrial:
             command += ["--monitor-interval=0.1", "--rdzv-conf=last_call_timeout=1"]
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         command += [str(TORCHRUN_SCRIPT), f"--out={out}", "--steps=1000000"]
-        self.logs = [out / f"agent-{i}.log" for i in range(2)]
-        self.agents: list[subprocess.Popen[bytes]] = []
-        for log_path in self.logs:
-            with open(log_path, "wb") as log:
-                self.agents.append(
-                    subprocess.Popen(
-                        command,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                        env=env,
-                    )
-                )
-
-    def events(self, kind: str) -> list[Event]:
-        found: list[Event] = []
-        for path in self.out.glob("events-*.jsonl"):
-            for line in path.read_text().splitlines():
-                if line.endswith("}"):  # a line being written is complete on the next read
-                    found.append(json.loads(line))
-        return [e for e in found if e["event"] == kind]
+        super().__init__(command, out, env=env)
 
     def check_agents(self) -> None:
-        for agent, log in zip(self.agents, self.logs, strict=True):
-            if agent.poll() is not None:
-                errors = [
-                    line.strip()
-                    for line in log.read_text(errors="replace").splitlines()
-                    if "Error" in line and "registry.py" not in line
-                ]
-                last = errors[-1][:300] if errors else "no error line"
-                raise RuntimeError(f"an agent exited ({agent.returncode}): {last} ({log})")
+        exited = self.exited()
+        if exited is not None:
+            agent, log = exited
+            errors = [
+                line.strip()
+                for line in log.read_text(errors="replace").splitlines()
+                if "Error" in line and "registry.py" not in line
+            ]
+            last = errors[-1][:300] if errors else "no error line"
+            raise RuntimeError(f"an agent exited ({agent.returncode}): {last} ({log})")
 
     def stop(self) -> None:
-        for agent in self.agents:
-            if agent.poll() is None:
-                os.killpg(agent.pid, signal.SIGKILL)
-            agent.wait()
+        self.kill_agents()
         # torchrun starts its workers in sessions of their own: an agent's death leaves them
         # running, so kill every worker that ever reported.
         for pid in {e["pid"] for e in self.events("started")}:

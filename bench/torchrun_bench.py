@@ -28,7 +28,6 @@ import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +35,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import free_port_block, json_safe, machine_info, package_versions
+from bench.common import (
+    TorchrunAgents,
+    free_port_block,
+    json_safe,
+    machine_info,
+    package_versions,
+)
 from bench.kv_bench import RallypointCluster
 from tests.integration.harness import kill_processes_mentioning
 
@@ -46,12 +51,10 @@ BACKENDS = ("rallypoint", "c10d")
 Event = dict[str, Any]
 
 
-class Trial:
+class Trial(TorchrunAgents):
     """Two torchrun agents of one job; the events their workers write to ``out``."""
 
     def __init__(self, backend: str, endpoint: str, job: str, out: Path) -> None:
-        self.out = out
-        out.mkdir(parents=True)
         command = [
             sys.executable,
             "-m",
@@ -67,31 +70,15 @@ class Trial:
             f"--out={out}",
             "--steps=1000000",
         ]
-        self.logs = [out / f"agent-{i}.log" for i in range(2)]
-        self.agents: list[subprocess.Popen[bytes]] = []
-        for log_path in self.logs:
-            with open(log_path, "wb") as log:
-                self.agents.append(
-                    subprocess.Popen(
-                        command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-                    )
-                )
-
-    def events(self, event: str) -> list[Event]:
-        found: list[Event] = []
-        for path in self.out.glob("events-*.jsonl"):
-            for line in path.read_text().splitlines():
-                # A line being written may be cut short: it is complete on the next read.
-                if line.endswith("}"):
-                    found.append(json.loads(line))
-        return [e for e in found if e["event"] == event]
+        super().__init__(command, out)
 
     def wait(self, what: str, ready: Any, timeout_s: float) -> Any:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            for agent, log in zip(self.agents, self.logs, strict=True):
-                if agent.poll() is not None:
-                    raise RuntimeError(f"an agent exited ({agent.returncode}); see {log}")
+            exited = self.exited()
+            if exited is not None:
+                agent, log = exited
+                raise RuntimeError(f"an agent exited ({agent.returncode}); see {log}")
             value = ready()
             if value:
                 return value
@@ -99,10 +86,7 @@ class Trial:
         raise TimeoutError(f"no {what} within {timeout_s:g} s; see {self.out}")
 
     def stop(self) -> None:
-        for agent in self.agents:
-            if agent.poll() is None:
-                os.killpg(agent.pid, signal.SIGKILL)
-            agent.wait()
+        self.kill_agents()
         kill_processes_mentioning(f"--out={self.out}")  # workers live in sessions of their own
 
 

@@ -206,7 +206,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         loop = asyncio.get_running_loop()
         while True:
             job = self._job(job_id)
-            revision, position = job.revision, self._position(job_id)
+            revision, position = job.revision, _position(job)
             yield rendezvous_pb2.WatchJobResponse(
                 header=header_pb(self.node.header()), round=self._round_info_to_push(job)
             )
@@ -216,13 +216,9 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
                 await self.node.wait_for_apply(WATCH_RECHECK_S)
             # Changed. Within the same round and state, gather more changes for a moment.
             while (remaining := hold_until - loop.time()) > 0 and (
-                self._position(job_id) == position
+                _position(self._job(job_id)) == position
             ):
                 await self.node.wait_for_apply(remaining)
-
-    def _position(self, job_id: str) -> tuple[int, RoundState, bool]:
-        job = self._job(job_id)
-        return job.round.number, job.round.state, job.closed
 
     def _round_info_to_push(self, job: Job) -> rendezvous_pb2.RoundInfo:
         pushed = self._pushed.get(job.job_id)
@@ -362,3 +358,8 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         return rendezvous_pb2.CloseJobResponse(
             header=header_pb(self.node.header()), ended_round=result.ended_round
         )
+
+
+def _position(job: Job) -> tuple[int, RoundState, bool]:
+    """What a watcher is told at once when it changes: round number, round state, closed."""
+    return job.round.number, job.round.state, job.closed

@@ -202,8 +202,7 @@ class Transport:
         """Learn from a refusal; True when it named a leader other than ``address``."""
         hint = error.leader_hint
         if hint and hint != address:
-            if hint not in self.endpoints:
-                self.endpoints.append(hint)
+            self.learn([hint])
             self.preferred = hint
             return True
         if self.preferred == address:

@@ -3,10 +3,12 @@
 Theory of operation. Each member listens on its peer port (separate from the client port, so
 faults, firewalls and TLS can be applied to each). For every other member it keeps one
 :class:`PeerSender`: an outbox drained by a task that holds one long-lived ``Send`` stream
-and writes everything queued as one ``MessageBatch``. Raft tolerates loss, so the outbox is
-bounded and drops the oldest messages when full, and a broken stream only costs the messages
-in flight: the task reports the peer unreachable (so its progress goes back to probing) and
-reconnects after an exponential backoff with full jitter.
+and writes everything queued as one ``MessageBatch``. Raft tolerates loss but must hear of
+it: the outbox is bounded and drops the oldest messages when full, and a broken stream
+costs the messages in flight; either way the sender reports the peer unreachable (so its
+progress goes back to probing), and it reconnects after an exponential backoff with full
+jitter. A stream is opened only when there is something to send. Each failure of a run of
+them is logged once, and the recovery with how long it took.
 
 ``MsgSnap`` travels separately, by ``InstallSnapshot``: the snapshot is encoded in the
 snapshot file format and streamed in chunks with the whole file's CRC32C. The receiver
@@ -22,6 +24,7 @@ import contextlib
 import logging
 import os
 import random
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
@@ -44,6 +47,8 @@ from rallypoint.raft.types import Message, MessageType, NodeId, Snapshot
 log = logging.getLogger("rallypoint.transport")
 
 SNAPSHOT_CHUNK_BYTES = 1024 * 1024
+# Streams one snapshot transfer may open (resuming where the last stopped) before it gives up.
+SNAPSHOT_ATTEMPTS = 8
 OUTBOX_LIMIT = 4096
 # gRPC's default 4 MiB cap is too small for a batch of large entries.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -88,7 +93,15 @@ def full_jitter_backoff_s(attempt: int, base_s: float, cap_s: float, rng: random
 
 
 class PeerSender:
-    """Delivers messages to one peer over a long-lived stream; see the module docstring."""
+    """Delivers messages to one peer over a long-lived stream; see the module docstring.
+
+    Invariant: only the ``_run`` task takes messages out of ``_outbox``, and it writes each
+    batch it takes to the one stream it holds, with grpc's write API. (A request iterator
+    is never used for the outbox: grpc leaves the iterator of a failed stream parked, and it
+    would take, then lose, a later batch.) Whenever messages may have been lost (a stream
+    broke, the outbox overflowed, the peer has no address) Raft is told with
+    ``report_unreachable``, so its replication to the peer falls back to probing.
+    """
 
     def __init__(
         self,
@@ -96,11 +109,13 @@ class PeerSender:
         peer_id: int,
         channel_factory: Callable[[str], grpc.aio.Channel],
         rng: random.Random,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._host = host
         self._peer_id = peer_id
         self._channel_factory = channel_factory
         self._rng = rng
+        self._clock = clock
         # Invariant: at most OUTBOX_LIMIT messages; MsgSnap never enters it.
         self._outbox: deque[Message] = deque()
         self._wakeup = asyncio.Event()
@@ -109,7 +124,11 @@ class PeerSender:
         self._channel: grpc.aio.Channel | None = None
         self._channel_address: str | None = None
         self._closing: set[asyncio.Task[None]] = set()
-        self.dropped = 0
+        # When the current run of failed streams began; None while the peer is reachable.
+        self._failing_since: float | None = None
+        self._failed_streams = 0
+        self.dropped = 0  # messages dropped because the outbox was full
+        self.streams_broken = 0
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -130,13 +149,11 @@ class PeerSender:
         if len(self._outbox) >= OUTBOX_LIMIT:
             self._outbox.popleft()
             self.dropped += 1
+            self._host.report_unreachable(self._peer_id)
         self._outbox.append(message)
         self._wakeup.set()
 
-    def _channel_for_peer(self) -> grpc.aio.Channel | None:
-        address = self._host.peer_address(self._peer_id)
-        if address is None:
-            return None
+    def _channel_for(self, address: str) -> grpc.aio.Channel:
         if self._channel is None or address != self._channel_address:
             if self._channel is not None:
                 old = self._channel
@@ -147,47 +164,126 @@ class PeerSender:
             self._channel_address = address
         return self._channel
 
-    async def _batches(self) -> AsyncIterator[peer_pb2.MessageBatch]:
-        while True:
-            while not self._outbox:
-                self._wakeup.clear()
-                await self._wakeup.wait()
-            encoded = [encode_message(m) for m in self._outbox]
-            self._outbox.clear()
-            yield peer_pb2.MessageBatch(
-                cluster_id=self._host.cluster_id,
-                from_id=self._host.member_id,
-                to_id=self._peer_id,
-                messages=encoded,
-            )
+    def _channel_for_peer(self) -> grpc.aio.Channel | None:
+        address = self._host.peer_address(self._peer_id)
+        return None if address is None else self._channel_for(address)
+
+    def _take_batch(self) -> peer_pb2.MessageBatch:
+        encoded = [encode_message(m) for m in self._outbox]
+        self._outbox.clear()
+        return peer_pb2.MessageBatch(
+            cluster_id=self._host.cluster_id,
+            from_id=self._host.member_id,
+            to_id=self._peer_id,
+            messages=encoded,
+        )
+
+    async def _wait_for_messages(self) -> None:
+        while not self._outbox:
+            self._wakeup.clear()
+            await self._wakeup.wait()
 
     async def _run(self) -> None:
         attempt = 0
         while True:
-            channel = self._channel_for_peer()
-            if channel is None:
-                self._outbox.clear()
-                await asyncio.sleep(0.5)
-                continue
-            stub = peer_pb2_grpc.RaftStub(channel)
-            call = stub.Send(self._batches())
-            try:
-                await call
-                attempt = 0
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() is grpc.StatusCode.FAILED_PRECONDITION:
-                    log.error("peer %d refused our traffic: %s", self._peer_id, exc.details())
+            # A stream is opened only when there is something to send: a peer that is down
+            # costs nothing until Raft has a message for it.
+            await self._wait_for_messages()
+            address = self._host.peer_address(self._peer_id)
+            if address is None:
+                lost = len(self._outbox)
                 self._outbox.clear()
                 self._host.report_unreachable(self._peer_id)
-                delay_s = full_jitter_backoff_s(attempt, 0.05, 1.0, self._rng)
-                attempt += 1
-                await asyncio.sleep(delay_s)
+                self._note_failure(f"no address is known for it; {lost} messages dropped")
+                continue
+            opened, reason = await self._stream(self._channel_for(address), address)
+            # Whatever the stream carried may be lost: Raft probes again from what it knows.
+            self._host.report_unreachable(self._peer_id)
+            self.streams_broken += 1
+            self._note_failure(reason, address)
+            attempt = 0 if opened else attempt + 1
+            await asyncio.sleep(full_jitter_backoff_s(attempt, 0.05, 1.0, self._rng))
+
+    async def _stream(self, channel: grpc.aio.Channel, address: str) -> tuple[bool, str]:
+        """Write batches to one ``Send`` stream until it ends; return whether it ever
+        carried a batch, and why it ended."""
+        # No request iterator: batches go through call.write (see the class docstring).
+        call = peer_pb2_grpc.RaftStub(channel).Send(None)
+        call.add_done_callback(lambda _call: self._wakeup.set())
+        opened = False
+        try:
+            while True:
+                while not self._outbox and not call.done():
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                if call.done():
+                    await call  # raises the status that ended it
+                    return opened, "the peer closed the stream"
+                if self._host.peer_address(self._peer_id) != address:
+                    return opened, "its address changed"
+                await call.write(self._take_batch())
+                if not opened:
+                    opened = True
+                    self._note_restored(address)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is grpc.StatusCode.FAILED_PRECONDITION:
+                log.error(
+                    "member %d: member %d refused our traffic: %s",
+                    self._host.member_id,
+                    self._peer_id,
+                    exc.details(),
+                )
+            return opened, f"{exc.code().name}: {exc.details()}"
+        except asyncio.InvalidStateError:
+            return opened, "the stream had already ended"
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this sender is stopping
+            # grpc raises CancelledError for a call cancelled under us (its channel closed).
+            return opened, "the stream was cancelled"
+        finally:
+            if not call.done():
+                call.cancel()
+
+    def _note_failure(self, reason: str, address: str | None = None) -> None:
+        """Log the first failure of a run of them (the rest at debug): one line a fault."""
+        self._failed_streams += 1
+        if self._failing_since is None:
+            self._failing_since = self._clock()
+            log.warning(
+                "member %d: lost the stream to member %d%s: %s; retrying",
+                self._host.member_id,
+                self._peer_id,
+                f" at {address}" if address else "",
+                reason,
+            )
+        else:
+            log.debug(
+                "member %d: stream to member %d: %s", self._host.member_id, self._peer_id, reason
+            )
+
+    def _note_restored(self, address: str) -> None:
+        if self._failing_since is not None:
+            log.info(
+                "member %d: stream to member %d at %s restored after %.1f s (%d failed streams)",
+                self._host.member_id,
+                self._peer_id,
+                address,
+                self._clock() - self._failing_since,
+                self._failed_streams,
+            )
+        self._failing_since = None
+        self._failed_streams = 0
 
     # -- snapshots ------------------------------------------------------------------------
 
     def _start_snapshot(self, message: Message) -> None:
         if self._snapshot_task is not None and not self._snapshot_task.done():
-            return  # one transfer at a time; Raft re-sends once told the outcome
+            # One transfer at a time. Raft holds the peer in snapshot state until the running
+            # transfer reports its outcome (always, in its ``finally``), then sends again if
+            # it still needs to: nothing is lost by dropping this one.
+            return
         self._snapshot_task = asyncio.get_running_loop().create_task(self._send_snapshot(message))
 
     async def _send_snapshot(self, message: Message) -> None:
@@ -207,20 +303,36 @@ class PeerSender:
         ok = False
         offset = 0
         try:
-            for _attempt in range(8):
+            for attempt in range(SNAPSHOT_ATTEMPTS):
                 channel = self._channel_for_peer()
                 if channel is None:
                     break
                 stub = peer_pb2_grpc.RaftStub(channel)
-                ack = await stub.InstallSnapshot(
-                    self._chunks(snapshot, file_bytes, whole_crc, header, offset)
-                )
+                try:
+                    ack = await stub.InstallSnapshot(
+                        self._chunks(snapshot, file_bytes, whole_crc, header, offset)
+                    )
+                except grpc.aio.AioRpcError as exc:
+                    # Unreachable for now (a restarting peer, a channel in backoff): try
+                    # again shortly; anything else is the receiver's verdict on the data.
+                    if exc.code() is not grpc.StatusCode.UNAVAILABLE:
+                        raise
+                    if attempt == SNAPSHOT_ATTEMPTS - 1:
+                        raise
+                    await asyncio.sleep(full_jitter_backoff_s(attempt, 0.1, 1.0, self._rng))
+                    continue
                 if ack.complete:
                     ok = True
                     break
                 offset = ack.next_offset
         except grpc.aio.AioRpcError as exc:
-            log.warning("snapshot to member %d failed: %s", self._peer_id, exc.details())
+            log.warning(
+                "member %d: snapshot to member %d failed: %s %s",
+                self._host.member_id,
+                self._peer_id,
+                exc.code().name,
+                exc.details(),
+            )
         finally:
             self._host.report_snapshot(self._peer_id, ok)
 

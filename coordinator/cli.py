@@ -24,7 +24,7 @@ import grpc
 
 from rallypoint.proto.v1 import cluster_pb2, cluster_pb2_grpc
 
-from .daemon import Settings, SettingsError, run
+from .daemon import Settings, SettingsError, configure_logging, run
 
 DEFAULT_BASE_PORT = 2379
 _SERVE_HELP = {
@@ -84,6 +84,7 @@ def _serve(args: argparse.Namespace) -> int:
         }
         settings.merge(flags, "command line")
         settings.node_config()
+        configure_logging(settings.log_level, settings.log_format)
     except SettingsError as exc:
         print(f"rallypoint serve: {exc}", file=sys.stderr)
         return 2
@@ -109,7 +110,12 @@ def _add_cluster(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     )
     up.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT)
     up.add_argument("--tick-ms", type=int, default=100)
-    up.add_argument("--log-level", default="WARNING")
+    up.add_argument(
+        "--log-level",
+        default="INFO",
+        help="members' log level (default INFO: one line per election, leader change and "
+        "broken peer stream; DEBUG adds every Raft message)",
+    )
     up.set_defaults(handler=_cluster_up)
 
 

@@ -247,9 +247,17 @@ class JsonLogFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
 def configure_logging(level: str, log_format: str) -> None:
+    """Log to stderr at ``level``. At INFO, the default, a member says one line per role
+    or leader change and per broken peer stream (``role_log``, ``transport``); the Raft
+    core's line per vote and message is shown only at DEBUG."""
     if log_format not in ("text", "json"):
         raise SettingsError(f"log_format must be 'text' or 'json', got {log_format!r}")
+    if level.upper() not in LOG_LEVELS:
+        raise SettingsError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
     handler = logging.StreamHandler()
     if log_format == "json":
         formatter: logging.Formatter = JsonLogFormatter()
@@ -258,6 +266,8 @@ def configure_logging(level: str, log_format: str) -> None:
         formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     handler.setFormatter(formatter)
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    core_level = logging.DEBUG if level.upper() == "DEBUG" else logging.WARNING
+    logging.getLogger("rallypoint.raft").setLevel(core_level)
 
 
 def run(settings: Settings) -> int:

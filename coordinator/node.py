@@ -97,6 +97,7 @@ from .node_api import (
     ProposalDroppedError,
     ProposalTimeoutError,
 )
+from .role_log import ROLE_NAMES, RoleLog
 from .state.commands import Command, Envelope, LeaseExpire, encode_envelope
 from .state.errors import Compacted
 from .state.lessor import Lessor
@@ -123,12 +124,6 @@ _ENTRY_VERSION = 1
 _SEND_BEFORE_PERSIST = frozenset(
     {MessageType.MsgApp, MessageType.MsgHeartbeat, MessageType.MsgSnap, MessageType.MsgTimeoutNow}
 )
-_ROLE_NAMES = {
-    StateType.LEADER: "leader",
-    StateType.FOLLOWER: "follower",
-    StateType.CANDIDATE: "candidate",
-    StateType.PRE_CANDIDATE: "pre-candidate",
-}
 
 
 def _wrap(proposer_id: int, proposal_id: int, payload: bytes) -> bytes:
@@ -231,6 +226,9 @@ class Node:
         self._lessor = Lessor(lambda: int(time.monotonic() * 1000))
         self.metrics = NodeMetrics(config.member_id)
         self._soft_state = SoftState(NONE, StateType.FOLLOWER)
+        self._role_log = RoleLog(config.member_id, time.monotonic, log, pre_vote=config.pre_vote)
+        # The member this leader is handing leadership to, if it started a transfer.
+        self._transfer_target = NONE
         self._term = Term(0)
         self._commit_index = Index(0)
         # The only thread that touches the WAL and snapshot files (DiskStorage's disk half).
@@ -459,14 +457,11 @@ class Node:
     def _on_soft_state(self, soft: SoftState) -> None:
         old = self._soft_state
         self._soft_state = soft
+        self._role_log.observe(soft, self.raw.raft.term, self._transfer_target)
+        if soft.raft_state is not StateType.LEADER:
+            self._transfer_target = NONE
         if soft.lead != old.lead:
             self.metrics.leader_changes.inc()
-            log.info(
-                "member %d: leader is now %s (term %d)",
-                self.config.member_id,
-                soft.lead or "unknown",
-                self.raw.raft.term,
-            )
             # An entry proposed through the old leader may or may not commit: tell callers
             # now rather than at their deadline. A retry with the same (session, sequence)
             # is answered from the session cache if it did apply.
@@ -601,6 +596,7 @@ class Node:
         while True:
             await asyncio.sleep(interval_s)
             self.raw.tick()
+            self._role_log.check_leaderless()
             batch = self._read_inflight
             if batch is not None and time.monotonic() - batch.issued_at_s > election_s:
                 self._requeue_reads()  # the ReadIndex request was lost: ask again
@@ -865,7 +861,7 @@ class Node:
             cluster_id=self.cluster_id,
             term=int(raw_status.hard_state.term),
             leader_id=int(raw_status.soft_state.lead),
-            role=_ROLE_NAMES[raw_status.soft_state.raft_state],
+            role=ROLE_NAMES[raw_status.soft_state.raft_state],
             commit_index=int(raw_status.hard_state.commit),
             applied_index=int(raw_status.applied),
             snapshot_index=int(storage.snapshot().metadata.index),
@@ -980,6 +976,7 @@ class Node:
             raise MemberNotFoundError(target_id)
         if target_id == self.member_id:
             return target_id
+        self._transfer_target = NodeId(target_id)
         self.raw.transfer_leader(NodeId(target_id))
         self._wakeup.set()
         deadline = time.monotonic() + timeout_s

@@ -50,6 +50,9 @@ SNAPSHOT_CHUNK_BYTES = 1024 * 1024
 # Streams one snapshot transfer may open (resuming where the last stopped) before it gives up.
 SNAPSHOT_ATTEMPTS = 8
 OUTBOX_LIMIT = 4096
+# The longest wait between attempts to reach a peer that is down: a restarted member is
+# reached within about this (plus gRPC's own reconnect backoff, capped below as well).
+RECONNECT_CAP_S = 0.5
 # gRPC's default 4 MiB cap is too small for a batch of large entries.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 GRPC_OPTIONS = [
@@ -61,7 +64,7 @@ GRPC_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     # Reconnect quickly after a peer restarts; our own backoff paces the retries.
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.max_reconnect_backoff_ms", 500),
 ]
 
 
@@ -202,7 +205,7 @@ class PeerSender:
             self.streams_broken += 1
             self._note_failure(reason, address)
             attempt = 0 if opened else attempt + 1
-            await asyncio.sleep(full_jitter_backoff_s(attempt, 0.05, 1.0, self._rng))
+            await asyncio.sleep(full_jitter_backoff_s(attempt, 0.05, RECONNECT_CAP_S, self._rng))
 
     async def _stream(self, channel: grpc.aio.Channel, address: str) -> tuple[bool, str]:
         """Write batches to one ``Send`` stream until it ends; return whether it ever

@@ -82,3 +82,11 @@ async def test_restart_then_kill_the_leader_leaves_a_live_majority_that_elects(
                 f"leader's kill (election timeout {ELECTION_TIMEOUT_S} s)"
             )
             assert time.monotonic() - killed_at >= waited_s
+            # The survivors' logs (default level) tell the story one line per event, and
+            # the restarted member's peers said when its stream broke and came back.
+            survivors = [i for i in cluster.members if i != second]
+            logs = "".join(cluster.log_text(i) for i in survivors)
+            assert "started an election at term" in logs
+            assert "became leader at term" in logs
+            assert f"lost the stream to member {first}" in cluster.log_text(second)
+            assert "cast MsgPreVote" not in logs  # the core's per-vote lines: DEBUG only

@@ -9,14 +9,18 @@ stopped member's write-ahead log.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.integration.harness import MemberProcess, ProcessCluster, wait_until
 
 from . import netns
+from .availability import Health
 
 FAKETIME_LIBRARY = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
 
@@ -36,7 +40,62 @@ class NamespaceCluster(ProcessCluster):
         self.member_env: dict[int, dict[str, str]] = {}
         # The members of the cluster's configuration (described members may have left).
         self.active: set[int] = set(range(1, size + 1))
+        # Active members added as learners and not yet promoted (they do not vote).
+        self.learners: set[int] = set()
+        # Called with the cluster's health after every change a fault makes (processes
+        # started, killed, paused or resumed; membership; the network): see ``health``.
+        self.on_change: Callable[[Health], None] | None = None
         super().__init__(root, size, env=env, **kwargs)  # type: ignore[arg-type]
+        network.on_change = self.note_change
+
+    # ------------------------------------------------------------------ health
+
+    def health(self) -> Health:
+        """Voters, the members up (running, not paused, answering), the network's faults."""
+        voters = tuple(sorted(self.active - self.learners))
+        up = tuple(
+            m for m in sorted(self.active) if self.members[m].running and not self.members[m].paused
+        )
+        return Health(
+            time.monotonic(),
+            voters,
+            up,
+            tuple(sorted(self.network.blocked)),
+            tuple(sorted(self.network.degraded)),
+        )
+
+    def note_change(self) -> None:
+        """Report the health now (the faults call this after a change made elsewhere,
+        e.g. a learner promoted)."""
+        if self.on_change is not None:
+            self.on_change(self.health())
+
+    def start(self, member_id: int, *, join: bool = False, initial: str | None = None) -> None:
+        """Start a member; while a run records health, return once it answers (or exits):
+        a member counts as up only then."""
+        super().start(member_id, join=join, initial=initial)
+        if self.on_change is None:
+            return
+        member = self.members[member_id]
+        with contextlib.suppress(TimeoutError):
+            wait_until(
+                lambda: not member.running or self.status(member_id) is not None,
+                20.0,
+                f"member {member_id} to answer",
+            )
+        self.note_change()
+
+    def kill(self, member_id: int) -> None:
+        super().kill(member_id)
+        self.note_change()
+
+    def pause(self, member_id: int) -> None:
+        super().pause(member_id)
+        self.note_change()
+
+    def resume(self, member_id: int) -> None:
+        super().resume(member_id)
+        self.note_change()
 
     def _describe(self, member_id: int) -> MemberProcess:
         self.network.add_member(member_id)
@@ -136,8 +195,9 @@ class NamespaceCluster(ProcessCluster):
         if self.members[member_id].running:
             self.kill(member_id)
         self.active.discard(member_id)
+        self.learners.discard(member_id)
         self.member_env.pop(member_id, None)
-        self.network.forget(member_id)
+        self.network.forget(member_id)  # reports the change
 
 
 def process_environment(unsafe: str | None) -> dict[str, str]:

@@ -5,7 +5,8 @@ the cluster and one of ``ok`` (the operation took effect, with its result), ``fa
 certainly did not take effect) or ``info`` (unknown: a timeout or an unavailable cluster; it may
 have taken effect, or may yet) when the call returns. Times are ``time.monotonic()`` seconds of
 the one process that runs every client, so they are comparable across clients. Nemesis events
-are recorded with process ``-1`` (``type`` ``start``/``stop``), so reports can shade them.
+are recorded with process ``-1`` (``type`` ``start``/``stop``), so reports can shade them, and
+so is the cluster's health after each change (``health``), for the availability checker.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ class EventType(enum.Enum):
     # Nemesis windows.
     START = "start"
     STOP = "stop"
+    # The cluster's health after a nemesis change (see availability.py).
+    HEALTH = "health"
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +101,17 @@ class HistoryWriter:
         # The lease workload's late writers wait for a newer holder's accepted write.
         self.highest_fenced_token = 0
 
-    def record(self, process: int, type_: EventType, f: str, key: str, value: Any) -> Event:
-        event = Event(process, type_, f, key, value, time.monotonic())
+    def record(
+        self,
+        process: int,
+        type_: EventType,
+        f: str,
+        key: str,
+        value: Any,
+        time_s: float | None = None,
+    ) -> Event:
+        """Append an event, stamped now unless ``time_s`` says when it happened."""
+        event = Event(process, type_, f, key, value, time.monotonic() if time_s is None else time_s)
         self.events.append(event)
         self._file.write(event.to_json() + "\n")
         self._file.flush()

@@ -131,6 +131,30 @@ class Faults:
 
         return f"kill -9 {victim}", restart
 
+    def restart_then_kill(self) -> tuple[str, Heal]:
+        """Kill -9 a member other than the leader, restart it after 1-3 s, then within a
+        few seconds kill -9 the leader: the two members left (of three) must elect at once,
+        which once failed for tens of seconds (the survivors' streams to the restarted
+        member had lost their messages without a word)."""
+        leader = self._leader()
+        members = [m for m in self._members() if self.cluster.members[m].running]
+        others = [m for m in members if m != leader]
+        if leader is None or not others:
+            raise AssertionError("no leader, or no other member running")
+        restarted = self.rng.choice(others)
+        self.cluster.kill(restarted)
+        time.sleep(self.rng.uniform(1.0, 3.0))
+        self.cluster.start(restarted)  # returns once it answers
+        time.sleep(self.rng.uniform(0.0, 2.0))
+        leader = self._leader() or leader
+        self.cluster.kill(leader)
+
+        def restart() -> str:
+            self.cluster.start(leader)
+            return f"restarted {leader}"
+
+        return f"restarted {restarted}, then kill -9 leader {leader}", restart
+
     def pause(self) -> tuple[str, Heal]:
         victim = self._victim()
         self.cluster.pause(victim)
@@ -185,6 +209,7 @@ class Faults:
                 f"the cluster numbered the new member {added.member_id}, not {new.member_id}"
             )
         self.cluster.active.add(new.member_id)
+        self.cluster.learners.add(new.member_id)
         self.cluster.start(new.member_id, join=True)
         # Caught up = has applied what was committed when it was added. (Not "applied the
         # leader's commit index now": under a steady write load a healthy learner stays a
@@ -212,6 +237,8 @@ class Faults:
             return True
 
         wait_until(promoted, 30, f"the leader to accept member {new.member_id} as caught up")
+        self.cluster.learners.discard(new.member_id)
+        self.cluster.note_change()  # one more voter: the majority grows
         return new.member_id
 
     def membership(self) -> tuple[str, Heal]:
@@ -236,12 +263,21 @@ MIXES: dict[str, list[str]] = {
     "none": [],
     "partition": ["partition"],
     "net-slow": ["slow_network"],
-    "kill": ["kill"],
+    "kill": ["kill", "restart_then_kill"],
     "pause": ["pause"],
     "clock": ["clock"],
     "corrupt": ["corrupt"],
     "membership": ["membership"],
-    "mixed": ["partition", "slow_network", "kill", "pause", "clock", "corrupt", "membership"],
+    "mixed": [
+        "partition",
+        "slow_network",
+        "kill",
+        "restart_then_kill",
+        "pause",
+        "clock",
+        "corrupt",
+        "membership",
+    ],
 }
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 CHAIN = "RPJ"
 PEER_PORT = 2380
@@ -113,6 +113,16 @@ class Network:
         # Members with a delay qdisc on their veth (removed on heal).
         self._delayed: set[int] = set()
         self._netem: bool | None = None
+        # What the faults in effect do, for the availability checker: pairs (smaller id
+        # first) that cannot reach each other, and members slowed or made lossy.
+        self.blocked: set[tuple[int, int]] = set()
+        self.degraded: set[int] = set()
+        # Called after every change of the above.
+        self.on_change: Callable[[], None] | None = None
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def setup(self) -> None:
         cleanup()
@@ -150,6 +160,8 @@ class Network:
                 if here in self.members:
                     _in(here, "iptables", "-A", CHAIN, "-s", address(there), "-j", "DROP")
                     _in(here, "iptables", "-A", CHAIN, "-d", address(there), "-j", "DROP")
+            self.blocked.add((min(a, b), max(a, b)))
+        self._changed()
 
     def lose(self, member_ids: Iterable[int], probability: float) -> None:
         """Drop this fraction of the packets each member exchanges with the other members."""
@@ -173,6 +185,8 @@ class Network:
                         "-j",
                         "DROP",
                     )
+            self.degraded.add(member)
+        self._changed()
 
     def delay(self, member_ids: Iterable[int], delay_ms: int, jitter_ms: int) -> str:
         """Delay everything each member sends; the mechanism used ("netem" or "tbf")."""
@@ -193,6 +207,8 @@ class Network:
                     *("rate", "96kbit", "burst", "3000", "latency", f"{delay_ms + jitter_ms}ms"),
                 )
             self._delayed.add(member)
+            self.degraded.add(member)
+        self._changed()
         return kind
 
     def _has_netem(self) -> bool:
@@ -224,6 +240,9 @@ class Network:
         for member in sorted(self._delayed):
             _in(member, "tc", "qdisc", "del", "dev", member_end(member), "root", check=False)
         self._delayed.clear()
+        self.blocked.clear()
+        self.degraded.clear()
+        self._changed()
 
     def forget(self, member_id: int) -> None:
         """A removed member's namespace goes (its process must be gone)."""
@@ -231,3 +250,6 @@ class Network:
         _run("ip", "link", "delete", host_end(member_id), check=False)
         self.members.discard(member_id)
         self._delayed.discard(member_id)
+        self.degraded.discard(member_id)
+        self.blocked = {p for p in self.blocked if member_id not in p}
+        self._changed()

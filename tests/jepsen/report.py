@@ -14,6 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from .availability import Window, percentile
 from .checkers import CheckResult, Outcome, describe
 from .history import Event, Operation, nemesis_windows
 
@@ -31,6 +32,8 @@ class RunSummary:
     expected_violation: str | None = None
     report_path: Path | None = None
     error: str | None = None
+    # Unavailability windows (availability.py), in time order.
+    windows: list[Window] = field(default_factory=list)
 
     @property
     def violations(self) -> int:
@@ -52,7 +55,12 @@ class RunSummary:
 _INSTANTS = {"event", "round"}
 
 
-def plot_run(events: Sequence[Event], ops: Sequence[Operation], directory: Path) -> list[str]:
+def plot_run(
+    events: Sequence[Event],
+    ops: Sequence[Operation],
+    directory: Path,
+    unavailable: Sequence[Window] = (),
+) -> list[str]:
     """latency.png and throughput.png; their file names."""
     if not events:
         return []
@@ -72,6 +80,17 @@ def plot_run(events: Sequence[Event], ops: Sequence[Operation], directory: Path)
 
     figure, axis = plt.subplots(figsize=(10, 4))
     shade(axis)
+    for i, window in enumerate(unavailable):
+        # A band along the top, so the faults' shading stays readable beneath.
+        axis.axvspan(
+            window.start_s - origin,
+            window.end_s - origin,
+            ymin=0.93,
+            ymax=1.0,
+            color="tab:orange",
+            alpha=0.9,
+            label="no write succeeded" if i == 0 else None,
+        )
     # Watch deliveries and round views are recorded as instants, not calls: no latency.
     timed = sorted({op.f for op in ops} - _INSTANTS)
     palette = plt.get_cmap("tab10")
@@ -98,7 +117,7 @@ def plot_run(events: Sequence[Event], ops: Sequence[Operation], directory: Path)
     axis.set_yscale("log")
     axis.set_xlabel("time (s)")
     axis.set_ylabel("latency (ms)")
-    axis.set_title("Operation latency; shaded: fault windows")
+    axis.set_title("Operation latency; shaded: fault windows; orange band: no write succeeded")
     axis.legend(loc="upper right", fontsize=7, markerscale=2)
     figure.tight_layout()
     figure.savefig(directory / "latency.png", dpi=90)
@@ -167,6 +186,28 @@ def write_run_report(
                 *(describe(op, origin) for op in result.anomaly),
                 "```",
             ]
+    if summary.windows:
+        lines += [
+            "",
+            "## Availability",
+            "",
+            "Windows in which no write succeeded (from the first write that failed, timed out",
+            "or took over an election timeout, to the next acknowledged one), in seconds from",
+            "the run's",
+            "start; *majority* is the longest stretch of the window with a connected majority",
+            "of voters up (judged against the bound).",
+            "",
+            "| start | length | majority | faults in effect |",
+            "|---|---|---|---|",
+        ]
+        for window in summary.windows:
+            length = f"{window.duration_s:.2f}" + (
+                " (open at the end)" if window.open_at_end else ""
+            )
+            faults = "; ".join(window.faults) or "-"
+            lines.append(
+                f"| {window.start_s - origin:.2f} | {length} | {window.majority_s:.2f} | {faults} |"
+            )
     lines += ["", "## Faults", "", "```", *nemesis_log, "```", ""]
     lines += [f"![{name}]({name})" for name in plots]
     path = directory / "report.md"
@@ -178,8 +219,9 @@ def write_summary(runs: Sequence[RunSummary], path: Path) -> None:
     lines = [
         "# Fault-injection runs",
         "",
-        "| run | workloads | nemesis | members | s | ops | verdicts | violations | report |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| run | workloads | nemesis | members | s | ops | verdicts | violations | "
+        "unavailable p50 / p99 / max (s) | report |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         verdicts = ", ".join(f"{r.checker}: {r.outcome.value}" for r in run.results)
@@ -191,9 +233,28 @@ def write_summary(runs: Sequence[RunSummary], path: Path) -> None:
         lines.append(
             f"| {run.name} | {run.workloads} | {run.nemesis} | {run.nodes} | "
             f"{run.duration_s:.0f} | {run.operations} | {verdicts} | {violations} | "
-            f"[report]({report}) |"
+            f"{_window_figures([w.duration_s for w in run.windows])} | [report]({report}) |"
         )
     ordinary = [r for r in runs if not r.expected_violation]
+    mixes = sorted({r.nemesis for r in ordinary})
+    lines += [
+        "",
+        "## Availability per fault mix",
+        "",
+        "Every window in which no write succeeded, over all runs of the mix; *with a majority*",
+        "counts only the part of each window when a connected majority of voters was up.",
+        "",
+        "| mix | runs | windows | p50 / p99 / max (s) | with a majority: p50 / p99 / max (s) |",
+        "|---|---|---|---|---|",
+    ]
+    for mix in mixes:
+        chosen = [r for r in ordinary if r.nemesis == mix]
+        windows = [w for r in chosen for w in r.windows]
+        lines.append(
+            f"| {mix} | {len(chosen)} | {len(windows)} | "
+            f"{_window_figures([w.duration_s for w in windows])} | "
+            f"{_window_figures([w.majority_s for w in windows])} |"
+        )
     lines += [
         "",
         f"{len(ordinary)} runs, {sum(r.violations for r in ordinary)} violations, "
@@ -202,3 +263,11 @@ def write_summary(runs: Sequence[RunSummary], path: Path) -> None:
         f"{sum(1 for r in runs if r.expected_violation)}",
     ]
     path.write_text("\n".join(lines) + "\n")
+
+
+def _window_figures(durations: Sequence[float]) -> str:
+    if not durations:
+        return "-"
+    return (
+        f"{percentile(durations, 50):.2f} / {percentile(durations, 99):.2f} / {max(durations):.2f}"
+    )

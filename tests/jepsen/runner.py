@@ -19,14 +19,18 @@ from typing import Any
 
 from rallypoint.client import Client
 
-from . import checkers, netns, workloads
+from . import availability, checkers, netns, workloads
 from .cluster import NamespaceCluster, process_environment
-from .history import EventType, HistoryWriter, Operation, pair, read_history
+from .history import NEMESIS_PROCESS, EventType, HistoryWriter, Operation, pair, read_history
 from .nemesis import Faults, heal_all, run_schedule
 from .report import RunSummary, plot_run, write_run_report
 
 ALL_WORKLOADS = ("register", "set", "lease", "watch", "rendezvous")
 LEASE_TTL_S = 1.5
+# The members' timing: an election timeout of 0.5 s (randomised up to 1 s).
+TICK_MS = 50
+ELECTION_TICKS = 10
+ELECTION_TIMEOUT_S = TICK_MS * ELECTION_TICKS / 1000
 CHECK_BUDGET_S = 60.0
 
 
@@ -73,6 +77,22 @@ async def _drive(
     are appended to ``log`` as they happen."""
     rng = random.Random(spec.seed)
     await asyncio.to_thread(cluster.leader, 30.0)
+    loop = asyncio.get_running_loop()
+
+    def record_health(health: availability.Health) -> None:
+        # Called from the nemesis's threads: the history is written on the loop's thread.
+        loop.call_soon_threadsafe(
+            history.record,
+            NEMESIS_PROCESS,
+            EventType.HEALTH,
+            "health",
+            "",
+            health.to_json(),
+            health.time_s,
+        )
+
+    cluster.on_change = record_health
+    cluster.note_change()
     async with Client(cluster.endpoints, timeout_s=10.0) as admin:
         watch_start = (await admin.range("watch/", limit=1, keys_only=True)).header.revision + 1
         stop_at = time.monotonic() + spec.time_s
@@ -124,6 +144,8 @@ async def _drive(
         if "set" in spec.workloads:
             current = [cluster.members[m].client_address for m in sorted(cluster.active)]
             await workloads.set_final_read(ctx, time.monotonic() + 20.0, current)
+    cluster.on_change = None
+    await asyncio.sleep(0)  # let the last health records reach the history
 
 
 def blank_summary(spec: RunSpec) -> RunSummary:
@@ -156,8 +178,8 @@ def run_one(spec: RunSpec, directory: Path) -> RunSummary:
             network,
             spec.nodes,
             env=process_environment(spec.unsafe),
-            tick_ms=50,
-            election_ticks=10,
+            tick_ms=TICK_MS,
+            election_ticks=ELECTION_TICKS,
             snapshot_entries=2000,
         )
         cluster.start_all()
@@ -168,13 +190,19 @@ def run_one(spec: RunSpec, directory: Path) -> RunSummary:
     finally:
         history.close()
         if cluster is not None:
+            cluster.on_change = None
             cluster.shutdown()
         network.teardown()
     events = read_history(directory / "history.jsonl")
     ops = list(pair(events))
     summary.operations = len(ops)
     summary.results = check(ops, spec.workloads)
-    plots = plot_run(events, ops, directory)
+    if spec.expect_violation is None:
+        verdict, summary.windows = availability.check_availability(
+            events, availability.bound_s(ELECTION_TIMEOUT_S), slow_s=ELECTION_TIMEOUT_S
+        )
+        summary.results.append(verdict)
+    plots = plot_run(events, ops, directory, summary.windows)
     summary.report_path = write_run_report(summary, events, log, plots, directory)
     # Keep the members' logs, drop their data directories (WAL segments are large).
     if cluster is not None:

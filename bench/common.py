@@ -22,6 +22,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from tests.integration.harness import kill_processes_mentioning
+
 # Linux reports process times in clock ticks of this many per second.
 _CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -256,7 +258,13 @@ class TorchrunAgents:
         return None
 
     def kill_agents(self) -> None:
+        """Kill the agents and every worker they started. torchrun starts workers in
+        sessions of their own, so an agent's process group does not hold them; a worker
+        that has not reported yet (still in gloo's connect, say) is found by the output
+        directory on its command line. Left running, such workers once took the CPU from
+        the next trial's cluster and workers."""
         for agent in self.agents:
             if agent.poll() is None:
                 os.killpg(agent.pid, signal.SIGKILL)
             agent.wait()
+        kill_processes_mentioning(f"--out={self.out}")

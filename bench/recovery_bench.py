@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import signal
@@ -197,11 +196,6 @@ class TorchrunTrial(TorchrunAgents):
 
     def stop(self) -> None:
         self.kill_agents()
-        # torchrun starts its workers in sessions of their own: an agent's death leaves them
-        # running, so kill every worker that ever reported.
-        for pid in {e["pid"] for e in self.events("started")}:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
 
 
 def torchrun_trial(tuned: bool, job: str, out: Path, timeout_s: float) -> Event:

@@ -43,7 +43,6 @@ from bench.common import (
     package_versions,
 )
 from bench.kv_bench import RallypointCluster
-from tests.integration.harness import kill_processes_mentioning
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 SCRIPT = REPOSITORY / "tests" / "worker" / "torchrun_script.py"
@@ -87,7 +86,6 @@ class Trial(TorchrunAgents):
 
     def stop(self) -> None:
         self.kill_agents()
-        kill_processes_mentioning(f"--out={self.out}")  # workers live in sessions of their own
 
 
 def run_trial(backend: str, endpoint: str, job: str, out: Path, timeout_s: float) -> Event:

@@ -189,6 +189,8 @@ class MemberStatus:
     applied_index: int
     snapshot_index: int
     version: str
+    # It lost its data and has not caught up with a leader yet: it does not vote.
+    catching_up: bool = False
 
     @staticmethod
     def from_proto(status: cluster_pb2.StatusResponse) -> MemberStatus:
@@ -201,6 +203,7 @@ class MemberStatus:
             status.applied_index,
             status.snapshot_index,
             status.version,
+            status.catching_up,
         )
 
 

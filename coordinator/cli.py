@@ -25,6 +25,7 @@ import grpc
 from rallypoint.proto.v1 import cluster_pb2, cluster_pb2_grpc
 
 from .daemon import Settings, SettingsError, configure_logging, run
+from .peer_auth import new_secret
 
 DEFAULT_BASE_PORT = 2379
 _SERVE_HELP = {
@@ -35,7 +36,12 @@ _SERVE_HELP = {
     "initial_cluster": "the members at creation: ID=PEER@CLIENT,... (e.g. "
     "1=127.0.0.1:2380@127.0.0.1:2379,2=...)",
     "join": "join an existing cluster (after `rallypoint member add`) instead of creating one",
-    "cluster_token": "a name shared by the cluster's members; traffic from another is refused",
+    "cluster_token": "the cluster's name, shared by its members; with the peer secret it makes "
+    "the cluster id, and traffic from another cluster is refused",
+    "peer_secret_file": "a file holding the secret every member shares (required: the peer port "
+    "authenticates every request with it; make one with `rallypoint secret > FILE`)",
+    "peer_secret": "the peer secret itself (prefer peer_secret_file: this shows in the process's "
+    "command line or environment)",
     "tick_ms": "Raft tick length in milliseconds",
     "election_ticks": "ticks without a leader before an election (randomized up to 2x)",
     "heartbeat_ticks": "ticks between leader heartbeats",
@@ -135,6 +141,10 @@ def _cluster_up(args: argparse.Namespace) -> int:
     parent = tempfile.mkdtemp(prefix="rallypoint-") if temporary else args.data_dir
     addresses = local_cluster_addresses(args.nodes, args.base_port)
     initial = ",".join(f"{i}={peer}@{client}" for i, (peer, client) in addresses.items())
+    os.makedirs(parent, exist_ok=True)
+    secret_path = os.path.join(parent, "peer-secret")
+    if not os.path.exists(secret_path):  # a kept --data-dir keeps its cluster's secret
+        write_secret_file(secret_path)
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for member_id, (peer, client) in addresses.items():
@@ -148,6 +158,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
                 f"--peer-address={peer}",
                 f"--client-address={client}",
                 f"--initial-cluster={initial}",
+                f"--peer-secret-file={secret_path}",
                 f"--tick-ms={args.tick_ms}",
                 f"--log-level={args.log_level}",
             ]
@@ -211,6 +222,30 @@ def _wait_for_leader(client_addresses: Sequence[str], timeout_s: float) -> int:
     return asyncio.run(probe())
 
 
+def _add_secret(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "secret",
+        help="print a new random peer secret",
+        description="Print a new random peer secret (256 bits, as hex). Every member of a "
+        "cluster must be started with the same one: `rallypoint secret > peer-secret`, keep "
+        "the file private (chmod 600), copy it to each member, and start each with "
+        "--peer-secret-file=peer-secret.",
+    )
+    parser.set_defaults(handler=_secret)
+
+
+def _secret(args: argparse.Namespace) -> int:
+    print(new_secret())
+    return 0
+
+
+def write_secret_file(path: str) -> None:
+    """A new secret in ``path``, readable by its owner only."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(new_secret() + "\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rallypoint",
@@ -221,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(subparsers)
     _add_cluster(subparsers)
+    _add_secret(subparsers)
     try:
         from .cli_client import register
     except ImportError:  # the client commands are optional in a daemon-only install

@@ -204,6 +204,8 @@ def _group(subparsers: SubParsers, name: str, help_text: str) -> SubParsers:
 def _health(endpoint: EndpointStatus) -> str:
     if endpoint.status is None:
         return "unreachable"
+    if endpoint.status.catching_up:
+        return "catching up (lost its data; not voting)"
     return "ok" if endpoint.healthy else "no leader"
 
 

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import time
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -23,8 +24,11 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from .identity import IdentityError
 from .members import MemberAddress
 from .node import Node, NodeConfig
+from .node_api import NodeStartError
+from .peer_auth import PeerSecretError, check_secret, read_secret_file
 from .transport import GRPC_OPTIONS
 
 log = logging.getLogger("rallypoint.daemon")
@@ -80,6 +84,10 @@ class Settings:
     initial_cluster: str = ""
     join: bool = False
     cluster_token: str = "rallypoint"
+    # The cluster's peer secret (peer_auth.py): a file holding it, or (less safe: it shows in
+    # the process's environment or command line) the secret itself.
+    peer_secret_file: str = ""
+    peer_secret: str = ""
     tick_ms: int = 100
     election_ticks: int = 10
     heartbeat_ticks: int = 1
@@ -148,6 +156,25 @@ class Settings:
             raise SettingsError("TLS needs all of tls_cert_file, tls_key_file and tls_ca_file")
         return TlsFiles(*given)
 
+    def secret(self) -> bytes:
+        """The peer secret, from ``peer_secret_file`` or ``peer_secret``."""
+        if self.peer_secret_file and self.peer_secret:
+            raise SettingsError("give the peer secret once: peer_secret_file or peer_secret")
+        try:
+            if self.peer_secret_file:
+                return read_secret_file(self.peer_secret_file)
+            if self.peer_secret:
+                secret = self.peer_secret.encode()
+                check_secret(secret, "peer_secret")
+                return secret
+        except PeerSecretError as exc:
+            raise SettingsError(str(exc)) from None
+        raise SettingsError(
+            "no peer secret: every member must hold the cluster's secret. Make one with "
+            "`rallypoint secret > peer-secret` (keep it private), copy it to every member, "
+            "and start each with --peer-secret-file=peer-secret"
+        )
+
     def members(self) -> dict[int, MemberAddress]:
         return parse_initial_cluster(self.initial_cluster)
 
@@ -155,7 +182,7 @@ class Settings:
         members = self.members()
         if not members and not self.join:
             members = {self.member_id: MemberAddress(self.peer_address, self.client_address)}
-        cluster_id = int.from_bytes(self.cluster_token.encode()[:8].ljust(8, b"\0"), "big")
+        secret = self.secret()
         try:
             config = NodeConfig(
                 member_id=self.member_id,
@@ -164,7 +191,8 @@ class Settings:
                 client_address=self.client_address,
                 initial_members=members,
                 join_existing=self.join,
-                cluster_id=cluster_id,
+                peer_secret=secret,
+                cluster_name=self.cluster_token,
                 tick_ms=self.tick_ms,
                 election_ticks=self.election_ticks,
                 heartbeat_ticks=self.heartbeat_ticks,
@@ -271,12 +299,18 @@ def configure_logging(level: str, log_format: str) -> None:
 
 
 def run(settings: Settings) -> int:
+    """Serve until stopped; 0 after a clean stop, 2 when the member cannot start (one line
+    on stderr says why and what to do)."""
     configure_logging(settings.log_level, settings.log_format)
-    with contextlib.suppress(ImportError):
-        import uvloop
+    try:
+        with contextlib.suppress(ImportError):
+            import uvloop
 
-        return int(uvloop.run(serve(settings)))
-    return asyncio.run(serve(settings))
+            return int(uvloop.run(serve(settings)))
+        return asyncio.run(serve(settings))
+    except (SettingsError, IdentityError, NodeStartError) as exc:
+        print(f"rallypoint serve: {exc}", file=sys.stderr)
+        return 2
 
 
 def default_environment() -> dict[str, str]:

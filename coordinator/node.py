@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -55,6 +56,8 @@ from rallypoint.raft import (
 from rallypoint.raft import ProposalDroppedError as RaftProposalDroppedError
 from rallypoint.raft.codec import decode_conf_change
 from rallypoint.raft.disk_storage import DiskStorage, PersistRequest, SnapshotPolicy
+from rallypoint.raft.errors import StepLocalMsgError, StepPeerNotFoundError
+from rallypoint.raft.storage import CompactedError, UnavailableError
 from rallypoint.raft.types import (
     NONE,
     ConfChange,
@@ -74,6 +77,8 @@ from rallypoint.raft.types import (
     Term,
 )
 
+from . import identity as identity_file
+from .identity import Identity
 from .members import (
     ConfChangeContext,
     MemberAddress,
@@ -90,6 +95,7 @@ from .node_api import (
     Member,
     MemberNotFoundError,
     NodeError,
+    NodeStartError,
     NodeStatus,
     NoLeaderError,
     NotLeaderError,
@@ -97,15 +103,18 @@ from .node_api import (
     ProposalDroppedError,
     ProposalTimeoutError,
 )
+from .peer_auth import PeerKey, cluster_id_for
+from .peer_hello import ask_peers
+from .peer_service import PeerServicer, remove_partial_snapshots
 from .role_log import ROLE_NAMES, RoleLog
-from .state.commands import Command, Envelope, LeaseExpire, encode_envelope
+from .state.commands import Command, Envelope, LeaseExpire, decode_envelope, encode_envelope
 from .state.errors import Compacted
 from .state.lessor import Lessor
 from .state.machine import Limits, StateMachine
 from .state.results import LeaseEndResult, LeaseGrantResult, Result
 from .state.values import Event
 from .supervisor import RendezvousSupervisor
-from .transport import GRPC_OPTIONS, PeerServicer, Transport
+from .transport import GRPC_OPTIONS, Transport
 
 # Test-only: breaks linearizability/fencing on purpose for the fault-injection suite's negative
 # controls (tests/jepsen). With RALLYPOINT_UNSAFE_STALE_READS=1 in a member's environment when it
@@ -119,6 +128,15 @@ log = logging.getLogger("rallypoint.node")
 # then the encoded Envelope. Empty data is the leader's no-op.
 _ENTRY_HEADER = struct.Struct(">BQQ")
 _ENTRY_VERSION = 1
+# Vote requests and answers: what a peer that abstains must not have counted.
+_VOTE_TRAFFIC = frozenset(
+    {
+        MessageType.MsgVote,
+        MessageType.MsgVoteResp,
+        MessageType.MsgPreVote,
+        MessageType.MsgPreVoteResp,
+    }
+)
 # What a leader may send before its own write completes: appends and heartbeats carry only
 # its (already durable) term; acks and votes vouch for persisted state and wait.
 _SEND_BEFORE_PERSIST = frozenset(
@@ -163,13 +181,19 @@ class NodeConfig:
     # existing cluster, the address book to reach the others until a snapshot arrives.
     initial_members: dict[int, MemberAddress] = field(default_factory=dict)
     join_existing: bool = False
-    cluster_id: int = 0x72616C6C79  # "rally"; members refuse traffic from another cluster
+    # The secret every member holds (peer_auth.py); at least 16 bytes. Required: the peer
+    # port authenticates every request with it.
+    peer_secret: bytes = b""
+    # The cluster's name: with the secret it makes the cluster id (peer_auth.cluster_id_for).
+    cluster_name: str = "rallypoint"
     tick_ms: int = 100
     election_ticks: int = 10
     heartbeat_ticks: int = 1
     snapshot_entries: int = 10_000
     # Entries kept behind a snapshot so a briefly lagging follower catches up from the log.
     snapshot_catchup_entries: int = 5_000
+    # The largest snapshot this member accepts from a peer.
+    max_snapshot_bytes: int = 8 * 1024**3
     limits: Limits = field(default_factory=Limits)
     wal_segment_size_bytes: int = 64 * 1024 * 1024
     pre_vote: bool = True
@@ -178,7 +202,16 @@ class NodeConfig:
     # moment to find the new leader.
     detector_grace_ms: int = 2000
 
+    @property
+    def cluster_id(self) -> int:
+        return cluster_id_for(self.peer_secret, self.cluster_name)
+
     def validate(self) -> None:
+        if len(self.peer_secret) < 16:
+            raise ValueError(
+                "a peer secret of at least 16 bytes is required (make one with "
+                "`rallypoint secret > FILE` and give every member --peer-secret-file=FILE)"
+            )
         if self.member_id <= 0:
             raise ValueError(f"member id must be a positive integer, got {self.member_id}")
         if self.tick_ms <= 0 or self.heartbeat_ticks <= 0:
@@ -216,6 +249,13 @@ class Node:
         config.validate()
         self._peer_tls = peer_tls
         self.config = config
+        self._peer_key = PeerKey(config.peer_secret)
+        self._cluster_id = config.cluster_id
+        # Settled in start(); see identity.py.
+        self._identity: Identity | None = None
+        # The incarnation each peer last sent with (in memory: for the log line when a peer
+        # comes back with a new data directory).
+        self._peer_incarnations: dict[int, int] = {}
         self._on_fatal = on_fatal or _exit_on_fatal
         self._rng = random.Random(int.from_bytes(os.urandom(8), "big"))
         self._storage: DiskStorage | None = None
@@ -268,25 +308,45 @@ class Node:
     # ---------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
-        """Open storage (refusing to start on corruption), restore, and begin serving peers."""
+        """Open storage (refusing to start on corruption or on another member's data
+        directory), settle this member's identity, restore, and begin serving peers."""
         loop = asyncio.get_running_loop()
-        os.makedirs(self.config.data_dir, exist_ok=True)
+        config = self.config
+        os.makedirs(config.data_dir, exist_ok=True)
+        found = await loop.run_in_executor(self._disk, identity_file.load, config.data_dir)
+        if found is not None:
+            identity_file.check(found, self.cluster_id, config.member_id, config.data_dir)
         storage = await loop.run_in_executor(
             self._disk,
             lambda: DiskStorage.open(
-                os.path.join(self.config.data_dir, "raft"),
-                segment_size_bytes=self.config.wal_segment_size_bytes,
+                os.path.join(config.data_dir, "raft"),
+                segment_size_bytes=config.wal_segment_size_bytes,
                 policy=SnapshotPolicy(entries_per_snapshot=self._snapshot_interval()),
             ),
         )
         self._storage = storage
-        if self._is_blank(storage) and not self.config.join_existing:
-            if not self.config.initial_members:
-                raise ValueError(
-                    f"{self.config.data_dir} holds no cluster state: give the initial "
-                    "members to create a cluster, or join an existing one"
-                )
-            await self._bootstrap(storage)
+        incoming = self.incoming_snapshot_dir()
+        removed = await loop.run_in_executor(self._disk, remove_partial_snapshots, incoming)
+        if removed:
+            log.info(
+                "member %d removed %d unfinished snapshot transfers", config.member_id, removed
+            )
+        # Serve the peer port first: members asking Hello need an answer while this one
+        # may itself be asking them (every member of a new cluster starts at once).
+        await self._start_peer_server()
+        if self._is_fresh(storage):
+            identity = await self._begin_from_empty_storage(storage, found)
+        elif found is None:
+            # A data directory from before identities were recorded: it is trusted as is.
+            identity = Identity.new(self.cluster_id, config.member_id, abstaining=False)
+        else:
+            identity = found
+        identity = identity.started()
+        await loop.run_in_executor(self._disk, identity_file.save, config.data_dir, identity)
+        self._identity = identity
+        # Unique across restarts: a committed entry of an earlier life never resolves a
+        # waiter of this one (both key on the id).
+        self._proposal_ids = itertools.count(((identity.boots % (1 << 23)) << 40) + 1)
         snapshot = storage.snapshot()
         if not snapshot.is_empty():
             self._install_snapshot(snapshot)
@@ -295,19 +355,36 @@ class Node:
         self._commit_index = hard_state.commit
         self._raw = RawNode(
             Config(
-                id=NodeId(self.config.member_id),
+                id=NodeId(config.member_id),
                 storage=_LeaderSnapshots(storage, self._snapshot_for_follower),
                 rng=self._rng,
-                election_tick=self.config.election_ticks,
-                heartbeat_tick=self.config.heartbeat_ticks,
+                election_tick=config.election_ticks,
+                heartbeat_tick=config.heartbeat_ticks,
                 applied=Index(snapshot.metadata.index),
-                check_quorum=self.config.check_quorum,
-                pre_vote=self.config.pre_vote,
+                check_quorum=config.check_quorum,
+                pre_vote=config.pre_vote,
                 max_inflight_msgs=256,
                 max_uncommitted_entries_size=1 << 30,
-                logger=logging.getLogger(f"rallypoint.raft.{self.config.member_id}"),
+                abstain=identity.abstaining,
+                logger=logging.getLogger(f"rallypoint.raft.{config.member_id}"),
             )
         )
+        loops = (self._ready_loop(), self._tick_loop(), self._lease_loop(), self.supervisor.run())
+        for coro in loops:
+            self._tasks.append(loop.create_task(self._guard(coro)))
+        self._wakeup.set()
+        log.info(
+            "member %d started: peers at %s, data in %s, applied %d, term %d, incarnation %016x%s",
+            config.member_id,
+            config.peer_address,
+            config.data_dir,
+            self._sm.applied_index,
+            self._term,
+            identity.incarnation,
+            " (not voting until caught up)" if identity.abstaining else "",
+        )
+
+    async def _start_peer_server(self) -> None:
         server = grpc.aio.server(options=GRPC_OPTIONS)
         peer_pb2_grpc.add_RaftServicer_to_server(PeerServicer(self), server)
         if self._peer_tls is not None:
@@ -316,24 +393,68 @@ class Node:
             server.add_insecure_port(self.config.peer_address)
         await server.start()
         self._peer_server = server
-        loops = (self._ready_loop(), self._tick_loop(), self._lease_loop(), self.supervisor.run())
-        for coro in loops:
-            self._tasks.append(loop.create_task(self._guard(coro)))
-        self._wakeup.set()
-        log.info(
-            "member %d started: peers at %s, data in %s, applied %d, term %d",
-            self.config.member_id,
-            self.config.peer_address,
-            self.config.data_dir,
-            self._sm.applied_index,
-            self._term,
+
+    async def _begin_from_empty_storage(
+        self, storage: DiskStorage, found: Identity | None
+    ) -> Identity:
+        """A new incarnation for a member whose storage holds nothing of a cluster yet: it
+        creates the cluster with the other initial members, or (the cluster exists) it lost
+        its data or is joining, and abstains until caught up. See peer_hello.py."""
+        config = self.config
+        boots = 0 if found is None else found.boots
+        if config.join_existing:
+            log.info(
+                "member %d joins an existing cluster: it does not vote until it has caught up",
+                config.member_id,
+            )
+            return Identity.new(self.cluster_id, config.member_id, abstaining=True, boots=boots)
+        if not config.initial_members:
+            raise NodeStartError(
+                f"{config.data_dir} holds no cluster state: give the initial members to "
+                "create a cluster, or join an existing one"
+            )
+        peers = {
+            i: a.peer_address for i, a in config.initial_members.items() if i != config.member_id
+        }
+        outcome = await ask_peers(
+            config.member_id, self.cluster_id, self._peer_key, peers, self._transport.channel
         )
+        if outcome.established and not outcome.knows_me:
+            raise NodeStartError(
+                f"member {config.member_id} is not in the configuration of the running "
+                f"cluster (member {outcome.answered_by} says so): add it with `rallypoint "
+                f"member add {config.peer_address} {config.client_address} --learner`, then "
+                "start it with --join"
+            )
+        if outcome.established:
+            log.warning(
+                "member %d: its storage is empty but the cluster exists (member %d says so): "
+                "it lost its data and rejoins as a new incarnation, without voting until it "
+                "has caught up",
+                config.member_id,
+                outcome.answered_by,
+            )
+        identity = Identity.new(
+            self.cluster_id, config.member_id, abstaining=outcome.established, boots=boots
+        )
+        if self._is_blank(storage):
+            await self._bootstrap(storage)
+        return identity
 
     def _snapshot_interval(self) -> int:
         """Entries between this member's snapshots: the configured count, stretched by up to
         30% depending on the member id, so members do not all pause to snapshot at once."""
         entries = self.config.snapshot_entries
         return entries + entries * ((self.config.member_id - 1) % 4) // 10
+
+    @staticmethod
+    def _is_fresh(storage: DiskStorage) -> bool:
+        """Nothing beyond the cluster's creation: no election, no entry after index 1."""
+        return (
+            storage.last_index() <= 1
+            and storage.snapshot().metadata.index <= 1
+            and storage.hard_state.term <= 1
+        )
 
     @staticmethod
     def _is_blank(storage: DiskStorage) -> bool:
@@ -449,10 +570,41 @@ class Node:
         for entry in rd.committed_entries:
             self._apply(entry)
         raw.advance(rd)
+        if raw.abstaining and (rd.committed_entries or not rd.hard_state.is_empty()):
+            await self._maybe_stop_abstaining()
         if rd.committed_entries or not rd.snapshot.is_empty():
             self._after_apply()
             if storage.should_snapshot(Index(self._sm.applied_index)):
                 await self._snapshot(force=False)
+
+    async def _maybe_stop_abstaining(self) -> None:
+        """A member that lost its data votes again once its log holds, at the commit index,
+        an entry of the current term from the leader it follows: that leader's own entry is
+        committed, so every entry committed before it is in this log too (the Leader
+        Completeness property, thesis 3.6.3). The flag is cleared on disk first."""
+        storage = self._storage
+        assert storage is not None and self._identity is not None
+        commit = self._commit_index
+        if self._soft_state.lead == NONE or commit == 0:
+            return
+        try:
+            committed_term = storage.term(commit)
+        except (CompactedError, UnavailableError):
+            return
+        if committed_term != self._term:
+            return
+        identity = dataclasses.replace(self._identity, abstaining=False)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._disk, identity_file.save, self.config.data_dir, identity)
+        self._identity = identity
+        self.raw.set_abstain(False)
+        log.warning(
+            "member %d has caught up (commit %d of term %d from leader %d): it votes again",
+            self.member_id,
+            commit,
+            self._term,
+            self._soft_state.lead,
+        )
 
     def _on_soft_state(self, soft: SoftState) -> None:
         old = self._soft_state
@@ -620,16 +772,90 @@ class Node:
 
     @property
     def cluster_id(self) -> int:
-        return self.config.cluster_id
+        return self._cluster_id
 
-    def deliver(self, messages: list[Message]) -> None:
+    @property
+    def peer_key(self) -> PeerKey:
+        return self._peer_key
+
+    @property
+    def incarnation(self) -> int:
+        return 0 if self._identity is None else self._identity.incarnation
+
+    @property
+    def abstaining(self) -> bool:
+        return self._raw is None or self._raw.abstaining
+
+    @property
+    def accepts_traffic(self) -> bool:
+        """False until the Raft node runs (while this member asks Hello, say)."""
+        return self._raw is not None and not self._stopping
+
+    @property
+    def peer_names_required(self) -> bool:
+        """With TLS on the peer port, a peer's certificate must name it (peer_auth.py)."""
+        return self._peer_tls is not None
+
+    def hello_answer(self, from_id: int) -> tuple[bool, bool, int, int]:
+        """(established, knows the asker, term, last index) for peer_hello.py."""
+        storage = self._storage
+        if storage is None:
+            return False, False, 0, 0
+        established = not self._is_fresh(storage)
+        conf = self._conf_state
+        in_conf = from_id in set(conf.voters) | set(conf.learners) | set(conf.voters_outgoing)
+        knows = in_conf or self._members.get(from_id) is not None
+        return established, knows, int(storage.hard_state.term), int(storage.last_index())
+
+    def deliver(
+        self, messages: list[Message], incarnation: int = 0, abstaining: bool = False
+    ) -> None:
+        """Step authenticated messages from one peer into Raft. The votes of a peer that
+        says it abstains (it lost its data and has not caught up) are dropped here too, in
+        case its Raft node sent them anyway. A message the core refuses as expected (from a
+        peer it does not know, or a local type) is dropped; anything else it raises is a
+        broken invariant and stops the member."""
         raw = self.raw
+        if messages and incarnation:
+            self._note_incarnation(int(messages[0].from_), incarnation)
         for message in messages:
+            if abstaining and message.type in _VOTE_TRAFFIC:
+                log.debug(
+                    "member %d: dropped %s from abstaining member %d",
+                    self.member_id,
+                    message.type.name,
+                    message.from_,
+                )
+                continue
             try:
                 raw.step(message)
-            except Exception as exc:  # a message from an unknown peer is dropped, not fatal
+            except (StepPeerNotFoundError, StepLocalMsgError) as exc:
                 log.debug("member %d dropped %s: %s", self.member_id, message.type.name, exc)
+            except BaseException as exc:
+                log.critical(
+                    "member %d: fatal error stepping %s from member %d: %r",
+                    self.member_id,
+                    message.type.name,
+                    message.from_,
+                    exc,
+                    exc_info=exc,
+                )
+                self._on_fatal(exc)
+                raise
         self._wakeup.set()
+
+    def _note_incarnation(self, peer_id: int, incarnation: int) -> None:
+        previous = self._peer_incarnations.get(peer_id)
+        self._peer_incarnations[peer_id] = incarnation
+        if previous is not None and previous != incarnation:
+            log.warning(
+                "member %d: member %d came back with a new data directory (incarnation %016x, "
+                "was %016x)",
+                self.member_id,
+                peer_id,
+                incarnation,
+                previous,
+            )
 
     def peer_address(self, member_id: int) -> str | None:
         address = self._members.get(member_id)
@@ -646,6 +872,40 @@ class Node:
 
     def incoming_snapshot_dir(self) -> str:
         return os.path.join(self.config.data_dir, "incoming")
+
+    def validate_entries(self, entries: tuple[Entry, ...]) -> None:
+        """Raise ValueError unless every entry a peer sent would apply: a normal entry is
+        the leader's no-op or a wrapped command this version decodes, a configuration
+        change decodes with its context. (Applying a committed entry that does not decode
+        stops every member that reaches it, so it must never be persisted.)"""
+        for entry in entries:
+            if entry.type is EntryType.CONF_CHANGE:
+                ConfChangeContext.decode(decode_conf_change(entry.data).context)
+            elif entry.data:
+                if len(entry.data) < _ENTRY_HEADER.size:
+                    raise ValueError(f"entry {entry.index} is too short for its header")
+                version = entry.data[0]
+                if version != _ENTRY_VERSION:
+                    raise ValueError(f"entry {entry.index} has unknown version {version}")
+                decode_envelope(entry.data[_ENTRY_HEADER.size :])
+
+    @property
+    def max_snapshot_bytes(self) -> int:
+        return self.config.max_snapshot_bytes
+
+    def verify_snapshot(self, snapshot: Snapshot) -> None:
+        """Raise ValueError unless a received snapshot decodes and names a sane
+        configuration (run off the event loop: decoding a large state takes a while)."""
+        conf = snapshot.metadata.conf_state
+        if snapshot.metadata.index < 1 or snapshot.metadata.term < 1:
+            raise ValueError("a snapshot's index and term start at 1")
+        if not conf.voters:
+            raise ValueError("its configuration has no voter")
+        members, state = decode_app_snapshot(snapshot.data)
+        StateMachine(self.config.limits).restore(state)  # raises StateCodecError if malformed
+        missing = [v for v in conf.voters if members.get(v) is None]
+        if missing:
+            raise ValueError(f"its member table lacks the addresses of voters {missing}")
 
     # ---------------------------------------------------------------- ServerNode
 
@@ -867,6 +1127,7 @@ class Node:
             snapshot_index=int(storage.snapshot().metadata.index),
             members=members,
             progress=progress,
+            abstaining=self.raw.abstaining,
         )
 
     # ---------------------------------------------------------------- membership

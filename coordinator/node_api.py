@@ -22,6 +22,10 @@ class NodeError(Exception):
     """Base of the outcomes a member reports instead of an answer."""
 
 
+class NodeStartError(NodeError):
+    """The member cannot start; the message says why and what to do."""
+
+
 class NotLeaderError(NodeError):
     """This member is not the leader. ``leader_address`` is the leader's client address, or
     None when no leader is known (an election is under way)."""
@@ -111,6 +115,8 @@ class NodeStatus:
     snapshot_index: int
     members: tuple[Member, ...]
     progress: tuple[PeerProgress, ...]  # empty unless this member leads
+    # True while this member lost its data and has not caught up: it does not vote.
+    abstaining: bool = False
 
 
 @dataclass(frozen=True, slots=True)

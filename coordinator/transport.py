@@ -22,27 +22,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import random
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 import google_crc32c
 import grpc
 import grpc.aio
 
 from rallypoint.proto.peer.v1 import peer_pb2, peer_pb2_grpc
-from rallypoint.raft.codec import CodecError, decode_message, encode_message
-from rallypoint.raft.snapshot_transfer import (
-    ChunkOutOfOrderError,
-    SnapshotChunk,
-    SnapshotReceiver,
-    SnapshotTransferError,
-)
-from rallypoint.raft.snapshotter import decode_snapshot_file, encode_snapshot_file
+from rallypoint.raft.codec import encode_message
+from rallypoint.raft.snapshotter import encode_snapshot_file
 from rallypoint.raft.types import Message, MessageType, NodeId, Snapshot
+
+from .peer_auth import BATCH_TAG, CHUNK_TAG, PeerKey, batch_fields, chunk_fields
 
 log = logging.getLogger("rallypoint.transport")
 
@@ -68,8 +63,8 @@ GRPC_OPTIONS = [
 ]
 
 
-class PeerHost(Protocol):
-    """What the transport needs from its member."""
+class PeerEnd(Protocol):
+    """A member as either end of the peer port sees it."""
 
     @property
     def member_id(self) -> int: ...
@@ -77,17 +72,24 @@ class PeerHost(Protocol):
     @property
     def cluster_id(self) -> int: ...
 
-    def deliver(self, messages: list[Message]) -> None:
-        """Step received messages into Raft."""
-        ...
+    @property
+    def peer_key(self) -> PeerKey: ...
+
+    @property
+    def incarnation(self) -> int: ...
+
+
+class PeerHost(PeerEnd, Protocol):
+    """What the sending side needs from its member."""
+
+    @property
+    def abstaining(self) -> bool: ...
 
     def peer_address(self, member_id: int) -> str | None: ...
 
     def report_unreachable(self, member_id: int) -> None: ...
 
     def report_snapshot(self, member_id: int, ok: bool) -> None: ...
-
-    def incoming_snapshot_dir(self) -> str: ...
 
 
 def full_jitter_backoff_s(attempt: int, base_s: float, cap_s: float, rng: random.Random) -> float:
@@ -174,12 +176,17 @@ class PeerSender:
     def _take_batch(self) -> peer_pb2.MessageBatch:
         encoded = [encode_message(m) for m in self._outbox]
         self._outbox.clear()
-        return peer_pb2.MessageBatch(
-            cluster_id=self._host.cluster_id,
-            from_id=self._host.member_id,
+        host = self._host
+        batch = peer_pb2.MessageBatch(
+            cluster_id=host.cluster_id,
+            from_id=host.member_id,
             to_id=self._peer_id,
             messages=encoded,
+            incarnation=host.incarnation,
+            abstaining=host.abstaining,
         )
+        batch.mac = host.peer_key.sign(BATCH_TAG, batch_fields(batch))
+        return batch
 
     async def _wait_for_messages(self) -> None:
         while not self._outbox:
@@ -344,11 +351,12 @@ class PeerSender:
     ) -> AsyncIterator[peer_pb2.SnapshotChunk]:
         total = len(file_bytes)
         first = True
+        host = self._host
         while True:
             end = min(total, offset + SNAPSHOT_CHUNK_BYTES)
-            yield peer_pb2.SnapshotChunk(
-                cluster_id=self._host.cluster_id,
-                from_id=self._host.member_id,
+            chunk = peer_pb2.SnapshotChunk(
+                cluster_id=host.cluster_id,
+                from_id=host.member_id,
                 to_id=self._peer_id,
                 snapshot_index=snapshot.metadata.index,
                 snapshot_term=snapshot.metadata.term,
@@ -357,116 +365,14 @@ class PeerSender:
                 total_size=total,
                 crc32c=whole_crc,
                 message=header if first else b"",
+                incarnation=host.incarnation,
             )
+            chunk.mac = host.peer_key.sign(CHUNK_TAG, chunk_fields(chunk))
+            yield chunk
             first = False
             offset = end
             if offset >= total:
                 return
-
-
-class PeerServicer(peer_pb2_grpc.RaftServicer):
-    """Receives Raft traffic for one member."""
-
-    def __init__(self, host: PeerHost) -> None:
-        self._host = host
-
-    async def _check_ends(
-        self,
-        cluster_id: int,
-        to_id: int,
-        from_id: int,
-        context: grpc.aio.ServicerContext[Any, Any],
-    ) -> None:
-        if cluster_id != self._host.cluster_id or to_id != self._host.member_id:
-            context.set_trailing_metadata((("rallypoint-error-reason", "CLUSTER_MISMATCH"),))
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"traffic for cluster {cluster_id:x} member {to_id} reached cluster "
-                f"{self._host.cluster_id:x} member {self._host.member_id} (from member "
-                f"{from_id}): check the peer addresses",
-            )
-
-    async def Send(
-        self,
-        request_iterator: AsyncIterator[peer_pb2.MessageBatch],
-        context: grpc.aio.ServicerContext[peer_pb2.MessageBatch, peer_pb2.SendAck],
-    ) -> peer_pb2.SendAck:
-        batches = 0
-        async for batch in request_iterator:
-            await self._check_ends(batch.cluster_id, batch.to_id, batch.from_id, context)
-            try:
-                messages = [decode_message(m) for m in batch.messages]
-            except CodecError as exc:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad message: {exc}")
-            if any(m.from_ != batch.from_id or m.to != self._host.member_id for m in messages):
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT, "a message's ends differ from its batch's"
-                )
-            self._host.deliver(messages)
-            batches += 1
-        return peer_pb2.SendAck(batches=batches)
-
-    async def InstallSnapshot(
-        self,
-        request_iterator: AsyncIterator[peer_pb2.SnapshotChunk],
-        context: grpc.aio.ServicerContext[peer_pb2.SnapshotChunk, peer_pb2.SnapshotAck],
-    ) -> peer_pb2.SnapshotAck:
-        receiver: SnapshotReceiver | None = None
-        header: Message | None = None
-        last: peer_pb2.SnapshotChunk | None = None
-        loop = asyncio.get_running_loop()
-        async for chunk in request_iterator:
-            await self._check_ends(chunk.cluster_id, chunk.to_id, chunk.from_id, context)
-            if receiver is None:
-                if not chunk.message:
-                    await context.abort(
-                        grpc.StatusCode.INVALID_ARGUMENT, "the first chunk must carry MsgSnap"
-                    )
-                header = decode_message(chunk.message)
-                path = os.path.join(
-                    self._host.incoming_snapshot_dir(),
-                    f"{chunk.snapshot_term:016x}-{chunk.snapshot_index:016x}.snap",
-                )
-                receiver = SnapshotReceiver(path)
-            last = chunk
-            piece = SnapshotChunk(chunk.offset, chunk.data, chunk.total_size, chunk.crc32c)
-            try:
-                done = await loop.run_in_executor(None, receiver.accept, piece)
-            except ChunkOutOfOrderError as exc:
-                return peer_pb2.SnapshotAck(
-                    snapshot_index=chunk.snapshot_index, next_offset=exc.expected_offset
-                )
-            except SnapshotTransferError as exc:
-                await context.abort(grpc.StatusCode.DATA_LOSS, str(exc))
-            if done:
-                assert header is not None
-                snapshot = await loop.run_in_executor(None, _read_snapshot_file, path)
-                self._host.deliver(
-                    [
-                        Message(
-                            type=MessageType.MsgSnap,
-                            to=header.to,
-                            from_=header.from_,
-                            term=header.term,
-                            snapshot=snapshot,
-                        )
-                    ]
-                )
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-                return peer_pb2.SnapshotAck(
-                    snapshot_index=chunk.snapshot_index,
-                    next_offset=chunk.total_size,
-                    complete=True,
-                )
-        next_offset = 0 if last is None else last.offset + len(last.data)
-        index = 0 if last is None else last.snapshot_index
-        return peer_pb2.SnapshotAck(snapshot_index=index, next_offset=next_offset)
-
-
-def _read_snapshot_file(path: str) -> Snapshot:
-    with open(path, "rb") as f:
-        return decode_snapshot_file(path, f.read())
 
 
 class Transport:
@@ -484,6 +390,10 @@ class Transport:
             lambda address: grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
         )
         self._senders: dict[int, PeerSender] = {}
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        """A new channel to ``address`` (plain or TLS, as this member's peers use)."""
+        return self._channel_factory(address)
 
     def send(self, messages: tuple[Message, ...] | list[Message]) -> None:
         for message in messages:

@@ -2,8 +2,9 @@
 
 Every value is encoded as a msgpack array with a fixed field order (never a map: arrays are
 smaller and their encoding is canonical), so the same value always yields the same bytes.
-Decoding validates shapes and raises :class:`CodecError` with what was wrong; callers that
-read from disk add the file and offset.
+Decoding validates shapes and ranges (every term, index and id at most ``MAX_VALUE``) and
+raises :class:`CodecError` with what was wrong; callers that read from disk add the file and
+offset.
 """
 
 from __future__ import annotations
@@ -35,9 +36,22 @@ class CodecError(ValueError):
     """Bytes that do not decode to the expected value."""
 
 
+# Every term, index and node id decoded is below this. No real cluster comes near it (a term
+# a microsecond for 100,000 years is about 2^52), and keeping well below 2^64 means a value
+# from a peer plus one (a new term, the next index) still fits the WAL's unsigned 64-bit
+# integers: a malformed value is refused here rather than crashing the writer later.
+MAX_VALUE = 2**62 - 1
+
+
+def _in_range(*values: Any) -> bool:
+    return all(
+        isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_VALUE for v in values
+    )
+
+
 def _ids(values: Any) -> tuple[NodeId, ...]:
-    if not isinstance(values, (list, tuple)) or not all(isinstance(v, int) for v in values):
-        raise CodecError(f"expected a list of node ids, got {values!r}")
+    if not isinstance(values, (list, tuple)) or not _in_range(*values):
+        raise CodecError(f"expected a list of node ids, got {values!r}"[:300])
     return tuple(NodeId(v) for v in values)
 
 
@@ -69,7 +83,7 @@ def entry_to_obj(entry: Entry) -> list[Any]:
 
 def entry_from_obj(obj: Any) -> Entry:
     term, index, type_, data = _array(obj, 4, "entry")
-    if not (isinstance(term, int) and isinstance(index, int) and isinstance(data, bytes)):
+    if not (_in_range(term, index) and isinstance(data, bytes)):
         raise CodecError(f"malformed entry fields: {obj!r}"[:300])
     try:
         entry_type = EntryType(type_)
@@ -105,7 +119,7 @@ def snapshot_metadata_to_obj(meta: SnapshotMetadata) -> list[Any]:
 
 def snapshot_metadata_from_obj(obj: Any) -> SnapshotMetadata:
     cs, index, term = _array(obj, 3, "snapshot metadata")
-    if not (isinstance(index, int) and isinstance(term, int)):
+    if not _in_range(index, term):
         raise CodecError(f"malformed snapshot metadata: {obj!r}"[:300])
     return SnapshotMetadata(conf_state_from_obj(cs), Index(index), Term(term))
 
@@ -127,8 +141,8 @@ def hard_state_to_obj(hs: HardState) -> list[Any]:
 
 def hard_state_from_obj(obj: Any) -> HardState:
     term, vote, commit = _array(obj, 3, "hard state")
-    if not all(isinstance(v, int) for v in (term, vote, commit)):
-        raise CodecError(f"malformed hard state: {obj!r}")
+    if not _in_range(term, vote, commit):
+        raise CodecError(f"malformed hard state: {obj!r}"[:300])
     return HardState(Term(term), NodeId(vote), Index(commit))
 
 
@@ -157,8 +171,9 @@ def message_from_obj(obj: Any) -> Message:
         msg_type = MessageType(type_)
     except ValueError as exc:
         raise CodecError(f"unknown message type {type_!r}") from exc
-    ints = (to, frm, term, log_term, index, commit, hint)
-    if not all(isinstance(v, int) for v in ints) or not isinstance(context, bytes):
+    if not _in_range(to, frm, term, log_term, index, commit, hint) or not isinstance(
+        context, bytes
+    ):
         raise CodecError(f"malformed message fields: {obj!r}"[:300])
     if not isinstance(entries, list):
         raise CodecError("malformed message: entries is not an array")
@@ -236,6 +251,8 @@ def decode_conf_change(data: bytes) -> ConfChange:
     singles = []
     for c in changes:
         type_, node = _array(c, 2, "conf change single")
+        if not _in_range(node):
+            raise CodecError(f"malformed conf change single {c!r}"[:300])
         try:
             singles.append(ConfChangeSingle(ConfChangeType(type_), NodeId(int(node))))
         except (ValueError, TypeError) as exc:

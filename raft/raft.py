@@ -135,6 +135,11 @@ class Config:
     disable_proposal_forwarding: bool = False
     # A leader removed from (or demoted in) the configuration steps down.
     step_down_on_removal: bool = True
+    # The node lost its stable storage (its log and its vote) and has not yet caught up
+    # with a leader: it neither grants votes nor campaigns, so it can neither vote twice in
+    # a term nor help elect a leader lacking entries it acknowledged before the loss. It still
+    # appends and acknowledges entries, which is truthful. See RawNode.set_abstain.
+    abstain: bool = False
     logger: Logger | None = None
 
     def validate(self) -> None:
@@ -240,6 +245,8 @@ class Raft:
         # Feature switches and timeouts from the Config (fixed for the node's life).
         self.check_quorum = config.check_quorum
         self.pre_vote = config.pre_vote
+        # Invariant: True only while this node lost its storage and has not caught up.
+        self.abstain = config.abstain
         self.heartbeat_timeout = config.heartbeat_tick
         self.election_timeout = config.election_tick
         # In [election_timeout, 2 * election_timeout); redrawn on every role change.
@@ -583,6 +590,11 @@ class Raft:
         if not self.promotable():
             self.logger.warning("%d is unpromotable and can not campaign", self.id)
             return
+        if self.abstain:
+            self.logger.info(
+                "%d abstains (catching up after losing its data): no campaign", self.id
+            )
+            return
         if self.has_unapplied_conf_changes():
             self.logger.warning(
                 "%d cannot campaign at term %d since there are still pending configuration "
@@ -758,7 +770,7 @@ class Raft:
     def _handle_vote_request(self, m: Message) -> None:
         # We can vote if this repeats a vote we already cast, if we have not voted and know
         # no leader in this term, or if this is a pre-vote for a future term ...
-        can_vote = (
+        can_vote = not self.abstain and (
             self.vote == m.from_
             or (self.vote == NONE and self.lead == NONE)
             or (m.type is MT.MsgPreVote and m.term > self.term)

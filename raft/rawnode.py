@@ -183,6 +183,16 @@ class RawNode:
         """Ask the leader to hand leadership to ``transferee`` (thesis 3.10)."""
         self.raft.step(Message(type=MessageType.MsgTransferLeader, from_=transferee))
 
+    def set_abstain(self, abstain: bool) -> None:
+        """Stop (or resume) voting and campaigning: see ``Config.abstain``. The application
+        persists the flag and clears it once this node's log holds an entry of the current
+        leader's term at the commit index (everything committed before is then here too)."""
+        self.raft.abstain = abstain
+
+    @property
+    def abstaining(self) -> bool:
+        return self.raft.abstain
+
     def report_unreachable(self, node_id: NodeId) -> None:
         """The transport failed to reach ``node_id``: its replication falls back to probing."""
         self.raft.step(Message(type=MessageType.MsgUnreachable, from_=node_id))

@@ -110,6 +110,11 @@ class Demo:
 
     def start_members(self, count: int) -> None:
         addresses = {i: free_ports(2) for i in range(1, count + 1)}
+        # The members' shared peer secret, readable by this user only.
+        secret = self.root / "peer-secret"
+        fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(os.urandom(32).hex() + "\n")
         initial = ",".join(
             f"{i}=127.0.0.1:{peer}@127.0.0.1:{client}" for i, (peer, client) in addresses.items()
         )
@@ -126,6 +131,7 @@ class Demo:
                     f"--peer-address=127.0.0.1:{peer}",
                     f"--client-address=127.0.0.1:{client}",
                     f"--initial-cluster={initial}",
+                    f"--peer-secret-file={secret}",
                     "--tick-ms=50",
                     "--election-ticks=10",
                 ],

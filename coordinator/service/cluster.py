@@ -172,4 +172,5 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServicer):
                 for peer in sorted(status.progress, key=lambda peer: peer.member_id)
             ],
             version=self.version,
+            catching_up=status.abstaining,
         )

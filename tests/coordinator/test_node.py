@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rallypoint.coordinator.members import MemberAddress
-from rallypoint.coordinator.node import Node, NodeConfig
+from rallypoint.coordinator.node import Node, NodeConfig, _unwrap
 from rallypoint.coordinator.node_api import LearnerNotReadyError, NotLeaderError
 from rallypoint.coordinator.state.commands import Add, LeaseGrant, Put, SessionOpen
 from rallypoint.coordinator.state.results import (
@@ -19,6 +19,7 @@ from rallypoint.coordinator.state.results import (
     PutResult,
     SessionOpenResult,
 )
+from rallypoint.raft.types import EntryType, Index, Message, MessageType, NodeId, Term
 
 
 def free_ports(count: int) -> list[int]:
@@ -53,6 +54,7 @@ class Cluster:
             peer_address=address.peer_address,
             client_address=address.client_address,
             initial_members=self.members,
+            peer_secret=b"test-secret-0123456789",
             tick_ms=self.overrides.get("tick_ms", 20),
             election_ticks=10,
             snapshot_entries=self.overrides.get("snapshot_entries", 10_000),
@@ -64,6 +66,11 @@ class Cluster:
         await node.start()
         self.nodes[member_id] = node
         return node
+
+    async def start_all(self) -> None:
+        """Start every member at once: a member creating the cluster waits for a majority
+        of the others to answer (peer_hello.py)."""
+        await asyncio.gather(*(self.start(member_id) for member_id in self.members))
 
     async def stop(self, member_id: int, transfer: bool = False) -> None:
         node = self.nodes.pop(member_id)
@@ -85,8 +92,7 @@ class Cluster:
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     c = Cluster(tmp_path, 3)
-    for member_id in c.members:
-        await c.start(member_id)
+    await c.start_all()
     yield c
     for member_id in list(c.nodes):
         await c.stop(member_id)
@@ -162,8 +168,7 @@ async def test_graceful_stop_transfers_leadership(cluster: Cluster) -> None:
 
 async def test_lagging_member_catches_up_by_snapshot(tmp_path: Path) -> None:
     c = Cluster(tmp_path, 3, snapshot_entries=50, snapshot_catchup_entries=10)
-    for member_id in c.members:
-        await c.start(member_id)
+    await c.start_all()
     try:
         leader = await c.leader()
         lagging = next(i for i in c.nodes if i != leader.member_id)
@@ -215,3 +220,62 @@ async def test_a_learner_that_has_not_caught_up_is_not_promoted(cluster: Cluster
         await follower.member_promote(learner.member_id)
     status = leader.status()
     assert next(m for m in status.members if m.member_id == learner.member_id).is_learner
+
+
+def proposal_ids_in_log(node: Node, proposer: int) -> list[int]:
+    """The proposal ids of ``proposer``'s normal entries in ``node``'s log."""
+    storage = node._storage
+    assert storage is not None
+    entries = storage.entries(storage.first_index(), Index(storage.last_index() + 1))
+    found = [_unwrap(e.data) for e in entries if e.type is EntryType.NORMAL and e.data]
+    return [proposal_id for who, proposal_id, _ in found if who == proposer]
+
+
+async def test_proposal_ids_are_unique_across_restarts(tmp_path: Path) -> None:
+    """A waiter is keyed by its proposal id: an id of an earlier life, committed late, must
+    never resolve a caller of this one (ids once restarted at 1 with every start)."""
+    c = Cluster(tmp_path, 3)
+    await c.start_all()
+    try:
+        for _life in range(3):
+            await c.leader()
+            member = c.nodes[1]  # leader or not: a follower's proposal is forwarded
+            session = await open_session(member)
+            await member.propose(Put(b"k", b"v"), session_id=session, sequence=1)
+            for member_id in list(c.nodes):
+                await c.stop(member_id)
+            await c.start_all()
+        ids = proposal_ids_in_log(c.nodes[1], proposer=1)
+        assert len(ids) == 6 and len(set(ids)) == 6, ids
+    finally:
+        for member_id in list(c.nodes):
+            await c.stop(member_id)
+    assert not c.fatal
+
+
+async def test_an_invariant_broken_while_stepping_a_peer_message_stops_the_member(
+    cluster: Cluster,
+) -> None:
+    """The core's own assertions are not a peer's fault to log at debug and move past."""
+    leader = await cluster.leader()
+    follower = next(n for n in cluster.nodes.values() if n is not leader)
+
+    def broken(message: Message) -> None:
+        raise AssertionError("an invariant of the core")
+
+    original = follower.raw.step
+    follower.raw.step = broken  # type: ignore[method-assign]
+    heartbeat = Message(
+        type=MessageType.MsgHeartbeat,
+        to=NodeId(follower.member_id),
+        from_=NodeId(leader.member_id),
+        term=Term(follower.status().term),
+    )
+    try:
+        with pytest.raises(AssertionError):
+            follower.deliver([heartbeat])
+    finally:
+        follower.raw.step = original  # type: ignore[method-assign]
+    # (In a daemon, on_fatal ends the process; here the peers' traffic may hit it too.)
+    assert cluster.fatal and all(str(e) == "an invariant of the core" for e in cluster.fatal)
+    cluster.fatal.clear()

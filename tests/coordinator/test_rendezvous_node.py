@@ -163,8 +163,7 @@ class Worker:
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[ServingCluster]:
     c = ServingCluster(tmp_path)
-    for member_id in c.members:
-        await c.start(member_id)
+    await c.start_all()
     yield c
     for member_id in list(c.nodes):
         await c.stop(member_id)

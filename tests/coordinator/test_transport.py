@@ -18,10 +18,13 @@ from pathlib import Path
 import grpc.aio
 import pytest
 
-from rallypoint.coordinator.transport import OUTBOX_LIMIT, PeerSender, PeerServicer
+from rallypoint.coordinator.peer_auth import PeerKey
+from rallypoint.coordinator.peer_service import PeerServicer
+from rallypoint.coordinator.transport import OUTBOX_LIMIT, PeerSender
 from rallypoint.proto.peer.v1 import peer_pb2_grpc
 from rallypoint.raft.types import (
     ConfState,
+    Entry,
     Index,
     Message,
     MessageType,
@@ -59,8 +62,24 @@ class Host:
     def cluster_id(self) -> int:
         return CLUSTER_ID
 
-    def deliver(self, messages: list[Message]) -> None:
+    peer_key = PeerKey(b"transport-test-secret")
+    incarnation = 7
+    abstaining = False
+    accepts_traffic = True
+    peer_names_required = False
+    max_snapshot_bytes = 1 << 20
+
+    def deliver(self, messages: list[Message], incarnation: int, abstaining: bool) -> None:
         self.delivered.extend(messages)
+
+    def hello_answer(self, from_id: int) -> tuple[bool, bool, int, int]:
+        return False, True, 1, 1
+
+    def verify_snapshot(self, snapshot: Snapshot) -> None:
+        pass
+
+    def validate_entries(self, entries: tuple[Entry, ...]) -> None:
+        pass
 
     def peer_address(self, member_id: int) -> str | None:
         return self.addresses.get(member_id)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -109,6 +110,12 @@ class ProcessCluster:
         self.snapshot_entries = snapshot_entries
         self.extra_args = list(extra_args or [])
         self.env = dict(os.environ, **(env or {}))
+        # Every member holds the cluster's peer secret.
+        root.mkdir(parents=True, exist_ok=True)
+        self.secret_path = root / "peer-secret"
+        if not self.secret_path.exists():
+            self.secret_path.write_text(os.urandom(32).hex() + "\n")
+            self.secret_path.chmod(0o600)
         self.members: dict[int, MemberProcess] = {}
         for member_id in range(1, size + 1):
             self._describe(member_id)
@@ -146,6 +153,7 @@ class ProcessCluster:
             f"--peer-address={member.peer_address}",
             f"--client-address={member.client_address}",
             f"--initial-cluster={initial}",
+            f"--peer-secret-file={self.secret_path}",
             f"--tick-ms={self.tick_ms}",
             f"--election-ticks={self.election_ticks}",
             f"--snapshot-entries={self.snapshot_entries}",
@@ -257,6 +265,12 @@ class ProcessCluster:
             return None
 
         return wait_until(agreed, timeout_s, "a leader all live members agree on")
+
+    def wipe(self, member_id: int) -> None:
+        """Delete a stopped member's data directory, as a lost disk would."""
+        member = self.members[member_id]
+        assert not member.running, "wipe a stopped member only"
+        shutil.rmtree(member.data_dir, ignore_errors=True)
 
     def log_text(self, member_id: int) -> str:
         with contextlib.suppress(OSError):

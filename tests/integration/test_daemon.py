@@ -6,11 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grpc
 import pytest
 
 from rallypoint.client import Client, TlsConfig, UnavailableError
 from rallypoint.coordinator.daemon import Settings, SettingsError, parse_initial_cluster
+from rallypoint.raft.types import Message, MessageType, NodeId
 from tests.integration.harness import ProcessCluster
+from tests.integration.peer_client import PeerClient
 
 
 def test_settings_precedence_file_then_environment_then_flags(tmp_path: Path) -> None:
@@ -48,7 +51,8 @@ def test_initial_cluster_parsing() -> None:
 def test_serve_refuses_bad_settings_with_a_clear_message(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "rallypoint.coordinator", "serve", "--member-id", "4",
-         "--data-dir", str(tmp_path), "--initial-cluster", "1=a:1@a:2"],
+         "--data-dir", str(tmp_path), "--initial-cluster", "1=a:1@a:2",
+         "--peer-secret", "0123456789abcdef0123"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -64,14 +68,16 @@ def _make_certificates(directory: Path) -> dict[str, Path]:
     openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
             "/CN=rallypoint-test-ca", "-keyout", "ca.key", "-out", "ca.pem")  # fmt: skip
     (directory / "san.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for name in ("member", "client"):
+    # Each member's certificate names it (rallypoint-member-<id>), as the peer port requires.
+    names = [f"rallypoint-member-{i}" for i in (1, 2, 3)] + ["client"]
+    for name in names:
         openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
                 "-keyout", f"{name}.key", "-out", f"{name}.csr")  # fmt: skip
         openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
                 "-CAcreateserial", "-days", "2", "-extfile", "san.cnf",
                 "-out", f"{name}.pem")  # fmt: skip
-    return {name: directory / name for name in ("ca.pem", "member.pem", "member.key",
-                                                 "client.pem", "client.key")}  # fmt: skip
+    files = ["ca.pem"] + [f"{n}.{ext}" for n in names for ext in ("pem", "key")]
+    return {name: directory / name for name in files}
 
 
 @pytest.mark.integration
@@ -79,15 +85,13 @@ async def test_mutual_tls_on_both_ports(tmp_path: Path) -> None:
     certs_dir = tmp_path / "certs"
     certs_dir.mkdir()
     certs = _make_certificates(certs_dir)
-    cluster = ProcessCluster(
-        tmp_path,
-        3,
-        extra_args=[
-            f"--tls-cert-file={certs['member.pem']}",
-            f"--tls-key-file={certs['member.key']}",
-            f"--tls-ca-file={certs['ca.pem']}",
-        ],
-    )
+    cluster = ProcessCluster(tmp_path, 3, extra_args=[f"--tls-ca-file={certs['ca.pem']}"])
+    for member_id, member in cluster.members.items():
+        name = f"rallypoint-member-{member_id}"
+        member.extra_args = [
+            f"--tls-cert-file={certs[name + '.pem']}",
+            f"--tls-key-file={certs[name + '.key']}",
+        ]
     cluster.start_all()
     try:
         tls = TlsConfig.from_files(
@@ -98,6 +102,21 @@ async def test_mutual_tls_on_both_ports(tmp_path: Path) -> None:
             await client.put("secure", "yes")
             kv = await client.get("secure")
             assert kv is not None and kv.value == b"yes"
+        # The peer port wants a member's certificate naming the member it claims to be:
+        # neither a client's certificate nor another member's will do, even with the secret.
+        secret = cluster.secret_path.read_bytes().strip()
+        peer_address = cluster.members[2].peer_address
+        for cert, claimed in (("client", 1), ("rallypoint-member-1", 3)):
+            credentials = grpc.ssl_channel_credentials(
+                certs["ca.pem"].read_bytes(),
+                certs[f"{cert}.key"].read_bytes(),
+                certs[f"{cert}.pem"].read_bytes(),
+            )
+            peer = PeerClient(peer_address, secret, credentials=credentials)
+            heartbeat = Message(type=MessageType.MsgHeartbeat, to=NodeId(2), from_=NodeId(claimed))
+            code, details = peer.send([peer.batch(claimed, 2, [heartbeat])])
+            assert code is grpc.StatusCode.PERMISSION_DENIED, (cert, code, details)
+            assert f"not rallypoint-member-{claimed}" in details
         # A client without a certificate is refused.
         no_cert = TlsConfig.from_files(str(certs["ca.pem"]))
         with pytest.raises(UnavailableError):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -184,11 +183,6 @@ class NamespaceCluster(ProcessCluster):
         return not member.running
 
     # ------------------------------------------------------------------ membership
-
-    def wipe(self, member_id: int) -> None:
-        member = self.members[member_id]
-        assert not member.running
-        shutil.rmtree(member.data_dir, ignore_errors=True)
 
     def forget(self, member_id: int) -> None:
         """After removal from the configuration: stop its process and drop its namespace."""

@@ -159,6 +159,27 @@ def test_a_higher_term_member_whose_votes_go_nowhere_still_catches_up() -> None:
     assert nt.peer(3).applied_data()[-2:] == [b"after", b"caught up"]
 
 
+def test_an_abstaining_node_neither_votes_nor_campaigns() -> None:
+    # Node 3 stands for a member that lost its data and rejoined: until it has caught up it
+    # must not help the lagging node 2 win (2 lacks an entry 3 acknowledged before the loss).
+    nt = Network.of_size(3, pre_vote=True)
+    nt.campaign(1)
+    nt.isolate(2)
+    nt.propose(1, b"acknowledged by 1 and 3")
+    nt.recover()
+    nt.isolate(1)
+    nt.raft(3).abstain = True
+    nt.raft(2).become_follower(nt.raft(2).term, NONE)
+    nt.raft(3).become_follower(nt.raft(3).term, NONE)
+    nt.campaign(2)
+    assert nt.raft(2).state is not StateType.LEADER  # 3's vote was withheld
+    nt.tick(3, 50)  # election timeouts come and go: no campaign
+    assert nt.raft(3).state is StateType.FOLLOWER
+    nt.raft(3).abstain = False
+    nt.campaign(3)  # it may campaign again (2 votes for it: 3's log is ahead)
+    assert nt.raft(3).state is StateType.LEADER
+
+
 def test_pre_vote_rejected_by_up_to_date_majority() -> None:
     nt = Network.of_size(3, pre_vote=True)
     nt.campaign(1)

@@ -7,16 +7,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class MessageBatch(_message.Message):
-    __slots__ = ("cluster_id", "from_id", "to_id", "messages")
+    __slots__ = ("cluster_id", "from_id", "to_id", "messages", "incarnation", "abstaining", "mac")
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     FROM_ID_FIELD_NUMBER: _ClassVar[int]
     TO_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    ABSTAINING_FIELD_NUMBER: _ClassVar[int]
+    MAC_FIELD_NUMBER: _ClassVar[int]
     cluster_id: int
     from_id: int
     to_id: int
     messages: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, cluster_id: _Optional[int] = ..., from_id: _Optional[int] = ..., to_id: _Optional[int] = ..., messages: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    incarnation: int
+    abstaining: bool
+    mac: bytes
+    def __init__(self, cluster_id: _Optional[int] = ..., from_id: _Optional[int] = ..., to_id: _Optional[int] = ..., messages: _Optional[_Iterable[bytes]] = ..., incarnation: _Optional[int] = ..., abstaining: _Optional[bool] = ..., mac: _Optional[bytes] = ...) -> None: ...
 
 class SendAck(_message.Message):
     __slots__ = ("batches",)
@@ -25,7 +31,7 @@ class SendAck(_message.Message):
     def __init__(self, batches: _Optional[int] = ...) -> None: ...
 
 class SnapshotChunk(_message.Message):
-    __slots__ = ("cluster_id", "from_id", "to_id", "snapshot_index", "snapshot_term", "offset", "data", "total_size", "crc32c", "message")
+    __slots__ = ("cluster_id", "from_id", "to_id", "snapshot_index", "snapshot_term", "offset", "data", "total_size", "crc32c", "message", "incarnation", "mac")
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     FROM_ID_FIELD_NUMBER: _ClassVar[int]
     TO_ID_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +42,8 @@ class SnapshotChunk(_message.Message):
     TOTAL_SIZE_FIELD_NUMBER: _ClassVar[int]
     CRC32C_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    MAC_FIELD_NUMBER: _ClassVar[int]
     cluster_id: int
     from_id: int
     to_id: int
@@ -46,7 +54,9 @@ class SnapshotChunk(_message.Message):
     total_size: int
     crc32c: int
     message: bytes
-    def __init__(self, cluster_id: _Optional[int] = ..., from_id: _Optional[int] = ..., to_id: _Optional[int] = ..., snapshot_index: _Optional[int] = ..., snapshot_term: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., total_size: _Optional[int] = ..., crc32c: _Optional[int] = ..., message: _Optional[bytes] = ...) -> None: ...
+    incarnation: int
+    mac: bytes
+    def __init__(self, cluster_id: _Optional[int] = ..., from_id: _Optional[int] = ..., to_id: _Optional[int] = ..., snapshot_index: _Optional[int] = ..., snapshot_term: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., total_size: _Optional[int] = ..., crc32c: _Optional[int] = ..., message: _Optional[bytes] = ..., incarnation: _Optional[int] = ..., mac: _Optional[bytes] = ...) -> None: ...
 
 class SnapshotAck(_message.Message):
     __slots__ = ("snapshot_index", "next_offset", "complete")
@@ -57,3 +67,37 @@ class SnapshotAck(_message.Message):
     next_offset: int
     complete: bool
     def __init__(self, snapshot_index: _Optional[int] = ..., next_offset: _Optional[int] = ..., complete: _Optional[bool] = ...) -> None: ...
+
+class HelloRequest(_message.Message):
+    __slots__ = ("cluster_id", "from_id", "to_id", "incarnation", "nonce", "mac")
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_ID_FIELD_NUMBER: _ClassVar[int]
+    TO_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    MAC_FIELD_NUMBER: _ClassVar[int]
+    cluster_id: int
+    from_id: int
+    to_id: int
+    incarnation: int
+    nonce: bytes
+    mac: bytes
+    def __init__(self, cluster_id: _Optional[int] = ..., from_id: _Optional[int] = ..., to_id: _Optional[int] = ..., incarnation: _Optional[int] = ..., nonce: _Optional[bytes] = ..., mac: _Optional[bytes] = ...) -> None: ...
+
+class HelloAnswer(_message.Message):
+    __slots__ = ("member_id", "incarnation", "established", "knows_sender", "term", "last_index", "mac")
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    ESTABLISHED_FIELD_NUMBER: _ClassVar[int]
+    KNOWS_SENDER_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    LAST_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MAC_FIELD_NUMBER: _ClassVar[int]
+    member_id: int
+    incarnation: int
+    established: bool
+    knows_sender: bool
+    term: int
+    last_index: int
+    mac: bytes
+    def __init__(self, member_id: _Optional[int] = ..., incarnation: _Optional[int] = ..., established: _Optional[bool] = ..., knows_sender: _Optional[bool] = ..., term: _Optional[int] = ..., last_index: _Optional[int] = ..., mac: _Optional[bytes] = ...) -> None: ...

@@ -44,6 +44,11 @@ class RaftStub:
                 request_serializer=rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.SnapshotChunk.SerializeToString,
                 response_deserializer=rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.SnapshotAck.FromString,
                 _registered_method=True)
+        self.Hello = channel.unary_unary(
+                '/rallypoint.peer.v1.Raft/Hello',
+                request_serializer=rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.HelloRequest.SerializeToString,
+                response_deserializer=rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.HelloAnswer.FromString,
+                _registered_method=True)
 
 
 class RaftServicer:
@@ -69,6 +74,16 @@ class RaftServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Hello(self, request, context):
+        """Asked by a member about to create the cluster from an empty data directory: does the
+        answering member hold an established cluster's state (then the asker lost its data and
+        must rejoin without voting until it has caught up), and is the asker in its
+        configuration? The answer is authenticated too, over the request's nonce.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RaftServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -81,6 +96,11 @@ def add_RaftServicer_to_server(servicer, server):
                     servicer.InstallSnapshot,
                     request_deserializer=rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.SnapshotChunk.FromString,
                     response_serializer=rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.SnapshotAck.SerializeToString,
+            ),
+            'Hello': grpc.unary_unary_rpc_method_handler(
+                    servicer.Hello,
+                    request_deserializer=rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.HelloRequest.FromString,
+                    response_serializer=rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.HelloAnswer.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -137,6 +157,33 @@ class Raft:
             '/rallypoint.peer.v1.Raft/InstallSnapshot',
             rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.SnapshotChunk.SerializeToString,
             rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.SnapshotAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Hello(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rallypoint.peer.v1.Raft/Hello',
+            rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.HelloRequest.SerializeToString,
+            rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.HelloAnswer.FromString,
             options,
             channel_credentials,
             insecure,

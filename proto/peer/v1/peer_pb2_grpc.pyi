@@ -12,6 +12,7 @@ class RaftStub:
     InstallSnapshot: grpc.aio.StreamUnaryMultiCallable[
         _peer_pb2.SnapshotChunk, _peer_pb2.SnapshotAck
     ]
+    Hello: grpc.aio.UnaryUnaryMultiCallable[_peer_pb2.HelloRequest, _peer_pb2.HelloAnswer]
 
 class RaftServicer:
     async def Send(
@@ -24,5 +25,10 @@ class RaftServicer:
         request_iterator: AsyncIterator[_peer_pb2.SnapshotChunk],
         context: grpc.aio.ServicerContext[_peer_pb2.SnapshotChunk, _peer_pb2.SnapshotAck],
     ) -> _peer_pb2.SnapshotAck: ...
+    async def Hello(
+        self,
+        request: _peer_pb2.HelloRequest,
+        context: grpc.aio.ServicerContext[_peer_pb2.HelloRequest, _peer_pb2.HelloAnswer],
+    ) -> _peer_pb2.HelloAnswer: ...
 
 def add_RaftServicer_to_server(servicer: RaftServicer, server: grpc.aio.Server) -> None: ...

@@ -1,0 +1,368 @@
+"""The receiving side of the peer port (service ``rallypoint.peer.v1.Raft``).
+
+Theory of operation. Every request is checked in this order, and the first failure ends the
+stream: its MAC (peer_auth.py: a sender without the cluster's secret is refused with
+UNAUTHENTICATED and told nothing more); with TLS, the sender's certificate must name the
+member it claims to be; then its ends (this cluster, this member: FAILED_PRECONDITION
+otherwise, with both named, since the sender is a member); then its content, decoded and
+range-checked by the codec, and every entry it carries checked to apply (INVALID_ARGUMENT).
+Only then does anything reach Raft, and only then can anything reach the disk.
+
+Snapshots arrive by ``InstallSnapshot`` in chunks (raft/snapshot_transfer.py assembles them
+in a partial file, resumable within a member's life). Before a byte is written, the declared
+size is checked against a bound and against the free space of the disk; once complete, the
+file's checksum, its decoding, and the application's own check of its content
+(``verify_snapshot``: the member table and state decode, the configuration is sane) must all
+pass before Raft sees it and persists it. A refused or failed transfer leaves no partial
+file behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import glob
+import os
+import shutil
+from collections.abc import AsyncIterator
+from typing import Any, NoReturn, Protocol
+
+import grpc
+import grpc.aio
+
+from rallypoint.proto.peer.v1 import peer_pb2, peer_pb2_grpc
+from rallypoint.raft.codec import CodecError, decode_message
+from rallypoint.raft.snapshot_transfer import (
+    ChunkOutOfOrderError,
+    SnapshotChunk,
+    SnapshotReceiver,
+    SnapshotTransferError,
+)
+from rallypoint.raft.snapshotter import decode_snapshot_file
+from rallypoint.raft.types import Entry, Message, MessageType, Snapshot
+
+from .peer_auth import (
+    BATCH_TAG,
+    CHUNK_TAG,
+    HELLO_ANSWER_TAG,
+    HELLO_TAG,
+    batch_fields,
+    chunk_fields,
+    member_name,
+)
+from .peer_hello import hello_answer_fields, hello_request_fields
+from .transport import PeerEnd
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+# Free disk space a snapshot transfer must leave behind.
+FREE_SPACE_MARGIN_BYTES = 64 * 1024 * 1024
+
+
+class PeerReceiver(PeerEnd, Protocol):
+    """What the peer service needs from its member."""
+
+    @property
+    def accepts_traffic(self) -> bool: ...
+
+    @property
+    def peer_names_required(self) -> bool: ...
+
+    @property
+    def max_snapshot_bytes(self) -> int: ...
+
+    def deliver(self, messages: list[Message], incarnation: int, abstaining: bool) -> None: ...
+
+    def hello_answer(self, from_id: int) -> tuple[bool, bool, int, int]: ...
+
+    def validate_entries(self, entries: tuple[Entry, ...]) -> None:
+        """Raise ValueError, saying why, unless every entry would apply."""
+        ...
+
+    def verify_snapshot(self, snapshot: Snapshot) -> None:
+        """Raise ValueError, saying why, unless ``snapshot`` is fit to install."""
+        ...
+
+    def incoming_snapshot_dir(self) -> str: ...
+
+
+def remove_partial_snapshots(directory: str) -> int:
+    """Delete every partial snapshot file in ``directory`` (at start-up: a restart abandons
+    transfers, and the sender starts again from 0); how many there were."""
+    found = glob.glob(os.path.join(glob.escape(directory), "*.partial"))
+    for path in found:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    return len(found)
+
+
+class PeerServicer(peer_pb2_grpc.RaftServicer):
+    """Receives Raft traffic for one member; see the module docstring."""
+
+    def __init__(self, host: PeerReceiver) -> None:
+        self._host = host
+
+    async def _refuse(
+        self, context: Context, code: grpc.StatusCode, message: str, reason: str = ""
+    ) -> NoReturn:
+        if reason:
+            context.set_trailing_metadata((("rallypoint-error-reason", reason),))
+        await context.abort(code, message)
+        raise AssertionError("abort returned")  # abort always raises
+
+    async def _check(
+        self,
+        context: Context,
+        tag: bytes,
+        fields: list[int | bytes],
+        mac: bytes,
+        cluster_id: int,
+        from_id: int,
+        to_id: int,
+    ) -> None:
+        host = self._host
+        if not host.peer_key.verify(tag, fields, mac):
+            await self._refuse(
+                context, grpc.StatusCode.UNAUTHENTICATED, "peer authentication failed"
+            )
+        if host.peer_names_required:
+            names = _certificate_names(context)
+            if member_name(from_id) not in names:
+                await self._refuse(
+                    context,
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"the peer certificate names {sorted(names) or 'nothing'}, not "
+                    f"{member_name(from_id)}",
+                )
+        if cluster_id != host.cluster_id or to_id != host.member_id:
+            await self._refuse(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"traffic for cluster {cluster_id:016x} member {to_id} reached cluster "
+                f"{host.cluster_id:016x} member {host.member_id} (from member {from_id}): "
+                "check the peer addresses and --cluster-token",
+                "CLUSTER_MISMATCH",
+            )
+
+    async def _check_ready(self, context: Context) -> None:
+        if not self._host.accepts_traffic:
+            await self._refuse(
+                context, grpc.StatusCode.UNAVAILABLE, f"member {self._host.member_id} is starting"
+            )
+
+    async def Send(
+        self,
+        request_iterator: AsyncIterator[peer_pb2.MessageBatch],
+        context: grpc.aio.ServicerContext[peer_pb2.MessageBatch, peer_pb2.SendAck],
+    ) -> peer_pb2.SendAck:
+        batches = 0
+        host = self._host
+        async for batch in request_iterator:
+            await self._check(
+                context,
+                BATCH_TAG,
+                batch_fields(batch),
+                batch.mac,
+                batch.cluster_id,
+                batch.from_id,
+                batch.to_id,
+            )
+            await self._check_ready(context)
+            try:
+                messages = [decode_message(m) for m in batch.messages]
+            except CodecError as exc:
+                await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"bad message: {exc}")
+            for m in messages:
+                if m.from_ != batch.from_id or m.to != host.member_id:
+                    await self._refuse(
+                        context,
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        "a message's ends differ from its batch's",
+                    )
+                if m.type is MessageType.MsgSnap:
+                    await self._refuse(
+                        context,
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        "MsgSnap travels by InstallSnapshot only",
+                    )
+                # Appends, and proposals a follower forwards, become log entries; a
+                # ReadIndex request's one entry is only its context.
+                if m.entries and m.type in (MessageType.MsgApp, MessageType.MsgProp):
+                    try:
+                        host.validate_entries(m.entries)
+                    except ValueError as exc:
+                        await self._refuse(
+                            context, grpc.StatusCode.INVALID_ARGUMENT, f"bad entry: {exc}"
+                        )
+            host.deliver(messages, batch.incarnation, batch.abstaining)
+            batches += 1
+        return peer_pb2.SendAck(batches=batches)
+
+    async def InstallSnapshot(
+        self,
+        request_iterator: AsyncIterator[peer_pb2.SnapshotChunk],
+        context: grpc.aio.ServicerContext[peer_pb2.SnapshotChunk, peer_pb2.SnapshotAck],
+    ) -> peer_pb2.SnapshotAck:
+        receiver: SnapshotReceiver | None = None
+        header: Message | None = None
+        last: peer_pb2.SnapshotChunk | None = None
+        path = ""
+        loop = asyncio.get_running_loop()
+        try:
+            async for chunk in request_iterator:
+                await self._check(
+                    context,
+                    CHUNK_TAG,
+                    chunk_fields(chunk),
+                    chunk.mac,
+                    chunk.cluster_id,
+                    chunk.from_id,
+                    chunk.to_id,
+                )
+                await self._check_ready(context)
+                if receiver is None:
+                    header = await self._first_chunk(chunk, context)
+                    path = os.path.join(
+                        self._host.incoming_snapshot_dir(),
+                        f"{chunk.snapshot_term:016x}-{chunk.snapshot_index:016x}.snap",
+                    )
+                    receiver = SnapshotReceiver(path)
+                last = chunk
+                piece = SnapshotChunk(chunk.offset, chunk.data, chunk.total_size, chunk.crc32c)
+                try:
+                    done = await loop.run_in_executor(None, receiver.accept, piece)
+                except ChunkOutOfOrderError as exc:
+                    return peer_pb2.SnapshotAck(
+                        snapshot_index=chunk.snapshot_index, next_offset=exc.expected_offset
+                    )
+                except SnapshotTransferError as exc:
+                    await self._refuse(context, grpc.StatusCode.DATA_LOSS, str(exc))
+                if done:
+                    assert header is not None
+                    await self._install(path, header, context)
+                    return peer_pb2.SnapshotAck(
+                        snapshot_index=chunk.snapshot_index,
+                        next_offset=chunk.total_size,
+                        complete=True,
+                    )
+        except grpc.aio.AbortError:
+            # Refused: nothing of this transfer stays on disk.
+            if path:
+                await loop.run_in_executor(None, _remove_transfer, path)
+            raise
+        next_offset = 0 if last is None else last.offset + len(last.data)
+        index = 0 if last is None else last.snapshot_index
+        return peer_pb2.SnapshotAck(snapshot_index=index, next_offset=next_offset)
+
+    async def _first_chunk(self, chunk: peer_pb2.SnapshotChunk, context: Context) -> Message:
+        """The MsgSnap header of a transfer, once its declared size is acceptable."""
+        if not chunk.message:
+            await self._refuse(
+                context, grpc.StatusCode.INVALID_ARGUMENT, "the first chunk must carry MsgSnap"
+            )
+        try:
+            header = decode_message(chunk.message)
+        except CodecError as exc:
+            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"bad MsgSnap: {exc}")
+        if header.type is not MessageType.MsgSnap or header.from_ != chunk.from_id:
+            await self._refuse(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "the first chunk's message is not its MsgSnap",
+            )
+        limit = self._host.max_snapshot_bytes
+        if chunk.total_size > limit:
+            await self._refuse(
+                context,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"a snapshot of {chunk.total_size} bytes is over this member's limit of {limit}",
+            )
+        directory = self._host.incoming_snapshot_dir()
+        os.makedirs(directory, exist_ok=True)
+        free = shutil.disk_usage(directory).free
+        if chunk.total_size + FREE_SPACE_MARGIN_BYTES > free:
+            await self._refuse(
+                context,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"a snapshot of {chunk.total_size} bytes does not fit: {free} bytes free in "
+                f"{directory}",
+            )
+        return header
+
+    async def _install(self, path: str, header: Message, context: Context) -> None:
+        """Verify the assembled snapshot and hand it to Raft, which persists it."""
+        loop = asyncio.get_running_loop()
+        try:
+            snapshot = await loop.run_in_executor(None, _read_snapshot_file, path)
+            await loop.run_in_executor(None, self._host.verify_snapshot, snapshot)
+            if snapshot.metadata.term > header.term:
+                raise ValueError(
+                    f"snapshot term {snapshot.metadata.term} is past its sender's {header.term}"
+                )
+        except (ValueError, OSError) as exc:
+            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"bad snapshot: {exc}")
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        self._host.deliver(
+            [
+                Message(
+                    type=MessageType.MsgSnap,
+                    to=header.to,
+                    from_=header.from_,
+                    term=header.term,
+                    snapshot=snapshot,
+                )
+            ],
+            0,
+            False,
+        )
+
+    async def Hello(
+        self,
+        request: peer_pb2.HelloRequest,
+        context: grpc.aio.ServicerContext[peer_pb2.HelloRequest, peer_pb2.HelloAnswer],
+    ) -> peer_pb2.HelloAnswer:
+        await self._check(
+            context,
+            HELLO_TAG,
+            hello_request_fields(request),
+            request.mac,
+            request.cluster_id,
+            request.from_id,
+            request.to_id,
+        )
+        established, knows, term, last_index = self._host.hello_answer(request.from_id)
+        answer = peer_pb2.HelloAnswer(
+            member_id=self._host.member_id,
+            incarnation=self._host.incarnation,
+            established=established,
+            knows_sender=knows,
+            term=term,
+            last_index=last_index,
+        )
+        answer.mac = self._host.peer_key.sign(
+            HELLO_ANSWER_TAG, hello_answer_fields(answer, request)
+        )
+        return answer
+
+
+def _certificate_names(context: Context) -> set[str]:
+    auth = context.auth_context()
+    names: set[str] = set()
+    for key in ("x509_common_name", "x509_subject_alternative_name"):
+        for value in auth.get(key, ()):
+            names.add(value.decode() if isinstance(value, bytes) else str(value))
+    return names
+
+
+def _read_snapshot_file(path: str) -> Snapshot:
+    with open(path, "rb") as f:
+        return decode_snapshot_file(path, f.read())
+
+
+def _remove_transfer(path: str) -> None:
+    """The assembled file and any partial file of the snapshot at ``path``."""
+    for found in [path, *glob.glob(glob.escape(path) + ".*.partial")]:
+        with contextlib.suppress(OSError):
+            os.unlink(found)

@@ -78,7 +78,7 @@ bench-kv: setup
 	$(PY) -m bench.kv_bench --out bench/results/kv.json
 
 # Leader failures (kill -9, restart then kill, SIGSTOP) until the next write, against a
-# 3-member etcd in the same run, each at its default timing; installs etcd if missing. ~15 min.
+# 3-member etcd in the same run, each at its default timing; installs etcd if missing. ~8 min.
 bench-failover: setup
 	command -v etcd >/dev/null || (apt-get update && apt-get install -y etcd-server etcd-client)
 	$(PY) -m bench.failover_bench --out bench/results/failover.json

@@ -31,20 +31,22 @@ again. A trial's figure is from the fault (monotonic clock, read just before the
 the answer of the first acknowledged put that started after it; its resolution is about 40 ms
 (two live members in three turns of 20 ms).
 
-Why raw stubs and not rallypoint.client.Client: the library sends one call at a time to the
-member it believes leads and retries inside the call with exponential backoff and full jitter
-(50 ms doubling to 2 s) and a 5 s attempt timeout by default, so its figure would be mostly the
-client's retry policy (a put stuck on a stopped leader, then a backoff sleep) rather than the
-servers' failover, and etcd has no Python client of the same design to set against it. With the
-same writer on both sides the difference measured is the servers': election timing and how
-soon a new leader commits.
+Why raw stubs and not rallypoint.client.Client: the probe must be the same on both sides, and
+etcd has no Python client of the library's design (leader tracking, one call at a time with
+full-jitter backoff from 50 ms, session-stamped retries). With raw stubs the writer's policy is
+the same line for line, so the difference measured is the servers' (election timing and how
+soon a new leader commits), and the library's backoff sleeps are not added to rallypoint's
+figure alone.
 
-Output: JSON with the machine, versions, parameters, ``results.<system>.<scenario>``
-(``p50_s``, ``p99_s``, ``max_s``, ``trials`` in seconds, ``details`` per trial), the ratios
-rallypoint / etcd and the targets; a plot beside it (.png); the figures and PASS/MISS on stdout.
+Output: JSON with the machine, versions, where things ran, parameters,
+``results.<system>.<scenario>`` (``p50_s``, ``p99_s``, ``max_s``, ``trials`` in seconds, and
+``details`` per trial: when the fault was, which member failed, the failed puts by status code,
+and ``leader_elected_after_s``, read from the members' logs after the run, which splits a
+figure into the election and what follows it), the ratios rallypoint / etcd and the targets; a
+plot beside it (.png); the figures and PASS/MISS on stdout.
 
     python -m bench.failover_bench --out bench/results/failover.json
-    python -m bench.failover_bench --smoke --out /tmp/failover.json   # rallypoint only, ~1 min
+    python -m bench.failover_bench --smoke --out /tmp/failover.json   # rallypoint only, ~30 s
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ RUNS  ?= 20
 TIME  ?= 60
 LANES ?= 1
 
-.PHONY: help setup lint format typecheck pytest test sim crash-test bench-wal bench-kv bench-recovery demo proto clean jepsen jepsen-long
+.PHONY: help setup lint format typecheck pytest test sim crash-test bench-wal bench-kv bench-failover bench-recovery demo proto clean jepsen jepsen-long
 
 help:
 	@echo "make demo             start a local cluster and elastic workers, kill things, watch recovery"
@@ -21,6 +21,7 @@ help:
 	@echo "make crash-test ITER=N  SIGKILL a WAL writer N times and check nothing acknowledged is lost"
 	@echo "make bench-wal        WAL append/fsync benchmark -> bench/results/wal.json"
 	@echo "make bench-kv         KV put/get/keep-alive vs a 3-member etcd -> bench/results/kv.json (.png)"
+	@echo "make bench-failover   leader kill -9 / restart+kill / SIGSTOP -> first write, vs etcd -> bench/results/failover.json (.png)"
 	@echo "make bench-recovery   worker SIGKILL -> training again vs torchrun; restore vs DCP -> bench/results/recovery.json (.png)"
 	@echo "make bench-torchrun   torchrun kill-to-running, rallypoint vs c10d -> bench/results/torchrun.json"
 	@echo "make bench-rendezvous rounds of 64/256/1024 vs torchrun, detection, capacity -> bench/results/rendezvous.json (.png)"
@@ -75,6 +76,12 @@ bench-wal: setup
 bench-kv: setup
 	command -v etcd >/dev/null || (apt-get update && apt-get install -y etcd-server etcd-client)
 	$(PY) -m bench.kv_bench --out bench/results/kv.json
+
+# Leader failures (kill -9, restart then kill, SIGSTOP) until the next write, against a
+# 3-member etcd in the same run, each at its default timing; installs etcd if missing. ~8 min.
+bench-failover: setup
+	command -v etcd >/dev/null || (apt-get update && apt-get install -y etcd-server etcd-client)
+	$(PY) -m bench.failover_bench --out bench/results/failover.json
 
 # Fault injection with real processes in network namespaces (needs root, iptables and
 # libfaketime: installed from Debian's packages when missing). Reports under store/jepsen/.

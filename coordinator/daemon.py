@@ -24,6 +24,8 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from rallypoint.raft.fileutil import DataCorruptionError
+
 from .identity import IdentityError
 from .members import MemberAddress
 from .node import Node, NodeConfig
@@ -308,7 +310,7 @@ def run(settings: Settings) -> int:
 
             return int(uvloop.run(serve(settings)))
         return asyncio.run(serve(settings))
-    except (SettingsError, IdentityError, NodeStartError) as exc:
+    except (SettingsError, IdentityError, NodeStartError, DataCorruptionError) as exc:
         print(f"rallypoint serve: {exc}", file=sys.stderr)
         return 2
 

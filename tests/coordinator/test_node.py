@@ -19,7 +19,7 @@ from rallypoint.coordinator.state.results import (
     PutResult,
     SessionOpenResult,
 )
-from rallypoint.raft.types import EntryType, Index, Message, MessageType, NodeId, Term
+from rallypoint.raft.types import Entry, EntryType, Index, Message, MessageType, NodeId, Term
 
 
 def free_ports(count: int) -> list[int]:
@@ -279,3 +279,29 @@ async def test_an_invariant_broken_while_stepping_a_peer_message_stops_the_membe
     # (In a daemon, on_fatal ends the process; here the peers' traffic may hit it too.)
     assert cluster.fatal and all(str(e) == "an invariant of the core" for e in cluster.fatal)
     cluster.fatal.clear()
+
+
+async def test_a_proposal_forwarded_to_a_member_without_a_leader_is_dropped_not_fatal(
+    cluster: Cluster,
+) -> None:
+    """A follower forwards a proposal as its leader steps down: the one who receives it has
+    no leader and refuses it. That is expected, not a broken invariant (a member once died
+    of it under the fault-injection suite)."""
+    leader = await cluster.leader()
+    survivor = next(n for n in cluster.nodes.values() if n is not leader)
+    for member_id in [i for i in cluster.nodes if i != survivor.member_id]:
+        await cluster.stop(member_id)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while survivor.leader_id != 0:
+        assert loop.time() < deadline, "the survivor kept a leader"
+        await asyncio.sleep(0.02)
+    other = next(i for i in cluster.members if i != survivor.member_id)
+    proposal = Message(
+        type=MessageType.MsgProp,
+        to=NodeId(survivor.member_id),
+        from_=NodeId(other),
+        entries=(Entry(Term(0), Index(0), EntryType.NORMAL, b""),),
+    )
+    survivor.deliver([proposal])
+    assert not cluster.fatal

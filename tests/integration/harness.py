@@ -86,6 +86,9 @@ class MemberProcess:
     proc: subprocess.Popen[bytes] | None = None
     paused: bool = False
     extra_args: list[str] = field(default_factory=list)
+    # The harness stopped or killed it (or saw it refuse to start, as expected): an exit
+    # that is not one of these is the member's own doing.
+    stopped: bool = False
 
     @property
     def running(self) -> bool:
@@ -177,6 +180,7 @@ class ProcessCluster:
         )
         log.close()
         member.paused = False
+        member.stopped = False
 
     def start_all(self) -> None:
         for member_id in self.members:
@@ -190,6 +194,7 @@ class ProcessCluster:
     def kill(self, member_id: int) -> None:
         """kill -9."""
         member = self.members[member_id]
+        member.stopped = True
         if member.proc is not None:
             if member.paused:
                 member.proc.send_signal(signal.SIGCONT)
@@ -201,6 +206,7 @@ class ProcessCluster:
         """SIGTERM (graceful: a leader transfers leadership first); returns the exit code."""
         member = self.members[member_id]
         assert member.proc is not None
+        member.stopped = True
         if member.paused:
             self.resume(member_id)
         member.proc.terminate()
@@ -227,8 +233,17 @@ class ProcessCluster:
         self.kill(member_id)
         self.start(member_id)
 
+    def exited_on_their_own(self) -> dict[int, int]:
+        """Members whose process ended without the harness stopping it: id -> exit code."""
+        return {
+            member_id: member.proc.returncode
+            for member_id, member in self.members.items()
+            if member.proc is not None and not member.stopped and member.proc.poll() is not None
+        }
+
     def shutdown(self) -> None:
         for member in self.members.values():
+            member.stopped = True
             if member.running:
                 assert member.proc is not None
                 if member.paused:

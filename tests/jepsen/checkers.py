@@ -8,6 +8,8 @@ stretch of history that shows the anomaly.
 - watch: every watcher delivered the same revisions in the same order, strictly increasing,
   and none missed an acknowledged write within the range it covered.
 - rendezvous: every participant of one round number saw the same members and ranks.
+- members: no member exited on its own (a crash, or a broken invariant stopping it: exit 70);
+  the nemesis's kills and a member refusing a log it found corrupt do not count.
 """
 
 from __future__ import annotations
@@ -247,4 +249,14 @@ def check_rendezvous(ops: Sequence[Operation]) -> CheckResult:
         return CheckResult("rendezvous", Outcome.UNKNOWN, "no round was seen", stats=stats)
     return CheckResult(
         "rendezvous", Outcome.VALID, "one membership and ranking per round", stats=stats
+    )
+
+
+def check_members(exited_on_their_own: dict[int, int]) -> CheckResult:
+    stats: dict[str, Any] = {"exited": len(exited_on_their_own)}
+    if not exited_on_their_own:
+        return CheckResult("members", Outcome.VALID, "no member exited on its own", stats=stats)
+    listed = ", ".join(f"{m} (code {c})" for m, c in sorted(exited_on_their_own.items()))
+    return CheckResult(
+        "members", Outcome.INVALID, f"members exited on their own: {listed}", stats=stats
     )

@@ -180,6 +180,8 @@ class NamespaceCluster(ProcessCluster):
             wait_until(lambda: not member.running or self.status(member_id), within_s, "x")
         except TimeoutError:
             return False
+        if not member.running:
+            member.stopped = True  # an expected exit: it found its log corrupt
         return not member.running
 
     # ------------------------------------------------------------------ membership

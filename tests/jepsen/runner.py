@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import multiprocessing
 import random
@@ -72,9 +73,10 @@ def check(ops: Sequence[Operation], chosen: Sequence[str]) -> list[checkers.Chec
 
 async def _drive(
     spec: RunSpec, cluster: NamespaceCluster, history: HistoryWriter, log: list[str]
-) -> None:
+) -> dict[int, int]:
     """Clients and nemesis for ``spec.time_s``, then heal and drain; the nemesis's doings
-    are appended to ``log`` as they happen."""
+    are appended to ``log`` as they happen. Returns the members that exited on their own
+    (id -> exit code)."""
     rng = random.Random(spec.seed)
     await asyncio.to_thread(cluster.leader, 30.0)
     loop = asyncio.get_running_loop()
@@ -93,6 +95,8 @@ async def _drive(
 
     cluster.on_change = record_health
     cluster.note_change()
+    crashes: dict[int, int] = {}
+    watcher = asyncio.create_task(_watch_members(cluster, record_health, crashes, log, history))
     async with Client(cluster.endpoints, timeout_s=10.0) as admin:
         watch_start = (await admin.range("watch/", limit=1, keys_only=True)).header.revision + 1
         stop_at = time.monotonic() + spec.time_s
@@ -144,8 +148,43 @@ async def _drive(
         if "set" in spec.workloads:
             current = [cluster.members[m].client_address for m in sorted(cluster.active)]
             await workloads.set_final_read(ctx, time.monotonic() + 20.0, current)
+    watcher.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await watcher
     cluster.on_change = None
     await asyncio.sleep(0)  # let the last health records reach the history
+    return crashes
+
+
+async def _watch_members(
+    cluster: NamespaceCluster,
+    record: Callable[[availability.Health], None],
+    crashes: dict[int, int],
+    log: list[str],
+    history: HistoryWriter,
+) -> None:
+    """Every half second: record the health when it changed without a fault saying so (a
+    member that died by itself), and note each member that exited on its own."""
+    origin_s = history.events[0].time_s if history.events else time.monotonic()
+    last = cluster.health()
+    while True:
+        await asyncio.sleep(0.5)
+        for member_id, code in cluster.exited_on_their_own().items():
+            if member_id not in crashes:
+                crashes[member_id] = code
+                log.append(
+                    f"{time.monotonic() - origin_s:8.3f} member {member_id} exited on its own "
+                    f"(exit code {code}): see its log"
+                )
+        health = cluster.health()
+        if (health.voters, health.up, health.blocked, health.degraded) != (
+            last.voters,
+            last.up,
+            last.blocked,
+            last.degraded,
+        ):
+            record(health)
+        last = health
 
 
 def blank_summary(spec: RunSpec) -> RunSummary:
@@ -169,6 +208,7 @@ def run_one(spec: RunSpec, directory: Path) -> RunSummary:
     history = HistoryWriter(directory / "history.jsonl")
     summary = blank_summary(spec)
     log: list[str] = []
+    crashes: dict[int, int] = {}
     cluster: NamespaceCluster | None = None
     try:
         network.setup()
@@ -183,7 +223,7 @@ def run_one(spec: RunSpec, directory: Path) -> RunSummary:
             snapshot_entries=2000,
         )
         cluster.start_all()
-        asyncio.run(_drive(spec, cluster, history, log))
+        crashes = asyncio.run(_drive(spec, cluster, history, log))
     except Exception as error:  # reported as the run's error; the matrix goes on
         summary.error = f"{type(error).__name__}: {error}"
         log.append(traceback.format_exc())
@@ -202,6 +242,7 @@ def run_one(spec: RunSpec, directory: Path) -> RunSummary:
             events, availability.bound_s(ELECTION_TIMEOUT_S), slow_s=ELECTION_TIMEOUT_S
         )
         summary.results.append(verdict)
+    summary.results.append(checkers.check_members(crashes))
     plots = plot_run(events, ops, directory, summary.windows)
     summary.report_path = write_run_report(summary, events, log, plots, directory)
     # Keep the members' logs, drop their data directories (WAL segments are large).

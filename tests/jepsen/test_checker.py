@@ -10,6 +10,7 @@ import pytest
 from tests.jepsen.checkers import (
     Outcome,
     check_lease,
+    check_members,
     check_rendezvous,
     check_set,
     check_watch,
@@ -261,3 +262,10 @@ def test_rendezvous_checker() -> None:
     assert check_rendezvous(same).outcome is Outcome.VALID
     differ = [*same, view(2, 3, 1, {"a": 1, "b": 0})]
     assert check_rendezvous(differ).outcome is Outcome.INVALID
+
+
+def test_a_member_that_exited_on_its_own_is_a_violation() -> None:
+    assert check_members({}).outcome is Outcome.VALID
+    result = check_members({3: 70})
+    assert result.outcome is Outcome.INVALID
+    assert "3 (code 70)" in result.summary

@@ -8,6 +8,10 @@ what lets two replicas compare snapshots byte for byte.
 
 Decoding is driven by the field annotations, so malformed input is rejected with a
 :class:`StateCodecError` naming the record and field instead of producing a half-typed value.
+
+Evolving a record: a field is only ever added at the end, with a default. A record written
+before the field existed (fewer fields) decodes with the default; a record with more fields
+than this version knows was written by a newer version and is refused, saying so.
 """
 
 from __future__ import annotations
@@ -108,15 +112,37 @@ def _record_from_obj(obj: Any, allowed: tuple[type[Any], ...]) -> Any:
         names = ", ".join(base.__name__ for base in allowed)
         raise StateCodecError(f"tag {obj[0]} is not a record of type {names}")
     hints = _hints(cls)
-    if len(obj) != len(hints) + 1:
-        raise StateCodecError(f"{cls.__name__}: expected {len(hints)} fields, got {len(obj) - 1}")
+    given = len(obj) - 1
+    if given > len(hints):
+        raise StateCodecError(
+            f"{cls.__name__}: {given} fields, but this version knows {len(hints)}: it was "
+            "written by a newer version of rallypoint (upgrade this member)"
+        )
+    if given < _required_fields(cls):
+        raise StateCodecError(f"{cls.__name__}: expected {len(hints)} fields, got {given}")
     kwargs = {}
-    for (name, hint), field_obj in zip(hints, obj[1:], strict=True):
+    # Fields added later are trailing and have defaults: older records decode with them.
+    for (name, hint), field_obj in zip(hints, obj[1:], strict=False):
         try:
             kwargs[name] = from_obj(field_obj, hint)
         except StateCodecError as exc:
             raise StateCodecError(f"{cls.__name__}.{name}: {exc}") from None
     return cls(**kwargs)
+
+
+_REQUIRED: dict[type[Any], int] = {}
+
+
+def _required_fields(cls: type[Any]) -> int:
+    """How many leading fields a record of ``cls`` must carry: those without a default."""
+    count = _REQUIRED.get(cls)
+    if count is None:
+        count = 0
+        for f in dataclasses.fields(cls):
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                count += 1
+        _REQUIRED[cls] = count
+    return count
 
 
 def _is_record_type(hint: Any) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgpack
 import pytest
 
@@ -90,3 +92,23 @@ def test_malformed_snapshots_are_refused() -> None:
 def test_registering_a_tag_twice_is_refused() -> None:
     with pytest.raises(TypeError, match="already names"):
         codec.record(1)(KeyValue)
+
+
+def test_records_gain_trailing_fields_with_defaults_and_refuse_newer_ones() -> None:
+    """Formats evolve: a record written before a field was added decodes with the field's
+    default; a record with fields this version does not know is refused, saying why."""
+    from rallypoint.coordinator.state.jobs import JobConfig
+
+    config = JobConfig(2, 4)
+    full = codec.to_obj(config)
+    required = sum(
+        1
+        for f in dataclasses.fields(JobConfig)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    )
+    older = full[: 1 + required]  # as a version that knew only the required fields wrote it
+    assert codec.from_obj(older, JobConfig) == config
+    with pytest.raises(codec.StateCodecError, match="written by a newer version"):
+        codec.from_obj([*full, 7], JobConfig)
+    with pytest.raises(codec.StateCodecError, match="expected"):
+        codec.from_obj(full[:2], JobConfig)

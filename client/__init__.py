@@ -56,6 +56,7 @@ from .rendezvous_values import (
     RoundRecord,
     RoundState,
     ShardProgress,
+    TrainingProgress,
 )
 from .roundstore import CompareSetResult, RoundStore
 from .sync import SyncClient, SyncLease, SyncWatcher
@@ -153,6 +154,7 @@ __all__ = [
     "SyncWatcher",
     "TlsConfig",
     "TooManyOutstandingError",
+    "TrainingProgress",
     "UnauthenticatedError",
     "UnavailableError",
     "ValueTooLargeError",

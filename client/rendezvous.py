@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
@@ -63,7 +64,14 @@ from .rendezvous_errors import (
     refine,
     refined,
 )
-from .rendezvous_values import JobConfig, JoinResult, RoundInfo, RoundState, round_state
+from .rendezvous_values import (
+    JobConfig,
+    JoinResult,
+    RoundInfo,
+    RoundState,
+    TrainingProgress,
+    round_state,
+)
 from .roundstore import RoundStore
 from .transport import Transport
 
@@ -148,6 +156,8 @@ class Participant:
         self.leaving = False
         # close() was called: the background work stops without leaving.
         self.closed = False
+        # What the training loop last reported (report_progress); sent with every heartbeat.
+        self._progress: TrainingProgress | None = None
         # The (round, state) last handed to iterators and callbacks.
         self._delivered = (joined.round.round, joined.round.state)
         # The round number wait_for_round returned last (0: none yet).
@@ -185,6 +195,13 @@ class Participant:
     @property
     def waiting(self) -> bool:
         return any(m.participant_id == self.participant_id for m in self.round.waiting)
+
+    def report_progress(self, progress: TrainingProgress) -> None:
+        """Tell the coordinator, with every heartbeat from now on, how training goes: the
+        leader declares a rank that stops while its peers wait for it hung, and finds
+        stragglers (coordinator/progress.py). Safe to call from any thread: it only swaps a
+        reference to a frozen value."""
+        self._progress = progress
 
     def on_round_change(self, callback: RoundCallback) -> None:
         """Call ``callback(round_info)`` on the loop for each new (round, state)."""
@@ -409,6 +426,9 @@ class Participant:
             request = rendezvous_pb2.HeartbeatRequest(
                 job=self.job, participant_id=self.participant_id, round=self.round.round
             )
+            progress = self._progress
+            if progress is not None:
+                _add_progress(request, progress, time.monotonic())
             try:
                 await call.write(request)
             except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
@@ -534,3 +554,18 @@ async def join(
     participant = Participant(client, name, joined, config)
     participant.start()
     return participant
+
+
+def _add_progress(
+    request: rendezvous_pb2.HeartbeatRequest, progress: TrainingProgress, now_s: float
+) -> None:
+    """The progress fields of a heartbeat: times become durations before ``now_s``."""
+    request.reports_progress = True
+    request.round = progress.round
+    request.step = progress.step
+    request.step_age_ms = int((now_s - progress.step_done_s) * 1000) if progress.step else 0
+    request.step_ms = progress.step_ms
+    request.collectives_entered = progress.collectives_entered
+    request.waiting_in = progress.waiting_in
+    if progress.waiting_in:
+        request.waiting_ms = int((now_s - progress.waiting_since_s) * 1000)

@@ -26,6 +26,17 @@ class JobConfig:
     acceptable_pause_ms: int = 0
     scale_up: bool = False
     keep_checkpoints: int = 3
+    # Hang detection: a rank that completed no step for max(hang_factor x the job's median
+    # step time, hang_floor_ms) while others wait for it is declared failed (cause "hang");
+    # before its first step in a round, startup_timeout_ms is the bound.
+    hang_factor: float = 2.5
+    hang_floor_ms: int = 1500
+    startup_timeout_ms: int = 60_000
+    # Straggler eviction (off at 0): over straggler_factor x the median time per step outside
+    # collectives for straggler_windows windows of straggler_window_ms in a row.
+    straggler_factor: float = 0.0
+    straggler_windows: int = 3
+    straggler_window_ms: int = 10_000
 
     def to_proto(self) -> rendezvous_pb2.JobConfig:
         return rendezvous_pb2.JobConfig(
@@ -40,6 +51,12 @@ class JobConfig:
             acceptable_pause_ms=self.acceptable_pause_ms,
             scale_up=self.scale_up,
             keep_checkpoints=self.keep_checkpoints,
+            hang_factor=self.hang_factor,
+            hang_floor_ms=self.hang_floor_ms,
+            startup_timeout_ms=self.startup_timeout_ms,
+            straggler_factor=self.straggler_factor,
+            straggler_windows=self.straggler_windows,
+            straggler_window_ms=self.straggler_window_ms,
         )
 
     @staticmethod
@@ -56,7 +73,33 @@ class JobConfig:
             acceptable_pause_ms=config.acceptable_pause_ms,
             scale_up=config.scale_up,
             keep_checkpoints=config.keep_checkpoints,
+            hang_factor=config.hang_factor,
+            hang_floor_ms=config.hang_floor_ms,
+            startup_timeout_ms=config.startup_timeout_ms,
+            straggler_factor=config.straggler_factor,
+            straggler_windows=config.straggler_windows,
+            straggler_window_ms=config.straggler_window_ms,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingProgress:
+    """What a training loop reports about itself with every heartbeat, so the leader can
+    tell a rank that hangs (its process alive) from one that trains, and find stragglers.
+    Times are ``time.monotonic()`` of the reporting process; the heartbeat sends durations."""
+
+    # The round these numbers belong to (collectives are counted per round).
+    round: int
+    # The last training step completed (0: none yet), and when.
+    step: int = 0
+    step_done_s: float = 0.0
+    # Recent time per step spent outside collectives (computing, loading, saving), in ms.
+    step_ms: float = 0.0
+    # Collectives entered in this round (1 after the first), and the one waited in now (0:
+    # none) since when.
+    collectives_entered: int = 0
+    waiting_in: int = 0
+    waiting_since_s: float = 0.0
 
 
 class RoundState(enum.Enum):
@@ -71,6 +114,7 @@ class EndReason(enum.Enum):
     MEMBER_EVICTED = "member_evicted"
     SCALE_UP = "scale_up"
     JOB_CLOSED = "job_closed"
+    STRAGGLER = "straggler"
 
 
 _ROUND_STATES = {
@@ -84,6 +128,7 @@ _END_REASONS = {
     rendezvous_pb2.ROUND_END_REASON_MEMBER_EVICTED: EndReason.MEMBER_EVICTED,
     rendezvous_pb2.ROUND_END_REASON_SCALE_UP: EndReason.SCALE_UP,
     rendezvous_pb2.ROUND_END_REASON_JOB_CLOSED: EndReason.JOB_CLOSED,
+    rendezvous_pb2.ROUND_END_REASON_STRAGGLER: EndReason.STRAGGLER,
 }
 
 
@@ -103,12 +148,25 @@ class RoundMember:
     metadata: bytes
     # The leader's failure-detector reading (GetJob from the leader only; 0 otherwise).
     phi: float
+    # Progress as the leader last heard it (GetJob from the leader, for workers that report
+    # it; 0 otherwise): last step, ms per step outside collectives, and that over the job's
+    # median (1.0 typical; a straggler is well above).
+    step: int = 0
+    step_ms: float = 0.0
+    step_ratio: float = 0.0
 
     @staticmethod
     def from_proto(member: rendezvous_pb2.RoundMember) -> RoundMember:
         # + 0.0 turns the detector's -0.0 (a heartbeat just arrived) into 0.0.
         return RoundMember(
-            member.participant_id, member.name, member.rank, member.metadata, member.phi + 0.0
+            member.participant_id,
+            member.name,
+            member.rank,
+            member.metadata,
+            member.phi + 0.0,
+            member.step,
+            member.step_ms,
+            member.step_ratio,
         )
 
 
@@ -184,6 +242,8 @@ class RoundRecord:
     end_reason: EndReason | None
     # The participant whose failure, departure or eviction ended the round; 0 otherwise.
     ended_by: int
+    # Why, in words (the detector's cause, e.g. "hang: ..." or "phi 9.1 crossed ...").
+    detail: str = ""
 
     @staticmethod
     def from_proto(record: rendezvous_pb2.RoundRecord) -> RoundRecord:
@@ -196,6 +256,7 @@ class RoundRecord:
             ended_ms=record.ended_ms,
             end_reason=_END_REASONS.get(record.end_reason),
             ended_by=record.ended_by,
+            detail=record.detail,
         )
 
 

@@ -15,7 +15,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar
 
 from .checkpoints import CheckpointRegistry
 from .rendezvous import Participant
-from .rendezvous_values import RoundInfo
+from .rendezvous_values import RoundInfo, TrainingProgress
 from .roundstore import RoundStore
 
 P = ParamSpec("P")
@@ -128,6 +128,10 @@ class SyncParticipant(_Blocking[Participant]):
     @property
     def participant(self) -> Participant:
         return self._target
+
+    def report_progress(self, progress: TrainingProgress) -> None:
+        """See :meth:`Participant.report_progress` (a reference swap: no loop hop)."""
+        self._target.report_progress(progress)
 
     @property
     def participant_id(self) -> int:

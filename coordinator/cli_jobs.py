@@ -31,6 +31,9 @@ def _member_document(member: RoundMember) -> dict[str, Any]:
         "name": member.name,
         "rank": member.rank,
         "phi": member.phi,
+        "step": member.step,
+        "step_ms": member.step_ms,
+        "step_ratio": member.step_ratio,
         "metadata": text(member.metadata),
     }
 
@@ -66,6 +69,7 @@ def _record_document(record: RoundRecord) -> dict[str, Any]:
         "ended_ms": record.ended_ms,
         "end_reason": record.end_reason.value if record.end_reason else None,
         "ended_by": record.ended_by,
+        "detail": record.detail,
     }
 
 
@@ -103,19 +107,26 @@ async def _jobs(args: argparse.Namespace, client: Client, out: Output) -> int:
 
 def _members_table(title: str, members: tuple[RoundMember, ...], with_phi: bool) -> Table:
     table = Table(title=title)
-    columns = ["rank", "participant", "name", *(["phi"] if with_phi else [])]
-    for column in columns:
+    # phi and progress come from the leader: columns of each member's live readings.
+    live = ["phi", "step", "ms/step", "vs median"] if with_phi else []
+    for column in ["rank", "participant", "name", *live]:
         table.add_column(column)
     for m in members:
         row = ["" if m.rank < 0 else str(m.rank), str(m.participant_id), m.name]
-        table.add_row(*row, *([f"{m.phi:.2f}"] if with_phi else []))
+        readings = [
+            f"{m.phi:.2f}",
+            str(m.step) if m.step else "",
+            f"{m.step_ms:.0f}" if m.step_ms else "",
+            f"{m.step_ratio:.2f}x" if m.step_ratio else "",
+        ]
+        table.add_row(*row, *(readings if with_phi else []))
     return table
 
 
 def _history_table(history: tuple[RoundRecord, ...]) -> Table:
     names = {m.participant_id: m.name for record in history for m in record.members}
     table = Table(title="history (most recent last)")
-    for column in ("round", "members (rank: name)", "token", "ended because", "by"):
+    for column in ("round", "members (rank: name)", "token", "ended because", "by", "detail"):
         table.add_column(column)
     for record in history:
         table.add_row(
@@ -127,6 +138,7 @@ def _history_table(history: tuple[RoundRecord, ...]) -> Table:
             str(record.fencing_token),
             record.end_reason.value if record.end_reason else "",
             names.get(record.ended_by, str(record.ended_by)) if record.ended_by else "",
+            record.detail,
         )
     return table
 

@@ -54,6 +54,20 @@ class NodeMetrics:
             registry=self.registry,
         )
 
+        self.progress_verdicts = Counter(
+            "rallypoint_progress_verdicts",
+            "Workers this member, as leader, declared hung or evicted as stragglers.",
+            ["cause"],
+            registry=self.registry,
+        )
+        self.step_ratio_max = Gauge(
+            "rallypoint_step_ratio_max",
+            "Per job, the highest ratio of a worker's time per step outside collectives to "
+            "the job's median (leader only; 1 is typical, a straggler is well above).",
+            ["job"],
+            registry=self.registry,
+        )
+
     def serve(self, port: int, address: str = "127.0.0.1") -> None:
         """Serve ``/metrics`` over HTTP on ``address:port`` (a daemon thread)."""
         start_http_server(port, addr=address, registry=self.registry)

@@ -106,6 +106,7 @@ from .node_api import (
 from .peer_auth import PeerKey, cluster_id_for
 from .peer_hello import ask_peers
 from .peer_service import PeerServicer, remove_partial_snapshots
+from .progress import ProgressReport
 from .role_log import ROLE_NAMES, RoleLog
 from .state.commands import Command, Envelope, LeaseExpire, decode_envelope, encode_envelope
 from .state.errors import Compacted
@@ -300,6 +301,7 @@ class Node:
             lambda command: self.propose(command, timeout_s=5.0),
             wall_clock_ms,
             grace_ms=config.detector_grace_ms,
+            metrics=self.metrics,
         )
         self._peer_server: grpc.aio.Server | None = None
         self._stopping = False
@@ -365,6 +367,8 @@ class Node:
                 pre_vote=config.pre_vote,
                 max_inflight_msgs=256,
                 max_uncommitted_entries_size=1 << 30,
+                # Committed entries handed out per Ready (so applied per event-loop turn).
+                max_committed_size_per_ready=1 << 20,
                 abstain=identity.abstaining,
                 logger=logging.getLogger(f"rallypoint.raft.{config.member_id}"),
             )
@@ -531,6 +535,10 @@ class Node:
             self._wakeup.clear()
             while raw.has_ready():
                 await self._handle_ready(raw.ready())
+                # Let ticks and peers' messages in between Readies: a member applying a long
+                # backlog (catching up after a restart) must still notice a dead leader on
+                # time, not after the backlog (its election timer counts ticks).
+                await asyncio.sleep(0)
             if self._snapshot_requests:
                 await self._snapshot(force=True)
 
@@ -1078,9 +1086,14 @@ class Node:
         self._require_leader()
         return self._lessor.remaining_ms(lease_id)
 
-    def heartbeat(self, job: str, participant_id: int) -> bool:
+    def heartbeat(
+        self, job: str, participant_id: int, progress: ProgressReport | None = None
+    ) -> bool:
         self._require_leader()
-        return self.supervisor.heartbeat(job, participant_id)
+        return self.supervisor.heartbeat(job, participant_id, progress)
+
+    def progress_of(self, job: str, participant_id: int) -> tuple[int, float, float] | None:
+        return self.supervisor.progress_of(job, participant_id) if self.is_leader() else None
 
     def heartbeat_stream_closed(self, job: str, participant_id: int) -> None:
         if self.is_leader():

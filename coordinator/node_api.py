@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from .progress import ProgressReport
 from .state.commands import Command
 from .state.machine import StateMachine
 from .state.results import Result
@@ -184,9 +185,11 @@ class ServerNode(Protocol):
 
     # -- rendezvous: the leader's failure detector and time ------------------------------
 
-    def heartbeat(self, job: str, participant_id: int) -> bool:
-        """Leader only: record a heartbeat; False if the participant is unknown.
-        Raises NotLeaderError on a follower."""
+    def heartbeat(
+        self, job: str, participant_id: int, progress: ProgressReport | None = None
+    ) -> bool:
+        """Leader only: record a heartbeat (and the training progress it reports); False
+        if the participant is unknown. Raises NotLeaderError on a follower."""
         ...
 
     def heartbeat_stream_closed(self, job: str, participant_id: int) -> None:
@@ -196,6 +199,11 @@ class ServerNode(Protocol):
     def phi(self, job: str, participant_id: int) -> float | None:
         """The leader's current suspicion of a worker (inf once a closed stream is
         confirmed); None on a follower or for an unknown participant."""
+        ...
+
+    def progress_of(self, job: str, participant_id: int) -> tuple[int, float, float] | None:
+        """The leader's view of a worker's progress: (last step, ms per step outside
+        collectives, ratio to the job's median); None on a follower or when not reported."""
         ...
 
     def leader_clock_ms(self) -> int:

@@ -6,7 +6,9 @@ that depend on time are the leader's to take and to propose:
 - closing a JOINING round whose last call has passed (``CloseRound``; the apply re-checks
   the condition against the proposed time, so a stale or early proposal changes nothing);
 - declaring a worker failed when its phi-accrual suspicion crosses the job's threshold, or
-  when its heartbeat stream closed and no new one arrived in time (``MemberFailed``).
+  when its heartbeat stream closed and no new one arrived in time (``MemberFailed``);
+- declaring a worker hung, or evicting a straggler, from the training progress its
+  heartbeats report (``progress.py``; ``MemberFailed`` with its cause).
 
 The detectors are soft state (``phi.DetectorSet``): they live only on the leader and start
 over with a grace period whenever this member becomes leader, so nobody is declared dead
@@ -24,9 +26,12 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 
+from .metrics import NodeMetrics
 from .node_api import NodeError
 from .phi import DetectorSet, DetectorSettings
+from .progress import ProgressReport, ProgressTracker
 from .state.commands import CloseRound, Command, MemberFailed
+from .state.jobs import EndReason, RoundState
 from .state.machine import StateMachine
 
 log = logging.getLogger("rallypoint.supervisor")
@@ -54,13 +59,19 @@ class RendezvousSupervisor:
         *,
         grace_ms: int = 2000,
         interval_s: float = 0.02,
+        metrics: NodeMetrics | None = None,
     ) -> None:
         self._state = state
         self._propose = propose
         self._wall_clock_ms = wall_clock_ms
         self.grace_ms = grace_ms
         self.interval_s = interval_s
+        self._metrics = metrics
         self.detectors = DetectorSet(retry_ms=1000)
+        # Training progress of the workers that report it: hangs and stragglers.
+        self.progress = ProgressTracker()
+        # (job, participant, round) -> when a verdict from progress was last proposed.
+        self._verdict_proposed_ms: dict[tuple[str, int, int], int] = {}
         self.is_leader = False
         # The rendezvous revision the detectors were last synced to (-1: never).
         self._synced_revision = -1
@@ -76,6 +87,7 @@ class RendezvousSupervisor:
     def promote(self) -> None:
         self.is_leader = True
         self._synced_revision = -1
+        self.progress.clear()
         self._sync()
         self.detectors.start_grace(monotonic_ms(), self.grace_ms)
 
@@ -85,14 +97,24 @@ class RendezvousSupervisor:
 
     # -------------------------------------------------------------- inputs
 
-    def heartbeat(self, job: str, participant_id: int) -> bool:
-        """Record a heartbeat on the leader; False if the participant is unknown."""
+    def heartbeat(
+        self, job: str, participant_id: int, progress: ProgressReport | None = None
+    ) -> bool:
+        """Record a heartbeat (and the progress it reports) on the leader; False if the
+        participant is unknown."""
         key = (job, participant_id)
         now_ms = monotonic_ms()
-        if self.detectors.heartbeat(key, now_ms):
-            return True
-        self._sync()  # it may have just joined
-        return self.detectors.heartbeat(key, now_ms)
+        known = self.detectors.heartbeat(key, now_ms)
+        if not known:
+            self._sync()  # it may have just joined
+            known = self.detectors.heartbeat(key, now_ms)
+        if known and progress is not None:
+            self.progress.report(job, participant_id, progress, now_ms)
+        return known
+
+    def progress_of(self, job: str, participant_id: int) -> tuple[int, float, float] | None:
+        """(last step, ms per step outside collectives, ratio to the job's median)."""
+        return self.progress.view(job, participant_id)
 
     def stream_closed(self, job: str, participant_id: int) -> None:
         self.detectors.stream_closed((job, participant_id), monotonic_ms())
@@ -113,6 +135,7 @@ class RendezvousSupervisor:
         self._synced_revision = revision
         keys = rendezvous.participant_keys()
         self.detectors.retain(keys)
+        self.progress.retain(keys)
         now_ms = monotonic_ms()
         for job_id, pid in keys:
             settings = DetectorSettings.of_job(rendezvous.jobs[job_id].config)
@@ -164,6 +187,43 @@ class RendezvousSupervisor:
             )
             log.info("job %s: participant %d suspected: %s", job_id, pid, cause)
             self._spawn(MemberFailed(job_id, pid, job.round.number, cause))
+        if now_ms >= self.detectors.grace_until_ms:
+            self._judge_progress(now_ms)
+
+    def _judge_progress(self, now_ms: int) -> None:
+        """Hang and straggler verdicts for every ACTIVE round (progress.py), each proposed
+        at most once a second."""
+        rendezvous = self._state.rendezvous
+        for job_id in sorted(self.progress.jobs):
+            job = rendezvous.jobs.get(job_id)
+            if job is None or job.round.state is not RoundState.ACTIVE:
+                continue
+            number = job.round.number
+            members = [m.participant_id for m in job.round.members]
+            if self._metrics is not None:
+                views = [self.progress.view(job_id, pid) for pid in members]
+                ratios = [v[2] for v in views if v is not None]
+                self._metrics.step_ratio_max.labels(job_id).set(max(ratios, default=0.0))
+            verdicts = self.progress.hangs(job_id, number, members, job.config, now_ms)
+            verdicts += self.progress.stragglers(job_id, number, members, job.config, now_ms)
+            for verdict in verdicts:
+                key = (job_id, verdict.participant_id, number)
+                last = self._verdict_proposed_ms.get(key)
+                if last is not None and now_ms - last < 1000:
+                    continue
+                self._verdict_proposed_ms[key] = now_ms
+                log.warning(
+                    "job %s: participant %d: %s", job_id, verdict.participant_id, verdict.cause
+                )
+                reason = EndReason.STRAGGLER if verdict.straggler else EndReason.MEMBER_FAILED
+                if self._metrics is not None:
+                    cause = "straggler" if verdict.straggler else "hang"
+                    self._metrics.progress_verdicts.labels(cause).inc()
+                self._spawn(
+                    MemberFailed(job_id, verdict.participant_id, number, verdict.cause, reason)
+                )
+        if len(self._verdict_proposed_ms) > 1024:
+            self._verdict_proposed_ms.clear()
 
     def _credible(self, suspects: list[Key], now_ms: int) -> list[Key]:
         """Suspects minus phi-only verdicts on more than half of a job at once, until such a

@@ -66,6 +66,13 @@ commit thread does names the round, so a zombie (a worker paused past its detect
 resumed) is refused: its begin, report, commit and store writes raise StaleRoundError or
 StaleTokenError; they are reported as a ``checkpoint_refused`` event, never retried.
 
+Progress. Every heartbeat carries this rank's progress (``TrainingProgress``): the step it
+completed last and when, its time per step outside collectives (a moving average), the
+collectives it entered in the round and the one it waits in. The leader names a rank that
+stops while the others wait for it (cause ``hang``) and, with the job's straggler policy on,
+evicts a rank consistently slower than the others (coordinator/progress.py). Nothing here
+waits on it: a hung training thread cannot report, which is the point.
+
 Events. ``on_event(kind, fields)`` is called (from the training or the commit thread) for:
 ``joined``, ``round_formed`` (round, rank, world size, restore source and reason, timings),
 ``trained`` (the first step of a round is done), ``round_ended`` (why), ``checkpoint_saved``,
@@ -104,6 +111,7 @@ from rallypoint.client import (
     SyncClient,
     SyncParticipant,
     SyncRoundStore,
+    TrainingProgress,
 )
 
 from .checkpoint import (
@@ -211,12 +219,50 @@ class ElasticRound:
         self._step_reduced: bool | None = None
         self._awaiting_step_done = False
         self.steps_trained = 0
+        # Progress reported with every heartbeat (hang and straggler detection): collectives
+        # entered in this round, the one waited in and since when, the time the current step
+        # has spent waiting in collectives, when the last step ended (or the round formed),
+        # and a moving average of the time per step outside collectives.
+        self._collectives = 0
+        self._waiting_in = 0
+        self._waiting_since_s = 0.0
+        self._waited_in_step_s = 0.0
+        self._step_started_s = time.monotonic()
+        self._step_done_s = 0.0
+        self._compute_ms = 0.0
 
     def __repr__(self) -> str:
         return (
             f"ElasticRound({self.run.job}/{self.number}, rank={self.rank}/{self.world_size}"
             f"{', ended: ' + self.end_reason if self.ended else ''})"
         )
+
+    # -------------------------------------------------------------- progress
+
+    def report_progress(self) -> None:
+        """Hand the heartbeat this rank's progress as of now (see TrainingProgress)."""
+        self.run.participant.report_progress(
+            TrainingProgress(
+                round=self.number,
+                step=self.run.state.step,
+                step_done_s=self._step_done_s or self._step_started_s,
+                step_ms=self._compute_ms,
+                collectives_entered=self._collectives,
+                waiting_in=self._waiting_in,
+                waiting_since_s=self._waiting_since_s,
+            )
+        )
+
+    def _step_counted(self) -> None:
+        now = time.monotonic()
+        compute_ms = max(0.0, now - self._step_started_s - self._waited_in_step_s) * 1000
+        # A short moving average: a straggler shows within a few steps, one odd step fades.
+        self._compute_ms = (
+            compute_ms if self._compute_ms == 0 else 0.7 * self._compute_ms + 0.3 * compute_ms
+        )
+        self._step_started_s = self._step_done_s = now
+        self._waited_in_step_s = 0.0
+        self.report_progress()
 
     # -------------------------------------------------------------- state
 
@@ -333,6 +379,7 @@ class ElasticRound:
         if state.sampler is not None:
             state.sampler.advance()
         self.steps_trained += 1
+        self._step_counted()
         if self.steps_trained == 1:
             self.run.emit("trained", round=self.number, rank=self.rank, step=state.step)
         if loss is not None:
@@ -347,7 +394,11 @@ class ElasticRound:
         done = threading.Event()
         self._waiter = done
         work.get_future().add_done_callback(lambda _: done.set())
-        deadline = time.monotonic() + self.run.collective_timeout_s
+        started = time.monotonic()
+        deadline = started + self.run.collective_timeout_s
+        self._collectives += 1
+        self._waiting_in, self._waiting_since_s = self._collectives, started
+        self.report_progress()
         try:
             while not done.wait(WAIT_SLICE_S):
                 if self.ended:
@@ -367,6 +418,9 @@ class ElasticRound:
                 return False
         finally:
             self._waiter = None
+            self._waited_in_step_s += time.monotonic() - started
+            self._waiting_in = 0
+            self.report_progress()
         self.in_flight.remove(work)
         return True
 
@@ -473,6 +527,12 @@ class ElasticRun:
         rejoin: bool = True,
         on_event: EventHandler | None = None,
         client_options: Mapping[str, Any] | None = None,
+        hang_factor: float = 2.5,
+        hang_floor_s: float = 1.5,
+        startup_timeout_s: float = 60.0,
+        straggler_factor: float = 0.0,
+        straggler_windows: int = 3,
+        straggler_window_s: float = 10.0,
     ) -> None:
         self.endpoints = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
         self.job = job
@@ -496,6 +556,12 @@ class ElasticRun:
             acceptable_pause_ms=acceptable_pause_ms,
             scale_up=True,
             keep_checkpoints=keep_checkpoints,
+            hang_factor=hang_factor,
+            hang_floor_ms=int(hang_floor_s * 1000),
+            startup_timeout_ms=int(startup_timeout_s * 1000),
+            straggler_factor=straggler_factor,
+            straggler_windows=straggler_windows,
+            straggler_window_ms=int(straggler_window_s * 1000),
         )
         self._on_event = on_event
         self._client_options = dict(client_options or {})
@@ -695,6 +761,8 @@ class ElasticRun:
         )
         round_.formation = formation
         self.formations.append(formation)
+        round_._step_started_s = time.monotonic()
+        round_.report_progress()
         self.emit(
             "round_formed",
             round=info.round,

@@ -41,11 +41,13 @@ workers buried the workers' own event loops.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator
 
 from rallypoint.proto.v1 import rendezvous_pb2, rendezvous_pb2_grpc
 
 from ..node_api import ServerNode
+from ..progress import ProgressReport
 from ..state.commands import CloseJob, Configure, Evict, Join, Leave
 from ..state.errors import JobNotFound, ParticipantNotFound
 from ..state.jobs import EndReason, JobConfig, RoundRecord, RoundState
@@ -76,6 +78,7 @@ _END_REASONS = {
     EndReason.MEMBER_EVICTED: rendezvous_pb2.ROUND_END_REASON_MEMBER_EVICTED,
     EndReason.SCALE_UP: rendezvous_pb2.ROUND_END_REASON_SCALE_UP,
     EndReason.JOB_CLOSED: rendezvous_pb2.ROUND_END_REASON_JOB_CLOSED,
+    EndReason.STRAGGLER: rendezvous_pb2.ROUND_END_REASON_STRAGGLER,
 }
 
 
@@ -92,6 +95,12 @@ def config_pb(config: JobConfig) -> rendezvous_pb2.JobConfig:
         acceptable_pause_ms=config.acceptable_pause_ms,
         scale_up=config.scale_up,
         keep_checkpoints=config.keep_checkpoints,
+        hang_factor=config.hang_factor_milli / 1000,
+        hang_floor_ms=config.hang_floor_ms,
+        startup_timeout_ms=config.startup_timeout_ms,
+        straggler_factor=config.straggler_factor_milli / 1000,
+        straggler_windows=config.straggler_windows,
+        straggler_window_ms=config.straggler_window_ms,
     )
 
 
@@ -108,6 +117,7 @@ def record_pb(record: RoundRecord) -> rendezvous_pb2.RoundRecord:
         ended_ms=record.ended_ms,
         end_reason=_END_REASONS[record.end_reason],
         ended_by=record.ended_by,
+        detail=record.detail,
     )
 
 
@@ -151,6 +161,9 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         if with_phi:
             phi = self.node.phi(job.job_id, pid)
             member.phi = 0.0 if phi is None else phi
+            progress = self.node.progress_of(job.job_id, pid)
+            if progress is not None:
+                member.step, member.step_ms, member.step_ratio = progress
         return member
 
     def round_info(self, job: Job, with_phi: bool = False) -> rendezvous_pb2.RoundInfo:
@@ -255,7 +268,18 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
                 # finish after a quorum of followers acknowledged): wait for the apply rather
                 # than call a live participant unknown.
                 await self._applied_through(pid)
-                if not self.node.heartbeat(job_id, pid):
+                progress = None
+                if request.reports_progress:
+                    progress = ProgressReport(
+                        round=request.round,
+                        step=request.step,
+                        step_age_ms=request.step_age_ms,
+                        step_ms=request.step_ms if math.isfinite(request.step_ms) else 0.0,
+                        collectives_entered=request.collectives_entered,
+                        waiting_in=request.waiting_in,
+                        waiting_ms=request.waiting_ms,
+                    )
+                if not self.node.heartbeat(job_id, pid, progress):
                     self._job(job_id)
                     raise RequestFailed(ParticipantNotFound(job_id, pid))
                 key = (job_id, pid)

@@ -157,6 +157,13 @@ def job_config(
     positive(config.min_std_ms, f"{field}.min_std_ms")
     non_negative(config.acceptable_pause_ms, f"{field}.acceptable_pause_ms")
     positive(config.keep_checkpoints, f"{field}.keep_checkpoints")
+    # Fields added after the first release read 0 (absent) as their default, so a client that
+    # predates them still configures jobs; any value sent is checked.
+    defaults = JobConfig(1, 1)
+    hang_factor_milli = _milli(config.hang_factor, f"{field}.hang_factor", allow_zero=False)
+    straggler_factor_milli = _milli(config.straggler_factor, f"{field}.straggler_factor")
+    for name in ("hang_floor_ms", "startup_timeout_ms", "straggler_windows", "straggler_window_ms"):
+        non_negative(getattr(config, name), f"{field}.{name}")
     return JobConfig(
         min_nodes=config.min_nodes,
         max_nodes=config.max_nodes,
@@ -169,7 +176,21 @@ def job_config(
         acceptable_pause_ms=config.acceptable_pause_ms,
         scale_up=config.scale_up,
         keep_checkpoints=config.keep_checkpoints,
+        hang_factor_milli=hang_factor_milli or defaults.hang_factor_milli,
+        hang_floor_ms=config.hang_floor_ms or defaults.hang_floor_ms,
+        startup_timeout_ms=config.startup_timeout_ms or defaults.startup_timeout_ms,
+        straggler_factor_milli=straggler_factor_milli,
+        straggler_windows=config.straggler_windows or defaults.straggler_windows,
+        straggler_window_ms=config.straggler_window_ms or defaults.straggler_window_ms,
     )
+
+
+def _milli(value: float, field: str, *, allow_zero: bool = True) -> int:
+    """A factor as thousandths (replicated state holds no floats); 0 stays 0."""
+    milli = round(value * 1000) if math.isfinite(value) else -1
+    if milli < 0 or milli > 2**40 or (value > 0 and milli == 0):
+        raise InvalidArgument(field, f"must be 0 or a finite number >= 0.001, got {value}")
+    return milli
 
 
 def participant_name(name: str, limits: RendezvousLimits, field: str = "name") -> str:

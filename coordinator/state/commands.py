@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .codec import StateCodecError, decode, encode, record
-from .jobs import JobConfig
+from .jobs import EndReason, JobConfig
 from .values import Fence
 
 
@@ -187,13 +187,15 @@ class CloseRound(Command):
 @record(46)
 @dataclass(frozen=True, slots=True)
 class MemberFailed(Command):
-    """Proposed by the leader's failure detector; no session. Applied only if the
-    participant is still in the job and ``round`` is still the job's current round."""
+    """Proposed by the leader's failure, hang or straggler detection; no session. Applied only
+    if the participant is still in the job and ``round`` is still the job's current round."""
 
     job: str
     participant_id: int
     round: int
     cause: str
+    # MEMBER_FAILED (the detectors, a hang) or STRAGGLER (the straggler policy).
+    reason: EndReason = EndReason.MEMBER_FAILED
 
 
 # ---------------------------------------------------------------- round store (tags 50-54)

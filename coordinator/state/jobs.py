@@ -56,6 +56,14 @@ class JobConfig:
     acceptable_pause_ms: int = 0
     scale_up: bool = False
     keep_checkpoints: int = 3
+    # Hang detection (coordinator/progress.py); factors in thousandths, as the phi threshold.
+    hang_factor_milli: int = 2500
+    hang_floor_ms: int = 1500
+    startup_timeout_ms: int = 60_000
+    # Straggler eviction; off while straggler_factor_milli is 0.
+    straggler_factor_milli: int = 0
+    straggler_windows: int = 3
+    straggler_window_ms: int = 10_000
 
     def problem(self, limits: RendezvousLimits) -> str | None:
         """What makes this config invalid, or None."""
@@ -70,6 +78,12 @@ class JobConfig:
             (self.min_std_ms > 0, "min_std_ms must be > 0"),
             (self.acceptable_pause_ms >= 0, "acceptable_pause_ms must be >= 0"),
             (self.keep_checkpoints >= 1, "keep_checkpoints must be >= 1"),
+            (self.hang_factor_milli > 0, "hang_factor must be > 0"),
+            (self.hang_floor_ms > 0, "hang_floor_ms must be > 0"),
+            (self.startup_timeout_ms > 0, "startup_timeout_ms must be > 0"),
+            (self.straggler_factor_milli >= 0, "straggler_factor must be >= 0"),
+            (self.straggler_windows >= 1, "straggler_windows must be >= 1"),
+            (self.straggler_window_ms > 0, "straggler_window_ms must be > 0"),
         ]
         failed = [message for holds, message in checks if not holds]
         return "; ".join(failed) if failed else None
@@ -100,6 +114,7 @@ class EndReason(enum.IntEnum):
     MEMBER_EVICTED = 3
     SCALE_UP = 4
     JOB_CLOSED = 5
+    STRAGGLER = 6
 
 
 @record(341)

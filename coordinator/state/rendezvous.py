@@ -174,7 +174,12 @@ class Rendezvous:
         pid = command.participant_id
         if job is None or job.round.number != command.round or pid not in job.participants:
             return RemoveResult(command.job, pid, False, 0)
-        return self._remove(index, now_ms, job, pid, EndReason.MEMBER_FAILED, command.cause)
+        reason = (
+            command.reason
+            if command.reason in (EndReason.MEMBER_FAILED, EndReason.STRAGGLER)
+            else EndReason.MEMBER_FAILED
+        )
+        return self._remove(index, now_ms, job, pid, reason, command.cause)
 
     def sessions_ended(self, index: int, now_ms: int, session_ids: list[int]) -> None:
         """Participants of ended sessions are removed as failed, in (job, id) order."""

@@ -23,6 +23,7 @@ class RoundEndReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROUND_END_REASON_MEMBER_EVICTED: _ClassVar[RoundEndReason]
     ROUND_END_REASON_SCALE_UP: _ClassVar[RoundEndReason]
     ROUND_END_REASON_JOB_CLOSED: _ClassVar[RoundEndReason]
+    ROUND_END_REASON_STRAGGLER: _ClassVar[RoundEndReason]
 ROUND_STATE_UNSPECIFIED: RoundState
 ROUND_STATE_JOINING: RoundState
 ROUND_STATE_ACTIVE: RoundState
@@ -33,9 +34,10 @@ ROUND_END_REASON_MEMBER_LEFT: RoundEndReason
 ROUND_END_REASON_MEMBER_EVICTED: RoundEndReason
 ROUND_END_REASON_SCALE_UP: RoundEndReason
 ROUND_END_REASON_JOB_CLOSED: RoundEndReason
+ROUND_END_REASON_STRAGGLER: RoundEndReason
 
 class JobConfig(_message.Message):
-    __slots__ = ("min_nodes", "max_nodes", "last_call_ms", "join_timeout_ms", "heartbeat_interval_ms", "phi_threshold", "phi_window", "min_std_ms", "acceptable_pause_ms", "scale_up", "keep_checkpoints")
+    __slots__ = ("min_nodes", "max_nodes", "last_call_ms", "join_timeout_ms", "heartbeat_interval_ms", "phi_threshold", "phi_window", "min_std_ms", "acceptable_pause_ms", "scale_up", "keep_checkpoints", "hang_factor", "hang_floor_ms", "startup_timeout_ms", "straggler_factor", "straggler_windows", "straggler_window_ms")
     MIN_NODES_FIELD_NUMBER: _ClassVar[int]
     MAX_NODES_FIELD_NUMBER: _ClassVar[int]
     LAST_CALL_MS_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +49,12 @@ class JobConfig(_message.Message):
     ACCEPTABLE_PAUSE_MS_FIELD_NUMBER: _ClassVar[int]
     SCALE_UP_FIELD_NUMBER: _ClassVar[int]
     KEEP_CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    HANG_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    HANG_FLOOR_MS_FIELD_NUMBER: _ClassVar[int]
+    STARTUP_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLER_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLER_WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLER_WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
     min_nodes: int
     max_nodes: int
     last_call_ms: int
@@ -58,21 +66,33 @@ class JobConfig(_message.Message):
     acceptable_pause_ms: int
     scale_up: bool
     keep_checkpoints: int
-    def __init__(self, min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., last_call_ms: _Optional[int] = ..., join_timeout_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., phi_threshold: _Optional[float] = ..., phi_window: _Optional[int] = ..., min_std_ms: _Optional[int] = ..., acceptable_pause_ms: _Optional[int] = ..., scale_up: _Optional[bool] = ..., keep_checkpoints: _Optional[int] = ...) -> None: ...
+    hang_factor: float
+    hang_floor_ms: int
+    startup_timeout_ms: int
+    straggler_factor: float
+    straggler_windows: int
+    straggler_window_ms: int
+    def __init__(self, min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., last_call_ms: _Optional[int] = ..., join_timeout_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., phi_threshold: _Optional[float] = ..., phi_window: _Optional[int] = ..., min_std_ms: _Optional[int] = ..., acceptable_pause_ms: _Optional[int] = ..., scale_up: _Optional[bool] = ..., keep_checkpoints: _Optional[int] = ..., hang_factor: _Optional[float] = ..., hang_floor_ms: _Optional[int] = ..., startup_timeout_ms: _Optional[int] = ..., straggler_factor: _Optional[float] = ..., straggler_windows: _Optional[int] = ..., straggler_window_ms: _Optional[int] = ...) -> None: ...
 
 class RoundMember(_message.Message):
-    __slots__ = ("participant_id", "name", "rank", "metadata", "phi")
+    __slots__ = ("participant_id", "name", "rank", "metadata", "phi", "step", "step_ms", "step_ratio")
     PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     PHI_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    STEP_MS_FIELD_NUMBER: _ClassVar[int]
+    STEP_RATIO_FIELD_NUMBER: _ClassVar[int]
     participant_id: int
     name: str
     rank: int
     metadata: bytes
     phi: float
-    def __init__(self, participant_id: _Optional[int] = ..., name: _Optional[str] = ..., rank: _Optional[int] = ..., metadata: _Optional[bytes] = ..., phi: _Optional[float] = ...) -> None: ...
+    step: int
+    step_ms: float
+    step_ratio: float
+    def __init__(self, participant_id: _Optional[int] = ..., name: _Optional[str] = ..., rank: _Optional[int] = ..., metadata: _Optional[bytes] = ..., phi: _Optional[float] = ..., step: _Optional[int] = ..., step_ms: _Optional[float] = ..., step_ratio: _Optional[float] = ...) -> None: ...
 
 class RoundInfo(_message.Message):
     __slots__ = ("job", "round", "state", "members", "world_size", "fencing_token", "store_namespace", "reason", "waiting", "opened_ms", "closed_ms", "job_closed", "job_revision")
@@ -105,7 +125,7 @@ class RoundInfo(_message.Message):
     def __init__(self, job: _Optional[str] = ..., round: _Optional[int] = ..., state: _Optional[_Union[RoundState, str]] = ..., members: _Optional[_Iterable[_Union[RoundMember, _Mapping]]] = ..., world_size: _Optional[int] = ..., fencing_token: _Optional[int] = ..., store_namespace: _Optional[str] = ..., reason: _Optional[str] = ..., waiting: _Optional[_Iterable[_Union[RoundMember, _Mapping]]] = ..., opened_ms: _Optional[int] = ..., closed_ms: _Optional[int] = ..., job_closed: _Optional[bool] = ..., job_revision: _Optional[int] = ...) -> None: ...
 
 class RoundRecord(_message.Message):
-    __slots__ = ("round", "members", "fencing_token", "opened_ms", "closed_ms", "ended_ms", "end_reason", "ended_by")
+    __slots__ = ("round", "members", "fencing_token", "opened_ms", "closed_ms", "ended_ms", "end_reason", "ended_by", "detail")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -114,6 +134,7 @@ class RoundRecord(_message.Message):
     ENDED_MS_FIELD_NUMBER: _ClassVar[int]
     END_REASON_FIELD_NUMBER: _ClassVar[int]
     ENDED_BY_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
     round: int
     members: _containers.RepeatedCompositeFieldContainer[RoundMember]
     fencing_token: int
@@ -122,7 +143,8 @@ class RoundRecord(_message.Message):
     ended_ms: int
     end_reason: RoundEndReason
     ended_by: int
-    def __init__(self, round: _Optional[int] = ..., members: _Optional[_Iterable[_Union[RoundMember, _Mapping]]] = ..., fencing_token: _Optional[int] = ..., opened_ms: _Optional[int] = ..., closed_ms: _Optional[int] = ..., ended_ms: _Optional[int] = ..., end_reason: _Optional[_Union[RoundEndReason, str]] = ..., ended_by: _Optional[int] = ...) -> None: ...
+    detail: str
+    def __init__(self, round: _Optional[int] = ..., members: _Optional[_Iterable[_Union[RoundMember, _Mapping]]] = ..., fencing_token: _Optional[int] = ..., opened_ms: _Optional[int] = ..., closed_ms: _Optional[int] = ..., ended_ms: _Optional[int] = ..., end_reason: _Optional[_Union[RoundEndReason, str]] = ..., ended_by: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class CheckpointInfo(_message.Message):
     __slots__ = ("checkpoint_id", "step", "round", "world_size", "layout", "uri", "committed_ms")
@@ -207,14 +229,28 @@ class LeaveResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., ended_round: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("job", "participant_id", "round")
+    __slots__ = ("job", "participant_id", "round", "reports_progress", "step", "step_age_ms", "step_ms", "collectives_entered", "waiting_in", "waiting_ms")
     JOB_FIELD_NUMBER: _ClassVar[int]
     PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    STEP_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    STEP_MS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVES_ENTERED_FIELD_NUMBER: _ClassVar[int]
+    WAITING_IN_FIELD_NUMBER: _ClassVar[int]
+    WAITING_MS_FIELD_NUMBER: _ClassVar[int]
     job: str
     participant_id: int
     round: int
-    def __init__(self, job: _Optional[str] = ..., participant_id: _Optional[int] = ..., round: _Optional[int] = ...) -> None: ...
+    reports_progress: bool
+    step: int
+    step_age_ms: int
+    step_ms: float
+    collectives_entered: int
+    waiting_in: int
+    waiting_ms: int
+    def __init__(self, job: _Optional[str] = ..., participant_id: _Optional[int] = ..., round: _Optional[int] = ..., reports_progress: _Optional[bool] = ..., step: _Optional[int] = ..., step_age_ms: _Optional[int] = ..., step_ms: _Optional[float] = ..., collectives_entered: _Optional[int] = ..., waiting_in: _Optional[int] = ..., waiting_ms: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("header", "current_round", "state")

@@ -36,6 +36,7 @@ from rallypoint.coordinator.node_api import (
     NotLeaderError,
     PeerProgress,
 )
+from rallypoint.coordinator.progress import ProgressReport
 from rallypoint.coordinator.service import add_services
 from rallypoint.coordinator.state import Envelope, Lessor, Limits, StateMachine, encode_envelope
 from rallypoint.coordinator.state.commands import Command, SessionOpen
@@ -75,6 +76,8 @@ class FakeNode:
         # Rendezvous: the phi each (job, participant) reports on the leader; heartbeats fed,
         # streams reported closed, and calls to wait_for_apply (all in call order).
         self.phis: dict[tuple[str, int], float] = {}
+        self.progress_reports: list[tuple[str, int, ProgressReport]] = []
+        self.progress_views: dict[tuple[str, int], tuple[int, float, float]] = {}
         self.heartbeats: list[tuple[str, int]] = []
         self.closed_streams: list[tuple[str, int]] = []
         self.apply_waits = 0
@@ -174,8 +177,12 @@ class FakeNode:
         self._check_serving()
         return self.lessor.remaining_ms(lease_id)
 
-    def heartbeat(self, job: str, participant_id: int) -> bool:
+    def heartbeat(
+        self, job: str, participant_id: int, progress: ProgressReport | None = None
+    ) -> bool:
         self._check_serving()
+        if progress is not None:
+            self.progress_reports.append((job, participant_id, progress))
         found = self._state.rendezvous.jobs.get(job)
         if found is None or participant_id not in found.participants:
             return False
@@ -189,6 +196,9 @@ class FakeNode:
         if self.leader_id != MEMBER_ID:
             return None
         return self.phis.get((job, participant_id))
+
+    def progress_of(self, job: str, participant_id: int) -> tuple[int, float, float] | None:
+        return self.progress_views.get((job, participant_id))
 
     def leader_clock_ms(self) -> int:
         return self.clock_ms
@@ -345,6 +355,12 @@ def job_config(min_nodes: int, max_nodes: int, **fields: Any) -> rendezvous_pb2.
         "acceptable_pause_ms": defaults.acceptable_pause_ms,
         "scale_up": defaults.scale_up,
         "keep_checkpoints": defaults.keep_checkpoints,
+        "hang_factor": defaults.hang_factor_milli / 1000,
+        "hang_floor_ms": defaults.hang_floor_ms,
+        "startup_timeout_ms": defaults.startup_timeout_ms,
+        "straggler_factor": defaults.straggler_factor_milli / 1000,
+        "straggler_windows": defaults.straggler_windows,
+        "straggler_window_ms": defaults.straggler_window_ms,
     }
     values.update(fields)
     return rendezvous_pb2.JobConfig(**values)

@@ -464,3 +464,28 @@ async def test_heartbeat_for_an_unknown_or_malformed_participant_ends_the_stream
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await call.read()
     assert (rpc_failure(info.value).code, rpc_failure(info.value).reason) == (code, reason)
+
+
+async def test_a_config_from_a_client_that_predates_hang_detection_gets_its_defaults(
+    client: Client,
+) -> None:
+    """Fields added to JobConfig later read 0 (absent) as their default; sent, they are
+    checked like the others."""
+    older = job_config(2, 3)
+    for name in (
+        "hang_factor",
+        "hang_floor_ms",
+        "startup_timeout_ms",
+        "straggler_factor",
+        "straggler_windows",
+        "straggler_window_ms",
+    ):
+        older.ClearField(name)
+    await client.stub.Configure(pb.ConfigureRequest(header=client.headers(), job="j", config=older))
+    job = await client.stub.GetJob(pb.GetJobRequest(job="j"))
+    assert job.config == job_config(2, 3)
+    bad = job_config(2, 3, hang_factor=-1.0)
+    refused = await fails(
+        client.stub.Configure(pb.ConfigureRequest(header=client.headers(), job="k", config=bad))
+    )
+    assert refused.code is Code.INVALID_ARGUMENT and "hang_factor" in refused.details

@@ -103,6 +103,9 @@ class Worker:
 
 
 class Job:
+    # The worker program each spawn runs.
+    script = WORKER
+
     def __init__(self, cluster: ProcessCluster, root: Path, job: str, *args: str) -> None:
         self.cluster = cluster
         self.root = root
@@ -114,7 +117,7 @@ class Job:
     def spawn(self, name: str, *extra: str) -> Worker:
         command = [
             sys.executable,
-            str(WORKER),
+            str(self.script),
             f"--endpoints={','.join(self.cluster.endpoints)}",
             f"--job={self.job}",
             f"--name={name}",

@@ -14,7 +14,6 @@ time. Times from a hang to its verdict are printed, not asserted.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +22,7 @@ import pytest
 
 from rallypoint.client import EndReason, SyncClient
 from tests.integration.harness import ProcessCluster, running_cluster
-from tests.worker.test_elastic import START_S, Job, Worker
+from tests.worker.test_elastic import START_S, Job
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -32,19 +31,7 @@ NAMES = ["w0", "w1", "w2"]
 
 
 class HangJob(Job):
-    def spawn(self, name: str, *extra: str) -> Worker:
-        command = [
-            sys.executable,
-            str(HANG_WORKER),
-            f"--endpoints={','.join(self.cluster.endpoints)}",
-            f"--job={self.job}",
-            f"--name={name}",
-            f"--checkpoint-dir={self.checkpoint_dir}",
-            *self.args,
-            *extra,
-        ]
-        worker = self.workers[name] = Worker(name, command, self.root)
-        return worker
+    script = HANG_WORKER
 
     def history(self) -> list:  # type: ignore[type-arg]
         with SyncClient(self.cluster.endpoints) as client:

@@ -54,14 +54,28 @@ from bench.kv_bench import RallypointCluster
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 TORCHRUN_SCRIPT = REPOSITORY / "tests" / "worker" / "torchrun_script.py"
+# A worker of the demo's program that can block inside a step (tests/worker/hang_worker.py).
+HANG_WORKER = REPOSITORY / "tests" / "worker" / "hang_worker.py"
+# The hang trials' step: 0.25 s of work a step (hang bounds are stated for 0.1-0.5 s steps).
+HANG_STEP_S = 0.25
 WORKERS = 4
 Event = dict[str, Any]
 
 
 class ElasticTrial:
-    """Four elastic workers of one job, and the events they print."""
+    """Four elastic workers of one job, and the events they print. ``program`` is the
+    worker's command after the interpreter (the demo's training program by default);
+    ``extra`` adds arguments per worker name."""
 
-    def __init__(self, endpoints: str, job: str, root: Path) -> None:
+    def __init__(
+        self,
+        endpoints: str,
+        job: str,
+        root: Path,
+        program: Sequence[str] = ("-m", "rallypoint.worker.demo_train"),
+        step_sleep_s: float = 0.01,
+        extra: dict[str, list[str]] | None = None,
+    ) -> None:
         self.events: list[Event] = []
         self.lock = threading.Lock()
         env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
@@ -72,14 +86,14 @@ class ElasticTrial:
                 proc = subprocess.Popen(
                     [
                         sys.executable,
-                        "-m",
-                        "rallypoint.worker.demo_train",
+                        *program,
                         f"--endpoints={endpoints}",
                         f"--job={job}",
                         f"--name={name}",
                         f"--checkpoint-dir={root / job}",
                         "--checkpoint-every=20",
-                        "--step-sleep-s=0.01",
+                        f"--step-sleep-s={step_sleep_s}",
+                        *(extra or {}).get(name, []),
                     ],
                     stdout=subprocess.PIPE,
                     stderr=stderr,
@@ -234,6 +248,68 @@ def torchrun_trial(tuned: bool, job: str, out: Path, timeout_s: float) -> Event:
         trial.stop()
 
 
+def hang_trial(endpoints: str, job: str, root: Path, timeout_s: float) -> Event:
+    """One of 4 workers blocks forever inside its step (process and heartbeat alive):
+    ``hang_detect_s`` from its last completed step to the round's end (the coordinator's
+    verdict), ``hang_recovery_s`` from there to every survivor training at world 3."""
+    victim = f"w{WORKERS - 1}"
+    trial = ElasticTrial(
+        endpoints,
+        job,
+        root,
+        program=(str(HANG_WORKER),),
+        step_sleep_s=HANG_STEP_S,
+        extra={victim: ["--block-at-step=60"]},
+    )
+    names = list(trial.procs)
+    try:
+        wait_for("4 workers training", lambda: trial.training_at(names, WORKERS, 0.0), timeout_s)
+
+        def blocked() -> Event | None:
+            with trial.lock:
+                found = [e for e in trial.events if e["event"] == "blocked"]
+            return found[0] if found else None
+
+        blocked_event = wait_for("the victim to block", blocked, timeout_s)
+        with trial.lock:
+            last_step = max(
+                e["t"] for e in trial.events if e["event"] == "step" and e["name"] == victim
+            )
+        survivors = names[:-1]
+        try:
+            back = wait_for(
+                "survivors training at world 3",
+                lambda: trial.training_at(survivors, WORKERS - 1, blocked_event["t"]),
+                timeout_s,
+            )
+        except TimeoutError as error:
+            return {"recovered": False, "error": str(error)}
+        with trial.lock:
+            ended = min(
+                e["t"]
+                for e in trial.events
+                if e["event"] == "round_ended" and e["t"] > blocked_event["t"]
+            )
+        step_times = sorted(
+            b["t"] - a["t"]
+            for a, b in zip(
+                [e for e in trial.events if e["event"] == "step" and e["name"] == "w0"],
+                [e for e in trial.events if e["event"] == "step" and e["name"] == "w0"][1:],
+                strict=False,
+            )
+            if b["t"] < last_step
+        )
+        median_step_s = step_times[len(step_times) // 2] if step_times else None
+        return {
+            "recovered": True,
+            "hang_detect_s": ended - last_step,
+            "hang_recovery_s": back - ended,
+            "median_step_s": median_step_s,
+        }
+    finally:
+        trial.stop()
+
+
 def median_or_reason(trials: Sequence[Event]) -> dict[str, Any]:
     recovered = [t["recovery_s"] for t in trials if t["recovered"]]
     summary: dict[str, Any] = {
@@ -315,6 +391,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "torchrun_tuned": [],
         "torchrun_default": [],
     }
+    hangs: list[Event] = []
     try:
         cluster.start()
         asyncio.run(cluster.wait_ready())
@@ -329,6 +406,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 figures = torchrun_trial(tuned, f"{key}-{trial}", out, args.timeout_s)
                 trials[key].append(figures)
                 print(f"{key:<16} trial {trial}: {figures}", flush=True)
+        for trial in range(args.trials):
+            figures = hang_trial(endpoints, f"hang-{trial}", root, args.timeout_s)
+            hangs.append(figures)
+            print(f"hang             trial {trial}: {figures}", flush=True)
     finally:
         cluster.stop()
     restore = restore_figures(root, args.restore_mb, args.restore_repeats)
@@ -348,12 +429,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
             "torchrun_default": "c10d, torch's defaults",
             "restore_mb": args.restore_mb,
+            "hang": "one of 4 workers blocks forever inside its step at step 60 (its process "
+            f"and heartbeat alive), {HANG_STEP_S} s of work a step: hang_detect_s is from its "
+            "last completed step to the coordinator ending the round, hang_recovery_s from "
+            "then to the 3 others training; default hang settings (2.5 x median, 1.5 s)",
         },
         "recovery_s": summaries["rallypoint"]["median_s"],
         "torchrun_tuned_s": summaries["torchrun_tuned"]["median_s"],
         "torchrun_default_s": summaries["torchrun_default"]["median_s"],
         "restore_vs_dcp": restore["restore_vs_dcp"],
-        "details": {**summaries, "restore": restore},
+        "hang_detect_s": _median([t["hang_detect_s"] for t in hangs if t["recovered"]]),
+        "hang_recovery_s": _median([t["hang_recovery_s"] for t in hangs if t["recovered"]]),
+        "details": {**summaries, "restore": restore, "hang": hangs},
     }
     for key in ("torchrun_tuned", "torchrun_default"):
         if summaries[key]["median_s"] is None:
@@ -361,6 +448,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if report["recovery_s"] and report["torchrun_tuned_s"]:
         report["speedup_vs_tuned_torchrun"] = report["torchrun_tuned_s"] / report["recovery_s"]
     return report
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 def plot(report: dict[str, Any], path: Path) -> None:

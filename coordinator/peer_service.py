@@ -177,7 +177,9 @@ class PeerServicer(peer_pb2_grpc.RaftServicer):
                     await self._refuse(
                         context,
                         grpc.StatusCode.INVALID_ARGUMENT,
-                        "a message's ends differ from its batch's",
+                        f"a message's ends differ from its batch's: {m.type.name} from "
+                        f"{m.from_} to {m.to} in a batch from {batch.from_id} to "
+                        f"{batch.to_id}",
                     )
                 if m.type is MessageType.MsgSnap:
                     await self._refuse(

@@ -173,7 +173,10 @@ class PeerServicer(peer_pb2_grpc.RaftServicer):
             except CodecError as exc:
                 await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"bad message: {exc}")
             for m in messages:
-                if m.from_ != batch.from_id or m.to != host.member_id:
+                # A proposal or read request may travel on through a follower that is not the
+                # leader (any more), keeping its originator: the read's answer goes back there.
+                forwarded = m.type in (MessageType.MsgProp, MessageType.MsgReadIndex)
+                if (m.from_ != batch.from_id and not forwarded) or m.to != host.member_id:
                     await self._refuse(
                         context,
                         grpc.StatusCode.INVALID_ARGUMENT,

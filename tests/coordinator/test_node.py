@@ -10,9 +10,17 @@ from pathlib import Path
 import pytest
 
 from rallypoint.coordinator.members import MemberAddress
-from rallypoint.coordinator.node import Node, NodeConfig, _unwrap
+from rallypoint.coordinator.node import Node, NodeConfig, _unwrap, _wrap
 from rallypoint.coordinator.node_api import LearnerNotReadyError, NotLeaderError
-from rallypoint.coordinator.state.commands import Add, LeaseGrant, Put, SessionOpen
+from rallypoint.coordinator.state.commands import (
+    Add,
+    Envelope,
+    LeaseExpire,
+    LeaseGrant,
+    Put,
+    SessionOpen,
+    encode_envelope,
+)
 from rallypoint.coordinator.state.results import (
     AddResult,
     LeaseGrantResult,
@@ -304,4 +312,34 @@ async def test_a_proposal_forwarded_to_a_member_without_a_leader_is_dropped_not_
         entries=(Entry(Term(0), Index(0), EntryType.NORMAL, b""),),
     )
     survivor.deliver([proposal])
+    assert not cluster.fatal
+
+
+async def test_a_proposal_forwarded_twice_reaches_the_leader(cluster: Cluster) -> None:
+    """A follower that thought another follower led sends it a proposal; that one forwards
+    it to the real leader, keeping the originator. The leader's peer port must take it (it
+    once refused the batch: "a message's ends differ from its batch's")."""
+    leader = await cluster.leader()
+    first, second = (n for n in cluster.nodes.values() if n is not leader)
+    envelope = Envelope(0, 0, 0, 0, LeaseExpire(424242))
+    data = _wrap(first.member_id, 99, encode_envelope(envelope))
+    proposal = Message(
+        type=MessageType.MsgProp,
+        to=NodeId(second.member_id),
+        from_=NodeId(first.member_id),
+        entries=(Entry(Term(0), Index(0), EntryType.NORMAL, data),),
+    )
+    second.deliver([proposal])
+    storage = leader._storage
+    assert storage is not None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+
+    def in_log() -> bool:
+        entries = storage.entries(storage.first_index(), Index(storage.last_index() + 1))
+        return any(e.data == data for e in entries)
+
+    while not in_log():
+        assert loop.time() < deadline, "the forwarded proposal never reached the leader's log"
+        await asyncio.sleep(0.02)
     assert not cluster.fatal

@@ -20,6 +20,7 @@ from .errors import (
     NotFoundError,
     OutcomeUnknownError,
     OutOfRangeError,
+    PermissionDeniedError,
     RallypointError,
     ResourceExhaustedError,
     SequenceDiscardedError,
@@ -60,7 +61,7 @@ from .rendezvous_values import (
 from .roundstore import CompareSetResult, RoundStore
 from .sync import SyncClient, SyncLease, SyncWatcher
 from .sync_rendezvous import SyncCheckpointRegistry, SyncParticipant, SyncRoundStore
-from .transport import TlsConfig
+from .transport import TOKEN_ENV, TlsConfig, token_or_environment
 from .values import (
     AddResult,
     CompareAndSetResult,
@@ -83,6 +84,7 @@ from .values import (
 from .watch import Watcher
 
 __all__ = [
+    "TOKEN_ENV",
     "AddOverflowError",
     "AddResult",
     "Backoff",
@@ -128,6 +130,7 @@ __all__ = [
     "Participant",
     "ParticipantLostError",
     "ParticipantNotFoundError",
+    "PermissionDeniedError",
     "PutResult",
     "RallypointError",
     "RangeResult",
@@ -158,4 +161,5 @@ __all__ = [
     "ValueTooLargeError",
     "WatchEvent",
     "Watcher",
+    "token_or_environment",
 ]

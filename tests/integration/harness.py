@@ -10,6 +10,7 @@ a condition with a deadline.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import signal
 import socket
@@ -59,6 +60,19 @@ def kill_processes_mentioning(text: str) -> list[int]:
                 os.kill(int(entry), signal.SIGKILL)
                 killed.append(int(entry))
     return killed
+
+
+def write_tokens_file(path: Path, roles: dict[str, str]) -> Path:
+    """A tokens file (README, "Security") giving each token (key) its role (value), named
+    after the role: ``rallypoint serve --tokens-file PATH``."""
+    path.write_text(
+        "".join(
+            f'[[token]]\nname = "{role}"\nrole = "{role}"\n'
+            f'sha256 = "{hashlib.sha256(token.encode()).hexdigest()}"\n\n'
+            for token, role in roles.items()
+        )
+    )
+    return path
 
 
 def wait_until(

@@ -116,13 +116,17 @@ class ProcessCluster:
         snapshot_entries: int = 10_000,
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
+        token: str | None = None,
     ) -> None:
+        """``token``: the bearer token the harness's own status calls carry (members started
+        with ``--tokens-file`` or ``--auth-token`` in ``extra_args`` require one)."""
         self.root = root
         self.tick_ms = tick_ms
         self.election_ticks = election_ticks
         self.snapshot_entries = snapshot_entries
         self.extra_args = list(extra_args or [])
         self.env = dict(os.environ, **(env or {}))
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.members: dict[int, MemberProcess] = {}
         for member_id in range(1, size + 1):
             self._describe(member_id)
@@ -249,7 +253,7 @@ class ProcessCluster:
         with grpc.insecure_channel(member.client_address) as channel:
             try:
                 response: cluster_pb2.StatusResponse = cluster_pb2_grpc.ClusterStub(channel).Status(
-                    cluster_pb2.StatusRequest(), timeout=timeout_s
+                    cluster_pb2.StatusRequest(), timeout=timeout_s, metadata=self.metadata
                 )
                 return response
             except grpc.RpcError:
@@ -293,3 +297,18 @@ def running_cluster(root: Path, size: int = 3, **kwargs: object) -> Iterator[Pro
         raise
     finally:
         cluster.shutdown()
+
+
+@contextlib.contextmanager
+def running_cluster_with_tokens(
+    root: Path, roles: dict[str, str], size: int = 3, **kwargs: object
+) -> Iterator[ProcessCluster]:
+    """:func:`running_cluster` whose members require tokens: ``roles`` (token -> role, one
+    of them admin, which the harness's own calls use) in ``root/tokens.toml``."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = write_tokens_file(root / "tokens.toml", roles)
+    admin = next(token for token, role in roles.items() if role == "admin")
+    with running_cluster(
+        root, size, extra_args=[f"--tokens-file={path}"], token=admin, **kwargs
+    ) as cluster:
+        yield cluster

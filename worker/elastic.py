@@ -104,6 +104,7 @@ from rallypoint.client import (
     SyncClient,
     SyncParticipant,
     SyncRoundStore,
+    token_or_environment,
 )
 
 from .checkpoint import (
@@ -472,6 +473,7 @@ class ElasticRun:
         last_call_s: float = 0.0,
         rejoin: bool = True,
         on_event: EventHandler | None = None,
+        token: str | None = None,
         client_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.endpoints = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
@@ -498,7 +500,12 @@ class ElasticRun:
             keep_checkpoints=keep_checkpoints,
         )
         self._on_event = on_event
+        # The job's token (a "job:<id>" role is enough: README, "Security"), else the one
+        # in client_options, else $RALLYPOINT_TOKEN.
         self._client_options = dict(client_options or {})
+        self._client_options["token"] = token_or_environment(
+            token or self._client_options.get("token")
+        )
         self._client: SyncClient | None = None
         self._participant: SyncParticipant | None = None
         # The round being trained in; None between rounds.

@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
-from rallypoint.coordinator.service import add_services
+from rallypoint.coordinator.service import add_services, authz
 from rallypoint.coordinator.service.authz import RULES, Permission, Role, RoleKind
 from rallypoint.coordinator.service.tokens import ClientTokens, TokensFileError, digest
 from rallypoint.proto.v1 import (
@@ -43,6 +43,7 @@ MODULES: tuple[ModuleType, ...] = (
     cluster_pb2,
     rendezvous_pb2,
 )
+README = Path(__file__).resolve().parents[2] / "README.md"
 # token -> role
 TOKENS = {"adm1n-token": "admin", "r3ad-token": "read", "job-a-token": "job:A", "job-b": "job:B"}
 
@@ -140,6 +141,37 @@ def test_what_each_role_may_do() -> None:
         Permission.JOB_WORK,
     }
     assert {p for p in Permission if job.allows(p, "B")} == {Permission.STATUS, Permission.SESSION}
+
+
+def readme_role_table() -> dict[str, tuple[str, str, str]]:
+    """method -> (admin, read, job) cells of the README's table, e.g. "KV/Put"."""
+    text = README.read_text()
+    start = text.index("| method | admin | read | job:ID |")
+    rows: dict[str, tuple[str, str, str]] = {}
+    for line in text[start:].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        cells = [cell.strip().strip("`") for cell in line.strip("|").split("|")]
+        for method in cells[0].split(", "):
+            rows[method] = (cells[1], cells[2], cells[3])
+    return rows
+
+
+def test_the_readme_role_table_is_the_rule_table() -> None:
+    def cell(role: Role, rule: authz.Rule) -> str:
+        if rule.job is None:
+            return "yes" if role.allows(rule.permission, None) else "no"
+        if role.kind is RoleKind.JOB:
+            return "own job" if role.allows(rule.permission, role.job) else "no"
+        return "yes" if role.allows(rule.permission, "any") else "no"
+
+    expected = {
+        method.removeprefix("/rallypoint.v1."): tuple(
+            cell(Role.parse(role), rule) for role in ("admin", "read", "job:x")
+        )
+        for method, rule in RULES.items()
+    }
+    assert readme_role_table() == expected
 
 
 # ------------------------------------------------------------------------ tokens files

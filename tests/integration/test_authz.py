@@ -7,15 +7,18 @@ adding a member and a plain key-value write; a ``read`` token gets, ranges, watc
 asks for status but cannot put; the admin token can do all of it; no token or an unknown one
 is UnauthenticatedError; SIGHUP reloads the tokens file on every member (a new token works
 afterwards, a removed one is refused, a file that does not parse leaves the tokens as they
-were).
+were); the README's example runs as written.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import signal
+import subprocess
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +34,7 @@ from rallypoint.client import (
 from .harness import (
     ProcessCluster,
     free_ports,
+    kill_processes_mentioning,
     running_cluster_with_tokens,
     wait_until,
     write_tokens_file,
@@ -38,6 +42,7 @@ from .harness import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
+ROOT = Path(__file__).resolve().parents[2]
 ADMIN, READ, JOB_A, JOB_B = "admin-secret", "read-secret", "job-a-secret", "job-b-secret"
 SOLO = JobConfig(min_nodes=1, max_nodes=1, heartbeat_interval_ms=100, acceptable_pause_ms=500)
 
@@ -194,3 +199,30 @@ async def test_sighup_reloads_the_tokens_file_on_every_member(
     finally:
         path.write_text(original)
         sighup_all(cluster, "reloaded")
+
+
+def test_the_readme_example_runs_as_written(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### Client tokens and roles") :]
+    start = section.index("```sh\n") + len("```sh\n")
+    script = section[start : section.index("```\n", start)]
+    client_port, peer_port = free_ports(2)
+    script = script.replace("2379", str(client_port)).replace("2380", str(peer_port))
+    (tmp_path / ".venv").symlink_to(ROOT / ".venv")
+    try:
+        done = subprocess.run(
+            ["bash", "-c", script],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=90,
+            env=dict(os.environ, TMPDIR=str(tmp_path)),
+        )
+    finally:
+        kill_processes_mentioning(f"127.0.0.1:{client_port}")
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert done.stdout.count("refused, as it should be") == 2, output
+    assert "hello" in done.stdout, output
+    assert "role 'read' may not write keys or leases" in done.stderr, output
+    assert "SIGHUP: tokens file tokens.toml reloaded: 3 tokens (admin 1, job 1, read 1)" in output

@@ -20,6 +20,7 @@ from .errors import (
     NotFoundError,
     OutcomeUnknownError,
     OutOfRangeError,
+    PermissionDeniedError,
     RallypointError,
     ResourceExhaustedError,
     SequenceDiscardedError,
@@ -61,7 +62,7 @@ from .rendezvous_values import (
 from .roundstore import CompareSetResult, RoundStore
 from .sync import SyncClient, SyncLease, SyncWatcher
 from .sync_rendezvous import SyncCheckpointRegistry, SyncParticipant, SyncRoundStore
-from .transport import TlsConfig
+from .transport import TOKEN_ENV, TlsConfig, token_or_environment
 from .values import (
     AddResult,
     CompareAndSetResult,
@@ -84,6 +85,7 @@ from .values import (
 from .watch import Watcher
 
 __all__ = [
+    "TOKEN_ENV",
     "AddOverflowError",
     "AddResult",
     "Backoff",
@@ -129,6 +131,7 @@ __all__ = [
     "Participant",
     "ParticipantLostError",
     "ParticipantNotFoundError",
+    "PermissionDeniedError",
     "PutResult",
     "RallypointError",
     "RangeResult",
@@ -160,4 +163,5 @@ __all__ = [
     "ValueTooLargeError",
     "WatchEvent",
     "Watcher",
+    "token_or_environment",
 ]

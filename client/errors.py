@@ -25,6 +25,7 @@ import grpc.aio
 
 REASON_KEY = "rallypoint-error-reason"
 LEADER_KEY = "rallypoint-leader"
+UNSPECIFIED_REASON = "ERROR_REASON_UNSPECIFIED"
 
 
 class RallypointError(Exception):
@@ -42,7 +43,9 @@ class RallypointError(Exception):
 
     def __str__(self) -> str:
         text = self.server_message or type(self).__name__
-        return f"{text} [{self.reason}]" if self.reason else text
+        # The unspecified reason adds nothing to the class and the message.
+        shown = self.reason not in ("", UNSPECIFIED_REASON)
+        return f"{text} [{self.reason}]" if shown else text
 
 
 class UnavailableError(RallypointError):
@@ -136,7 +139,14 @@ class CompactedError(OutOfRangeError):
 
 
 class UnauthenticatedError(RallypointError):
-    """The bearer token is missing, wrong, or not allowed to make this request."""
+    """The cluster requires a bearer token and the client sent none, or one it does not know
+    (``Client(..., token=...)``)."""
+
+
+class PermissionDeniedError(RallypointError):
+    """The token is known but its role may not make this request: a ``read`` token writing,
+    a ``job:<id>`` token touching another job or the key-value store, anything but ``admin``
+    changing the cluster. The message names the role and what it lacked."""
 
 
 class InternalError(RallypointError):
@@ -170,7 +180,7 @@ _BY_CODE: dict[grpc.StatusCode, type[RallypointError]] = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhaustedError,
     grpc.StatusCode.OUT_OF_RANGE: OutOfRangeError,
     grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
-    grpc.StatusCode.PERMISSION_DENIED: UnauthenticatedError,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
 }
 
 

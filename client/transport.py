@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -54,6 +55,16 @@ _CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_reconnect_backoff_ms", 2000),
     ("grpc.enable_retries", 0),
 ]
+
+
+# Where the command line and the training integrations (torchrun's backend, elastic_training)
+# find a bearer token when none is given to them.
+TOKEN_ENV = "RALLYPOINT_TOKEN"
+
+
+def token_or_environment(token: str | None) -> str | None:
+    """``token``, else ``$RALLYPOINT_TOKEN``, else None (an empty value is no token)."""
+    return token or os.environ.get(TOKEN_ENV) or None
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,7 +47,9 @@ _SERVE_HELP = {
     "heartbeat_ticks": "ticks between leader heartbeats",
     "snapshot_entries": "applied entries between snapshots",
     "metrics_address": "host:port to serve Prometheus /metrics on (off when empty)",
-    "auth_token": "require 'authorization: Bearer TOKEN' on client calls",
+    "auth_token": "require 'authorization: Bearer TOKEN' on client calls (an admin token)",
+    "tokens_file": "TOML file of client tokens (SHA-256) and their roles: admin, read, "
+    "job:<id>; reloaded on SIGHUP (README, 'Security')",
     "tls_cert_file": "PEM certificate for mutual TLS on both ports",
     "tls_key_file": "PEM private key for mutual TLS",
     "tls_ca_file": "PEM CA bundle that signs members' and clients' certificates",
@@ -90,6 +92,7 @@ def _serve(args: argparse.Namespace) -> int:
         }
         settings.merge(flags, "command line")
         settings.node_config()
+        settings.client_tokens()
         configure_logging(settings.log_level, settings.log_format)
     except SettingsError as exc:
         print(f"rallypoint serve: {exc}", file=sys.stderr)

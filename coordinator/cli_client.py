@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rallypoint.client import (
+    TOKEN_ENV,
     Client,
     EndpointStatus,
     KeyValue,
@@ -37,7 +38,6 @@ from rallypoint.client import (
 
 DEFAULT_ENDPOINTS = "127.0.0.1:2379,127.0.0.1:2381,127.0.0.1:2383"
 ENDPOINTS_ENV = "RALLYPOINT_ENDPOINTS"
-TOKEN_ENV = "RALLYPOINT_TOKEN"
 
 # A string: argparse._SubParsersAction is generic only to type checkers.
 SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"

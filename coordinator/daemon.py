@@ -3,7 +3,8 @@
 Settings come, in increasing precedence, from defaults, a TOML file (``--config``),
 environment variables (``RALLYPOINT_<SETTING>``, e.g. ``RALLYPOINT_DATA_DIR``) and flags.
 SIGTERM and SIGINT stop the member gracefully: a leader first hands leadership to the most
-up-to-date voter, so clients see no election timeout.
+up-to-date voter, so clients see no election timeout. SIGHUP reloads what can change
+without a restart (:class:`Reloads`: the tokens file), one log line per reload.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import signal
 import sys
 import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -31,6 +33,7 @@ from .members import MemberAddress
 from .node import Node, NodeConfig
 from .node_api import NodeStartError
 from .peer_auth import PeerSecretError, check_secret, read_secret_file
+from .service.tokens import ClientTokens, TokensFileError
 from .transport import GRPC_OPTIONS
 
 log = logging.getLogger("rallypoint.daemon")
@@ -96,6 +99,7 @@ class Settings:
     snapshot_entries: int = 10_000
     metrics_address: str = ""  # host:port for /metrics; empty disables
     auth_token: str = ""
+    tokens_file: str = ""
     tls_cert_file: str = ""
     tls_key_file: str = ""
     tls_ca_file: str = ""
@@ -177,6 +181,16 @@ class Settings:
             "and start each with --peer-secret-file=peer-secret"
         )
 
+    def client_tokens(self) -> ClientTokens | None:
+        """The tokens clients must present (``auth_token`` as admin, ``tokens_file``); None
+        when neither is set and clients need none."""
+        if not (self.auth_token or self.tokens_file):
+            return None
+        try:
+            return ClientTokens(admin_token=self.auth_token or None, path=self.tokens_file or None)
+        except TokensFileError as exc:
+            raise SettingsError(str(exc)) from None
+
     def members(self) -> dict[int, MemberAddress]:
         return parse_initial_cluster(self.initial_cluster)
 
@@ -223,12 +237,49 @@ def parse_initial_cluster(text: str) -> dict[int, MemberAddress]:
     return members
 
 
+class Reloads:
+    """What SIGHUP reloads. Each hook re-reads its source and returns a summary for the log,
+    or raises SettingsError and leaves what it had in use; either way one line is logged."""
+
+    def __init__(self) -> None:
+        self._hooks: list[tuple[str, Callable[[], str]]] = []
+
+    def register(self, what: str, reload: Callable[[], str]) -> None:
+        self._hooks.append((what, reload))
+
+    def run(self) -> None:
+        if not self._hooks:
+            log.info("SIGHUP: nothing to reload")
+        for what, reload in self._hooks:
+            try:
+                summary = reload()
+            except SettingsError as exc:
+                log.error("SIGHUP: %s not reloaded, the previous one stays in use: %s", what, exc)
+            else:
+                log.info("SIGHUP: %s reloaded: %s", what, summary)
+
+
+def _reload_tokens(tokens: ClientTokens) -> Callable[[], str]:
+    def reload() -> str:
+        try:
+            return tokens.reload()
+        except TokensFileError as exc:
+            raise SettingsError(str(exc)) from None
+
+    return reload
+
+
 async def serve(settings: Settings) -> int:
     """Run one member until SIGTERM/SIGINT; return the process exit code."""
     from .service.server import add_services
 
     config = settings.node_config()
     tls = settings.tls()
+    tokens = settings.client_tokens()
+    reloads = Reloads()
+    if tokens is not None and tokens.path:
+        reloads.register(f"tokens file {tokens.path}", _reload_tokens(tokens))
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reloads.run)
     node = Node(config, peer_tls=tls)
     await node.start()
     # The long-lived objects made at start-up need no more collection passes; and a larger
@@ -236,7 +287,7 @@ async def serve(settings: Settings) -> int:
     gc.freeze()
     gc.set_threshold(50_000, 20, 20)
     server = grpc.aio.server(options=GRPC_OPTIONS)
-    add_services(server, node, auth_token=settings.auth_token or None)
+    add_services(server, node, tokens=tokens)
     if tls is not None:
         server.add_secure_port(config.client_address, tls.server_credentials())
     else:
@@ -251,6 +302,8 @@ async def serve(settings: Settings) -> int:
         config.client_address,
         config.peer_address,
     )
+    if tokens is not None:
+        log.info("clients need a token: %s", tokens.table.summary())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -2,6 +2,7 @@
 
     python -m rallypoint.worker.demo_train --endpoints A,B,C --job demo --name w1 \\
         --checkpoint-dir DIR [--max-steps N] [--checkpoint-every K] [--restore auto|checkpoint]
+        [--token TOKEN]
 
 The data is a regression problem made from a fixed seed (the same in every process): inputs
 drawn from a normal distribution, targets from a random "teacher" MLP plus a little noise,
@@ -161,6 +162,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # A pause the failure detector forgives: CPU-bound workers sharing a few cores with the
     # coordinator see heartbeats delayed by scheduling alone.
     parser.add_argument("--acceptable-pause-ms", type=int, default=1000)
+    # The job's token when the cluster requires one (default: $RALLYPOINT_TOKEN).
+    parser.add_argument("--token", default=None)
     return parser.parse_args(argv)
 
 
@@ -182,6 +185,7 @@ def open_run(
         heartbeat_interval_ms=args.heartbeat_interval_ms,
         acceptable_pause_ms=args.acceptable_pause_ms,
         on_event=on_event,
+        token=args.token,
         **options,
     )
 

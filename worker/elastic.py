@@ -112,6 +112,7 @@ from rallypoint.client import (
     SyncParticipant,
     SyncRoundStore,
     TrainingProgress,
+    token_or_environment,
 )
 
 from .checkpoint import (
@@ -526,6 +527,7 @@ class ElasticRun:
         last_call_s: float = 0.0,
         rejoin: bool = True,
         on_event: EventHandler | None = None,
+        token: str | None = None,
         client_options: Mapping[str, Any] | None = None,
         hang_factor: float = 2.5,
         hang_floor_s: float = 1.5,
@@ -564,7 +566,12 @@ class ElasticRun:
             straggler_window_ms=int(straggler_window_s * 1000),
         )
         self._on_event = on_event
+        # The job's token (a "job:<id>" role is enough: README, "Security"), else the one
+        # in client_options, else $RALLYPOINT_TOKEN.
         self._client_options = dict(client_options or {})
+        self._client_options["token"] = token_or_environment(
+            token or self._client_options.get("token")
+        )
         self._client: SyncClient | None = None
         self._participant: SyncParticipant | None = None
         # The round being trained in; None between rounds.

@@ -32,8 +32,9 @@ round changes pushed by a watch, and round-fenced stores.
 
 Settings come from ``--rdzv-conf`` (seconds unless named otherwise): ``timeout`` (torch's
 rendezvous timeout, also ``join_timeout``), ``last_call_timeout``, ``heartbeat_interval``,
-``phi_threshold``, ``acceptable_pause``, ``client_timeout``, ``store_timeout``, ``token``,
-``tls_ca``, ``tls_cert``, ``tls_key``, ``bridge_host``. Keys of torch's own backends (such
+``phi_threshold``, ``acceptable_pause``, ``client_timeout``, ``store_timeout``, ``token``
+(else ``$RALLYPOINT_TOKEN``; a ``job:<id>`` token of this job is enough), ``tls_ca``,
+``tls_cert``, ``tls_key``, ``bridge_host``. Keys of torch's own backends (such
 as ``read_timeout``) are accepted and ignored with a warning, so a command line written for
 ``c10d`` runs unchanged.
 """
@@ -73,6 +74,7 @@ from rallypoint.client import (
     SyncClient,
     SyncParticipant,
     TlsConfig,
+    token_or_environment,
 )
 
 from .store import CoordinatorStore, CoordinatorStoreError
@@ -173,7 +175,7 @@ class RendezvousSettings:
             acceptable_pause_s=_seconds(config, "acceptable_pause", 0.5),
             client_timeout_s=_seconds(config, "client_timeout", 10.0),
             store_timeout_s=_seconds(config, "store_timeout", 300.0),
-            token=config.get("token"),
+            token=token_or_environment(config.get("token")),
             tls=tls,
             bridge_host=str(config.get("bridge_host", "127.0.0.1")),
         )

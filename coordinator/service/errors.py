@@ -1,16 +1,16 @@
 """The one place where outcomes become gRPC statuses.
 
 Servicers never choose a status code. They raise: :class:`Unauthenticated` for a call
-without the configured token, :class:`InvalidArgument` for a malformed request,
-:class:`RequestFailed` for a state-machine :class:`~..state.errors.Failure`,
-:class:`PreconditionFailed` for a well-formed request the current state forbids,
-:class:`WaitTimedOut` for a round-store wait that reached its timeout, or let a
-member's :class:`~..node_api.NodeError` propagate. The handler wrapper installed by
-``add_services`` catches whatever escapes a handler and calls :func:`status_for`, which
-decides the code, the message and the trailing metadata (``rallypoint-error-reason``, the
-name of an ``ErrorReason`` value, and ``rallypoint-leader`` for the not-leader hint), exactly
-as common.proto documents. Anything else is a bug: INTERNAL, logged with its traceback, and
-the server keeps serving.
+without a known token, :class:`PermissionDenied` for a call its role does not allow,
+:class:`InvalidArgument` for a malformed request, :class:`RequestFailed` for a
+state-machine :class:`~..state.errors.Failure`, :class:`PreconditionFailed` for a
+well-formed request the current state forbids, :class:`WaitTimedOut` for a round-store wait
+that reached its timeout, or let a member's :class:`~..node_api.NodeError` propagate. The
+handler wrapper installed by ``add_services`` catches whatever escapes a handler and calls
+:func:`status_for`, which decides the code, the message and the trailing metadata
+(``rallypoint-error-reason``, the name of an ``ErrorReason`` value, and ``rallypoint-leader``
+for the not-leader hint), exactly as common.proto documents. Anything else is a bug:
+INTERNAL, logged with its traceback, and the server keeps serving.
 """
 
 from __future__ import annotations
@@ -86,7 +86,12 @@ class RequestFailed(ServiceError):
 
 
 class Unauthenticated(ServiceError):
-    """The call did not carry the configured bearer token."""
+    """The call carried no bearer token, or one the member does not know."""
+
+
+class PermissionDenied(ServiceError):
+    """The caller's role does not allow the call (``authz.py``); the message names the role
+    and what it lacked."""
 
 
 class WaitTimedOut(ServiceError):
@@ -198,6 +203,8 @@ def _expected_status(error: Exception, deadline_passed: bool) -> Status | None:
         return Status(Code.FAILED_PRECONDITION, str(error), UNSPECIFIED)
     if isinstance(error, Unauthenticated):
         return Status(Code.UNAUTHENTICATED, str(error), UNSPECIFIED)
+    if isinstance(error, PermissionDenied):
+        return Status(Code.PERMISSION_DENIED, str(error), UNSPECIFIED)
     if isinstance(error, WaitTimedOut):
         return Status(Code.DEADLINE_EXCEEDED, str(error), UNSPECIFIED)
     if isinstance(error, NodeError):

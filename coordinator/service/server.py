@@ -1,18 +1,20 @@
-"""Registering the public API on a grpc.aio server, with error mapping and token auth.
+"""Registering the public API on a grpc.aio server, with error mapping and token auth by role.
 
 Theory of operation. Each service's generated ``add_*_to_server`` is pointed at a recorder
 instead of the server, which yields the service's method handlers. Every handler's behaviour
 is then wrapped once, here, before the handlers reach the real server, so no servicer method
-can escape it: the wrapper checks the bearer token (when one is configured), runs the
-servicer, and turns any exception into a status through :func:`.errors.status_for`. The
-standard health service is registered unwrapped: health probes (load balancers, Kubernetes)
-rarely carry credentials, and health reveals nothing but "serving".
+can escape it: the wrapper finds the caller's role from its bearer token (when the member
+requires tokens, :mod:`.tokens`), checks the call against the method's rule in
+:data:`.authz.RULES` (a method without a rule cannot be registered), runs the servicer, and
+turns any exception into a status through :func:`.errors.status_for`. The standard health
+service is registered unwrapped: health probes (load balancers, Kubernetes) rarely carry
+credentials, and health reveals nothing but "serving".
 """
 
 from __future__ import annotations
 
-import hmac
-from collections.abc import AsyncIterator, Callable, Sequence
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, NoReturn, cast
 
 import grpc
@@ -28,16 +30,18 @@ from rallypoint.proto.v1 import (
     watch_pb2_grpc,
 )
 
-from ..node_api import ServerNode
+from ..node_api import ProposalTimeoutError, ServerNode
+from .authz import CALLER, Role, RoleKind, Rule, rule_for
 from .checkpoint import CheckpointServicer
 from .cluster import ClusterServicer
-from .common import Context
-from .errors import Status, Unauthenticated, status_for
+from .common import Context, wait_s
+from .errors import PermissionDenied, Status, Unauthenticated, status_for
 from .kv import KVServicer
 from .lease import LeaseServicer
 from .rendezvous import RendezvousServicer
 from .roundstore import RoundStoreServicer
 from .session import SessionServicer
+from .tokens import ClientTokens
 from .watch import WatchServicer
 
 AUTHORIZATION_KEY = "authorization"
@@ -70,25 +74,70 @@ class _Recorder:
 
 
 class _Guard:
-    """Authenticates a call and maps whatever its handler raises to a status."""
+    """Authenticates and authorizes a call, and maps whatever its handler raises to a status.
 
-    def __init__(self, auth_token: str | None) -> None:
-        self._expected = f"Bearer {auth_token}".encode() if auth_token else None
+    ``tokens`` None: the member requires no credentials (every call is let through)."""
 
-    def _authenticated(self, context: Context) -> bool:
-        if self._expected is None:
-            return True
+    def __init__(self, node: ServerNode, tokens: ClientTokens | None) -> None:
+        self._node = node
+        self._tokens = tokens
+
+    def _role(self, context: Context) -> Role | None:
+        """The caller's role; None when no credentials are required."""
+        if self._tokens is None:
+            return None
         for key, value in context.invocation_metadata() or ():
             if key == AUTHORIZATION_KEY:
                 presented = value.encode() if isinstance(value, str) else value
-                return hmac.compare_digest(presented, self._expected)
-        return False
+                scheme, _, token = presented.partition(b" ")
+                bearer = scheme.lower() == b"bearer" and token
+                grant = self._tokens.lookup(token) if bearer else None
+                if grant is not None:
+                    return grant.role
+                break
+        raise Unauthenticated(
+            'missing or wrong credentials: send metadata "authorization: Bearer <token>"'
+        )
 
-    def _check(self, context: Context) -> None:
-        if not self._authenticated(context):
-            raise Unauthenticated(
-                'missing or wrong credentials: send metadata "authorization: Bearer <token>"'
-            )
+    async def _admit(
+        self, role: Role, method: str, rule: Rule, request: Any, context: Context
+    ) -> Any:
+        """The request, once ``role`` may make it under ``rule``."""
+        role.check(rule, method, request)
+        if rule.session is not None and role.kind is not RoleKind.ADMIN:
+            session_id = rule.session(request)
+            owner = await self._session_owner(session_id, context) if session_id else None
+            if owner is not None and owner != role.name:
+                raise PermissionDenied(
+                    f"permission denied: session {session_id} was opened by another role; "
+                    f"role {role.name!r} may use only its own sessions ({method.lstrip('/')})"
+                )
+        return request
+
+    async def _admit_stream(
+        self, role: Role, method: str, rule: Rule, requests: Any, context: Context
+    ) -> Any:
+        """A request stream whose every message ``role`` may send under ``rule``."""
+        if rule.job is None:
+            role.check(rule, method, None)
+            return requests
+        return _checked_messages(role, method, rule, requests)
+
+    async def _session_owner(self, session_id: int, context: Context) -> str | None:
+        """The role that opened the session; None when it does not exist (the state machine
+        then refuses the request itself). A session id is the raft index of its open, so a
+        member that has applied that index knows the session for good or never will: until
+        then (a follower a few entries behind the leader that answered the open), wait."""
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + wait_s(context)
+        while self._node.state.applied_index < session_id:
+            remaining_s = give_up_at - loop.time()
+            if remaining_s <= 0 or not await self._node.wait_for_apply(remaining_s):
+                raise ProposalTimeoutError(
+                    f"session {session_id} is not applied on this member yet; retry"
+                )
+        info = self._node.state.session_info(session_id)
+        return None if info is None else info.owner
 
     async def _fail(self, context: Context, error: Exception) -> NoReturn:
         if isinstance(error, grpc.aio.AbortError):
@@ -96,20 +145,30 @@ class _Guard:
         remaining_s: float | None = context.time_remaining()
         await _abort(context, status_for(error, remaining_s is not None and remaining_s <= 0))
 
-    def unary(self, behaviour: Callable[..., Any]) -> Callable[..., Any]:
+    def _unary(self, method: str, rule: Rule, admit: _Admit, behaviour: _Behaviour) -> _Behaviour:
         async def guarded(request: Any, context: Context) -> Any:
             try:
-                self._check(context)
-                return await behaviour(request, context)
+                role = self._role(context)
+                if role is not None:
+                    request = await admit(role, method, rule, request, context)
+                caller = CALLER.set(role)
+                try:
+                    return await behaviour(request, context)
+                finally:
+                    CALLER.reset(caller)
             except Exception as error:
                 await self._fail(context, error)
 
         return guarded
 
-    def streaming(self, behaviour: Callable[..., AsyncIterator[Any]]) -> Callable[..., Any]:
+    def _streaming(
+        self, method: str, rule: Rule, admit: _Admit, behaviour: _Behaviour
+    ) -> _Behaviour:
         async def guarded(request: Any, context: Context) -> AsyncIterator[Any]:
             try:
-                self._check(context)
+                role = self._role(context)
+                if role is not None:
+                    request = await admit(role, method, rule, request, context)
                 async for response in behaviour(request, context):
                     yield response
             except Exception as error:
@@ -117,12 +176,29 @@ class _Guard:
 
         return guarded
 
-    def wrap(self, handler: Handler) -> Handler:
-        if handler.response_streaming:
-            field = "stream_stream" if handler.request_streaming else "unary_stream"
-            return handler._replace(**{field: self.streaming(getattr(handler, field))})
-        field = "stream_unary" if handler.request_streaming else "unary_unary"
-        return handler._replace(**{field: self.unary(getattr(handler, field))})
+    def wrap(self, method: str, handler: Handler) -> Handler:
+        """``handler`` of ``method`` ("/rallypoint.v1.KV/Put"), guarded by its rule."""
+        rule = rule_for(method)
+        if handler.request_streaming and rule.session is not None:
+            raise AssertionError(f"{method}: a request stream cannot be checked per session")
+        kind = ("stream" if handler.request_streaming else "unary") + (
+            "_stream" if handler.response_streaming else "_unary"
+        )
+        admit = self._admit_stream if handler.request_streaming else self._admit
+        guard = self._streaming if handler.response_streaming else self._unary
+        return handler._replace(**{kind: guard(method, rule, admit, getattr(handler, kind))})
+
+
+_Admit = Callable[[Role, str, Rule, Any, Context], Awaitable[Any]]
+_Behaviour = Callable[..., Any]
+
+
+async def _checked_messages(
+    role: Role, method: str, rule: Rule, requests: AsyncIterator[Any]
+) -> AsyncIterator[Any]:
+    async for request in requests:
+        role.check(rule, method, request)
+        yield request
 
 
 async def _abort(context: Context, status: Status) -> NoReturn:
@@ -140,12 +216,19 @@ class _Health(HealthServicer):  # type: ignore[misc]
 
 
 def add_services(
-    server: grpc.aio.Server, node: ServerNode, *, auth_token: str | None = None
+    server: grpc.aio.Server,
+    node: ServerNode,
+    *,
+    tokens: ClientTokens | None = None,
+    auth_token: str | None = None,
 ) -> None:
     """Register KV, Watch, Lease, Session, Cluster, Rendezvous, RoundStore and
     CheckpointRegistry over ``node``, and the health service
-    (SERVING for "" and each service). With ``auth_token``, every call to the public API
-    must carry the metadata ``authorization: Bearer <auth_token>`` (else UNAUTHENTICATED)."""
+    (SERVING for "" and each service). With ``tokens`` (or ``auth_token``, one admin token),
+    every call to the public API must carry the metadata ``authorization: Bearer <token>``
+    of a known token (else UNAUTHENTICATED) whose role allows it (else PERMISSION_DENIED)."""
+    if tokens is None and auth_token:
+        tokens = ClientTokens(admin_token=auth_token)
     recorder = _Recorder()
     target = cast(grpc.aio.Server, recorder)
     kv_pb2_grpc.add_KVServicer_to_server(KVServicer(node), target)
@@ -159,8 +242,10 @@ def add_services(
     recorded = tuple(service for service, _ in recorder.services)
     if recorded != SERVICE_NAMES:
         raise AssertionError(f"generated code registered {recorded}, expected {SERVICE_NAMES}")
-    guard = _Guard(auth_token)
+    guard = _Guard(node, tokens)
     for service, handlers in recorder.services:
-        wrapped = {name: guard.wrap(handler) for name, handler in handlers.items()}
+        wrapped = {
+            name: guard.wrap(f"/{service}/{name}", handler) for name, handler in handlers.items()
+        }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, wrapped),))
     health_pb2_grpc.add_HealthServicer_to_server(_Health(("", *SERVICE_NAMES)), server)

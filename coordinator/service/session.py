@@ -1,14 +1,17 @@
 """The Session service: open, keep alive and close client sessions, all replicated (session
-expiry is decided by the state machine from leader time, so activity must be in the log)."""
+expiry is decided by the state machine from leader time, so activity must be in the log).
+A session opened by an authenticated caller records the caller's role as its owner, which
+alone may use it afterwards (``authz.py``)."""
 
 from __future__ import annotations
 
 from rallypoint.proto.v1 import session_pb2, session_pb2_grpc
 
 from ..node_api import ServerNode
-from ..state.commands import SessionClose, SessionKeepAlive, SessionOpen
+from ..state.commands import OwnedSessionOpen, SessionClose, SessionKeepAlive, SessionOpen
 from ..state.results import SessionCloseResult, SessionKeepAliveResult, SessionOpenResult
 from . import validate
+from .authz import CALLER
 from .common import Context, header_pb, propose
 
 
@@ -19,7 +22,9 @@ class SessionServicer(session_pb2_grpc.SessionServicer):
     async def Open(
         self, request: session_pb2.SessionOpenRequest, context: Context
     ) -> session_pb2.SessionOpenResponse:
-        command = SessionOpen(ttl_ms=validate.positive(request.ttl_ms, "ttl_ms"))
+        ttl_ms = validate.positive(request.ttl_ms, "ttl_ms")
+        caller = CALLER.get()
+        command = SessionOpen(ttl_ms) if caller is None else OwnedSessionOpen(ttl_ms, caller.name)
         result = await propose(self.node, command, context, SessionOpenResult)
         return session_pb2.SessionOpenResponse(
             header=header_pb(self.node.header()),

@@ -112,6 +112,16 @@ class SessionOpen(Command):
     ttl_ms: int
 
 
+@record(11)
+@dataclass(frozen=True, slots=True)
+class OwnedSessionOpen(SessionOpen):
+    """A SessionOpen by an authenticated client: the session belongs to the client's role
+    (``owner``, e.g. ``"job:resnet"``), and only that role (or admin) may use it afterwards
+    (``service/authz.py``). A session opened with plain SessionOpen has owner ""."""
+
+    owner: str
+
+
 @record(9)
 @dataclass(frozen=True, slots=True)
 class SessionKeepAlive(Command):
@@ -334,6 +344,7 @@ __all__ = [
     "LeaseRevoke",
     "Leave",
     "MemberFailed",
+    "OwnedSessionOpen",
     "Put",
     "SessionClose",
     "SessionCommand",

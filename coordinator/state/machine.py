@@ -43,6 +43,7 @@ from .commands import (
     LeaseGrant,
     LeaseRevoke,
     MemberFailed,
+    OwnedSessionOpen,
     Put,
     SessionClose,
     SessionCommand,
@@ -93,7 +94,10 @@ from .watch import WatchHistory
 # set it outside that suite.
 UNSAFE_ACCEPT_STALE_FENCE = os.environ.get("RALLYPOINT_UNSAFE_ACCEPT_STALE_FENCE") == "1"
 
-SNAPSHOT_FORMAT = 2
+# 3: each session carries its owner (``OwnedSessionOpen``). Format 2 (sessions without one)
+# is still restored, its sessions owned by "".
+SNAPSHOT_FORMAT = 3
+_SNAPSHOT_FORMATS = {2: 5, 3: 6}  # format -> fields per session
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _DECIMAL = re.compile(rb"-?[0-9]+")
 
@@ -117,6 +121,8 @@ class SessionInfo:
     last_activity_ms: int
     first_unacked: int
     outstanding_answers: int
+    # The role that opened the session ("" when the cluster required no credentials).
+    owner: str
 
 
 class StateMachine:
@@ -158,7 +164,8 @@ class StateMachine:
                 return InvalidCommand("SessionOpen is sent with session_id 0 and sequence 0")
             if command.ttl_ms <= 0:
                 return InvalidCommand(f"session ttl_ms must be positive, got {command.ttl_ms}")
-            self.sessions.open(index, command.ttl_ms, self.now_ms)
+            owner = command.owner if isinstance(command, OwnedSessionOpen) else ""
+            self.sessions.open(index, command.ttl_ms, self.now_ms, owner)
             return SessionOpenResult(index, command.ttl_ms)
         if isinstance(command, LeaseExpire):
             return self._end_lease(index, command.lease_id)
@@ -407,7 +414,7 @@ class StateMachine:
         if s is None:
             return None
         return SessionInfo(
-            s.session_id, s.ttl_ms, s.last_activity_ms, s.first_unacked, len(s.answers)
+            s.session_id, s.ttl_ms, s.last_activity_ms, s.first_unacked, len(s.answers), s.owner
         )
 
     def events_since(
@@ -429,6 +436,7 @@ class StateMachine:
                 s.last_activity_ms,
                 s.first_unacked,
                 [[seq, codec.to_obj(s.answers[seq])] for seq in sorted(s.answers)],
+                s.owner,
             ]
             for s in self.sessions.in_order()
         ]
@@ -451,7 +459,8 @@ class StateMachine:
     def restore(self, data: bytes) -> None:
         """Replace the state with a snapshot's. Raises StateCodecError on malformed data."""
         obj = _array(codec.unpack(data), 11, "snapshot")
-        if obj[0] != SNAPSHOT_FORMAT:
+        session_fields = _SNAPSHOT_FORMATS.get(obj[0]) if type(obj[0]) is int else None
+        if session_fields is None:
             raise codec.StateCodecError(f"unknown snapshot format {obj[0]!r}")
         applied_index, now_ms, revision = (_int(v) for v in obj[1:4])
         kvs = [codec.from_obj(item, KeyValue) for item in _list(obj[4])]
@@ -466,11 +475,17 @@ class StateMachine:
             leases.attach(kv.lease_id, kv.key)
         sessions = SessionTable()
         for item in _list(obj[7]):
-            session_id, ttl_ms, last_activity_ms, first_unacked, answers = _array(
-                item, 5, "session"
-            )
+            fields = _array(item, session_fields, "session")
+            session_id, ttl_ms, last_activity_ms, first_unacked, answers = fields[:5]
+            owner = fields[5] if session_fields > 5 else ""
+            if type(owner) is not str:
+                raise codec.StateCodecError(f"session owner is not a string: {owner!r}"[:200])
             session = Session(
-                _int(session_id), _int(ttl_ms), _int(last_activity_ms), _int(first_unacked)
+                _int(session_id),
+                _int(ttl_ms),
+                _int(last_activity_ms),
+                _int(first_unacked),
+                owner=owner,
             )
             for answer in _list(answers):
                 sequence, result = _array(answer, 2, "cached answer")

@@ -31,6 +31,8 @@ class Session:
     # Invariant: every key of `answers` is >= first_unacked; len(answers) <= max_outstanding.
     first_unacked: int = 1
     answers: dict[int, Result] = field(default_factory=dict)
+    # The role of the client that opened it ("" when the cluster required no credentials).
+    owner: str = ""
 
     @property
     def deadline_ms(self) -> int:
@@ -57,10 +59,10 @@ class SessionTable:
         # Invariant: every live session has an entry equal to its current deadline.
         self._deadlines: list[tuple[int, int]] = []
 
-    def open(self, session_id: int, ttl_ms: int, now_ms: int) -> Session:
+    def open(self, session_id: int, ttl_ms: int, now_ms: int, owner: str = "") -> Session:
         if session_id in self.sessions:
             raise AssertionError(f"session id {session_id} opened twice")
-        session = Session(session_id, ttl_ms, now_ms)
+        session = Session(session_id, ttl_ms, now_ms, owner=owner)
         self.sessions[session_id] = session
         heapq.heappush(self._deadlines, (session.deadline_ms, session_id))
         return session

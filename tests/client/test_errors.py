@@ -18,6 +18,7 @@ from rallypoint.client import (
     NotAnIntegerError,
     NotFoundError,
     OutOfRangeError,
+    PermissionDeniedError,
     RallypointError,
     SequenceDiscardedError,
     SessionExpiredError,
@@ -47,7 +48,8 @@ CASES = [
     (S.OUT_OF_RANGE, "COMPACTED", CompactedError),
     (S.OUT_OF_RANGE, "", OutOfRangeError),
     (S.UNAUTHENTICATED, "", UnauthenticatedError),
-    (S.PERMISSION_DENIED, "", UnauthenticatedError),
+    (S.PERMISSION_DENIED, "", PermissionDeniedError),
+    (S.PERMISSION_DENIED, "ERROR_REASON_UNSPECIFIED", PermissionDeniedError),
     (S.INTERNAL, "", InternalError),
     (S.UNIMPLEMENTED, "", InternalError),
     # A reason under a code the contract does not pair it with: the code decides.
@@ -71,8 +73,10 @@ async def test_status_and_reason_map_to_one_class(
     assert type(error) is expected
     assert error.reason == reason
     assert "the server says why" in str(error)
-    if reason:
+    if reason and reason != "ERROR_REASON_UNSPECIFIED":
         assert f"[{reason}]" in str(error)
+    else:
+        assert "[" not in str(error)
     assert not isinstance(error, grpc.RpcError)
 
 

@@ -38,6 +38,7 @@ from rallypoint.coordinator.node_api import (
 )
 from rallypoint.coordinator.progress import ProgressReport
 from rallypoint.coordinator.service import add_services
+from rallypoint.coordinator.service.tokens import ClientTokens
 from rallypoint.coordinator.state import Envelope, Lessor, Limits, StateMachine, encode_envelope
 from rallypoint.coordinator.state.commands import Command, SessionOpen
 from rallypoint.coordinator.state.errors import Compacted
@@ -269,11 +270,13 @@ class FakeNode:
 
 
 @contextlib.asynccontextmanager
-async def serving(node: FakeNode, auth_token: str | None = None) -> AsyncIterator[grpc.aio.Channel]:
+async def serving(
+    node: FakeNode, auth_token: str | None = None, tokens: ClientTokens | None = None
+) -> AsyncIterator[grpc.aio.Channel]:
     """A real grpc.aio server on 127.0.0.1 (a free port) with the public API over ``node``,
     and a channel to it; both closed on exit."""
     server = grpc.aio.server()
-    add_services(server, node, auth_token=auth_token)
+    add_services(server, node, auth_token=auth_token, tokens=tokens)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")

@@ -34,6 +34,7 @@ from rallypoint.coordinator.state.commands import (
     LeaseRevoke,
     Leave,
     MemberFailed,
+    OwnedSessionOpen,
     Put,
     SessionClose,
     SessionKeepAlive,
@@ -95,7 +96,7 @@ def build_log(rng: random.Random, length: int) -> list[bytes]:
         fence = Fence(lease_id, token) if rng.random() < 0.3 else None
         attach = lease_id if rng.random() < 0.6 else 0
         choices: list[Command] = [
-            SessionOpen(rng.choice([0, 3_000, 30_000, 30_000])),
+            session_open(rng.choice([0, 3_000, 30_000, 30_000])),
             SessionKeepAlive(),
             SessionClose() if rng.random() < 0.2 else SessionKeepAlive(),
             Put(key, value, attach, fence, rng.random() < 0.5),
@@ -125,6 +126,12 @@ def build_log(rng: random.Random, length: int) -> list[bytes]:
             leases.append(index)
         log.append(encode_envelope(Envelope(session_id, sequence, first_unacked, time_ms, command)))
     return log
+
+
+def session_open(ttl_ms: int) -> SessionOpen:
+    # Some sessions have an owner (an authenticated client's role); chosen by the TTL, not by
+    # another draw, so the seeded logs stay as they were.
+    return OwnedSessionOpen(ttl_ms, "job:a") if ttl_ms == 3_000 else SessionOpen(ttl_ms)
 
 
 def rendezvous_commands(

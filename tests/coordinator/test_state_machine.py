@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 
 from rallypoint.coordinator.state.commands import (
@@ -13,6 +14,7 @@ from rallypoint.coordinator.state.commands import (
     LeaseExpire,
     LeaseGrant,
     LeaseRevoke,
+    OwnedSessionOpen,
     Put,
     SessionClose,
     SessionKeepAlive,
@@ -260,6 +262,27 @@ def test_session_rules_for_headers(replica: Replica) -> None:
     assert replica.apply(SessionClose(), s) == SessionCloseResult(s)
     assert replica.apply(Put(b"k", b"v"), s, 1) == SessionExpired(s)
     assert replica.apply(SessionClose(), s) == SessionExpired(s)
+
+
+def test_a_session_keeps_its_owner_through_snapshots_of_both_formats(replica: Replica) -> None:
+    plain = replica.open()
+    owned = replica.apply(OwnedSessionOpen(10_000, "job:resnet"))
+    assert isinstance(owned, SessionOpenResult)
+    info = replica.sm.session_info(owned.session_id)
+    assert info is not None and info.owner == "job:resnet"
+    restored = StateMachine()
+    restored.restore(replica.sm.snapshot())
+    assert restored.snapshot() == replica.sm.snapshot()
+    owners = [restored.session_info(s) for s in (plain, owned.session_id)]
+    assert [info.owner if info else None for info in owners] == ["", "job:resnet"]
+    # A format 2 snapshot (sessions without an owner) still restores, owned by "".
+    current = msgpack.unpackb(replica.sm.snapshot())
+    current[0] = 2
+    current[7] = [session[:5] for session in current[7]]
+    older = StateMachine()
+    older.restore(msgpack.packb(current))
+    legacy = older.session_info(owned.session_id)
+    assert legacy is not None and legacy.owner == ""
 
 
 def test_sessions_expire_by_leader_time_only(replica: Replica) -> None:

@@ -10,6 +10,7 @@ a condition with a deadline.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import signal
@@ -62,6 +63,19 @@ def kill_processes_mentioning(text: str) -> list[int]:
     return killed
 
 
+def write_tokens_file(path: Path, roles: dict[str, str]) -> Path:
+    """A tokens file (README, "Security") giving each token (key) its role (value), named
+    after the role: ``rallypoint serve --tokens-file PATH``."""
+    path.write_text(
+        "".join(
+            f'[[token]]\nname = "{role}"\nrole = "{role}"\n'
+            f'sha256 = "{hashlib.sha256(token.encode()).hexdigest()}"\n\n'
+            for token, role in roles.items()
+        )
+    )
+    return path
+
+
 def wait_until(
     condition: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.05
 ) -> T:
@@ -106,7 +120,10 @@ class ProcessCluster:
         snapshot_entries: int = 10_000,
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
+        token: str | None = None,
     ) -> None:
+        """``token``: the bearer token the harness's own status calls carry (members started
+        with ``--tokens-file`` or ``--auth-token`` in ``extra_args`` require one)."""
         self.root = root
         self.tick_ms = tick_ms
         self.election_ticks = election_ticks
@@ -119,6 +136,7 @@ class ProcessCluster:
         if not self.secret_path.exists():
             self.secret_path.write_text(os.urandom(32).hex() + "\n")
             self.secret_path.chmod(0o600)
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.members: dict[int, MemberProcess] = {}
         for member_id in range(1, size + 1):
             self._describe(member_id)
@@ -258,7 +276,7 @@ class ProcessCluster:
         with grpc.insecure_channel(member.client_address) as channel:
             try:
                 response: cluster_pb2.StatusResponse = cluster_pb2_grpc.ClusterStub(channel).Status(
-                    cluster_pb2.StatusRequest(), timeout=timeout_s
+                    cluster_pb2.StatusRequest(), timeout=timeout_s, metadata=self.metadata
                 )
                 return response
             except grpc.RpcError:
@@ -308,3 +326,18 @@ def running_cluster(root: Path, size: int = 3, **kwargs: object) -> Iterator[Pro
         raise
     finally:
         cluster.shutdown()
+
+
+@contextlib.contextmanager
+def running_cluster_with_tokens(
+    root: Path, roles: dict[str, str], size: int = 3, **kwargs: object
+) -> Iterator[ProcessCluster]:
+    """:func:`running_cluster` whose members require tokens: ``roles`` (token -> role, one
+    of them admin, which the harness's own calls use) in ``root/tokens.toml``."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = write_tokens_file(root / "tokens.toml", roles)
+    admin = next(token for token, role in roles.items() if role == "admin")
+    with running_cluster(
+        root, size, extra_args=[f"--tokens-file={path}"], token=admin, **kwargs
+    ) as cluster:
+        yield cluster

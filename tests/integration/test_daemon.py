@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ import grpc
 import pytest
 
 from rallypoint.client import Client, TlsConfig, UnavailableError
-from rallypoint.coordinator.daemon import Settings, SettingsError, parse_initial_cluster
+from rallypoint.coordinator.daemon import Reloads, Settings, SettingsError, parse_initial_cluster
 from rallypoint.raft.types import Message, MessageType, NodeId
 from tests.integration.harness import ProcessCluster
 from tests.integration.peer_client import PeerClient
@@ -59,6 +60,46 @@ def test_serve_refuses_bad_settings_with_a_clear_message(tmp_path: Path) -> None
     )  # fmt: skip
     assert result.returncode == 2
     assert "member 4 is not in the initial cluster" in result.stderr
+
+
+def test_serve_refuses_a_bad_tokens_file_with_a_one_line_message(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text('[[token]]\nrole = "root"\nsha256 = "' + "ab" * 32 + '"\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "rallypoint.coordinator", "serve", "--data-dir", str(tmp_path),
+         "--tokens-file", str(tokens)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"rallypoint serve: tokens file {tokens}: token 1 (token 1): role 'root' is not one "
+        "of admin, read, job:<job id>\n"
+    )
+
+
+def test_sighup_reloads_log_one_line_each_and_keep_what_failed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def failing() -> str:
+        raise SettingsError("tokens file t.toml: not valid TOML")
+
+    reloads = Reloads()
+    with caplog.at_level(logging.INFO, logger="rallypoint.daemon"):
+        reloads.run()
+        reloads.register("tokens file t.toml", lambda: "2 tokens (admin 1, read 1)")
+        reloads.register("tokens file u.toml", failing)
+        reloads.run()
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", "SIGHUP: nothing to reload"),
+        ("INFO", "SIGHUP: tokens file t.toml reloaded: 2 tokens (admin 1, read 1)"),
+        (
+            "ERROR",
+            "SIGHUP: tokens file u.toml not reloaded, the previous one stays in use: "
+            "tokens file t.toml: not valid TOML",
+        ),
+    ]
 
 
 def _make_certificates(directory: Path) -> dict[str, Path]:

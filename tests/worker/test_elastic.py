@@ -4,6 +4,9 @@ Claims:
 - two workers form a group through the coordinator, train, checkpoint every N steps with a
   fenced commit, keep only the last K checkpoints, finish with identical replicas, and the
   loss falls;
+- a worker whose only credential is its job's token (``job:<id>``, from
+  ``RALLYPOINT_TOKEN``) trains and commits checkpoints against members that require tokens;
+  an explicit token of another job wins over the environment and is refused;
 - four workers train; one is SIGKILLed: the other three re-form at world 3 in the same
   processes and go on, their restored state equal bit for bit to the last committed
   checkpoint (``restore="checkpoint"``), the loss still falling; a new worker joins: world 4,
@@ -34,7 +37,12 @@ import pytest
 
 from rallypoint.worker import read_metadata, restore_checkpoint
 from rallypoint.worker.demo_train import BATCH_SIZE, make_state, state_digest
-from tests.integration.harness import ProcessCluster, running_cluster, wait_until
+from tests.integration.harness import (
+    ProcessCluster,
+    running_cluster,
+    running_cluster_with_tokens,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -50,11 +58,13 @@ Event = dict[str, Any]
 class Worker:
     """A worker process and the JSON events it printed."""
 
-    def __init__(self, name: str, command: list[str], log_dir: Path) -> None:
+    def __init__(
+        self, name: str, command: list[str], log_dir: Path, env: dict[str, str] | None = None
+    ) -> None:
         self.name = name
         self.events: list[Event] = []
         self._lock = threading.Lock()
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", **(env or {})}
         self.stderr_path = log_dir / f"{name}.err"
         with open(self.stderr_path, "w") as stderr:
             self.proc = subprocess.Popen(
@@ -114,7 +124,7 @@ class Job:
         self.args = list(args)
         self.workers: dict[str, Worker] = {}
 
-    def spawn(self, name: str, *extra: str) -> Worker:
+    def spawn(self, name: str, *extra: str, env: dict[str, str] | None = None) -> Worker:
         command = [
             sys.executable,
             str(self.script),
@@ -125,7 +135,7 @@ class Job:
             *self.args,
             *extra,
         ]
-        worker = self.workers[name] = Worker(name, command, self.root)
+        worker = self.workers[name] = Worker(name, command, self.root, env)
         return worker
 
     def wait(self, condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
@@ -398,3 +408,31 @@ def test_kill_join_leader_kill_and_zombie(cluster: ProcessCluster, tmp_path: Pat
     losses = [e["loss"] for e in job.workers["w0"].select("step")]
     assert sum(losses[-20:]) / 20 < sum(losses[:20]) / 20, (losses[:20], losses[-20:])
     print(f"{steps} global steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+
+
+def test_a_job_token_is_all_a_worker_needs(tmp_path: Path) -> None:
+    tokens = {"admin-secret": "admin", "solo-secret": "job:solo", "other-secret": "job:other"}
+    with running_cluster_with_tokens(tmp_path / "cluster", tokens, size=1) as cluster:
+        job = Job(
+            cluster,
+            tmp_path,
+            "solo",
+            "--min-nodes=1",
+            "--max-nodes=1",
+            "--max-steps=20",
+            "--checkpoint-every=10",
+        )
+        try:
+            env = {"RALLYPOINT_TOKEN": "solo-secret"}
+            worker = job.spawn("w0", env=env)
+            intruder = job.spawn("w1", "--token=other-secret", env=env)
+            assert worker.proc.wait(timeout=START_S) == 0, worker.stderr_tail()
+            committed = worker.select("checkpoint_committed")
+            assert [event["step"] for event in committed] == [10, 20], worker.events[-10:]
+            assert intruder.proc.wait(timeout=START_S) != 0
+            assert (
+                "PermissionDeniedError: permission denied: role 'job:other' may not take part "
+                "in job 'solo'" in intruder.stderr_tail()
+            ), intruder.stderr_tail()
+        finally:
+            job.stop_all()

@@ -5,8 +5,10 @@ all-reduces, checked). Claims: the job completes with 4 ranks, each agent's work
 their store from their own agent; a SIGKILLed worker restarts both groups in a new round
 (new store address) and the job completes at 4; a SIGKILLed agent leaves the other one
 finishing at 2 ranks (``--nnodes=1:2``); the coordinator leader killed with -9 mid-job
-changes nothing (one round, no restart). The handler's settings and the TCPStore bridge
-are also checked against torch's own TCPStore client.
+changes nothing (one round, no restart); against members that require tokens, an agent
+with its job's token (``--rdzv-conf token=...``, which wins over ``RALLYPOINT_TOKEN``)
+completes, and one with another job's token is refused. The handler's settings and the
+TCPStore bridge are also checked against torch's own TCPStore client.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from tests.integration.harness import (
     ProcessCluster,
     kill_processes_mentioning,
     running_cluster,
+    running_cluster_with_tokens,
     wait_until,
 )
 
@@ -62,6 +65,8 @@ class TorchrunJob:
         nnodes: str = "2",
         steps: int = 30,
         agents: int = 2,
+        rdzv_conf: str = "",
+        env: dict[str, str] | None = None,
     ) -> None:
         self.out = out
         out.mkdir(parents=True, exist_ok=True)
@@ -76,7 +81,7 @@ class TorchrunJob:
             "--rdzv-backend=rallypoint",
             f"--rdzv-endpoint={','.join(endpoints)}",
             f"--rdzv-id={job}",
-            "--rdzv-conf=last_call_timeout=0.5,read_timeout=60",
+            f"--rdzv-conf=last_call_timeout=0.5,read_timeout=60{rdzv_conf}",
             str(SCRIPT),
             f"--out={out}",
             f"--steps={steps}",
@@ -87,7 +92,11 @@ class TorchrunJob:
             with open(log_path, "w") as log:
                 self.agents.append(
                     subprocess.Popen(
-                        command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                        command,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                        env={**os.environ, **(env or {})},
                     )
                 )
 
@@ -209,10 +218,43 @@ def test_coordinator_leader_killed_mid_job_changes_nothing(
     assert len(done_by_pid(job)) == 4
 
 
+def test_a_job_token_in_rdzv_conf_is_all_an_agent_needs(
+    jobs: list[TorchrunJob], tmp_path: Path
+) -> None:
+    tokens = {"admin-secret": "admin", "tr-secret": "job:tr", "other-secret": "job:other"}
+    with running_cluster_with_tokens(tmp_path / "cluster", tokens, size=1) as cluster:
+        # The explicit token wins over the environment's (another job's, here).
+        wrong_env = {"RALLYPOINT_TOKEN": "other-secret"}
+        job = TorchrunJob(
+            cluster.endpoints,
+            "tr",
+            tmp_path / "tr",
+            nnodes="1",
+            steps=5,
+            agents=1,
+            rdzv_conf=",token=tr-secret",
+            env=wrong_env,
+        )
+        intruder = TorchrunJob(
+            cluster.endpoints, "tr", tmp_path / "intruder", nnodes="1", agents=1, env=wrong_env
+        )
+        jobs.extend([job, intruder])
+        job.finish()
+        assert len(done_by_pid(job)) == 2
+        assert intruder.agents[0].wait(timeout=90) != 0
+        log = intruder.logs[0].read_text()
+        assert "permission denied: role 'job:other' may not take part in job 'tr'" in log, log[
+            -3000:
+        ]
+
+
 # ------------------------------------------------------------------ the pieces
 
 
-def test_torchrun_finds_the_backend_and_reads_its_settings() -> None:
+def test_torchrun_finds_the_backend_and_reads_its_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("RALLYPOINT_TOKEN", raising=False)
     params = RendezvousParameters(
         backend="rallypoint",
         endpoint="a:1, b:2,c:3",
@@ -234,6 +276,9 @@ def test_torchrun_finds_the_backend_and_reads_its_settings() -> None:
     config = settings.job_config()
     assert (config.min_nodes, config.max_nodes, config.heartbeat_interval_ms) == (1, 4, 200)
     assert config.scale_up is True
+    assert settings.token is None
+    with_token = RendezvousParameters("rallypoint", "a:1", "j", 1, 1, token="job-secret")
+    assert RendezvousSettings.from_parameters(with_token).token == "job-secret"
     with pytest.raises(ValueError, match="job id"):
         RendezvousSettings.from_parameters(
             RendezvousParameters("rallypoint", "a:1", "bad id!", 1, 1)
@@ -242,6 +287,11 @@ def test_torchrun_finds_the_backend_and_reads_its_settings() -> None:
         RendezvousSettings.from_parameters(
             RendezvousParameters("rallypoint", "a:1", "j", 1, 1, timeout="soon")
         )
+    # Without token= in --rdzv-conf, the environment's.
+    monkeypatch.setenv("RALLYPOINT_TOKEN", "from-environment")
+    plain = RendezvousParameters("rallypoint", "a:1", "j", 1, 1)
+    assert RendezvousSettings.from_parameters(plain).token == "from-environment"
+    assert RendezvousSettings.from_parameters(with_token).token == "job-secret"
 
 
 def test_bridge_serves_torch_tcpstore_clients_for_one_round_at_a_time(

@@ -67,7 +67,7 @@ def test_serve_refuses_a_bad_tokens_file_with_a_one_line_message(tmp_path: Path)
     tokens.write_text('[[token]]\nrole = "root"\nsha256 = "' + "ab" * 32 + '"\n')
     result = subprocess.run(
         [sys.executable, "-m", "rallypoint.coordinator", "serve", "--data-dir", str(tmp_path),
-         "--tokens-file", str(tokens)],
+         "--tokens-file", str(tokens), "--peer-secret", "0123456789abcdef0123"],
         capture_output=True,
         text=True,
         timeout=60,

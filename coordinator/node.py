@@ -44,7 +44,6 @@ from typing import Any, Protocol
 import grpc
 import grpc.aio
 
-from rallypoint.proto.peer.v1 import peer_pb2_grpc
 from rallypoint.raft import (
     Config,
     RawNode,
@@ -105,7 +104,7 @@ from .node_api import (
 )
 from .peer_auth import PeerKey, cluster_id_for
 from .peer_hello import ask_peers
-from .peer_service import PeerServicer, remove_partial_snapshots
+from .peer_service import add_peer_service, remove_partial_snapshots
 from .role_log import ROLE_NAMES, RoleLog
 from .state.commands import Command, Envelope, LeaseExpire, decode_envelope, encode_envelope
 from .state.errors import Compacted
@@ -386,7 +385,7 @@ class Node:
 
     async def _start_peer_server(self) -> None:
         server = grpc.aio.server(options=GRPC_OPTIONS)
-        peer_pb2_grpc.add_RaftServicer_to_server(PeerServicer(self), server)
+        add_peer_service(server, self)
         if self._peer_tls is not None:
             server.add_secure_port(self.config.peer_address, self._peer_tls.server_credentials())
         else:

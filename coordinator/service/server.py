@@ -3,8 +3,11 @@
 Theory of operation. Each service's generated ``add_*_to_server`` is pointed at a recorder
 instead of the server, which yields the service's method handlers. Every handler's behaviour
 is then wrapped once, here, before the handlers reach the real server, so no servicer method
-can escape it: the wrapper checks the bearer token (when one is configured), runs the
-servicer, and turns any exception into a status through :func:`.errors.status_for`. The
+can escape it: the wrapper checks the bearer token (when one is configured), parses the
+request (grpc's own parsing is turned off: a request that does not parse is INVALID_ARGUMENT
+for an authenticated caller and UNAUTHENTICATED for anyone else, never grpc's UNKNOWN; see
+``grpc_handlers.py``), runs the servicer, and turns any exception into a status through
+:func:`.errors.status_for`. The
 standard health service is registered unwrapped: health probes (load balancers, Kubernetes)
 rarely carry credentials, and health reveals nothing but "serving".
 """
@@ -28,11 +31,12 @@ from rallypoint.proto.v1 import (
     watch_pb2_grpc,
 )
 
+from ..grpc_handlers import Parse, Recorder, parse_or_refuse, parsed_stream, taking_bytes
 from ..node_api import ServerNode
 from .checkpoint import CheckpointServicer
 from .cluster import ClusterServicer
 from .common import Context
-from .errors import Status, Unauthenticated, status_for
+from .errors import InvalidArgument, Status, Unauthenticated, status_for
 from .kv import KVServicer
 from .lease import LeaseServicer
 from .rendezvous import RendezvousServicer
@@ -56,17 +60,8 @@ SERVICE_NAMES = (
 Handler = Any  # grpc.RpcMethodHandler: a namedtuple whose behaviour fields we replace
 
 
-class _Recorder:
-    """Stands in for the server in a generated ``add_*_to_server``: keeps the handlers."""
-
-    def __init__(self) -> None:
-        self.services: list[tuple[str, dict[str, Handler]]] = []
-
-    def add_generic_rpc_handlers(self, handlers: Sequence[object]) -> None:
-        """Ignored: the same handlers arrive through add_registered_method_handlers."""
-
-    def add_registered_method_handlers(self, service: str, handlers: dict[str, Handler]) -> None:
-        self.services.append((service, handlers))
+async def _unparsable(error: Exception) -> NoReturn:
+    raise InvalidArgument("request", f"does not parse: {error}")
 
 
 class _Guard:
@@ -96,20 +91,28 @@ class _Guard:
         remaining_s: float | None = context.time_remaining()
         await _abort(context, status_for(error, remaining_s is not None and remaining_s <= 0))
 
-    def unary(self, behaviour: Callable[..., Any]) -> Callable[..., Any]:
-        async def guarded(request: Any, context: Context) -> Any:
+    async def _request(self, data: Any, parse: Parse, streaming: bool) -> Any:
+        """The request (or the stream of requests) parsed from what grpc handed over."""
+        if streaming:
+            return parsed_stream(data, parse, _unparsable)
+        return await parse_or_refuse(parse, data, _unparsable)
+
+    def unary(self, behaviour: Callable[..., Any], parse: Parse, streaming: bool) -> Any:
+        async def guarded(data: Any, context: Context) -> Any:
             try:
                 self._check(context)
+                request = await self._request(data, parse, streaming)
                 return await behaviour(request, context)
             except Exception as error:
                 await self._fail(context, error)
 
         return guarded
 
-    def streaming(self, behaviour: Callable[..., AsyncIterator[Any]]) -> Callable[..., Any]:
-        async def guarded(request: Any, context: Context) -> AsyncIterator[Any]:
+    def streaming(self, behaviour: Callable[..., Any], parse: Parse, streaming: bool) -> Any:
+        async def guarded(data: Any, context: Context) -> AsyncIterator[Any]:
             try:
                 self._check(context)
+                request = await self._request(data, parse, streaming)
                 async for response in behaviour(request, context):
                     yield response
             except Exception as error:
@@ -118,11 +121,11 @@ class _Guard:
         return guarded
 
     def wrap(self, handler: Handler) -> Handler:
-        if handler.response_streaming:
-            field = "stream_stream" if handler.request_streaming else "unary_stream"
-            return handler._replace(**{field: self.streaming(getattr(handler, field))})
-        field = "stream_unary" if handler.request_streaming else "unary_unary"
-        return handler._replace(**{field: self.unary(getattr(handler, field))})
+        wrapper = self.streaming if handler.response_streaming else self.unary
+        return taking_bytes(
+            handler,
+            lambda behaviour, parse: wrapper(behaviour, parse, handler.request_streaming),
+        )
 
 
 async def _abort(context: Context, status: Status) -> NoReturn:
@@ -146,7 +149,7 @@ def add_services(
     CheckpointRegistry over ``node``, and the health service
     (SERVING for "" and each service). With ``auth_token``, every call to the public API
     must carry the metadata ``authorization: Bearer <auth_token>`` (else UNAUTHENTICATED)."""
-    recorder = _Recorder()
+    recorder = Recorder()
     target = cast(grpc.aio.Server, recorder)
     kv_pb2_grpc.add_KVServicer_to_server(KVServicer(node), target)
     watch_pb2_grpc.add_WatchServicer_to_server(WatchServicer(node), target)

@@ -43,7 +43,7 @@ from rallypoint.raft.snapshot_transfer import (
     SnapshotReceiver,
     SnapshotTransferError,
 )
-from rallypoint.raft.snapshotter import decode_snapshot_file
+from rallypoint.raft.snapshotter import SnapshotCorruptionError, decode_snapshot_file
 from rallypoint.raft.types import Entry, Message, MessageType, Snapshot
 
 from .grpc_handlers import Parse, Recorder, parse_or_refuse, parsed_stream, taking_bytes
@@ -335,7 +335,8 @@ class PeerServicer(peer_pb2_grpc.RaftServicer):
                 raise ValueError(
                     f"snapshot term {snapshot.metadata.term} is past its sender's {header.term}"
                 )
-        except (ValueError, OSError) as exc:
+        except (ValueError, OSError, SnapshotCorruptionError) as exc:
+            # SnapshotCorruptionError: the checksum matched, the file's format did not.
             await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"bad snapshot: {exc}")
         finally:
             with contextlib.suppress(OSError):

@@ -812,8 +812,9 @@ class Node:
         """Step authenticated messages from one peer into Raft. The votes of a peer that
         says it abstains (it lost its data and has not caught up) are dropped here too, in
         case its Raft node sent them anyway. A message the core refuses as expected (from a
-        peer it does not know, or a local type) is dropped; anything else it raises is a
-        broken invariant and stops the member."""
+        peer it does not know, a local type, or a proposal forwarded to this member after it
+        stopped leading, which the proposer's timeout covers) is dropped; anything else it
+        raises is a broken invariant and stops the member."""
         raw = self.raw
         if messages and incarnation:
             self._note_incarnation(int(messages[0].from_), incarnation)
@@ -828,7 +829,7 @@ class Node:
                 continue
             try:
                 raw.step(message)
-            except (StepPeerNotFoundError, StepLocalMsgError) as exc:
+            except (StepPeerNotFoundError, StepLocalMsgError, RaftProposalDroppedError) as exc:
                 log.debug("member %d dropped %s: %s", self.member_id, message.type.name, exc)
             except BaseException as exc:
                 log.critical(

@@ -19,7 +19,7 @@ from rallypoint.coordinator.state.results import (
     PutResult,
     SessionOpenResult,
 )
-from rallypoint.raft.types import EntryType, Index, Message, MessageType, NodeId, Term
+from rallypoint.raft.types import Entry, EntryType, Index, Message, MessageType, NodeId, Term
 
 
 def free_ports(count: int) -> list[int]:
@@ -279,3 +279,31 @@ async def test_an_invariant_broken_while_stepping_a_peer_message_stops_the_membe
     # (In a daemon, on_fatal ends the process; here the peers' traffic may hit it too.)
     assert cluster.fatal and all(str(e) == "an invariant of the core" for e in cluster.fatal)
     cluster.fatal.clear()
+
+
+async def test_a_forwarded_proposal_without_a_leader_is_dropped_not_fatal(
+    cluster: Cluster,
+) -> None:
+    """A follower forwards proposals to the member it believes leads; that member may have
+    stepped down meanwhile (check-quorum, a transfer). Its core then drops the proposal
+    (ProposalDroppedError, an expected outcome the proposer's timeout covers): found by the
+    fuzzer, where it stopped the member (exit 70) as if an invariant had broken."""
+    leader = await cluster.leader()
+    others = [n for n in cluster.nodes.values() if n is not leader]
+    survivor, gone = others
+    await cluster.stop(leader.member_id)
+    await cluster.stop(gone.member_id)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while survivor.leader_id != 0 or survivor.is_leader():
+        assert loop.time() < deadline, "the survivor kept a leader"
+        await asyncio.sleep(0.02)
+    proposal = Message(
+        type=MessageType.MsgProp,
+        to=NodeId(survivor.member_id),
+        from_=NodeId(gone.member_id),
+        term=Term(0),
+        entries=(Entry(Term(0), Index(0), EntryType.NORMAL, b""),),
+    )
+    survivor.deliver([proposal])
+    assert not cluster.fatal

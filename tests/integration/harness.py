@@ -103,8 +103,11 @@ class ProcessCluster:
         snapshot_entries: int = 10_000,
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
+        auth_token: str | None = None,
     ) -> None:
         self.root = root
+        # With a token, members require it from clients, and the harness's own calls send it.
+        self.auth_token = auth_token
         self.tick_ms = tick_ms
         self.election_ticks = election_ticks
         self.snapshot_entries = snapshot_entries
@@ -158,6 +161,7 @@ class ProcessCluster:
             f"--election-ticks={self.election_ticks}",
             f"--snapshot-entries={self.snapshot_entries}",
             "--log-level=INFO",
+            *([f"--auth-token={self.auth_token}"] if self.auth_token else []),
             *self.extra_args,
             *member.extra_args,
         ]
@@ -236,6 +240,11 @@ class ProcessCluster:
                 member.proc.kill()
                 member.proc.wait()
 
+    @property
+    def call_metadata(self) -> tuple[tuple[str, str], ...]:
+        """What a client call needs to be accepted: the bearer token, when there is one."""
+        return (("authorization", f"Bearer {self.auth_token}"),) if self.auth_token else ()
+
     def status(self, member_id: int, timeout_s: float = 1.0) -> cluster_pb2.StatusResponse | None:
         member = self.members[member_id]
         if not member.running or member.paused:
@@ -243,7 +252,7 @@ class ProcessCluster:
         with grpc.insecure_channel(member.client_address) as channel:
             try:
                 response: cluster_pb2.StatusResponse = cluster_pb2_grpc.ClusterStub(channel).Status(
-                    cluster_pb2.StatusRequest(), timeout=timeout_s
+                    cluster_pb2.StatusRequest(), timeout=timeout_s, metadata=self.call_metadata
                 )
                 return response
             except grpc.RpcError:

@@ -214,10 +214,12 @@ class Fuzzer:
             session_pb2.SessionOpenRequest(ttl_ms=600_000), timeout=10, metadata=metadata
         )
         self.pool.harvest(session)
-        sequence = iter(range(1, 1000))
+        self.pool.live_session = session.session_id
 
         def header() -> common_pb2.RequestHeader:
-            return common_pb2.RequestHeader(session_id=session.session_id, sequence=next(sequence))
+            # The pool's counter: the fuzzer's own requests on this session come after.
+            sequence = self.pool.next_sequence()
+            return common_pb2.RequestHeader(session_id=session.session_id, sequence=sequence)
 
         lease = lease_pb2_grpc.LeaseStub(channel).Grant(
             lease_pb2.LeaseGrantRequest(header=header(), ttl_ms=600_000),
@@ -284,6 +286,30 @@ class Fuzzer:
 
     # ---------------------------------------------------------------- fuzzing
 
+    def _keep_a_live_session(self) -> None:
+        """Open a session for plausible requests to name when the last one is gone (the
+        fuzz closes sessions, and lets the short-lived ones it opens expire)."""
+        metadata = self.cluster.call_metadata
+        stubs = [session_pb2_grpc.SessionStub(channel) for channel in self._client_channels]
+        try:
+            if self.pool.live_session:
+                stubs[0].KeepAlive(
+                    session_pb2.SessionKeepAliveRequest(session_id=self.pool.live_session),
+                    timeout=5,
+                    metadata=metadata,
+                )
+                return
+        except grpc.RpcError as error:
+            if error.code() is not grpc.StatusCode.NOT_FOUND:
+                return  # an election, say: try again before the next batch
+        try:
+            opened = stubs[0].Open(
+                session_pb2.SessionOpenRequest(ttl_ms=600_000), timeout=5, metadata=metadata
+            )
+        except grpc.RpcError:
+            return
+        self.pool.live_session = opened.session_id
+
     def _refresh_views(self) -> None:
         statuses = {i: self.cluster.status(i, timeout_s=2.0) for i in self._ids}
         leader = next((s.leader_id for s in statuses.values() if s and s.leader_id), self._ids[0])
@@ -301,7 +327,9 @@ class Fuzzer:
 
     def _run_batch(self, target: Target, batch_seed: int, examples: int, stop_at: float) -> None:
         figures = self.report.figures[(target.mode, target.name)]
-        if target.mode != "client":
+        if target.mode == "client":
+            self._keep_a_live_session()
+        else:
             self._refresh_views()
 
         def body(example: Any) -> None:

@@ -195,6 +195,8 @@ class Pool:
         self.blobs: list[bytes] = []
         self.named: dict[str, list[Any]] = {}
         self._sequence = 0
+        # A session kept open by the runner (0: none): plausible headers name it most.
+        self.live_session = 0
 
     def _keep(self, values: list[Any], value: Any) -> None:
         if value in values:
@@ -420,10 +422,10 @@ def field_values(
         if field.containing_oneof is not None:
             return weighted([(2, st.just(b"")), (1, one)])
         if field.type == FD.TYPE_MESSAGE and field.name != "header":
-            # Optional parts (a fence, a config) are left out as often as not; a mutating
-            # request's header is required, and a client sends it.
-            return weighted([(1, st.just(b"")), (1, one)])
-        return weighted([(1, st.just(b"")), (5, one)])
+            # Optional parts (a fence, a config) are often left out; a mutating request's
+            # header is required, and a client sends it.
+            return weighted([(1, st.just(b"")), (2, one)])
+        return weighted([(1, st.just(b"")), (9, one)])
     if field.is_repeated:
         options: list[tuple[int, st.SearchStrategy[bytes]]] = [
             (3, st.lists(one, max_size=4).map(b"".join))
@@ -485,7 +487,11 @@ def _session_header(descriptor: Descriptor, pool: Pool) -> st.SearchStrategy[byt
     fields = descriptor.fields_by_name
 
     def build(index: int) -> bytes:
-        session = pool.named_at("session_id", index, 1)
+        # Mostly the session the runner keeps alive; the fuzz closes and expires others.
+        if pool.live_session and index % 4:
+            session = pool.live_session
+        else:
+            session = pool.named_at("session_id", index, 1)
         return (
             tag(fields["session_id"].number, VARINT)
             + varint(session)
@@ -543,4 +549,4 @@ def request_bytes(descriptor: Descriptor, pool: Pool) -> st.SearchStrategy[bytes
     """Generated requests, wild and plausible ones, some of them mutated."""
     wild = message_bytes(descriptor, pool)
     plausible = message_bytes(descriptor, pool, plausible=True)
-    return weighted([(3, wild), (3, plausible), (1, mutated(wild)), (1, mutated(plausible))])
+    return weighted([(2, wild), (4, plausible), (1, mutated(wild)), (1, mutated(plausible))])

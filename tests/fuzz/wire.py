@@ -11,7 +11,10 @@ type's width, negative values for signed types); strings and bytes are empty, sh
 several values, packed or not; nested messages recurse to a bounded depth; a oneof may get
 none, one or several of its members. Values a live cluster handed out (session, lease and
 participant ids, revisions, job names, keys) are kept in a :class:`Pool` and drawn too, so
-requests get past "not found" into the code behind it.
+requests get past "not found" into the code behind it. Besides these *wild* requests, half
+are *plausible*: what a client could mean (fields present, values from the pool under the
+field's own name, dictionary words, small numbers, a live session's next sequence), so that
+they get past validation into the state machine.
 
 :func:`mutated` damages a generated request's bytes: bit flips, truncation, a slice
 duplicated or deleted, random bytes inserted. Everything is a strategy: one seed gives one

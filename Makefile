@@ -12,13 +12,14 @@ RUNS  ?= 20
 TIME  ?= 60
 LANES ?= 1
 
-.PHONY: help setup lint format typecheck pytest test sim crash-test bench-wal bench-kv bench-failover bench-recovery demo proto clean jepsen jepsen-long
+.PHONY: help setup lint format typecheck pytest test sim crash-test fuzz bench-wal bench-kv bench-failover bench-recovery demo proto clean jepsen jepsen-long
 
 help:
 	@echo "make demo             start a local cluster and elastic workers, kill things, watch recovery"
 	@echo "make test             lint (ruff), type-check (mypy), the tests (pytest), then make jepsen"
 	@echo "make sim SEEDS=N      run the seeded Raft cluster simulator over N seeds"
 	@echo "make crash-test ITER=N  SIGKILL a WAL writer N times and check nothing acknowledged is lost"
+	@echo "make fuzz TIME=S      fuzz every RPC of both ports of a 3-member cluster for S s (default 60)"
 	@echo "make bench-wal        WAL append/fsync benchmark -> bench/results/wal.json"
 	@echo "make bench-kv         KV put/get/keep-alive vs a 3-member etcd -> bench/results/kv.json (.png)"
 	@echo "make bench-failover   leader kill -9 / restart+kill / SIGSTOP -> first write, vs etcd -> bench/results/failover.json (.png)"
@@ -68,6 +69,11 @@ sim: setup
 
 crash-test: setup
 	$(PY) -m tests.crash --iterations $(ITER)
+
+# Generated and mutated requests for every RPC of both services, without the token, with it,
+# and as a member gone wrong; then the cluster must be whole. Last line: N messages, C failures.
+fuzz: setup
+	$(PY) -m tests.fuzz --time $(TIME)
 
 bench-wal: setup
 	$(PY) bench/wal_bench.py --out bench/results/wal.json

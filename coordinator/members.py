@@ -63,7 +63,11 @@ class ConfChangeContext:
             raise MemberTableError(f"malformed configuration change context: {exc}") from exc
         if not (isinstance(peer, str) and isinstance(client, str)):
             raise MemberTableError("malformed configuration change context: addresses")
-        return cls(peer, client, int(proposer), int(proposal))
+        if not all(type(value) is int for value in (proposer, proposal)):
+            raise MemberTableError(
+                f"malformed configuration change context: proposal {proposer!r}, {proposal!r}"[:300]
+            )
+        return cls(peer, client, proposer, proposal)
 
 
 class MemberTable:

@@ -44,7 +44,6 @@ from typing import Any, Protocol
 import grpc
 import grpc.aio
 
-from rallypoint.proto.peer.v1 import peer_pb2_grpc
 from rallypoint.raft import (
     Config,
     RawNode,
@@ -105,7 +104,7 @@ from .node_api import (
 )
 from .peer_auth import PeerKey, cluster_id_for
 from .peer_hello import ask_peers
-from .peer_service import PeerServicer, remove_partial_snapshots
+from .peer_service import add_peer_service, remove_partial_snapshots
 from .progress import ProgressReport
 from .role_log import ROLE_NAMES, RoleLog
 from .state.commands import Command, Envelope, LeaseExpire, decode_envelope, encode_envelope
@@ -390,7 +389,7 @@ class Node:
 
     async def _start_peer_server(self) -> None:
         server = grpc.aio.server(options=GRPC_OPTIONS)
-        peer_pb2_grpc.add_RaftServicer_to_server(PeerServicer(self), server)
+        add_peer_service(server, self)
         if self._peer_tls is not None:
             server.add_secure_port(self.config.peer_address, self._peer_tls.server_credentials())
         else:
@@ -821,9 +820,9 @@ class Node:
         """Step authenticated messages from one peer into Raft. The votes of a peer that
         says it abstains (it lost its data and has not caught up) are dropped here too, in
         case its Raft node sent them anyway. A message the core refuses as expected (from a
-        peer it does not know, a local type, a proposal forwarded to a member that has just
-        lost its leader) is dropped; anything else it raises is a broken invariant and stops
-        the member."""
+        peer it does not know, a local type, or a proposal forwarded to this member after it
+        stopped leading, which the proposer's timeout covers) is dropped; anything else it
+        raises is a broken invariant and stops the member."""
         raw = self.raw
         if messages and incarnation:
             self._note_incarnation(int(messages[0].from_), incarnation)
@@ -839,8 +838,6 @@ class Node:
             try:
                 raw.step(message)
             except (StepPeerNotFoundError, StepLocalMsgError, RaftProposalDroppedError) as exc:
-                # Expected refusals: a response from a peer this member does not know, a
-                # local type, a proposal forwarded to a member that just lost its leader.
                 log.debug("member %d dropped %s: %s", self.member_id, message.type.name, exc)
             except BaseException as exc:
                 log.critical(

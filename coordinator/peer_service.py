@@ -8,6 +8,11 @@ otherwise, with both named, since the sender is a member); then its content, dec
 range-checked by the codec, and every entry it carries checked to apply (INVALID_ARGUMENT).
 Only then does anything reach Raft, and only then can anything reach the disk.
 
+The service is registered by :func:`add_peer_service`, which parses each request itself
+(grpc_handlers.py): a request that does not even parse cannot be authenticated, and is
+refused as any unauthenticated one, with UNAUTHENTICATED and nothing else said (grpc would
+answer UNKNOWN with the parser's error).
+
 Snapshots arrive by ``InstallSnapshot`` in chunks (raft/snapshot_transfer.py assembles them
 in a partial file, resumable within a member's life). Before a byte is written, the declared
 size is checked against a bound and against the free space of the disk; once complete, the
@@ -38,9 +43,10 @@ from rallypoint.raft.snapshot_transfer import (
     SnapshotReceiver,
     SnapshotTransferError,
 )
-from rallypoint.raft.snapshotter import decode_snapshot_file
+from rallypoint.raft.snapshotter import SnapshotCorruptionError, decode_snapshot_file
 from rallypoint.raft.types import Entry, Message, MessageType, Snapshot
 
+from .grpc_handlers import Parse, Recorder, parse_or_refuse, parsed_stream, taking_bytes
 from .peer_auth import (
     BATCH_TAG,
     CHUNK_TAG,
@@ -55,6 +61,8 @@ from .transport import PeerEnd
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
+# What an unauthenticated caller is told, and nothing more.
+UNAUTHENTICATED_MESSAGE = "peer authentication failed"
 # Free disk space a snapshot transfer must leave behind.
 FREE_SPACE_MARGIN_BYTES = 64 * 1024 * 1024
 
@@ -84,6 +92,36 @@ class PeerReceiver(PeerEnd, Protocol):
         ...
 
     def incoming_snapshot_dir(self) -> str: ...
+
+
+def add_peer_service(server: grpc.aio.Server, host: PeerReceiver) -> None:
+    """Register the peer service for ``host`` on ``server``; see the module docstring."""
+    recorder = Recorder()
+    peer_pb2_grpc.add_RaftServicer_to_server(PeerServicer(host), recorder)  # type: ignore[arg-type]
+    for service, handlers in recorder.services:
+        wrapped = {name: taking_bytes(h, _refusing_unparsable(h)) for name, h in handlers.items()}
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, wrapped),))
+
+
+def _refusing_unparsable(handler: Any) -> Any:
+    """A wrapper for ``taking_bytes``: parse, and end the call UNAUTHENTICATED when a
+    request does not parse."""
+
+    def wrap(behaviour: Any, parse: Parse) -> Any:
+        async def parsing(data: Any, context: Context) -> Any:
+            async def refuse(error: Exception) -> NoReturn:
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+                raise AssertionError("abort returned")  # abort always raises
+
+            if handler.request_streaming:
+                request = parsed_stream(data, parse, refuse)
+            else:
+                request = await parse_or_refuse(parse, data, refuse)
+            return await behaviour(request, context)
+
+        return parsing
+
+    return wrap
 
 
 def remove_partial_snapshots(directory: str) -> int:
@@ -122,9 +160,7 @@ class PeerServicer(peer_pb2_grpc.RaftServicer):
     ) -> None:
         host = self._host
         if not host.peer_key.verify(tag, fields, mac):
-            await self._refuse(
-                context, grpc.StatusCode.UNAUTHENTICATED, "peer authentication failed"
-            )
+            await self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
         if host.peer_names_required:
             names = _certificate_names(context)
             if member_name(from_id) not in names:
@@ -304,7 +340,8 @@ class PeerServicer(peer_pb2_grpc.RaftServicer):
                 raise ValueError(
                     f"snapshot term {snapshot.metadata.term} is past its sender's {header.term}"
                 )
-        except (ValueError, OSError) as exc:
+        except (ValueError, OSError, SnapshotCorruptionError) as exc:
+            # SnapshotCorruptionError: the checksum matched, the file's format did not.
             await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"bad snapshot: {exc}")
         finally:
             with contextlib.suppress(OSError):

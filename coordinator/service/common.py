@@ -13,7 +13,7 @@ from ..state.commands import Command
 from ..state.errors import Failure
 from ..state.results import Success
 from ..state.values import KeyValue
-from .errors import RequestFailed
+from .errors import PreconditionFailed, RequestFailed
 
 # The longest a servicer waits for a proposal or a read barrier, whatever the client's
 # deadline: a request with no deadline (or a very long one) must not pin the server forever.
@@ -88,6 +88,14 @@ async def propose(
         first_unacked=first_unacked,
         timeout_s=wait_s(context),
     )
+    if sequence and not isinstance(result, (Failure, kind)):
+        # The state machine answers a command with its own kind of result, except from the
+        # session's cache: this sequence was used before, for another kind of request.
+        raise PreconditionFailed(
+            f"session {session_id} sequence {sequence} already answered another request "
+            f"(a {type(result).__name__}): a retry repeats its request, a new request takes "
+            "the next sequence"
+        )
     return expect(result, kind)
 
 

@@ -4,9 +4,12 @@ Theory of operation. Each service's generated ``add_*_to_server`` is pointed at 
 instead of the server, which yields the service's method handlers. Every handler's behaviour
 is then wrapped once, here, before the handlers reach the real server, so no servicer method
 can escape it: the wrapper finds the caller's role from its bearer token (when the member
-requires tokens, :mod:`.tokens`), checks the call against the method's rule in
-:data:`.authz.RULES` (a method without a rule cannot be registered), runs the servicer, and
-turns any exception into a status through :func:`.errors.status_for`. The standard health
+requires tokens, :mod:`.tokens`), parses the request (grpc's own parsing is turned off: a
+request that does not parse is INVALID_ARGUMENT for an authenticated caller and
+UNAUTHENTICATED for anyone else, never grpc's UNKNOWN; see ``grpc_handlers.py``), checks the
+call against the method's rule in :data:`.authz.RULES` (a method without a rule cannot be
+registered), runs the servicer, and turns any exception into a status through
+:func:`.errors.status_for`. The standard health
 service is registered unwrapped: health probes (load balancers, Kubernetes) rarely carry
 credentials, and health reveals nothing but "serving".
 """
@@ -30,12 +33,13 @@ from rallypoint.proto.v1 import (
     watch_pb2_grpc,
 )
 
+from ..grpc_handlers import Parse, Recorder, parse_or_refuse, parsed_stream, taking_bytes
 from ..node_api import ProposalTimeoutError, ServerNode
 from .authz import CALLER, Role, RoleKind, Rule, rule_for
 from .checkpoint import CheckpointServicer
 from .cluster import ClusterServicer
 from .common import Context, wait_s
-from .errors import PermissionDenied, Status, Unauthenticated, status_for
+from .errors import InvalidArgument, PermissionDenied, Status, Unauthenticated, status_for
 from .kv import KVServicer
 from .lease import LeaseServicer
 from .rendezvous import RendezvousServicer
@@ -60,17 +64,8 @@ SERVICE_NAMES = (
 Handler = Any  # grpc.RpcMethodHandler: a namedtuple whose behaviour fields we replace
 
 
-class _Recorder:
-    """Stands in for the server in a generated ``add_*_to_server``: keeps the handlers."""
-
-    def __init__(self) -> None:
-        self.services: list[tuple[str, dict[str, Handler]]] = []
-
-    def add_generic_rpc_handlers(self, handlers: Sequence[object]) -> None:
-        """Ignored: the same handlers arrive through add_registered_method_handlers."""
-
-    def add_registered_method_handlers(self, service: str, handlers: dict[str, Handler]) -> None:
-        self.services.append((service, handlers))
+async def _unparsable(error: Exception) -> NoReturn:
+    raise InvalidArgument("request", f"does not parse: {error}")
 
 
 class _Guard:
@@ -145,10 +140,25 @@ class _Guard:
         remaining_s: float | None = context.time_remaining()
         await _abort(context, status_for(error, remaining_s is not None and remaining_s <= 0))
 
-    def _unary(self, method: str, rule: Rule, admit: _Admit, behaviour: _Behaviour) -> _Behaviour:
-        async def guarded(request: Any, context: Context) -> Any:
+    async def _request(self, data: Any, parse: Parse, streaming: bool) -> Any:
+        """The request (or the stream of requests) parsed from what grpc handed over."""
+        if streaming:
+            return parsed_stream(data, parse, _unparsable)
+        return await parse_or_refuse(parse, data, _unparsable)
+
+    def _unary(
+        self,
+        method: str,
+        rule: Rule,
+        admit: _Admit,
+        behaviour: _Behaviour,
+        parse: Parse,
+        streaming: bool,
+    ) -> _Behaviour:
+        async def guarded(data: Any, context: Context) -> Any:
             try:
                 role = self._role(context)
+                request = await self._request(data, parse, streaming)
                 if role is not None:
                     request = await admit(role, method, rule, request, context)
                 caller = CALLER.set(role)
@@ -162,11 +172,18 @@ class _Guard:
         return guarded
 
     def _streaming(
-        self, method: str, rule: Rule, admit: _Admit, behaviour: _Behaviour
+        self,
+        method: str,
+        rule: Rule,
+        admit: _Admit,
+        behaviour: _Behaviour,
+        parse: Parse,
+        streaming: bool,
     ) -> _Behaviour:
-        async def guarded(request: Any, context: Context) -> AsyncIterator[Any]:
+        async def guarded(data: Any, context: Context) -> AsyncIterator[Any]:
             try:
                 role = self._role(context)
+                request = await self._request(data, parse, streaming)
                 if role is not None:
                     request = await admit(role, method, rule, request, context)
                 async for response in behaviour(request, context):
@@ -181,12 +198,13 @@ class _Guard:
         rule = rule_for(method)
         if handler.request_streaming and rule.session is not None:
             raise AssertionError(f"{method}: a request stream cannot be checked per session")
-        kind = ("stream" if handler.request_streaming else "unary") + (
-            "_stream" if handler.response_streaming else "_unary"
-        )
         admit = self._admit_stream if handler.request_streaming else self._admit
         guard = self._streaming if handler.response_streaming else self._unary
-        return handler._replace(**{kind: guard(method, rule, admit, getattr(handler, kind))})
+        streaming = handler.request_streaming
+        return taking_bytes(
+            handler,
+            lambda behaviour, parse: guard(method, rule, admit, behaviour, parse, streaming),
+        )
 
 
 _Admit = Callable[[Role, str, Rule, Any, Context], Awaitable[Any]]
@@ -229,7 +247,7 @@ def add_services(
     of a known token (else UNAUTHENTICATED) whose role allows it (else PERMISSION_DENIED)."""
     if tokens is None and auth_token:
         tokens = ClientTokens(admin_token=auth_token)
-    recorder = _Recorder()
+    recorder = Recorder()
     target = cast(grpc.aio.Server, recorder)
     kv_pb2_grpc.add_KVServicer_to_server(KVServicer(node), target)
     watch_pb2_grpc.add_WatchServicer_to_server(WatchServicer(node), target)

@@ -6,6 +6,7 @@ import msgpack
 import pytest
 
 from rallypoint.coordinator.members import (
+    ConfChangeContext,
     MemberAddress,
     MemberTable,
     MemberTableError,
@@ -50,3 +51,26 @@ def test_format_1_snapshots_still_load() -> None:
 def test_malformed_snapshot_data_is_refused(obj: list[object]) -> None:
     with pytest.raises(MemberTableError, match="malformed snapshot data"):
         decode_app_snapshot(msgpack.packb(obj, use_bin_type=True))
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        ["a:1", "b:2", [1], 2],  # a proposer that is not a number (was a TypeError)
+        ["a:1", "b:2", 1, {"x": 1}],
+        ["a:1", "b:2", 1.5, 2],
+        ["a:1", 7, 1, 2],
+        ["a:1", "b:2", 1],
+        "text",
+    ],
+)
+def test_a_malformed_configuration_change_context_is_refused(obj: object) -> None:
+    """A peer's entry is checked with this before it is persisted: anything but the
+    refusal would end the peer's request with UNKNOWN (or stop a member applying it)."""
+    with pytest.raises(MemberTableError, match="malformed configuration change context"):
+        ConfChangeContext.decode(msgpack.packb(obj, use_bin_type=True))
+
+
+def test_a_configuration_change_context_round_trips() -> None:
+    context = ConfChangeContext("a:1", "b:2", 3, 2**63)
+    assert ConfChangeContext.decode(context.encode()) == context

@@ -302,3 +302,16 @@ async def test_fenced_writes_pass_with_the_current_token(client: Client) -> None
     fence = common_pb2.Fence(lease_id=grant.lease_id, token=grant.fencing_token)
     put = await client.put(b"f", b"v", lease_id=grant.lease_id, fence=fence)
     assert put.kv.lease_id == grant.lease_id
+
+
+async def test_a_sequence_reused_for_another_kind_of_request_is_refused(client: Client) -> None:
+    """The session's cache answers a sequence it has seen with what it answered then; for
+    another kind of request that answer cannot be returned (the servicer raised
+    AssertionError: INTERNAL, found by the fuzzer). It is refused as the client's mistake."""
+    header = client.header()
+    await client.kv.Put(kv_pb2.PutRequest(header=header, key=b"a", value=b"1"))
+    reused = await fails(client.kv.Delete(kv_pb2.DeleteRequest(header=header, key=b"a")))
+    assert reused.code == Code.FAILED_PRECONDITION, reused
+    assert f"sequence {header.sequence} already answered another request" in reused.details
+    got = await client.kv.Get(kv_pb2.GetRequest(key=b"a"))
+    assert got.kv.value == b"1"  # nothing was deleted

@@ -219,3 +219,38 @@ async def test_token_auth_refuses_calls_without_the_bearer_token() -> None:
         health = health_pb2_grpc.HealthStub(channel)
         checked = await health.Check(health_pb2.HealthCheckRequest())
         assert checked.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_a_request_that_does_not_parse_is_refused_after_authentication() -> None:
+    """grpc's own parsing answered UNKNOWN (with the parser's traceback logged), before the
+    token was checked. Corrupt bytes and a string that is not UTF-8, on a unary call, a
+    server stream and a bidirectional stream."""
+    corrupt = b"\xff\xff\xff"
+    job_not_utf8 = b"\x0a\x02\xc3\x28"  # GetJobRequest.job = b"\xc3("
+    calls = [
+        ("/rallypoint.v1.KV/Get", "unary", corrupt),
+        ("/rallypoint.v1.Rendezvous/GetJob", "unary", job_not_utf8),
+        ("/rallypoint.v1.Watch/Watch", "server-stream", corrupt),
+        ("/rallypoint.v1.Lease/KeepAlive", "bidi", corrupt),
+    ]
+    node = FakeNode()
+    async with serving(node, auth_token=TOKEN) as channel:
+        for credentials, expected in (
+            ((("authorization", f"Bearer {TOKEN}"),), Code.INVALID_ARGUMENT),
+            ((), Code.UNAUTHENTICATED),
+        ):
+            for method, kind, payload in calls:
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    if kind == "unary":
+                        await channel.unary_unary(method)(payload, metadata=credentials)
+                    elif kind == "server-stream":
+                        await channel.unary_stream(method)(payload, metadata=credentials).read()
+                    else:
+                        call = channel.stream_stream(method)(iter([payload]), metadata=credentials)
+                        await call.read()
+                failure = rpc_failure(refused.value)
+                assert failure.code == expected, (method, credentials, failure)
+                if expected == Code.INVALID_ARGUMENT:
+                    assert failure.reason == "INVALID_REQUEST", failure
+                    assert failure.details.startswith("request: does not parse"), failure
+        assert node.proposals == []

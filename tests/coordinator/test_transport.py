@@ -19,9 +19,8 @@ import grpc.aio
 import pytest
 
 from rallypoint.coordinator.peer_auth import PeerKey
-from rallypoint.coordinator.peer_service import PeerServicer
+from rallypoint.coordinator.peer_service import add_peer_service
 from rallypoint.coordinator.transport import OUTBOX_LIMIT, PeerSender
-from rallypoint.proto.peer.v1 import peer_pb2_grpc
 from rallypoint.raft.types import (
     ConfState,
     Entry,
@@ -104,7 +103,7 @@ class Peer:
 
     async def start(self) -> None:
         server = grpc.aio.server()
-        peer_pb2_grpc.add_RaftServicer_to_server(PeerServicer(self.host), server)  # type: ignore[arg-type]
+        add_peer_service(server, self.host)
         server.add_insecure_port(self.address)
         await server.start()
         self._server = server

@@ -121,10 +121,14 @@ class ProcessCluster:
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
         token: str | None = None,
+        auth_token: str | None = None,
     ) -> None:
         """``token``: the bearer token the harness's own status calls carry (members started
-        with ``--tokens-file`` or ``--auth-token`` in ``extra_args`` require one)."""
+        with ``--tokens-file`` in ``extra_args`` require one). ``auth_token``: members are
+        started with ``--auth-token`` set to it, and the harness's calls carry it."""
         self.root = root
+        # With a token, members require it from clients, and the harness's own calls send it.
+        self.auth_token = auth_token
         self.tick_ms = tick_ms
         self.election_ticks = election_ticks
         self.snapshot_entries = snapshot_entries
@@ -136,7 +140,8 @@ class ProcessCluster:
         if not self.secret_path.exists():
             self.secret_path.write_text(os.urandom(32).hex() + "\n")
             self.secret_path.chmod(0o600)
-        self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        bearer = token or auth_token
+        self.metadata = (("authorization", f"Bearer {bearer}"),) if bearer else ()
         self.members: dict[int, MemberProcess] = {}
         for member_id in range(1, size + 1):
             self._describe(member_id)
@@ -179,6 +184,7 @@ class ProcessCluster:
             f"--election-ticks={self.election_ticks}",
             f"--snapshot-entries={self.snapshot_entries}",
             "--log-level=INFO",
+            *([f"--auth-token={self.auth_token}"] if self.auth_token else []),
             *self.extra_args,
             *member.extra_args,
         ]

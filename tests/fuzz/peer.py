@@ -1,0 +1,511 @@
+"""Fuzzing the peer port (Send, InstallSnapshot, Hello): outsiders and a member gone wrong.
+
+An *outsider* has no secret, or a wrong one, or alters a member's signed request in flight
+(a flipped MAC bit, a field changed after signing), or sends bytes that are not a protobuf
+message at all. Its content is anything: malformed messages, and also the well-formed ones
+that once took the cluster over (a MsgTimeoutNow, a heartbeat far ahead, an append at the
+current term, a vote request). Every request must be refused with UNAUTHENTICATED, and the
+refusal must not name the cluster (its id is not for outsiders).
+
+An *insider* signs with the cluster's secret (tests/integration/peer_client.py) and sends
+malformed content only (raft_messages.py: Raft does not defend against a member that lies in
+well-formed messages, so neither does this fuzzer): each must be refused (INVALID_ARGUMENT,
+DATA_LOSS, RESOURCE_EXHAUSTED, FAILED_PRECONDITION, PERMISSION_DENIED; UNAUTHENTICATED when
+the fuzzer damaged the protobuf envelope itself, which the MAC no longer matches). A batch
+taken (OK) is a failure. A snapshot transfer may end OK only unfinished (the receiver asks
+for the next offset and installs nothing); a refused transfer must leave no file behind.
+Hello is a question that changes nothing: OK, or FAILED_PRECONDITION for the wrong ends.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import google_crc32c
+import grpc
+import msgpack
+from hypothesis import strategies as st
+
+from rallypoint.coordinator.peer_auth import (
+    BATCH_TAG,
+    CHUNK_TAG,
+    HELLO_TAG,
+    PeerKey,
+    batch_fields,
+    chunk_fields,
+)
+from rallypoint.coordinator.peer_hello import hello_request_fields
+from rallypoint.proto.peer.v1 import peer_pb2
+from rallypoint.raft.codec import encode_message
+from rallypoint.raft.snapshotter import snapshot_file_name
+from rallypoint.raft.types import Entry, Index, Message, MessageType, NodeId, Term
+from tests.integration.peer_client import PeerClient
+
+from .public import Verdict
+from .raft_messages import (
+    PeerView,
+    RaftRecipe,
+    SnapshotRecipe,
+    bad_file,
+    garbage_snapshot,
+    materialise,
+    message_problem,
+    raft_recipes,
+    snapshot_file,
+    snapshot_problem,
+    snapshot_recipes,
+)
+from .rpcs import Answer, Rpc, describe, invoke, shorten
+from .wire import mutate, mutations, weighted
+
+Code = grpc.StatusCode
+INSIDER_REFUSALS = frozenset(
+    {
+        Code.INVALID_ARGUMENT,
+        Code.DATA_LOSS,
+        Code.RESOURCE_EXHAUSTED,
+        Code.FAILED_PRECONDITION,
+        Code.PERMISSION_DENIED,
+    }
+)
+TIMEOUT_S = 5.0
+# How long a member may take to remove the files of a transfer it refused.
+CLEAN_UP_S = 2.0
+WRONG_SECRET = b"a-secret-of-another-cluster-entirely"
+
+# How an outsider presents its request: no MAC, a random one, one made with another
+# secret, a member's signed request with its MAC or a field altered in flight, or bytes
+# (signed with another secret) damaged until they may not parse.
+CREDENTIALS = ("unsigned", "random_mac", "wrong_secret", "flipped_mac", "changed_field", "garbage")
+# What an outsider says (well-formed lies, then anything malformed).
+LIES = ("timeout_now", "heartbeat_ahead", "append", "vote", "malformed")
+
+
+@dataclass(frozen=True, slots=True)
+class SendExample:
+    member: int
+    messages: tuple[RaftRecipe, ...]
+    batch_damage: str  # insider: "none", "cluster_id", "to_id", "envelope"
+    credential: str  # outsider
+    lie: str  # outsider
+    incarnation: int
+    abstaining: bool
+    envelope: tuple[tuple[int, int, int, bytes], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotExample:
+    member: int
+    recipe: SnapshotRecipe
+    credential: str
+    damage_envelope: bool  # insider: damage the first chunk's protobuf bytes
+    envelope: tuple[tuple[int, int, int, bytes], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HelloExample:
+    member: int
+    from_offset: int
+    to_offset: int
+    wrong_cluster: bool
+    incarnation: int
+    nonce: bytes
+    credential: str
+    envelope: tuple[tuple[int, int, int, bytes], ...]
+
+
+@dataclass
+class PeerCluster:
+    """What the peer targets need to know of the cluster, refreshed before each batch."""
+
+    peer_addresses: list[str]
+    member_ids: list[int]
+    data_dirs: list[Path]
+    secret: bytes
+    view: Callable[[int], PeerView]  # the view from member i's side (i: index in the lists)
+    channels: Callable[[], list[grpc.Channel]]
+
+
+def _ids_strategy() -> st.SearchStrategy[int]:
+    return weighted([(3, st.sampled_from((0, 1, 7, 99))), (1, st.integers(0, 2**64 - 1))])
+
+
+def _sign_with(key: PeerKey | None, tag: bytes, fields: list[int | bytes]) -> bytes:
+    return key.sign(tag, fields) if key is not None else b""
+
+
+class PeerTarget:
+    """One RPC of the peer service, as an outsider or as an insider."""
+
+    def __init__(self, rpc: Rpc, insider: bool, cluster: PeerCluster) -> None:
+        self.rpc = rpc
+        self.mode = "insider" if insider else "outsider"
+        # Hello is a question that changes nothing: it needs fewer tries.
+        self.weight = 2 if rpc.method == "Hello" else 6
+        self.insider = insider
+        self._cluster = cluster
+
+    @property
+    def name(self) -> str:
+        return self.rpc.name
+
+    # ---------------------------------------------------------------- strategies
+
+    def strategy(self) -> st.SearchStrategy[Any]:
+        credential = st.sampled_from(CREDENTIALS)
+        envelope = mutations().map(tuple)
+        if self.rpc.method == "Send":
+            return st.builds(
+                SendExample,
+                member=st.integers(0, 2),
+                messages=st.lists(raft_recipes(), min_size=1, max_size=3).map(tuple),
+                batch_damage=weighted(
+                    [
+                        (6, st.just("none")),
+                        (1, st.just("cluster_id")),
+                        (1, st.just("to_id")),
+                        (1, st.just("envelope")),
+                    ]
+                ),
+                credential=credential,
+                lie=st.sampled_from(LIES),
+                incarnation=_ids_strategy(),
+                abstaining=st.booleans(),
+                envelope=envelope,
+            )
+        if self.rpc.method == "InstallSnapshot":
+            return st.builds(
+                SnapshotExample,
+                member=st.integers(0, 2),
+                recipe=snapshot_recipes(),
+                credential=credential,
+                damage_envelope=weighted([(8, st.just(False)), (1, st.just(True))]),
+                envelope=envelope,
+            )
+        if self.rpc.method == "Hello":
+            return st.builds(
+                HelloExample,
+                member=st.integers(0, 2),
+                from_offset=st.integers(0, 5),
+                to_offset=weighted([(4, st.just(0)), (1, st.integers(1, 3))]),
+                wrong_cluster=weighted([(4, st.just(False)), (1, st.just(True))]),
+                incarnation=_ids_strategy(),
+                nonce=st.binary(max_size=40),
+                credential=credential,
+                envelope=envelope,
+            )
+        raise AssertionError(f"no strategy for the peer RPC {self.rpc.name}: add one")
+
+    # ---------------------------------------------------------------- running
+
+    def _client(self, index: int, credential: str) -> PeerClient:
+        cluster = self._cluster
+        address = cluster.peer_addresses[index]
+        if self.insider or credential in ("flipped_mac", "changed_field"):
+            # (An outsider altering a member's request in flight: it was signed right.)
+            return PeerClient(address, cluster.secret)
+        if credential in ("wrong_secret", "garbage"):
+            client = PeerClient(address, WRONG_SECRET)
+        else:
+            client = PeerClient(address, None)
+        # Even knowing the cluster id must not help.
+        client.cluster_id = PeerClient(address, cluster.secret).cluster_id
+        return client
+
+    def run(self, example: Any) -> Verdict:
+        index = example.member % len(self._cluster.peer_addresses)
+        view = self._cluster.view(index)
+        if isinstance(example, SendExample):
+            built = self._send_request(example, index, view)
+        elif isinstance(example, SnapshotExample):
+            built = self._snapshot_request(example, index, view)
+        else:
+            built = self._hello_request(example, index, view)
+        if built is None:
+            return Verdict("skipped", sent=False)
+        payloads, text, expected, envelope_damaged, snapshot_path = built
+        channel = self._cluster.channels()[index]
+        before = _files_of(snapshot_path)
+        answer = invoke(channel, self.rpc, payloads, (), TIMEOUT_S, TIMEOUT_S)
+        verdict = Verdict(answer.code.name)
+        problem = self._judge(answer, expected, envelope_damaged)
+        if problem is None and snapshot_path is not None and answer.code is not Code.OK:
+            # The member answers before it has cleaned up: give it a moment.
+            deadline = time.monotonic() + CLEAN_UP_S
+            while (left := sorted(_files_of(snapshot_path) - before)) and (
+                time.monotonic() < deadline
+            ):
+                time.sleep(0.02)
+            if left:
+                problem = f"a refused transfer left {left} in {snapshot_path.parent}"
+        if problem is not None:
+            verdict.failure = problem
+            verdict.request = shorten(text, 400)
+        return verdict
+
+    def _judge(self, answer: Answer, expected: str, envelope_damaged: bool) -> str | None:
+        said = f"{answer.code.name} {answer.details!r}"[:300]
+        if not self.insider:
+            if answer.code is not Code.UNAUTHENTICATED:
+                return f"an outsider's request ({expected}) ended {said}"
+            cluster_id = PeerClient("", self._cluster.secret).cluster_id
+            if f"{cluster_id:x}" in answer.details or f"{cluster_id:016x}" in answer.details:
+                return f"the refusal names the cluster id: {said}"
+            return None
+        if answer.code in INSIDER_REFUSALS:
+            return None
+        if answer.code is Code.UNAUTHENTICATED and envelope_damaged:
+            return None
+        if answer.code is Code.OK:
+            if self.rpc.method == "Hello":
+                return None
+            if self.rpc.method == "InstallSnapshot" and answer.responses:
+                ack = peer_pb2.SnapshotAck.FromString(answer.responses[0])
+                if not ack.complete:
+                    return None  # unfinished: nothing installed
+                return f"a snapshot that cannot be installed was installed ({expected})"
+            return f"malformed content was taken ({expected}): {said}"
+        return f"malformed content ({expected}) ended {said}"
+
+    # ---------------------------------------------------------------- Send
+
+    def _lie(self, lie: str, view: PeerView) -> bytes:
+        """A well-formed message an outsider must not get through."""
+        term, last = Term(view.term), Index(view.last_index)
+        ends = {"to": NodeId(view.receiver), "from_": NodeId(view.sender)}
+        if lie == "timeout_now":
+            message = Message(type=MessageType.MsgTimeoutNow, term=term, **ends)
+        elif lie == "heartbeat_ahead":
+            message = Message(type=MessageType.MsgHeartbeat, term=Term(term + 1000), **ends)
+        elif lie == "append":
+            message = Message(
+                type=MessageType.MsgApp,
+                term=term,
+                log_term=term,
+                index=last,
+                entries=(Entry(term, Index(last + 1)),),
+                commit=Index(last + 1),
+                **ends,
+            )
+        else:
+            message = Message(
+                type=MessageType.MsgVote,
+                term=Term(term + 1),
+                log_term=term,
+                index=Index(last + 100),
+                **ends,
+            )
+        return encode_message(message)
+
+    def _send_request(
+        self, example: SendExample, index: int, view: PeerView
+    ) -> tuple[list[bytes], str, str, bool, Path | None] | None:
+        client = self._client(index, example.credential)
+        damage = example.batch_damage if self.insider else "none"
+        if self.insider or example.lie == "malformed":
+            messages: list[bytes] = []
+            reasons = []
+            for recipe in example.messages:
+                raw = materialise(recipe, view)
+                problem = message_problem(raw, view.sender, view.receiver)
+                if problem is not None:
+                    messages.append(raw)
+                    reasons.append(f"{recipe.damage}: {problem}")
+            if not messages:
+                return None  # nothing in it was certainly malformed: not sent
+            expected = "; ".join(reasons)
+        else:
+            messages, expected = [self._lie(example.lie, view)], example.lie
+        batch = client.batch(view.sender, view.receiver, messages, incarnation=example.incarnation)
+        batch.abstaining = example.abstaining
+        if damage == "cluster_id":
+            batch.cluster_id ^= 1
+            expected += " (to another cluster)"
+        elif damage == "to_id":
+            batch.to_id += 1
+            expected += " (to another member)"
+        self._sign_batch(client, batch, example.credential)
+        payload = self._envelope(batch.SerializeToString(), example, damage)
+        text = f"{expected} | {describe(peer_pb2.MessageBatch, payload)}"
+        return [payload], text, expected, damage == "envelope", None
+
+    def _sign_batch(
+        self, client: PeerClient, batch: peer_pb2.MessageBatch, credential: str
+    ) -> None:
+        batch.mac = _sign_with(client.key, BATCH_TAG, batch_fields(batch))
+        if self.insider:
+            return
+        if credential == "random_mac":
+            batch.mac = os.urandom(32)
+        elif credential == "flipped_mac":
+            batch.mac = bytes([batch.mac[0] ^ 1]) + batch.mac[1:]
+        elif credential == "changed_field":
+            batch.incarnation ^= 1
+
+    def _envelope(self, payload: bytes, example: Any, damage: str) -> bytes:
+        """The serialized request, damaged when the example says so."""
+        if (self.insider and damage == "envelope") or (
+            not self.insider and example.credential == "garbage"
+        ):
+            return mutate(payload, example.envelope)
+        return payload
+
+    # ---------------------------------------------------------------- InstallSnapshot
+
+    def _snapshot_request(
+        self, example: SnapshotExample, index: int, view: PeerView
+    ) -> tuple[list[bytes], str, str, bool, Path | None] | None:
+        recipe = example.recipe
+        client = self._client(index, example.credential)
+        meta, data = garbage_snapshot(recipe, view)
+        flaw = recipe.flaw
+        file_bytes = (
+            bad_file(recipe, meta, data) if flaw == "bad_file" else snapshot_file(meta, data)
+        )
+        header_term = view.term
+        snapshot_index, snapshot_term = meta[1], meta[2]
+        header_obj: list[Any] = [
+            int(MessageType.MsgSnap),
+            view.receiver,
+            view.sender,
+            header_term,
+            0,
+            0,
+            [],
+            0,
+            [b"", meta],
+            False,
+            0,
+            b"",
+        ]
+        header: bytes | None = msgpack.packb(header_obj, use_bin_type=True)
+        if flaw == "bad_header":
+            variant = recipe.variant % 5
+            if variant == 0:
+                header = None
+            elif variant == 1:
+                header = recipe.noise or b"\xc1"
+            elif variant == 2:
+                header_obj[0] = int(MessageType.MsgHeartbeat)
+            elif variant == 3:
+                header_obj[2] = view.sender + 1
+            else:
+                header_obj[3] = 2**63
+            if variant >= 2:
+                header = msgpack.packb(header_obj, use_bin_type=True)
+        # The content must be refused whatever the flaw: a snapshot that could be installed is
+        # never sent (it would be a well-formed lie).
+        problem = snapshot_problem(file_bytes, header_term)
+        if problem is None and self.insider:
+            return None
+        total_size, crc = len(file_bytes), google_crc32c.value(file_bytes)
+        if flaw == "over_limit":
+            total_size = recipe.declared_size
+        elif flaw == "wrong_crc":
+            crc ^= 1 + recipe.variant % 255
+        elif flaw == "past_end":
+            total_size = max(0, len(file_bytes) - 1 - recipe.variant % 4)
+        step = recipe.chunk_bytes or max(1, len(file_bytes))
+        pieces = [file_bytes[at : at + step] for at in range(0, len(file_bytes), step)] or [b""]
+        if flaw == "unfinished" and len(pieces) > 1:
+            pieces = pieces[: 1 + recipe.variant % (len(pieces) - 1)]
+        if flaw == "over_limit":
+            pieces = pieces[:1]
+        cluster_id, to_id = client.cluster_id, view.receiver
+        if flaw == "wrong_ends" and self.insider:
+            if recipe.variant % 2:
+                cluster_id ^= 1
+            else:
+                to_id += 1
+        chunks = []
+        offset = 0
+        for k, piece in enumerate(pieces):
+            chunk = peer_pb2.SnapshotChunk(
+                cluster_id=cluster_id,
+                from_id=view.sender,
+                to_id=to_id,
+                snapshot_index=snapshot_index if isinstance(snapshot_index, int) else 0,
+                snapshot_term=snapshot_term if isinstance(snapshot_term, int) else 0,
+                offset=offset,
+                data=piece,
+                total_size=total_size,
+                crc32c=crc,
+                incarnation=0,
+            )
+            if k == 0 and header is not None:
+                chunk.message = header
+            offset += len(piece)
+            self._sign_chunk(client, chunk, example.credential)
+            chunks.append(chunk.SerializeToString())
+        envelope_damaged = self.insider and example.damage_envelope
+        if envelope_damaged or (not self.insider and example.credential == "garbage"):
+            chunks[0] = mutate(chunks[0], example.envelope)
+        expected = f"{flaw}: {problem or 'outsider'}"
+        text = f"{expected} | {len(chunks)} chunks | {describe(peer_pb2.SnapshotChunk, chunks[0])}"
+        incoming = self._cluster.data_dirs[index] / "incoming"
+        path = incoming / snapshot_file_name(chunks_term(chunks), chunks_index(chunks))
+        return chunks, text, expected, envelope_damaged, path
+
+    def _sign_chunk(
+        self, client: PeerClient, chunk: peer_pb2.SnapshotChunk, credential: str
+    ) -> None:
+        chunk.mac = _sign_with(client.key, CHUNK_TAG, chunk_fields(chunk))
+        if self.insider:
+            return
+        if credential == "random_mac":
+            chunk.mac = os.urandom(32)
+        elif credential == "flipped_mac":
+            chunk.mac = bytes([chunk.mac[0] ^ 0x80]) + chunk.mac[1:]
+        elif credential == "changed_field":
+            chunk.incarnation ^= 1
+
+    # ---------------------------------------------------------------- Hello
+
+    def _hello_request(
+        self, example: HelloExample, index: int, view: PeerView
+    ) -> tuple[list[bytes], str, str, bool, Path | None] | None:
+        client = self._client(index, example.credential)
+        request = peer_pb2.HelloRequest(
+            cluster_id=client.cluster_id ^ int(example.wrong_cluster and self.insider),
+            from_id=view.sender + example.from_offset,
+            to_id=view.receiver + example.to_offset,
+            incarnation=example.incarnation,
+            nonce=example.nonce,
+        )
+        request.mac = _sign_with(client.key, HELLO_TAG, hello_request_fields(request))
+        if not self.insider:
+            if example.credential == "random_mac":
+                request.mac = os.urandom(32)
+            elif example.credential == "flipped_mac":
+                request.mac = bytes([request.mac[0] ^ 4]) + request.mac[1:]
+            elif example.credential == "changed_field":
+                request.incarnation ^= 1
+        payload = self._envelope(request.SerializeToString(), example, "none")
+        text = describe(peer_pb2.HelloRequest, payload)
+        return [payload], text, "hello", False, None
+
+
+def _files_of(path: Path | None) -> set[str]:
+    """The files of the snapshot transfer to ``path``: the snapshot and its partial files."""
+    if path is None:
+        return set()
+    return {found.name for found in path.parent.glob(path.name + "*")}
+
+
+def chunks_term(chunks: list[bytes]) -> int:
+    try:
+        return peer_pb2.SnapshotChunk.FromString(chunks[0]).snapshot_term
+    except Exception:  # a damaged envelope: the member cannot have named a file after it
+        return 0
+
+
+def chunks_index(chunks: list[bytes]) -> int:
+    try:
+        return peer_pb2.SnapshotChunk.FromString(chunks[0]).snapshot_index
+    except Exception:  # as above
+        return 0

@@ -53,7 +53,8 @@ def wrong_credentials(token: str) -> list[tuple[tuple[str, str], ...]]:
     return [
         (),
         (("authorization", "Bearer wrong"),),
-        (("authorization", f"bearer {token}"),),
+        # (The scheme's case does not matter, RFC 6750: "bearer <token>" is a right one.)
+        (("authorization", f"bearer{token}"),),
         (("authorization", token),),
         (("authorization", f"Bearer {token}x"),),
         (("authorization", f"Bearer {token[:-1]}"),),

@@ -78,6 +78,9 @@ class Switches:
     # end of stream when watch_break_cleanly).
     watch_break_after: int | None = None
     watch_break_cleanly: bool = False
+    # Send a revision's events in responses of at most this many (``fragment`` on all but
+    # the last), as a member does for a revision larger than its cap on one answer.
+    watch_fragment_events: int | None = None
 
 
 @dataclass
@@ -477,15 +480,22 @@ class WatchServicer(watch_pb2_grpc.WatchServicer):
                 next_revision = revision + 1
                 if not chosen:
                     continue
-                yield watch_pb2.WatchResponse(header=self.m.header(), events=chosen)
-                sent_with_events += 1
-                limit = self.m.switches.watch_break_after
-                if limit is not None and sent_with_events >= limit:
-                    if self.m.switches.watch_break_cleanly:
-                        return
-                    await abort(
-                        context, Refusal(grpc.StatusCode.UNAVAILABLE, "", "watch stream broken")
+                size = self.m.switches.watch_fragment_events or len(chosen)
+                for start in range(0, len(chosen), size):
+                    yield watch_pb2.WatchResponse(
+                        header=self.m.header(),
+                        events=chosen[start : start + size],
+                        fragment=start + size < len(chosen),
                     )
+                    sent_with_events += 1
+                    limit = self.m.switches.watch_break_after
+                    if limit is not None and sent_with_events >= limit:
+                        if self.m.switches.watch_break_cleanly:
+                            return
+                        await abort(
+                            context,
+                            Refusal(grpc.StatusCode.UNAVAILABLE, "", "watch stream broken"),
+                        )
             if pending:
                 # Changes may have landed while the responses above were sent: scan again.
                 continue

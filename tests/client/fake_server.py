@@ -113,6 +113,8 @@ class FakeStore:
         self.leader_id = 1
         self.term = 3
         self.members: list[cluster_pb2.Member] = []
+        # The target_id of every TransferLeader request, in order.
+        self.transfer_targets: list[int] = []
         self.changed = asyncio.Condition()
         # Bumped by break_watches; a watch stream opened under an older value ends.
         self.watch_generation = 0
@@ -716,9 +718,17 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServicer):
         self, request: cluster_pb2.TransferLeaderRequest, context: Context
     ) -> cluster_pb2.TransferLeaderResponse:
         await self.m.gate(context, "TransferLeader")
-        if self._find(request.target_id) is None:
-            await self._missing(context, request.target_id)
-        self.s.leader_id = request.target_id
+        self.s.transfer_targets.append(request.target_id)
+        target = request.target_id
+        if target == 0:
+            # The member's choice; this fake has no logs to compare: the highest other voter.
+            voters = [m.id for m in self.s.members if not m.is_learner and m.id != self.s.leader_id]
+            if not voters:
+                await abort(context, Refusal(grpc.StatusCode.UNAVAILABLE, "", "no other voter"))
+            target = max(voters)
+        elif self._find(target) is None:
+            await self._missing(context, target)
+        self.s.leader_id = target
         self.s.term += 1
         return cluster_pb2.TransferLeaderResponse(header=self.m.header())
 

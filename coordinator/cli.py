@@ -52,7 +52,8 @@ _SERVE_HELP = {
     "auth_token": "require 'authorization: Bearer TOKEN' on client calls (an admin token)",
     "tokens_file": "TOML file of client tokens (SHA-256) and their roles: admin, read, "
     "job:<id>; reloaded on SIGHUP (README, 'Security')",
-    "tls_cert_file": "PEM certificate for mutual TLS on both ports",
+    "tls_cert_file": "PEM certificate for mutual TLS on both ports (the client port's "
+    "certificate, key and CA are re-read on SIGHUP)",
     "tls_key_file": "PEM private key for mutual TLS",
     "tls_ca_file": "PEM CA bundle that signs members' and clients' certificates",
     "log_level": "DEBUG, INFO, WARNING or ERROR",
@@ -68,7 +69,8 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "(TOML, keys as below with underscores), then RALLYPOINT_<SETTING> environment "
         "variables (e.g. RALLYPOINT_DATA_DIR), then flags. One process per data dir (it is "
         "locked: DATA_DIR/rallypoint.lock holds the pid). SIGTERM stops the member "
-        "gracefully. A setting that cannot be used is refused with one line and exit code 2.",
+        "gracefully; SIGHUP re-reads the tokens file and the client port's TLS files. A "
+        "setting that cannot be used is refused with one line and exit code 2.",
     )
     parser.add_argument("--config", help="a TOML file of settings")
     defaults = Settings()

@@ -7,8 +7,8 @@ whole life), the free space and the listening addresses are checked (``preflight
 refusal is a :class:`SettingsError`, which ``rallypoint serve`` prints as one line before
 exiting with code 2. SIGTERM and SIGINT stop the member gracefully: a leader first hands
 leadership to the most up-to-date voter, so clients see no election timeout. SIGHUP reloads
-what can change without a restart (:class:`Reloads`: the tokens file), one log line per
-reload.
+what can change without a restart (:class:`Reloads`: the tokens file, the client port's TLS
+certificate, key and CA), one log line per reload.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from .preflight import (
     split_address,
 )
 from .service.tokens import ClientTokens, TokensFileError
+from .tls_reload import ReloadableServerCredentials
 
 __all__ = ["Settings", "SettingsError", "TlsFiles", "parse_initial_cluster", "run", "serve"]
 
@@ -354,7 +355,12 @@ async def serve(settings: Settings) -> int:
     reloads = Reloads()
     if tokens is not None and tokens.path:
         reloads.register(f"tokens file {tokens.path}", _reload_tokens(tokens))
-    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reloads.run)
+    client_credentials = None
+    if tls is not None:
+        client_credentials = ReloadableServerCredentials(tls)
+        reloads.register("client TLS files", client_credentials.reload)
+    # Installed before the member starts, so a SIGHUP during start-up cannot kill it.
+    loop.add_signal_handler(signal.SIGHUP, reloads.run)
     node = Node(config, peer_tls=tls)
     await node.start()
     server = grpc.aio.server(options=SERVER_OPTIONS)
@@ -365,8 +371,8 @@ async def serve(settings: Settings) -> int:
         gc.set_threshold(50_000, 20, 20)
         add_services(server, node, tokens=tokens)
         try:
-            if tls is not None:
-                server.add_secure_port(config.client_address, tls.server_credentials())
+            if client_credentials is not None:
+                server.add_secure_port(config.client_address, client_credentials.credentials)
             else:
                 server.add_insecure_port(config.client_address)
         except RuntimeError as exc:

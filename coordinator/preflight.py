@@ -8,7 +8,7 @@ Theory of operation. A member starts in this order, and each step may refuse wit
    member's own addresses agree with its ``initial_cluster`` entry (a member that listens
    where its peers do not look stays a pre-candidate forever); no two listeners share a
    port; sizes parse (:func:`parse_size`); TLS files are readable PEM and the key is the
-   certificate's (:func:`read_tls_files`).
+   certificate's (:func:`read_tls_files`, also what a SIGHUP reload checks).
 2. The data dir: created if missing, then locked (:class:`DataDirLock`) *before anything in
    it is read or written*. The lock is ``flock`` on ``rallypoint.lock`` holding the holder's
    pid, kept for the life of the process (the kernel releases it when the process dies, even

@@ -1,9 +1,12 @@
 """`rallypoint serve` settings (file, environment, flags; each unusable one refused in one
-line with exit code 2) and mutual TLS on both ports."""
+line with exit code 2), mutual TLS on both ports, and certificate rotation on SIGHUP."""
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +21,7 @@ from tests.integration.harness import (
     SERVE_COMMAND,
     ProcessCluster,
     refused_to_start,
+    wait_until,
 )
 from tests.integration.peer_client import PeerClient
 
@@ -274,3 +278,73 @@ async def test_mutual_tls_on_both_ports(tmp_path: Path) -> None:
                 await client.get("secure")
     finally:
         cluster.shutdown()
+
+
+@pytest.mark.integration
+async def test_sighup_reloads_the_client_port_certificates_without_a_restart(
+    tmp_path: Path,
+) -> None:
+    """Certificate rotation: new files, SIGHUP, and clients of the new CA connect to the same
+    process; a broken file on a later SIGHUP is named in the log and changes nothing."""
+    first, second = (_make_certificates(_directory(tmp_path / name)) for name in ("1", "2"))
+    live = _directory(tmp_path / "live")
+
+    def install(certs: dict[str, Path]) -> None:
+        files = {"rallypoint-member-1.pem": "member.pem", "rallypoint-member-1.key": "member.key"}
+        for name, installed in {**files, "ca.pem": "ca.pem"}.items():
+            shutil.copyfile(certs[name], live / f"{installed}.new")
+            # As an operator should: atomically.
+            os.replace(live / f"{installed}.new", live / installed)
+
+    def trusting(certs: dict[str, Path]) -> TlsConfig:
+        return TlsConfig.from_files(
+            str(certs["ca.pem"]), str(certs["client.pem"]), str(certs["client.key"])
+        )
+
+    install(first)
+    cluster = ProcessCluster(
+        tmp_path,
+        1,
+        extra_args=[
+            f"--tls-cert-file={live / 'member.pem'}",
+            f"--tls-key-file={live / 'member.key'}",
+            f"--tls-ca-file={live / 'ca.pem'}",
+        ],
+    )
+    cluster.start_all()
+    member = cluster.members[1]
+    assert member.proc is not None
+    pid = member.proc.pid
+    try:
+        async with Client(cluster.endpoints, tls=trusting(first), timeout_s=30.0) as client:
+            await client.put("rotated", "before")
+
+        install(second)
+        member.proc.send_signal(signal.SIGHUP)
+        wait_until(
+            lambda: "SIGHUP: client TLS files reloaded" in cluster.log_text(1), 10.0, "a reload"
+        )
+        async with Client(cluster.endpoints, tls=trusting(second), timeout_s=15.0) as client:
+            kv = await client.get("rotated")
+            assert kv is not None and kv.value == b"before"
+        with pytest.raises(UnavailableError):
+            async with Client(cluster.endpoints, tls=trusting(first), timeout_s=3.0) as client:
+                await client.get("rotated")
+
+        (live / "member.key").write_text("not a key\n")
+        member.proc.send_signal(signal.SIGHUP)
+        refused = "SIGHUP: client TLS files not reloaded, the previous one stays in use"
+        wait_until(lambda: refused in cluster.log_text(1), 10.0, "a refusal")
+        assert f"tls_key_file {live / 'member.key'}: holds no PEM private key" in (
+            cluster.log_text(1)
+        )
+        async with Client(cluster.endpoints, tls=trusting(second), timeout_s=15.0) as client:
+            await client.put("rotated", "after")
+        assert member.running and member.proc.pid == pid
+    finally:
+        cluster.shutdown()
+
+
+def _directory(path: Path) -> Path:
+    path.mkdir()
+    return path

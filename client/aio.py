@@ -255,7 +255,9 @@ class Client:
         keys_only: bool = False,
         timeout_s: float | None = None,
     ) -> RangeResult:
-        """One page of keys under ``prefix`` in byte order (``limit`` 0: all of them)."""
+        """One page of keys under ``prefix`` in byte order: at most ``limit`` (0: as many as
+        the member answers at once, by default 10,000 keys or 3 MiB); ``more`` says keys
+        remain (continue with ``start_after`` = the last key, or use :meth:`range_pages`)."""
         response = await self._read(
             lambda s: s.kv.Range,
             kv_pb2.RangeRequest(
@@ -282,8 +284,9 @@ class Client:
         keys_only: bool = False,
         timeout_s: float | None = None,
     ) -> AsyncIterator[KeyValue]:
-        """Every key under ``prefix``, fetched ``page_size`` at a time (each page is its own
-        read: a key changed between pages may be seen at either side of the change)."""
+        """Every key under ``prefix``, fetched ``page_size`` at a time or fewer when the
+        member caps an answer (each page is its own read: a key changed between pages may be
+        seen at either side of the change)."""
         if page_size <= 0:
             raise ValueError(f"page_size must be positive, got {page_size}")
         start_after = b""

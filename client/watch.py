@@ -1,7 +1,11 @@
 """A watch that survives reconnects and leader changes with no gaps and no duplicates.
 
 Theory of operation (proto/v1/watch.proto). The server streams events in revision order,
-every event of one revision in one response. The watcher tracks two revisions:
+every event of one revision in one response, or, for a revision too large for one answer,
+in consecutive responses marked ``fragment`` but the last. The watcher keeps a revision's
+fragments aside and delivers them only once the last one arrived, so a revision is always
+delivered whole; a stream that breaks between fragments drops them, and the new stream sends
+that revision again from its start. The watcher tracks two revisions:
 
 - ``delivered_next``: the last delivered event's revision + 1. Events below it (a member
   resending what another already sent after a reconnect) are dropped, so nothing is
@@ -73,6 +77,9 @@ class Watcher:
         self._progress_candidate = 0
         self._progress_confirmed = 0
         self._buffer: collections.deque[WatchEvent] = collections.deque()
+        # The events of a revision whose last fragment has not arrived on this stream yet.
+        # Invariant: all share one revision >= delivered_next; empty after _drop_stream.
+        self._fragments: list[WatchEvent] = []
         self._call: WatchCall | None = None
         self._address = ""
         self._retrier = Retrier(transport)
@@ -117,6 +124,7 @@ class Watcher:
 
     def _drop_stream(self) -> None:
         self._progress_candidate = 0
+        self._fragments = []
         if self._call is not None:
             self._call.cancel()
             self._call = None
@@ -195,7 +203,11 @@ class Watcher:
         for proto_event in response.events:
             event = WatchEvent.from_proto(proto_event)
             if event.revision >= self.delivered_next:
-                self._buffer.append(event)
+                self._fragments.append(event)
+        if response.fragment:
+            return
+        self._buffer.extend(self._fragments)
+        self._fragments = []
         if self._buffer:
             self.delivered_next = self._buffer[-1].revision + 1
 

@@ -47,10 +47,13 @@ _SERVE_HELP = {
     "heartbeat_ticks": "ticks between leader heartbeats",
     "snapshot_entries": "applied entries between snapshots",
     "metrics_address": "host:port to serve Prometheus /metrics on (off when empty)",
+    "wal_segment_size": "bytes preallocated for each write-ahead log segment: a number, or "
+    "with KiB, MiB or GiB (e.g. 8MiB); 1MiB..1GiB. The data dir needs this much free to start",
     "auth_token": "require 'authorization: Bearer TOKEN' on client calls (an admin token)",
     "tokens_file": "TOML file of client tokens (SHA-256) and their roles: admin, read, "
     "job:<id>; reloaded on SIGHUP (README, 'Security')",
-    "tls_cert_file": "PEM certificate for mutual TLS on both ports",
+    "tls_cert_file": "PEM certificate for mutual TLS on both ports (the client port's "
+    "certificate, key and CA are re-read on SIGHUP)",
     "tls_key_file": "PEM private key for mutual TLS",
     "tls_ca_file": "PEM CA bundle that signs members' and clients' certificates",
     "log_level": "DEBUG, INFO, WARNING or ERROR",
@@ -64,7 +67,10 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="run one coordinator member",
         description="Run one coordinator member. Settings come from defaults, then --config "
         "(TOML, keys as below with underscores), then RALLYPOINT_<SETTING> environment "
-        "variables (e.g. RALLYPOINT_DATA_DIR), then flags.",
+        "variables (e.g. RALLYPOINT_DATA_DIR), then flags. One process per data dir (it is "
+        "locked: DATA_DIR/rallypoint.lock holds the pid). SIGTERM stops the member "
+        "gracefully; SIGHUP re-reads the tokens file and the client port's TLS files. A "
+        "setting that cannot be used is refused with one line and exit code 2.",
     )
     parser.add_argument("--config", help="a TOML file of settings")
     defaults = Settings()
@@ -97,6 +103,8 @@ def _serve(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"rallypoint serve: {exc}", file=sys.stderr)
         return 2
+    # run() then checks the TLS files, the data dir (locked), free space and the ports, and
+    # refuses in one line the same way.
     return run(settings)
 
 

@@ -490,19 +490,10 @@ async def _member_promote(args: argparse.Namespace, client: Client, out: Output)
 async def _transfer_leader(args: argparse.Namespace, client: Client, out: Output) -> int:
     statuses = [s.status for s in await client.status() if s.status is not None]
     leader_id = next((s.leader_id for s in statuses if s.leader_id), 0)
-    target = args.member_id
-    if target is None:
-        # The most caught-up voter other than the leader.
-        applied = {s.member_id: s.applied_index for s in statuses}
-        voters = [
-            m.member_id
-            for m in await client.member_list()
-            if not m.is_learner and m.member_id != leader_id
-        ]
-        if not voters:
-            raise CommandError("no other voter to transfer leadership to")
-        target = max(voters, key=lambda member_id: (applied.get(member_id, -1), -member_id))
-    header = await client.transfer_leader(target)
+    # Without a member id, target 0: the leader picks the voter whose log matches its own
+    # furthest (it knows every follower's progress; cluster.proto, TransferLeader).
+    header = await client.transfer_leader(args.member_id or 0)
+    target = header.leader_id
     if out.as_json:
         out.json({"previous_leader_id": leader_id, "leader_id": target, "term": header.raft_term})
     else:
@@ -609,11 +600,17 @@ def register(subparsers: SubParsers) -> None:
     transfer = _leaf(
         subparsers,
         "transfer-leader",
-        "hand leadership to a voter (default: the most caught-up one)",
+        "hand leadership to a voter (default: the leader picks the most up-to-date one)",
         _transfer_leader,
         common,
     )
-    transfer.add_argument("member_id", type=int, nargs="?", help="the new leader's member id")
+    transfer.add_argument(
+        "member_id",
+        type=int,
+        nargs="?",
+        help="the new leader's member id; omitted (or 0), the leader hands over to the voter "
+        "whose log matches its own furthest, as it does itself before stopping on SIGTERM",
+    )
 
     snapshot = _group(subparsers, "snapshot", "snapshots of the state machine")
     save = _leaf(

@@ -2,9 +2,13 @@
 
 Settings come, in increasing precedence, from defaults, a TOML file (``--config``),
 environment variables (``RALLYPOINT_<SETTING>``, e.g. ``RALLYPOINT_DATA_DIR``) and flags.
-SIGTERM and SIGINT stop the member gracefully: a leader first hands leadership to the most
-up-to-date voter, so clients see no election timeout. SIGHUP reloads what can change
-without a restart (:class:`Reloads`: the tokens file), one log line per reload.
+Before anything is served, the settings, the data dir (locked by this process for its
+whole life), the free space and the listening addresses are checked (``preflight``); a
+refusal is a :class:`SettingsError`, which ``rallypoint serve`` prints as one line before
+exiting with code 2. SIGTERM and SIGINT stop the member gracefully: a leader first hands
+leadership to the most up-to-date voter, so clients see no election timeout. SIGHUP reloads
+what can change without a restart (:class:`Reloads`: the tokens file, the client port's TLS
+certificate, key and CA), one log line per reload.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import itertools
 import json
 import logging
 import os
@@ -33,14 +38,28 @@ from .members import MemberAddress
 from .node import Node, NodeConfig
 from .node_api import NodeStartError
 from .peer_auth import PeerSecretError, check_secret, read_secret_file
+from .preflight import (
+    MAX_WAL_SEGMENT_BYTES,
+    MIN_WAL_SEGMENT_BYTES,
+    SERVER_OPTIONS,
+    DataDirLock,
+    SettingsError,
+    bind_failure,
+    format_size,
+    parse_size,
+    probe_listeners,
+    read_tls_files,
+    require_free_space,
+    require_own_entry,
+    same_listener,
+    split_address,
+)
 from .service.tokens import ClientTokens, TokensFileError
-from .transport import GRPC_OPTIONS
+from .tls_reload import ReloadableServerCredentials
+
+__all__ = ["Settings", "SettingsError", "TlsFiles", "parse_initial_cluster", "run", "serve"]
 
 log = logging.getLogger("rallypoint.daemon")
-
-
-class SettingsError(ValueError):
-    """A setting that cannot be used; the message names it and says why."""
 
 
 @dataclass
@@ -75,6 +94,11 @@ class TlsFiles:
             root_certificates=ca, private_key=key, certificate_chain=cert
         )
 
+    def check(self) -> None:
+        """Refuse files that are unreadable, not PEM, or a key that is not the
+        certificate's, naming the file (before anything starts)."""
+        read_tls_files(self)
+
 
 @dataclass
 class Settings:
@@ -98,6 +122,8 @@ class Settings:
     heartbeat_ticks: int = 1
     snapshot_entries: int = 10_000
     metrics_address: str = ""  # host:port for /metrics; empty disables
+    # Bytes preallocated per write-ahead log segment: a number, or with KiB, MiB or GiB.
+    wal_segment_size: str = "64MiB"
     auth_token: str = ""
     tokens_file: str = ""
     tls_cert_file: str = ""
@@ -159,7 +185,12 @@ class Settings:
         if not any(given):
             return None
         if not all(given):
-            raise SettingsError("TLS needs all of tls_cert_file, tls_key_file and tls_ca_file")
+            names = ("tls_cert_file", "tls_key_file", "tls_ca_file")
+            missing = [name for name, value in zip(names, given, strict=True) if not value]
+            raise SettingsError(
+                "TLS needs all of tls_cert_file, tls_key_file and tls_ca_file "
+                f"(missing: {', '.join(missing)})"
+            )
         return TlsFiles(*given)
 
     def secret(self) -> bytes:
@@ -194,8 +225,45 @@ class Settings:
     def members(self) -> dict[int, MemberAddress]:
         return parse_initial_cluster(self.initial_cluster)
 
+    def listeners(self) -> list[tuple[str, str]]:
+        """(setting, address) of every port this member listens on."""
+        found = [("peer_address", self.peer_address), ("client_address", self.client_address)]
+        if self.metrics_address:
+            found.append(("metrics_address", self.metrics_address))
+        return found
+
+    def wal_segment_size_bytes(self) -> int:
+        size = parse_size(self.wal_segment_size, "wal_segment_size")
+        if not MIN_WAL_SEGMENT_BYTES <= size <= MAX_WAL_SEGMENT_BYTES:
+            raise SettingsError(
+                f"wal_segment_size must be between {format_size(MIN_WAL_SEGMENT_BYTES)} and "
+                f"{format_size(MAX_WAL_SEGMENT_BYTES)}, got {self.wal_segment_size!r}"
+            )
+        return size
+
+    def _check_addresses(self, members: dict[int, MemberAddress]) -> None:
+        """Every listener a valid, distinct host:port; this member's own addresses those
+        its initial_cluster entry gives the others."""
+        listeners = self.listeners()
+        for setting, address in listeners:
+            split_address(address, setting)
+        for (setting, address), (other_setting, other) in itertools.combinations(listeners, 2):
+            if same_listener(address, other):
+                raise SettingsError(
+                    f"{setting} {address} and {other_setting} {other} must be different "
+                    "ports: each serves its own protocol"
+                )
+        entry = members.get(self.member_id)
+        if entry is not None:
+            require_own_entry("peer_address", self.peer_address, entry.peer_address, self.member_id)
+            require_own_entry(
+                "client_address", self.client_address, entry.client_address, self.member_id
+            )
+
     def node_config(self) -> NodeConfig:
+        """The member's configuration, every setting checked (no side effects)."""
         members = self.members()
+        self._check_addresses(members)
         if not members and not self.join:
             members = {self.member_id: MemberAddress(self.peer_address, self.client_address)}
         secret = self.secret()
@@ -213,6 +281,7 @@ class Settings:
                 election_ticks=self.election_ticks,
                 heartbeat_ticks=self.heartbeat_ticks,
                 snapshot_entries=self.snapshot_entries,
+                wal_segment_size_bytes=self.wal_segment_size_bytes(),
             )
             config.validate()
         except ValueError as exc:
@@ -233,7 +302,12 @@ def parse_initial_cluster(text: str) -> dict[int, MemberAddress]:
         member_id = int(ident)
         if member_id <= 0 or member_id in members:
             raise SettingsError(f"initial cluster: member id {member_id} is zero or repeated")
-        members[member_id] = MemberAddress(peer.strip(), client.strip())
+        address = MemberAddress(peer.strip(), client.strip())
+        split_address(address.peer_address, f"initial_cluster member {member_id}'s peer address")
+        split_address(
+            address.client_address, f"initial_cluster member {member_id}'s client address"
+        )
+        members[member_id] = address
     return members
 
 
@@ -270,32 +344,50 @@ def _reload_tokens(tokens: ClientTokens) -> Callable[[], str]:
 
 
 async def serve(settings: Settings) -> int:
-    """Run one member until SIGTERM/SIGINT; return the process exit code."""
+    """Run one member until SIGTERM/SIGINT; return the process exit code. The caller holds
+    the data dir's lock (:func:`run`)."""
     from .service.server import add_services
 
     config = settings.node_config()
+    loop = asyncio.get_running_loop()
     tls = settings.tls()
     tokens = settings.client_tokens()
     reloads = Reloads()
     if tokens is not None and tokens.path:
         reloads.register(f"tokens file {tokens.path}", _reload_tokens(tokens))
-    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reloads.run)
+    client_credentials = None
+    if tls is not None:
+        client_credentials = ReloadableServerCredentials(tls)
+        reloads.register("client TLS files", client_credentials.reload)
+    # Installed before the member starts, so a SIGHUP during start-up cannot kill it.
+    loop.add_signal_handler(signal.SIGHUP, reloads.run)
     node = Node(config, peer_tls=tls)
     await node.start()
-    # The long-lived objects made at start-up need no more collection passes; and a larger
-    # first generation makes collections rarer on the request path.
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 20)
-    server = grpc.aio.server(options=GRPC_OPTIONS)
-    add_services(server, node, tokens=tokens)
-    if tls is not None:
-        server.add_secure_port(config.client_address, tls.server_credentials())
-    else:
-        server.add_insecure_port(config.client_address)
-    await server.start()
-    if settings.metrics_address:
-        host, _, port = settings.metrics_address.rpartition(":")
-        node.metrics.serve(int(port), host or "127.0.0.1")
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    try:
+        # The long-lived objects made at start-up need no more collection passes; and a
+        # larger first generation makes collections rarer on the request path.
+        gc.freeze()
+        gc.set_threshold(50_000, 20, 20)
+        add_services(server, node, tokens=tokens)
+        try:
+            if client_credentials is not None:
+                server.add_secure_port(config.client_address, client_credentials.credentials)
+            else:
+                server.add_insecure_port(config.client_address)
+        except RuntimeError as exc:
+            raise bind_failure("client_address", config.client_address, exc) from None
+        await server.start()
+        if settings.metrics_address:
+            host, port = split_address(settings.metrics_address, "metrics_address")
+            try:
+                node.metrics.serve(port, host)
+            except OSError as exc:
+                raise bind_failure("metrics_address", settings.metrics_address, exc) from None
+    except BaseException:
+        await server.stop(grace=None)
+        await node.stop(transfer_leadership=False)
+        raise
     log.info(
         "member %d serving clients at %s (peers at %s)",
         config.member_id,
@@ -305,7 +397,6 @@ async def serve(settings: Settings) -> int:
     if tokens is not None:
         log.info("clients need a token: %s", tokens.table.summary())
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     await stop.wait()
@@ -354,15 +445,23 @@ def configure_logging(level: str, log_format: str) -> None:
 
 
 def run(settings: Settings) -> int:
-    """Serve until stopped; 0 after a clean stop, 2 when the member cannot start (one line
-    on stderr says why and what to do)."""
+    """Check, lock the data dir, and serve until stopped (``preflight`` gives the order);
+    0 after a clean stop, 2 when the member cannot start (one line on stderr says why and
+    what to do)."""
     configure_logging(settings.log_level, settings.log_format)
     try:
-        with contextlib.suppress(ImportError):
-            import uvloop
+        config = settings.node_config()
+        tls = settings.tls()
+        if tls is not None:
+            tls.check()
+        with DataDirLock.acquire(config.data_dir):
+            require_free_space(config.data_dir, config.wal_segment_size_bytes)
+            probe_listeners(settings.listeners())
+            with contextlib.suppress(ImportError):
+                import uvloop
 
-            return int(uvloop.run(serve(settings)))
-        return asyncio.run(serve(settings))
+                return int(uvloop.run(serve(settings)))
+            return asyncio.run(serve(settings))
     except (SettingsError, IdentityError, NodeStartError, DataCorruptionError) as exc:
         print(f"rallypoint serve: {exc}", file=sys.stderr)
         return 2

@@ -105,6 +105,7 @@ from .node_api import (
 from .peer_auth import PeerKey, cluster_id_for
 from .peer_hello import ask_peers
 from .peer_service import add_peer_service, remove_partial_snapshots
+from .preflight import SERVER_OPTIONS
 from .progress import ProgressReport
 from .role_log import ROLE_NAMES, RoleLog
 from .state.commands import Command, Envelope, LeaseExpire, decode_envelope, encode_envelope
@@ -388,7 +389,7 @@ class Node:
         )
 
     async def _start_peer_server(self) -> None:
-        server = grpc.aio.server(options=GRPC_OPTIONS)
+        server = grpc.aio.server(options=SERVER_OPTIONS)
         add_peer_service(server, self)
         if self._peer_tls is not None:
             server.add_secure_port(self.config.peer_address, self._peer_tls.server_credentials())

@@ -47,8 +47,16 @@ class KVServicer(kv_pb2_grpc.KVServicer):
         prefix = validate.key(request.prefix, limits, "prefix", allow_empty=True)
         start_after = validate.key(request.start_after, limits, "start_after", allow_empty=True)
         limit = validate.non_negative(request.limit, "limit")
+        # The member's cap bounds every answer, whatever the request asks; `more` says so.
+        limit = min(limit or limits.max_answer_keys, limits.max_answer_keys)
         await read_barrier(self.node, context, request.serializable)
-        kvs, more = self.node.state.range(prefix, limit, start_after)
+        kvs, more = self.node.state.range(
+            prefix,
+            limit,
+            start_after,
+            max_bytes=limits.max_answer_bytes,
+            count_values=not request.keys_only,
+        )
         return kv_pb2.RangeResponse(
             header=header_pb(self.node.header()),
             kvs=[kv_pb(kv, request.keys_only) for kv in kvs],

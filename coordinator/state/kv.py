@@ -74,14 +74,26 @@ class KeyValueStore:
             yield self._kvs[key]
 
     def range(
-        self, prefix: bytes, limit: int = 0, start_after: bytes = b""
+        self,
+        prefix: bytes,
+        limit: int = 0,
+        start_after: bytes = b"",
+        max_bytes: int = 0,
+        count_values: bool = True,
     ) -> tuple[tuple[KeyValue, ...], bool]:
-        """Up to ``limit`` keys (0: all) under ``prefix``; True if more remain."""
+        """Up to ``limit`` keys (0: all) under ``prefix``, whose keys (and values, when
+        ``count_values``) add up to at most ``max_bytes`` (0: no bound), though never fewer
+        than one key; True if more remain."""
         found: list[KeyValue] = []
+        size_bytes = 0
         for kv in self.scan(prefix, start_after):
-            if limit and len(found) == limit:
+            kv_bytes = len(kv.key) + (len(kv.value) if count_values else 0)
+            if found and (
+                (limit and len(found) == limit) or (max_bytes and size_bytes + kv_bytes > max_bytes)
+            ):
                 return tuple(found), True
             found.append(kv)
+            size_bytes += kv_bytes
         return tuple(found), False
 
     def fence_token(self, key: bytes) -> int:

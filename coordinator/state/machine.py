@@ -111,6 +111,13 @@ class Limits:
     max_history_events: int = 10_000
     max_history_bytes: int = 64 * 1024 * 1024
     max_outstanding_answers: int = 1024
+    # The most key-values, and bytes of keys and values, in one answer: a Range page (cut
+    # short, with `more` set) or one WatchResponse (a larger revision is split into several).
+    # These bound what one reply costs a member; they decide no replicated outcome. gRPC
+    # clients refuse messages over 4 MiB by default: 3 MiB plus the framing of at most
+    # max_answer_keys entries stays below that.
+    max_answer_keys: int = 10_000
+    max_answer_bytes: int = 3 * 1024 * 1024
     rendezvous: RendezvousLimits = field(default_factory=RendezvousLimits)
 
 
@@ -395,12 +402,19 @@ class StateMachine:
         return self.kv.get(key)
 
     def range(
-        self, prefix: bytes, limit: int = 0, start_after: bytes = b""
+        self,
+        prefix: bytes,
+        limit: int = 0,
+        start_after: bytes = b"",
+        *,
+        max_bytes: int = 0,
+        count_values: bool = True,
     ) -> tuple[tuple[KeyValue, ...], bool]:
-        """Keys under ``prefix`` in key order, at most ``limit`` (0: all); True if cut."""
+        """Keys under ``prefix`` in key order, at most ``limit`` (0: all) and ``max_bytes``
+        (0: no bound; see ``KeyValueStore.range``); True if cut."""
         if limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
-        return self.kv.range(prefix, limit, start_after)
+        return self.kv.range(prefix, limit, start_after, max_bytes, count_values)
 
     def lease_list(self) -> tuple[LeaseInfo, ...]:
         return tuple(self.leases.info(lease, with_keys=False) for lease in self.leases.in_order())

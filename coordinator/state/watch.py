@@ -1,17 +1,24 @@
 """The bounded history of changes that watches read from.
 
-Theory of operation. Every change appends an :class:`Event` in revision order. The history
-keeps at most ``max_events`` events and ``max_bytes`` of keys and values; beyond that the
-oldest revisions are dropped whole (a revision's events are never split, so a watcher that
-resumes from "last revision seen + 1" never gets half a revision). ``compacted_revision`` is
-the newest revision dropped: a watch from at or below it gets :class:`Compacted` instead of
-a silent gap. The history and the compaction point are part of the snapshot, so a watcher
-served by a member restored from a snapshot gets the same answer.
+Theory of operation. Every change appends an :class:`Event` in revision order. The oldest
+revision is dropped, whole, once the revisions after it hold ``max_events`` events or
+``max_bytes`` of keys and values (a revision's events are never split, so a watcher that
+resumes from "last revision seen + 1" never gets half a revision). The bounds thus say how
+far behind a watcher may fall, whatever the size of each revision: a revision larger than
+the bounds (a prefix delete of 50,000 keys) stays as long as a one-key revision would, so a
+watcher that was caught up when it was applied still reads it. What is kept is at most the
+bounds plus the oldest kept revision, and one revision holds at most every key in the store.
+``compacted_revision`` is the newest revision dropped: a watch from at or below it gets
+:class:`Compacted` instead of a silent gap. The history and the compaction point are part
+of the snapshot, so a watcher served by a member restored from a snapshot gets the same
+answer.
 """
 
 from __future__ import annotations
 
 import bisect
+import collections
+from dataclasses import dataclass
 
 from .errors import Compacted
 from .values import Event
@@ -20,6 +27,15 @@ from .values import Event
 def _event_size_bytes(event: Event) -> int:
     previous = event.prev
     return len(event.kv.key) + len(event.kv.value) + (len(previous.value) if previous else 0)
+
+
+@dataclass(slots=True)
+class _RevisionSize:
+    """How many events, and bytes of keys and values, one revision in the history holds."""
+
+    revision: int
+    events: int
+    size_bytes: int
 
 
 class WatchHistory:
@@ -31,6 +47,9 @@ class WatchHistory:
         # Invariant: revisions ascending (equal within one revision), all > compacted_revision.
         self._events: list[Event] = []
         self._revisions: list[int] = []
+        # Invariant: one entry per distinct revision of _events, in order; their events and
+        # bytes add up to len(_events) and _size_bytes.
+        self._per_revision: collections.deque[_RevisionSize] = collections.deque()
         self._size_bytes = 0
         # Invariant: every event at or below this revision has been dropped; only grows.
         self.compacted_revision = 0
@@ -41,29 +60,39 @@ class WatchHistory:
     def append(self, events: list[Event]) -> None:
         """Add the events of one revision (all sharing it), then enforce the bounds."""
         for event in events:
-            if self._revisions and event.revision < self._revisions[-1]:
-                raise AssertionError(f"event revision {event.revision} goes backwards")
-            self._events.append(event)
-            self._revisions.append(event.revision)
-            self._size_bytes += _event_size_bytes(event)
+            self._add(event)
         self._trim()
+
+    def _add(self, event: Event) -> None:
+        if self._revisions and event.revision < self._revisions[-1]:
+            raise AssertionError(f"event revision {event.revision} goes backwards")
+        self._events.append(event)
+        self._revisions.append(event.revision)
+        size_bytes = _event_size_bytes(event)
+        self._size_bytes += size_bytes
+        newest = self._per_revision[-1] if self._per_revision else None
+        if newest is not None and newest.revision == event.revision:
+            newest.events += 1
+            newest.size_bytes += size_bytes
+        else:
+            self._per_revision.append(_RevisionSize(event.revision, 1, size_bytes))
 
     def _trim(self) -> None:
         drop = 0
-        size_bytes = self._size_bytes
-        while drop < len(self._events) and (
-            len(self._events) - drop > self.max_events or size_bytes > self.max_bytes
-        ):
-            # Drop the whole revision of the oldest event.
-            revision = self._revisions[drop]
-            end = bisect.bisect_right(self._revisions, revision, lo=drop)
-            size_bytes -= sum(_event_size_bytes(e) for e in self._events[drop:end])
-            drop = end
-            self.compacted_revision = revision
+        while self._per_revision:
+            # The oldest revision goes once the revisions after it reach a bound.
+            oldest = self._per_revision[0]
+            newer_events = len(self._events) - drop - oldest.events
+            newer_bytes = self._size_bytes - oldest.size_bytes
+            if newer_events < self.max_events and newer_bytes < self.max_bytes:
+                break
+            self._per_revision.popleft()
+            drop += oldest.events
+            self._size_bytes = newer_bytes
+            self.compacted_revision = oldest.revision
         if drop:
             del self._events[:drop]
             del self._revisions[:drop]
-            self._size_bytes = size_bytes
 
     def events_since(
         self, revision: int, key: bytes, prefix: bool = False
@@ -82,11 +111,10 @@ class WatchHistory:
     def restore(self, compacted_revision: int, events: list[Event]) -> None:
         self._events = []
         self._revisions = []
+        self._per_revision.clear()
         self._size_bytes = 0
         self.compacted_revision = compacted_revision
         for event in events:
             if event.revision <= compacted_revision:
                 raise AssertionError("snapshot history holds a compacted revision")
-            self._events.append(event)
-            self._revisions.append(event.revision)
-            self._size_bytes += _event_size_bytes(event)
+            self._add(event)

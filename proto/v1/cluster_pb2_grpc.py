@@ -106,9 +106,12 @@ class ClusterServicer:
         raise NotImplementedError('Method not implemented!')
 
     def TransferLeader(self, request, context):
-        """Hands leadership to a voter; answered once the transfer completed or failed. Errors:
-        NOT_FOUND, FAILED_PRECONDITION (target is a learner), UNAVAILABLE (transfer timed out or
-        this member is not the leader), DEADLINE_EXCEEDED.
+        """Hands leadership to a voter; answered once the transfer completed or failed. target_id 0
+        lets the leader choose: the voter (other than itself) whose log matches its own furthest,
+        so the new leader needs the least catching up (what a leader does itself before it stops
+        on SIGTERM); the answer's header names the new leader. Errors: NOT_FOUND,
+        FAILED_PRECONDITION (target is a learner), UNAVAILABLE (transfer timed out, this member
+        is not the leader, or target_id 0 and no other voter exists), DEADLINE_EXCEEDED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -86,7 +86,10 @@ class KVServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Range(self, request, context):
-        """Reads keys by prefix in byte order, at most `limit`. Errors: INVALID_ARGUMENT, UNAVAILABLE.
+        """Reads keys by prefix in byte order, at most `limit`, one page at a time: every answer is
+        capped by the member (by default 10,000 keys and 3 MiB of keys and values, though never
+        fewer than one key), and `more` says that keys remain. Errors: INVALID_ARGUMENT,
+        UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

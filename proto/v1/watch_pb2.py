@@ -25,21 +25,21 @@ _sym_db = _symbol_database.Default()
 from rallypoint.proto.v1 import common_pb2 as rallypoint_dot_proto_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1frallypoint/proto/v1/watch.proto\x12\rrallypoint.v1\x1a rallypoint/proto/v1/common.proto\"r\n\x0cWatchRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06prefix\x18\x02 \x01(\x08\x12\x16\n\x0estart_revision\x18\x03 \x01(\x03\x12\x0f\n\x07prev_kv\x18\x04 \x01(\x08\x12\x1c\n\x14progress_interval_ms\x18\x05 \x01(\x03\"\x95\x01\n\x05\x45vent\x12&\n\x04type\x18\x01 \x01(\x0e\x32\x18.rallypoint.v1.EventType\x12#\n\x02kv\x18\x02 \x01(\x0b\x32\x17.rallypoint.v1.KeyValue\x12\x15\n\rprev_revision\x18\x03 \x01(\x03\x12(\n\x07prev_kv\x18\x04 \x01(\x0b\x32\x17.rallypoint.v1.KeyValue\"~\n\rWatchResponse\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1d.rallypoint.v1.ResponseHeader\x12$\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x14.rallypoint.v1.Event\x12\x18\n\x10\x63ompact_revision\x18\x03 \x01(\x03* \n\tEventType\x12\x07\n\x03PUT\x10\x00\x12\n\n\x06\x44\x45LETE\x10\x01\x32M\n\x05Watch\x12\x44\n\x05Watch\x12\x1b.rallypoint.v1.WatchRequest\x1a\x1c.rallypoint.v1.WatchResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1frallypoint/proto/v1/watch.proto\x12\rrallypoint.v1\x1a rallypoint/proto/v1/common.proto\"r\n\x0cWatchRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06prefix\x18\x02 \x01(\x08\x12\x16\n\x0estart_revision\x18\x03 \x01(\x03\x12\x0f\n\x07prev_kv\x18\x04 \x01(\x08\x12\x1c\n\x14progress_interval_ms\x18\x05 \x01(\x03\"\x95\x01\n\x05\x45vent\x12&\n\x04type\x18\x01 \x01(\x0e\x32\x18.rallypoint.v1.EventType\x12#\n\x02kv\x18\x02 \x01(\x0b\x32\x17.rallypoint.v1.KeyValue\x12\x15\n\rprev_revision\x18\x03 \x01(\x03\x12(\n\x07prev_kv\x18\x04 \x01(\x0b\x32\x17.rallypoint.v1.KeyValue\"\x90\x01\n\rWatchResponse\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1d.rallypoint.v1.ResponseHeader\x12$\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x14.rallypoint.v1.Event\x12\x18\n\x10\x63ompact_revision\x18\x03 \x01(\x03\x12\x10\n\x08\x66ragment\x18\x04 \x01(\x08* \n\tEventType\x12\x07\n\x03PUT\x10\x00\x12\n\n\x06\x44\x45LETE\x10\x01\x32M\n\x05Watch\x12\x44\n\x05Watch\x12\x1b.rallypoint.v1.WatchRequest\x1a\x1c.rallypoint.v1.WatchResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rallypoint.proto.v1.watch_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_EVENTTYPE']._serialized_start=480
-  _globals['_EVENTTYPE']._serialized_end=512
+  _globals['_EVENTTYPE']._serialized_start=499
+  _globals['_EVENTTYPE']._serialized_end=531
   _globals['_WATCHREQUEST']._serialized_start=84
   _globals['_WATCHREQUEST']._serialized_end=198
   _globals['_EVENT']._serialized_start=201
   _globals['_EVENT']._serialized_end=350
-  _globals['_WATCHRESPONSE']._serialized_start=352
-  _globals['_WATCHRESPONSE']._serialized_end=478
-  _globals['_WATCH']._serialized_start=514
-  _globals['_WATCH']._serialized_end=591
+  _globals['_WATCHRESPONSE']._serialized_start=353
+  _globals['_WATCHRESPONSE']._serialized_end=497
+  _globals['_WATCH']._serialized_start=533
+  _globals['_WATCH']._serialized_end=610
 # @@protoc_insertion_point(module_scope)

@@ -42,11 +42,13 @@ class Event(_message.Message):
     def __init__(self, type: _Optional[_Union[EventType, str]] = ..., kv: _Optional[_Union[_common_pb2.KeyValue, _Mapping]] = ..., prev_revision: _Optional[int] = ..., prev_kv: _Optional[_Union[_common_pb2.KeyValue, _Mapping]] = ...) -> None: ...
 
 class WatchResponse(_message.Message):
-    __slots__ = ("header", "events", "compact_revision")
+    __slots__ = ("header", "events", "compact_revision", "fragment")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     COMPACT_REVISION_FIELD_NUMBER: _ClassVar[int]
+    FRAGMENT_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.ResponseHeader
     events: _containers.RepeatedCompositeFieldContainer[Event]
     compact_revision: int
-    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., compact_revision: _Optional[int] = ...) -> None: ...
+    fragment: bool
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., compact_revision: _Optional[int] = ..., fragment: _Optional[bool] = ...) -> None: ...

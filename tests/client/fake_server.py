@@ -78,6 +78,9 @@ class Switches:
     # end of stream when watch_break_cleanly).
     watch_break_after: int | None = None
     watch_break_cleanly: bool = False
+    # Send a revision's events in responses of at most this many (``fragment`` on all but
+    # the last), as a member does for a revision larger than its cap on one answer.
+    watch_fragment_events: int | None = None
 
 
 @dataclass
@@ -110,6 +113,8 @@ class FakeStore:
         self.leader_id = 1
         self.term = 3
         self.members: list[cluster_pb2.Member] = []
+        # The target_id of every TransferLeader request, in order.
+        self.transfer_targets: list[int] = []
         self.changed = asyncio.Condition()
         # Bumped by break_watches; a watch stream opened under an older value ends.
         self.watch_generation = 0
@@ -477,15 +482,22 @@ class WatchServicer(watch_pb2_grpc.WatchServicer):
                 next_revision = revision + 1
                 if not chosen:
                     continue
-                yield watch_pb2.WatchResponse(header=self.m.header(), events=chosen)
-                sent_with_events += 1
-                limit = self.m.switches.watch_break_after
-                if limit is not None and sent_with_events >= limit:
-                    if self.m.switches.watch_break_cleanly:
-                        return
-                    await abort(
-                        context, Refusal(grpc.StatusCode.UNAVAILABLE, "", "watch stream broken")
+                size = self.m.switches.watch_fragment_events or len(chosen)
+                for start in range(0, len(chosen), size):
+                    yield watch_pb2.WatchResponse(
+                        header=self.m.header(),
+                        events=chosen[start : start + size],
+                        fragment=start + size < len(chosen),
                     )
+                    sent_with_events += 1
+                    limit = self.m.switches.watch_break_after
+                    if limit is not None and sent_with_events >= limit:
+                        if self.m.switches.watch_break_cleanly:
+                            return
+                        await abort(
+                            context,
+                            Refusal(grpc.StatusCode.UNAVAILABLE, "", "watch stream broken"),
+                        )
             if pending:
                 # Changes may have landed while the responses above were sent: scan again.
                 continue
@@ -706,9 +718,17 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServicer):
         self, request: cluster_pb2.TransferLeaderRequest, context: Context
     ) -> cluster_pb2.TransferLeaderResponse:
         await self.m.gate(context, "TransferLeader")
-        if self._find(request.target_id) is None:
-            await self._missing(context, request.target_id)
-        self.s.leader_id = request.target_id
+        self.s.transfer_targets.append(request.target_id)
+        target = request.target_id
+        if target == 0:
+            # The member's choice; this fake has no logs to compare: the highest other voter.
+            voters = [m.id for m in self.s.members if not m.is_learner and m.id != self.s.leader_id]
+            if not voters:
+                await abort(context, Refusal(grpc.StatusCode.UNAVAILABLE, "", "no other voter"))
+            target = max(voters)
+        elif self._find(target) is None:
+            await self._missing(context, target)
+        self.s.leader_id = target
         self.s.term += 1
         return cluster_pb2.TransferLeaderResponse(header=self.m.header())
 

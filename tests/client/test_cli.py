@@ -124,6 +124,8 @@ async def test_status_and_transfer_leader(
     assert cluster.store.leader_id == moved["leader_id"]
     explicit = await run_json(capsys, cluster, "transfer-leader", "1")
     assert explicit["leader_id"] == 1
+    # Without a member id the leader chooses (target_id 0), knowing every log's progress.
+    assert cluster.store.transfer_targets == [0, 1]
 
 
 async def test_status_reports_an_unreachable_endpoint(

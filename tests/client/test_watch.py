@@ -70,6 +70,31 @@ async def test_resumes_across_broken_streams_without_gaps_or_duplicates(
     assert watcher.streams_opened >= 6
 
 
+async def test_a_revision_split_into_fragments_is_delivered_whole_once_across_breaks(
+    cluster: FakeCluster, client: Client
+) -> None:
+    """A prefix delete larger than one answer arrives as fragments; a stream that breaks
+    between them is resumed from that revision, and no event is lost or delivered twice."""
+    for i in range(10):
+        await client.put(f"f/{i}", str(i))
+    for member in cluster.members:
+        member.switches.watch_fragment_events = 3
+        member.switches.watch_break_after = 2  # breaks inside the 4-fragment revision
+    async with client.watch("f/", prefix=True) as watcher:
+        reader = asyncio.create_task(take(watcher, 11))
+        deleted = await client.delete("f/", prefix=True)
+        after = await client.put("f/after", b"x")
+        # While the streams break at the second fragment, the revision never completes.
+        await eventually(lambda: watcher.streams_opened >= 3, "the watch to reconnect")
+        assert watcher.delivered_next == deleted.header.revision
+        for member in cluster.members:
+            member.switches.watch_break_after = None
+        events = await reader
+    assert [e.kv.key for e in events[:10]] == sorted(f"f/{i}".encode() for i in range(10))
+    assert {e.revision for e in events[:10]} == {deleted.header.revision}
+    assert events[10].revision == after.kv.mod_revision
+
+
 async def test_resumes_at_the_leader_after_a_refusal(
     cluster: FakeCluster, make_client: Callable[..., Client]
 ) -> None:

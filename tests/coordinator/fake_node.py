@@ -270,21 +270,32 @@ class FakeNode:
 
 
 @contextlib.asynccontextmanager
-async def serving(
+async def served_at(
     node: FakeNode, auth_token: str | None = None, tokens: ClientTokens | None = None
-) -> AsyncIterator[grpc.aio.Channel]:
-    """A real grpc.aio server on 127.0.0.1 (a free port) with the public API over ``node``,
-    and a channel to it; both closed on exit."""
+) -> AsyncIterator[str]:
+    """A real grpc.aio server on 127.0.0.1 (a free port) with the public API over ``node``;
+    its address. Stopped on exit."""
     server = grpc.aio.server()
     add_services(server, node, auth_token=auth_token, tokens=tokens)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
-        yield channel
+        yield f"127.0.0.1:{port}"
     finally:
-        await channel.close(None)
         await server.stop(grace=None)
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    node: FakeNode, auth_token: str | None = None, tokens: ClientTokens | None = None
+) -> AsyncIterator[grpc.aio.Channel]:
+    """:func:`served_at`, and a channel to it; both closed on exit."""
+    async with served_at(node, auth_token, tokens) as address:
+        channel = grpc.aio.insecure_channel(address)
+        try:
+            yield channel
+        finally:
+            await channel.close(None)
 
 
 async def until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import grpc
 import pytest
 
+from rallypoint.client import Client as RallypointClient
 from rallypoint.coordinator.state import Limits
 from rallypoint.coordinator.state.commands import Put
 from rallypoint.proto.v1 import (
@@ -20,7 +21,7 @@ from rallypoint.proto.v1 import (
     session_pb2_grpc,
 )
 
-from .fake_node import MEMBER_ID, TERM, FakeNode, fails, serving
+from .fake_node import MEMBER_ID, TERM, FakeNode, fails, served_at, serving
 
 Code = grpc.StatusCode
 
@@ -116,6 +117,49 @@ async def test_range_pages_through_a_prefix_in_key_order(client: Client) -> None
     assert [(kv.key, kv.value) for kv in rest.kvs] == [(b"p/c", b"")] and not rest.more
     everything = await client.kv.Range(kv_pb2.RangeRequest())
     assert len(everything.kvs) == 4
+
+
+async def test_range_answers_are_capped_by_the_member_and_say_there_is_more() -> None:
+    """More keys than one answer may hold: every answer stops at the cap on keys or bytes
+    (whatever `limit` asks, 0 included), `more` is set, and start_after continues."""
+    node = FakeNode(Limits(max_answer_keys=5, max_answer_bytes=100))
+    async with serving(node) as channel:
+        opened = await session_pb2_grpc.SessionStub(channel).Open(
+            session_pb2.SessionOpenRequest(ttl_ms=60_000)
+        )
+        client = Client(node, channel, opened.session_id)
+        for i in range(12):
+            await client.put(b"k/%02d" % i, b"v" * 10)  # 14 bytes of key and value each
+        range_ = client.kv.Range
+        for limit in (0, 6, 1000):
+            capped = await range_(kv_pb2.RangeRequest(prefix=b"k/", limit=limit))
+            assert [kv.key for kv in capped.kvs] == [b"k/%02d" % i for i in range(5)]
+            assert capped.more
+        small = await range_(kv_pb2.RangeRequest(prefix=b"k/", limit=3))
+        assert len(small.kvs) == 3 and small.more
+        last = await range_(kv_pb2.RangeRequest(prefix=b"k/", start_after=b"k/09"))
+        assert [kv.key for kv in last.kvs] == [b"k/10", b"k/11"] and not last.more
+
+        await client.put(b"big/1", b"x" * 60)
+        await client.put(b"big/2", b"x" * 60)
+        # 66 bytes each: two would pass the 100-byte cap. One key is always answered.
+        by_bytes = await range_(kv_pb2.RangeRequest(prefix=b"big/"))
+        assert [kv.key for kv in by_bytes.kvs] == [b"big/1"] and by_bytes.more
+        # Without values, only the keys count.
+        keys_only = await range_(kv_pb2.RangeRequest(prefix=b"big/", keys_only=True))
+        assert [kv.key for kv in keys_only.kvs] == [b"big/1", b"big/2"]
+        assert not keys_only.more
+
+
+async def test_the_client_pages_through_more_keys_than_the_cap() -> None:
+    node = FakeNode(Limits(max_answer_keys=4))
+    async with served_at(node) as address, RallypointClient([address]) as client:
+        for i in range(10):
+            await client.put(b"p/%d" % i, b"v")
+        first = await client.range("p/")
+        assert len(first.kvs) == 4 and first.more
+        keys = [kv.key async for kv in client.range_pages("p/", page_size=1000)]
+        assert keys == [b"p/%d" % i for i in range(10)]
 
 
 async def test_delete_a_key_and_a_prefix(client: Client) -> None:

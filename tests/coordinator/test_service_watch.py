@@ -8,25 +8,28 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
+from rallypoint.client import Client
 from rallypoint.coordinator.state import Limits
 from rallypoint.coordinator.state.commands import Delete, Envelope, Put, SessionOpen
 from rallypoint.coordinator.state.commands import encode_envelope as encode
 from rallypoint.proto.v1 import watch_pb2, watch_pb2_grpc
+from tests.client.test_watch import take
 
-from .fake_node import FakeNode, rpc_failure, serving, until
+from .fake_node import FakeNode, rpc_failure, served_at, serving, until
 
 Code = grpc.StatusCode
 
 
 class Writer:
-    """Writes straight into the fake member's state machine, one entry per call."""
+    """Writes straight into the fake member's state machine, one entry per call, at the
+    member's clock (as its servicers' proposals are, so neither expires the other's session)."""
 
     def __init__(self, node: FakeNode) -> None:
         self.node = node
         self.sequence = 0
 
     async def open(self) -> None:
-        await self.node.apply(encode(Envelope(0, 0, 0, 0, SessionOpen(60_000))))
+        await self.node.apply(encode(Envelope(0, 0, 0, self.node.clock_ms, SessionOpen(60_000))))
         self.session_id = self.node.index
 
     async def put(self, key: bytes, value: bytes = b"v") -> int:
@@ -37,7 +40,11 @@ class Writer:
 
     async def _write(self, command: Put | Delete) -> int:
         self.sequence += 1
-        envelope = Envelope(self.session_id, self.sequence, 0, 0, command)
+        # Each write acknowledges the answers before it, so a long run of writes never
+        # reaches the session's bound on cached answers.
+        envelope = Envelope(
+            self.session_id, self.sequence, self.sequence, self.node.clock_ms, command
+        )
         await self.node.apply(encode(envelope))
         return self.node.index
 
@@ -142,6 +149,48 @@ async def test_progress_responses_when_idle(
     assert [e.kv.mod_revision for e in response.events] == [changed]
     call.cancel()
     await until(lambda: node.open_watches == 0)
+
+
+async def test_a_prefix_delete_of_50k_keys_reaches_caught_up_watchers_in_several_messages() -> None:
+    """The revision is larger than the history bound (10,000 events) and than one answer:
+    caught-up watchers (raw, and the client library's) get all of it, split into fragments,
+    then the next change, and never COMPACTED (the fault: "oldest" one past the head)."""
+    node = FakeNode()  # the default limits
+    writer = Writer(node)
+    await writer.open()
+    for i in range(50_000):
+        await writer.put(b"big/%05d" % i)
+    start = node.index + 1
+    async with served_at(node) as address, Client([address], timeout_s=30.0) as client:
+        stub = watch_pb2_grpc.WatchStub(client_channel := grpc.aio.insecure_channel(address))
+        call = stub.Watch(watch_pb2.WatchRequest(key=b"big/", prefix=True, start_revision=start))
+        watcher = client.watch("big/", prefix=True, start_revision=start)
+        await watcher.start()
+        await until(lambda: node.open_watches == 2)
+        # Applied back to back, as one batch of committed entries would be.
+        deleted = await writer.delete_prefix(b"big/")
+        after = await writer.put(b"big/after")
+
+        responses = []
+        async with asyncio.timeout(60):
+            async for response in call:
+                assert not response.compact_revision
+                responses.append(response)
+                if response.events[-1].kv.mod_revision == after:
+                    break
+        call.cancel()
+        await client_channel.close(None)
+        parts = [r for r in responses if r.events[0].kv.mod_revision == deleted]
+        assert len(parts) >= 5
+        assert [r.fragment for r in parts] == [True] * (len(parts) - 1) + [False]
+        keys = [e.kv.key for r in parts for e in r.events]
+        assert keys == [b"big/%05d" % i for i in range(50_000)]
+
+        seen = await take(watcher, 50_001, within_s=60.0)
+        await watcher.aclose()
+    assert [e.kv.key for e in seen[:50_000]] == keys
+    assert {e.revision for e in seen[:50_000]} == {deleted}
+    assert seen[-1].revision == after
 
 
 @pytest.mark.parametrize(

@@ -415,9 +415,32 @@ def test_history_is_bounded_and_reports_compaction() -> None:
 
 
 def test_history_bounded_by_bytes_drops_whole_revisions() -> None:
+    # A revision goes once the revisions after it hold max_history_bytes.
     replica = Replica(Limits(max_history_bytes=100))
     s = replica.open()
-    replica.do(s, Put(b"a", b"x" * 60))
-    replica.do(s, Put(b"b", b"y" * 60))
+    replica.do(s, Put(b"a", b"x" * 60))  # revision 2
+    replica.do(s, Put(b"b", b"y" * 60))  # revision 3: 61 bytes after revision 2
+    assert len(replica.sm.history) == 2
+    replica.do(s, Put(b"c", b"z" * 60))  # revision 4: 122 bytes after revision 2
     assert replica.sm.events_since(2, b"a") == Compacted(3)
-    assert len(replica.sm.history) == 1
+    assert len(replica.sm.history) == 2
+
+
+def test_a_revision_larger_than_the_history_bound_stays_as_long_as_a_small_one() -> None:
+    """A prefix delete of more keys than max_history_events is one revision: a watcher that
+    was caught up before it still reads it, until as many newer events arrived as for any
+    other revision (the fault: the delete dropped itself, "oldest" past the head)."""
+    replica = Replica(Limits(max_history_events=3))
+    s = replica.open()
+    for i in range(5):
+        replica.do(s, Put(b"big/%d" % i, b"v"))  # revisions 2..6
+    replica.do(s, Delete(b"big/", prefix=True))  # revision 7: five events
+    deleted = replica.sm.events_since(7, b"big/", prefix=True)
+    assert not isinstance(deleted, Compacted) and len(deleted) == 5
+    replica.do(s, Put(b"after/1", b"v"))  # revision 8, in the same apply batch as the delete
+    replica.do(s, Put(b"after/2", b"v"))  # revision 9
+    still = replica.sm.events_since(7, b"", prefix=True)
+    assert not isinstance(still, Compacted)
+    assert [e.revision for e in still] == [7] * 5 + [8, 9]
+    replica.do(s, Put(b"after/3", b"v"))  # revision 10: three newer events, the bound
+    assert replica.sm.events_since(7, b"", prefix=True) == Compacted(8)

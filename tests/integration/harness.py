@@ -43,6 +43,20 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
+SERVE_COMMAND = [sys.executable, "-m", "rallypoint.coordinator", "serve"]
+
+
+def refused_to_start(command: list[str], timeout_s: float = 20.0) -> str:
+    """Run a command (``SERVE_COMMAND`` and flags, say) that must refuse to start: exit code 2
+    within seconds, exactly one line on stderr and no traceback. Returns the line."""
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr[-3000:]
+    return lines[0]
+
+
 def kill_processes_mentioning(text: str) -> list[int]:
     """SIGKILL every process whose command line contains ``text`` (e.g. a test's own output
     directory). torchrun starts its workers in sessions of their own, so killing an agent's

@@ -1,8 +1,12 @@
-"""`rallypoint serve` settings (file, environment, flags) and mutual TLS on both ports."""
+"""`rallypoint serve` settings (file, environment, flags; each unusable one refused in one
+line with exit code 2), mutual TLS on both ports, and certificate rotation on SIGHUP."""
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +17,12 @@ import pytest
 from rallypoint.client import Client, TlsConfig, UnavailableError
 from rallypoint.coordinator.daemon import Reloads, Settings, SettingsError, parse_initial_cluster
 from rallypoint.raft.types import Message, MessageType, NodeId
-from tests.integration.harness import ProcessCluster
+from tests.integration.harness import (
+    SERVE_COMMAND,
+    ProcessCluster,
+    refused_to_start,
+    wait_until,
+)
 from tests.integration.peer_client import PeerClient
 
 
@@ -102,6 +111,110 @@ def test_sighup_reloads_log_one_line_each_and_keep_what_failed(
     ]
 
 
+PEER, CLIENT, OTHER = "127.0.0.1:24380", "127.0.0.1:24379", "127.0.0.1:24390"
+OWN = f"1={PEER}@{CLIENT}"
+SECRET = "0123456789abcdef0123"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        # Ports out of range, in every host:port setting.
+        (["--peer-address=127.0.0.1:70000", f"--initial-cluster=1=127.0.0.1:70000@{CLIENT}"],
+         "initial_cluster member 1's peer address: port must be in 1..65535, got 70000"),
+        (["--peer-address=127.0.0.1:70000"],
+         "peer_address: port must be in 1..65535, got 70000 in '127.0.0.1:70000'"),
+        (["--client-address=127.0.0.1:0"], "client_address: port must be in 1..65535, got 0"),
+        (["--metrics-address=127.0.0.1:99999"], "metrics_address: port must be in 1..65535"),
+        ([f"--initial-cluster={OWN},2=127.0.0.1:70000@{OTHER}"],
+         "initial_cluster member 2's peer address: port must be in 1..65535"),
+        (["--metrics-address=9100"], 'metrics_address: expected "host:port", got \'9100\''),
+        # This member's addresses against its own initial_cluster entry.
+        ([f"--initial-cluster=1={OTHER}@{CLIENT}"],
+         f"peer_address {PEER} differs from member 1's entry in initial_cluster ({OTHER})"),
+        ([f"--initial-cluster=1={PEER}@{OTHER}"],
+         f"client_address {CLIENT} differs from member 1's entry in initial_cluster ({OTHER})"),
+        # Two listeners on one port.
+        ([f"--client-address={PEER}", f"--initial-cluster=1={PEER}@{PEER}"],
+         f"peer_address {PEER} and client_address {PEER} must be different ports"),
+        ([f"--metrics-address=0.0.0.0:{CLIENT.rpartition(':')[2]}"],
+         "client_address 127.0.0.1:24379 and metrics_address 0.0.0.0:24379 must be different"),
+        (["--log-level=LOUD"], "log_level must be one of DEBUG, INFO, WARNING, ERROR"),
+        (["--wal-segment-size=lots"], "wal_segment_size: expected a size in bytes"),
+        (["--wal-segment-size=4KiB"], "wal_segment_size must be between 1 MiB and 1024 MiB"),
+        (["--tls-cert-file=member.pem"],
+         "TLS needs all of tls_cert_file, tls_key_file and tls_ca_file (missing: tls_key_file, "
+         "tls_ca_file)"),
+    ],
+)  # fmt: skip
+def test_serve_refuses_each_unusable_setting_in_one_line(
+    tmp_path: Path, flags: list[str], message: str
+) -> None:
+    line = refused_to_start(
+        [
+            *SERVE_COMMAND,
+            "--member-id=1",
+            f"--data-dir={tmp_path / 'data'}",
+            f"--peer-address={PEER}",
+            f"--client-address={CLIENT}",
+            f"--initial-cluster={OWN}",
+            f"--peer-secret={SECRET}",
+            *flags,
+        ]
+    )
+    assert line.startswith("rallypoint serve: ") and message in line
+    # Refused before the data dir was touched.
+    assert not (tmp_path / "data").exists()
+
+
+def test_a_wildcard_listening_address_may_stand_for_the_entry() -> None:
+    """Listening on every interface, on the port the others use, is not a mismatch."""
+    settings = Settings()
+    settings.merge(
+        {
+            "peer_address": PEER.replace("127.0.0.1", "0.0.0.0"),
+            "client_address": CLIENT,
+            "initial_cluster": OWN,
+            "peer_secret": SECRET,
+            "wal_segment_size": "8MiB",
+        },
+        "test",
+    )
+    config = settings.node_config()
+    assert config.wal_segment_size_bytes == 8 * 1024 * 1024
+
+
+def test_serve_refuses_unusable_tls_files_naming_the_file(tmp_path: Path) -> None:
+    certs = _make_certificates(tmp_path)
+    cert, key, ca = (
+        certs[name] for name in ("rallypoint-member-1.pem", "rallypoint-member-1.key", "ca.pem")
+    )
+    not_pem = tmp_path / "notes.txt"
+    not_pem.write_text("not a certificate\n")
+    missing = tmp_path / "missing.pem"
+    other_key = certs["client.key"]
+    cases = [
+        ((missing, key, ca), f"tls_cert_file {missing}: No such file or directory"),
+        ((not_pem, key, ca), f"tls_cert_file {not_pem}: holds no PEM certificate"),
+        ((cert, other_key, ca),
+         f"tls_key_file {other_key} and tls_cert_file {cert} do not make a usable pair"),
+        ((cert, key, not_pem), f"tls_ca_file {not_pem}: holds no PEM certificate"),
+    ]  # fmt: skip
+    for files, message in cases:
+        line = refused_to_start(
+            [
+                *SERVE_COMMAND,
+                f"--data-dir={tmp_path / 'data'}",
+                f"--peer-secret={SECRET}",
+                *(
+                    f"--tls-{kind}-file={path}"
+                    for kind, path in zip(("cert", "key", "ca"), files, strict=True)
+                ),
+            ]
+        )
+        assert message in line
+
+
 def _make_certificates(directory: Path) -> dict[str, Path]:
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
@@ -165,3 +278,73 @@ async def test_mutual_tls_on_both_ports(tmp_path: Path) -> None:
                 await client.get("secure")
     finally:
         cluster.shutdown()
+
+
+@pytest.mark.integration
+async def test_sighup_reloads_the_client_port_certificates_without_a_restart(
+    tmp_path: Path,
+) -> None:
+    """Certificate rotation: new files, SIGHUP, and clients of the new CA connect to the same
+    process; a broken file on a later SIGHUP is named in the log and changes nothing."""
+    first, second = (_make_certificates(_directory(tmp_path / name)) for name in ("1", "2"))
+    live = _directory(tmp_path / "live")
+
+    def install(certs: dict[str, Path]) -> None:
+        files = {"rallypoint-member-1.pem": "member.pem", "rallypoint-member-1.key": "member.key"}
+        for name, installed in {**files, "ca.pem": "ca.pem"}.items():
+            shutil.copyfile(certs[name], live / f"{installed}.new")
+            # As an operator should: atomically.
+            os.replace(live / f"{installed}.new", live / installed)
+
+    def trusting(certs: dict[str, Path]) -> TlsConfig:
+        return TlsConfig.from_files(
+            str(certs["ca.pem"]), str(certs["client.pem"]), str(certs["client.key"])
+        )
+
+    install(first)
+    cluster = ProcessCluster(
+        tmp_path,
+        1,
+        extra_args=[
+            f"--tls-cert-file={live / 'member.pem'}",
+            f"--tls-key-file={live / 'member.key'}",
+            f"--tls-ca-file={live / 'ca.pem'}",
+        ],
+    )
+    cluster.start_all()
+    member = cluster.members[1]
+    assert member.proc is not None
+    pid = member.proc.pid
+    try:
+        async with Client(cluster.endpoints, tls=trusting(first), timeout_s=30.0) as client:
+            await client.put("rotated", "before")
+
+        install(second)
+        member.proc.send_signal(signal.SIGHUP)
+        wait_until(
+            lambda: "SIGHUP: client TLS files reloaded" in cluster.log_text(1), 10.0, "a reload"
+        )
+        async with Client(cluster.endpoints, tls=trusting(second), timeout_s=15.0) as client:
+            kv = await client.get("rotated")
+            assert kv is not None and kv.value == b"before"
+        with pytest.raises(UnavailableError):
+            async with Client(cluster.endpoints, tls=trusting(first), timeout_s=3.0) as client:
+                await client.get("rotated")
+
+        (live / "member.key").write_text("not a key\n")
+        member.proc.send_signal(signal.SIGHUP)
+        refused = "SIGHUP: client TLS files not reloaded, the previous one stays in use"
+        wait_until(lambda: refused in cluster.log_text(1), 10.0, "a refusal")
+        assert f"tls_key_file {live / 'member.key'}: holds no PEM private key" in (
+            cluster.log_text(1)
+        )
+        async with Client(cluster.endpoints, tls=trusting(second), timeout_s=15.0) as client:
+            await client.put("rotated", "after")
+        assert member.running and member.proc.pid == pid
+    finally:
+        cluster.shutdown()
+
+
+def _directory(path: Path) -> Path:
+    path.mkdir()
+    return path

@@ -138,11 +138,6 @@ _VOTE_TRAFFIC = frozenset(
         MessageType.MsgPreVoteResp,
     }
 )
-# What a leader may send before its own write completes: appends and heartbeats carry only
-# its (already durable) term; acks and votes vouch for persisted state and wait.
-_SEND_BEFORE_PERSIST = frozenset(
-    {MessageType.MsgApp, MessageType.MsgHeartbeat, MessageType.MsgSnap, MessageType.MsgTimeoutNow}
-)
 
 
 def _wrap(proposer_id: int, proposal_id: int, payload: bytes) -> bytes:
@@ -553,24 +548,19 @@ class Node:
                 self._term = rd.hard_state.term
                 self.metrics.term.set(self._term)
             self._commit_index = rd.hard_state.commit
-        # A leader may send its appends while it writes them itself (thesis 10.2.1): they
-        # vouch for nothing it has not persisted (its term and vote already are), and its
-        # own acknowledgement counts only after the write, when advance() steps it in. Any
-        # other role sends only after persisting: its messages are votes and acks.
-        later = rd.messages
-        if raw.raft.state is StateType.LEADER:
-            early = [m for m in rd.messages if m.type in _SEND_BEFORE_PERSIST]
-            later = tuple(m for m in rd.messages if m.type not in _SEND_BEFORE_PERSIST)
-            self._transport.send(early)
+        # The Ready contract (raft/rawnode.py): messages that vouch for nothing unpersisted
+        # go now (a leader replicates while it writes, thesis 10.2.1; a follower answers
+        # heartbeats while a long catch-up is written), votes and acks once persisted.
+        self._transport.send(rd.messages)
         if rd.entries or not rd.hard_state.is_empty() or not rd.snapshot.is_empty():
-            request = PersistRequest(rd.hard_state, rd.entries, rd.snapshot)
+            request = PersistRequest(rd.hard_state, rd.entries, rd.snapshot, rd.must_sync)
             started = time.monotonic()
             await asyncio.get_running_loop().run_in_executor(
                 self._disk, storage.write_batch, [request]
             )
             self.metrics.fsync_seconds.observe(time.monotonic() - started)
             storage.apply_batch([request])
-        self._transport.send(later)
+        self._transport.send(rd.messages_after_persist)
         if not rd.snapshot.is_empty():
             self._install_snapshot(rd.snapshot)
         for read_state in rd.read_states:

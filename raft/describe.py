@@ -167,9 +167,12 @@ def describe_ready(rd: Ready) -> str:
     if rd.committed_entries:
         lines.append("CommittedEntries:")
         lines.extend(describe_entry(e) for e in rd.committed_entries)
-    if rd.messages:
+    # One list, as etcd-io/raft's scenario files print it: those to send now, then those
+    # to send once persisted.
+    messages = (*rd.messages, *rd.messages_after_persist)
+    if messages:
         lines.append("Messages:")
-        lines.extend(describe_message(m) for m in rd.messages)
+        lines.extend(describe_message(m) for m in messages)
     if not lines:
         return "<empty Ready>\n"
     header = f"Ready MustSync={str(rd.must_sync).lower()}:"

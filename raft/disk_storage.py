@@ -77,6 +77,9 @@ class PersistRequest:
     hard_state: HardState = EMPTY_HARD_STATE
     entries: tuple[Entry, ...] = ()
     snapshot: Snapshot = EMPTY_SNAPSHOT
+    # The Ready's must_sync: False when only the commit index moved (it may be lost in a
+    # crash and is relearned from the leader), so no fsync is needed for it.
+    must_sync: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,7 +286,8 @@ class DiskStorage:
                 self._wal.save_snapshot_marker(SnapshotMarker(meta.index, meta.term, reset=True))
                 installed = True
             self._wal.save(request.hard_state, request.entries)
-        self._wal.sync()
+        if installed or any(request.must_sync for request in batch):
+            self._wal.sync()
         self._durable_hard_state = hard_state
         self._durable_snapshot_index = snapshot_index
         if installed:

@@ -4,10 +4,18 @@ Theory of operation (etcd-io/raft ``rawnode.go``, without asynchronous storage w
 application feeds ticks, network messages and requests into the node, then asks for a
 ``Ready`` whenever ``has_ready()``. For each Ready, in this order, it must
 
-1. persist ``hard_state``, ``entries`` and ``snapshot`` (fsync),
-2. send ``messages`` (they may vouch for what was just persisted: votes, append acks),
-3. apply ``committed_entries`` in order (``apply_conf_change`` for CONF_CHANGE entries),
-4. call ``advance(rd)``.
+1. send ``messages`` (at once: they vouch for nothing unpersisted: appends, heartbeats and
+   their answers, vote requests, forwarded proposals and reads),
+2. persist ``hard_state``, ``entries`` and ``snapshot``, with an fsync when ``must_sync``
+   (a new term, vote or entries; a commit index alone may be lost in a crash and relearned),
+3. send ``messages_after_persist`` (they vouch for what was just persisted: votes and
+   append acknowledgements, thesis 3.8),
+4. apply ``committed_entries`` in order (``apply_conf_change`` for CONF_CHANGE entries),
+5. call ``advance(rd)``.
+
+The split follows etcd-io/raft's ``msgs`` and ``msgsAfterAppend``: a follower busy
+persisting a long catch-up still answers heartbeats on time, and a leader replicates while
+it writes (thesis 10.2.1).
 
 ``ready()`` marks what it hands out as in progress, so two Ready without an ``advance``
 between them are refused. ``advance`` tells the log what is now stable and applied, and steps
@@ -65,7 +73,9 @@ class Ready:
     committed_entries: tuple[Entry, ...] = ()
     """Entries to apply, in order."""
     messages: tuple[Message, ...] = ()
-    """Messages to send, only after persisting the above."""
+    """Messages to send now, before persisting (they vouch for nothing unpersisted)."""
+    messages_after_persist: tuple[Message, ...] = ()
+    """Messages to send only once the above is persisted (votes, append acks)."""
     must_sync: bool = False
     """True if the writes must be synced to disk (entries, term or vote changed)."""
 
@@ -77,6 +87,7 @@ class Ready:
             or bool(self.entries)
             or bool(self.committed_entries)
             or bool(self.messages)
+            or bool(self.messages_after_persist)
             or bool(self.read_states)
         )
 
@@ -238,10 +249,10 @@ class RawNode:
         entries = tuple(log.next_unstable_ents())
         snapshot = log.next_unstable_snapshot() or EMPTY_SNAPSHOT
         committed = tuple(log.next_committed_ents())
-        messages = list(r.msgs)
+        after_persist: list[Message] = []
         self_messages: list[Message] = []
         for m in r.msgs_after_append:
-            (self_messages if m.to == r.id else messages).append(m)
+            (self_messages if m.to == r.id else after_persist).append(m)
         rd = Ready(
             soft_state=soft if soft != self._prev_soft_state else None,
             hard_state=hard if hard != self._prev_hard_state else EMPTY_HARD_STATE,
@@ -249,7 +260,8 @@ class RawNode:
             entries=entries,
             snapshot=snapshot,
             committed_entries=committed,
-            messages=tuple(messages),
+            messages=tuple(r.msgs),
+            messages_after_persist=tuple(after_persist),
             must_sync=bool(entries)
             or hard.term != self._prev_hard_state.term
             or hard.vote != self._prev_hard_state.vote,

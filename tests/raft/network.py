@@ -124,7 +124,7 @@ class Peer:
                 self.storage.append(rd.entries)
             if rd.hard_state != EMPTY_HARD_STATE:
                 self.storage.set_hard_state(rd.hard_state)
-            out.extend(rd.messages)
+            out.extend((*rd.messages, *rd.messages_after_persist))
             for entry in rd.committed_entries:
                 self.applied.append(entry)
                 if entry.type is EntryType.CONF_CHANGE and self.auto_apply_conf_changes:

@@ -127,7 +127,8 @@ def test_follower_acks_only_with_the_ready_that_persists_the_entries() -> None:
     )
     rd = node.ready()
     assert rd.entries == (Entry(Term(1), Index(1), data=b"x"),)
-    assert [(m.type, m.index) for m in rd.messages] == [(MT.MsgAppResp, 1)]
+    assert rd.messages == ()  # the ack waits for the entries to be persisted
+    assert [(m.type, m.index) for m in rd.messages_after_persist] == [(MT.MsgAppResp, 1)]
     assert rd.committed_entries == ()  # committed, but not yet persisted locally
     persist(storage, rd)
     node.advance(rd)

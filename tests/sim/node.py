@@ -337,7 +337,11 @@ class SimNode:
                 self.written.restore(fresh.snapshot, decode_state(fresh.snapshot), self.id, checker)
             self.written.append(self.id, fresh.entries, checker)
             self.stage = Stage.WRITTEN
-            return ()
+            # Sent at once, before anything is persisted: they must vouch for nothing that
+            # is not already durable (checked as the others are).
+            for m in fresh.messages:
+                self._check_message_durable(m)
+            return fresh.messages
         rd = self.ready
         assert rd is not None
         if self.stage is Stage.WRITTEN:
@@ -345,10 +349,10 @@ class SimNode:
             self.stage = Stage.SYNCED
             return ()
         if self.stage is Stage.SYNCED:
-            for m in rd.messages:
+            for m in rd.messages_after_persist:
                 self._check_message_durable(m)
             self.stage = Stage.SENT
-            return rd.messages
+            return rd.messages_after_persist
         if self.stage is Stage.SENT:
             self._apply(raw, rd, checker)
             self.stage = Stage.APPLIED

@@ -414,7 +414,7 @@ class InteractionEnv:
         node.storage.append(rd.entries)
         if not rd.hard_state.is_empty():
             node.storage.set_hard_state(rd.hard_state)
-        self.messages.extend(rd.messages)
+        self.messages.extend((*rd.messages, *rd.messages_after_persist))
         for entry in rd.committed_entries:
             last = node.applied
             if entry.index != last.index + 1:

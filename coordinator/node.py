@@ -362,8 +362,10 @@ class Node:
                 pre_vote=config.pre_vote,
                 max_inflight_msgs=256,
                 max_uncommitted_entries_size=1 << 30,
-                # Committed entries handed out per Ready (so applied per event-loop turn).
-                max_committed_size_per_ready=1 << 20,
+                # Committed entries handed out per Ready, so applied per event-loop turn: a
+                # member replaying or catching up on thousands of small entries still ticks
+                # and answers between chunks (one 1 MiB Ready of small entries took seconds).
+                max_committed_size_per_ready=64 * 1024,
                 abstain=identity.abstaining,
                 logger=logging.getLogger(f"rallypoint.raft.{config.member_id}"),
             )

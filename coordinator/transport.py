@@ -53,13 +53,23 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 GRPC_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
+    # A connection whose packets were dropped (a partition) keeps them in TCP's retransmission
+    # backoff for seconds after the network heals; a peer stream only sends, so nothing else
+    # tells the sender. A ping every second, answered within a second, finds such a
+    # connection within about two seconds, and a new one is made at once.
+    ("grpc.keepalive_time_ms", 1_000),
+    ("grpc.keepalive_timeout_ms", 1_000),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.keepalive_permit_without_calls", 1),
-    # Reconnect quickly after a peer restarts; our own backoff paces the retries.
+    # ... and a server accepts those pings (else it ends the connection after a few).
+    ("grpc.http2.min_ping_interval_without_data_ms", 500),
+    ("grpc.http2.max_ping_strikes", 0),
+    # Reconnect quickly after a peer restarts; our own backoff paces the retries. A
+    # connection attempt gives up after a second (the default, 20 s, can outlast a healed
+    # partition by the length of a SYN's retransmission backoff).
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 500),
+    ("grpc.min_reconnect_backoff_ms", 1_000),
 ]
 
 

@@ -41,6 +41,8 @@ Key = tuple[str, int]
 # The leader's own event loop running this much late means heartbeats sat unread: nobody is
 # suspected for twice the stall (Cassandra's detector does the same after a GC pause).
 LOOP_STALL_S = 0.05
+# A loop this late is logged.
+LOOP_STALL_REPORT_S = 0.5
 # Suspecting more than half of a job's participants at once from phi alone is more likely the
 # leader being slow than half the workers dying together: such a verdict must hold this long.
 MASS_SUSPICION_HOLD_MS = 5000
@@ -151,6 +153,13 @@ class RendezvousSupervisor:
             last = now
             if stall_s > LOOP_STALL_S:
                 self.loop_stalled(int(stall_s * 1000))
+                if stall_s > LOOP_STALL_REPORT_S:
+                    # Ticks, heartbeats and peers' messages waited as long: a member that
+                    # seems slow to elect or to answer often shows this first.
+                    log.warning(
+                        "this member's event loop ran %.1f s late (CPU starved, or blocked)",
+                        stall_s,
+                    )
             if self.is_leader:
                 self.step()
 

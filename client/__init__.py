@@ -11,8 +11,10 @@ from .errors import (
     CompactedError,
     DeadlineExceededError,
     FailedPreconditionError,
+    FailureKind,
     InternalError,
     InvalidArgumentError,
+    InvalidValueError,
     KeyTooLargeError,
     LeaseNotFoundError,
     MemberNotFoundError,
@@ -30,6 +32,7 @@ from .errors import (
     UnauthenticatedError,
     UnavailableError,
     ValueTooLargeError,
+    WrongEndpointError,
 )
 from .lease import Lease
 from .rendezvous import Participant
@@ -105,11 +108,13 @@ __all__ = [
     "EndpointStatus",
     "EventType",
     "FailedPreconditionError",
+    "FailureKind",
     "Fence",
     "GetResult",
     "Header",
     "InternalError",
     "InvalidArgumentError",
+    "InvalidValueError",
     "JobClosedError",
     "JobConfig",
     "JobNotFoundError",
@@ -163,5 +168,6 @@ __all__ = [
     "ValueTooLargeError",
     "WatchEvent",
     "Watcher",
+    "WrongEndpointError",
     "token_or_environment",
 ]

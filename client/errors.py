@@ -6,6 +6,18 @@ reason the server sends in the trailing metadata key ``rallypoint-error-reason``
 ``proto/v1/common.proto``), and keeps the server's message, the reason and the
 ``rallypoint-leader`` hint on the exception.
 
+Transport failures. A member always sends a reason with its refusals; a status without one
+was made by gRPC itself (no connection, no answer in time, a broken stream) or by a server
+that is not a member (a peer port, an HTTP server, a service of another kind). Those are
+translated here, once, into a sentence in our words that names the endpoint, says what
+happened and what to check ("no member answered at 127.0.0.1:2379 (connection refused): is a
+member running there, and is that its client port?"). gRPC's own text, which means little to
+a user ("failed to connect to all addresses; last error: UNKNOWN: ipv4:..."), is kept on the
+error (``grpc_code``, ``grpc_detail``) and in the debug log, never in the message. Which
+failure it was is ``Transport failure`` (:class:`FailureKind`); the transport tells a member's
+peer port from other servers that lack our API by asking for the peer service on the same
+connection (``peer_port``).
+
 Retry rule: only :class:`UnavailableError` is retried inside the client (the request was
 fine, this member could not serve it now). Everything else describes the request or the
 state and is raised at once.
@@ -18,10 +30,15 @@ write was not applied.
 
 from __future__ import annotations
 
+import enum
+import logging
+import re
 from collections.abc import Iterable
 
 import grpc
 import grpc.aio
+
+log = logging.getLogger("rallypoint.client")
 
 REASON_KEY = "rallypoint-error-reason"
 LEADER_KEY = "rallypoint-leader"
@@ -40,6 +57,18 @@ class RallypointError(Exception):
         self.server_message = message
         self.reason = reason
         self.leader_hint = leader_hint
+        # The endpoint whose answer (or silence) this is, when one call made it; gRPC's own
+        # status code and text for a failure gRPC reported (kept for debugging, never shown).
+        self.endpoint: str | None = None
+        self.grpc_code = ""
+        self.grpc_detail = ""
+        # What went wrong in the transport (None: the member itself refused the request).
+        self.failure: FailureKind | None = None
+
+    def carry_from(self, other: RallypointError) -> None:
+        """Keep ``other``'s endpoint and gRPC detail (a refinement of the same failure)."""
+        self.endpoint, self.failure = other.endpoint, other.failure
+        self.grpc_code, self.grpc_detail = other.grpc_code, other.grpc_detail
 
     def __str__(self) -> str:
         text = self.server_message or type(self).__name__
@@ -52,12 +81,23 @@ class UnavailableError(RallypointError):
     """No member could serve the request: none reachable, or no leader, within the deadline."""
 
 
+class WrongEndpointError(UnavailableError):
+    """The endpoint is not a member's client port: a member's peer port, a server that does
+    not speak gRPC or lacks rallypoint's API, or a TLS setting that does not match. Retried on
+    the other endpoints; raised at once when every endpoint is wrong."""
+
+
 class DeadlineExceededError(RallypointError):
     """The call did not complete within its deadline."""
 
 
 class InvalidArgumentError(RallypointError):
     """The request is malformed (empty key, non-positive TTL, ...)."""
+
+
+class InvalidValueError(InvalidArgumentError, ValueError):
+    """Raised client-side, before anything is sent: a value given to the client is out of
+    range (a negative TTL, a timeout of 0, an endpoint without a port, ...)."""
 
 
 class NotFoundError(RallypointError):
@@ -194,22 +234,213 @@ def _metadata_value(metadata: Iterable[object] | None, key: str) -> str | None:
     return None
 
 
-def map_rpc_error(error: grpc.aio.AioRpcError) -> RallypointError:
-    """The client error for a failed RPC: the one mapping from gRPC to rallypoint errors."""
+class FailureKind(enum.Enum):
+    """What went wrong between the client and an endpoint (a status without a reason)."""
+
+    REFUSED = "connection refused"
+    UNRESOLVED = "host name not found"
+    UNREACHABLE = "unreachable"
+    TLS = "TLS handshake failed"
+    NOT_GRPC = "not a gRPC server"
+    CLOSED = "connection closed before any answer"
+    PEER_PORT = "a member's peer port"
+    NOT_RALLYPOINT = "no rallypoint API there"
+    NO_ANSWER = "no answer in time"
+    SILENT = "connected, never answered"
+    LOST = "connection lost"
+    OTHER = "transport failure"
+
+
+# (pattern in gRPC's text, kind, how to say it): the first that matches decides. gRPC's core
+# words these; they have been stable for years, and an unknown text falls to OTHER. "failed to
+# connect to all addresses" prefixes failures before any answer, so a connection closed then
+# was never a working one, while the same words after it mean a call that was cut off.
+_PATTERNS: list[tuple[re.Pattern[str], FailureKind, str]] = [
+    (re.compile(r"connection refused", re.I), FailureKind.REFUSED, "connection refused"),
+    (
+        re.compile(r"errors resolving|domain name not found|lookup failed", re.I),
+        FailureKind.UNRESOLVED,
+        "host name not found",
+    ),
+    (re.compile(r"no route to host", re.I), FailureKind.UNREACHABLE, "no route to host"),
+    (re.compile(r"network is unreachable", re.I), FailureKind.UNREACHABLE, "network unreachable"),
+    (
+        re.compile(r"connection timed out|connect timed out|timed out connecting", re.I),
+        FailureKind.UNREACHABLE,
+        "connection timed out",
+    ),
+    (
+        re.compile(r"timed out before receiving settings", re.I),
+        FailureKind.SILENT,
+        "it accepted the connection and never answered",
+    ),
+    (re.compile(r"handshake|\bssl|\btls\b|certificate", re.I), FailureKind.TLS, "TLS"),
+    (
+        re.compile(r"failed parsing http/2|http1|settings frame", re.I),
+        FailureKind.NOT_GRPC,
+        "it answered in another protocol",
+    ),
+    (
+        re.compile(r"failed to connect to all addresses.*(socket closed|connection reset)", re.I),
+        FailureKind.CLOSED,
+        "it closed the connection before answering",
+    ),
+    (
+        re.compile(
+            r"stream removed|socket closed|connection reset|broken pipe|goaway|rst_stream|"
+            r"\beof\b|endpoint closing",
+            re.I,
+        ),
+        FailureKind.LOST,
+        "connection lost during the call",
+    ),
+]
+
+# What to check, per kind: said of one endpoint ("there") or of several ("there" too: the
+# list of endpoints comes first).
+_CHECKS: dict[FailureKind, str] = {
+    FailureKind.REFUSED: "is a member running there, and is that its client port?",
+    FailureKind.UNRESOLVED: "is the host name spelled right, and does this machine's DNS know it?",
+    FailureKind.UNREACHABLE: "is the host up, and does the network (a firewall) let this "
+    "machine reach that port?",
+    FailureKind.TLS: "do this client and the member agree on TLS (the client's CA file, the "
+    "member's --tls-cert-file), and does that CA sign the member's certificate?",
+    FailureKind.NOT_GRPC: "is that a member's client port (its --client-address)?",
+    FailureKind.CLOSED: "is that a member's client port, and does the member expect TLS "
+    "while this client does not use it?",
+    FailureKind.PEER_PORT: "clients use the member's client port (its --client-address; "
+    "`rallypoint member list` shows both)",
+    FailureKind.NOT_RALLYPOINT: "is that a member's client port, and does the member run a "
+    "rallypoint as new as this client?",
+    FailureKind.NO_ANSWER: "is the member paused or overloaded, or does a firewall drop the "
+    "traffic?",
+    FailureKind.SILENT: "is the member paused or overloaded, or is that not a member's client "
+    "port?",
+    FailureKind.LOST: "the member may have stopped or restarted",
+    FailureKind.OTHER: "is a rallypoint member serving clients there?",
+}
+
+# The transport's words around the part worth keeping: "failed to connect to all addresses;
+# last error: UNKNOWN: ipv4:127.0.0.1:443: <the part>".
+_NOISE = re.compile(
+    r"failed to connect to all addresses; last error: |\b[A-Z_]{4,}: |ipv[46]:\S+?: |"
+    r"\[?field:hostname lookup error:|\]$"
+)
+
+
+def _kind_of(code: grpc.StatusCode, details: str) -> tuple[FailureKind, str] | None:
+    """The transport failure a reasonless status stands for, in words; None when it is a
+    server's own answer (a status gRPC does not make by itself)."""
+    if code is grpc.StatusCode.UNIMPLEMENTED:
+        match = re.search(r"http2 header with status: *(\d+)", details, re.I)
+        if match:
+            return FailureKind.NOT_GRPC, f"it answered HTTP status {match.group(1)}"
+        return FailureKind.NOT_RALLYPOINT, "its server lacks rallypoint's methods"
+    if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+        return FailureKind.NO_ANSWER, "no answer in time"
+    if code not in (
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.CANCELLED,
+    ):
+        return None
+    for pattern, kind, words in _PATTERNS:
+        if pattern.search(details):
+            return kind, words
+    if code is grpc.StatusCode.CANCELLED:
+        return FailureKind.LOST, "the call was cut off"
+    if code is grpc.StatusCode.UNAVAILABLE and ("ipv4:" in details or "ipv6:" in details):
+        return FailureKind.OTHER, _NOISE.sub("", details).strip() or "cannot connect"
+    return None
+
+
+def transport_message(
+    kind: FailureKind, endpoint: str, words: str, *, timeout_s: float | None = None
+) -> str:
+    """The sentence for one endpoint's transport failure: what happened, what to check."""
+    check = _CHECKS[kind]
+    if kind is FailureKind.REFUSED:
+        return f"no member answered at {endpoint} (connection refused): {check}"
+    if kind is FailureKind.UNRESOLVED:
+        return f"cannot resolve the host of {endpoint} (host name not found): {check}"
+    if kind is FailureKind.UNREACHABLE:
+        return f"cannot reach {endpoint} ({words}): {check}"
+    if kind is FailureKind.TLS:
+        return f"the TLS handshake with {endpoint} failed: {check}"
+    if kind is FailureKind.NOT_GRPC:
+        return f"{endpoint} is not a rallypoint member ({words}): {check}"
+    if kind is FailureKind.CLOSED:
+        return f"{endpoint} closed the connection before answering: {check}"
+    if kind is FailureKind.PEER_PORT:
+        return f"{endpoint} is a member's peer port, not its client port: {check}"
+    if kind is FailureKind.NOT_RALLYPOINT:
+        return f"{endpoint} answers, but not with rallypoint's client API: {check}"
+    if kind is FailureKind.NO_ANSWER:
+        within = f" within {timeout_s:.3g} s" if timeout_s is not None else " in time"
+        return f"{endpoint} did not answer{within}: {check}"
+    if kind is FailureKind.SILENT:
+        return f"{endpoint} accepted the connection but never answered: {check}"
+    if kind is FailureKind.LOST:
+        return f"the connection to {endpoint} was lost during the call ({check})"
+    return f"cannot use {endpoint} ({words}): {check}"
+
+
+def failure_check(error: RallypointError) -> str:
+    """What to check about ``error``'s transport failure ("" for a member's own refusal)."""
+    return _CHECKS[error.failure] if error.failure is not None else ""
+
+
+_KIND_CLASS: dict[FailureKind, type[RallypointError]] = {
+    FailureKind.TLS: WrongEndpointError,
+    FailureKind.NOT_GRPC: WrongEndpointError,
+    FailureKind.PEER_PORT: WrongEndpointError,
+    FailureKind.NOT_RALLYPOINT: WrongEndpointError,
+    FailureKind.NO_ANSWER: DeadlineExceededError,
+}
+
+
+def map_rpc_error(
+    error: grpc.aio.AioRpcError,
+    endpoint: str | None = None,
+    *,
+    timeout_s: float | None = None,
+    peer_port: bool = False,
+) -> RallypointError:
+    """The client error for a failed RPC: the one mapping from gRPC to rallypoint errors.
+
+    ``endpoint``: the address called (named in transport failures); ``timeout_s``: the
+    attempt's timeout (said when it passed with no answer); ``peer_port``: the transport found
+    the peer service on the endpoint that lacked ours (see :class:`FailureKind`)."""
     code = error.code()
     details = error.details() or ""
     trailing = error.trailing_metadata()
     reason = _metadata_value(trailing, REASON_KEY) or ""
     leader_hint = _metadata_value(trailing, LEADER_KEY) or None
-    by_reason = _BY_REASON.get(reason)
-    cls: type[RallypointError]
-    if by_reason is not None and by_reason[0] is code:
-        cls = by_reason[1]
+    failure = None if reason else _kind_of(code, details)
+    result: RallypointError
+    if failure is not None:
+        kind, words = failure
+        if kind is FailureKind.NOT_RALLYPOINT and peer_port:
+            kind = FailureKind.PEER_PORT
+        where = endpoint or "the member"
+        message = transport_message(kind, where, words, timeout_s=timeout_s)
+        cls = _KIND_CLASS.get(kind, UnavailableError)
+        result = cls(message, leader_hint=leader_hint)
+        result.failure = kind
+        log.debug("%s: %s (gRPC %s: %s)", where, kind.value, code.name, details)
     else:
-        # No reason, or one under an unexpected code: the status code decides (common.proto:
-        # "the status code alone decides retry behaviour").
-        cls = _BY_CODE.get(code, InternalError)
-    message = details or code.name.lower().replace("_", " ")
-    if cls is InternalError:
-        message = f"{message} (status {code.name})"
-    return cls(message, reason=reason, leader_hint=leader_hint)
+        by_reason = _BY_REASON.get(reason)
+        if by_reason is not None and by_reason[0] is code:
+            cls = by_reason[1]
+        else:
+            # No reason, or one under an unexpected code: the status code decides
+            # (common.proto: "the status code alone decides retry behaviour").
+            cls = _BY_CODE.get(code, InternalError)
+        message = details or code.name.lower().replace("_", " ")
+        if cls is InternalError:
+            message = f"{message} (status {code.name})"
+        result = cls(message, reason=reason, leader_hint=leader_hint)
+    result.endpoint = endpoint
+    result.grpc_code, result.grpc_detail = code.name, details
+    return result

@@ -46,6 +46,7 @@ import grpc.aio
 
 from rallypoint.proto.v1 import rendezvous_pb2
 
+from .arguments import non_negative_seconds
 from .backoff import Backoff
 from .checkpoints import CheckpointRegistry
 from .errors import (
@@ -227,6 +228,7 @@ class Participant:
         come. Waits up to ``timeout_s`` (default: the job's join_timeout_ms), then raises
         DeadlineExceededError; raises ParticipantLostError once the participant is lost."""
         wait_s = self.config.join_timeout_ms / 1000 if timeout_s is None else timeout_s
+        non_negative_seconds(wait_s, "timeout_s")
         try:
             async with asyncio.timeout(wait_s):
                 while True:
@@ -407,7 +409,7 @@ class Participant:
                 transport.note_success(address)
                 self._on_heartbeat_answer(response)
         except grpc.aio.AioRpcError as rpc_error:
-            return refine(map_rpc_error(rpc_error))
+            return refine(map_rpc_error(rpc_error, address))
         finally:
             sender.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -505,7 +507,7 @@ class Participant:
                     self._observe(RoundInfo.from_proto(response.round))
                 error = UnavailableError(f"{address} ended the round watch")
             except grpc.aio.AioRpcError as rpc_error:
-                error = refine(map_rpc_error(rpc_error))
+                error = refine(map_rpc_error(rpc_error, address))
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if not self._watch_restart or (task is not None and task.cancelling()):

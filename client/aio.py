@@ -697,6 +697,21 @@ class Client:
         """End the job; the round that ended (0: it was already closed)."""
         return await _jobs.close_job(self, job, timeout_s=timeout_s)
 
+    async def prune_jobs(
+        self,
+        *,
+        older_than_s: float = 0.0,
+        keep: int = 0,
+        jobs: Sequence[str] = (),
+        timeout_s: float | None = None,
+    ) -> list[str]:
+        """Remove ended jobs (finished, failed, closed) that ended at least ``older_than_s``
+        ago, keeping the ``keep`` that ended last (among ``jobs``, or every job); the jobs
+        removed. An admin call."""
+        return await _jobs.prune_jobs(
+            self, older_than_s=older_than_s, keep=keep, jobs=jobs, timeout_s=timeout_s
+        )
+
     async def latest_checkpoint(
         self, job: str, *, serializable: bool = False, timeout_s: float | None = None
     ) -> CheckpointInfo | None:

@@ -66,8 +66,10 @@ from .rendezvous_errors import (
     refined,
 )
 from .rendezvous_values import (
+    LEAVE_OUTCOMES,
     JobConfig,
     JoinResult,
+    LeaveOutcome,
     RoundInfo,
     RoundState,
     TrainingProgress,
@@ -332,12 +334,25 @@ class Participant:
                 await task
         self._tasks = []
 
-    async def leave(self, *, timeout_s: float | None = None) -> None:
+    async def leave(
+        self,
+        *,
+        timeout_s: float | None = None,
+        outcome: LeaveOutcome | None = None,
+        detail: str = "",
+    ) -> None:
         """Leave the job (Leave first, then close the streams). Leaving twice, or after the
-        participant was lost, does nothing more."""
+        participant was lost, does nothing more. ``outcome`` says how the job went for this
+        participant: the last one to leave ends the job FINISHED or FAILED by it (None: the
+        job stays open, waiting for workers); ``detail`` says it in words."""
         if self.leaving:
             return
         self.leaving = True
+        wire_outcome = (
+            LEAVE_OUTCOMES[outcome]
+            if outcome is not None
+            else rendezvous_pb2.LEAVE_OUTCOME_UNSPECIFIED
+        )
         try:
             if not self.lost.is_set():
                 with contextlib.suppress(ParticipantNotFoundError, JobNotFoundError):
@@ -345,7 +360,11 @@ class Participant:
                         self.client._write(
                             lambda s: services(s).rendezvous.Leave,
                             lambda header: rendezvous_pb2.LeaveRequest(
-                                header=header, job=self.job, participant_id=self.participant_id
+                                header=header,
+                                job=self.job,
+                                participant_id=self.participant_id,
+                                outcome=wire_outcome,
+                                detail=detail[:1024],
                             ),
                             timeout_s,
                         )

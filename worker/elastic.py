@@ -101,6 +101,7 @@ from torch.distributed.tensor import DTensor
 from rallypoint.client import (
     DeadlineExceededError,
     JobConfig,
+    LeaveOutcome,
     ParticipantLostError,
     RallypointError,
     RoundInfo,
@@ -602,11 +603,22 @@ class ElasticRun:
             if self.current is not None:
                 self._teardown(self.current, finished=exc_info[0] is None)
             if self._participant is not None and not self._participant.lost.is_set():
+                outcome, detail = self._outcome(exc_info[1])
                 with contextlib.suppress(RallypointError):
-                    self._participant.leave(timeout_s=5)
+                    self._participant.leave(timeout_s=5, outcome=outcome, detail=detail)
         finally:
             if self._client is not None:
                 self._client.close()
+
+    def _outcome(self, error: object) -> tuple[LeaveOutcome | None, str]:
+        """What this worker tells the job as it leaves (the last to leave ends the job by
+        it): finished once ``rounds()`` ran to its end, failed when the training code
+        raised, nothing when interrupted (the job stays open for a restarted worker)."""
+        if isinstance(error, Exception):
+            return LeaveOutcome.FAILED, f"{self.name}: {type(error).__name__}: {error}"[:1024]
+        if error is None and self._finished:
+            return LeaveOutcome.FINISHED, f"{self.name} finished at step {self.state.step}"
+        return None, ""
 
     @property
     def client(self) -> SyncClient:

@@ -346,7 +346,7 @@ def register(subparsers: SubParsers) -> None:
         help="remove ended jobs (finished, failed, closed) and their history",
         description="Remove ended jobs (finished, failed, closed) and their history; open "
         "jobs are never removed. Members also drop ended jobs by themselves, oldest first, "
-        "beyond a count and after an age (README, 'Job lifecycle'). Admin only.",
+        "beyond a count and after an age (README, 'Operating members'). Admin only.",
         parents=[common],
     )
     prune.add_argument("job", nargs="*", help="only these jobs (default: every ended job)")

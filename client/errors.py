@@ -316,7 +316,7 @@ _CHECKS: dict[FailureKind, str] = {
     "traffic?",
     FailureKind.SILENT: "is the member paused or overloaded, or is that not a member's client "
     "port?",
-    FailureKind.LOST: "the member may have stopped or restarted",
+    FailureKind.LOST: "the member may have stopped or restarted; the client tries again",
     FailureKind.OTHER: "is a rallypoint member serving clients there?",
 }
 
@@ -355,35 +355,30 @@ def _kind_of(code: grpc.StatusCode, details: str) -> tuple[FailureKind, str] | N
     return None
 
 
+# What happened, per kind, with {endpoint}, {words} (the detail in words) and {within}.
+_SAYINGS: dict[FailureKind, str] = {
+    FailureKind.REFUSED: "no member answered at {endpoint} (connection refused)",
+    FailureKind.UNRESOLVED: "cannot resolve the host of {endpoint} (host name not found)",
+    FailureKind.UNREACHABLE: "cannot reach {endpoint} ({words})",
+    FailureKind.TLS: "the TLS handshake with {endpoint} failed",
+    FailureKind.NOT_GRPC: "{endpoint} is not a rallypoint member ({words})",
+    FailureKind.CLOSED: "{endpoint} closed the connection before answering",
+    FailureKind.PEER_PORT: "{endpoint} is a member's peer port, not its client port",
+    FailureKind.NOT_RALLYPOINT: "{endpoint} answers, but not with rallypoint's client API",
+    FailureKind.NO_ANSWER: "{endpoint} did not answer {within}",
+    FailureKind.SILENT: "{endpoint} accepted the connection but never answered",
+    FailureKind.LOST: "the connection to {endpoint} was lost during the call",
+    FailureKind.OTHER: "cannot use {endpoint} ({words})",
+}
+
+
 def transport_message(
     kind: FailureKind, endpoint: str, words: str, *, timeout_s: float | None = None
 ) -> str:
     """The sentence for one endpoint's transport failure: what happened, what to check."""
-    check = _CHECKS[kind]
-    if kind is FailureKind.REFUSED:
-        return f"no member answered at {endpoint} (connection refused): {check}"
-    if kind is FailureKind.UNRESOLVED:
-        return f"cannot resolve the host of {endpoint} (host name not found): {check}"
-    if kind is FailureKind.UNREACHABLE:
-        return f"cannot reach {endpoint} ({words}): {check}"
-    if kind is FailureKind.TLS:
-        return f"the TLS handshake with {endpoint} failed: {check}"
-    if kind is FailureKind.NOT_GRPC:
-        return f"{endpoint} is not a rallypoint member ({words}): {check}"
-    if kind is FailureKind.CLOSED:
-        return f"{endpoint} closed the connection before answering: {check}"
-    if kind is FailureKind.PEER_PORT:
-        return f"{endpoint} is a member's peer port, not its client port: {check}"
-    if kind is FailureKind.NOT_RALLYPOINT:
-        return f"{endpoint} answers, but not with rallypoint's client API: {check}"
-    if kind is FailureKind.NO_ANSWER:
-        within = f" within {timeout_s:.3g} s" if timeout_s is not None else " in time"
-        return f"{endpoint} did not answer{within}: {check}"
-    if kind is FailureKind.SILENT:
-        return f"{endpoint} accepted the connection but never answered: {check}"
-    if kind is FailureKind.LOST:
-        return f"the connection to {endpoint} was lost during the call ({check})"
-    return f"cannot use {endpoint} ({words}): {check}"
+    within = f"within {timeout_s:.3g} s" if timeout_s is not None else "in time"
+    said = _SAYINGS[kind].format(endpoint=endpoint, words=words, within=within)
+    return f"{said}: {_CHECKS[kind]}"
 
 
 def failure_check(error: RallypointError) -> str:

@@ -183,32 +183,52 @@ async def _with_client(args: argparse.Namespace, body: Body) -> int:
         return await body(args, client, Output(args.json))
 
 
-def _common() -> argparse.ArgumentParser:
+def _common(*, nested: bool = False) -> argparse.ArgumentParser:
+    """The options every client command takes. ``nested``: for a command under another that
+    takes them too (``jobs prune``): no defaults of its own, so an option given before the
+    subcommand is not overwritten by a default after it."""
     common = argparse.ArgumentParser(add_help=False)
+
+    def default(value: object) -> object:
+        return argparse.SUPPRESS if nested else value
+
     common.add_argument(
         "--endpoints",
         type=endpoints_argument,
-        default=os.environ.get(ENDPOINTS_ENV) or DEFAULT_ENDPOINTS,
+        default=default(os.environ.get(ENDPOINTS_ENV) or DEFAULT_ENDPOINTS),
         help=f"comma-separated host:port list (default: ${ENDPOINTS_ENV} or {DEFAULT_ENDPOINTS})",
     )
-    common.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    common.add_argument(
+        "--json", action="store_true", default=default(False), help="print JSON instead of tables"
+    )
     common.add_argument(
         "--timeout",
         type=seconds(least_s=0.001),
-        default=10.0,
+        default=default(10.0),
         help="seconds per request, retries included (default 10)",
     )
     common.add_argument(
         "--debug",
         action="store_true",
+        default=default(False),
         help="after a failure, also print the transport's own words for it",
     )
     common.add_argument(
-        "--token", default=os.environ.get(TOKEN_ENV), help=f"bearer token (default: ${TOKEN_ENV})"
+        "--token",
+        default=default(os.environ.get(TOKEN_ENV)),
+        help=f"bearer token (default: ${TOKEN_ENV})",
     )
-    common.add_argument("--tls-ca-file", help="PEM CA bundle to verify members (enables TLS)")
-    common.add_argument("--tls-cert-file", help="PEM client certificate (mutual TLS)")
-    common.add_argument("--tls-key-file", help="PEM client private key (mutual TLS)")
+    common.add_argument(
+        "--tls-ca-file",
+        default=default(None),
+        help="PEM CA bundle to verify members (enables TLS)",
+    )
+    common.add_argument(
+        "--tls-cert-file", default=default(None), help="PEM client certificate (mutual TLS)"
+    )
+    common.add_argument(
+        "--tls-key-file", default=default(None), help="PEM client private key (mutual TLS)"
+    )
     return common
 
 

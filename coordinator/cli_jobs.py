@@ -347,7 +347,7 @@ def register(subparsers: SubParsers) -> None:
         description="Remove ended jobs (finished, failed, closed) and their history; open "
         "jobs are never removed. Members also drop ended jobs by themselves, oldest first, "
         "beyond a count and after an age (README, 'Operating members'). Admin only.",
-        parents=[common],
+        parents=[_common(nested=True)],
     )
     prune.add_argument("job", nargs="*", help="only these jobs (default: every ended job)")
     prune.add_argument(

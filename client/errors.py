@@ -13,10 +13,11 @@ translated here, once, into a sentence in our words that names the endpoint, say
 happened and what to check ("no member answered at 127.0.0.1:2379 (connection refused): is a
 member running there, and is that its client port?"). gRPC's own text, which means little to
 a user ("failed to connect to all addresses; last error: UNKNOWN: ipv4:..."), is kept on the
-error (``grpc_code``, ``grpc_detail``) and in the debug log, never in the message. Which
-failure it was is ``Transport failure`` (:class:`FailureKind`); the transport tells a member's
-peer port from other servers that lack our API by asking for the peer service on the same
-connection (``peer_port``).
+error (``grpc_code``, ``grpc_detail``) and in the debug log, never in the message; which
+failure it was is the error's ``failure`` (a :class:`FailureKind`). The transport tells a
+member's peer port from other servers that lack our API by asking for the peer service on
+the same connection (``peer_port``). An endpoint that is not a member's client port at all
+raises :class:`WrongEndpointError`, which the transport does not wait on.
 
 Retry rule: only :class:`UnavailableError` is retried inside the client (the request was
 fine, this member could not serve it now). Everything else describes the request or the

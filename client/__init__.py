@@ -11,7 +11,6 @@ from .errors import (
     CompactedError,
     DeadlineExceededError,
     FailedPreconditionError,
-    FailureKind,
     InternalError,
     InvalidArgumentError,
     InvalidValueError,
@@ -68,6 +67,7 @@ from .roundstore import CompareSetResult, RoundStore
 from .sync import SyncClient, SyncLease, SyncWatcher
 from .sync_rendezvous import SyncCheckpointRegistry, SyncParticipant, SyncRoundStore
 from .transport import TOKEN_ENV, TlsConfig, token_or_environment
+from .transport_failures import FailureKind
 from .values import (
     AddResult,
     CompareAndSetResult,

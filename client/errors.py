@@ -8,16 +8,16 @@ reason the server sends in the trailing metadata key ``rallypoint-error-reason``
 
 Transport failures. A member always sends a reason with its refusals; a status without one
 was made by gRPC itself (no connection, no answer in time, a broken stream) or by a server
-that is not a member (a peer port, an HTTP server, a service of another kind). Those are
-translated here, once, into a sentence in our words that names the endpoint, says what
-happened and what to check ("no member answered at 127.0.0.1:2379 (connection refused): is a
-member running there, and is that its client port?"). gRPC's own text, which means little to
-a user ("failed to connect to all addresses; last error: UNKNOWN: ipv4:..."), is kept on the
-error (``grpc_code``, ``grpc_detail``) and in the debug log, never in the message; which
-failure it was is the error's ``failure`` (a :class:`FailureKind`). The transport tells a
-member's peer port from other servers that lack our API by asking for the peer service on
-the same connection (``peer_port``). An endpoint that is not a member's client port at all
-raises :class:`WrongEndpointError`, which the transport does not wait on.
+that is not a member (a peer port, an HTTP server, a service of another kind). Those become
+a sentence in our words that names the endpoint, says what happened and what to check ("no
+member answered at 127.0.0.1:2379 (connection refused): is a member running there, and is
+that its client port?"; ``transport_failures.py`` holds the words). gRPC's own text, which
+means little to a user ("failed to connect to all addresses; last error: UNKNOWN:
+ipv4:..."), is kept on the error (``grpc_code``, ``grpc_detail``) and in the debug log, never
+in the message; which failure it was is the error's ``failure`` (a ``FailureKind``). The
+transport tells a member's peer port from other servers that lack our API by asking for the
+peer service on the same connection (``peer_port``). An endpoint that is not a member's
+client port at all raises :class:`WrongEndpointError`, which the transport does not wait on.
 
 Retry rule: only :class:`UnavailableError` is retried inside the client (the request was
 fine, this member could not serve it now). Everything else describes the request or the
@@ -31,13 +31,13 @@ write was not applied.
 
 from __future__ import annotations
 
-import enum
 import logging
-import re
 from collections.abc import Iterable
 
 import grpc
 import grpc.aio
+
+from .transport_failures import FailureKind, check_for, classify, transport_message
 
 log = logging.getLogger("rallypoint.client")
 
@@ -235,156 +235,9 @@ def _metadata_value(metadata: Iterable[object] | None, key: str) -> str | None:
     return None
 
 
-class FailureKind(enum.Enum):
-    """What went wrong between the client and an endpoint (a status without a reason)."""
-
-    REFUSED = "connection refused"
-    UNRESOLVED = "host name not found"
-    UNREACHABLE = "unreachable"
-    TLS = "TLS handshake failed"
-    NOT_GRPC = "not a gRPC server"
-    CLOSED = "connection closed before any answer"
-    PEER_PORT = "a member's peer port"
-    NOT_RALLYPOINT = "no rallypoint API there"
-    NO_ANSWER = "no answer in time"
-    SILENT = "connected, never answered"
-    LOST = "connection lost"
-    OTHER = "transport failure"
-
-
-# (pattern in gRPC's text, kind, how to say it): the first that matches decides. gRPC's core
-# words these; they have been stable for years, and an unknown text falls to OTHER. "failed to
-# connect to all addresses" prefixes failures before any answer, so a connection closed then
-# was never a working one, while the same words after it mean a call that was cut off.
-_PATTERNS: list[tuple[re.Pattern[str], FailureKind, str]] = [
-    (re.compile(r"connection refused", re.I), FailureKind.REFUSED, "connection refused"),
-    (
-        re.compile(r"errors resolving|domain name not found|lookup failed", re.I),
-        FailureKind.UNRESOLVED,
-        "host name not found",
-    ),
-    (re.compile(r"no route to host", re.I), FailureKind.UNREACHABLE, "no route to host"),
-    (re.compile(r"network is unreachable", re.I), FailureKind.UNREACHABLE, "network unreachable"),
-    (
-        re.compile(r"connection timed out|connect timed out|timed out connecting", re.I),
-        FailureKind.UNREACHABLE,
-        "connection timed out",
-    ),
-    (
-        re.compile(r"timed out before receiving settings", re.I),
-        FailureKind.SILENT,
-        "it accepted the connection and never answered",
-    ),
-    (re.compile(r"handshake|\bssl|\btls\b|certificate", re.I), FailureKind.TLS, "TLS"),
-    (
-        re.compile(r"failed parsing http/2|http1|settings frame", re.I),
-        FailureKind.NOT_GRPC,
-        "it answered in another protocol",
-    ),
-    (
-        re.compile(r"failed to connect to all addresses.*(socket closed|connection reset)", re.I),
-        FailureKind.CLOSED,
-        "it closed the connection before answering",
-    ),
-    (
-        re.compile(
-            r"stream removed|socket closed|connection reset|broken pipe|goaway|rst_stream|"
-            r"\beof\b|endpoint closing",
-            re.I,
-        ),
-        FailureKind.LOST,
-        "connection lost during the call",
-    ),
-]
-
-# What to check, per kind: said of one endpoint ("there") or of several ("there" too: the
-# list of endpoints comes first).
-_CHECKS: dict[FailureKind, str] = {
-    FailureKind.REFUSED: "is a member running there, and is that its client port?",
-    FailureKind.UNRESOLVED: "is the host name spelled right, and does this machine's DNS know it?",
-    FailureKind.UNREACHABLE: "is the host up, and does the network (a firewall) let this "
-    "machine reach that port?",
-    FailureKind.TLS: "do this client and the member agree on TLS (the client's CA file, the "
-    "member's --tls-cert-file), and does that CA sign the member's certificate?",
-    FailureKind.NOT_GRPC: "is that a member's client port (its --client-address)?",
-    FailureKind.CLOSED: "is that a member's client port, and does the member expect TLS "
-    "while this client does not use it?",
-    FailureKind.PEER_PORT: "clients use the member's client port (its --client-address; "
-    "`rallypoint member list` shows both)",
-    FailureKind.NOT_RALLYPOINT: "is that a member's client port, and does the member run a "
-    "rallypoint as new as this client?",
-    FailureKind.NO_ANSWER: "is the member paused or overloaded, or does a firewall drop the "
-    "traffic?",
-    FailureKind.SILENT: "is the member paused or overloaded, or is that not a member's client "
-    "port?",
-    FailureKind.LOST: "the member may have stopped or restarted; the client tries again",
-    FailureKind.OTHER: "is a rallypoint member serving clients there?",
-}
-
-# The transport's words around the part worth keeping: "failed to connect to all addresses;
-# last error: UNKNOWN: ipv4:127.0.0.1:443: <the part>".
-_NOISE = re.compile(
-    r"failed to connect to all addresses; last error: |\b[A-Z_]{4,}: |ipv[46]:\S+?: |"
-    r"\[?field:hostname lookup error:|\]$"
-)
-
-
-def _kind_of(code: grpc.StatusCode, details: str) -> tuple[FailureKind, str] | None:
-    """The transport failure a reasonless status stands for, in words; None when it is a
-    server's own answer (a status gRPC does not make by itself)."""
-    if code is grpc.StatusCode.UNIMPLEMENTED:
-        match = re.search(r"http2 header with status: *(\d+)", details, re.I)
-        if match:
-            return FailureKind.NOT_GRPC, f"it answered HTTP status {match.group(1)}"
-        return FailureKind.NOT_RALLYPOINT, "its server lacks rallypoint's methods"
-    if code is grpc.StatusCode.DEADLINE_EXCEEDED:
-        return FailureKind.NO_ANSWER, "no answer in time"
-    if code not in (
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.UNKNOWN,
-        grpc.StatusCode.INTERNAL,
-        grpc.StatusCode.CANCELLED,
-    ):
-        return None
-    for pattern, kind, words in _PATTERNS:
-        if pattern.search(details):
-            return kind, words
-    if code is grpc.StatusCode.CANCELLED:
-        return FailureKind.LOST, "the call was cut off"
-    if code is grpc.StatusCode.UNAVAILABLE and ("ipv4:" in details or "ipv6:" in details):
-        return FailureKind.OTHER, _NOISE.sub("", details).strip() or "cannot connect"
-    return None
-
-
-# What happened, per kind, with {endpoint}, {words} (the detail in words) and {within}.
-_SAYINGS: dict[FailureKind, str] = {
-    FailureKind.REFUSED: "no member answered at {endpoint} (connection refused)",
-    FailureKind.UNRESOLVED: "cannot resolve the host of {endpoint} (host name not found)",
-    FailureKind.UNREACHABLE: "cannot reach {endpoint} ({words})",
-    FailureKind.TLS: "the TLS handshake with {endpoint} failed",
-    FailureKind.NOT_GRPC: "{endpoint} is not a rallypoint member ({words})",
-    FailureKind.CLOSED: "{endpoint} closed the connection before answering",
-    FailureKind.PEER_PORT: "{endpoint} is a member's peer port, not its client port",
-    FailureKind.NOT_RALLYPOINT: "{endpoint} answers, but not with rallypoint's client API",
-    FailureKind.NO_ANSWER: "{endpoint} did not answer {within}",
-    FailureKind.SILENT: "{endpoint} accepted the connection but never answered",
-    FailureKind.LOST: "the connection to {endpoint} was lost during the call",
-    FailureKind.OTHER: "cannot use {endpoint} ({words})",
-}
-
-
-def transport_message(
-    kind: FailureKind, endpoint: str, words: str, *, timeout_s: float | None = None
-) -> str:
-    """The sentence for one endpoint's transport failure: what happened, what to check."""
-    within = f"within {timeout_s:.3g} s" if timeout_s is not None else "in time"
-    said = _SAYINGS[kind].format(endpoint=endpoint, words=words, within=within)
-    return f"{said}: {_CHECKS[kind]}"
-
-
 def failure_check(error: RallypointError) -> str:
     """What to check about ``error``'s transport failure ("" for a member's own refusal)."""
-    return _CHECKS[error.failure] if error.failure is not None else ""
+    return check_for(error.failure) if error.failure is not None else ""
 
 
 _KIND_CLASS: dict[FailureKind, type[RallypointError]] = {
@@ -413,7 +266,7 @@ def map_rpc_error(
     trailing = error.trailing_metadata()
     reason = _metadata_value(trailing, REASON_KEY) or ""
     leader_hint = _metadata_value(trailing, LEADER_KEY) or None
-    failure = None if reason else _kind_of(code, details)
+    failure = None if reason else classify(code, details)
     result: RallypointError
     if failure is not None:
         kind, words = failure

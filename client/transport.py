@@ -50,7 +50,6 @@ from .arguments import positive_seconds
 from .backoff import DEFAULT_BACKOFF, Backoff
 from .errors import (
     DeadlineExceededError,
-    FailureKind,
     InvalidValueError,
     RallypointError,
     UnavailableError,
@@ -58,6 +57,7 @@ from .errors import (
     failure_check,
     map_rpc_error,
 )
+from .transport_failures import FailureKind
 
 Request = TypeVar("Request")
 Response = TypeVar("Response")

@@ -22,7 +22,7 @@ class FailureKind(enum.Enum):
     UNRESOLVED = "host name not found"
     UNREACHABLE = "unreachable"
     TLS = "TLS handshake failed"
-    NOT_GRPC = "not a gRPC server"
+    NOT_GRPC = "not a member: another protocol"
     CLOSED = "connection closed before any answer"
     PEER_PORT = "a member's peer port"
     NOT_RALLYPOINT = "no rallypoint API there"

@@ -166,9 +166,10 @@ def render() -> str:
         "```python",
         "def on_event(kind: str, fields: dict) -> None:",
         '    if kind == "round_formed":',
-        "        print(f\"round {fields['round']}: rank {fields['rank']} of "
-        "{fields['world_size']}, \"",
-        "              f\"restored from {fields['source']} at step {fields['step']}\")",
+        "        print(",
+        "            f\"round {fields['round']}: rank {fields['rank']}/{fields['world_size']}, \"",
+        "            f\"restored from {fields['source']} at step {fields['step']}\"",
+        "        )",
         "```",
         "",
         "| kind | fields | when |",

@@ -13,6 +13,7 @@ from .errors import (
     FailedPreconditionError,
     InternalError,
     InvalidArgumentError,
+    InvalidValueError,
     KeyTooLargeError,
     LeaseNotFoundError,
     MemberNotFoundError,
@@ -30,6 +31,7 @@ from .errors import (
     UnauthenticatedError,
     UnavailableError,
     ValueTooLargeError,
+    WrongEndpointError,
 )
 from .lease import Lease
 from .rendezvous import Participant
@@ -51,7 +53,9 @@ from .rendezvous_values import (
     CommitResult,
     EndReason,
     JobConfig,
+    JobState,
     JobStatus,
+    LeaveOutcome,
     RoundInfo,
     RoundMember,
     RoundRecord,
@@ -63,6 +67,7 @@ from .roundstore import CompareSetResult, RoundStore
 from .sync import SyncClient, SyncLease, SyncWatcher
 from .sync_rendezvous import SyncCheckpointRegistry, SyncParticipant, SyncRoundStore
 from .transport import TOKEN_ENV, TlsConfig, token_or_environment
+from .transport_failures import FailureKind
 from .values import (
     AddResult,
     CompareAndSetResult,
@@ -105,20 +110,24 @@ __all__ = [
     "EndpointStatus",
     "EventType",
     "FailedPreconditionError",
+    "FailureKind",
     "Fence",
     "GetResult",
     "Header",
     "InternalError",
     "InvalidArgumentError",
+    "InvalidValueError",
     "JobClosedError",
     "JobConfig",
     "JobNotFoundError",
+    "JobState",
     "JobStatus",
     "KeyTooLargeError",
     "KeyValue",
     "Lease",
     "LeaseInfo",
     "LeaseNotFoundError",
+    "LeaveOutcome",
     "LimitExceededError",
     "Member",
     "MemberNotFoundError",
@@ -163,5 +172,6 @@ __all__ = [
     "ValueTooLargeError",
     "WatchEvent",
     "Watcher",
+    "WrongEndpointError",
     "token_or_environment",
 ]

@@ -24,6 +24,7 @@ from typing import TypeVar
 
 from rallypoint.proto.v1 import cluster_pb2, common_pb2, kv_pb2, lease_pb2
 
+from . import arguments
 from . import jobs as _jobs
 from .backoff import DEFAULT_BACKOFF, Backoff
 from .checkpoints import CheckpointRegistry
@@ -69,7 +70,9 @@ def _bytes(data: Bytes) -> bytes:
 def _lease_id(lease: LeaseRef) -> int:
     if lease is None:
         return 0
-    return lease.lease_id if isinstance(lease, Lease) else int(lease)
+    if isinstance(lease, Lease):
+        return lease.lease_id
+    return arguments.count(lease, "lease", least=0)
 
 
 def _fence(fence: Fence | None) -> common_pb2.Fence | None:
@@ -94,9 +97,9 @@ class Client:
         backoff: Backoff = DEFAULT_BACKOFF,
         rng: random.Random | None = None,
     ) -> None:
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
-        self.timeout_s = timeout_s
+        self.timeout_s = arguments.positive_seconds(timeout_s, "timeout_s")
+        arguments.positive_seconds(session_ttl_s, "session_ttl_s", least_s=0.001)
+        arguments.count(max_inflight_writes, "max_inflight_writes")
         self._transport = Transport(
             endpoints,
             token=token,
@@ -172,6 +175,7 @@ class Client:
     # ------------------------------------------------------------------ plumbing
 
     def _deadline(self, timeout_s: float | None) -> Deadline:
+        # Deadline refuses a timeout that is not a positive number of seconds.
         return Deadline(self.timeout_s if timeout_s is None else timeout_s)
 
     async def _read(
@@ -258,6 +262,7 @@ class Client:
         """One page of keys under ``prefix`` in byte order: at most ``limit`` (0: as many as
         the member answers at once, by default 10,000 keys or 3 MiB); ``more`` says keys
         remain (continue with ``start_after`` = the last key, or use :meth:`range_pages`)."""
+        arguments.count(limit, "limit", least=0)
         response = await self._read(
             lambda s: s.kv.Range,
             kv_pb2.RangeRequest(
@@ -287,8 +292,7 @@ class Client:
         """Every key under ``prefix``, fetched ``page_size`` at a time or fewer when the
         member caps an answer (each page is its own read: a key changed between pages may be
         seen at either side of the change)."""
-        if page_size <= 0:
-            raise ValueError(f"page_size must be positive, got {page_size}")
+        arguments.count(page_size, "page_size")
         start_after = b""
         while True:
             page = await self.range(
@@ -398,7 +402,9 @@ class Client:
     async def grant_lease(
         self, ttl_s: float, *, keep_alive: bool = True, timeout_s: float | None = None
     ) -> Lease:
-        """A new lease, kept alive in the background until revoked or lost."""
+        """A new lease, kept alive in the background until revoked or lost. ``ttl_s`` is at
+        least 0.001 (the wire counts milliseconds)."""
+        arguments.positive_seconds(ttl_s, "ttl_s", least_s=0.001)
         _, keeper, _ = self._ensure_started()
         loop = asyncio.get_running_loop()
         # The leader starts the TTL no earlier than this: measuring from here is pessimistic.
@@ -421,6 +427,7 @@ class Client:
 
     async def keep_alive_lease(self, lease_id: int, *, timeout_s: float | None = None) -> Lease:
         """Take over keeping an existing lease alive (its token read from the leader)."""
+        arguments.count(lease_id, "lease_id")
         _, keeper, _ = self._ensure_started()
         sent_at = asyncio.get_running_loop().time()
         info = await self.lease_time_to_live(lease_id, timeout_s=timeout_s)
@@ -431,6 +438,7 @@ class Client:
     async def keep_alive_once(self, lease_id: int, *, timeout_s: float | None = None) -> float:
         """Extend a lease once (at the leader); its new TTL in seconds. Raises
         LeaseNotFoundError when it no longer exists."""
+        arguments.count(lease_id, "lease_id")
         return await keep_alive_once(self._transport, lease_id, self._deadline(timeout_s))
 
     @contextlib.asynccontextmanager
@@ -450,6 +458,7 @@ class Client:
 
     async def revoke_lease(self, lease_id: int, *, timeout_s: float | None = None) -> list[bytes]:
         """Revoke a lease; the keys deleted with it."""
+        arguments.count(lease_id, "lease_id")
         response = await self._write(
             lambda s: s.lease.Revoke,
             lambda header: lease_pb2.LeaseRevokeRequest(header=header, lease_id=lease_id),
@@ -498,6 +507,9 @@ class Client:
         """Changes to ``key`` (or every key under it with ``prefix``) from ``start_revision``
         (0: from now), resumed across reconnects with no gaps or duplicates; see watch.py."""
         watch_key = _bytes(key)
+        arguments.count(start_revision, "start_revision", least=0)
+        if progress_interval_s is not None:
+            arguments.positive_seconds(progress_interval_s, "progress_interval_s")
 
         async def current_revision() -> int:
             page = await self.range(watch_key, limit=1, keys_only=True)
@@ -546,6 +558,7 @@ class Client:
     ) -> tuple[Member, list[Member]]:
         """Add a member (a learner by default: promote it once caught up); the new member and
         the resulting membership."""
+        arguments.count(member_id, "member_id", least=0)
         response = await self._read(
             lambda s: s.cluster.MemberAdd,
             cluster_pb2.MemberAddRequest(
@@ -562,6 +575,7 @@ class Client:
     async def member_remove(
         self, member_id: int, *, timeout_s: float | None = None
     ) -> list[Member]:
+        arguments.count(member_id, "member_id")
         response = await self._read(
             lambda s: s.cluster.MemberRemove,
             cluster_pb2.MemberRemoveRequest(id=member_id),
@@ -572,6 +586,7 @@ class Client:
     async def member_promote(
         self, member_id: int, *, timeout_s: float | None = None
     ) -> list[Member]:
+        arguments.count(member_id, "member_id")
         response = await self._read(
             lambda s: s.cluster.MemberPromote,
             cluster_pb2.MemberPromoteRequest(id=member_id),
@@ -580,6 +595,7 @@ class Client:
         return self._learn_members(response.members)
 
     async def transfer_leader(self, target_id: int, *, timeout_s: float | None = None) -> Header:
+        arguments.count(target_id, "target_id", least=0)
         response = await self._read(
             lambda s: s.cluster.TransferLeader,
             cluster_pb2.TransferLeaderRequest(target_id=target_id),
@@ -624,7 +640,8 @@ class Client:
             try:
                 status = await self.member_status(endpoint, timeout_s=timeout_s)
             except RallypointError as error:
-                return EndpointStatus(endpoint, None, str(error))
+                failure = error.failure.value if error.failure is not None else ""
+                return EndpointStatus(endpoint, None, str(error), failure)
             return EndpointStatus(endpoint, status, None)
 
         return list(await asyncio.gather(*(one(endpoint) for endpoint in targets)))
@@ -673,11 +690,27 @@ class Client:
 
     async def evict(self, job: str, participant_id: int, *, timeout_s: float | None = None) -> int:
         """Remove a participant; the round that ended because of it (0: none)."""
+        arguments.count(participant_id, "participant_id")
         return await _jobs.evict(self, job, participant_id, timeout_s=timeout_s)
 
     async def close_job(self, job: str, *, timeout_s: float | None = None) -> int:
         """End the job; the round that ended (0: it was already closed)."""
         return await _jobs.close_job(self, job, timeout_s=timeout_s)
+
+    async def prune_jobs(
+        self,
+        *,
+        older_than_s: float = 0.0,
+        keep: int = 0,
+        jobs: Sequence[str] = (),
+        timeout_s: float | None = None,
+    ) -> list[str]:
+        """Remove ended jobs (finished, failed, closed) that ended at least ``older_than_s``
+        ago, keeping the ``keep`` that ended last (among ``jobs``, or every job); the jobs
+        removed. An admin call."""
+        return await _jobs.prune_jobs(
+            self, older_than_s=older_than_s, keep=keep, jobs=jobs, timeout_s=timeout_s
+        )
 
     async def latest_checkpoint(
         self, job: str, *, serializable: bool = False, timeout_s: float | None = None

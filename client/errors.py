@@ -6,6 +6,19 @@ reason the server sends in the trailing metadata key ``rallypoint-error-reason``
 ``proto/v1/common.proto``), and keeps the server's message, the reason and the
 ``rallypoint-leader`` hint on the exception.
 
+Transport failures. A member always sends a reason with its refusals; a status without one
+was made by gRPC itself (no connection, no answer in time, a broken stream) or by a server
+that is not a member (a peer port, an HTTP server, a service of another kind). Those become
+a sentence in our words that names the endpoint, says what happened and what to check ("no
+member answered at 127.0.0.1:2379 (connection refused): is a member running there, and is
+that its client port?"; ``transport_failures.py`` holds the words). gRPC's own text, which
+means little to a user ("failed to connect to all addresses; last error: UNKNOWN:
+ipv4:..."), is kept on the error (``grpc_code``, ``grpc_detail``) and in the debug log, never
+in the message; which failure it was is the error's ``failure`` (a ``FailureKind``). The
+transport tells a member's peer port from other servers that lack our API by asking for the
+peer service on the same connection (``peer_port``). An endpoint that is not a member's
+client port at all raises :class:`WrongEndpointError`, which the transport does not wait on.
+
 Retry rule: only :class:`UnavailableError` is retried inside the client (the request was
 fine, this member could not serve it now). Everything else describes the request or the
 state and is raised at once.
@@ -18,10 +31,15 @@ write was not applied.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 import grpc
 import grpc.aio
+
+from .transport_failures import FailureKind, check_for, classify, transport_message
+
+log = logging.getLogger("rallypoint.client")
 
 REASON_KEY = "rallypoint-error-reason"
 LEADER_KEY = "rallypoint-leader"
@@ -40,6 +58,18 @@ class RallypointError(Exception):
         self.server_message = message
         self.reason = reason
         self.leader_hint = leader_hint
+        # The endpoint whose answer (or silence) this is, when one call made it; gRPC's own
+        # status code and text for a failure gRPC reported (kept for debugging, never shown).
+        self.endpoint: str | None = None
+        self.grpc_code = ""
+        self.grpc_detail = ""
+        # What went wrong in the transport (None: the member itself refused the request).
+        self.failure: FailureKind | None = None
+
+    def carry_from(self, other: RallypointError) -> None:
+        """Keep ``other``'s endpoint and gRPC detail (a refinement of the same failure)."""
+        self.endpoint, self.failure = other.endpoint, other.failure
+        self.grpc_code, self.grpc_detail = other.grpc_code, other.grpc_detail
 
     def __str__(self) -> str:
         text = self.server_message or type(self).__name__
@@ -52,12 +82,23 @@ class UnavailableError(RallypointError):
     """No member could serve the request: none reachable, or no leader, within the deadline."""
 
 
+class WrongEndpointError(UnavailableError):
+    """The endpoint is not a member's client port: a member's peer port, a server that does
+    not speak gRPC or lacks rallypoint's API, or a TLS setting that does not match. Retried on
+    the other endpoints; raised at once when every endpoint is wrong."""
+
+
 class DeadlineExceededError(RallypointError):
     """The call did not complete within its deadline."""
 
 
 class InvalidArgumentError(RallypointError):
     """The request is malformed (empty key, non-positive TTL, ...)."""
+
+
+class InvalidValueError(InvalidArgumentError, ValueError):
+    """Raised client-side, before anything is sent: a value given to the client is out of
+    range (a negative TTL, a timeout of 0, an endpoint without a port, ...)."""
 
 
 class NotFoundError(RallypointError):
@@ -194,22 +235,61 @@ def _metadata_value(metadata: Iterable[object] | None, key: str) -> str | None:
     return None
 
 
-def map_rpc_error(error: grpc.aio.AioRpcError) -> RallypointError:
-    """The client error for a failed RPC: the one mapping from gRPC to rallypoint errors."""
+def failure_check(error: RallypointError) -> str:
+    """What to check about ``error``'s transport failure ("" for a member's own refusal)."""
+    return check_for(error.failure) if error.failure is not None else ""
+
+
+_KIND_CLASS: dict[FailureKind, type[RallypointError]] = {
+    FailureKind.TLS: WrongEndpointError,
+    FailureKind.NOT_GRPC: WrongEndpointError,
+    FailureKind.PEER_PORT: WrongEndpointError,
+    FailureKind.NOT_RALLYPOINT: WrongEndpointError,
+    FailureKind.NO_ANSWER: DeadlineExceededError,
+}
+
+
+def map_rpc_error(
+    error: grpc.aio.AioRpcError,
+    endpoint: str | None = None,
+    *,
+    timeout_s: float | None = None,
+    peer_port: bool = False,
+) -> RallypointError:
+    """The client error for a failed RPC: the one mapping from gRPC to rallypoint errors.
+
+    ``endpoint``: the address called (named in transport failures); ``timeout_s``: the
+    attempt's timeout (said when it passed with no answer); ``peer_port``: the transport found
+    the peer service on the endpoint that lacked ours (see :class:`FailureKind`)."""
     code = error.code()
     details = error.details() or ""
     trailing = error.trailing_metadata()
     reason = _metadata_value(trailing, REASON_KEY) or ""
     leader_hint = _metadata_value(trailing, LEADER_KEY) or None
-    by_reason = _BY_REASON.get(reason)
-    cls: type[RallypointError]
-    if by_reason is not None and by_reason[0] is code:
-        cls = by_reason[1]
+    failure = None if reason else classify(code, details)
+    result: RallypointError
+    if failure is not None:
+        kind, words = failure
+        if kind is FailureKind.NOT_RALLYPOINT and peer_port:
+            kind = FailureKind.PEER_PORT
+        where = endpoint or "the member"
+        message = transport_message(kind, where, words, timeout_s=timeout_s)
+        cls = _KIND_CLASS.get(kind, UnavailableError)
+        result = cls(message, leader_hint=leader_hint)
+        result.failure = kind
+        log.debug("%s: %s (gRPC %s: %s)", where, kind.value, code.name, details)
     else:
-        # No reason, or one under an unexpected code: the status code decides (common.proto:
-        # "the status code alone decides retry behaviour").
-        cls = _BY_CODE.get(code, InternalError)
-    message = details or code.name.lower().replace("_", " ")
-    if cls is InternalError:
-        message = f"{message} (status {code.name})"
-    return cls(message, reason=reason, leader_hint=leader_hint)
+        by_reason = _BY_REASON.get(reason)
+        if by_reason is not None and by_reason[0] is code:
+            cls = by_reason[1]
+        else:
+            # No reason, or one under an unexpected code: the status code decides
+            # (common.proto: "the status code alone decides retry behaviour").
+            cls = _BY_CODE.get(code, InternalError)
+        message = details or code.name.lower().replace("_", " ")
+        if cls is InternalError:
+            message = f"{message} (status {code.name})"
+        result = cls(message, reason=reason, leader_hint=leader_hint)
+    result.endpoint = endpoint
+    result.grpc_code, result.grpc_detail = code.name, details
+    return result

@@ -12,10 +12,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import weakref
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from rallypoint.proto.v1 import rendezvous_pb2, rendezvous_pb2_grpc
 
+from .arguments import count, non_negative_seconds
 from .errors import RallypointError
 from .rendezvous_errors import JobNotFoundError, refined
 from .rendezvous_values import CheckpointInfo, JobConfig, JobStatus, RoundInfo
@@ -163,6 +165,31 @@ async def close_job(client: Client, job: str, *, timeout_s: float | None = None)
         )
     )
     return response.ended_round
+
+
+async def prune_jobs(
+    client: Client,
+    *,
+    older_than_s: float = 0.0,
+    keep: int = 0,
+    jobs: Sequence[str] = (),
+    timeout_s: float | None = None,
+) -> list[str]:
+    """Remove ended jobs (finished, failed, closed) and their history: those in ``jobs``
+    (every job when empty) that ended at least ``older_than_s`` ago, keeping the ``keep`` that
+    ended last. Open jobs are never removed. The jobs removed, in id order."""
+    older_than_ms = round(non_negative_seconds(older_than_s, "older_than_s") * 1000)
+    count(keep, "keep", least=0)
+    response = await refined(
+        client._write(
+            lambda s: services(s).rendezvous.PruneJobs,
+            lambda header: rendezvous_pb2.PruneJobsRequest(
+                header=header, older_than_ms=older_than_ms, keep=keep, jobs=list(jobs)
+            ),
+            timeout_s,
+        )
+    )
+    return list(response.pruned)
 
 
 async def latest_checkpoint(

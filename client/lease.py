@@ -165,7 +165,7 @@ class LeaseKeeper:
                 self._on_answer(response)
             return UnavailableError("no lease left to keep alive")
         except grpc.aio.AioRpcError as rpc_error:
-            return map_rpc_error(rpc_error)
+            return map_rpc_error(rpc_error, address)
         finally:
             sender.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -245,7 +245,7 @@ async def keep_alive_once(transport: Transport, lease_id: int, deadline: Deadlin
                 return response.ttl_ms / 1000.0
             error: RallypointError = UnavailableError(f"{address} ended the keep-alive stream")
         except grpc.aio.AioRpcError as rpc_error:
-            error = map_rpc_error(rpc_error)
+            error = map_rpc_error(rpc_error, address)
         finally:
             call.cancel()
         if not isinstance(error, UnavailableError) or deadline.remaining_s() <= 0:

@@ -46,6 +46,7 @@ import grpc.aio
 
 from rallypoint.proto.v1 import rendezvous_pb2
 
+from .arguments import non_negative_seconds
 from .backoff import Backoff
 from .checkpoints import CheckpointRegistry
 from .errors import (
@@ -65,8 +66,10 @@ from .rendezvous_errors import (
     refined,
 )
 from .rendezvous_values import (
+    LEAVE_OUTCOMES,
     JobConfig,
     JoinResult,
+    LeaveOutcome,
     RoundInfo,
     RoundState,
     TrainingProgress,
@@ -227,6 +230,7 @@ class Participant:
         come. Waits up to ``timeout_s`` (default: the job's join_timeout_ms), then raises
         DeadlineExceededError; raises ParticipantLostError once the participant is lost."""
         wait_s = self.config.join_timeout_ms / 1000 if timeout_s is None else timeout_s
+        non_negative_seconds(wait_s, "timeout_s")
         try:
             async with asyncio.timeout(wait_s):
                 while True:
@@ -330,12 +334,25 @@ class Participant:
                 await task
         self._tasks = []
 
-    async def leave(self, *, timeout_s: float | None = None) -> None:
+    async def leave(
+        self,
+        *,
+        timeout_s: float | None = None,
+        outcome: LeaveOutcome | None = None,
+        detail: str = "",
+    ) -> None:
         """Leave the job (Leave first, then close the streams). Leaving twice, or after the
-        participant was lost, does nothing more."""
+        participant was lost, does nothing more. ``outcome`` says how the job went for this
+        participant: the last one to leave ends the job FINISHED or FAILED by it (None: the
+        job stays open, waiting for workers); ``detail`` says it in words."""
         if self.leaving:
             return
         self.leaving = True
+        wire_outcome = (
+            LEAVE_OUTCOMES[outcome]
+            if outcome is not None
+            else rendezvous_pb2.LEAVE_OUTCOME_UNSPECIFIED
+        )
         try:
             if not self.lost.is_set():
                 with contextlib.suppress(ParticipantNotFoundError, JobNotFoundError):
@@ -343,7 +360,11 @@ class Participant:
                         self.client._write(
                             lambda s: services(s).rendezvous.Leave,
                             lambda header: rendezvous_pb2.LeaveRequest(
-                                header=header, job=self.job, participant_id=self.participant_id
+                                header=header,
+                                job=self.job,
+                                participant_id=self.participant_id,
+                                outcome=wire_outcome,
+                                detail=detail[:1024],
                             ),
                             timeout_s,
                         )
@@ -407,7 +428,7 @@ class Participant:
                 transport.note_success(address)
                 self._on_heartbeat_answer(response)
         except grpc.aio.AioRpcError as rpc_error:
-            return refine(map_rpc_error(rpc_error))
+            return refine(map_rpc_error(rpc_error, address))
         finally:
             sender.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -505,7 +526,7 @@ class Participant:
                     self._observe(RoundInfo.from_proto(response.round))
                 error = UnavailableError(f"{address} ended the round watch")
             except grpc.aio.AioRpcError as rpc_error:
-                error = refine(map_rpc_error(rpc_error))
+                error = refine(map_rpc_error(rpc_error, address))
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if not self._watch_restart or (task is not None and task.cancelling()):

@@ -95,7 +95,9 @@ def refine(error: RallypointError) -> RallypointError:
     if entry[0] is InternalError:
         # Drop the "(status ...)" InternalError appends: the class now says what happened.
         message = message.rsplit(" (status ", 1)[0]
-    return entry[1](message, reason=error.reason, leader_hint=error.leader_hint)
+    typed = entry[1](message, reason=error.reason, leader_hint=error.leader_hint)
+    typed.carry_from(error)
+    return typed
 
 
 async def refined(call: Awaitable[T]) -> T:

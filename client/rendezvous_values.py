@@ -108,6 +108,23 @@ class RoundState(enum.Enum):
     ENDED = "ended"
 
 
+class JobState(enum.Enum):
+    """A job's lifecycle (rendezvous.proto, "Job lifecycle")."""
+
+    OPEN = "open"
+    FINISHED = "finished"
+    FAILED = "failed"
+    CLOSED = "closed"
+
+
+class LeaveOutcome(enum.Enum):
+    """What a participant says of the job as it leaves; the last one to leave ends the job
+    FINISHED or FAILED by it (FAILED if any leave since the job opened said so)."""
+
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
 class EndReason(enum.Enum):
     MEMBER_FAILED = "member_failed"
     MEMBER_LEFT = "member_left"
@@ -121,6 +138,16 @@ _ROUND_STATES = {
     rendezvous_pb2.ROUND_STATE_JOINING: RoundState.JOINING,
     rendezvous_pb2.ROUND_STATE_ACTIVE: RoundState.ACTIVE,
     rendezvous_pb2.ROUND_STATE_ENDED: RoundState.ENDED,
+}
+_JOB_STATES = {
+    rendezvous_pb2.JOB_STATE_OPEN: JobState.OPEN,
+    rendezvous_pb2.JOB_STATE_FINISHED: JobState.FINISHED,
+    rendezvous_pb2.JOB_STATE_FAILED: JobState.FAILED,
+    rendezvous_pb2.JOB_STATE_CLOSED: JobState.CLOSED,
+}
+LEAVE_OUTCOMES = {
+    LeaveOutcome.FINISHED: rendezvous_pb2.LEAVE_OUTCOME_FINISHED,
+    LeaveOutcome.FAILED: rendezvous_pb2.LEAVE_OUTCOME_FAILED,
 }
 _END_REASONS = {
     rendezvous_pb2.ROUND_END_REASON_MEMBER_FAILED: EndReason.MEMBER_FAILED,
@@ -192,6 +219,13 @@ class RoundInfo:
     job_closed: bool
     # Increases with every change to the job: orders two RoundInfos of one job.
     job_revision: int
+    # The job's lifecycle: open, finished, failed or closed (a member that predates it sends
+    # nothing: open, or closed by job_closed); the leader time it ended and what was said.
+    job_state: JobState = JobState.OPEN
+    job_ended_ms: int = 0
+    job_end_detail: str = ""
+    # Leader time the round's first training step was reported done (0: not known).
+    trained_ms: int = 0
 
     @staticmethod
     def from_proto(info: rendezvous_pb2.RoundInfo) -> RoundInfo:
@@ -209,6 +243,12 @@ class RoundInfo:
             closed_ms=info.closed_ms,
             job_closed=info.job_closed,
             job_revision=info.job_revision,
+            job_state=_JOB_STATES.get(
+                info.job_state, JobState.CLOSED if info.job_closed else JobState.OPEN
+            ),
+            job_ended_ms=info.job_ended_ms,
+            job_end_detail=info.job_end_detail,
+            trained_ms=info.trained_ms,
         )
 
     def member(self, participant_id: int) -> RoundMember | None:
@@ -244,6 +284,8 @@ class RoundRecord:
     ended_by: int
     # Why, in words (the detector's cause, e.g. "hang: ..." or "phi 9.1 crossed ...").
     detail: str = ""
+    # Leader time the round's first training step was reported done (0: not known).
+    trained_ms: int = 0
 
     @staticmethod
     def from_proto(record: rendezvous_pb2.RoundRecord) -> RoundRecord:
@@ -257,6 +299,7 @@ class RoundRecord:
             end_reason=_END_REASONS.get(record.end_reason),
             ended_by=record.ended_by,
             detail=record.detail,
+            trained_ms=record.trained_ms,
         )
 
 

@@ -24,6 +24,7 @@ import grpc.aio
 
 from rallypoint.proto.v1 import rendezvous_pb2
 
+from .arguments import non_negative_seconds
 from .errors import DeadlineExceededError, RallypointError, UnavailableError, map_rpc_error
 from .jobs import RendezvousStubs, services
 from .rendezvous_errors import refine, refined
@@ -183,9 +184,7 @@ class RoundStore:
 
     def _wait_s(self, timeout_s: float | None) -> float:
         wait_s = self.client.timeout_s if timeout_s is None else timeout_s
-        if wait_s < 0:
-            raise ValueError(f"timeout_s must not be negative, got {wait_s}")
-        return wait_s
+        return non_negative_seconds(wait_s, "timeout_s")
 
     async def _blocking(
         self,
@@ -209,7 +208,7 @@ class RoundStore:
                     metadata=transport.metadata,
                 )
             except grpc.aio.AioRpcError as rpc_error:
-                error: RallypointError = refine(map_rpc_error(rpc_error))
+                error: RallypointError = refine(map_rpc_error(rpc_error, address))
             else:
                 transport.note_success(address)
                 return response

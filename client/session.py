@@ -30,6 +30,7 @@ from typing import TypeVar
 
 from rallypoint.proto.v1 import common_pb2, session_pb2
 
+from .arguments import positive_seconds
 from .errors import (
     OutcomeUnknownError,
     RallypointError,
@@ -74,8 +75,7 @@ class SessionKeeper:
     """Opens the session on demand, keeps it alive, replaces it when it expires."""
 
     def __init__(self, transport: Transport, ttl_s: float, *, open_timeout_s: float) -> None:
-        if ttl_s <= 0:
-            raise ValueError(f"session ttl_s must be positive, got {ttl_s}")
+        positive_seconds(ttl_s, "session ttl_s", least_s=0.001)
         self._transport = transport
         self._ttl_s = ttl_s
         self._open_timeout_s = open_timeout_s

@@ -215,6 +215,7 @@ class SyncClient:
     job_statuses = _blocking(Client.job_statuses)
     evict = _blocking(Client.evict)
     close_job = _blocking(Client.close_job)
+    prune_jobs = _blocking(Client.prune_jobs)
     latest_checkpoint = _blocking(Client.latest_checkpoint)
 
     def range_pages(self, prefix: bytes | str = b"", **options: Any) -> Iterator[KeyValue]:

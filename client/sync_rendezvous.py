@@ -15,7 +15,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar
 
 from .checkpoints import CheckpointRegistry
 from .rendezvous import Participant
-from .rendezvous_values import RoundInfo, TrainingProgress
+from .rendezvous_values import LeaveOutcome, RoundInfo, TrainingProgress
 from .roundstore import RoundStore
 
 P = ParamSpec("P")
@@ -108,9 +108,16 @@ class SyncParticipant(_Blocking[Participant]):
     _leave = _blocking(Participant.leave)
     _close = _blocking(Participant.close)
 
-    def leave(self, *, timeout_s: float | None = None) -> None:
+    def leave(
+        self,
+        *,
+        timeout_s: float | None = None,
+        outcome: LeaveOutcome | None = None,
+        detail: str = "",
+    ) -> None:
+        """See :meth:`Participant.leave`."""
         try:
-            self._leave(timeout_s=timeout_s)
+            self._leave(timeout_s=timeout_s, outcome=outcome, detail=detail)
         finally:
             self._stop_mirror()
 

@@ -11,8 +11,12 @@ when it knows one (common.proto). The retry loop then:
   cannot bounce a request forever;
 - otherwise forgets the preferred member, moves on to the next endpoint in rotation, and
   sleeps with exponential backoff and full jitter (``backoff.py``);
+- moves on at once, without sleeping, from an endpoint that is not a member's client port
+  (a peer port, another kind of server: ``WrongEndpointError``), and gives up at once when
+  every endpoint is such a one;
 - stops when the call's deadline passes: UnavailableError when members kept refusing,
-  DeadlineExceededError when the last attempt got no answer in time.
+  DeadlineExceededError when the last attempt got no answer in time. When no member answered
+  at all, the message lists each endpoint's own failure, in the words of ``errors.py``.
 
 Each attempt is bounded by ``attempt_timeout_s`` as well as by the deadline, so a member that
 accepts connections but never answers (a paused process) costs one attempt, not the whole
@@ -26,6 +30,7 @@ import asyncio
 import functools
 import os
 import random
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -41,11 +46,33 @@ from rallypoint.proto.v1 import (
     watch_pb2_grpc,
 )
 
+from .arguments import positive_seconds
 from .backoff import DEFAULT_BACKOFF, Backoff
-from .errors import DeadlineExceededError, RallypointError, UnavailableError, map_rpc_error
+from .errors import (
+    DeadlineExceededError,
+    InvalidValueError,
+    RallypointError,
+    UnavailableError,
+    WrongEndpointError,
+    failure_check,
+    map_rpc_error,
+)
+from .transport_failures import FailureKind
 
 Request = TypeVar("Request")
 Response = TypeVar("Response")
+
+# A method of the members' peer service (proto/peer/v1/peer.proto): present on a peer port.
+PEER_PROBE_METHOD = "/rallypoint.peer.v1.Raft/Hello"
+
+
+def _raw_bytes(data: bytes) -> bytes:
+    return data
+
+
+def _failure_words(error: RallypointError) -> str:
+    return error.failure.value if error.failure is not None else error.server_message
+
 
 # Reconnect quickly to a member that restarted: gRPC's default reconnect backoff grows to
 # 120 s, far longer than a member's restart or a leader election.
@@ -93,8 +120,7 @@ class Deadline:
     """An absolute point on the event loop's clock, with the timeout it came from."""
 
     def __init__(self, timeout_s: float) -> None:
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        positive_seconds(timeout_s, "timeout_s")
         self.timeout_s = timeout_s
         self._at = asyncio.get_running_loop().time() + timeout_s
 
@@ -133,18 +159,50 @@ class Stubs:
 Method = Callable[[Stubs], "grpc.aio.UnaryUnaryMultiCallable[Request, Response]"]
 
 
+_HOST_PORT = re.compile(r"(?:\[[0-9A-Fa-f:.%a-z]+\]|[^:\s\[\]/@,]+):(?P<port>[^:]*)")
+
+
+def parse_endpoint(text: str) -> str:
+    """One member's client address, ``host:port`` (``[v6]:port``; an ``http://`` or
+    ``https://`` prefix and a trailing ``/`` are dropped). Refused, as InvalidValueError,
+    without a port (gRPC would dial 443 in silence) or with one that is not 1..65535 (gRPC
+    would dial it modulo 65536)."""
+    address = text.strip()
+    if address.startswith(("http://", "https://")):
+        address = address.split("://", 1)[1].rstrip("/")
+    if address.startswith("unix:"):
+        return address
+    match = _HOST_PORT.fullmatch(address)
+    if match is None:
+        if ":" not in address.rsplit("]", 1)[-1]:
+            raise InvalidValueError(
+                f"endpoint {text.strip()!r} has no port: write host:port, e.g. "
+                f"{address or 'host'}:2379"
+            )
+        raise InvalidValueError(f"endpoint {text.strip()!r} is not host:port")
+    port = match.group("port")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise InvalidValueError(
+            f"endpoint {text.strip()!r}: the port must be a number from 1 to 65535, got {port!r}"
+        )
+    return address
+
+
 def parse_endpoints(endpoints: str | Sequence[str]) -> list[str]:
-    """ "a:1,b:2" or ["a:1", "b:2"] -> ["a:1", "b:2"], without blanks or repeats."""
+    """ "a:1,b:2" or ["a:1", "b:2"] -> ["a:1", "b:2"], without blanks or repeats; each one
+    checked by :func:`parse_endpoint`."""
     items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
     result: list[str] = []
     for item in items:
-        address = item.strip()
-        if address.startswith(("http://", "https://")):
-            address = address.split("://", 1)[1]
-        if address and address not in result:
+        if not isinstance(item, str):
+            raise InvalidValueError(f"an endpoint is a 'host:port' string, got {item!r}")
+        if not item.strip():
+            continue
+        address = parse_endpoint(item)
+        if address not in result:
             result.append(address)
     if not result:
-        raise ValueError("at least one endpoint (host:port) is required")
+        raise InvalidValueError("at least one endpoint (host:port) is required")
     return result
 
 
@@ -164,7 +222,7 @@ class Transport:
         # leaders are added to it).
         self.preferred: str | None = None
         self.backoff = backoff
-        self.attempt_timeout_s = attempt_timeout_s
+        self.attempt_timeout_s = positive_seconds(attempt_timeout_s, "attempt_timeout_s")
         self.rng = rng if rng is not None else random.Random()
         self.metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {token}"),) if token else ()
@@ -240,11 +298,13 @@ class Transport:
         """
         retrier = Retrier(self)
         last_error: RallypointError | None = None
+        # Each endpoint's latest failure in this call, for the message when it gives up.
+        failures: dict[str, RallypointError] = {}
         target = address if address is not None else self.pick()
         while True:
             remaining_s = deadline.remaining_s()
             if remaining_s <= 0:
-                raise self._gave_up(last_error, deadline)
+                raise self._gave_up(last_error, failures, deadline)
             attempt_timeout_s = min(remaining_s, self.attempt_timeout_s)
             try:
                 callable_ = method(self.stubs(target))
@@ -252,36 +312,108 @@ class Transport:
                     request, timeout=attempt_timeout_s, metadata=self.metadata
                 )
             except grpc.aio.AioRpcError as rpc_error:
-                error = map_rpc_error(rpc_error)
+                error = await self.failure(target, rpc_error, timeout_s=attempt_timeout_s)
             else:
                 if address is None:
                     self.note_success(target)
                 return response
+            failures[target] = error
             cut_short = isinstance(error, DeadlineExceededError) and (
                 attempt_timeout_s < remaining_s
             )
             if not isinstance(error, UnavailableError) and not cut_short:
                 if isinstance(error, DeadlineExceededError):
-                    raise self._gave_up(error, deadline)
+                    raise self._gave_up(error, failures, deadline)
                 raise error
             if address is not None:
                 raise error
             last_error = error
             if on_retry is not None:
                 on_retry(error)
+            if isinstance(error, WrongEndpointError):
+                if all(isinstance(failures.get(e), WrongEndpointError) for e in self.endpoints):
+                    raise self._every_endpoint_wrong(failures)
+                # Not a member: try the next endpoint at once, there is nothing to wait for.
+                self.note_failure(target, error)
+                target = self.pick()
+                continue
             await retrier.after_failure(target, error, max_sleep_s=deadline.remaining_s())
             target = self.pick()
 
-    def _gave_up(self, last_error: RallypointError | None, deadline: Deadline) -> RallypointError:
+    async def failure(
+        self, address: str, rpc_error: grpc.aio.AioRpcError, *, timeout_s: float | None = None
+    ) -> RallypointError:
+        """The client error for a call to ``address`` that failed. A status for a method the
+        server does not have is checked once more: if the same port serves the members' peer
+        service, this is a member's peer port (said so), not merely some other server."""
+        peer_port = False
+        if rpc_error.code() is grpc.StatusCode.UNIMPLEMENTED:
+            peer_port = await self._serves_peer_service(address)
+        return map_rpc_error(rpc_error, address, timeout_s=timeout_s, peer_port=peer_port)
+
+    async def _serves_peer_service(self, address: str) -> bool:
+        # Any answer but UNIMPLEMENTED means the method exists. Unauthenticated (no peer MAC),
+        # the member refuses the empty request before reading it: nothing happens there.
+        probe = self.stubs(address).channel.unary_unary(
+            PEER_PROBE_METHOD,
+            request_serializer=_raw_bytes,
+            response_deserializer=_raw_bytes,
+        )
+        try:
+            await probe(b"", timeout=min(self.attempt_timeout_s, 2.0))
+        except grpc.aio.AioRpcError as probe_error:
+            return probe_error.code() not in (
+                grpc.StatusCode.UNIMPLEMENTED,
+                grpc.StatusCode.UNAVAILABLE,
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+            )
+        return True
+
+    def _every_endpoint_wrong(self, failures: dict[str, RallypointError]) -> RallypointError:
+        if len(self.endpoints) == 1:
+            return failures[self.endpoints[0]]
+        listed = "; ".join(failures[e].server_message for e in self.endpoints)
+        error = WrongEndpointError(f"no endpoint is a member's client port: {listed}")
+        error.failure = FailureKind.NOT_RALLYPOINT
+        return error
+
+    def _gave_up(
+        self,
+        last_error: RallypointError | None,
+        failures: dict[str, RallypointError],
+        deadline: Deadline,
+    ) -> RallypointError:
         within = f"within {deadline.timeout_s:g} s"
+        tried = [e for e in self.endpoints if e in failures]
+        silent = bool(tried) and all(failures[e].failure is not None for e in tried)
+        if silent and isinstance(last_error, UnavailableError | DeadlineExceededError):
+            # No member answered at all: say what each endpoint did, and what to check.
+            silence = isinstance(last_error, DeadlineExceededError)
+            prefix = f"no answer {within}" if silence else f"no member answered {within}"
+            if len(tried) == 1 and not silence:
+                only = failures[tried[0]]
+                message = f"{only.server_message} (retried for {deadline.timeout_s:g} s)"
+            elif len(tried) == 1:
+                message = f"{prefix} from {tried[0]}: {failure_check(failures[tried[0]])}"
+            else:
+                each = "; ".join(f"{e}: {_failure_words(failures[e])}" for e in tried)
+                checks = dict.fromkeys(failure_check(failures[e]) for e in tried)
+                message = f"{prefix} ({each}): {' '.join(checks)}"
+            cls: type[RallypointError] = DeadlineExceededError if silence else UnavailableError
+            error = cls(message)
+            error.carry_from(last_error)
+            error.endpoint = None
+            return error
         if isinstance(last_error, UnavailableError):
-            tried = ", ".join(self.endpoints)
-            return UnavailableError(
-                f"no member could serve the request {within} (endpoints: {tried}); "
+            listed = ", ".join(self.endpoints)
+            error = UnavailableError(
+                f"no member could serve the request {within} (endpoints: {listed}); "
                 f"last error: {last_error.server_message}",
                 reason=last_error.reason,
                 leader_hint=last_error.leader_hint,
             )
+            error.carry_from(last_error)
+            return error
         detail = f"; last error: {last_error.server_message}" if last_error is not None else ""
         return DeadlineExceededError(f"no answer {within}{detail}")
 

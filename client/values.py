@@ -209,11 +209,14 @@ class MemberStatus:
 
 @dataclass(frozen=True, slots=True)
 class EndpointStatus:
-    """The answer of one endpoint to Status: either ``status`` or the ``error`` text."""
+    """The answer of one endpoint to Status: either ``status`` or the ``error`` text, and
+    then ``failure``: what went wrong in a few words when no member answered there
+    ("connection refused"; "" when a member answered with a refusal)."""
 
     endpoint: str
     status: MemberStatus | None
     error: str | None
+    failure: str = ""
 
     @property
     def healthy(self) -> bool:

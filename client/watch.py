@@ -39,6 +39,7 @@ import grpc.aio
 
 from rallypoint.proto.v1 import watch_pb2
 
+from .arguments import count
 from .errors import CompactedError, RallypointError, UnavailableError, map_rpc_error
 from .transport import Retrier, Transport
 from .values import WatchEvent
@@ -60,8 +61,7 @@ class Watcher:
         progress_interval_s: float | None,
         current_revision: Callable[[], Awaitable[int]],
     ) -> None:
-        if start_revision < 0:
-            raise ValueError(f"start_revision must be >= 0, got {start_revision}")
+        count(start_revision, "start_revision", least=0)
         self._transport = transport
         self.key = key
         self.prefix = prefix
@@ -168,7 +168,7 @@ class Watcher:
             )
             return
         except grpc.aio.AioRpcError as rpc_error:
-            error = map_rpc_error(rpc_error)
+            error = map_rpc_error(rpc_error, self._address)
             if isinstance(error, CompactedError):
                 self._drop_stream()
                 raise CompactedError(

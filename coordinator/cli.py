@@ -8,6 +8,10 @@ daemon side and the client library meet.
 
 from __future__ import annotations
 
+# First: gRPC reads its log level when first imported (see grpc_quiet.py).
+from . import grpc_quiet  # noqa: F401
+
+# isort: split
 import argparse
 import asyncio
 import contextlib
@@ -24,6 +28,7 @@ import grpc
 
 from rallypoint.proto.v1 import cluster_pb2, cluster_pb2_grpc
 
+from .cli_args import Parser, add_version, integer
 from .daemon import Settings, SettingsError, configure_logging, run
 from .peer_auth import new_secret
 
@@ -119,14 +124,26 @@ def _add_cluster(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         "default 3-member cluster's endpoints are 127.0.0.1:2379,2381,2383. Ctrl-C or "
         "SIGTERM stops every member.",
     )
-    up.add_argument("--nodes", type=int, default=3, help="number of members (default 3)")
+    up.add_argument(
+        "--nodes",
+        type=integer(least=1, most=9),
+        default=3,
+        help="number of members (1-9, default 3)",
+    )
     up.add_argument(
         "--data-dir",
         help="parent directory of the members' data (default: a temporary directory, "
         "deleted on exit)",
     )
-    up.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT)
-    up.add_argument("--tick-ms", type=int, default=100)
+    up.add_argument(
+        "--base-port",
+        type=integer(least=1, most=65535 - 18),
+        default=DEFAULT_BASE_PORT,
+        help=f"member 1's client port (default {DEFAULT_BASE_PORT})",
+    )
+    up.add_argument(
+        "--tick-ms", type=integer(least=1), default=100, help="Raft tick length (default 100)"
+    )
     up.add_argument(
         "--log-level",
         default="INFO",
@@ -258,12 +275,13 @@ def write_secret_file(path: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = Parser(
         prog="rallypoint",
         description="rallypoint: a replicated coordination service for elastic training. "
         "Run members with `serve` (or a local cluster with `cluster up`); the other commands "
         "talk to a running cluster.",
     )
+    add_version(parser)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(subparsers)
     _add_cluster(subparsers)

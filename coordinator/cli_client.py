@@ -5,8 +5,10 @@
 ``--endpoints`` (default ``$RALLYPOINT_ENDPOINTS``, else the local development cluster),
 ``--timeout``, ``--token`` (default ``$RALLYPOINT_TOKEN``), TLS files, and ``--json``. Human
 output is rich tables; ``--json`` prints one JSON document (``kv watch``: one per line).
-Failures print one line, ``error: ...``, to stderr and exit 1. Keys and values are shown as
-UTF-8, with undecodable bytes escaped (``\\xff``).
+Failures print one line, ``error: ...``, to stderr and exit 1 (``--debug`` adds a second line
+with the transport's own words); an argument out of range is refused before anything is
+sent, in one line, with exit code 2. Keys and values are shown as UTF-8, with undecodable
+bytes escaped (``\\xff``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ from rallypoint.client import (
     TlsConfig,
     WatchEvent,
 )
+from rallypoint.client.transport import parse_endpoints
+
+from .cli_args import Parser, add_version, integer, seconds
 
 DEFAULT_ENDPOINTS = "127.0.0.1:2379,127.0.0.1:2381,127.0.0.1:2383"
 ENDPOINTS_ENV = "RALLYPOINT_ENDPOINTS"
@@ -137,10 +142,28 @@ def _run(body: Body) -> Callable[[argparse.Namespace], int]:
             return 0
         except (RallypointError, CommandError, ValueError, OSError) as error:
             kind = "" if isinstance(error, CommandError) else f"{type(error).__name__}: "
-            print(f"error: {kind}{error}", file=sys.stderr)
+            print(f"error: {kind}{' '.join(str(error).split())}", file=sys.stderr)
+            if getattr(args, "debug", False) and isinstance(error, RallypointError):
+                _print_debug(error)
             return 1
 
     return handler
+
+
+def _print_debug(error: RallypointError) -> None:
+    """The transport's own words for a failure, for whoever debugs it (``--debug``)."""
+    if error.grpc_code or error.grpc_detail:
+        detail = " ".join(error.grpc_detail.split())
+        where = f" from {error.endpoint}" if error.endpoint else ""
+        print(f"debug: gRPC status {error.grpc_code}{where}: {detail}", file=sys.stderr)
+
+
+def endpoints_argument(text: str) -> str:
+    """``--endpoints``: host:port,... each with a port (gRPC would dial 443 without one)."""
+    try:
+        return ",".join(parse_endpoints(text))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 async def _with_client(args: argparse.Namespace, body: Body) -> int:
@@ -160,23 +183,52 @@ async def _with_client(args: argparse.Namespace, body: Body) -> int:
         return await body(args, client, Output(args.json))
 
 
-def _common() -> argparse.ArgumentParser:
+def _common(*, nested: bool = False) -> argparse.ArgumentParser:
+    """The options every client command takes. ``nested``: for a command under another that
+    takes them too (``jobs prune``): no defaults of its own, so an option given before the
+    subcommand is not overwritten by a default after it."""
     common = argparse.ArgumentParser(add_help=False)
+
+    def default(value: object) -> object:
+        return argparse.SUPPRESS if nested else value
+
     common.add_argument(
         "--endpoints",
-        default=os.environ.get(ENDPOINTS_ENV) or DEFAULT_ENDPOINTS,
+        type=endpoints_argument,
+        default=default(os.environ.get(ENDPOINTS_ENV) or DEFAULT_ENDPOINTS),
         help=f"comma-separated host:port list (default: ${ENDPOINTS_ENV} or {DEFAULT_ENDPOINTS})",
     )
-    common.add_argument("--json", action="store_true", help="print JSON instead of tables")
     common.add_argument(
-        "--timeout", type=float, default=10.0, help="seconds per request, retries included"
+        "--json", action="store_true", default=default(False), help="print JSON instead of tables"
     )
     common.add_argument(
-        "--token", default=os.environ.get(TOKEN_ENV), help=f"bearer token (default: ${TOKEN_ENV})"
+        "--timeout",
+        type=seconds(least_s=0.001),
+        default=default(10.0),
+        help="seconds per request, retries included (default 10)",
     )
-    common.add_argument("--tls-ca-file", help="PEM CA bundle to verify members (enables TLS)")
-    common.add_argument("--tls-cert-file", help="PEM client certificate (mutual TLS)")
-    common.add_argument("--tls-key-file", help="PEM client private key (mutual TLS)")
+    common.add_argument(
+        "--debug",
+        action="store_true",
+        default=default(False),
+        help="after a failure, also print the transport's own words for it",
+    )
+    common.add_argument(
+        "--token",
+        default=default(os.environ.get(TOKEN_ENV)),
+        help=f"bearer token (default: ${TOKEN_ENV})",
+    )
+    common.add_argument(
+        "--tls-ca-file",
+        default=default(None),
+        help="PEM CA bundle to verify members (enables TLS)",
+    )
+    common.add_argument(
+        "--tls-cert-file", default=default(None), help="PEM client certificate (mutual TLS)"
+    )
+    common.add_argument(
+        "--tls-key-file", default=default(None), help="PEM client private key (mutual TLS)"
+    )
     return common
 
 
@@ -259,44 +311,58 @@ async def _status(args: argparse.Namespace, client: Client, out: Output) -> int:
         except RallypointError as error:
             print(f"warning: no member list: {error}", file=sys.stderr)
     rows = _status_document(statuses, members)
-    if not members and not any(s.status is not None for s in statuses):
-        raise CommandError(f"no endpoint answered: {statuses[0].endpoint}: {statuses[0].error}")
     if out.as_json:
         out.json({"members": rows})
     else:
-        table = Table(title="cluster status")
-        for column in (
-            "id",
-            "name",
-            "client address",
-            "peer address",
-            "role",
-            "leader",
-            "term",
-            "commit",
-            "applied",
-            "health",
-        ):
-            table.add_column(column)
-        for row in rows:
-            table.add_row(
-                *(
-                    "" if row[key] is None else str(row[key])
-                    for key in ("id", "name", "client_address", "peer_address", "role")
-                ),
-                "*" if row["is_leader"] else "",
-                *("" if row[key] is None else str(row[key]) for key in ("term", "commit_index")),
-                "" if row["applied_index"] is None else str(row["applied_index"]),
-                row["health"],
-            )
-        out.table(table)
+        out.table(_status_table(rows, statuses))
     unhealthy = [s for s in statuses if not s.healthy]
+    if len(unhealthy) == len(statuses) and all(s.status is None for s in statuses):
+        # Nothing answered: the table lists each endpoint; one line says what to check.
+        each = "; ".join(f"{s.endpoint}: {s.failure or s.error}" for s in statuses)
+        raise CommandError(
+            f"no endpoint answered ({each}): is the cluster running, and are these its "
+            "members' client ports? (--endpoints, or $RALLYPOINT_ENDPOINTS)"
+        )
     if unhealthy:
         raise CommandError(
             f"{len(unhealthy)} of {len(statuses)} endpoints unhealthy: "
             + "; ".join(f"{s.endpoint}: {s.error or _health(s)}" for s in unhealthy)
         )
     return 0
+
+
+def _status_table(rows: Sequence[dict[str, Any]], statuses: Sequence[EndpointStatus]) -> Table:
+    failures = {s.endpoint: s.failure for s in statuses if s.failure}
+    table = Table(title="cluster status")
+    for column in (
+        "id",
+        "name",
+        "client address",
+        "peer address",
+        "role",
+        "leader",
+        "term",
+        "commit",
+        "applied",
+        "health",
+    ):
+        table.add_column(column)
+    for row in rows:
+        health = row["health"]
+        failure = failures.get(row["endpoint"] or "")
+        if failure:
+            health = f"{health}: {failure}"
+        table.add_row(
+            *(
+                "" if row[key] is None else str(row[key])
+                for key in ("id", "name", "client_address", "peer_address", "role")
+            ),
+            "*" if row["is_leader"] else "",
+            *("" if row[key] is None else str(row[key]) for key in ("term", "commit_index")),
+            "" if row["applied_index"] is None else str(row["applied_index"]),
+            health,
+        )
+    return table
 
 
 # ---------------------------------------------------------------------------- kv
@@ -551,13 +617,15 @@ def register(subparsers: SubParsers) -> None:
     get = _leaf(kv, "get", "read a key (or every key under a prefix)", _kv_get, common)
     get.add_argument("key")
     get.add_argument("--prefix", action="store_true", help="every key starting with KEY")
-    get.add_argument("--limit", type=int, default=0, help="at most this many keys (--prefix)")
+    get.add_argument(
+        "--limit", type=integer(), default=0, help="at most this many keys (--prefix; 0: all)"
+    )
     get.add_argument("--keys-only", action="store_true", help="omit values (--prefix)")
     get.add_argument("--serializable", action="store_true", help="answer from any member")
     put = _leaf(kv, "put", "write a key", _kv_put, common)
     put.add_argument("key")
     put.add_argument("value")
-    put.add_argument("--lease", type=int, default=0, help="attach the key to this lease id")
+    put.add_argument("--lease", type=integer(), default=0, help="attach the key to this lease id")
     put.add_argument("--prev-kv", action="store_true", help="also print the previous value")
     delete = _leaf(kv, "del", "delete a key (or every key under a prefix)", _kv_del, common)
     delete.add_argument("key")
@@ -565,17 +633,21 @@ def register(subparsers: SubParsers) -> None:
     watch = _leaf(kv, "watch", "print changes as they happen (Ctrl-C ends)", _kv_watch, common)
     watch.add_argument("key")
     watch.add_argument("--prefix", action="store_true", help="every key starting with KEY")
-    watch.add_argument("--rev", type=int, default=0, help="start at this revision (0: now)")
-    watch.add_argument("--count", type=int, default=0, help="stop after this many events")
+    watch.add_argument("--rev", type=integer(), default=0, help="start at this revision (0: now)")
+    watch.add_argument(
+        "--count", type=integer(), default=0, help="stop after this many events (0: never)"
+    )
 
     lease = _group(subparsers, "lease", "grant, keep alive, revoke and list leases")
     grant = _leaf(lease, "grant", "grant a lease", _lease_grant, common)
-    grant.add_argument("ttl", type=float, help="time to live in seconds")
+    grant.add_argument(
+        "ttl", type=seconds(least_s=0.001), help="time to live in seconds (at least 0.001)"
+    )
     keep = _leaf(lease, "keep-alive", "keep a lease alive until Ctrl-C", _lease_keep_alive, common)
-    keep.add_argument("lease_id", type=int)
+    keep.add_argument("lease_id", type=integer(least=1))
     keep.add_argument("--once", action="store_true", help="one keep-alive, then exit")
     revoke = _leaf(lease, "revoke", "revoke a lease and delete its keys", _lease_revoke, common)
-    revoke.add_argument("lease_id", type=int)
+    revoke.add_argument("lease_id", type=integer(least=1))
     _leaf(lease, "list", "every live lease", _lease_list, common)
 
     member = _group(subparsers, "member", "list and change the cluster's membership")
@@ -585,7 +657,9 @@ def register(subparsers: SubParsers) -> None:
     )
     add.add_argument("peer_address", help="host:port of the new member's peer service")
     add.add_argument("client_address", help="host:port of the new member's public API")
-    add.add_argument("--id", type=int, default=0, help="member id (default: the cluster picks)")
+    add.add_argument(
+        "--id", type=integer(), default=0, help="member id (default: the cluster picks)"
+    )
     add.add_argument("--name", default="", help="a name for humans")
     add.add_argument(
         "--learner",
@@ -593,9 +667,9 @@ def register(subparsers: SubParsers) -> None:
         help="add as a non-voting learner (promote it once caught up)",
     )
     remove = _leaf(member, "remove", "remove a member", _member_remove, common)
-    remove.add_argument("member_id", type=int)
+    remove.add_argument("member_id", type=integer(least=1))
     promote = _leaf(member, "promote", "make a caught-up learner a voter", _member_promote, common)
-    promote.add_argument("member_id", type=int)
+    promote.add_argument("member_id", type=integer(least=1))
 
     transfer = _leaf(
         subparsers,
@@ -606,7 +680,7 @@ def register(subparsers: SubParsers) -> None:
     )
     transfer.add_argument(
         "member_id",
-        type=int,
+        type=integer(),
         nargs="?",
         help="the new leader's member id; omitted (or 0), the leader hands over to the voter "
         "whose log matches its own furthest, as it does itself before stopping on SIGTERM",
@@ -626,7 +700,10 @@ def register(subparsers: SubParsers) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rallypoint", description="rallypoint client commands")
+    parser: argparse.ArgumentParser = Parser(
+        prog="rallypoint", description="rallypoint client commands"
+    )
+    add_version(parser)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     register(subparsers)
     return parser

@@ -1,5 +1,10 @@
-"""The rendezvous commands of ``rallypoint``: ``jobs``, ``rounds JOB``, ``evict JOB NODE`` and
-``close-job JOB``.
+"""The rendezvous commands of ``rallypoint``: ``jobs``, ``jobs prune``, ``rounds JOB``, ``evict
+JOB NODE`` and ``close-job JOB``.
+
+A job's state is its lifecycle once it ended (finished, failed, closed), else its round's
+(joining, active). ``rounds JOB`` adds each recovery's phases from the round history: the
+failure detected (the round's end), the world re-formed (the next round closed) and, when
+the workers report progress, training again (the next round's first step).
 
 They share ``cli_client``'s plumbing: ``--endpoints`` (default ``$RALLYPOINT_ENDPOINTS``, else
 the local development cluster), ``--timeout``, ``--token``, TLS files and ``--json``; human
@@ -16,13 +21,16 @@ from rich.table import Table
 
 from rallypoint.client import (
     Client,
+    EndReason,
+    JobState,
     JobStatus,
     RoundInfo,
     RoundMember,
     RoundRecord,
 )
 
-from .cli_client import CommandError, Output, SubParsers, _common, _leaf, text
+from .cli_args import integer, seconds
+from .cli_client import CommandError, Output, SubParsers, _common, _leaf, _run, text
 
 
 def _member_document(member: RoundMember) -> dict[str, Any]:
@@ -53,6 +61,10 @@ def _round_document(info: RoundInfo) -> dict[str, Any]:
         "closed_ms": info.closed_ms,
         "job_closed": info.job_closed,
         "job_revision": info.job_revision,
+        "job_state": info.job_state.value,
+        "job_ended_ms": info.job_ended_ms,
+        "job_end_detail": info.job_end_detail,
+        "trained_ms": info.trained_ms,
     }
 
 
@@ -70,11 +82,55 @@ def _record_document(record: RoundRecord) -> dict[str, Any]:
         "end_reason": record.end_reason.value if record.end_reason else None,
         "ended_by": record.ended_by,
         "detail": record.detail,
+        "trained_ms": record.trained_ms,
     }
 
 
 def _state(info: RoundInfo) -> str:
-    return "closed" if info.job_closed else info.state.value
+    """The job's lifecycle state once it ended, else its round's."""
+    if info.job_closed:
+        return "closed"
+    state: str = (info.job_state if info.job_state is not JobState.OPEN else info.state).value
+    return state
+
+
+def _after_s(start_ms: int, ms: int) -> float | None:
+    return round((ms - start_ms) / 1000, 3) if ms else None
+
+
+def recoveries(status: JobStatus) -> list[dict[str, Any]]:
+    """Each round change the workers came back from: the round that ended (detected), the
+    next round's close (re-formed) and first step (training again), leader times in ms (None:
+    not yet, or not known) and seconds after the detection. A round whose successor never
+    formed is left out once the job ended (the workers finished, the job was closed)."""
+    history, current = status.history, status.round
+    names = {m.participant_id: m.name for record in history for m in record.members}
+    rows: list[dict[str, Any]] = []
+    for position, record in enumerate(history):
+        if record.end_reason is EndReason.JOB_CLOSED:
+            continue
+        later = history[position + 1] if position + 1 < len(history) else None
+        closed_ms = later.closed_ms if later is not None else current.closed_ms
+        trained_ms = later.trained_ms if later is not None else current.trained_ms
+        if not closed_ms and (later is not None or current.job_state is not JobState.OPEN):
+            continue
+        detected_ms = record.ended_ms
+        rows.append(
+            {
+                "round": record.round,
+                "end_reason": record.end_reason.value if record.end_reason else None,
+                "ended_by": names.get(record.ended_by, str(record.ended_by))
+                if record.ended_by
+                else "",
+                "detail": record.detail,
+                "detected_ms": detected_ms,
+                "reformed_ms": closed_ms or None,
+                "training_ms": trained_ms or None,
+                "reformed_after_s": _after_s(detected_ms, closed_ms),
+                "training_after_s": _after_s(detected_ms, trained_ms),
+            }
+        )
+    return rows
 
 
 # ---------------------------------------------------------------------------- jobs
@@ -99,6 +155,19 @@ async def _jobs(args: argparse.Namespace, client: Client, out: Output) -> int:
             info.reason,
         )
     out.table(table)
+    return 0
+
+
+async def _jobs_prune(args: argparse.Namespace, client: Client, out: Output) -> int:
+    pruned = await client.prune_jobs(older_than_s=args.older_than, keep=args.keep, jobs=args.job)
+    if out.as_json:
+        out.json({"pruned": pruned})
+    elif pruned:
+        out.line(
+            f"pruned {len(pruned)} ended job{'s' if len(pruned) != 1 else ''}: " + ", ".join(pruned)
+        )
+    else:
+        out.line("no ended job to prune")
     return 0
 
 
@@ -143,6 +212,36 @@ def _history_table(history: tuple[RoundRecord, ...]) -> Table:
     return table
 
 
+def _recoveries_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(title="recoveries (leader times; + seconds after the detection)")
+    for column in (
+        "round",
+        "ended because",
+        "by",
+        "detected at (ms)",
+        "re-formed",
+        "training again",
+    ):
+        table.add_column(column)
+
+    def phase(ms: int | None, after_s: float | None) -> str:
+        return f"+{after_s:.2f} s" if ms is not None and after_s is not None else "not yet"
+
+    for row in rows:
+        training = phase(row["training_ms"], row["training_after_s"])
+        if row["training_ms"] is None and row["reformed_ms"] is not None:
+            training = "not reported"
+        table.add_row(
+            str(row["round"]),
+            row["end_reason"] or "",
+            row["ended_by"],
+            str(row["detected_ms"]),
+            phase(row["reformed_ms"], row["reformed_after_s"]),
+            training,
+        )
+    return table
+
+
 async def _rounds(args: argparse.Namespace, client: Client, out: Output) -> int:
     status: JobStatus = await client.get_job(args.job)
     info = status.round
@@ -152,6 +251,7 @@ async def _rounds(args: argparse.Namespace, client: Client, out: Output) -> int:
             {
                 "round": _round_document(info),
                 "history": [_record_document(r) for r in status.history],
+                "recoveries": recoveries(status),
                 "latest_checkpoint": None
                 if latest is None
                 else {
@@ -168,12 +268,17 @@ async def _rounds(args: argparse.Namespace, client: Client, out: Output) -> int:
         f"job {info.job}: round {info.round} {_state(info)}, world size {info.world_size}, "
         f"fencing token {info.fencing_token}"
     )
+    if info.job_state is not JobState.OPEN and not info.job_closed:
+        out.line(f"job {info.job_state.value} at leader time {info.job_ended_ms} ms")
     out.line(f"reason: {info.reason}")
     out.table(_members_table(f"round {info.round} members", info.members, with_phi=True))
     if info.waiting:
         out.table(_members_table("waiting for the next round", info.waiting, with_phi=True))
     if status.history:
         out.table(_history_table(status.history))
+    rows = recoveries(status)
+    if rows:
+        out.table(_recoveries_table(rows))
     if status.latest_checkpoint is not None:
         latest = status.latest_checkpoint
         out.line(
@@ -227,13 +332,37 @@ async def _close_job(args: argparse.Namespace, client: Client, out: Output) -> i
 def register(subparsers: SubParsers) -> None:
     """Add the rendezvous commands to the ``rallypoint`` parser."""
     common = _common()
-    _leaf(
+    jobs = _leaf(
         subparsers,
         "jobs",
-        "every job: current round, state, world size, members, why it is not closing",
+        "every job: state (joining, active; finished, failed, closed), current round, world "
+        "size, members, why it is not closing",
         _jobs,
         common,
     )
+    jobs_commands = jobs.add_subparsers(dest="jobs_command", metavar="COMMAND")
+    prune = jobs_commands.add_parser(
+        "prune",
+        help="remove ended jobs (finished, failed, closed) and their history",
+        description="Remove ended jobs (finished, failed, closed) and their history; open "
+        "jobs are never removed. Members also drop ended jobs by themselves, oldest first, "
+        "beyond a count and after an age (README, 'Operating members'). Admin only.",
+        parents=[_common(nested=True)],
+    )
+    prune.add_argument("job", nargs="*", help="only these jobs (default: every ended job)")
+    prune.add_argument(
+        "--older-than",
+        type=seconds(allow_zero=True),
+        default=0.0,
+        help="only jobs that ended at least this many seconds ago (default 0)",
+    )
+    prune.add_argument(
+        "--keep",
+        type=integer(),
+        default=0,
+        help="keep this many of the most recently ended jobs (default 0)",
+    )
+    prune.set_defaults(handler=_run(_jobs_prune))
     rounds = _leaf(
         subparsers,
         "rounds",

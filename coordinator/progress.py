@@ -167,6 +167,13 @@ class ProgressTracker:
         elif not report.waiting_in:
             known.waiting_since_ms = 0
 
+    def trained(self, job_id: str, round_number: int) -> bool:
+        """Some rank reported a step completed in ``round_number`` (the round trains)."""
+        job = self.jobs.get(job_id)
+        return job is not None and any(
+            rank.round == round_number and rank.stepped_in_round for rank in job.ranks.values()
+        )
+
     def view(self, job_id: str, pid: int) -> tuple[int, float, float] | None:
         """(last step, time per step outside collectives in ms, ratio to the job's median)."""
         job = self.jobs.get(job_id)

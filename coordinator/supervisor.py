@@ -8,7 +8,9 @@ that depend on time are the leader's to take and to propose:
 - declaring a worker failed when its phi-accrual suspicion crosses the job's threshold, or
   when its heartbeat stream closed and no new one arrived in time (``MemberFailed``);
 - declaring a worker hung, or evicting a straggler, from the training progress its
-  heartbeats report (``progress.py``; ``MemberFailed`` with its cause).
+  heartbeats report (``progress.py``; ``MemberFailed`` with its cause);
+- noting when an ACTIVE round trains: the first step a worker reports done in it
+  (``RoundTrained``; ``rallypoint rounds`` shows it as "training again" after a recovery).
 
 The detectors are soft state (``phi.DetectorSet``): they live only on the leader and start
 over with a grace period whenever this member becomes leader, so nobody is declared dead
@@ -30,7 +32,7 @@ from .metrics import NodeMetrics
 from .node_api import NodeError
 from .phi import DetectorSet, DetectorSettings
 from .progress import ProgressReport, ProgressTracker
-from .state.commands import CloseRound, Command, MemberFailed
+from .state.commands import CloseRound, Command, MemberFailed, RoundTrained
 from .state.jobs import EndReason, RoundState
 from .state.machine import StateMachine
 
@@ -79,6 +81,8 @@ class RendezvousSupervisor:
         self._synced_revision = -1
         # Close proposals in flight or recently made, so each is proposed once per second.
         self._close_proposed_ms: dict[Key, int] = {}
+        # The same for RoundTrained, per (job, round).
+        self._trained_proposed_ms: dict[Key, int] = {}
         # Proposals in flight (referenced so they are not collected before they finish).
         self._in_flight: set[asyncio.Task[None]] = set()
         # Per job, since when phi alone has suspected more than half of its participants.
@@ -198,6 +202,27 @@ class RendezvousSupervisor:
             self._spawn(MemberFailed(job_id, pid, job.round.number, cause))
         if now_ms >= self.detectors.grace_until_ms:
             self._judge_progress(now_ms)
+        self._note_training(wall_ms)
+
+    def _note_training(self, wall_ms: int) -> None:
+        """Propose RoundTrained for ACTIVE rounds a worker reported a step done in (once a
+        second at most per round, until applied)."""
+        rendezvous = self._state.rendezvous
+        for job_id in sorted(self.progress.jobs):
+            job = rendezvous.jobs.get(job_id)
+            if job is None or job.round.state is not RoundState.ACTIVE or job.round.trained_ms:
+                continue
+            number = job.round.number
+            if not self.progress.trained(job_id, number):
+                continue
+            key = (job_id, number)
+            last = self._trained_proposed_ms.get(key)
+            if last is not None and wall_ms - last < 1000:
+                continue
+            self._trained_proposed_ms[key] = wall_ms
+            self._spawn(RoundTrained(job_id, number))
+        if len(self._trained_proposed_ms) > 1024:
+            self._trained_proposed_ms.clear()
 
     def _judge_progress(self, now_ms: int) -> None:
         """Hang and straggler verdicts for every ACTIVE round (progress.py), each proposed

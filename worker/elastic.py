@@ -73,17 +73,21 @@ stops while the others wait for it (cause ``hang``) and, with the job's straggle
 evicts a rank consistently slower than the others (coordinator/progress.py). Nothing here
 waits on it: a hung training thread cannot report, which is the point.
 
-Events. ``on_event(kind, fields)`` is called (from the training or the commit thread) for:
-``joined``, ``round_formed`` (round, rank, world size, restore source and reason, timings),
-``trained`` (the first step of a round is done), ``round_ended`` (why), ``checkpoint_saved``,
-``committing``, ``checkpoint_committed``, ``checkpoint_refused``, ``checkpoint_failed``,
-``rejoined`` and ``finished``. Every event carries ``t`` (wall clock, seconds).
+Events. ``on_event(kind, fields)`` is called (from the training or the commit thread) for
+each event :class:`ElasticRun` lists, with its fields in a dict; every event carries ``t``
+(wall clock, seconds) and ``name`` (the worker's). A callable that cannot take those two
+arguments is refused when the run is made, not at its first event.
+
+The arguments, events and public members are listed in ``docs/api.md``, generated from the
+docstrings here (``docs/generate.py``; a test keeps it fresh and checks every argument and
+every event is described).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import inspect
 import logging
 import threading
 import time
@@ -101,6 +105,7 @@ from torch.distributed.tensor import DTensor
 from rallypoint.client import (
     DeadlineExceededError,
     JobConfig,
+    LeaveOutcome,
     ParticipantLostError,
     RallypointError,
     RoundInfo,
@@ -143,7 +148,21 @@ T = TypeVar("T")
 @dataclass
 class TrainState:
     """What a worker trains and what a checkpoint holds: model, optimizer, sampler, step and
-    ``extra`` (picklable, the same on every rank, e.g. a schedule's state)."""
+    ``extra`` (picklable, the same on every rank, e.g. a schedule's state).
+
+    ``step`` is the current step: the optimizer steps the whole world has taken. It is set
+    by each round's restore (so a worker that joins late, or comes back, reads the world's
+    step, not its own count) and advanced by ``round.step_done()``; read it as
+    ``state.step`` (or ``run.state.step``) anywhere in the loop.
+
+    Attributes:
+        model: the module trained (replicated on every rank, or DTensor-sharded).
+        optimizer: its optimizer; its state is checkpointed and restored with the model.
+        sampler: the elastic sampler whose position is part of the checkpoint (None: the
+            loop's ``batches(loader)`` gets a loader of its own).
+        step: optimizer steps taken by the whole world (see above).
+        extra: anything picklable to checkpoint with the state, the same on every rank.
+    """
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -156,7 +175,20 @@ class TrainState:
 
 @dataclass(frozen=True, slots=True)
 class Formation:
-    """How one round was formed, for logs and the demo."""
+    """How one round was formed, for logs and the demo.
+
+    Attributes:
+        round_number: the round's number.
+        rank: this worker's rank in it.
+        world_size: the number of workers in it.
+        fencing_token: the round's fencing token.
+        init_s: seconds from the round's start to the process group's init.
+        restore: how the state was restored (its ``source``: keep, broadcast, disk, fresh;
+            ``reason``, ``step``, ``bytes_moved``, ``duration_s``).
+        formed_s: seconds from the round's start to the end of the restore.
+        checkpoint: the latest committed checkpoint's path when the round formed (None:
+            there was none).
+    """
 
     round_number: int
     rank: int
@@ -193,7 +225,18 @@ class _Ended:
 
 
 class ElasticRound:
-    """One formed round: a process group at (rank, world size) with the state restored."""
+    """One formed round: a process group at (rank, world size) with the state restored.
+    ``run.rounds()`` yields them; the loop's body trains on ``round.batches()``.
+
+    Attributes:
+        rank: this worker's rank in the round (stable: a survivor keeps its rank).
+        world_size: the number of workers in the round.
+        number: the round's number (increases with every re-formation).
+        fencing_token: the round's fencing token (checkpoint commits carry it).
+        formation: how the round was formed (a ``Formation``: restore source, timings).
+        info: the coordinator's ``RoundInfo`` of the round (members, ranks, reason).
+        steps_trained: steps this worker counted in this round.
+    """
 
     def __init__(self, run: ElasticRun, info: RoundInfo, rank: int) -> None:
         self.run = run
@@ -269,10 +312,12 @@ class ElasticRound:
 
     @property
     def ended(self) -> bool:
+        """The round is over for this worker: its ``batches()`` stops."""
         return self._ended.is_set()
 
     @property
     def end_reason(self) -> str:
+        """Why the round ended ("" while it goes on)."""
         return self._ended.reason
 
     def end(self, reason: str, *, broken: bool = False) -> None:
@@ -502,7 +547,88 @@ class ElasticRound:
 
 
 class ElasticRun:
-    """A worker's membership of an elastic job; see the module docstring. Use ``with``."""
+    """A worker's membership of an elastic job (worker/elastic.py says how it works). Use it
+    in a ``with`` statement, as ``elastic_training(...)``: entering joins the job, leaving tears
+    the last round down and leaves the job, saying how it went (finished when ``rounds()``
+    ran to its end, failed when the training code raised; the last worker to leave ends the
+    job by it, and ``rallypoint jobs`` shows it).
+
+    Arguments:
+        endpoints: the coordinator members' client addresses: "host:port,host:port" or a
+            list.
+        job: the job's id (1-128 characters of A-Z a-z 0-9 . _ -); every worker of the job
+            gives the same one.
+        name: this worker's name, unique in the job (e.g. the host and the local rank).
+        state: what is trained and checkpointed (a ``TrainState``).
+        checkpoint_dir: where checkpoints are written: a directory every worker can reach
+            (a shared filesystem across hosts).
+        min_nodes: the fewest workers a round forms with.
+        max_nodes: the most workers in a round; more wait for a place.
+        max_steps: stop once the world has taken this many steps (None: never; the loop
+            ends when your code stops iterating).
+        keep_checkpoints: how many committed checkpoints the coordinator keeps (older ones
+            are deleted).
+        restore: "auto" (the fastest correct source: keep, broadcast, disk, fresh) or
+            "checkpoint" (always the latest committed checkpoint when there is one).
+        backend: the process group's backend (default: nccl with CUDA, else gloo).
+        collective_timeout_s: how long a collective may take before the round is given up.
+        reform_timeout_s: after a collective broke, how long to wait for the coordinator
+            to end the round before joining again.
+        join_timeout_s: how long a worker waits for a round to form.
+        heartbeat_interval_ms: how often the worker heartbeats the coordinator.
+        phi_threshold: the phi-accrual failure detector's threshold (higher: slower to
+            declare a silent worker failed, fewer false alarms).
+        acceptable_pause_ms: a pause the detector tolerates on top of the heartbeats'
+            usual spread.
+        last_call_s: once min_nodes are present, how long a forming round waits for more.
+        rejoin: join again, as a newcomer, when this worker was declared failed (it was
+            paused past its detection); False raises ParticipantLostError instead.
+        on_event: called as ``on_event(kind, fields)`` for each event below.
+        token: the bearer token (a ``job:<id>`` role is enough; default
+            ``$RALLYPOINT_TOKEN``).
+        client_options: more keyword arguments for the client (``SyncClient``), e.g.
+            ``timeout_s`` or ``tls``.
+        hang_factor: a rank that completed no step for hang_factor x the job's median step
+            time (at least hang_floor_s) while others wait for it is declared hung.
+        hang_floor_s: the least time before a hang verdict, whatever the step time.
+        startup_timeout_s: the bound before a rank's first step in a round (first steps
+            include compiling, warming up, loading).
+        straggler_factor: evict a rank whose time per step outside collectives is over this
+            many times the others' median (0: off) ...
+        straggler_windows: ... for this many windows in a row ...
+        straggler_window_s: ... of this many seconds.
+
+    ``on_event(kind, fields)`` hears of each event below; every event's fields also hold
+    ``t``, the wall clock in seconds, and ``name``, this worker's.
+
+    Events:
+        joined: participant_id. The worker joined the job.
+        round_formed: round, rank, world_size, token, step, source, reason, restore_s,
+            bytes, init_s, formed_s, checkpoint. A round formed: its process group is up and
+            the state restored from ``source`` (keep, broadcast, disk, fresh) for ``reason``,
+            ``bytes`` moved in ``restore_s``; ``step`` is the restored step; ``init_s`` and
+            ``formed_s`` are the seconds from the round's start to the group's init and to
+            the restore's end; ``checkpoint`` the latest committed checkpoint's path (or None).
+        trained: round, rank, step. The round's first step is done: training again.
+        round_ended: round, rank, reason. The round ended for this worker (a member failed,
+            left or joined; a collective failed; the run finished) and why.
+        checkpoint_saved: round, rank, step, path, bytes. This rank's shard is written.
+        committing: round, rank, step, checkpoint_id. Rank 0 commits the checkpoint.
+        checkpoint_committed: round, rank, step, checkpoint_id, path, deleted. Committed;
+            ``deleted`` lists the older checkpoints removed.
+        checkpoint_refused: round, rank, step, error. The coordinator refused a stale
+            round's checkpoint (a zombie).
+        checkpoint_failed: round, rank, step, error. The checkpoint was not committed (the
+            round ended under it, or the coordinator was not reached in time).
+        rejoined: reason, participant_id. The worker joined again, as a newcomer.
+        finished: step, round. The run reached its end.
+
+    Attributes:
+        state: the ``TrainState`` (``run.state.step`` is the current step).
+        current: the round being trained in (None between rounds).
+        formations: how each round this worker trained in was formed (``Formation``).
+        last_loss: the last ``loss`` given to ``step_done`` (None: none yet).
+    """
 
     def __init__(
         self,
@@ -565,7 +691,7 @@ class ElasticRun:
             straggler_windows=straggler_windows,
             straggler_window_ms=int(straggler_window_s * 1000),
         )
-        self._on_event = on_event
+        self._on_event = _event_handler(on_event)
         # The job's token (a "job:<id>" role is enough: README, "Security"), else the one
         # in client_options, else $RALLYPOINT_TOKEN.
         self._client_options = dict(client_options or {})
@@ -602,29 +728,44 @@ class ElasticRun:
             if self.current is not None:
                 self._teardown(self.current, finished=exc_info[0] is None)
             if self._participant is not None and not self._participant.lost.is_set():
+                outcome, detail = self._outcome(exc_info[1])
                 with contextlib.suppress(RallypointError):
-                    self._participant.leave(timeout_s=5)
+                    self._participant.leave(timeout_s=5, outcome=outcome, detail=detail)
         finally:
             if self._client is not None:
                 self._client.close()
 
+    def _outcome(self, error: object) -> tuple[LeaveOutcome | None, str]:
+        """What this worker tells the job as it leaves (the last to leave ends the job by
+        it): finished once ``rounds()`` ran to its end, failed when the training code
+        raised, nothing when interrupted (the job stays open for a restarted worker)."""
+        if isinstance(error, Exception):
+            return LeaveOutcome.FAILED, f"{self.name}: {type(error).__name__}: {error}"[:1024]
+        if error is None and self._finished:
+            return LeaveOutcome.FINISHED, f"{self.name} finished at step {self.state.step}"
+        return None, ""
+
     @property
     def client(self) -> SyncClient:
+        """The run's coordinator client (a ``SyncClient``)."""
         if self._client is None:
             raise RuntimeError("the run is not started: use it in a with statement")
         return self._client
 
     @property
     def participant(self) -> SyncParticipant:
+        """This worker's participant in the job (it changes when the worker rejoins)."""
         if self._participant is None:
             raise RuntimeError("the run is not started: use it in a with statement")
         return self._participant
 
     def emit(self, kind: str, **fields: Any) -> None:
+        """Call ``on_event(kind, fields)`` (with ``t`` and ``name`` added), if given."""
         if self._on_event is not None:
             self._on_event(kind, {"t": time.time(), "name": self.name, **fields})
 
     def reached_max_steps(self) -> bool:
+        """The world has taken ``max_steps`` steps."""
         return self.max_steps is not None and self.state.step >= self.max_steps
 
     def _join(self) -> None:
@@ -841,6 +982,28 @@ class ElasticRun:
 
 class _RoundGone(Exception):
     """The round ended while it was being formed."""
+
+
+def _event_handler(on_event: EventHandler | None) -> EventHandler | None:
+    """``on_event`` if it can be called as ``on_event(kind, fields)``. A callable that takes
+    one argument (``def cb(event)``) would raise at the first event, inside the run, and
+    kill the worker at its join: it is refused here, saying how it is called."""
+    if on_event is None:
+        return None
+    if not callable(on_event):
+        raise TypeError(f"on_event must be a callable, got {type(on_event).__name__}")
+    try:
+        inspect.signature(on_event).bind("joined", {})
+    except TypeError:
+        shown = getattr(on_event, "__qualname__", repr(on_event))
+        raise TypeError(
+            f"on_event is called as on_event(kind, fields): kind is the event's name (e.g. "
+            f"'round_formed'), fields a dict of its values; {shown} cannot take those two "
+            "arguments (see docs/api.md, 'Events')"
+        ) from None
+    except ValueError:  # no signature to read (some builtins): trust it
+        pass
+    return on_event
 
 
 # The loop's entry point, as the README spells it: ``with elastic_training(...) as run``.

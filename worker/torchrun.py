@@ -46,6 +46,7 @@ import logging
 import os
 import re
 import socket
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -67,6 +68,7 @@ from rallypoint.client import (
     JobClosedError,
     JobConfig,
     JobNotFoundError,
+    LeaveOutcome,
     ParticipantLostError,
     RallypointError,
     RoundInfo,
@@ -315,8 +317,9 @@ class RallypointRendezvousHandler(RendezvousHandler):
         self._settle()
         participant, self._participant = self._participant, None
         if participant is not None and not participant.lost.is_set():
+            outcome, detail = _agent_outcome(self.settings.node_name, sys.exc_info()[1])
             with contextlib.suppress(RallypointError):
-                participant.leave()
+                participant.leave(outcome=outcome, detail=detail)
         bridge, self._bridge = self._bridge, None
         if bridge is not None:
             bridge.close()
@@ -426,6 +429,22 @@ class RallypointRendezvousHandler(RendezvousHandler):
                     self.settings.job,
                 )
                 participant = self._join_again(client, participant)
+
+
+def _agent_outcome(node: str, error: BaseException | None) -> tuple[LeaveOutcome, str]:
+    """The agent's exit status, said to the job as it leaves. torch's launcher calls
+    ``shutdown`` from a ``finally`` block after the agent's run: an exception on its way out
+    is a failure (ChildFailedError: the workers failed past --max-restarts; a rendezvous
+    error), none means the workers succeeded."""
+    if error is None:
+        return LeaveOutcome.FINISHED, f"torchrun agent {node}: the workers succeeded"
+    failures = getattr(error, "failures", None)
+    if isinstance(failures, dict) and failures:
+        codes = sorted({getattr(f, "exitcode", "?") for f in failures.values()}, key=str)
+        what = f"{len(failures)} worker(s) failed (exit code {', '.join(map(str, codes))})"
+    else:
+        what = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
+    return LeaveOutcome.FAILED, f"torchrun agent {node}: {what}"[:1024]
 
 
 def create_handler(params: RendezvousParameters) -> RendezvousHandler:

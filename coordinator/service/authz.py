@@ -50,7 +50,7 @@ class Permission(enum.Enum):
     SESSION = "use a client session"
     READ = "read keys, leases or the list of jobs"
     WRITE = "write keys or leases"
-    ADMIN = "change the cluster's membership, leadership or snapshots"
+    ADMIN = "change the cluster's membership, leadership or snapshots, or prune jobs"
     JOB_READ = "read job {job!r}"
     JOB_WORK = "take part in job {job!r}"
     JOB_ADMIN = "configure job {job!r} or evict its workers"
@@ -199,6 +199,7 @@ RULES: dict[str, Rule] = {
     _RDZV + "Evict": Rule(P.JOB_ADMIN, _job, _header_session),
     # torchrun's RendezvousHandler.set_closed closes its own job.
     _RDZV + "CloseJob": Rule(P.JOB_WORK, _job, _header_session),
+    _RDZV + "PruneJobs": Rule(P.ADMIN, session=_header_session),
     _STORE + "Set": Rule(P.JOB_WORK, _scope_job, _header_session),
     _STORE + "Get": Rule(P.JOB_READ, _scope_job),
     _STORE + "Add": Rule(P.JOB_WORK, _scope_job, _header_session),

@@ -48,15 +48,21 @@ from rallypoint.proto.v1 import rendezvous_pb2, rendezvous_pb2_grpc
 
 from ..node_api import ServerNode
 from ..progress import ProgressReport
-from ..state.commands import CloseJob, Configure, Evict, Join, Leave
+from ..state.commands import CloseJob, Configure, Evict, Join, Leave, PruneJobs
 from ..state.errors import JobNotFound, ParticipantNotFound
-from ..state.jobs import EndReason, JobConfig, RoundRecord, RoundState
+from ..state.jobs import EndReason, JobConfig, JobState, LeaveOutcome, RoundRecord, RoundState
 from ..state.rendezvous import Job, round_reason
-from ..state.results import CloseJobResult, ConfigureResult, JoinResult, RemoveResult
+from ..state.results import (
+    CloseJobResult,
+    ConfigureResult,
+    JoinResult,
+    PruneJobsResult,
+    RemoveResult,
+)
 from . import validate
 from .checkpoint import checkpoint_pb
 from .common import Context, header_pb, propose, read_barrier
-from .errors import RequestFailed
+from .errors import InvalidArgument, RequestFailed
 
 # A heartbeat stream answers at least once per this many heartbeats.
 HEARTBEAT_ANSWER_EVERY = 10
@@ -71,6 +77,17 @@ _ROUND_STATES = {
     RoundState.JOINING: rendezvous_pb2.ROUND_STATE_JOINING,
     RoundState.ACTIVE: rendezvous_pb2.ROUND_STATE_ACTIVE,
     RoundState.ENDED: rendezvous_pb2.ROUND_STATE_ENDED,
+}
+_JOB_STATES = {
+    JobState.OPEN: rendezvous_pb2.JOB_STATE_OPEN,
+    JobState.FINISHED: rendezvous_pb2.JOB_STATE_FINISHED,
+    JobState.FAILED: rendezvous_pb2.JOB_STATE_FAILED,
+    JobState.CLOSED: rendezvous_pb2.JOB_STATE_CLOSED,
+}
+_LEAVE_OUTCOMES = {
+    rendezvous_pb2.LEAVE_OUTCOME_UNSPECIFIED: LeaveOutcome.UNSPECIFIED,
+    rendezvous_pb2.LEAVE_OUTCOME_FINISHED: LeaveOutcome.FINISHED,
+    rendezvous_pb2.LEAVE_OUTCOME_FAILED: LeaveOutcome.FAILED,
 }
 _END_REASONS = {
     EndReason.MEMBER_FAILED: rendezvous_pb2.ROUND_END_REASON_MEMBER_FAILED,
@@ -118,6 +135,7 @@ def record_pb(record: RoundRecord) -> rendezvous_pb2.RoundRecord:
         end_reason=_END_REASONS[record.end_reason],
         ended_by=record.ended_by,
         detail=record.detail,
+        trained_ms=record.trained_ms,
     )
 
 
@@ -182,6 +200,10 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
             closed_ms=r.closed_ms,
             job_closed=job.closed,
             job_revision=job.revision,
+            job_state=_JOB_STATES[job.state],
+            job_ended_ms=job.ended_ms,
+            job_end_detail=job.end_detail,
+            trained_ms=r.trained_ms,
         )
 
     async def GetJob(
@@ -351,9 +373,17 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         self, request: rendezvous_pb2.LeaveRequest, context: Context
     ) -> rendezvous_pb2.LeaveResponse:
         header = validate.session_header(request.HasField("header"), request.header)
+        outcome = _LEAVE_OUTCOMES.get(request.outcome)
+        if outcome is None:
+            raise InvalidArgument("outcome", f"unknown LeaveOutcome {request.outcome}")
+        limit = self.node.state.limits.rendezvous.max_leave_detail_chars
+        if len(request.detail) > limit:
+            raise InvalidArgument("detail", f"at most {limit} characters")
         command = Leave(
             job=validate.job_id(request.job),
             participant_id=validate.positive(request.participant_id, "participant_id"),
+            outcome=outcome,
+            detail=request.detail,
         )
         result = await propose(self.node, command, context, RemoveResult, header)
         return rendezvous_pb2.LeaveResponse(
@@ -383,7 +413,21 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
             header=header_pb(self.node.header()), ended_round=result.ended_round
         )
 
+    async def PruneJobs(
+        self, request: rendezvous_pb2.PruneJobsRequest, context: Context
+    ) -> rendezvous_pb2.PruneJobsResponse:
+        header = validate.session_header(request.HasField("header"), request.header)
+        command = PruneJobs(
+            older_than_ms=validate.non_negative(request.older_than_ms, "older_than_ms"),
+            keep=validate.non_negative(request.keep, "keep"),
+            jobs=tuple(validate.job_id(job, "jobs") for job in request.jobs),
+        )
+        result = await propose(self.node, command, context, PruneJobsResult, header)
+        return rendezvous_pb2.PruneJobsResponse(
+            header=header_pb(self.node.header()), pruned=list(result.pruned)
+        )
 
-def _position(job: Job) -> tuple[int, RoundState, bool]:
-    """What a watcher is told at once when it changes: round number, round state, closed."""
-    return job.round.number, job.round.state, job.closed
+
+def _position(job: Job) -> tuple[int, RoundState, JobState]:
+    """What a watcher is told at once when it changes: round number, round state, job state."""
+    return job.round.number, job.round.state, job.state

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .codec import StateCodecError, decode, encode, record
-from .jobs import EndReason, JobConfig
+from .jobs import EndReason, JobConfig, LeaveOutcome
 from .values import Fence
 
 
@@ -166,7 +166,12 @@ class Join(JobCommand):
 @record(42)
 @dataclass(frozen=True, slots=True)
 class Leave(JobCommand):
+    """Remove the participant. ``outcome`` is what it says of the job (the last one to leave
+    ends the job with it, see :mod:`.rendezvous`); ``detail`` says it in words."""
+
     participant_id: int
+    outcome: LeaveOutcome = LeaveOutcome.UNSPECIFIED
+    detail: str = ""
 
 
 @record(43)
@@ -206,6 +211,28 @@ class MemberFailed(Command):
     cause: str
     # MEMBER_FAILED (the detectors, a hang) or STRAGGLER (the straggler policy).
     reason: EndReason = EndReason.MEMBER_FAILED
+
+
+@record(47)
+@dataclass(frozen=True, slots=True)
+class RoundTrained(Command):
+    """Proposed by the leader when a worker of the job's ACTIVE round reported its first
+    training step in it; no session. Applied only if ``round`` is still the job's ACTIVE round
+    and has no ``trained_ms`` yet: the round's ``trained_ms`` becomes the machine's time."""
+
+    job: str
+    round: int
+
+
+@record(48)
+@dataclass(frozen=True, slots=True)
+class PruneJobs(SessionCommand):
+    """An operator removes ended jobs: those in ``jobs`` (every job when empty) that ended at
+    least ``older_than_ms`` before the machine's time, keeping the ``keep`` that ended last."""
+
+    older_than_ms: int
+    keep: int
+    jobs: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------- round store (tags 50-54)
@@ -345,7 +372,9 @@ __all__ = [
     "Leave",
     "MemberFailed",
     "OwnedSessionOpen",
+    "PruneJobs",
     "Put",
+    "RoundTrained",
     "SessionClose",
     "SessionCommand",
     "SessionKeepAlive",

@@ -37,6 +37,11 @@ class RendezvousLimits:
     max_pending_checkpoints: int = 16
     max_layout_bytes: int = 1024 * 1024
     max_uri_chars: int = 4096
+    # Retention of ended jobs (finished, failed, closed): the most kept, and how long one is
+    # kept after it ended, in the machine's (leader-stamped) time; 0: no age limit.
+    max_ended_jobs: int = 256
+    ended_job_retention_ms: int = 7 * 24 * 3600 * 1000
+    max_leave_detail_chars: int = 1024
 
 
 @record(340)
@@ -98,6 +103,23 @@ class JobConfig:
         return ", ".join(f"{n} {getattr(self, n)!r} != {getattr(other, n)!r}" for n in names)
 
 
+class JobState(enum.IntEnum):
+    """A job's lifecycle. Values match rallypoint.v1.JobState."""
+
+    OPEN = 1
+    FINISHED = 2
+    FAILED = 3
+    CLOSED = 4
+
+
+class LeaveOutcome(enum.IntEnum):
+    """What a leaving participant says of the job. Values match rallypoint.v1.LeaveOutcome."""
+
+    UNSPECIFIED = 0
+    FINISHED = 1
+    FAILED = 2
+
+
 class RoundState(enum.IntEnum):
     """Values match rallypoint.v1.RoundState."""
 
@@ -145,7 +167,9 @@ class Round:
     rank is -1, ``closed_ms`` and ``fencing_token`` are 0, fewer than max_nodes members, and
     ``min_reached_ms`` is set exactly when at least min_nodes are present; ACTIVE: the ranks
     are a permutation of range(len(members)) and ``fencing_token`` is the raft index of the
-    close. ``previous`` holds the ranks the carried-over survivors had in the round before."""
+    close. ``previous`` holds the ranks the carried-over survivors had in the round before.
+    ``trained_ms``: when the leader heard the round's first training step was done (0:
+    not yet, or its workers report no progress); set once, while ACTIVE."""
 
     number: int
     state: RoundState
@@ -155,6 +179,7 @@ class Round:
     min_reached_ms: int | None
     closed_ms: int
     fencing_token: int
+    trained_ms: int = 0
 
     @property
     def member_ids(self) -> list[int]:
@@ -180,7 +205,7 @@ class MemberRecord:
 class RoundRecord:
     """An ended round, for the history. ``ended_by`` is the participant whose failure,
     departure or eviction ended it (0 otherwise); ``detail`` says more (e.g. the cause the
-    failure detector gave)."""
+    failure detector gave). ``trained_ms`` is the round's (0: unknown)."""
 
     number: int
     members: tuple[MemberRecord, ...]
@@ -191,6 +216,7 @@ class RoundRecord:
     end_reason: EndReason
     ended_by: int
     detail: str
+    trained_ms: int = 0
 
 
 @record(346)

@@ -44,7 +44,9 @@ from .commands import (
     LeaseRevoke,
     MemberFailed,
     OwnedSessionOpen,
+    PruneJobs,
     Put,
+    RoundTrained,
     SessionClose,
     SessionCommand,
     SessionKeepAlive,
@@ -95,9 +97,11 @@ from .watch import WatchHistory
 UNSAFE_ACCEPT_STALE_FENCE = os.environ.get("RALLYPOINT_UNSAFE_ACCEPT_STALE_FENCE") == "1"
 
 # 3: each session carries its owner (``OwnedSessionOpen``). Format 2 (sessions without one)
-# is still restored, its sessions owned by "".
-SNAPSHOT_FORMAT = 3
-_SNAPSHOT_FORMATS = {2: 5, 3: 6}  # format -> fields per session
+# is still restored, its sessions owned by "". 4: each job carries its lifecycle (state, when
+# it ended, why; rendezvous.py); formats 2 and 3 are still restored, their jobs open or
+# closed.
+SNAPSHOT_FORMAT = 4
+_SNAPSHOT_FORMATS = {2: 5, 3: 6, 4: 6}  # format -> fields per session
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _DECIMAL = re.compile(rb"-?[0-9]+")
 
@@ -180,6 +184,8 @@ class StateMachine:
             return self.rendezvous.close_round(index, self.now_ms, command)
         if isinstance(command, MemberFailed):
             return self.rendezvous.member_failed(index, self.now_ms, command)
+        if isinstance(command, RoundTrained):
+            return self.rendezvous.round_trained(index, self.now_ms, command)
         if envelope.session_id == 0:
             return InvalidCommand(f"{type(command).__name__} requires a session")
         session = self.sessions.get(envelope.session_id)
@@ -231,6 +237,8 @@ class StateMachine:
             return self._end_lease(index, command.lease_id)
         if isinstance(command, JobCommand):
             return self.rendezvous.execute(index, session_id, self.now_ms, command)
+        if isinstance(command, PruneJobs):
+            return self.rendezvous.prune(index, self.now_ms, command)
         if isinstance(command, StoreCommand):
             store = self.rendezvous.member_store(command.job, command.round, command.participant_id)
             if isinstance(store, Failure):
@@ -508,7 +516,7 @@ class StateMachine:
         history = WatchHistory(self.limits.max_history_events, self.limits.max_history_bytes)
         history.restore(_int(obj[8]), [codec.from_obj(item, Event) for item in _list(obj[9])])
         rendezvous = Rendezvous(self.limits.rendezvous)
-        rendezvous.restore(obj[10])
+        rendezvous.restore(obj[10], lifecycle=obj[0] >= 4)
 
         self.applied_index, self.now_ms, self.revision = applied_index, now_ms, revision
         self.kv = KeyValueStore()

@@ -31,7 +31,29 @@ Jobs are created by ``Configure`` or the first ``Join`` carrying a config. A Joi
 must equal the job's; ``Configure`` may change anything as long as max_nodes stays at least
 the current round's size (a new min or max applies at once). ``CloseJob`` ends the round
 and removes every participant; the job stays (closed, its history kept) until ``Configure``
-reopens it with a higher round number, or it is the oldest closed job when room is needed.
+reopens it with a higher round number, or retention drops it.
+
+Job lifecycle (``JobState``). A job is OPEN until it ends: CLOSED by ``CloseJob``, or
+FINISHED or FAILED by the leave of its last participant (``Leave.outcome``). A leave that
+says FAILED while others remain is remembered (``failure``, the first one): the job then
+ends FAILED when its last participant goes, however it goes (a worker that failed first
+makes the run a failure even if the others then finish or die). A last participant that
+leaves without an outcome, or is removed as failed with no failure remembered, leaves the
+job OPEN: a restarted worker may come back. An ended job keeps its current round (JOINING,
+empty) and its history; a Join or a Configure starts it again (OPEN; a Join's config
+replaces the old run's).
+
+Retention. Ended jobs (finished, failed, closed) are dropped, oldest ``ended_ms`` first,
+beyond ``max_ended_jobs`` and once ``ended_job_retention_ms`` has passed since they ended,
+both judged at the machine's time when a job command applies (so every replica drops the
+same jobs at the same index), and by ``PruneJobs``, an operator's command. When the job
+table is full, a new job takes the place of the oldest ended one.
+
+Training again. The leader proposes ``RoundTrained`` when a worker of an ACTIVE round
+reports its first step done (``supervisor.py``); the round's ``trained_ms`` records that time
+(kept in its history record), so a recovery reads as: detected (the failed round's
+``ended_ms``), re-formed (the next round's ``closed_ms``), training again (its
+``trained_ms``).
 
 ``join_timeout_ms`` is enforced by the client (how long a worker waits for its round to
 close); ``reason`` reports how long a round has been joining.
@@ -56,6 +78,8 @@ from .commands import (
     Join,
     Leave,
     MemberFailed,
+    PruneJobs,
+    RoundTrained,
 )
 from .errors import (
     ConfigConflict,
@@ -72,6 +96,8 @@ from .errors import (
 from .jobs import (
     EndReason,
     JobConfig,
+    JobState,
+    LeaveOutcome,
     MemberRecord,
     Participant,
     RendezvousLimits,
@@ -87,8 +113,10 @@ from .results import (
     CloseRoundResult,
     ConfigureResult,
     JoinResult,
+    PruneJobsResult,
     RemoveResult,
     Result,
+    RoundTrainedResult,
 )
 from .roundstore import RoundStore
 
@@ -112,6 +140,28 @@ class Job:
     # Invariant: set exactly while the round is ACTIVE.
     store: RoundStore | None = None
     checkpoints: CheckpointRegistry = field(default_factory=CheckpointRegistry)
+    # FINISHED or FAILED once the last participant left saying so; OPEN otherwise (CLOSED is
+    # `closed`). Invariant: not OPEN only while the job has no participant.
+    outcome: JobState = JobState.OPEN
+    # When the job ended (finished, failed or closed) and, for the first two, what the leaves
+    # said. Invariant: 0 and "" while the job is open.
+    ended_ms: int = 0
+    end_detail: str = ""
+    # The first failure a leaving participant reported since the job opened ("": none).
+    failure: str = ""
+
+    @property
+    def state(self) -> JobState:
+        return JobState.CLOSED if self.closed else self.outcome
+
+    @property
+    def ended(self) -> bool:
+        return self.state is not JobState.OPEN
+
+    def reopen(self) -> None:
+        """An ended job starts again: a new run under the same id."""
+        self.closed, self.outcome = False, JobState.OPEN
+        self.ended_ms, self.end_detail, self.failure = 0, "", ""
 
     def close_due(self, now_ms: int) -> bool:
         """The current round is JOINING and may close at leader time ``now_ms``."""
@@ -144,6 +194,7 @@ class Rendezvous:
         problem = job_id_problem(command.job)
         if problem:
             return InvalidCommand(problem)
+        self._retain_ended(index, now_ms)
         if isinstance(command, Configure):
             return self._configure(index, now_ms, command)
         if isinstance(command, Join):
@@ -153,14 +204,68 @@ class Rendezvous:
             return JobNotFound(command.job)
         if isinstance(command, CloseJob):
             return self._close_job(index, now_ms, job)
-        if isinstance(command, Leave | Evict):
+        if isinstance(command, Leave):
             if command.participant_id not in job.participants:
                 return ParticipantNotFound(job.job_id, command.participant_id)
-            reason = (
-                EndReason.MEMBER_LEFT if isinstance(command, Leave) else EndReason.MEMBER_EVICTED
-            )
-            return self._remove(index, now_ms, job, command.participant_id, reason, "")
+            limit = self.limits.max_leave_detail_chars
+            if len(command.detail) > limit:
+                return InvalidCommand(f"a leave's detail must be at most {limit} characters")
+            pid = command.participant_id
+            if command.outcome is LeaveOutcome.FAILED and not job.failure:
+                name = job.participants[pid].name
+                job.failure = command.detail or f"{name} left saying the job failed"
+            result = self._remove(index, now_ms, job, pid, EndReason.MEMBER_LEFT, "")
+            if not job.participants and command.outcome is not LeaveOutcome.UNSPECIFIED:
+                self._end_job(index, now_ms, job, command.detail)
+            self._end_if_failed(index, now_ms, job)
+            return result
+        if isinstance(command, Evict):
+            if command.participant_id not in job.participants:
+                return ParticipantNotFound(job.job_id, command.participant_id)
+            reason = EndReason.MEMBER_EVICTED
+            result = self._remove(index, now_ms, job, command.participant_id, reason, "")
+            self._end_if_failed(index, now_ms, job)
+            return result
         raise AssertionError(f"no rule to execute {command!r}")
+
+    def round_trained(self, index: int, now_ms: int, command: RoundTrained) -> Result:
+        job = self.jobs.get(command.job)
+        r = job.round if job is not None else None
+        if (
+            job is None
+            or r is None
+            or r.number != command.round
+            or r.state is not RoundState.ACTIVE
+            or r.trained_ms
+        ):
+            return RoundTrainedResult(command.job, command.round, False)
+        job.round = replace(r, trained_ms=now_ms)
+        self._touch(index, job)
+        return RoundTrainedResult(command.job, command.round, True)
+
+    def prune(self, index: int, now_ms: int, command: PruneJobs) -> Result:
+        """Remove ended jobs as ``command`` says (see :class:`PruneJobs`)."""
+        if command.older_than_ms < 0 or command.keep < 0:
+            return InvalidCommand("older_than_ms and keep must be >= 0")
+        for job_id in command.jobs:
+            problem = job_id_problem(job_id)
+            if problem:
+                return InvalidCommand(problem)
+        named = set(command.jobs)
+        ended = sorted(
+            (job.ended_ms, job.job_id)
+            for job in self.jobs.values()
+            if job.ended and (not named or job.job_id in named)
+        )
+        candidates = ended[: max(0, len(ended) - command.keep)]
+        pruned = sorted(
+            job_id for ended_ms, job_id in candidates if now_ms - ended_ms >= command.older_than_ms
+        )
+        for job_id in pruned:
+            del self.jobs[job_id]
+        if pruned:
+            self.revision = index
+        return PruneJobsResult(tuple(pruned))
 
     def close_round(self, index: int, now_ms: int, command: CloseRound) -> Result:
         job = self.jobs.get(command.job)
@@ -179,7 +284,9 @@ class Rendezvous:
             if command.reason in (EndReason.MEMBER_FAILED, EndReason.STRAGGLER)
             else EndReason.MEMBER_FAILED
         )
-        return self._remove(index, now_ms, job, pid, reason, command.cause)
+        result = self._remove(index, now_ms, job, pid, reason, command.cause)
+        self._end_if_failed(index, now_ms, job)
+        return result
 
     def sessions_ended(self, index: int, now_ms: int, session_ids: list[int]) -> None:
         """Participants of ended sessions are removed as failed, in (job, id) order."""
@@ -191,15 +298,16 @@ class Rendezvous:
                 if session_id in ended:
                     cause = f"session {session_id} ended"
                     self._remove(index, now_ms, job, pid, EndReason.MEMBER_FAILED, cause)
+                    self._end_if_failed(index, now_ms, job)
 
     # ----------------------------------------------------------------- jobs
 
     def _new_job(self, index: int, now_ms: int, job_id: str, config: JobConfig) -> Failure | Job:
         if len(self.jobs) >= self.limits.max_jobs:
-            closed = sorted((j.revision, j.job_id) for j in self.jobs.values() if j.closed)
-            if not closed:
+            ended = sorted((j.ended_ms, j.job_id) for j in self.jobs.values() if j.ended)
+            if not ended:
                 return LimitExceeded("jobs", self.limits.max_jobs)
-            del self.jobs[closed[0][1]]
+            del self.jobs[ended[0][1]]
         job = Job(job_id, config, _joining(1, [], (), now_ms), index)
         self.jobs[job_id] = job
         return job
@@ -216,10 +324,15 @@ class Rendezvous:
             self._touch(index, created)
             return ConfigureResult(command.job, True)
         if job.closed:
-            job.config, job.closed = command.config, False
+            job.config = command.config
+            job.reopen()
             job.round = _joining(job.round.number + 1, [], (), now_ms)
             self._touch(index, job)
             return ConfigureResult(command.job, True)
+        if job.ended:
+            # Finished or failed: a new run; its round (JOINING, empty) takes joins again.
+            job.reopen()
+            self._touch(index, job)
         present = len(job.round.members)
         if command.config.max_nodes < present:
             detail = f"max_nodes {command.config.max_nodes} is below the round's {present} members"
@@ -247,6 +360,14 @@ class Rendezvous:
             job = created
         elif job.closed:
             return JobClosed(job.job_id)
+        elif job.ended:
+            # A new run of a finished or failed job: it takes the new run's config.
+            if command.config is not None and command.config != job.config:
+                problem = command.config.problem(self.limits)
+                if problem:
+                    return InvalidCommand(f"job {command.job!r}: {problem}")
+                job.config = command.config
+            job.reopen()
         elif command.config is not None and command.config != job.config:
             return ConfigConflict(job.job_id, command.config.differences(job.config))
         existing = job.names.get(command.name)
@@ -276,9 +397,44 @@ class Rendezvous:
         job.participants.clear()
         job.names.clear()
         job.waiting.clear()
-        job.closed = True
+        job.reopen()
+        job.closed, job.ended_ms = True, now_ms
         self._touch(index, job)
+        self._retain_ended(index, now_ms)
         return CloseJobResult(job.job_id, ended)
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def _end_job(self, index: int, now_ms: int, job: Job, detail: str) -> None:
+        """The last participant left saying how the job went: FAILED if any leave said so
+        since the job opened, else FINISHED."""
+        failed = bool(job.failure)
+        job.outcome = JobState.FAILED if failed else JobState.FINISHED
+        job.ended_ms = now_ms
+        job.end_detail = job.failure if failed else (detail or "the last participant finished")
+        self._touch(index, job)
+        self._retain_ended(index, now_ms)
+
+    def _end_if_failed(self, index: int, now_ms: int, job: Job) -> None:
+        """The last participant was removed as failed after a leave reported a failure."""
+        if not job.participants and job.failure and not job.ended:
+            self._end_job(index, now_ms, job, "")
+
+    def _retain_ended(self, index: int, now_ms: int) -> None:
+        """Drop ended jobs past the retention age, then the oldest beyond the count."""
+        limits = self.limits
+        ended = sorted((j.ended_ms, j.job_id) for j in self.jobs.values() if j.ended)
+        expired = {
+            job_id
+            for ended_ms, job_id in ended
+            if limits.ended_job_retention_ms and now_ms - ended_ms >= limits.ended_job_retention_ms
+        }
+        kept = [job_id for _, job_id in ended if job_id not in expired]
+        expired.update(kept[: max(0, len(kept) - limits.max_ended_jobs)])
+        for job_id in sorted(expired):
+            del self.jobs[job_id]
+        if expired:
+            self.revision = index
 
     # ----------------------------------------------------------------- rounds
 
@@ -323,7 +479,7 @@ class Rendezvous:
         job.history.append(
             RoundRecord(
                 r.number, members, r.fencing_token, r.opened_ms, r.closed_ms, now_ms,
-                reason, ended_by, detail,
+                reason, ended_by, detail, r.trained_ms,
             )
         )  # fmt: skip
         del job.history[: max(0, len(job.history) - self.limits.max_round_history)]
@@ -432,16 +588,24 @@ class Rendezvous:
                     [codec.to_obj(record) for record in job.history],
                     None if job.store is None else job.store.to_obj(),
                     job.checkpoints.to_obj(),
+                    job.outcome.value,
+                    job.ended_ms,
+                    job.end_detail,
+                    job.failure,
                 ]
             )
         return [self.revision, jobs]
 
-    def restore(self, obj: Any) -> None:
+    def restore(self, obj: Any, *, lifecycle: bool = True) -> None:
+        """Restore from :meth:`to_obj`'s form; ``lifecycle`` False reads a snapshot written
+        before jobs had a lifecycle (10 fields per job: a closed job ended when its last
+        round did)."""
         if not (isinstance(obj, list) and len(obj) == 2 and isinstance(obj[1], list)):
             raise codec.StateCodecError(f"malformed rendezvous state: {obj!r}"[:200])
         jobs: dict[str, Job] = {}
+        fields = 14 if lifecycle else 10
         for item in obj[1]:
-            if not (isinstance(item, list) and len(item) == 10):
+            if not (isinstance(item, list) and len(item) == fields):
                 raise codec.StateCodecError(f"malformed job: {item!r}"[:200])
             job = Job(
                 codec.from_obj(item[0], str),
@@ -457,6 +621,15 @@ class Rendezvous:
             job.history = list(codec.from_obj(item[7], tuple[RoundRecord, ...]))
             job.store = None if item[8] is None else RoundStore.from_obj(item[8])
             job.checkpoints = CheckpointRegistry.from_obj(item[9])
+            if lifecycle:
+                job.outcome = codec.from_obj(item[10], JobState)
+                job.ended_ms = codec.from_obj(item[11], int)
+                job.end_detail = codec.from_obj(item[12], str)
+                job.failure = codec.from_obj(item[13], str)
+                if job.outcome is JobState.CLOSED or (job.ended and job.participants):
+                    raise codec.StateCodecError(f"job {job.job_id!r}: inconsistent lifecycle")
+            elif job.closed:
+                job.ended_ms = job.history[-1].ended_ms if job.history else 0
             jobs[job.job_id] = job
         self.revision = codec.from_obj(obj[0], int)
         self.jobs = jobs
@@ -482,8 +655,11 @@ def round_reason(job: Job, now_ms: int) -> str:
     function of the state and the caller's clock (the servicer passes the leader's)."""
     r, config = job.round, job.config
     if job.closed:
-        closed_ms = job.history[-1].ended_ms if job.history else job.revision
+        closed_ms = job.ended_ms or (job.history[-1].ended_ms if job.history else job.revision)
         return f"job closed at leader time {closed_ms} ms"
+    if job.ended:
+        state = job.outcome.name.lower()
+        return f"job {state} at leader time {job.ended_ms} ms: {job.end_detail}"
     waiting = f"; {len(job.waiting)} waiting for the next round" if job.waiting else ""
     if r.state is RoundState.ACTIVE:
         return (

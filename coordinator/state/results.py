@@ -146,6 +146,24 @@ class CloseJobResult(Success):
     ended_round: int
 
 
+@record(145)
+@dataclass(frozen=True, slots=True)
+class RoundTrainedResult(Success):
+    """``recorded`` is False when the proposal was stale or the time was already known."""
+
+    job: str
+    round: int
+    recorded: bool
+
+
+@record(146)
+@dataclass(frozen=True, slots=True)
+class PruneJobsResult(Success):
+    """The jobs removed, in id order."""
+
+    pruned: tuple[str, ...]
+
+
 # ---------------------------------------------------------------- round store (tags 150-154)
 
 

@@ -8,6 +8,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JOB_STATE_UNSPECIFIED: _ClassVar[JobState]
+    JOB_STATE_OPEN: _ClassVar[JobState]
+    JOB_STATE_FINISHED: _ClassVar[JobState]
+    JOB_STATE_FAILED: _ClassVar[JobState]
+    JOB_STATE_CLOSED: _ClassVar[JobState]
+
+class LeaveOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LEAVE_OUTCOME_UNSPECIFIED: _ClassVar[LeaveOutcome]
+    LEAVE_OUTCOME_FINISHED: _ClassVar[LeaveOutcome]
+    LEAVE_OUTCOME_FAILED: _ClassVar[LeaveOutcome]
+
 class RoundState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ROUND_STATE_UNSPECIFIED: _ClassVar[RoundState]
@@ -24,6 +38,14 @@ class RoundEndReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROUND_END_REASON_SCALE_UP: _ClassVar[RoundEndReason]
     ROUND_END_REASON_JOB_CLOSED: _ClassVar[RoundEndReason]
     ROUND_END_REASON_STRAGGLER: _ClassVar[RoundEndReason]
+JOB_STATE_UNSPECIFIED: JobState
+JOB_STATE_OPEN: JobState
+JOB_STATE_FINISHED: JobState
+JOB_STATE_FAILED: JobState
+JOB_STATE_CLOSED: JobState
+LEAVE_OUTCOME_UNSPECIFIED: LeaveOutcome
+LEAVE_OUTCOME_FINISHED: LeaveOutcome
+LEAVE_OUTCOME_FAILED: LeaveOutcome
 ROUND_STATE_UNSPECIFIED: RoundState
 ROUND_STATE_JOINING: RoundState
 ROUND_STATE_ACTIVE: RoundState
@@ -95,7 +117,7 @@ class RoundMember(_message.Message):
     def __init__(self, participant_id: _Optional[int] = ..., name: _Optional[str] = ..., rank: _Optional[int] = ..., metadata: _Optional[bytes] = ..., phi: _Optional[float] = ..., step: _Optional[int] = ..., step_ms: _Optional[float] = ..., step_ratio: _Optional[float] = ...) -> None: ...
 
 class RoundInfo(_message.Message):
-    __slots__ = ("job", "round", "state", "members", "world_size", "fencing_token", "store_namespace", "reason", "waiting", "opened_ms", "closed_ms", "job_closed", "job_revision")
+    __slots__ = ("job", "round", "state", "members", "world_size", "fencing_token", "store_namespace", "reason", "waiting", "opened_ms", "closed_ms", "job_closed", "job_revision", "job_state", "job_ended_ms", "job_end_detail", "trained_ms")
     JOB_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +131,10 @@ class RoundInfo(_message.Message):
     CLOSED_MS_FIELD_NUMBER: _ClassVar[int]
     JOB_CLOSED_FIELD_NUMBER: _ClassVar[int]
     JOB_REVISION_FIELD_NUMBER: _ClassVar[int]
+    JOB_STATE_FIELD_NUMBER: _ClassVar[int]
+    JOB_ENDED_MS_FIELD_NUMBER: _ClassVar[int]
+    JOB_END_DETAIL_FIELD_NUMBER: _ClassVar[int]
+    TRAINED_MS_FIELD_NUMBER: _ClassVar[int]
     job: str
     round: int
     state: RoundState
@@ -122,10 +148,14 @@ class RoundInfo(_message.Message):
     closed_ms: int
     job_closed: bool
     job_revision: int
-    def __init__(self, job: _Optional[str] = ..., round: _Optional[int] = ..., state: _Optional[_Union[RoundState, str]] = ..., members: _Optional[_Iterable[_Union[RoundMember, _Mapping]]] = ..., world_size: _Optional[int] = ..., fencing_token: _Optional[int] = ..., store_namespace: _Optional[str] = ..., reason: _Optional[str] = ..., waiting: _Optional[_Iterable[_Union[RoundMember, _Mapping]]] = ..., opened_ms: _Optional[int] = ..., closed_ms: _Optional[int] = ..., job_closed: _Optional[bool] = ..., job_revision: _Optional[int] = ...) -> None: ...
+    job_state: JobState
+    job_ended_ms: int
+    job_end_detail: str
+    trained_ms: int
+    def __init__(self, job: _Optional[str] = ..., round: _Optional[int] = ..., state: _Optional[_Union[RoundState, str]] = ..., members: _Optional[_Iterable[_Union[RoundMember, _Mapping]]] = ..., world_size: _Optional[int] = ..., fencing_token: _Optional[int] = ..., store_namespace: _Optional[str] = ..., reason: _Optional[str] = ..., waiting: _Optional[_Iterable[_Union[RoundMember, _Mapping]]] = ..., opened_ms: _Optional[int] = ..., closed_ms: _Optional[int] = ..., job_closed: _Optional[bool] = ..., job_revision: _Optional[int] = ..., job_state: _Optional[_Union[JobState, str]] = ..., job_ended_ms: _Optional[int] = ..., job_end_detail: _Optional[str] = ..., trained_ms: _Optional[int] = ...) -> None: ...
 
 class RoundRecord(_message.Message):
-    __slots__ = ("round", "members", "fencing_token", "opened_ms", "closed_ms", "ended_ms", "end_reason", "ended_by", "detail")
+    __slots__ = ("round", "members", "fencing_token", "opened_ms", "closed_ms", "ended_ms", "end_reason", "ended_by", "detail", "trained_ms")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +165,7 @@ class RoundRecord(_message.Message):
     END_REASON_FIELD_NUMBER: _ClassVar[int]
     ENDED_BY_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    TRAINED_MS_FIELD_NUMBER: _ClassVar[int]
     round: int
     members: _containers.RepeatedCompositeFieldContainer[RoundMember]
     fencing_token: int
@@ -144,7 +175,8 @@ class RoundRecord(_message.Message):
     end_reason: RoundEndReason
     ended_by: int
     detail: str
-    def __init__(self, round: _Optional[int] = ..., members: _Optional[_Iterable[_Union[RoundMember, _Mapping]]] = ..., fencing_token: _Optional[int] = ..., opened_ms: _Optional[int] = ..., closed_ms: _Optional[int] = ..., ended_ms: _Optional[int] = ..., end_reason: _Optional[_Union[RoundEndReason, str]] = ..., ended_by: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
+    trained_ms: int
+    def __init__(self, round: _Optional[int] = ..., members: _Optional[_Iterable[_Union[RoundMember, _Mapping]]] = ..., fencing_token: _Optional[int] = ..., opened_ms: _Optional[int] = ..., closed_ms: _Optional[int] = ..., ended_ms: _Optional[int] = ..., end_reason: _Optional[_Union[RoundEndReason, str]] = ..., ended_by: _Optional[int] = ..., detail: _Optional[str] = ..., trained_ms: _Optional[int] = ...) -> None: ...
 
 class CheckpointInfo(_message.Message):
     __slots__ = ("checkpoint_id", "step", "round", "world_size", "layout", "uri", "committed_ms")
@@ -211,14 +243,18 @@ class JoinResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., participant_id: _Optional[int] = ..., waiting: _Optional[bool] = ..., round: _Optional[_Union[RoundInfo, _Mapping]] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
-    __slots__ = ("header", "job", "participant_id")
+    __slots__ = ("header", "job", "participant_id", "outcome", "detail")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.RequestHeader
     job: str
     participant_id: int
-    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., job: _Optional[str] = ..., participant_id: _Optional[int] = ...) -> None: ...
+    outcome: LeaveOutcome
+    detail: str
+    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., job: _Optional[str] = ..., participant_id: _Optional[int] = ..., outcome: _Optional[_Union[LeaveOutcome, str]] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class LeaveResponse(_message.Message):
     __slots__ = ("header", "ended_round")
@@ -345,6 +381,26 @@ class CloseJobResponse(_message.Message):
     header: _common_pb2.ResponseHeader
     ended_round: int
     def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., ended_round: _Optional[int] = ...) -> None: ...
+
+class PruneJobsRequest(_message.Message):
+    __slots__ = ("header", "older_than_ms", "keep", "jobs")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    OLDER_THAN_MS_FIELD_NUMBER: _ClassVar[int]
+    KEEP_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.RequestHeader
+    older_than_ms: int
+    keep: int
+    jobs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., older_than_ms: _Optional[int] = ..., keep: _Optional[int] = ..., jobs: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PruneJobsResponse(_message.Message):
+    __slots__ = ("header", "pruned")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PRUNED_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    pruned: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., pruned: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StoreScope(_message.Message):
     __slots__ = ("job", "round", "participant_id")

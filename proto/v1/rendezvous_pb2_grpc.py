@@ -79,6 +79,11 @@ class RendezvousStub:
                 request_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.CloseJobRequest.SerializeToString,
                 response_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.CloseJobResponse.FromString,
                 _registered_method=True)
+        self.PruneJobs = channel.unary_unary(
+                '/rallypoint.v1.Rendezvous/PruneJobs',
+                request_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.PruneJobsRequest.SerializeToString,
+                response_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.PruneJobsResponse.FromString,
+                _registered_method=True)
 
 
 class RendezvousServicer:
@@ -171,6 +176,17 @@ class RendezvousServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PruneJobs(self, request, context):
+        """An operator removes ended jobs (FINISHED, FAILED, CLOSED) and their history: those named
+        in `jobs` (every ended job when empty) that ended at least older_than_ms ago, keeping the
+        `keep` that ended last. An open job is never removed; naming one is not an error (it is
+        not in `pruned`). Errors: INVALID_ARGUMENT, NOT_FOUND (session), PERMISSION_DENIED (admin
+        only), UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RendezvousServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -218,6 +234,11 @@ def add_RendezvousServicer_to_server(servicer, server):
                     servicer.CloseJob,
                     request_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.CloseJobRequest.FromString,
                     response_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.CloseJobResponse.SerializeToString,
+            ),
+            'PruneJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.PruneJobs,
+                    request_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.PruneJobsRequest.FromString,
+                    response_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.PruneJobsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -463,6 +484,33 @@ class Rendezvous:
             '/rallypoint.v1.Rendezvous/CloseJob',
             rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.CloseJobRequest.SerializeToString,
             rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.CloseJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PruneJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rallypoint.v1.Rendezvous/PruneJobs',
+            rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.PruneJobsRequest.SerializeToString,
+            rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.PruneJobsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -35,6 +35,9 @@ class RendezvousStub:
     CloseJob: grpc.aio.UnaryUnaryMultiCallable[
         _rendezvous_pb2.CloseJobRequest, _rendezvous_pb2.CloseJobResponse
     ]
+    PruneJobs: grpc.aio.UnaryUnaryMultiCallable[
+        _rendezvous_pb2.PruneJobsRequest, _rendezvous_pb2.PruneJobsResponse
+    ]
 
 class RendezvousServicer:
     async def Configure(
@@ -100,6 +103,13 @@ class RendezvousServicer:
             _rendezvous_pb2.CloseJobRequest, _rendezvous_pb2.CloseJobResponse
         ],
     ) -> _rendezvous_pb2.CloseJobResponse: ...
+    async def PruneJobs(
+        self,
+        request: _rendezvous_pb2.PruneJobsRequest,
+        context: grpc.aio.ServicerContext[
+            _rendezvous_pb2.PruneJobsRequest, _rendezvous_pb2.PruneJobsResponse
+        ],
+    ) -> _rendezvous_pb2.PruneJobsResponse: ...
 
 def add_RendezvousServicer_to_server(
     servicer: RendezvousServicer, server: grpc.aio.Server

@@ -159,7 +159,10 @@ async def test_nothing_reachable_is_one_line_on_stderr(
     assert captured.out == ""
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1
-    assert lines[0].startswith("error: UnavailableError: no member could serve the request")
+    assert lines[0] == (
+        "error: UnavailableError: no member answered at 127.0.0.1:1 (connection refused): is a "
+        "member running there, and is that its client port? (retried for 0.3 s)"
+    )
 
 
 def test_endpoints_default_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

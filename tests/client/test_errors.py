@@ -51,7 +51,6 @@ CASES = [
     (S.PERMISSION_DENIED, "", PermissionDeniedError),
     (S.PERMISSION_DENIED, "ERROR_REASON_UNSPECIFIED", PermissionDeniedError),
     (S.INTERNAL, "", InternalError),
-    (S.UNIMPLEMENTED, "", InternalError),
     # A reason under a code the contract does not pair it with: the code decides.
     (S.INVALID_ARGUMENT, "STALE_FENCE", InvalidArgumentError),
 ]

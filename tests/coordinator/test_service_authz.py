@@ -72,7 +72,7 @@ def job_fields(request: Any) -> list[str]:
 
 def test_every_method_of_every_public_service_has_exactly_one_rule() -> None:
     methods = [name for name, _ in public_methods()]
-    assert len(methods) == len(set(methods)) == 44
+    assert len(methods) == len(set(methods)) == 45
     assert sorted(RULES) == sorted(methods)
 
 
@@ -360,7 +360,7 @@ async def test_a_job_token_works_in_its_job_and_nowhere_else(cluster: Cluster) -
             job_a.cluster.MemberAdd(
                 cluster_pb2.MemberAddRequest(peer_address="h:1", client_address="h:2"), metadata=m
             ),
-            "change the cluster's membership, leadership or snapshots",
+            "change the cluster's membership, leadership or snapshots, or prune jobs",
             "Cluster/MemberAdd",
         ),
         (

@@ -35,7 +35,9 @@ from rallypoint.coordinator.state.commands import (
     Leave,
     MemberFailed,
     OwnedSessionOpen,
+    PruneJobs,
     Put,
+    RoundTrained,
     SessionClose,
     SessionKeepAlive,
     SessionOpen,
@@ -45,7 +47,7 @@ from rallypoint.coordinator.state.commands import (
     StoreSet,
     encode_envelope,
 )
-from rallypoint.coordinator.state.jobs import JobConfig, RendezvousLimits
+from rallypoint.coordinator.state.jobs import JobConfig, LeaveOutcome, RendezvousLimits
 from rallypoint.coordinator.state.machine import Limits, StateMachine
 from rallypoint.coordinator.state.results import Result
 from rallypoint.coordinator.state.values import Fence
@@ -165,10 +167,14 @@ def rendezvous_commands(
         Join(job_id, rng.choice("abcde"), value, config if rng.random() < 0.7 else None),
         Join(job_id, rng.choice("abcde"), b"", job.config if job else config),
         Configure(job_id, config),
-        Leave(job_id, pid) if rng.random() < 0.5 else Evict(job_id, pid),
+        Leave(job_id, pid, LeaveOutcome(pid % 3), "why")
+        if rng.random() < 0.5
+        else Evict(job_id, pid),
         MemberFailed(job_id, pid, round_number, "phi"),
-        CloseRound(job_id, round_number),
-        CloseJob(job_id) if rng.random() < 0.1 else CloseRound(job_id, round_number),
+        CloseRound(job_id, round_number) if step % 3 else RoundTrained(job_id, round_number),
+        CloseJob(job_id)
+        if rng.random() < 0.1
+        else (PruneJobs(step % 2, step % 3) if step % 7 == 0 else CloseRound(job_id, round_number)),
         StoreSet(job_id, round_number, pid, key, value),
         StoreAdd(job_id, round_number, pid, key, rng.randrange(-3, 4)),
         StoreCompareSet(job_id, round_number, pid, key, rng.choice([b"", value]), value),
@@ -251,7 +257,7 @@ def test_the_random_log_exercises_the_interesting_paths() -> None:
         "JoinResult", "RemoveResult", "CloseRoundResult", "CloseJobResult", "ConfigureResult",
         "StoreSetResult", "StoreAddResult", "StoreCompareSetResult", "StoreDeleteResult",
         "CheckpointBeginResult", "ShardDoneResult", "CheckpointAbortResult", "StaleRound",
-        "StaleToken", "ConfigConflict", "NameTaken",
+        "StaleToken", "ConfigConflict", "NameTaken", "RoundTrainedResult", "PruneJobsResult",
     } <= kinds  # fmt: skip
 
 

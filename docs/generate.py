@@ -1,0 +1,224 @@
+"""Write ``docs/api.md``, the reference of the elastic training API, from its docstrings.
+
+    .venv/bin/python docs/generate.py           # rewrite docs/api.md
+    .venv/bin/python docs/generate.py --check   # exit 1 if docs/api.md is stale
+
+The source of truth is ``worker/elastic.py``: :class:`ElasticRun`'s docstring sections
+("Arguments:", "Events ...:", "Attributes:"), and the docstrings of the public methods and
+properties of ``ElasticRun``, ``ElasticRound``, ``TrainState`` and ``Formation``. A section
+entry is ``name: text`` indented under its heading, continued on deeper-indented lines; an
+event's text starts with its field names, then ". " and what it means.
+``tests/worker/test_api_reference.py`` checks the page is fresh, that every argument of
+``elastic_training`` and every event the code emits (and each of its fields) is described,
+and nothing else. Nothing here reaches the network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+PAGE = Path(__file__).resolve().parent / "api.md"
+_HEADING = re.compile(r"^(?P<title>[A-Z][a-z]+):$")
+
+
+def sections(doc: str) -> dict[str, dict[str, str]]:
+    """A docstring's "Heading:" sections (a line of its own at the docstring's margin):
+    heading in lower case -> entries, in order."""
+    found: dict[str, dict[str, str]] = {}
+    current: dict[str, str] | None = None
+    entry_indent = -1
+    name = ""
+    for line in inspect.cleandoc(doc).splitlines():
+        heading = _HEADING.match(line)
+        if heading is not None:
+            current = found.setdefault(heading.group("title").lower(), {})
+            entry_indent, name = -1, ""
+            continue
+        stripped = line.strip()
+        if current is None or not stripped:
+            continue
+        indent = len(line) - len(line.lstrip())
+        if indent == 0:  # back at the margin: the section is over
+            current = None
+            continue
+        match = re.match(r"^(\w+): ?(.*)$", stripped)
+        if match and entry_indent in (-1, indent):
+            entry_indent, name = indent, match.group(1)
+            current[name] = match.group(2)
+        elif name:
+            current[name] = f"{current[name]} {stripped}"
+    return found
+
+
+def event_fields(text: str) -> tuple[list[str], str]:
+    """An event entry's field names and its meaning."""
+    head, _, meaning = text.partition(". ")
+    return [field.strip() for field in head.split(",") if field.strip()], meaning.strip()
+
+
+def first_paragraph(doc: str | None) -> str:
+    if not doc:
+        return ""
+    paragraph = inspect.cleandoc(doc).split("\n\n")[0]
+    return " ".join(paragraph.split())
+
+
+def _cell(text: str) -> str:
+    return _markdown(text).replace("|", "\\|")
+
+
+def _markdown(text: str) -> str:
+    """reStructuredText's ``code`` as Markdown's `code`."""
+    return text.replace("``", "`")
+
+
+def public_members(cls: type[Any]) -> list[tuple[str, Any]]:
+    """Public methods and properties defined by ``cls`` itself, in source order."""
+    members = []
+    for name, value in cls.__dict__.items():
+        if name.startswith("_"):
+            continue
+        if isinstance(value, property) or inspect.isfunction(value):
+            members.append((name, value))
+    return members
+
+
+def _signature(name: str, member: Any) -> str:
+    if isinstance(member, property):
+        return f"`{name}` (property)"
+    signature = inspect.signature(member, eval_str=False)
+    parameters = [p for p in signature.parameters.values() if p.name != "self"]
+    shown = ", ".join(_parameter(p) for p in parameters)
+    return f"`{name}({shown})`"
+
+
+def _parameter(parameter: inspect.Parameter) -> str:
+    if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+        return f"**{parameter.name}"
+    if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+        return f"*{parameter.name}"
+    if parameter.default is inspect.Parameter.empty:
+        return parameter.name
+    return f"{parameter.name}={parameter.default!r}"
+
+
+def _members_table(cls: type[Any], out: list[str]) -> None:
+    out += ["| member | what it does |", "| --- | --- |"]
+    for name, member in public_members(cls):
+        doc = member.__doc__ if not isinstance(member, property) else member.fget.__doc__
+        out.append(f"| {_signature(name, member)} | {_cell(first_paragraph(doc))} |")
+    out.append("")
+
+
+def _attributes_table(entries: dict[str, str], out: list[str]) -> None:
+    out += ["| attribute | meaning |", "| --- | --- |"]
+    out += [f"| `{name}` | {_cell(text)} |" for name, text in entries.items()]
+    out.append("")
+
+
+def render() -> str:
+    from rallypoint.worker.elastic import ElasticRound, ElasticRun, Formation, TrainState
+
+    run_doc = sections(ElasticRun.__doc__ or "")
+    signature = inspect.signature(ElasticRun.__init__)
+    out = [
+        "# The elastic training API",
+        "",
+        "<!-- Generated by docs/generate.py from worker/elastic.py's docstrings: edit those,",
+        "     then run `.venv/bin/python docs/generate.py`. A test keeps this page fresh. -->",
+        "",
+        "```python",
+        "from rallypoint.worker import ElasticSampler, TrainState, elastic_training",
+        "```",
+        "",
+        "## `elastic_training(endpoints, *, job, name, state, checkpoint_dir, min_nodes, "
+        "max_nodes, ...)`",
+        "",
+        _markdown(first_paragraph(ElasticRun.__doc__)),
+        "",
+        "| argument | default | meaning |",
+        "| --- | --- | --- |",
+    ]
+    arguments = run_doc.get("arguments", {})
+    for parameter in list(signature.parameters.values())[1:]:
+        default = (
+            "required"
+            if parameter.default is inspect.Parameter.empty
+            else f"`{parameter.default!r}`"
+        )
+        meaning = arguments.get(parameter.name, "")
+        out.append(f"| `{parameter.name}` | {default} | {_cell(meaning)} |")
+    out += [
+        "",
+        "## Events: `on_event(kind, fields)`",
+        "",
+        "`on_event` is called with the event's kind (a string) and a dict of its fields, from "
+        "the training thread or the checkpoint commit thread: keep it quick. Every event's "
+        "fields also hold `t` (wall clock, seconds) and `name` (the worker's). A callable "
+        "that cannot take `(kind, fields)` is refused when the run is made.",
+        "",
+        "```python",
+        "def on_event(kind: str, fields: dict) -> None:",
+        '    if kind == "round_formed":',
+        "        print(",
+        "            f\"round {fields['round']}: rank {fields['rank']}/{fields['world_size']}, \"",
+        "            f\"restored from {fields['source']} at step {fields['step']}\"",
+        "        )",
+        "```",
+        "",
+        "| kind | fields | when |",
+        "| --- | --- | --- |",
+    ]
+    for kind, text in run_doc.get("events", {}).items():
+        fields, meaning = event_fields(text)
+        shown = ", ".join(f"`{field}`" for field in fields)
+        out.append(f"| `{kind}` | {shown} | {_cell(meaning)} |")
+    out += [
+        "",
+        "## The run: `with elastic_training(...) as run`",
+        "",
+    ]
+    _attributes_table(run_doc.get("attributes", {}), out)
+    _members_table(ElasticRun, out)
+    out += [
+        "## A round: `for round in run.rounds()`",
+        "",
+        _markdown(first_paragraph(ElasticRound.__doc__)),
+        "",
+    ]
+    _attributes_table(sections(ElasticRound.__doc__ or "").get("attributes", {}), out)
+    _members_table(ElasticRound, out)
+    out += ["## `TrainState(model, optimizer, sampler=None, step=0, extra=None)`", ""]
+    out += [_markdown(first_paragraph(TrainState.__doc__)), ""]
+    state_doc = inspect.cleandoc(TrainState.__doc__ or "").split("\n\n")
+    if len(state_doc) > 1:
+        out += [_markdown(" ".join(state_doc[1].split())), ""]
+    _attributes_table(sections(TrainState.__doc__ or "").get("attributes", {}), out)
+    out += ["## `Formation` (`round.formation`)", "", _markdown(first_paragraph(Formation.__doc__))]
+    out.append("")
+    _attributes_table(sections(Formation.__doc__ or "").get("attributes", {}), out)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None, write: Callable[[str], object] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if docs/api.md is stale")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.check:
+        if not PAGE.exists() or PAGE.read_text() != text:
+            print(f"{PAGE} is stale: run `.venv/bin/python docs/generate.py`", file=sys.stderr)
+            return 1
+        return 0
+    (write or PAGE.write_text)(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

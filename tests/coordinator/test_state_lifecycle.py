@@ -1,0 +1,241 @@
+"""Job lifecycle: finished, failed and closed jobs, their retention and pruning, the time a
+round trained; and that snapshots and log entries of the format before it stay readable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgpack
+
+from rallypoint.coordinator.state.commands import (
+    CloseJob,
+    Configure,
+    Join,
+    Leave,
+    PruneJobs,
+    RoundTrained,
+    SessionClose,
+)
+from rallypoint.coordinator.state.errors import InvalidCommand, JobClosed
+from rallypoint.coordinator.state.jobs import (
+    JobConfig,
+    JobState,
+    LeaveOutcome,
+    RendezvousLimits,
+    RoundState,
+)
+from rallypoint.coordinator.state.machine import Limits, StateMachine
+from rallypoint.coordinator.state.results import (
+    JoinResult,
+    PruneJobsResult,
+    RemoveResult,
+    RoundTrainedResult,
+)
+
+from .job_replica import CONFIG, JobReplica
+
+GOLDEN = Path(__file__).parent / "golden"
+ONE = JobConfig(min_nodes=1, max_nodes=2)
+
+
+def leave(r: JobReplica, session: int, pid: int, outcome: LeaveOutcome, detail: str = "") -> None:
+    result = r.do(session, Leave("j", pid, outcome, detail))
+    assert isinstance(result, RemoveResult), result
+
+
+def two_workers(r: JobReplica) -> list[tuple[int, int]]:
+    """Two workers in an ACTIVE round: (session, participant id) each."""
+    sessions = [r.open(), r.open()]
+    pids = [r.join(s, f"w{n}", CONFIG).participant_id for n, s in enumerate(sessions)]
+    r.time_ms += 1_000
+    r.close_round()
+    assert r.job().round.state is RoundState.ACTIVE
+    return list(zip(sessions, pids, strict=True))
+
+
+def test_the_last_worker_to_leave_finished_ends_the_job_finished() -> None:
+    r = JobReplica()
+    (sa, a), (sb, b) = two_workers(r)
+    leave(r, sa, a, LeaveOutcome.FINISHED)
+    assert r.job().state is JobState.OPEN  # one is still in the job
+    r.time_ms = 9_000
+    leave(r, sb, b, LeaveOutcome.FINISHED, "reached max_steps 200")
+    job = r.job()
+    assert (job.state, job.ended_ms, job.end_detail) == (
+        JobState.FINISHED,
+        9_000,
+        "reached max_steps 200",
+    )
+    # No longer "joining for 1038 s of the join timeout": the reason says it ended.
+    assert r.sm.rendezvous.reason("j", 99_000) == (
+        "job finished at leader time 9000 ms: reached max_steps 200"
+    )
+    assert job.round.state is RoundState.JOINING and not job.round.members
+    assert r.sm.rendezvous.closes_due(99_000) == []
+    # The same job id runs again: a new run, rounds go on.
+    number = job.round.number
+    again = r.join(r.open(), "w9", ONE)
+    assert again.round == number
+    assert (r.job().state, r.job().ended_ms, r.job().config) == (JobState.OPEN, 0, ONE)
+
+
+def test_a_failure_reported_by_any_leave_makes_the_job_failed() -> None:
+    r = JobReplica()
+    (sa, a), (sb, b) = two_workers(r)
+    leave(r, sa, a, LeaveOutcome.FAILED, "workers failed: exit code 1")
+    assert r.job().state is JobState.OPEN
+    leave(r, sb, b, LeaveOutcome.FINISHED)
+    assert (r.job().state, r.job().end_detail) == (JobState.FAILED, "workers failed: exit code 1")
+
+
+def test_a_failure_then_the_last_worker_dying_is_failed() -> None:
+    r = JobReplica()
+    (sa, a), (sb, _) = two_workers(r)
+    leave(r, sa, a, LeaveOutcome.FAILED)
+    r.apply(SessionClose(), session_id=sb)  # the other process dies: its session ends
+    assert r.job().state is JobState.FAILED
+    assert r.job().end_detail == "w0 left saying the job failed"
+
+
+def test_leaving_without_an_outcome_or_dying_leaves_the_job_open() -> None:
+    r = JobReplica()
+    (sa, a), (sb, _) = two_workers(r)
+    leave(r, sa, a, LeaveOutcome.UNSPECIFIED)
+    r.apply(SessionClose(), session_id=sb)
+    assert not r.job().participants
+    assert r.job().state is JobState.OPEN  # a restarted worker may come back
+
+
+def test_closed_is_a_state_and_only_configure_reopens() -> None:
+    r = JobReplica()
+    two_workers(r)
+    r.time_ms = 5_000
+    r.do(r.open(), CloseJob("j"))
+    assert (r.job().state, r.job().ended_ms) == (JobState.CLOSED, 5_000)
+    assert r.do(r.open(), Join("j", "late", b"", CONFIG)) == JobClosed("j")
+    r.do(r.open(), Configure("j", CONFIG))
+    assert (r.job().state, r.job().ended_ms) == (JobState.OPEN, 0)
+
+
+def test_configure_starts_a_finished_job_again() -> None:
+    r = JobReplica()
+    session = r.open()
+    pid = r.join(session, "w0", ONE).participant_id
+    leave(r, session, pid, LeaveOutcome.FINISHED)
+    assert r.job().state is JobState.FINISHED
+    r.do(r.open(), Configure("j", ONE))
+    assert r.job().state is JobState.OPEN
+
+
+def test_a_leave_detail_is_bounded() -> None:
+    r = JobReplica(Limits(rendezvous=RendezvousLimits(max_leave_detail_chars=4)))
+    session = r.open()
+    pid = r.join(session, "w0", ONE).participant_id
+    refused = r.do(session, Leave("j", pid, LeaveOutcome.FAILED, "x" * 5))
+    assert isinstance(refused, InvalidCommand)
+    assert pid in r.job().participants
+
+
+def finish(r: JobReplica, job: str, time_ms: int) -> None:
+    r.time_ms = time_ms
+    session = r.open()
+    result = r.do(session, Join(job, "w", b"", ONE))
+    assert isinstance(result, JoinResult)
+    assert isinstance(
+        r.do(session, Leave(job, result.participant_id, LeaveOutcome.FINISHED)), RemoveResult
+    )
+
+
+def test_ended_jobs_are_kept_up_to_a_count_and_an_age() -> None:
+    limits = RendezvousLimits(max_ended_jobs=2, ended_job_retention_ms=10_000)
+    r = JobReplica(Limits(rendezvous=limits))
+    for n, job in enumerate(("a", "b", "c")):
+        finish(r, job, 1_000 + n)
+    # Three ended, two kept: the one that ended first is gone.
+    assert sorted(r.sm.rendezvous.jobs) == ["b", "c"]
+    r.time_ms = 5_000
+    r.join(r.open(), "w0", ONE, job="open")
+    # Past the age, at the next job command: every ended job goes, the open one stays.
+    r.time_ms = 11_002
+    r.join(r.open(), "w1", ONE, job="open")
+    assert sorted(r.sm.rendezvous.jobs) == ["open"]
+
+
+def test_prune_removes_ended_jobs_only_as_told() -> None:
+    r = JobReplica()
+    for n, job in enumerate(("a", "b", "c", "d")):
+        finish(r, job, 1_000 * (n + 1))
+    r.join(r.open(), "w0", ONE, job="open")
+    r.time_ms = 10_000
+    operator = r.open()
+    # The one that ended last is kept; only those that ended 7 s ago or more go.
+    assert r.do(operator, PruneJobs(7_000, 1)) == PruneJobsResult(("a", "b", "c"))
+    assert sorted(r.sm.rendezvous.jobs) == ["d", "open"]
+    # Named: an open job is never pruned, nor an unknown one.
+    assert r.do(operator, PruneJobs(0, 0, ("open", "zz", "d"))) == PruneJobsResult(("d",))
+    assert sorted(r.sm.rendezvous.jobs) == ["open"]
+    assert isinstance(r.do(operator, PruneJobs(-1, 0)), InvalidCommand)
+
+
+def test_a_new_job_takes_the_place_of_the_oldest_ended_one_when_full() -> None:
+    r = JobReplica(Limits(rendezvous=RendezvousLimits(max_jobs=2)))
+    finish(r, "a", 1_000)
+    finish(r, "b", 2_000)
+    r.join(r.open(), "w0", ONE, job="c")
+    assert sorted(r.sm.rendezvous.jobs) == ["b", "c"]
+
+
+def test_a_round_trained_once_and_its_record_keeps_it() -> None:
+    r = JobReplica()
+    (sa, a), _ = two_workers(r)
+    number = r.job().round.number
+    assert r.apply(RoundTrained("j", number + 1)) == RoundTrainedResult("j", number + 1, False)
+    r.time_ms = 7_000
+    assert r.apply(RoundTrained("j", number)) == RoundTrainedResult("j", number, True)
+    r.time_ms = 8_000
+    assert r.apply(RoundTrained("j", number)) == RoundTrainedResult("j", number, False)
+    assert r.job().round.trained_ms == 7_000
+    leave(r, sa, a, LeaveOutcome.UNSPECIFIED)
+    assert r.job().history[-1].trained_ms == 7_000
+    assert r.job().round.trained_ms == 0  # the next round has not trained yet
+    # A JOINING round does not train.
+    assert r.apply(RoundTrained("j", r.job().round.number)).recorded is False  # type: ignore[attr-defined]
+
+
+def test_the_lifecycle_survives_a_snapshot() -> None:
+    r = JobReplica()
+    (sa, a), (sb, b) = two_workers(r)
+    r.apply(RoundTrained("j", r.job().round.number))
+    leave(r, sa, a, LeaveOutcome.FAILED, "oom")
+    leave(r, sb, b, LeaveOutcome.FINISHED)
+    finish(r, "k", 3_000)
+    data = r.sm.snapshot()
+    restored = StateMachine()
+    restored.restore(data)
+    assert restored.snapshot() == data
+    job = restored.rendezvous.jobs["j"]
+    assert (job.state, job.end_detail) == (JobState.FAILED, "oom")
+    assert restored.rendezvous.jobs["k"].state is JobState.FINISHED
+
+
+# ---------------------------------------------------------------------- older formats
+
+
+def test_a_snapshot_of_the_format_before_the_lifecycle_is_restored() -> None:
+    # Written by the release before jobs had a lifecycle (snapshot format 3), from the log
+    # in format3-log.msgpack (see golden/README.md).
+    old = (GOLDEN / "format3-snapshot.msgpack").read_bytes()
+    restored = StateMachine()
+    restored.restore(old)
+    jobs = restored.rendezvous.jobs
+    assert sorted(jobs) == ["other", "train"]
+    assert jobs["train"].state is JobState.OPEN
+    closed = jobs["other"]
+    assert closed.state is JobState.CLOSED
+    assert closed.ended_ms == closed.history[-1].ended_ms > 0
+    assert all(record.trained_ms == 0 for record in jobs["train"].history)
+    # Replaying that release's log gives the same state as restoring its snapshot.
+    replayed = StateMachine()
+    for index, data in msgpack.unpackb((GOLDEN / "format3-log.msgpack").read_bytes()):
+        replayed.apply(index, data)
+    assert replayed.snapshot() == restored.snapshot()

@@ -1,0 +1,94 @@
+"""Every Python block of README.md runs as written, against a real cluster.
+
+The blocks read the cluster's endpoints from ``RALLYPOINT_ENDPOINTS`` (default: the local
+cluster of ``rallypoint cluster up``), which the test sets to its own cluster's. A block that
+trains with ``elastic_training`` runs as ``min_nodes`` processes, as the README says to run
+it: the second one named as the README says (``name="worker-2"``). Each block must exit 0;
+a training block must leave its job finished.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rallypoint.client import JobState, SyncClient
+
+from .harness import ProcessCluster, running_cluster
+
+pytestmark = pytest.mark.integration
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
+
+
+def python_blocks() -> list[str]:
+    return BLOCK.findall(README.read_text())
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessCluster]:
+    with running_cluster(tmp_path_factory.mktemp("readme"), 3, tick_ms=50) as running:
+        yield running
+
+
+def test_the_readme_has_the_blocks_this_test_knows() -> None:
+    blocks = python_blocks()
+    assert len(blocks) >= 2
+    for block in blocks:
+        compile(block, "README.md", "exec")  # each one is a whole program
+        assert "RALLYPOINT_ENDPOINTS" in block or "Client(" not in block
+
+
+def run_copies(block: str, copies: int, cwd: Path, endpoints: list[str]) -> None:
+    env = {**os.environ, "RALLYPOINT_ENDPOINTS": ",".join(endpoints)}
+    procs = []
+    for copy in range(1, copies + 1):
+        program = cwd / f"block-{copy}.py"
+        program.write_text(block.replace('name="worker-1"', f'name="worker-{copy}"'))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(program)],
+                cwd=cwd,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    try:
+        for copy, proc in enumerate(procs, 1):
+            out, err = proc.communicate(timeout=240)
+            assert proc.returncode == 0, f"copy {copy} exited {proc.returncode}:\n{out}\n{err}"
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
+
+@pytest.mark.parametrize("number", range(len(python_blocks())))
+def test_a_python_block_runs_as_written(
+    cluster: ProcessCluster, tmp_path: Path, number: int
+) -> None:
+    block = python_blocks()[number]
+    training = "elastic_training(" in block
+    copies = 1
+    if training:
+        found = re.search(r"min_nodes=(\d+)", block)
+        assert found is not None, "a training block names its min_nodes"
+        copies = int(found.group(1))
+        assert 'name="worker-1"' in block
+    run_copies(block, copies, tmp_path, cluster.endpoints)
+    if training:
+        job = re.search(r'job="([^"]+)"', block)
+        assert job is not None
+        with SyncClient(cluster.endpoints, timeout_s=20) as client:
+            info = client.get_job(job.group(1)).round
+        assert info.job_state is JobState.FINISHED, info

@@ -58,7 +58,7 @@ from bench.common import (
 )
 from bench.etcd.api import load as load_etcd_api
 from bench.etcd.cluster import EtcdCluster
-from rallypoint.coordinator.cli import local_cluster_addresses
+from rallypoint.coordinator.cli.main import local_cluster_addresses
 from rallypoint.proto.v1 import (
     cluster_pb2,
     cluster_pb2_grpc,

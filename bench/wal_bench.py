@@ -27,9 +27,9 @@ from typing import Any
 
 import google_crc32c
 
-from rallypoint.raft.fileutil import default_fsync
+from rallypoint.raft.storage.fileutil import default_fsync
+from rallypoint.raft.storage.wal import WAL
 from rallypoint.raft.types import Entry, HardState, Index, NodeId, Term
-from rallypoint.raft.wal import WAL
 
 
 def raw_fdatasync_trial(

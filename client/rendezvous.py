@@ -202,7 +202,7 @@ class Participant:
     def report_progress(self, progress: TrainingProgress) -> None:
         """Tell the coordinator, with every heartbeat from now on, how training goes: the
         leader declares a rank that stops while its peers wait for it hung, and finds
-        stragglers (coordinator/progress.py). Safe to call from any thread: it only swaps a
+        stragglers (coordinator/leader/progress.py). Safe to call from any thread: it only swaps a
         reference to a frozen value."""
         self._progress = progress
 

@@ -31,7 +31,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from rallypoint.raft.fileutil import DataCorruptionError
+from rallypoint.raft.storage.fileutil import DataCorruptionError
 
 from .identity import IdentityError
 from .members import MemberAddress

@@ -54,9 +54,9 @@ from rallypoint.raft import (
 )
 from rallypoint.raft import ProposalDroppedError as RaftProposalDroppedError
 from rallypoint.raft.codec import decode_conf_change
-from rallypoint.raft.disk_storage import DiskStorage, PersistRequest, SnapshotPolicy
 from rallypoint.raft.errors import StepLocalMsgError, StepPeerNotFoundError
-from rallypoint.raft.storage import CompactedError, UnavailableError
+from rallypoint.raft.log_storage import CompactedError, UnavailableError
+from rallypoint.raft.storage.disk_storage import DiskStorage, PersistRequest, SnapshotPolicy
 from rallypoint.raft.types import (
     NONE,
     ConfChange,
@@ -78,6 +78,9 @@ from rallypoint.raft.types import (
 
 from . import identity as identity_file
 from .identity import Identity
+from .leader.lessor import Lessor
+from .leader.progress import ProgressReport
+from .leader.supervisor import RendezvousSupervisor
 from .members import (
     ConfChangeContext,
     MemberAddress,
@@ -106,15 +109,12 @@ from .peer_auth import PeerKey, cluster_id_for
 from .peer_hello import ask_peers
 from .peer_service import add_peer_service, remove_partial_snapshots
 from .preflight import SERVER_OPTIONS
-from .progress import ProgressReport
 from .role_log import ROLE_NAMES, RoleLog
 from .state.commands import Command, Envelope, LeaseExpire, decode_envelope, encode_envelope
 from .state.errors import Compacted
-from .state.lessor import Lessor
 from .state.machine import Limits, StateMachine
 from .state.results import LeaseEndResult, LeaseGrantResult, Result
 from .state.values import Event
-from .supervisor import RendezvousSupervisor
 from .transport import GRPC_OPTIONS, Transport
 
 # Test-only: breaks linearizability/fencing on purpose for the fault-injection suite's negative

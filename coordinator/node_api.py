@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from .progress import ProgressReport
+from .leader.progress import ProgressReport
 from .state.commands import Command
 from .state.machine import StateMachine
 from .state.results import Result

@@ -13,7 +13,7 @@ The service is registered by :func:`add_peer_service`, which parses each request
 refused as any unauthenticated one, with UNAUTHENTICATED and nothing else said (grpc would
 answer UNKNOWN with the parser's error).
 
-Snapshots arrive by ``InstallSnapshot`` in chunks (raft/snapshot_transfer.py assembles them
+Snapshots arrive by ``InstallSnapshot`` in chunks (raft/storage/snapshot_transfer.py assembles them
 in a partial file, resumable within a member's life). Before a byte is written, the declared
 size is checked against a bound and against the free space of the disk; once complete, the
 file's checksum, its decoding, and the application's own check of its content
@@ -37,13 +37,13 @@ import grpc.aio
 
 from rallypoint.proto.peer.v1 import peer_pb2, peer_pb2_grpc
 from rallypoint.raft.codec import CodecError, decode_message
-from rallypoint.raft.snapshot_transfer import (
+from rallypoint.raft.storage.snapshot_transfer import (
     ChunkOutOfOrderError,
     SnapshotChunk,
     SnapshotReceiver,
     SnapshotTransferError,
 )
-from rallypoint.raft.snapshotter import SnapshotCorruptionError, decode_snapshot_file
+from rallypoint.raft.storage.snapshotter import SnapshotCorruptionError, decode_snapshot_file
 from rallypoint.raft.types import Entry, Message, MessageType, Snapshot
 
 from .grpc_handlers import Parse, Recorder, parse_or_refuse, parsed_stream, taking_bytes

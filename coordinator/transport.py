@@ -12,7 +12,7 @@ them is logged once, and the recovery with how long it took.
 
 ``MsgSnap`` travels separately, by ``InstallSnapshot``: the snapshot is encoded in the
 snapshot file format and streamed in chunks with the whole file's CRC32C. The receiver
-assembles it with :class:`~rallypoint.raft.snapshot_transfer.SnapshotReceiver` (a partial
+assembles it with :class:`~rallypoint.raft.storage.snapshot_transfer.SnapshotReceiver` (a partial
 file survives a broken stream; the sender resumes at the offset the receiver asks for) and
 hands the verified snapshot to Raft. The outcome is reported back to Raft either way.
 """
@@ -34,7 +34,7 @@ import grpc.aio
 
 from rallypoint.proto.peer.v1 import peer_pb2, peer_pb2_grpc
 from rallypoint.raft.codec import encode_message
-from rallypoint.raft.snapshotter import encode_snapshot_file
+from rallypoint.raft.storage.snapshotter import encode_snapshot_file
 from rallypoint.raft.types import Message, MessageType, NodeId, Snapshot
 
 from .peer_auth import BATCH_TAG, CHUNK_TAG, PeerKey, batch_fields, chunk_fields

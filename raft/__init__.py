@@ -13,10 +13,7 @@ from .errors import (
     StepPeerNotFoundError,
 )
 from .log import Logger, RaftLog
-from .raft import CampaignType, Config, Raft, SoftState, StateType
-from .rawnode import RawNode, Ready, SnapshotStatus, Status
-from .read_only import ReadOnlyOption
-from .storage import (
+from .log_storage import (
     CompactedError,
     MemoryStorage,
     SnapOutOfDateError,
@@ -25,6 +22,9 @@ from .storage import (
     StorageError,
     UnavailableError,
 )
+from .raft import CampaignType, Config, Raft, SoftState, StateType
+from .rawnode import RawNode, Ready, SnapshotStatus, Status
+from .read_only import ReadOnlyOption
 from .tracker import Progress, ProgressState
 from .types import (
     EMPTY_HARD_STATE,

@@ -18,14 +18,14 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from .log_unstable import Unstable
-from .storage import (
+from .log_storage import (
     CompactedError,
     Storage,
     UnavailableError,
     entries_size,
     limit_size,
 )
+from .log_unstable import Unstable
 from .types import Entry, EntryType, Index, Snapshot, Term
 
 

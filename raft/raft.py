@@ -41,14 +41,14 @@ from .codec import decode_conf_change, encode_conf_change
 from .confchange import Changer
 from .errors import ConfigError, ProposalDroppedError
 from .log import Logger, RaftLog
-from .quorum import VoteResult
-from .read_only import ReadOnly, ReadOnlyOption
-from .storage import (
+from .log_storage import (
     CompactedError,
     SnapshotTemporarilyUnavailableError,
     Storage,
     UnavailableError,
 )
+from .quorum import VoteResult
+from .read_only import ReadOnly, ReadOnlyOption
 from .tracker import Progress, ProgressMap, ProgressState, ProgressTracker, TrackerConfig
 from .types import (
     NONE,

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 from .codec import encode_conf_change
 from .errors import StepLocalMsgError, StepPeerNotFoundError
+from .log_storage import entries_size
 from .raft import Config, Raft, SoftState, StateType, payloads_size
-from .storage import entries_size
 from .tracker import Progress
 from .types import (
     EMPTY_HARD_STATE,

@@ -70,7 +70,7 @@ Progress. Every heartbeat carries this rank's progress (``TrainingProgress``): t
 completed last and when, its time per step outside collectives (a moving average), the
 collectives it entered in the round and the one it waits in. The leader names a rank that
 stops while the others wait for it (cause ``hang``) and, with the job's straggler policy on,
-evicts a rank consistently slower than the others (coordinator/progress.py). Nothing here
+evicts a rank consistently slower than the others (coordinator/leader/progress.py). Nothing here
 waits on it: a hung training thread cannot report, which is the point.
 
 Events. ``on_event(kind, fields)`` is called (from the training or the commit thread) for

@@ -46,8 +46,8 @@ from collections.abc import AsyncIterator
 
 from rallypoint.proto.v1 import rendezvous_pb2, rendezvous_pb2_grpc
 
+from ..leader.progress import ProgressReport
 from ..node_api import ServerNode
-from ..progress import ProgressReport
 from ..state.commands import CloseJob, Configure, Evict, Join, Leave, PruneJobs
 from ..state.errors import JobNotFound, ParticipantNotFound
 from ..state.jobs import EndReason, JobConfig, JobState, LeaveOutcome, RoundRecord, RoundState

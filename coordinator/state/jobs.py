@@ -61,7 +61,7 @@ class JobConfig:
     acceptable_pause_ms: int = 0
     scale_up: bool = False
     keep_checkpoints: int = 3
-    # Hang detection (coordinator/progress.py); factors in thousandths, as the phi threshold.
+    # Hang detection (coordinator/leader/progress.py); factors in thousandths, as the phi threshold.
     hang_factor_milli: int = 2500
     hang_floor_ms: int = 1500
     startup_timeout_ms: int = 60_000

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from rallypoint.coordinator.cli_client import main
+from rallypoint.coordinator.cli.client import main
 
 from .fake_server import FakeCluster
 
@@ -166,7 +166,7 @@ async def test_nothing_reachable_is_one_line_on_stderr(
 
 
 def test_endpoints_default_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rallypoint.coordinator.cli_client import build_parser
+    from rallypoint.coordinator.cli.client import build_parser
 
     monkeypatch.setenv("RALLYPOINT_ENDPOINTS", "10.0.0.1:2379")
     assert build_parser().parse_args(["status"]).endpoints == "10.0.0.1:2379"

@@ -25,6 +25,8 @@ from typing import Any, cast
 
 import grpc
 
+from rallypoint.coordinator.leader.lessor import Lessor
+from rallypoint.coordinator.leader.progress import ProgressReport
 from rallypoint.coordinator.node_api import (
     CompactedWatchError,
     Header,
@@ -36,10 +38,9 @@ from rallypoint.coordinator.node_api import (
     NotLeaderError,
     PeerProgress,
 )
-from rallypoint.coordinator.progress import ProgressReport
 from rallypoint.coordinator.service import add_services
 from rallypoint.coordinator.service.tokens import ClientTokens
-from rallypoint.coordinator.state import Envelope, Lessor, Limits, StateMachine, encode_envelope
+from rallypoint.coordinator.state import Envelope, Limits, StateMachine, encode_envelope
 from rallypoint.coordinator.state.commands import Command, SessionOpen
 from rallypoint.coordinator.state.errors import Compacted
 from rallypoint.coordinator.state.jobs import JobConfig

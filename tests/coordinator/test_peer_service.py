@@ -23,7 +23,7 @@ from rallypoint.coordinator.peer_hello import hello_request_fields
 from rallypoint.coordinator.peer_service import UNAUTHENTICATED_MESSAGE, add_peer_service
 from rallypoint.proto.peer.v1 import peer_pb2
 from rallypoint.raft.codec import encode_message
-from rallypoint.raft.snapshotter import MAGIC
+from rallypoint.raft.storage.snapshotter import MAGIC
 from rallypoint.raft.types import (
     ConfState,
     Index,

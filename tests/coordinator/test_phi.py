@@ -9,7 +9,7 @@ from statistics import NormalDist
 
 import pytest
 
-from rallypoint.coordinator.phi import (
+from rallypoint.coordinator.leader.phi import (
     DetectorSet,
     DetectorSettings,
     PhiAccrualDetector,

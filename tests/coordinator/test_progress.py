@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rallypoint.coordinator.progress import ProgressReport, ProgressTracker, Verdict
+from rallypoint.coordinator.leader.progress import ProgressReport, ProgressTracker, Verdict
 from rallypoint.coordinator.state.jobs import JobConfig
 
 JOB = "job"

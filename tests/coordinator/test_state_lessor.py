@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from rallypoint.coordinator.leader.lessor import Lessor
 from rallypoint.coordinator.state.leases import LeaseInfo
-from rallypoint.coordinator.state.lessor import Lessor
 
 
 class ManualClock:

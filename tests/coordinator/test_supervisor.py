@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from rallypoint.coordinator import supervisor as supervisor_module
+from rallypoint.coordinator.leader import supervisor as supervisor_module
+from rallypoint.coordinator.leader.supervisor import RendezvousSupervisor
 from rallypoint.coordinator.state.commands import Command, MemberFailed
-from rallypoint.coordinator.supervisor import RendezvousSupervisor
 
 from .job_replica import JobReplica
 

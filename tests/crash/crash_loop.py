@@ -35,9 +35,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rallypoint.raft.disk_storage import DiskStorage
-from rallypoint.raft.fileutil import DataCorruptionError
-from rallypoint.raft.wal import SECTOR_BYTES
+from rallypoint.raft.storage.disk_storage import DiskStorage
+from rallypoint.raft.storage.fileutil import DataCorruptionError
+from rallypoint.raft.storage.wal import SECTOR_BYTES
 
 from .writer import POLICY, SEGMENT_SIZE_BYTES, expected_data, expected_snapshot
 

@@ -17,7 +17,7 @@ import os
 import random
 import sys
 
-from rallypoint.raft.disk_storage import DiskStorage, SnapshotPolicy
+from rallypoint.raft.storage.disk_storage import DiskStorage, SnapshotPolicy
 from rallypoint.raft.types import ConfState, Entry, HardState, Index, NodeId, Term
 
 SEGMENT_SIZE_BYTES = 64 * 1024

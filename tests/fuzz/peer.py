@@ -42,7 +42,7 @@ from rallypoint.coordinator.peer_auth import (
 from rallypoint.coordinator.peer_hello import hello_request_fields
 from rallypoint.proto.peer.v1 import peer_pb2
 from rallypoint.raft.codec import encode_message
-from rallypoint.raft.snapshotter import snapshot_file_name
+from rallypoint.raft.storage.snapshotter import snapshot_file_name
 from rallypoint.raft.types import Entry, Index, Message, MessageType, NodeId, Term
 from tests.integration.peer_client import PeerClient
 

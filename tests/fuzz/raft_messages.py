@@ -43,7 +43,7 @@ from rallypoint.coordinator.members import ConfChangeContext, decode_app_snapsho
 from rallypoint.coordinator.state.commands import decode_envelope
 from rallypoint.coordinator.state.machine import Limits, StateMachine
 from rallypoint.raft.codec import decode_conf_change
-from rallypoint.raft.snapshotter import MAGIC
+from rallypoint.raft.storage.snapshotter import MAGIC
 from rallypoint.raft.types import EntryType, MessageType
 
 from .wire import weighted
@@ -376,7 +376,7 @@ def snapshot_recipes() -> st.SearchStrategy[SnapshotRecipe]:
 
 
 def snapshot_file(meta: list[Any], data: bytes) -> bytes:
-    """A snapshot file (raft/snapshotter.py format) holding ``data``, checksum included."""
+    """A snapshot file (raft/storage/snapshotter.py format) holding ``data``, checksum included."""
     encoded_meta = _pack(meta)
     body = (
         MAGIC
@@ -442,7 +442,7 @@ def bad_file(recipe: SnapshotRecipe, meta: list[Any], data: bytes) -> bytes:
 def snapshot_problem(file_bytes: bytes, header_term: int) -> str | None:
     """Why a complete snapshot file cannot be installed; None when it could (never sent).
     The file format and content are judged with the product's decoders."""
-    from rallypoint.raft.snapshotter import decode_snapshot_file
+    from rallypoint.raft.storage.snapshotter import decode_snapshot_file
 
     try:
         snapshot = decode_snapshot_file("fuzz", file_bytes)

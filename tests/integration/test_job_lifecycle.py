@@ -19,7 +19,7 @@ from rallypoint.client import (
     SyncParticipant,
     TrainingProgress,
 )
-from rallypoint.coordinator.cli import main as rallypoint_main
+from rallypoint.coordinator.cli.main import main as rallypoint_main
 
 from .harness import ProcessCluster, running_cluster, wait_until
 

@@ -24,7 +24,7 @@ from rallypoint.client import Client
 from rallypoint.coordinator.peer_auth import cluster_id_for
 from rallypoint.proto.peer.v1 import peer_pb2
 from rallypoint.raft.codec import encode_message, message_to_obj
-from rallypoint.raft.snapshotter import encode_snapshot_file
+from rallypoint.raft.storage.snapshotter import encode_snapshot_file
 from rallypoint.raft.types import (
     ConfState,
     Entry,

@@ -36,7 +36,7 @@ from rallypoint.client import (
     StaleRoundError,
     SyncClient,
 )
-from rallypoint.coordinator.cli import main as rallypoint_main
+from rallypoint.coordinator.cli.main import main as rallypoint_main
 
 from .harness import ProcessCluster, running_cluster, wait_until
 

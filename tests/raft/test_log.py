@@ -15,8 +15,8 @@ from rallypoint.raft import (
     Term,
 )
 from rallypoint.raft.log import RaftLog
+from rallypoint.raft.log_storage import entries_size
 from rallypoint.raft.log_unstable import Unstable
-from rallypoint.raft.storage import entries_size
 
 
 def ent(term: int, index: int, data: bytes = b"") -> Entry:

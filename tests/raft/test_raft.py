@@ -32,7 +32,7 @@ from rallypoint.raft import (
     StateType,
     Term,
 )
-from rallypoint.raft.storage import entries_size
+from rallypoint.raft.log_storage import entries_size
 
 from .network import BootstrapStorage, Network, Peer, new_config, new_peer, new_storage
 

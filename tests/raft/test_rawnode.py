@@ -30,7 +30,7 @@ from rallypoint.raft import (
     Term,
 )
 from rallypoint.raft.codec import decode_conf_change
-from rallypoint.raft.storage import entries_size
+from rallypoint.raft.log_storage import entries_size
 
 from .network import BootstrapStorage, new_config, new_storage
 

@@ -11,9 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rallypoint.raft.disk_storage import DiskStorage, PersistRequest, SnapshotPolicy
-from rallypoint.raft.snapshotter import SnapshotCorruptionError, Snapshotter
-from rallypoint.raft.storage import MemoryStorage
+from rallypoint.raft.log_storage import MemoryStorage
+from rallypoint.raft.storage.disk_storage import DiskStorage, PersistRequest, SnapshotPolicy
+from rallypoint.raft.storage.snapshotter import SnapshotCorruptionError, Snapshotter
+from rallypoint.raft.storage.wal import WalCorruptionError
 from rallypoint.raft.types import (
     ConfState,
     Entry,
@@ -24,7 +25,6 @@ from rallypoint.raft.types import (
     SnapshotMetadata,
     Term,
 )
-from rallypoint.raft.wal import WalCorruptionError
 
 CONF = ConfState(voters=(NodeId(1), NodeId(2), NodeId(3)))
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rallypoint.raft.snapshot_transfer import (
+from rallypoint.raft.storage.snapshot_transfer import (
     ChunkOutOfOrderError,
     SnapshotChecksumError,
     SnapshotReceiver,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rallypoint.raft.snapshotter import (
+from rallypoint.raft.storage.snapshotter import (
     SnapshotCorruptionError,
     Snapshotter,
     decode_snapshot_file,
@@ -60,7 +60,7 @@ def test_crash_between_temp_write_and_rename_keeps_the_old_snapshot(tmp_path: Pa
     script = textwrap.dedent(
         f"""
         import os, signal
-        from rallypoint.raft.snapshotter import Snapshotter
+        from rallypoint.raft.storage.snapshotter import Snapshotter
         from rallypoint.raft.types import Index, Snapshot, SnapshotMetadata, Term
 
         def crash_instead_of_rename(src, dst):

@@ -1,4 +1,4 @@
-"""The WAL's framing, recovery rules and failure handling (format: raft/wal.py docstring)."""
+"""The WAL's framing, recovery rules and failure handling (format: raft/storage/wal.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rallypoint.raft.fileutil import FSYNC_FAILED_EXIT_CODE
-from rallypoint.raft.types import Entry, EntryType, HardState, Index, NodeId, Term
-from rallypoint.raft.wal import (
+from rallypoint.raft.storage.fileutil import FSYNC_FAILED_EXIT_CODE
+from rallypoint.raft.storage.wal import (
     HEADER_BYTES,
     SECTOR_BYTES,
     WAL,
@@ -22,6 +21,7 @@ from rallypoint.raft.wal import (
     WalRecord,
     segment_name,
 )
+from rallypoint.raft.types import Entry, EntryType, HardState, Index, NodeId, Term
 
 SEGMENT_BYTES = 4096
 
@@ -282,7 +282,7 @@ def test_failed_fsync_stops_the_process(tmp_path: Path) -> None:
         f"""
         import errno, os, sys
         from rallypoint.raft.types import Entry, HardState, Index, Term
-        from rallypoint.raft.wal import WAL
+        from rallypoint.raft.storage.wal import WAL
 
         failing = False
 

@@ -44,7 +44,7 @@ from rallypoint.raft.describe import (
     describe_snapshot,
     state_name,
 )
-from rallypoint.raft.storage import MemoryStorage, StorageError
+from rallypoint.raft.log_storage import MemoryStorage, StorageError
 from rallypoint.raft.types import (
     ConfChange,
     ConfChangeSingle,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from .leases import LeaseInfo
+from ..state.leases import LeaseInfo
 
 
 class Lessor:

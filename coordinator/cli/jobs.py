@@ -6,7 +6,7 @@ A job's state is its lifecycle once it ended (finished, failed, closed), else it
 failure detected (the round's end), the world re-formed (the next round closed) and, when
 the workers report progress, training again (the next round's first step).
 
-They share ``cli_client``'s plumbing: ``--endpoints`` (default ``$RALLYPOINT_ENDPOINTS``, else
+They share ``cli.client``'s plumbing: ``--endpoints`` (default ``$RALLYPOINT_ENDPOINTS``, else
 the local development cluster), ``--timeout``, ``--token``, TLS files and ``--json``; human
 output is rich tables; failures are one line on stderr and exit code 1. Phi is the leader's
 reading (GetJob asks the leader when a follower answered).
@@ -29,8 +29,8 @@ from rallypoint.client import (
     RoundRecord,
 )
 
-from .cli_args import integer, seconds
-from .cli_client import CommandError, Output, SubParsers, _common, _leaf, _run, text
+from .args import integer, seconds
+from .client import CommandError, Output, SubParsers, _common, _leaf, _run, text
 
 
 def _member_document(member: RoundMember) -> dict[str, Any]:

@@ -15,7 +15,8 @@ them). One file::
     20+m+d   4     CRC32C of every byte before it (the whole-file checksum)
 
 :meth:`Snapshotter.save` writes ``<name>.tmp``, fsyncs it, renames it over the final name and
-fsyncs the directory (raft/fileutil.py ``write_file_durably``): a crash leaves either no file
+fsyncs the directory (raft/storage/fileutil.py ``write_file_durably``): a crash leaves either
+no file
 or a complete one, and leftover ``.tmp`` files are deleted on start-up, so a crash between
 the temp write and the rename leaves the previous snapshot in force.
 
@@ -40,7 +41,8 @@ from dataclasses import dataclass
 
 import google_crc32c
 
-from .codec import CodecError, decode_snapshot_metadata, encode_snapshot_metadata
+from ..codec import CodecError, decode_snapshot_metadata, encode_snapshot_metadata
+from ..types import EMPTY_SNAPSHOT, Index, Snapshot, SnapshotMetadata, Term
 from .fileutil import (
     DataCorruptionError,
     FsyncFn,
@@ -50,7 +52,6 @@ from .fileutil import (
     remove_leftover_temp_files,
     write_file_durably,
 )
-from .types import EMPTY_SNAPSHOT, Index, Snapshot, SnapshotMetadata, Term
 
 MAGIC = b"RPSNAP\x00\x01"
 _U32 = struct.Struct("<I")

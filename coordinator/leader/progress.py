@@ -48,7 +48,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from .state.jobs import JobConfig
+from ..state.jobs import JobConfig
 
 # Recent step durations kept per job, across its ranks.
 DURATION_WINDOW = 256

@@ -53,7 +53,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .state.jobs import JobConfig
+from ..state.jobs import JobConfig
 
 Key = tuple[str, int]
 """(job id, participant id)."""

@@ -2,14 +2,14 @@
 
 ``serve`` runs one member; ``cluster up`` runs a local development cluster in the
 foreground; the operator commands (status, kv, lease, member, ...) are clients of a running
-cluster (``cli_client``). This module is the program's top: it is the one place where the
+cluster (``cli.client``). This module is the program's top: it is the one place where the
 daemon side and the client library meet.
 """
 
 from __future__ import annotations
 
 # First: gRPC reads its log level when first imported (see grpc_quiet.py).
-from . import grpc_quiet  # noqa: F401
+from .. import grpc_quiet  # noqa: F401
 
 # isort: split
 import argparse
@@ -28,9 +28,9 @@ import grpc
 
 from rallypoint.proto.v1 import cluster_pb2, cluster_pb2_grpc
 
-from .cli_args import Parser, add_version, integer
-from .daemon import Settings, SettingsError, configure_logging, run
-from .peer_auth import new_secret
+from ..daemon import Settings, SettingsError, configure_logging, run
+from ..peer_auth import new_secret
+from .args import Parser, add_version, integer
 
 DEFAULT_BASE_PORT = 2379
 _SERVE_HELP = {
@@ -287,12 +287,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cluster(subparsers)
     _add_secret(subparsers)
     try:
-        from .cli_client import register
+        from .client import register
     except ImportError:  # the client commands are optional in a daemon-only install
         pass
     else:
         register(subparsers)
-        from .cli_jobs import register as register_jobs
+        from .jobs import register as register_jobs
 
         register_jobs(subparsers)
     return parser

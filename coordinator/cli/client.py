@@ -39,7 +39,7 @@ from rallypoint.client import (
 )
 from rallypoint.client.transport import parse_endpoints
 
-from .cli_args import Parser, add_version, integer, seconds
+from .args import Parser, add_version, integer, seconds
 
 DEFAULT_ENDPOINTS = "127.0.0.1:2379,127.0.0.1:2381,127.0.0.1:2383"
 ENDPOINTS_ENV = "RALLYPOINT_ENDPOINTS"

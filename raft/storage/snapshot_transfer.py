@@ -3,7 +3,7 @@
 Theory of operation
 ===================
 
-The sender reads a snapshot file (raft/snapshotter.py format, though any file works) and
+The sender reads a snapshot file (raft/storage/snapshotter.py format, though any file works) and
 yields :class:`SnapshotChunk` values: (offset, bytes, total size, CRC32C of the whole file).
 Every chunk carries the whole file's size and checksum, so the receiver knows from any
 chunk which snapshot it belongs to.

@@ -3,7 +3,8 @@
 Theory of operation
 ===================
 
-A data directory holds ``wal/`` (raft/wal.py) and ``snap/`` (raft/snapshotter.py). The
+A data directory holds ``wal/`` (raft/storage/wal.py) and ``snap/``
+(raft/storage/snapshotter.py). The
 in-memory :class:`MemoryStorage` answers every read of the :class:`Storage` protocol; the
 files make it survive a restart.
 
@@ -46,10 +47,8 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .fileutil import FsyncFn, default_fsync
-from .snapshotter import Snapshotter
-from .storage import MemoryStorage, SnapOutOfDateError
-from .types import (
+from ..log_storage import MemoryStorage, SnapOutOfDateError
+from ..types import (
     EMPTY_HARD_STATE,
     EMPTY_SNAPSHOT,
     ConfState,
@@ -60,6 +59,8 @@ from .types import (
     SnapshotMetadata,
     Term,
 )
+from .fileutil import FsyncFn, default_fsync
+from .snapshotter import Snapshotter
 from .wal import (
     DEFAULT_SEGMENT_SIZE_BYTES,
     WAL,

@@ -46,7 +46,7 @@ Writing. :meth:`WAL.save` and :meth:`WAL.save_snapshot_marker` only encode into 
 however many saves came before it (group commit). A segment is cut inside ``sync`` after the
 old one is durable: the new segment is written as ``.tmp``, fsynced, renamed, and the
 directory fsynced, so a segment with its final name always has a durable seed. A failed fsync
-stops the process (see raft/fileutil.py); a failed write makes the WAL refuse further use.
+stops the process (see raft/storage/fileutil.py); a failed write makes the WAL refuse further use.
 
 Recovery (:meth:`WAL.open`). Segments are read in seq order and every record verified. Only
 the last segment may end damaged, and only in the way a crash leaves it: a record whose bytes
@@ -83,7 +83,8 @@ from typing import Any
 import google_crc32c
 import msgpack
 
-from .codec import CodecError, decode_entry, decode_hard_state, encode_entry, encode_hard_state
+from ..codec import CodecError, decode_entry, decode_hard_state, encode_entry, encode_hard_state
+from ..types import NONE, Entry, HardState, Index, Term
 from .fileutil import (
     DataCorruptionError,
     FsyncFn,
@@ -95,7 +96,6 @@ from .fileutil import (
     write_all,
     write_file_durably,
 )
-from .types import NONE, Entry, HardState, Index, Term
 
 DEFAULT_SEGMENT_SIZE_BYTES = 64 * 1024 * 1024
 RECORD_ALIGN_BYTES = 16

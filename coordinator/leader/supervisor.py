@@ -28,13 +28,13 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 
-from .metrics import NodeMetrics
-from .node_api import NodeError
+from ..metrics import NodeMetrics
+from ..node_api import NodeError
+from ..state.commands import CloseRound, Command, MemberFailed, RoundTrained
+from ..state.jobs import EndReason, RoundState
+from ..state.machine import StateMachine
 from .phi import DetectorSet, DetectorSettings
 from .progress import ProgressReport, ProgressTracker
-from .state.commands import CloseRound, Command, MemberFailed, RoundTrained
-from .state.jobs import EndReason, RoundState
-from .state.machine import StateMachine
 
 log = logging.getLogger("rallypoint.supervisor")
 

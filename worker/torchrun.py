@@ -237,7 +237,9 @@ class RallypointRendezvousHandler(RendezvousHandler):
                 or (self._runs_in_live_round() and self._claim_restart())
             ):
                 participant = self._join_again(client, participant)
-            info = self._wait_for_round(client, participant)
+            # The participant the round was found for: a new one if the old was lost while
+            # waiting (a paused agent learns it was declared failed only as it runs again).
+            participant, info = self._wait_for_round(client, participant)
         except JobClosedError as error:
             raise RendezvousClosedError(f"job {settings.job!r} is closed: {error}") from error
         except RallypointError as error:
@@ -405,14 +407,17 @@ class RallypointRendezvousHandler(RendezvousHandler):
             old.close()
         return new
 
-    def _wait_for_round(self, client: SyncClient, participant: SyncParticipant) -> RoundInfo:
-        """The next ACTIVE round with this agent, joining again if the participant is lost
-        while waiting, until the rendezvous timeout."""
+    def _wait_for_round(
+        self, client: SyncClient, participant: SyncParticipant
+    ) -> tuple[SyncParticipant, RoundInfo]:
+        """The next ACTIVE round with this agent, and the participant it includes: ``participant``
+        or, if that was lost while waiting, the one this agent joined again as."""
         timeout_s = self.settings.join_timeout_s
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                return participant.wait_for_round(timeout_s=max(0.0, deadline - time.monotonic()))
+                remaining_s = max(0.0, deadline - time.monotonic())
+                return participant, participant.wait_for_round(timeout_s=remaining_s)
             except DeadlineExceededError as error:
                 raise RendezvousTimeoutError(
                     f"job {self.settings.job!r}: no round within {timeout_s:g} s: {error}"

@@ -200,6 +200,65 @@ def test_killed_agent_leaves_the_other_running_at_half_size(
     assert sorted(done_by_pid(job)) == sorted(e["pid"] for e in later)
 
 
+def exited(pid: int) -> bool:
+    """The process is gone or a zombie (its parent, stopped, has not reaped it yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.parametrize(("nnodes", "worker_sets"), [("2", 2), ("1:2", 3)])
+def test_paused_agent_rejoins_and_the_job_completes_at_full_size(
+    cluster: ProcessCluster,
+    jobs: list[TorchrunJob],
+    tmp_path: Path,
+    nnodes: str,
+    worker_sets: int,
+) -> None:
+    """An agent SIGSTOPped past its failure detection and resumed rejoins as a newcomer: the
+    job finishes at 4 ranks. The healthy agent restarts its workers once when the paused
+    one is lost and, with ``--nnodes=1:2`` (it trains alone meanwhile), once more to admit
+    it back."""
+    job_id = f"agent-pause-{nnodes.replace(':', '-')}"
+    job = TorchrunJob(cluster.endpoints, job_id, tmp_path, nnodes=nnodes, steps=80)
+    jobs.append(job)
+    job.wait_for_step(3)
+    healthy, paused = job.agents
+    first_workers = [e["pid"] for e in job.events("started")]
+    with SyncClient(cluster.endpoints) as client:
+        first_round = client.get_job(job_id).round.round
+        # Only the agent stops: its workers run on (torchrun starts them in sessions of
+        # their own) until the healthy agent's restart breaks their collectives.
+        paused.send_signal(signal.SIGSTOP)
+        try:
+            # Past its detection: the coordinator ended the round the agent was in, the
+            # healthy agent stopped its workers, and the paused agent's workers failed.
+            wait_until(
+                lambda: client.get_job(job_id).round.round > first_round,
+                30,
+                "the paused agent declared failed",
+            )
+            wait_until(lambda: all(map(exited, first_workers)), 30, "the first workers' end")
+            if worker_sets == 3:
+                wait_until(
+                    lambda: [e for e in job.events("step") if e["world_size"] == 2],
+                    30,
+                    "the healthy agent's workers training alone",
+                )
+        finally:
+            paused.send_signal(signal.SIGCONT)
+    job.finish()
+    done = job.events("done")
+    assert sorted(e["rank"] for e in done) == [0, 1, 2, 3], done
+    finishers = {e["pid"] for e in done}
+    assert {e["world_size"] for e in job.events("started") if e["pid"] in finishers} == {4}
+    # Each set of the healthy node's workers reads its own round's store address.
+    sets = {e["master"] for e in job.events("started") if e["agent"] == healthy.pid}
+    assert len(sets) == worker_sets, job.events("started")
+
+
 def test_coordinator_leader_killed_mid_job_changes_nothing(
     cluster: ProcessCluster, jobs: list[TorchrunJob], tmp_path: Path
 ) -> None:

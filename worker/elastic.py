@@ -73,6 +73,14 @@ stops while the others wait for it (cause ``hang``) and, with the job's straggle
 evicts a rank consistently slower than the others (coordinator/progress.py). Nothing here
 waits on it: a hung training thread cannot report, which is the point.
 
+Waiting. Joining (at ``with`` and when the worker joins again) waits for a coordinator that
+no member of answers, or that has no leader, for ``connect_timeout_s`` (``join_timeout_s``
+unless set), with a line in the log after each attempt ("waiting for the coordinator: no
+member answered for 40 s; retrying ..."); a formed round is waited for ``join_timeout_s``.
+Either running out ends the worker with one line saying what to check, not a traceback:
+``CoordinatorUnreachableError`` and ``JoinTimeoutError`` (patience.py), which a program may
+catch.
+
 Events. ``on_event(kind, fields)`` is called (from the training or the commit thread) for:
 ``joined``, ``round_formed`` (round, rank, world size, restore source and reason, timings),
 ``trained`` (the first step of a round is done), ``round_ended`` (why), ``checkpoint_saved``,
@@ -85,6 +93,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -124,6 +133,7 @@ from .checkpoint import (
     delete_checkpoints,
     restore_state,
 )
+from .patience import Patience, one_line_at_exit
 from .sampler import ElasticSampler
 from .store import CoordinatorStore
 
@@ -521,6 +531,7 @@ class ElasticRun:
         collective_timeout_s: float = 30.0,
         reform_timeout_s: float = 10.0,
         join_timeout_s: float = 600.0,
+        connect_timeout_s: float | None = None,
         heartbeat_interval_ms: int = 100,
         phi_threshold: float = 8.0,
         acceptable_pause_ms: int = 0,
@@ -547,6 +558,14 @@ class ElasticRun:
         self.collective_timeout_s = collective_timeout_s
         self.reform_timeout_s = reform_timeout_s
         self.join_timeout_s = join_timeout_s
+        # How long joining waits while no coordinator member can serve it (patience.py).
+        self.connect_timeout_s = join_timeout_s if connect_timeout_s is None else connect_timeout_s
+        for setting, seconds in (
+            ("join_timeout_s", join_timeout_s),
+            ("connect_timeout_s", self.connect_timeout_s),
+        ):
+            if not (math.isfinite(seconds) and seconds > 0):
+                raise ValueError(f"elastic_training({setting}={seconds!r}): must be more than 0")
         self.rejoin = rejoin
         self.config = JobConfig(
             min_nodes=min_nodes,
@@ -572,6 +591,8 @@ class ElasticRun:
         self._client_options["token"] = token_or_environment(
             token or self._client_options.get("token")
         )
+        # The session opens with the join, which waits for an unreachable coordinator.
+        self._client_options.setdefault("open_session_on_connect", False)
         self._client: SyncClient | None = None
         self._participant: SyncParticipant | None = None
         # The round being trained in; None between rounds.
@@ -628,7 +649,20 @@ class ElasticRun:
         return self.max_steps is not None and self.state.step >= self.max_steps
 
     def _join(self) -> None:
-        participant = self.client.join(self.job, self.name, config=self.config)
+        client = self.client
+        patience = Patience(
+            client.endpoints,
+            timeout_s=self.connect_timeout_s,
+            attempt_s=float(self._client_options.get("timeout_s", 10.0)),
+            who=f"{self.name} of job {self.job!r}",
+            log=log,
+        )
+        participant = patience.call(
+            "joining",
+            lambda timeout_s: client.join(
+                self.job, self.name, config=self.config, timeout_s=timeout_s
+            ),
+        )
         participant.on_round_change(self._on_round_change)
         self._participant = participant
         # A lost participant ends the round at once, from the client's thread.
@@ -691,9 +725,13 @@ class ElasticRun:
             if not self.rejoin:
                 raise
             reason = str(error)
-        except DeadlineExceededError:
+        except DeadlineExceededError as error:
             if not broken:
-                raise
+                one_line_at_exit(JoinTimeoutError)
+                raise JoinTimeoutError(
+                    f"{self.name} of job {self.job!r}: no round within join_timeout_s "
+                    f"({timeout_s:g} s): {error}"
+                ) from None
             reason = f"a collective broke and round {participant.round.round} did not change"
             with contextlib.suppress(RallypointError):
                 participant.leave(timeout_s=5)
@@ -839,6 +877,11 @@ class ElasticRun:
         self._abandoned.append((now, [round_.checkpointer, *round_.in_flight]))
 
 
+class JoinTimeoutError(DeadlineExceededError):
+    """No round formed with this worker within ``join_timeout_s`` (the message says what the
+    job's round is waiting for)."""
+
+
 class _RoundGone(Exception):
     """The round ended while it was being formed."""
 
@@ -851,6 +894,7 @@ __all__ = [
     "ElasticRound",
     "ElasticRun",
     "Formation",
+    "JoinTimeoutError",
     "TrainState",
     "elastic_training",
 ]

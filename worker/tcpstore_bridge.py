@@ -12,8 +12,9 @@ node's host, and a round's keys vanish with the round.
 One listening port per round: :meth:`TCPStoreBridge.serve_round` opens a fresh port bound to
 the new round's store and closes the previous one with its connections, so a worker of an
 earlier round can never read or write the new round's keys (and the coordinator refuses its
-old round anyway). A request the coordinator refuses (the round ended, a limit) closes the
-connection: the worker's store call fails at once instead of waiting out its timeout.
+old round anyway). A request the coordinator refuses (the
+round ended, a limit) closes the connection: the worker's store call fails at once instead of
+waiting out its timeout.
 
 The protocol (torch/csrc/distributed/c10d/TCPStoreBackend.hpp; checked against the client of
 the installed torch by tests/worker/test_torchrun.py): a one-byte query type, then arguments;
@@ -248,7 +249,15 @@ class TCPStoreBridge:
             target=self._loop.run_forever, name="rallypoint-tcpstore-bridge", daemon=True
         )
         self._thread.start()
-        self._client = Client(list(endpoints), token=token, tls=tls, timeout_s=timeout_s)
+        # The session opens with the first store call: making a bridge never waits for the
+        # coordinator (the agent's own client waits for it, see patience.py).
+        self._client = Client(
+            list(endpoints),
+            token=token,
+            tls=tls,
+            timeout_s=timeout_s,
+            open_session_on_connect=False,
+        )
         # The listener of the current round; None before the first round and after close.
         self._server: asyncio.Server | None = None
         # The connections of the current round's listener, with their streams.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -75,6 +76,15 @@ def kill_processes_mentioning(text: str) -> list[int]:
                 os.kill(int(entry), signal.SIGKILL)
                 killed.append(int(entry))
     return killed
+
+
+_WAITED = re.compile(r"waiting for the coordinator: no member answered for (\d+) s")
+
+
+def logged_coordinator_wait_s(log_text: str) -> int:
+    """The longest "waiting for the coordinator: no member answered for N s" in a worker's or
+    agent's log (0: none), as ``rallypoint.worker.patience`` writes it."""
+    return max((int(found) for found in _WAITED.findall(log_text)), default=0)
 
 
 def write_tokens_file(path: Path, roles: dict[str, str]) -> Path:

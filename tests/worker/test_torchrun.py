@@ -36,6 +36,7 @@ from rallypoint.worker.torchrun import RallypointRendezvousHandler, RendezvousSe
 from tests.integration.harness import (
     ProcessCluster,
     kill_processes_mentioning,
+    logged_coordinator_wait_s,
     running_cluster,
     running_cluster_with_tokens,
     wait_until,
@@ -307,6 +308,56 @@ def test_a_job_token_in_rdzv_conf_is_all_an_agent_needs(
         ]
 
 
+def test_agents_started_before_the_coordinator_wait_for_it(
+    jobs: list[TorchrunJob], tmp_path: Path
+) -> None:
+    """The coordinator down for 30 s at launch: the agents wait (saying so in their logs)
+    and the job runs once the members are up."""
+    cluster = ProcessCluster(tmp_path / "cluster")
+    try:
+        job = TorchrunJob(cluster.endpoints, "late", tmp_path / "job", steps=10)
+        jobs.append(job)
+        for agent, log in zip(job.agents, job.logs, strict=True):
+            wait_until(
+                lambda a=agent, p=log: (
+                    a.poll() is None and logged_coordinator_wait_s(p.read_text()) >= 30
+                ),
+                90,
+                "an agent waiting 30 s for the coordinator",
+            )
+        cluster.start_all()
+        started_at = time.time()
+        cluster.leader()
+        leader_at = time.time()
+        job.finish()
+    finally:
+        cluster.shutdown()
+    assert sorted(e["rank"] for e in job.events("done")) == [0, 1, 2, 3]
+    for log in job.logs:
+        assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+    first_step = min(e["t"] for e in job.events("step"))
+    print(
+        f"\ncoordinator started -> leader {leader_at - started_at:.2f} s -> first all_reduce "
+        f"{first_step - leader_at:.2f} s later"
+    )
+
+
+def test_an_agent_that_never_reaches_the_coordinator_ends_with_one_line(
+    jobs: list[TorchrunJob], tmp_path: Path
+) -> None:
+    nobody = ProcessCluster(tmp_path / "never-started", size=1)
+    job = TorchrunJob(
+        nobody.endpoints, "alone", tmp_path, nnodes="1", agents=1, rdzv_conf=",connect_timeout=3"
+    )
+    jobs.append(job)
+    assert job.agents[0].wait(timeout=60) == 1
+    log = job.logs[0].read_text()
+    assert "Traceback" not in log, log
+    last = log.strip().splitlines()[-1]
+    assert last.startswith("rallypoint: job 'alone': gave up joining after 3 s: "), log
+    assert f"no member answered at {nobody.endpoints[0]}; check that the members" in last
+
+
 # ------------------------------------------------------------------ the pieces
 
 
@@ -346,6 +397,23 @@ def test_torchrun_finds_the_backend_and_reads_its_settings(
         RendezvousSettings.from_parameters(
             RendezvousParameters("rallypoint", "a:1", "j", 1, 1, timeout="soon")
         )
+    # connect_timeout follows the rendezvous timeout unless set.
+    assert settings.connect_timeout_s == 120.0
+    tuned = RendezvousParameters(
+        "rallypoint",
+        "a:1",
+        "j",
+        1,
+        1,
+        connect_timeout="30",
+    )
+    tuned_settings = RendezvousSettings.from_parameters(tuned)
+    assert tuned_settings.connect_timeout_s == 30.0
+    for key, bad in (("connect_timeout", "0"), ("connect_timeout", "nan"), ("timeout", "-1")):
+        with pytest.raises(ValueError, match=f"--rdzv-conf {key}="):
+            RendezvousSettings.from_parameters(
+                RendezvousParameters("rallypoint", "a:1", "j", 1, 1, **{key: bad})
+            )
     # Without token= in --rdzv-conf, the environment's.
     monkeypatch.setenv("RALLYPOINT_TOKEN", "from-environment")
     plain = RendezvousParameters("rallypoint", "a:1", "j", 1, 1)

@@ -45,12 +45,12 @@ from typing import Any
 
 from bench.common import (
     TorchrunAgents,
-    free_port_block,
     json_safe,
     machine_info,
     package_versions,
 )
 from bench.kv_bench import RallypointCluster
+from tests.integration.harness import free_port_block
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 TORCHRUN_SCRIPT = REPOSITORY / "tests" / "worker" / "torchrun_script.py"

@@ -38,7 +38,8 @@ Settings come from ``--rdzv-conf`` (seconds unless named otherwise): ``timeout``
 rendezvous timeout, also ``join_timeout``), ``connect_timeout``, ``last_call_timeout``,
 ``heartbeat_interval``, ``phi_threshold``, ``acceptable_pause``, ``client_timeout``,
 ``store_timeout``, ``token`` (else ``$RALLYPOINT_TOKEN``; a ``job:<id>`` token of this job is
-enough), ``tls_ca``, ``tls_cert``, ``tls_key``, ``bridge_host``. Keys of
+enough), ``tls_ca``, ``tls_cert``, ``tls_key``, ``bridge_host``, ``master_port_range``
+(``LOW-HIGH``: the ports the workers' store, their ``MASTER_PORT``, may listen on). Keys of
 torch's own backends (such as ``read_timeout``) are accepted and ignored with a warning, so a
 command line written for ``c10d`` runs unchanged. A setting that cannot be used ends the
 agent with one line naming it.
@@ -86,7 +87,7 @@ from rallypoint.client import (
 
 from .patience import CoordinatorUnreachableError, Patience, one_line_at_exit
 from .store import CoordinatorStore, CoordinatorStoreError
-from .tcpstore_bridge import TCPStoreBridge
+from .tcpstore_bridge import NoFreePortError, PortRange, TCPStoreBridge
 
 log = logging.getLogger("rallypoint.worker.torchrun")
 
@@ -114,6 +115,7 @@ _OUR_KEYS = frozenset(
         "tls_cert",
         "tls_key",
         "bridge_host",
+        "master_port_range",
     }
 )
 
@@ -129,6 +131,10 @@ class CoordinatorUnreachableRendezvousError(RendezvousConnectionError):
 
 class RoundTimeoutError(RendezvousTimeoutError):
     """No round formed with this agent within the rendezvous timeout."""
+
+
+class WorkersStorePortError(RendezvousError):
+    """No port of ``master_port_range`` was free for the workers' store."""
 
 
 E = TypeVar("E", bound=BaseException)
@@ -183,6 +189,8 @@ class RendezvousSettings:
     token: str | None = None
     tls: TlsConfig | None = None
     bridge_host: str = "127.0.0.1"
+    # The ports the workers' store (MASTER_PORT) may listen on, inclusive; None: any free one.
+    master_port_range: PortRange | None = None
 
     @staticmethod
     def from_parameters(params: RendezvousParameters) -> RendezvousSettings:
@@ -205,6 +213,7 @@ class RendezvousSettings:
         tls = TlsConfig.from_files(*tls_files) if any(tls_files) else None
         timeout_key = "join_timeout" if "join_timeout" in config else "timeout"
         join_timeout_s = _positive_seconds(config, timeout_key, 900.0)
+        port_range = config.get("master_port_range")
         return RendezvousSettings(
             endpoints=endpoints,
             job=params.run_id,
@@ -222,6 +231,11 @@ class RendezvousSettings:
             token=token_or_environment(config.get("token")),
             tls=tls,
             bridge_host=str(config.get("bridge_host", "127.0.0.1")),
+            master_port_range=(
+                None
+                if port_range is None
+                else PortRange.parse(str(port_range), "--rdzv-conf master_port_range")
+            ),
         )
 
     def job_config(self) -> JobConfig:
@@ -304,7 +318,12 @@ class RallypointRendezvousHandler(RendezvousHandler):
         )
         self._store = store
         bridge = self._serve_workers()
-        port = bridge.serve_round(settings.job, info.round, participant.participant_id)
+        try:
+            port = bridge.serve_round(settings.job, info.round, participant.participant_id)
+        except NoFreePortError as error:
+            raise _one_line(
+                WorkersStorePortError(f"job {settings.job!r}: {error} (master_port_range)")
+            ) from None
         self._round = info
         log.info(
             "job %s round %d: group rank %d of %d (participant %d); workers' store at %s:%d",
@@ -415,6 +434,7 @@ class RallypointRendezvousHandler(RendezvousHandler):
                 token=settings.token,
                 tls=settings.tls,
                 timeout_s=settings.client_timeout_s,
+                port_range=settings.master_port_range,
             )
         return self._bridge
 

@@ -13,9 +13,11 @@ TCPStore bridge are also checked against torch's own TCPStore client.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -31,10 +33,11 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 from rallypoint.client import JobConfig, SyncClient
-from rallypoint.worker.tcpstore_bridge import TCPStoreBridge
+from rallypoint.worker.tcpstore_bridge import NoFreePortError, PortRange, TCPStoreBridge
 from rallypoint.worker.torchrun import RallypointRendezvousHandler, RendezvousSettings
 from tests.integration.harness import (
     ProcessCluster,
+    free_port_block,
     kill_processes_mentioning,
     logged_coordinator_wait_s,
     running_cluster,
@@ -278,6 +281,24 @@ def test_coordinator_leader_killed_mid_job_changes_nothing(
     assert len(done_by_pid(job)) == 4
 
 
+def test_master_port_range_holds_the_workers_store_ports(
+    cluster: ProcessCluster, jobs: list[TorchrunJob], tmp_path: Path
+) -> None:
+    low = free_port_block(4)
+    job = TorchrunJob(
+        cluster.endpoints,
+        "port-range",
+        tmp_path,
+        steps=5,
+        rdzv_conf=f",master_port_range={low}-{low + 3}",
+    )
+    jobs.append(job)
+    job.finish()
+    masters = [e["master"] for e in job.events("started")]
+    assert len(masters) == 4
+    assert {int(m.rsplit(":", 1)[1]) for m in masters} <= set(range(low, low + 4)), masters
+
+
 def test_a_job_token_in_rdzv_conf_is_all_an_agent_needs(
     jobs: list[TorchrunJob], tmp_path: Path
 ) -> None:
@@ -399,6 +420,7 @@ def test_torchrun_finds_the_backend_and_reads_its_settings(
         )
     # connect_timeout follows the rendezvous timeout unless set.
     assert settings.connect_timeout_s == 120.0
+    assert settings.master_port_range is None
     tuned = RendezvousParameters(
         "rallypoint",
         "a:1",
@@ -406,9 +428,17 @@ def test_torchrun_finds_the_backend_and_reads_its_settings(
         1,
         1,
         connect_timeout="30",
+        master_port_range="29500-29599",
     )
     tuned_settings = RendezvousSettings.from_parameters(tuned)
     assert tuned_settings.connect_timeout_s == 30.0
+    assert tuned_settings.master_port_range == PortRange(29500, 29599)
+    for bad in ("29599-29500", "0-10", "29500-70000", "29500:29599", "many"):
+        with pytest.raises(ValueError, match=r"master_port_range=.*expected LOW-HIGH") as raised:
+            RendezvousSettings.from_parameters(
+                RendezvousParameters("rallypoint", "a:1", "j", 1, 1, master_port_range=bad)
+            )
+        assert "\n" not in str(raised.value)
     for key, bad in (("connect_timeout", "0"), ("connect_timeout", "nan"), ("timeout", "-1")):
         with pytest.raises(ValueError, match=f"--rdzv-conf {key}="):
             RendezvousSettings.from_parameters(
@@ -465,3 +495,25 @@ def test_bridge_serves_torch_tcpstore_clients_for_one_round_at_a_time(
                 store.add("zombie", 1)
         finally:
             bridge.close()
+
+
+def test_bridge_takes_its_ports_from_the_range_and_says_when_none_is_free() -> None:
+    low = free_port_block(2)
+    # Nothing here reaches the coordinator: a bridge opens its session with the first call.
+    bridge = TCPStoreBridge(["127.0.0.1:1"], port_range=PortRange(low, low + 1))
+    try:
+        ports = [bridge.serve_round("j", round_number, 1) for round_number in range(1, 5)]
+        # Both ports of the range, a round never on the port of the one before.
+        assert set(ports) == {low, low + 1}
+        assert all(a != b for a, b in itertools.pairwise(ports)), ports
+    finally:
+        bridge.close()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", low))
+        taken.listen()
+        crowded = TCPStoreBridge(["127.0.0.1:1"], port_range=PortRange(low, low))
+        try:
+            with pytest.raises(NoFreePortError, match=f"in {low}-{low}: all 1 are in use"):
+                crowded.serve_round("j", 1, 1)
+        finally:
+            crowded.close()

@@ -69,6 +69,7 @@ from rallypoint.proto.v1 import (
     session_pb2,
     session_pb2_grpc,
 )
+from rallypoint.worker.process_tree import run_reaped
 from tests.integration.harness import free_port_block
 
 VALUE_BYTES = 256
@@ -659,4 +660,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_reaped(main))

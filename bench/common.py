@@ -12,7 +12,6 @@ import math
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -168,31 +167,6 @@ def cpu_share(before: CpuSample, after: CpuSample) -> dict[str, float]:
         after.cpu_s_by_pid[pid] - before.cpu_s_by_pid.get(pid, 0.0) for pid in after.cpu_s_by_pid
     )
     return {"cpu_s": used_s, "cores": used_s / elapsed_s if elapsed_s > 0 else math.nan}
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port_block(count: int, attempts: int = 200) -> int:
-    """The first of ``count`` consecutive loopback ports that are free now.
-
-    Another process may take one before the caller binds it; callers that start servers on
-    these ports should fail clearly (they do: the server will not come up) rather than retry
-    blindly.
-    """
-    for _ in range(attempts):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = int(probe.getsockname()[1])
-        if base + count < 65536 and all(port_is_free(base + i) for i in range(count)):
-            return base
-    raise RuntimeError(f"found no {count} consecutive free loopback ports")
 
 
 def json_safe(value: Any) -> Any:

@@ -59,7 +59,6 @@ import math
 import os
 import random
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -97,6 +96,7 @@ from bench.failover_probe import (
     Writer,
     running_writer,
 )
+from rallypoint.worker.process_tree import run_reaped
 
 SCENARIOS = ("leader_kill", "restart_then_kill", "leader_pause")
 PROBE_KEY = b"failover-bench/probe"
@@ -557,11 +557,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     temporary = args.data_dir is None
     data_dir = Path(tempfile.mkdtemp(prefix="failover-bench-") if temporary else args.data_dir)
 
-    # SIGTERM ends the run like Ctrl-C does, through the finally below that stops every member.
-    def on_sigterm(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_sigterm)
     systems: dict[str, Members] = {}
     measured = Run(details={name: {} for name in names}, errors=[], load={})
     try:
@@ -643,4 +638,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_reaped(main))

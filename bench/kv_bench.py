@@ -49,7 +49,6 @@ from bench.common import (
     child_pids,
     command_version,
     cpu_share,
-    free_port_block,
     latency_summary_ms,
     machine_info,
     median_of,
@@ -70,6 +69,8 @@ from rallypoint.proto.v1 import (
     session_pb2,
     session_pb2_grpc,
 )
+from rallypoint.worker.process_tree import run_reaped
+from tests.integration.harness import free_port_block
 
 VALUE_BYTES = 256
 RPC_TIMEOUT_S = 10.0
@@ -659,4 +660,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_reaped(main))

@@ -3,6 +3,7 @@ in-process re-formation against torchrun (c10d) restarting its workers; restore 
 raw DCP load.
 
     .venv/bin/python -m bench.recovery_bench [--trials 3] [--out bench/results/recovery.json]
+    .venv/bin/python -m bench.recovery_bench --smoke --out /tmp/recovery.json   # ~2 min
 
 rallypoint: a 3-member cluster; each trial starts 4 workers of ``rallypoint.worker.
 demo_train`` (an MLP, gloo, a checkpoint every 20 steps), waits until all 4 have trained
@@ -45,12 +46,13 @@ from typing import Any
 
 from bench.common import (
     TorchrunAgents,
-    free_port_block,
     json_safe,
     machine_info,
     package_versions,
 )
 from bench.kv_bench import RallypointCluster
+from rallypoint.worker.process_tree import run_reaped
+from tests.integration.harness import free_port_block
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 TORCHRUN_SCRIPT = REPOSITORY / "tests" / "worker" / "torchrun_script.py"
@@ -317,7 +319,9 @@ def median_or_reason(trials: Sequence[Event]) -> dict[str, Any]:
         "median_s": statistics.median(recovered) if recovered else None,
         "trials": list(trials),
     }
-    if not recovered:
+    if not trials:
+        summary["reason"] = "not run (--smoke)"
+    elif not recovered:
         summary["reason"] = "; ".join(sorted({t["error"] for t in trials}))
     return summary
 
@@ -400,13 +404,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             figures = elastic_trial(endpoints, f"bench-{trial}", root, args.timeout_s)
             trials["rallypoint"].append(figures)
             print(f"rallypoint       trial {trial}: {figures}", flush=True)
-            for tuned in (True, False):
+            for tuned in (True, False)[: 1 if args.smoke else 2]:
                 key = "torchrun_tuned" if tuned else "torchrun_default"
                 out = root / f"{key}-{trial}"
                 figures = torchrun_trial(tuned, f"{key}-{trial}", out, args.timeout_s)
                 trials[key].append(figures)
                 print(f"{key:<16} trial {trial}: {figures}", flush=True)
-        for trial in range(args.trials):
+        for trial in range(0 if args.smoke else args.trials):
             figures = hang_trial(endpoints, f"hang-{trial}", root, args.timeout_s)
             hangs.append(figures)
             print(f"hang             trial {trial}: {figures}", flush=True)
@@ -429,6 +433,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
             "torchrun_default": "c10d, torch's defaults",
             "restore_mb": args.restore_mb,
+            "smoke": args.smoke,
             "hang": "one of 4 workers blocks forever inside its step at step 60 (its process "
             f"and heartbeat alive), {HANG_STEP_S} s of work a step: hang_detect_s is from its "
             "last completed step to the coordinator ending the round, hang_recovery_s from "
@@ -491,7 +496,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout-s", type=float, default=90.0, help="per phase of a trial")
     parser.add_argument("--restore-mb", type=float, default=64.0)
     parser.add_argument("--restore-repeats", type=int, default=5)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="checks it runs: one rallypoint and one tuned torchrun trial, no hang trials, "
+        "a 1 MB restore; figures not comparable",
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.trials, args.restore_mb, args.restore_repeats = 1, 1.0, 1
     report = run(args)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -502,4 +515,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_reaped(main))

@@ -64,6 +64,7 @@ from bench.common import (
 )
 from bench.kv_bench import RallypointCluster
 from rallypoint.client import Client, EndReason, JobConfig, RallypointError
+from rallypoint.worker.process_tree import run_reaped
 
 T = TypeVar("T")
 
@@ -1047,4 +1048,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_reaped(main))

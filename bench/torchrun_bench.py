@@ -37,12 +37,13 @@ from typing import Any
 
 from bench.common import (
     TorchrunAgents,
-    free_port_block,
     json_safe,
     machine_info,
     package_versions,
 )
 from bench.kv_bench import RallypointCluster
+from rallypoint.worker.process_tree import run_reaped
+from tests.integration.harness import free_port_block
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 SCRIPT = REPOSITORY / "tests" / "worker" / "torchrun_script.py"
@@ -221,4 +222,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_reaped(main))

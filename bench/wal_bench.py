@@ -30,6 +30,7 @@ import google_crc32c
 from rallypoint.raft.storage.fileutil import default_fsync
 from rallypoint.raft.storage.wal import WAL
 from rallypoint.raft.types import Entry, HardState, Index, NodeId, Term
+from rallypoint.worker.process_tree import run_reaped
 
 
 def raw_fdatasync_trial(
@@ -192,4 +193,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_reaped(main))

@@ -38,7 +38,15 @@ if TYPE_CHECKING:
         restore_state,
         retired_beyond,
     )
-    from .elastic import ElasticRound, ElasticRun, Formation, TrainState, elastic_training
+    from .elastic import (
+        ElasticRound,
+        ElasticRun,
+        Formation,
+        JoinTimeoutError,
+        TrainState,
+        elastic_training,
+    )
+    from .patience import CoordinatorUnreachableError
     from .sampler import ElasticSampler, GlobalStep, epoch_permutation, global_step_size, rank_slice
     from .store import (
         CoordinatorStore,
@@ -55,11 +63,13 @@ _EXPORTS: dict[str, str] = {
     "Checkpointer": "checkpoint",
     "CoordinatorStore": "store",
     "CoordinatorStoreError": "store",
+    "CoordinatorUnreachableError": "patience",
     "ElasticRound": "elastic",
     "ElasticRun": "elastic",
     "ElasticSampler": "sampler",
     "Formation": "elastic",
     "GlobalStep": "sampler",
+    "JoinTimeoutError": "elastic",
     "ParamLayout": "checkpoint",
     "PeerState": "checkpoint",
     "PendingCheckpoint": "checkpoint",
@@ -104,11 +114,13 @@ __all__ = [
     "Checkpointer",
     "CoordinatorStore",
     "CoordinatorStoreError",
+    "CoordinatorUnreachableError",
     "ElasticRound",
     "ElasticRun",
     "ElasticSampler",
     "Formation",
     "GlobalStep",
+    "JoinTimeoutError",
     "ParamLayout",
     "PeerState",
     "PendingCheckpoint",

@@ -45,6 +45,8 @@ from rich.text import Text
 
 from rallypoint.client import RallypointError, SyncClient
 
+from .process_tree import run_reaped
+
 JOB = "demo"
 # Each phase's deadline; a healthy run needs a fraction of it.
 START_TIMEOUT_S = 60.0
@@ -496,4 +498,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_reaped(main))

@@ -164,6 +164,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--acceptable-pause-ms", type=int, default=1000)
     # The job's token when the cluster requires one (default: $RALLYPOINT_TOKEN).
     parser.add_argument("--token", default=None)
+    # How long joining waits for a coordinator that cannot be reached (default: the join
+    # timeout), and for a round to form.
+    parser.add_argument("--connect-timeout-s", type=float, default=None)
+    parser.add_argument("--join-timeout-s", type=float, default=600.0)
     return parser.parse_args(argv)
 
 
@@ -186,6 +190,8 @@ def open_run(
         acceptable_pause_ms=args.acceptable_pause_ms,
         on_event=on_event,
         token=args.token,
+        connect_timeout_s=args.connect_timeout_s,
+        join_timeout_s=args.join_timeout_s,
         **options,
     )
 

@@ -73,6 +73,14 @@ stops while the others wait for it (cause ``hang``) and, with the job's straggle
 evicts a rank consistently slower than the others (coordinator/leader/progress.py). Nothing here
 waits on it: a hung training thread cannot report, which is the point.
 
+Waiting. Joining (at ``with`` and when the worker joins again) waits for a coordinator that
+no member of answers, or that has no leader, for ``connect_timeout_s`` (``join_timeout_s``
+unless set), with a line in the log after each attempt ("waiting for the coordinator: no
+member answered for 40 s; retrying ..."); a formed round is waited for ``join_timeout_s``.
+Either running out ends the worker with one line saying what to check, not a traceback:
+``CoordinatorUnreachableError`` and ``JoinTimeoutError`` (patience.py), which a program may
+catch.
+
 Events. ``on_event(kind, fields)`` is called (from the training or the commit thread) for
 each event :class:`ElasticRun` lists, with its fields in a dict; every event carries ``t``
 (wall clock, seconds) and ``name`` (the worker's). A callable that cannot take those two
@@ -89,6 +97,7 @@ import concurrent.futures
 import contextlib
 import inspect
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -129,6 +138,7 @@ from .checkpoint import (
     delete_checkpoints,
     restore_state,
 )
+from .patience import Patience, one_line_at_exit
 from .sampler import ElasticSampler
 from .store import CoordinatorStore
 
@@ -575,6 +585,9 @@ class ElasticRun:
         reform_timeout_s: after a collective broke, how long to wait for the coordinator
             to end the round before joining again.
         join_timeout_s: how long a worker waits for a round to form.
+        connect_timeout_s: how long joining keeps trying while no coordinator member
+            answers or none leads (default: join_timeout_s), logging its progress;
+            running out raises CoordinatorUnreachableError.
         heartbeat_interval_ms: how often the worker heartbeats the coordinator.
         phi_threshold: the phi-accrual failure detector's threshold (higher: slower to
             declare a silent worker failed, fewer false alarms).
@@ -647,6 +660,7 @@ class ElasticRun:
         collective_timeout_s: float = 30.0,
         reform_timeout_s: float = 10.0,
         join_timeout_s: float = 600.0,
+        connect_timeout_s: float | None = None,
         heartbeat_interval_ms: int = 100,
         phi_threshold: float = 8.0,
         acceptable_pause_ms: int = 0,
@@ -673,6 +687,14 @@ class ElasticRun:
         self.collective_timeout_s = collective_timeout_s
         self.reform_timeout_s = reform_timeout_s
         self.join_timeout_s = join_timeout_s
+        # How long joining waits while no coordinator member can serve it (patience.py).
+        self.connect_timeout_s = join_timeout_s if connect_timeout_s is None else connect_timeout_s
+        for setting, seconds in (
+            ("join_timeout_s", join_timeout_s),
+            ("connect_timeout_s", self.connect_timeout_s),
+        ):
+            if not (math.isfinite(seconds) and seconds > 0):
+                raise ValueError(f"elastic_training({setting}={seconds!r}): must be more than 0")
         self.rejoin = rejoin
         self.config = JobConfig(
             min_nodes=min_nodes,
@@ -698,6 +720,8 @@ class ElasticRun:
         self._client_options["token"] = token_or_environment(
             token or self._client_options.get("token")
         )
+        # The session opens with the join, which waits for an unreachable coordinator.
+        self._client_options.setdefault("open_session_on_connect", False)
         self._client: SyncClient | None = None
         self._participant: SyncParticipant | None = None
         # The round being trained in; None between rounds.
@@ -769,7 +793,20 @@ class ElasticRun:
         return self.max_steps is not None and self.state.step >= self.max_steps
 
     def _join(self) -> None:
-        participant = self.client.join(self.job, self.name, config=self.config)
+        client = self.client
+        patience = Patience(
+            client.endpoints,
+            timeout_s=self.connect_timeout_s,
+            attempt_s=float(self._client_options.get("timeout_s", 10.0)),
+            who=f"{self.name} of job {self.job!r}",
+            log=log,
+        )
+        participant = patience.call(
+            "joining",
+            lambda timeout_s: client.join(
+                self.job, self.name, config=self.config, timeout_s=timeout_s
+            ),
+        )
         participant.on_round_change(self._on_round_change)
         self._participant = participant
         # A lost participant ends the round at once, from the client's thread.
@@ -832,9 +869,13 @@ class ElasticRun:
             if not self.rejoin:
                 raise
             reason = str(error)
-        except DeadlineExceededError:
+        except DeadlineExceededError as error:
             if not broken:
-                raise
+                one_line_at_exit(JoinTimeoutError)
+                raise JoinTimeoutError(
+                    f"{self.name} of job {self.job!r}: no round within join_timeout_s "
+                    f"({timeout_s:g} s): {error}"
+                ) from None
             reason = f"a collective broke and round {participant.round.round} did not change"
             with contextlib.suppress(RallypointError):
                 participant.leave(timeout_s=5)
@@ -980,6 +1021,11 @@ class ElasticRun:
         self._abandoned.append((now, [round_.checkpointer, *round_.in_flight]))
 
 
+class JoinTimeoutError(DeadlineExceededError):
+    """No round formed with this worker within ``join_timeout_s`` (the message says what the
+    job's round is waiting for)."""
+
+
 class _RoundGone(Exception):
     """The round ended while it was being formed."""
 
@@ -1014,6 +1060,7 @@ __all__ = [
     "ElasticRound",
     "ElasticRun",
     "Formation",
+    "JoinTimeoutError",
     "TrainState",
     "elastic_training",
 ]

@@ -12,8 +12,11 @@ node's host, and a round's keys vanish with the round.
 One listening port per round: :meth:`TCPStoreBridge.serve_round` opens a fresh port bound to
 the new round's store and closes the previous one with its connections, so a worker of an
 earlier round can never read or write the new round's keys (and the coordinator refuses its
-old round anyway). A request the coordinator refuses (the round ended, a limit) closes the
-connection: the worker's store call fails at once instead of waiting out its timeout.
+old round anyway). The port is any free one, or, with a :class:`PortRange` (a firewall's
+opening), a free one of the range in random order, the previous round's last; a range of one
+port serves every round on it, one after the other. A request the coordinator refuses (the
+round ended, a limit) closes the connection: the worker's store call fails at once instead of
+waiting out its timeout.
 
 The protocol (torch/csrc/distributed/c10d/TCPStoreBackend.hpp; checked against the client of
 the installed torch by tests/worker/test_torchrun.py): a one-byte query type, then arguments;
@@ -34,10 +37,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import errno
 import logging
+import random
 import struct
 import threading
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from rallypoint.client import (
@@ -230,6 +236,49 @@ class _Connection:
             current = result.value or b""
 
 
+@dataclass(frozen=True, slots=True)
+class PortRange:
+    """The TCP ports a listener may use, ``low`` to ``high`` inclusive."""
+
+    low: int
+    high: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.low <= self.high <= 65535:
+            raise ValueError(f"port range {self.low}-{self.high}: need 1 <= LOW <= HIGH <= 65535")
+
+    def __str__(self) -> str:
+        return f"{self.low}-{self.high}"
+
+    def __len__(self) -> int:
+        return self.high - self.low + 1
+
+    @staticmethod
+    def parse(text: str, setting: str = "port range") -> PortRange:
+        """``LOW-HIGH`` (or one ``PORT``); a ValueError naming ``setting`` otherwise."""
+        low, sep, high = text.strip().partition("-")
+        try:
+            port_range = PortRange(int(low), int(high if sep else low))
+        except ValueError:
+            raise ValueError(
+                f"{setting}={text!r}: expected LOW-HIGH, two ports from 1 to 65535 with "
+                "LOW <= HIGH (for example 29500-29599)"
+            ) from None
+        return port_range
+
+    def candidates(self, rng: random.Random, last: int = 0) -> list[int]:
+        """Every port of the range in random order, ``last`` (if in it) at the end."""
+        ports = [port for port in range(self.low, self.high + 1) if port != last]
+        rng.shuffle(ports)
+        if self.low <= last <= self.high:
+            ports.append(last)
+        return ports
+
+
+class NoFreePortError(OSError):
+    """Every port of the range was in use."""
+
+
 class TCPStoreBridge:
     """Serves the TCPStore protocol for one round at a time; see the module docstring."""
 
@@ -241,14 +290,25 @@ class TCPStoreBridge:
         token: str | None = None,
         tls: TlsConfig | None = None,
         timeout_s: float = 10.0,
+        port_range: PortRange | None = None,
     ) -> None:
         self.host = host
+        self.port_range = port_range
+        self._rng = random.Random()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="rallypoint-tcpstore-bridge", daemon=True
         )
         self._thread.start()
-        self._client = Client(list(endpoints), token=token, tls=tls, timeout_s=timeout_s)
+        # The session opens with the first store call: making a bridge never waits for the
+        # coordinator (the agent's own client waits for it, see patience.py).
+        self._client = Client(
+            list(endpoints),
+            token=token,
+            tls=tls,
+            timeout_s=timeout_s,
+            open_session_on_connect=False,
+        )
         # The listener of the current round; None before the first round and after close.
         self._server: asyncio.Server | None = None
         # The connections of the current round's listener, with their streams.
@@ -280,11 +340,28 @@ class TCPStoreBridge:
             finally:
                 del self._connections[task]
 
-        self._server = await asyncio.start_server(accept, self.host, 0)
+        self._server = await self._listen(accept)
         self.round_number = round_number
         self.port = int(self._server.sockets[0].getsockname()[1])
         log.info("serving the store of %s to local workers on %s:%d", store, self.host, self.port)
         return self.port
+
+    async def _listen(
+        self, accept: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+    ) -> asyncio.Server:
+        """A listener on a free port: any, or one of ``port_range``."""
+        if self.port_range is None:
+            return await asyncio.start_server(accept, self.host, 0)
+        for port in self.port_range.candidates(self._rng, last=self.port):
+            try:
+                return await asyncio.start_server(accept, self.host, port)
+            except OSError as error:
+                if error.errno != errno.EADDRINUSE:
+                    raise
+        raise NoFreePortError(
+            f"no free port for the workers' store on {self.host} in {self.port_range}: "
+            f"all {len(self.port_range)} are in use"
+        )
 
     async def _stop_serving(self) -> None:
         """Close the listener and every connection; the handlers then end on their own (a

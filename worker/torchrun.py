@@ -29,20 +29,27 @@ round changes pushed by a watch, and round-fenced stores.
   connects to another node's store, nothing depends on node 0 staying up, and each round
   starts from an empty store, so restarted workers never read an earlier attempt's
   addresses. The training script needs no change.
+- A coordinator that cannot be reached (not started yet, every member restarting) is waited
+  for, with a line in the log after each attempt, for ``connect_timeout`` (the rendezvous
+  timeout unless set) within the rendezvous timeout; then the agent ends with one line
+  saying what to check (``patience.py``), as it does when no round forms in time.
 
 Settings come from ``--rdzv-conf`` (seconds unless named otherwise): ``timeout`` (torch's
-rendezvous timeout, also ``join_timeout``), ``last_call_timeout``, ``heartbeat_interval``,
-``phi_threshold``, ``acceptable_pause``, ``client_timeout``, ``store_timeout``, ``token``
-(else ``$RALLYPOINT_TOKEN``; a ``job:<id>`` token of this job is enough), ``tls_ca``,
-``tls_cert``, ``tls_key``, ``bridge_host``. Keys of torch's own backends (such
-as ``read_timeout``) are accepted and ignored with a warning, so a command line written for
-``c10d`` runs unchanged.
+rendezvous timeout, also ``join_timeout``), ``connect_timeout``, ``last_call_timeout``,
+``heartbeat_interval``, ``phi_threshold``, ``acceptable_pause``, ``client_timeout``,
+``store_timeout``, ``token`` (else ``$RALLYPOINT_TOKEN``; a ``job:<id>`` token of this job is
+enough), ``tls_ca``, ``tls_cert``, ``tls_key``, ``bridge_host``, ``master_port_range``
+(``LOW-HIGH``: the ports the workers' store, their ``MASTER_PORT``, may listen on). Keys of
+torch's own backends (such as ``read_timeout``) are accepted and ignored with a warning, so a
+command line written for ``c10d`` runs unchanged. A setting that cannot be used ends the
+agent with one line naming it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import re
 import socket
@@ -51,11 +58,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from torch.distributed.elastic.rendezvous.api import (
     RendezvousClosedError,
     RendezvousConnectionError,
+    RendezvousError,
     RendezvousHandler,
     RendezvousInfo,
     RendezvousParameters,
@@ -79,8 +87,9 @@ from rallypoint.client import (
     token_or_environment,
 )
 
+from .patience import CoordinatorUnreachableError, Patience, one_line_at_exit
 from .store import CoordinatorStore, CoordinatorStoreError
-from .tcpstore_bridge import TCPStoreBridge
+from .tcpstore_bridge import NoFreePortError, PortRange, TCPStoreBridge
 
 log = logging.getLogger("rallypoint.worker.torchrun")
 
@@ -96,6 +105,7 @@ _OUR_KEYS = frozenset(
     {
         "timeout",
         "join_timeout",
+        "connect_timeout",
         "last_call_timeout",
         "heartbeat_interval",
         "phi_threshold",
@@ -107,8 +117,43 @@ _OUR_KEYS = frozenset(
         "tls_cert",
         "tls_key",
         "bridge_host",
+        "master_port_range",
     }
 )
+
+
+class RendezvousSettingsError(RendezvousError, ValueError):
+    """A ``--rdzv-endpoint``, ``--rdzv-id`` or ``--rdzv-conf`` value the backend cannot use."""
+
+
+class CoordinatorUnreachableRendezvousError(RendezvousConnectionError):
+    """No coordinator member could serve the agent for its connect timeout (one line: what
+    was tried and what to check)."""
+
+
+class RoundTimeoutError(RendezvousTimeoutError):
+    """No round formed with this agent within the rendezvous timeout."""
+
+
+class WorkersStorePortError(RendezvousError):
+    """No port of ``master_port_range`` was free for the workers' store."""
+
+
+E = TypeVar("E", bound=BaseException)
+
+
+def _one_line(error: E) -> E:
+    """``error``, which ends the agent, if uncaught, with its message on one line: these are
+    expected conditions with a message that says what to check, not bugs to trace."""
+    one_line_at_exit(type(error))
+    return error
+
+
+def _positive_seconds(config: Mapping[str, Any], key: str, default: float) -> float:
+    seconds = _seconds(config, key, default)
+    if seconds == 0:
+        raise ValueError(f"--rdzv-conf {key}={config.get(key)!r}: must be more than 0 seconds")
+    return seconds
 
 
 def _seconds(config: Mapping[str, Any], key: str, default: float) -> float:
@@ -117,8 +162,8 @@ def _seconds(config: Mapping[str, Any], key: str, default: float) -> float:
         seconds = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"--rdzv-conf {key}={value!r}: expected a number of seconds") from None
-    if seconds < 0:
-        raise ValueError(f"--rdzv-conf {key}={value!r}: must not be negative")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"--rdzv-conf {key}={value!r}: must be a finite, non-negative number")
     return seconds
 
 
@@ -133,6 +178,9 @@ class RendezvousSettings:
     # How this node names itself to the coordinator (``--local-addr`` or the host name).
     node_name: str
     join_timeout_s: float = 900.0
+    # How long the agent keeps trying while no coordinator member can serve it (the
+    # rendezvous timeout unless set): see patience.py.
+    connect_timeout_s: float = 900.0
     # A round with min_nodes present waits this long for more (torch's c10d waits 30 s).
     last_call_s: float = 1.0
     heartbeat_interval_s: float = 0.1
@@ -143,6 +191,8 @@ class RendezvousSettings:
     token: str | None = None
     tls: TlsConfig | None = None
     bridge_host: str = "127.0.0.1"
+    # The ports the workers' store (MASTER_PORT) may listen on, inclusive; None: any free one.
+    master_port_range: PortRange | None = None
 
     @staticmethod
     def from_parameters(params: RendezvousParameters) -> RendezvousSettings:
@@ -164,13 +214,16 @@ class RendezvousSettings:
         tls_files = [config.get(key) for key in ("tls_ca", "tls_cert", "tls_key")]
         tls = TlsConfig.from_files(*tls_files) if any(tls_files) else None
         timeout_key = "join_timeout" if "join_timeout" in config else "timeout"
+        join_timeout_s = _positive_seconds(config, timeout_key, 900.0)
+        port_range = config.get("master_port_range")
         return RendezvousSettings(
             endpoints=endpoints,
             job=params.run_id,
             min_nodes=params.min_nodes,
             max_nodes=params.max_nodes,
             node_name=params.local_addr or socket.getfqdn(),
-            join_timeout_s=_seconds(config, timeout_key, 900.0),
+            join_timeout_s=join_timeout_s,
+            connect_timeout_s=_positive_seconds(config, "connect_timeout", join_timeout_s),
             last_call_s=_seconds(config, "last_call_timeout", 1.0),
             heartbeat_interval_s=_seconds(config, "heartbeat_interval", 0.1),
             phi_threshold=_seconds(config, "phi_threshold", 8.0),
@@ -180,6 +233,11 @@ class RendezvousSettings:
             token=token_or_environment(config.get("token")),
             tls=tls,
             bridge_host=str(config.get("bridge_host", "127.0.0.1")),
+            master_port_range=(
+                None
+                if port_range is None
+                else PortRange.parse(str(port_range), "--rdzv-conf master_port_range")
+            ),
         )
 
     def job_config(self) -> JobConfig:
@@ -230,6 +288,8 @@ class RallypointRendezvousHandler(RendezvousHandler):
 
     def next_rendezvous(self) -> RendezvousInfo:
         settings = self.settings
+        # torch's timeout bounds the whole rendezvous, waiting for the coordinator included.
+        deadline = time.monotonic() + settings.join_timeout_s
         try:
             client = self._connect()
             participant = self._participant
@@ -238,8 +298,12 @@ class RallypointRendezvousHandler(RendezvousHandler):
                 or participant.lost.is_set()
                 or (self._runs_in_live_round() and self._claim_restart())
             ):
-                participant = self._join_again(client, participant)
-            info = self._wait_for_round(client, participant)
+                participant = self._join_again(client, participant, deadline)
+            # The participant the round was found for: a new one if the old was lost while
+            # waiting (a paused agent learns it was declared failed only as it runs again).
+            participant, info = self._wait_for_round(client, participant, deadline)
+        except CoordinatorUnreachableError as error:
+            raise _one_line(CoordinatorUnreachableRendezvousError(str(error))) from error
         except JobClosedError as error:
             raise RendezvousClosedError(f"job {settings.job!r} is closed: {error}") from error
         except RallypointError as error:
@@ -255,8 +319,13 @@ class RallypointRendezvousHandler(RendezvousHandler):
             timeout=timedelta(seconds=settings.store_timeout_s),
         )
         self._store = store
-        assert self._bridge is not None
-        port = self._bridge.serve_round(settings.job, info.round, participant.participant_id)
+        bridge = self._serve_workers()
+        try:
+            port = bridge.serve_round(settings.job, info.round, participant.participant_id)
+        except NoFreePortError as error:
+            raise _one_line(
+                WorkersStorePortError(f"job {settings.job!r}: {error} (master_port_range)")
+            ) from None
         self._round = info
         log.info(
             "job %s round %d: group rank %d of %d (participant %d); workers' store at %s:%d",
@@ -265,12 +334,10 @@ class RallypointRendezvousHandler(RendezvousHandler):
             rank,
             info.world_size,
             participant.participant_id,
-            self._bridge.host,
+            bridge.host,
             port,
         )
-        return RendezvousInfo(
-            store, rank, info.world_size, RendezvousStoreInfo(self._bridge.host, port)
-        )
+        return RendezvousInfo(store, rank, info.world_size, RendezvousStoreInfo(bridge.host, port))
 
     def num_nodes_waiting(self) -> int:
         """Positive once the round this agent's workers run in is over: the agent must then
@@ -347,6 +414,8 @@ class RallypointRendezvousHandler(RendezvousHandler):
             log.info("leaving job %s without every member done: %s", self.settings.job, error)
 
     def _connect(self) -> SyncClient:
+        """The agent's client. It opens its session with its first call, which goes through
+        the patience (``_join_again``): making it never waits for the coordinator."""
         settings = self.settings
         if self._client is None:
             self._client = SyncClient(
@@ -354,7 +423,13 @@ class RallypointRendezvousHandler(RendezvousHandler):
                 token=settings.token,
                 tls=settings.tls,
                 timeout_s=settings.client_timeout_s,
+                open_session_on_connect=False,
             )
+        return self._client
+
+    def _serve_workers(self) -> TCPStoreBridge:
+        """The bridge that serves this agent's workers their store, made on first use."""
+        settings = self.settings
         if self._bridge is None:
             self._bridge = TCPStoreBridge(
                 settings.endpoints,
@@ -362,8 +437,21 @@ class RallypointRendezvousHandler(RendezvousHandler):
                 token=settings.token,
                 tls=settings.tls,
                 timeout_s=settings.client_timeout_s,
+                port_range=settings.master_port_range,
             )
-        return self._client
+        return self._bridge
+
+    def _patience(self, deadline: float) -> Patience:
+        """How long to keep trying while no coordinator member can serve the agent: the
+        connect timeout, within what is left of the rendezvous timeout."""
+        settings = self.settings
+        return Patience(
+            settings.endpoints,
+            timeout_s=max(0.001, min(settings.connect_timeout_s, deadline - time.monotonic())),
+            attempt_s=settings.client_timeout_s,
+            who=f"job {settings.job!r}",
+            log=log,
+        )
 
     def _runs_in_live_round(self) -> bool:
         """This agent's workers ran in a round that is still ACTIVE with it."""
@@ -389,17 +477,26 @@ class RallypointRendezvousHandler(RendezvousHandler):
             )
             return False
 
-    def _join_again(self, client: SyncClient, old: SyncParticipant | None) -> SyncParticipant:
+    def _join_again(
+        self, client: SyncClient, old: SyncParticipant | None, deadline: float
+    ) -> SyncParticipant:
         """Join as a new participant, then leave as the old one (if it is still in the job):
-        one round change, into a round that already counts the new participant."""
-        self._joins += 1
-        name = f"{self.settings.node_name}/{os.getpid()}/{self._joins}"
-        new = client.join(
-            self.settings.job,
-            name,
-            config=self.settings.job_config(),
-            metadata=self.settings.node_name.encode(),
-        )
+        one round change, into a round that already counts the new participant. Waits for
+        an unreachable coordinator as the patience allows."""
+        settings = self.settings
+
+        def join(timeout_s: float) -> SyncParticipant:
+            # A new name for each attempt: one whose answer was lost may have joined.
+            self._joins += 1
+            return client.join(
+                settings.job,
+                f"{settings.node_name}/{os.getpid()}/{self._joins}",
+                config=settings.job_config(),
+                metadata=settings.node_name.encode(),
+                timeout_s=timeout_s,
+            )
+
+        new = self._patience(deadline).call("joining", join)
         self._participant = new
         if old is not None:
             if not old.lost.is_set():
@@ -408,17 +505,21 @@ class RallypointRendezvousHandler(RendezvousHandler):
             old.close()
         return new
 
-    def _wait_for_round(self, client: SyncClient, participant: SyncParticipant) -> RoundInfo:
-        """The next ACTIVE round with this agent, joining again if the participant is lost
-        while waiting, until the rendezvous timeout."""
-        timeout_s = self.settings.join_timeout_s
-        deadline = time.monotonic() + timeout_s
+    def _wait_for_round(
+        self, client: SyncClient, participant: SyncParticipant, deadline: float
+    ) -> tuple[SyncParticipant, RoundInfo]:
+        """The next ACTIVE round with this agent, and the participant it includes: ``participant``
+        or, if that was lost while waiting, the one this agent joined again as."""
         while True:
             try:
-                return participant.wait_for_round(timeout_s=max(0.0, deadline - time.monotonic()))
+                remaining_s = max(0.0, deadline - time.monotonic())
+                return participant, participant.wait_for_round(timeout_s=remaining_s)
             except DeadlineExceededError as error:
-                raise RendezvousTimeoutError(
-                    f"job {self.settings.job!r}: no round within {timeout_s:g} s: {error}"
+                raise _one_line(
+                    RoundTimeoutError(
+                        f"job {self.settings.job!r}: no round within the rendezvous timeout "
+                        f"({self.settings.join_timeout_s:g} s): {error}"
+                    )
                 ) from error
             except ParticipantLostError:
                 if participant.round.job_closed:
@@ -428,7 +529,7 @@ class RallypointRendezvousHandler(RendezvousHandler):
                     participant.participant_id,
                     self.settings.job,
                 )
-                participant = self._join_again(client, participant)
+                participant = self._join_again(client, participant, deadline)
 
 
 def _agent_outcome(node: str, error: BaseException | None) -> tuple[LeaveOutcome, str]:
@@ -449,4 +550,8 @@ def _agent_outcome(node: str, error: BaseException | None) -> tuple[LeaveOutcome
 
 def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     """torch's handler creator for the ``rallypoint`` backend."""
-    return RallypointRendezvousHandler(RendezvousSettings.from_parameters(params))
+    try:
+        settings = RendezvousSettings.from_parameters(params)
+    except (ValueError, OSError) as error:  # OSError: a TLS file that cannot be read
+        raise _one_line(RendezvousSettingsError(str(error))) from None
+    return RallypointRendezvousHandler(settings)

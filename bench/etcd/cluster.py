@@ -25,8 +25,8 @@ from typing import Any
 
 import grpc
 
-from bench.common import free_port_block
 from bench.etcd.api import load
+from tests.integration.harness import free_port_block
 
 CLUSTER_TOKEN = "rallypoint-bench"
 

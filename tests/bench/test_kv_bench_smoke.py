@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.harness import no_process_outlives
+
 REPOSITORY = Path(__file__).resolve().parents[2]
 RATIO_NAMES = {"put_64_throughput", "put_64_p99", "put_1_p50", "get_1_p50"}
 WORKLOADS = {"put_1", "put_8", "get_1", "get_8", "keepalive_1"}
@@ -20,22 +22,23 @@ WORKLOADS = {"put_1", "put_8", "get_1", "get_8", "keepalive_1"}
 @pytest.mark.timeout(90)
 def test_smoke_run_writes_results(tmp_path: Path) -> None:
     out = tmp_path / "kv.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.kv_bench",
-            "--smoke",
-            "--many-clients=8",
-            "--no-plot",
-            f"--out={out}",
-        ],
-        cwd=REPOSITORY,
-        capture_output=True,
-        text=True,
-        timeout=80,
-        check=False,
-    )
+    with no_process_outlives("the KV benchmark"):
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bench.kv_bench",
+                "--smoke",
+                "--many-clients=8",
+                "--no-plot",
+                f"--out={out}",
+            ],
+            cwd=REPOSITORY,
+            capture_output=True,
+            text=True,
+            timeout=80,
+            check=False,
+        )
     assert done.returncode == 0, done.stdout + done.stderr
     document = json.loads(out.read_text())
 

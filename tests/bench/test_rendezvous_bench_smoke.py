@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from tests.integration.harness import no_process_outlives
+
 REPOSITORY = Path(__file__).resolve().parents[2]
 TOP_LEVEL = {
     "round_close_after_last_join_s",
@@ -41,14 +43,15 @@ def positive(value: Any) -> bool:
 @pytest.mark.timeout(300)
 def test_smoke_run_writes_results(tmp_path: Path) -> None:
     out = tmp_path / "rendezvous.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.rendezvous_bench", "--smoke", f"--out={out}"],
-        cwd=REPOSITORY,
-        capture_output=True,
-        text=True,
-        timeout=280,
-        check=False,
-    )
+    with no_process_outlives("the rendezvous benchmark"):
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.rendezvous_bench", "--smoke", f"--out={out}"],
+            cwd=REPOSITORY,
+            capture_output=True,
+            text=True,
+            timeout=280,
+            check=False,
+        )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     document = json.loads(out.read_text())
     assert out.with_suffix(".png").stat().st_size > 0

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.harness import no_process_outlives
+
 REPOSITORY = Path(__file__).resolve().parents[2]
 
 
@@ -19,19 +21,20 @@ REPOSITORY = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(240)
 def test_one_rallypoint_trial_writes_the_report(tmp_path: Path) -> None:
     out = tmp_path / "torchrun.json"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.torchrun_bench",
-            "--backends=rallypoint",
-            "--trials=1",
-            f"--out={out}",
-        ],
-        cwd=REPOSITORY,
-        check=True,
-        timeout=220,
-    )
+    with no_process_outlives("the torchrun benchmark"):
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bench.torchrun_bench",
+                "--backends=rallypoint",
+                "--trials=1",
+                f"--out={out}",
+            ],
+            cwd=REPOSITORY,
+            check=True,
+            timeout=220,
+        )
     report = json.loads(out.read_text())
     assert {"machine", "versions", "parameters", "backends"} <= set(report)
     summary = report["backends"]["rallypoint"]

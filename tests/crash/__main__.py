@@ -1,5 +1,7 @@
 import sys
 
+from rallypoint.worker.process_tree import run_reaped
+
 from .crash_loop import main
 
-sys.exit(main())
+sys.exit(run_reaped(main))

@@ -13,6 +13,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from rallypoint.worker.process_tree import run_reaped
+
 from .runner import MODES, Report, run
 
 SHOWN_PER_KIND = 3
@@ -58,4 +60,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_reaped(main))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -26,6 +27,7 @@ from typing import TypeVar
 import grpc
 
 from rallypoint.proto.v1 import cluster_pb2, cluster_pb2_grpc
+from rallypoint.worker.process_tree import descendants, set_child_subreaper
 
 T = TypeVar("T")
 
@@ -41,6 +43,31 @@ def free_ports(count: int) -> list[int]:
     for s in sockets:
         s.close()
     return ports
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_block(count: int, attempts: int = 200) -> int:
+    """The first of ``count`` consecutive loopback ports that are free now.
+
+    Another process may take one before the caller binds it; callers that start servers on
+    these ports should fail clearly (they do: the server will not come up) rather than retry
+    blindly.
+    """
+    for _ in range(attempts):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = int(probe.getsockname()[1])
+        if base + count < 65536 and all(port_is_free(base + i) for i in range(count)):
+            return base
+    raise RuntimeError(f"found no {count} consecutive free loopback ports")
 
 
 SERVE_COMMAND = [sys.executable, "-m", "rallypoint.coordinator", "serve"]
@@ -65,16 +92,65 @@ def kill_processes_mentioning(text: str) -> list[int]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in cmdline:
+        if text in command_line(int(entry)):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(int(entry), signal.SIGKILL)
                 killed.append(int(entry))
     return killed
+
+
+_WAITED = re.compile(r"waiting for the coordinator: no member answered for (\d+) s")
+
+
+def logged_coordinator_wait_s(log_text: str) -> int:
+    """The longest "waiting for the coordinator: no member answered for N s" in a worker's or
+    agent's log (0: none), as ``rallypoint.worker.patience`` writes it."""
+    return max((int(found) for found in _WAITED.findall(log_text)), default=0)
+
+
+def command_line(pid: int) -> str:
+    """A process's command line ("" once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+# How long no_process_outlives lets a process that outlived its parent finish ending.
+LEFTOVER_GRACE_S = 3.0
+
+
+@contextlib.contextmanager
+def no_process_outlives(what: str) -> Iterator[None]:
+    """Fail unless every process started in the block (by what runs there, its children,
+    theirs...) has ended by the block's end. Meanwhile this process is a child subreaper, so
+    an orphan anywhere below it stays its descendant (a torchrun worker whose agent died, a
+    member whose ``cluster up`` was killed): the leftovers are the descendants that were not
+    there before. They are killed, and the failure names them."""
+    before = set(descendants())
+    set_child_subreaper(True)
+    try:
+        yield
+    finally:
+        # A moment's grace: a helper whose parent just exited (multiprocessing's resource
+        # tracker reads end-of-file on its pipe, then exits) is ending, not left running.
+        # Zombies do not count (descendants() skips them).
+        deadline = time.monotonic() + LEFTOVER_GRACE_S
+        while time.monotonic() < deadline and set(descendants()) - before:
+            time.sleep(0.05)
+        leftover = [pid for pid in descendants() if pid not in before]
+        lines = [f"{pid}: {command_line(pid)}" for pid in leftover]
+        for pid in leftover:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not set(descendants()) & set(leftover), 10, "leftovers killed")
+        set_child_subreaper(False)
+        # Adopted orphans that died are this process's zombies now: collect them.
+        for pid in leftover:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+    assert not leftover, f"{what} left processes running:\n" + "\n".join(lines)
 
 
 def write_tokens_file(path: Path, roles: dict[str, str]) -> Path:

@@ -14,6 +14,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from rallypoint.worker.process_tree import run_reaped
+
 from . import netns
 from .report import RunSummary, write_summary
 from .runner import (
@@ -108,4 +110,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_reaped(main))

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rallypoint.client import Client
+from rallypoint.worker.process_tree import kill_descendants
 
 from . import availability, checkers, netns, workloads
 from .cluster import NamespaceCluster, process_environment
@@ -288,21 +289,27 @@ def run_parallel(
     queue = context.Queue()
     for lane in range(1, lanes + 1):
         queue.put(lane)
+    pool = concurrent.futures.ProcessPoolExecutor(
+        lanes, mp_context=context, initializer=init_lane, initargs=(queue,)
+    )
     try:
-        with concurrent.futures.ProcessPoolExecutor(
-            lanes, mp_context=context, initializer=init_lane, initargs=(queue,)
-        ) as pool:
-            futures = {
-                pool.submit(run_one, spec, out / spec.name): i for i, spec in enumerate(specs)
-            }
-            for future in concurrent.futures.as_completed(futures):
-                index = futures[future]
-                try:
-                    yield index, future.result()
-                except Exception as error:  # a worker died: that run did not complete
-                    summary = blank_summary(specs[index])
-                    summary.error = f"{type(error).__name__}: {error}"
-                    yield index, summary
+        futures = {pool.submit(run_one, spec, out / spec.name): i for i, spec in enumerate(specs)}
+        for future in concurrent.futures.as_completed(futures):
+            index = futures[future]
+            try:
+                yield index, future.result()
+            except Exception as error:  # a worker died: that run did not complete
+                summary = blank_summary(specs[index])
+                summary.error = f"{type(error).__name__}: {error}"
+                yield index, summary
+        pool.shutdown()
+    except BaseException:
+        # Interrupted (Ctrl-C, SIGTERM): the runs in flight are not waited for (a pool's
+        # shutdown would wait for each to finish, up to a run's whole time). Its workers and
+        # their members are killed, then the lanes cleaned below.
+        kill_descendants()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
     finally:
         for lane in range(1, lanes + 1):
             netns.set_lane(lane)

@@ -2,6 +2,8 @@
 
 import sys
 
+from rallypoint.worker.process_tree import run_reaped
+
 from .runner import main
 
-sys.exit(main())
+sys.exit(run_reaped(main))

@@ -39,6 +39,7 @@ from rallypoint.worker import read_metadata, restore_checkpoint
 from rallypoint.worker.demo_train import BATCH_SIZE, make_state, state_digest
 from tests.integration.harness import (
     ProcessCluster,
+    logged_coordinator_wait_s,
     running_cluster,
     running_cluster_with_tokens,
     wait_until,
@@ -436,3 +437,53 @@ def test_a_job_token_is_all_a_worker_needs(tmp_path: Path) -> None:
             ), intruder.stderr_tail()
         finally:
             job.stop_all()
+
+
+def test_workers_started_before_the_coordinator_wait_for_it(tmp_path: Path) -> None:
+    """The coordinator down for 30 s at launch: the workers wait (saying so in their logs)
+    and the job trains once the members are up."""
+    cluster = ProcessCluster(tmp_path / "cluster")
+    job = Job(cluster, tmp_path, "late", "--min-nodes=2", "--max-nodes=2", "--max-steps=20")
+    try:
+        workers = [job.spawn("a"), job.spawn("b")]
+        for worker in workers:
+            job.wait(
+                lambda w=worker: (
+                    w.proc.poll() is None and logged_coordinator_wait_s(w.stderr_tail()) >= 30
+                ),
+                START_S,
+                f"{worker.name} waiting 30 s for the coordinator",
+            )
+        cluster.start_all()
+        started_at = time.time()
+        cluster.leader()
+        leader_at = time.time()
+        for worker in workers:
+            assert worker.proc.wait(timeout=START_S) == 0, worker.stderr_tail()
+    finally:
+        job.stop_all()
+        cluster.shutdown()
+    assert {w.select("final_state")[0]["step"] for w in workers} == {20}
+    for worker in workers:
+        assert "Traceback" not in worker.stderr_tail(), worker.stderr_tail()
+    training = job.training_at(["a", "b"], 2, started_at)
+    assert training is not None
+    print(
+        f"\ncoordinator started -> leader {leader_at - started_at:.2f} s -> both workers "
+        f"training {training - leader_at:.2f} s later"
+    )
+
+
+def test_a_worker_that_never_reaches_the_coordinator_ends_with_one_line(tmp_path: Path) -> None:
+    nobody = ProcessCluster(tmp_path / "never-started", size=1)
+    job = Job(nobody, tmp_path, "alone", "--connect-timeout-s=3")
+    try:
+        worker = job.spawn("w0")
+        assert worker.proc.wait(timeout=START_S) == 1
+    finally:
+        job.stop_all()
+    stderr = worker.stderr_tail()
+    assert "Traceback" not in stderr, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("rallypoint: w0 of job 'alone': gave up joining after 3 s: "), stderr
+    assert f"no member answered at {nobody.endpoints[0]}; check that the members" in last

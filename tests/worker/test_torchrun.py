@@ -13,9 +13,11 @@ TCPStore bridge are also checked against torch's own TCPStore client.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -31,11 +33,13 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 from rallypoint.client import JobConfig, SyncClient
-from rallypoint.worker.tcpstore_bridge import TCPStoreBridge
+from rallypoint.worker.tcpstore_bridge import NoFreePortError, PortRange, TCPStoreBridge
 from rallypoint.worker.torchrun import RallypointRendezvousHandler, RendezvousSettings
 from tests.integration.harness import (
     ProcessCluster,
+    free_port_block,
     kill_processes_mentioning,
+    logged_coordinator_wait_s,
     running_cluster,
     running_cluster_with_tokens,
     wait_until,
@@ -200,6 +204,65 @@ def test_killed_agent_leaves_the_other_running_at_half_size(
     assert sorted(done_by_pid(job)) == sorted(e["pid"] for e in later)
 
 
+def exited(pid: int) -> bool:
+    """The process is gone or a zombie (its parent, stopped, has not reaped it yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.parametrize(("nnodes", "worker_sets"), [("2", 2), ("1:2", 3)])
+def test_paused_agent_rejoins_and_the_job_completes_at_full_size(
+    cluster: ProcessCluster,
+    jobs: list[TorchrunJob],
+    tmp_path: Path,
+    nnodes: str,
+    worker_sets: int,
+) -> None:
+    """An agent SIGSTOPped past its failure detection and resumed rejoins as a newcomer: the
+    job finishes at 4 ranks. The healthy agent restarts its workers once when the paused
+    one is lost and, with ``--nnodes=1:2`` (it trains alone meanwhile), once more to admit
+    it back."""
+    job_id = f"agent-pause-{nnodes.replace(':', '-')}"
+    job = TorchrunJob(cluster.endpoints, job_id, tmp_path, nnodes=nnodes, steps=80)
+    jobs.append(job)
+    job.wait_for_step(3)
+    healthy, paused = job.agents
+    first_workers = [e["pid"] for e in job.events("started")]
+    with SyncClient(cluster.endpoints) as client:
+        first_round = client.get_job(job_id).round.round
+        # Only the agent stops: its workers run on (torchrun starts them in sessions of
+        # their own) until the healthy agent's restart breaks their collectives.
+        paused.send_signal(signal.SIGSTOP)
+        try:
+            # Past its detection: the coordinator ended the round the agent was in, the
+            # healthy agent stopped its workers, and the paused agent's workers failed.
+            wait_until(
+                lambda: client.get_job(job_id).round.round > first_round,
+                30,
+                "the paused agent declared failed",
+            )
+            wait_until(lambda: all(map(exited, first_workers)), 30, "the first workers' end")
+            if worker_sets == 3:
+                wait_until(
+                    lambda: [e for e in job.events("step") if e["world_size"] == 2],
+                    30,
+                    "the healthy agent's workers training alone",
+                )
+        finally:
+            paused.send_signal(signal.SIGCONT)
+    job.finish()
+    done = job.events("done")
+    assert sorted(e["rank"] for e in done) == [0, 1, 2, 3], done
+    finishers = {e["pid"] for e in done}
+    assert {e["world_size"] for e in job.events("started") if e["pid"] in finishers} == {4}
+    # Each set of the healthy node's workers reads its own round's store address.
+    sets = {e["master"] for e in job.events("started") if e["agent"] == healthy.pid}
+    assert len(sets) == worker_sets, job.events("started")
+
+
 def test_coordinator_leader_killed_mid_job_changes_nothing(
     cluster: ProcessCluster, jobs: list[TorchrunJob], tmp_path: Path
 ) -> None:
@@ -216,6 +279,24 @@ def test_coordinator_leader_killed_mid_job_changes_nothing(
     assert len(started) == 4, started  # one set of workers: no restart, no new round
     assert {e["restart"] for e in started} == {0}
     assert len(done_by_pid(job)) == 4
+
+
+def test_master_port_range_holds_the_workers_store_ports(
+    cluster: ProcessCluster, jobs: list[TorchrunJob], tmp_path: Path
+) -> None:
+    low = free_port_block(4)
+    job = TorchrunJob(
+        cluster.endpoints,
+        "port-range",
+        tmp_path,
+        steps=5,
+        rdzv_conf=f",master_port_range={low}-{low + 3}",
+    )
+    jobs.append(job)
+    job.finish()
+    masters = [e["master"] for e in job.events("started")]
+    assert len(masters) == 4
+    assert {int(m.rsplit(":", 1)[1]) for m in masters} <= set(range(low, low + 4)), masters
 
 
 def test_a_job_token_in_rdzv_conf_is_all_an_agent_needs(
@@ -246,6 +327,56 @@ def test_a_job_token_in_rdzv_conf_is_all_an_agent_needs(
         assert "permission denied: role 'job:other' may not take part in job 'tr'" in log, log[
             -3000:
         ]
+
+
+def test_agents_started_before_the_coordinator_wait_for_it(
+    jobs: list[TorchrunJob], tmp_path: Path
+) -> None:
+    """The coordinator down for 30 s at launch: the agents wait (saying so in their logs)
+    and the job runs once the members are up."""
+    cluster = ProcessCluster(tmp_path / "cluster")
+    try:
+        job = TorchrunJob(cluster.endpoints, "late", tmp_path / "job", steps=10)
+        jobs.append(job)
+        for agent, log in zip(job.agents, job.logs, strict=True):
+            wait_until(
+                lambda a=agent, p=log: (
+                    a.poll() is None and logged_coordinator_wait_s(p.read_text()) >= 30
+                ),
+                90,
+                "an agent waiting 30 s for the coordinator",
+            )
+        cluster.start_all()
+        started_at = time.time()
+        cluster.leader()
+        leader_at = time.time()
+        job.finish()
+    finally:
+        cluster.shutdown()
+    assert sorted(e["rank"] for e in job.events("done")) == [0, 1, 2, 3]
+    for log in job.logs:
+        assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+    first_step = min(e["t"] for e in job.events("step"))
+    print(
+        f"\ncoordinator started -> leader {leader_at - started_at:.2f} s -> first all_reduce "
+        f"{first_step - leader_at:.2f} s later"
+    )
+
+
+def test_an_agent_that_never_reaches_the_coordinator_ends_with_one_line(
+    jobs: list[TorchrunJob], tmp_path: Path
+) -> None:
+    nobody = ProcessCluster(tmp_path / "never-started", size=1)
+    job = TorchrunJob(
+        nobody.endpoints, "alone", tmp_path, nnodes="1", agents=1, rdzv_conf=",connect_timeout=3"
+    )
+    jobs.append(job)
+    assert job.agents[0].wait(timeout=60) == 1
+    log = job.logs[0].read_text()
+    assert "Traceback" not in log, log
+    last = log.strip().splitlines()[-1]
+    assert last.startswith("rallypoint: job 'alone': gave up joining after 3 s: "), log
+    assert f"no member answered at {nobody.endpoints[0]}; check that the members" in last
 
 
 # ------------------------------------------------------------------ the pieces
@@ -287,6 +418,32 @@ def test_torchrun_finds_the_backend_and_reads_its_settings(
         RendezvousSettings.from_parameters(
             RendezvousParameters("rallypoint", "a:1", "j", 1, 1, timeout="soon")
         )
+    # connect_timeout follows the rendezvous timeout unless set.
+    assert settings.connect_timeout_s == 120.0
+    assert settings.master_port_range is None
+    tuned = RendezvousParameters(
+        "rallypoint",
+        "a:1",
+        "j",
+        1,
+        1,
+        connect_timeout="30",
+        master_port_range="29500-29599",
+    )
+    tuned_settings = RendezvousSettings.from_parameters(tuned)
+    assert tuned_settings.connect_timeout_s == 30.0
+    assert tuned_settings.master_port_range == PortRange(29500, 29599)
+    for bad in ("29599-29500", "0-10", "29500-70000", "29500:29599", "many"):
+        with pytest.raises(ValueError, match=r"master_port_range=.*expected LOW-HIGH") as raised:
+            RendezvousSettings.from_parameters(
+                RendezvousParameters("rallypoint", "a:1", "j", 1, 1, master_port_range=bad)
+            )
+        assert "\n" not in str(raised.value)
+    for key, bad in (("connect_timeout", "0"), ("connect_timeout", "nan"), ("timeout", "-1")):
+        with pytest.raises(ValueError, match=f"--rdzv-conf {key}="):
+            RendezvousSettings.from_parameters(
+                RendezvousParameters("rallypoint", "a:1", "j", 1, 1, **{key: bad})
+            )
     # Without token= in --rdzv-conf, the environment's.
     monkeypatch.setenv("RALLYPOINT_TOKEN", "from-environment")
     plain = RendezvousParameters("rallypoint", "a:1", "j", 1, 1)
@@ -338,3 +495,25 @@ def test_bridge_serves_torch_tcpstore_clients_for_one_round_at_a_time(
                 store.add("zombie", 1)
         finally:
             bridge.close()
+
+
+def test_bridge_takes_its_ports_from_the_range_and_says_when_none_is_free() -> None:
+    low = free_port_block(2)
+    # Nothing here reaches the coordinator: a bridge opens its session with the first call.
+    bridge = TCPStoreBridge(["127.0.0.1:1"], port_range=PortRange(low, low + 1))
+    try:
+        ports = [bridge.serve_round("j", round_number, 1) for round_number in range(1, 5)]
+        # Both ports of the range, a round never on the port of the one before.
+        assert set(ports) == {low, low + 1}
+        assert all(a != b for a, b in itertools.pairwise(ports)), ports
+    finally:
+        bridge.close()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", low))
+        taken.listen()
+        crowded = TCPStoreBridge(["127.0.0.1:1"], port_range=PortRange(low, low))
+        try:
+            with pytest.raises(NoFreePortError, match=f"in {low}-{low}: all 1 are in use"):
+                crowded.serve_round("j", 1, 1)
+        finally:
+            crowded.close()

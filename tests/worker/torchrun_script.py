@@ -5,8 +5,8 @@ all-reduces ``--step-s`` apart, each checked, then exit 0.
     torchrun ... tests/worker/torchrun_script.py --out DIR [--steps N] [--step-s S]
 
 Each process appends JSON lines to DIR/events-<pid>.jsonl: ``started`` (pid, rank, world size,
-torchrun's restart count, MASTER_ADDR/PORT), ``step`` after each all-reduce (with the wall
-time, so a test can measure from a fault it injected) and ``done``.
+torchrun's restart count, the agent's pid, MASTER_ADDR/PORT), ``step`` after each all-reduce
+(with the wall time, so a test can measure from a fault it injected) and ``done``.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ def main() -> None:
         "world_size": world_size,
         "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
         "group_rank": int(os.environ.get("GROUP_RANK", "-1")),
+        # The torchrun agent that started this worker (its parent).
+        "agent": os.getppid(),
     }
 
     def emit(event: str, **fields: Any) -> None:

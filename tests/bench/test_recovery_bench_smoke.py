@@ -1,0 +1,42 @@
+"""The recovery benchmark runs end to end in its smoke mode (a 3-member cluster, one trial of
+4 elastic workers and one of tuned torchrun, a small restore) and writes the JSON shape `make
+bench-recovery` promises, leaving no process running: not its members, its elastic workers,
+its torchrun agents, nor their workers (which run in sessions of their own). Speed is not
+checked."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.harness import no_process_outlives
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(420)
+def test_smoke_run_writes_results_and_leaves_no_process(tmp_path: Path) -> None:
+    out = tmp_path / "recovery.json"
+    with no_process_outlives("the recovery benchmark"):
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.recovery_bench", "--smoke", f"--out={out}"],
+            cwd=REPOSITORY,
+            capture_output=True,
+            text=True,
+            timeout=400,
+            check=False,
+        )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["parameters"]["smoke"] is True
+    assert report["details"]["rallypoint"]["recovered"] == "1/1", report["details"]
+    assert math.isfinite(report["recovery_s"]) and report["recovery_s"] > 0
+    assert report["torchrun_default_s"] is None
+    assert report["torchrun_default_reason"] == "not run (--smoke)"
+    assert report["restore_vs_dcp"] > 0

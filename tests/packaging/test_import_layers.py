@@ -9,6 +9,7 @@ contract, by id, to break and to name the module.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -39,6 +40,12 @@ VIOLATIONS = [
     ("layers", "client/aio.py", "from rallypoint.raft import types", "rallypoint.client.aio"),
     ("layers", "proto/v1/__init__.py", "from rallypoint import client", "rallypoint.proto.v1"),
     ("state-machine", "coordinator/state/kv.py", "import time", "rallypoint.coordinator.state.kv"),
+    (
+        "state-machine",
+        "coordinator/state/sessions.py",
+        "import os",
+        "rallypoint.coordinator.state.sessions",
+    ),
     (
         "state-machine",
         "coordinator/state/machine.py",
@@ -79,6 +86,8 @@ def lint_imports(tree: Path, *contracts: str) -> subprocess.CompletedProcess[str
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A copy of pyproject.toml and the package folders, with its own .pkgview/."""
+    if importlib.util.find_spec("importlinter") is None:
+        pytest.fail("import-linter is not installed: it is in the dev extra (make setup)")
     copy = tmp_path_factory.mktemp("layers")
     shutil.copy2(ROOT / "pyproject.toml", copy / "pyproject.toml")
     view = copy / ".pkgview" / "rallypoint"

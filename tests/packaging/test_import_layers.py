@@ -70,6 +70,12 @@ VIOLATIONS = [
         "from rallypoint.raft import types",
         "rallypoint.worker.sampler",
     ),
+    (
+        "worker",
+        "worker/elastic.py",
+        "from rich.console import Console",
+        "rallypoint.worker.elastic",
+    ),
 ]
 
 

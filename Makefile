@@ -16,7 +16,7 @@ LANES ?= 1
 
 help:
 	@echo "make demo             start a local cluster and elastic workers, kill things, watch recovery"
-	@echo "make test             lint (ruff), type-check (mypy), the tests (pytest), then make jepsen"
+	@echo "make test             lint (ruff, import layers), type-check (mypy), the tests (pytest), then make jepsen"
 	@echo "make sim SEEDS=N      run the seeded Raft cluster simulator over N seeds"
 	@echo "make crash-test ITER=N  SIGKILL a WAL writer N times and check nothing acknowledged is lost"
 	@echo "make fuzz TIME=S      fuzz every RPC of both ports of a 3-member cluster for S s (default 60)"
@@ -45,9 +45,12 @@ setup: $(STAMP) .pkgview/rallypoint
 	mkdir -p .pkgview/rallypoint
 	for pkg in raft coordinator client worker proto; do ln -sfn ../../$$pkg .pkgview/rallypoint/$$pkg; done
 
+# lint-imports checks the import layers (pyproject.toml, [tool.importlinter]) on the same view
+# of the package as mypy.
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	PYTHONPATH=.pkgview $(VENV)/bin/lint-imports --no-cache
 
 format: setup
 	$(VENV)/bin/ruff format .

@@ -20,8 +20,10 @@ format version, and the encoding says which one it is by how many fields it carr
   versions were made explicit). Records written before that may lack trailing fields that have
   defaults; they read with those defaults.
 - A later version only appends fields, each declared ``name: T = since(version, default)``,
-  and its default must mean "behave as the earlier version did". Registration checks that
-  versions never decrease along the fields and step by one.
+  and its default must mean "behave as the earlier version did". A default is part of the
+  format (older records read as it), so it never changes. Registration checks that versions
+  never decrease along the fields and step by one; ``tests/golden/records.json`` pins every
+  version's fields and defaults.
 - Writing drops trailing fields of version 2 and later that hold their default, so a record
   that uses no newer feature is written in the oldest format that can say it: a member of an
   older release in the same cluster reads it. Version-1 fields are always written, so

@@ -5,7 +5,10 @@ Both ``JobConfig`` classes take their defaults from :data:`JOB_CONFIG`: the clie
 (``coordinator/state/jobs.py``, which keeps factors in thousandths). ``rendezvous.proto``
 states each default in a trailing ``// default <value>`` comment on its field, and
 ``tests/proto/test_job_config_defaults.py`` checks those comments, this table and both classes
-agree. So a default changes here and in that comment, nowhere else.
+agree. So a default changes here and in that comment, nowhere else; but the state machine's
+defaults are also what log entries written before a field existed read as (see
+``coordinator/state/codec.py``), so ``tests/golden/records.json`` pins them: those never
+change, and a new behaviour gets a new field.
 
 This module imports nothing: it is part of the wire contract, below the client and the
 coordinator alike. Units are the wire's: ``phi_threshold``, ``hang_factor`` and

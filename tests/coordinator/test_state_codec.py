@@ -87,6 +87,14 @@ def test_malformed_snapshots_are_refused() -> None:
     ]:
         with pytest.raises(codec.StateCodecError):
             machine.restore(bad)
+    newer = msgpack.packb([SNAPSHOT_FORMAT + 1, *msgpack.unpackb(good)[1:]])
+    with pytest.raises(codec.StateCodecError) as refused:
+        machine.restore(newer)
+    assert str(refused.value) == (
+        f"snapshot format {SNAPSHOT_FORMAT + 1} is newer than the formats this build reads "
+        f"(2..{SNAPSHOT_FORMAT}): it was written by a newer version of rallypoint; upgrade this "
+        "member"
+    )
 
 
 def test_registering_a_tag_twice_is_refused() -> None:

@@ -94,6 +94,7 @@ from .formats import (
     DATA,
     DATA_SEGMENT_SIZE_BYTES,
     ENTRY_HEADER,
+    GOLDEN,
     PEER,
     RAFT,
     RECORDS,
@@ -309,7 +310,7 @@ def write_new(path: Path, data: bytes, description: Any = None) -> None:
     if description is not None:
         text = json.dumps(description, indent=1, ensure_ascii=False) + "\n"
         path.with_suffix(".json").write_text(text)
-    print(f"wrote {path.relative_to(Path.cwd())}")
+    print(f"wrote {path.relative_to(GOLDEN)}")
 
 
 def record_schemas() -> dict[str, Any]:
@@ -383,7 +384,7 @@ def main() -> int:
         )
     if not DATA.exists():
         write_data_dir(DATA)
-        print(f"wrote {DATA.relative_to(Path.cwd())}")
+        print(f"wrote {DATA.relative_to(GOLDEN)}")
     RECORDS.write_text(records_text(record_schemas()))
     return 0
 

@@ -7,36 +7,37 @@ import enum
 from dataclasses import dataclass, field
 
 from rallypoint.proto.v1 import rendezvous_pb2
+from rallypoint.proto.v1.defaults import JOB_CONFIG
 
 
 @dataclass(frozen=True, slots=True)
 class JobConfig:
-    """A job's configuration (rendezvous.proto, ``JobConfig``). The defaults are the
-    coordinator's own; every field goes on the wire, since the server reads no zero as
-    "default"."""
+    """A job's configuration (rendezvous.proto, ``JobConfig``). The defaults are the wire
+    contract's (``rallypoint.proto.v1.defaults``, the coordinator's too); every field goes on
+    the wire, since the server reads no zero as "default"."""
 
     min_nodes: int
     max_nodes: int
-    last_call_ms: int = 0
-    join_timeout_ms: int = 600_000
-    heartbeat_interval_ms: int = 100
-    phi_threshold: float = 8.0
-    phi_window: int = 100
-    min_std_ms: int = 50
-    acceptable_pause_ms: int = 0
-    scale_up: bool = False
-    keep_checkpoints: int = 3
+    last_call_ms: int = JOB_CONFIG.last_call_ms
+    join_timeout_ms: int = JOB_CONFIG.join_timeout_ms
+    heartbeat_interval_ms: int = JOB_CONFIG.heartbeat_interval_ms
+    phi_threshold: float = JOB_CONFIG.phi_threshold
+    phi_window: int = JOB_CONFIG.phi_window
+    min_std_ms: int = JOB_CONFIG.min_std_ms
+    acceptable_pause_ms: int = JOB_CONFIG.acceptable_pause_ms
+    scale_up: bool = JOB_CONFIG.scale_up
+    keep_checkpoints: int = JOB_CONFIG.keep_checkpoints
     # Hang detection: a rank that completed no step for max(hang_factor x the job's median
     # step time, hang_floor_ms) while others wait for it is declared failed (cause "hang");
     # before its first step in a round, startup_timeout_ms is the bound.
-    hang_factor: float = 2.5
-    hang_floor_ms: int = 1500
-    startup_timeout_ms: int = 60_000
+    hang_factor: float = JOB_CONFIG.hang_factor
+    hang_floor_ms: int = JOB_CONFIG.hang_floor_ms
+    startup_timeout_ms: int = JOB_CONFIG.startup_timeout_ms
     # Straggler eviction (off at 0): over straggler_factor x the median time per step outside
     # collectives for straggler_windows windows of straggler_window_ms in a row.
-    straggler_factor: float = 0.0
-    straggler_windows: int = 3
-    straggler_window_ms: int = 10_000
+    straggler_factor: float = JOB_CONFIG.straggler_factor
+    straggler_windows: int = JOB_CONFIG.straggler_windows
+    straggler_window_ms: int = JOB_CONFIG.straggler_window_ms
 
     def to_proto(self) -> rendezvous_pb2.JobConfig:
         return rendezvous_pb2.JobConfig(

@@ -9,9 +9,31 @@ what lets two replicas compare snapshots byte for byte.
 Decoding is driven by the field annotations, so malformed input is rejected with a
 :class:`StateCodecError` naming the record and field instead of producing a half-typed value.
 
-Evolving a record: a field is only ever added at the end, with a default. A record written
-before the field existed (fewer fields) decodes with the default; a record with more fields
-than this version knows was written by a newer version and is refused, saying so.
+Format versions
+===============
+
+These bytes outlive the code that wrote them: they sit in WAL entries and snapshots, and in a
+rolling upgrade members of two releases replicate the same log. So every record type has a
+format version, and the encoding says which one it is by how many fields it carries:
+
+- Version 1 is every field declared without :func:`since` (the record as it stood when
+  versions were made explicit). Records written before that may lack trailing fields that have
+  defaults; they read with those defaults.
+- A later version only appends fields, each declared ``name: T = since(version, default)``,
+  and its default must mean "behave as the earlier version did". A default is part of the
+  format (older records read as it), so it never changes. Registration checks that versions
+  never decrease along the fields and step by one; ``tests/golden/records.json`` pins every
+  version's fields and defaults.
+- Writing drops trailing fields of version 2 and later that hold their default, so a record
+  that uses no newer feature is written in the oldest format that can say it: a member of an
+  older release in the same cluster reads it. Version-1 fields are always written, so
+  today's bytes never change.
+- Reading a record with fewer fields fills the missing ones with their defaults (a newer
+  reader meeting an older record). A record with more fields than this build knows was
+  written by a newer release using a feature this one lacks: it is refused with one line
+  naming the record, its field count and the version this build reads (an older reader
+  meeting a newer record must stop, not guess). ``tests/golden`` holds today's bytes, which
+  every later version must still read.
 """
 
 from __future__ import annotations
@@ -31,9 +53,86 @@ class StateCodecError(ValueError):
 
 _T = TypeVar("_T")
 
-# Invariant: a bijection between tags and registered record classes.
+# Field metadata key: the format version that added the field (absent: version 1).
+_SINCE = "rallypoint.codec.since"
+
+
+def since(version: int, default: _T) -> _T:
+    """Declare a record field added in format ``version`` (>= 2), read as ``default`` from
+    records written before it. Use as ``name: T = since(2, default)``, after every field of
+    earlier versions; ``default`` must be immutable (records are frozen)."""
+    if version < 2:
+        raise ValueError(f"since({version}): fields of version 1 are declared without since")
+    field: Any = dataclasses.field(default=default, metadata={_SINCE: version})
+    return typing.cast(_T, field)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RecordFormat:
+    """What this build knows of one record type's encoding."""
+
+    name: str
+    tag: int
+    # The newest format version: the version of the last field. Invariant: >= 1.
+    version: int
+    # Every field in encoding order, and the version that added each (non-decreasing, the
+    # first 1, each step 0 or 1).
+    field_names: tuple[str, ...]
+    field_versions: tuple[int, ...]
+    # Leading fields without a default: every encoding carries at least these.
+    required: int
+
+    def version_of(self, field_count: int) -> int:
+        """The format version of an encoding with ``field_count`` fields (that count is
+        within ``required..len(field_names)``)."""
+        return self.field_versions[field_count - 1] if field_count else 1
+
+    def fields_of(self, version: int) -> tuple[str, ...]:
+        """The fields a record of format ``version`` carries."""
+        return tuple(
+            name
+            for name, added in zip(self.field_names, self.field_versions, strict=True)
+            if added <= version
+        )
+
+    def refusal(self, field_count: int) -> str:
+        """The one-line reason a record with more fields than this build knows is refused."""
+        return (
+            f"{self.name} record (tag {self.tag}) has {field_count} fields: it was written by "
+            f"a newer version of rallypoint; this build reads {self.name} up to format version "
+            f"{self.version} ({len(self.field_names)} fields); upgrade this member"
+        )
+
+
+def _format_of_class(cls: type[Any], tag: int) -> RecordFormat:
+    fields = dataclasses.fields(cls)
+    versions = tuple(int(f.metadata.get(_SINCE, 1)) for f in fields)
+    previous = 1
+    required = 0
+    for f, version in zip(fields, versions, strict=True):
+        if version not in (previous, previous + 1):
+            raise TypeError(
+                f"{cls.__name__}.{f.name}: format version {version} follows {previous}; "
+                "versions start at 1, never decrease and step by one"
+            )
+        # dataclass puts every field without a default first; since() always gives one.
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            required += 1
+        previous = version
+    return RecordFormat(
+        name=cls.__name__,
+        tag=tag,
+        version=previous,
+        field_names=tuple(f.name for f in fields),
+        field_versions=versions,
+        required=required,
+    )
+
+
+# Invariant: a bijection between tags and registered record classes; _FORMAT has every class.
 _CLASS_BY_TAG: dict[int, type[Any]] = {}
 _TAG_BY_CLASS: dict[type[Any], int] = {}
+_FORMAT: dict[type[Any], RecordFormat] = {}
 # Resolved field annotations per record class, filled lazily (forward references resolve only
 # once every module has been imported).
 _HINTS: dict[type[Any], list[tuple[str, Any]]] = {}
@@ -50,6 +149,7 @@ def record(tag: int) -> typing.Callable[[type[_T]], type[_T]]:
             raise TypeError(f"{cls.__name__} is not a dataclass")
         if tag in _CLASS_BY_TAG:
             raise TypeError(f"tag {tag} of {cls.__name__} already names {_CLASS_BY_TAG[tag]}")
+        _FORMAT[cls] = _format_of_class(cls, tag)
         _CLASS_BY_TAG[tag] = cls
         _TAG_BY_CLASS[cls] = tag
         _IS_RECORD_TYPE.clear()
@@ -58,11 +158,43 @@ def record(tag: int) -> typing.Callable[[type[_T]], type[_T]]:
     return register
 
 
+def record_formats() -> dict[int, RecordFormat]:
+    """Every registered record type's format, by tag."""
+    return {tag: _FORMAT[cls] for tag, cls in sorted(_CLASS_BY_TAG.items())}
+
+
+def record_format(cls: type[Any]) -> RecordFormat:
+    """The format of a registered record class (KeyError if it is not one)."""
+    return _FORMAT[cls]
+
+
+def record_class(tag: int) -> type[Any]:
+    """The record class registered under ``tag`` (KeyError if none)."""
+    return _CLASS_BY_TAG[tag]
+
+
+def _record_fields(value: Any, fmt: RecordFormat) -> list[Any]:
+    """The fields ``value`` is written with: all but trailing ones of version 2 or later that
+    hold their default (so an older reader can read a record that uses no newer feature)."""
+    fields = [getattr(value, name) for name in fmt.field_names]
+    if fmt.version > 1:
+        defaults = dataclasses.fields(value)
+        count = len(fields)
+        while count and fmt.field_versions[count - 1] > 1:
+            f = defaults[count - 1]
+            default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+            if fields[count - 1] != default:
+                break
+            count -= 1
+        del fields[count:]
+    return fields
+
+
 def to_obj(value: Any) -> Any:
     """The msgpack-ready form of a record, tuple, enum or primitive."""
     tag = _TAG_BY_CLASS.get(type(value))
     if tag is not None:
-        return [tag, *(to_obj(getattr(value, f.name)) for f in dataclasses.fields(value))]
+        return [tag, *(to_obj(field) for field in _record_fields(value, _FORMAT[type(value)]))]
     if isinstance(value, tuple):
         return [to_obj(item) for item in value]
     if isinstance(value, enum.Enum):
@@ -112,14 +244,14 @@ def _record_from_obj(obj: Any, allowed: tuple[type[Any], ...]) -> Any:
         names = ", ".join(base.__name__ for base in allowed)
         raise StateCodecError(f"tag {obj[0]} is not a record of type {names}")
     hints = _hints(cls)
+    fmt = _FORMAT[cls]
     given = len(obj) - 1
     if given > len(hints):
+        raise StateCodecError(fmt.refusal(given))
+    if given < fmt.required:
         raise StateCodecError(
-            f"{cls.__name__}: {given} fields, but this version knows {len(hints)}: it was "
-            "written by a newer version of rallypoint (upgrade this member)"
+            f"{cls.__name__}: expected {len(hints)} fields (at least {fmt.required}), got {given}"
         )
-    if given < _required_fields(cls):
-        raise StateCodecError(f"{cls.__name__}: expected {len(hints)} fields, got {given}")
     kwargs = {}
     # Fields added later are trailing and have defaults: older records decode with them.
     for (name, hint), field_obj in zip(hints, obj[1:], strict=False):
@@ -128,21 +260,6 @@ def _record_from_obj(obj: Any, allowed: tuple[type[Any], ...]) -> Any:
         except StateCodecError as exc:
             raise StateCodecError(f"{cls.__name__}.{name}: {exc}") from None
     return cls(**kwargs)
-
-
-_REQUIRED: dict[type[Any], int] = {}
-
-
-def _required_fields(cls: type[Any]) -> int:
-    """How many leading fields a record of ``cls`` must carry: those without a default."""
-    count = _REQUIRED.get(cls)
-    if count is None:
-        count = 0
-        for f in dataclasses.fields(cls):
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                count += 1
-        _REQUIRED[cls] = count
-    return count
 
 
 def _is_record_type(hint: Any) -> bool:

@@ -9,6 +9,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from rallypoint.proto.v1.defaults import JOB_CONFIG, milli
+
 from .codec import record
 
 _JOB_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
@@ -48,27 +50,29 @@ class RendezvousLimits:
 @dataclass(frozen=True, slots=True)
 class JobConfig:
     """A job's configuration. ``phi_threshold_milli`` is the phi threshold in thousandths
-    (8000 = 8.0): replicated state holds no floats, whose text forms differ by platform."""
+    (8000 = 8.0): replicated state holds no floats, whose text forms differ by platform. The
+    defaults are the wire contract's (``rallypoint.proto.v1.defaults``): a Join or Configure
+    replicated with fewer fields (an older writer) reads them."""
 
     min_nodes: int
     max_nodes: int
-    last_call_ms: int = 0
-    join_timeout_ms: int = 600_000
-    heartbeat_interval_ms: int = 100
-    phi_threshold_milli: int = 8_000
-    phi_window: int = 100
-    min_std_ms: int = 50
-    acceptable_pause_ms: int = 0
-    scale_up: bool = False
-    keep_checkpoints: int = 3
+    last_call_ms: int = JOB_CONFIG.last_call_ms
+    join_timeout_ms: int = JOB_CONFIG.join_timeout_ms
+    heartbeat_interval_ms: int = JOB_CONFIG.heartbeat_interval_ms
+    phi_threshold_milli: int = milli(JOB_CONFIG.phi_threshold)
+    phi_window: int = JOB_CONFIG.phi_window
+    min_std_ms: int = JOB_CONFIG.min_std_ms
+    acceptable_pause_ms: int = JOB_CONFIG.acceptable_pause_ms
+    scale_up: bool = JOB_CONFIG.scale_up
+    keep_checkpoints: int = JOB_CONFIG.keep_checkpoints
     # Hang detection (coordinator/leader/progress.py); factors in thousandths, as the phi threshold.
-    hang_factor_milli: int = 2500
-    hang_floor_ms: int = 1500
-    startup_timeout_ms: int = 60_000
+    hang_factor_milli: int = milli(JOB_CONFIG.hang_factor)
+    hang_floor_ms: int = JOB_CONFIG.hang_floor_ms
+    startup_timeout_ms: int = JOB_CONFIG.startup_timeout_ms
     # Straggler eviction; off while straggler_factor_milli is 0.
-    straggler_factor_milli: int = 0
-    straggler_windows: int = 3
-    straggler_window_ms: int = 10_000
+    straggler_factor_milli: int = milli(JOB_CONFIG.straggler_factor)
+    straggler_windows: int = JOB_CONFIG.straggler_windows
+    straggler_window_ms: int = JOB_CONFIG.straggler_window_ms
 
     def problem(self, limits: RendezvousLimits) -> str | None:
         """What makes this config invalid, or None."""

@@ -483,7 +483,13 @@ class StateMachine:
         obj = _array(codec.unpack(data), 11, "snapshot")
         session_fields = _SNAPSHOT_FORMATS.get(obj[0]) if type(obj[0]) is int else None
         if session_fields is None:
-            raise codec.StateCodecError(f"unknown snapshot format {obj[0]!r}")
+            readable = f"the formats this build reads ({min(_SNAPSHOT_FORMATS)}..{SNAPSHOT_FORMAT})"
+            if type(obj[0]) is int and obj[0] > SNAPSHOT_FORMAT:
+                raise codec.StateCodecError(
+                    f"snapshot format {obj[0]} is newer than {readable}: it was written by a "
+                    "newer version of rallypoint; upgrade this member"
+                )
+            raise codec.StateCodecError(f"snapshot format {obj[0]!r} is not one of {readable}")
         applied_index, now_ms, revision = (_int(v) for v in obj[1:4])
         kvs = [codec.from_obj(item, KeyValue) for item in _list(obj[4])]
         tokens = [_pair(item, bytes) for item in _list(obj[5])]

@@ -87,6 +87,14 @@ def test_malformed_snapshots_are_refused() -> None:
     ]:
         with pytest.raises(codec.StateCodecError):
             machine.restore(bad)
+    newer = msgpack.packb([SNAPSHOT_FORMAT + 1, *msgpack.unpackb(good)[1:]])
+    with pytest.raises(codec.StateCodecError) as refused:
+        machine.restore(newer)
+    assert str(refused.value) == (
+        f"snapshot format {SNAPSHOT_FORMAT + 1} is newer than the formats this build reads "
+        f"(2..{SNAPSHOT_FORMAT}): it was written by a newer version of rallypoint; upgrade this "
+        "member"
+    )
 
 
 def test_registering_a_tag_twice_is_refused() -> None:
@@ -112,3 +120,81 @@ def test_records_gain_trailing_fields_with_defaults_and_refuse_newer_ones() -> N
         codec.from_obj([*full, 7], JobConfig)
     with pytest.raises(codec.StateCodecError, match="expected"):
         codec.from_obj(full[:2], JobConfig)
+
+
+# A record as a later release declares it: version 1 had ``name``, version 2 added ``weight``
+# and version 3 ``labels``. Tag 9_990 is reserved for this test (not a Command).
+@codec.record(9_990)
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Evolved:
+    name: str
+    count: int = 0
+    weight: int = codec.since(2, 1)
+    labels: tuple[str, ...] = codec.since(3, ())
+
+
+def test_record_formats_are_explicit_per_record_type() -> None:
+    fmt = codec.record_format(_Evolved)
+    assert (fmt.tag, fmt.version, fmt.required) == (9_990, 3, 1)
+    assert fmt.field_versions == (1, 1, 2, 3)
+    assert fmt.fields_of(1) == ("name", "count")
+    assert fmt.fields_of(2) == ("name", "count", "weight")
+    assert [fmt.version_of(n) for n in (1, 2, 3, 4)] == [1, 1, 2, 3]
+    formats = codec.record_formats()
+    assert formats[1].name == "Put" and formats[20].name == "Envelope"
+    assert codec.record_class(20) is Envelope
+
+
+def test_a_newer_reader_fills_the_fields_an_older_record_lacks() -> None:
+    for written, expected in [
+        ([9_990, "a"], _Evolved("a")),  # version 1, only its required field
+        ([9_990, "a", 2], _Evolved("a", 2)),  # version 1
+        ([9_990, "a", 2, 5], _Evolved("a", 2, 5)),  # version 2
+        ([9_990, "a", 2, 5, ["x"]], _Evolved("a", 2, 5, ("x",))),  # version 3
+    ]:
+        assert codec.from_obj(written, _Evolved) == expected
+
+
+def test_newer_fields_at_their_default_are_not_written_so_older_readers_can_read() -> None:
+    assert codec.to_obj(_Evolved("a")) == [9_990, "a", 0]  # version-1 fields always written
+    assert codec.to_obj(_Evolved("a", 2, 5)) == [9_990, "a", 2, 5]
+    assert codec.to_obj(_Evolved("a", 2, 1, ("x",))) == [9_990, "a", 2, 1, ["x"]]
+    for value in [_Evolved("a"), _Evolved("a", 2, 5), _Evolved("a", 2, 1, ("x",))]:
+        data = codec.encode(value)
+        assert codec.decode(data, _Evolved) == value
+        assert codec.encode(codec.decode(data, _Evolved)) == data
+
+
+def test_an_older_reader_refuses_a_newer_record_in_one_line_naming_both_versions() -> None:
+    with pytest.raises(codec.StateCodecError) as caught:
+        codec.from_obj([9_990, "a", 2, 5, ["x"], 7], _Evolved)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message == (
+        "_Evolved record (tag 9990) has 5 fields: it was written by a newer version of "
+        "rallypoint; this build reads _Evolved up to format version 3 (4 fields); upgrade "
+        "this member"
+    )
+    # The same for a command a future release extends, in an entry this build applies.
+    future_put = msgpack.packb([20, 1, 2, 0, 5, [1, b"k", b"v", 0, None, False, 9]])
+    with pytest.raises(codec.StateCodecError, match=r"Put record \(tag 1\) has 6 fields.*"):
+        StateMachine().apply(1, future_put)
+
+
+def test_registration_refuses_versions_out_of_order() -> None:
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Skips:
+        name: str
+        late: int = codec.since(3, 0)
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class GoesBack:
+        name: str
+        newer: int = codec.since(2, 0)
+        older: int = 0
+
+    for cls in (Skips, GoesBack):
+        with pytest.raises(TypeError, match="versions start at 1"):
+            codec.record(9_991)(cls)
+    with pytest.raises(ValueError, match="version 1"):
+        codec.since(1, 0)

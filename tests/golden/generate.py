@@ -1,0 +1,393 @@
+"""Write today's encodings into tests/golden; run by hand, never by the tests:
+
+    PYTHONPATH=.pkgview .venv/bin/python -m tests.golden.generate
+
+Only adds what is missing. A golden file, once committed, holds bytes that every later
+version must read, so nothing here is ever rewritten: a new command, peer message or message
+type gets its files, a record type's new format version gets a new command file and a new
+entry in records.json, and everything already present is left as it is. Everything written is
+deterministic (fixed values, fixed times), so running this twice on the same code writes the
+same bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import Message as ProtoMessage
+
+from rallypoint.coordinator.members import (
+    ConfChangeContext,
+    MemberAddress,
+    MemberTable,
+    encode_app_snapshot,
+)
+from rallypoint.coordinator.state import codec
+from rallypoint.coordinator.state.commands import (
+    Add,
+    CheckpointAbort,
+    CheckpointBegin,
+    CheckpointCommit,
+    CheckpointShardDone,
+    CloseJob,
+    CloseRound,
+    Command,
+    CompareAndSet,
+    Configure,
+    Delete,
+    Envelope,
+    Evict,
+    Join,
+    LeaseExpire,
+    LeaseGrant,
+    LeaseRevoke,
+    Leave,
+    MemberFailed,
+    OwnedSessionOpen,
+    PruneJobs,
+    Put,
+    RoundTrained,
+    SessionClose,
+    SessionCommand,
+    SessionKeepAlive,
+    SessionOpen,
+    StoreAdd,
+    StoreCompareSet,
+    StoreDelete,
+    StoreSet,
+    encode_envelope,
+)
+from rallypoint.coordinator.state.jobs import EndReason, JobConfig, LeaveOutcome
+from rallypoint.coordinator.state.machine import StateMachine
+from rallypoint.coordinator.state.values import Fence
+from rallypoint.proto.peer.v1 import peer_pb2
+from rallypoint.raft.codec import encode_conf_change, encode_message
+from rallypoint.raft.storage.disk_storage import DiskStorage
+from rallypoint.raft.types import (
+    RESPONSE_MESSAGES,
+    ConfChange,
+    ConfChangeSingle,
+    ConfChangeTransition,
+    ConfChangeType,
+    ConfState,
+    Entry,
+    EntryType,
+    HardState,
+    Index,
+    Message,
+    MessageType,
+    NodeId,
+    Snapshot,
+    SnapshotMetadata,
+    Term,
+)
+
+from .formats import (
+    DATA,
+    DATA_SEGMENT_SIZE_BYTES,
+    ENTRY_HEADER,
+    GOLDEN,
+    PEER,
+    RAFT,
+    RECORDS,
+    REQUIRED,
+    command_file,
+    describe,
+)
+
+# ------------------------------------------------------------------ commands
+
+# Every field away from its default, so decoding each one is checked.
+CONFIG = JobConfig(
+    min_nodes=2,
+    max_nodes=8,
+    last_call_ms=1_500,
+    join_timeout_ms=120_000,
+    heartbeat_interval_ms=250,
+    phi_threshold_milli=9_500,
+    phi_window=64,
+    min_std_ms=75,
+    acceptable_pause_ms=300,
+    scale_up=True,
+    keep_checkpoints=5,
+    hang_factor_milli=3_000,
+    hang_floor_ms=2_000,
+    startup_timeout_ms=90_000,
+    straggler_factor_milli=1_800,
+    straggler_windows=4,
+    straggler_window_ms=15_000,
+)
+FENCE = Fence(lease_id=7, token=12)
+SAMPLES: list[Command] = [
+    Put(b"golden/key", b"\x00value\xff", 7, FENCE, True),
+    Delete(b"golden/", True, FENCE, True),
+    CompareAndSet(b"golden/cas", b"new", b"old", 41, True, 7, FENCE),
+    Add(b"golden/counter", -3, 7, FENCE),
+    LeaseGrant(30_000),
+    LeaseRevoke(7),
+    LeaseExpire(7),
+    SessionOpen(60_000),
+    OwnedSessionOpen(60_000, "job:resnet"),
+    SessionKeepAlive(),
+    SessionClose(),
+    Configure("resnet", CONFIG),
+    Join("resnet", "worker-0", b"\x01meta", CONFIG),
+    Leave("resnet", 17, LeaveOutcome.FAILED, "out of memory"),
+    Evict("resnet", 17),
+    CloseJob("resnet"),
+    CloseRound("resnet", 3),
+    MemberFailed("resnet", 17, 3, "phi 9.1 over 8.0", EndReason.STRAGGLER),
+    RoundTrained("resnet", 3),
+    PruneJobs(86_400_000, 2, ("old-a", "old-b")),
+    StoreSet("resnet", 3, 17, b"store/key", b"store value"),
+    StoreAdd("resnet", 3, 17, b"store/counter", 5),
+    StoreCompareSet("resnet", 3, 17, b"store/key", b"store value", b"next value"),
+    StoreDelete("resnet", 3, 17, b"store/key"),
+    CheckpointBegin("resnet", 3, 44, 1_000, 4, b"layout", "s3://bucket/ckpt/1000"),
+    CheckpointShardDone("resnet", 3, 44, 45, 2),
+    CheckpointCommit("resnet", 3, 44, 45),
+    CheckpointAbort("resnet", 3, 44, 45),
+]
+LEADER_TIME_MS = 1_764_000_000_000
+
+
+def envelope_of(command: Command) -> Envelope:
+    if isinstance(command, SessionCommand):
+        return Envelope(5, 9, 8, LEADER_TIME_MS, command)
+    if isinstance(command, SessionOpen):
+        return Envelope(0, 0, 0, LEADER_TIME_MS, command)
+    return Envelope(5, 0, 0, LEADER_TIME_MS, command)
+
+
+# ------------------------------------------------------------------ raft messages
+
+CONF_CHANGE = ConfChange(
+    (ConfChangeSingle(ConfChangeType.ADD_NODE, NodeId(4)),),
+    ConfChangeTransition.AUTO,
+    ConfChangeContext("10.0.0.4:7001", "10.0.0.4:7000", 1, 33).encode(),
+)
+CONF_STATE = ConfState(voters=(NodeId(1), NodeId(2), NodeId(3)), learners=(NodeId(4),))
+
+
+def sample_message(msg_type: MessageType) -> Message:
+    """A message of ``msg_type`` with every field set (the codec does not check meaning)."""
+    snapshot = None
+    if msg_type is MessageType.MsgSnap:
+        snapshot = Snapshot(b"state bytes", SnapshotMetadata(CONF_STATE, Index(8), Term(3)))
+    reject = msg_type in RESPONSE_MESSAGES
+    return Message(
+        type=msg_type,
+        to=NodeId(2),
+        from_=NodeId(1),
+        term=Term(5),
+        log_term=Term(4),
+        index=Index(10),
+        entries=(
+            Entry(Term(4), Index(11), EntryType.NORMAL, b"entry data"),
+            Entry(Term(5), Index(12), EntryType.CONF_CHANGE, encode_conf_change(CONF_CHANGE)),
+        ),
+        commit=Index(9),
+        snapshot=snapshot,
+        reject=reject,
+        reject_hint=Index(7 if reject else 0),
+        context=b"context",
+    )
+
+
+# ------------------------------------------------------------------ peer messages
+
+
+def sample_peer_message(name: str) -> ProtoMessage:
+    """A proto/peer/v1 message with every field set to a value that is not its default."""
+    descriptor = peer_pb2.DESCRIPTOR.message_types_by_name[name]
+    message: ProtoMessage = getattr(peer_pb2, name)()
+    for field in descriptor.fields:
+        if name == "MessageBatch" and field.name == "messages":
+            encoded = [encode_message(sample_message(t)) for t in (MessageType.MsgApp,)]
+            encoded.append(encode_message(sample_message(MessageType.MsgHeartbeat)))
+            message.messages.extend(encoded)
+        elif name == "SnapshotChunk" and field.name == "message":
+            snap = sample_message(MessageType.MsgSnap)
+            assert snap.snapshot is not None
+            header = dataclasses.replace(
+                snap, snapshot=dataclasses.replace(snap.snapshot, data=b"")
+            )
+            message.message = encode_message(header)
+        elif field.type == field.TYPE_BOOL:
+            setattr(message, field.name, True)
+        elif field.type == field.TYPE_BYTES:
+            setattr(message, field.name, f"{name}.{field.name}".encode())
+        elif field.type in (field.TYPE_UINT64, field.TYPE_UINT32):
+            setattr(message, field.name, 1_000 + field.number)
+        else:
+            raise TypeError(f"{name}.{field.name}: add a sample value for its type")
+    return message
+
+
+# ------------------------------------------------------------------ a member's data directory
+
+MEMBERS = MemberTable(
+    {
+        1: MemberAddress("10.0.0.1:7001", "10.0.0.1:7000"),
+        2: MemberAddress("10.0.0.2:7001", "10.0.0.2:7000"),
+        3: MemberAddress("10.0.0.3:7001", "10.0.0.3:7000"),
+    },
+    highest_id=3,
+)
+SNAPSHOT_INDEX = 9
+BLOB = bytes(range(256)) + b"golden" * 20  # entries large enough to need a second segment
+
+# (index, session, sequence, command) of the log after its first two entries (a
+# configuration change at 1, the new leader's empty entry at 2). Sessions are the indexes of
+# their SessionOpen; the lease is 5; participant ids are join indexes.
+LOG: list[tuple[int, int, int, Command]] = [
+    (3, 0, 0, SessionOpen(60_000)),
+    (4, 3, 1, Put(b"config/lr", b"0.1")),
+    (5, 3, 2, LeaseGrant(30_000)),
+    (6, 3, 3, Put(b"leader", b"worker-0", lease_id=5)),
+    (7, 3, 4, Add(b"steps", 41)),
+    (8, 3, 5, Configure("resnet", JobConfig(min_nodes=2, max_nodes=2))),
+    (9, 3, 6, Join("resnet", "worker-0", b"m0")),
+    # -- the snapshot is taken here (SNAPSHOT_INDEX) --
+    (10, 0, 0, SessionOpen(60_000)),
+    (11, 10, 1, Join("resnet", "worker-1", b"m1")),
+    (12, 3, 7, StoreSet("resnet", 1, 9, b"master_addr", b"10.0.0.1:29500")),
+    (13, 3, 8, Delete(b"config/lr")),
+    *((14 + i, 10, 2 + i, Put(b"blob/%d" % i, BLOB)) for i in range(12)),
+    (26, 3, 9, CompareAndSet(b"steps", b"42", expected_value=b"41")),
+]
+
+
+def entry_data(index: int, session: int, sequence: int, command: Command) -> bytes:
+    envelope = Envelope(session, sequence, 0, LEADER_TIME_MS + 100 * index, command)
+    return ENTRY_HEADER.pack(1, 1, index) + encode_envelope(envelope)
+
+
+def write_data_dir(target: Path) -> None:
+    """A member's data directory: two WAL segments and one snapshot at SNAPSHOT_INDEX."""
+    with tempfile.TemporaryDirectory() as tmp:
+        storage = DiskStorage.open(tmp, segment_size_bytes=DATA_SEGMENT_SIZE_BYTES)
+        first = [
+            Entry(Term(1), Index(1), EntryType.CONF_CHANGE, encode_conf_change(CONF_CHANGE)),
+        ]
+        storage.persist(HardState(Term(1), NodeId(1), Index(1)), first)
+        storage.persist(HardState(Term(2), NodeId(1), Index(1)), [Entry(Term(2), Index(2))])
+        machine = StateMachine()
+        machine.apply(2, b"")
+        for index, session, sequence, command in LOG:
+            data = entry_data(index, session, sequence, command)
+            storage.persist(
+                HardState(Term(2), NodeId(1), Index(index - 1)),
+                [Entry(Term(2), Index(index), EntryType.NORMAL, data)],
+            )
+            machine.apply(index, data[ENTRY_HEADER.size :])
+            if index == SNAPSHOT_INDEX:
+                app = encode_app_snapshot(MEMBERS, machine.snapshot())
+                storage.create_snapshot(Index(index), CONF_STATE, app)
+        storage.persist(HardState(Term(2), NodeId(1), Index(LOG[-1][0])), [])
+        storage.close()
+        segments = sorted(os.listdir(os.path.join(tmp, "wal")))
+        assert len(segments) == 2, segments
+        shutil.copytree(tmp, target)
+
+
+# ------------------------------------------------------------------ writing
+
+
+def write_new(path: Path, data: bytes, description: Any = None) -> None:
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    if description is not None:
+        text = json.dumps(description, indent=1, ensure_ascii=False) + "\n"
+        path.with_suffix(".json").write_text(text)
+    print(f"wrote {path.relative_to(GOLDEN)}")
+
+
+def record_schemas() -> dict[str, Any]:
+    """records.json: per tag, the type and per format version its fields (name, version,
+    the default's description or REQUIRED); versions already recorded are kept."""
+    schemas: dict[str, Any] = json.loads(RECORDS.read_text()) if RECORDS.exists() else {}
+    for tag, fmt in codec.record_formats().items():
+        cls = codec.record_class(tag)
+        if not cls.__module__.startswith("rallypoint.coordinator."):
+            continue  # a test's own record
+        fields = []
+        for f, version in zip(dataclasses.fields(cls), fmt.field_versions, strict=True):
+            if f.default is not dataclasses.MISSING:
+                default = describe(f.default)
+            elif f.default_factory is not dataclasses.MISSING:
+                default = describe(f.default_factory())
+            else:
+                default = REQUIRED
+            fields.append([f.name, version, default])
+        entry = schemas.setdefault(str(tag), {"type": fmt.name, "versions": {}})
+        entry["versions"].setdefault(str(fmt.version), fields)
+    return dict(sorted(schemas.items(), key=lambda item: int(item[0])))
+
+
+def records_text(schemas: dict[str, Any]) -> str:
+    """records.json with one line per field, so a diff shows what a new version added."""
+    lines = ["{"]
+    for i, (tag, entry) in enumerate(schemas.items()):
+        lines.append(f'  "{tag}": {{"type": {json.dumps(entry["type"])}, "versions": {{')
+        versions = list(entry["versions"].items())
+        for j, (version, fields) in enumerate(versions):
+            lines.append(f'    "{version}": [')
+            for k, field in enumerate(fields):
+                comma = "," if k < len(fields) - 1 else ""
+                lines.append(f"      {json.dumps(field)}{comma}")
+            lines.append("    ]" + ("," if j < len(versions) - 1 else ""))
+        lines.append("  }}" + ("," if i < len(schemas) - 1 else ""))
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    sampled = {type(command) for command in SAMPLES}
+    for tag, fmt in codec.record_formats().items():
+        cls = codec.record_class(tag)
+        if issubclass(cls, Command) and cls not in sampled:
+            print(f"add a sample of {fmt.name} to SAMPLES", file=sys.stderr)
+            return 1
+    for command in SAMPLES:
+        fmt = codec.record_format(type(command))
+        envelope = envelope_of(command)
+        write_new(
+            command_file(fmt.tag, fmt.name, fmt.version),
+            encode_envelope(envelope),
+            describe(envelope),
+        )
+    for msg_type in MessageType:
+        message = sample_message(msg_type)
+        write_new(
+            RAFT / f"{msg_type.value:02d}-{msg_type.name}.msgpack",
+            encode_message(message),
+            describe(message),
+        )
+    write_new(RAFT / "conf-change.msgpack", encode_conf_change(CONF_CHANGE), describe(CONF_CHANGE))
+    for name in peer_pb2.DESCRIPTOR.message_types_by_name:
+        message = sample_peer_message(name)
+        write_new(
+            PEER / f"{name}.binpb",
+            message.SerializeToString(deterministic=True),
+            json_format.MessageToDict(message, preserving_proto_field_name=True),
+        )
+    if not DATA.exists():
+        write_data_dir(DATA)
+        print(f"wrote {DATA.relative_to(GOLDEN)}")
+    RECORDS.write_text(records_text(record_schemas()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

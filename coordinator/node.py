@@ -609,7 +609,7 @@ class Node:
     def _on_soft_state(self, soft: SoftState) -> None:
         old = self._soft_state
         self._soft_state = soft
-        self._role_log.observe(soft, self.raw.raft.term, self._transfer_target)
+        self._role_log.observe(soft, self.raw.basic_status().hard_state.term, self._transfer_target)
         if soft.raft_state is not StateType.LEADER:
             self._transfer_target = NONE
         if soft.lead != old.lead:
@@ -1142,14 +1142,13 @@ class Node:
         self, changes: tuple[ConfChangeSingle, ...], context: ConfChangeContext, timeout_s: float
     ) -> ConfState:
         self._require_leader()
-        raft = self.raw.raft
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         # Raft takes one change at a time. The previous one may be committed and even
         # answered but not yet marked applied (that happens when its Ready is advanced), or
         # a new leader's no-op may not be applied yet: wait for that rather than refuse a
         # caller who made two changes in a row.
-        while raft.pending_conf_index > raft.raft_log.applied:
+        while self.raw.basic_status().conf_change_pending():
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise ProposalDroppedError("another membership change is still in progress")

@@ -26,6 +26,7 @@ the core and wakes the loop. The parts live in modules of their own, by seam (et
 ``etcdserver/raft.go``, ``pkg/wait``, ``server.go``):
 
 - ``node_config``: what a member runs with;
+- ``node_bootstrap``: a member's first start (create the cluster, or abstain until caught up);
 - ``node_proposals``: entry framing, proposal ids unique per boot, and the waiters that
   answer a caller when its entry applies;
 - ``node_reads``: the ReadIndex batcher behind linearizable reads;
@@ -33,7 +34,7 @@ the core and wakes the loop. The parts live in modules of their own, by seam (et
 - ``node_snapshots``: periodic snapshots and snapshots for followers, encoded off the loop;
 - ``leader/``: the leader's clock-driven soft state (lease deadlines, failure detectors).
 
-This module holds the lifecycle (start, bootstrap, stop), the Ready loop and the apply path,
+This module holds the lifecycle (start, stop), the Ready loop and the apply path,
 the timers, and the two faces the rest of the daemon sees: ``PeerHost`` for the peer
 service and ``node_api.ServerNode`` for the servicers. The state machine never reads a
 clock: the proposing member stamps each command with its wall-clock time
@@ -71,16 +72,13 @@ from rallypoint.raft.log_storage import CompactedError, UnavailableError
 from rallypoint.raft.storage.disk_storage import DiskStorage, PersistRequest, SnapshotPolicy
 from rallypoint.raft.types import (
     NONE,
-    ConfState,
     Entry,
     EntryType,
-    HardState,
     Index,
     Message,
     MessageType,
     NodeId,
     Snapshot,
-    SnapshotMetadata,
     Term,
 )
 
@@ -89,27 +87,26 @@ from .identity import Identity
 from .leader.lessor import Lessor
 from .leader.progress import ProgressReport
 from .leader.supervisor import RendezvousSupervisor
-from .members import MemberTable, decode_app_snapshot, encode_app_snapshot
+from .members import decode_app_snapshot
 from .metrics import NodeMetrics
 from .node_api import (
     CompactedWatchError,
     Header,
     Member,
     NodeError,
-    NodeStartError,
     NodeStatus,
     NoLeaderError,
     NotLeaderError,
     PeerProgress,
     ProposalTimeoutError,
 )
+from .node_bootstrap import begin_from_empty_storage, is_fresh
 from .node_config import NodeConfig, PeerTls
 from .node_membership import Membership
 from .node_proposals import ProposalIds, Waiters, unwrap, validate_entries, wrap
 from .node_reads import ReadIndexBatcher
 from .node_snapshots import Capture, LeaderSnapshots, Snapshots, capture
 from .peer_auth import PeerKey
-from .peer_hello import ask_peers
 from .peer_service import add_peer_service, remove_partial_snapshots
 from .preflight import SERVER_OPTIONS
 from .role_log import ROLE_NAMES, RoleLog
@@ -240,8 +237,10 @@ class Node:
         # Serve the peer port first: members asking Hello need an answer while this one
         # may itself be asking them (every member of a new cluster starts at once).
         await self._start_peer_server()
-        if self._is_fresh(storage):
-            identity = await self._begin_from_empty_storage(storage, found)
+        if is_fresh(storage):
+            identity = await begin_from_empty_storage(
+                config, self._peer_key, self._transport.channel, storage, found, self._disk
+            )
         elif found is None:
             # A data directory from before identities were recorded: it is trusted as is.
             identity = Identity.new(self.cluster_id, config.member_id, abstaining=False)
@@ -316,88 +315,11 @@ class Node:
         await server.start()
         self._peer_server = server
 
-    async def _begin_from_empty_storage(
-        self, storage: DiskStorage, found: Identity | None
-    ) -> Identity:
-        """A new incarnation for a member whose storage holds nothing of a cluster yet: it
-        creates the cluster with the other initial members, or (the cluster exists) it lost
-        its data or is joining, and abstains until caught up. See peer_hello.py."""
-        config = self.config
-        boots = 0 if found is None else found.boots
-        if config.join_existing:
-            log.info(
-                "member %d joins an existing cluster: it does not vote until it has caught up",
-                config.member_id,
-            )
-            return Identity.new(self.cluster_id, config.member_id, abstaining=True, boots=boots)
-        if not config.initial_members:
-            raise NodeStartError(
-                f"{config.data_dir} holds no cluster state: give the initial members to "
-                "create a cluster, or join an existing one"
-            )
-        peers = {
-            i: a.peer_address for i, a in config.initial_members.items() if i != config.member_id
-        }
-        outcome = await ask_peers(
-            config.member_id, self.cluster_id, self._peer_key, peers, self._transport.channel
-        )
-        if outcome.established and not outcome.knows_me:
-            raise NodeStartError(
-                f"member {config.member_id} is not in the configuration of the running "
-                f"cluster (member {outcome.answered_by} says so): add it with `rallypoint "
-                f"member add {config.peer_address} {config.client_address} --learner`, then "
-                "start it with --join"
-            )
-        if outcome.established:
-            log.warning(
-                "member %d: its storage is empty but the cluster exists (member %d says so): "
-                "it lost its data and rejoins as a new incarnation, without voting until it "
-                "has caught up",
-                config.member_id,
-                outcome.answered_by,
-            )
-        identity = Identity.new(
-            self.cluster_id, config.member_id, abstaining=outcome.established, boots=boots
-        )
-        if self._is_blank(storage):
-            await self._bootstrap(storage)
-        return identity
-
     def _snapshot_interval(self) -> int:
         """Entries between this member's snapshots: the configured count, stretched by up to
         30% depending on the member id, so members do not all pause to snapshot at once."""
         entries = self.config.snapshot_entries
         return entries + entries * ((self.config.member_id - 1) % 4) // 10
-
-    @staticmethod
-    def _is_fresh(storage: DiskStorage) -> bool:
-        """Nothing beyond the cluster's creation: no election, no entry after index 1."""
-        return (
-            storage.last_index() <= 1
-            and storage.snapshot().metadata.index <= 1
-            and storage.hard_state.term <= 1
-        )
-
-    @staticmethod
-    def _is_blank(storage: DiskStorage) -> bool:
-        return (
-            storage.last_index() == 0
-            and storage.snapshot().is_empty()
-            and storage.hard_state.is_empty()
-        )
-
-    async def _bootstrap(self, storage: DiskStorage) -> None:
-        """Create the cluster: every initial member writes the same snapshot at index 1,
-        holding the configuration and the address book, so all start from one state."""
-        voters = tuple(sorted(NodeId(i) for i in self.config.initial_members))
-        sm = StateMachine(self.config.limits)
-        data = encode_app_snapshot(MemberTable(dict(self.config.initial_members)), sm.snapshot())
-        snapshot = Snapshot(data, SnapshotMetadata(ConfState(voters=voters), Index(1), Term(1)))
-        request = PersistRequest(HardState(Term(1), NONE, Index(1)), (), snapshot)
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._disk, storage.write_batch, [request])
-        storage.apply_batch([request])
-        log.info("member %d created a cluster of %s", self.config.member_id, list(voters))
 
     async def stop(self, *, transfer_leadership: bool = True) -> None:
         """Stop serving; a leader first hands leadership to the most up-to-date voter."""
@@ -424,19 +346,17 @@ class Node:
         self._disk.shutdown(wait=True)
         log.info("member %d stopped", self.config.member_id)
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run ``coro`` in the background, referenced until it finishes (the event loop keeps
         only weak references to tasks)."""
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     def _spawn_guarded(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Like ``_spawn``, for work whose failure is a broken invariant (snapshots)."""
-        task = asyncio.get_running_loop().create_task(self._guard(coro))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return task
+        return self._spawn(self._guard(coro))
 
     async def _guard(self, coro: Any) -> None:
         try:
@@ -683,7 +603,7 @@ class Node:
         storage = self._storage
         if storage is None:
             return False, False, 0, 0
-        established = not self._is_fresh(storage)
+        established = not is_fresh(storage)
         knows = self._membership.knows(from_id)
         return established, knows, int(storage.hard_state.term), int(storage.last_index())
 

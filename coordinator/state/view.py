@@ -4,12 +4,13 @@ Theory of operation. Only the Ready loop mutates the ``StateMachine``: it applie
 entries and installs snapshots, in log order, so every replica reaches the same state
 (``machine.py``). Everyone else (the servicers answering reads, the leader's soft state,
 status calls) only queries it. ``StateView`` states that rule in types: it lists the queries
-and nothing else, and the node hands servicers the state through it (``ServerNode.state``),
-so a servicer that called ``apply`` or ``restore``, assigned ``applied_index``, or stored
-into a job's participants would be rejected by ``mypy --strict`` rather than found in
-review. The records the queries return (``KeyValue``, ``Round``, ``Participant``,
-``RoundRecord``, ``CheckpointInfo``, ...) are frozen dataclasses; the containers the views
-expose are ``Mapping``/``Sequence``, which have no mutating methods.
+and nothing else, and the node hands the servicers (``ServerNode.state``) and the leader's
+supervisor the state through it, so one that called ``apply`` or ``restore``, assigned
+``applied_index``, or stored into a job's participants would be rejected by
+``mypy --strict`` rather than found in review. The records the queries return
+(``KeyValue``, ``Round``, ``Participant``, ``RoundRecord``, ``CheckpointInfo``, ...) are
+frozen dataclasses; the containers the views expose are ``Mapping``/``Sequence``, which
+have no mutating methods.
 
 The concrete ``StateMachine`` (and its ``Rendezvous``, ``Job``, ``RoundStore``,
 ``CheckpointRegistry``) satisfy these Protocols structurally: no wrapper is needed and reads
@@ -99,6 +100,15 @@ class RendezvousView(Protocol):
 
     @property
     def jobs(self) -> Mapping[str, JobView]: ...
+
+    @property
+    def revision(self) -> int:
+        """The raft index of the last change to any job."""
+        ...
+
+    def participant_keys(self) -> list[tuple[str, int]]: ...
+
+    def closes_due(self, now_ms: int) -> list[tuple[str, int]]: ...
 
     def member_store(
         self, job_id: str, round_number: int, pid: int

@@ -14,9 +14,9 @@ from typing import Protocol
 
 from .leader.progress import ProgressReport
 from .state.commands import Command
-from .state.machine import StateMachine
 from .state.results import Result
 from .state.values import Event
+from .state.view import StateView
 
 
 class NodeError(Exception):
@@ -140,8 +140,9 @@ class ServerNode(Protocol):
     def cluster_id(self) -> int: ...
 
     @property
-    def state(self) -> StateMachine:
-        """The applied state; read it only after ``read_barrier`` for linearizable reads."""
+    def state(self) -> StateView:
+        """The applied state, read-only (only the member's apply path changes it); read it
+        only after ``read_barrier`` for linearizable reads."""
         ...
 
     def header(self) -> Header: ...

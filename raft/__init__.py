@@ -23,7 +23,7 @@ from .log_storage import (
     UnavailableError,
 )
 from .raft import CampaignType, Config, Raft, SoftState, StateType
-from .rawnode import RawNode, Ready, SnapshotStatus, Status
+from .rawnode import BasicStatus, RawNode, Ready, SnapshotStatus, Status
 from .read_only import ReadOnlyOption
 from .tracker import Progress, ProgressState
 from .types import (
@@ -52,6 +52,7 @@ __all__ = [
     "EMPTY_HARD_STATE",
     "EMPTY_SNAPSHOT",
     "NONE",
+    "BasicStatus",
     "CampaignType",
     "CompactedError",
     "ConfChange",

@@ -13,7 +13,7 @@ Theory of operation. A ``Raft`` reacts to three kinds of input and produces mess
   and ``step_leader``, and ``tick`` between ``tick_election`` and ``tick_heartbeat``.
 - configuration changes applied by the application (``apply_conf_change``).
 
-Outputs accumulate in ``msgs`` (sendable once the current Ready is persisted) and
+Outputs accumulate in ``msgs`` (sendable at once: they vouch for nothing unpersisted) and
 ``msgs_after_append`` (responses that vouch for persisted state: append acks and votes;
 those addressed to ourselves are stepped back in by ``RawNode.advance`` once persisted, which
 is how a leader counts its own log and a candidate its own vote). Nothing here performs IO,

@@ -7,21 +7,32 @@ application feeds ticks, network messages and requests into the node, then asks 
 1. send ``messages`` (at once: they vouch for nothing unpersisted: appends, heartbeats and
    their answers, vote requests, forwarded proposals and reads),
 2. persist ``hard_state``, ``entries`` and ``snapshot``, with an fsync when ``must_sync``
-   (a new term, vote or entries; a commit index alone may be lost in a crash and relearned),
+   (a new term, vote or entries; a commit index alone may be lost in a crash and relearned;
+   storage makes an installed snapshot durable whatever ``must_sync`` says),
 3. send ``messages_after_persist`` (they vouch for what was just persisted: votes and
    append acknowledgements, thesis 3.8),
 4. apply ``committed_entries`` in order (``apply_conf_change`` for CONF_CHANGE entries),
 5. call ``advance(rd)``.
 
-The split follows etcd-io/raft's ``msgs`` and ``msgsAfterAppend``: a follower busy
-persisting a long catch-up still answers heartbeats on time, and a leader replicates while
-it writes (thesis 10.2.1).
+The core, not the application, decides which list a message belongs in: the algorithm puts
+what it sends on behalf of unpersisted state (its ``msgs_after_append``) apart from the rest
+(``msgs``), as etcd-io/raft's ``msgs`` and ``msgsAfterAppend``; the application never
+sorts messages by type. The split means a follower busy persisting a long catch-up still
+answers heartbeats on time, and a leader replicates while it writes (thesis 10.2.1).
+``must_sync`` is likewise computed here: true exactly when the Ready carries entries or its
+hard state changes term or vote.
 
 ``ready()`` marks what it hands out as in progress, so two Ready without an ``advance``
 between them are refused. ``advance`` tells the log what is now stable and applied, and steps
 back in the responses the node addressed to itself: the leader's acknowledgement of its own
 appended entries and a candidate's own vote, which count only once persisted (thesis 3.8).
 Committed entries are handed out only once persisted locally.
+
+The algorithm (``Raft``) is private to this handle: the application reads what it needs
+through ``basic_status()`` (cheap: ids, hard and soft state, applied and pending
+configuration indexes) and ``status()`` (also copies of the followers' progress), as etcd's
+``BasicStatus``/``Status``, so nothing outside ``raft/`` can change the core's state except
+through the inputs above.
 """
 
 from __future__ import annotations
@@ -54,7 +65,7 @@ from .types import (
     Term,
 )
 
-__all__ = ["RawNode", "Ready", "SnapshotStatus", "SoftState", "Status"]
+__all__ = ["BasicStatus", "RawNode", "Ready", "SnapshotStatus", "SoftState", "Status"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +109,25 @@ class SnapshotStatus(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class BasicStatus:
+    """A consistent copy of a node's scalar state (etcd's ``BasicStatus``): what a driver
+    reads between Readies, without copying the followers' progress."""
+
+    id: NodeId
+    hard_state: HardState
+    soft_state: SoftState
+    applied: Index
+    lead_transferee: NodeId
+    pending_conf_index: Index
+    """The index of the last configuration change proposed by this leader (0 if none).
+    Invariant: a new change may be proposed only once ``applied >= pending_conf_index``."""
+
+    def conf_change_pending(self) -> bool:
+        """True while a configuration change this leader proposed is not yet applied."""
+        return self.pending_conf_index > self.applied
+
+
+@dataclass(frozen=True, slots=True)
 class Status:
     """A consistent copy of a node's state, for monitoring and tests."""
 
@@ -128,10 +158,10 @@ class RawNode:
     """A Raft node driven by the application. Not thread-safe."""
 
     def __init__(self, config: Config) -> None:
-        self.raft = Raft(config)
+        self._raft = Raft(config)
         # Soft and hard state as of the last Ready handed out (to report only changes).
-        self._prev_soft_state = self.raft.soft_state()
-        self._prev_hard_state = self.raft.hard_state()
+        self._prev_soft_state = self._raft.soft_state()
+        self._prev_hard_state = self._raft.hard_state()
         # Set between ready() and advance(): what advance will mark stable and step in.
         self._pending: _PendingAdvance | None = None
 
@@ -139,18 +169,18 @@ class RawNode:
 
     def tick(self) -> None:
         """Advance the logical clock by one tick."""
-        self.raft.tick()
+        self._raft.tick()
 
     def campaign(self) -> None:
         """Start an election now (pre-vote first if enabled)."""
-        self.raft.step(Message(type=MessageType.MsgHup))
+        self._raft.step(Message(type=MessageType.MsgHup))
 
     def propose(self, data: bytes) -> None:
         """Propose ``data`` for the log; raises ProposalDroppedError if refused."""
-        self.raft.step(
+        self._raft.step(
             Message(
                 type=MessageType.MsgProp,
-                from_=self.raft.id,
+                from_=self._raft.id,
                 entries=(Entry(Term(0), Index(0), EntryType.NORMAL, data),),
             )
         )
@@ -161,29 +191,29 @@ class RawNode:
         A change proposed while another is unapplied (or inconsistent with joint state) is
         replaced by an empty normal entry, which the proposer sees applied instead.
         """
-        self.raft.step(
+        self._raft.step(
             Message(
                 type=MessageType.MsgProp,
-                from_=self.raft.id,
+                from_=self._raft.id,
                 entries=(Entry(Term(0), Index(0), EntryType.CONF_CHANGE, encode_conf_change(cc)),),
             )
         )
 
     def apply_conf_change(self, cc: ConfChange) -> ConfState:
         """Apply a committed change (call when its entry is applied); the new config."""
-        return self.raft.apply_conf_change(cc)
+        return self._raft.apply_conf_change(cc)
 
     def step(self, m: Message) -> None:
         """Feed a message received from a peer."""
         if m.type in LOCAL_MESSAGES:
             raise StepLocalMsgError(f"cannot step local message {m.type.name} from the network")
-        if m.type in RESPONSE_MESSAGES and m.from_ not in self.raft.trk.progress:
+        if m.type in RESPONSE_MESSAGES and m.from_ not in self._raft.trk.progress:
             raise StepPeerNotFoundError(f"no peer {m.from_} for {m.type.name}")
-        self.raft.step(m)
+        self._raft.step(m)
 
     def read_index(self, ctx: bytes) -> None:
         """Request a linearizable read tagged ``ctx``; the answer comes as a ReadState."""
-        self.raft.step(
+        self._raft.step(
             Message(
                 type=MessageType.MsgReadIndex,
                 entries=(Entry(Term(0), Index(0), EntryType.NORMAL, ctx),),
@@ -192,25 +222,25 @@ class RawNode:
 
     def transfer_leader(self, transferee: NodeId) -> None:
         """Ask the leader to hand leadership to ``transferee`` (thesis 3.10)."""
-        self.raft.step(Message(type=MessageType.MsgTransferLeader, from_=transferee))
+        self._raft.step(Message(type=MessageType.MsgTransferLeader, from_=transferee))
 
     def set_abstain(self, abstain: bool) -> None:
         """Stop (or resume) voting and campaigning: see ``Config.abstain``. The application
         persists the flag and clears it once this node's log holds an entry of the current
         leader's term at the commit index (everything committed before is then here too)."""
-        self.raft.abstain = abstain
+        self._raft.abstain = abstain
 
     @property
     def abstaining(self) -> bool:
-        return self.raft.abstain
+        return self._raft.abstain
 
     def report_unreachable(self, node_id: NodeId) -> None:
         """The transport failed to reach ``node_id``: its replication falls back to probing."""
-        self.raft.step(Message(type=MessageType.MsgUnreachable, from_=node_id))
+        self._raft.step(Message(type=MessageType.MsgUnreachable, from_=node_id))
 
     def report_snapshot(self, node_id: NodeId, status: SnapshotStatus) -> None:
         """Report the outcome of sending a snapshot to ``node_id``."""
-        self.raft.step(
+        self._raft.step(
             Message(
                 type=MessageType.MsgSnapStatus,
                 from_=node_id,
@@ -220,12 +250,12 @@ class RawNode:
 
     def forget_leader(self) -> None:
         """Forget the leader (follower only), e.g. because the application knows it left."""
-        self.raft.forget_leader()
+        self._raft.forget_leader()
 
     # -- outputs ------------------------------------------------------------------------
 
     def has_ready(self) -> bool:
-        r = self.raft
+        r = self._raft
         if r.soft_state() != self._prev_soft_state:
             return True
         hs = r.hard_state()
@@ -242,7 +272,7 @@ class RawNode:
         """The pending work; must be followed by ``advance(rd)`` before the next one."""
         if self._pending is not None:
             raise RuntimeError("ready() called twice without advance()")
-        r = self.raft
+        r = self._raft
         log = r.raft_log
         soft = r.soft_state()
         hard = r.hard_state()
@@ -299,7 +329,7 @@ class RawNode:
         if pending is None:
             raise RuntimeError("advance() called without a preceding ready()")
         self._pending = None
-        r = self.raft
+        r = self._raft
         log = r.raft_log
         if pending.stable_index and pending.term == r.term:
             # After a term change the unstable tail may have been rewritten since the Ready
@@ -314,8 +344,19 @@ class RawNode:
             r.reduce_uncommitted_size(payloads_size(rd.committed_entries))
             r.applied_to(rd.committed_entries[-1].index, entries_size(rd.committed_entries))
 
+    def basic_status(self) -> BasicStatus:
+        r = self._raft
+        return BasicStatus(
+            id=r.id,
+            hard_state=r.hard_state(),
+            soft_state=r.soft_state(),
+            applied=r.raft_log.applied,
+            lead_transferee=r.lead_transferee,
+            pending_conf_index=r.pending_conf_index,
+        )
+
     def status(self) -> Status:
-        r = self.raft
+        r = self._raft
         progress: dict[NodeId, Progress] = {}
         if r.state is StateType.LEADER:
             progress = {node_id: pr.copy() for node_id, pr in r.trk.progress.items()}

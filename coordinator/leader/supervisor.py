@@ -32,7 +32,7 @@ from ..metrics import NodeMetrics
 from ..node_api import NodeError
 from ..state.commands import CloseRound, Command, MemberFailed, RoundTrained
 from ..state.jobs import EndReason, RoundState
-from ..state.machine import StateMachine
+from ..state.view import StateView
 from .phi import DetectorSet, DetectorSettings
 from .progress import ProgressReport, ProgressTracker
 
@@ -57,7 +57,7 @@ def monotonic_ms() -> int:
 class RendezvousSupervisor:
     def __init__(
         self,
-        state: StateMachine,
+        state: StateView,
         propose: Callable[[Command], Awaitable[object]],
         wall_clock_ms: Callable[[], int],
         *,

@@ -51,7 +51,7 @@ from ..node_api import ServerNode
 from ..state.commands import CloseJob, Configure, Evict, Join, Leave, PruneJobs
 from ..state.errors import JobNotFound, ParticipantNotFound
 from ..state.jobs import EndReason, JobConfig, JobState, LeaveOutcome, RoundRecord, RoundState
-from ..state.rendezvous import Job, round_reason
+from ..state.rendezvous import round_reason
 from ..state.results import (
     CloseJobResult,
     ConfigureResult,
@@ -59,6 +59,7 @@ from ..state.results import (
     PruneJobsResult,
     RemoveResult,
 )
+from ..state.view import JobView
 from . import validate
 from .checkpoint import checkpoint_pb
 from .common import Context, header_pb, propose, read_barrier
@@ -159,14 +160,14 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
                 return
             await self.node.wait_for_apply(remaining)
 
-    def _job(self, job_id: str) -> Job:
+    def _job(self, job_id: str) -> JobView:
         job = self.node.state.rendezvous.jobs.get(job_id)
         if job is None:
             raise RequestFailed(JobNotFound(job_id))
         return job
 
     def _member_pb(
-        self, job: Job, pid: int, rank: int, with_phi: bool
+        self, job: JobView, pid: int, rank: int, with_phi: bool
     ) -> rendezvous_pb2.RoundMember:
         member = rendezvous_pb2.RoundMember(participant_id=pid, rank=rank)
         participant = job.participants.get(pid)
@@ -184,7 +185,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
                 member.step, member.step_ms, member.step_ratio = progress
         return member
 
-    def round_info(self, job: Job, with_phi: bool = False) -> rendezvous_pb2.RoundInfo:
+    def round_info(self, job: JobView, with_phi: bool = False) -> rendezvous_pb2.RoundInfo:
         r = job.round
         return rendezvous_pb2.RoundInfo(
             job=job.job_id,
@@ -255,7 +256,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
             ):
                 await self.node.wait_for_apply(remaining)
 
-    def _round_info_to_push(self, job: Job) -> rendezvous_pb2.RoundInfo:
+    def _round_info_to_push(self, job: JobView) -> rendezvous_pb2.RoundInfo:
         pushed = self._pushed.get(job.job_id)
         if pushed is not None and pushed[0] == job.revision:
             return pushed[1]
@@ -428,6 +429,6 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         )
 
 
-def _position(job: Job) -> tuple[int, RoundState, JobState]:
+def _position(job: JobView) -> tuple[int, RoundState, JobState]:
     """What a watcher is told at once when it changes: round number, round state, job state."""
     return job.round.number, job.round.state, job.state

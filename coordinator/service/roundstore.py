@@ -32,7 +32,7 @@ from ..state.results import (
     StoreDeleteResult,
     StoreSetResult,
 )
-from ..state.roundstore import RoundStore
+from ..state.view import RoundStoreView
 from . import validate
 from .common import Context, header_pb, propose, read_barrier
 from .errors import RequestFailed, WaitTimedOut
@@ -46,7 +46,7 @@ class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
 
     # ----------------------------------------------------------------- reads
 
-    def _store(self, scope: validate.Scope) -> RoundStore:
+    def _store(self, scope: validate.Scope) -> RoundStoreView:
         """The scope's store if its participant may use it now; else the fencing failure."""
         store = self.node.state.rendezvous.member_store(
             scope.job, scope.round, scope.participant_id
@@ -58,7 +58,7 @@ class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
     async def _wait_for(
         self,
         scope: validate.Scope,
-        found: Callable[[RoundStore], T | None],
+        found: Callable[[RoundStoreView], T | None],
         timeout_ms: int,
         context: Context,
         what: str,
@@ -100,7 +100,7 @@ class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
         keys = [validate.store_key(key, limits, f"keys[{i}]") for i, key in enumerate(request.keys)]
         timeout_ms = validate.non_negative(request.timeout_ms, "timeout_ms")
 
-        def all_present(store: RoundStore) -> bool | None:
+        def all_present(store: RoundStoreView) -> bool | None:
             return True if store.check(keys) else None
 
         await self._wait_for(scope, all_present, timeout_ms, context, "keys are still missing")

@@ -25,6 +25,7 @@ and the replica must stop rather than diverge.
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 from dataclasses import dataclass, field
@@ -134,6 +135,22 @@ class SessionInfo:
     outstanding_answers: int
     # The role that opened the session ("" when the cluster required no credentials).
     owner: str
+
+
+# What frozen_copy copies: the immutable limits and counters shallowly, the rest as it says.
+_FIELDS = frozenset(
+    {
+        "limits",
+        "applied_index",
+        "now_ms",
+        "revision",
+        "kv",
+        "leases",
+        "sessions",
+        "history",
+        "rendezvous",
+    }
+)
 
 
 class StateMachine:
@@ -448,6 +465,23 @@ class StateMachine:
         return self.history.events_since(revision, key, prefix)
 
     # ----------------------------------------------------------------- snapshots
+
+    def frozen_copy(self) -> StateMachine:
+        """A copy that later applies do not change, so ``snapshot()`` can encode it on
+        another thread while this machine keeps applying (the node takes it on the event
+        loop, between applies). The large parts, the keys and the watch history, hold frozen
+        values, so their containers are copied without a Python step per item; the small
+        mutable parts (leases, sessions, rendezvous jobs) are copied deeply."""
+        if set(vars(self)) != _FIELDS:
+            # A new field must be copied here too, or a snapshot could see later applies.
+            raise AssertionError(f"frozen_copy does not know fields {set(vars(self)) ^ _FIELDS}")
+        clone = copy.copy(self)
+        clone.kv = self.kv.copy()
+        clone.history = self.history.copy()
+        clone.leases = copy.deepcopy(self.leases)
+        clone.sessions = copy.deepcopy(self.sessions)
+        clone.rendezvous = copy.deepcopy(self.rendezvous)
+        return clone
 
     def snapshot(self) -> bytes:
         """Canonical bytes of the whole state: equal states give equal bytes."""

@@ -119,6 +119,7 @@ from .results import (
     RoundTrainedResult,
 )
 from .roundstore import RoundStore
+from .view import JobView
 
 
 @dataclass(slots=True)
@@ -650,7 +651,7 @@ def _stale(job: Job, round_number: int) -> StaleRound | None:
     return StaleRound(job.job_id, round_number, r.number, detail)
 
 
-def round_reason(job: Job, now_ms: int) -> str:
+def round_reason(job: JobView, now_ms: int) -> str:
     """Why the job's round is not closing (JOINING), or since when it is active: a pure
     function of the state and the caller's clock (the servicer passes the leader's)."""
     r, config = job.round, job.config

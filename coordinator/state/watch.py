@@ -108,6 +108,18 @@ class WatchHistory:
     def in_order(self) -> list[Event]:
         return list(self._events)
 
+    def copy(self) -> WatchHistory:
+        """A copy later appends and compactions do not change (events are frozen)."""
+        clone = WatchHistory(self.max_events, self.max_bytes)
+        clone._events = self._events.copy()
+        clone._revisions = self._revisions.copy()
+        clone._per_revision = collections.deque(
+            _RevisionSize(r.revision, r.events, r.size_bytes) for r in self._per_revision
+        )
+        clone._size_bytes = self._size_bytes
+        clone.compacted_revision = self.compacted_revision
+        return clone
+
     def restore(self, compacted_revision: int, events: list[Event]) -> None:
         self._events = []
         self._revisions = []

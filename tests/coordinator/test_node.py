@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from rallypoint.coordinator.members import MemberAddress
+from rallypoint.coordinator import node_snapshots
+from rallypoint.coordinator.members import MemberAddress, decode_app_snapshot
 from rallypoint.coordinator.node import Node, NodeConfig, _unwrap, _wrap
 from rallypoint.coordinator.node_api import LearnerNotReadyError, NotLeaderError
 from rallypoint.coordinator.state.commands import (
@@ -27,6 +31,7 @@ from rallypoint.coordinator.state.results import (
     PutResult,
     SessionOpenResult,
 )
+from rallypoint.raft.storage.disk_storage import PersistRequest
 from rallypoint.raft.types import Entry, EntryType, Index, Message, MessageType, NodeId, Term
 
 
@@ -121,6 +126,14 @@ async def wait_applied(nodes: list[Node], index: int, timeout_s: float = 10.0) -
     await asyncio.wait_for(asyncio.gather(*(one(n) for n in nodes)), timeout_s)
 
 
+async def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        assert loop.time() < deadline, what
+        await asyncio.sleep(0.01)
+
+
 async def test_elects_replicates_and_reads(cluster: Cluster) -> None:
     leader = await cluster.leader()
     session = await open_session(leader)
@@ -184,7 +197,8 @@ async def test_lagging_member_catches_up_by_snapshot(tmp_path: Path) -> None:
         session = await open_session(leader)
         for seq in range(1, 201):
             await leader.propose(Put(b"k%03d" % seq, b"v"), session_id=session, sequence=seq)
-        assert leader.status().snapshot_index > 100
+        # Snapshots are made in the background: wait for the one past 100.
+        await wait_until(lambda: leader.status().snapshot_index > 100, "no snapshot past 100")
         node = await c.start(lagging)
         await wait_applied([node], leader.state.applied_index)
         await node.read_barrier()
@@ -208,7 +222,7 @@ async def test_a_removed_members_id_is_never_given_again(cluster: Cluster) -> No
 
     # Every member learned it by applying the changes, so any next leader agrees.
     async def learned(node: Node) -> None:
-        while node._members.next_id() != 6:
+        while node._membership.table.next_id() != 6:
             await asyncio.sleep(0.01)
 
     await asyncio.wait_for(asyncio.gather(*(learned(n) for n in cluster.nodes.values())), 10)
@@ -345,3 +359,157 @@ async def test_a_proposal_forwarded_twice_reaches_the_leader(cluster: Cluster) -
         assert loop.time() < deadline, "the forwarded proposal never reached the leader's log"
         await asyncio.sleep(0.02)
     assert not cluster.fatal
+
+
+async def test_applies_continue_while_a_snapshot_is_encoded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The snapshot is encoded off the event loop while the member keeps applying, and it
+    holds exactly the state at its index: nothing applied after the capture."""
+    c = Cluster(tmp_path, 1)
+    await c.start_all()
+    encoding, release = threading.Event(), threading.Event()
+    try:
+        node = await c.leader()
+        session = await open_session(node)
+        for seq in range(1, 6):
+            await node.propose(Put(b"k%d" % seq, b"v"), session_id=session, sequence=seq)
+        index_at_request = node.state.applied_index
+        state_at_request = node.state.snapshot()
+        encode = node_snapshots.encode
+
+        def held_encode(captured: node_snapshots.Capture) -> bytes:
+            encoding.set()
+            assert release.wait(30), "never released"
+            return encode(captured)
+
+        monkeypatch.setattr(node_snapshots, "encode", held_encode)
+        snapshot = asyncio.ensure_future(node.snapshot_now())
+        assert await asyncio.to_thread(encoding.wait, 10), "the snapshot never started encoding"
+        # The encoder is held: the member still commits and applies.
+        for seq in range(6, 9):
+            result = await node.propose(
+                Put(b"k%d" % seq, b"late"), session_id=session, sequence=seq
+            )
+            assert isinstance(result, PutResult)
+        assert node.state.applied_index == index_at_request + 3
+        assert not snapshot.done()
+        release.set()
+        assert await asyncio.wait_for(snapshot, 10) == index_at_request
+        storage = node._storage
+        assert storage is not None
+        stored = storage.snapshot()
+        assert stored.metadata.index == index_at_request
+        _, state = decode_app_snapshot(stored.data)
+        assert state == state_at_request
+        assert node.state.get(b"k8") is not None
+    finally:
+        release.set()
+        for member_id in list(c.nodes):
+            await c.stop(member_id)
+    assert not c.fatal
+
+
+async def test_votes_and_acks_leave_only_after_what_they_vouch_for_is_persisted(
+    cluster: Cluster,
+) -> None:
+    """The driver's half of the Ready contract: an append ack vouches for entries up to its
+    index, a granted vote for the vote itself; neither is sent before the disk write that
+    makes it true has returned."""
+    events: list[tuple[str, int, object]] = []  # appended from the disk thread and the loop
+    for node in cluster.nodes.values():
+        storage = node._storage
+        assert storage is not None
+        write_batch = storage.write_batch
+
+        def recorded_write(
+            batch: list[PersistRequest], write: Any = write_batch, member: int = node.member_id
+        ) -> None:
+            write(batch)
+            for request in batch:
+                events.append(("persisted", member, request))
+
+        storage.write_batch = recorded_write  # type: ignore[method-assign]
+        send = node._transport.send
+
+        def recorded_send(
+            messages: tuple[Message, ...], send: Any = send, member: int = node.member_id
+        ) -> None:
+            for message in messages:
+                events.append(("sent", member, message))
+            send(messages)
+
+        node._transport.send = recorded_send  # type: ignore[method-assign]
+
+    leader = await cluster.leader()
+    session = await open_session(leader)
+    for seq in range(1, 6):
+        await leader.propose(Put(b"k%d" % seq, b"v"), session_id=session, sequence=seq)
+    target = next(i for i in cluster.nodes if i != leader.member_id)
+    await leader.transfer_leader(target)  # an election: votes
+    leader = await cluster.leader()
+    await leader.propose(Put(b"after", b"v"), session_id=session, sequence=6)
+
+    durable_last: dict[int, int] = {}
+    durable_vote: dict[int, tuple[int, int]] = {}
+    checked = {MessageType.MsgAppResp: 0, MessageType.MsgVoteResp: 0}
+    for kind, member, item in list(events):
+        if kind == "persisted":
+            assert isinstance(item, PersistRequest)
+            if item.entries:
+                durable_last[member] = int(item.entries[-1].index)
+            elif not item.snapshot.is_empty():
+                durable_last[member] = int(item.snapshot.metadata.index)
+            if not item.hard_state.is_empty():
+                durable_vote[member] = (int(item.hard_state.term), int(item.hard_state.vote))
+            continue
+        assert isinstance(item, Message)
+        if item.reject:
+            continue
+        if item.type is MessageType.MsgAppResp:
+            checked[item.type] += 1
+            assert item.index <= durable_last.get(member, 1), (member, item)
+        elif item.type is MessageType.MsgVoteResp:
+            checked[item.type] += 1
+            assert durable_vote.get(member) == (item.term, item.to), (member, item)
+    assert all(checked.values()), checked
+
+
+async def test_a_member_added_after_compaction_gets_a_snapshot_naming_it(
+    tmp_path: Path,
+) -> None:
+    """The stored snapshots predate the new member's configuration, so the leader makes one
+    with the current configuration (off the event loop) and sends it."""
+    c = Cluster(tmp_path, 3, snapshot_entries=50, snapshot_catchup_entries=10)
+    await c.start_all()
+    try:
+        leader = await c.leader()
+        session = await open_session(leader)
+        for seq in range(1, 151):
+            await leader.propose(Put(b"k%03d" % seq, b"v"), session_id=session, sequence=seq)
+        storage = leader._storage
+        assert storage is not None
+        await wait_until(lambda: storage.first_index() > 2, "the leader never compacted")
+        peer_port, client_port = free_ports(2)
+        added = await leader.member_add(
+            f"127.0.0.1:{peer_port}", f"127.0.0.1:{client_port}", as_learner=True
+        )
+        config = dataclasses.replace(
+            c.config(1),
+            member_id=added.member_id,
+            data_dir=str(tmp_path / f"m{added.member_id}"),
+            peer_address=added.peer_address,
+            client_address=added.client_address,
+            join_existing=True,
+        )
+        node = Node(config, on_fatal=c.fatal.append)
+        await node.start()
+        c.nodes[added.member_id] = node
+        await wait_applied([node], leader.state.applied_index, timeout_s=20)
+        assert node.status().snapshot_index > 1
+        assert node.state.get(b"k150") is not None
+        assert added.member_id in {m.member_id for m in node.status().members}
+    finally:
+        for member_id in list(c.nodes):
+            await c.stop(member_id)
+    assert not c.fatal

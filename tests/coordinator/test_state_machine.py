@@ -11,6 +11,7 @@ from rallypoint.coordinator.state.commands import (
     CompareAndSet,
     Delete,
     Envelope,
+    Join,
     LeaseExpire,
     LeaseGrant,
     LeaseRevoke,
@@ -34,6 +35,7 @@ from rallypoint.coordinator.state.errors import (
     TooManyOutstanding,
     ValueTooLarge,
 )
+from rallypoint.coordinator.state.jobs import JobConfig
 from rallypoint.coordinator.state.machine import Limits, StateMachine
 from rallypoint.coordinator.state.results import (
     AddResult,
@@ -444,3 +446,35 @@ def test_a_revision_larger_than_the_history_bound_stays_as_long_as_a_small_one()
     assert [e.revision for e in still] == [7] * 5 + [8, 9]
     replica.do(s, Put(b"after/3", b"v"))  # revision 10: three newer events, the bound
     assert replica.sm.events_since(7, b"", prefix=True) == Compacted(8)
+
+
+def test_a_frozen_copy_does_not_see_later_applies(replica: Replica) -> None:
+    """The node encodes snapshots of a frozen copy on another thread while it keeps
+    applying: the copy must snapshot to exactly the state it was taken at."""
+    s = replica.open()
+    lease = replica.grant(s)
+    replica.do(s, Put(b"a", b"1", lease_id=lease))
+    replica.do(s, Put(b"b", b"2"))
+    replica.do(s, Join("j", "w0", b"", JobConfig(min_nodes=2, max_nodes=2)))
+    copy = replica.sm.frozen_copy()
+    at_copy = replica.sm.snapshot()
+    assert copy.snapshot() == at_copy
+    # Every part changes after the copy: keys, fences, leases, sessions, history, jobs.
+    replica.do(s, Put(b"a", b"3", lease_id=lease))
+    replica.do(s, Delete(b"b"))
+    fencing = replica.grant(s)
+    replica.do(s, Put(b"c", b"4", fence=Fence(fencing, fencing)))
+    replica.do(s, Join("j", "w1", b"", None))
+    other = replica.open()
+    replica.do(other, LeaseRevoke(lease))
+    replica.time_ms += 60_000
+    replica.apply(SessionKeepAlive(), other, 0)
+    assert replica.sm.snapshot() != at_copy
+    assert copy.snapshot() == at_copy
+    assert copy.applied_index < replica.sm.applied_index
+
+
+def test_frozen_copy_refuses_a_state_field_it_does_not_know(replica: Replica) -> None:
+    replica.sm.cache = {}  # type: ignore[attr-defined]
+    with pytest.raises(AssertionError, match="cache"):
+        replica.sm.frozen_copy()

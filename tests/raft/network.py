@@ -37,6 +37,8 @@ from rallypoint.raft import (
 )
 from rallypoint.raft.codec import decode_conf_change
 
+from .internals import raft_core_for_tests
+
 
 class BootstrapStorage(MemoryStorage):
     """A MemoryStorage whose initial (empty) snapshot carries the bootstrap configuration."""
@@ -100,16 +102,16 @@ class Peer:
 
     @property
     def raft(self) -> Raft:
-        return self.node.raft
+        return raft_core_for_tests(self.node)
 
     @property
     def id(self) -> NodeId:
-        return self.node.raft.id
+        return raft_core_for_tests(self.node).id
 
     def step(self, m: Message) -> None:
         """Step ``m`` into the state machine (local types allowed, as etcd's tests do)."""
         with contextlib.suppress(ProposalDroppedError):
-            self.node.raft.step(m)
+            raft_core_for_tests(self.node).step(m)
 
     def handle_ready(self) -> list[Message]:
         """Persist, apply and advance until idle; the messages to send, in order."""

@@ -6,6 +6,7 @@ import pytest
 
 from rallypoint.raft import (
     EMPTY_HARD_STATE,
+    NONE,
     ConfChange,
     ConfChangeSingle,
     ConfChangeType,
@@ -32,7 +33,8 @@ from rallypoint.raft import (
 from rallypoint.raft.codec import decode_conf_change
 from rallypoint.raft.log_storage import entries_size
 
-from .network import BootstrapStorage, new_config, new_storage
+from .internals import raft_core_for_tests
+from .network import BootstrapStorage, Network, new_config, new_storage
 
 MT = MessageType
 
@@ -66,6 +68,18 @@ def drain(node: RawNode, storage: BootstrapStorage) -> list[Ready]:
     while node.has_ready():
         readies.append(cycle(node, storage))
     return readies
+
+
+def append_from_leader_2(commit: int) -> Message:
+    """Leader 2's MsgApp of term 1 carrying entry 1 (b"x")."""
+    return Message(
+        type=MT.MsgApp,
+        from_=NodeId(2),
+        to=NodeId(1),
+        term=Term(1),
+        entries=(Entry(Term(1), Index(1), data=b"x"),),
+        commit=Index(commit),
+    )
 
 
 def test_single_node_becomes_leader_and_commits_through_ready_cycles() -> None:
@@ -115,16 +129,7 @@ def test_messages_come_with_the_entries_they_depend_on() -> None:
 
 def test_follower_acks_only_with_the_ready_that_persists_the_entries() -> None:
     node, storage = new_node((1, 2))
-    node.step(
-        Message(
-            type=MT.MsgApp,
-            from_=NodeId(2),
-            to=NodeId(1),
-            term=Term(1),
-            entries=(Entry(Term(1), Index(1), data=b"x"),),
-            commit=Index(1),
-        )
-    )
+    node.step(append_from_leader_2(commit=1))
     rd = node.ready()
     assert rd.entries == (Entry(Term(1), Index(1), data=b"x"),)
     assert rd.messages == ()  # the ack waits for the entries to be persisted
@@ -180,7 +185,7 @@ def test_restart_hands_out_only_entries_after_applied() -> None:
     rd = cycle(node, storage)
     assert [e.index for e in rd.committed_entries] == [2, 3]
     assert rd.hard_state == EMPTY_HARD_STATE  # nothing changed since the restart
-    assert node.raft.term == 1 and node.raft.vote == 1
+    assert raft_core_for_tests(node).term == 1 and raft_core_for_tests(node).vote == 1
 
 
 def test_committed_entries_are_bounded_per_ready() -> None:
@@ -218,7 +223,7 @@ def test_status_reports_progress_copies_on_the_leader() -> None:
     assert status.soft_state.raft_state is StateType.LEADER
     assert status.hard_state.commit == 1
     status.progress[NodeId(1)].match = Index(99)
-    assert node.raft.trk.progress[NodeId(1)].match == 1
+    assert raft_core_for_tests(node).trk.progress[NodeId(1)].match == 1
 
 
 def test_report_unreachable_and_snapshot_status() -> None:
@@ -227,7 +232,7 @@ def test_report_unreachable_and_snapshot_status() -> None:
     cycle(node, storage)
     node.step(Message(type=MT.MsgVoteResp, from_=NodeId(2), to=NodeId(1), term=Term(1)))
     drain(node, storage)
-    pr = node.raft.trk.progress[NodeId(2)]
+    pr = raft_core_for_tests(node).trk.progress[NodeId(2)]
     pr.become_replicate()
     node.report_unreachable(NodeId(2))
     assert pr.state is ProgressState.PROBE
@@ -241,9 +246,119 @@ def test_report_unreachable_and_snapshot_status() -> None:
 def test_forget_leader() -> None:
     node, storage = new_node((1, 2))
     node.step(Message(type=MT.MsgHeartbeat, from_=NodeId(2), to=NodeId(1), term=Term(1)))
-    assert node.raft.lead == 2
+    assert raft_core_for_tests(node).lead == 2
     assert cycle(node, storage).soft_state == SoftState(NodeId(2), StateType.FOLLOWER)
     node.forget_leader()
-    assert node.raft.lead == 0
+    assert raft_core_for_tests(node).lead == 0
     rd = cycle(node, storage)
     assert rd.soft_state == SoftState(NodeId(0), StateType.FOLLOWER)
+
+
+# -- the Ready contract, rule by rule (see raft/rawnode.py) ----------------------------------
+
+# What may leave only once persisted (thesis 3.8): the core files these apart.
+_AFTER_PERSIST = {MT.MsgAppResp, MT.MsgVoteResp, MT.MsgPreVoteResp}
+
+
+def _busy_network(seed: int) -> Network:
+    """Three peers through elections (one with pre-vote), proposals, drops and a partition:
+    every kind of Ready the core makes."""
+    nt = Network.of_size(3, pre_vote=True, seed=seed)
+    nt.rng.seed(seed)
+    nt.send(Message(type=MT.MsgHup, from_=NodeId(1), to=NodeId(1)))
+    for round_number in range(30):
+        proposer = NodeId(1 + round_number % 3)
+        nt.send(
+            Message(
+                type=MT.MsgProp,
+                from_=proposer,
+                to=proposer,
+                entries=(Entry(Term(0), Index(0), data=f"p{round_number}".encode()),),
+            )
+        )
+        if round_number == 10:
+            nt.dropm[(NodeId(1), NodeId(3))] = 0.5
+            nt.dropm[(NodeId(3), NodeId(1))] = 0.5
+        if round_number % 7 == 3:
+            candidate = NodeId(1 + round_number % 3)
+            nt.send(Message(type=MT.MsgHup, from_=candidate, to=candidate))
+        for node_id in (1, 2, 3):
+            nt.peer(node_id).node.tick()
+        nt.send()
+    return nt
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_core_splits_messages_from_those_sent_after_persisting(seed: int) -> None:
+    nt = _busy_network(seed)
+    seen: set[MessageType] = set()
+    for peer in nt.peers.values():
+        assert peer is not None
+        for rd in peer.readies:
+            for m in rd.messages:
+                assert m.type not in _AFTER_PERSIST, f"{m.type.name} would leave unpersisted"
+                seen.add(m.type)
+            for m in rd.messages_after_persist:
+                assert m.type in _AFTER_PERSIST, f"{m.type.name} held back needlessly"
+                assert m.to != peer.id, "self-addressed answers are stepped in by advance()"
+                seen.add(m.type)
+    # The scenario exercised both lists.
+    assert {MT.MsgApp, MT.MsgHeartbeat, MT.MsgAppResp, MT.MsgVoteResp} <= seen
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_must_sync_exactly_when_entries_term_or_vote_change(seed: int) -> None:
+    nt = _busy_network(seed)
+    syncs = skipped = 0
+    for peer in nt.peers.values():
+        assert peer is not None
+        durable = HardState()
+        for rd in peer.readies:
+            hard_state_moved = not rd.hard_state.is_empty() and (
+                (rd.hard_state.term, rd.hard_state.vote) != (durable.term, durable.vote)
+            )
+            assert rd.must_sync == (bool(rd.entries) or hard_state_moved), rd
+            if not rd.hard_state.is_empty():
+                durable = rd.hard_state
+            if rd.must_sync:
+                syncs += 1
+            elif not rd.hard_state.is_empty():
+                skipped += 1  # a commit index alone
+    assert syncs and skipped
+
+
+def test_a_ready_with_only_a_new_commit_index_needs_no_sync() -> None:
+    node, storage = new_node((1, 2))
+    node.step(append_from_leader_2(commit=0))
+    assert cycle(node, storage).must_sync
+    node.step(
+        Message(type=MT.MsgHeartbeat, from_=NodeId(2), to=NodeId(1), term=Term(1), commit=Index(1))
+    )
+    rd = cycle(node, storage)
+    assert rd.hard_state == HardState(Term(1), NONE, Index(1))
+    assert rd.entries == () and not rd.must_sync
+    assert [m.type for m in rd.messages] == [MT.MsgHeartbeatResp]
+
+
+def test_basic_status_reports_what_the_driver_reads() -> None:
+    node, storage = new_node((1, 2))
+    node.campaign()
+    node.step(Message(type=MT.MsgVoteResp, from_=NodeId(2), to=NodeId(1), term=Term(1)))
+    drain(node, storage)
+    node.step(Message(type=MT.MsgAppResp, from_=NodeId(2), to=NodeId(1), term=Term(1), index=1))
+    drain(node, storage)
+    status = node.basic_status()
+    assert status.id == 1
+    assert status.hard_state == HardState(Term(1), NodeId(1), Index(1))
+    assert status.soft_state == SoftState(NodeId(1), StateType.LEADER)
+    assert status.applied == 1 and not status.conf_change_pending()
+    node.propose_conf_change(
+        ConfChange((ConfChangeSingle(ConfChangeType.ADD_LEARNER_NODE, NodeId(3)),))
+    )
+    cycle(node, storage)
+    assert node.basic_status().conf_change_pending()
+
+
+def test_the_core_is_private_to_the_handle() -> None:
+    node, _ = new_node()
+    assert not hasattr(node, "raft")

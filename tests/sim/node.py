@@ -51,6 +51,7 @@ from rallypoint.raft import (
     UnavailableError,
 )
 from rallypoint.raft.codec import decode_conf_change
+from tests.raft.internals import raft_core_for_tests
 
 from .checker import (
     GENESIS_CHAIN,
@@ -313,7 +314,7 @@ class SimNode:
         )
         self.raw = RawNode(config)
         self.written = self.durable.copy()
-        self.seen_commit = self.raw.raft.raft_log.first_index() - 1
+        self.seen_commit = raft_core_for_tests(self.raw).raft_log.first_index() - 1
         self.leader_term = 0
 
     def crash(self) -> None:
@@ -477,7 +478,7 @@ class SimNode:
 
     def term_at(self, index: int) -> int | None:
         """The term the RawNode's log holds at ``index``: None if compacted, 0 if absent."""
-        log = self.rawnode().raft.raft_log
+        log = raft_core_for_tests(self.rawnode()).raft_log
         if index < log.first_index() - 1:
             return None
         try:
@@ -491,7 +492,7 @@ class SimNode:
         """Report this node's in-memory state to the checker; runs after every event."""
         if self.raw is None:
             return
-        r = self.raw.raft
+        r = raft_core_for_tests(self.raw)
         log = r.raft_log
         committed = log.committed
         if committed < self.seen_commit:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rallypoint.raft import (
+    BasicStatus,
     ConfChange,
     ConfChangeSingle,
     ConfChangeTransition,
@@ -45,6 +46,7 @@ from rallypoint.raft import (
     StepPeerNotFoundError,
 )
 from rallypoint.raft.describe import describe_message
+from tests.raft.internals import raft_core_for_tests
 
 from .checker import Checker, Violation
 from .network import Link, Network, chain, isolate, one_way, split
@@ -303,8 +305,12 @@ class Simulation:
             raw = node.raw
             if (
                 raw is not None
-                and raw.raft.state is StateType.LEADER
-                and (best is None or raw.raft.term > best.rawnode().raft.term)
+                and raw.basic_status().soft_state.raft_state is StateType.LEADER
+                and (
+                    best is None
+                    or raw.basic_status().hard_state.term
+                    > best.rawnode().basic_status().hard_state.term
+                )
             ):
                 best = node
         return best
@@ -476,7 +482,7 @@ class Simulation:
 
     @staticmethod
     def _conf(node: SimNode) -> ConfState:
-        return node.rawnode().raft.trk.conf_state()
+        return raft_core_for_tests(node.rawnode()).trk.conf_state()
 
     def _voters(self, node: SimNode) -> list[NodeId]:
         cs = self._conf(node)
@@ -585,13 +591,8 @@ class Simulation:
             return
         states = "; ".join(
             f"node {n.id}: "
-            + (
-                "down"
-                if n.raw is None
-                else f"term {n.rawnode().raft.term} {n.rawnode().raft.state.name} "
-                f"lead {n.rawnode().raft.lead} commit {n.rawnode().raft.raft_log.committed} "
-                f"applied {n.app_applied}"
-            )
+            + ("down" if n.raw is None else _describe(n.raw.basic_status()))
+            + ("" if n.raw is None else f" applied {n.app_applied}")
             for n in self.nodes.values()
         )
         raise Violation(
@@ -599,3 +600,10 @@ class Simulation:
             f"{self.params.liveness_ticks} ticks after healing every fault, no new proposal "
             f"was applied on every voter of the latest configuration ({states})",
         )
+
+
+def _describe(status: BasicStatus) -> str:
+    return (
+        f"term {status.hard_state.term} {status.soft_state.raft_state.name} "
+        f"lead {status.soft_state.lead} commit {status.hard_state.commit}"
+    )

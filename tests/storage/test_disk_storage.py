@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import tempfile
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rallypoint.raft import Config, RawNode, StateType
 from rallypoint.raft.log_storage import MemoryStorage
 from rallypoint.raft.storage.disk_storage import DiskStorage, PersistRequest, SnapshotPolicy
 from rallypoint.raft.storage.snapshotter import SnapshotCorruptionError, Snapshotter
@@ -281,4 +283,34 @@ def test_should_snapshot_follows_the_policy(tmp_path: Path) -> None:
     assert disk.should_snapshot(Index(10))
     disk.create_snapshot(Index(10), CONF, b"s")
     assert not disk.should_snapshot(Index(19)) and disk.should_snapshot(Index(20))
+    disk.close()
+
+
+def test_fsync_only_for_readies_that_must_sync(tmp_path: Path) -> None:
+    """The Ready contract's step 2 with the real core: a Ready whose only change is the
+    commit index is written without an fsync; one with entries or a new term or vote is
+    fsynced."""
+    fsyncs: list[int] = []
+    disk = DiskStorage.open(str(tmp_path), fsync=fsyncs.append)
+    bootstrap = Snapshot(b"", SnapshotMetadata(ConfState(voters=(NodeId(1),)), Index(1), Term(1)))
+    disk.persist_batch([PersistRequest(HardState(Term(1), NodeId(0), Index(1)), (), bootstrap)])
+    node = RawNode(Config(id=NodeId(1), storage=disk, rng=random.Random(1), applied=Index(1)))
+    node.campaign()
+    outcomes: list[tuple[bool, int]] = []
+    proposed = False
+    while node.has_ready():
+        rd = node.ready()
+        fsyncs.clear()
+        disk.persist_batch([PersistRequest(rd.hard_state, rd.entries, rd.snapshot, rd.must_sync)])
+        outcomes.append((rd.must_sync, len(fsyncs)))
+        node.advance(rd)
+        if not proposed and node.basic_status().soft_state.raft_state is StateType.LEADER:
+            node.propose(b"x")
+            proposed = True
+    assert all((count > 0) == must_sync for must_sync, count in outcomes), outcomes
+    # Elected (term and vote), the no-op and the proposal (entries), and at least one Ready
+    # that only moved the commit index, which was not synced.
+    assert any(must_sync for must_sync, _ in outcomes)
+    assert (False, 0) in outcomes
+    assert disk.hard_state.commit == disk.last_index() == 3
     disk.close()

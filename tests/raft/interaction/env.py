@@ -61,6 +61,7 @@ from rallypoint.raft.types import (
     Term,
 )
 
+from ..internals import raft_core_for_tests
 from .datadriven import CmdArg, DataDrivenSyntaxError, Directive, parse_line
 
 #: A bound on stabilize's rounds; a cluster that has not settled by then is livelocked.
@@ -550,7 +551,7 @@ class InteractionEnv:
         if arg is None:
             raise DataDrivenSyntaxError("set-randomized-election-timeout needs timeout=")
         timeout = self._int(arg)
-        raft = self._first_node(d).raw_node.raft
+        raft = raft_core_for_tests(self._first_node(d).raw_node)
         if not raft.election_timeout <= timeout < 2 * raft.election_timeout:
             raise DataDrivenSyntaxError(
                 f"timeout {timeout} is outside [{raft.election_timeout}, "

@@ -1,0 +1,132 @@
+"""A member's first start: creating the cluster, or finding out it must not vote yet.
+
+Theory of operation. A member whose storage holds nothing beyond the cluster's creation
+(``is_fresh``) cannot tell from its own disk whether the cluster is new or whether it lost
+its data (or is joining). It asks the other initial members (``peer_hello.py``):
+
+- nobody has a cluster yet: every initial member writes the same bootstrap snapshot at
+  index 1, holding the configuration and the address book, so all start from one state;
+- the cluster exists and knows this member: it lost its data; it comes back as a new
+  incarnation and abstains from voting until it has caught up (a member that forgot its
+  vote could otherwise vote twice in a term, thesis 3.8);
+- the cluster exists and does not know it: refused, with the commands that add it.
+
+A member started with ``join_existing`` skips the question and abstains until caught up.
+The identity that results is recorded by the caller (``identity.py``); the bootstrap write
+runs on the disk thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from collections.abc import Callable
+
+import grpc.aio
+
+from rallypoint.raft.storage.disk_storage import DiskStorage, PersistRequest
+from rallypoint.raft.types import (
+    NONE,
+    ConfState,
+    HardState,
+    Index,
+    NodeId,
+    Snapshot,
+    SnapshotMetadata,
+    Term,
+)
+
+from .identity import Identity
+from .members import MemberTable, encode_app_snapshot
+from .node_api import NodeStartError
+from .node_config import NodeConfig
+from .peer_auth import PeerKey
+from .peer_hello import ask_peers
+from .state.machine import StateMachine
+
+__all__ = ["begin_from_empty_storage", "bootstrap", "is_blank", "is_fresh"]
+
+log = logging.getLogger("rallypoint.node")
+
+
+def is_fresh(storage: DiskStorage) -> bool:
+    """Nothing beyond the cluster's creation: no election, no entry after index 1."""
+    return (
+        storage.last_index() <= 1
+        and storage.snapshot().metadata.index <= 1
+        and storage.hard_state.term <= 1
+    )
+
+
+def is_blank(storage: DiskStorage) -> bool:
+    return (
+        storage.last_index() == 0
+        and storage.snapshot().is_empty()
+        and storage.hard_state.is_empty()
+    )
+
+
+async def begin_from_empty_storage(
+    config: NodeConfig,
+    peer_key: PeerKey,
+    channel: Callable[[str], grpc.aio.Channel],
+    storage: DiskStorage,
+    found: Identity | None,
+    disk: concurrent.futures.Executor,
+) -> Identity:
+    """A new incarnation for a member whose storage holds nothing of a cluster yet: it
+    creates the cluster with the other initial members, or (the cluster exists) it lost
+    its data or is joining, and abstains until caught up."""
+    cluster_id = config.cluster_id
+    boots = 0 if found is None else found.boots
+    if config.join_existing:
+        log.info(
+            "member %d joins an existing cluster: it does not vote until it has caught up",
+            config.member_id,
+        )
+        return Identity.new(cluster_id, config.member_id, abstaining=True, boots=boots)
+    if not config.initial_members:
+        raise NodeStartError(
+            f"{config.data_dir} holds no cluster state: give the initial members to "
+            "create a cluster, or join an existing one"
+        )
+    peers = {i: a.peer_address for i, a in config.initial_members.items() if i != config.member_id}
+    outcome = await ask_peers(config.member_id, cluster_id, peer_key, peers, channel)
+    if outcome.established and not outcome.knows_me:
+        raise NodeStartError(
+            f"member {config.member_id} is not in the configuration of the running "
+            f"cluster (member {outcome.answered_by} says so): add it with `rallypoint "
+            f"member add {config.peer_address} {config.client_address} --learner`, then "
+            "start it with --join"
+        )
+    if outcome.established:
+        log.warning(
+            "member %d: its storage is empty but the cluster exists (member %d says so): "
+            "it lost its data and rejoins as a new incarnation, without voting until it "
+            "has caught up",
+            config.member_id,
+            outcome.answered_by,
+        )
+    identity = Identity.new(
+        cluster_id, config.member_id, abstaining=outcome.established, boots=boots
+    )
+    if is_blank(storage):
+        await bootstrap(config, storage, disk)
+    return identity
+
+
+async def bootstrap(
+    config: NodeConfig, storage: DiskStorage, disk: concurrent.futures.Executor
+) -> None:
+    """Create the cluster: every initial member writes the same snapshot at index 1,
+    holding the configuration and the address book, so all start from one state."""
+    voters = tuple(sorted(NodeId(i) for i in config.initial_members))
+    sm = StateMachine(config.limits)
+    data = encode_app_snapshot(MemberTable(dict(config.initial_members)), sm.snapshot())
+    snapshot = Snapshot(data, SnapshotMetadata(ConfState(voters=voters), Index(1), Term(1)))
+    request = PersistRequest(HardState(Term(1), NONE, Index(1)), (), snapshot)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(disk, storage.write_batch, [request])
+    storage.apply_batch([request])
+    log.info("member %d created a cluster of %s", config.member_id, list(voters))

@@ -1,0 +1,90 @@
+"""How to run one member: its configuration and the peer port's credentials.
+
+Theory of operation. ``NodeConfig`` is everything a member needs to start, fixed for its
+life; ``validate`` refuses a configuration that could not run (or could run unsafely: no
+peer secret) before anything is opened. Durations are counted in ticks of ``tick_ms``, the
+unit of the Raft core's logical clock. The cluster id is derived from the peer secret and
+the cluster name (``peer_auth.cluster_id_for``), so members of two clusters that share
+addresses still refuse each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import grpc
+
+from .members import MemberAddress
+from .peer_auth import cluster_id_for
+from .state.machine import Limits
+
+__all__ = ["NodeConfig", "PeerTls"]
+
+
+class PeerTls(Protocol):
+    """Credentials for mutual TLS on the peer port (see ``daemon.TlsFiles``)."""
+
+    def server_credentials(self) -> grpc.ServerCredentials: ...
+
+    def channel_credentials(self) -> grpc.ChannelCredentials: ...
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    """How to run one member. Durations in ticks are multiples of ``tick_ms``."""
+
+    member_id: int
+    data_dir: str
+    peer_address: str  # host:port this member's peers reach it at (and it listens on)
+    client_address: str  # host:port clients reach it at
+    # The cluster's members when it was created (bootstrap) or, for a member joining an
+    # existing cluster, the address book to reach the others until a snapshot arrives.
+    initial_members: dict[int, MemberAddress] = field(default_factory=dict)
+    join_existing: bool = False
+    # The secret every member holds (peer_auth.py); at least 16 bytes. Required: the peer
+    # port authenticates every request with it.
+    peer_secret: bytes = b""
+    # The cluster's name: with the secret it makes the cluster id (peer_auth.cluster_id_for).
+    cluster_name: str = "rallypoint"
+    tick_ms: int = 100
+    election_ticks: int = 10
+    heartbeat_ticks: int = 1
+    snapshot_entries: int = 10_000
+    # Entries kept behind a snapshot so a briefly lagging follower catches up from the log.
+    snapshot_catchup_entries: int = 5_000
+    # The largest snapshot this member accepts from a peer.
+    max_snapshot_bytes: int = 8 * 1024**3
+    limits: Limits = field(default_factory=Limits)
+    wal_segment_size_bytes: int = 64 * 1024 * 1024
+    pre_vote: bool = True
+    check_quorum: bool = True
+    # After becoming leader, no worker is declared failed for this long: heartbeats need a
+    # moment to find the new leader.
+    detector_grace_ms: int = 2000
+
+    @property
+    def cluster_id(self) -> int:
+        return cluster_id_for(self.peer_secret, self.cluster_name)
+
+    def validate(self) -> None:
+        if len(self.peer_secret) < 16:
+            raise ValueError(
+                "a peer secret of at least 16 bytes is required (make one with "
+                "`rallypoint secret > FILE` and give every member --peer-secret-file=FILE)"
+            )
+        if self.member_id <= 0:
+            raise ValueError(f"member id must be a positive integer, got {self.member_id}")
+        if self.tick_ms <= 0 or self.heartbeat_ticks <= 0:
+            raise ValueError("tick_ms and heartbeat_ticks must be positive")
+        if self.election_ticks <= self.heartbeat_ticks:
+            raise ValueError("election_ticks must be greater than heartbeat_ticks")
+        if (
+            not self.join_existing
+            and self.initial_members
+            and self.member_id not in self.initial_members
+        ):
+            raise ValueError(
+                f"member {self.member_id} is not in the initial cluster "
+                f"{sorted(self.initial_members)}"
+            )

@@ -1,0 +1,139 @@
+"""Proposals and their waiters: how a caller's request finds its answer in the applied log.
+
+Theory of operation (etcd's ``pkg/wait`` and ``pkg/idutil``). A member that proposes an
+entry frames it with its own member id and a proposal id (``wrap``) and registers a future
+under that id (``Waiters``). The entry travels through Raft; when the Ready loop applies it,
+on every member, the member named in the frame resolves its future with the state
+machine's result (``Waiters.trigger``); the others find no waiter and do nothing. So the
+answer a caller gets is exactly what the replicated apply produced.
+
+Proposal ids must never repeat for one member, not even across restarts: a committed entry
+of an earlier life, applied again after a restart, would otherwise answer a waiter of this
+life. ``ProposalIds`` puts the member's boot count in the high bits (as etcd's idutil puts
+the boot time), so ids of different boots never meet.
+
+A waiter ends in exactly one way: its entry applies (result), the caller's deadline passes
+(``ProposalTimeoutError``: it may still apply), the core drops the proposal
+(``ProposalDroppedError``), or the member loses its leader or stops (``fail_all``). The
+registration is removed in every case, so the table holds only live waiters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import struct
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from rallypoint.raft import ProposalDroppedError as RaftProposalDroppedError
+from rallypoint.raft.codec import decode_conf_change
+from rallypoint.raft.types import Entry, EntryType
+
+from .members import ConfChangeContext
+from .node_api import ProposalDroppedError, ProposalTimeoutError
+from .state.commands import decode_envelope
+
+__all__ = ["ENTRY_HEADER", "ProposalIds", "Waiters", "unwrap", "validate_entries", "wrap"]
+
+# Entry data written by this driver: a version byte, the proposing member, the proposal id,
+# then the encoded Envelope. Empty data is the leader's no-op.
+ENTRY_HEADER = struct.Struct(">BQQ")
+ENTRY_VERSION = 1
+
+
+def wrap(proposer_id: int, proposal_id: int, payload: bytes) -> bytes:
+    return ENTRY_HEADER.pack(ENTRY_VERSION, proposer_id, proposal_id) + payload
+
+
+def unwrap(data: bytes) -> tuple[int, int, bytes]:
+    """(proposer id, proposal id, payload) of a committed entry; a malformed one is a broken
+    invariant (``validate_entries`` keeps them out of the log)."""
+    if len(data) < ENTRY_HEADER.size:
+        raise AssertionError(f"committed entry too short for its header: {len(data)} bytes")
+    version, proposer_id, proposal_id = ENTRY_HEADER.unpack_from(data)
+    if version != ENTRY_VERSION:
+        raise AssertionError(f"committed entry has unknown version {version}")
+    return proposer_id, proposal_id, data[ENTRY_HEADER.size :]
+
+
+def validate_entries(entries: tuple[Entry, ...]) -> None:
+    """Raise ValueError unless every entry a peer sent would apply: a normal entry is the
+    leader's no-op or a wrapped command this version decodes, a configuration change
+    decodes with its context. (Applying a committed entry that does not decode stops every
+    member that reaches it, so it must never be persisted.)"""
+    for entry in entries:
+        if entry.type is EntryType.CONF_CHANGE:
+            ConfChangeContext.decode(decode_conf_change(entry.data).context)
+        elif entry.data:
+            if len(entry.data) < ENTRY_HEADER.size:
+                raise ValueError(f"entry {entry.index} is too short for its header")
+            version = entry.data[0]
+            if version != ENTRY_VERSION:
+                raise ValueError(f"entry {entry.index} has unknown version {version}")
+            decode_envelope(entry.data[ENTRY_HEADER.size :])
+
+
+class ProposalIds:
+    """Proposal ids unique across this member's restarts: the boot count (mod 2**23) in
+    the bits above 40, a counter below. Invariant: never hands out an id twice per boot."""
+
+    def __init__(self, boots: int = 0) -> None:
+        self._ids: Iterator[int] = itertools.count(1)
+        self.start_boot(boots)
+
+    def start_boot(self, boots: int) -> None:
+        self._ids = itertools.count(((boots % (1 << 23)) << 40) + 1)
+
+    def next(self) -> int:
+        return next(self._ids)
+
+
+class Waiters:
+    """Futures of callers waiting for their entry to apply, keyed by proposal id (etcd's
+    ``wait.Wait``). Used on the event loop only. Invariant: keys are ids this member
+    proposed and has not yet applied or given up on."""
+
+    def __init__(self) -> None:
+        self._futures: dict[int, asyncio.Future[Any]] = {}
+
+    def __len__(self) -> int:
+        return len(self._futures)
+
+    async def propose_and_wait(
+        self,
+        proposal_id: int,
+        submit: Callable[[], None],
+        timeout_s: float,
+        wake: Callable[[], None],
+    ) -> Any:
+        """Register ``proposal_id``, ``submit`` the proposal to the core, ``wake`` the Ready
+        loop, and wait for the applied result."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._futures[proposal_id] = future
+        try:
+            try:
+                submit()
+            except RaftProposalDroppedError as exc:
+                raise ProposalDroppedError(f"proposal dropped: {exc}") from None
+            wake()
+            try:
+                return await asyncio.wait_for(future, timeout_s)
+            except TimeoutError:
+                raise ProposalTimeoutError(
+                    f"not applied within {timeout_s:.1f}s (it may still apply)"
+                ) from None
+        finally:
+            self._futures.pop(proposal_id, None)
+
+    def trigger(self, proposal_id: int, value: Any) -> None:
+        """The entry ``proposal_id`` applied with ``value`` (no-op if nobody waits)."""
+        future = self._futures.pop(proposal_id, None)
+        if future is not None and not future.done():
+            future.set_result(value)
+
+    def fail_all(self, error: Exception) -> None:
+        futures, self._futures = self._futures, {}
+        for future in futures.values():
+            if not future.done():
+                future.set_exception(error)

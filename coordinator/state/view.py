@@ -1,0 +1,159 @@
+"""The read-only face of the replicated state, for everything but the apply path.
+
+Theory of operation. Only the Ready loop mutates the ``StateMachine``: it applies committed
+entries and installs snapshots, in log order, so every replica reaches the same state
+(``machine.py``). Everyone else (the servicers answering reads, the leader's soft state,
+status calls) only queries it. ``StateView`` states that rule in types: it lists the queries
+and nothing else, and the node hands the servicers (``ServerNode.state``) and the leader's
+supervisor the state through it, so one that called ``apply`` or ``restore``, assigned
+``applied_index``, or stored into a job's participants would be rejected by
+``mypy --strict`` rather than found in review. The records the queries return
+(``KeyValue``, ``Round``, ``Participant``, ``RoundRecord``, ``CheckpointInfo``, ...) are
+frozen dataclasses; the containers the views expose are ``Mapping``/``Sequence``, which
+have no mutating methods.
+
+The concrete ``StateMachine`` (and its ``Rendezvous``, ``Job``, ``RoundStore``,
+``CheckpointRegistry``) satisfy these Protocols structurally: no wrapper is needed and reads
+cost nothing extra. The view is a promise enforced by the type checker, not a copy: it shows
+the state as of the latest apply (a snapshot encoded off the event loop uses a frozen copy,
+``StateMachine.frozen_copy``, instead).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from .errors import Compacted, Failure
+from .jobs import CheckpointInfo, JobConfig, JobState, Participant, Round, RoundRecord
+from .leases import LeaseInfo
+from .values import Event, KeyValue
+
+if TYPE_CHECKING:  # machine.py imports rendezvous.py, which takes a JobView
+    from .machine import Limits, SessionInfo
+
+__all__ = ["CheckpointsView", "JobView", "RendezvousView", "RoundStoreView", "StateView"]
+
+
+class CheckpointsView(Protocol):
+    def latest(self) -> CheckpointInfo | None: ...
+
+
+class RoundStoreView(Protocol):
+    """The queries of one round's c10d store (``roundstore.RoundStore``)."""
+
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def num_keys(self) -> int: ...
+
+    def check(self, keys: list[bytes]) -> bool: ...
+
+
+class JobView(Protocol):
+    """One rendezvous job, read-only (``rendezvous.Job``)."""
+
+    @property
+    def job_id(self) -> str: ...
+
+    @property
+    def config(self) -> JobConfig: ...
+
+    @property
+    def round(self) -> Round: ...
+
+    @property
+    def revision(self) -> int: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def participants(self) -> Mapping[int, Participant]: ...
+
+    @property
+    def waiting(self) -> Sequence[int]: ...
+
+    @property
+    def history(self) -> Sequence[RoundRecord]: ...
+
+    @property
+    def checkpoints(self) -> CheckpointsView: ...
+
+    @property
+    def ended_ms(self) -> int: ...
+
+    @property
+    def end_detail(self) -> str: ...
+
+    @property
+    def outcome(self) -> JobState: ...
+
+    @property
+    def state(self) -> JobState: ...
+
+    @property
+    def ended(self) -> bool: ...
+
+
+class RendezvousView(Protocol):
+    """The rendezvous jobs, read-only (``rendezvous.Rendezvous``)."""
+
+    @property
+    def jobs(self) -> Mapping[str, JobView]: ...
+
+    @property
+    def revision(self) -> int:
+        """The raft index of the last change to any job."""
+        ...
+
+    def participant_keys(self) -> list[tuple[str, int]]: ...
+
+    def closes_due(self, now_ms: int) -> list[tuple[str, int]]: ...
+
+    def member_store(
+        self, job_id: str, round_number: int, pid: int
+    ) -> RoundStoreView | Failure: ...
+
+    def job_changed_since(self, job_id: str, revision: int) -> bool | None: ...
+
+
+class StateView(Protocol):
+    """The replicated state's queries (``machine.StateMachine`` without its mutators)."""
+
+    @property
+    def limits(self) -> Limits: ...
+
+    @property
+    def applied_index(self) -> int: ...
+
+    @property
+    def revision(self) -> int: ...
+
+    @property
+    def rendezvous(self) -> RendezvousView: ...
+
+    def get(self, key: bytes) -> KeyValue | None: ...
+
+    def range(
+        self,
+        prefix: bytes,
+        limit: int = 0,
+        start_after: bytes = b"",
+        *,
+        max_bytes: int = 0,
+        count_values: bool = True,
+    ) -> tuple[tuple[KeyValue, ...], bool]: ...
+
+    def lease_list(self) -> tuple[LeaseInfo, ...]: ...
+
+    def lease_info(self, lease_id: int) -> LeaseInfo | None: ...
+
+    def session_info(self, session_id: int) -> SessionInfo | None: ...
+
+    def events_since(
+        self, revision: int, key: bytes, prefix: bool = False
+    ) -> tuple[Event, ...] | Compacted: ...
+
+    def snapshot(self) -> bytes:
+        """Canonical bytes of the whole state (for comparing replicas in tests and tools)."""
+        ...

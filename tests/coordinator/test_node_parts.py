@@ -1,0 +1,115 @@
+"""The member's parts on their own: waiters and proposal ids, and the ReadIndex batcher."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rallypoint.coordinator.node_api import ProposalDroppedError, ProposalTimeoutError
+from rallypoint.coordinator.node_proposals import ProposalIds, Waiters, unwrap, wrap
+from rallypoint.coordinator.node_reads import ReadIndexBatcher
+from rallypoint.raft import ProposalDroppedError as RaftProposalDroppedError
+from rallypoint.raft.types import Index, ReadState
+
+
+def test_proposal_ids_of_different_boots_never_meet() -> None:
+    first_boot = ProposalIds(boots=1)
+    second_boot = ProposalIds(boots=2)
+    ids = {first_boot.next() for _ in range(1000)}
+    assert len(ids) == 1000
+    assert ids.isdisjoint(second_boot.next() for _ in range(1000))
+    assert unwrap(wrap(3, first_boot.next(), b"payload"))[2] == b"payload"
+
+
+async def test_a_waiter_is_answered_by_its_applied_entry_and_then_forgotten() -> None:
+    waiters = Waiters()
+    submitted: list[int] = []
+    wait = asyncio.ensure_future(
+        waiters.propose_and_wait(7, lambda: submitted.append(7), 5.0, lambda: None)
+    )
+    await asyncio.sleep(0)
+    assert submitted == [7] and len(waiters) == 1
+    waiters.trigger(8, "someone else's")  # no waiter: nothing happens
+    waiters.trigger(7, "result")
+    assert await wait == "result"
+    assert len(waiters) == 0
+
+
+async def test_a_dropped_or_timed_out_proposal_leaves_no_waiter() -> None:
+    waiters = Waiters()
+
+    def refuse() -> None:
+        raise RaftProposalDroppedError("no leader")
+
+    with pytest.raises(ProposalDroppedError):
+        await waiters.propose_and_wait(1, refuse, 5.0, lambda: None)
+    with pytest.raises(ProposalTimeoutError):
+        await waiters.propose_and_wait(2, lambda: None, 0.01, lambda: None)
+    assert len(waiters) == 0
+    pending = asyncio.ensure_future(waiters.propose_and_wait(3, lambda: None, 5.0, lambda: None))
+    await asyncio.sleep(0)
+    waiters.fail_all(RuntimeError("stopping"))
+    with pytest.raises(RuntimeError, match="stopping"):
+        await pending
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def batcher() -> tuple[ReadIndexBatcher, list[bytes], FakeClock]:
+    asked: list[bytes] = []
+    clock = FakeClock()
+    return ReadIndexBatcher(asked.append, lambda: None, clock), asked, clock
+
+
+async def test_reads_arriving_during_a_request_wait_for_the_next_one() -> None:
+    reads, asked, _ = batcher()
+    first = reads.enqueue()
+    assert len(asked) == 1
+    second, third = reads.enqueue(), reads.enqueue()
+    assert len(asked) == 1  # one request in flight at a time
+    reads.on_read_state(ReadState(Index(5), asked[0]), applied_index=5)
+    assert first.done() and not second.done()
+    assert len(asked) == 2  # the next request covers both reads that waited
+    reads.on_read_state(ReadState(Index(7), asked[1]), applied_index=6)
+    assert not second.done()  # confirmed, but index 7 is not applied yet
+    reads.on_applied(7)
+    assert second.done() and third.done()
+
+
+async def test_a_lost_request_is_asked_again_and_a_stale_answer_ignored() -> None:
+    reads, asked, clock = batcher()
+    read = reads.enqueue()
+    clock.now_s = 0.5
+    reads.retry_if_lost(1.0, leader_known=True)
+    assert len(asked) == 1
+    clock.now_s = 1.5
+    reads.retry_if_lost(1.0, leader_known=True)
+    assert len(asked) == 2 and asked[0] != asked[1]
+    reads.on_read_state(ReadState(Index(3), asked[0]), applied_index=3)
+    assert not read.done()  # the answer to the request given up on
+    reads.on_read_state(ReadState(Index(3), asked[1]), applied_index=3)
+    assert read.done()
+
+
+async def test_on_a_leader_change_reads_are_asked_again_or_failed() -> None:
+    reads, asked, _ = batcher()
+    in_flight = reads.enqueue()
+    queued = reads.enqueue()
+    reads.requeue(leader_known=False)  # no leader: nothing to ask
+    assert len(asked) == 1
+    reads.fail_queued(RuntimeError("no leader"), keep=False)
+    assert isinstance(in_flight.exception(), RuntimeError)
+    assert isinstance(queued.exception(), RuntimeError)
+    kept = reads.enqueue()
+    reads.requeue(leader_known=True)
+    reads.fail_queued(RuntimeError("new leader"), keep=True)
+    assert not kept.done()
+    reads.on_read_state(ReadState(Index(1), asked[-1]), applied_index=1)
+    assert kept.done() and kept.exception() is None

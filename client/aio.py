@@ -96,9 +96,6 @@ class Client:
         backoff: Backoff = DEFAULT_BACKOFF,
         rng: random.Random | None = None,
     ) -> None:
-        arguments.positive_seconds(timeout_s, "timeout_s")
-        arguments.positive_seconds(session_ttl_s, "session_ttl_s", least_s=0.001)
-        arguments.count(max_inflight_writes, "max_inflight_writes")
         self._transport = Transport(
             endpoints,
             token=token,

@@ -22,6 +22,10 @@ Each attempt is bounded by ``attempt_timeout_s`` as well as by the deadline, so 
 accepts connections but never answers (a paused process) costs one attempt, not the whole
 call. Only UnavailableError (and an attempt cut short by ``attempt_timeout_s``) is retried;
 every other error is the answer.
+
+The hint-or-backoff decision is :class:`Retrier`, the client's one retry policy: the same
+class serves this loop, the reads the server holds (round store), and the streams that
+reconnect (heartbeat, round watch, lease keep-alive, watch), each loop with its own counts.
 """
 
 from __future__ import annotations

@@ -141,7 +141,7 @@ class Client:
 
     def _lease_keeper(self) -> LeaseKeeper:
         if self._leases is None:
-            self._leases = LeaseKeeper(self._transport)
+            self._leases = LeaseKeeper(self._caller)
         return self._leases
 
     async def close(self) -> None:
@@ -401,7 +401,7 @@ class Client:
         """Extend a lease once (at the leader); its new TTL in seconds. Raises
         LeaseNotFoundError when it no longer exists."""
         arguments.count(lease_id, "lease_id")
-        return await keep_alive_once(self._transport, lease_id, self._caller.deadline(timeout_s))
+        return await keep_alive_once(self._caller, lease_id, timeout_s)
 
     @contextlib.asynccontextmanager
     async def lease(self, ttl_s: float, *, timeout_s: float | None = None) -> AsyncIterator[Lease]:

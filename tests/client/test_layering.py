@@ -97,7 +97,7 @@ def test_only_the_top_knows_the_client() -> None:
 
 def test_the_caller_sits_under_the_parts() -> None:
     graph = import_graph()
-    assert {"jobs", "checkpoints", "roundstore", "rendezvous"} <= {
+    assert {"jobs", "checkpoints", "roundstore", "rendezvous", "lease"} <= {
         name for name, imported in graph.items() if "caller" in imported
     }
     # The caller knows none of the parts, so none of them can reach back through it.

@@ -2,7 +2,8 @@
 
 Theory of operation (rendezvous.proto). ``join`` adds a participant, tied to the client's
 session, and returns a :class:`Participant` that runs two background tasks until it leaves,
-is lost, or the client closes:
+is lost, or the client closes. It calls the cluster through the client's :class:`Caller`
+(writes stamped by the session; both streams reconnect under its one retry policy):
 
 - The heartbeat: one bidirectional ``Heartbeat`` stream to the leader, a request every
   ``heartbeat_interval_ms`` naming the round the participant believes current. A follower

@@ -11,6 +11,10 @@ Every call has a deadline (``timeout_s`` on the client, overridable per call) wi
 finds the leader and retries (``transport.py``); writes are stamped by the session so a retry
 applies at most once (``session.py``); every failure is a :class:`RallypointError`
 (``errors.py``). Reads are linearizable unless ``serializable=True``.
+
+The client owns one :class:`Caller` (``caller.py``: session-stamped writes, reads, deadlines,
+retries) and hands it to the parts it is made of (jobs, round stores, checkpoint registries,
+participants); they never call back into the client.
 """
 
 from __future__ import annotations
@@ -19,14 +23,14 @@ import asyncio
 import contextlib
 import random
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from typing import TypeVar
+from collections.abc import AsyncIterator, Sequence
 
 from rallypoint.proto.v1 import cluster_pb2, common_pb2, kv_pb2, lease_pb2
 
 from . import arguments
 from . import jobs as _jobs
 from .backoff import DEFAULT_BACKOFF, Backoff
+from .caller import Caller
 from .checkpoints import CheckpointRegistry
 from .errors import LeaseNotFoundError, RallypointError
 from .lease import Lease, LeaseKeeper, keep_alive_once
@@ -34,8 +38,7 @@ from .rendezvous import Participant
 from .rendezvous import join as _join
 from .rendezvous_values import CheckpointInfo, JobConfig, JobStatus, RoundInfo
 from .roundstore import RoundStore
-from .session import SessionKeeper
-from .transport import Deadline, Method, TlsConfig, Transport
+from .transport import TlsConfig, Transport
 from .values import (
     AddResult,
     CompareAndSetResult,
@@ -51,13 +54,9 @@ from .values import (
     PutResult,
     RangeResult,
     SnapshotInfo,
-    members_from_proto,
     optional_kv,
 )
 from .watch import Watcher
-
-Request = TypeVar("Request")
-Response = TypeVar("Response")
 
 Bytes = bytes | str
 LeaseRef = Lease | int | None
@@ -97,9 +96,6 @@ class Client:
         backoff: Backoff = DEFAULT_BACKOFF,
         rng: random.Random | None = None,
     ) -> None:
-        self.timeout_s = arguments.positive_seconds(timeout_s, "timeout_s")
-        arguments.positive_seconds(session_ttl_s, "session_ttl_s", least_s=0.001)
-        arguments.count(max_inflight_writes, "max_inflight_writes")
         self._transport = Transport(
             endpoints,
             token=token,
@@ -108,18 +104,25 @@ class Client:
             attempt_timeout_s=attempt_timeout_s,
             rng=rng,
         )
-        self._session_ttl_s = session_ttl_s
+        self._caller = Caller(
+            self._transport,
+            timeout_s=timeout_s,
+            session_ttl_s=session_ttl_s,
+            max_inflight_writes=max_inflight_writes,
+        )
         self._open_session_on_connect = open_session_on_connect
-        self._max_inflight_writes = max_inflight_writes
-        # Created on the running loop (connect), never in __init__, so a Client may be built
-        # outside the loop that uses it.
-        self._sessions: SessionKeeper | None = None
+        # Created on the running loop, never in __init__, so a Client may be built outside
+        # the loop that uses it.
         self._leases: LeaseKeeper | None = None
-        self._write_slots: asyncio.Semaphore | None = None
         self._watchers: weakref.WeakSet[Watcher] = weakref.WeakSet()
         self._participants: weakref.WeakSet[Participant] = weakref.WeakSet()
 
     # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def timeout_s(self) -> float:
+        """Every call's timeout unless the call gives its own."""
+        return self._caller.timeout_s
 
     @property
     def endpoints(self) -> list[str]:
@@ -128,26 +131,18 @@ class Client:
     @property
     def session_id(self) -> int:
         """The current session's id; 0 before the first write (or connect)."""
-        session = self._sessions.current if self._sessions is not None else None
-        return session.session_id if session is not None else 0
+        return self._caller.session_id
 
     async def connect(self) -> Client:
-        self._ensure_started()
+        self._caller.start()
         if self._open_session_on_connect:
-            assert self._sessions is not None
-            await self._sessions.ensure(Deadline(self.timeout_s))
+            await self._caller.open_session()
         return self
 
-    def _ensure_started(self) -> tuple[SessionKeeper, LeaseKeeper, asyncio.Semaphore]:
-        if self._sessions is None or self._leases is None or self._write_slots is None:
-            self._sessions = SessionKeeper(
-                self._transport, self._session_ttl_s, open_timeout_s=self.timeout_s
-            )
-            self._leases = LeaseKeeper(self._transport)
-            # The server keeps at most a bounded number of unacknowledged answers per session
-            # (TOO_MANY_OUTSTANDING); bounding the writes in flight keeps clear of it.
-            self._write_slots = asyncio.Semaphore(self._max_inflight_writes)
-        return self._sessions, self._leases, self._write_slots
+    def _lease_keeper(self) -> LeaseKeeper:
+        if self._leases is None:
+            self._leases = LeaseKeeper(self._caller)
+        return self._leases
 
     async def close(self) -> None:
         """Close watches, stop lease keep-alives (leases are left to expire) and participants'
@@ -158,9 +153,7 @@ class Client:
             await watcher.aclose()
         if self._leases is not None:
             await self._leases.close()
-        if self._sessions is not None:
-            await self._sessions.close(Deadline(min(self.timeout_s, 2.0)))
-        await self._transport.close()
+        await self._caller.close()
 
     async def __aenter__(self) -> Client:
         try:
@@ -171,37 +164,6 @@ class Client:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
-
-    # ------------------------------------------------------------------ plumbing
-
-    def _deadline(self, timeout_s: float | None) -> Deadline:
-        # Deadline refuses a timeout that is not a positive number of seconds.
-        return Deadline(self.timeout_s if timeout_s is None else timeout_s)
-
-    async def _read(
-        self, method: Method[Request, Response], request: Request, timeout_s: float | None
-    ) -> Response:
-        return await self._transport.unary(method, request, self._deadline(timeout_s))
-
-    async def _write(
-        self,
-        method: Method[Request, Response],
-        build: Callable[[common_pb2.RequestHeader], Request],
-        timeout_s: float | None,
-    ) -> Response:
-        """A mutating call: stamped by the session, retried with the same sequence."""
-        sessions, _, write_slots = self._ensure_started()
-        deadline = self._deadline(timeout_s)
-
-        def send(
-            header: common_pb2.RequestHeader,
-            deadline: Deadline,
-            on_retry: Callable[[RallypointError], None],
-        ) -> Awaitable[Response]:
-            return self._transport.unary(method, build(header), deadline, on_retry=on_retry)
-
-        async with write_slots:
-            return await sessions.write(send, deadline)
 
     # ------------------------------------------------------------------ key-value
 
@@ -215,7 +177,7 @@ class Client:
         prev_kv: bool = False,
         timeout_s: float | None = None,
     ) -> PutResult:
-        response = await self._write(
+        response = await self._caller.write(
             lambda s: s.kv.Put,
             lambda header: kv_pb2.PutRequest(
                 header=header,
@@ -242,7 +204,7 @@ class Client:
     async def get_with_header(
         self, key: Bytes, *, serializable: bool = False, timeout_s: float | None = None
     ) -> GetResult:
-        response = await self._read(
+        response = await self._caller.read(
             lambda s: s.kv.Get,
             kv_pb2.GetRequest(key=_bytes(key), serializable=serializable),
             timeout_s,
@@ -263,7 +225,7 @@ class Client:
         the member answers at once, by default 10,000 keys or 3 MiB); ``more`` says keys
         remain (continue with ``start_after`` = the last key, or use :meth:`range_pages`)."""
         arguments.count(limit, "limit", least=0)
-        response = await self._read(
+        response = await self._caller.read(
             lambda s: s.kv.Range,
             kv_pb2.RangeRequest(
                 prefix=_bytes(prefix),
@@ -318,7 +280,7 @@ class Client:
         prev_kv: bool = False,
         timeout_s: float | None = None,
     ) -> DeleteResult:
-        response = await self._write(
+        response = await self._caller.write(
             lambda s: s.kv.Delete,
             lambda header: kv_pb2.DeleteRequest(
                 header=header, key=_bytes(key), prefix=prefix, fence=_fence(fence), prev_kv=prev_kv
@@ -367,7 +329,7 @@ class Client:
                 request.must_not_exist = True
             return request
 
-        response = await self._write(lambda s: s.kv.CompareAndSet, build, timeout_s)
+        response = await self._caller.write(lambda s: s.kv.CompareAndSet, build, timeout_s)
         return CompareAndSetResult(
             Header.from_proto(response.header), response.succeeded, optional_kv(response, "kv")
         )
@@ -382,7 +344,7 @@ class Client:
         timeout_s: float | None = None,
     ) -> AddResult:
         """Add ``delta`` to the decimal counter at ``key`` (missing counts as 0)."""
-        response = await self._write(
+        response = await self._caller.write(
             lambda s: s.kv.Add,
             lambda header: kv_pb2.AddRequest(
                 header=header,
@@ -405,11 +367,11 @@ class Client:
         """A new lease, kept alive in the background until revoked or lost. ``ttl_s`` is at
         least 0.001 (the wire counts milliseconds)."""
         arguments.positive_seconds(ttl_s, "ttl_s", least_s=0.001)
-        _, keeper, _ = self._ensure_started()
+        keeper = self._lease_keeper()
         loop = asyncio.get_running_loop()
         # The leader starts the TTL no earlier than this: measuring from here is pessimistic.
         sent_at = loop.time()
-        response = await self._write(
+        response = await self._caller.write(
             lambda s: s.lease.Grant,
             lambda header: lease_pb2.LeaseGrantRequest(
                 header=header, ttl_ms=max(1, round(ttl_s * 1000))
@@ -428,7 +390,7 @@ class Client:
     async def keep_alive_lease(self, lease_id: int, *, timeout_s: float | None = None) -> Lease:
         """Take over keeping an existing lease alive (its token read from the leader)."""
         arguments.count(lease_id, "lease_id")
-        _, keeper, _ = self._ensure_started()
+        keeper = self._lease_keeper()
         sent_at = asyncio.get_running_loop().time()
         info = await self.lease_time_to_live(lease_id, timeout_s=timeout_s)
         lease = Lease(info.lease_id, info.fencing_token, info.granted_ttl_s, self._revoke)
@@ -439,7 +401,7 @@ class Client:
         """Extend a lease once (at the leader); its new TTL in seconds. Raises
         LeaseNotFoundError when it no longer exists."""
         arguments.count(lease_id, "lease_id")
-        return await keep_alive_once(self._transport, lease_id, self._deadline(timeout_s))
+        return await keep_alive_once(self._caller, lease_id, timeout_s)
 
     @contextlib.asynccontextmanager
     async def lease(self, ttl_s: float, *, timeout_s: float | None = None) -> AsyncIterator[Lease]:
@@ -459,7 +421,7 @@ class Client:
     async def revoke_lease(self, lease_id: int, *, timeout_s: float | None = None) -> list[bytes]:
         """Revoke a lease; the keys deleted with it."""
         arguments.count(lease_id, "lease_id")
-        response = await self._write(
+        response = await self._caller.write(
             lambda s: s.lease.Revoke,
             lambda header: lease_pb2.LeaseRevokeRequest(header=header, lease_id=lease_id),
             timeout_s,
@@ -469,7 +431,7 @@ class Client:
     async def lease_list(
         self, *, serializable: bool = False, timeout_s: float | None = None
     ) -> list[LeaseInfo]:
-        response = await self._read(
+        response = await self._caller.read(
             lambda s: s.lease.List, lease_pb2.LeaseListRequest(serializable=serializable), timeout_s
         )
         return [
@@ -480,7 +442,7 @@ class Client:
     async def lease_time_to_live(
         self, lease_id: int, *, keys: bool = False, timeout_s: float | None = None
     ) -> LeaseInfo:
-        response = await self._read(
+        response = await self._caller.read(
             lambda s: s.lease.TimeToLive,
             lease_pb2.LeaseTimeToLiveRequest(lease_id=lease_id, keys=keys),
             timeout_s,
@@ -529,22 +491,10 @@ class Client:
 
     # ------------------------------------------------------------------ cluster
 
-    def _learn_members(self, members: Iterable[cluster_pb2.Member]) -> list[Member]:
-        """The membership in an answer; every member's client address becomes an endpoint
-        (members added since the client started included)."""
-        found = list(members_from_proto(members))
-        self._transport.learn([m.client_address for m in found])
-        return found
-
     async def member_list(
         self, *, serializable: bool = False, timeout_s: float | None = None
     ) -> list[Member]:
-        response = await self._read(
-            lambda s: s.cluster.MemberList,
-            cluster_pb2.MemberListRequest(serializable=serializable),
-            timeout_s,
-        )
-        return self._learn_members(response.members)
+        return await self._caller.member_list(serializable=serializable, timeout_s=timeout_s)
 
     async def member_add(
         self,
@@ -559,7 +509,7 @@ class Client:
         """Add a member (a learner by default: promote it once caught up); the new member and
         the resulting membership."""
         arguments.count(member_id, "member_id", least=0)
-        response = await self._read(
+        response = await self._caller.read(
             lambda s: s.cluster.MemberAdd,
             cluster_pb2.MemberAddRequest(
                 id=member_id,
@@ -570,33 +520,33 @@ class Client:
             ),
             timeout_s,
         )
-        return Member.from_proto(response.member), self._learn_members(response.members)
+        return Member.from_proto(response.member), self._caller.learn_members(response.members)
 
     async def member_remove(
         self, member_id: int, *, timeout_s: float | None = None
     ) -> list[Member]:
         arguments.count(member_id, "member_id")
-        response = await self._read(
+        response = await self._caller.read(
             lambda s: s.cluster.MemberRemove,
             cluster_pb2.MemberRemoveRequest(id=member_id),
             timeout_s,
         )
-        return self._learn_members(response.members)
+        return self._caller.learn_members(response.members)
 
     async def member_promote(
         self, member_id: int, *, timeout_s: float | None = None
     ) -> list[Member]:
         arguments.count(member_id, "member_id")
-        response = await self._read(
+        response = await self._caller.read(
             lambda s: s.cluster.MemberPromote,
             cluster_pb2.MemberPromoteRequest(id=member_id),
             timeout_s,
         )
-        return self._learn_members(response.members)
+        return self._caller.learn_members(response.members)
 
     async def transfer_leader(self, target_id: int, *, timeout_s: float | None = None) -> Header:
         arguments.count(target_id, "target_id", least=0)
-        response = await self._read(
+        response = await self._caller.read(
             lambda s: s.cluster.TransferLeader,
             cluster_pb2.TransferLeaderRequest(target_id=target_id),
             timeout_s,
@@ -607,13 +557,9 @@ class Client:
         self, *, endpoint: str | None = None, timeout_s: float | None = None
     ) -> SnapshotInfo:
         """Have one member (``endpoint``, else whichever answers) write a snapshot now."""
-        transport = self._transport
-        address = endpoint if endpoint is not None else transport.pick()
-        response = await transport.unary(
-            lambda s: s.cluster.Snapshot,
-            cluster_pb2.SnapshotRequest(),
-            self._deadline(timeout_s),
-            address=address,
+        address = endpoint if endpoint is not None else self._transport.pick()
+        response = await self._caller.ask(
+            address, lambda s: s.cluster.Snapshot, cluster_pb2.SnapshotRequest(), timeout_s
         )
         return SnapshotInfo(
             address, response.header.member_id, response.index, response.term, response.size_bytes
@@ -621,11 +567,8 @@ class Client:
 
     async def member_status(self, endpoint: str, *, timeout_s: float | None = None) -> MemberStatus:
         """The Status of the member at ``endpoint`` (no redirect: its own view)."""
-        response = await self._transport.unary(
-            lambda s: s.cluster.Status,
-            cluster_pb2.StatusRequest(),
-            self._deadline(timeout_s),
-            address=endpoint,
+        response = await self._caller.ask(
+            endpoint, lambda s: s.cluster.Status, cluster_pb2.StatusRequest(), timeout_s
         )
         return MemberStatus.from_proto(response)
 
@@ -660,7 +603,7 @@ class Client:
         """Join ``job`` as ``name``; the participant heartbeats and follows the rounds until
         it leaves (see rendezvous.py). ``config`` creates the job when absent."""
         participant = await _join(
-            self, job, name, config=config, metadata=metadata, timeout_s=timeout_s
+            self._caller, job, name, config=config, metadata=metadata, timeout_s=timeout_s
         )
         self._participants.add(participant)
         return participant
@@ -669,33 +612,37 @@ class Client:
         self, job: str, config: JobConfig, *, timeout_s: float | None = None
     ) -> tuple[bool, RoundInfo]:
         """Create, reconfigure or reopen ``job``; (created, current round)."""
-        return await _jobs.configure(self, job, config, timeout_s=timeout_s)
+        return await _jobs.configure(self._caller, job, config, timeout_s=timeout_s)
 
     async def get_job(
         self, job: str, *, serializable: bool = False, timeout_s: float | None = None
     ) -> JobStatus:
-        return await _jobs.get_job(self, job, serializable=serializable, timeout_s=timeout_s)
+        return await _jobs.get_job(
+            self._caller, job, serializable=serializable, timeout_s=timeout_s
+        )
 
     async def list_jobs(
         self, *, serializable: bool = False, timeout_s: float | None = None
     ) -> list[RoundInfo]:
         """Every job's current round, in job-id order (members' phi reads 0 here)."""
-        return await _jobs.list_jobs(self, serializable=serializable, timeout_s=timeout_s)
+        return await _jobs.list_jobs(self._caller, serializable=serializable, timeout_s=timeout_s)
 
     async def job_statuses(
         self, *, serializable: bool = False, timeout_s: float | None = None
     ) -> list[JobStatus]:
         """Every job's full status: each member's phi, history, latest checkpoint."""
-        return await _jobs.job_statuses(self, serializable=serializable, timeout_s=timeout_s)
+        return await _jobs.job_statuses(
+            self._caller, serializable=serializable, timeout_s=timeout_s
+        )
 
     async def evict(self, job: str, participant_id: int, *, timeout_s: float | None = None) -> int:
         """Remove a participant; the round that ended because of it (0: none)."""
         arguments.count(participant_id, "participant_id")
-        return await _jobs.evict(self, job, participant_id, timeout_s=timeout_s)
+        return await _jobs.evict(self._caller, job, participant_id, timeout_s=timeout_s)
 
     async def close_job(self, job: str, *, timeout_s: float | None = None) -> int:
         """End the job; the round that ended (0: it was already closed)."""
-        return await _jobs.close_job(self, job, timeout_s=timeout_s)
+        return await _jobs.close_job(self._caller, job, timeout_s=timeout_s)
 
     async def prune_jobs(
         self,
@@ -709,20 +656,20 @@ class Client:
         ago, keeping the ``keep`` that ended last (among ``jobs``, or every job); the jobs
         removed. An admin call."""
         return await _jobs.prune_jobs(
-            self, older_than_s=older_than_s, keep=keep, jobs=jobs, timeout_s=timeout_s
+            self._caller, older_than_s=older_than_s, keep=keep, jobs=jobs, timeout_s=timeout_s
         )
 
     async def latest_checkpoint(
         self, job: str, *, serializable: bool = False, timeout_s: float | None = None
     ) -> CheckpointInfo | None:
         return await _jobs.latest_checkpoint(
-            self, job, serializable=serializable, timeout_s=timeout_s
+            self._caller, job, serializable=serializable, timeout_s=timeout_s
         )
 
     def round_store(self, job: str, round_number: int, participant_id: int) -> RoundStore:
         """The store of one round, used as ``participant_id`` (see roundstore.py)."""
-        return RoundStore(self, job, round_number, participant_id)
+        return RoundStore(self._caller, job, round_number, participant_id)
 
     def checkpoint_registry(self, info: RoundInfo) -> CheckpointRegistry:
         """The checkpoint registry fenced by ``info``'s round and token."""
-        return CheckpointRegistry.for_round(self, info)
+        return CheckpointRegistry.for_round(self._caller, info)

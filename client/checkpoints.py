@@ -10,16 +10,12 @@ round ends. ``latest`` reads the job's most recent committed checkpoint, lineari
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from rallypoint.proto.v1 import rendezvous_pb2
 
+from .caller import Caller
 from .jobs import latest_checkpoint, services
 from .rendezvous_errors import refined
 from .rendezvous_values import CheckpointInfo, CommitResult, RoundInfo, ShardProgress
-
-if TYPE_CHECKING:
-    from .aio import Client
 
 
 class CheckpointRegistry:
@@ -27,21 +23,21 @@ class CheckpointRegistry:
 
     def __init__(
         self,
-        client: Client,
+        caller: Caller,
         job: str,
         round_number: int,
         fencing_token: int,
         world_size: int,
     ) -> None:
-        self.client = client
+        self.caller = caller
         self.fence = rendezvous_pb2.CheckpointFence(
             job=job, round=round_number, fencing_token=fencing_token
         )
         self.world_size = world_size
 
     @staticmethod
-    def for_round(client: Client, info: RoundInfo) -> CheckpointRegistry:
-        return CheckpointRegistry(client, info.job, info.round, info.fencing_token, info.world_size)
+    def for_round(caller: Caller, info: RoundInfo) -> CheckpointRegistry:
+        return CheckpointRegistry(caller, info.job, info.round, info.fencing_token, info.world_size)
 
     @property
     def job(self) -> str:
@@ -65,7 +61,7 @@ class CheckpointRegistry:
         """Start checkpoint ``step`` (``world_size`` defaults to the round's); its id."""
         size = self.world_size if world_size is None else world_size
         response = await refined(
-            self.client._write(
+            self.caller.write(
                 lambda s: services(s).checkpoints.Begin,
                 lambda header: rendezvous_pb2.CheckpointBeginRequest(
                     header=header,
@@ -85,7 +81,7 @@ class CheckpointRegistry:
     ) -> ShardProgress:
         """Report ``rank``'s shard written (reporting twice is not an error)."""
         response = await refined(
-            self.client._write(
+            self.caller.write(
                 lambda s: services(s).checkpoints.ShardDone,
                 lambda header: rendezvous_pb2.CheckpointShardDoneRequest(
                     header=header, fence=self.fence, checkpoint_id=checkpoint_id, rank=rank
@@ -98,7 +94,7 @@ class CheckpointRegistry:
     async def commit(self, checkpoint_id: int, *, timeout_s: float | None = None) -> CommitResult:
         """Commit once every rank reported (else CheckpointIncompleteError)."""
         response = await refined(
-            self.client._write(
+            self.caller.write(
                 lambda s: services(s).checkpoints.Commit,
                 lambda header: rendezvous_pb2.CheckpointCommitRequest(
                     header=header, fence=self.fence, checkpoint_id=checkpoint_id
@@ -113,7 +109,7 @@ class CheckpointRegistry:
 
     async def abort(self, checkpoint_id: int, *, timeout_s: float | None = None) -> None:
         await refined(
-            self.client._write(
+            self.caller.write(
                 lambda s: services(s).checkpoints.Abort,
                 lambda header: rendezvous_pb2.CheckpointAbortRequest(
                     header=header, fence=self.fence, checkpoint_id=checkpoint_id
@@ -127,5 +123,5 @@ class CheckpointRegistry:
     ) -> CheckpointInfo | None:
         """The job's most recent committed checkpoint (any round); None when there is none."""
         return await latest_checkpoint(
-            self.client, self.fence.job, serializable=serializable, timeout_s=timeout_s
+            self.caller, self.fence.job, serializable=serializable, timeout_s=timeout_s
         )

@@ -1,8 +1,8 @@
 """Job administration (rendezvous.proto, service Rendezvous): configure, inspect, evict, close.
 
-These are plain calls through the client's transport (leader following, retries,
-deadlines) and session (a retried command applies once); their failures are the typed
-errors of ``rendezvous_errors``. ``join`` and the participant it returns are in
+These are plain calls through the client's :class:`Caller` (leader following, retries,
+deadlines; a retried command applies once); their failures are the typed errors of
+``rendezvous_errors``. ``join`` and the participant it returns are in
 ``rendezvous.py``; the round store and the checkpoint registry in ``roundstore.py`` and
 ``checkpoints.py``.
 """
@@ -13,18 +13,15 @@ import contextlib
 import functools
 import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from rallypoint.proto.v1 import rendezvous_pb2, rendezvous_pb2_grpc
 
 from .arguments import count, non_negative_seconds
+from .caller import Caller
 from .errors import RallypointError
 from .rendezvous_errors import JobNotFoundError, refined
 from .rendezvous_values import CheckpointInfo, JobConfig, JobStatus, RoundInfo
 from .transport import Stubs
-
-if TYPE_CHECKING:
-    from .aio import Client
 
 
 class RendezvousStubs:
@@ -59,11 +56,11 @@ def services(stubs: Stubs) -> RendezvousStubs:
 
 
 async def configure(
-    client: Client, job: str, config: JobConfig, *, timeout_s: float | None = None
+    caller: Caller, job: str, config: JobConfig, *, timeout_s: float | None = None
 ) -> tuple[bool, RoundInfo]:
     """Create the job, change its config, or reopen it when closed; (created, round)."""
     response = await refined(
-        client._write(
+        caller.write(
             lambda s: services(s).rendezvous.Configure,
             lambda header: rendezvous_pb2.ConfigureRequest(
                 header=header, job=job, config=config.to_proto()
@@ -75,45 +72,40 @@ async def configure(
 
 
 async def get_job(
-    client: Client, job: str, *, serializable: bool = False, timeout_s: float | None = None
+    caller: Caller, job: str, *, serializable: bool = False, timeout_s: float | None = None
 ) -> JobStatus:
     """The job's config, current round, history and latest committed checkpoint. Members'
     phi is the leader's soft state: a follower that answered is asked for the leader, which
     is then asked itself (if it cannot answer, the follower's answer stands, phi 0)."""
     request = rendezvous_pb2.GetJobRequest(job=job, serializable=serializable)
     response = await refined(
-        client._read(lambda s: services(s).rendezvous.GetJob, request, timeout_s)
+        caller.read(lambda s: services(s).rendezvous.GetJob, request, timeout_s)
     )
     header = response.header
     if header.leader_id and header.member_id != header.leader_id:
-        leader = await _leader_address(client, header.leader_id, timeout_s)
+        leader = await _leader_address(caller, header.leader_id, timeout_s)
         if leader is not None:
             with contextlib.suppress(RallypointError):
                 response = await refined(
-                    client._transport.unary(
-                        lambda s: services(s).rendezvous.GetJob,
-                        request,
-                        client._deadline(timeout_s),
-                        address=leader,
-                    )
+                    caller.ask(leader, lambda s: services(s).rendezvous.GetJob, request, timeout_s)
                 )
     return JobStatus.from_proto(response)
 
 
-async def _leader_address(client: Client, leader_id: int, timeout_s: float | None) -> str | None:
+async def _leader_address(caller: Caller, leader_id: int, timeout_s: float | None) -> str | None:
     try:
-        members = await client.member_list(serializable=True, timeout_s=timeout_s)
+        members = await caller.member_list(serializable=True, timeout_s=timeout_s)
     except RallypointError:
         return None
     return next((m.client_address for m in members if m.member_id == leader_id), None)
 
 
 async def list_jobs(
-    client: Client, *, serializable: bool = False, timeout_s: float | None = None
+    caller: Caller, *, serializable: bool = False, timeout_s: float | None = None
 ) -> list[RoundInfo]:
     """Every job's current round, in job-id order (no phi: see ``job_statuses``)."""
     response = await refined(
-        client._read(
+        caller.read(
             lambda s: services(s).rendezvous.ListJobs,
             rendezvous_pb2.ListJobsRequest(serializable=serializable),
             timeout_s,
@@ -123,15 +115,15 @@ async def list_jobs(
 
 
 async def job_statuses(
-    client: Client, *, serializable: bool = False, timeout_s: float | None = None
+    caller: Caller, *, serializable: bool = False, timeout_s: float | None = None
 ) -> list[JobStatus]:
     """Every job's full status, with each member's phi: ListJobs, then GetJob per job (a job
     dropped in between is left out)."""
     statuses = []
-    for info in await list_jobs(client, serializable=serializable, timeout_s=timeout_s):
+    for info in await list_jobs(caller, serializable=serializable, timeout_s=timeout_s):
         try:
             statuses.append(
-                await get_job(client, info.job, serializable=serializable, timeout_s=timeout_s)
+                await get_job(caller, info.job, serializable=serializable, timeout_s=timeout_s)
             )
         except JobNotFoundError:
             continue
@@ -139,11 +131,11 @@ async def job_statuses(
 
 
 async def evict(
-    client: Client, job: str, participant_id: int, *, timeout_s: float | None = None
+    caller: Caller, job: str, participant_id: int, *, timeout_s: float | None = None
 ) -> int:
     """Remove a participant; the round that ended because of it (0: none did)."""
     response = await refined(
-        client._write(
+        caller.write(
             lambda s: services(s).rendezvous.Evict,
             lambda header: rendezvous_pb2.EvictRequest(
                 header=header, job=job, participant_id=participant_id
@@ -154,11 +146,11 @@ async def evict(
     return response.ended_round
 
 
-async def close_job(client: Client, job: str, *, timeout_s: float | None = None) -> int:
+async def close_job(caller: Caller, job: str, *, timeout_s: float | None = None) -> int:
     """End the job's current round and remove every participant; the round that ended (0:
     the job was already closed)."""
     response = await refined(
-        client._write(
+        caller.write(
             lambda s: services(s).rendezvous.CloseJob,
             lambda header: rendezvous_pb2.CloseJobRequest(header=header, job=job),
             timeout_s,
@@ -168,7 +160,7 @@ async def close_job(client: Client, job: str, *, timeout_s: float | None = None)
 
 
 async def prune_jobs(
-    client: Client,
+    caller: Caller,
     *,
     older_than_s: float = 0.0,
     keep: int = 0,
@@ -181,7 +173,7 @@ async def prune_jobs(
     older_than_ms = round(non_negative_seconds(older_than_s, "older_than_s") * 1000)
     count(keep, "keep", least=0)
     response = await refined(
-        client._write(
+        caller.write(
             lambda s: services(s).rendezvous.PruneJobs,
             lambda header: rendezvous_pb2.PruneJobsRequest(
                 header=header, older_than_ms=older_than_ms, keep=keep, jobs=list(jobs)
@@ -193,12 +185,12 @@ async def prune_jobs(
 
 
 async def latest_checkpoint(
-    client: Client, job: str, *, serializable: bool = False, timeout_s: float | None = None
+    caller: Caller, job: str, *, serializable: bool = False, timeout_s: float | None = None
 ) -> CheckpointInfo | None:
     """The job's most recently committed checkpoint (linearizable unless ``serializable``);
     None when there is none."""
     response = await refined(
-        client._read(
+        caller.read(
             lambda s: services(s).checkpoints.Latest,
             rendezvous_pb2.CheckpointLatestRequest(job=job, serializable=serializable),
             timeout_s,

@@ -27,8 +27,9 @@ import grpc.aio
 
 from rallypoint.proto.v1 import lease_pb2
 
+from .caller import Caller
 from .errors import LeaseNotFoundError, RallypointError, UnavailableError, map_rpc_error
-from .transport import Deadline, Retrier, Transport
+from .transport import Retrier
 from .values import Fence
 
 
@@ -112,8 +113,9 @@ class Lease:
 
 
 class LeaseKeeper:
-    def __init__(self, transport: Transport) -> None:
-        self._transport = transport
+    def __init__(self, caller: Caller) -> None:
+        self._caller = caller
+        self._transport = caller.transport
         # Invariant: every lease here is alive; a lost lease is removed at once.
         self._leases: dict[int, Lease] = {}
         self._task: asyncio.Task[None] | None = None
@@ -132,7 +134,7 @@ class LeaseKeeper:
         self._leases.pop(lease.lease_id, None)
 
     async def _run(self) -> None:
-        retrier = Retrier(self._transport)
+        retrier = self._caller.retrier()
         while self._leases:
             address = self._transport.pick()
             error = await self._stream(address, retrier)
@@ -219,12 +221,14 @@ class LeaseKeeper:
         self._leases.clear()
 
 
-async def keep_alive_once(transport: Transport, lease_id: int, deadline: Deadline) -> float:
+async def keep_alive_once(caller: Caller, lease_id: int, timeout_s: float | None) -> float:
     """One keep-alive over a short-lived stream, at the leader; the new TTL in seconds.
 
     Raises LeaseNotFoundError when the lease no longer exists.
     """
-    retrier = Retrier(transport)
+    transport = caller.transport
+    deadline = caller.deadline(timeout_s)
+    retrier = caller.retrier()
     while True:
         address = transport.pick()
         call = transport.stubs(address).lease.KeepAlive(

@@ -2,7 +2,8 @@
 
 Theory of operation (rendezvous.proto). ``join`` adds a participant, tied to the client's
 session, and returns a :class:`Participant` that runs two background tasks until it leaves,
-is lost, or the client closes:
+is lost, or the client closes. It calls the cluster through the client's :class:`Caller`
+(writes stamped by the session; both streams reconnect under its one retry policy):
 
 - The heartbeat: one bidirectional ``Heartbeat`` stream to the leader, a request every
   ``heartbeat_interval_ms`` naming the round the participant believes current. A follower
@@ -39,7 +40,6 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING
 
 import grpc
 import grpc.aio
@@ -48,6 +48,7 @@ from rallypoint.proto.v1 import rendezvous_pb2
 
 from .arguments import non_negative_seconds
 from .backoff import Backoff
+from .caller import Caller
 from .checkpoints import CheckpointRegistry
 from .errors import (
     DeadlineExceededError,
@@ -76,10 +77,7 @@ from .rendezvous_values import (
     round_state,
 )
 from .roundstore import RoundStore
-from .transport import Transport
-
-if TYPE_CHECKING:
-    from .aio import Client
+from .transport import Retrier, Transport
 
 log = logging.getLogger("rallypoint.client.rendezvous")
 
@@ -105,44 +103,11 @@ def round_position(round_number: int, state: RoundState) -> tuple[int, int]:
     return round_number, _STATE_ORDER[state]
 
 
-class Reconnector:
-    """The reconnect decisions of a stream: follow a leader hint at once (at most
-    ``len(endpoints) + 1`` times in a row, so two members with stale views cannot bounce it
-    forever), otherwise back off with full jitter."""
-
-    def __init__(self, transport: Transport, backoff: Backoff) -> None:
-        self._transport = transport
-        self._backoff = backoff
-        # Invariant: retry counts the backoff sleeps since the last answer.
-        self.retry = 0
-        self.redirects = 0
-
-    def answered(self) -> None:
-        self.retry = 0
-        self.redirects = 0
-
-    def delay_s(self, address: str, error: RallypointError) -> float:
-        """How long to wait before the next attempt (the transport learns the hint)."""
-        transport = self._transport
-        if transport.note_failure(address, error) and self.redirects <= len(transport.endpoints):
-            self.redirects += 1
-            return 0.0
-        self.redirects = 0
-        delay_s = self._backoff.delay_s(self.retry, transport.rng)
-        self.retry += 1
-        return delay_s
-
-    async def after_failure(self, address: str, error: RallypointError) -> None:
-        delay_s = self.delay_s(address, error)
-        if delay_s > 0:
-            await asyncio.sleep(delay_s)
-
-
 class Participant:
     """A participant of a job; see the module docstring. Use it from the client's loop."""
 
-    def __init__(self, client: Client, name: str, joined: JoinResult, config: JobConfig) -> None:
-        self.client = client
+    def __init__(self, caller: Caller, name: str, joined: JoinResult, config: JobConfig) -> None:
+        self.caller = caller
         self.job = joined.round.job
         self.name = name
         self.participant_id = joined.participant_id
@@ -258,11 +223,11 @@ class Participant:
 
     def store(self) -> RoundStore:
         """The current round's store (raises StaleRoundError once the round is over)."""
-        return RoundStore(self.client, self.job, self.round.round, self.participant_id)
+        return RoundStore(self.caller, self.job, self.round.round, self.participant_id)
 
     def checkpoints(self) -> CheckpointRegistry:
         """The checkpoint registry, fenced by the current round and its token."""
-        return CheckpointRegistry.for_round(self.client, self.round)
+        return CheckpointRegistry.for_round(self.caller, self.round)
 
     def _observe(self, info: RoundInfo) -> bool:
         """Take a RoundInfo from any source; True if it was newer than the view."""
@@ -357,7 +322,7 @@ class Participant:
             if not self.lost.is_set():
                 with contextlib.suppress(ParticipantNotFoundError, JobNotFoundError):
                     await refined(
-                        self.client._write(
+                        self.caller.write(
                             lambda s: services(s).rendezvous.Leave,
                             lambda header: rendezvous_pb2.LeaveRequest(
                                 header=header,
@@ -392,20 +357,20 @@ class Participant:
         return not (self.lost.is_set() or self.leaving or self.closed)
 
     async def _heartbeat_forever(self) -> None:
-        transport = self.client._transport
-        reconnector = Reconnector(
-            transport, reconnect_backoff(self.heartbeat_interval_s, transport.backoff)
+        transport = self.caller.transport
+        retrier = self.caller.retrier(
+            reconnect_backoff(self.heartbeat_interval_s, transport.backoff)
         )
         while self._running():
             address = transport.pick()
-            error = await self._heartbeat_stream(transport, address, reconnector)
+            error = await self._heartbeat_stream(transport, address, retrier)
             if self._gone(error, "heartbeat"):
                 return
             log.debug("heartbeat stream to %s ended: %s", address, error)
-            await reconnector.after_failure(address, error)
+            await retrier.after_failure(address, error)
 
     async def _heartbeat_stream(
-        self, transport: Transport, address: str, reconnector: Reconnector
+        self, transport: Transport, address: str, retrier: Retrier
     ) -> RallypointError:
         """Heartbeat over one stream until it fails; the failure."""
         try:
@@ -424,7 +389,7 @@ class Participant:
                     return UnavailableError(f"{address} answered no heartbeat in {patience_s:g} s")
                 if not isinstance(response, rendezvous_pb2.HeartbeatResponse):  # grpc.aio.EOF
                     return UnavailableError(f"{address} ended the heartbeat stream")
-                reconnector.answered()
+                retrier.answered()
                 transport.note_success(address)
                 self._on_heartbeat_answer(response)
         except grpc.aio.AioRpcError as rpc_error:
@@ -471,7 +436,7 @@ class Participant:
     async def _refresh_view(self) -> None:
         """Read the job linearizably; if that shows the watch was behind, restart it."""
         try:
-            status = await get_job(self.client, self.job)
+            status = await get_job(self.caller, self.job)
         except JobNotFoundError as error:
             self._gone(error, "refresh")
             return
@@ -507,8 +472,8 @@ class Participant:
     # -------------------------------------------------------------- watch
 
     async def _watch_forever(self) -> None:
-        transport = self.client._transport
-        reconnector = Reconnector(transport, transport.backoff)
+        transport = self.caller.transport
+        retrier = self.caller.retrier()
         request = rendezvous_pb2.WatchJobRequest(job=self.job)
         while self._running():
             address = transport.pick()
@@ -522,7 +487,7 @@ class Participant:
             error: RallypointError
             try:
                 async for response in call:
-                    reconnector.answered()
+                    retrier.answered()
                     self._observe(RoundInfo.from_proto(response.round))
                 error = UnavailableError(f"{address} ended the round watch")
             except grpc.aio.AioRpcError as rpc_error:
@@ -540,11 +505,11 @@ class Participant:
                 continue
             if self._gone(error, "round watch"):
                 return
-            await reconnector.after_failure(address, error)
+            await retrier.after_failure(address, error)
 
 
 async def join(
-    client: Client,
+    caller: Caller,
     job: str,
     name: str,
     *,
@@ -559,7 +524,7 @@ async def join(
     """
     request_config = config.to_proto() if config is not None else None
     response = await refined(
-        client._write(
+        caller.write(
             lambda s: services(s).rendezvous.Join,
             lambda header: rendezvous_pb2.JoinRequest(
                 header=header, job=job, name=name, metadata=metadata, config=request_config
@@ -571,8 +536,8 @@ async def join(
         response.participant_id, response.waiting, RoundInfo.from_proto(response.round)
     )
     if config is None:
-        config = (await get_job(client, job, timeout_s=timeout_s)).config
-    participant = Participant(client, name, joined, config)
+        config = (await get_job(caller, job, timeout_s=timeout_s)).config
+    participant = Participant(caller, name, joined, config)
     participant.start()
     return participant
 

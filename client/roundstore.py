@@ -2,8 +2,8 @@
 
 Every call names (job, round, participant id) and is refused with :class:`StaleRoundError`
 once the round is not the job's current ACTIVE round or the participant not one of its
-members (rendezvous.proto, service RoundStore). Writes go through the client's session (a
-retry applies once); reads through its transport.
+members (rendezvous.proto, service RoundStore). Writes and reads go through the client's
+:class:`Caller` (a retried write applies once).
 
 Get and Wait block on the server for up to the caller's timeout, so they do not use the
 transport's per-attempt timeout (which would cut a long wait short and retry it, or retry a
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import grpc
 import grpc.aio
@@ -25,13 +25,11 @@ import grpc.aio
 from rallypoint.proto.v1 import rendezvous_pb2
 
 from .arguments import non_negative_seconds
+from .caller import Caller
 from .errors import DeadlineExceededError, RallypointError, UnavailableError, map_rpc_error
 from .jobs import RendezvousStubs, services
 from .rendezvous_errors import refine, refined
-from .transport import Deadline, Retrier
-
-if TYPE_CHECKING:
-    from .aio import Client
+from .transport import Deadline
 
 # The requests the server holds (both carry timeout_ms).
 Request = TypeVar("Request", rendezvous_pb2.StoreGetRequest, rendezvous_pb2.StoreWaitRequest)
@@ -54,8 +52,8 @@ class CompareSetResult:
 class RoundStore:
     """The store of ``round`` of ``job``, used as ``participant_id``."""
 
-    def __init__(self, client: Client, job: str, round_number: int, participant_id: int) -> None:
-        self.client = client
+    def __init__(self, caller: Caller, job: str, round_number: int, participant_id: int) -> None:
+        self.caller = caller
         self.scope = rendezvous_pb2.StoreScope(
             job=job, round=round_number, participant_id=participant_id
         )
@@ -79,7 +77,7 @@ class RoundStore:
 
     async def set(self, key: Bytes, value: Bytes, *, timeout_s: float | None = None) -> None:
         await refined(
-            self.client._write(
+            self.caller.write(
                 lambda s: services(s).store.Set,
                 lambda header: rendezvous_pb2.StoreSetRequest(
                     header=header, scope=self.scope, key=_bytes(key), value=_bytes(value)
@@ -91,7 +89,7 @@ class RoundStore:
     async def add(self, key: Bytes, delta: int, *, timeout_s: float | None = None) -> int:
         """Add ``delta`` to the decimal integer at ``key`` (missing counts as 0); the sum."""
         response = await refined(
-            self.client._write(
+            self.caller.write(
                 lambda s: services(s).store.Add,
                 lambda header: rendezvous_pb2.StoreAddRequest(
                     header=header, scope=self.scope, key=_bytes(key), delta=delta
@@ -107,7 +105,7 @@ class RoundStore:
         """torch semantics: set ``key`` to ``desired`` if it holds ``expected``, or if it is
         absent and ``expected`` is empty."""
         response = await refined(
-            self.client._write(
+            self.caller.write(
                 lambda s: services(s).store.CompareSet,
                 lambda header: rendezvous_pb2.StoreCompareSetRequest(
                     header=header,
@@ -125,7 +123,7 @@ class RoundStore:
     async def delete(self, key: Bytes, *, timeout_s: float | None = None) -> bool:
         """Delete ``key``; whether it existed."""
         response = await refined(
-            self.client._write(
+            self.caller.write(
                 lambda s: services(s).store.Delete,
                 lambda header: rendezvous_pb2.StoreDeleteRequest(
                     header=header, scope=self.scope, key=_bytes(key)
@@ -161,7 +159,7 @@ class RoundStore:
 
     async def num_keys(self, *, timeout_s: float | None = None) -> int:
         response = await refined(
-            self.client._read(
+            self.caller.read(
                 lambda s: services(s).store.NumKeys,
                 rendezvous_pb2.StoreNumKeysRequest(scope=self.scope),
                 timeout_s,
@@ -172,7 +170,7 @@ class RoundStore:
     async def check(self, keys: Sequence[Bytes], *, timeout_s: float | None = None) -> bool:
         """Whether every key exists, without waiting."""
         response = await refined(
-            self.client._read(
+            self.caller.read(
                 lambda s: services(s).store.Check,
                 rendezvous_pb2.StoreCheckRequest(
                     scope=self.scope, keys=[_bytes(key) for key in keys]
@@ -183,7 +181,7 @@ class RoundStore:
         return response.all_exist
 
     def _wait_s(self, timeout_s: float | None) -> float:
-        wait_s = self.client.timeout_s if timeout_s is None else timeout_s
+        wait_s = self.caller.timeout_s if timeout_s is None else timeout_s
         return non_negative_seconds(wait_s, "timeout_s")
 
     async def _blocking(
@@ -193,10 +191,10 @@ class RoundStore:
         wait_s: float,
     ) -> Response:
         """A read the server holds for up to ``wait_s``; see the module docstring."""
-        transport = self.client._transport
+        transport = self.caller.transport
         answer_s = transport.attempt_timeout_s
         deadline = Deadline(wait_s + answer_s)
-        retrier = Retrier(transport)
+        retrier = self.caller.retrier()
         while True:
             address = transport.pick()
             left_s = max(0.0, deadline.remaining_s() - answer_s)

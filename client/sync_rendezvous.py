@@ -10,56 +10,26 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Coroutine, Iterator
-from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar
+from collections.abc import Callable, Iterator
 
+from .blocking import Blocking, Runner, blocking
 from .checkpoints import CheckpointRegistry
 from .rendezvous import Participant
 from .rendezvous_values import LeaveOutcome, RoundInfo, TrainingProgress
 from .roundstore import RoundStore
 
-P = ParamSpec("P")
-T = TypeVar("T")
-Target = TypeVar("Target")
 
-
-class Runner(Protocol):
-    """The SyncClient's loop thread."""
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop: ...
-
-    def run(self, coroutine: Coroutine[Any, Any, T]) -> T: ...
-
-
-class _Blocking(Generic[Target]):
-    def __init__(self, target: Target, runner: Runner) -> None:
-        self._target = target
-        self._runner = runner
-
-
-def _blocking(
-    method: Callable[Concatenate[Target, P], Coroutine[Any, Any, T]],
-) -> Callable[Concatenate[_Blocking[Target], P], T]:
-    def call(self: _Blocking[Target], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return self._runner.run(method(self._target, *args, **kwargs))
-
-    call.__name__ = method.__name__
-    call.__doc__ = method.__doc__
-    return call
-
-
-class SyncRoundStore(_Blocking[RoundStore]):
+class SyncRoundStore(Blocking[RoundStore]):
     """A :class:`RoundStore` seen from threads."""
 
-    set = _blocking(RoundStore.set)
-    get = _blocking(RoundStore.get)
-    add = _blocking(RoundStore.add)
-    compare_set = _blocking(RoundStore.compare_set)
-    wait = _blocking(RoundStore.wait)
-    delete = _blocking(RoundStore.delete)
-    num_keys = _blocking(RoundStore.num_keys)
-    check = _blocking(RoundStore.check)
+    set = blocking(RoundStore.set)
+    get = blocking(RoundStore.get)
+    add = blocking(RoundStore.add)
+    compare_set = blocking(RoundStore.compare_set)
+    wait = blocking(RoundStore.wait)
+    delete = blocking(RoundStore.delete)
+    num_keys = blocking(RoundStore.num_keys)
+    check = blocking(RoundStore.check)
 
     @property
     def store(self) -> RoundStore:
@@ -74,21 +44,21 @@ class SyncRoundStore(_Blocking[RoundStore]):
         return self._target.round
 
 
-class SyncCheckpointRegistry(_Blocking[CheckpointRegistry]):
+class SyncCheckpointRegistry(Blocking[CheckpointRegistry]):
     """A :class:`CheckpointRegistry` seen from threads."""
 
-    begin = _blocking(CheckpointRegistry.begin)
-    shard_done = _blocking(CheckpointRegistry.shard_done)
-    commit = _blocking(CheckpointRegistry.commit)
-    abort = _blocking(CheckpointRegistry.abort)
-    latest = _blocking(CheckpointRegistry.latest)
+    begin = blocking(CheckpointRegistry.begin)
+    shard_done = blocking(CheckpointRegistry.shard_done)
+    commit = blocking(CheckpointRegistry.commit)
+    abort = blocking(CheckpointRegistry.abort)
+    latest = blocking(CheckpointRegistry.latest)
 
     @property
     def registry(self) -> CheckpointRegistry:
         return self._target
 
 
-class SyncParticipant(_Blocking[Participant]):
+class SyncParticipant(Blocking[Participant]):
     """A :class:`Participant` seen from threads. ``lost`` is a ``threading.Event``."""
 
     def __init__(self, participant: Participant, runner: Runner) -> None:
@@ -104,9 +74,9 @@ class SyncParticipant(_Blocking[Participant]):
         await self._target.lost.wait()
         self.lost.set()
 
-    wait_for_round = _blocking(Participant.wait_for_round)
-    _leave = _blocking(Participant.leave)
-    _close = _blocking(Participant.close)
+    wait_for_round = blocking(Participant.wait_for_round)
+    _leave = blocking(Participant.leave)
+    _close = blocking(Participant.close)
 
     def leave(
         self,

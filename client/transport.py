@@ -22,6 +22,10 @@ Each attempt is bounded by ``attempt_timeout_s`` as well as by the deadline, so 
 accepts connections but never answers (a paused process) costs one attempt, not the whole
 call. Only UnavailableError (and an attempt cut short by ``attempt_timeout_s``) is retried;
 every other error is the answer.
+
+The hint-or-backoff decision is :class:`Retrier`, the client's one retry policy: the same
+class serves this loop, the reads the server holds (round store), and the streams that
+reconnect (heartbeat, round watch, lease keep-alive, watch), each loop with its own counts.
 """
 
 from __future__ import annotations
@@ -424,12 +428,19 @@ class Transport:
 
 
 class Retrier:
-    """The retry policy shared by unary calls and streams: follow a leader hint at once (at
-    most ``len(endpoints) + 1`` times in a row), otherwise sleep with full-jitter backoff."""
+    """The one retry policy, for unary calls, reads the server holds, and streams that
+    reconnect (heartbeat, round watch, lease keep-alive, watch): follow a leader hint at once
+    (at most ``len(endpoints) + 1`` times in a row, so two members with stale views cannot
+    bounce a request forever), otherwise sleep with full-jitter backoff (``backoff``: the
+    transport's unless given; the heartbeat caps it at two intervals), never past
+    ``max_sleep_s`` (what is left of the caller's deadline). One per loop: its counts are
+    that loop's."""
 
-    def __init__(self, transport: Transport) -> None:
+    def __init__(self, transport: Transport, backoff: Backoff | None = None) -> None:
         self._transport = transport
-        # Invariant: retry counts the backoff sleeps since the last answer.
+        self.backoff = backoff if backoff is not None else transport.backoff
+        # Invariant: retry counts the backoff sleeps since the last answer; redirects the
+        # leader hints followed in a row since the last sleep or answer.
         self.retry = 0
         self.redirects = 0
 
@@ -437,20 +448,24 @@ class Retrier:
         self.retry = 0
         self.redirects = 0
 
-    async def after_failure(
+    def delay_s(
         self, address: str, error: RallypointError, *, max_sleep_s: float | None = None
-    ) -> None:
+    ) -> float:
+        """How long to wait before the next attempt after ``address`` failed with ``error``
+        (0 to follow a hint, which the transport learns)."""
         transport = self._transport
         if transport.note_failure(address, error) and self.redirects <= len(transport.endpoints):
             self.redirects += 1
-            return
+            return 0.0
         self.redirects = 0
-        await self.sleep(max_sleep_s=max_sleep_s)
-
-    async def sleep(self, *, max_sleep_s: float | None = None) -> None:
-        transport = self._transport
-        delay_s = transport.backoff.delay_s(self.retry, transport.rng)
+        delay_s = self.backoff.delay_s(self.retry, transport.rng)
+        self.retry += 1
         if max_sleep_s is not None:
             delay_s = min(delay_s, max(0.0, max_sleep_s))
-        self.retry += 1
-        await asyncio.sleep(delay_s)
+        return delay_s
+
+    async def after_failure(
+        self, address: str, error: RallypointError, *, max_sleep_s: float | None = None
+    ) -> None:
+        # Sleeps even 0 s: a loop that follows hints still lets the event loop run.
+        await asyncio.sleep(self.delay_s(address, error, max_sleep_s=max_sleep_s))

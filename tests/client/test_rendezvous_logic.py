@@ -1,4 +1,4 @@
-"""The participant's decisions without a server: reconnect policy, error refinement, and how
+"""The participant's decisions without a server: reconnect backoff, error refinement, and how
 a stream of RoundInfos (from the watch, the heartbeat's refresh, in any order) becomes its
 view, its round-change notifications, ``wait_for_round`` and ``lost``. Everything the daemon
 does is tested with real processes in tests/integration/test_rendezvous.py."""
@@ -6,14 +6,12 @@ does is tested with real processes in tests/integration/test_rendezvous.py."""
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import AsyncIterator
 
 import pytest
 
 from rallypoint.client import (
     Backoff,
-    Client,
     DeadlineExceededError,
     FailedPreconditionError,
     InternalError,
@@ -26,13 +24,9 @@ from rallypoint.client import (
     RoundMember,
     RoundState,
     StaleRoundError,
-    UnavailableError,
 )
-from rallypoint.client.rendezvous import (
-    Reconnector,
-    reconnect_backoff,
-    round_position,
-)
+from rallypoint.client.caller import Caller
+from rallypoint.client.rendezvous import reconnect_backoff, round_position
 from rallypoint.client.rendezvous_errors import refine
 from rallypoint.client.rendezvous_values import JoinResult
 from rallypoint.client.transport import Transport
@@ -73,10 +67,12 @@ def info(
 @pytest.fixture
 async def participant() -> AsyncIterator[Participant]:
     # Never connected and never started: only the view logic runs.
-    client = Client(["127.0.0.1:1"])
+    caller = Caller(
+        Transport(["127.0.0.1:1"]), timeout_s=1.0, session_ttl_s=30.0, max_inflight_writes=1
+    )
     joined = JoinResult(ME, False, info(1, 1, RoundState.JOINING))
-    yield Participant(client, "w7", joined, JobConfig(2, 2))
-    await client.close()
+    yield Participant(caller, "w7", joined, JobConfig(2, 2))
+    await caller.close()
 
 
 # ---------------------------------------------------------------------------- reconnects
@@ -90,33 +86,6 @@ def test_heartbeat_backoff_is_capped_at_two_intervals() -> None:
     # An interval shorter than the client's base lowers the base too.
     fast = reconnect_backoff(0.01, client_backoff)
     assert fast.cap_s == pytest.approx(0.02) and fast.base_s <= fast.cap_s
-
-
-def test_reconnector_follows_hints_at_once_then_backs_off() -> None:
-    transport = Transport(["a:1", "b:1", "c:1"], rng=random.Random(3))
-    reconnector = Reconnector(transport, Backoff(base_s=0.1, cap_s=0.4))
-    hinted = UnavailableError("not the leader", reason="NOT_LEADER", leader_hint="b:1")
-    assert reconnector.delay_s("a:1", hinted) == 0.0
-    assert transport.pick() == "b:1"
-    # Two members naming each other cannot bounce the stream forever: after
-    # len(endpoints) + 1 redirects in a row, it sleeps.
-    delays = [
-        reconnector.delay_s(address, UnavailableError("x", leader_hint=hint))
-        for address, hint in [("b:1", "c:1"), ("c:1", "b:1"), ("b:1", "c:1"), ("c:1", "b:1")]
-    ]
-    assert delays[:3] == [0.0, 0.0, 0.0] and 0.0 <= delays[3] <= 0.1
-
-
-def test_reconnector_backs_off_with_full_jitter_and_resets_on_answer() -> None:
-    transport = Transport(["a:1", "b:1"], rng=random.Random(5))
-    reconnector = Reconnector(transport, Backoff(base_s=0.1, cap_s=0.4))
-    down = UnavailableError("connection refused")
-    delays = [reconnector.delay_s("a:1", down) for _ in range(6)]
-    ceilings = [0.1, 0.2, 0.4, 0.4, 0.4, 0.4]
-    assert all(0.0 <= d <= c for d, c in zip(delays, ceilings, strict=True))
-    assert reconnector.retry == 6
-    reconnector.answered()
-    assert reconnector.retry == 0 and reconnector.delay_s("a:1", down) <= 0.1
 
 
 # ---------------------------------------------------------------------------- errors

@@ -51,7 +51,8 @@ def round_fields(info: RoundInfo, participant_id: int) -> dict[str, Any]:
 
 
 class Worker:
-    def __init__(self, participant: Participant) -> None:
+    def __init__(self, client: Client, participant: Participant) -> None:
+        self.client = client
         self.participant = participant
         # Every ACTIVE round that included this worker, by number.
         self.mine: dict[int, RoundInfo] = {}
@@ -71,9 +72,7 @@ class Worker:
 
     async def greet(self, info: RoundInfo, rank: int) -> None:
         """Every rank writes its name and reads everybody's: the round store works."""
-        store = self.participant.client.round_store(
-            info.job, info.round, self.participant.participant_id
-        )
+        store = self.client.round_store(info.job, info.round, self.participant.participant_id)
         try:
             await store.set(f"hello/{rank}", self.participant.name)
             keys = [f"hello/{r}" for r in range(info.world_size)]
@@ -91,7 +90,7 @@ class Worker:
 
     async def command(self, line: str) -> dict[str, Any]:
         words = line.split()
-        client = self.participant.client
+        client = self.client
         pid = self.participant.participant_id
         match words:
             case ["store_set", key, value, *_]:
@@ -152,7 +151,7 @@ async def main() -> None:
             is_waiting=participant.joined.waiting,
             **round_fields(participant.round, participant.participant_id),
         )
-        worker = Worker(participant)
+        worker = Worker(client, participant)
         follower = asyncio.create_task(worker.follow_rounds())
         commands = asyncio.create_task(read_commands(worker))
         lost = asyncio.create_task(participant.lost.wait())

@@ -1,0 +1,157 @@
+"""The client's core: how every part of the client calls the cluster.
+
+Theory of operation. A :class:`Client` owns one :class:`Caller` and hands it to the parts it
+is made of: job administration (``jobs.py``), the checkpoint registry, the round store,
+participants (``rendezvous.py``). The parts call the cluster through the caller, never
+through the client, so the client's modules form a tree with no cycle, not even a private
+one: ``aio.py`` on top, the parts under it, the caller under them, the session and the
+transport under the caller (``tests/client/test_layering.py`` keeps it so).
+
+The caller offers what every call needs:
+
+- ``deadline(timeout_s)``: the call's deadline, the client's ``timeout_s`` unless the call
+  gives its own;
+- ``read``: a unary call, retried by the transport (leader hints, full-jitter backoff,
+  ``attempt_timeout_s`` per attempt) until the deadline; linearizable unless the request
+  asks to be served ``serializable``;
+- ``write``: a mutating call, stamped by the session with (session, sequence) so that a
+  retry applies at most once (``session.py``), with at most ``max_inflight_writes`` in
+  flight (the server keeps a bounded number of unacknowledged answers per session);
+- ``ask``: one member's own answer, one attempt, no redirect (status, snapshot);
+- ``retrier``: the one retry policy (``transport.Retrier``) for the loops the parts run
+  themselves (streams, reads the server holds).
+
+The session and the write slots are made on the running loop (``start``), never in
+``__init__``, so a client may be built outside the loop that uses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar
+
+from rallypoint.proto.v1 import cluster_pb2, common_pb2
+
+from .arguments import count, positive_seconds
+from .backoff import Backoff
+from .errors import RallypointError
+from .session import SessionKeeper
+from .transport import Deadline, Method, Retrier, Transport
+from .values import Member, members_from_proto
+
+Request = TypeVar("Request")
+Response = TypeVar("Response")
+
+# close() ends the session within this much, whatever the client's timeout: a client that
+# cannot reach the cluster still closes promptly (the session then expires on its own).
+CLOSE_TIMEOUT_S = 2.0
+
+
+class Caller:
+    """Session-stamped writes, reads, deadlines and retries over one transport; see the
+    module docstring. Use it from one event loop."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        timeout_s: float,
+        session_ttl_s: float,
+        max_inflight_writes: int,
+    ) -> None:
+        self.transport = transport
+        self.timeout_s = positive_seconds(timeout_s, "timeout_s")
+        self._session_ttl_s = positive_seconds(session_ttl_s, "session_ttl_s", least_s=0.001)
+        self._max_inflight_writes = count(max_inflight_writes, "max_inflight_writes")
+        # Invariant: both None, or both made on the loop that uses them (start).
+        self._sessions: SessionKeeper | None = None
+        self._write_slots: asyncio.Semaphore | None = None
+
+    @property
+    def session_id(self) -> int:
+        """The current session's id; 0 before the first write (or connect)."""
+        session = self._sessions.current if self._sessions is not None else None
+        return session.session_id if session is not None else 0
+
+    def start(self) -> tuple[SessionKeeper, asyncio.Semaphore]:
+        """The session keeper and the write slots, made on first use."""
+        if self._sessions is None or self._write_slots is None:
+            self._sessions = SessionKeeper(
+                self.transport, self._session_ttl_s, open_timeout_s=self.timeout_s
+            )
+            self._write_slots = asyncio.Semaphore(self._max_inflight_writes)
+        return self._sessions, self._write_slots
+
+    async def open_session(self) -> None:
+        sessions, _ = self.start()
+        await sessions.ensure(self.deadline(None))
+
+    async def close(self) -> None:
+        """End the session (best effort) and close the channels."""
+        if self._sessions is not None:
+            await self._sessions.close(Deadline(min(self.timeout_s, CLOSE_TIMEOUT_S)))
+        await self.transport.close()
+
+    def deadline(self, timeout_s: float | None) -> Deadline:
+        # Deadline refuses a timeout that is not a positive number of seconds.
+        return Deadline(self.timeout_s if timeout_s is None else timeout_s)
+
+    def retrier(self, backoff: Backoff | None = None) -> Retrier:
+        """A fresh retry state for one loop (``backoff``: the client's unless given)."""
+        return Retrier(self.transport, backoff)
+
+    async def read(
+        self, method: Method[Request, Response], request: Request, timeout_s: float | None
+    ) -> Response:
+        return await self.transport.unary(method, request, self.deadline(timeout_s))
+
+    async def ask(
+        self,
+        address: str,
+        method: Method[Request, Response],
+        request: Request,
+        timeout_s: float | None,
+    ) -> Response:
+        """The member at ``address``'s own answer: one attempt, no redirect."""
+        return await self.transport.unary(
+            method, request, self.deadline(timeout_s), address=address
+        )
+
+    async def write(
+        self,
+        method: Method[Request, Response],
+        build: Callable[[common_pb2.RequestHeader], Request],
+        timeout_s: float | None,
+    ) -> Response:
+        """A mutating call: ``build(header)`` makes the request for the session's header;
+        every retry carries the same sequence."""
+        sessions, write_slots = self.start()
+        deadline = self.deadline(timeout_s)
+
+        def send(
+            header: common_pb2.RequestHeader,
+            deadline: Deadline,
+            on_retry: Callable[[RallypointError], None],
+        ) -> Awaitable[Response]:
+            return self.transport.unary(method, build(header), deadline, on_retry=on_retry)
+
+        async with write_slots:
+            return await sessions.write(send, deadline)
+
+    def learn_members(self, members: Iterable[cluster_pb2.Member]) -> list[Member]:
+        """The membership in an answer; every member's client address becomes an endpoint
+        (members added since the client started included)."""
+        found = list(members_from_proto(members))
+        self.transport.learn([m.client_address for m in found])
+        return found
+
+    async def member_list(
+        self, *, serializable: bool = False, timeout_s: float | None = None
+    ) -> list[Member]:
+        response = await self.read(
+            lambda s: s.cluster.MemberList,
+            cluster_pb2.MemberListRequest(serializable=serializable),
+            timeout_s,
+        )
+        return self.learn_members(response.members)

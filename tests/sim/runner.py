@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import multiprocessing.pool
 import os
 import sys
 import time
 import traceback
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from .checker import Violation
 from .schedule import TICK, OpKind, Profile, params_for_seed
@@ -169,6 +171,23 @@ class SweepResult:
     seconds: float
 
 
+def _spawned_pool(jobs: int) -> multiprocessing.pool.Pool:
+    """A pool of fresh interpreters. Not forked: a fork copies the caller's objects but not
+    its threads, and in a caller that used gRPC (pytest, after the integration tests) a
+    channel collected in the child joins a polling thread that does not exist there, forever.
+    A spawned child imports this module by name, so the repository root goes on the path
+    the children are given (pytest's importlib mode imports ``tests`` without it)."""
+    root = str(Path(__file__).resolve().parents[2])
+    added = root not in sys.path
+    if added:
+        sys.path.append(root)
+    try:
+        return multiprocessing.get_context("spawn").Pool(jobs)
+    finally:
+        if added:
+            sys.path.remove(root)
+
+
 def sweep(
     seeds: Sequence[int],
     jobs: int,
@@ -185,7 +204,7 @@ def sweep(
         results: Iterable[tuple[int, str | None, str, int]] = map(_run_quietly, work)
         pool = None
     else:
-        pool = multiprocessing.get_context("fork").Pool(jobs)
+        pool = _spawned_pool(jobs)
         results = pool.imap_unordered(
             _run_quietly, work, chunksize=max(1, min(16, len(work) // (jobs * 8) or 1))
         )

@@ -466,3 +466,26 @@ def test_the_example_environment_file_is_settings_the_daemon_accepts(tmp_path: P
     assert settings.tls_cert_file.endswith("/member-1.crt")
     assert settings.tls_key_file.endswith("/member-1.key")
     assert settings.member_id == 1
+
+
+# ---------------------------------------------------------------------------- the README
+
+
+def readme_deployment_section() -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index("## Deployment\n")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def test_the_readme_links_every_deployment_file_and_shows_the_jobs_command() -> None:
+    section = readme_deployment_section()
+    linked = {ROOT / link for link in re.findall(r"\]\((deploy/[^)]+)\)", section)}
+    assert all(path.exists() for path in linked), linked
+    files = {path for path in DEPLOY.rglob("*") if path.is_file()}
+    assert files == linked
+    # The torchrun command it shows is the one the PyTorchJob runs (the Job differs in --nnodes).
+    block = re.search(r"^    torchrun .*?train\.py$", section, re.MULTILINE | re.DOTALL)
+    assert block is not None
+    shown = block.group(0).replace("\\\n", " ").split()
+    (command,) = [c["command"] for w, _, c in torchrun_containers() if ": PyTorchJob " in w]
+    assert shown == command

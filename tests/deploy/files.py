@@ -60,7 +60,9 @@ def pod_templates() -> Iterator[tuple[str, Document]]:
 # ----------------------------------------------------------------------------- the Secrets
 
 
-def make_secrets(out: Path, namespace: str, job: str) -> dict[str, dict[str, Path]]:
+def make_secrets(
+    out: Path, namespace: str, job: str, extra_sans: str = ""
+) -> dict[str, dict[str, Path]]:
     """Run make-secrets.sh; return each Secret it creates: name -> {key: file}."""
     calls = out / "kubectl-calls"
     calls.mkdir(parents=True)
@@ -74,7 +76,7 @@ def make_secrets(out: Path, namespace: str, job: str) -> dict[str, dict[str, Pat
     files = out / "files"
     subprocess.run(
         [str(KUBERNETES / "make-secrets.sh"), "-n", namespace, "-j", job, str(files)],
-        env={**os.environ, "KUBECTL": str(recorder)},
+        env={**os.environ, "KUBECTL": str(recorder), "EXTRA_SANS": extra_sans},
         check=True,
         capture_output=True,
         timeout=120,

@@ -414,6 +414,10 @@ def test_the_systemd_unit_runs_serve_from_the_member_environment_file() -> None:
     assert service["RestartPreventExitStatus"] == "2"
     assert int(service["LimitNOFILE"]) >= 65536
     assert service["ExecReload"] == "/bin/kill -HUP $MAINPID"
+    unit = {key: value for section, key, value in entries if section == "Unit"}
+    assert int(unit["StartLimitBurst"]) * int(service["RestartSec"]) < int(
+        unit["StartLimitIntervalSec"]
+    ), "restarts that keep failing hit the start limit"
     environment = dict(
         value.split("=", 1) for section, key, value in entries if key == "Environment"
     )

@@ -122,6 +122,10 @@ class Settings:
     heartbeat_ticks: int = 1
     snapshot_entries: int = 10_000
     metrics_address: str = ""  # host:port for /metrics; empty disables
+    # host:port serving only the gRPC health service, in plaintext and without tokens, for
+    # probes that cannot present a client certificate (Kubernetes' grpc probe); empty
+    # disables. The client port answers health checks too.
+    health_address: str = ""
     # Bytes preallocated per write-ahead log segment: a number, or with KiB, MiB or GiB.
     wal_segment_size: str = "64MiB"
     auth_token: str = ""
@@ -230,6 +234,8 @@ class Settings:
         found = [("peer_address", self.peer_address), ("client_address", self.client_address)]
         if self.metrics_address:
             found.append(("metrics_address", self.metrics_address))
+        if self.health_address:
+            found.append(("health_address", self.health_address))
         return found
 
     def wal_segment_size_bytes(self) -> int:
@@ -346,7 +352,7 @@ def _reload_tokens(tokens: ClientTokens) -> Callable[[], str]:
 async def serve(settings: Settings) -> int:
     """Run one member until SIGTERM/SIGINT; return the process exit code. The caller holds
     the data dir's lock (:func:`run`)."""
-    from .service.server import add_services
+    from .service.server import add_health_service, add_services
 
     config = settings.node_config()
     loop = asyncio.get_running_loop()
@@ -364,6 +370,7 @@ async def serve(settings: Settings) -> int:
     node = Node(config, peer_tls=tls)
     await node.start()
     server = grpc.aio.server(options=SERVER_OPTIONS)
+    health_server = grpc.aio.server(options=SERVER_OPTIONS) if settings.health_address else None
     try:
         # The long-lived objects made at start-up need no more collection passes; and a
         # larger first generation makes collections rarer on the request path.
@@ -378,6 +385,14 @@ async def serve(settings: Settings) -> int:
         except RuntimeError as exc:
             raise bind_failure("client_address", config.client_address, exc) from None
         await server.start()
+        if health_server is not None:
+            # Started after the client port, so a probe that finds it finds clients served.
+            add_health_service(health_server)
+            try:
+                health_server.add_insecure_port(settings.health_address)
+            except RuntimeError as exc:
+                raise bind_failure("health_address", settings.health_address, exc) from None
+            await health_server.start()
         if settings.metrics_address:
             host, port = split_address(settings.metrics_address, "metrics_address")
             try:
@@ -385,6 +400,8 @@ async def serve(settings: Settings) -> int:
             except OSError as exc:
                 raise bind_failure("metrics_address", settings.metrics_address, exc) from None
     except BaseException:
+        if health_server is not None:
+            await health_server.stop(grace=None)
         await server.stop(grace=None)
         await node.stop(transfer_leadership=False)
         raise
@@ -401,6 +418,9 @@ async def serve(settings: Settings) -> int:
         loop.add_signal_handler(signum, stop.set)
     await stop.wait()
     log.info("member %d shutting down", config.member_id)
+    if health_server is not None:
+        # Probes see the member go at once, while it hands over leadership.
+        await health_server.stop(grace=None)
     await node.stop(transfer_leadership=True)
     await server.stop(grace=1.0)
     return 0

@@ -52,6 +52,9 @@ _SERVE_HELP = {
     "heartbeat_ticks": "ticks between leader heartbeats",
     "snapshot_entries": "applied entries between snapshots",
     "metrics_address": "host:port to serve Prometheus /metrics on (off when empty)",
+    "health_address": "host:port serving only the standard gRPC health service, without TLS "
+    "or tokens, for probes that cannot present a client certificate (Kubernetes' grpc probe); "
+    "off when empty. The client port answers health checks too",
     "wal_segment_size": "bytes preallocated for each write-ahead log segment: a number, or "
     "with KiB, MiB or GiB (e.g. 8MiB); 1MiB..1GiB. The data dir needs this much free to start",
     "auth_token": "require 'authorization: Bearer TOKEN' on client calls (an admin token)",

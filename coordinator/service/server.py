@@ -266,4 +266,11 @@ def add_services(
             name: guard.wrap(f"/{service}/{name}", handler) for name, handler in handlers.items()
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, wrapped),))
+    add_health_service(server)
+
+
+def add_health_service(server: grpc.aio.Server) -> None:
+    """The standard health service, SERVING for "" and each public service: on the client
+    port (:func:`add_services`), or alone on the member's health port (``--health-address``),
+    which probes reach without the client port's TLS or token."""
     health_pb2_grpc.add_HealthServicer_to_server(_Health(("", *SERVICE_NAMES)), server)

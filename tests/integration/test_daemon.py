@@ -13,13 +13,16 @@ from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rallypoint.client import Client, TlsConfig, UnavailableError
 from rallypoint.coordinator.daemon import Reloads, Settings, SettingsError, parse_initial_cluster
+from rallypoint.proto.v1 import kv_pb2, kv_pb2_grpc
 from rallypoint.raft.types import Message, MessageType, NodeId
 from tests.integration.harness import (
     SERVE_COMMAND,
     ProcessCluster,
+    free_ports,
     refused_to_start,
     wait_until,
 )
@@ -139,6 +142,9 @@ SECRET = "0123456789abcdef0123"
          f"peer_address {PEER} and client_address {PEER} must be different ports"),
         ([f"--metrics-address=0.0.0.0:{CLIENT.rpartition(':')[2]}"],
          "client_address 127.0.0.1:24379 and metrics_address 0.0.0.0:24379 must be different"),
+        ([f"--health-address={CLIENT}"],
+         f"client_address {CLIENT} and health_address {CLIENT} must be different ports"),
+        (["--health-address=127.0.0.1:0"], "health_address: port must be in 1..65535, got 0"),
         (["--log-level=LOUD"], "log_level must be one of DEBUG, INFO, WARNING, ERROR"),
         (["--wal-segment-size=lots"], "wal_segment_size: expected a size in bytes"),
         (["--wal-segment-size=4KiB"], "wal_segment_size must be between 1 MiB and 1024 MiB"),
@@ -276,6 +282,63 @@ async def test_mutual_tls_on_both_ports(tmp_path: Path) -> None:
         with pytest.raises(UnavailableError):
             async with Client(cluster.endpoints, tls=no_cert, timeout_s=3.0) as client:
                 await client.get("secure")
+    finally:
+        cluster.shutdown()
+
+
+@pytest.mark.integration
+def test_the_health_port_answers_probes_without_tls_and_serves_nothing_else(
+    tmp_path: Path,
+) -> None:
+    """A probe that cannot present a client certificate (Kubernetes' grpc probe) checks a
+    member whose client port requires mutual TLS on --health-address: plaintext, no token,
+    the health service alone."""
+    certs = _make_certificates(_directory(tmp_path / "certs"))
+    (health_port,) = free_ports(1)
+    health_address = f"127.0.0.1:{health_port}"
+    cluster = ProcessCluster(
+        tmp_path,
+        1,
+        auth_token="admin-token",
+        extra_args=[
+            f"--tls-ca-file={certs['ca.pem']}",
+            f"--tls-cert-file={certs['rallypoint-member-1.pem']}",
+            f"--tls-key-file={certs['rallypoint-member-1.key']}",
+            f"--health-address={health_address}",
+        ],
+    )
+    cluster.start_all()
+    try:
+
+        def check(service: str) -> int | None:
+            with grpc.insecure_channel(health_address) as channel:
+                stub = health_pb2_grpc.HealthStub(channel)
+                try:
+                    answer = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=1)
+                except grpc.RpcError:
+                    return None
+                return int(answer.status)
+
+        serving = health_pb2.HealthCheckResponse.SERVING
+        assert wait_until(lambda: check(""), 60.0, "the health port answering") == serving
+        assert check("rallypoint.v1.KV") == serving
+        # The public API is not on the health port, with or without the token.
+        with grpc.insecure_channel(health_address) as channel:
+            stub = kv_pb2_grpc.KVStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.Get(
+                    kv_pb2.GetRequest(key=b"k"),
+                    metadata=(("authorization", "Bearer admin-token"),),
+                    timeout=5,
+                )
+            assert refused.value.code() is grpc.StatusCode.UNIMPLEMENTED
+        # The client port itself still wants TLS: a plaintext health check there fails.
+        client_port = cluster.members[1].client_address
+        with grpc.insecure_channel(client_port) as channel, pytest.raises(grpc.RpcError):
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
+        # SIGTERM: a clean stop, the health port closed with the member.
+        assert cluster.stop(1) == 0
+        assert check("") is None
     finally:
         cluster.shutdown()
 

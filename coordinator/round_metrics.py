@@ -73,6 +73,7 @@ def round_changes(before: Mark | None, job: JobView) -> RoundChanges:
     opened = 0
     close_seconds: list[float] = []
     ended: list[str] = []
+    current = job.round
     for record in job.history:
         if record.number <= before.ended_through:
             continue
@@ -82,11 +83,17 @@ def round_changes(before: Mark | None, job: JobView) -> RoundChanges:
         if record.closed_ms and not already_closed:
             close_seconds.append(max(0, record.closed_ms - record.opened_ms) / 1000)
         ended.append(END_CAUSES[record.end_reason])
-    current = job.round
+    # A closed job's current round is its last ended one (state ENDED), counted above.
+    if (
+        current.state is RoundState.ENDED
+        and job.history
+        and job.history[-1].number == (current.number)
+    ):
+        return RoundChanges(opened, tuple(close_seconds), tuple(ended))
     if current.number != before.round_number:
         opened += 1
     already_closed = current.number == before.round_number and before.closed
-    if current.state is not RoundState.JOINING and current.closed_ms and not already_closed:
+    if current.state is RoundState.ACTIVE and not already_closed:
         close_seconds.append(max(0, current.closed_ms - current.opened_ms) / 1000)
     return RoundChanges(opened, tuple(close_seconds), tuple(ended))
 

@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from rallypoint.coordinator.leader import supervisor as supervisor_module
+from rallypoint.coordinator.leader.progress import ProgressReport
 from rallypoint.coordinator.leader.supervisor import PHI_SAMPLE_SIZE, RendezvousSupervisor
 from rallypoint.coordinator.metrics import NodeMetrics
 from rallypoint.coordinator.state.commands import Command, MemberFailed
@@ -200,3 +201,36 @@ async def test_phi_is_sampled_a_bounded_number_at_a_time(clock: Clock) -> None:
     assert count in (2 * PHI_SAMPLE_SIZE, 3 * PHI_SAMPLE_SIZE)
     # Heartbeats on time: phi low.
     assert _value(metrics, "rallypoint_phi_bucket", le="1.0") == count
+
+
+async def test_a_hang_is_timed_from_the_last_step_the_worker_completed(clock: Clock) -> None:
+    replica = JobReplica()
+    pids = replica.workers(3)
+    replica.time_ms += 1_000
+    replica.close_round()
+    number = replica.job().round.number
+    metrics = NodeMetrics(1)
+    sup, proposed = await _supervise(replica, clock, metrics)
+    # Everyone completes steps 1 and 2; then pids[2] stops, and the others wait for it in
+    # collective #3, which it never enters.
+    for step in (1, 2):
+        clock.ms += 100
+        for pid in pids:
+            sup.heartbeat("j", pid, ProgressReport(number, step, 0, 50.0, step, 0, 0))
+        await _step(sup)
+    stopped_ms = clock.ms
+    waiting_since_ms = clock.ms
+    for _ in range(40):  # 4 s
+        clock.ms += 100
+        waited = clock.ms - waiting_since_ms
+        for pid in pids[:2]:
+            sup.heartbeat("j", pid, ProgressReport(number, 2, waited, 50.0, 3, 3, waited))
+        sup.heartbeat("j", pids[2], ProgressReport(number, 2, clock.ms - stopped_ms, 50.0, 2, 0, 0))
+        await _step(sup)
+    hung = [c for c in proposed if isinstance(c, MemberFailed)]
+    assert hung and {c.participant_id for c in hung} == {pids[2]}
+    assert _value(metrics, "rallypoint_progress_verdicts_total", cause="hang") >= 1
+    assert _value(metrics, "rallypoint_detection_seconds_count", cause="hang") == 1
+    silent_s = _value(metrics, "rallypoint_detection_seconds_sum", cause="hang")
+    # Judged once silent for the hang floor (1.5 s by default), within a pass or two.
+    assert 1.5 <= silent_s <= 1.8

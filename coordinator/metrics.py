@@ -27,7 +27,12 @@ Cost on the heartbeat path: one unlabelled counter increment.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from .state.jobs import EndReason
 
 _LATENCY_BUCKETS_S = (
     0.0005,
@@ -57,6 +62,9 @@ _PHI_BUCKETS = (0.1, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 12.0, 16.0)
 OTHER_JOBS = "(other)"
 # How many jobs get a job label of their own (see the module docstring).
 MAX_JOB_LABELS = 100
+# The state label of rallypoint_participants, and the cause label of rounds_ended.
+PARTICIPANT_STATES = ("joining", "active", "waiting")
+END_CAUSES = {reason: reason.name.lower() for reason in EndReason}
 
 
 class NodeMetrics:
@@ -64,6 +72,10 @@ class NodeMetrics:
         self.registry = CollectorRegistry()
         self.member_id = member_id
         self.max_job_labels = max_job_labels
+        # Job id -> its job label (its own id, or OTHER_JOBS past the cap).
+        # Invariant: _own_job_labels counts the values that are not OTHER_JOBS.
+        self._job_labels: dict[str, str] = {}
+        self._own_job_labels = 0
 
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(name, doc, registry=self.registry)
@@ -190,6 +202,41 @@ class NodeMetrics:
             ["op", "outcome"],
             registry=self.registry,
         )
+
+    # ---------------------------------------------------------------- job labels
+
+    def job_label(self, job_id: str) -> str:
+        """The ``job`` label of ``job_id``'s series: its id while fewer than
+        ``max_job_labels`` jobs have one, else OTHER_JOBS (kept until ``forget_job``)."""
+        label = self._job_labels.get(job_id)
+        if label is None:
+            own = self._own_job_labels < self.max_job_labels
+            label = job_id if own else OTHER_JOBS
+            self._own_job_labels += own
+            self._job_labels[job_id] = label
+        return label
+
+    @property
+    def job_labels(self) -> Mapping[str, str]:
+        return self._job_labels
+
+    def forget_job(self, job_id: str) -> None:
+        """The job is gone: drop its series (if it had a label of its own) and free its
+        label for another job."""
+        label = self._job_labels.pop(job_id, None)
+        if label is None or label == OTHER_JOBS:
+            return
+        self._own_job_labels -= 1
+        series: list[tuple[Counter | Gauge, tuple[str, ...]]] = [
+            (self.rounds_opened, (label,)),
+            (self.rounds_closed, (label,)),
+            (self.step_ratio_max, (label,)),
+        ]
+        series += [(self.rounds_ended, (label, cause)) for cause in END_CAUSES.values()]
+        series += [(self.participants, (label, state)) for state in PARTICIPANT_STATES]
+        for metric, labels in series:
+            with contextlib.suppress(KeyError):  # never created
+                metric.remove(*labels)
 
     def serve(self, port: int, address: str = "127.0.0.1") -> None:
         """Serve ``/metrics`` over HTTP on ``address:port`` (a daemon thread)."""

@@ -23,16 +23,11 @@ leader-stamped times (``closed_ms - opened_ms``), so every member observes the s
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .metrics import OTHER_JOBS, NodeMetrics
-from .state.jobs import EndReason, RoundState
+from .metrics import END_CAUSES, OTHER_JOBS, PARTICIPANT_STATES, NodeMetrics
+from .state.jobs import RoundState
 from .state.view import JobView, RendezvousView
-
-PARTICIPANT_STATES = ("joining", "active", "waiting")
-END_CAUSES = {reason: reason.name.lower() for reason in EndReason}
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +112,6 @@ class RoundObserver:
         self._marks: dict[str, Mark] = {}
         # The rendezvous revision of the last look; None before the first.
         self._revision: int | None = None
-        # Job id -> its job label; jobs past the cap are labelled OTHER_JOBS.
-        self._labels: dict[str, str] = {}
-        self._own_labels = 0
         # Participant counts of every job, to sum those sharing OTHER_JOBS.
         self._counts: dict[str, tuple[int, int, int]] = {}
 
@@ -139,7 +131,7 @@ class RoundObserver:
                 continue
             before = self._marks.get(job_id)
             self._marks[job_id] = mark_of(job)
-            label = self._label(job_id)
+            label = self._metrics.job_label(job_id)
             if not first_look:
                 self._count(label, round_changes(before, job))
             counts = participant_counts(job)
@@ -150,15 +142,6 @@ class RoundObserver:
             self._counts[job_id] = counts
         if others_changed:
             self._set_participants(OTHER_JOBS, self._other_counts())
-
-    def _label(self, job_id: str) -> str:
-        label = self._labels.get(job_id)
-        if label is None:
-            own = self._own_labels < self._metrics.max_job_labels
-            label = job_id if own else OTHER_JOBS
-            self._own_labels += own
-            self._labels[job_id] = label
-        return label
 
     def _count(self, label: str, changes: RoundChanges) -> None:
         metrics = self._metrics
@@ -176,7 +159,8 @@ class RoundObserver:
             self._metrics.participants.labels(label, state).set(count)
 
     def _other_counts(self) -> tuple[int, int, int]:
-        shared = [c for j, c in self._counts.items() if self._labels.get(j) == OTHER_JOBS]
+        labels = self._metrics.job_labels
+        shared = [c for j, c in self._counts.items() if labels.get(j) == OTHER_JOBS]
         return (
             sum(c[0] for c in shared),
             sum(c[1] for c in shared),
@@ -184,27 +168,10 @@ class RoundObserver:
         )
 
     def _drop(self, job_id: str) -> bool:
-        """Forget a job the state no longer has; True if it shared OTHER_JOBS."""
+        """Forget a job the state no longer has, and its series; True if it shared
+        OTHER_JOBS."""
         self._marks.pop(job_id, None)
         self._counts.pop(job_id, None)
-        label = self._labels.pop(job_id, None)
-        if label is None or label == OTHER_JOBS:
-            return label is not None
-        self._own_labels -= 1
-        metrics = self._metrics
-        with contextlib.suppress(KeyError):
-            metrics.rounds_opened.remove(label)
-        with contextlib.suppress(KeyError):
-            metrics.rounds_closed.remove(label)
-        for state in PARTICIPANT_STATES:
-            with contextlib.suppress(KeyError):
-                metrics.participants.remove(label, state)
-        for cause in END_CAUSES.values():
-            with contextlib.suppress(KeyError):
-                metrics.rounds_ended.remove(label, cause)
-        return False
-
-    @property
-    def labels(self) -> Mapping[str, str]:
-        """Job id -> the job label its series carry (for tests)."""
-        return self._labels
+        shared = self._metrics.job_labels.get(job_id) == OTHER_JOBS
+        self._metrics.forget_job(job_id)
+        return shared

@@ -297,6 +297,8 @@ class RendezvousSupervisor:
         """Hang and straggler verdicts for every ACTIVE round (progress.py), each proposed
         at most once a second."""
         rendezvous = self._state.rendezvous
+        # Per job label (jobs past the label cap share one), the highest step ratio.
+        ratio_max: dict[str, float] = {}
         for job_id in sorted(self.progress.jobs):
             job = rendezvous.jobs.get(job_id)
             if job is None or job.round.state is not RoundState.ACTIVE:
@@ -304,8 +306,9 @@ class RendezvousSupervisor:
             number = job.round.number
             members = [m.participant_id for m in job.round.members]
             views = [self.progress.view(job_id, pid) for pid in members]
+            label = self._metrics.job_label(job_id)
             ratios = [v[2] for v in views if v is not None]
-            self._metrics.step_ratio_max.labels(job_id).set(max(ratios, default=0.0))
+            ratio_max[label] = max([*ratios, ratio_max.get(label, 0.0)])
             verdicts = self.progress.hangs(job_id, number, members, job.config, now_ms)
             verdicts += self.progress.stragglers(job_id, number, members, job.config, now_ms)
             for verdict in verdicts:
@@ -327,6 +330,8 @@ class RendezvousSupervisor:
                 )
         if len(self._verdict_proposed_ms) > 1024:
             self._verdict_proposed_ms.clear()
+        for label, ratio in ratio_max.items():
+            self._metrics.step_ratio_max.labels(label).set(ratio)
 
     def _credible(self, suspects: list[Key], now_ms: int) -> list[Key]:
         """Suspects minus phi-only verdicts on more than half of a job at once, until such a

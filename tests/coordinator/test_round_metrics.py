@@ -80,7 +80,7 @@ def test_jobs_past_the_cap_share_one_label_and_a_dropped_job_takes_its_series() 
         for n in range(count):
             replica.join(replica.open(), f"{job}{n}", CONFIG, job)
     observer.observe(replica.sm.rendezvous)
-    assert dict(observer.labels) == {"a": "a", "b": OTHER_JOBS, "c": OTHER_JOBS}
+    assert dict(metrics.job_labels) == {"a": "a", "b": OTHER_JOBS, "c": OTHER_JOBS}
     # b and c closed their rounds with two each; c's third waits.
     assert sample(metrics, "rallypoint_participants", job=OTHER_JOBS, state="active") == 4
     assert sample(metrics, "rallypoint_participants", job=OTHER_JOBS, state="waiting") == 1
@@ -90,6 +90,7 @@ def test_jobs_past_the_cap_share_one_label_and_a_dropped_job_takes_its_series() 
     replica.do(session, CloseJob("a"))
     observer.observe(replica.sm.rendezvous)
     assert sample(metrics, "rallypoint_rounds_ended_total", job="a", cause="job_closed") == 1
+    metrics.step_ratio_max.labels(metrics.job_label("a")).set(1.5)  # as the leader would
     replica.do(session, PruneJobs(older_than_ms=0, keep=0, jobs=("a",)))
     observer.observe(replica.sm.rendezvous)
     assert "a" not in replica.sm.rendezvous.jobs
@@ -102,5 +103,5 @@ def test_jobs_past_the_cap_share_one_label_and_a_dropped_job_takes_its_series() 
     for n in range(2):
         replica.join(replica.open(), f"d{n}", CONFIG, "d")
     observer.observe(replica.sm.rendezvous)
-    assert observer.labels["d"] == "d"
+    assert metrics.job_labels["d"] == "d"
     assert sample(metrics, "rallypoint_participants", job="d", state="active") == 2

@@ -156,8 +156,7 @@ class NodeMetrics:
         # ---- the leader's failure detection (leader only; leader/supervisor.py)
         self.heartbeats_received = Counter(
             "rallypoint_heartbeats_received",
-            "Worker heartbeats this member received as leader (one per participant in a "
-            "heartbeat message).",
+            "Worker heartbeats this member received and recorded as leader.",
             registry=self.registry,
         )
         self.detection_seconds = Histogram(

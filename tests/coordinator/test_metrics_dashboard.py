@@ -1,6 +1,7 @@
 """The Grafana dashboard in ``deploy/grafana/rallypoint.json`` is a dashboard model Grafana
 loads, and cannot drift from the metrics: every series its PromQL names is one a member
-exports, with the labels the expression selects or groups by."""
+exports, with the labels the expression selects or groups by. The README's table of series
+is the registry's too."""
 
 from __future__ import annotations
 
@@ -15,7 +16,20 @@ from prometheus_client.metrics_core import Metric
 
 from rallypoint.coordinator.metrics import NodeMetrics
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "rallypoint.json"
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = ROOT / "deploy" / "grafana" / "rallypoint.json"
+# The series the README names in prose, before its table of the others.
+RAFT_SERIES = {
+    "rallypoint_raft_term",
+    "rallypoint_is_leader",
+    "rallypoint_commit_index",
+    "rallypoint_applied_index",
+    "rallypoint_sessions",
+    "rallypoint_leases",
+    "rallypoint_leader_changes_total",
+    "rallypoint_proposal_seconds",
+    "rallypoint_wal_write_seconds",
+}
 _NAME = re.compile(r"\brallypoint_[a-z0-9_]+\b")
 _SELECTOR = re.compile(r"\b(rallypoint_[a-z0-9_]+)\{([^}]*)\}")
 _GROUPING = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
@@ -134,3 +148,20 @@ def test_a_renamed_series_or_label_is_caught() -> None:
     assert drift(load(), renamed)
     relabelled = dict(exported, rallypoint_participants={"job", "phase"})
     assert drift(load(), relabelled)
+
+
+def test_the_readme_table_lists_every_other_series_with_its_labels() -> None:
+    rows = {}
+    for line in (ROOT / "README.md").read_text().splitlines():
+        cells = [cell.strip().strip("`") for cell in line.strip().strip("|").split("|")]
+        if line.strip().startswith("| `rallypoint_"):
+            rows[cells[0]] = {label.strip() for label in cells[1].split(",") if label.strip()}
+    exported = registry_names()
+    families = {}
+    for family in NodeMetrics(1).registry.collect():
+        name = family.name + ("_total" if family.type == "counter" else "")
+        labels = exported.get(name) or exported[f"{name}_count"]
+        families[name] = labels - {"le"}
+    assert set(rows) == set(families) - RAFT_SERIES
+    for name, labels in rows.items():
+        assert labels == families[name], name

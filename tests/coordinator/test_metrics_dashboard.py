@@ -160,7 +160,7 @@ def test_the_readme_table_lists_every_other_series_with_its_labels() -> None:
     families = {}
     for family in NodeMetrics(1).registry.collect():
         name = family.name + ("_total" if family.type == "counter" else "")
-        labels = exported.get(name) or exported[f"{name}_count"]
+        labels = exported[name] if name in exported else exported[f"{name}_count"]
         families[name] = labels - {"le"}
     assert set(rows) == set(families) - RAFT_SERIES
     for name, labels in rows.items():

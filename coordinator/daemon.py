@@ -376,7 +376,7 @@ async def serve(settings: Settings) -> int:
         # larger first generation makes collections rarer on the request path.
         gc.freeze()
         gc.set_threshold(50_000, 20, 20)
-        add_services(server, node, tokens=tokens)
+        add_services(server, node, tokens=tokens, metrics=node.metrics)
         try:
             if client_credentials is not None:
                 server.add_secure_port(config.client_address, client_credentials.credentials)

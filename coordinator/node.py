@@ -110,6 +110,7 @@ from .peer_auth import PeerKey
 from .peer_service import add_peer_service, remove_partial_snapshots
 from .preflight import SERVER_OPTIONS
 from .role_log import ROLE_NAMES, RoleLog
+from .round_metrics import RoundObserver
 from .state.commands import Command, Envelope, LeaseExpire, encode_envelope
 from .state.errors import Compacted
 from .state.machine import StateMachine
@@ -176,6 +177,7 @@ class Node:
         self._membership = Membership(config.initial_members, config.join_existing)
         self._lessor = Lessor(lambda: int(time.monotonic() * 1000))
         self.metrics = NodeMetrics(config.member_id)
+        self._round_metrics = RoundObserver(self.metrics)
         self._soft_state = SoftState(NONE, StateType.FOLLOWER)
         self._role_log = RoleLog(config.member_id, time.monotonic, log, pre_vote=config.pre_vote)
         self._term = Term(0)
@@ -528,6 +530,7 @@ class Node:
         self.metrics.commit_index.set(self._commit_index)
         self.metrics.sessions.set(len(self._sm.sessions.in_order()))
         self.metrics.leases.set(len(self._sm.leases.in_order()))
+        self._round_metrics.observe(self._sm.rendezvous)
         self._reads.on_applied(applied)
         self._applied_signal.set()
         self._applied_signal = asyncio.Event()

@@ -216,6 +216,9 @@ class DetectorSet:
         self._due: list[tuple[float, Key]] = []
         # Nobody is suspected before this time (see start_grace).
         self.grace_until_ms = 0
+        # Heartbeats that came before a closed stream was confirmed: suspicions averted
+        # (only ever grows; the supervisor exports it).
+        self.streams_reopened = 0
 
     def _schedule(self, key: Key, tracked: _Tracked, not_before_ms: float = -math.inf) -> None:
         """Work out when ``key`` may next be a suspect and queue it for then."""
@@ -267,6 +270,9 @@ class DetectorSet:
         tracked = self._tracked.get(key)
         if tracked is None:
             return False
+        closed_ms = tracked.stream_closed_ms
+        if closed_ms is not None and now_ms - closed_ms < tracked.settings.confirm_closed_ms:
+            self.streams_reopened += 1
         tracked.detector.heartbeat(now_ms)
         tracked.stream_closed_ms = None
         tracked.reported_ms = None
@@ -301,6 +307,12 @@ class DetectorSet:
         if closed_ms is not None and now_ms - closed_ms >= tracked.settings.confirm_closed_ms:
             return math.inf
         return tracked.detector.phi(now_ms)
+
+    def last_heartbeat_ms(self, key: Key) -> float | None:
+        """When ``key`` last sent a heartbeat (or its detector last started over); None if
+        it is not tracked."""
+        tracked = self._tracked.get(key)
+        return None if tracked is None else tracked.detector.last_heartbeat_ms
 
     def phis(self, now_ms: int) -> list[tuple[Key, float]]:
         """Every tracked key with its phi, in key order (for the API and the CLI)."""

@@ -87,9 +87,12 @@ class RankProgress:
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
+    """``silent_ms``: for a hang, how long the rank has completed no step."""
+
     participant_id: int
     cause: str
     straggler: bool = False
+    silent_ms: int = 0
 
 
 @dataclass
@@ -224,7 +227,7 @@ class ProgressTracker:
                     f"{round_number}, where {len(waiting)} other rank(s) waited up to "
                     f"{waited_s:.1f} s"
                 )
-                verdicts.append(Verdict(pid, cause))
+                verdicts.append(Verdict(pid, cause, silent_ms=silent_ms))
                 continue
             # Ahead by two steps or more: in a job whose ranks wait on each other every step,
             # a healthy rank is never more than one step ahead of another.
@@ -238,7 +241,7 @@ class ProgressTracker:
                     f"hang: completed no step for {silent_ms / 1000:.1f} s (last step "
                     f"{rank.step}) while {len(moving)} other rank(s) kept stepping"
                 )
-                verdicts.append(Verdict(pid, cause))
+                verdicts.append(Verdict(pid, cause, silent_ms=silent_ms))
         if len(verdicts) >= len(ranks):
             return []  # everyone at once: nothing tells a culprit apart
         return verdicts

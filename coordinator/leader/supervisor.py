@@ -17,6 +17,14 @@ over with a grace period whenever this member becomes leader, so nobody is decla
 because leadership moved and heartbeats took a moment to find the new leader. Detectors
 run on the monotonic clock; the round-closing decision uses the wall clock, which is what
 the state machine's time is made of (``Envelope.leader_time_ms``).
+
+Metrics (``metrics.py``). Each heartbeat adds one to an unlabelled counter. Each verdict is
+timed once from the worker's last sign of life (its last heartbeat, or for a hang its last
+completed step) to the pass that proposes it. Each guard that holds suspicion back is
+counted when it engages: a loop stall, the grace of a new leader, a mass suspicion, a
+closed stream that came back in time. Phi is sampled, not computed for everyone: once a
+second the next ``PHI_SAMPLE_SIZE`` participants in turn, so its cost does not grow with
+the number of participants.
 """
 
 from __future__ import annotations
@@ -48,6 +56,9 @@ LOOP_STALL_REPORT_S = 0.5
 # Suspecting more than half of a job's participants at once from phi alone is more likely the
 # leader being slow than half the workers dying together: such a verdict must hold this long.
 MASS_SUSPICION_HOLD_MS = 5000
+# Phi sampling for the rallypoint_phi histogram: this many participants, this often.
+PHI_SAMPLE_SIZE = 64
+PHI_SAMPLE_EVERY_MS = 1000
 
 
 def monotonic_ms() -> int:
@@ -70,7 +81,27 @@ class RendezvousSupervisor:
         self._wall_clock_ms = wall_clock_ms
         self.grace_ms = grace_ms
         self.interval_s = interval_s
-        self._metrics = metrics
+        self._metrics = metrics = metrics if metrics is not None else NodeMetrics(0)
+        # Children looked up once: the heartbeat path only increments.
+        self._heartbeats_received = metrics.heartbeats_received
+        self._guards = {
+            guard: metrics.suspicion_guards.labels(guard)
+            for guard in ("loop_stall", "leader_grace", "mass_suspicion", "stream_reopened")
+        }
+        self._detection = {
+            cause: metrics.detection_seconds.labels(cause)
+            for cause in ("phi", "stream_closed", "hang")
+        }
+        # Key -> the last heartbeat (monotonic ms) of the verdict last timed for it, so a
+        # verdict proposed again (once a second until applied) is timed once.
+        self._timed_verdicts: dict[Key, float] = {}
+        # The detectors' count of streams reopened in time, as far as exported.
+        self._streams_reopened = 0
+        # Phi sampling: the participants in key order (as of the last sync), where the next
+        # sample starts, and when the last one was taken.
+        self._sample_keys: list[Key] = []
+        self._sample_cursor = 0
+        self._sampled_ms = 0
         self.detectors = DetectorSet(retry_ms=1000)
         # Training progress of the workers that report it: hangs and stragglers.
         self.progress = ProgressTracker()
@@ -96,6 +127,7 @@ class RendezvousSupervisor:
         self.progress.clear()
         self._sync()
         self.detectors.start_grace(monotonic_ms(), self.grace_ms)
+        self._guards["leader_grace"].inc()
 
     def demote(self) -> None:
         self.is_leader = False
@@ -110,6 +142,7 @@ class RendezvousSupervisor:
         participant is unknown."""
         key = (job, participant_id)
         now_ms = monotonic_ms()
+        self._heartbeats_received.inc()
         known = self.detectors.heartbeat(key, now_ms)
         if not known:
             self._sync()  # it may have just joined
@@ -142,6 +175,9 @@ class RendezvousSupervisor:
         keys = rendezvous.participant_keys()
         self.detectors.retain(keys)
         self.progress.retain(keys)
+        self._sample_keys = keys
+        for key in [k for k in self._timed_verdicts if k not in self.detectors]:
+            del self._timed_verdicts[key]
         now_ms = monotonic_ms()
         for job_id, pid in keys:
             settings = DetectorSettings.of_job(rendezvous.jobs[job_id].config)
@@ -172,6 +208,7 @@ class RendezvousSupervisor:
         still queued, so hold suspicion until they have been read."""
         until_ms = monotonic_ms() + 2 * stall_ms
         self.detectors.grace_until_ms = max(self.detectors.grace_until_ms, until_ms)
+        self._guards["loop_stall"].inc()
 
     def step(self) -> None:
         """One pass of the leader's duties (public for tests)."""
@@ -193,16 +230,48 @@ class RendezvousSupervisor:
                 continue
             value = self.detectors.phi((job_id, pid), now_ms)
             threshold = job.config.phi_threshold_milli / 1000
+            closed = value is not None and math.isinf(value)
             cause = (
                 "heartbeat stream closed and not reopened"
-                if value is not None and math.isinf(value)
+                if closed
                 else f"phi {value:.1f} crossed the threshold {threshold:g}"
             )
             log.info("job %s: participant %d suspected: %s", job_id, pid, cause)
+            self._time_verdict((job_id, pid), "stream_closed" if closed else "phi", now_ms)
             self._spawn(MemberFailed(job_id, pid, job.round.number, cause))
         if now_ms >= self.detectors.grace_until_ms:
             self._judge_progress(now_ms)
+            self._sample_phi(now_ms)
         self._note_training(wall_ms)
+        reopened = self.detectors.streams_reopened
+        if reopened != self._streams_reopened:
+            self._guards["stream_reopened"].inc(reopened - self._streams_reopened)
+            self._streams_reopened = reopened
+
+    def _time_verdict(self, key: Key, cause: str, now_ms: int) -> None:
+        """Observe the detection latency of a phi or closed-stream verdict, once per
+        silence (from the last heartbeat the detector had)."""
+        last_ms = self.detectors.last_heartbeat_ms(key)
+        if last_ms is None or self._timed_verdicts.get(key) == last_ms:
+            return
+        self._timed_verdicts[key] = last_ms
+        self._detection[cause].observe(max(0.0, now_ms - last_ms) / 1000)
+
+    def _sample_phi(self, now_ms: int) -> None:
+        """Every PHI_SAMPLE_EVERY_MS, the phi of the next PHI_SAMPLE_SIZE participants."""
+        if now_ms - self._sampled_ms < PHI_SAMPLE_EVERY_MS or not self._sample_keys:
+            return
+        self._sampled_ms = now_ms
+        keys = self._sample_keys
+        start = self._sample_cursor % len(keys)
+        chosen = keys[start : start + PHI_SAMPLE_SIZE]
+        if len(chosen) < PHI_SAMPLE_SIZE and start:
+            chosen += keys[: min(start, PHI_SAMPLE_SIZE - len(chosen))]
+        self._sample_cursor = start + len(chosen)
+        for key in chosen:
+            value = self.detectors.phi(key, now_ms)
+            if value is not None and math.isfinite(value):
+                self._metrics.phi.observe(value)
 
     def _note_training(self, wall_ms: int) -> None:
         """Propose RoundTrained for ACTIVE rounds a worker reported a step done in (once a
@@ -228,16 +297,18 @@ class RendezvousSupervisor:
         """Hang and straggler verdicts for every ACTIVE round (progress.py), each proposed
         at most once a second."""
         rendezvous = self._state.rendezvous
+        # Per job label (jobs past the label cap share one), the highest step ratio.
+        ratio_max: dict[str, float] = {}
         for job_id in sorted(self.progress.jobs):
             job = rendezvous.jobs.get(job_id)
             if job is None or job.round.state is not RoundState.ACTIVE:
                 continue
             number = job.round.number
             members = [m.participant_id for m in job.round.members]
-            if self._metrics is not None:
-                views = [self.progress.view(job_id, pid) for pid in members]
-                ratios = [v[2] for v in views if v is not None]
-                self._metrics.step_ratio_max.labels(job_id).set(max(ratios, default=0.0))
+            views = [self.progress.view(job_id, pid) for pid in members]
+            label = self._metrics.job_label(job_id)
+            ratios = [v[2] for v in views if v is not None]
+            ratio_max[label] = max([*ratios, ratio_max.get(label, 0.0)])
             verdicts = self.progress.hangs(job_id, number, members, job.config, now_ms)
             verdicts += self.progress.stragglers(job_id, number, members, job.config, now_ms)
             for verdict in verdicts:
@@ -250,14 +321,17 @@ class RendezvousSupervisor:
                     "job %s: participant %d: %s", job_id, verdict.participant_id, verdict.cause
                 )
                 reason = EndReason.STRAGGLER if verdict.straggler else EndReason.MEMBER_FAILED
-                if self._metrics is not None:
-                    cause = "straggler" if verdict.straggler else "hang"
-                    self._metrics.progress_verdicts.labels(cause).inc()
+                cause = "straggler" if verdict.straggler else "hang"
+                self._metrics.progress_verdicts.labels(cause).inc()
+                if not verdict.straggler and last is None:
+                    self._detection["hang"].observe(verdict.silent_ms / 1000)
                 self._spawn(
                     MemberFailed(job_id, verdict.participant_id, number, verdict.cause, reason)
                 )
         if len(self._verdict_proposed_ms) > 1024:
             self._verdict_proposed_ms.clear()
+        for label, ratio in ratio_max.items():
+            self._metrics.step_ratio_max.labels(label).set(ratio)
 
     def _credible(self, suspects: list[Key], now_ms: int) -> list[Key]:
         """Suspects minus phi-only verdicts on more than half of a job at once, until such a
@@ -278,7 +352,10 @@ class RendezvousSupervisor:
                 self._mass_suspicion_since_ms.pop(job_id, None)
                 credible.extend(by_phi)
                 continue
-            since = self._mass_suspicion_since_ms.setdefault(job_id, now_ms)
+            since = self._mass_suspicion_since_ms.get(job_id)
+            if since is None:
+                since = self._mass_suspicion_since_ms[job_id] = now_ms
+                self._guards["mass_suspicion"].inc()
             if now_ms - since >= MASS_SUSPICION_HOLD_MS:
                 credible.extend(by_phi)
             else:

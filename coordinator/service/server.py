@@ -9,7 +9,10 @@ request that does not parse is INVALID_ARGUMENT for an authenticated caller and
 UNAUTHENTICATED for anyone else, never grpc's UNKNOWN; see ``grpc_handlers.py``), checks the
 call against the method's rule in :data:`.authz.RULES` (a method without a rule cannot be
 registered), runs the servicer, and turns any exception into a status through
-:func:`.errors.status_for`. The standard health
+:func:`.errors.status_for`. Round-store and checkpoint-registry calls are counted there
+too, by method and outcome (``rallypoint_store_operations``,
+``rallypoint_checkpoint_operations``; counters looked up once per method and outcome).
+The standard health
 service is registered unwrapped: health probes (load balancers, Kubernetes) rarely carry
 credentials, and health reveals nothing but "serving".
 """
@@ -17,12 +20,14 @@ credentials, and health reveals nothing but "serving".
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, NoReturn, cast
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
+from prometheus_client import Counter
 
 from rallypoint.proto.v1 import (
     cluster_pb2_grpc,
@@ -34,12 +39,20 @@ from rallypoint.proto.v1 import (
 )
 
 from ..grpc_handlers import Parse, Recorder, parse_or_refuse, parsed_stream, taking_bytes
+from ..metrics import NodeMetrics
 from ..node_api import ProposalTimeoutError, ServerNode
 from .authz import CALLER, Role, RoleKind, Rule, rule_for
 from .checkpoint import CheckpointServicer
 from .cluster import ClusterServicer
 from .common import Context, wait_s
-from .errors import InvalidArgument, PermissionDenied, Status, Unauthenticated, status_for
+from .errors import (
+    UNSPECIFIED,
+    InvalidArgument,
+    PermissionDenied,
+    Status,
+    Unauthenticated,
+    status_for,
+)
 from .kv import KVServicer
 from .lease import LeaseServicer
 from .rendezvous import RendezvousServicer
@@ -68,14 +81,48 @@ async def _unparsable(error: Exception) -> NoReturn:
     raise InvalidArgument("request", f"does not parse: {error}")
 
 
+class _Outcomes:
+    """One method's counters by outcome: ``ok``, or the error reason of the status it
+    ended with (the status code when the reason is unspecified), in snake case."""
+
+    def __init__(self, counter: Counter, method: str) -> None:
+        self._counter = counter
+        # "/rallypoint.v1.RoundStore/CompareSet" -> "compare_set"
+        self._op = re.sub(r"(?<!^)(?=[A-Z])", "_", method.rsplit("/", 1)[1]).lower()
+        self.ok = counter.labels(self._op, "ok")
+        self._failed: dict[str, Counter] = {}
+
+    def failed(self, status: Status) -> None:
+        outcome = (status.code.name if status.reason == UNSPECIFIED else status.reason).lower()
+        child = self._failed.get(outcome)
+        if child is None:
+            child = self._failed[outcome] = self._counter.labels(self._op, outcome)
+        child.inc()
+
+
+def _outcomes(metrics: NodeMetrics | None, method: str) -> _Outcomes | None:
+    """The counters of ``method``, if its service is one whose calls are counted."""
+    if metrics is None:
+        return None
+    service = method.split("/")[1]
+    if service == "rallypoint.v1.RoundStore":
+        return _Outcomes(metrics.store_operations, method)
+    if service == "rallypoint.v1.CheckpointRegistry":
+        return _Outcomes(metrics.checkpoint_operations, method)
+    return None
+
+
 class _Guard:
     """Authenticates and authorizes a call, and maps whatever its handler raises to a status.
 
     ``tokens`` None: the member requires no credentials (every call is let through)."""
 
-    def __init__(self, node: ServerNode, tokens: ClientTokens | None) -> None:
+    def __init__(
+        self, node: ServerNode, tokens: ClientTokens | None, metrics: NodeMetrics | None
+    ) -> None:
         self._node = node
         self._tokens = tokens
+        self._metrics = metrics
 
     def _role(self, context: Context) -> Role | None:
         """The caller's role; None when no credentials are required."""
@@ -134,11 +181,16 @@ class _Guard:
         info = self._node.state.session_info(session_id)
         return None if info is None else info.owner
 
-    async def _fail(self, context: Context, error: Exception) -> NoReturn:
+    async def _fail(
+        self, context: Context, error: Exception, outcomes: _Outcomes | None = None
+    ) -> NoReturn:
         if isinstance(error, grpc.aio.AbortError):
             raise error
         remaining_s: float | None = context.time_remaining()
-        await _abort(context, status_for(error, remaining_s is not None and remaining_s <= 0))
+        status = status_for(error, remaining_s is not None and remaining_s <= 0)
+        if outcomes is not None:
+            outcomes.failed(status)
+        await _abort(context, status)
 
     async def _request(self, data: Any, parse: Parse, streaming: bool) -> Any:
         """The request (or the stream of requests) parsed from what grpc handed over."""
@@ -155,6 +207,8 @@ class _Guard:
         parse: Parse,
         streaming: bool,
     ) -> _Behaviour:
+        outcomes = _outcomes(self._metrics, method)
+
         async def guarded(data: Any, context: Context) -> Any:
             try:
                 role = self._role(context)
@@ -163,11 +217,14 @@ class _Guard:
                     request = await admit(role, method, rule, request, context)
                 caller = CALLER.set(role)
                 try:
-                    return await behaviour(request, context)
+                    response = await behaviour(request, context)
                 finally:
                     CALLER.reset(caller)
             except Exception as error:
-                await self._fail(context, error)
+                await self._fail(context, error, outcomes)
+            if outcomes is not None:
+                outcomes.ok.inc()
+            return response
 
         return guarded
 
@@ -239,12 +296,14 @@ def add_services(
     *,
     tokens: ClientTokens | None = None,
     auth_token: str | None = None,
+    metrics: NodeMetrics | None = None,
 ) -> None:
     """Register KV, Watch, Lease, Session, Cluster, Rendezvous, RoundStore and
     CheckpointRegistry over ``node``, and the health service
     (SERVING for "" and each service). With ``tokens`` (or ``auth_token``, one admin token),
     every call to the public API must carry the metadata ``authorization: Bearer <token>``
-    of a known token (else UNAUTHENTICATED) whose role allows it (else PERMISSION_DENIED)."""
+    of a known token (else UNAUTHENTICATED) whose role allows it (else PERMISSION_DENIED).
+    With ``metrics``, round-store and checkpoint calls are counted in them."""
     if tokens is None and auth_token:
         tokens = ClientTokens(admin_token=auth_token)
     recorder = Recorder()
@@ -260,7 +319,7 @@ def add_services(
     recorded = tuple(service for service, _ in recorder.services)
     if recorded != SERVICE_NAMES:
         raise AssertionError(f"generated code registered {recorded}, expected {SERVICE_NAMES}")
-    guard = _Guard(node, tokens)
+    guard = _Guard(node, tokens, metrics)
     for service, handlers in recorder.services:
         wrapped = {
             name: guard.wrap(f"/{service}/{name}", handler) for name, handler in handlers.items()

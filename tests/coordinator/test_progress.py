@@ -118,6 +118,8 @@ def test_a_rank_blocked_inside_its_step_is_named_within_the_bound() -> None:
     assert "never entered collective #21" in verdict.cause
     # Within max(3 x median step, 2 s) of its last step (plus a heartbeat).
     assert at_ms - job.ranks[1].step_done_ms <= max(3 * 300, 2000) + HEARTBEAT_MS
+    # The verdict says how long the rank has been silent (the detection latency metric).
+    assert verdict.silent_ms == at_ms - job.ranks[1].step_done_ms
     assert {v.participant_id for _, v in job.verdicts} == {2}
 
 

@@ -1,4 +1,5 @@
-"""The leader's rendezvous duties: who gets declared failed, and when not to believe phi."""
+"""The leader's rendezvous duties: who gets declared failed, and when not to believe phi;
+and the metrics it keeps of both."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import asyncio
 import pytest
 
 from rallypoint.coordinator.leader import supervisor as supervisor_module
-from rallypoint.coordinator.leader.supervisor import RendezvousSupervisor
+from rallypoint.coordinator.leader.progress import ProgressReport
+from rallypoint.coordinator.leader.supervisor import PHI_SAMPLE_SIZE, RendezvousSupervisor
+from rallypoint.coordinator.metrics import NodeMetrics
 from rallypoint.coordinator.state.commands import Command, MemberFailed
+from rallypoint.coordinator.state.jobs import JobConfig
 
 from .job_replica import JobReplica
 
@@ -28,13 +32,15 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     return clock
 
 
-async def _supervise(replica: JobReplica, clock: Clock) -> tuple[RendezvousSupervisor, list]:
+async def _supervise(
+    replica: JobReplica, clock: Clock, metrics: NodeMetrics | None = None
+) -> tuple[RendezvousSupervisor, list]:
     proposed: list[Command] = []
 
     async def propose(command: Command) -> None:
         proposed.append(command)
 
-    sup = RendezvousSupervisor(replica.sm, propose, clock, grace_ms=0)
+    sup = RendezvousSupervisor(replica.sm, propose, clock, grace_ms=0, metrics=metrics)
     sup.promote()
     return sup, proposed
 
@@ -107,3 +113,124 @@ async def test_no_suspicion_right_after_the_leader_itself_stalled(clock: Clock) 
     sup.loop_stalled(1_500)
     await _step(sup)
     assert not proposed
+
+
+# ---------------------------------------------------------------------------- metrics
+
+
+def _value(metrics: NodeMetrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+async def test_heartbeats_and_detection_latency_are_counted_once_per_verdict(
+    clock: Clock,
+) -> None:
+    replica = JobReplica()
+    pids = replica.workers(4)
+    metrics = NodeMetrics(1)
+    sup, proposed = await _supervise(replica, clock, metrics)
+    for _ in range(10):
+        clock.ms += 100
+        for pid in pids:
+            sup.heartbeat("j", pid)
+        await _step(sup)
+    assert _value(metrics, "rallypoint_heartbeats_received_total") == 40
+    silent_from_ms = clock.ms
+    sup.stream_closed("j", pids[0])  # its process died: confirmed after two intervals
+    for _ in range(30):  # 3 s: pids[1] goes silent too, caught by phi
+        clock.ms += 100
+        for pid in pids[2:]:
+            sup.heartbeat("j", pid)
+        await _step(sup)
+    failed = [c.participant_id for c in proposed if isinstance(c, MemberFailed)]
+    # Proposed more than once each (the fake never applies them), timed once each.
+    assert failed.count(pids[0]) > 1 and failed.count(pids[1]) > 1
+    closed = "rallypoint_detection_seconds_count"
+    assert _value(metrics, closed, cause="stream_closed") == 1
+    assert _value(metrics, closed, cause="phi") == 1
+    phi_s = _value(metrics, "rallypoint_detection_seconds_sum", cause="phi")
+    assert 0 < phi_s < (clock.ms - silent_from_ms) / 1000
+    assert _value(metrics, "rallypoint_detection_seconds_sum", cause="stream_closed") == 0.2
+
+
+async def test_each_guard_is_counted_when_it_holds_suspicion_back(clock: Clock) -> None:
+    replica = JobReplica()
+    pids = replica.workers(4)
+    metrics = NodeMetrics(1)
+    sup, proposed = await _supervise(replica, clock, metrics)
+    guards = "rallypoint_suspicion_guards_total"
+    assert _value(metrics, guards, guard="leader_grace") == 1
+
+    async def regular_heartbeats(count: int) -> None:
+        for _ in range(count):
+            clock.ms += 100
+            for pid in pids:
+                sup.heartbeat("j", pid)
+            await _step(sup)
+
+    await regular_heartbeats(10)
+    # A stream that closes and comes back within two intervals: nobody suspected.
+    sup.stream_closed("j", pids[0])
+    await regular_heartbeats(1)
+    assert _value(metrics, guards, guard="stream_reopened") == 1
+    await regular_heartbeats(10)
+    # Three of four silent at once: held, counted once however many passes it holds.
+    clock.ms += 2_000
+    for _ in range(5):
+        clock.ms += 100
+        sup.heartbeat("j", pids[0])
+        await _step(sup)
+    assert not [c for c in proposed if isinstance(c, MemberFailed)]
+    assert _value(metrics, guards, guard="mass_suspicion") == 1
+    sup.loop_stalled(1_500)
+    assert _value(metrics, guards, guard="loop_stall") == 1
+
+
+async def test_phi_is_sampled_a_bounded_number_at_a_time(clock: Clock) -> None:
+    replica = JobReplica()
+    config = JobConfig(min_nodes=2, max_nodes=200, last_call_ms=1_000)
+    pids = replica.workers(PHI_SAMPLE_SIZE + 36, config)
+    metrics = NodeMetrics(1)
+    sup, _ = await _supervise(replica, clock, metrics)
+    for _ in range(25):  # 2.5 s: two or three samples of PHI_SAMPLE_SIZE each
+        clock.ms += 100
+        for pid in pids:
+            sup.heartbeat("j", pid)
+        await _step(sup)
+    count = _value(metrics, "rallypoint_phi_count")
+    assert count in (2 * PHI_SAMPLE_SIZE, 3 * PHI_SAMPLE_SIZE)
+    # Heartbeats on time: phi low.
+    assert _value(metrics, "rallypoint_phi_bucket", le="1.0") == count
+
+
+async def test_a_hang_is_timed_from_the_last_step_the_worker_completed(clock: Clock) -> None:
+    replica = JobReplica()
+    pids = replica.workers(3)
+    replica.time_ms += 1_000
+    replica.close_round()
+    number = replica.job().round.number
+    metrics = NodeMetrics(1)
+    sup, proposed = await _supervise(replica, clock, metrics)
+    # Everyone completes steps 1 and 2; then pids[2] stops, and the others wait for it in
+    # collective #3, which it never enters.
+    for step in (1, 2):
+        clock.ms += 100
+        for pid in pids:
+            sup.heartbeat("j", pid, ProgressReport(number, step, 0, 50.0, step, 0, 0))
+        await _step(sup)
+    stopped_ms = clock.ms
+    waiting_since_ms = clock.ms
+    for _ in range(40):  # 4 s
+        clock.ms += 100
+        waited = clock.ms - waiting_since_ms
+        for pid in pids[:2]:
+            sup.heartbeat("j", pid, ProgressReport(number, 2, waited, 50.0, 3, 3, waited))
+        sup.heartbeat("j", pids[2], ProgressReport(number, 2, clock.ms - stopped_ms, 50.0, 2, 0, 0))
+        await _step(sup)
+    hung = [c for c in proposed if isinstance(c, MemberFailed)]
+    assert hung and {c.participant_id for c in hung} == {pids[2]}
+    assert _value(metrics, "rallypoint_progress_verdicts_total", cause="hang") >= 1
+    assert _value(metrics, "rallypoint_detection_seconds_count", cause="hang") == 1
+    silent_s = _value(metrics, "rallypoint_detection_seconds_sum", cause="hang")
+    # Judged once silent for the hang floor (1.5 s by default), within a pass or two.
+    assert 1.5 <= silent_s <= 1.8

@@ -193,6 +193,8 @@ class MemberProcess:
     # The harness stopped or killed it (or saw it refuse to start, as expected): an exit
     # that is not one of these is the member's own doing.
     stopped: bool = False
+    # Where it serves Prometheus /metrics ("": not served).
+    metrics_address: str = ""
 
     @property
     def running(self) -> bool:
@@ -212,11 +214,15 @@ class ProcessCluster:
         env: dict[str, str] | None = None,
         token: str | None = None,
         auth_token: str | None = None,
+        metrics: bool = False,
     ) -> None:
         """``token``: the bearer token the harness's own status calls carry (members started
         with ``--tokens-file`` in ``extra_args`` require one). ``auth_token``: members are
-        started with ``--auth-token`` set to it, and the harness's calls carry it."""
+        started with ``--auth-token`` set to it, and the harness's calls carry it.
+        ``metrics``: each member serves /metrics on a port of its own
+        (``MemberProcess.metrics_address``)."""
         self.root = root
+        self.metrics = metrics
         # With a token, members require it from clients, and the harness's own calls send it.
         self.auth_token = auth_token
         self.tick_ms = tick_ms
@@ -237,13 +243,14 @@ class ProcessCluster:
             self._describe(member_id)
 
     def _describe(self, member_id: int) -> MemberProcess:
-        peer, client = free_ports(2)
+        peer, client, metrics = free_ports(3)
         member = MemberProcess(
             member_id,
             f"127.0.0.1:{peer}",
             f"127.0.0.1:{client}",
             self.root / f"member-{member_id}",
             self.root / f"member-{member_id}.log",
+            metrics_address=f"127.0.0.1:{metrics}" if self.metrics else "",
         )
         self.members[member_id] = member
         return member
@@ -275,6 +282,7 @@ class ProcessCluster:
             f"--snapshot-entries={self.snapshot_entries}",
             "--log-level=INFO",
             *([f"--auth-token={self.auth_token}"] if self.auth_token else []),
+            *([f"--metrics-address={member.metrics_address}"] if member.metrics_address else []),
             *self.extra_args,
             *member.extra_args,
         ]

@@ -1,0 +1,62 @@
+"""Round-store and checkpoint-registry calls are counted by the one wrapper every call goes
+through (``service/server.py``), by operation and outcome, over a real gRPC server."""
+
+from __future__ import annotations
+
+import grpc
+
+from rallypoint.coordinator.metrics import NodeMetrics
+from rallypoint.coordinator.service import add_services
+from rallypoint.proto.v1 import rendezvous_pb2 as pb
+from rallypoint.proto.v1 import rendezvous_pb2_grpc
+
+from .fake_node import FakeNode, fails, join_round, open_session
+
+
+def _count(metrics: NodeMetrics, name: str, op: str, outcome: str) -> float:
+    labels = {"op": op, "outcome": outcome}
+    return metrics.registry.get_sample_value(f"{name}_total", labels) or 0.0
+
+
+async def test_store_and_checkpoint_calls_are_counted_by_operation_and_outcome() -> None:
+    node = FakeNode()
+    metrics = NodeMetrics(1)
+    server = grpc.aio.server()
+    add_services(server, node, metrics=metrics)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        headers = await open_session(node)
+        joined = await join_round(channel, headers, "j", 2)
+        info, pid = joined[-1].round, joined[0].participant_id
+        store = rendezvous_pb2_grpc.RoundStoreStub(channel)
+        scope = pb.StoreScope(job="j", round=info.round, participant_id=pid)
+        await store.CompareSet(
+            pb.StoreCompareSetRequest(header=headers(), scope=scope, key=b"k", desired=b"v")
+        )
+        await store.Get(pb.StoreGetRequest(scope=scope, key=b"k"))
+        stale = pb.StoreScope(job="j", round=info.round + 1, participant_id=pid)
+        await fails(store.Set(pb.StoreSetRequest(header=headers(), scope=stale, key=b"k")))
+        registry = rendezvous_pb2_grpc.CheckpointRegistryStub(channel)
+        fence = pb.CheckpointFence(job="j", round=info.round, fencing_token=info.fencing_token)
+        await registry.Begin(pb.CheckpointBeginRequest(header=headers(), fence=fence, world_size=2))
+        wrong = pb.CheckpointFence(job="j", round=info.round, fencing_token=1)
+        await fails(
+            registry.Begin(pb.CheckpointBeginRequest(header=headers(), fence=wrong, world_size=2))
+        )
+        await registry.Latest(pb.CheckpointLatestRequest(job="j"))
+    finally:
+        await channel.close(None)
+        await server.stop(grace=None)
+    store_ops = "rallypoint_store_operations"
+    assert _count(metrics, store_ops, "compare_set", "ok") == 1
+    assert _count(metrics, store_ops, "get", "ok") == 1
+    assert _count(metrics, store_ops, "set", "stale_round") == 1
+    assert _count(metrics, store_ops, "set", "ok") == 0
+    checkpoints = "rallypoint_checkpoint_operations"
+    assert _count(metrics, checkpoints, "begin", "ok") == 1
+    assert _count(metrics, checkpoints, "begin", "stale_token") == 1
+    assert _count(metrics, checkpoints, "latest", "ok") == 1
+    # Other services are not counted here.
+    assert _count(metrics, checkpoints, "join", "ok") == 0

@@ -286,7 +286,9 @@ function renderJob() {
     td(r.training_after_s === null ? (r.reformed_ms === null ? "not yet" : "not reported") :
       "+" + r.training_after_s.toFixed(2) + " s"), td(r.detail, "wrap")])));
   const latest = doc.latest_checkpoint;
-  document.getElementById("checkpoint").textContent = latest ?
+  const checkpoint = document.getElementById("checkpoint");
+  checkpoint.dataset.step = latest ? latest.step : "";
+  checkpoint.textContent = latest ?
     "step " + latest.step + " (round " + latest.round + ", world size " + latest.world_size +
     ", id " + latest.checkpoint_id + ") " + latest.uri : "none committed";
 }

@@ -82,7 +82,8 @@ PAGE = """<!doctype html>
     <h3>Participants</h3>
     <table id="participants"><thead><tr>
       <th>rank</th><th>name</th><th>participant</th><th>host / metadata</th><th>phi</th>
-      <th>phi, last minute</th><th>step</th><th>ms/step</th><th>vs median</th></tr></thead>
+      <th>phi, last minute</th><th>heartbeat age</th><th>step</th><th>ms/step</th>
+      <th>vs median</th></tr></thead>
       <tbody></tbody></table>
     <h3>Rounds (most recent first)</h3>
     <div id="timeline" class="timeline"></div>
@@ -234,6 +235,7 @@ function renderJob() {
       td(m.participant_id, "num"), td(m.metadata),
       td(phiText(m.phi), "num " + (phi >= threshold ? "bad" : phi >= threshold / 2 ? "warn" : "")),
       td(sparkline(history[String(m.participant_id)] || [], threshold)),
+      td(m.heartbeat_age_ms ? m.heartbeat_age_ms + " ms" : "", "num"),
       td(m.step || "", "num"), td(m.step_ms ? m.step_ms.toFixed(0) : "", "num"),
       td(m.step_ratio ? m.step_ratio.toFixed(2) + "x" : "", "num")]);
     tr.dataset.participant = m.name;

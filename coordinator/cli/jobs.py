@@ -42,6 +42,7 @@ def _member_document(member: RoundMember) -> dict[str, Any]:
         "step": member.step,
         "step_ms": member.step_ms,
         "step_ratio": member.step_ratio,
+        "heartbeat_age_ms": member.heartbeat_age_ms,
         "metadata": text(member.metadata),
     }
 
@@ -201,13 +202,14 @@ async def _jobs_prune(args: argparse.Namespace, client: Client, out: Output) -> 
 def _members_table(title: str, members: tuple[RoundMember, ...], with_phi: bool) -> Table:
     table = Table(title=title)
     # phi and progress come from the leader: columns of each member's live readings.
-    live = ["phi", "step", "ms/step", "vs median"] if with_phi else []
+    live = ["phi", "heartbeat age", "step", "ms/step", "vs median"] if with_phi else []
     for column in ["rank", "participant", "name", *live]:
         table.add_column(column)
     for m in members:
         row = ["" if m.rank < 0 else str(m.rank), str(m.participant_id), m.name]
         readings = [
             f"{m.phi:.2f}",
+            f"{m.heartbeat_age_ms} ms" if m.heartbeat_age_ms else "",
             str(m.step) if m.step else "",
             f"{m.step_ms:.0f}" if m.step_ms else "",
             f"{m.step_ratio:.2f}x" if m.step_ratio else "",

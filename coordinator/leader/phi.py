@@ -302,6 +302,14 @@ class DetectorSet:
             return math.inf
         return tracked.detector.phi(now_ms)
 
+    def heartbeat_age_ms(self, key: Key, now_ms: int) -> int | None:
+        """Milliseconds since ``key``'s last heartbeat (or since it was tracked, or since the
+        grace began); None if it is not tracked."""
+        tracked = self._tracked.get(key)
+        if tracked is None or tracked.detector.last_heartbeat_ms is None:
+            return None
+        return max(0, int(now_ms - tracked.detector.last_heartbeat_ms))
+
     def phis(self, now_ms: int) -> list[tuple[Key, float]]:
         """Every tracked key with its phi, in key order (for the API and the CLI)."""
         out = []

@@ -300,12 +300,17 @@ async def _serve(args: argparse.Namespace) -> int:
         shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
         print(f"rallypoint dashboard: http://{shown}:{bound[1]}/", flush=True)
         poller = asyncio.create_task(hub.poll_forever())
+        serving = asyncio.create_task(server.serve_forever())
         try:
-            async with server:
-                await server.serve_forever()
+            # The poller only ends by a bug (every expected failure is caught): stop, and say.
+            await asyncio.wait({poller, serving}, return_when=asyncio.FIRST_COMPLETED)
+            if poller.done():
+                poller.result()
         finally:
-            poller.cancel()
+            for task in (poller, serving):
+                task.cancel()
             hub.close()
+            server.close()
     return 0
 
 

@@ -182,7 +182,9 @@ function renderJobs() {
 
 function sparkline(samples, threshold) {
   const ns = "http://www.w3.org/2000/svg";
-  const width = 160, height = 28, now = Date.now();
+  // Times are the dashboard's clock: the newest sample is "now", whatever the browser's.
+  const width = 160, height = 28;
+  const now = samples.length ? samples[samples.length - 1][0] : 0;
   const svg = document.createElementNS(ns, "svg");
   svg.setAttribute("class", "spark");
   svg.setAttribute("width", width);

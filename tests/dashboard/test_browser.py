@@ -170,9 +170,16 @@ def run_scenario(driver: Any, cluster: ProcessCluster, workers: Workers, tmp_pat
             "a committed checkpoint on the page",
         )
 
+        update = os.environ.get("RALLYPOINT_UPDATE_SCREENSHOT") == "1"
+        if update:  # a picture worth keeping: some seconds of phi in the charts
+            wait_until(
+                lambda: min(map(len, api(base, f"/api/jobs/{JOB}")["phi_history"].values())) >= 20,
+                CHANGE_S,
+                "20 phi readings per worker",
+            )
         shot = tmp_path / "dashboard.png"
         assert driver.save_screenshot(str(shot))
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        if os.environ.get("RALLYPOINT_UPDATE_SCREENSHOT") == "1":
+        if update:
             SCREENSHOT.parent.mkdir(exist_ok=True)
             shutil.copyfile(shot, SCREENSHOT)

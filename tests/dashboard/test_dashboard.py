@@ -24,7 +24,14 @@ from typing import Any
 
 import pytest
 
-from rallypoint.client import JobConfig, SyncClient
+from rallypoint.client import (
+    Client,
+    JobConfig,
+    JobNotFoundError,
+    RoundInfo,
+    RoundState,
+    SyncClient,
+)
 from rallypoint.coordinator.cli.dashboard_http import (
     HttpError,
     Response,
@@ -218,3 +225,41 @@ def test_the_api_serves_the_clis_documents_and_follows_changes(
         assert refused.value.code == 404
         assert refused.value.read() == f"no job 'nope' (jobs: {JOB})\n".encode()
         first.leave()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+async def test_watch_job_follows_rounds_across_a_member_failure(cluster: ProcessCluster) -> None:
+    """What feeds the dashboard: ``Client.watch_job`` yields the current round, then each
+    change, still after the member it watched through is killed; an unknown job ends it."""
+    follower = next(m for m in cluster.members if m != cluster.leader())
+    watched = cluster.members[follower].client_address
+    # The watch opens on the first endpoint: the follower that is killed below.
+    order = [watched, *(e for e in cluster.endpoints if e != watched)]
+    async with (
+        Client(order, timeout_s=10, open_session_on_connect=False) as watcher,
+        Client(cluster.endpoints, timeout_s=10) as workers,
+    ):
+        first = await workers.join(JOB, "alpha", config=CONFIG)
+        await workers.join(JOB, "beta", config=CONFIG)
+        rounds = watcher.watch_job(JOB)
+
+        async def next_active(after: int) -> RoundInfo:
+            async with asyncio.timeout(30):
+                async for info in rounds:
+                    if info.round > after and info.state is RoundState.ACTIVE:
+                        return info
+            raise AssertionError("the watch ended")
+
+        active = await next_active(0)
+        assert active.world_size == 2
+        cluster.kill(follower)
+        third = await workers.join(JOB, "gamma", config=CONFIG)
+        await workers.evict(JOB, first.participant_id)
+        changed = await next_active(active.round)
+        assert [m.name for m in changed.members] == ["beta", "gamma"]
+        assert third.participant_id in {m.participant_id for m in changed.members}
+        await rounds.aclose()
+        with pytest.raises(JobNotFoundError):
+            async for _ in watcher.watch_job("nope"):
+                pass

@@ -36,7 +36,14 @@ from collections import deque
 from http import HTTPStatus
 from typing import Any
 
-from rallypoint.client import Client, JobNotFoundError, JobState, RallypointError, Role
+from rallypoint.client import (
+    Client,
+    JobNotFoundError,
+    JobState,
+    Member,
+    RallypointError,
+    Role,
+)
 
 from .args import seconds
 from .client import SubParsers, _common, make_client, status_document
@@ -82,8 +89,11 @@ class Hub:
         # (job, participant id) -> (wall ms, phi) over the last PHI_WINDOW_MS.
         self._phi: dict[tuple[str, int], deque[tuple[int, float]]] = {}
         self._leader: tuple[int, int] | None = None
+        self._members: list[Member] = []
         self._watches: dict[str, asyncio.Task[None]] = {}
         self._refreshing: dict[str, asyncio.Task[None]] = {}
+        # Jobs asked to refresh while their refresh ran: one more GetJob after it.
+        self._stale: set[str] = set()
         self._subscribers: set[asyncio.Queue[Event | None]] = set()
 
     # ------------------------------------------------------------------ publishing
@@ -131,12 +141,14 @@ class Hub:
     async def poll_cluster(self) -> None:
         statuses = await self.client.status(timeout_s=self.poll_s)
         error = None
-        members = []
+        # Without an answer, the members last listed: the rows keep their ids and names.
+        members = self._members
         if any(s.status is not None for s in statuses):
             try:
                 members = await self.client.member_list(serializable=True, timeout_s=self.poll_s)
             except RallypointError as failure:
                 error = f"no member list: {failure}"
+            self._members = members
         else:
             error = "no member answered: " + "; ".join(
                 f"{s.endpoint}: {s.failure or s.error}" for s in statuses
@@ -181,6 +193,8 @@ class Hub:
         for job in [job for job in self.job_docs if job not in names]:
             del self.job_docs[job]
             self._publish("job_gone", {"job": job})
+        for key in [key for key in self._phi if key[0] not in names]:
+            del self._phi[key]
         for document in self.jobs["jobs"]:
             job = document["job"]
             if _open(document):
@@ -208,13 +222,21 @@ class Hub:
             log.warning("watch of job %s ended: %s", job, failure)
 
     def refresh_job(self, job: str) -> None:
-        """GetJob of ``job`` soon (one at a time per job; a refresh asked meanwhile runs
-        after it, so the newest state is always fetched)."""
+        """GetJob of ``job`` soon, one at a time per job: asked while one runs, one more
+        follows it (however many asked), so the newest state is always fetched."""
         running = self._refreshing.get(job)
         if running is not None and not running.done():
-            running.add_done_callback(lambda _: self.refresh_job(job))
+            self._stale.add(job)
             return
-        self._refreshing[job] = asyncio.create_task(self._refresh(job))
+        task = asyncio.create_task(self._refresh(job))
+        self._refreshing[job] = task
+
+        def again(_: asyncio.Task[None]) -> None:
+            if job in self._stale and not task.cancelled():
+                self._stale.discard(job)
+                self.refresh_job(job)
+
+        task.add_done_callback(again)
 
     async def _refresh(self, job: str) -> None:
         try:

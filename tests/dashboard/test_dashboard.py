@@ -263,3 +263,29 @@ async def test_watch_job_follows_rounds_across_a_member_failure(cluster: Process
         with pytest.raises(JobNotFoundError):
             async for _ in watcher.watch_job("nope"):
                 pass
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_with_every_member_down_it_keeps_serving_and_says_so(
+    cluster: ProcessCluster, tmp_path: Path
+) -> None:
+    with dashboard(cluster.endpoints, tmp_path) as base:
+        wait_until(
+            lambda: any(m["is_leader"] for m in get(base, "/api/cluster")["members"]),
+            30,
+            "the dashboard to see a leader",
+        )
+        for member_id in cluster.members:
+            cluster.kill(member_id)
+        down = wait_until(
+            lambda: (doc := get(base, "/api/cluster"))["error"] and doc,
+            30,
+            "the dashboard to report the cluster down",
+        )
+        assert down["error"].startswith("no member answered: ")
+        assert {m["health"] for m in down["members"]} == {"unreachable"}
+        assert sorted(m["id"] for m in down["members"]) == sorted(cluster.members)
+        assert wait_until(lambda: get(base, "/api/jobs")["error"], 30, "the jobs' error")
+        with urllib.request.urlopen(base + "/", timeout=5) as page:
+            assert b"<title>rallypoint dashboard</title>" in page.read()

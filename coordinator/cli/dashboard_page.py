@@ -216,7 +216,11 @@ function renderJob() {
   document.getElementById("job-title").textContent = name ? "Job " + name : "Job";
   const summary = document.getElementById("job-summary");
   if (!doc) {
-    summary.textContent = name ? "loading " + name + "..." : "no job";
+    const known = state.jobs && state.jobs.jobs.some(j => j.job === name);
+    summary.textContent = !name ? "no job yet" :
+      (state.jobs && !known ? "no job " + name + " (pick one above)" : "loading " + name + "...");
+    for (const id of ["participants", "recoveries"]) fill(id, []);
+    document.getElementById("timeline").replaceChildren();
     return;
   }
   const info = doc.round;

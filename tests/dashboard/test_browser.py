@@ -162,8 +162,10 @@ def run_scenario(driver: Any, cluster: ProcessCluster, workers: Workers, tmp_pat
         )
         recoveries = driver.find_element("id", "recoveries").text
         assert "member_failed" in recoveries and "worker-3" in recoveries, recoveries
-        # The same page all along: nothing reloaded it.
+        # The same page all along: nothing reloaded it, and its script never failed.
         assert page_shows(driver, "window.loadedOnce === true")
+        errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        assert not errors, errors
         wait_until(
             lambda: page_shows(driver, "document.getElementById('checkpoint').dataset.step"),
             CHANGE_S,

@@ -12,11 +12,12 @@ RUNS  ?= 20
 TIME  ?= 60
 LANES ?= 1
 
-.PHONY: help setup lint format typecheck pytest test sim crash-test fuzz bench-wal bench-kv bench-failover bench-recovery demo proto clean jepsen jepsen-long
+.PHONY: help setup lint format typecheck pytest test test-browser sim crash-test fuzz bench-wal bench-kv bench-failover bench-recovery demo proto clean jepsen jepsen-long
 
 help:
 	@echo "make demo             start a local cluster and elastic workers, kill things, watch recovery"
 	@echo "make test             lint (ruff, import layers), type-check (mypy), the tests (pytest), then make jepsen"
+	@echo "make test-browser     the dashboard in headless Chromium (installs chromium and chromium-driver, root)"
 	@echo "make sim SEEDS=N      run the seeded Raft cluster simulator over N seeds"
 	@echo "make crash-test ITER=N  SIGKILL a WAL writer N times and check nothing acknowledged is lost"
 	@echo "make fuzz TIME=S      fuzz every RPC of both ports of a 3-member cluster for S s (default 60)"
@@ -66,6 +67,13 @@ pytest: setup
 test: lint typecheck pytest
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory jepsen; \
 	else echo "make test: the fault-injection suite needs root; run 'sudo make jepsen'"; fi
+
+# The dashboard in headless Chromium against a real cluster and workers (make test runs it
+# too). Installs Debian's chromium and chromium-driver when missing (needs root).
+test-browser: setup
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null \
+		|| (apt-get update && apt-get install -y chromium chromium-driver)
+	$(VENV)/bin/pytest -q -m browser tests/dashboard
 
 sim: setup
 	$(PY) -m tests.sim --seeds $(SEEDS)

@@ -33,6 +33,7 @@ from .backoff import DEFAULT_BACKOFF, Backoff
 from .caller import Caller
 from .checkpoints import CheckpointRegistry
 from .errors import LeaseNotFoundError, RallypointError
+from .job_watch import watch_job as _watch_job
 from .lease import Lease, LeaseKeeper, keep_alive_once
 from .rendezvous import Participant
 from .rendezvous import join as _join
@@ -634,6 +635,11 @@ class Client:
         return await _jobs.job_statuses(
             self._caller, serializable=serializable, timeout_s=timeout_s
         )
+
+    def watch_job(self, job: str) -> AsyncIterator[RoundInfo]:
+        """The job's current round now and after every change, until the job is gone
+        (:class:`JobNotFoundError`); reconnects by itself (see job_watch.py)."""
+        return _watch_job(self._caller, job)
 
     async def evict(self, job: str, participant_id: int, *, timeout_s: float | None = None) -> int:
         """Remove a participant; the round that ended because of it (0: none)."""

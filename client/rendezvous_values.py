@@ -182,6 +182,9 @@ class RoundMember:
     step: int = 0
     step_ms: float = 0.0
     step_ratio: float = 0.0
+    # Milliseconds since the leader last heard the participant's heartbeat, or began watching
+    # it (its join; the leader's election). GetJob from the leader only; 0 otherwise.
+    heartbeat_age_ms: int = 0
 
     @staticmethod
     def from_proto(member: rendezvous_pb2.RoundMember) -> RoundMember:
@@ -195,6 +198,7 @@ class RoundMember:
             member.step,
             member.step_ms,
             member.step_ratio,
+            member.heartbeat_age_ms,
         )
 
 

@@ -820,6 +820,11 @@ class Node:
     def phi(self, job: str, participant_id: int) -> float | None:
         return self.supervisor.phi(job, participant_id) if self.is_leader() else None
 
+    def heartbeat_age_ms(self, job: str, participant_id: int) -> int | None:
+        if not self.is_leader():
+            return None
+        return self.supervisor.heartbeat_age_ms(job, participant_id)
+
     def leader_clock_ms(self) -> int:
         return wall_clock_ms()
 

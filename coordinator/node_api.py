@@ -202,6 +202,11 @@ class ServerNode(Protocol):
         confirmed); None on a follower or for an unknown participant."""
         ...
 
+    def heartbeat_age_ms(self, job: str, participant_id: int) -> int | None:
+        """Milliseconds since the leader last heard a worker's heartbeat (or began watching
+        it); None on a follower or for an unknown participant."""
+        ...
+
     def progress_of(self, job: str, participant_id: int) -> tuple[int, float, float] | None:
         """The leader's view of a worker's progress: (last step, ms per step outside
         collectives, ratio to the job's median); None on a follower or when not reported."""

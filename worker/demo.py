@@ -3,10 +3,11 @@
     python -m rallypoint.worker.demo [--workers 4] [--keep-logs]
 
 It starts a 3-member coordinator cluster on free loopback ports with temporary data
-directories, then four CPU workers (``rallypoint.worker.demo_train``: a small MLP on
-synthetic regression data, gloo process groups bootstrapped from the coordinator). While they
-train it shows a live view (round, world size, step, loss, each worker with its phi) and
-then, one after the other:
+directories, the dashboard (``rallypoint dashboard``, on a free port: its address is printed;
+open it to watch the same run in a browser), then four CPU workers
+(``rallypoint.worker.demo_train``: a small MLP on synthetic regression data, gloo process
+groups bootstrapped from the coordinator). While they train it shows a live view (round,
+world size, step, loss, each worker with its phi) and then, one after the other:
 
 1. SIGKILLs a worker: the coordinator notices, the survivors leave their collective,
    re-form at world 3 in the same processes and go on with their state;
@@ -101,6 +102,7 @@ class Demo:
     console: Console
     workers: dict[str, WorkerView] = field(default_factory=dict)
     members: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+    dashboard: subprocess.Popen[str] | None = None
     endpoints: list[str] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     leader_id: int = 0
@@ -144,6 +146,36 @@ class Demo:
             log.close()
             self.endpoints.append(f"127.0.0.1:{client}")
 
+    def start_dashboard(self) -> None:
+        """``rallypoint dashboard`` on a free port, a client process like the workers; the
+        address it prints is shown (the run goes on without it if it does not start)."""
+        log = open(self.root / "dashboard.log", "w")  # noqa: SIM115 (the child keeps it)
+        self.dashboard = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "rallypoint.coordinator",
+                "dashboard",
+                f"--endpoints={','.join(self.endpoints)}",
+                "--listen=127.0.0.1:0",
+                "--poll=0.5",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            start_new_session=True,
+        )
+        log.close()
+
+        def show_address(proc: subprocess.Popen[str]) -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if line.startswith("rallypoint dashboard: "):
+                    address = line.split(": ", 1)[1].strip()
+                    self.console.print(f"dashboard: {address} (open it in a browser)")
+
+        threading.Thread(target=show_address, args=(self.dashboard,), daemon=True).start()
+
     def start_worker(self, name: str) -> WorkerView:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
         stderr = open(self.root / f"{name}.err", "w")  # noqa: SIM115 (the child keeps it)
@@ -176,6 +208,8 @@ class Demo:
         """SIGKILL every process this demo started (each leads its own process group)."""
         procs: list[subprocess.Popen[Any]] = [w.proc for w in self.workers.values()]
         procs += list(self.members.values())
+        if self.dashboard is not None:
+            procs.append(self.dashboard)
         for proc in procs:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -335,6 +369,7 @@ class Demo:
         recoveries: list[Recovery] = []
         self.note("starting a 3-member coordinator cluster")
         self.start_members(3)
+        self.start_dashboard()
         threading.Thread(target=self.poll_coordinator, daemon=True).start()
         self.note(f"starting {worker_count} workers (each imports torch: this takes a moment)")
         for name in names:

@@ -98,6 +98,8 @@ import contextlib
 import inspect
 import logging
 import math
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -804,7 +806,12 @@ class ElasticRun:
         participant = patience.call(
             "joining",
             lambda timeout_s: client.join(
-                self.job, self.name, config=self.config, timeout_s=timeout_s
+                self.job,
+                self.name,
+                config=self.config,
+                # Where the worker runs, for operators (rounds, the dashboard).
+                metadata=f"{socket.gethostname()} pid {os.getpid()}".encode(),
+                timeout_s=timeout_s,
             ),
         )
         participant.on_round_change(self._on_round_change)

@@ -166,11 +166,12 @@ def endpoints_argument(text: str) -> str:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-async def _with_client(args: argparse.Namespace, body: Body) -> int:
+def make_client(args: argparse.Namespace) -> Client:
+    """The client of a command, from the options every client command takes (``_common``)."""
     tls = None
     if args.tls_ca_file or args.tls_cert_file or args.tls_key_file:
         tls = TlsConfig.from_files(args.tls_ca_file, args.tls_cert_file, args.tls_key_file)
-    client = Client(
+    return Client(
         args.endpoints,
         timeout_s=args.timeout,
         attempt_timeout_s=min(args.timeout, 5.0),
@@ -179,7 +180,10 @@ async def _with_client(args: argparse.Namespace, body: Body) -> int:
         # A command that only reads leaves no session behind; writes open one on demand.
         open_session_on_connect=False,
     )
-    async with client:
+
+
+async def _with_client(args: argparse.Namespace, body: Body) -> int:
+    async with make_client(args) as client:
         return await body(args, client, Output(args.json))
 
 
@@ -261,10 +265,11 @@ def _health(endpoint: EndpointStatus) -> str:
     return "ok" if endpoint.healthy else "no leader"
 
 
-def _status_document(
+def status_document(
     statuses: Sequence[EndpointStatus], members: Sequence[Member]
 ) -> list[dict[str, Any]]:
-    """One row per member (and per endpoint that matches no member)."""
+    """One row per member (and per endpoint that matches no member): ``status --json``'s
+    ``members`` (the dashboard's /api/cluster too)."""
     by_id = {s.status.member_id: s for s in statuses if s.status is not None}
     by_address = {s.endpoint: s for s in statuses}
     rows: list[dict[str, Any]] = []
@@ -310,7 +315,7 @@ async def _status(args: argparse.Namespace, client: Client, out: Output) -> int:
             members = await client.member_list(serializable=True)
         except RallypointError as error:
             print(f"warning: no member list: {error}", file=sys.stderr)
-    rows = _status_document(statuses, members)
+    rows = status_document(statuses, members)
     if out.as_json:
         out.json({"members": rows})
     else:

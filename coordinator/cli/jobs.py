@@ -42,6 +42,7 @@ def _member_document(member: RoundMember) -> dict[str, Any]:
         "step": member.step,
         "step_ms": member.step_ms,
         "step_ratio": member.step_ratio,
+        "heartbeat_age_ms": member.heartbeat_age_ms,
         "metadata": text(member.metadata),
     }
 
@@ -133,13 +134,37 @@ def recoveries(status: JobStatus) -> list[dict[str, Any]]:
     return rows
 
 
+def jobs_document(jobs: list[RoundInfo]) -> dict[str, Any]:
+    """``rallypoint jobs --json`` (the dashboard's /api/jobs too)."""
+    return {"jobs": [_round_document(info) for info in jobs]}
+
+
+def job_document(status: JobStatus) -> dict[str, Any]:
+    """``rallypoint rounds JOB --json`` (the dashboard's /api/jobs/JOB too)."""
+    latest = status.latest_checkpoint
+    return {
+        "round": _round_document(status.round),
+        "history": [_record_document(r) for r in status.history],
+        "recoveries": recoveries(status),
+        "latest_checkpoint": None
+        if latest is None
+        else {
+            "checkpoint_id": latest.checkpoint_id,
+            "step": latest.step,
+            "round": latest.round,
+            "world_size": latest.world_size,
+            "uri": latest.uri,
+        },
+    }
+
+
 # ---------------------------------------------------------------------------- jobs
 
 
 async def _jobs(args: argparse.Namespace, client: Client, out: Output) -> int:
     jobs = await client.list_jobs()
     if out.as_json:
-        out.json({"jobs": [_round_document(info) for info in jobs]})
+        out.json(jobs_document(jobs))
         return 0
     table = Table(title="jobs")
     for column in ("job", "round", "state", "world size", "members", "waiting", "reason"):
@@ -177,13 +202,14 @@ async def _jobs_prune(args: argparse.Namespace, client: Client, out: Output) -> 
 def _members_table(title: str, members: tuple[RoundMember, ...], with_phi: bool) -> Table:
     table = Table(title=title)
     # phi and progress come from the leader: columns of each member's live readings.
-    live = ["phi", "step", "ms/step", "vs median"] if with_phi else []
+    live = ["phi", "heartbeat age", "step", "ms/step", "vs median"] if with_phi else []
     for column in ["rank", "participant", "name", *live]:
         table.add_column(column)
     for m in members:
         row = ["" if m.rank < 0 else str(m.rank), str(m.participant_id), m.name]
         readings = [
             f"{m.phi:.2f}",
+            f"{m.heartbeat_age_ms} ms" if m.heartbeat_age_ms else "",
             str(m.step) if m.step else "",
             f"{m.step_ms:.0f}" if m.step_ms else "",
             f"{m.step_ratio:.2f}x" if m.step_ratio else "",
@@ -246,23 +272,7 @@ async def _rounds(args: argparse.Namespace, client: Client, out: Output) -> int:
     status: JobStatus = await client.get_job(args.job)
     info = status.round
     if out.as_json:
-        latest = status.latest_checkpoint
-        out.json(
-            {
-                "round": _round_document(info),
-                "history": [_record_document(r) for r in status.history],
-                "recoveries": recoveries(status),
-                "latest_checkpoint": None
-                if latest is None
-                else {
-                    "checkpoint_id": latest.checkpoint_id,
-                    "step": latest.step,
-                    "round": latest.round,
-                    "world_size": latest.world_size,
-                    "uri": latest.uri,
-                },
-            }
-        )
+        out.json(job_document(status))
         return 0
     out.line(
         f"job {info.job}: round {info.round} {_state(info)}, world size {info.world_size}, "

@@ -295,9 +295,11 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         register(subparsers)
+        from .dashboard import register as register_dashboard
         from .jobs import register as register_jobs
 
         register_jobs(subparsers)
+        register_dashboard(subparsers)
     return parser
 
 

@@ -314,6 +314,12 @@ class DetectorSet:
         tracked = self._tracked.get(key)
         return None if tracked is None else tracked.detector.last_heartbeat_ms
 
+    def heartbeat_age_ms(self, key: Key, now_ms: int) -> int | None:
+        """Milliseconds since ``key``'s last heartbeat (or since it was tracked, or since the
+        grace began); None if it is not tracked."""
+        last = self.last_heartbeat_ms(key)
+        return None if last is None else max(0, int(now_ms - last))
+
     def phis(self, now_ms: int) -> list[tuple[Key, float]]:
         """Every tracked key with its phi, in key order (for the API and the CLI)."""
         out = []

@@ -164,6 +164,9 @@ class RendezvousSupervisor:
             return value
         return round(value, 3)
 
+    def heartbeat_age_ms(self, job: str, participant_id: int) -> int | None:
+        return self.detectors.heartbeat_age_ms((job, participant_id), monotonic_ms())
+
     # -------------------------------------------------------------- the loop
 
     def _sync(self) -> None:

@@ -180,6 +180,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         if with_phi:
             phi = self.node.phi(job.job_id, pid)
             member.phi = 0.0 if phi is None else phi
+            member.heartbeat_age_ms = self.node.heartbeat_age_ms(job.job_id, pid) or 0
             progress = self.node.progress_of(job.job_id, pid)
             if progress is not None:
                 member.step, member.step_ms, member.step_ratio = progress

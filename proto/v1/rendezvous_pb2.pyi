@@ -97,7 +97,7 @@ class JobConfig(_message.Message):
     def __init__(self, min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., last_call_ms: _Optional[int] = ..., join_timeout_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., phi_threshold: _Optional[float] = ..., phi_window: _Optional[int] = ..., min_std_ms: _Optional[int] = ..., acceptable_pause_ms: _Optional[int] = ..., scale_up: _Optional[bool] = ..., keep_checkpoints: _Optional[int] = ..., hang_factor: _Optional[float] = ..., hang_floor_ms: _Optional[int] = ..., startup_timeout_ms: _Optional[int] = ..., straggler_factor: _Optional[float] = ..., straggler_windows: _Optional[int] = ..., straggler_window_ms: _Optional[int] = ...) -> None: ...
 
 class RoundMember(_message.Message):
-    __slots__ = ("participant_id", "name", "rank", "metadata", "phi", "step", "step_ms", "step_ratio")
+    __slots__ = ("participant_id", "name", "rank", "metadata", "phi", "step", "step_ms", "step_ratio", "heartbeat_age_ms")
     PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +106,7 @@ class RoundMember(_message.Message):
     STEP_FIELD_NUMBER: _ClassVar[int]
     STEP_MS_FIELD_NUMBER: _ClassVar[int]
     STEP_RATIO_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_AGE_MS_FIELD_NUMBER: _ClassVar[int]
     participant_id: int
     name: str
     rank: int
@@ -114,7 +115,8 @@ class RoundMember(_message.Message):
     step: int
     step_ms: float
     step_ratio: float
-    def __init__(self, participant_id: _Optional[int] = ..., name: _Optional[str] = ..., rank: _Optional[int] = ..., metadata: _Optional[bytes] = ..., phi: _Optional[float] = ..., step: _Optional[int] = ..., step_ms: _Optional[float] = ..., step_ratio: _Optional[float] = ...) -> None: ...
+    heartbeat_age_ms: int
+    def __init__(self, participant_id: _Optional[int] = ..., name: _Optional[str] = ..., rank: _Optional[int] = ..., metadata: _Optional[bytes] = ..., phi: _Optional[float] = ..., step: _Optional[int] = ..., step_ms: _Optional[float] = ..., step_ratio: _Optional[float] = ..., heartbeat_age_ms: _Optional[int] = ...) -> None: ...
 
 class RoundInfo(_message.Message):
     __slots__ = ("job", "round", "state", "members", "world_size", "fencing_token", "store_namespace", "reason", "waiting", "opened_ms", "closed_ms", "job_closed", "job_revision", "job_state", "job_ended_ms", "job_end_detail", "trained_ms")

@@ -78,6 +78,7 @@ class FakeNode:
         # Rendezvous: the phi each (job, participant) reports on the leader; heartbeats fed,
         # streams reported closed, and calls to wait_for_apply (all in call order).
         self.phis: dict[tuple[str, int], float] = {}
+        self.heartbeat_ages: dict[tuple[str, int], int] = {}
         self.progress_reports: list[tuple[str, int, ProgressReport]] = []
         self.progress_views: dict[tuple[str, int], tuple[int, float, float]] = {}
         self.heartbeats: list[tuple[str, int]] = []
@@ -198,6 +199,11 @@ class FakeNode:
         if self.leader_id != MEMBER_ID:
             return None
         return self.phis.get((job, participant_id))
+
+    def heartbeat_age_ms(self, job: str, participant_id: int) -> int | None:
+        if self.leader_id != MEMBER_ID:
+            return None
+        return self.heartbeat_ages.get((job, participant_id))
 
     def progress_of(self, job: str, participant_id: int) -> tuple[int, float, float] | None:
         return self.progress_views.get((job, participant_id))

@@ -178,6 +178,21 @@ def test_after_a_leader_change_nobody_is_suspected_during_the_grace() -> None:
     assert detectors.phi(("j", 2), 14_000) < 1  # type: ignore[operator]
 
 
+def test_heartbeat_age_counts_from_the_last_heartbeat_or_the_leader_change() -> None:
+    detectors = DetectorSet()
+    assert detectors.heartbeat_age_ms(("j", 1), 0) is None  # not tracked
+    detectors.track(("j", 1), SETTINGS, 1_000)
+    assert detectors.heartbeat_age_ms(("j", 1), 1_250) == 250  # watched since its join
+    detectors.heartbeat(("j", 1), 2_000)
+    assert detectors.heartbeat_age_ms(("j", 1), 2_040) == 40
+    detectors.stream_closed(("j", 1), 2_100)
+    assert detectors.heartbeat_age_ms(("j", 1), 5_000) == 3_000  # silence keeps ageing
+    detectors.start_grace(6_000, grace_ms=2_000)
+    assert detectors.heartbeat_age_ms(("j", 1), 6_500) == 500  # a new leader starts over
+    detectors.forget(("j", 1))
+    assert detectors.heartbeat_age_ms(("j", 1), 7_000) is None
+
+
 def test_tracking_again_keeps_history_unless_the_settings_change() -> None:
     detectors = DetectorSet()
     detectors.track(("j", 1), SETTINGS, 0)

@@ -254,6 +254,7 @@ async def test_get_job_reports_config_ranks_phi_history_and_latest_checkpoint(
     a, b = await join_round(client.channel, client.headers, "j", 2, phi_threshold=8.5)
     client.node.phis[("j", a.participant_id)] = 0.25
     client.node.phis[("j", b.participant_id)] = math.inf
+    client.node.heartbeat_ages[("j", b.participant_id)] = 1_234
     barriers = client.node.read_barriers
     job = await client.stub.GetJob(pb.GetJobRequest(job="j"))
     assert client.node.read_barriers == barriers + 1
@@ -262,11 +263,13 @@ async def test_get_job_reports_config_ranks_phi_history_and_latest_checkpoint(
         ("w0", 0, 0.25),
         ("w1", 1, math.inf),
     ]
+    assert [m.heartbeat_age_ms for m in job.round.members] == [0, 1_234]
     assert not job.history and not job.HasField("latest_checkpoint")
     # A follower has no detectors: phi is 0 there, as the contract says.
     client.node.not_leader(2, "10.0.0.2:2379")
     stale = await client.stub.GetJob(pb.GetJobRequest(job="j", serializable=True))
     assert [m.phi for m in stale.round.members] == [0.0, 0.0]
+    assert [m.heartbeat_age_ms for m in stale.round.members] == [0, 0]
     refused = await fails(client.stub.GetJob(pb.GetJobRequest(job="j")))
     assert (refused.code, refused.leader) == (Code.UNAVAILABLE, "10.0.0.2:2379")
     client.node.not_leader(1, None)

@@ -167,8 +167,9 @@ class Participant:
     def report_progress(self, progress: TrainingProgress) -> None:
         """Tell the coordinator, with every heartbeat from now on, how training goes: the
         leader declares a rank that stops while its peers wait for it hung, and finds
-        stragglers (coordinator/leader/progress.py). Safe to call from any thread: it only swaps a
-        reference to a frozen value."""
+        stragglers (coordinator/leader/progress.py), and keeps the round's restore source
+        (``TrainingProgress.restore``) in its record. Safe to call from any thread: it only
+        swaps a reference to a frozen value."""
         self._progress = progress
 
     def on_round_change(self, callback: RoundCallback) -> None:
@@ -555,3 +556,4 @@ def _add_progress(
     request.waiting_in = progress.waiting_in
     if progress.waiting_in:
         request.waiting_ms = int((now_s - progress.waiting_since_s) * 1000)
+    request.restore = progress.restore

@@ -101,6 +101,10 @@ class TrainingProgress:
     collectives_entered: int = 0
     waiting_in: int = 0
     waiting_since_s: float = 0.0
+    # Where this rank's state came from when the round formed ("keep", "broadcast", "disk",
+    # "fresh"; the same on every rank of the round), or "" when not known. The leader keeps
+    # the first one reported in the round's record (``RoundInfo.restore``).
+    restore: str = ""
 
 
 class RoundState(enum.Enum):
@@ -231,6 +235,9 @@ class RoundInfo:
     job_end_detail: str = ""
     # Leader time the round's first training step was reported done (0: not known).
     trained_ms: int = 0
+    # Where the round's state came from, as its workers reported it with that first step
+    # ("keep", "broadcast", "disk", "fresh"; "": not known).
+    restore: str = ""
 
     @staticmethod
     def from_proto(info: rendezvous_pb2.RoundInfo) -> RoundInfo:
@@ -254,6 +261,7 @@ class RoundInfo:
             job_ended_ms=info.job_ended_ms,
             job_end_detail=info.job_end_detail,
             trained_ms=info.trained_ms,
+            restore=info.restore,
         )
 
     def member(self, participant_id: int) -> RoundMember | None:
@@ -291,6 +299,8 @@ class RoundRecord:
     detail: str = ""
     # Leader time the round's first training step was reported done (0: not known).
     trained_ms: int = 0
+    # Where the round's state came from, as its workers reported it ("": not known).
+    restore: str = ""
 
     @staticmethod
     def from_proto(record: rendezvous_pb2.RoundRecord) -> RoundRecord:
@@ -305,6 +315,7 @@ class RoundRecord:
             ended_by=record.ended_by,
             detail=record.detail,
             trained_ms=record.trained_ms,
+            restore=record.restore,
         )
 
 

@@ -68,10 +68,12 @@ StaleTokenError; they are reported as a ``checkpoint_refused`` event, never retr
 
 Progress. Every heartbeat carries this rank's progress (``TrainingProgress``): the step it
 completed last and when, its time per step outside collectives (a moving average), the
-collectives it entered in the round and the one it waits in. The leader names a rank that
-stops while the others wait for it (cause ``hang``) and, with the job's straggler policy on,
-evicts a rank consistently slower than the others (coordinator/leader/progress.py). Nothing here
-waits on it: a hung training thread cannot report, which is the point.
+collectives it entered in the round and the one it waits in, and the round's restore source
+(the leader keeps it in the round's record: ``rallypoint rounds`` shows each recovery's).
+The leader names a rank that stops while the others wait for it (cause ``hang``) and, with
+the job's straggler policy on, evicts a rank consistently slower than the others
+(coordinator/leader/progress.py). Nothing here waits on it: a hung training thread cannot
+report, which is the point.
 
 Waiting. Joining (at ``with`` and when the worker joins again) waits for a coordinator that
 no member of answers, or that has no leader, for ``connect_timeout_s`` (``join_timeout_s``
@@ -306,6 +308,7 @@ class ElasticRound:
                 collectives_entered=self._collectives,
                 waiting_in=self._waiting_in,
                 waiting_since_s=self._waiting_since_s,
+                restore=self.formation.restore.source.value if self.formation else "",
             )
         )
 

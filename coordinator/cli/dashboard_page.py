@@ -90,7 +90,7 @@ PAGE = """<!doctype html>
     <h3>Recoveries</h3>
     <table id="recoveries"><thead><tr>
       <th>round</th><th>ended because</th><th>by</th><th>detected at</th><th>re-formed</th>
-      <th>training again</th><th>detail</th></tr></thead><tbody></tbody></table>
+      <th>training again</th><th>restore</th><th>detail</th></tr></thead><tbody></tbody></table>
     <h3>Checkpoint</h3>
     <div id="checkpoint" class="dim">none committed</div>
   </section>
@@ -251,6 +251,9 @@ function renderJob() {
   for (const record of doc.history) {
     for (const m of record.members) names[m.participant_id] = m.name;
   }
+  // Where a recovery's state came from, as its workers reported it (torchrun agents do not).
+  const restoreOf = r => r.restore ? "restore: " + r.restore :
+    "restore " + (r.reformed_ms === null ? "not yet" : "not reported");
   const recoveryOf = {};
   for (const r of doc.recoveries) recoveryOf[r.round] = r;
   const items = [];
@@ -282,7 +285,8 @@ function renderJob() {
         phase("re-formed", recovery.reformed_after_s) + ", " +
         (recovery.training_ms === null && recovery.reformed_ms !== null
           ? "training again not reported"
-          : phase("training again", recovery.training_after_s)), "phases"));
+          : phase("training again", recovery.training_after_s)) + ", " +
+        restoreOf(recovery), "phases"));
     }
     item.append(el("b", "round " + record.round), body);
     items.push(item);
@@ -292,7 +296,8 @@ function renderJob() {
     td(r.end_reason), td(r.ended_by), td(clock(r.detected_ms)),
     td(r.reformed_after_s === null ? "not yet" : "+" + r.reformed_after_s.toFixed(2) + " s"),
     td(r.training_after_s === null ? (r.reformed_ms === null ? "not yet" : "not reported") :
-      "+" + r.training_after_s.toFixed(2) + " s"), td(r.detail, "wrap")])));
+      "+" + r.training_after_s.toFixed(2) + " s"), td(restoreOf(r).replace(/^restore:? /, "")),
+    td(r.detail, "wrap")])));
   const latest = doc.latest_checkpoint;
   const checkpoint = document.getElementById("checkpoint");
   checkpoint.dataset.step = latest ? latest.step : "";

@@ -4,7 +4,8 @@ JOB NODE`` and ``close-job JOB``.
 A job's state is its lifecycle once it ended (finished, failed, closed), else its round's
 (joining, active). ``rounds JOB`` adds each recovery's phases from the round history: the
 failure detected (the round's end), the world re-formed (the next round closed) and, when
-the workers report progress, training again (the next round's first step).
+the workers report progress, training again (the next round's first step) with where its
+state came from (the restore source the workers reported: keep, broadcast, disk, fresh).
 
 They share ``cli.client``'s plumbing: ``--endpoints`` (default ``$RALLYPOINT_ENDPOINTS``, else
 the local development cluster), ``--timeout``, ``--token``, TLS files and ``--json``; human
@@ -66,6 +67,7 @@ def _round_document(info: RoundInfo) -> dict[str, Any]:
         "job_ended_ms": info.job_ended_ms,
         "job_end_detail": info.job_end_detail,
         "trained_ms": info.trained_ms,
+        "restore": info.restore,
     }
 
 
@@ -84,6 +86,7 @@ def _record_document(record: RoundRecord) -> dict[str, Any]:
         "ended_by": record.ended_by,
         "detail": record.detail,
         "trained_ms": record.trained_ms,
+        "restore": record.restore,
     }
 
 
@@ -102,8 +105,10 @@ def _after_s(start_ms: int, ms: int) -> float | None:
 def recoveries(status: JobStatus) -> list[dict[str, Any]]:
     """Each round change the workers came back from: the round that ended (detected), the
     next round's close (re-formed) and first step (training again), leader times in ms (None:
-    not yet, or not known) and seconds after the detection. A round whose successor never
-    formed is left out once the job ended (the workers finished, the job was closed)."""
+    not yet, or not known) and seconds after the detection, and where the next round's state
+    came from (``restore``: keep, broadcast, disk, fresh; None: not reported). A round whose
+    successor never formed is left out once the job ended (the workers finished, the job was
+    closed)."""
     history, current = status.history, status.round
     names = {m.participant_id: m.name for record in history for m in record.members}
     rows: list[dict[str, Any]] = []
@@ -113,6 +118,7 @@ def recoveries(status: JobStatus) -> list[dict[str, Any]]:
         later = history[position + 1] if position + 1 < len(history) else None
         closed_ms = later.closed_ms if later is not None else current.closed_ms
         trained_ms = later.trained_ms if later is not None else current.trained_ms
+        restore = later.restore if later is not None else current.restore
         if not closed_ms and (later is not None or current.job_state is not JobState.OPEN):
             continue
         detected_ms = record.ended_ms
@@ -129,6 +135,7 @@ def recoveries(status: JobStatus) -> list[dict[str, Any]]:
                 "training_ms": trained_ms or None,
                 "reformed_after_s": _after_s(detected_ms, closed_ms),
                 "training_after_s": _after_s(detected_ms, trained_ms),
+                "restore": restore or None,
             }
         )
     return rows
@@ -247,6 +254,7 @@ def _recoveries_table(rows: list[dict[str, Any]]) -> Table:
         "detected at (ms)",
         "re-formed",
         "training again",
+        "restore",
     ):
         table.add_column(column)
 
@@ -264,6 +272,7 @@ def _recoveries_table(rows: list[dict[str, Any]]) -> Table:
             str(row["detected_ms"]),
             phase(row["reformed_ms"], row["reformed_after_s"]),
             training,
+            row["restore"] or ("not reported" if row["reformed_ms"] is not None else "not yet"),
         )
     return table
 

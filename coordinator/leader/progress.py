@@ -37,6 +37,11 @@ saving; not waiting for the others) over the median of the job's ranks is its *r
 the job's straggler policy on, each ``straggler_window`` the ratio of every rank is checked;
 a rank over ``straggler_factor`` for ``straggler_windows`` windows in a row is evicted.
 
+Restore. A report may also say where the round's state came from (keep, broadcast, disk,
+fresh: decided for the whole world when the round formed). The first source reported for a
+round is kept for the job and goes into the round's record with ``RoundTrained``; a later
+report that disagrees is ignored (it should not happen, and is nothing to fail over).
+
 Times: reports carry durations measured by the worker (``age`` before sending); the leader
 turns them into its own monotonic clock at receipt, so worker and leader clocks never meet.
 """
@@ -65,6 +70,8 @@ class ProgressReport:
     collectives_entered: int
     waiting_in: int
     waiting_ms: int
+    # Where the round's state came from (keep, broadcast, disk, fresh); "": not said.
+    restore: str = ""
 
 
 @dataclass
@@ -101,6 +108,9 @@ class JobProgress:
     durations_ms: deque[float] = field(default_factory=lambda: deque(maxlen=DURATION_WINDOW))
     # When the straggler policy last evaluated a window (0: not yet).
     window_start_ms: int = 0
+    # The restore source first reported for the newest round any rank reported one for:
+    # (round, source). Later reports for that round do not replace it.
+    restore: tuple[int, str] = (0, "")
 
     def median_step_ms(self) -> float | None:
         return statistics.median(self.durations_ms) if self.durations_ms else None
@@ -138,6 +148,8 @@ class ProgressTracker:
         job = self.jobs.setdefault(job_id, JobProgress())
         done_ms = now_ms - max(0, report.step_age_ms)
         waiting_since = now_ms - max(0, report.waiting_ms) if report.waiting_in else 0
+        if report.restore and report.round > job.restore[0]:
+            job.restore = (report.round, report.restore)
         known = job.ranks.get(pid)
         if known is None or known.round != report.round:
             # A new round (or the first report): progress counts from now.
@@ -176,6 +188,15 @@ class ProgressTracker:
         return job is not None and any(
             rank.round == round_number and rank.stepped_in_round for rank in job.ranks.values()
         )
+
+    def restore_of(self, job_id: str, round_number: int) -> str:
+        """Where ``round_number``'s state came from, as the first rank to say reported it
+        ("": none said). Every rank of a round restores from the same source, so the first
+        report is the round's; one that disagrees is ignored, not an error."""
+        job = self.jobs.get(job_id)
+        if job is None or job.restore[0] != round_number:
+            return ""
+        return job.restore[1]
 
     def view(self, job_id: str, pid: int) -> tuple[int, float, float] | None:
         """(last step, time per step outside collectives in ms, ratio to the job's median)."""

@@ -10,7 +10,8 @@ that depend on time are the leader's to take and to propose:
 - declaring a worker hung, or evicting a straggler, from the training progress its
   heartbeats report (``progress.py``; ``MemberFailed`` with its cause);
 - noting when an ACTIVE round trains: the first step a worker reports done in it
-  (``RoundTrained``; ``rallypoint rounds`` shows it as "training again" after a recovery).
+  (``RoundTrained``; ``rallypoint rounds`` shows it as "training again" after a recovery),
+  with where the round's state came from as its workers reported it (``restore``).
 
 The detectors are soft state (``phi.DetectorSet``): they live only on the leader and start
 over with a grace period whenever this member becomes leader, so nobody is declared dead
@@ -292,7 +293,7 @@ class RendezvousSupervisor:
             if last is not None and wall_ms - last < 1000:
                 continue
             self._trained_proposed_ms[key] = wall_ms
-            self._spawn(RoundTrained(job_id, number))
+            self._spawn(RoundTrained(job_id, number, self.progress.restore_of(job_id, number)))
         if len(self._trained_proposed_ms) > 1024:
             self._trained_proposed_ms.clear()
 

@@ -72,6 +72,9 @@ HEARTBEAT_ANSWER_EVERY = 10
 WATCH_RECHECK_S = 5.0
 # The least time between two WatchJob messages about the same round in the same state.
 WATCH_COALESCE_S = 0.2
+# A heartbeat's restore source is a word ("broadcast"); it ends up in the replicated round
+# record, so a longer one is cut here rather than refused (a heartbeat must not fail on it).
+MAX_RESTORE_CHARS = 32
 
 
 _ROUND_STATES = {
@@ -137,6 +140,7 @@ def record_pb(record: RoundRecord) -> rendezvous_pb2.RoundRecord:
         ended_by=record.ended_by,
         detail=record.detail,
         trained_ms=record.trained_ms,
+        restore=record.restore,
     )
 
 
@@ -206,6 +210,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
             job_ended_ms=job.ended_ms,
             job_end_detail=job.end_detail,
             trained_ms=r.trained_ms,
+            restore=r.restore,
         )
 
     async def GetJob(
@@ -302,6 +307,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
                         collectives_entered=request.collectives_entered,
                         waiting_in=request.waiting_in,
                         waiting_ms=request.waiting_ms,
+                        restore=request.restore[:MAX_RESTORE_CHARS],
                     )
                 if not self.node.heartbeat(job_id, pid, progress):
                     self._job(job_id)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .codec import StateCodecError, decode, encode, record
+from .codec import StateCodecError, decode, encode, record, since
 from .jobs import EndReason, JobConfig, LeaveOutcome
 from .values import Fence
 
@@ -218,10 +218,13 @@ class MemberFailed(Command):
 class RoundTrained(Command):
     """Proposed by the leader when a worker of the job's ACTIVE round reported its first
     training step in it; no session. Applied only if ``round`` is still the job's ACTIVE round
-    and has no ``trained_ms`` yet: the round's ``trained_ms`` becomes the machine's time."""
+    and has no ``trained_ms`` yet: the round's ``trained_ms`` becomes the machine's time and
+    its ``restore`` this command's. ``restore``: where the round's state came from, as the
+    workers reported it ("keep", "broadcast", "disk", "fresh"; "" when none said)."""
 
     job: str
     round: int
+    restore: str = since(2, "")
 
 
 @record(48)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from rallypoint.proto.v1.defaults import JOB_CONFIG, milli
 
-from .codec import record
+from .codec import record, since
 
 _JOB_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
@@ -173,7 +173,9 @@ class Round:
     are a permutation of range(len(members)) and ``fencing_token`` is the raft index of the
     close. ``previous`` holds the ranks the carried-over survivors had in the round before.
     ``trained_ms``: when the leader heard the round's first training step was done (0:
-    not yet, or its workers report no progress); set once, while ACTIVE."""
+    not yet, or its workers report no progress); set once, while ACTIVE, together with
+    ``restore``: where the round's state came from, as its workers reported it ("" when
+    they did not say)."""
 
     number: int
     state: RoundState
@@ -184,6 +186,7 @@ class Round:
     closed_ms: int
     fencing_token: int
     trained_ms: int = 0
+    restore: str = since(2, "")
 
     @property
     def member_ids(self) -> list[int]:
@@ -209,7 +212,8 @@ class MemberRecord:
 class RoundRecord:
     """An ended round, for the history. ``ended_by`` is the participant whose failure,
     departure or eviction ended it (0 otherwise); ``detail`` says more (e.g. the cause the
-    failure detector gave). ``trained_ms`` is the round's (0: unknown)."""
+    failure detector gave). ``trained_ms`` and ``restore`` are the round's (0 and "":
+    unknown)."""
 
     number: int
     members: tuple[MemberRecord, ...]
@@ -221,6 +225,7 @@ class RoundRecord:
     ended_by: int
     detail: str
     trained_ms: int = 0
+    restore: str = since(2, "")
 
 
 @record(346)

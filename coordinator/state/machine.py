@@ -100,7 +100,8 @@ UNSAFE_ACCEPT_STALE_FENCE = os.environ.get("RALLYPOINT_UNSAFE_ACCEPT_STALE_FENCE
 # 3: each session carries its owner (``OwnedSessionOpen``). Format 2 (sessions without one)
 # is still restored, its sessions owned by "". 4: each job carries its lifecycle (state, when
 # it ended, why; rendezvous.py); formats 2 and 3 are still restored, their jobs open or
-# closed.
+# closed. A field added to a record inside the snapshot (a round's ``restore``) needs no new
+# snapshot format: the record's own format version says it (codec.py, "Format versions").
 SNAPSHOT_FORMAT = 4
 _SNAPSHOT_FORMATS = {2: 5, 3: 6, 4: 6}  # format -> fields per session
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1

@@ -53,7 +53,9 @@ Training again. The leader proposes ``RoundTrained`` when a worker of an ACTIVE 
 reports its first step done (``supervisor.py``); the round's ``trained_ms`` records that time
 (kept in its history record), so a recovery reads as: detected (the failed round's
 ``ended_ms``), re-formed (the next round's ``closed_ms``), training again (its
-``trained_ms``).
+``trained_ms``). The same command carries where the round's state came from (``restore``:
+keep, broadcast, disk, fresh, as the workers reported it; "" when they did not say), kept
+beside ``trained_ms``: set once, by the first ``RoundTrained`` applied.
 
 ``join_timeout_ms`` is enforced by the client (how long a worker waits for its round to
 close); ``reason`` reports how long a round has been joining.
@@ -240,7 +242,7 @@ class Rendezvous:
             or r.trained_ms
         ):
             return RoundTrainedResult(command.job, command.round, False)
-        job.round = replace(r, trained_ms=now_ms)
+        job.round = replace(r, trained_ms=now_ms, restore=command.restore)
         self._touch(index, job)
         return RoundTrainedResult(command.job, command.round, True)
 
@@ -480,7 +482,7 @@ class Rendezvous:
         job.history.append(
             RoundRecord(
                 r.number, members, r.fencing_token, r.opened_ms, r.closed_ms, now_ms,
-                reason, ended_by, detail, r.trained_ms,
+                reason, ended_by, detail, r.trained_ms, r.restore,
             )
         )  # fmt: skip
         del job.history[: max(0, len(job.history) - self.limits.max_round_history)]

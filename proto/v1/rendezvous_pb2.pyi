@@ -119,7 +119,7 @@ class RoundMember(_message.Message):
     def __init__(self, participant_id: _Optional[int] = ..., name: _Optional[str] = ..., rank: _Optional[int] = ..., metadata: _Optional[bytes] = ..., phi: _Optional[float] = ..., step: _Optional[int] = ..., step_ms: _Optional[float] = ..., step_ratio: _Optional[float] = ..., heartbeat_age_ms: _Optional[int] = ...) -> None: ...
 
 class RoundInfo(_message.Message):
-    __slots__ = ("job", "round", "state", "members", "world_size", "fencing_token", "store_namespace", "reason", "waiting", "opened_ms", "closed_ms", "job_closed", "job_revision", "job_state", "job_ended_ms", "job_end_detail", "trained_ms")
+    __slots__ = ("job", "round", "state", "members", "world_size", "fencing_token", "store_namespace", "reason", "waiting", "opened_ms", "closed_ms", "job_closed", "job_revision", "job_state", "job_ended_ms", "job_end_detail", "trained_ms", "restore")
     JOB_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -137,6 +137,7 @@ class RoundInfo(_message.Message):
     JOB_ENDED_MS_FIELD_NUMBER: _ClassVar[int]
     JOB_END_DETAIL_FIELD_NUMBER: _ClassVar[int]
     TRAINED_MS_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_FIELD_NUMBER: _ClassVar[int]
     job: str
     round: int
     state: RoundState
@@ -154,10 +155,11 @@ class RoundInfo(_message.Message):
     job_ended_ms: int
     job_end_detail: str
     trained_ms: int
-    def __init__(self, job: _Optional[str] = ..., round: _Optional[int] = ..., state: _Optional[_Union[RoundState, str]] = ..., members: _Optional[_Iterable[_Union[RoundMember, _Mapping]]] = ..., world_size: _Optional[int] = ..., fencing_token: _Optional[int] = ..., store_namespace: _Optional[str] = ..., reason: _Optional[str] = ..., waiting: _Optional[_Iterable[_Union[RoundMember, _Mapping]]] = ..., opened_ms: _Optional[int] = ..., closed_ms: _Optional[int] = ..., job_closed: _Optional[bool] = ..., job_revision: _Optional[int] = ..., job_state: _Optional[_Union[JobState, str]] = ..., job_ended_ms: _Optional[int] = ..., job_end_detail: _Optional[str] = ..., trained_ms: _Optional[int] = ...) -> None: ...
+    restore: str
+    def __init__(self, job: _Optional[str] = ..., round: _Optional[int] = ..., state: _Optional[_Union[RoundState, str]] = ..., members: _Optional[_Iterable[_Union[RoundMember, _Mapping]]] = ..., world_size: _Optional[int] = ..., fencing_token: _Optional[int] = ..., store_namespace: _Optional[str] = ..., reason: _Optional[str] = ..., waiting: _Optional[_Iterable[_Union[RoundMember, _Mapping]]] = ..., opened_ms: _Optional[int] = ..., closed_ms: _Optional[int] = ..., job_closed: _Optional[bool] = ..., job_revision: _Optional[int] = ..., job_state: _Optional[_Union[JobState, str]] = ..., job_ended_ms: _Optional[int] = ..., job_end_detail: _Optional[str] = ..., trained_ms: _Optional[int] = ..., restore: _Optional[str] = ...) -> None: ...
 
 class RoundRecord(_message.Message):
-    __slots__ = ("round", "members", "fencing_token", "opened_ms", "closed_ms", "ended_ms", "end_reason", "ended_by", "detail", "trained_ms")
+    __slots__ = ("round", "members", "fencing_token", "opened_ms", "closed_ms", "ended_ms", "end_reason", "ended_by", "detail", "trained_ms", "restore")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -168,6 +170,7 @@ class RoundRecord(_message.Message):
     ENDED_BY_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     TRAINED_MS_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_FIELD_NUMBER: _ClassVar[int]
     round: int
     members: _containers.RepeatedCompositeFieldContainer[RoundMember]
     fencing_token: int
@@ -178,7 +181,8 @@ class RoundRecord(_message.Message):
     ended_by: int
     detail: str
     trained_ms: int
-    def __init__(self, round: _Optional[int] = ..., members: _Optional[_Iterable[_Union[RoundMember, _Mapping]]] = ..., fencing_token: _Optional[int] = ..., opened_ms: _Optional[int] = ..., closed_ms: _Optional[int] = ..., ended_ms: _Optional[int] = ..., end_reason: _Optional[_Union[RoundEndReason, str]] = ..., ended_by: _Optional[int] = ..., detail: _Optional[str] = ..., trained_ms: _Optional[int] = ...) -> None: ...
+    restore: str
+    def __init__(self, round: _Optional[int] = ..., members: _Optional[_Iterable[_Union[RoundMember, _Mapping]]] = ..., fencing_token: _Optional[int] = ..., opened_ms: _Optional[int] = ..., closed_ms: _Optional[int] = ..., ended_ms: _Optional[int] = ..., end_reason: _Optional[_Union[RoundEndReason, str]] = ..., ended_by: _Optional[int] = ..., detail: _Optional[str] = ..., trained_ms: _Optional[int] = ..., restore: _Optional[str] = ...) -> None: ...
 
 class CheckpointInfo(_message.Message):
     __slots__ = ("checkpoint_id", "step", "round", "world_size", "layout", "uri", "committed_ms")
@@ -267,7 +271,7 @@ class LeaveResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., ended_round: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("job", "participant_id", "round", "reports_progress", "step", "step_age_ms", "step_ms", "collectives_entered", "waiting_in", "waiting_ms")
+    __slots__ = ("job", "participant_id", "round", "reports_progress", "step", "step_age_ms", "step_ms", "collectives_entered", "waiting_in", "waiting_ms", "restore")
     JOB_FIELD_NUMBER: _ClassVar[int]
     PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
@@ -278,6 +282,7 @@ class HeartbeatRequest(_message.Message):
     COLLECTIVES_ENTERED_FIELD_NUMBER: _ClassVar[int]
     WAITING_IN_FIELD_NUMBER: _ClassVar[int]
     WAITING_MS_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_FIELD_NUMBER: _ClassVar[int]
     job: str
     participant_id: int
     round: int
@@ -288,7 +293,8 @@ class HeartbeatRequest(_message.Message):
     collectives_entered: int
     waiting_in: int
     waiting_ms: int
-    def __init__(self, job: _Optional[str] = ..., participant_id: _Optional[int] = ..., round: _Optional[int] = ..., reports_progress: _Optional[bool] = ..., step: _Optional[int] = ..., step_age_ms: _Optional[int] = ..., step_ms: _Optional[float] = ..., collectives_entered: _Optional[int] = ..., waiting_in: _Optional[int] = ..., waiting_ms: _Optional[int] = ...) -> None: ...
+    restore: str
+    def __init__(self, job: _Optional[str] = ..., participant_id: _Optional[int] = ..., round: _Optional[int] = ..., reports_progress: _Optional[bool] = ..., step: _Optional[int] = ..., step_age_ms: _Optional[int] = ..., step_ms: _Optional[float] = ..., collectives_entered: _Optional[int] = ..., waiting_in: _Optional[int] = ..., waiting_ms: _Optional[int] = ..., restore: _Optional[str] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("header", "current_round", "state")

@@ -1,5 +1,6 @@
 """Job lifecycle: finished, failed and closed jobs, their retention and pruning, the time a
-round trained; and that snapshots and log entries of the format before it stay readable."""
+round trained and where its state came from; and that snapshots and log entries of the
+format before it stay readable."""
 
 from __future__ import annotations
 
@@ -7,14 +8,18 @@ from pathlib import Path
 
 import msgpack
 
+from rallypoint.coordinator.state import codec
 from rallypoint.coordinator.state.commands import (
     CloseJob,
     Configure,
+    Envelope,
     Join,
     Leave,
     PruneJobs,
     RoundTrained,
     SessionClose,
+    decode_envelope,
+    encode_envelope,
 )
 from rallypoint.coordinator.state.errors import InvalidCommand, JobClosed
 from rallypoint.coordinator.state.jobs import (
@@ -22,6 +27,8 @@ from rallypoint.coordinator.state.jobs import (
     JobState,
     LeaveOutcome,
     RendezvousLimits,
+    Round,
+    RoundRecord,
     RoundState,
 )
 from rallypoint.coordinator.state.machine import Limits, StateMachine
@@ -239,3 +246,36 @@ def test_a_snapshot_of_the_format_before_the_lifecycle_is_restored() -> None:
     for index, data in msgpack.unpackb((GOLDEN / "format3-log.msgpack").read_bytes()):
         replayed.apply(index, data)
     assert replayed.snapshot() == restored.snapshot()
+
+
+def test_a_round_trained_keeps_its_restore_and_an_older_command_reads_without_one() -> None:
+    r = JobReplica()
+    (sa, a), _ = two_workers(r)
+    number = r.job().round.number
+    # A RoundTrained as a leader of the release before restores existed wrote it: no field.
+    older = msgpack.packb([20, 0, 0, 0, r.time_ms, [47, "j", number]], use_bin_type=True)
+    command = decode_envelope(older).command
+    assert command == RoundTrained("j", number) and command.restore == ""  # type: ignore[attr-defined]
+    # And a restore left unsaid is written that way, so such a leader reads today's too.
+    assert encode_envelope(Envelope(0, 0, 0, r.time_ms, RoundTrained("j", number))) == older
+    r.apply(RoundTrained("j", number, "broadcast"))
+    assert r.job().round.restore == "broadcast"
+    leave(r, sa, a, LeaveOutcome.UNSPECIFIED)
+    assert r.job().history[-1].restore == "broadcast"
+    assert r.job().round.restore == ""  # the next round has not said yet
+    data = r.sm.snapshot()
+    restored = StateMachine()
+    restored.restore(data)
+    assert restored.rendezvous.jobs["j"].history[-1].restore == "broadcast"
+    assert restored.snapshot() == data
+
+
+def test_rounds_of_an_older_snapshot_read_with_no_restore() -> None:
+    # Round and RoundRecord as written before the restore: their last field is trained_ms.
+    round_obj = [343, 4, 2, [[342, 9, 0]], [], 1_000, None, 2_000, 12, 3_000]
+    record_obj = [345, 3, [[344, 9, "w0", 0]], 8, 500, 600, 900, 1, 10, "phi 9.1", 700]
+    assert codec.from_obj(round_obj, Round).restore == ""
+    record = codec.from_obj(record_obj, RoundRecord)
+    assert (record.trained_ms, record.restore) == (700, "")
+    # Unchanged records keep their bytes: the field is written only when it says something.
+    assert codec.to_obj(codec.from_obj(record_obj, RoundRecord)) == record_obj

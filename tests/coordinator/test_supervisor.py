@@ -1,5 +1,5 @@
 """The leader's rendezvous duties: who gets declared failed, and when not to believe phi;
-and the metrics it keeps of both."""
+the metrics it keeps of both; and when a round trains, with the restore its workers report."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from rallypoint.coordinator.leader import supervisor as supervisor_module
 from rallypoint.coordinator.leader.progress import ProgressReport
 from rallypoint.coordinator.leader.supervisor import PHI_SAMPLE_SIZE, RendezvousSupervisor
 from rallypoint.coordinator.metrics import NodeMetrics
-from rallypoint.coordinator.state.commands import Command, MemberFailed
+from rallypoint.coordinator.state.commands import Command, MemberFailed, RoundTrained
 from rallypoint.coordinator.state.jobs import JobConfig
+from rallypoint.coordinator.state.results import RoundTrainedResult
 
 from .job_replica import JobReplica
 
@@ -234,3 +235,45 @@ async def test_a_hang_is_timed_from_the_last_step_the_worker_completed(clock: Cl
     silent_s = _value(metrics, "rallypoint_detection_seconds_sum", cause="hang")
     # Judged once silent for the hang floor (1.5 s by default), within a pass or two.
     assert 1.5 <= silent_s <= 1.8
+
+
+def _reported(
+    clock: Clock, sup: RendezvousSupervisor, number: int, reports: list[tuple[int, int, str]]
+) -> None:
+    """Heartbeats carrying progress in round ``number``: (participant, step, restore) each."""
+    for pid, step, restore in reports:
+        clock.ms += 100
+        sup.heartbeat("j", pid, ProgressReport(number, step, 0, 50.0, step, 0, 0, restore))
+        sup.step()
+
+
+async def test_the_restore_a_worker_reports_goes_into_the_rounds_record(clock: Clock) -> None:
+    replica = JobReplica()
+    a, b = replica.workers(2)
+    replica.time_ms += 1_000
+    replica.close_round()
+    number = replica.job().round.number
+    sup, proposed = await _supervise(replica, clock)
+    # The round formed from disk; the second rank says otherwise (it should not): the first
+    # source reported is the round's, and nothing fails over the other.
+    _reported(clock, sup, number, [(a, 0, "disk"), (b, 0, "broadcast"), (a, 1, "disk")])
+    await asyncio.sleep(0)  # let the proposal tasks run
+    trained = [c for c in proposed if isinstance(c, RoundTrained)]
+    assert trained == [RoundTrained("j", number, "disk")]
+    replica.time_ms = 7_000
+    assert replica.apply(trained[0]) == RoundTrainedResult("j", number, True)
+    assert (replica.job().round.trained_ms, replica.job().round.restore) == (7_000, "disk")
+    replica.fail(b)
+    record = replica.job().history[-1]
+    assert (record.number, record.trained_ms, record.restore) == (number, 7_000, "disk")
+
+
+async def test_a_round_whose_workers_do_not_say_trains_with_no_restore(clock: Clock) -> None:
+    replica = JobReplica()
+    (a,) = replica.workers(1, JobConfig(min_nodes=1, max_nodes=1))
+    number = replica.job().round.number
+    sup, proposed = await _supervise(replica, clock)
+    # An older client: its progress carries no restore.
+    _reported(clock, sup, number, [(a, 0, ""), (a, 1, "")])
+    await asyncio.sleep(0)
+    assert [c for c in proposed if isinstance(c, RoundTrained)] == [RoundTrained("j", number)]

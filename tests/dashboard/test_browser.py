@@ -3,8 +3,9 @@
 Headless Chromium (Debian's ``chromium`` and ``chromium-driver``, driven by selenium) opens
 the dashboard of a 3-member cluster whose job has 3 elastic training workers. The page must
 show the leader, the job and its round; then one worker is SIGKILLed and, without a reload,
-the page must show that round's end with its cause (member_failed, by that worker) and the
-next round with the two survivors. A screenshot of that page is saved (PNG); with
+the page must show that round's end with its cause (member_failed, by that worker), the
+next round with the two survivors, and the recovery's restore source as the workers reported
+it. A screenshot of that page is saved (PNG); with
 ``RALLYPOINT_UPDATE_SCREENSHOT=1`` it replaces ``docs/dashboard.png``, the README's.
 
 ``make test-browser`` installs what it needs and runs this alone; ``make test`` runs it too.
@@ -37,6 +38,8 @@ APT_PACKAGES = ["chromium", "chromium-driver"]
 JOB = "browser"
 START_S = 180.0
 CHANGE_S = 60.0
+# Where a round's state can come from (worker/checkpoint.py's RestoreSource).
+RESTORE_SOURCES = {"keep", "broadcast", "disk", "fresh"}
 
 
 def browser_binaries() -> tuple[str, str]:
@@ -135,8 +138,13 @@ def run_scenario(driver: Any, cluster: ProcessCluster, workers: Workers, tmp_pat
             f"the page to name member {leader} the leader",
         )
         assert f"leader: member {leader} " in driver.find_element("id", "leader").text
-        job_row = driver.find_element("css selector", f"#jobs tbody tr[data-job='{JOB}']")
-        cells = [cell.text for cell in job_row.find_elements("tag name", "td")]
+        # Read in one script: the table is rebuilt with every jobs event (each poll), so an
+        # element found in one call may be gone by the next.
+        cells = page_shows(
+            driver,
+            f"Array.from(document.querySelectorAll(\"#jobs tbody tr[data-job='{JOB}'] td\"))"
+            ".map(cell => cell.innerText)",
+        )
         assert cells[0] == JOB and cells[1] == str(round_number) and cells[3] == "3", cells
         assert api(base, f"/api/jobs/{JOB}")["round"]["round"] >= round_number
 
@@ -162,6 +170,32 @@ def run_scenario(driver: Any, cluster: ProcessCluster, workers: Workers, tmp_pat
         )
         recoveries = driver.find_element("id", "recoveries").text
         assert "member_failed" in recoveries and "worker-3" in recoveries, recoveries
+        # Once the survivors train again, the recovery says where their state came from, as
+        # the elastic workers reported it (survivors at one step: keep, or broadcast).
+        restore = wait_until(
+            lambda: next(
+                (
+                    r["restore"]
+                    for r in api(base, f"/api/jobs/{JOB}")["recoveries"]
+                    if r["round"] == round_number
+                ),
+                None,
+            ),
+            CHANGE_S,
+            f"the restore of the round after round {round_number}",
+        )
+        assert restore in RESTORE_SOURCES, restore
+        phases = f".round[data-round='{round_number}'] .phases"
+        wait_until(
+            lambda: (
+                f"restore: {restore}"
+                in page_shows(
+                    driver, f'(document.querySelector("{phases}") || {{}}).innerText || ""'
+                )
+            ),
+            CHANGE_S,
+            f"the page to show round {round_number}'s recovery restored from {restore}",
+        )
         # The same page all along: nothing reloaded it, and its script never failed.
         assert page_shows(driver, "window.loadedOnce === true")
         errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]

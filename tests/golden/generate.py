@@ -145,7 +145,7 @@ SAMPLES: list[Command] = [
     CloseJob("resnet"),
     CloseRound("resnet", 3),
     MemberFailed("resnet", 17, 3, "phi 9.1 over 8.0", EndReason.STRAGGLER),
-    RoundTrained("resnet", 3),
+    RoundTrained("resnet", 3, "disk"),
     PruneJobs(86_400_000, 2, ("old-a", "old-b")),
     StoreSet("resnet", 3, 17, b"store/key", b"store value"),
     StoreAdd("resnet", 3, 17, b"store/counter", 5),

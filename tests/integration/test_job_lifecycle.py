@@ -1,6 +1,7 @@
 """A job's lifecycle over real member processes: a job whose workers finish is shown finished
 (not "joining, world size 0" forever), one whose worker fails is shown failed, a recovery
-reads as detected / re-formed / training again, and an operator prunes ended jobs."""
+reads as detected / re-formed / training again with its restore source, and an operator
+prunes ended jobs."""
 
 from __future__ import annotations
 
@@ -56,20 +57,24 @@ def cli_json(capsys: pytest.CaptureFixture[str], cluster: ProcessCluster, *argv:
     return json.loads(out)
 
 
-def step(participant: SyncParticipant, round_number: int, number: int) -> None:
+def step(participant: SyncParticipant, round_number: int, number: int, restore: str) -> None:
     """What the elastic loop reports after a training step (and at a round's start)."""
     participant.report_progress(
-        TrainingProgress(round=round_number, step=number, step_done_s=time.monotonic())
+        TrainingProgress(
+            round=round_number, step=number, step_done_s=time.monotonic(), restore=restore
+        )
     )
 
 
-def train(client: SyncClient, job: str, participant: SyncParticipant, first_step: int) -> int:
-    """Wait for this worker's round, report a step in it, and wait until the leader noted
-    that the round trains; the round's number."""
+def train(
+    client: SyncClient, job: str, participant: SyncParticipant, first_step: int, restore: str
+) -> int:
+    """Wait for this worker's round, report a step in it (its state restored from
+    ``restore``), and wait until the leader noted that the round trains; the round's number."""
     info = participant.wait_for_round(timeout_s=20)
-    step(participant, info.round, first_step)
+    step(participant, info.round, first_step, restore)
     time.sleep(0.3)  # a heartbeat carries the round's starting point first
-    step(participant, info.round, first_step + 1)
+    step(participant, info.round, first_step + 1, restore)
     wait_until(
         lambda: client.get_job(job).round.trained_ms,
         10,
@@ -85,10 +90,11 @@ def test_a_finished_job_is_shown_finished_with_its_recovery_and_can_be_pruned(
     with SyncClient(cluster.endpoints, timeout_s=20) as dying:
         doomed = dying.join(job, "w0", config=CONFIG)
         survivor = client.join(job, "w1", config=CONFIG)
-        first = train(client, job, survivor, 0)
+        first = train(client, job, survivor, 0, "fresh")
         # w0's process dies (no leave): detected, the survivor re-forms alone and trains.
         doomed.close()
-    second = train(client, job, survivor, 2)
+    # The survivor alone keeps the state it holds, as the elastic loop would say.
+    second = train(client, job, survivor, 2, "keep")
     assert second > first
     survivor.leave(outcome=LeaveOutcome.FINISHED, detail="w1 reached step 3")
 
@@ -109,10 +115,13 @@ def test_a_finished_job_is_shown_finished_with_its_recovery_and_can_be_pruned(
     )
     assert detected <= reformed <= trained, recovery
     assert recovery["training_after_s"] >= recovery["reformed_after_s"] >= 0
+    assert recovery["restore"] == "keep"
     history = {r["round"]: r for r in rounds["history"]}
     assert history[first]["trained_ms"] > 0 and history[second]["trained_ms"] == trained
+    assert (history[first]["restore"], history[second]["restore"]) == ("fresh", "keep")
     code, out, _ = cli(capsys, cluster, "rounds", job)
     assert code == 0 and "recoveries" in out and "training again" in out
+    assert "restore" in out and "keep" in out
     assert f"job finished at leader time {listed['job_ended_ms']} ms" in out
 
     # A failed run of another job: its worker says so as it leaves.

@@ -306,6 +306,136 @@ class HeartbeatResponse(_message.Message):
     state: RoundState
     def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., current_round: _Optional[int] = ..., state: _Optional[_Union[RoundState, str]] = ...) -> None: ...
 
+class HeartbeatBatchRequest(_message.Message):
+    __slots__ = ("job", "participant_ids", "rounds", "seq", "sent_ms", "released", "known_index", "progress")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANT_IDS_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    SENT_MS_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    participant_ids: _containers.RepeatedScalarFieldContainer[int]
+    rounds: _containers.RepeatedScalarFieldContainer[int]
+    seq: int
+    sent_ms: int
+    released: _containers.RepeatedScalarFieldContainer[int]
+    known_index: int
+    progress: _containers.RepeatedCompositeFieldContainer[ProgressReport]
+    def __init__(self, job: _Optional[str] = ..., participant_ids: _Optional[_Iterable[int]] = ..., rounds: _Optional[_Iterable[int]] = ..., seq: _Optional[int] = ..., sent_ms: _Optional[int] = ..., released: _Optional[_Iterable[int]] = ..., known_index: _Optional[int] = ..., progress: _Optional[_Iterable[_Union[ProgressReport, _Mapping]]] = ...) -> None: ...
+
+class ProgressReport(_message.Message):
+    __slots__ = ("participant_id", "round", "step", "step_age_ms", "step_ms", "collectives_entered", "waiting_in", "waiting_ms", "restore")
+    PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    STEP_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    STEP_MS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVES_ENTERED_FIELD_NUMBER: _ClassVar[int]
+    WAITING_IN_FIELD_NUMBER: _ClassVar[int]
+    WAITING_MS_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_FIELD_NUMBER: _ClassVar[int]
+    participant_id: int
+    round: int
+    step: int
+    step_age_ms: int
+    step_ms: float
+    collectives_entered: int
+    waiting_in: int
+    waiting_ms: int
+    restore: str
+    def __init__(self, participant_id: _Optional[int] = ..., round: _Optional[int] = ..., step: _Optional[int] = ..., step_age_ms: _Optional[int] = ..., step_ms: _Optional[float] = ..., collectives_entered: _Optional[int] = ..., waiting_in: _Optional[int] = ..., waiting_ms: _Optional[int] = ..., restore: _Optional[str] = ...) -> None: ...
+
+class Assignment(_message.Message):
+    __slots__ = ("participant_id", "round", "state", "rank", "world_size", "fencing_token", "store_namespace", "waiting", "gone")
+    PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    STORE_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    GONE_FIELD_NUMBER: _ClassVar[int]
+    participant_id: int
+    round: int
+    state: RoundState
+    rank: int
+    world_size: int
+    fencing_token: int
+    store_namespace: str
+    waiting: bool
+    gone: bool
+    def __init__(self, participant_id: _Optional[int] = ..., round: _Optional[int] = ..., state: _Optional[_Union[RoundState, str]] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., fencing_token: _Optional[int] = ..., store_namespace: _Optional[str] = ..., waiting: _Optional[bool] = ..., gone: _Optional[bool] = ...) -> None: ...
+
+class HeartbeatBatchResponse(_message.Message):
+    __slots__ = ("header", "seq", "assignments")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    seq: int
+    assignments: _containers.RepeatedCompositeFieldContainer[Assignment]
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., seq: _Optional[int] = ..., assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ...) -> None: ...
+
+class JoinBatchRequest(_message.Message):
+    __slots__ = ("header", "job", "names", "metadata", "config")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.RequestHeader
+    job: str
+    names: _containers.RepeatedScalarFieldContainer[str]
+    metadata: _containers.RepeatedScalarFieldContainer[bytes]
+    config: JobConfig
+    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., job: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., metadata: _Optional[_Iterable[bytes]] = ..., config: _Optional[_Union[JobConfig, _Mapping]] = ...) -> None: ...
+
+class JoinBatchResponse(_message.Message):
+    __slots__ = ("header", "participant_ids", "waiting", "round", "state")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANT_IDS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    participant_ids: _containers.RepeatedScalarFieldContainer[int]
+    waiting: _containers.RepeatedScalarFieldContainer[bool]
+    round: int
+    state: RoundState
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., participant_ids: _Optional[_Iterable[int]] = ..., waiting: _Optional[_Iterable[bool]] = ..., round: _Optional[int] = ..., state: _Optional[_Union[RoundState, str]] = ...) -> None: ...
+
+class ListMembersRequest(_message.Message):
+    __slots__ = ("job", "after", "limit", "waiting", "serializable")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    SERIALIZABLE_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    after: int
+    limit: int
+    waiting: bool
+    serializable: bool
+    def __init__(self, job: _Optional[str] = ..., after: _Optional[int] = ..., limit: _Optional[int] = ..., waiting: _Optional[bool] = ..., serializable: _Optional[bool] = ...) -> None: ...
+
+class ListMembersResponse(_message.Message):
+    __slots__ = ("header", "round", "state", "members", "more")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    round: int
+    state: RoundState
+    members: _containers.RepeatedCompositeFieldContainer[RoundMember]
+    more: bool
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., round: _Optional[int] = ..., state: _Optional[_Union[RoundState, str]] = ..., members: _Optional[_Iterable[_Union[RoundMember, _Mapping]]] = ..., more: _Optional[bool] = ...) -> None: ...
+
 class WatchJobRequest(_message.Message):
     __slots__ = ("job",)
     JOB_FIELD_NUMBER: _ClassVar[int]

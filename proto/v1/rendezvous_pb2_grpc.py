@@ -54,6 +54,21 @@ class RendezvousStub:
                 request_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
+        self.HeartbeatBatch = channel.stream_stream(
+                '/rallypoint.v1.Rendezvous/HeartbeatBatch',
+                request_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.HeartbeatBatchRequest.SerializeToString,
+                response_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.HeartbeatBatchResponse.FromString,
+                _registered_method=True)
+        self.JoinBatch = channel.unary_unary(
+                '/rallypoint.v1.Rendezvous/JoinBatch',
+                request_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.JoinBatchRequest.SerializeToString,
+                response_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.JoinBatchResponse.FromString,
+                _registered_method=True)
+        self.ListMembers = channel.unary_unary(
+                '/rallypoint.v1.Rendezvous/ListMembers',
+                request_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.ListMembersRequest.SerializeToString,
+                response_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.ListMembersResponse.FromString,
+                _registered_method=True)
         self.WatchJob = channel.unary_stream(
                 '/rallypoint.v1.Rendezvous/WatchJob',
                 request_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.WatchJobRequest.SerializeToString,
@@ -134,6 +149,45 @@ class RendezvousServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HeartbeatBatch(self, request_iterator, context):
+        """Heartbeats for many participants on one stream, served by every member (not only the
+        leader): a torchrun agent for its node's workers, a process or a host relay for its
+        participants. Each request is one heartbeat for every participant it names; the member
+        feeds a failure detector per participant (soft state on that member) and proposes a
+        failure through Raft itself, so the leader's work is Raft and proposals, not heartbeats.
+        Every request is answered (same `seq`), with an Assignment for each participant whose
+        round differs from the one it names (or from what this stream last told it), or that is
+        no longer in the job (`gone`): round changes cost O(N) bytes in total, and full member
+        lists are read on request (ListMembers). A participant may move to another member's
+        stream (its member died, or it reconnects): the new member watches it with a grace period
+        and the old one's silence is not evidence. A stream that ends abnormally counts as evidence
+        for the participants it carried, as on Heartbeat. Participants this member has not yet
+        applied the join of (`known_index` above its applied index) are waited for, not refused.
+        Errors: INVALID_ARGUMENT, NOT_FOUND (job), UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def JoinBatch(self, request, context):
+        """Adds many participants of one job, all tied to the request's session (as Join does for
+        one), in one replicated command: the same rules as Join, applied in request order. The
+        whole batch is refused when any entry would be (e.g. NAME_TAKEN names it). At most
+        10,000 entries. Errors: as Join.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListMembers(self, request, context):
+        """One page of the current round's members (or the wait list), in participant-id order,
+        without the detector readings GetJob adds. Errors: INVALID_ARGUMENT, NOT_FOUND (job),
+        UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def WatchJob(self, request, context):
         """Streams the job's RoundInfo: first the current state, then again after every change to
         the job (a join, a leave, a round closing or ending), in order; intermediate states may
@@ -209,6 +263,21 @@ def add_RendezvousServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.HeartbeatRequest.FromString,
                     response_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'HeartbeatBatch': grpc.stream_stream_rpc_method_handler(
+                    servicer.HeartbeatBatch,
+                    request_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.HeartbeatBatchRequest.FromString,
+                    response_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.HeartbeatBatchResponse.SerializeToString,
+            ),
+            'JoinBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.JoinBatch,
+                    request_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.JoinBatchRequest.FromString,
+                    response_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.JoinBatchResponse.SerializeToString,
+            ),
+            'ListMembers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListMembers,
+                    request_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.ListMembersRequest.FromString,
+                    response_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.ListMembersResponse.SerializeToString,
             ),
             'WatchJob': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchJob,
@@ -349,6 +418,87 @@ class Rendezvous:
             '/rallypoint.v1.Rendezvous/Heartbeat',
             rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.HeartbeatRequest.SerializeToString,
             rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.HeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HeartbeatBatch(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/rallypoint.v1.Rendezvous/HeartbeatBatch',
+            rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.HeartbeatBatchRequest.SerializeToString,
+            rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.HeartbeatBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JoinBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rallypoint.v1.Rendezvous/JoinBatch',
+            rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.JoinBatchRequest.SerializeToString,
+            rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.JoinBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListMembers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rallypoint.v1.Rendezvous/ListMembers',
+            rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.ListMembersRequest.SerializeToString,
+            rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.ListMembersResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -20,6 +20,15 @@ class RendezvousStub:
     Heartbeat: grpc.aio.StreamStreamMultiCallable[
         _rendezvous_pb2.HeartbeatRequest, _rendezvous_pb2.HeartbeatResponse
     ]
+    HeartbeatBatch: grpc.aio.StreamStreamMultiCallable[
+        _rendezvous_pb2.HeartbeatBatchRequest, _rendezvous_pb2.HeartbeatBatchResponse
+    ]
+    JoinBatch: grpc.aio.UnaryUnaryMultiCallable[
+        _rendezvous_pb2.JoinBatchRequest, _rendezvous_pb2.JoinBatchResponse
+    ]
+    ListMembers: grpc.aio.UnaryUnaryMultiCallable[
+        _rendezvous_pb2.ListMembersRequest, _rendezvous_pb2.ListMembersResponse
+    ]
     WatchJob: grpc.aio.UnaryStreamMultiCallable[
         _rendezvous_pb2.WatchJobRequest, _rendezvous_pb2.WatchJobResponse
     ]
@@ -68,6 +77,27 @@ class RendezvousServicer:
             _rendezvous_pb2.HeartbeatRequest, _rendezvous_pb2.HeartbeatResponse
         ],
     ) -> AsyncIterator[_rendezvous_pb2.HeartbeatResponse]: ...
+    def HeartbeatBatch(
+        self,
+        request_iterator: AsyncIterator[_rendezvous_pb2.HeartbeatBatchRequest],
+        context: grpc.aio.ServicerContext[
+            _rendezvous_pb2.HeartbeatBatchRequest, _rendezvous_pb2.HeartbeatBatchResponse
+        ],
+    ) -> AsyncIterator[_rendezvous_pb2.HeartbeatBatchResponse]: ...
+    async def JoinBatch(
+        self,
+        request: _rendezvous_pb2.JoinBatchRequest,
+        context: grpc.aio.ServicerContext[
+            _rendezvous_pb2.JoinBatchRequest, _rendezvous_pb2.JoinBatchResponse
+        ],
+    ) -> _rendezvous_pb2.JoinBatchResponse: ...
+    async def ListMembers(
+        self,
+        request: _rendezvous_pb2.ListMembersRequest,
+        context: grpc.aio.ServicerContext[
+            _rendezvous_pb2.ListMembersRequest, _rendezvous_pb2.ListMembersResponse
+        ],
+    ) -> _rendezvous_pb2.ListMembersResponse: ...
     def WatchJob(
         self,
         request: _rendezvous_pb2.WatchJobRequest,

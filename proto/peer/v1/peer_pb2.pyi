@@ -6,6 +6,26 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class LivenessReport(_message.Message):
+    __slots__ = ("cluster_id", "from_id", "to_id", "payload", "mac")
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_ID_FIELD_NUMBER: _ClassVar[int]
+    TO_ID_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    MAC_FIELD_NUMBER: _ClassVar[int]
+    cluster_id: int
+    from_id: int
+    to_id: int
+    payload: bytes
+    mac: bytes
+    def __init__(self, cluster_id: _Optional[int] = ..., from_id: _Optional[int] = ..., to_id: _Optional[int] = ..., payload: _Optional[bytes] = ..., mac: _Optional[bytes] = ...) -> None: ...
+
+class LivenessAck(_message.Message):
+    __slots__ = ("taken",)
+    TAKEN_FIELD_NUMBER: _ClassVar[int]
+    taken: bool
+    def __init__(self, taken: _Optional[bool] = ...) -> None: ...
+
 class MessageBatch(_message.Message):
     __slots__ = ("cluster_id", "from_id", "to_id", "messages", "incarnation", "abstaining", "mac")
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]

@@ -49,6 +49,11 @@ class RaftStub:
                 request_serializer=rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.HelloRequest.SerializeToString,
                 response_deserializer=rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.HelloAnswer.FromString,
                 _registered_method=True)
+        self.Liveness = channel.unary_unary(
+                '/rallypoint.peer.v1.Raft/Liveness',
+                request_serializer=rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.LivenessReport.SerializeToString,
+                response_deserializer=rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.LivenessAck.FromString,
+                _registered_method=True)
 
 
 class RaftServicer:
@@ -84,6 +89,16 @@ class RaftServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Liveness(self, request, context):
+        """A member's report to the leader on the participants whose heartbeat streams it serves
+        (failure detection is spread over the members): whom it heard since its last report,
+        the training progress they reported, and whom it suspects. The leader answers whether it
+        is the leader; a member that is not refuses nothing and keeps nothing. Errors as Send.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RaftServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -101,6 +116,11 @@ def add_RaftServicer_to_server(servicer, server):
                     servicer.Hello,
                     request_deserializer=rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.HelloRequest.FromString,
                     response_serializer=rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.HelloAnswer.SerializeToString,
+            ),
+            'Liveness': grpc.unary_unary_rpc_method_handler(
+                    servicer.Liveness,
+                    request_deserializer=rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.LivenessReport.FromString,
+                    response_serializer=rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.LivenessAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -184,6 +204,33 @@ class Raft:
             '/rallypoint.peer.v1.Raft/Hello',
             rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.HelloRequest.SerializeToString,
             rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.HelloAnswer.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Liveness(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rallypoint.peer.v1.Raft/Liveness',
+            rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.LivenessReport.SerializeToString,
+            rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.LivenessAck.FromString,
             options,
             channel_credentials,
             insecure,

@@ -47,7 +47,9 @@ from collections.abc import AsyncIterator
 from rallypoint.proto.v1 import rendezvous_pb2, rendezvous_pb2_grpc
 
 from ..leader.progress import ProgressReport
-from ..node_api import ServerNode
+from ..leader.supervisor import monotonic_ms
+from ..liveness.local import StreamClock
+from ..node_api import NotLeaderError, ServerNode
 from ..state.commands import CloseJob, Configure, Evict, Join, Leave, PruneJobs
 from ..state.errors import JobNotFound, ParticipantNotFound
 from ..state.jobs import EndReason, JobConfig, JobState, LeaveOutcome, RoundRecord, RoundState
@@ -65,6 +67,9 @@ from .checkpoint import checkpoint_pb
 from .common import Context, header_pb, propose, read_barrier
 from .errors import InvalidArgument, RequestFailed
 
+# A HeartbeatBatch request names at most this many participants.
+MAX_BATCH_PARTICIPANTS = 100_000
+_ABSENT: object = object()
 # A heartbeat stream answers at least once per this many heartbeats.
 HEARTBEAT_ANSWER_EVERY = 10
 # How long WatchJob waits for an apply before re-checking anyway (a bound, not a poll: an
@@ -151,6 +156,8 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         # watcher of a job gets the same message, built once per change (a round of N workers
         # has N watchers, so building it per watcher costs N^2).
         self._pushed: dict[str, tuple[int, rendezvous_pb2.RoundInfo]] = {}
+        # Per job: (revision, rank by participant, wait list) for HeartbeatBatch answers.
+        self._seat_cache: dict[str, tuple[int, dict[int, int], frozenset[int]]] = {}
 
     # ----------------------------------------------------------------- reading jobs
 
@@ -309,11 +316,16 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
                         waiting_ms=request.waiting_ms,
                         restore=request.restore[:MAX_RESTORE_CHARS],
                     )
+                key = (job_id, pid)
+                if key not in carried:
+                    if not self.node.carry(job_id, pid):
+                        self._job(job_id)
+                        raise RequestFailed(ParticipantNotFound(job_id, pid))
+                    carried[key] = None
                 if not self.node.heartbeat(job_id, pid, progress):
                     self._job(job_id)
                     raise RequestFailed(ParticipantNotFound(job_id, pid))
-                key = (job_id, pid)
-                told = carried.setdefault(key, None)
+                told = carried[key]
                 heartbeats += 1
                 r = self._job(job_id).round
                 current = (r.number, r.state)
@@ -328,12 +340,152 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
                         current_round=r.number,
                         state=_ROUND_STATES[r.state],
                     )
+        except NotLeaderError:
+            # Served by the leader only: the worker moves to the new leader, which watches
+            # it afresh; this member's silence about it is no evidence.
+            for job_id, pid in sorted(carried):
+                self.node.heartbeat_released(job_id, pid)
+            carried.clear()
+            raise
         finally:
             jobs = self.node.state.rendezvous.jobs
             for job_id, pid in sorted(carried):
                 job = jobs.get(job_id)
                 if job is not None and pid in job.participants:
                     self.node.heartbeat_stream_closed(job_id, pid)
+                else:
+                    self.node.heartbeat_released(job_id, pid)
+
+    async def HeartbeatBatch(
+        self,
+        request_iterator: AsyncIterator[rendezvous_pb2.HeartbeatBatchRequest],
+        context: Context,
+    ) -> AsyncIterator[rendezvous_pb2.HeartbeatBatchResponse]:
+        # The participants this stream carries, and the (round, state) it last told each.
+        carried: dict[tuple[str, int], tuple[int, RoundState] | None] = {}
+        clock = StreamClock()
+        try:
+            async for request in request_iterator:
+                now_ms = monotonic_ms()
+                job_id = validate.job_id(request.job)
+                pids = list(request.participant_ids)
+                rounds = list(request.rounds)
+                if len(pids) > MAX_BATCH_PARTICIPANTS:
+                    raise InvalidArgument(
+                        "participant_ids",
+                        f"a heartbeat batch names at most {MAX_BATCH_PARTICIPANTS} "
+                        f"participants, this one {len(pids)}",
+                    )
+                if rounds and len(rounds) != len(pids):
+                    raise InvalidArgument(
+                        "rounds",
+                        f"{len(rounds)} entries for {len(pids)} participant_ids: give one "
+                        "per participant, or none",
+                    )
+                self.node.request_lag(clock, now_ms, request.sent_ms)
+                for pid in request.released:
+                    if carried.pop((job_id, pid), _ABSENT) is not _ABSENT:
+                        self.node.heartbeat_released(job_id, pid)
+                if request.known_index > self.node.state.applied_index:
+                    await self._applied_through(request.known_index)
+                yield self._beat(job_id, pids, rounds, request, carried, now_ms)
+        finally:
+            jobs = self.node.state.rendezvous.jobs
+            for job_id, pid in sorted(carried):
+                job = jobs.get(job_id)
+                if job is not None and pid in job.participants:
+                    self.node.heartbeat_stream_closed(job_id, pid)
+                else:
+                    self.node.heartbeat_released(job_id, pid)
+
+    def _beat(
+        self,
+        job_id: str,
+        pids: list[int],
+        rounds: list[int],
+        request: rendezvous_pb2.HeartbeatBatchRequest,
+        carried: dict[tuple[str, int], tuple[int, RoundState] | None],
+        now_ms: int,
+    ) -> rendezvous_pb2.HeartbeatBatchResponse:
+        """Feed the detectors for one batch request and answer it."""
+        job = self._job(job_id)
+        r = job.round
+        current = (r.number, r.state)
+        participants = job.participants
+        answer = rendezvous_pb2.HeartbeatBatchResponse(
+            header=header_pb(self.node.header()), seq=request.seq
+        )
+        beat: list[int] = []
+        stale: list[int] = []
+        # Fast path: every participant already carried, told the current round, and naming it.
+        for i, pid in enumerate(pids):
+            key = (job_id, pid)
+            told = carried.get(key, _ABSENT)
+            if told is _ABSENT:
+                if pid in participants and self.node.carry(job_id, pid):
+                    carried[key] = told = None
+                else:
+                    answer.assignments.add(participant_id=pid, gone=True)
+                    continue
+            elif pid not in participants:
+                del carried[key]
+                self.node.heartbeat_released(job_id, pid)
+                answer.assignments.add(participant_id=pid, gone=True)
+                continue
+            beat.append(pid)
+            if told != current or (rounds and rounds[i] != r.number):
+                stale.append(pid)
+                carried[key] = current
+        self.node.batch_heartbeat(job_id, beat, now_ms)
+        if stale:
+            ranks, waiting = self._seats(job)
+            namespace = f"{job_id}/{r.number}"
+            state = _ROUND_STATES[r.state]
+            world = len(r.members) if r.state is RoundState.ACTIVE else 0
+            for pid in stale:
+                answer.assignments.add(
+                    participant_id=pid,
+                    round=r.number,
+                    state=state,
+                    rank=ranks.get(pid, -1),
+                    world_size=world,
+                    fencing_token=r.fencing_token,
+                    store_namespace=namespace,
+                    waiting=pid in waiting,
+                )
+        for entry in request.progress:
+            key = (job_id, entry.participant_id)
+            if key not in carried:
+                continue
+            self.node.report_progress(
+                job_id,
+                entry.participant_id,
+                ProgressReport(
+                    round=entry.round,
+                    step=entry.step,
+                    step_age_ms=entry.step_age_ms,
+                    step_ms=entry.step_ms if math.isfinite(entry.step_ms) else 0.0,
+                    collectives_entered=entry.collectives_entered,
+                    waiting_in=entry.waiting_in,
+                    waiting_ms=entry.waiting_ms,
+                    restore=entry.restore[:MAX_RESTORE_CHARS],
+                ),
+                now_ms,
+            )
+        return answer
+
+    def _seats(self, job: JobView) -> tuple[dict[int, int], frozenset[int]]:
+        """The job's ranks by participant and its wait list, computed once per change of
+        the job (every stream of this member shares them)."""
+        cached = self._seat_cache.get(job.job_id)
+        if cached is not None and cached[0] == job.revision:
+            return cached[1], cached[2]
+        ranks = {seat.participant_id: seat.rank for seat in job.round.members}
+        waiting = frozenset(job.waiting)
+        if len(self._seat_cache) > 1024:
+            self._seat_cache.clear()
+        self._seat_cache[job.job_id] = (job.revision, ranks, waiting)
+        return ranks, waiting
 
     # ----------------------------------------------------------------- commands
 

@@ -295,8 +295,11 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         # The participants this stream has fed, and the (round, state) it last told each.
         carried: dict[tuple[str, int], tuple[int, RoundState] | None] = {}
         heartbeats = 0
+        clock = StreamClock()
         try:
             async for request in request_iterator:
+                if request.sent_ms:
+                    self.node.request_lag(clock, monotonic_ms(), request.sent_ms)
                 job_id = validate.job_id(request.job)
                 pid = validate.positive(request.participant_id, "participant_id")
                 # The participant id is the raft index of its Join. A member that answered the

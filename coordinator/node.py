@@ -92,6 +92,7 @@ from .members import decode_app_snapshot
 from .metrics import NodeMetrics
 from .node_api import (
     CompactedWatchError,
+    CutOffError,
     Header,
     Member,
     NodeError,
@@ -830,6 +831,10 @@ class Node:
 
     def request_lag(self, clock: StreamClock, now_ms: int, sent_ms: int) -> None:
         self.supervisor.local.request_lag(clock, now_ms, sent_ms)
+
+    def serves_heartbeats(self) -> None:
+        if not self.supervisor.serves_heartbeats():
+            raise CutOffError(self.member_id)
 
     def liveness_report(self, from_id: int, payload: bytes) -> bool:
         return self.supervisor.take_report(from_id, payload)

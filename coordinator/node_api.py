@@ -46,6 +46,19 @@ class NoLeaderError(NotLeaderError):
         self.leader_address = None
 
 
+class CutOffError(NoLeaderError):
+    """This member's batch heartbeat streams end: no leader took its reports lately."""
+
+    def __init__(self, member_id: int) -> None:
+        NodeError.__init__(
+            self,
+            f"member {member_id} has not reached a leader lately: send heartbeats to another "
+            "member",
+        )
+        self.leader_id = 0
+        self.leader_address = None
+
+
 class ProposalTimeoutError(NodeError):
     """The proposal or read did not complete within the deadline; it may still apply."""
 
@@ -208,6 +221,11 @@ class ServerNode(Protocol):
     ) -> None:
         """Any member: training progress a carried participant reported (the leader judges
         it; a member forwards it)."""
+        ...
+
+    def serves_heartbeats(self) -> None:
+        """Raise CutOffError when this member cannot pass on what its batch heartbeat
+        streams tell it (no leader took its reports lately): workers should move."""
         ...
 
     def heartbeat_released(self, job: str, participant_id: int) -> None:

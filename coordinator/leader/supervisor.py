@@ -69,6 +69,9 @@ PHI_SAMPLE_SIZE = 64
 PHI_SAMPLE_EVERY_MS = 1000
 # A member reports to the leader at least this often (also its sign of life to the leader).
 REPORT_EVERY_MS = 250
+# A member none of whose reports a leader took for this long ends its batch streams (below
+# the leader's MEMBER_SILENT_MS, so participants move before they count as unheard).
+UNREPORTED_MS = 1000
 # How often a member drops the detectors of participants that left their job.
 RETAIN_EVERY_MS = 200
 
@@ -132,6 +135,8 @@ class RendezvousSupervisor:
         # Replay protection (report.py): this process's id and report count, and per member
         # the last (process, count) taken.
         self._boot = int.from_bytes(os.urandom(8), "big") >> 1 | 1
+        # When a report was last taken by a leader (a new member gets a start's worth).
+        self._taken_ms = monotonic_ms()
         self._seq = 0
         self._report_seen: dict[int, tuple[int, int]] = {}
 
@@ -333,10 +338,22 @@ class RendezvousSupervisor:
             taken = False
         if taken:
             self._reported_to = leader
+            self._taken_ms = monotonic_ms()
         else:
+            # Said again in full to whichever leader comes; the suspicions are not: once this
+            # member stops reporting the leader treats what it carried as unheard (its
+            # backstop), and a stale suspicion could land after the participant had moved.
             self._reported_to = 0
             self.local.report_lost()
-            self._unsent = suspicions + self._unsent
+
+    def serves_heartbeats(self) -> bool:
+        """Whether this member's view of its streams reaches the leader: it is the leader,
+        or a report was taken within ``UNREPORTED_MS``. A member that is cut off from the
+        leader ends its batch streams, so their participants move to a member that is not
+        (the leader would otherwise find them unheard)."""
+        if self.is_leader:
+            return True
+        return monotonic_ms() - self._taken_ms < UNREPORTED_MS
 
     def _lead(self, now_ms: int) -> None:
         """The leader's duties."""

@@ -7,18 +7,26 @@ asked for a serializable read). The reason string is computed here, from the sta
 ``node.leader_clock_ms()``: the state machine holds no clock, and the reason is only a
 description, never a decision.
 
-Phi is the leader's soft state: only the leader has failure detectors, so GetJob reports
-each member's phi when served by the leader, and 0 (as rendezvous.proto documents) when
-served by a follower or for a participant the detectors do not know yet. A suspicion that
-is certain (a closed stream confirmed) is +inf.
+Phi is soft state of the member that serves a participant's heartbeat stream
+(``coordinator/liveness``): GetJob reports each member's phi as the answering member's
+detectors see it, and 0 (as rendezvous.proto documents) for a participant whose stream
+another member serves. A suspicion that is certain (a closed stream confirmed) is +inf.
 
 Heartbeat is a bidirectional stream served by the leader only (``node.heartbeat`` raises
 NotLeaderError on a follower, which ends the stream with UNAVAILABLE and the leader hint,
-as the lease keep-alive stream does). Each request feeds the detector of its (job,
-participant). The stream answers when the job's current round (number or state) differs
-from what the worker said or from what this stream last told it, and every
-``HEARTBEAT_ANSWER_EVERY`` heartbeats otherwise, so a worker learns of a change without a
-watch and knows the stream is alive.
+as the lease keep-alive stream does; the participants it had carried are released, not
+suspected). Each request feeds the detector of its (job, participant). The stream answers
+when the job's current round (number or state) differs from what the worker said or from
+what this stream last told it, and every ``HEARTBEAT_ANSWER_EVERY`` heartbeats otherwise, so
+a worker learns of a change without a watch and knows the stream is alive.
+
+HeartbeatBatch is served by every member: each request beats for many participants of one
+job and is answered (same ``seq``) with an ``Assignment`` for each participant whose round
+changed since this stream last told it (or that names another round), and ``gone`` for one
+no longer in the job. The ranks and wait list behind assignments are computed once per
+change of the job and shared by every stream (``_seats``), so a round change costs each
+participant its own few dozen bytes. A request's ``sent_ms`` measures this member's intake
+lag (``liveness/local.py``); ``released`` participants are let go without suspicion.
 
 When a stream ends, every participant it carried that is still in its job is reported
 (``node.heartbeat_stream_closed``): a dead process's stream closing is immediate evidence,
@@ -386,6 +394,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
                         "per participant, or none",
                     )
                 self.node.request_lag(clock, now_ms, request.sent_ms)
+                self.node.serves_heartbeats()
                 for pid in request.released:
                     if carried.pop((job_id, pid), _ABSENT) is not _ABSENT:
                         self.node.heartbeat_released(job_id, pid)

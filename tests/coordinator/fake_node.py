@@ -30,6 +30,7 @@ from rallypoint.coordinator.leader.progress import ProgressReport
 from rallypoint.coordinator.liveness.local import StreamClock
 from rallypoint.coordinator.node_api import (
     CompactedWatchError,
+    CutOffError,
     Header,
     Member,
     MemberNotFoundError,
@@ -87,6 +88,7 @@ class FakeNode:
         self.carried: list[tuple[str, int]] = []
         self.released: list[tuple[str, int]] = []
         self.lags: list[int] = []
+        self.cut_off = False
         self.apply_waits = 0
 
     # ------------------------------------------------------------------ switches
@@ -210,6 +212,10 @@ class FakeNode:
         self, job: str, participant_id: int, progress: ProgressReport, now_ms: int
     ) -> None:
         self.progress_reports.append((job, participant_id, progress))
+
+    def serves_heartbeats(self) -> None:
+        if self.cut_off:
+            raise CutOffError(MEMBER_ID)
 
     def heartbeat_released(self, job: str, participant_id: int) -> None:
         self.released.append((job, participant_id))

@@ -3,6 +3,8 @@ it sends the leader, and the leader's coverage (moved participants, the backstop
 
 from __future__ import annotations
 
+import asyncio
+
 import msgpack
 import pytest
 
@@ -276,3 +278,43 @@ def test_a_replayed_report_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     # Not the leader: nothing taken, nothing refused.
     sup.is_leader = False
     assert not sup.take_report(2, encode(_report(boot=6, seq=2)))
+
+
+async def test_a_member_whose_reports_no_leader_takes_stops_serving_heartbeats(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rallypoint.coordinator.leader import supervisor as supervisor_module
+
+    now = [1_000_000]
+    monkeypatch.setattr(supervisor_module, "monotonic_ms", lambda: now[0])
+    replica = JobReplica()
+    replica.workers(1)
+    sent: list[int] = []
+    answer = [True]
+
+    async def send(leader: int, payload: bytes) -> bool:
+        sent.append(leader)
+        return answer[0]
+
+    async def propose(command: object) -> None:
+        return None
+
+    sup = supervisor_module.RendezvousSupervisor(
+        replica.sm, propose, lambda: 0, member_id=2, leader_id=lambda: 1, send_report=send
+    )
+    assert sup.serves_heartbeats()  # a new member gets a start's worth
+    sup.step()
+    await asyncio.sleep(0)
+    assert sent == [1] and sup.serves_heartbeats()
+    # The leader stops taking its reports (a partition): after UNREPORTED_MS it stops serving.
+    answer[0] = False
+    for _ in range(12):
+        now[0] += 100
+        sup.step()
+        await asyncio.sleep(0)
+    assert not sup.serves_heartbeats()
+    answer[0] = True
+    now[0] += 300
+    sup.step()
+    await asyncio.sleep(0)
+    assert sup.serves_heartbeats()

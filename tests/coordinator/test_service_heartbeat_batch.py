@@ -194,3 +194,20 @@ async def test_a_round_change_costs_o_n_bytes_in_all_not_o_n_squared(
     assert per_large <= 1024
     assert per_large <= per_small * 1.25
     assert watch_large > 3 * watch_small
+
+
+async def test_a_member_cut_off_from_the_leader_ends_its_streams_so_workers_move(
+    served: tuple[FakeNode, grpc.aio.Channel, Headers],
+) -> None:
+    node, channel, headers = served
+    (joined,) = await join_round(channel, headers, "j", 1)
+    call = rendezvous_pb2_grpc.RendezvousStub(channel).HeartbeatBatch()
+    await call.write(batch(1, [joined.participant_id]))
+    assert isinstance(await call.read(), pb.HeartbeatBatchResponse)
+    node.cut_off = True
+    await call.write(batch(2, [joined.participant_id]))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call.read()
+    failure = rpc_failure(info.value)
+    assert (failure.code, failure.reason) == (Code.UNAVAILABLE, "NO_LEADER")
+    assert "send heartbeats to another member" in (info.value.details() or "")

@@ -50,7 +50,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
 
 from rallypoint.proto.v1 import rendezvous_pb2, rendezvous_pb2_grpc
 
@@ -164,6 +165,8 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         # watcher of a job gets the same message, built once per change (a round of N workers
         # has N watchers, so building it per watcher costs N^2).
         self._pushed: dict[str, tuple[int, rendezvous_pb2.RoundInfo]] = {}
+        # Round-change signals for batch heartbeat streams (one watcher per job).
+        self._signals = RoundSignals()
         # Per job: (revision, rank by participant, wait list) for HeartbeatBatch answers.
         self._seat_cache: dict[str, tuple[int, dict[int, int], frozenset[int]]] = {}
 
@@ -375,8 +378,36 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         # The participants this stream carries, and the (round, state) it last told each.
         carried: dict[tuple[str, int], tuple[int, RoundState] | None] = {}
         clock = StreamClock()
+        requests = aiter(request_iterator)
+        next_request: asyncio.Future[rendezvous_pb2.HeartbeatBatchRequest] = asyncio.ensure_future(
+            anext(requests)
+        )
+        # The jobs this stream carries participants of, each with its round-change signal.
+        signals: dict[str, _JobSignal] = {}
+        changed: asyncio.Task[bool] | None = None
         try:
-            async for request in request_iterator:
+            while True:
+                if changed is None and signals:
+                    changed = asyncio.ensure_future(_first_set(signals.values()))
+                waiting: set[asyncio.Future[Any]] = {next_request}
+                if changed is not None:
+                    waiting.add(changed)
+                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if changed is not None and changed in done:
+                    changed = None
+                    for job_id, signal in list(signals.items()):
+                        if signal.fired():
+                            signals[job_id] = self._signals.renew(job_id, signal)
+                            push = self._push(job_id, carried)
+                            if push is not None:
+                                yield push
+                if next_request not in done:
+                    continue
+                try:
+                    request = next_request.result()
+                except StopAsyncIteration:
+                    break
+                next_request = asyncio.ensure_future(anext(requests))
                 now_ms = monotonic_ms()
                 job_id = validate.job_id(request.job)
                 pids = list(request.participant_ids)
@@ -400,8 +431,19 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
                         self.node.heartbeat_released(job_id, pid)
                 if request.known_index > self.node.state.applied_index:
                     await self._applied_through(request.known_index)
-                yield self._beat(job_id, pids, rounds, request, carried, now_ms)
+                answer = self._beat(job_id, pids, rounds, request, carried, now_ms)
+                if job_id not in signals:
+                    signals[job_id] = self._signals.subscribe(job_id, self.node)
+                    if changed is not None:
+                        changed.cancel()
+                        changed = None
+                yield answer
         finally:
+            next_request.cancel()
+            if changed is not None:
+                changed.cancel()
+            for job_id in signals:
+                self._signals.unsubscribe(job_id)
             jobs = self.node.state.rendezvous.jobs
             for job_id, pid in sorted(carried):
                 job = jobs.get(job_id)
@@ -409,6 +451,58 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
                     self.node.heartbeat_stream_closed(job_id, pid)
                 else:
                     self.node.heartbeat_released(job_id, pid)
+
+    def _push(
+        self, job_id: str, carried: dict[tuple[str, int], tuple[int, RoundState] | None]
+    ) -> rendezvous_pb2.HeartbeatBatchResponse | None:
+        """An unsolicited answer (seq 0): the assignments of this stream's participants of
+        ``job_id`` whose round moved since the stream last told them; None if none did."""
+        job = self.node.state.rendezvous.jobs.get(job_id)
+        answer = rendezvous_pb2.HeartbeatBatchResponse(header=header_pb(self.node.header()))
+        keys = [key for key in carried if key[0] == job_id]
+        if job is None:
+            for key in keys:
+                del carried[key]
+                self.node.heartbeat_released(*key)
+                answer.assignments.add(participant_id=key[1], gone=True)
+            return answer if keys else None
+        r = job.round
+        current = (r.number, r.state)
+        stale = []
+        for key in keys:
+            if key[1] not in job.participants:
+                del carried[key]
+                self.node.heartbeat_released(*key)
+                answer.assignments.add(participant_id=key[1], gone=True)
+            elif carried[key] != current:
+                carried[key] = current
+                stale.append(key[1])
+        self._assign(job, stale, answer)
+        return answer if answer.assignments else None
+
+    def _assign(
+        self, job: JobView, pids: list[int], answer: rendezvous_pb2.HeartbeatBatchResponse
+    ) -> None:
+        """Add the assignment of each of ``pids`` (participants of ``job``) to ``answer``."""
+        if not pids:
+            return
+        r = job.round
+        ranks, waiting = self._seats(job)
+        namespace = f"{job.job_id}/{r.number}"
+        state = _ROUND_STATES[r.state]
+        world = len(r.members) if r.state is RoundState.ACTIVE else 0
+        add = answer.assignments.add
+        for pid in pids:
+            add(
+                participant_id=pid,
+                round=r.number,
+                state=state,
+                rank=ranks.get(pid, -1),
+                world_size=world,
+                fencing_token=r.fencing_token,
+                store_namespace=namespace,
+                waiting=pid in waiting,
+            )
 
     def _beat(
         self,
@@ -429,8 +523,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         )
         beat: list[int] = []
         stale: list[int] = []
-        # Fast path: every participant already carried, told the current round, and naming it.
-        for i, pid in enumerate(pids):
+        for pid in pids:
             key = (job_id, pid)
             told = carried.get(key, _ABSENT)
             if told is _ABSENT:
@@ -445,26 +538,11 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
                 answer.assignments.add(participant_id=pid, gone=True)
                 continue
             beat.append(pid)
-            if told != current or (rounds and rounds[i] != r.number):
+            if told != current:
                 stale.append(pid)
                 carried[key] = current
         self.node.batch_heartbeat(job_id, beat, now_ms)
-        if stale:
-            ranks, waiting = self._seats(job)
-            namespace = f"{job_id}/{r.number}"
-            state = _ROUND_STATES[r.state]
-            world = len(r.members) if r.state is RoundState.ACTIVE else 0
-            for pid in stale:
-                answer.assignments.add(
-                    participant_id=pid,
-                    round=r.number,
-                    state=state,
-                    rank=ranks.get(pid, -1),
-                    world_size=world,
-                    fencing_token=r.fencing_token,
-                    store_namespace=namespace,
-                    waiting=pid in waiting,
-                )
+        self._assign(job, stale, answer)
         for entry in request.progress:
             key = (job_id, entry.participant_id)
             if key not in carried:
@@ -603,3 +681,74 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
 def _position(job: JobView) -> tuple[int, RoundState, JobState]:
     """What a watcher is told at once when it changes: round number, round state, job state."""
     return job.round.number, job.round.state, job.state
+
+
+class _JobSignal:
+    """Fires (its event is set) when a job's round number or state, or the job's state,
+    moves; ``RoundSignals.renew`` gives the next one."""
+
+    def __init__(self, position: tuple[int, RoundState, JobState] | None) -> None:
+        self.position = position
+        self.event = asyncio.Event()
+        self.users = 0
+        self.task: asyncio.Task[None] | None = None
+
+    def fired(self) -> bool:
+        return self.event.is_set()
+
+
+class RoundSignals:
+    """One watcher per job with batch heartbeat streams on this member (not one per stream):
+    it wakes on every apply, and fires the job's signal when its position moves."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, _JobSignal] = {}
+
+    def subscribe(self, job_id: str, node: ServerNode) -> _JobSignal:
+        signal = self._jobs.get(job_id)
+        if signal is None:
+            job = node.state.rendezvous.jobs.get(job_id)
+            signal = self._jobs[job_id] = _JobSignal(None if job is None else _position(job))
+            signal.task = asyncio.get_running_loop().create_task(self._watch(job_id, node))
+        signal.users += 1
+        return signal
+
+    def renew(self, job_id: str, fired: _JobSignal) -> _JobSignal:
+        """The job's current signal (a fired one is replaced once, for every stream)."""
+        current = self._jobs.get(job_id)
+        return current if current is not None and current is not fired else fired
+
+    def unsubscribe(self, job_id: str) -> None:
+        signal = self._jobs.get(job_id)
+        if signal is None:
+            return
+        signal.users -= 1
+        if signal.users <= 0:
+            del self._jobs[job_id]
+            if signal.task is not None:
+                signal.task.cancel()
+
+    async def _watch(self, job_id: str, node: ServerNode) -> None:
+        while True:
+            await node.wait_for_apply(WATCH_RECHECK_S)
+            signal = self._jobs.get(job_id)
+            if signal is None:
+                return
+            job = node.state.rendezvous.jobs.get(job_id)
+            position = None if job is None else _position(job)
+            if position != signal.position:
+                fresh = _JobSignal(position)
+                fresh.users, fresh.task = signal.users, signal.task
+                self._jobs[job_id] = fresh
+                signal.event.set()
+
+
+async def _first_set(signals: Iterable[_JobSignal]) -> bool:
+    """Wait until one of ``signals`` fires."""
+    waits = [asyncio.ensure_future(s.event.wait()) for s in signals]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+    return True

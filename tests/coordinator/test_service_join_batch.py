@@ -3,18 +3,31 @@ of a participant whose id a batch handed out above the applied index."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import grpc
 import pytest
 
+from rallypoint.client import Client as RallypointClient
+from rallypoint.client import (
+    InvalidArgumentError,
+    InvalidValueError,
+    JobConfig,
+    JobNotFoundError,
+    JoinBatchResult,
+    MembersPage,
+    NameTakenError,
+    RoundState,
+    SyncClient,
+)
 from rallypoint.coordinator.state import Limits
 from rallypoint.coordinator.state.jobs import RendezvousLimits
 from rallypoint.proto.v1 import rendezvous_pb2 as pb
 from rallypoint.proto.v1 import rendezvous_pb2_grpc
 
-from .fake_node import FakeNode, Headers, fails, job_config, open_session, serving
+from .fake_node import FakeNode, Headers, fails, job_config, open_session, served_at, serving
 
 Code = grpc.StatusCode
 LIMITS = Limits(
@@ -180,3 +193,63 @@ async def test_a_heartbeat_for_an_id_above_the_applied_index_is_not_held_back(
     assert client.node.apply_waits == waits
     assert client.node.heartbeats == [("j", ids[-1])]
     call.cancel()
+
+
+# ---------------------------------------------------------------------- through the client
+
+
+async def test_the_client_joins_a_batch_and_pages_through_the_members() -> None:
+    node = FakeNode(LIMITS)
+    config = JobConfig(min_nodes=4, max_nodes=4, last_call_ms=0)
+    async with served_at(node) as address, RallypointClient([address]) as client:
+        result = await client.join_batch("j", ["a", "b", "c", "d", "e"], config=config)
+        assert isinstance(result, JoinBatchResult)
+        ids = result.participant_ids
+        assert list(ids) == sorted(ids) and len(set(ids)) == 5
+        assert result.waiting == (False, False, False, False, True)
+        assert (result.round, result.state) == (1, RoundState.ACTIVE)
+        job = node.state.rendezvous.jobs["j"]
+        assert {p.session_id for p in job.participants.values()} == {client.session_id}
+        page = await client.list_members("j", limit=3)
+        assert isinstance(page, MembersPage) and page.more
+        assert [(m.participant_id, m.name, m.rank) for m in page.members] == [
+            (ids[0], "a", 0),
+            (ids[1], "b", 1),
+            (ids[2], "c", 2),
+        ]
+        rest = await client.list_members("j", after=ids[2])
+        assert [m.name for m in rest.members] == ["d"] and not rest.more
+        everyone = [m.name async for m in client.all_members("j", page_size=1)]
+        assert everyone == ["a", "b", "c", "d"]
+        waiting = [m.participant_id async for m in client.all_members("j", waiting=True)]
+        assert waiting == [ids[4]]
+        again = await client.join_batch("j", ["x", "a"], metadata=[b"mx", b""])
+        assert again.participant_ids[1] == ids[0] and again.waiting == (True, False)
+        with pytest.raises(NameTakenError, match="'a'"):
+            async with RallypointClient([address]) as other:
+                await other.join_batch("j", ["y", "a"])
+        assert "y" not in job.names
+        with pytest.raises(InvalidValueError, match="one entry per name: 1 for 2 names"):
+            await client.join_batch("j", ["p", "q"], metadata=[b""])
+        with pytest.raises(InvalidArgumentError, match=r"names\[1\]"):
+            await client.join_batch("j", ["p", "p"])
+        with pytest.raises(JobNotFoundError):
+            await client.list_members("nope")
+
+
+async def test_the_sync_client_has_the_same_calls() -> None:
+    node = FakeNode(LIMITS)
+    config = JobConfig(min_nodes=2, max_nodes=2, last_call_ms=0)
+    async with served_at(node) as address:
+
+        def from_a_thread() -> tuple[JoinBatchResult, MembersPage, list[str]]:
+            with SyncClient([address]) as client:
+                joined = client.join_batch("j", ["a", "b"], config=config)
+                page = client.list_members("j", limit=1)
+                names = [m.name for m in client.all_members("j", page_size=1)]
+                return joined, page, names
+
+        joined, page, names = await asyncio.to_thread(from_a_thread)
+    assert joined.state is RoundState.ACTIVE and len(joined.participant_ids) == 2
+    assert [m.name for m in page.members] == ["a"] and page.more
+    assert names == ["a", "b"]

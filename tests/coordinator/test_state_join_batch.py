@@ -430,3 +430,100 @@ def test_logs_with_batches_replay_to_identical_snapshots_through_a_restore() -> 
     assert whole.snapshot() == restored.snapshot() == shadow.snapshot()
     ids = sorted(whole.rendezvous.jobs["j"].participants)
     assert len(ids) == len(set(ids))
+
+
+# ----------------------------------------------------------------- a batch's session ending
+
+
+def remove_one_by_one(
+    self: rendezvous.Rendezvous, index: int, now_ms: int, job: rendezvous.Job, pids: list[int]
+) -> None:
+    """The rule as it reads: each participant removed on its own (the reference)."""
+    for pid in pids:
+        session_id = job.participants[pid].session_id
+        cause = f"session {session_id} ended"
+        self._remove(index, now_ms, job, pid, rendezvous.EndReason.MEMBER_FAILED, cause)
+        self._end_if_failed(index, now_ms, job)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_session_ending_removes_its_participants_as_one_by_one_would(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = random.Random(seed)
+    limits = Limits(rendezvous=RendezvousLimits(max_waiting=4, max_round_history=3))
+    configs = [
+        JobConfig(2, 6, rng.choice([0, 500])),
+        JobConfig(3, 8, rng.choice([0, 2_000]), scale_up=rng.random() < 0.5),
+    ]
+    log: list[bytes] = []
+    sequence: dict[int, int] = {}
+    time_ms = 0
+    index = 0
+    shadow = StateMachine(limits)
+
+    def add(session_id: int, command: Command) -> None:
+        nonlocal index
+        index += 1
+        seq = 0
+        if session_id and not isinstance(command, SessionClose):
+            seq = sequence[session_id] = sequence[session_id] + 1
+        log.append(encode_envelope(Envelope(session_id, seq, 0, time_ms, command)))
+        shadow.apply(index, log[-1])
+
+    for _ in range(60):
+        time_ms += rng.choice([0, 100, 700, 2_500])
+        live = sorted(sequence)
+        if len(live) < 3 or rng.random() < 0.2:
+            add(0, SessionOpen(rng.choice([1_000, 60_000])))
+            sequence[index] = 0
+            continue
+        session_id = rng.choice(live)
+        job = rng.choice(["j", "k"])
+        config = configs[job == "k"]
+        roll = rng.random()
+        if roll < 0.5:
+            names = tuple(f"s{session_id}-{n}" for n in rng.sample(range(9), rng.randrange(1, 5)))
+            add(session_id, JoinBatch(job, names, (), config))
+        elif roll < 0.6:
+            add(session_id, Join(job, f"one{index}", b"", config))
+        elif roll < 0.75:
+            found = shadow.rendezvous.jobs.get(job)
+            if found is not None:
+                add(0, CloseRound(job, found.round.number))
+        else:
+            add(session_id, SessionClose())
+            del sequence[session_id]
+    # Sessions that are left expire (the short ones) as time moves on.
+    time_ms += 5_000
+    add(0, SessionOpen(60_000))
+
+    fast = StateMachine(limits)
+    for position, data in enumerate(log, 1):
+        fast.apply(position, data)
+    monkeypatch.setattr(rendezvous.Rendezvous, "_remove_failed", remove_one_by_one)
+    slow = StateMachine(limits)
+    for position, data in enumerate(log, 1):
+        slow.apply(position, data)
+    assert fast.snapshot() == slow.snapshot()
+
+
+@pytest.mark.parametrize("active", [False, True])
+def test_a_batch_session_ending_costs_one_pass_over_the_round(
+    active: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    total = 3_000
+    maximum = total if active else total + 1
+    config = JobConfig(min_nodes=2, max_nodes=maximum, last_call_ms=60_000)
+    r = JobReplica()
+    s = r.open()
+    keeper = r.open()
+    r.join(keeper, "keeper", config)
+    joined(batch(r, s, [f"w{i}" for i in range(total - 1)], config))
+    assert r.job().round.state is (RoundState.ACTIVE if active else RoundState.JOINING)
+    counter = SeatCounter(monkeypatch)
+    r.do(s, SessionClose())
+    assert [p.name for p in r.job().participants.values()] == ["keeper"]
+    assert r.job().round.state is RoundState.JOINING and len(r.job().round.members) == 1
+    # Removed one by one, each removal rebuilt the round: (N^2)/2 seats.
+    assert counter.seats_built + counter.seats_written <= 2 * total

@@ -63,7 +63,7 @@ from ..state.jobs import (
     RoundState,
     Seat,
 )
-from ..state.rendezvous import round_reason
+from ..state.rendezvous import batch_bytes, round_reason
 from ..state.results import (
     CloseJobResult,
     ConfigureResult,
@@ -459,6 +459,9 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
             if len(data) > limits.max_metadata_bytes:
                 what = f"participant metadata bytes (metadata[{entry}])"
                 raise RequestFailed(LimitExceeded(what, limits.max_metadata_bytes))
+        if batch_bytes(names, metadata) > limits.max_batch_bytes:
+            what = "bytes of names and metadata in one batch"
+            raise RequestFailed(LimitExceeded(what, limits.max_batch_bytes))
         command = JoinBatch(job=job_id, names=tuple(names), metadata=tuple(metadata), config=config)
         result = await propose(self.node, command, context, JoinBatchResult, header)
         return rendezvous_pb2.JoinBatchResponse(

@@ -45,8 +45,11 @@ class RendezvousLimits:
     max_ended_jobs: int = 256
     ended_job_retention_ms: int = 7 * 24 * 3600 * 1000
     max_leave_detail_chars: int = 1024
-    # The most participants one JoinBatch adds (rendezvous.proto says 10,000).
+    # The most participants one JoinBatch adds (rendezvous.proto says 10,000), and the most
+    # bytes of names and metadata it carries: one command is one raft entry, replicated and
+    # written to every member's log, and 10,000 entries of the largest metadata would be 40 MiB.
     max_batch_joins: int = 10_000
+    max_batch_bytes: int = 4 * 1024 * 1024
 
 
 @record(340)

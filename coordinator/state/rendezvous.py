@@ -92,7 +92,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -576,6 +576,8 @@ class Rendezvous:
             if len(data) > limits.max_metadata_bytes:
                 what = f"participant metadata bytes (entry {entry})"
                 return LimitExceeded(what, limits.max_metadata_bytes)
+        if batch_bytes(names, metadata) > limits.max_batch_bytes:
+            return LimitExceeded("bytes of names and metadata in one batch", limits.max_batch_bytes)
         return None
 
     def _join_batch(self, index: int, session_id: int, now_ms: int, command: JoinBatch) -> Result:
@@ -918,6 +920,12 @@ class Rendezvous:
         self.revision = codec.from_obj(obj[0], int)
         self.next_participant_id = codec.from_obj(obj[2], int) if high_water else 0
         self.jobs = jobs
+
+
+def batch_bytes(names: Sequence[str], metadata: Sequence[bytes]) -> int:
+    """What a JoinBatch's entries weigh against ``max_batch_bytes``: the UTF-8 bytes of its
+    names and the bytes of its metadata."""
+    return sum(len(name.encode()) for name in names) + sum(len(data) for data in metadata)
 
 
 def _stale(job: Job, round_number: int) -> StaleRound | None:

@@ -32,7 +32,11 @@ from .fake_node import FakeNode, Headers, fails, job_config, open_session, serve
 Code = grpc.StatusCode
 LIMITS = Limits(
     rendezvous=RendezvousLimits(
-        max_waiting=2, max_name_chars=8, max_metadata_bytes=8, max_batch_joins=6
+        max_waiting=2,
+        max_name_chars=8,
+        max_metadata_bytes=8,
+        max_batch_joins=6,
+        max_batch_bytes=24,
     )
 )
 
@@ -138,6 +142,10 @@ async def test_oversized_metadata_is_a_limit_naming_the_entry(client: Client) ->
     failure = await fails(client.batch(["a", "b"], [b"", b"m" * 9]))
     assert (failure.code, failure.reason) == (Code.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED")
     assert "metadata[1]" in failure.details
+    assert client.node.proposals == []
+    heavy = await fails(client.batch(["a", "b", "c"], [b"m" * 8] * 3))  # 27 > 24 bytes
+    assert (heavy.code, heavy.reason) == (Code.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED")
+    assert "bytes of names and metadata in one batch (limit 24)" in heavy.details
     assert client.node.proposals == []
 
 

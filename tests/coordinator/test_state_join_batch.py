@@ -172,6 +172,16 @@ def test_refusals_name_the_entry() -> None:
     assert big == LimitExceeded("participant metadata bytes (entry 1)", 4096)
 
 
+def test_a_batch_is_bounded_in_bytes_as_one_raft_entry() -> None:
+    r = JobReplica(Limits(rendezvous=RendezvousLimits(max_batch_bytes=10)))
+    s = r.open()
+    assert batch(r, s, ["aaaa", "bbbb"], metadata=(b"12", b"3")) == LimitExceeded(
+        "bytes of names and metadata in one batch", 10
+    )
+    assert batch(r, s, ["é" * 6]) == LimitExceeded("bytes of names and metadata in one batch", 10)
+    assert isinstance(batch(r, s, ["aaaa", "bbbb"], metadata=(b"1", b"2")), JoinBatchResult)
+
+
 def test_a_closed_job_refuses_a_batch_and_an_ended_one_starts_again() -> None:
     r = JobReplica()
     s = r.open()

@@ -43,8 +43,10 @@ list, a config conflict, a closed job) refuses the batch. A name the same sessio
 joined answers with its existing participant, as a repeated Join does. The new participants
 enter at once, as if they had arrived at the same instant (they did: one entry, one time): a
 JOINING round takes them up to max_nodes (and closes when full; the rest wait), an ACTIVE
-round's wait list takes them all; then the close and scale-up rules run once. So a batch of
-M joiners into a round of N members costs O(M + N), not M rebuilds of the member tuple.
+round's wait list takes them all; then the close and scale-up rules run once. The wait
+list's bound applies to who still waits once the batch is in (a scale-up seats joiners up to
+max_nodes, as one-by-one joins would have). So a batch of M joiners into a round of N
+members costs O(M + N), not M rebuilds of the member tuple.
 
 Assignments. ``assignment(job, pid)`` answers one participant's round, state, rank, world
 size and token in O(1), from a {participant: rank} index each job builds once per round
@@ -601,8 +603,11 @@ class Rendezvous:
         else:
             config, present = job.config, len(job.round.members)
             joining, waiting = job.round.state is RoundState.JOINING, len(job.waiting)
-        to_wait = max(0, len(new) - (config.max_nodes - present)) if joining else len(new)
-        if to_wait and waiting + to_wait > self.limits.max_waiting:
+        # Who waits once the batch is in: a JOINING round (or a scale-up's next round) seats
+        # joiners up to max_nodes; an ACTIVE round that does not scale up seats none.
+        seats = config.max_nodes - present if joining or config.scale_up else 0
+        left_waiting = max(0, waiting + len(new) - seats)
+        if left_waiting > self.limits.max_waiting:
             return LimitExceeded("waiting participants per job", self.limits.max_waiting)
         # Checked: from here on nothing refuses.
         job = self._join_job(index, now_ms, command.job, command.config)

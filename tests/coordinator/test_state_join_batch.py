@@ -112,6 +112,21 @@ def test_a_batch_waits_for_an_active_round_and_a_scale_up_takes_it_at_once() -> 
     assert len(r.job().history) == 1
 
 
+def test_a_scale_up_seats_a_batch_larger_than_the_wait_list() -> None:
+    """Joined one by one, each would start a round and none would wait long: the wait list's
+    bound applies to who is still waiting once the batch is in."""
+    limits = Limits(rendezvous=RendezvousLimits(max_waiting=2))
+    config = JobConfig(2, 10, 0, scale_up=True)
+    r = JobReplica(limits)
+    s = r.open()
+    joined(batch(r, s, ["a", "b"], config))
+    more = joined(batch(r, s, [f"w{n}" for n in range(10)], config))
+    assert more.waiting == (False,) * 8 + (True,) * 2
+    assert (more.round, more.state) == (2, RoundState.ACTIVE)
+    assert len(r.job().round.members) == 10 and len(r.job().waiting) == 2
+    assert isinstance(batch(r, s, ["x"], config), LimitExceeded)
+
+
 def test_the_same_session_gets_its_participants_back_and_others_are_added() -> None:
     r = JobReplica()
     s = r.open()

@@ -605,8 +605,8 @@ class Rendezvous:
             joining, waiting = job.round.state is RoundState.JOINING, len(job.waiting)
         # Who waits once the batch is in: a JOINING round (or a scale-up's next round) seats
         # joiners up to max_nodes; an ACTIVE round that does not scale up seats none.
-        seats = config.max_nodes - present if joining or config.scale_up else 0
-        left_waiting = max(0, waiting + len(new) - seats)
+        places = config.max_nodes - present if joining or config.scale_up else 0
+        left_waiting = max(0, waiting + len(new) - places)
         if left_waiting > self.limits.max_waiting:
             return LimitExceeded("waiting participants per job", self.limits.max_waiting)
         # Checked: from here on nothing refuses.

@@ -1,11 +1,14 @@
 """The Rendezvous service: jobs, joins, heartbeats, round watches and job status.
 
-Theory of operation. Configure, Join, Leave, Evict and CloseJob are replicated commands;
-their answers carry the job's RoundInfo as this member has applied it once the command
-applied. GetJob and ListJobs read the applied state after a read barrier (unless the client
-asked for a serializable read). The reason string is computed here, from the state and
-``node.leader_clock_ms()``: the state machine holds no clock, and the reason is only a
-description, never a decision.
+Theory of operation. Configure, Join, JoinBatch, Leave, Evict and CloseJob are replicated
+commands; their answers carry the job's RoundInfo as this member has applied it once the
+command applied (JoinBatch's only the round's number and state: a batch is how a round of
+100,000 is joined, and each answer carrying every member would cost O(N) per batch). GetJob,
+ListJobs and ListMembers read the applied state after a read barrier (unless the client
+asked for a serializable read); ListMembers pages through a round's members (or the wait
+list) in participant-id order, so reading a round of N costs O(N) in total, not per page.
+The reason string is computed here, from the state and ``node.leader_clock_ms()``: the state
+machine holds no clock, and the reason is only a description, never a decision.
 
 Phi is soft state of the member that serves a participant's heartbeat stream
 (``coordinator/liveness``): GetJob reports each member's phi as the answering member's
@@ -49,6 +52,7 @@ workers buried the workers' own event loops.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import math
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
@@ -59,13 +63,22 @@ from ..leader.progress import ProgressReport
 from ..leader.supervisor import monotonic_ms
 from ..liveness.local import StreamClock
 from ..node_api import NotLeaderError, ServerNode
-from ..state.commands import CloseJob, Configure, Evict, Join, Leave, PruneJobs
-from ..state.errors import JobNotFound, ParticipantNotFound
-from ..state.jobs import EndReason, JobConfig, JobState, LeaveOutcome, RoundRecord, RoundState
-from ..state.rendezvous import round_reason
+from ..state.commands import CloseJob, Configure, Evict, Join, JoinBatch, Leave, PruneJobs
+from ..state.errors import JobNotFound, LimitExceeded, ParticipantNotFound
+from ..state.jobs import (
+    EndReason,
+    JobConfig,
+    JobState,
+    LeaveOutcome,
+    RoundRecord,
+    RoundState,
+    Seat,
+)
+from ..state.rendezvous import batch_bytes, round_reason
 from ..state.results import (
     CloseJobResult,
     ConfigureResult,
+    JoinBatchResult,
     JoinResult,
     PruneJobsResult,
     RemoveResult,
@@ -86,6 +99,9 @@ HEARTBEAT_ANSWER_EVERY = 10
 WATCH_RECHECK_S = 5.0
 # The least time between two WatchJob messages about the same round in the same state.
 WATCH_COALESCE_S = 0.2
+# ListMembers' page size when the request says 0, and the most a request may ask for.
+LIST_MEMBERS_DEFAULT = 1_000
+LIST_MEMBERS_MAX = 10_000
 # A heartbeat's restore source is a word ("broadcast"); it ends up in the replicated round
 # record, so a longer one is cut here rather than refused (a heartbeat must not fail on it).
 MAX_RESTORE_CHARS = 32
@@ -172,11 +188,15 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
 
     # ----------------------------------------------------------------- reading jobs
 
-    async def _applied_through(self, index: int, timeout_s: float = 2.0) -> None:
-        """Wait (bounded) until this member has applied ``index``."""
+    async def _applied_through(self, pid: int, timeout_s: float = 2.0) -> None:
+        """Wait (bounded) until this member has applied the join that handed out participant
+        id ``pid``: until its applied index reaches ``pid``, or a batch it applied handed out
+        ids beyond it. A participant id is at least, not exactly, its join's raft index: a
+        JoinBatch hands out ids above its own, which a quiet cluster may never reach."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while self.node.state.applied_index < index:
+        state = self.node.state
+        while not state.rendezvous.participant_id_known(pid, state.applied_index):
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return
@@ -189,15 +209,14 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         return job
 
     def _member_pb(
-        self, job: JobView, pid: int, rank: int, with_phi: bool
+        self, job: JobView, pid: int, rank: int, with_phi: bool, names: dict[int, str]
     ) -> rendezvous_pb2.RoundMember:
+        """``names``: ``_ended_names(job)``, built once per answer, not per member."""
         member = rendezvous_pb2.RoundMember(participant_id=pid, rank=rank)
         participant = job.participants.get(pid)
         if participant is not None:
             member.name, member.metadata = participant.name, participant.metadata
-        elif job.history and job.history[-1].number == job.round.number:
-            # A closed job's participants are gone; its last round's record keeps the names.
-            names = {m.participant_id: m.name for m in job.history[-1].members}
+        else:
             member.name = names.get(pid, "")
         if with_phi:
             phi = self.node.phi(job.job_id, pid)
@@ -210,16 +229,19 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
 
     def round_info(self, job: JobView, with_phi: bool = False) -> rendezvous_pb2.RoundInfo:
         r = job.round
+        names = _ended_names(job)
         return rendezvous_pb2.RoundInfo(
             job=job.job_id,
             round=r.number,
             state=_ROUND_STATES[r.state],
-            members=[self._member_pb(job, s.participant_id, s.rank, with_phi) for s in r.members],
+            members=[
+                self._member_pb(job, s.participant_id, s.rank, with_phi, names) for s in r.members
+            ],
             world_size=len(r.members) if r.state is RoundState.ACTIVE else 0,
             fencing_token=r.fencing_token,
             store_namespace=f"{job.job_id}/{r.number}",
             reason=round_reason(job, self.node.leader_clock_ms()),
-            waiting=[self._member_pb(job, pid, -1, with_phi) for pid in job.waiting],
+            waiting=[self._member_pb(job, pid, -1, with_phi, names) for pid in job.waiting],
             opened_ms=r.opened_ms,
             closed_ms=r.closed_ms,
             job_closed=job.closed,
@@ -247,6 +269,36 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         if latest is not None:
             response.latest_checkpoint.CopyFrom(checkpoint_pb(latest))
         return response
+
+    async def ListMembers(
+        self, request: rendezvous_pb2.ListMembersRequest, context: Context
+    ) -> rendezvous_pb2.ListMembersResponse:
+        job_id = validate.job_id(request.job)
+        if not 0 <= request.limit <= LIST_MEMBERS_MAX:
+            raise InvalidArgument("limit", f"must be 0..{LIST_MEMBERS_MAX}, got {request.limit}")
+        limit = request.limit or LIST_MEMBERS_DEFAULT
+        await read_barrier(self.node, context, request.serializable)
+        job = self._job(job_id)
+        r = job.round
+        # Both are in participant-id order (ids increase in join order): find the page's
+        # start by bisection, then take at most `limit`.
+        if request.waiting:
+            start = bisect.bisect_right(job.waiting, request.after)
+            page = [(pid, -1) for pid in job.waiting[start : start + limit]]
+            total = len(job.waiting)
+        else:
+            key = _participant_id
+            start = bisect.bisect_right(r.members, request.after, key=key)
+            page = [(s.participant_id, s.rank) for s in r.members[start : start + limit]]
+            total = len(r.members)
+        names = _ended_names(job)
+        return rendezvous_pb2.ListMembersResponse(
+            header=header_pb(self.node.header()),
+            round=r.number,
+            state=_ROUND_STATES[r.state],
+            members=[self._member_pb(job, pid, rank, False, names) for pid, rank in page],
+            more=start + limit < total,
+        )
 
     async def ListJobs(
         self, request: rendezvous_pb2.ListJobsRequest, context: Context
@@ -619,6 +671,49 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
             round=self.round_info(self._job(result.job)),
         )
 
+    async def JoinBatch(
+        self, request: rendezvous_pb2.JoinBatchRequest, context: Context
+    ) -> rendezvous_pb2.JoinBatchResponse:
+        limits = self.node.state.limits.rendezvous
+        header = validate.session_header(request.HasField("header"), request.header)
+        job_id = validate.job_id(request.job)
+        config = (
+            validate.job_config(True, request.config, limits)
+            if request.HasField("config")
+            else None
+        )
+        names, metadata = list(request.names), list(request.metadata)
+        if not 1 <= len(names) <= limits.max_batch_joins:
+            raise InvalidArgument(
+                "names", f"must hold 1..{limits.max_batch_joins} names, got {len(names)}"
+            )
+        if metadata and len(metadata) != len(names):
+            raise InvalidArgument(
+                "metadata",
+                f"must be empty or one per name: {len(metadata)} for {len(names)} names",
+            )
+        first: dict[str, int] = {}
+        for entry, name in enumerate(names):
+            validate.participant_name(name, limits, f"names[{entry}]")
+            if first.setdefault(name, entry) != entry:
+                raise InvalidArgument(f"names[{entry}]", f"{name!r} repeats names[{first[name]}]")
+        for entry, data in enumerate(metadata):
+            if len(data) > limits.max_metadata_bytes:
+                what = f"participant metadata bytes (metadata[{entry}])"
+                raise RequestFailed(LimitExceeded(what, limits.max_metadata_bytes))
+        if batch_bytes(names, metadata) > limits.max_batch_bytes:
+            what = "bytes of names and metadata in one batch"
+            raise RequestFailed(LimitExceeded(what, limits.max_batch_bytes))
+        command = JoinBatch(job=job_id, names=tuple(names), metadata=tuple(metadata), config=config)
+        result = await propose(self.node, command, context, JoinBatchResult, header)
+        return rendezvous_pb2.JoinBatchResponse(
+            header=header_pb(self.node.header()),
+            participant_ids=list(result.participant_ids),
+            waiting=list(result.waiting),
+            round=result.round,
+            state=_ROUND_STATES[result.state],
+        )
+
     async def Leave(
         self, request: rendezvous_pb2.LeaveRequest, context: Context
     ) -> rendezvous_pb2.LeaveResponse:
@@ -676,6 +771,17 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         return rendezvous_pb2.PruneJobsResponse(
             header=header_pb(self.node.header()), pruned=list(result.pruned)
         )
+
+
+def _ended_names(job: JobView) -> dict[int, str]:
+    """A closed job's participants are gone; its last round's record keeps their names."""
+    if job.history and job.history[-1].number == job.round.number:
+        return {m.participant_id: m.name for m in job.history[-1].members}
+    return {}
+
+
+def _participant_id(seat: Seat) -> int:
+    return seat.participant_id
 
 
 def _position(job: JobView) -> tuple[int, RoundState, JobState]:

@@ -37,10 +37,11 @@ ends that next round). Three steps, each abandonable or bounded:
 - Init: ``init_process_group`` through the round store, with gloo's timeout set to
   ``FORMATION_CONNECT_S`` (then raised to ``collective_timeout_s`` for the round's
   collectives). A rank that publishes its gloo address and then gives up (its round store
-  refused a read: the round ended mid-init) leaves the peers that read that address waiting
-  in gloo's connect for about five times gloo's timeout (measured with torch 2.13; with
-  ``collective_timeout_s`` that was 150 s, and the peers could not leave it). Every rank has
-  arrived, so connecting takes milliseconds; the short timeout bounds the rare half-way case.
+  refused a read: the round ended mid-init) leaves a peer that read that address, and is
+  the listening side of their pair, waiting in gloo's connect for about five times gloo's
+  timeout (measured with torch 2.13: 25 s for 5 s, 40 s for 8 s); at ``collective_timeout_s``
+  the recovery benchmark's workers sat there for minutes and nothing could end it. Every
+  rank has arrived, so connecting takes milliseconds; the short timeout bounds that case.
 - Gate: one all-reduce, issued with ``async_op=True`` and waited for like the loop's
   collectives, before the restore. The restore's collectives are synchronous (object
   gathers, broadcasts, DCP's load), and a peer that saw the round end just after init skips

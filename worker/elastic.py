@@ -493,8 +493,11 @@ class ElasticRound:
         (or the deadline passed) first. Not reported as progress: the round is not formed."""
         if self.ended:
             return False
+        # nccl reduces CUDA tensors only.
+        cuda = dist.get_backend() == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         try:
-            work = dist.all_reduce(torch.ones(1), async_op=True)
+            work = dist.all_reduce(torch.ones(1, device=device), async_op=True)
         except (RuntimeError, ValueError) as error:
             self.end(f"the formation's gate failed to start: {error}", broken=True)
             return False

@@ -85,6 +85,7 @@ from rallypoint.raft.types import (
 from . import identity as identity_file
 from .identity import Identity
 from .leader.lessor import Lessor
+from .leader.phi import DetectorSettings
 from .leader.progress import ProgressReport
 from .leader.supervisor import RendezvousSupervisor
 from .liveness.local import StreamClock
@@ -115,6 +116,7 @@ from .role_log import ROLE_NAMES, RoleLog
 from .round_metrics import RoundObserver
 from .state.commands import Command, Envelope, LeaseExpire, encode_envelope
 from .state.errors import Compacted
+from .state.jobs import JobConfig
 from .state.machine import StateMachine
 from .state.results import LeaseEndResult, LeaseGrantResult, Result
 from .state.values import Event
@@ -818,8 +820,22 @@ class Node:
     def carry(self, job: str, participant_id: int) -> bool:
         return self.supervisor.carry(job, participant_id)
 
-    def batch_heartbeat(self, job: str, participant_ids: list[int], now_ms: int) -> None:
-        self.supervisor.local.heartbeats([(job, pid) for pid in participant_ids], now_ms)
+    def open_group(self, job: str, now_ms: int) -> int:
+        found = self.state.rendezvous.jobs.get(job)
+        config = found.config if found is not None else JobConfig(1, 1)
+        return self.supervisor.local.open_group(DetectorSettings.of_job(config), now_ms)
+
+    def group_update(self, group: int, members: set[tuple[str, int]], now_ms: int) -> None:
+        self.supervisor.local.group_update(group, members, now_ms)
+
+    def group_beat(self, group: int, now_ms: int) -> None:
+        self.supervisor.local.group_beat(group, now_ms)
+
+    def group_release(self, group: int, job: str, participant_id: int) -> None:
+        self.supervisor.local.group_release(group, (job, participant_id))
+
+    def close_group(self, group: int, now_ms: int, *, closed: bool) -> None:
+        self.supervisor.local.close_group(group, now_ms, closed=closed)
 
     def report_progress(
         self, job: str, participant_id: int, progress: ProgressReport, now_ms: int

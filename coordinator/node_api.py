@@ -212,8 +212,27 @@ class ServerNode(Protocol):
         starts; the leader hears of it); False if it is not a participant of ``job``."""
         ...
 
-    def batch_heartbeat(self, job: str, participant_ids: list[int], now_ms: int) -> None:
-        """Any member: one heartbeat for each of these carried participants."""
+    def open_group(self, job: str, now_ms: int) -> int:
+        """Any member: a batch stream starts carrying participants of ``job``; the id of
+        their group detector (one for all of them: they beat in the same requests)."""
+        ...
+
+    def group_update(self, group: int, members: set[tuple[str, int]], now_ms: int) -> None:
+        """The group's participants are now ``members`` (participants of its job): new ones
+        are carried from now; one no longer named goes on alone, its silence counting."""
+        ...
+
+    def group_beat(self, group: int, now_ms: int) -> None:
+        """One request of the group's stream: a heartbeat for each of its participants."""
+        ...
+
+    def group_release(self, group: int, job: str, participant_id: int) -> None:
+        """The group's stream lets the participant go without evidence."""
+        ...
+
+    def close_group(self, group: int, now_ms: int, *, closed: bool) -> None:
+        """The group's stream ended: abnormally (``closed``: evidence for each of its
+        participants) or with nothing to say of them."""
         ...
 
     def report_progress(

@@ -49,6 +49,7 @@ O(log n) per heartbeat and per suspect instead of O(n) per call.
 
 from __future__ import annotations
 
+import copy
 import functools
 import heapq
 import math
@@ -293,6 +294,22 @@ class DetectorSet:
         detector = settings.new_detector()
         detector.heartbeat(now_ms)
         tracked = self._tracked[key] = _Tracked(settings, detector, started_ms=now_ms)
+        self._schedule(key, tracked)
+
+    def adopt(self, key: Key, source: Key, now_ms: int, *, closed: bool) -> None:
+        """Track ``key`` with a copy of ``source``'s detector (its history and last
+        heartbeat): a participant that leaves a group detector (``liveness/local.py``) goes
+        on from where the group was. ``closed``: its stream ended at ``now_ms``."""
+        origin = self._tracked.get(source)
+        if origin is None:
+            return
+        detector = copy.copy(origin.detector)
+        detector._intervals = deque(origin.detector._intervals)
+        tracked = self._tracked[key] = _Tracked(
+            origin.settings, detector, started_ms=origin.started_ms, samples=origin.samples
+        )
+        if closed:
+            tracked.stream_closed_ms = now_ms
         self._schedule(key, tracked)
 
     def forget(self, key: Key) -> None:

@@ -67,6 +67,8 @@ LOOP_STALL_REPORT_S = 0.5
 # Phi sampling for the rallypoint_phi histogram: this many participants, this often.
 PHI_SAMPLE_SIZE = 64
 PHI_SAMPLE_EVERY_MS = 1000
+# Per pass, how many suspicions and verdicts are logged one by one (the rest are counted).
+LOG_EACH = 8
 # A member reports to the leader at least this often (also its sign of life to the leader).
 REPORT_EVERY_MS = 250
 # A member none of whose reports a leader took for this long ends its batch streams (below
@@ -230,8 +232,7 @@ class RendezvousSupervisor:
         return True
 
     def _take(self, member: int, report: LivenessReport, now_ms: int) -> None:
-        for verdict in self.coverage.take(member, report, self._state, now_ms):
-            self._propose_failed(verdict)
+        self._propose_all(self.coverage.take(member, report, self._state, now_ms))
         for (job, pid), progress in report.progress:
             self.progress.report(job, pid, progress, now_ms)
 
@@ -267,13 +268,15 @@ class RendezvousSupervisor:
         now_ms = monotonic_ms()
         self._retain(now_ms)
         suspicions = self.local.suspects(now_ms)
-        for suspicion in suspicions:
+        for suspicion in suspicions[:LOG_EACH]:
             log.info(
                 "job %s: participant %d suspected: %s",
                 suspicion.job,
                 suspicion.participant_id,
                 suspicion.cause,
             )
+        if len(suspicions) > LOG_EACH:
+            log.info("and %d more suspected in this pass", len(suspicions) - LOG_EACH)
         if self.is_leader:
             self._unsent.clear()
             self._take(self.member_id, self.local.take_report(suspicions), now_ms)
@@ -367,24 +370,34 @@ class RendezvousSupervisor:
             self._spawn(CloseRound(key[0], key[1]))
         if len(self._close_proposed_ms) > 1024:
             self._close_proposed_ms.clear()
-        for verdict in self.coverage.step(self._state, now_ms):
-            self._propose_failed(verdict)
+        self._propose_all(self.coverage.step(self._state, now_ms))
         if now_ms >= self.coverage.grace_until_ms:
             self._judge_progress(now_ms)
         self._sample_phi(now_ms)
         self._note_training(wall_ms)
 
-    def _propose_failed(self, verdict: Verdict) -> None:
-        job = self._state.rendezvous.jobs.get(verdict.job)
-        if job is None or verdict.participant_id not in job.participants:
-            return
-        if verdict.kind == "unheard":
-            log.info(
-                "job %s: participant %d: %s", verdict.job, verdict.participant_id, verdict.cause
+    def _propose_all(self, verdicts: list[Verdict]) -> None:
+        """Propose MemberFailed for each verdict (the backstop's are logged, LOG_EACH of them
+        one by one and the rest counted: a member's death can orphan thousands at once)."""
+        unheard = 0
+        for verdict in verdicts:
+            job = self._state.rendezvous.jobs.get(verdict.job)
+            if job is None or verdict.participant_id not in job.participants:
+                continue
+            if verdict.kind == "unheard":
+                unheard += 1
+                if unheard <= LOG_EACH:
+                    log.info(
+                        "job %s: participant %d: %s",
+                        verdict.job,
+                        verdict.participant_id,
+                        verdict.cause,
+                    )
+            self._spawn(
+                MemberFailed(verdict.job, verdict.participant_id, job.round.number, verdict.cause)
             )
-        self._spawn(
-            MemberFailed(verdict.job, verdict.participant_id, job.round.number, verdict.cause)
-        )
+        if unheard > LOG_EACH:
+            log.info("and %d more participants no member hears", unheard - LOG_EACH)
 
     def _sample_phi(self, now_ms: int) -> None:
         """Every PHI_SAMPLE_EVERY_MS, the phi of the next PHI_SAMPLE_SIZE carried

@@ -82,6 +82,8 @@ class Coverage:
         self._synced_revision = -1
         # Why a participant lost its carrier, for the backstop's cause.
         self._lost_because: dict[Key, str] = {}
+        # Suspicions set aside in the report being taken (logged a few, then counted).
+        self._set_aside = 0
 
     # ------------------------------------------------------------ leadership
 
@@ -126,10 +128,17 @@ class Coverage:
         for key in report.detach:
             self._lose(key, member, state, now_ms, "released by its stream, not carried since")
         verdicts = []
+        self._set_aside = 0
         for suspicion in report.suspicions:
             verdict = self._judge(member, suspicion, state, now_ms)
             if verdict is not None:
                 verdicts.append(verdict)
+        if self._set_aside > LOG_VERDICTS:
+            log.info(
+                "and %d more of member %d's suspicions set aside: other members carry them",
+                self._set_aside - LOG_VERDICTS,
+                member,
+            )
         return verdicts
 
     def member_reported(self, member: int, now_ms: int) -> None:
@@ -161,6 +170,9 @@ class Coverage:
             return None
         carrier = self.carrier.get(key)
         if carrier is not None and carrier != member:
+            self._set_aside += 1
+            if self._set_aside > LOG_VERDICTS:
+                return None
             log.info(
                 "job %s: participant %d: member %d's suspicion (%s) set aside: member %d "
                 "carries it now",

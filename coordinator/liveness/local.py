@@ -45,6 +45,18 @@ INTAKE_SAMPLES = 64
 # The own event loop running this much late holds suspicion (ms).
 LOOP_STALL_MS = 50
 MASS_SUSPICION_HOLD_MS = 5000
+# The job id of group detectors' keys (not a valid job id, so never a participant's).
+GROUP_JOB = "\x00group"
+
+
+class _Group:
+    """The participants one batch stream carries for one job, beating together."""
+
+    __slots__ = ("key", "members")
+
+    def __init__(self, key: Key) -> None:
+        self.key = key
+        self.members: set[Key] = set()
 
 
 class StreamClock:
@@ -108,6 +120,10 @@ class MemberDetection:
         self._streams_reopened = 0
         # The last heartbeat of each verdict timed (a verdict reported again is timed once).
         self._timed: dict[Key, float] = {}
+        # Batch streams' group detectors, and the group each of their participants is in.
+        self._groups: dict[int, _Group] = {}
+        self._group_of: dict[Key, int] = {}
+        self._next_group = 0
 
     # ---------------------------------------------------------------- streams
 
@@ -133,6 +149,79 @@ class MemberDetection:
             count += 1
         self._heartbeats_received.inc(count)
 
+    # ---------------------------------------------------------------- batch streams
+
+    def open_group(self, settings: DetectorSettings, now_ms: int) -> int:
+        """A batch stream starts carrying participants of one job: one detector for all of
+        them (they arrive in the same requests, so they share arrival times), fed once per
+        request however many it names."""
+        self._next_group += 1
+        gid = self._next_group
+        group = self._groups[gid] = _Group((GROUP_JOB, gid))
+        self.detectors.track(group.key, settings, now_ms)
+        return gid
+
+    def group_beat(self, gid: int, now_ms: int) -> None:
+        """One request of the group's stream: a heartbeat for each of its participants."""
+        group = self._groups.get(gid)
+        if group is None:
+            return
+        self.detectors.heartbeat(group.key, now_ms)
+        self._heartbeats_received.inc(len(group.members))
+
+    def group_update(self, gid: int, members: set[Key], now_ms: int) -> None:
+        """The group's participants are now ``members``. One that is no longer named (and
+        was not released) goes on alone from the group's history: its silence counts. One
+        that joins leaves its own detector or another group (it moved here)."""
+        group = self._groups.get(gid)
+        if group is None or members == group.members:
+            return
+        for key in group.members - members:
+            self._leave_group(key, group, now_ms, closed=False, evidence=True)
+        for key in members - group.members:
+            other = self._group_of.get(key)
+            if other is not None and other in self._groups:
+                self._groups[other].members.discard(key)
+            elif key in self.detectors:
+                self.detectors.forget(key)
+                self._streams.pop(key, None)
+            else:
+                self._attach[key] = None
+                self._detach.pop(key, None)
+            self._group_of[key] = gid
+        group.members = set(members)
+
+    def group_release(self, gid: int, key: Key) -> None:
+        """The group's stream lets ``key`` go without evidence."""
+        group = self._groups.get(gid)
+        if group is not None and key in group.members:
+            self._leave_group(key, group, 0, closed=False, evidence=False)
+
+    def close_group(self, gid: int, now_ms: int, *, closed: bool) -> None:
+        """The group's stream ended: abnormally (``closed``: evidence for each participant,
+        confirmed unless it is heard again in time) or not (let go)."""
+        group = self._groups.pop(gid, None)
+        if group is None:
+            return
+        for key in sorted(group.members):
+            self._leave_group(key, group, now_ms, closed=closed, evidence=closed)
+        self.detectors.forget(group.key)
+
+    def _leave_group(
+        self, key: Key, group: _Group, now_ms: int, *, closed: bool, evidence: bool
+    ) -> None:
+        group.members.discard(key)
+        if self._group_of.get(key) != int(group.key[1]):
+            return
+        del self._group_of[key]
+        if evidence:
+            self.detectors.adopt(key, group.key, now_ms, closed=closed)
+            return
+        if self._attach.pop(key, False) is False:
+            self._detach[key] = None
+        self._progress.pop(key, None)
+        self._timed.pop(key, None)
+
     def progress(self, key: Key, report: ProgressReport) -> None:
         """The latest progress ``key`` reported (goes to the leader with the next report)."""
         self._progress[key] = report
@@ -152,7 +241,10 @@ class MemberDetection:
 
     def forget(self, key: Key) -> None:
         """Stop watching ``key`` without suspicion (released, or no longer a participant)."""
-        if key in self.detectors:
+        gid = self._group_of.pop(key, None)
+        if gid is not None and gid in self._groups:
+            self._groups[gid].members.discard(key)
+        if key in self.detectors or gid is not None:
             self.detectors.forget(key)
             if self._attach.pop(key, False) is False:
                 self._detach[key] = None
@@ -163,15 +255,17 @@ class MemberDetection:
     def retain(self, is_participant: Callable[[Key], bool]) -> None:
         """Forget every key for which ``is_participant(key)`` is false (they left their
         job)."""
-        for key in self.detectors.tracked():
+        for key in self.carried():
             if not is_participant(key):
                 self.forget(key)
 
     def carried(self) -> list[Key]:
-        return self.detectors.tracked()
+        """Every participant this member watches, in key order."""
+        alone = [k for k in self.detectors.tracked() if k[0] != GROUP_JOB]
+        return sorted([*alone, *self._group_of])
 
     def carries(self, key: Key) -> bool:
-        return key in self.detectors
+        return key in self._group_of or key in self.detectors
 
     # ---------------------------------------------------------------- guards
 
@@ -205,10 +299,17 @@ class MemberDetection:
         if reopened != self._streams_reopened:
             self._guards["stream_reopened"].inc(reopened - self._streams_reopened)
             self._streams_reopened = reopened
-        keys = self.detectors.suspects(now_ms)
-        if not keys:
+        found = self.detectors.suspects(now_ms)
+        if not found:
             return []
-        closed = [k for k in keys if math.isinf(self.detectors.phi(k, now_ms) or 0.0)]
+        keys: list[Key] = []
+        for key in found:
+            if key[0] == GROUP_JOB:
+                group = self._groups.get(key[1])
+                keys.extend(sorted(group.members) if group is not None else ())
+            else:
+                keys.append(key)
+        closed = [k for k in keys if math.isinf(self.phi(k, now_ms) or 0.0)]
         closed_set = set(closed)
         by_phi: dict[str, list[Key]] = {}
         for key in keys:
@@ -217,7 +318,7 @@ class MemberDetection:
         credible = list(closed)
         carried_per_job: dict[str, int] = {}
         if by_phi:
-            for job, _ in self.detectors.tracked():
+            for job, _ in self.carried():
                 carried_per_job[job] = carried_per_job.get(job, 0) + 1
         for job, suspected in sorted(by_phi.items()):
             carried = carried_per_job.get(job, 0)
@@ -233,10 +334,11 @@ class MemberDetection:
                 credible.extend(suspected)
         out = []
         for key in sorted(credible):
-            value = self.detectors.phi(key, now_ms)
-            last_ms = self.detectors.last_heartbeat_ms(key)
+            detector_key = self._detector_key(key)
+            value = self.detectors.phi(detector_key, now_ms)
+            last_ms = self.detectors.last_heartbeat_ms(detector_key)
             silent_ms = 0 if last_ms is None else max(0, int(now_ms - last_ms))
-            tracked_settings = self.detectors.settings(key)
+            tracked_settings = self.detectors.settings(detector_key)
             if value is not None and math.isinf(value):
                 kind, cause = "stream_closed", "heartbeat stream closed and not reopened"
             else:
@@ -247,7 +349,7 @@ class MemberDetection:
                 self._timed[key] = last_ms
                 self._detection[kind].observe(silent_ms / 1000)
             out.append(Suspicion(key[0], key[1], kind, cause, silent_ms))
-            if key not in self._streams:
+            if key not in self._streams and key not in self._group_of:
                 # Nobody carries it here any more: the leader decides from this report.
                 self.detectors.forget(key)
                 self._attach.pop(key, None)
@@ -283,8 +385,12 @@ class MemberDetection:
 
     # ---------------------------------------------------------------- readings
 
+    def _detector_key(self, key: Key) -> Key:
+        gid = self._group_of.get(key)
+        return key if gid is None else (GROUP_JOB, gid)
+
     def phi(self, key: Key, now_ms: int) -> float | None:
-        return self.detectors.phi(key, now_ms)
+        return self.detectors.phi(self._detector_key(key), now_ms)
 
     def heartbeat_age_ms(self, key: Key, now_ms: int) -> int | None:
-        return self.detectors.heartbeat_age_ms(key, now_ms)
+        return self.detectors.heartbeat_age_ms(self._detector_key(key), now_ms)

@@ -427,8 +427,9 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         request_iterator: AsyncIterator[rendezvous_pb2.HeartbeatBatchRequest],
         context: Context,
     ) -> AsyncIterator[rendezvous_pb2.HeartbeatBatchResponse]:
-        # The participants this stream carries, and the (round, state) it last told each.
-        carried: dict[tuple[str, int], tuple[int, RoundState] | None] = {}
+        # Per job this stream carries participants of: their group detector and what the
+        # stream last told each.
+        stream_jobs: dict[str, _StreamJob] = {}
         clock = StreamClock()
         requests = aiter(request_iterator)
         next_request: asyncio.Future[rendezvous_pb2.HeartbeatBatchRequest] = asyncio.ensure_future(
@@ -450,7 +451,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
                     for job_id, signal in list(signals.items()):
                         if signal.fired():
                             signals[job_id] = self._signals.renew(job_id, signal)
-                            push = self._push(job_id, carried)
+                            push = self._push(job_id, stream_jobs[job_id])
                             if push is not None:
                                 yield push
                 if next_request not in done:
@@ -463,27 +464,23 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
                 now_ms = monotonic_ms()
                 job_id = validate.job_id(request.job)
                 pids = list(request.participant_ids)
-                rounds = list(request.rounds)
                 if len(pids) > MAX_BATCH_PARTICIPANTS:
                     raise InvalidArgument(
                         "participant_ids",
                         f"a heartbeat batch names at most {MAX_BATCH_PARTICIPANTS} "
                         f"participants, this one {len(pids)}",
                     )
-                if rounds and len(rounds) != len(pids):
+                if len(request.rounds) not in (0, len(pids)):
                     raise InvalidArgument(
                         "rounds",
-                        f"{len(rounds)} entries for {len(pids)} participant_ids: give one "
-                        "per participant, or none",
+                        f"{len(request.rounds)} entries for {len(pids)} participant_ids: give "
+                        "one per participant, or none",
                     )
                 self.node.request_lag(clock, now_ms, request.sent_ms)
                 self.node.serves_heartbeats()
-                for pid in request.released:
-                    if carried.pop((job_id, pid), _ABSENT) is not _ABSENT:
-                        self.node.heartbeat_released(job_id, pid)
                 if request.known_index > self.node.state.applied_index:
                     await self._applied_through(request.known_index)
-                answer = self._beat(job_id, pids, rounds, request, carried, now_ms)
+                answer = self._beat(job_id, pids, request, stream_jobs, now_ms)
                 if job_id not in signals:
                     signals[job_id] = self._signals.subscribe(job_id, self.node)
                     if changed is not None:
@@ -496,40 +493,31 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
                 changed.cancel()
             for job_id in signals:
                 self._signals.unsubscribe(job_id)
-            jobs = self.node.state.rendezvous.jobs
-            for job_id, pid in sorted(carried):
-                job = jobs.get(job_id)
-                if job is not None and pid in job.participants:
-                    self.node.heartbeat_stream_closed(job_id, pid)
-                else:
-                    self.node.heartbeat_released(job_id, pid)
+            now_ms = monotonic_ms()
+            for carried in stream_jobs.values():
+                self.node.close_group(carried.group, now_ms, closed=True)
 
     def _push(
-        self, job_id: str, carried: dict[tuple[str, int], tuple[int, RoundState] | None]
+        self, job_id: str, carried: _StreamJob
     ) -> rendezvous_pb2.HeartbeatBatchResponse | None:
         """An unsolicited answer (seq 0): the assignments of this stream's participants of
         ``job_id`` whose round moved since the stream last told them; None if none did."""
         job = self.node.state.rendezvous.jobs.get(job_id)
         answer = rendezvous_pb2.HeartbeatBatchResponse(header=header_pb(self.node.header()))
-        keys = [key for key in carried if key[0] == job_id]
-        if job is None:
-            for key in keys:
-                del carried[key]
-                self.node.heartbeat_released(*key)
-                answer.assignments.add(participant_id=key[1], gone=True)
-            return answer if keys else None
-        r = job.round
-        current = (r.number, r.state)
+        told = carried.told
+        participants = job.participants if job is not None else {}
+        current = (job.round.number, job.round.state) if job is not None else None
         stale = []
-        for key in keys:
-            if key[1] not in job.participants:
-                del carried[key]
-                self.node.heartbeat_released(*key)
-                answer.assignments.add(participant_id=key[1], gone=True)
-            elif carried[key] != current:
-                carried[key] = current
-                stale.append(key[1])
-        self._assign(job, stale, answer)
+        for pid in list(told):
+            if pid not in participants:
+                del told[pid]
+                self.node.group_release(carried.group, job_id, pid)
+                answer.assignments.add(participant_id=pid, gone=True)
+            elif told[pid] != current:
+                told[pid] = current
+                stale.append(pid)
+        if job is not None:
+            self._assign(job, stale, answer)
         return answer if answer.assignments else None
 
     def _assign(
@@ -560,44 +548,52 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         self,
         job_id: str,
         pids: list[int],
-        rounds: list[int],
         request: rendezvous_pb2.HeartbeatBatchRequest,
-        carried: dict[tuple[str, int], tuple[int, RoundState] | None],
+        stream_jobs: dict[str, _StreamJob],
         now_ms: int,
     ) -> rendezvous_pb2.HeartbeatBatchResponse:
-        """Feed the detectors for one batch request and answer it."""
+        """Feed the detectors for one batch request and answer it. A request that names
+        the same participants as the last one, with the job unchanged since, costs one
+        detector update whatever its size (the fast path: a stream's steady state)."""
         job = self._job(job_id)
-        r = job.round
-        current = (r.number, r.state)
-        participants = job.participants
+        carried = stream_jobs.get(job_id)
+        if carried is None:
+            carried = stream_jobs[job_id] = _StreamJob(self.node.open_group(job_id, now_ms))
         answer = rendezvous_pb2.HeartbeatBatchResponse(
             header=header_pb(self.node.header()), seq=request.seq
         )
-        beat: list[int] = []
-        stale: list[int] = []
-        for pid in pids:
-            key = (job_id, pid)
-            told = carried.get(key, _ABSENT)
-            if told is _ABSENT:
-                if pid in participants and self.node.carry(job_id, pid):
-                    carried[key] = told = None
-                else:
+        told = carried.told
+        for pid in request.released:
+            if told.pop(pid, _ABSENT) is not _ABSENT:
+                self.node.group_release(carried.group, job_id, pid)
+                carried.last_pids = None
+        if pids != carried.last_pids or job.revision != carried.revision:
+            r = job.round
+            current = (r.number, r.state)
+            participants = job.participants
+            members: set[tuple[str, int]] = set()
+            stale: list[int] = []
+            for pid in pids:
+                if pid not in participants:
+                    if told.pop(pid, _ABSENT) is not _ABSENT:
+                        self.node.group_release(carried.group, job_id, pid)
                     answer.assignments.add(participant_id=pid, gone=True)
                     continue
-            elif pid not in participants:
-                del carried[key]
-                self.node.heartbeat_released(job_id, pid)
-                answer.assignments.add(participant_id=pid, gone=True)
-                continue
-            beat.append(pid)
-            if told != current:
-                stale.append(pid)
-                carried[key] = current
-        self.node.batch_heartbeat(job_id, beat, now_ms)
-        self._assign(job, stale, answer)
+                members.add((job_id, pid))
+                if told.get(pid) != current:
+                    told[pid] = current
+                    stale.append(pid)
+            if len(told) > len(members):
+                named = {pid for _, pid in members}
+                for pid in [p for p in told if p not in named]:
+                    del told[pid]  # no longer named: silent from now (group_update)
+            self.node.group_update(carried.group, members, now_ms)
+            self._assign(job, stale, answer)
+            carried.last_pids = pids
+            carried.revision = job.revision
+        self.node.group_beat(carried.group, now_ms)
         for entry in request.progress:
-            key = (job_id, entry.participant_id)
-            if key not in carried:
+            if entry.participant_id not in told:
                 continue
             self.node.report_progress(
                 job_id,
@@ -787,6 +783,19 @@ def _participant_id(seat: Seat) -> int:
 def _position(job: JobView) -> tuple[int, RoundState, JobState]:
     """What a watcher is told at once when it changes: round number, round state, job state."""
     return job.round.number, job.round.state, job.state
+
+
+class _StreamJob:
+    """What one batch stream keeps for one job: its participants' group detector, what it
+    last told each (round, state), and the request and job revision last seen in full."""
+
+    __slots__ = ("group", "last_pids", "revision", "told")
+
+    def __init__(self, group: int) -> None:
+        self.group = group
+        self.told: dict[int, tuple[int, RoundState] | None] = {}
+        self.last_pids: list[int] | None = None
+        self.revision = -1
 
 
 class _JobSignal:

@@ -89,6 +89,8 @@ class FakeNode:
         self.released: list[tuple[str, int]] = []
         self.lags: list[int] = []
         self.cut_off = False
+        # Batch streams' groups: the participants each carries.
+        self._groups: list[set[tuple[str, int]]] = []
         self.apply_waits = 0
 
     # ------------------------------------------------------------------ switches
@@ -205,8 +207,28 @@ class FakeNode:
         self.carried.append((job, participant_id))
         return True
 
-    def batch_heartbeat(self, job: str, participant_ids: list[int], now_ms: int) -> None:
-        self.heartbeats.extend((job, pid) for pid in participant_ids)
+    def open_group(self, job: str, now_ms: int) -> int:
+        self._groups.append(set())
+        return len(self._groups) - 1
+
+    def group_update(self, group: int, members: set[tuple[str, int]], now_ms: int) -> None:
+        self.carried.extend(sorted(members - self._groups[group]))
+        self._groups[group] = set(members)
+
+    def group_beat(self, group: int, now_ms: int) -> None:
+        self.heartbeats.extend(sorted(self._groups[group]))
+
+    def group_release(self, group: int, job: str, participant_id: int) -> None:
+        self._groups[group].discard((job, participant_id))
+        self.released.append((job, participant_id))
+
+    def close_group(self, group: int, now_ms: int, *, closed: bool) -> None:
+        members, self._groups[group] = self._groups[group], set()
+        if closed:
+            for job, pid in sorted(members):
+                found = self._state.rendezvous.jobs.get(job)
+                if found is not None and pid in found.participants:
+                    self.closed_streams.append((job, pid))
 
     def report_progress(
         self, job: str, participant_id: int, progress: ProgressReport, now_ms: int

@@ -318,3 +318,78 @@ async def test_a_member_whose_reports_no_leader_takes_stops_serving_heartbeats(
     sup.step()
     await asyncio.sleep(0)
     assert sup.serves_heartbeats()
+
+
+# ------------------------------------------------------------------------ batch streams
+
+
+def test_a_batch_stream_beats_for_all_its_participants_with_one_detector() -> None:
+    detection = MemberDetection()
+    gid = detection.open_group(SETTINGS, 0)
+    keys = [("j", i) for i in range(1, 1001)]
+    detection.group_update(gid, set(keys), 0)
+    assert detection.take_report([]).attach == keys  # carried, and the leader hears so
+    now = 0
+    for _ in range(10):
+        now += 100
+        detection.group_beat(gid, now)
+    # One detector behind them all: the detector set holds the group, not 1000 entries.
+    assert len(detection.detectors) == 1
+    assert detection.phi(keys[0], now + 50) == detection.phi(keys[-1], now + 50) < 1
+    assert detection.suspects(now + 100) == []
+
+
+def test_a_participant_the_stream_stops_naming_goes_on_alone_and_is_suspected() -> None:
+    detection = MemberDetection()
+    gid = detection.open_group(SETTINGS, 0)
+    keys = [("j", i) for i in range(1, 5)]
+    detection.group_update(gid, set(keys), 0)
+    now = 0
+    for _ in range(10):
+        now += 100
+        detection.group_beat(gid, now)
+    # The relay stops naming participant 4 (its process died) without releasing it.
+    detection.group_update(gid, set(keys[:3]), now)
+    for _ in range(20):
+        now += 100
+        detection.group_beat(gid, now)
+    suspected = detection.suspects(now)
+    assert [s.key for s in suspected] == [("j", 4)] and suspected[0].kind == "phi"
+    assert suspected[0].silent_ms == 2000  # from its last request, not from the change
+
+
+def test_a_released_participant_is_let_go_and_a_broken_stream_is_evidence_for_the_rest() -> None:
+    detection = MemberDetection()
+    gid = detection.open_group(SETTINGS, 0)
+    keys = [("j", i) for i in range(1, 4)]
+    detection.group_update(gid, set(keys), 0)
+    detection.take_report([])
+    now = 0
+    for _ in range(10):
+        now += 100
+        detection.group_beat(gid, now)
+    detection.group_release(gid, ("j", 1))
+    assert detection.take_report([]).detach == [("j", 1)]
+    detection.close_group(gid, now, closed=True)
+    assert detection.suspects(now + 100) == []
+    closed = detection.suspects(now + 200)
+    assert [(s.key, s.kind) for s in closed] == [(k, "stream_closed") for k in keys[1:]]
+
+
+def test_a_participant_that_moves_to_another_stream_of_the_member_is_not_suspected() -> None:
+    detection = MemberDetection()
+    first, second = detection.open_group(SETTINGS, 0), detection.open_group(SETTINGS, 0)
+    detection.group_update(first, {("j", 1), ("j", 2)}, 0)
+    detection.group_update(second, {("j", 3)}, 0)
+    now = 0
+    for _ in range(10):
+        now += 100
+        detection.group_beat(first, now)
+        detection.group_beat(second, now)
+    detection.group_update(second, {("j", 2), ("j", 3)}, now)  # 2 arrives on the second
+    detection.group_update(first, {("j", 1)}, now)  # and is no longer named on the first
+    for _ in range(20):
+        now += 100
+        detection.group_beat(first, now)
+        detection.group_beat(second, now)
+    assert detection.suspects(now) == []

@@ -33,6 +33,7 @@ from .errors import (
     ValueTooLargeError,
     WrongEndpointError,
 )
+from .heartbeats import Assignment, HeartbeatBatcher, HeartbeatSamples
 from .lease import Lease
 from .rendezvous import Participant
 from .rendezvous_errors import (
@@ -93,6 +94,7 @@ __all__ = [
     "TOKEN_ENV",
     "AddOverflowError",
     "AddResult",
+    "Assignment",
     "Backoff",
     "CheckpointIncompleteError",
     "CheckpointInfo",
@@ -114,6 +116,8 @@ __all__ = [
     "Fence",
     "GetResult",
     "Header",
+    "HeartbeatBatcher",
+    "HeartbeatSamples",
     "InternalError",
     "InvalidArgumentError",
     "InvalidValueError",

@@ -368,17 +368,22 @@ class HeartbeatBatcher:
             return closed
         # seq -> monotonic send time of the requests not answered yet, oldest first.
         owed: dict[int, float] = {}
-        sender = asyncio.create_task(self._send(call, address, owed), name="heartbeat batch send")
-        reader = asyncio.create_task(
-            self._read(call, address, owed, retrier), name="heartbeat batch read"
-        )
+        tasks = [
+            asyncio.create_task(self._send(call, owed), name="heartbeat batch send"),
+            asyncio.create_task(
+                self._read(call, address, owed, retrier), name="heartbeat batch read"
+            ),
+            # Apart from the sender: a write to a member that stopped reading blocks once the
+            # stream's flow-control window is full, and the stream must still be abandoned.
+            asyncio.create_task(self._watch(address, owed), name="heartbeat batch watch"),
+        ]
         try:
-            done, _ = await asyncio.wait({sender, reader}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             return next(iter(done)).result()
         finally:
-            for task in (sender, reader):
+            for task in tasks:
                 task.cancel()
-            for task in (sender, reader):
+            for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             call.cancel()
@@ -404,7 +409,6 @@ class HeartbeatBatcher:
         call: grpc.aio.StreamStreamCall[
             rendezvous_pb2.HeartbeatBatchRequest, rendezvous_pb2.HeartbeatBatchResponse
         ],
-        address: str,
         owed: dict[int, float],
     ) -> RallypointError:
         loop = asyncio.get_running_loop()
@@ -412,13 +416,6 @@ class HeartbeatBatcher:
         next_at = loop.time()
         seq = 0
         while True:
-            if owed:
-                oldest_s = next(iter(owed.values()))
-                if time.monotonic() - oldest_s > self.answer_patience_s:
-                    return UnavailableError(
-                        f"{address} left a heartbeat batch unanswered for "
-                        f"{self.answer_patience_s:g} s"
-                    )
             if self._rounds or self._released:
                 seq += 1
                 request = self._request(seq)
@@ -435,6 +432,17 @@ class HeartbeatBatcher:
             next_at = max(next_at + interval_s, loop.time())
             await asyncio.sleep(next_at - loop.time())
             self._lags_s.append(max(0.0, loop.time() - next_at))
+
+    async def _watch(self, address: str, owed: dict[int, float]) -> RallypointError:
+        """Returns once the oldest unanswered request is older than the patience (checked
+        once an interval: one look at the oldest entry)."""
+        while True:
+            oldest_s = next(iter(owed.values()), None)
+            if oldest_s is not None and time.monotonic() - oldest_s > self.answer_patience_s:
+                return UnavailableError(
+                    f"{address} left a heartbeat batch unanswered for {self.answer_patience_s:g} s"
+                )
+            await asyncio.sleep(self.heartbeat_interval_s)
 
     async def _read(
         self,

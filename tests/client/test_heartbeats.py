@@ -41,6 +41,9 @@ class FakeMember(rendezvous_pb2_grpc.RendezvousServicer):
         self.silent = False
         self.answer_delay_s = 0.0
         self.refuse: tuple[grpc.StatusCode, str, str] | None = None
+        # Never read the stream (a member whose loop is stuck): writes block once HTTP/2's
+        # flow-control window is full.
+        self.stalled = asyncio.Event()
         self.server: grpc.aio.Server | None = None
         self.address = ""
 
@@ -50,6 +53,8 @@ class FakeMember(rendezvous_pb2_grpc.RendezvousServicer):
         context: Any,
     ) -> AsyncIterator[rendezvous_pb2.HeartbeatBatchResponse]:
         self.streams += 1
+        if self.stalled.is_set():
+            await asyncio.Event().wait()
         if self.refuse is not None:
             code, reason, message = self.refuse
             await context.abort(code, message, (("rallypoint-error-reason", reason),))
@@ -244,6 +249,18 @@ async def test_a_member_that_stops_answering_is_abandoned(
     batcher = await started(client, range(1, 3), answer_patience_s=0.3)
     await eventually(after(members[0], 0), "a request")
     await eventually(after(members[1], 0), "a request to the next member", timeout_s=5.0)
+    assert members[0].streams == 1
+    await batcher.close()
+
+
+async def test_a_member_that_stops_reading_is_abandoned(
+    client: Client, members: list[FakeMember]
+) -> None:
+    members[0].stalled.set()
+    # Requests of ~250 kB: the stream's window fills after a few, and every write then blocks.
+    batcher = await started(client, range(1_000_000, 1_050_000), answer_patience_s=1.0)
+    request = (await eventually(after(members[1], 0), "a request to the next member"))[0]
+    assert len(request.participant_ids) == 50_000
     assert members[0].streams == 1
     await batcher.close()
 

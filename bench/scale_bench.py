@@ -126,10 +126,13 @@ class ScaleBench:
     async def join(self, job: str, total: int, config: JobConfig) -> list[dict[str, Any]]:
         """``total`` participants of ``job`` spread over the load processes; their events."""
         counts = split(total, len(self.hosts))
-        command = f"{{}} {job} {{}} {config_json(config)}"
         joined = await asyncio.gather(
             *(
-                p.request(command.format("join", count), "joined", self.args.phase_timeout_s)
+                p.request(
+                    f"join {job} {count} {config_json(config)}",
+                    "joined",
+                    self.args.phase_timeout_s,
+                )
                 for p, count in zip(self.hosts, counts, strict=True)
             )
         )
@@ -220,15 +223,18 @@ async def round_trial(bench: ScaleBench, size: int) -> dict[str, Any]:
             f"{args.phase_timeout_s:g} s",
         }
         if complete:
-            trial["change"] = await round_change(bench, job, size, round_number)
+            trial["change"] = await round_change(bench, job, size, round_number, failed_joining)
         return trial
     finally:
         await bench.close_job(job)
 
 
-async def round_change(bench: ScaleBench, job: str, size: int, round_number: int) -> dict[str, Any]:
+async def round_change(
+    bench: ScaleBench, job: str, size: int, round_number: int, failed_before: int
+) -> dict[str, Any]:
     """Evict one participant of an ACTIVE round of ``size``; the bytes pushed until every
-    survivor saw the next round ACTIVE."""
+    survivor saw the next round ACTIVE. ``failed_before``: MEMBER_FAILED rounds of the job
+    already counted."""
     await asyncio.gather(*(p.request("mark", "marked", 30) for p in bench.hosts))
     # The survivors alone make the next round: it closes at once.
     await bench.admin.configure(
@@ -243,7 +249,7 @@ async def round_change(bench: ScaleBench, job: str, size: int, round_number: int
     seen = sum(e["seen"] for e in settled)
     last_seen = max((e["last_seen"] for e in settled if e["last_seen"]), default=None)
     totals = pushed_bytes(settled)
-    failed = await bench.failed_in_history(job)
+    failed = await bench.failed_in_history(job) - failed_before
     bench.count("rounds", failed)
     return {
         "evicted": victim,
@@ -612,28 +618,32 @@ def plot(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, (rounds_axis, bytes_axis, capacity_axis) = plt.subplots(1, 3, figsize=(16, 4.5))
-    sizes = sorted(int(s) for s, t in results["rounds"].items() if t.get("round_close_s"))
-    rounds_axis.plot(
-        sizes, [results["rounds"][str(s)]["round_close_s"] for s in sizes], "o-", label="close"
+    rounds = results["rounds"]
+    closed = sorted(
+        (int(size), trial["round_close_s"])
+        for size, trial in rounds.items()
+        if trial.get("round_close_s") is not None
     )
-    rounds_axis.set_xscale("log")
-    rounds_axis.set_xlabel("participants")
-    rounds_axis.set_ylabel("s after the last join until every one knows")
-    rounds_axis.set_title("round close")
-    rounds_axis.grid(alpha=0.3)
-    changed = [
-        (int(s), t["change"]["bytes_per_participant"])
-        for s, t in results["rounds"].items()
-        if t.get("change")
-    ]
-    bytes_axis.plot([s for s, _ in changed], [b for _, b in changed], "o-")
+    changed = sorted(
+        (int(size), trial["change"]["bytes_per_participant"])
+        for size, trial in rounds.items()
+        if trial.get("change")
+    )
+    for axis, points, ylabel, title in (
+        (rounds_axis, closed, "s after the last join until every one knows", "round close"),
+        (bytes_axis, changed, "bytes pushed per participant", "one round change"),
+    ):
+        axis.set_xlabel("participants")
+        axis.set_ylabel(ylabel)
+        axis.set_title(title)
+        axis.grid(alpha=0.3)
+        if not points:
+            axis.text(0.5, 0.5, "not measured", ha="center", transform=axis.transAxes)
+            continue
+        axis.plot([n for n, _ in points], [v for _, v in points], "o-")
+        axis.set_xscale("log")
     bytes_axis.axhline(1024, color="tab:red", linestyle="--", label="target 1 KiB")
-    bytes_axis.set_xscale("log")
-    bytes_axis.set_xlabel("participants")
-    bytes_axis.set_ylabel("bytes pushed per participant")
-    bytes_axis.set_title("one round change")
     bytes_axis.legend()
-    bytes_axis.grid(alpha=0.3)
     steps = results["capacity"]["steps"]
     counts = [s["participants"] for s in steps]
     capacity_axis.plot(counts, [s["answer_p99_ms"] for s in steps], "o-", label="answer p99")

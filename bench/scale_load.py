@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import logging
 import statistics
@@ -84,6 +85,9 @@ class JobLoad:
     seen_at: dict[int, float] = field(default_factory=dict)
     rank: dict[int, int] = field(default_factory=dict)
     gone: set[int] = field(default_factory=set)
+    # Round -> how many participants have it as their highest ACTIVE round (so waiting for
+    # a round costs a few additions per poll, not a pass over every participant).
+    reached: collections.Counter[int] = field(default_factory=collections.Counter)
     # Round -> [assignments, their bytes, bytes of the answers carrying them], since `mark`.
     pushed: dict[int, list[int]] = field(default_factory=dict)
 
@@ -96,6 +100,10 @@ class JobLoad:
             and assignment.round > self.seen_round.get(participant_id, 0)
             and not assignment.waiting
         ):
+            previous = self.seen_round.get(participant_id)
+            if previous is not None:
+                self.reached[previous] -= 1
+            self.reached[assignment.round] += 1
             self.seen_round[participant_id] = assignment.round
             self.seen_at[participant_id] = time.time()
             self.rank[participant_id] = assignment.rank
@@ -114,7 +122,7 @@ class JobLoad:
         counts[2] += response.ByteSize()
 
     def settled(self, round_number: int) -> bool:
-        reached = sum(1 for r in self.seen_round.values() if r >= round_number)
+        reached = sum(count for r, count in self.reached.items() if r >= round_number)
         gone_elsewhere = sum(1 for p in self.gone if self.seen_round.get(p, 0) < round_number)
         return reached + gone_elsewhere >= self.participants
 

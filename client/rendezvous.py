@@ -411,7 +411,10 @@ class Participant:
         next_at = loop.time()
         while True:
             request = rendezvous_pb2.HeartbeatRequest(
-                job=self.job, participant_id=self.participant_id, round=self.round.round
+                job=self.job,
+                participant_id=self.participant_id,
+                round=self.round.round,
+                sent_ms=int(time.monotonic() * 1000),
             )
             progress = self._progress
             if progress is not None:

@@ -153,18 +153,18 @@ class NodeMetrics:
             registry=self.registry,
         )
 
-        # ---- the leader's failure detection (leader only; leader/supervisor.py)
+        # ---- failure detection (every member's streams; liveness/, leader/supervisor.py)
         self.heartbeats_received = Counter(
             "rallypoint_heartbeats_received",
-            "Worker heartbeats this member received and recorded as leader.",
+            "Worker heartbeats received on the heartbeat streams this member serves.",
             registry=self.registry,
         )
         self.detection_seconds = Histogram(
             "rallypoint_detection_seconds",
-            "From a worker's last sign of life to the leader declaring it failed, by cause: "
+            "From a worker's last sign of life to this member suspecting it, by cause: "
             "phi (suspicion crossed the threshold), stream_closed (its heartbeat stream "
-            "ended and no new one came), hang (from its last completed step). Leader only; "
-            "detectors restart at a leader change, so time before it is not counted.",
+            "ended and no new one came): the member serving its stream; hang (from its last "
+            "completed step): the leader.",
             ["cause"],
             buckets=_DETECTION_BUCKETS_S,
             registry=self.registry,
@@ -179,9 +179,11 @@ class NodeMetrics:
         self.suspicion_guards = Counter(
             "rallypoint_suspicion_guards",
             "Times a false-suspicion guard held suspicion back: loop_stall (this member's "
-            "event loop ran late: any member), leader_grace (a new leader restarts its "
-            "detectors), mass_suspicion (phi against most of a job at once, held until it "
-            "persists), stream_reopened (a closed heartbeat stream came back in time).",
+            "event loop ran late), intake_lag (requests reach this member late), "
+            "leader_grace (a new leader's view of who hears whom starts over), "
+            "mass_suspicion (phi against most of what this member carries at once, held "
+            "until it persists), stream_reopened (a closed heartbeat stream came back in "
+            "time).",
             ["guard"],
             registry=self.registry,
         )

@@ -87,10 +87,12 @@ from .identity import Identity
 from .leader.lessor import Lessor
 from .leader.progress import ProgressReport
 from .leader.supervisor import RendezvousSupervisor
+from .liveness.local import StreamClock
 from .members import decode_app_snapshot
 from .metrics import NodeMetrics
 from .node_api import (
     CompactedWatchError,
+    CutOffError,
     Header,
     Member,
     NodeError,
@@ -205,6 +207,9 @@ class Node:
             wall_clock_ms,
             grace_ms=config.detector_grace_ms,
             metrics=self.metrics,
+            member_id=config.member_id,
+            leader_id=lambda: self.leader_id,
+            send_report=self._transport.liveness,
         )
         self._peer_server: grpc.aio.Server | None = None
         self._stopping = False
@@ -810,19 +815,40 @@ class Node:
         self.require_leader()
         return self.supervisor.heartbeat(job, participant_id, progress)
 
+    def carry(self, job: str, participant_id: int) -> bool:
+        return self.supervisor.carry(job, participant_id)
+
+    def batch_heartbeat(self, job: str, participant_ids: list[int], now_ms: int) -> None:
+        self.supervisor.local.heartbeats([(job, pid) for pid in participant_ids], now_ms)
+
+    def report_progress(
+        self, job: str, participant_id: int, progress: ProgressReport, now_ms: int
+    ) -> None:
+        self.supervisor.report_progress(job, participant_id, progress, now_ms)
+
+    def heartbeat_released(self, job: str, participant_id: int) -> None:
+        self.supervisor.release(job, participant_id)
+
+    def request_lag(self, clock: StreamClock, now_ms: int, sent_ms: int) -> None:
+        self.supervisor.local.request_lag(clock, now_ms, sent_ms)
+
+    def serves_heartbeats(self) -> None:
+        if not self.supervisor.serves_heartbeats():
+            raise CutOffError(self.member_id)
+
+    def liveness_report(self, from_id: int, payload: bytes) -> bool:
+        return self.supervisor.take_report(from_id, payload)
+
     def progress_of(self, job: str, participant_id: int) -> tuple[int, float, float] | None:
         return self.supervisor.progress_of(job, participant_id) if self.is_leader() else None
 
     def heartbeat_stream_closed(self, job: str, participant_id: int) -> None:
-        if self.is_leader():
-            self.supervisor.stream_closed(job, participant_id)
+        self.supervisor.stream_closed(job, participant_id)
 
     def phi(self, job: str, participant_id: int) -> float | None:
-        return self.supervisor.phi(job, participant_id) if self.is_leader() else None
+        return self.supervisor.phi(job, participant_id)
 
     def heartbeat_age_ms(self, job: str, participant_id: int) -> int | None:
-        if not self.is_leader():
-            return None
         return self.supervisor.heartbeat_age_ms(job, participant_id)
 
     def leader_clock_ms(self) -> int:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .leader.progress import ProgressReport
+from .liveness.local import StreamClock
 from .state.commands import Command
 from .state.results import Result
 from .state.values import Event
@@ -41,6 +42,19 @@ class NotLeaderError(NodeError):
 class NoLeaderError(NotLeaderError):
     def __init__(self) -> None:
         NodeError.__init__(self, "the cluster has no leader right now (an election is under way)")
+        self.leader_id = 0
+        self.leader_address = None
+
+
+class CutOffError(NoLeaderError):
+    """This member's batch heartbeat streams end: no leader took its reports lately."""
+
+    def __init__(self, member_id: int) -> None:
+        NodeError.__init__(
+            self,
+            f"member {member_id} has not reached a leader lately: send heartbeats to another "
+            "member",
+        )
         self.leader_id = 0
         self.leader_address = None
 
@@ -193,18 +207,48 @@ class ServerNode(Protocol):
         if the participant is unknown. Raises NotLeaderError on a follower."""
         ...
 
+    def carry(self, job: str, participant_id: int) -> bool:
+        """Any member: a heartbeat stream here starts carrying the participant (its detector
+        starts; the leader hears of it); False if it is not a participant of ``job``."""
+        ...
+
+    def batch_heartbeat(self, job: str, participant_ids: list[int], now_ms: int) -> None:
+        """Any member: one heartbeat for each of these carried participants."""
+        ...
+
+    def report_progress(
+        self, job: str, participant_id: int, progress: ProgressReport, now_ms: int
+    ) -> None:
+        """Any member: training progress a carried participant reported (the leader judges
+        it; a member forwards it)."""
+        ...
+
+    def serves_heartbeats(self) -> None:
+        """Raise CutOffError when this member cannot pass on what its batch heartbeat
+        streams tell it (no leader took its reports lately): workers should move."""
+        ...
+
+    def heartbeat_released(self, job: str, participant_id: int) -> None:
+        """A stream stops carrying the participant without evidence of failure."""
+        ...
+
+    def request_lag(self, clock: StreamClock, now_ms: int, sent_ms: int) -> None:
+        """A batch request stamped ``sent_ms`` by its sender arrived on the stream whose
+        arrival delays ``clock`` keeps (this member's intake lag)."""
+        ...
+
     def heartbeat_stream_closed(self, job: str, participant_id: int) -> None:
         """A worker's heartbeat stream ended abnormally (evidence it died)."""
         ...
 
     def phi(self, job: str, participant_id: int) -> float | None:
-        """The leader's current suspicion of a worker (inf once a closed stream is
-        confirmed); None on a follower or for an unknown participant."""
+        """This member's current suspicion of a worker whose heartbeats it receives (inf
+        once a closed stream is confirmed); None for one it does not receive."""
         ...
 
     def heartbeat_age_ms(self, job: str, participant_id: int) -> int | None:
-        """Milliseconds since the leader last heard a worker's heartbeat (or began watching
-        it); None on a follower or for an unknown participant."""
+        """Milliseconds since this member last heard a worker's heartbeat (or began watching
+        it); None for a worker whose heartbeats it does not receive."""
         ...
 
     def progress_of(self, job: str, participant_id: int) -> tuple[int, float, float] | None:

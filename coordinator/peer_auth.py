@@ -5,9 +5,10 @@ Every member is given the same secret (``--peer-secret-file``; ``rallypoint secr
 one). From it, with HMAC-SHA256 as the key-derivation function, come:
 
 - the *MAC key*: every peer request (each ``MessageBatch``, each ``SnapshotChunk``, each
-  ``Hello``) carries an HMAC-SHA256 over all of its fields, in a fixed encoding (below), so
-  a sender without the secret can neither forge a message nor alter one in flight; a replayed
-  batch is a real member's real message, which Raft handles as a duplicate;
+  ``Hello``, each ``LivenessReport``) carries an HMAC-SHA256 over all of its fields, in a
+  fixed encoding (below), so a sender without the secret can neither forge a message nor
+  alter one in flight; a replayed batch is a real member's real message, which Raft handles
+  as a duplicate (a replayed liveness report is refused by its number: liveness/report.py);
 - the *cluster id*: a one-way function of the secret and the cluster's name
   (``--cluster-token``), so members of differently named clusters sharing a secret still
   refuse each other's traffic, and the id reveals nothing of the secret.
@@ -110,6 +111,7 @@ BATCH_TAG = b"rallypoint/peer/batch/v1"
 CHUNK_TAG = b"rallypoint/peer/chunk/v1"
 HELLO_TAG = b"rallypoint/peer/hello/v1"
 HELLO_ANSWER_TAG = b"rallypoint/peer/hello-answer/v1"
+LIVENESS_TAG = b"rallypoint/peer/liveness/v1"
 
 
 def batch_fields(batch: peer_pb2.MessageBatch) -> list[int | bytes]:
@@ -140,6 +142,11 @@ def chunk_fields(chunk: peer_pb2.SnapshotChunk) -> list[int | bytes]:
         chunk.crc32c,
         chunk.message,
     ]
+
+
+def liveness_fields(report: peer_pb2.LivenessReport) -> list[int | bytes]:
+    """What a ``LivenessReport``'s MAC covers: every field but the MAC."""
+    return [report.cluster_id, report.from_id, report.to_id, report.payload]
 
 
 def member_name(member_id: int) -> str:

@@ -52,8 +52,10 @@ from .peer_auth import (
     CHUNK_TAG,
     HELLO_ANSWER_TAG,
     HELLO_TAG,
+    LIVENESS_TAG,
     batch_fields,
     chunk_fields,
+    liveness_fields,
     member_name,
 )
 from .peer_hello import hello_answer_fields, hello_request_fields
@@ -82,6 +84,11 @@ class PeerReceiver(PeerEnd, Protocol):
     def deliver(self, messages: list[Message], incarnation: int, abstaining: bool) -> None: ...
 
     def hello_answer(self, from_id: int) -> tuple[bool, bool, int, int]: ...
+
+    def liveness_report(self, from_id: int, payload: bytes) -> bool:
+        """Take a member's liveness report; False if this member is not the leader. Raise
+        ValueError, saying why, for a report that cannot be read."""
+        ...
 
     def validate_entries(self, entries: tuple[Entry, ...]) -> None:
         """Raise ValueError, saying why, unless every entry would apply."""
@@ -387,6 +394,31 @@ class PeerServicer(peer_pb2_grpc.RaftServicer):
             HELLO_ANSWER_TAG, hello_answer_fields(answer, request)
         )
         return answer
+
+    async def Liveness(
+        self,
+        request: peer_pb2.LivenessReport,
+        context: grpc.aio.ServicerContext[peer_pb2.LivenessReport, peer_pb2.LivenessAck],
+    ) -> peer_pb2.LivenessAck:
+        await self._check(
+            context,
+            LIVENESS_TAG,
+            liveness_fields(request),
+            request.mac,
+            request.cluster_id,
+            request.from_id,
+            request.to_id,
+        )
+        await self._check_ready(context)
+        try:
+            taken = self._host.liveness_report(request.from_id, request.payload)
+        except ValueError as exc:
+            await self._refuse(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"liveness report from member {request.from_id} refused: {exc}",
+            )
+        return peer_pb2.LivenessAck(taken=taken)
 
 
 def _certificate_names(context: Context) -> set[str]:

@@ -37,7 +37,15 @@ from rallypoint.raft.codec import encode_message
 from rallypoint.raft.storage.snapshotter import encode_snapshot_file
 from rallypoint.raft.types import Message, MessageType, NodeId, Snapshot
 
-from .peer_auth import BATCH_TAG, CHUNK_TAG, PeerKey, batch_fields, chunk_fields
+from .peer_auth import (
+    BATCH_TAG,
+    CHUNK_TAG,
+    LIVENESS_TAG,
+    PeerKey,
+    batch_fields,
+    chunk_fields,
+    liveness_fields,
+)
 
 log = logging.getLogger("rallypoint.transport")
 
@@ -400,6 +408,8 @@ class Transport:
             lambda address: grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
         )
         self._senders: dict[int, PeerSender] = {}
+        # Channels for liveness reports, by address (unary calls, apart from Raft's streams).
+        self._report_channels: dict[str, grpc.aio.Channel] = {}
 
     def channel(self, address: str) -> grpc.aio.Channel:
         """A new channel to ``address`` (plain or TLS, as this member's peers use)."""
@@ -414,6 +424,26 @@ class Transport:
                 self._senders[message.to] = sender
             sender.send(message)
 
+    async def liveness(self, member_id: int, payload: bytes, timeout_s: float = 1.0) -> bool:
+        """Send ``member_id`` (the leader) a liveness report; whether it took it. Raises
+        the RPC's error when it fails (the caller says everything again next time)."""
+        address = self._host.peer_address(member_id)
+        if address is None:
+            return False
+        channel = self._report_channels.get(address)
+        if channel is None:
+            channel = self._report_channels[address] = self._channel_factory(address)
+        request = peer_pb2.LivenessReport(
+            cluster_id=self._host.cluster_id,
+            from_id=self._host.member_id,
+            to_id=member_id,
+            payload=payload,
+        )
+        request.mac = self._host.peer_key.sign(LIVENESS_TAG, liveness_fields(request))
+        stub = peer_pb2_grpc.RaftStub(channel)
+        ack = await stub.Liveness(request, timeout=timeout_s)
+        return bool(ack.taken)
+
     async def remove_peer(self, member_id: int) -> None:
         sender = self._senders.pop(NodeId(member_id), None)
         if sender is not None:
@@ -423,3 +453,6 @@ class Transport:
         senders, self._senders = list(self._senders.values()), {}
         for sender in senders:
             await sender.stop()
+        channels, self._report_channels = list(self._report_channels.values()), {}
+        for channel in channels:
+            await channel.close(grace=None)

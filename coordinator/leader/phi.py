@@ -31,6 +31,9 @@ caller. The leader calls :meth:`DetectorSet.suspects` periodically and proposes
 - After a leader change the new leader knows nothing of the old one's heartbeat history:
   ``start_grace`` restarts every detector from now, and nobody is suspected for ``grace_ms``,
   so no worker is declared dead because the leader moved.
+- A young detector (fewer than ``YOUNG_SAMPLES`` heartbeats since it was tracked) is not
+  judged by phi before ``DetectorSettings.startup_ms``: two or three intervals, often the
+  late first ones of a worker still busy joining, are no history to suspect anyone on.
 - A suspect is reported once per ``retry_ms`` (its proposal may be dropped by a leader change
   or a full queue, so it is reported again later if still tracked).
 
@@ -57,6 +60,13 @@ from ..state.jobs import JobConfig
 
 Key = tuple[str, int]
 """(job id, participant id)."""
+
+# A detector is young until it has seen this many heartbeats: until then phi alone does not
+# suspect it before ``DetectorSettings.startup_ms`` has passed since it was tracked (a closed
+# stream still does).
+YOUNG_SAMPLES = 5
+YOUNG_FLOOR_MS = 3000
+YOUNG_INTERVALS = 10
 
 
 def phi_of(elapsed_ms: float, mean_ms: float, std_ms: float) -> float:
@@ -182,6 +192,13 @@ class DetectorSettings:
         )
 
     @property
+    def startup_ms(self) -> int:
+        """How long a detector with fewer than ``YOUNG_SAMPLES`` heartbeats behind it is
+        not judged by phi: a history of two or three intervals (the first ones after a join
+        or a move, often late while the worker's process is busy joining) says little."""
+        return max(YOUNG_FLOOR_MS, YOUNG_INTERVALS * self.heartbeat_interval_ms)
+
+    @property
     def confirm_closed_ms(self) -> int:
         """How long after a stream closes without a new heartbeat the worker is suspected."""
         return 2 * self.heartbeat_interval_ms
@@ -202,6 +219,15 @@ class _Tracked:
     reported_ms: int | None = None
     # When suspects() must look at this key next (its heap entry with this time is current).
     due_ms: float = math.inf
+    # When tracking (re)started, and the heartbeats seen since (see YOUNG_SAMPLES).
+    started_ms: int = 0
+    samples: int = 0
+
+    def young_until_ms(self) -> float:
+        """Phi alone cannot suspect this key before this time."""
+        if self.samples >= YOUNG_SAMPLES:
+            return -math.inf
+        return self.started_ms + self.settings.startup_ms
 
 
 class DetectorSet:
@@ -224,7 +250,9 @@ class DetectorSet:
         """Work out when ``key`` may next be a suspect and queue it for then."""
         settings = tracked.settings
         # A millisecond early: the exact phi decides when the time comes.
-        due = tracked.detector.reaches_ms(settings.phi_threshold) - 1.0
+        due = max(
+            tracked.detector.reaches_ms(settings.phi_threshold) - 1.0, tracked.young_until_ms()
+        )
         if tracked.stream_closed_ms is not None:
             due = min(due, tracked.stream_closed_ms + settings.confirm_closed_ms)
         if tracked.reported_ms is not None:
@@ -244,6 +272,10 @@ class DetectorSet:
     def keys(self) -> list[Key]:
         return sorted(self._tracked)
 
+    def tracked(self) -> list[Key]:
+        """The tracked keys, in key order."""
+        return sorted(self._tracked)
+
     def track(self, key: Key, settings: DetectorSettings, now_ms: int) -> None:
         """Monitor ``key`` as if it had just sent a heartbeat. Tracking an already tracked key
         with the same settings changes nothing; new settings start its detector over."""
@@ -252,7 +284,7 @@ class DetectorSet:
             return
         detector = settings.new_detector()
         detector.heartbeat(now_ms)
-        tracked = self._tracked[key] = _Tracked(settings, detector)
+        tracked = self._tracked[key] = _Tracked(settings, detector, started_ms=now_ms)
         self._schedule(key, tracked)
 
     def forget(self, key: Key) -> None:
@@ -274,6 +306,7 @@ class DetectorSet:
         if closed_ms is not None and now_ms - closed_ms < tracked.settings.confirm_closed_ms:
             self.streams_reopened += 1
         tracked.detector.heartbeat(now_ms)
+        tracked.samples += 1
         tracked.stream_closed_ms = None
         tracked.reported_ms = None
         self._schedule(key, tracked)
@@ -292,6 +325,8 @@ class DetectorSet:
         for key, tracked in self._tracked.items():
             tracked.detector = tracked.settings.new_detector()
             tracked.detector.heartbeat(now_ms)
+            tracked.started_ms = now_ms
+            tracked.samples = 0
             tracked.stream_closed_ms = None
             tracked.reported_ms = None
             self._schedule(key, tracked)
@@ -307,6 +342,18 @@ class DetectorSet:
         if closed_ms is not None and now_ms - closed_ms >= tracked.settings.confirm_closed_ms:
             return math.inf
         return tracked.detector.phi(now_ms)
+
+    def settings(self, key: Key) -> DetectorSettings | None:
+        tracked = self._tracked.get(key)
+        return None if tracked is None else tracked.settings
+
+    def stream_closed_ms(self, key: Key) -> int | None:
+        """When the stream of ``key`` closed with no heartbeat since; None otherwise."""
+        tracked = self._tracked.get(key)
+        return None if tracked is None else tracked.stream_closed_ms
+
+    def __len__(self) -> int:
+        return len(self._tracked)
 
     def last_heartbeat_ms(self, key: Key) -> float | None:
         """When ``key`` last sent a heartbeat (or its detector last started over); None if
@@ -345,7 +392,8 @@ class DetectorSet:
             assert value is not None
             reported_ms = tracked.reported_ms
             retry_ok = reported_ms is None or now_ms - reported_ms >= self.retry_ms
-            if value >= tracked.settings.phi_threshold and retry_ok:
+            grown = math.isinf(value) or now_ms >= tracked.young_until_ms()
+            if value >= tracked.settings.phi_threshold and retry_ok and grown:
                 tracked.reported_ms = now_ms
                 due.append(key)
             # Not yet (the due time was a little early) or reported: look again later, never

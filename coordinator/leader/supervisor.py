@@ -1,31 +1,35 @@
-"""The leader's rendezvous duties: close rounds on time and declare silent workers failed.
+"""Rendezvous duties that depend on time: every member's detection pass, and the leader's.
 
-Theory of operation. The replicated state machine never reads a clock, so two decisions
-that depend on time are the leader's to take and to propose:
+Theory of operation. The replicated state machine never reads a clock, so decisions that
+depend on time are proposed:
 
-- closing a JOINING round whose last call has passed (``CloseRound``; the apply re-checks
-  the condition against the proposed time, so a stale or early proposal changes nothing);
-- declaring a worker failed when its phi-accrual suspicion crosses the job's threshold, or
-  when its heartbeat stream closed and no new one arrived in time (``MemberFailed``);
+- closing a JOINING round whose last call has passed (``CloseRound``, the leader's; the
+  apply re-checks the condition against the proposed time, so a stale or early proposal
+  changes nothing);
+- declaring a worker failed (``MemberFailed``). Detection is spread over the members
+  (``coordinator/liveness``): each member runs the detectors of the participants whose
+  heartbeat streams it serves (``MemberDetection``) and reports to the leader; the leader's
+  ``Coverage`` turns suspicions into verdicts unless the participant moved to another member,
+  and declares those no member hears. The leader is a member too: its own streams (the
+  per-participant ``Heartbeat``, served by the leader only) are reported in-process;
 - declaring a worker hung, or evicting a straggler, from the training progress its
-  heartbeats report (``progress.py``; ``MemberFailed`` with its cause);
+  heartbeats report (``progress.py``, the leader's; members forward the progress their
+  streams carry);
 - noting when an ACTIVE round trains: the first step a worker reports done in it
-  (``RoundTrained``; ``rallypoint rounds`` shows it as "training again" after a recovery),
-  with where the round's state came from as its workers reported it (``restore``).
+  (``RoundTrained``), with where the round's state came from as its workers reported it.
 
-The detectors are soft state (``phi.DetectorSet``): they live only on the leader and start
-over with a grace period whenever this member becomes leader, so nobody is declared dead
-because leadership moved and heartbeats took a moment to find the new leader. Detectors
-run on the monotonic clock; the round-closing decision uses the wall clock, which is what
-the state machine's time is made of (``Envelope.leader_time_ms``).
+Every member runs :meth:`RendezvousSupervisor.run`: a pass every ``interval_s`` that probes its
+own event loop (a late loop holds its suspicions), collects its suspicions, and sends the
+leader a ``LivenessReport`` every ``REPORT_EVERY_MS``, or sooner when it suspects someone or
+starts carrying someone (``coverage.ATTACH_REPORT_MS``). A member that is leader hands its
+report to its own coverage and runs the leader's duties. After a leader change the members'
+detectors carry on; the new leader's coverage and progress start over with a grace period.
 
 Metrics (``metrics.py``). Each heartbeat adds one to an unlabelled counter. Each verdict is
-timed once from the worker's last sign of life (its last heartbeat, or for a hang its last
-completed step) to the pass that proposes it. Each guard that holds suspicion back is
-counted when it engages: a loop stall, the grace of a new leader, a mass suspicion, a
-closed stream that came back in time. Phi is sampled, not computed for everyone: once a
-second the next ``PHI_SAMPLE_SIZE`` participants in turn, so its cost does not grow with
-the number of participants.
+timed once from the worker's last sign of life to the pass that suspects it. Each guard that
+holds suspicion back is counted when it engages: a loop stall, intake lag, the grace of a new
+leader, a mass suspicion, a closed stream that came back in time. Phi is sampled, not
+computed for everyone: once a second the next ``PHI_SAMPLE_SIZE`` carried participants.
 """
 
 from __future__ import annotations
@@ -34,32 +38,44 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import time
 from collections.abc import Awaitable, Callable
 
+from ..liveness.coverage import ATTACH_REPORT_MS, Coverage, Verdict
+from ..liveness.local import MemberDetection
+from ..liveness.report import BadReport, LivenessReport, Suspicion
+from ..liveness.report import decode as decode_report
+from ..liveness.report import encode as encode_report
 from ..metrics import NodeMetrics
 from ..node_api import NodeError
 from ..state.commands import CloseRound, Command, MemberFailed, RoundTrained
 from ..state.jobs import EndReason, RoundState
 from ..state.view import StateView
-from .phi import DetectorSet, DetectorSettings
+from .phi import DetectorSettings
 from .progress import ProgressReport, ProgressTracker
 
 log = logging.getLogger("rallypoint.supervisor")
 
 Key = tuple[str, int]
 
-# The leader's own event loop running this much late means heartbeats sat unread: nobody is
+# This member's own event loop running this much late means heartbeats sat unread: nobody is
 # suspected for twice the stall (Cassandra's detector does the same after a GC pause).
 LOOP_STALL_S = 0.05
 # A loop this late is logged.
 LOOP_STALL_REPORT_S = 0.5
-# Suspecting more than half of a job's participants at once from phi alone is more likely the
-# leader being slow than half the workers dying together: such a verdict must hold this long.
-MASS_SUSPICION_HOLD_MS = 5000
 # Phi sampling for the rallypoint_phi histogram: this many participants, this often.
 PHI_SAMPLE_SIZE = 64
 PHI_SAMPLE_EVERY_MS = 1000
+# A member reports to the leader at least this often (also its sign of life to the leader).
+REPORT_EVERY_MS = 250
+# A member none of whose reports a leader took for this long ends its batch streams (below
+# the leader's MEMBER_SILENT_MS, so participants move before they count as unheard).
+UNREPORTED_MS = 1000
+# How often a member drops the detectors of participants that left their job.
+RETAIN_EVERY_MS = 200
+
+SendReport = Callable[[int, bytes], Awaitable[bool]]
 
 
 def monotonic_ms() -> int:
@@ -76,116 +92,150 @@ class RendezvousSupervisor:
         grace_ms: int = 2000,
         interval_s: float = 0.02,
         metrics: NodeMetrics | None = None,
+        member_id: int = 0,
+        leader_id: Callable[[], int] | None = None,
+        send_report: SendReport | None = None,
     ) -> None:
         self._state = state
         self._propose = propose
         self._wall_clock_ms = wall_clock_ms
         self.grace_ms = grace_ms
         self.interval_s = interval_s
+        self.member_id = member_id
+        self._leader_id = leader_id or (lambda: 0)
+        self._send_report = send_report
         self._metrics = metrics = metrics if metrics is not None else NodeMetrics(0)
-        # Children looked up once: the heartbeat path only increments.
-        self._heartbeats_received = metrics.heartbeats_received
-        self._guards = {
-            guard: metrics.suspicion_guards.labels(guard)
-            for guard in ("loop_stall", "leader_grace", "mass_suspicion", "stream_reopened")
-        }
-        self._detection = {
-            cause: metrics.detection_seconds.labels(cause)
-            for cause in ("phi", "stream_closed", "hang")
-        }
-        # Key -> the last heartbeat (monotonic ms) of the verdict last timed for it, so a
-        # verdict proposed again (once a second until applied) is timed once.
-        self._timed_verdicts: dict[Key, float] = {}
-        # The detectors' count of streams reopened in time, as far as exported.
-        self._streams_reopened = 0
-        # Phi sampling: the participants in key order (as of the last sync), where the next
-        # sample starts, and when the last one was taken.
-        self._sample_keys: list[Key] = []
+        self._leader_grace = metrics.suspicion_guards.labels("leader_grace")
+        self._detection_hang = metrics.detection_seconds.labels("hang")
+        # This member's detectors (every member), and the leader's view of all members'.
+        self.local = MemberDetection(metrics)
+        self.coverage = Coverage(member_id, report_every_ms=REPORT_EVERY_MS)
+        # Phi sampling: where the next sample starts, and when the last one was taken.
         self._sample_cursor = 0
         self._sampled_ms = 0
-        self.detectors = DetectorSet(retry_ms=1000)
         # Training progress of the workers that report it: hangs and stragglers.
         self.progress = ProgressTracker()
         # (job, participant, round) -> when a verdict from progress was last proposed.
         self._verdict_proposed_ms: dict[tuple[str, int, int], int] = {}
         self.is_leader = False
-        # The rendezvous revision the detectors were last synced to (-1: never).
-        self._synced_revision = -1
         # Close proposals in flight or recently made, so each is proposed once per second.
         self._close_proposed_ms: dict[Key, int] = {}
         # The same for RoundTrained, per (job, round).
         self._trained_proposed_ms: dict[Key, int] = {}
         # Proposals in flight (referenced so they are not collected before they finish).
         self._in_flight: set[asyncio.Task[None]] = set()
-        # Per job, since when phi alone has suspected more than half of its participants.
-        self._mass_suspicion_since_ms: dict[str, int] = {}
+        # Reporting to the leader (members that are not it): suspicions not yet delivered,
+        # when the last report went, the leader it went to, the send in flight.
+        self._unsent: list[Suspicion] = []
+        self._reported_ms = 0
+        self._reported_to = 0
+        self._sending: asyncio.Task[None] | None = None
+        self._retained_revision = -1
+        self._retained_ms = -RETAIN_EVERY_MS
+        # Replay protection (report.py): this process's id and report count, and per member
+        # the last (process, count) taken.
+        self._boot = int.from_bytes(os.urandom(8), "big") >> 1 | 1
+        # When a report was last taken by a leader (a new member gets a start's worth).
+        self._taken_ms = monotonic_ms()
+        self._seq = 0
+        self._report_seen: dict[int, tuple[int, int]] = {}
 
     # -------------------------------------------------------------- leadership
 
     def promote(self) -> None:
         self.is_leader = True
-        self._synced_revision = -1
+        now_ms = monotonic_ms()
         self.progress.clear()
-        self._sync()
-        self.detectors.start_grace(monotonic_ms(), self.grace_ms)
-        self._guards["leader_grace"].inc()
+        self.coverage.reset(now_ms, self.grace_ms)
+        # Its own carriage goes to its fresh coverage in full.
+        self.local.report_lost()
+        self._unsent.clear()
+        self._leader_grace.inc()
 
     def demote(self) -> None:
         self.is_leader = False
         self._close_proposed_ms.clear()
+        self.local.report_lost()
 
     # -------------------------------------------------------------- inputs
+
+    def carry(self, job: str, participant_id: int) -> bool:
+        """A heartbeat stream on this member starts carrying the participant; False if it
+        is not (yet) a participant of ``job``."""
+        found = self._state.rendezvous.jobs.get(job)
+        if found is None or participant_id not in found.participants:
+            return False
+        key = (job, participant_id)
+        self.local.carry(key, DetectorSettings.of_job(found.config), monotonic_ms())
+        return True
 
     def heartbeat(
         self, job: str, participant_id: int, progress: ProgressReport | None = None
     ) -> bool:
-        """Record a heartbeat (and the progress it reports) on the leader; False if the
-        participant is unknown."""
+        """Record a heartbeat (and the progress it reports); False if the participant is
+        unknown. A participant not carried yet is carried from now on."""
         key = (job, participant_id)
         now_ms = monotonic_ms()
-        self._heartbeats_received.inc()
-        known = self.detectors.heartbeat(key, now_ms)
-        if not known:
-            self._sync()  # it may have just joined
-            known = self.detectors.heartbeat(key, now_ms)
-        if known and progress is not None:
+        if not self.local.carries(key) and not self.carry(job, participant_id):
+            return False
+        self.local.heartbeat(key, now_ms)
+        if progress is not None:
+            self.report_progress(job, participant_id, progress, now_ms)
+        return True
+
+    def report_progress(
+        self, job: str, participant_id: int, progress: ProgressReport, now_ms: int
+    ) -> None:
+        if self.is_leader:
             self.progress.report(job, participant_id, progress, now_ms)
-        return known
+        else:
+            self.local.progress((job, participant_id), progress)
 
     def progress_of(self, job: str, participant_id: int) -> tuple[int, float, float] | None:
         """(last step, ms per step outside collectives, ratio to the job's median)."""
         return self.progress.view(job, participant_id)
 
     def stream_closed(self, job: str, participant_id: int) -> None:
-        self.detectors.stream_closed((job, participant_id), monotonic_ms())
+        """A stream carrying the participant ended abnormally (evidence of failure)."""
+        self.local.uncarry((job, participant_id), monotonic_ms(), closed=True)
+
+    def release(self, job: str, participant_id: int) -> None:
+        """A stream stops carrying the participant without evidence (released, or the
+        stream ended because this member is not the leader a per-participant stream needs)."""
+        self.local.uncarry((job, participant_id), monotonic_ms(), closed=False)
 
     def phi(self, job: str, participant_id: int) -> float | None:
-        value = self.detectors.phi((job, participant_id), monotonic_ms())
+        value = self.local.phi((job, participant_id), monotonic_ms())
         if value is None or math.isinf(value):
             return value
         return round(value, 3)
 
     def heartbeat_age_ms(self, job: str, participant_id: int) -> int | None:
-        return self.detectors.heartbeat_age_ms((job, participant_id), monotonic_ms())
+        return self.local.heartbeat_age_ms((job, participant_id), monotonic_ms())
+
+    def take_report(self, member: int, payload: bytes) -> bool:
+        """A member's liveness report (the peer service hands it over); False if this member
+        is not the leader. Raises ``report.BadReport`` for a report that cannot be read."""
+        report = decode_report(payload)
+        if not self.is_leader:
+            return False
+        last = self._report_seen.get(member)
+        if last is not None and last[0] == report.boot and report.seq <= last[1]:
+            raise BadReport(
+                f"report {report.seq} of this process was already taken (last {last[1]}): "
+                "a replay, or out of order"
+            )
+        self._report_seen[member] = (report.boot, report.seq)
+        self._take(member, report, monotonic_ms())
+        return True
+
+    def _take(self, member: int, report: LivenessReport, now_ms: int) -> None:
+        for verdict in self.coverage.take(member, report, self._state, now_ms):
+            self._propose_failed(verdict)
+        for (job, pid), progress in report.progress:
+            self.progress.report(job, pid, progress, now_ms)
 
     # -------------------------------------------------------------- the loop
-
-    def _sync(self) -> None:
-        rendezvous = self._state.rendezvous
-        revision = rendezvous.revision
-        if revision == self._synced_revision:
-            return
-        self._synced_revision = revision
-        keys = rendezvous.participant_keys()
-        self.detectors.retain(keys)
-        self.progress.retain(keys)
-        self._sample_keys = keys
-        for key in [k for k in self._timed_verdicts if k not in self.detectors]:
-            del self._timed_verdicts[key]
-        now_ms = monotonic_ms()
-        for job_id, pid in keys:
-            settings = DetectorSettings.of_job(rendezvous.jobs[job_id].config)
-            self.detectors.track((job_id, pid), settings, now_ms)
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -204,19 +254,109 @@ class RendezvousSupervisor:
                         "this member's event loop ran %.1f s late (CPU starved, or blocked)",
                         stall_s,
                     )
-            if self.is_leader:
-                self.step()
+            self.step()
 
     def loop_stalled(self, stall_ms: int) -> None:
         """This process did not run for ``stall_ms``: heartbeats that arrived meanwhile are
         still queued, so hold suspicion until they have been read."""
-        until_ms = monotonic_ms() + 2 * stall_ms
-        self.detectors.grace_until_ms = max(self.detectors.grace_until_ms, until_ms)
-        self._guards["loop_stall"].inc()
+        self.local.loop_stalled(stall_ms, monotonic_ms())
 
     def step(self) -> None:
-        """One pass of the leader's duties (public for tests)."""
-        self._sync()
+        """One pass: this member's detection and reporting, then the leader's duties if it
+        leads (public for tests)."""
+        now_ms = monotonic_ms()
+        self._retain(now_ms)
+        suspicions = self.local.suspects(now_ms)
+        for suspicion in suspicions:
+            log.info(
+                "job %s: participant %d suspected: %s",
+                suspicion.job,
+                suspicion.participant_id,
+                suspicion.cause,
+            )
+        if self.is_leader:
+            self._unsent.clear()
+            self._take(self.member_id, self.local.take_report(suspicions), now_ms)
+            self._lead(now_ms)
+        else:
+            self._unsent.extend(suspicions)
+            self._maybe_report(now_ms)
+
+    def _retain(self, now_ms: int) -> None:
+        """Forget detectors of participants that left their jobs (on a state change, at
+        most every RETAIN_EVERY_MS)."""
+        rendezvous = self._state.rendezvous
+        if rendezvous.revision == self._retained_revision:
+            return
+        if now_ms - self._retained_ms < RETAIN_EVERY_MS:
+            return
+        self._retained_revision = rendezvous.revision
+        self._retained_ms = now_ms
+        jobs = rendezvous.jobs
+
+        def present(key: Key) -> bool:
+            job = jobs.get(key[0])
+            return job is not None and key[1] in job.participants
+
+        self.local.retain(present)
+        tracked = self.progress.jobs
+        self.progress.retain(
+            [(j, pid) for j in tracked for pid in tracked[j].ranks if present((j, pid))]
+        )
+
+    def _maybe_report(self, now_ms: int) -> None:
+        """Send the leader a report when one is due (and none is in flight)."""
+        if self._send_report is None or (self._sending and not self._sending.done()):
+            return
+        leader = self._leader_id()
+        if not leader or leader == self.member_id:
+            return
+        if leader != self._reported_to:
+            self.local.report_lost()  # a new leader hears everything
+        since = now_ms - self._reported_ms
+        urgent = bool(self._unsent) or (self.local.has_news() and since >= ATTACH_REPORT_MS)
+        if not urgent and since < REPORT_EVERY_MS and not self.local.full_needed:
+            return
+        suspicions = list(self._unsent)
+        self._unsent.clear()
+        report = self.local.take_report(suspicions)
+        self._seq += 1
+        report.boot, report.seq = self._boot, self._seq
+        self._reported_ms = now_ms
+        self._sending = asyncio.get_running_loop().create_task(
+            self._deliver(leader, report, suspicions)
+        )
+
+    async def _deliver(
+        self, leader: int, report: LivenessReport, suspicions: list[Suspicion]
+    ) -> None:
+        assert self._send_report is not None
+        try:
+            taken = await self._send_report(leader, encode_report(report))
+        except Exception as exc:
+            log.debug("liveness report to member %d failed: %s", leader, exc)
+            taken = False
+        if taken:
+            self._reported_to = leader
+            self._taken_ms = monotonic_ms()
+        else:
+            # Said again in full to whichever leader comes; the suspicions are not: once this
+            # member stops reporting the leader treats what it carried as unheard (its
+            # backstop), and a stale suspicion could land after the participant had moved.
+            self._reported_to = 0
+            self.local.report_lost()
+
+    def serves_heartbeats(self) -> bool:
+        """Whether this member's view of its streams reaches the leader: it is the leader,
+        or a report was taken within ``UNREPORTED_MS``. A member that is cut off from the
+        leader ends its batch streams, so their participants move to a member that is not
+        (the leader would otherwise find them unheard)."""
+        if self.is_leader:
+            return True
+        return monotonic_ms() - self._taken_ms < UNREPORTED_MS
+
+    def _lead(self, now_ms: int) -> None:
+        """The leader's duties."""
         wall_ms = self._wall_clock_ms()
         rendezvous = self._state.rendezvous
         for key in rendezvous.closes_due(wall_ms):
@@ -227,53 +367,41 @@ class RendezvousSupervisor:
             self._spawn(CloseRound(key[0], key[1]))
         if len(self._close_proposed_ms) > 1024:
             self._close_proposed_ms.clear()
-        now_ms = monotonic_ms()
-        for job_id, pid in self._credible(self.detectors.suspects(now_ms), now_ms):
-            job = rendezvous.jobs.get(job_id)
-            if job is None or pid not in job.participants:
-                continue
-            value = self.detectors.phi((job_id, pid), now_ms)
-            threshold = job.config.phi_threshold_milli / 1000
-            closed = value is not None and math.isinf(value)
-            cause = (
-                "heartbeat stream closed and not reopened"
-                if closed
-                else f"phi {value:.1f} crossed the threshold {threshold:g}"
-            )
-            log.info("job %s: participant %d suspected: %s", job_id, pid, cause)
-            self._time_verdict((job_id, pid), "stream_closed" if closed else "phi", now_ms)
-            self._spawn(MemberFailed(job_id, pid, job.round.number, cause))
-        if now_ms >= self.detectors.grace_until_ms:
+        for verdict in self.coverage.step(self._state, now_ms):
+            self._propose_failed(verdict)
+        if now_ms >= self.coverage.grace_until_ms:
             self._judge_progress(now_ms)
-            self._sample_phi(now_ms)
+        self._sample_phi(now_ms)
         self._note_training(wall_ms)
-        reopened = self.detectors.streams_reopened
-        if reopened != self._streams_reopened:
-            self._guards["stream_reopened"].inc(reopened - self._streams_reopened)
-            self._streams_reopened = reopened
 
-    def _time_verdict(self, key: Key, cause: str, now_ms: int) -> None:
-        """Observe the detection latency of a phi or closed-stream verdict, once per
-        silence (from the last heartbeat the detector had)."""
-        last_ms = self.detectors.last_heartbeat_ms(key)
-        if last_ms is None or self._timed_verdicts.get(key) == last_ms:
+    def _propose_failed(self, verdict: Verdict) -> None:
+        job = self._state.rendezvous.jobs.get(verdict.job)
+        if job is None or verdict.participant_id not in job.participants:
             return
-        self._timed_verdicts[key] = last_ms
-        self._detection[cause].observe(max(0.0, now_ms - last_ms) / 1000)
+        if verdict.kind == "unheard":
+            log.info(
+                "job %s: participant %d: %s", verdict.job, verdict.participant_id, verdict.cause
+            )
+        self._spawn(
+            MemberFailed(verdict.job, verdict.participant_id, job.round.number, verdict.cause)
+        )
 
     def _sample_phi(self, now_ms: int) -> None:
-        """Every PHI_SAMPLE_EVERY_MS, the phi of the next PHI_SAMPLE_SIZE participants."""
-        if now_ms - self._sampled_ms < PHI_SAMPLE_EVERY_MS or not self._sample_keys:
+        """Every PHI_SAMPLE_EVERY_MS, the phi of the next PHI_SAMPLE_SIZE carried
+        participants."""
+        if now_ms - self._sampled_ms < PHI_SAMPLE_EVERY_MS:
             return
         self._sampled_ms = now_ms
-        keys = self._sample_keys
+        keys = self.local.carried()
+        if not keys:
+            return
         start = self._sample_cursor % len(keys)
         chosen = keys[start : start + PHI_SAMPLE_SIZE]
         if len(chosen) < PHI_SAMPLE_SIZE and start:
             chosen += keys[: min(start, PHI_SAMPLE_SIZE - len(chosen))]
         self._sample_cursor = start + len(chosen)
         for key in chosen:
-            value = self.detectors.phi(key, now_ms)
+            value = self.local.phi(key, now_ms)
             if value is not None and math.isfinite(value):
                 self._metrics.phi.observe(value)
 
@@ -328,7 +456,7 @@ class RendezvousSupervisor:
                 cause = "straggler" if verdict.straggler else "hang"
                 self._metrics.progress_verdicts.labels(cause).inc()
                 if not verdict.straggler and last is None:
-                    self._detection["hang"].observe(verdict.silent_ms / 1000)
+                    self._detection_hang.observe(verdict.silent_ms / 1000)
                 self._spawn(
                     MemberFailed(job_id, verdict.participant_id, number, verdict.cause, reason)
                 )
@@ -336,41 +464,6 @@ class RendezvousSupervisor:
             self._verdict_proposed_ms.clear()
         for label, ratio in ratio_max.items():
             self._metrics.step_ratio_max.labels(label).set(ratio)
-
-    def _credible(self, suspects: list[Key], now_ms: int) -> list[Key]:
-        """Suspects minus phi-only verdicts on more than half of a job at once, until such a
-        verdict has held for MASS_SUSPICION_HOLD_MS (a closed stream always counts)."""
-        by_job: dict[str, list[Key]] = {}
-        for key in suspects:
-            by_job.setdefault(key[0], []).append(key)
-        credible: list[Key] = []
-        jobs = self._state.rendezvous.jobs
-        for job_id in sorted(by_job):
-            keys = by_job[job_id]
-            job = jobs.get(job_id)
-            closed = [k for k in keys if math.isinf(self.detectors.phi(k, now_ms) or 0.0)]
-            by_phi = [k for k in keys if k not in closed]
-            credible.extend(closed)
-            participants = len(job.participants) if job is not None else 0
-            if len(by_phi) <= max(1, participants // 2):
-                self._mass_suspicion_since_ms.pop(job_id, None)
-                credible.extend(by_phi)
-                continue
-            since = self._mass_suspicion_since_ms.get(job_id)
-            if since is None:
-                since = self._mass_suspicion_since_ms[job_id] = now_ms
-                self._guards["mass_suspicion"].inc()
-            if now_ms - since >= MASS_SUSPICION_HOLD_MS:
-                credible.extend(by_phi)
-            else:
-                log.warning(
-                    "job %s: phi suspects %d of %d participants at once; waiting before "
-                    "believing it (the leader may be the slow one)",
-                    job_id,
-                    len(by_phi),
-                    participants,
-                )
-        return sorted(credible)
 
     def _spawn(self, command: Command) -> None:
         task = asyncio.get_running_loop().create_task(self._submit(command))

@@ -7,18 +7,26 @@ asked for a serializable read). The reason string is computed here, from the sta
 ``node.leader_clock_ms()``: the state machine holds no clock, and the reason is only a
 description, never a decision.
 
-Phi is the leader's soft state: only the leader has failure detectors, so GetJob reports
-each member's phi when served by the leader, and 0 (as rendezvous.proto documents) when
-served by a follower or for a participant the detectors do not know yet. A suspicion that
-is certain (a closed stream confirmed) is +inf.
+Phi is soft state of the member that serves a participant's heartbeat stream
+(``coordinator/liveness``): GetJob reports each member's phi as the answering member's
+detectors see it, and 0 (as rendezvous.proto documents) for a participant whose stream
+another member serves. A suspicion that is certain (a closed stream confirmed) is +inf.
 
 Heartbeat is a bidirectional stream served by the leader only (``node.heartbeat`` raises
 NotLeaderError on a follower, which ends the stream with UNAVAILABLE and the leader hint,
-as the lease keep-alive stream does). Each request feeds the detector of its (job,
-participant). The stream answers when the job's current round (number or state) differs
-from what the worker said or from what this stream last told it, and every
-``HEARTBEAT_ANSWER_EVERY`` heartbeats otherwise, so a worker learns of a change without a
-watch and knows the stream is alive.
+as the lease keep-alive stream does; the participants it had carried are released, not
+suspected). Each request feeds the detector of its (job, participant). The stream answers
+when the job's current round (number or state) differs from what the worker said or from
+what this stream last told it, and every ``HEARTBEAT_ANSWER_EVERY`` heartbeats otherwise, so
+a worker learns of a change without a watch and knows the stream is alive.
+
+HeartbeatBatch is served by every member: each request beats for many participants of one
+job and is answered (same ``seq``) with an ``Assignment`` for each participant whose round
+changed since this stream last told it (or that names another round), and ``gone`` for one
+no longer in the job. The ranks and wait list behind assignments are computed once per
+change of the job and shared by every stream (``_seats``), so a round change costs each
+participant its own few dozen bytes. A request's ``sent_ms`` measures this member's intake
+lag (``liveness/local.py``); ``released`` participants are let go without suspicion.
 
 When a stream ends, every participant it carried that is still in its job is reported
 (``node.heartbeat_stream_closed``): a dead process's stream closing is immediate evidence,
@@ -47,7 +55,9 @@ from collections.abc import AsyncIterator
 from rallypoint.proto.v1 import rendezvous_pb2, rendezvous_pb2_grpc
 
 from ..leader.progress import ProgressReport
-from ..node_api import ServerNode
+from ..leader.supervisor import monotonic_ms
+from ..liveness.local import StreamClock
+from ..node_api import NotLeaderError, ServerNode
 from ..state.commands import CloseJob, Configure, Evict, Join, Leave, PruneJobs
 from ..state.errors import JobNotFound, ParticipantNotFound
 from ..state.jobs import EndReason, JobConfig, JobState, LeaveOutcome, RoundRecord, RoundState
@@ -65,6 +75,9 @@ from .checkpoint import checkpoint_pb
 from .common import Context, header_pb, propose, read_barrier
 from .errors import InvalidArgument, RequestFailed
 
+# A HeartbeatBatch request names at most this many participants.
+MAX_BATCH_PARTICIPANTS = 100_000
+_ABSENT: object = object()
 # A heartbeat stream answers at least once per this many heartbeats.
 HEARTBEAT_ANSWER_EVERY = 10
 # How long WatchJob waits for an apply before re-checking anyway (a bound, not a poll: an
@@ -151,6 +164,8 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         # watcher of a job gets the same message, built once per change (a round of N workers
         # has N watchers, so building it per watcher costs N^2).
         self._pushed: dict[str, tuple[int, rendezvous_pb2.RoundInfo]] = {}
+        # Per job: (revision, rank by participant, wait list) for HeartbeatBatch answers.
+        self._seat_cache: dict[str, tuple[int, dict[int, int], frozenset[int]]] = {}
 
     # ----------------------------------------------------------------- reading jobs
 
@@ -288,8 +303,11 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         # The participants this stream has fed, and the (round, state) it last told each.
         carried: dict[tuple[str, int], tuple[int, RoundState] | None] = {}
         heartbeats = 0
+        clock = StreamClock()
         try:
             async for request in request_iterator:
+                if request.sent_ms:
+                    self.node.request_lag(clock, monotonic_ms(), request.sent_ms)
                 job_id = validate.job_id(request.job)
                 pid = validate.positive(request.participant_id, "participant_id")
                 # The participant id is the raft index of its Join. A member that answered the
@@ -309,11 +327,16 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
                         waiting_ms=request.waiting_ms,
                         restore=request.restore[:MAX_RESTORE_CHARS],
                     )
+                key = (job_id, pid)
+                if key not in carried:
+                    if not self.node.carry(job_id, pid):
+                        self._job(job_id)
+                        raise RequestFailed(ParticipantNotFound(job_id, pid))
+                    carried[key] = None
                 if not self.node.heartbeat(job_id, pid, progress):
                     self._job(job_id)
                     raise RequestFailed(ParticipantNotFound(job_id, pid))
-                key = (job_id, pid)
-                told = carried.setdefault(key, None)
+                told = carried[key]
                 heartbeats += 1
                 r = self._job(job_id).round
                 current = (r.number, r.state)
@@ -328,12 +351,153 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
                         current_round=r.number,
                         state=_ROUND_STATES[r.state],
                     )
+        except NotLeaderError:
+            # Served by the leader only: the worker moves to the new leader, which watches
+            # it afresh; this member's silence about it is no evidence.
+            for job_id, pid in sorted(carried):
+                self.node.heartbeat_released(job_id, pid)
+            carried.clear()
+            raise
         finally:
             jobs = self.node.state.rendezvous.jobs
             for job_id, pid in sorted(carried):
                 job = jobs.get(job_id)
                 if job is not None and pid in job.participants:
                     self.node.heartbeat_stream_closed(job_id, pid)
+                else:
+                    self.node.heartbeat_released(job_id, pid)
+
+    async def HeartbeatBatch(
+        self,
+        request_iterator: AsyncIterator[rendezvous_pb2.HeartbeatBatchRequest],
+        context: Context,
+    ) -> AsyncIterator[rendezvous_pb2.HeartbeatBatchResponse]:
+        # The participants this stream carries, and the (round, state) it last told each.
+        carried: dict[tuple[str, int], tuple[int, RoundState] | None] = {}
+        clock = StreamClock()
+        try:
+            async for request in request_iterator:
+                now_ms = monotonic_ms()
+                job_id = validate.job_id(request.job)
+                pids = list(request.participant_ids)
+                rounds = list(request.rounds)
+                if len(pids) > MAX_BATCH_PARTICIPANTS:
+                    raise InvalidArgument(
+                        "participant_ids",
+                        f"a heartbeat batch names at most {MAX_BATCH_PARTICIPANTS} "
+                        f"participants, this one {len(pids)}",
+                    )
+                if rounds and len(rounds) != len(pids):
+                    raise InvalidArgument(
+                        "rounds",
+                        f"{len(rounds)} entries for {len(pids)} participant_ids: give one "
+                        "per participant, or none",
+                    )
+                self.node.request_lag(clock, now_ms, request.sent_ms)
+                self.node.serves_heartbeats()
+                for pid in request.released:
+                    if carried.pop((job_id, pid), _ABSENT) is not _ABSENT:
+                        self.node.heartbeat_released(job_id, pid)
+                if request.known_index > self.node.state.applied_index:
+                    await self._applied_through(request.known_index)
+                yield self._beat(job_id, pids, rounds, request, carried, now_ms)
+        finally:
+            jobs = self.node.state.rendezvous.jobs
+            for job_id, pid in sorted(carried):
+                job = jobs.get(job_id)
+                if job is not None and pid in job.participants:
+                    self.node.heartbeat_stream_closed(job_id, pid)
+                else:
+                    self.node.heartbeat_released(job_id, pid)
+
+    def _beat(
+        self,
+        job_id: str,
+        pids: list[int],
+        rounds: list[int],
+        request: rendezvous_pb2.HeartbeatBatchRequest,
+        carried: dict[tuple[str, int], tuple[int, RoundState] | None],
+        now_ms: int,
+    ) -> rendezvous_pb2.HeartbeatBatchResponse:
+        """Feed the detectors for one batch request and answer it."""
+        job = self._job(job_id)
+        r = job.round
+        current = (r.number, r.state)
+        participants = job.participants
+        answer = rendezvous_pb2.HeartbeatBatchResponse(
+            header=header_pb(self.node.header()), seq=request.seq
+        )
+        beat: list[int] = []
+        stale: list[int] = []
+        # Fast path: every participant already carried, told the current round, and naming it.
+        for i, pid in enumerate(pids):
+            key = (job_id, pid)
+            told = carried.get(key, _ABSENT)
+            if told is _ABSENT:
+                if pid in participants and self.node.carry(job_id, pid):
+                    carried[key] = told = None
+                else:
+                    answer.assignments.add(participant_id=pid, gone=True)
+                    continue
+            elif pid not in participants:
+                del carried[key]
+                self.node.heartbeat_released(job_id, pid)
+                answer.assignments.add(participant_id=pid, gone=True)
+                continue
+            beat.append(pid)
+            if told != current or (rounds and rounds[i] != r.number):
+                stale.append(pid)
+                carried[key] = current
+        self.node.batch_heartbeat(job_id, beat, now_ms)
+        if stale:
+            ranks, waiting = self._seats(job)
+            namespace = f"{job_id}/{r.number}"
+            state = _ROUND_STATES[r.state]
+            world = len(r.members) if r.state is RoundState.ACTIVE else 0
+            for pid in stale:
+                answer.assignments.add(
+                    participant_id=pid,
+                    round=r.number,
+                    state=state,
+                    rank=ranks.get(pid, -1),
+                    world_size=world,
+                    fencing_token=r.fencing_token,
+                    store_namespace=namespace,
+                    waiting=pid in waiting,
+                )
+        for entry in request.progress:
+            key = (job_id, entry.participant_id)
+            if key not in carried:
+                continue
+            self.node.report_progress(
+                job_id,
+                entry.participant_id,
+                ProgressReport(
+                    round=entry.round,
+                    step=entry.step,
+                    step_age_ms=entry.step_age_ms,
+                    step_ms=entry.step_ms if math.isfinite(entry.step_ms) else 0.0,
+                    collectives_entered=entry.collectives_entered,
+                    waiting_in=entry.waiting_in,
+                    waiting_ms=entry.waiting_ms,
+                    restore=entry.restore[:MAX_RESTORE_CHARS],
+                ),
+                now_ms,
+            )
+        return answer
+
+    def _seats(self, job: JobView) -> tuple[dict[int, int], frozenset[int]]:
+        """The job's ranks by participant and its wait list, computed once per change of
+        the job (every stream of this member shares them)."""
+        cached = self._seat_cache.get(job.job_id)
+        if cached is not None and cached[0] == job.revision:
+            return cached[1], cached[2]
+        ranks = {seat.participant_id: seat.rank for seat in job.round.members}
+        waiting = frozenset(job.waiting)
+        if len(self._seat_cache) > 1024:
+            self._seat_cache.clear()
+        self._seat_cache[job.job_id] = (job.revision, ranks, waiting)
+        return ranks, waiting
 
     # ----------------------------------------------------------------- commands
 

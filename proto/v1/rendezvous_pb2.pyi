@@ -271,7 +271,7 @@ class LeaveResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., ended_round: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("job", "participant_id", "round", "reports_progress", "step", "step_age_ms", "step_ms", "collectives_entered", "waiting_in", "waiting_ms", "restore")
+    __slots__ = ("job", "participant_id", "round", "reports_progress", "step", "step_age_ms", "step_ms", "collectives_entered", "waiting_in", "waiting_ms", "restore", "sent_ms")
     JOB_FIELD_NUMBER: _ClassVar[int]
     PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
@@ -283,6 +283,7 @@ class HeartbeatRequest(_message.Message):
     WAITING_IN_FIELD_NUMBER: _ClassVar[int]
     WAITING_MS_FIELD_NUMBER: _ClassVar[int]
     RESTORE_FIELD_NUMBER: _ClassVar[int]
+    SENT_MS_FIELD_NUMBER: _ClassVar[int]
     job: str
     participant_id: int
     round: int
@@ -294,7 +295,8 @@ class HeartbeatRequest(_message.Message):
     waiting_in: int
     waiting_ms: int
     restore: str
-    def __init__(self, job: _Optional[str] = ..., participant_id: _Optional[int] = ..., round: _Optional[int] = ..., reports_progress: _Optional[bool] = ..., step: _Optional[int] = ..., step_age_ms: _Optional[int] = ..., step_ms: _Optional[float] = ..., collectives_entered: _Optional[int] = ..., waiting_in: _Optional[int] = ..., waiting_ms: _Optional[int] = ..., restore: _Optional[str] = ...) -> None: ...
+    sent_ms: int
+    def __init__(self, job: _Optional[str] = ..., participant_id: _Optional[int] = ..., round: _Optional[int] = ..., reports_progress: _Optional[bool] = ..., step: _Optional[int] = ..., step_age_ms: _Optional[int] = ..., step_ms: _Optional[float] = ..., collectives_entered: _Optional[int] = ..., waiting_in: _Optional[int] = ..., waiting_ms: _Optional[int] = ..., restore: _Optional[str] = ..., sent_ms: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("header", "current_round", "state")

@@ -137,7 +137,8 @@ class RendezvousServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Heartbeat(self, request_iterator, context):
-        """Served by the leader only. The client sends a HeartbeatRequest every
+        """Served by the leader only (HeartbeatBatch is served by every member, and carries many
+        participants per message). The client sends a HeartbeatRequest every
         heartbeat_interval_ms; the server feeds its failure detector and answers now and then
         (at least when the job's current round changes) with the current round number, so a
         worker learns of a change even without a watch. A stream that ends abnormally counts as

@@ -27,8 +27,10 @@ import grpc
 
 from rallypoint.coordinator.leader.lessor import Lessor
 from rallypoint.coordinator.leader.progress import ProgressReport
+from rallypoint.coordinator.liveness.local import StreamClock
 from rallypoint.coordinator.node_api import (
     CompactedWatchError,
+    CutOffError,
     Header,
     Member,
     MemberNotFoundError,
@@ -83,6 +85,10 @@ class FakeNode:
         self.progress_views: dict[tuple[str, int], tuple[int, float, float]] = {}
         self.heartbeats: list[tuple[str, int]] = []
         self.closed_streams: list[tuple[str, int]] = []
+        self.carried: list[tuple[str, int]] = []
+        self.released: list[tuple[str, int]] = []
+        self.lags: list[int] = []
+        self.cut_off = False
         self.apply_waits = 0
 
     # ------------------------------------------------------------------ switches
@@ -191,6 +197,31 @@ class FakeNode:
             return False
         self.heartbeats.append((job, participant_id))
         return True
+
+    def carry(self, job: str, participant_id: int) -> bool:
+        found = self._state.rendezvous.jobs.get(job)
+        if found is None or participant_id not in found.participants:
+            return False
+        self.carried.append((job, participant_id))
+        return True
+
+    def batch_heartbeat(self, job: str, participant_ids: list[int], now_ms: int) -> None:
+        self.heartbeats.extend((job, pid) for pid in participant_ids)
+
+    def report_progress(
+        self, job: str, participant_id: int, progress: ProgressReport, now_ms: int
+    ) -> None:
+        self.progress_reports.append((job, participant_id, progress))
+
+    def serves_heartbeats(self) -> None:
+        if self.cut_off:
+            raise CutOffError(MEMBER_ID)
+
+    def heartbeat_released(self, job: str, participant_id: int) -> None:
+        self.released.append((job, participant_id))
+
+    def request_lag(self, clock: StreamClock, now_ms: int, sent_ms: int) -> None:
+        self.lags.append(clock.lag_ms(now_ms, sent_ms))
 
     def heartbeat_stream_closed(self, job: str, participant_id: int) -> None:
         self.closed_streams.append((job, participant_id))

@@ -10,6 +10,7 @@ from statistics import NormalDist
 import pytest
 
 from rallypoint.coordinator.leader.phi import (
+    YOUNG_SAMPLES,
     DetectorSet,
     DetectorSettings,
     PhiAccrualDetector,
@@ -172,8 +173,10 @@ def test_after_a_leader_change_nobody_is_suspected_during_the_grace() -> None:
     assert detectors.suspects(11_999) == []
     for now_ms in range(10_000, 14_001, INTERVAL_MS):
         detectors.heartbeat(("j", 2), now_ms)  # worker 2 found the new leader
-    # Worker 1 never did: once the grace is over its phi counts from the leader change.
-    assert detectors.suspects(12_000) == [("j", 1)]
+    # Worker 1 never did: its detector, started over at the leader change, is young (no
+    # heartbeat since) until startup_ms has passed; then its phi counts from the change.
+    assert detectors.suspects(12_000) == []
+    assert detectors.suspects(10_000 + SETTINGS.startup_ms) == [("j", 1)]
     assert detectors.phi(("j", 2), 14_000) is not None
     assert detectors.phi(("j", 2), 14_000) < 1  # type: ignore[operator]
 
@@ -229,13 +232,15 @@ class ScanEverything:
             return
         detector = settings.new_detector()
         detector.heartbeat(now_ms)
-        self.tracked[key] = [settings, detector, None, None]  # closed_ms, reported_ms
+        # closed_ms, reported_ms, started_ms, heartbeats since
+        self.tracked[key] = [settings, detector, None, None, now_ms, 0]
 
     def heartbeat(self, key: tuple[str, int], now_ms: int) -> None:
         if key in self.tracked:
             entry = self.tracked[key]
             entry[1].heartbeat(now_ms)  # type: ignore[attr-defined]
             entry[2] = entry[3] = None
+            entry[5] += 1  # type: ignore[operator]
 
     def stream_closed(self, key: tuple[str, int], now_ms: int) -> None:
         if key in self.tracked and self.tracked[key][2] is None:
@@ -246,11 +251,15 @@ class ScanEverything:
             return []
         due = []
         for key in sorted(self.tracked):
-            settings, detector, closed, reported = self.tracked[key]
+            settings, detector, closed, reported, started, samples = self.tracked[key]
             assert isinstance(settings, DetectorSettings)
             assert isinstance(detector, PhiAccrualDetector)
+            assert isinstance(started, int) and isinstance(samples, int)
             confirmed = closed is not None and now_ms - closed >= settings.confirm_closed_ms
             value = math.inf if confirmed else detector.phi(now_ms)
+            young = samples < YOUNG_SAMPLES and now_ms < started + settings.startup_ms
+            if young and not confirmed:
+                continue
             if value >= settings.phi_threshold and (
                 reported is None or now_ms - reported >= self.retry_ms  # type: ignore[operator]
             ):

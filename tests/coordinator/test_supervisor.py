@@ -55,7 +55,12 @@ async def test_one_silent_worker_is_declared_failed(clock: Clock) -> None:
     replica = JobReplica()
     pids = replica.workers(4)
     sup, proposed = await _supervise(replica, clock)
-    for _ in range(20):  # 2 s of regular heartbeats from everyone but the last
+    for _ in range(10):  # 1 s of regular heartbeats from everyone
+        clock.ms += 100
+        for pid in pids:
+            sup.heartbeat("j", pid)
+        await _step(sup)
+    for _ in range(20):  # then 2 s from everyone but the last
         clock.ms += 100
         for pid in pids[:-1]:
             sup.heartbeat("j", pid)
@@ -92,6 +97,11 @@ async def test_a_closed_stream_is_believed_even_for_many(clock: Clock) -> None:
     replica = JobReplica()
     pids = replica.workers(4)
     sup, proposed = await _supervise(replica, clock)
+    for _ in range(10):
+        clock.ms += 100
+        for pid in pids:
+            sup.heartbeat("j", pid)
+        await _step(sup)
     for pid in pids[1:]:
         sup.stream_closed("j", pid)
     for _ in range(5):

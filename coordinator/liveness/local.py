@@ -1,0 +1,290 @@
+"""The failure detectors of one member: for the participants whose heartbeat streams it serves.
+
+Theory of operation. Every member, leader or not, runs one :class:`MemberDetection`. A
+heartbeat stream that names a participant makes this member *carry* it: its detector starts
+(young: see ``phi.YOUNG_SAMPLES``) and the leader hears of it in the next report. Each
+heartbeat feeds the detector; a stream that ends abnormally marks its participants closed
+(confirmed unless a heartbeat arrives on another stream within two heartbeat intervals); a
+stream that releases a participant, or a participant that left its job, is forgotten quietly.
+
+``suspects`` turns the detectors' verdicts into :class:`~.report.Suspicion` s, unless this
+member cannot trust its own view:
+
+- **loop stall**: its event loop ran late, so heartbeats sat unread: nobody is suspected for
+  twice the stall (as Cassandra does after a GC pause);
+- **intake lag**: requests reach it later than they used to. Each batch request carries the
+  sender's clock; per stream the member keeps the least arrival delay seen (clock offset plus
+  the fastest path) and measures each request against it. The median over the last requests
+  of all streams is this member's intake lag: a slow receiver sees it grow on every stream
+  at once, while a silent worker sends nothing to measure. Past ``INTAKE_LAG_GUARD_MS``
+  nobody is suspected for twice the lag (Lifeguard's local health awareness, applied to the
+  receiver's own queue);
+- **mass suspicion**: phi against more than half of the participants of a job this member
+  carries, at once, is more likely this member being slow than half of them dying together:
+  it must hold for ``MASS_SUSPICION_HOLD_MS`` (a confirmed closed stream always counts).
+
+Suspected participants that no open stream carries any more are forgotten once reported:
+the leader decides (``coverage.py``), and if the report is lost the leader's backstop finds
+a participant nobody carries.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Iterable
+
+from ..leader.phi import DetectorSet, DetectorSettings
+from ..leader.progress import ProgressReport
+from ..metrics import NodeMetrics
+from .report import Key, LivenessReport, Suspicion
+
+# Intake lag above this holds suspicion (ms); the median is taken over this many requests.
+INTAKE_LAG_GUARD_MS = 100
+INTAKE_SAMPLES = 64
+# The own event loop running this much late holds suspicion (ms).
+LOOP_STALL_MS = 50
+MASS_SUSPICION_HOLD_MS = 5000
+
+
+class StreamClock:
+    """One stream's arrival delays: the least seen, and how far a request is above it."""
+
+    __slots__ = ("base_ms",)
+
+    def __init__(self) -> None:
+        self.base_ms: int | None = None
+
+    def lag_ms(self, now_ms: int, sent_ms: int) -> int:
+        offset = now_ms - sent_ms
+        if self.base_ms is None or offset < self.base_ms:
+            self.base_ms = offset
+        return offset - self.base_ms
+
+
+class IntakeLag:
+    """The median lag of the last ``INTAKE_SAMPLES`` requests, of every stream."""
+
+    def __init__(self, samples: int = INTAKE_SAMPLES) -> None:
+        self._recent: deque[int] = deque(maxlen=samples)
+
+    def observe(self, lag_ms: int) -> None:
+        self._recent.append(lag_ms)
+
+    def current_ms(self) -> int:
+        if not self._recent:
+            return 0
+        ordered = sorted(self._recent)
+        return ordered[len(ordered) // 2]
+
+
+class MemberDetection:
+    """This member's detectors, what it tells the leader, and its guards against itself."""
+
+    def __init__(self, metrics: NodeMetrics | None = None, *, retry_ms: int = 1000) -> None:
+        self._metrics = metrics if metrics is not None else NodeMetrics(0)
+        self._heartbeats_received = self._metrics.heartbeats_received
+        self._guards = {
+            guard: self._metrics.suspicion_guards.labels(guard)
+            for guard in ("loop_stall", "intake_lag", "mass_suspicion", "stream_reopened")
+        }
+        self._detection = {
+            cause: self._metrics.detection_seconds.labels(cause)
+            for cause in ("phi", "stream_closed")
+        }
+        self.detectors = DetectorSet(retry_ms=retry_ms)
+        # Open streams carrying each key (a participant may be on two while it moves).
+        self._streams: dict[Key, int] = {}
+        # What the next report says (see report.py); keys in insertion order.
+        self._attach: dict[Key, None] = {}
+        self._detach: dict[Key, None] = {}
+        self._progress: dict[Key, ProgressReport] = {}
+        self._suspicions: list[Suspicion] = []
+        # The next report must list everything carried (new leader, or a report was lost).
+        self.full_needed = True
+        self.intake = IntakeLag()
+        # Per job, since when phi alone suspects more than half of what this member carries.
+        self._mass_since_ms: dict[str, int] = {}
+        self._streams_reopened = 0
+        # The last heartbeat of each verdict timed (a verdict reported again is timed once).
+        self._timed: dict[Key, float] = {}
+
+    # ---------------------------------------------------------------- streams
+
+    def carry(self, key: Key, settings: DetectorSettings, now_ms: int) -> None:
+        """A stream starts carrying ``key`` (its first heartbeat on that stream follows)."""
+        self._streams[key] = self._streams.get(key, 0) + 1
+        if key not in self.detectors:
+            self.detectors.track(key, settings, now_ms)
+            self._attach[key] = None
+            self._detach.pop(key, None)
+
+    def heartbeat(self, key: Key, now_ms: int) -> bool:
+        """One heartbeat of a carried key; False if this member does not carry it."""
+        self._heartbeats_received.inc()
+        return self.detectors.heartbeat(key, now_ms)
+
+    def heartbeats(self, keys: Iterable[Key], now_ms: int) -> None:
+        """One heartbeat for each of ``keys`` (all carried), counted once."""
+        count = 0
+        beat = self.detectors.heartbeat
+        for key in keys:
+            beat(key, now_ms)
+            count += 1
+        self._heartbeats_received.inc(count)
+
+    def progress(self, key: Key, report: ProgressReport) -> None:
+        """The latest progress ``key`` reported (goes to the leader with the next report)."""
+        self._progress[key] = report
+
+    def uncarry(self, key: Key, now_ms: int, *, closed: bool) -> None:
+        """A stream stops carrying ``key``: it ended abnormally (``closed``: evidence,
+        confirmed unless the key is heard again in time) or released it (forgotten)."""
+        left = self._streams.get(key, 0) - 1
+        if left > 0:
+            self._streams[key] = left
+            return
+        self._streams.pop(key, None)
+        if closed:
+            self.detectors.stream_closed(key, now_ms)
+        else:
+            self.forget(key)
+
+    def forget(self, key: Key) -> None:
+        """Stop watching ``key`` without suspicion (released, or no longer a participant)."""
+        if key in self.detectors:
+            self.detectors.forget(key)
+            if self._attach.pop(key, False) is False:
+                self._detach[key] = None
+        self._streams.pop(key, None)
+        self._progress.pop(key, None)
+        self._timed.pop(key, None)
+
+    def retain(self, is_participant: Callable[[Key], bool]) -> None:
+        """Forget every key for which ``is_participant(key)`` is false (they left their
+        job)."""
+        for key in self.detectors.tracked():
+            if not is_participant(key):
+                self.forget(key)
+
+    def carried(self) -> list[Key]:
+        return self.detectors.tracked()
+
+    def carries(self, key: Key) -> bool:
+        return key in self.detectors
+
+    # ---------------------------------------------------------------- guards
+
+    def loop_stalled(self, stall_ms: int, now_ms: int) -> None:
+        """This process did not run for ``stall_ms``: hold suspicion until what arrived
+        meanwhile has been read."""
+        self.detectors.grace_until_ms = max(self.detectors.grace_until_ms, now_ms + 2 * stall_ms)
+        self._guards["loop_stall"].inc()
+
+    def request_lag(self, clock: StreamClock, now_ms: int, sent_ms: int) -> None:
+        """A batch request sent at the sender's ``sent_ms`` arrived now."""
+        if sent_ms <= 0:
+            return
+        self.intake.observe(clock.lag_ms(now_ms, sent_ms))
+
+    def _intake_guard(self, now_ms: int) -> None:
+        lag = self.intake.current_ms()
+        if lag > INTAKE_LAG_GUARD_MS:
+            until = now_ms + 2 * lag
+            if until > self.detectors.grace_until_ms:
+                if self.detectors.grace_until_ms <= now_ms:
+                    self._guards["intake_lag"].inc()
+                self.detectors.grace_until_ms = until
+
+    # ---------------------------------------------------------------- verdicts
+
+    def suspects(self, now_ms: int) -> list[Suspicion]:
+        """New suspicions (each key at most once per retry period), past every guard."""
+        self._intake_guard(now_ms)
+        reopened = self.detectors.streams_reopened
+        if reopened != self._streams_reopened:
+            self._guards["stream_reopened"].inc(reopened - self._streams_reopened)
+            self._streams_reopened = reopened
+        keys = self.detectors.suspects(now_ms)
+        if not keys:
+            return []
+        closed = [k for k in keys if math.isinf(self.detectors.phi(k, now_ms) or 0.0)]
+        closed_set = set(closed)
+        by_phi: dict[str, list[Key]] = {}
+        for key in keys:
+            if key not in closed_set:
+                by_phi.setdefault(key[0], []).append(key)
+        credible = list(closed)
+        carried_per_job: dict[str, int] = {}
+        if by_phi:
+            for job, _ in self.detectors.tracked():
+                carried_per_job[job] = carried_per_job.get(job, 0) + 1
+        for job, suspected in sorted(by_phi.items()):
+            carried = carried_per_job.get(job, 0)
+            if len(suspected) <= max(1, carried // 2):
+                self._mass_since_ms.pop(job, None)
+                credible.extend(suspected)
+                continue
+            since = self._mass_since_ms.get(job)
+            if since is None:
+                since = self._mass_since_ms[job] = now_ms
+                self._guards["mass_suspicion"].inc()
+            if now_ms - since >= MASS_SUSPICION_HOLD_MS:
+                credible.extend(suspected)
+        out = []
+        for key in sorted(credible):
+            value = self.detectors.phi(key, now_ms)
+            last_ms = self.detectors.last_heartbeat_ms(key)
+            silent_ms = 0 if last_ms is None else max(0, int(now_ms - last_ms))
+            tracked_settings = self.detectors.settings(key)
+            if value is not None and math.isinf(value):
+                kind, cause = "stream_closed", "heartbeat stream closed and not reopened"
+            else:
+                threshold = tracked_settings.phi_threshold if tracked_settings else 0.0
+                kind = "phi"
+                cause = f"phi {value or 0.0:.1f} crossed the threshold {threshold:g}"
+            if last_ms is not None and self._timed.get(key) != last_ms:
+                self._timed[key] = last_ms
+                self._detection[kind].observe(silent_ms / 1000)
+            out.append(Suspicion(key[0], key[1], kind, cause, silent_ms))
+            if key not in self._streams:
+                # Nobody carries it here any more: the leader decides from this report.
+                self.detectors.forget(key)
+                self._attach.pop(key, None)
+                self._progress.pop(key, None)
+        return out
+
+    # ---------------------------------------------------------------- reports
+
+    def take_report(self, suspicions: list[Suspicion]) -> LivenessReport:
+        """What the leader has not heard yet, with ``suspicions``; a full one if needed."""
+        full = self.full_needed
+        self.full_needed = False
+        report = LivenessReport(
+            full=full,
+            attach=self.carried() if full else list(self._attach),
+            detach=[] if full else list(self._detach),
+            suspicions=suspicions,
+            progress=list(self._progress.items()),
+            intake_lag_ms=self.intake.current_ms(),
+        )
+        self._attach.clear()
+        self._detach.clear()
+        self._progress.clear()
+        return report
+
+    def has_news(self) -> bool:
+        """Participants started or stopped being carried since the last report."""
+        return bool(self._attach or self._detach)
+
+    def report_lost(self) -> None:
+        """A report did not reach a leader: the next one says everything again."""
+        self.full_needed = True
+
+    # ---------------------------------------------------------------- readings
+
+    def phi(self, key: Key, now_ms: int) -> float | None:
+        return self.detectors.phi(key, now_ms)
+
+    def heartbeat_age_ms(self, key: Key, now_ms: int) -> int | None:
+        return self.detectors.heartbeat_age_ms(key, now_ms)

@@ -1,0 +1,320 @@
+"""Failure detection spread over the members: a member's own detectors and guards, the report
+it sends the leader, and the leader's coverage (moved participants, the backstop)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgpack
+import pytest
+
+from rallypoint.coordinator.leader.phi import DetectorSettings
+from rallypoint.coordinator.leader.progress import ProgressReport
+from rallypoint.coordinator.liveness import report as report_module
+from rallypoint.coordinator.liveness.coverage import (
+    MEMBER_SILENT_MS,
+    Coverage,
+    orphan_ms,
+)
+from rallypoint.coordinator.liveness.local import (
+    INTAKE_LAG_GUARD_MS,
+    MemberDetection,
+    StreamClock,
+)
+from rallypoint.coordinator.liveness.report import (
+    BadReport,
+    LivenessReport,
+    Suspicion,
+    decode,
+    encode,
+)
+from rallypoint.coordinator.metrics import NodeMetrics
+
+from .job_replica import JobReplica
+
+SETTINGS = DetectorSettings(100, 8.0, 100, 50, 0)
+
+
+def beat(detection: MemberDetection, keys: list[tuple[str, int]], start_ms: int, count: int) -> int:
+    """``count`` regular heartbeats of ``keys`` from ``start_ms``; the time after them."""
+    now = start_ms
+    for _ in range(count):
+        now += 100
+        for key in keys:
+            detection.heartbeat(key, now)
+    return now
+
+
+# ------------------------------------------------------------------------ the report
+
+
+def test_a_report_round_trips_and_groups_participants_by_job() -> None:
+    progress = ProgressReport(3, 10, 5, 12.5, 7, 0, 0, "disk")
+    report = LivenessReport(
+        full=True,
+        attach=[("a", 1), ("a", 2), ("b", 9)],
+        detach=[("b", 4)],
+        suspicions=[Suspicion("a", 3, "phi", "phi 9.1 crossed the threshold 8", 950)],
+        progress=[(("a", 1), progress)],
+        intake_lag_ms=12,
+        boot=77,
+        seq=5,
+    )
+    payload = encode(report)
+    assert msgpack.unpackb(payload)["attach"] == {"a": [1, 2], "b": [9]}
+    assert decode(payload) == report
+
+
+@pytest.mark.parametrize(
+    ("body", "complaint"),
+    [
+        ({"v": 2}, "version 2 is not 1"),
+        ({"v": 1, "attach": [1, 2]}, "attach must map job ids"),
+        ({"v": 1, "attach": {"j": [0]}}, "participant id must be an integer >= 1"),
+        ({"v": 1, "suspect": [["j", 1, "guess", "", 0]]}, "unknown suspicion kind"),
+        ({"v": 1, "suspect": [["j", 1]]}, "a suspicion must be"),
+        ({"v": 1, "progress": [["j", 1, 1]]}, "a progress entry has 10 fields"),
+        ({"v": 1, "lag": -1}, "lag must be an integer"),
+    ],
+)
+def test_a_report_that_cannot_be_read_is_refused_with_why(body: dict, complaint: str) -> None:
+    with pytest.raises(BadReport, match=complaint):
+        decode(msgpack.packb(body))
+
+
+def test_garbage_and_oversized_reports_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(BadReport, match="not msgpack"):
+        decode(b"\xc1\xc1")
+    monkeypatch.setattr(report_module, "MAX_ENTRIES", 3)
+    with pytest.raises(BadReport, match="more than 3 participants"):
+        decode(msgpack.packb({"v": 1, "attach": {"j": [1, 2, 3, 4]}}))
+
+
+# ------------------------------------------------------------------------ a member
+
+
+def test_a_member_reports_what_it_starts_and_stops_carrying() -> None:
+    detection = MemberDetection()
+    detection.carry(("j", 1), SETTINGS, 0)
+    detection.carry(("j", 2), SETTINGS, 0)
+    first = detection.take_report([])
+    assert first.full and first.attach == [("j", 1), ("j", 2)]
+    detection.carry(("j", 3), SETTINGS, 10)
+    detection.uncarry(("j", 2), 10, closed=False)  # released: no evidence, forgotten
+    second = detection.take_report([])
+    assert not second.full
+    assert second.attach == [("j", 3)] and second.detach == [("j", 2)]
+    assert not detection.carries(("j", 2))
+    # A key attached and released between two reports is never mentioned.
+    detection.carry(("j", 4), SETTINGS, 20)
+    detection.uncarry(("j", 4), 20, closed=False)
+    third = detection.take_report([])
+    assert third.attach == [] and third.detach == []
+    detection.report_lost()
+    assert detection.take_report([]).full
+
+
+def test_a_closed_stream_is_suspected_and_then_left_to_the_leader() -> None:
+    detection = MemberDetection()
+    keys = [("j", 1), ("j", 2)]
+    for key in keys:
+        detection.carry(key, SETTINGS, 0)
+    now = beat(detection, keys, 0, 10)
+    detection.uncarry(("j", 1), now, closed=True)
+    assert detection.suspects(now + 100) == []
+    (suspicion,) = detection.suspects(now + 200)
+    assert (suspicion.key, suspicion.kind) == (("j", 1), "stream_closed")
+    assert suspicion.silent_ms == 200
+    # Nobody carries it here any more: forgotten once reported (the leader decides).
+    assert not detection.carries(("j", 1))
+
+
+def test_a_closed_stream_that_comes_back_in_time_is_not_suspected() -> None:
+    detection = MemberDetection()
+    detection.carry(("j", 1), SETTINGS, 0)
+    now = beat(detection, [("j", 1)], 0, 10)
+    detection.uncarry(("j", 1), now, closed=True)
+    detection.carry(("j", 1), SETTINGS, now + 50)  # a new stream, here
+    detection.heartbeat(("j", 1), now + 50)
+    assert detection.suspects(now + 300) == []
+
+
+def test_a_member_whose_intake_lags_suspects_nobody() -> None:
+    detection = MemberDetection()
+    keys = [("j", i) for i in range(1, 5)]
+    for key in keys:
+        detection.carry(key, SETTINGS, 0)
+    clock = StreamClock()
+    now = 0
+    for _ in range(10):  # requests arrive promptly: the baseline
+        now += 100
+        detection.request_lag(clock, now, now - 2)
+        for key in keys:
+            detection.heartbeat(key, now)
+    # Then this member falls behind: requests sent long ago arrive now, and one worker's
+    # last heartbeat was read late; phi alone would suspect it.
+    lag = INTAKE_LAG_GUARD_MS * 4
+    for _ in range(INTAKE_LAG_GUARD_MS):
+        detection.request_lag(clock, now + 1500, now + 1500 - lag)
+    assert detection.intake.current_ms() == lag - 2  # measured against the baseline
+    for key in keys[1:]:
+        detection.heartbeat(key, now + 1500)
+    assert detection.suspects(now + 1500) == []
+    # Once it has caught up (requests arrive promptly again) and the hold has passed, a
+    # worker that really is silent is suspected.
+    for _ in range(64):
+        detection.request_lag(clock, now + 3000, now + 3000 - 2)
+    for key in keys[1:]:
+        detection.heartbeat(key, now + 3000)
+    assert [s.key for s in detection.suspects(now + 3000)] == [("j", 1)]
+
+
+def test_phi_against_most_of_what_a_member_carries_waits_before_it_is_believed() -> None:
+    detection = MemberDetection(NodeMetrics(1))
+    keys = [("j", i) for i in range(1, 5)]
+    for key in keys:
+        detection.carry(key, SETTINGS, 0)
+    now = beat(detection, keys, 0, 10)
+    now = beat(detection, keys[:1], now + 2000, 1)
+    assert detection.suspects(now) == []
+    later = beat(detection, keys[:1], now, 60)
+    assert {s.key for s in detection.suspects(later)} == set(keys[1:])
+
+
+def test_a_young_detector_is_not_judged_by_phi_on_two_samples() -> None:
+    """The first heartbeats after a join or a move are often late (the worker is busy
+    joining): a detector with little history waits startup_ms before phi counts."""
+    detection = MemberDetection()
+    detection.carry(("j", 1), SETTINGS, 0)
+    detection.heartbeat(("j", 1), 100)
+    detection.heartbeat(("j", 1), 200)
+    # 1 s of silence would cross phi 8 for a detector with a long regular history.
+    assert detection.suspects(1_200) == []
+    assert [s.key for s in detection.suspects(SETTINGS.startup_ms + 10)] == [("j", 1)]
+
+
+# ------------------------------------------------------------------------ the leader
+
+
+def _report(**fields: object) -> LivenessReport:
+    return LivenessReport(**fields)  # type: ignore[arg-type]
+
+
+def test_a_suspicion_of_a_participant_another_member_carries_is_set_aside() -> None:
+    replica = JobReplica()
+    pids = replica.workers(3)
+    coverage = Coverage(member_id=1)
+    coverage.reset(0, grace_ms=0)
+    coverage.take(2, _report(full=True, attach=[("j", p) for p in pids]), replica.sm, 0)
+    # Participant 0 moved to member 3 (its stream to member 2 broke).
+    coverage.take(3, _report(full=True, attach=[("j", pids[0])]), replica.sm, 100)
+    closed = Suspicion("j", pids[0], "stream_closed", "heartbeat stream closed", 200)
+    assert coverage.take(2, _report(suspicions=[closed]), replica.sm, 300) == []
+    # Member 2's suspicion of one it still carries stands.
+    phi = Suspicion("j", pids[1], "phi", "phi 9.0 crossed the threshold 8", 1000)
+    (verdict,) = coverage.take(2, _report(suspicions=[phi]), replica.sm, 300)
+    assert (verdict.participant_id, verdict.cause) == (pids[1], phi.cause)
+    # Proposed again each second until the state no longer has it.
+    assert coverage.step(replica.sm, 1_299) == []
+    assert [v.participant_id for v in coverage.step(replica.sm, 1_300)] == [pids[1]]
+
+
+def test_participants_of_a_silent_member_that_reach_no_other_are_declared_failed() -> None:
+    replica = JobReplica()
+    pids = replica.workers(4)
+    keys = [("j", p) for p in pids]
+    coverage = Coverage(member_id=1)
+    coverage.reset(0, grace_ms=0)
+    coverage.take(1, _report(full=True, attach=keys[:2]), replica.sm, 0)
+    coverage.take(2, _report(full=True, attach=keys[2:]), replica.sm, 0)
+    assert coverage.step(replica.sm, 100) == []
+    # Member 2 dies: no report for MEMBER_SILENT_MS. One of its participants reconnects
+    # to member 1 in time; the other never does.
+    coverage.take(1, _report(attach=[keys[2]]), replica.sm, 500)
+    silent_at = MEMBER_SILENT_MS
+    assert coverage.step(replica.sm, silent_at) == []
+    deadline = silent_at + orphan_ms(SETTINGS)
+    coverage.member_reported(1, deadline - 1)
+    assert coverage.step(replica.sm, deadline - 1) == []
+    coverage.member_reported(1, deadline)
+    (verdict,) = coverage.step(replica.sm, deadline)
+    assert verdict.participant_id == pids[3] and verdict.kind == "unheard"
+    assert "member 2 went silent" in verdict.cause
+
+
+def test_a_participant_that_never_heartbeats_after_joining_is_declared_failed() -> None:
+    replica = JobReplica()
+    pids = replica.workers(2)
+    coverage = Coverage(member_id=1, report_every_ms=250)
+    coverage.reset(0, grace_ms=2_000)
+    coverage.take(1, _report(full=True, attach=[("j", pids[0])]), replica.sm, 0)
+    # Counted from the end of the leader's grace: startup_ms and two report periods.
+    due = 2_000 + SETTINGS.startup_ms + 2 * 250
+    assert coverage.step(replica.sm, 10) == []
+    assert coverage.step(replica.sm, due - 1) == []
+    (verdict,) = coverage.step(replica.sm, due)
+    assert verdict.participant_id == pids[1]
+    assert "never heartbeated" in verdict.cause
+
+
+def test_a_replayed_report_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rallypoint.coordinator.leader.supervisor import RendezvousSupervisor
+
+    replica = JobReplica()
+    replica.workers(2)
+
+    async def propose(command: object) -> None:
+        return None
+
+    sup = RendezvousSupervisor(replica.sm, propose, lambda: 0, grace_ms=0, member_id=1)
+    sup.is_leader = True
+    payload = encode(_report(full=True, boot=5, seq=1))
+    assert sup.take_report(2, payload)
+    with pytest.raises(BadReport, match="already taken"):
+        sup.take_report(2, payload)
+    assert sup.take_report(2, encode(_report(boot=5, seq=2)))
+    # A restarted member (another process) starts its count again.
+    assert sup.take_report(2, encode(_report(boot=6, seq=1)))
+    # Not the leader: nothing taken, nothing refused.
+    sup.is_leader = False
+    assert not sup.take_report(2, encode(_report(boot=6, seq=2)))
+
+
+async def test_a_member_whose_reports_no_leader_takes_stops_serving_heartbeats(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rallypoint.coordinator.leader import supervisor as supervisor_module
+
+    now = [1_000_000]
+    monkeypatch.setattr(supervisor_module, "monotonic_ms", lambda: now[0])
+    replica = JobReplica()
+    replica.workers(1)
+    sent: list[int] = []
+    answer = [True]
+
+    async def send(leader: int, payload: bytes) -> bool:
+        sent.append(leader)
+        return answer[0]
+
+    async def propose(command: object) -> None:
+        return None
+
+    sup = supervisor_module.RendezvousSupervisor(
+        replica.sm, propose, lambda: 0, member_id=2, leader_id=lambda: 1, send_report=send
+    )
+    assert sup.serves_heartbeats()  # a new member gets a start's worth
+    sup.step()
+    await asyncio.sleep(0)
+    assert sent == [1] and sup.serves_heartbeats()
+    # The leader stops taking its reports (a partition): after UNREPORTED_MS it stops serving.
+    answer[0] = False
+    for _ in range(12):
+        now[0] += 100
+        sup.step()
+        await asyncio.sleep(0)
+    assert not sup.serves_heartbeats()
+    answer[0] = True
+    now[0] += 300
+    sup.step()
+    await asyncio.sleep(0)
+    assert sup.serves_heartbeats()

@@ -38,7 +38,15 @@ from .job_watch import watch_job as _watch_job
 from .lease import Lease, LeaseKeeper, keep_alive_once
 from .rendezvous import Participant
 from .rendezvous import join as _join
-from .rendezvous_values import CheckpointInfo, JobConfig, JobStatus, RoundInfo
+from .rendezvous_values import (
+    CheckpointInfo,
+    JobConfig,
+    JobStatus,
+    JoinBatchResult,
+    MembersPage,
+    RoundInfo,
+    RoundMember,
+)
 from .roundstore import RoundStore
 from .transport import TlsConfig, Transport
 from .values import (
@@ -613,6 +621,63 @@ class Client:
         )
         self._participants.add(participant)
         return participant
+
+    async def join_batch(
+        self,
+        job: str,
+        names: Sequence[str],
+        *,
+        metadata: Sequence[bytes] | None = None,
+        config: JobConfig | None = None,
+        timeout_s: float | None = None,
+    ) -> JoinBatchResult:
+        """Join one participant per name in one replicated command (at most 10,000), all
+        tied to this client's session, all or none; ids and waiting flags in name order.
+        Unlike ``join`` nothing heartbeats them: the caller does (HeartbeatBatch)."""
+        return await _jobs.join_batch(
+            self._caller, job, names, metadata=metadata, config=config, timeout_s=timeout_s
+        )
+
+    async def list_members(
+        self,
+        job: str,
+        *,
+        after: int = 0,
+        limit: int = 0,
+        waiting: bool = False,
+        serializable: bool = False,
+        timeout_s: float | None = None,
+    ) -> MembersPage:
+        """One page of the round's members (or its wait list) with ids above ``after``, at
+        most ``limit`` (0: 1,000; at most 10,000), without phi or progress."""
+        return await _jobs.list_members(
+            self._caller,
+            job,
+            after=after,
+            limit=limit,
+            waiting=waiting,
+            serializable=serializable,
+            timeout_s=timeout_s,
+        )
+
+    def all_members(
+        self,
+        job: str,
+        *,
+        page_size: int = 0,
+        waiting: bool = False,
+        serializable: bool = False,
+        timeout_s: float | None = None,
+    ) -> AsyncIterator[RoundMember]:
+        """Every member (or waiter) of the round, fetched a page at a time (list_members)."""
+        return _jobs.all_members(
+            self._caller,
+            job,
+            page_size=page_size,
+            waiting=waiting,
+            serializable=serializable,
+            timeout_s=timeout_s,
+        )
 
     async def configure(
         self, job: str, config: JobConfig, *, timeout_s: float | None = None

@@ -12,15 +12,23 @@ from __future__ import annotations
 import contextlib
 import functools
 import weakref
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 from rallypoint.proto.v1 import rendezvous_pb2, rendezvous_pb2_grpc
 
 from .arguments import count, non_negative_seconds
 from .caller import Caller
-from .errors import RallypointError
+from .errors import InvalidValueError, RallypointError
 from .rendezvous_errors import JobNotFoundError, refined
-from .rendezvous_values import CheckpointInfo, JobConfig, JobStatus, RoundInfo
+from .rendezvous_values import (
+    CheckpointInfo,
+    JobConfig,
+    JobStatus,
+    JoinBatchResult,
+    MembersPage,
+    RoundInfo,
+    RoundMember,
+)
 from .transport import Stubs
 
 
@@ -69,6 +77,91 @@ async def configure(
         )
     )
     return response.created, RoundInfo.from_proto(response.round)
+
+
+async def join_batch(
+    caller: Caller,
+    job: str,
+    names: Sequence[str],
+    *,
+    metadata: Sequence[bytes] | None = None,
+    config: JobConfig | None = None,
+    timeout_s: float | None = None,
+) -> JoinBatchResult:
+    """Join many participants of ``job`` in one replicated command, all tied to this client's
+    session, all or none (one refused name refuses the batch). ``metadata``: one per name,
+    or None. Nothing heartbeats them: that is the caller's (a batched heartbeater's) work."""
+    names = list(names)
+    data = list(metadata) if metadata is not None else []
+    if metadata is not None and len(data) != len(names):
+        raise InvalidValueError(
+            f"metadata must hold one entry per name: {len(data)} for {len(names)} names"
+        )
+    request_config = config.to_proto() if config is not None else None
+    response = await refined(
+        caller.write(
+            lambda s: services(s).rendezvous.JoinBatch,
+            lambda header: rendezvous_pb2.JoinBatchRequest(
+                header=header, job=job, names=names, metadata=data, config=request_config
+            ),
+            timeout_s,
+        )
+    )
+    return JoinBatchResult.from_proto(response)
+
+
+async def list_members(
+    caller: Caller,
+    job: str,
+    *,
+    after: int = 0,
+    limit: int = 0,
+    waiting: bool = False,
+    serializable: bool = False,
+    timeout_s: float | None = None,
+) -> MembersPage:
+    """One page of the job's current round's members (or, with ``waiting``, its wait list)
+    with participant ids above ``after``: at most ``limit`` (0: the member's default, 1,000;
+    at most 10,000)."""
+    count(after, "after", least=0)
+    count(limit, "limit", least=0)
+    request = rendezvous_pb2.ListMembersRequest(
+        job=job, after=after, limit=limit, waiting=waiting, serializable=serializable
+    )
+    response = await refined(
+        caller.read(lambda s: services(s).rendezvous.ListMembers, request, timeout_s)
+    )
+    return MembersPage.from_proto(response)
+
+
+async def all_members(
+    caller: Caller,
+    job: str,
+    *,
+    page_size: int = 0,
+    waiting: bool = False,
+    serializable: bool = False,
+    timeout_s: float | None = None,
+) -> AsyncIterator[RoundMember]:
+    """Every member (or waiter) of the job's round, a page at a time. Each page is its own
+    read: when the round changes between pages, the pages after the change show the new one
+    (compare each page's round with the first's if that matters)."""
+    after = 0
+    while True:
+        page = await list_members(
+            caller,
+            job,
+            after=after,
+            limit=page_size,
+            waiting=waiting,
+            serializable=serializable,
+            timeout_s=timeout_s,
+        )
+        for member in page.members:
+            yield member
+        if not page.more or not page.members:
+            return
+        after = page.members[-1].participant_id
 
 
 async def get_job(

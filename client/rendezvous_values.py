@@ -377,6 +377,53 @@ class JoinResult:
 
 
 @dataclass(frozen=True, slots=True)
+class JoinBatchResult:
+    """A batch of participants joined (``Client.join_batch``): their ids and waiting flags
+    in the order of the names, and the job's round after the batch applied."""
+
+    # Strictly increasing for new participants, unique in the job; each at least the raft
+    # index of the batch (a name this session joined before keeps its id).
+    participant_ids: tuple[int, ...]
+    # Parallel: the participant waits for the next round.
+    waiting: tuple[bool, ...]
+    round: int
+    state: RoundState
+    # The response header's revision (the cluster's key-value revision when it answered).
+    revision: int
+
+    @staticmethod
+    def from_proto(response: rendezvous_pb2.JoinBatchResponse) -> JoinBatchResult:
+        return JoinBatchResult(
+            tuple(response.participant_ids),
+            tuple(response.waiting),
+            response.round,
+            round_state(response.state),
+            response.header.revision,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class MembersPage:
+    """One page of a round's members or its wait list (``Client.list_members``), in
+    participant-id order, without detector readings (phi and progress read 0)."""
+
+    round: int
+    state: RoundState
+    members: tuple[RoundMember, ...]
+    # More follow: ask again with ``after`` = the last participant id here.
+    more: bool
+
+    @staticmethod
+    def from_proto(response: rendezvous_pb2.ListMembersResponse) -> MembersPage:
+        return MembersPage(
+            response.round,
+            round_state(response.state),
+            tuple(RoundMember.from_proto(m) for m in response.members),
+            response.more,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class ShardProgress:
     """How many distinct ranks reported a checkpoint's shard, of ``world_size``."""
 

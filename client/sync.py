@@ -21,7 +21,7 @@ from .aio import Client
 from .blocking import Blocking, LoopThread, Runner, blocking
 from .errors import LeaseNotFoundError
 from .lease import Lease
-from .rendezvous_values import RoundInfo
+from .rendezvous_values import RoundInfo, RoundMember
 from .sync_rendezvous import SyncCheckpointRegistry, SyncParticipant, SyncRoundStore
 from .values import Fence, KeyValue, WatchEvent
 from .watch import Watcher
@@ -165,6 +165,8 @@ class SyncClient(Blocking[Client]):
     status = blocking(Client.status)
     configure = blocking(Client.configure)
     get_job = blocking(Client.get_job)
+    join_batch = blocking(Client.join_batch)
+    list_members = blocking(Client.list_members)
     list_jobs = blocking(Client.list_jobs)
     job_statuses = blocking(Client.job_statuses)
     evict = blocking(Client.evict)
@@ -182,6 +184,19 @@ class SyncClient(Blocking[Client]):
         while True:
             try:
                 yield self._runner.run(next_key())
+            except StopAsyncIteration:
+                return
+
+    def all_members(self, job: str, **options: Any) -> Iterator[RoundMember]:
+        """Every member (or waiter) of the round, a page at a time (``Client.all_members``)."""
+        members = self._target.all_members(job, **options)
+
+        async def next_member() -> RoundMember:
+            return await anext(members)
+
+        while True:
+            try:
+                yield self._runner.run(next_member())
             except StopAsyncIteration:
                 return
 

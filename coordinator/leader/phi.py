@@ -239,7 +239,10 @@ class DetectorSet:
         # (due_ms, key) per scheduling; an entry whose time is not its key's due_ms (or
         # whose key is gone) is stale and skipped. Invariant: every tracked key with a
         # finite due_ms has an entry with exactly that time.
-        self._due: list[tuple[float, Key]] = []
+        self._due: list[tuple[float, int, Key]] = []
+        # A tie-breaker for heap entries, so equal times never compare keys (batched
+        # heartbeats give many keys the same due time, and tuples of strings compare slowly).
+        self._pushes = 0
         # Nobody is suspected before this time (see start_grace).
         self.grace_until_ms = 0
         # Heartbeats that came before a closed stream was confirmed: suspicions averted
@@ -260,10 +263,15 @@ class DetectorSet:
         due = max(due, not_before_ms)
         tracked.due_ms = due
         if due != math.inf:
-            heapq.heappush(self._due, (due, key))
+            self._pushes += 1
+            heapq.heappush(self._due, (due, self._pushes, key))
         if len(self._due) > 4 * len(self._tracked) + 1024:
             # Mostly stale entries (heartbeats reschedule often): rebuild from the live ones.
-            self._due = [(t.due_ms, k) for k, t in self._tracked.items() if t.due_ms != math.inf]
+            self._due = [
+                (t.due_ms, n, k)
+                for n, (k, t) in enumerate(self._tracked.items())
+                if t.due_ms != math.inf
+            ]
             heapq.heapify(self._due)
 
     def __contains__(self, key: Key) -> bool:
@@ -384,7 +392,7 @@ class DetectorSet:
         due: list[Key] = []
         heap = self._due
         while heap and heap[0][0] <= now_ms:
-            when, key = heapq.heappop(heap)
+            when, _, key = heapq.heappop(heap)
             tracked = self._tracked.get(key)
             if tracked is None or tracked.due_ms != when:
                 continue  # stale: forgotten, or rescheduled since

@@ -1,11 +1,14 @@
 """The Rendezvous service: jobs, joins, heartbeats, round watches and job status.
 
-Theory of operation. Configure, Join, Leave, Evict and CloseJob are replicated commands;
-their answers carry the job's RoundInfo as this member has applied it once the command
-applied. GetJob and ListJobs read the applied state after a read barrier (unless the client
-asked for a serializable read). The reason string is computed here, from the state and
-``node.leader_clock_ms()``: the state machine holds no clock, and the reason is only a
-description, never a decision.
+Theory of operation. Configure, Join, JoinBatch, Leave, Evict and CloseJob are replicated
+commands; their answers carry the job's RoundInfo as this member has applied it once the
+command applied (JoinBatch's only the round's number and state: a batch is how a round of
+100,000 is joined, and each answer carrying every member would cost O(N) per batch). GetJob,
+ListJobs and ListMembers read the applied state after a read barrier (unless the client
+asked for a serializable read); ListMembers pages through a round's members (or the wait
+list) in participant-id order, so reading a round of N costs O(N) in total, not per page.
+The reason string is computed here, from the state and ``node.leader_clock_ms()``: the state
+machine holds no clock, and the reason is only a description, never a decision.
 
 Phi is soft state of the member that serves a participant's heartbeat stream
 (``coordinator/liveness``): GetJob reports each member's phi as the answering member's
@@ -49,8 +52,10 @@ workers buried the workers' own event loops.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
 
 from rallypoint.proto.v1 import rendezvous_pb2, rendezvous_pb2_grpc
 
@@ -58,13 +63,22 @@ from ..leader.progress import ProgressReport
 from ..leader.supervisor import monotonic_ms
 from ..liveness.local import StreamClock
 from ..node_api import NotLeaderError, ServerNode
-from ..state.commands import CloseJob, Configure, Evict, Join, Leave, PruneJobs
-from ..state.errors import JobNotFound, ParticipantNotFound
-from ..state.jobs import EndReason, JobConfig, JobState, LeaveOutcome, RoundRecord, RoundState
-from ..state.rendezvous import round_reason
+from ..state.commands import CloseJob, Configure, Evict, Join, JoinBatch, Leave, PruneJobs
+from ..state.errors import JobNotFound, LimitExceeded, ParticipantNotFound
+from ..state.jobs import (
+    EndReason,
+    JobConfig,
+    JobState,
+    LeaveOutcome,
+    RoundRecord,
+    RoundState,
+    Seat,
+)
+from ..state.rendezvous import batch_bytes, round_reason
 from ..state.results import (
     CloseJobResult,
     ConfigureResult,
+    JoinBatchResult,
     JoinResult,
     PruneJobsResult,
     RemoveResult,
@@ -85,6 +99,9 @@ HEARTBEAT_ANSWER_EVERY = 10
 WATCH_RECHECK_S = 5.0
 # The least time between two WatchJob messages about the same round in the same state.
 WATCH_COALESCE_S = 0.2
+# ListMembers' page size when the request says 0, and the most a request may ask for.
+LIST_MEMBERS_DEFAULT = 1_000
+LIST_MEMBERS_MAX = 10_000
 # A heartbeat's restore source is a word ("broadcast"); it ends up in the replicated round
 # record, so a longer one is cut here rather than refused (a heartbeat must not fail on it).
 MAX_RESTORE_CHARS = 32
@@ -164,16 +181,22 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         # watcher of a job gets the same message, built once per change (a round of N workers
         # has N watchers, so building it per watcher costs N^2).
         self._pushed: dict[str, tuple[int, rendezvous_pb2.RoundInfo]] = {}
+        # Round-change signals for batch heartbeat streams (one watcher per job).
+        self._signals = RoundSignals()
         # Per job: (revision, rank by participant, wait list) for HeartbeatBatch answers.
         self._seat_cache: dict[str, tuple[int, dict[int, int], frozenset[int]]] = {}
 
     # ----------------------------------------------------------------- reading jobs
 
-    async def _applied_through(self, index: int, timeout_s: float = 2.0) -> None:
-        """Wait (bounded) until this member has applied ``index``."""
+    async def _applied_through(self, pid: int, timeout_s: float = 2.0) -> None:
+        """Wait (bounded) until this member has applied the join that handed out participant
+        id ``pid``: until its applied index reaches ``pid``, or a batch it applied handed out
+        ids beyond it. A participant id is at least, not exactly, its join's raft index: a
+        JoinBatch hands out ids above its own, which a quiet cluster may never reach."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while self.node.state.applied_index < index:
+        state = self.node.state
+        while not state.rendezvous.participant_id_known(pid, state.applied_index):
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return
@@ -186,15 +209,14 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         return job
 
     def _member_pb(
-        self, job: JobView, pid: int, rank: int, with_phi: bool
+        self, job: JobView, pid: int, rank: int, with_phi: bool, names: dict[int, str]
     ) -> rendezvous_pb2.RoundMember:
+        """``names``: ``_ended_names(job)``, built once per answer, not per member."""
         member = rendezvous_pb2.RoundMember(participant_id=pid, rank=rank)
         participant = job.participants.get(pid)
         if participant is not None:
             member.name, member.metadata = participant.name, participant.metadata
-        elif job.history and job.history[-1].number == job.round.number:
-            # A closed job's participants are gone; its last round's record keeps the names.
-            names = {m.participant_id: m.name for m in job.history[-1].members}
+        else:
             member.name = names.get(pid, "")
         if with_phi:
             phi = self.node.phi(job.job_id, pid)
@@ -207,16 +229,19 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
 
     def round_info(self, job: JobView, with_phi: bool = False) -> rendezvous_pb2.RoundInfo:
         r = job.round
+        names = _ended_names(job)
         return rendezvous_pb2.RoundInfo(
             job=job.job_id,
             round=r.number,
             state=_ROUND_STATES[r.state],
-            members=[self._member_pb(job, s.participant_id, s.rank, with_phi) for s in r.members],
+            members=[
+                self._member_pb(job, s.participant_id, s.rank, with_phi, names) for s in r.members
+            ],
             world_size=len(r.members) if r.state is RoundState.ACTIVE else 0,
             fencing_token=r.fencing_token,
             store_namespace=f"{job.job_id}/{r.number}",
             reason=round_reason(job, self.node.leader_clock_ms()),
-            waiting=[self._member_pb(job, pid, -1, with_phi) for pid in job.waiting],
+            waiting=[self._member_pb(job, pid, -1, with_phi, names) for pid in job.waiting],
             opened_ms=r.opened_ms,
             closed_ms=r.closed_ms,
             job_closed=job.closed,
@@ -244,6 +269,36 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         if latest is not None:
             response.latest_checkpoint.CopyFrom(checkpoint_pb(latest))
         return response
+
+    async def ListMembers(
+        self, request: rendezvous_pb2.ListMembersRequest, context: Context
+    ) -> rendezvous_pb2.ListMembersResponse:
+        job_id = validate.job_id(request.job)
+        if not 0 <= request.limit <= LIST_MEMBERS_MAX:
+            raise InvalidArgument("limit", f"must be 0..{LIST_MEMBERS_MAX}, got {request.limit}")
+        limit = request.limit or LIST_MEMBERS_DEFAULT
+        await read_barrier(self.node, context, request.serializable)
+        job = self._job(job_id)
+        r = job.round
+        # Both are in participant-id order (ids increase in join order): find the page's
+        # start by bisection, then take at most `limit`.
+        if request.waiting:
+            start = bisect.bisect_right(job.waiting, request.after)
+            page = [(pid, -1) for pid in job.waiting[start : start + limit]]
+            total = len(job.waiting)
+        else:
+            key = _participant_id
+            start = bisect.bisect_right(r.members, request.after, key=key)
+            page = [(s.participant_id, s.rank) for s in r.members[start : start + limit]]
+            total = len(r.members)
+        names = _ended_names(job)
+        return rendezvous_pb2.ListMembersResponse(
+            header=header_pb(self.node.header()),
+            round=r.number,
+            state=_ROUND_STATES[r.state],
+            members=[self._member_pb(job, pid, rank, False, names) for pid, rank in page],
+            more=start + limit < total,
+        )
 
     async def ListJobs(
         self, request: rendezvous_pb2.ListJobsRequest, context: Context
@@ -375,8 +430,36 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         # The participants this stream carries, and the (round, state) it last told each.
         carried: dict[tuple[str, int], tuple[int, RoundState] | None] = {}
         clock = StreamClock()
+        requests = aiter(request_iterator)
+        next_request: asyncio.Future[rendezvous_pb2.HeartbeatBatchRequest] = asyncio.ensure_future(
+            anext(requests)
+        )
+        # The jobs this stream carries participants of, each with its round-change signal.
+        signals: dict[str, _JobSignal] = {}
+        changed: asyncio.Task[bool] | None = None
         try:
-            async for request in request_iterator:
+            while True:
+                if changed is None and signals:
+                    changed = asyncio.ensure_future(_first_set(signals.values()))
+                waiting: set[asyncio.Future[Any]] = {next_request}
+                if changed is not None:
+                    waiting.add(changed)
+                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if changed is not None and changed in done:
+                    changed = None
+                    for job_id, signal in list(signals.items()):
+                        if signal.fired():
+                            signals[job_id] = self._signals.renew(job_id, signal)
+                            push = self._push(job_id, carried)
+                            if push is not None:
+                                yield push
+                if next_request not in done:
+                    continue
+                try:
+                    request = next_request.result()
+                except StopAsyncIteration:
+                    break
+                next_request = asyncio.ensure_future(anext(requests))
                 now_ms = monotonic_ms()
                 job_id = validate.job_id(request.job)
                 pids = list(request.participant_ids)
@@ -400,8 +483,19 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
                         self.node.heartbeat_released(job_id, pid)
                 if request.known_index > self.node.state.applied_index:
                     await self._applied_through(request.known_index)
-                yield self._beat(job_id, pids, rounds, request, carried, now_ms)
+                answer = self._beat(job_id, pids, rounds, request, carried, now_ms)
+                if job_id not in signals:
+                    signals[job_id] = self._signals.subscribe(job_id, self.node)
+                    if changed is not None:
+                        changed.cancel()
+                        changed = None
+                yield answer
         finally:
+            next_request.cancel()
+            if changed is not None:
+                changed.cancel()
+            for job_id in signals:
+                self._signals.unsubscribe(job_id)
             jobs = self.node.state.rendezvous.jobs
             for job_id, pid in sorted(carried):
                 job = jobs.get(job_id)
@@ -409,6 +503,58 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
                     self.node.heartbeat_stream_closed(job_id, pid)
                 else:
                     self.node.heartbeat_released(job_id, pid)
+
+    def _push(
+        self, job_id: str, carried: dict[tuple[str, int], tuple[int, RoundState] | None]
+    ) -> rendezvous_pb2.HeartbeatBatchResponse | None:
+        """An unsolicited answer (seq 0): the assignments of this stream's participants of
+        ``job_id`` whose round moved since the stream last told them; None if none did."""
+        job = self.node.state.rendezvous.jobs.get(job_id)
+        answer = rendezvous_pb2.HeartbeatBatchResponse(header=header_pb(self.node.header()))
+        keys = [key for key in carried if key[0] == job_id]
+        if job is None:
+            for key in keys:
+                del carried[key]
+                self.node.heartbeat_released(*key)
+                answer.assignments.add(participant_id=key[1], gone=True)
+            return answer if keys else None
+        r = job.round
+        current = (r.number, r.state)
+        stale = []
+        for key in keys:
+            if key[1] not in job.participants:
+                del carried[key]
+                self.node.heartbeat_released(*key)
+                answer.assignments.add(participant_id=key[1], gone=True)
+            elif carried[key] != current:
+                carried[key] = current
+                stale.append(key[1])
+        self._assign(job, stale, answer)
+        return answer if answer.assignments else None
+
+    def _assign(
+        self, job: JobView, pids: list[int], answer: rendezvous_pb2.HeartbeatBatchResponse
+    ) -> None:
+        """Add the assignment of each of ``pids`` (participants of ``job``) to ``answer``."""
+        if not pids:
+            return
+        r = job.round
+        ranks, waiting = self._seats(job)
+        namespace = f"{job.job_id}/{r.number}"
+        state = _ROUND_STATES[r.state]
+        world = len(r.members) if r.state is RoundState.ACTIVE else 0
+        add = answer.assignments.add
+        for pid in pids:
+            add(
+                participant_id=pid,
+                round=r.number,
+                state=state,
+                rank=ranks.get(pid, -1),
+                world_size=world,
+                fencing_token=r.fencing_token,
+                store_namespace=namespace,
+                waiting=pid in waiting,
+            )
 
     def _beat(
         self,
@@ -429,8 +575,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         )
         beat: list[int] = []
         stale: list[int] = []
-        # Fast path: every participant already carried, told the current round, and naming it.
-        for i, pid in enumerate(pids):
+        for pid in pids:
             key = (job_id, pid)
             told = carried.get(key, _ABSENT)
             if told is _ABSENT:
@@ -445,26 +590,11 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
                 answer.assignments.add(participant_id=pid, gone=True)
                 continue
             beat.append(pid)
-            if told != current or (rounds and rounds[i] != r.number):
+            if told != current:
                 stale.append(pid)
                 carried[key] = current
         self.node.batch_heartbeat(job_id, beat, now_ms)
-        if stale:
-            ranks, waiting = self._seats(job)
-            namespace = f"{job_id}/{r.number}"
-            state = _ROUND_STATES[r.state]
-            world = len(r.members) if r.state is RoundState.ACTIVE else 0
-            for pid in stale:
-                answer.assignments.add(
-                    participant_id=pid,
-                    round=r.number,
-                    state=state,
-                    rank=ranks.get(pid, -1),
-                    world_size=world,
-                    fencing_token=r.fencing_token,
-                    store_namespace=namespace,
-                    waiting=pid in waiting,
-                )
+        self._assign(job, stale, answer)
         for entry in request.progress:
             key = (job_id, entry.participant_id)
             if key not in carried:
@@ -541,6 +671,49 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
             round=self.round_info(self._job(result.job)),
         )
 
+    async def JoinBatch(
+        self, request: rendezvous_pb2.JoinBatchRequest, context: Context
+    ) -> rendezvous_pb2.JoinBatchResponse:
+        limits = self.node.state.limits.rendezvous
+        header = validate.session_header(request.HasField("header"), request.header)
+        job_id = validate.job_id(request.job)
+        config = (
+            validate.job_config(True, request.config, limits)
+            if request.HasField("config")
+            else None
+        )
+        names, metadata = list(request.names), list(request.metadata)
+        if not 1 <= len(names) <= limits.max_batch_joins:
+            raise InvalidArgument(
+                "names", f"must hold 1..{limits.max_batch_joins} names, got {len(names)}"
+            )
+        if metadata and len(metadata) != len(names):
+            raise InvalidArgument(
+                "metadata",
+                f"must be empty or one per name: {len(metadata)} for {len(names)} names",
+            )
+        first: dict[str, int] = {}
+        for entry, name in enumerate(names):
+            validate.participant_name(name, limits, f"names[{entry}]")
+            if first.setdefault(name, entry) != entry:
+                raise InvalidArgument(f"names[{entry}]", f"{name!r} repeats names[{first[name]}]")
+        for entry, data in enumerate(metadata):
+            if len(data) > limits.max_metadata_bytes:
+                what = f"participant metadata bytes (metadata[{entry}])"
+                raise RequestFailed(LimitExceeded(what, limits.max_metadata_bytes))
+        if batch_bytes(names, metadata) > limits.max_batch_bytes:
+            what = "bytes of names and metadata in one batch"
+            raise RequestFailed(LimitExceeded(what, limits.max_batch_bytes))
+        command = JoinBatch(job=job_id, names=tuple(names), metadata=tuple(metadata), config=config)
+        result = await propose(self.node, command, context, JoinBatchResult, header)
+        return rendezvous_pb2.JoinBatchResponse(
+            header=header_pb(self.node.header()),
+            participant_ids=list(result.participant_ids),
+            waiting=list(result.waiting),
+            round=result.round,
+            state=_ROUND_STATES[result.state],
+        )
+
     async def Leave(
         self, request: rendezvous_pb2.LeaveRequest, context: Context
     ) -> rendezvous_pb2.LeaveResponse:
@@ -600,6 +773,88 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         )
 
 
+def _ended_names(job: JobView) -> dict[int, str]:
+    """A closed job's participants are gone; its last round's record keeps their names."""
+    if job.history and job.history[-1].number == job.round.number:
+        return {m.participant_id: m.name for m in job.history[-1].members}
+    return {}
+
+
+def _participant_id(seat: Seat) -> int:
+    return seat.participant_id
+
+
 def _position(job: JobView) -> tuple[int, RoundState, JobState]:
     """What a watcher is told at once when it changes: round number, round state, job state."""
     return job.round.number, job.round.state, job.state
+
+
+class _JobSignal:
+    """Fires (its event is set) when a job's round number or state, or the job's state,
+    moves; ``RoundSignals.renew`` gives the next one."""
+
+    def __init__(self, position: tuple[int, RoundState, JobState] | None) -> None:
+        self.position = position
+        self.event = asyncio.Event()
+        self.users = 0
+        self.task: asyncio.Task[None] | None = None
+
+    def fired(self) -> bool:
+        return self.event.is_set()
+
+
+class RoundSignals:
+    """One watcher per job with batch heartbeat streams on this member (not one per stream):
+    it wakes on every apply, and fires the job's signal when its position moves."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, _JobSignal] = {}
+
+    def subscribe(self, job_id: str, node: ServerNode) -> _JobSignal:
+        signal = self._jobs.get(job_id)
+        if signal is None:
+            job = node.state.rendezvous.jobs.get(job_id)
+            signal = self._jobs[job_id] = _JobSignal(None if job is None else _position(job))
+            signal.task = asyncio.get_running_loop().create_task(self._watch(job_id, node))
+        signal.users += 1
+        return signal
+
+    def renew(self, job_id: str, fired: _JobSignal) -> _JobSignal:
+        """The job's current signal (a fired one is replaced once, for every stream)."""
+        current = self._jobs.get(job_id)
+        return current if current is not None and current is not fired else fired
+
+    def unsubscribe(self, job_id: str) -> None:
+        signal = self._jobs.get(job_id)
+        if signal is None:
+            return
+        signal.users -= 1
+        if signal.users <= 0:
+            del self._jobs[job_id]
+            if signal.task is not None:
+                signal.task.cancel()
+
+    async def _watch(self, job_id: str, node: ServerNode) -> None:
+        while True:
+            await node.wait_for_apply(WATCH_RECHECK_S)
+            signal = self._jobs.get(job_id)
+            if signal is None:
+                return
+            job = node.state.rendezvous.jobs.get(job_id)
+            position = None if job is None else _position(job)
+            if position != signal.position:
+                fresh = _JobSignal(position)
+                fresh.users, fresh.task = signal.users, signal.task
+                self._jobs[job_id] = fresh
+                signal.event.set()
+
+
+async def _first_set(signals: Iterable[_JobSignal]) -> bool:
+    """Wait until one of ``signals`` fires."""
+    waits = [asyncio.ensure_future(s.event.wait()) for s in signals]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+    return True

@@ -40,8 +40,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import operator
 import types
 import typing
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import msgpack
@@ -139,6 +141,16 @@ _HINTS: dict[type[Any], list[tuple[str, Any]]] = {}
 # _is_record_type's answers; emptied whenever a class is registered. Decoding asks for every
 # field of every entry applied, so this is on the apply path.
 _IS_RECORD_TYPE: dict[Any, bool] = {}
+# Compiled per type, lazily (annotations resolve only once every module is imported), and
+# emptied whenever a class is registered: a record class's encoder (value -> list), and a
+# decoder per annotation (obj -> value). A snapshot of a job of 100,000 participants holds
+# hundreds of thousands of records; walking each one's annotations with typing's
+# introspection cost seconds, a compiled step per field costs a fraction of that.
+_ENCODERS: dict[type[Any], Callable[[Any], list[Any]]] = {}
+_DECODERS: dict[Any, Callable[[Any], Any]] = {}
+_RECORD_DECODERS: dict[type[Any], tuple[list[type[Any]], list[Callable[[Any], Any]]]] = {}
+# Field types written as they are: msgpack encodes them itself.
+_PLAIN = (bool, int, bytes, str)
 
 
 def record(tag: int) -> typing.Callable[[type[_T]], type[_T]]:
@@ -153,6 +165,9 @@ def record(tag: int) -> typing.Callable[[type[_T]], type[_T]]:
         _CLASS_BY_TAG[tag] = cls
         _TAG_BY_CLASS[cls] = tag
         _IS_RECORD_TYPE.clear()
+        _ENCODERS.clear()
+        _DECODERS.clear()
+        _RECORD_DECODERS.clear()
         return cls
 
     return register
@@ -190,11 +205,60 @@ def _record_fields(value: Any, fmt: RecordFormat) -> list[Any]:
     return fields
 
 
+def _is_plain(hint: Any) -> bool:
+    """A field annotation whose values msgpack writes as they are (None included)."""
+    if hint in _PLAIN or hint is type(None):
+        return True
+    supertype = getattr(hint, "__supertype__", None)
+    if supertype is not None:
+        return _is_plain(supertype)
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        return all(_is_plain(member) for member in typing.get_args(hint))
+    return False
+
+
+def _field_encoder(hint: Any) -> Callable[[Any], Any] | None:
+    """How a field of type ``hint`` is written: None (as it is), a tuple of plain items as a
+    list, anything else through ``to_obj``."""
+    if _is_plain(hint):
+        return None
+    args = typing.get_args(hint)
+    plain_items = len(args) == 2 and args[1] is Ellipsis and _is_plain(args[0])
+    return list if typing.get_origin(hint) is tuple and plain_items else to_obj
+
+
+def _compile_encoder(cls: type[Any]) -> Callable[[Any], list[Any]]:
+    """``to_obj`` for one record class: plain fields as they are, the others through
+    ``to_obj``; trailing default fields dropped as ``_record_fields`` says."""
+    fmt = _FORMAT[cls]
+    tag = fmt.tag
+    if not fmt.field_names:
+        return lambda value: [tag]
+    if fmt.version > 1:
+        return lambda value: [tag, *(to_obj(field) for field in _record_fields(value, fmt))]
+    convert = [_field_encoder(hint) for _, hint in _hints(cls)]
+    if len(convert) == 1:
+        name = fmt.field_names[0]
+        one = convert[0] or (lambda field: field)
+        return lambda value: [tag, one(getattr(value, name))]
+    fields = operator.attrgetter(*fmt.field_names)
+    if not any(convert):
+        return lambda value: [tag, *fields(value)]
+    return lambda value: [
+        tag,
+        *(f if c is None else c(f) for c, f in zip(convert, fields(value), strict=True)),
+    ]
+
+
 def to_obj(value: Any) -> Any:
     """The msgpack-ready form of a record, tuple, enum or primitive."""
-    tag = _TAG_BY_CLASS.get(type(value))
-    if tag is not None:
-        return [tag, *(to_obj(field) for field in _record_fields(value, _FORMAT[type(value)]))]
+    cls = type(value)
+    encoder = _ENCODERS.get(cls)
+    if encoder is not None:
+        return encoder(value)
+    if cls in _TAG_BY_CLASS:
+        encoder = _ENCODERS[cls] = _compile_encoder(cls)
+        return encoder(value)
     if isinstance(value, tuple):
         return [to_obj(item) for item in value]
     if isinstance(value, enum.Enum):
@@ -240,7 +304,7 @@ def _record_from_obj(obj: Any, allowed: tuple[type[Any], ...]) -> Any:
     if not isinstance(obj, list) or not obj or type(obj[0]) is not int:
         raise StateCodecError(f"expected a tagged record, got {obj!r}"[:300])
     cls = _CLASS_BY_TAG.get(obj[0])
-    if cls is None or not any(issubclass(cls, base) for base in allowed):
+    if cls is None or (cls not in allowed and not any(issubclass(cls, b) for b in allowed)):
         names = ", ".join(base.__name__ for base in allowed)
         raise StateCodecError(f"tag {obj[0]} is not a record of type {names}")
     hints = _hints(cls)
@@ -252,14 +316,38 @@ def _record_from_obj(obj: Any, allowed: tuple[type[Any], ...]) -> Any:
         raise StateCodecError(
             f"{cls.__name__}: expected {len(hints)} fields (at least {fmt.required}), got {given}"
         )
-    kwargs = {}
     # Fields added later are trailing and have defaults: older records decode with them.
-    for (name, hint), field_obj in zip(hints, obj[1:], strict=False):
-        try:
-            kwargs[name] = from_obj(field_obj, hint)
-        except StateCodecError as exc:
-            raise StateCodecError(f"{cls.__name__}.{name}: {exc}") from None
-    return cls(**kwargs)
+    plain_types, decoders = _record_decoders(cls)
+    try:
+        args = [
+            field_obj if type(field_obj) is plain else decode(field_obj)
+            for plain, decode, field_obj in zip(plain_types, decoders, obj[1:], strict=False)
+        ]
+    except StateCodecError:
+        # Again, field by field, to name the one that failed.
+        for (name, hint), field_obj in zip(hints, obj[1:], strict=False):
+            try:
+                from_obj(field_obj, hint)
+            except StateCodecError as exc:
+                raise StateCodecError(f"{cls.__name__}.{name}: {exc}") from None
+        raise
+    return cls(*args)
+
+
+class _NotPlain:
+    """Never the type of a decoded value: marks a field that needs its decoder."""
+
+
+def _record_decoders(cls: type[Any]) -> tuple[list[type[Any]], list[Callable[[Any], Any]]]:
+    """Per field of ``cls``: the exact type a value taken as it is has (or ``_NotPlain``),
+    and the decoder for any other value."""
+    compiled = _RECORD_DECODERS.get(cls)
+    if compiled is None:
+        hints = _hints(cls)
+        plain = [hint if hint in _PLAIN else _NotPlain for _, hint in hints]
+        decoders = [_compile_decoder(hint) for _, hint in hints]
+        compiled = _RECORD_DECODERS[cls] = (plain, decoders)
+    return compiled
 
 
 def _is_record_type(hint: Any) -> bool:
@@ -277,6 +365,42 @@ def _is_record_type(hint: Any) -> bool:
 
 def from_obj(obj: Any, hint: Any) -> Any:
     """Decode ``obj`` (from msgpack) as a value of the annotated type ``hint``."""
+    try:
+        decoder = _DECODERS[hint]
+    except KeyError:
+        decoder = _DECODERS[hint] = _compile_decoder(hint)
+    except TypeError:  # an unhashable annotation: nothing to cache it under
+        return _from_obj(obj, hint)
+    return decoder(obj)
+
+
+def _compile_decoder(hint: Any) -> Callable[[Any], Any]:
+    """``from_obj`` for one annotation: the common cases in one step, every other case (and
+    every error, so messages stay the same) through ``_from_obj``."""
+    if hint in _PLAIN:
+
+        def plain(obj: Any) -> Any:
+            return obj if type(obj) is hint else _from_obj(obj, hint)
+
+        return plain
+    if typing.get_origin(hint) is tuple:
+        args = typing.get_args(hint)
+        if len(args) == 2 and args[1] is Ellipsis:
+            item_hint = args[0]
+
+            def items(obj: Any) -> Any:
+                if type(obj) is not list:
+                    return _from_obj(obj, hint)
+                return tuple([from_obj(item, item_hint) for item in obj])
+
+            return items
+    if isinstance(hint, type) and hint in _TAG_BY_CLASS:
+        allowed = (hint,)
+        return lambda obj: _record_from_obj(obj, allowed)
+    return lambda obj: _from_obj(obj, hint)
+
+
+def _from_obj(obj: Any, hint: Any) -> Any:
     origin = typing.get_origin(hint)
     if origin in (types.UnionType, typing.Union):
         members = typing.get_args(hint)

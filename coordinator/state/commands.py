@@ -155,8 +155,10 @@ class Configure(JobCommand):
 @record(41)
 @dataclass(frozen=True, slots=True)
 class Join(JobCommand):
-    """Add a participant (id: this entry's raft index) tied to the envelope's session. With a
-    config, creates the job if absent; the config must equal the job's if present."""
+    """Add a participant tied to the envelope's session; its id is this entry's raft index,
+    or the next free id if a JoinBatch handed out ids beyond it (:mod:`.rendezvous`,
+    "Participant ids"). With a config, creates the job if absent; the config must equal the
+    job's if present."""
 
     name: str
     metadata: bytes
@@ -236,6 +238,20 @@ class PruneJobs(SessionCommand):
     older_than_ms: int
     keep: int
     jobs: tuple[str, ...] = ()
+
+
+@record(49)
+@dataclass(frozen=True, slots=True)
+class JoinBatch(JobCommand):
+    """Add one participant per name, in order, all tied to the envelope's session: each as a
+    Join would be, all or nothing (one refusal refuses the whole batch and changes nothing).
+    ``metadata`` is parallel to ``names``, or empty (no metadata for anyone). The new
+    participants take consecutive ids from the first free one at or above this entry's raft
+    index (:mod:`.rendezvous`, "Participant ids")."""
+
+    names: tuple[str, ...]
+    metadata: tuple[bytes, ...] = ()
+    config: JobConfig | None = None
 
 
 # ---------------------------------------------------------------- round store (tags 50-54)
@@ -369,6 +385,7 @@ __all__ = [
     "Evict",
     "JobCommand",
     "Join",
+    "JoinBatch",
     "LeaseExpire",
     "LeaseGrant",
     "LeaseRevoke",

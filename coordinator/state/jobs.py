@@ -27,7 +27,8 @@ class RendezvousLimits:
     """Bounds on rendezvous state; like every limit, the same on every member."""
 
     max_jobs: int = 1024
-    max_nodes: int = 65_536
+    # One job of 100,000 participants is the target (issue 17), with room to spare.
+    max_nodes: int = 131_072
     max_waiting: int = 4096
     max_name_chars: int = 256
     max_metadata_bytes: int = 4096
@@ -44,6 +45,11 @@ class RendezvousLimits:
     max_ended_jobs: int = 256
     ended_job_retention_ms: int = 7 * 24 * 3600 * 1000
     max_leave_detail_chars: int = 1024
+    # The most participants one JoinBatch adds (rendezvous.proto says 10,000), and the most
+    # bytes of names and metadata it carries: one command is one raft entry, replicated and
+    # written to every member's log, and 10,000 entries of the largest metadata would be 40 MiB.
+    max_batch_joins: int = 10_000
+    max_batch_bytes: int = 4 * 1024 * 1024
 
 
 @record(340)
@@ -146,7 +152,8 @@ class EndReason(enum.IntEnum):
 @record(341)
 @dataclass(frozen=True, slots=True)
 class Participant:
-    """A worker in a job. ``participant_id`` is the raft index of its join; it is removed
+    """A worker in a job. ``participant_id`` is at least the raft index of its join, unique
+    and increasing in join order (see :mod:`.rendezvous`, "Participant ids"); it is removed
     (as failed) when ``session_id`` ends."""
 
     participant_id: int
@@ -193,10 +200,26 @@ class Round:
         return [seat.participant_id for seat in self.members]
 
     def rank_of(self, participant_id: int) -> int | None:
+        """O(members): on a hot path use ``Job.rank_of``, which keeps an index."""
         for seat in self.members:
             if seat.participant_id == participant_id:
                 return seat.rank
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class ParticipantAssignment:
+    """What one participant needs to know of its job's current round (``Rendezvous.assignment``):
+    the round, its state and fencing token; the participant's ``rank`` (-1 while the round is
+    JOINING or the participant waits for the next one); ``world_size`` (0 while JOINING); and
+    ``waiting``. A query answer, never replicated."""
+
+    round: int
+    state: RoundState
+    rank: int
+    world_size: int
+    fencing_token: int
+    waiting: bool
 
 
 @record(344)

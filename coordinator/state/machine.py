@@ -102,8 +102,11 @@ UNSAFE_ACCEPT_STALE_FENCE = os.environ.get("RALLYPOINT_UNSAFE_ACCEPT_STALE_FENCE
 # it ended, why; rendezvous.py); formats 2 and 3 are still restored, their jobs open or
 # closed. A field added to a record inside the snapshot (a round's ``restore``) needs no new
 # snapshot format: the record's own format version says it (codec.py, "Format versions").
-SNAPSHOT_FORMAT = 4
-_SNAPSHOT_FORMATS = {2: 5, 3: 6, 4: 6}  # format -> fields per session
+# 5: the rendezvous state carries ``next_participant_id`` (a JoinBatch handed out ids beyond
+# the log); written only while that is set, format 4 otherwise, so a cluster that runs no
+# batch writes the bytes it always wrote and an older member refuses only what it cannot read.
+SNAPSHOT_FORMAT = 5
+_SNAPSHOT_FORMATS = {2: 5, 3: 6, 4: 6, 5: 6}  # format -> fields per session
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _DECIMAL = re.compile(rb"-?[0-9]+")
 
@@ -472,7 +475,9 @@ class StateMachine:
         another thread while this machine keeps applying (the node takes it on the event
         loop, between applies). The large parts, the keys and the watch history, hold frozen
         values, so their containers are copied without a Python step per item; the small
-        mutable parts (leases, sessions, rendezvous jobs) are copied deeply."""
+        mutable parts (leases, sessions) are copied deeply, and the rendezvous jobs by
+        ``Rendezvous.copy`` (their containers copied, their frozen records shared: a job of
+        100,000 participants copies in C-speed steps)."""
         if set(vars(self)) != _FIELDS:
             # A new field must be copied here too, or a snapshot could see later applies.
             raise AssertionError(f"frozen_copy does not know fields {set(vars(self)) ^ _FIELDS}")
@@ -481,7 +486,7 @@ class StateMachine:
         clone.history = self.history.copy()
         clone.leases = copy.deepcopy(self.leases)
         clone.sessions = copy.deepcopy(self.sessions)
-        clone.rendezvous = copy.deepcopy(self.rendezvous)
+        clone.rendezvous = self.rendezvous.copy()
         return clone
 
     def snapshot(self) -> bytes:
@@ -499,7 +504,7 @@ class StateMachine:
         ]
         return codec.pack(
             [
-                SNAPSHOT_FORMAT,
+                SNAPSHOT_FORMAT if self.rendezvous.next_participant_id else 4,
                 self.applied_index,
                 self.now_ms,
                 self.revision,
@@ -557,7 +562,7 @@ class StateMachine:
         history = WatchHistory(self.limits.max_history_events, self.limits.max_history_bytes)
         history.restore(_int(obj[8]), [codec.from_obj(item, Event) for item in _list(obj[9])])
         rendezvous = Rendezvous(self.limits.rendezvous)
-        rendezvous.restore(obj[10], lifecycle=obj[0] >= 4)
+        rendezvous.restore(obj[10], lifecycle=obj[0] >= 4, high_water=obj[0] >= 5)
 
         self.applied_index, self.now_ms, self.revision = applied_index, now_ms, revision
         self.kv = KeyValueStore()

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from .codec import record
 from .errors import Failure
-from .jobs import CheckpointInfo
+from .jobs import CheckpointInfo, RoundState
 from .values import KeyValue
 
 
@@ -113,6 +113,19 @@ class JoinResult(Success):
     participant_id: int
     round: int
     waiting: bool
+
+
+@record(147)
+@dataclass(frozen=True, slots=True)
+class JoinBatchResult(Success):
+    """A JoinBatch applied: the participants' ids and waiting flags in request order, and the
+    job's current round (number and state) after the batch."""
+
+    job: str
+    participant_ids: tuple[int, ...]
+    waiting: tuple[bool, ...]
+    round: int
+    state: RoundState
 
 
 @record(142)

@@ -25,7 +25,15 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from .errors import Compacted, Failure
-from .jobs import CheckpointInfo, JobConfig, JobState, Participant, Round, RoundRecord
+from .jobs import (
+    CheckpointInfo,
+    JobConfig,
+    JobState,
+    Participant,
+    ParticipantAssignment,
+    Round,
+    RoundRecord,
+)
 from .leases import LeaseInfo
 from .values import Event, KeyValue
 
@@ -94,6 +102,11 @@ class JobView(Protocol):
     @property
     def ended(self) -> bool: ...
 
+    def rank_of(self, participant_id: int) -> int | None:
+        """The participant's rank in the current round (-1 while JOINING), None if it is
+        not a member; O(1)."""
+        ...
+
 
 class RendezvousView(Protocol):
     """The rendezvous jobs, read-only (``rendezvous.Rendezvous``)."""
@@ -107,6 +120,15 @@ class RendezvousView(Protocol):
         ...
 
     def participant_keys(self) -> list[tuple[str, int]]: ...
+
+    def assignment(self, job_id: str, pid: int) -> ParticipantAssignment | None:
+        """The participant's round, state, rank, world size, token and waiting flag, in O(1);
+        None when the job is gone or ``pid`` is not one of its participants."""
+        ...
+
+    def participant_id_known(self, pid: int, applied_index: int) -> bool:
+        """Whether a join at or below ``applied_index`` handed out ``pid`` (or none ever will)."""
+        ...
 
     def closes_due(self, now_ms: int) -> list[tuple[str, int]]: ...
 

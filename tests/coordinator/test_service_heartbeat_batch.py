@@ -85,15 +85,20 @@ async def test_a_round_change_is_pushed_to_each_and_the_departed_are_told_gone(
     await call.write(batch(1, pids))
     assert isinstance(await call.read(), pb.HeartbeatBatchResponse)
     await stub.Leave(pb.LeaveRequest(header=headers(), job="j", participant_id=pids[1]))
-    await call.write(batch(2, pids, [1, 1, 1]))
-    answer = await call.read()
-    assert isinstance(answer, pb.HeartbeatBatchResponse)
-    told = {a.participant_id: a for a in answer.assignments}
+    # The round change is pushed at once, unasked (seq 0), to each participant it concerns.
+    pushed = await call.read()
+    assert isinstance(pushed, pb.HeartbeatBatchResponse) and pushed.seq == 0
+    told = {a.participant_id: a for a in pushed.assignments}
     assert told[pids[1]].gone
     for pid in (pids[0], pids[2]):
         assert (told[pid].round, told[pid].state, told[pid].rank) == (2, pb.ROUND_STATE_JOINING, -1)
     # The departed one is no longer carried: its stream ending is no evidence.
     assert node.released == [("j", pids[1])]
+    # The next request is answered with nothing new for those already told.
+    await call.write(batch(2, [pids[0], pids[2]], [2, 2]))
+    answer = await call.read()
+    assert isinstance(answer, pb.HeartbeatBatchResponse)
+    assert (answer.seq, len(answer.assignments)) == (2, 0)
     # An unknown participant is told it is gone, without ending the stream.
     await call.write(batch(3, [pids[0], 999_999], [2, 0]))
     answer = await call.read()
@@ -168,11 +173,8 @@ async def _round_change_bytes(
     await stub.Leave(pb.LeaveRequest(header=headers(), job=job, participant_id=pids[-1]))
     pushed = 0
     for call, group in zip(calls, groups, strict=True):
-        await call.write(
-            pb.HeartbeatBatchRequest(job=job, participant_ids=group, rounds=[1] * len(group), seq=2)
-        )
-        answer = await call.read()
-        assert isinstance(answer, pb.HeartbeatBatchResponse)
+        answer = await call.read()  # pushed at once, unasked
+        assert isinstance(answer, pb.HeartbeatBatchResponse) and answer.seq == 0
         assert len(answer.assignments) == len(group)
         pushed += answer.ByteSize()
         call.cancel()

@@ -204,7 +204,7 @@ def _bad_requests() -> list[tuple[str, str, object]]:
             for name, c in [
                 ("min_nodes", job_config(0, 1)),
                 ("max_nodes", job_config(2, 1)),
-                ("max_nodes", job_config(1, 70_000)),
+                ("max_nodes", job_config(1, 200_000)),
                 ("last_call_ms", job_config(1, 1, last_call_ms=-1)),
                 ("join_timeout_ms", job_config(1, 1, join_timeout_ms=0)),
                 ("heartbeat_interval_ms", job_config(1, 1, heartbeat_interval_ms=0)),

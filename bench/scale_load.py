@@ -58,8 +58,7 @@ from rallypoint.client import (
     RoundState,
 )
 from rallypoint.client.caller import Caller
-from rallypoint.client.jobs import services
-from rallypoint.client.rendezvous_errors import refined
+from rallypoint.client.jobs import join_batch
 from rallypoint.client.transport import Transport
 from rallypoint.proto.v1 import rendezvous_pb2
 
@@ -189,20 +188,14 @@ class Hosts:
                 caller = self.caller()
                 try:
                     await caller.open_session()
-                    response = await refined(
-                        caller.write(
-                            lambda s: services(s).rendezvous.JoinBatch,
-                            lambda header: rendezvous_pb2.JoinBatchRequest(
-                                header=header, job=job, names=names, config=config.to_proto()
-                            ),
-                            CLIENT_TIMEOUT_S,
-                        )
+                    joined = await join_batch(
+                        caller, job, names, config=config, timeout_s=CLIENT_TIMEOUT_S
                     )
                 except RallypointError as error:
                     failures.append(f"{type(error).__name__}: {error}"[:300])
                     return
                 acks.append(time.time())
-            ids = list(response.participant_ids)
+            ids = list(joined.participant_ids)
             batcher = HeartbeatBatcher(
                 caller,
                 job,
@@ -211,7 +204,7 @@ class Hosts:
                 on_assignment=load.on_assignment,
                 on_response=load.on_response,
             )
-            batcher.add_many(ids, response.round)
+            batcher.add_many(ids, joined.round)
             batcher.start()
             self.batchers.append(batcher)
             load.ids.extend(ids)
@@ -321,16 +314,10 @@ async def run_worker(args: argparse.Namespace, lag: LoopLag) -> None:
         emit("ready")
         if await anext(commands, "close") != "join":
             return
-        response = await refined(
-            caller.write(
-                lambda s: services(s).rendezvous.JoinBatch,
-                lambda header: rendezvous_pb2.JoinBatchRequest(
-                    header=header, job=args.job, names=[args.name_prefix], config=config.to_proto()
-                ),
-                CLIENT_TIMEOUT_S,
-            )
+        joined = await join_batch(
+            caller, args.job, [args.name_prefix], config=config, timeout_s=CLIENT_TIMEOUT_S
         )
-        participant_id = response.participant_ids[0]
+        participant_id = joined.participant_ids[0]
 
         def on_assignment(assignment: Assignment) -> None:
             emit(
@@ -349,9 +336,9 @@ async def run_worker(args: argparse.Namespace, lag: LoopLag) -> None:
             first_endpoint=args.first_host,
             on_assignment=on_assignment,
         )
-        batcher.add(participant_id, response.round)
+        batcher.add(participant_id, joined.round)
         batcher.start()
-        emit("joined", participant_id=participant_id, round=response.round)
+        emit("joined", participant_id=participant_id, round=joined.round)
         async for line in commands:
             if line == "report":
                 samples = batcher.take_samples()

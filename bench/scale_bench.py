@@ -472,6 +472,8 @@ async def capacity_step(
         "load_loop_lag_max_ms": max((r["loop_lag"]["max_ms"] or 0.0) for r in reports),
         # Late sends from a saturated generator say more about it than about the cluster.
         "load_generator_saturated": send_lag_p99 > args.latency_bound_ms / 2,
+        # The machine's run queue over the last minute, whatever else ran on it.
+        "machine_load_average_1m": os.getloadavg()[0],
         "passed": passed,
     }
 
@@ -605,6 +607,7 @@ def placement(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, An
         "participants_per_stream": args.per_host,
         "detection_workers": "one process per worker, its own stream at 100 ms",
         "shared": "members, load processes and workers share every core; nothing is pinned",
+        "machine_load_average_1m_at_end": os.getloadavg()[0],
         "load_send_lag_p99_ms_by_capacity_step": {
             str(s["participants"]): s["load_send_lag_p99_ms"] for s in results["capacity"]["steps"]
         },

@@ -158,7 +158,7 @@ class ScaleBench:
 
     async def failed_in_history(self, job: str, expected: frozenset[int] = frozenset()) -> int:
         """Rounds of ``job`` that ended because a participant not in ``expected`` failed."""
-        status = await self.admin.get_job(job)
+        status = await self.admin.get_job(job, timeout_s=self.args.phase_timeout_s)
         return sum(
             1
             for record in status.history
@@ -186,47 +186,66 @@ def pushed_bytes(settled: Sequence[dict[str, Any]]) -> dict[str, int]:
 
 
 async def round_trial(bench: ScaleBench, size: int) -> dict[str, Any]:
+    """N participants join a job of min = max = N; when had every one been pushed ACTIVE?
+    Then the round change (``round_change``). A failure at any stage keeps what was measured
+    before it, with the stage named."""
     args = bench.args
     job = f"round-{size}"
     config = JobConfig(min_nodes=size, max_nodes=size, heartbeat_interval_ms=ROUND_HEARTBEAT_MS)
     members = bench.member_pids()
+    trial: dict[str, Any] = {"size": size, "job": job, "complete": False, "round_close_s": None}
+    stage = "join"
     try:
+        await bench.report()  # the load processes' lag figures start here
         before = CpuSample.take(members, time.perf_counter())
         joined = await bench.join(job, size, config)
-        settled = await bench.settle(job, 1)
-        after = CpuSample.take(members, time.perf_counter())
         acks = [t for event in joined for t in event["acks"]]
         last_ack, started = max(acks), min(e["started"] for e in joined)
+        trial["join_spread_s"] = last_ack - started
+        stage = "settle"
+        settled = await bench.settle(job, 1)
+        after = CpuSample.take(members, time.perf_counter())
+        reports = await bench.report()
         seen = sum(e["seen"] for e in settled)
+        gone = sum(e["gone"] for e in settled)
         complete = seen == size
         last_seen = max((e["last_seen"] for e in settled if e["last_seen"]), default=None)
         first_seen = min((e["first_seen"] for e in settled if e["first_seen"]), default=None)
         ranks = sorted(r for e in settled for r in e["ranks"])
-        status = await bench.admin.get_job(job)
-        round_number = status.round.round
+        bench.count("rounds", gone)
+        trial.update(
+            {
+                "complete": complete,
+                "participants_saw_active": seen,
+                "participants_gone": gone,
+                "ranks_are_a_permutation": ranks == list(range(size)),
+                "round_close_s": (last_seen - last_ack) if complete and last_seen else None,
+                "first_saw_active_after_last_join_s": (first_seen - last_ack)
+                if first_seen
+                else None,
+                "members_cpu": cpu_share(before, after),
+                "load_loop_lag_max_ms": max((r["loop_lag"]["max_ms"] or 0.0) for r in reports),
+                "load_send_lag_max_ms": max((r["send_lag"]["max_ms"] or 0.0) for r in reports),
+                "reason": None
+                if complete
+                else f"{seen} of {size} participants saw the round ACTIVE within "
+                f"{args.phase_timeout_s:g} s ({gone} declared gone)",
+            }
+        )
+        stage = "history"
         failed_joining = await bench.failed_in_history(job)
-        bench.count("rounds", failed_joining + sum(e["gone"] for e in settled))
-        trial: dict[str, Any] = {
-            "size": size,
-            "job": job,
-            "complete": complete,
-            "participants_saw_active": seen,
-            "ranks_are_a_permutation": ranks == list(range(size)),
-            "join_spread_s": last_ack - started,
-            "round_close_s": (last_seen - last_ack) if complete and last_seen else None,
-            "first_saw_active_after_last_join_s": (first_seen - last_ack) if first_seen else None,
-            "member_failed_rounds": failed_joining,
-            "members_cpu": cpu_share(before, after),
-            "reason": None
-            if complete
-            else f"{seen} of {size} participants saw the round ACTIVE within "
-            f"{args.phase_timeout_s:g} s",
-        }
+        trial["member_failed_rounds"] = failed_joining
+        bench.count("rounds", failed_joining)
         if complete:
+            stage = "round change"
+            round_number = max(e["max_round"] for e in settled)
             trial["change"] = await round_change(bench, job, size, round_number, failed_joining)
-        return trial
+    except (TimeoutError, LoadProcessError, RallypointError) as error:
+        trial["complete"] = False
+        trial["reason"] = f"{stage}: {type(error).__name__}: {error}"[:2000]
     finally:
         await bench.close_job(job)
+    return trial
 
 
 async def round_change(
@@ -265,10 +284,7 @@ async def round_change(
 async def bench_rounds(bench: ScaleBench) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for size in bench.args.sizes:
-        try:
-            trial = await round_trial(bench, size)
-        except (TimeoutError, LoadProcessError, RallypointError) as error:
-            trial = {"size": size, "complete": False, "round_close_s": None, "reason": str(error)}
+        trial = await round_trial(bench, size)
         out[str(size)] = trial
         change = trial.get("change") or {}
         print(

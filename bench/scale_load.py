@@ -131,6 +131,8 @@ class JobLoad:
         return {
             "job": self.job,
             "round": round_number,
+            # The highest round any of them saw ACTIVE.
+            "max_round": max(self.reached, default=0),
             "participants": self.participants,
             "seen": len(times),
             "gone": len(self.gone),

@@ -228,13 +228,14 @@ class Hosts:
     def report(self, lag: LoopLag) -> dict[str, Any]:
         latencies: list[float] = []
         send_lags: list[float] = []
-        requests = answers = failovers = 0
+        requests = answers = pushes = failovers = 0
         for batcher in self.batchers:
             samples = batcher.take_samples()
             latencies.extend(samples.answer_latency_s)
             send_lags.extend(samples.send_lag_s)
             requests += samples.requests
             answers += samples.answers
+            pushes += samples.pushes
             failovers += samples.failovers
         stopped = [b for b in self.batchers if b.stopped.is_set()]
         send_lag = latency_summary_ms(send_lags)
@@ -243,6 +244,7 @@ class Hosts:
             "streams": len(self.batchers),
             "requests": requests,
             "answers": answers,
+            "pushes": pushes,
             "latency": latency_summary_ms(latencies),
             "send_lag": {key: send_lag[key] for key in ("p50_ms", "p99_ms", "max_ms")},
             "loop_lag": lag.take(),

@@ -11,7 +11,8 @@ over the members and the leader's load stays Raft and proposals.
 
 - Requests carry ``seq`` (one more per request on the stream) and ``sent_ms``, the sender's
   monotonic clock. The member answers each request with its ``seq``; the time from sending
-  to that answer is the answer latency, kept per request.
+  to that answer is the answer latency, kept per request. A member may also push an answer
+  of its own, ``seq`` 0, when a round changes: it is applied like any other, and not timed.
 - An answer holds an :class:`Assignment` only for participants whose round changed (or that
   the stream has not been told of yet) and for those that are ``gone``. An assignment becomes
   the participant's view and the round it names in later requests; ``on_assignment`` hears
@@ -46,6 +47,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -128,6 +130,8 @@ class HeartbeatSamples:
     send_lag_s: list[float]
     requests: int
     answers: int
+    # Unsolicited answers (seq 0): round changes the member pushed at once.
+    pushes: int
     # Streams abandoned (failures that led to a reconnect).
     failovers: int
 
@@ -187,6 +191,7 @@ class HeartbeatBatcher:
         self._lags_s: collections.deque[float] = collections.deque(maxlen=SAMPLES_KEPT)
         self._requests = 0
         self._answers = 0
+        self._pushes = 0
         self._failovers = 0
 
     def __repr__(self) -> str:
@@ -277,11 +282,12 @@ class HeartbeatBatcher:
             send_lag_s=list(self._lags_s),
             requests=self._requests,
             answers=self._answers,
+            pushes=self._pushes,
             failovers=self._failovers,
         )
         self._latencies_s.clear()
         self._lags_s.clear()
-        self._requests = self._answers = self._failovers = 0
+        self._requests = self._answers = self._pushes = self._failovers = 0
         return samples
 
     # -------------------------------------------------------------- lifecycle
@@ -458,15 +464,19 @@ class HeartbeatBatcher:
                 response = await call.read()
                 if not isinstance(response, rendezvous_pb2.HeartbeatBatchResponse):  # EOF
                     return UnavailableError(f"{address} ended the heartbeat batch stream")
-                sent_s = owed.pop(response.seq, None)
-                latency_s = time.monotonic() - sent_s if sent_s is not None else float("nan")
+                # seq 0 is a push (a round change sent at once), not an answer; a seq this
+                # stream does not owe (answered already) is not timed either.
+                sent_s = owed.pop(response.seq, None) if response.seq else None
+                latency_s = time.monotonic() - sent_s if sent_s is not None else math.nan
                 if sent_s is not None:
                     self._latencies_s.append(latency_s)
+                    self._answers += 1
                     # Requests older than the one answered were answered before it, or never
                     # will be: either way they no longer count against the member's patience.
                     for seq in [s for s in owed if s < response.seq]:
                         del owed[seq]
-                self._answers += 1
+                elif not response.seq:
+                    self._pushes += 1
                 # Not transport.note_success: a follower serves this stream too, and the
                 # client's unary calls should keep going to the member that leads.
                 retrier.answered()

@@ -44,6 +44,8 @@ class FakeMember(rendezvous_pb2_grpc.RendezvousServicer):
         # Never read the stream (a member whose loop is stuck): writes block once HTTP/2's
         # flow-control window is full.
         self.stalled = asyncio.Event()
+        # Unsolicited answers to send on the stream (round changes pushed at once).
+        self.pushed: asyncio.Queue[rendezvous_pb2.HeartbeatBatchResponse] = asyncio.Queue()
         self.server: grpc.aio.Server | None = None
         self.address = ""
 
@@ -60,6 +62,8 @@ class FakeMember(rendezvous_pb2_grpc.RendezvousServicer):
             await context.abort(code, message, (("rallypoint-error-reason", reason),))
         async for request in request_iterator:
             self.requests.append(request)
+            while not self.pushed.empty():
+                yield self.pushed.get_nowait()
             if self.silent:
                 continue
             if self.answer_delay_s:
@@ -187,6 +191,28 @@ async def test_an_assignment_is_applied_and_named_in_later_requests(
     count = len(members[0].requests)
     later = (await eventually(after(members[0], count), "a later request"))[0]
     assert dict(zip(later.participant_ids, later.rounds, strict=True)) == {1: 1, 2: 5, 3: 1}
+    await batcher.close()
+
+
+async def test_a_pushed_round_change_is_applied_and_not_timed(
+    client: Client, members: list[FakeMember]
+) -> None:
+    batcher = await started(client, range(1, 3))
+    await eventually(after(members[0], 1), "two requests")
+    batcher.take_samples()
+    members[0].pushed.put_nowait(
+        rendezvous_pb2.HeartbeatBatchResponse(
+            seq=0, assignments=[assignment(1, 7, state=rendezvous_pb2.ROUND_STATE_JOINING)]
+        )
+    )
+    found = await batcher.wait_for(1, lambda a: a.round == 7, timeout_s=5.0)
+    assert found.state is RoundState.JOINING
+    count = len(members[0].requests)
+    later = (await eventually(after(members[0], count), "a later request"))[0]
+    assert dict(zip(later.participant_ids, later.rounds, strict=True)) == {1: 7, 2: 1}
+    samples = batcher.take_samples()
+    assert samples.pushes == 1
+    assert samples.answers == len(samples.answer_latency_s)
     await batcher.close()
 
 

@@ -30,6 +30,14 @@ over the members and the leader's load stays Raft and proposals.
   participants reach a new member well within the grace period a member gives participants
   that move to it. The participants continue on the new stream unchanged; its ``seq``
   starts over.
+- Hand-off. A member that stopped answering may only be slow (its loop behind), and a stream
+  it sees end counts as evidence against the participants it carried. So a stream left for
+  want of answers is not cancelled when that can be avoided: its last request names every
+  participant in ``released`` (they move: their silence there is not evidence), the stream is
+  half-closed, and its answers are drained (and ignored) in the background for up to
+  ``HANDOFF_DRAIN_S`` before it is cancelled. Cancelling would reset the stream, and the
+  member could lose the unread release. A stream whose write is blocked (flow control: the
+  member stopped reading) cannot hand off and is cancelled.
 - Lag. The send loop keeps a fixed schedule (a drift would read as lateness to the detector)
   and records how late it woke for each interval: ``send_lag_s``. A sender whose own loop is
   behind sends late heartbeats, and its owner must be able to tell that from a slow cluster
@@ -77,9 +85,14 @@ from .transport import Retrier
 log = logging.getLogger("rallypoint.client.heartbeats")
 
 # A member answers every request; one that leaves a request unanswered this many intervals
-# (and at least MIN_ANSWER_PATIENCE_S) is taken as a member that stopped serving.
-ANSWER_PATIENCE_BEATS = 5
+# (and at least MIN_ANSWER_PATIENCE_S) is taken as a member that stopped serving. The leader
+# declares participants failed when their member has been silent for 1.5 s and no other
+# member took them within max(2 s, 5 intervals) (coordinator/liveness/coverage.py): they must
+# have moved by then, check interval and reconnect backoff included.
+ANSWER_PATIENCE_BEATS = 3
 MIN_ANSWER_PATIENCE_S = 2.0
+# How long a stream handed off (see the module docstring) is drained before it is cancelled.
+HANDOFF_DRAIN_S = 30.0
 # How many of the latest latency and lag samples are kept between take_samples() calls.
 SAMPLES_KEPT = 4096
 
@@ -187,6 +200,12 @@ class HeartbeatBatcher:
         self.failure: RallypointError | None = None
         self.stopped = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        # Streams handed off, draining (see the module docstring).
+        self._draining: set[asyncio.Task[None]] = set()
+        # The current stream's sender is inside call.write (cancelling it would cancel the
+        # call), and the seq of its latest request.
+        self._writing = False
+        self._seq = 0
         self._latencies_s: collections.deque[float] = collections.deque(maxlen=SAMPLES_KEPT)
         self._lags_s: collections.deque[float] = collections.deque(maxlen=SAMPLES_KEPT)
         self._requests = 0
@@ -300,10 +319,11 @@ class HeartbeatBatcher:
         """Stop heartbeating (the participants carried count as silent from now on: release
         them first for a clean departure)."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for pending in [task, *self._draining]:
+            if pending is not None:
+                pending.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pending
         self._stop(None)
 
     async def __aenter__(self) -> HeartbeatBatcher:
@@ -374,24 +394,81 @@ class HeartbeatBatcher:
             return closed
         # seq -> monotonic send time of the requests not answered yet, oldest first.
         owed: dict[int, float] = {}
-        tasks = [
-            asyncio.create_task(self._send(call, owed), name="heartbeat batch send"),
-            asyncio.create_task(
-                self._read(call, address, owed, retrier), name="heartbeat batch read"
-            ),
-            # Apart from the sender: a write to a member that stopped reading blocks once the
-            # stream's flow-control window is full, and the stream must still be abandoned.
-            asyncio.create_task(self._watch(address, owed), name="heartbeat batch watch"),
-        ]
+        # Set once the stream is handed off: the reader then ignores what it reads.
+        handed_off = asyncio.Event()
+        self._writing = False
+        self._seq = 0
+        sender = asyncio.create_task(self._send(call, owed), name="heartbeat batch send")
+        reader = asyncio.create_task(
+            self._read(call, address, owed, retrier, handed_off), name="heartbeat batch read"
+        )
+        # Apart from the sender: a write to a member that stopped reading blocks once the
+        # stream's flow-control window is full, and the stream must still be abandoned.
+        watchdog = asyncio.create_task(self._watch(address, owed), name="heartbeat batch watch")
+        tasks = [sender, reader, watchdog]
+        drained = False
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            return next(iter(done)).result()
+            failure = next(iter(done)).result()
+            if watchdog in done and not self._writing:
+                handed_off.set()
+                drained = await self._hand_off(call, sender)
+            return failure
         finally:
-            for task in tasks:
+            for task in [sender, watchdog] if drained else tasks:
                 task.cancel()
-            for task in tasks:
+            for task in [sender, watchdog] if drained else tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            if drained:
+                draining = asyncio.create_task(self._drain(call, reader), name="heartbeat drain")
+                self._draining.add(draining)
+                draining.add_done_callback(self._draining.discard)
+            else:
+                call.cancel()
+
+    async def _hand_off(
+        self,
+        call: grpc.aio.StreamStreamCall[
+            rendezvous_pb2.HeartbeatBatchRequest, rendezvous_pb2.HeartbeatBatchResponse
+        ],
+        sender: asyncio.Task[RallypointError],
+    ) -> bool:
+        """Release every carried participant on ``call`` and half-close it; whether that
+        was written (else the call is cancelled: a write cut short cancels it)."""
+        # The sender sleeps between writes (it is not writing): cancelling it leaves the call.
+        sender.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sender
+        request = rendezvous_pb2.HeartbeatBatchRequest(
+            job=self.job,
+            seq=self._seq + 1,
+            sent_ms=int(time.monotonic() * 1000),
+            released=[*self._rounds, *self._released],
+            known_index=self._known_index,
+        )
+        bound_s = max(self.heartbeat_interval_s, 1.0)
+        try:
+            await asyncio.wait_for(call.write(request), bound_s)
+            await asyncio.wait_for(call.done_writing(), bound_s)
+        except (TimeoutError, grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            return False
+        return True
+
+    async def _drain(
+        self,
+        call: grpc.aio.StreamStreamCall[
+            rendezvous_pb2.HeartbeatBatchRequest, rendezvous_pb2.HeartbeatBatchResponse
+        ],
+        reader: asyncio.Task[RallypointError],
+    ) -> None:
+        """Let a handed-off stream end on the member's side, then drop it."""
+        try:
+            await asyncio.wait_for(asyncio.shield(reader), HANDOFF_DRAIN_S)
+        except TimeoutError:
+            pass
+        finally:
+            reader.cancel()
             call.cancel()
 
     def _request(self, seq: int) -> rendezvous_pb2.HeartbeatBatchRequest:
@@ -424,8 +501,10 @@ class HeartbeatBatcher:
         while True:
             if self._rounds or self._released:
                 seq += 1
+                self._seq = seq
                 request = self._request(seq)
                 owed[seq] = time.monotonic()
+                self._writing = True
                 try:
                     await call.write(request)
                 except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
@@ -433,6 +512,8 @@ class HeartbeatBatcher:
                     pass
                 else:
                     self._requests += 1
+                finally:
+                    self._writing = False
             # A fixed schedule, not sleep(interval) after each write: the detector learns the
             # intervals, and drift would read as lateness.
             next_at = max(next_at + interval_s, loop.time())
@@ -458,12 +539,15 @@ class HeartbeatBatcher:
         address: str,
         owed: dict[int, float],
         retrier: Retrier,
+        handed_off: asyncio.Event,
     ) -> RallypointError:
         try:
             while True:
                 response = await call.read()
                 if not isinstance(response, rendezvous_pb2.HeartbeatBatchResponse):  # EOF
                     return UnavailableError(f"{address} ended the heartbeat batch stream")
+                if handed_off.is_set():
+                    continue  # the participants moved: a late answer here is stale
                 # seq 0 is a push (a round change sent at once), not an answer; a seq this
                 # stream does not owe (answered already) is not timed either.
                 sent_s = owed.pop(response.seq, None) if response.seq else None

@@ -47,6 +47,8 @@ class FakeMember(rendezvous_pb2_grpc.RendezvousServicer):
         # Unsolicited answers to send on the stream (round changes pushed at once).
         self.pushed: asyncio.Queue[rendezvous_pb2.HeartbeatBatchResponse] = asyncio.Queue()
         self.server: grpc.aio.Server | None = None
+        # Streams whose requests ended with the client's half-close (not a cancellation).
+        self.half_closed = 0
         self.address = ""
 
     async def HeartbeatBatch(
@@ -70,6 +72,7 @@ class FakeMember(rendezvous_pb2_grpc.RendezvousServicer):
                 await asyncio.sleep(self.answer_delay_s)
             assignments, self.queued = self.queued, []
             yield rendezvous_pb2.HeartbeatBatchResponse(seq=request.seq, assignments=assignments)
+        self.half_closed += 1
 
     async def start(self) -> None:
         self.server = grpc.aio.server()
@@ -276,6 +279,23 @@ async def test_a_member_that_stops_answering_is_abandoned(
     await eventually(after(members[0], 0), "a request")
     await eventually(after(members[1], 0), "a request to the next member", timeout_s=5.0)
     assert members[0].streams == 1
+    await batcher.close()
+
+
+async def test_leaving_a_silent_member_releases_everyone_there_and_half_closes(
+    client: Client, members: list[FakeMember]
+) -> None:
+    members[0].silent = True
+    batcher = await started(client, range(1, 4), answer_patience_s=0.3)
+    await eventually(after(members[1], 0), "a request to the next member")
+    # The last request to the silent member moves every participant away from it, and the
+    # stream ends as a half-close the member reads, not a reset that could lose the release.
+    await eventually(lambda: members[0].half_closed, "the half-close")
+    last = members[0].requests[-1]
+    assert sorted(last.released) == [1, 2, 3] and not last.participant_ids
+    assert all(not r.released for r in members[0].requests[:-1])
+    # The new stream carries them all.
+    assert list(members[1].requests[0].participant_ids) == [1, 2, 3]
     await batcher.close()
 
 

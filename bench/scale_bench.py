@@ -241,8 +241,13 @@ async def round_trial(bench: ScaleBench, size: int) -> dict[str, Any]:
             round_number = max(e["max_round"] for e in settled)
             trial["change"] = await round_change(bench, job, size, round_number, failed_joining)
     except (TimeoutError, LoadProcessError, RallypointError) as error:
-        trial["complete"] = False
-        trial["reason"] = f"{stage}: {type(error).__name__}: {error}"[:2000]
+        reason = f"{stage}: {type(error).__name__}: {error}"[:2000]
+        if stage == "round change":
+            # The round closed and was measured; only the change has no figure.
+            trial["change"] = {"complete": False, "reason": reason}
+        else:
+            trial["complete"] = False
+            trial["reason"] = reason
     finally:
         await bench.close_job(job)
     return trial
@@ -274,6 +279,9 @@ async def round_change(
         "evicted": victim,
         "survivors_saw_next_round": seen,
         "complete": seen == size - 1,
+        "reason": None
+        if seen == size - 1
+        else f"{seen} of {size - 1} survivors saw the next round ACTIVE",
         "evict_to_last_survivor_s": (last_seen - evicted_at) if last_seen else None,
         **totals,
         "bytes_per_participant": totals["response_bytes"] / size,
@@ -287,6 +295,8 @@ async def bench_rounds(bench: ScaleBench) -> dict[str, Any]:
         trial = await round_trial(bench, size)
         out[str(size)] = trial
         change = trial.get("change") or {}
+        if not change.get("complete", True):
+            print(f"rounds   N={size:<7} round change incomplete: {change['reason']}", flush=True)
         print(
             f"rounds   N={size:<7} all saw ACTIVE {fmt_s(trial['round_close_s'])} after the "
             f"last join; round change {change.get('bytes_per_participant', math.nan):.1f} "
@@ -558,7 +568,11 @@ def finite(value: Any) -> Any:
 
 def figures(results: dict[str, Any], false_positives: int) -> dict[str, Any]:
     rounds = results["rounds"]
-    changes = {size: (trial.get("change") or {}) for size, trial in rounds.items()}
+    changes = {
+        size: change
+        for size, trial in rounds.items()
+        if (change := trial.get("change")) and change.get("complete")
+    }
     capacity = results["capacity"]
     return {
         "participants_1hz": capacity.get("participants_1hz") or 0,
@@ -646,7 +660,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     changed = sorted(
         (int(size), trial["change"]["bytes_per_participant"])
         for size, trial in rounds.items()
-        if trial.get("change")
+        if trial.get("change", {}).get("complete")
     )
     for axis, points, ylabel, title in (
         (rounds_axis, closed, "s after the last join until every one knows", "round close"),

@@ -26,6 +26,27 @@ participant is lost, or a collective fails or passes its deadline. An ended roun
 ``batches()`` stops, so the user's loop falls back to ``rounds()``, which tears the group
 down and forms the next round. No process restarts; the user's code has no try/except.
 
+Formation. Forming a round must be given up as soon as the round ends, or the worker misses
+the next round while the others wait for it there (and since its heartbeat goes on, nothing
+ends that next round). Three steps, each abandonable or bounded:
+
+- Arrival: every rank sets ``ARRIVED_KEY`` in the round store and waits for every rank's.
+  The wait is held by the coordinator and refused with StaleRoundError the moment the round
+  ends, so a rank whose peers never come leaves at once, before it has told anyone where
+  to connect.
+- Init: ``init_process_group`` through the round store, with gloo's timeout set to
+  ``FORMATION_CONNECT_S`` (then raised to ``collective_timeout_s`` for the round's
+  collectives). A rank that publishes its gloo address and then gives up (its round store
+  refused a read: the round ended mid-init) leaves a peer that read that address, and is
+  the listening side of their pair, waiting in gloo's connect for about five times gloo's
+  timeout (measured with torch 2.13: 25 s for 5 s, 40 s for 8 s); at ``collective_timeout_s``
+  the recovery benchmark's workers sat there for minutes and nothing could end it. Every
+  rank has arrived, so connecting takes milliseconds; the short timeout bounds that case.
+- Gate: one all-reduce, issued with ``async_op=True`` and waited for like the loop's
+  collectives, before the restore. The restore's collectives are synchronous (object
+  gathers, broadcasts, DCP's load), and a peer that saw the round end just after init skips
+  them: without the gate this rank would wait in them for ``collective_timeout_s``.
+
 Abandonable collectives. Collectives that the loop issues (``all_reduce``,
 ``all_reduce_gradients``) run with ``async_op=True``; the training thread waits on the
 work's future in slices of ``WAIT_SLICE_S`` and gives up as soon as the round ended (a
@@ -153,6 +174,10 @@ WAIT_SLICE_S = 0.05
 # Round-store keys of the commit protocol (the store is the round's own: no clash with c10d's).
 CHECKPOINT_KEY = "rallypoint/checkpoint/{step}"
 REPORTED_KEY = "rallypoint/checkpoint/{step}/reported/{rank}"
+# Set by each rank as it starts forming the round; init waits for every rank's (Formation).
+ARRIVED_KEY = "rallypoint/formation/arrived/{rank}"
+# gloo's timeout while the group connects (at most collective_timeout_s); see "Formation".
+FORMATION_CONNECT_S = 5.0
 
 RestoreMode = Literal["auto", "checkpoint"]
 EventHandler = Callable[[str, Mapping[str, Any]], object]
@@ -451,15 +476,41 @@ class ElasticRound:
 
     def wait(self, work: dist.Work, what: str) -> bool:
         """Wait for ``work`` until it completes, the round ends or the deadline passes."""
+        started = time.monotonic()
+        self._collectives += 1
+        self._waiting_in, self._waiting_since_s = self._collectives, started
+        self.report_progress()
+        try:
+            return self._await(work, what, started)
+        finally:
+            self._waited_in_step_s += time.monotonic() - started
+            self._waiting_in = 0
+            self.report_progress()
+
+    def _gate(self) -> bool:
+        """The formation's gate (module docstring, "Formation"): an all-reduce every rank
+        must reach before the restore's synchronous collectives; False if the round ended
+        (or the deadline passed) first. Not reported as progress: the round is not formed."""
+        if self.ended:
+            return False
+        # nccl reduces CUDA tensors only.
+        cuda = dist.get_backend() == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        try:
+            work = dist.all_reduce(torch.ones(1, device=device), async_op=True)
+        except (RuntimeError, ValueError) as error:
+            self.end(f"the formation's gate failed to start: {error}", broken=True)
+            return False
+        assert work is not None
+        return self._await(work, "the formation's gate", time.monotonic())
+
+    def _await(self, work: dist.Work, what: str, started: float) -> bool:
+        """The wait itself: in slices, abandoned when the round ends or at the deadline."""
         self.in_flight.append(work)
         done = threading.Event()
         self._waiter = done
         work.get_future().add_done_callback(lambda _: done.set())
-        started = time.monotonic()
         deadline = started + self.run.collective_timeout_s
-        self._collectives += 1
-        self._waiting_in, self._waiting_since_s = self._collectives, started
-        self.report_progress()
         try:
             while not done.wait(WAIT_SLICE_S):
                 if self.ended:
@@ -479,9 +530,6 @@ class ElasticRound:
                 return False
         finally:
             self._waiter = None
-            self._waited_in_step_s += time.monotonic() - started
-            self._waiting_in = 0
-            self.report_progress()
         self.in_flight.remove(work)
         return True
 
@@ -919,6 +967,7 @@ class ElasticRun:
             )
             round_.in_flight.append(store)
             if not round_.ended:
+                self._arrive(round_, store)
                 # torch names unnamed groups by a per-process counter that only destroying
                 # the default group resets; an init that failed half-way (its round ended)
                 # leaves it advanced, and ranks whose counters differ never find each other's
@@ -929,11 +978,14 @@ class ElasticRun:
                     store=store,
                     rank=rank,
                     world_size=info.world_size,
-                    timeout=timedelta(seconds=self.collective_timeout_s),
+                    timeout=timedelta(seconds=min(FORMATION_CONNECT_S, self.collective_timeout_s)),
                 )
-                round_.in_flight.append(dist.group.WORLD)
+                group = dist.group.WORLD
+                assert group is not None
+                round_.in_flight.append(group)
+                group.set_timeout(timedelta(seconds=self.collective_timeout_s))
             init_s = time.monotonic() - started
-            if round_.ended:
+            if round_.ended or not round_._gate():
                 raise _RoundGone(round_.end_reason)
             if self.state.sampler is not None:
                 self.state.sampler.set_world(rank, info.world_size)
@@ -978,6 +1030,16 @@ class ElasticRun:
             checkpoint=formation.checkpoint,
         )
         return round_
+
+    def _arrive(self, round_: ElasticRound, store: CoordinatorStore) -> None:
+        """Say this rank is forming ``round_`` and wait until every rank is (module
+        docstring, "Formation"). Raises StaleStoreRoundError the moment the round ends, and
+        StoreTimeoutError after ``collective_timeout_s``."""
+        store.set(ARRIVED_KEY.format(rank=round_.rank), b"1")
+        store.wait(
+            [ARRIVED_KEY.format(rank=rank) for rank in range(round_.world_size)],
+            timedelta(seconds=self.collective_timeout_s),
+        )
 
     def _restore(self, checkpoint: Path | None, round_: ElasticRound) -> RestoreResult:
         state = self.state

@@ -29,6 +29,20 @@ W keeps a step that is long on every rank at once (a checkpoint save) from readi
 the ranks that finish first wait only as long as the others take to catch up. Ranks that
 stop together with nobody waiting for anyone are not judged: nothing tells a culprit apart.
 
+Stuck in formation. A worker reports a round only once it has formed it (its group is up
+and its state restored), so a member stuck forming, say in a process-group init that waits
+for a peer of a round that has since ended, keeps reporting the older round it last
+trained in, its heartbeat alive, and the rules above never see it: every later round
+includes it and waits for it. So a member of the ACTIVE round whose latest report is for an
+older round is declared failed with cause ``hang`` once neither that report's progress nor
+the round's start (when this leader first judged it ACTIVE) is within
+
+    F = max(startup_timeout, T as above for a rank that stepped).
+
+F is at least the startup timeout, which already bounds loading and warming up. Members that
+never reported are not judged (a worker that reports no progress, or one that has formed no
+round yet), nor all of the round's members at once (a restore slow on every rank).
+
 The median step time is taken over the recent step durations of every rank of the job (a
 window of ``DURATION_WINDOW``), measured between successive reports of a rank's step.
 
@@ -111,6 +125,9 @@ class JobProgress:
     # The restore source first reported for the newest round any rank reported one for:
     # (round, source). Later reports for that round do not replace it.
     restore: tuple[int, str] = (0, "")
+    # The ACTIVE round last judged, and when it was first judged (the leader's clock, ms):
+    # the start of membership in it for members stuck forming it. (0, 0): none yet.
+    judged_round: tuple[int, int] = (0, 0)
 
     def median_step_ms(self) -> float | None:
         return statistics.median(self.durations_ms) if self.durations_ms else None
@@ -212,20 +229,24 @@ class ProgressTracker:
         self, job_id: str, round_number: int, members: Sequence[int], config: JobConfig, now_ms: int
     ) -> list[Verdict]:
         """The members of the job's ACTIVE round ``round_number`` that hang (module
-        docstring). Only members that reported for this round are judged or counted."""
+        docstring): those stuck forming it, then, among the members that reported for this
+        round, those the others wait for."""
         job = self.jobs.get(job_id)
         if job is None:
             return []
+        if job.judged_round[0] != round_number:
+            job.judged_round = (round_number, now_ms)
+        median = job.median_step_ms()
+        floor_ms = config.hang_floor_ms
+        bound_ms = max(config.hang_factor_milli * (median or 0.0) / 1000, floor_ms)
+        forming = self._stuck_forming(job, round_number, members, config, bound_ms, now_ms)
         ranks = {
             pid: job.ranks[pid]
             for pid in members
             if pid in job.ranks and job.ranks[pid].round == round_number
         }
         if len(ranks) < 2:
-            return []
-        median = job.median_step_ms()
-        floor_ms = config.hang_floor_ms
-        bound_ms = max(config.hang_factor_milli * (median or 0.0) / 1000, floor_ms)
+            return forming
         wait_needed_ms = max(median or 0.0, floor_ms / 2)
         verdicts = []
         for pid, rank in sorted(ranks.items()):
@@ -264,7 +285,38 @@ class ProgressTracker:
                 )
                 verdicts.append(Verdict(pid, cause, silent_ms=silent_ms))
         if len(verdicts) >= len(ranks):
-            return []  # everyone at once: nothing tells a culprit apart
+            return forming  # everyone at once: nothing tells a culprit apart
+        return forming + verdicts
+
+    def _stuck_forming(
+        self,
+        job: JobProgress,
+        round_number: int,
+        members: Sequence[int],
+        config: JobConfig,
+        bound_ms: float,
+        now_ms: int,
+    ) -> list[Verdict]:
+        """Members whose latest report is for a round before ``round_number`` and that
+        made no progress for F (module docstring, "Stuck in formation")."""
+        limit_ms = max(config.startup_timeout_ms, bound_ms)
+        round_since_ms = job.judged_round[1]
+        verdicts = []
+        for pid in sorted(members):
+            rank = job.ranks.get(pid)
+            if rank is None or rank.round >= round_number:
+                continue
+            silent_ms = now_ms - max(rank.progress_ms, round_since_ms)
+            if silent_ms < limit_ms:
+                continue
+            cause = (
+                f"hang: stuck in formation: its last progress report is for round "
+                f"{rank.round} (step {rank.step}), and round {round_number} has waited "
+                f"{silent_ms / 1000:.1f} s for it to form (limit {limit_ms / 1000:g} s)"
+            )
+            verdicts.append(Verdict(pid, cause, silent_ms=silent_ms))
+        if len(verdicts) >= len(members):
+            return []  # the whole round at once: nothing tells a culprit apart
         return verdicts
 
     def stragglers(

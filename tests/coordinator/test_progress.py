@@ -4,6 +4,8 @@ A small simulator plays a synchronous data-parallel job: each rank computes for 
 time, then enters the step's all-reduce and waits until every rank has entered it; every
 rank heartbeats its progress every 100 ms. Faults: a rank that blocks inside its step, a rank
 that never enters the all-reduce, jitter, a long checkpoint step on every rank, a slow rank.
+Reports played by hand: a member stuck forming the round (its reports still of the round
+before), one forming in time, a whole round forming slowly.
 """
 
 from __future__ import annotations
@@ -208,3 +210,60 @@ def test_a_rank_finishing_a_long_step_later_than_the_others_is_no_hang() -> None
     tracker.report(JOB, 1, at(42), 2600)
     verdicts = tracker.hangs(JOB, ROUND, [1, 2], config, 2600)
     assert [v.participant_id for v in verdicts] == [2] and "kept stepping" in verdicts[0].cause
+
+
+def _stepping(round_number: int, step: int) -> ProgressReport:
+    """A report of a rank that completed ``step`` in ``round_number`` just now."""
+    return ProgressReport(round_number, step, 0, 100.0, step, 0, 0)
+
+
+def test_a_member_stuck_forming_the_round_is_named_once_the_startup_timeout_passed() -> None:
+    """Ranks 1 and 2 formed round 4 and train; rank 3 trained in round 3 and never reported
+    round 4 (stuck forming it, its heartbeat alive)."""
+    tracker = ProgressTracker()
+    config = JobConfig(3, 3, startup_timeout_ms=20_000)
+    tracker.report(JOB, 3, _stepping(3, 40), 0)
+    judged: list[Verdict] = []
+    for now_ms in range(1_000, 40_000, 100):
+        step = 41 + now_ms // 100
+        tracker.report(JOB, 1, _stepping(4, step), now_ms)
+        tracker.report(JOB, 2, _stepping(4, step), now_ms)
+        verdicts = tracker.hangs(JOB, 4, [1, 2, 3], config, now_ms)
+        if verdicts:
+            judged, at_ms = verdicts, now_ms
+            break
+    assert [v.participant_id for v in judged] == [3], judged
+    # Judged from the round's start (the first judgement, at 1 s), not before the bound.
+    assert 21_000 <= at_ms <= 21_100 + HEARTBEAT_MS
+    cause = judged[0].cause
+    assert cause.startswith("hang: stuck in formation") and "round 3" in cause, cause
+    assert judged[0].silent_ms >= 20_000
+
+
+def test_a_member_forming_within_the_bound_is_no_hang_whenever_it_last_stepped() -> None:
+    """Rank 2's last step (in round 3) is long past, but round 4 began only now: it is judged
+    from the round's start, and it reports round 4 in time."""
+    tracker = ProgressTracker()
+    config = JobConfig(2, 2, startup_timeout_ms=20_000)
+    tracker.report(JOB, 1, _stepping(3, 10), 0)
+    tracker.report(JOB, 2, _stepping(3, 10), 0)
+    tracker.report(JOB, 1, _stepping(4, 11), 100_000)
+    assert tracker.hangs(JOB, 4, [1, 2], config, 100_000) == []
+    assert tracker.hangs(JOB, 4, [1, 2], config, 119_000) == []
+    tracker.report(JOB, 2, _stepping(4, 11), 119_500)
+    assert tracker.hangs(JOB, 4, [1, 2], config, 200_000) == []
+
+
+def test_a_whole_round_stuck_forming_and_members_that_never_reported_name_nobody() -> None:
+    """Every member still on older rounds (a restore slow everywhere): nothing tells a
+    culprit apart. A member that never reported progress is not judged."""
+    tracker = ProgressTracker()
+    config = JobConfig(2, 3, startup_timeout_ms=20_000)
+    tracker.report(JOB, 1, _stepping(3, 10), 0)
+    tracker.report(JOB, 2, _stepping(3, 10), 0)
+    assert tracker.hangs(JOB, 4, [1, 2], config, 1_000) == []
+    assert tracker.hangs(JOB, 4, [1, 2], config, 60_000) == []
+    # Rank 7 joined and reports nothing: only rank 2, still on round 3, is named.
+    tracker.report(JOB, 1, _stepping(4, 11), 60_000)
+    verdicts = tracker.hangs(JOB, 4, [1, 2, 7], config, 60_100)
+    assert [v.participant_id for v in verdicts] == [2]

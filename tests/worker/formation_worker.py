@@ -1,0 +1,92 @@
+"""One elastic worker of test_formation.py: the demo's training program, with one fault in
+the formation of its first round.
+
+    python formation_worker.py DEMO_TRAIN_ARGS... --collective-timeout-s S [FAULT]
+
+    --hold-after-init         once the process group is up, stay (heartbeat alive, the group
+                              and its connections held) until the round has ended; then go
+                              on, as a worker that learns of the end right after its init does
+    --hold-after-publish      inside the init, once this rank's gloo address is in the round
+                              store, stay until the round has ended; the init's next store
+                              read is then refused and it gives up half-way, as when a round
+                              ends mid-init
+
+Either way the worker prints ``holding`` (JSON, with the round) when it starts holding, and
+the demo's lines (``step``, ``round_formed``, ``round_ended`` ...) otherwise. The hold is
+bounded (``HOLD_S``) so a broken test never leaves it behind for long.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rallypoint.worker.demo_train import emit, make_state, open_run, parse_args, train
+from rallypoint.worker.elastic import ElasticRun
+from rallypoint.worker.store import CoordinatorStore
+
+HOLD_S = 120.0
+
+
+def main() -> None:
+    faults = argparse.ArgumentParser(add_help=False)
+    faults.add_argument("--collective-timeout-s", type=float, default=30.0)
+    faults.add_argument("--hold-after-init", action="store_true")
+    faults.add_argument("--hold-after-publish", action="store_true")
+    fault, rest = faults.parse_known_args()
+    args = parse_args(rest)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    torch.set_num_threads(1)
+    state = make_state()
+    run: ElasticRun | None = None
+    held: list[Any] = []  # what the hold keeps alive (the first round's group)
+
+    def hold_until_the_round_ends(where: str) -> None:
+        assert run is not None and run.current is not None
+        round_ = run.current
+        emit("holding", {"t": time.time(), "name": args.name, "round": round_.number,
+                         "where": where})  # fmt: skip
+        deadline = time.monotonic() + HOLD_S
+        while not round_.ended and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    if fault.hold_after_init:
+        real_init = dist.init_process_group
+
+        def init_then_hold(*init_args: Any, **init_kwargs: Any) -> None:
+            real_init(*init_args, **init_kwargs)
+            if not held:
+                held.append(dist.group.WORLD)
+                hold_until_the_round_ends("after init")
+
+        dist.init_process_group = init_then_hold
+
+    if fault.hold_after_publish:
+        real_set = CoordinatorStore.set
+
+        def set_then_hold(store: CoordinatorStore, key: str, value: bytes | str) -> None:
+            real_set(store, key, value)
+            # The first key of the init that is not ours: this rank's gloo address.
+            if not held and not key.startswith("rallypoint/"):
+                held.append(key)
+                hold_until_the_round_ends("after publishing its address")
+
+        CoordinatorStore.set = set_then_hold  # type: ignore[method-assign,assignment]
+
+    with open_run(args, state, collective_timeout_s=fault.collective_timeout_s) as opened:
+        run = opened
+        train(opened, checkpoint_every=args.checkpoint_every, step_sleep_s=args.step_sleep_s)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -23,6 +23,10 @@ over the members and the leader's load stays Raft and proposals.
   participant unknown.
 - ``release`` stops carrying a participant and names it in the next request's ``released``:
   its silence on this stream is then not evidence of failure.
+- ``report_progress`` attaches a participant's training progress (the elastic loop's
+  :class:`TrainingProgress`) to every request from then on, as ``ProgressReport`` entries
+  with times turned into durations at the moment of sending; the members forward it to the
+  leader, which judges hangs and stragglers.
 - Failover. A stream that fails (an error, the end of the stream, or no answer to a request
   within ``answer_patience_s``) is abandoned, and the batcher reconnects to the NEXT endpoint
   in rotation (every member serves the RPC: another one is as good, and the one that failed
@@ -79,7 +83,7 @@ from .errors import (
 from .jobs import services
 from .rendezvous import reconnect_backoff
 from .rendezvous_errors import refine
-from .rendezvous_values import RoundState, round_state
+from .rendezvous_values import RoundState, TrainingProgress, round_state
 from .transport import Retrier
 
 log = logging.getLogger("rallypoint.client.heartbeats")
@@ -187,6 +191,8 @@ class HeartbeatBatcher:
         self._round_list: list[int] = []
         self._dirty = False
         self._released: list[int] = []
+        # What the participants that report progress reported last (carried ones only).
+        self._progress: dict[int, TrainingProgress] = {}
         self._known_index = 0
         # The latest assignment of each participant (gone ones included).
         self._assignments: dict[int, Assignment] = {}
@@ -245,6 +251,7 @@ class HeartbeatBatcher:
         evidence). Releasing one that is not carried does nothing."""
         if self._rounds.pop(participant_id, None) is not None:
             self._released.append(participant_id)
+            self._progress.pop(participant_id, None)
             self._dirty = True
 
     def set_round(self, participant_id: int, round_number: int) -> None:
@@ -254,6 +261,13 @@ class HeartbeatBatcher:
         if self._rounds[participant_id] != round_number:
             self._rounds[participant_id] = round_number
             self._dirty = True
+
+    def report_progress(self, participant_id: int, progress: TrainingProgress) -> None:
+        """Send ``progress`` with every heartbeat of ``participant_id`` from now on (see the
+        module docstring); it replaces what the participant reported before."""
+        if participant_id not in self._rounds:
+            raise InvalidValueError(f"participant {participant_id} is not carried")
+        self._progress[participant_id] = progress
 
     def note_known_index(self, index: int) -> None:
         """A join revision the caller knows of (e.g. JoinBatch's participant ids)."""
@@ -477,14 +491,19 @@ class HeartbeatBatcher:
             self._round_list = list(self._rounds.values())
             self._dirty = False
         released, self._released = self._released, []
+        now_s = time.monotonic()
         return rendezvous_pb2.HeartbeatBatchRequest(
             job=self.job,
             participant_ids=self._ids,
             rounds=self._round_list,
             seq=seq,
-            sent_ms=int(time.monotonic() * 1000),
+            sent_ms=int(now_s * 1000),
             released=released,
             known_index=self._known_index,
+            progress=[
+                progress_report(participant_id, progress, now_s)
+                for participant_id, progress in self._progress.items()
+            ],
         )
 
     async def _send(
@@ -579,6 +598,7 @@ class HeartbeatBatcher:
             return
         if assignment.gone:
             self._gone.add(participant_id)
+            self._progress.pop(participant_id, None)
             if self._rounds.pop(participant_id, None) is not None:
                 self._dirty = True
         elif participant_id in self._rounds:
@@ -591,3 +611,21 @@ class HeartbeatBatcher:
         self._assignments[participant_id] = assignment
         if self._on_assignment is not None:
             self._on_assignment(assignment)
+
+
+def progress_report(
+    participant_id: int, progress: TrainingProgress, now_s: float
+) -> rendezvous_pb2.ProgressReport:
+    """One participant's progress on a batch request: times become durations before
+    ``now_s`` (as on the per-participant Heartbeat)."""
+    return rendezvous_pb2.ProgressReport(
+        participant_id=participant_id,
+        round=progress.round,
+        step=progress.step,
+        step_age_ms=int((now_s - progress.step_done_s) * 1000) if progress.step else 0,
+        step_ms=progress.step_ms,
+        collectives_entered=progress.collectives_entered,
+        waiting_in=progress.waiting_in,
+        waiting_ms=int((now_s - progress.waiting_since_s) * 1000) if progress.waiting_in else 0,
+        restore=progress.restore,
+    )

@@ -21,6 +21,7 @@ from rallypoint.client import (
     HeartbeatBatcher,
     InvalidValueError,
     RoundState,
+    TrainingProgress,
 )
 from rallypoint.proto.v1 import rendezvous_pb2, rendezvous_pb2_grpc
 
@@ -296,6 +297,42 @@ async def test_leaving_a_silent_member_releases_everyone_there_and_half_closes(
     assert all(not r.released for r in members[0].requests[:-1])
     # The new stream carries them all.
     assert list(members[1].requests[0].participant_ids) == [1, 2, 3]
+    await batcher.close()
+
+
+async def test_progress_goes_with_every_request_as_durations(
+    client: Client, members: list[FakeMember]
+) -> None:
+    batcher = await started(client, range(1, 4))
+    done_s = time.monotonic() - 2.0
+    batcher.report_progress(
+        2,
+        TrainingProgress(
+            round=1,
+            step=40,
+            step_done_s=done_s,
+            step_ms=120.0,
+            collectives_entered=7,
+            waiting_in=8,
+            waiting_since_s=done_s,
+            restore="disk",
+        ),
+    )
+    count = len(members[0].requests)
+    later = await eventually(after(members[0], count, 2), "two later requests")
+    for request in later:
+        (report,) = request.progress
+        assert (report.participant_id, report.round, report.step) == (2, 1, 40)
+        assert 1900 <= report.step_age_ms < 10_000 and 1900 <= report.waiting_ms < 10_000
+        assert (report.step_ms, report.collectives_entered, report.waiting_in) == (120.0, 7, 8)
+        assert report.restore == "disk"
+    # Released, it reports no more.
+    batcher.release(2)
+    count = len(members[0].requests)
+    later = await eventually(after(members[0], count, 2), "requests after the release")
+    assert all(not r.progress for r in later)
+    with pytest.raises(InvalidValueError, match="not carried"):
+        batcher.report_progress(2, TrainingProgress(round=1))
     await batcher.close()
 
 

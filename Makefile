@@ -12,7 +12,7 @@ RUNS  ?= 20
 TIME  ?= 60
 LANES ?= 1
 
-.PHONY: help setup lint format typecheck pytest test test-browser sim crash-test fuzz bench-wal bench-kv bench-failover bench-recovery demo proto clean jepsen jepsen-long
+.PHONY: help setup lint format typecheck pytest test test-browser sim crash-test fuzz bench-wal bench-kv bench-failover bench-recovery bench-scale demo proto clean jepsen jepsen-long
 
 help:
 	@echo "make demo             start a local cluster and elastic workers, kill things, watch recovery"
@@ -27,6 +27,7 @@ help:
 	@echo "make bench-recovery   worker SIGKILL -> training again vs torchrun; restore vs DCP -> bench/results/recovery.json (.png)"
 	@echo "make bench-torchrun   torchrun kill-to-running, rallypoint vs c10d -> bench/results/torchrun.json"
 	@echo "make bench-rendezvous rounds of 64/256/1024 vs torchrun, detection, capacity -> bench/results/rendezvous.json (.png)"
+	@echo "make bench-scale      100k participants, batched heartbeats: rounds, bytes, detection, capacity -> bench/results/scale.json (.png)"
 	@echo "make proto            regenerate the Python code for proto/**/*.proto"
 	@echo "make jepsen           fault-injection runs: every workload under every nemesis, short (root)"
 	@echo "make jepsen-long RUNS=N TIME=S [LANES=L]  N runs of S s per fault mix, L at once -> store/jepsen/"
@@ -116,6 +117,11 @@ jepsen-long: setup
 # Rendezvous at 64/256/1024 workers and torchrun's c10d rendezvous in one run; ~10 minutes.
 bench-rendezvous: setup
 	$(PY) -m bench.rendezvous_bench --out bench/results/rendezvous.json
+
+# One 3-member cluster and load processes playing up to 100,000 participants on batched
+# heartbeat streams: round close, round-change bytes, detection, capacity at 1 Hz; <= 30 minutes.
+bench-scale: setup
+	$(PY) -m bench.scale_bench --out bench/results/scale.json
 
 # Two torchrun agents x 2 gloo workers per trial; SIGKILL a worker; both backends in one run.
 bench-torchrun: setup

@@ -99,13 +99,20 @@ class LoadProcess:
     reader: asyncio.Task[None] | None = None
 
     @staticmethod
-    async def start(name: str, role: str, arguments: list[str], log_dir: Path) -> LoadProcess:
+    async def start(
+        name: str,
+        role: str,
+        arguments: list[str],
+        log_dir: Path,
+        module: str = "bench.rendezvous_load",
+    ) -> LoadProcess:
+        """``module`` (bench/rendezvous_load.py unless given) run as ``role``."""
         log_path = log_dir / f"{name}.log"
         with open(log_path, "ab") as log:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "bench.rendezvous_load",
+                module,
                 role,
                 *arguments,
                 stdin=asyncio.subprocess.PIPE,

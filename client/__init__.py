@@ -33,6 +33,7 @@ from .errors import (
     ValueTooLargeError,
     WrongEndpointError,
 )
+from .heartbeats import Assignment, HeartbeatBatcher, HeartbeatSamples
 from .lease import Lease
 from .rendezvous import Participant
 from .rendezvous_errors import (
@@ -95,6 +96,7 @@ __all__ = [
     "TOKEN_ENV",
     "AddOverflowError",
     "AddResult",
+    "Assignment",
     "Backoff",
     "CheckpointIncompleteError",
     "CheckpointInfo",
@@ -116,6 +118,8 @@ __all__ = [
     "Fence",
     "GetResult",
     "Header",
+    "HeartbeatBatcher",
+    "HeartbeatSamples",
     "InternalError",
     "InvalidArgumentError",
     "InvalidValueError",

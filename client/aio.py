@@ -33,6 +33,7 @@ from .backoff import DEFAULT_BACKOFF, Backoff
 from .caller import Caller
 from .checkpoints import CheckpointRegistry
 from .errors import LeaseNotFoundError, RallypointError
+from .heartbeats import AssignmentCallback, HeartbeatBatcher
 from .job_watch import watch_job as _watch_job
 from .lease import Lease, LeaseKeeper, keep_alive_once
 from .rendezvous import Participant
@@ -125,6 +126,7 @@ class Client:
         self._leases: LeaseKeeper | None = None
         self._watchers: weakref.WeakSet[Watcher] = weakref.WeakSet()
         self._participants: weakref.WeakSet[Participant] = weakref.WeakSet()
+        self._batchers: weakref.WeakSet[HeartbeatBatcher] = weakref.WeakSet()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -155,9 +157,12 @@ class Client:
 
     async def close(self) -> None:
         """Close watches, stop lease keep-alives (leases are left to expire) and participants'
-        heartbeats (without leaving: they count as failed), end the session."""
+        heartbeats, batched ones included (without leaving: they count as failed), end the
+        session."""
         for participant in list(self._participants):
             await participant.close()
+        for batcher in list(self._batchers):
+            await batcher.close()
         for watcher in list(self._watchers):
             await watcher.aclose()
         if self._leases is not None:
@@ -744,3 +749,26 @@ class Client:
     def checkpoint_registry(self, info: RoundInfo) -> CheckpointRegistry:
         """The checkpoint registry fenced by ``info``'s round and token."""
         return CheckpointRegistry.for_round(self._caller, info)
+
+    def heartbeat_batcher(
+        self,
+        job: str,
+        *,
+        heartbeat_interval_s: float,
+        first_endpoint: int = 0,
+        answer_patience_s: float | None = None,
+        on_assignment: AssignmentCallback | None = None,
+    ) -> HeartbeatBatcher:
+        """One HeartbeatBatch stream for many participants of ``job`` (see heartbeats.py):
+        ``add`` the participants this process carries, then ``start`` it (or use it as an
+        async context manager). Closed with the client."""
+        batcher = HeartbeatBatcher(
+            self._caller,
+            job,
+            heartbeat_interval_s=heartbeat_interval_s,
+            first_endpoint=first_endpoint,
+            answer_patience_s=answer_patience_s,
+            on_assignment=on_assignment,
+        )
+        self._batchers.add(batcher)
+        return batcher

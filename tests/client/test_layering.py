@@ -17,7 +17,7 @@ PACKAGE = "rallypoint.client"
 # The only modules allowed to import aio.py (the Client): what is above it.
 ABOVE_THE_CLIENT = {"__init__", "sync"}
 # The parts the Client is made of, given the Caller and never the Client.
-PARTS = {"jobs", "checkpoints", "roundstore", "rendezvous", "lease", "watch"}
+PARTS = {"jobs", "checkpoints", "roundstore", "rendezvous", "lease", "watch", "heartbeats"}
 
 
 def modules() -> dict[str, ast.Module]:

@@ -12,12 +12,17 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from bench.scale_load import JobLoad
 from rallypoint.client import Assignment, RoundState
 from rallypoint.proto.v1 import rendezvous_pb2, rendezvous_pb2_grpc
 from tests.client.fake_server import FakeCluster, FakeMember
 
 REPOSITORY = Path(__file__).resolve().parents[2]
+# bench/ is a folder of scripts run from the repository (python -m bench.scale_load), not an
+# installed package: the test imports it the same way.
+if str(REPOSITORY) not in sys.path:
+    sys.path.insert(0, str(REPOSITORY))
+
+from bench.scale_load import JobLoad  # noqa: E402
 
 
 def active(participant_id: int, round_number: int, rank: int) -> Assignment:

@@ -80,7 +80,13 @@ def _failure_words(error: RallypointError) -> str:
 
 # Reconnect quickly to a member that restarted: gRPC's default reconnect backoff grows to
 # 120 s, far longer than a member's restart or a leader election.
+# The members' own cap on a message (coordinator/transport.py): an answer as large as they
+# may send is taken (gRPC's default, 4 MiB, is less than the RoundInfo of a round of 100,000
+# that Configure, Join or Evict answer with).
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+
 _CHANNEL_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.max_receive_message_length", MAX_ANSWER_BYTES),
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),

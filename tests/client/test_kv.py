@@ -6,7 +6,7 @@ import pytest
 
 from rallypoint.client import Client, KeyValue
 
-from .fake_server import FakeCluster
+from .fake_server import FakeCluster, fake_cluster
 
 
 async def test_put_then_get_returns_the_stored_key(client: Client) -> None:
@@ -94,14 +94,13 @@ async def test_add_counts_from_zero(client: Client, cluster: FakeCluster) -> Non
 async def test_an_answer_larger_than_grpcs_default_4_mib_is_received() -> None:
     """A round of 100,000 members answers Configure or Evict with ~4.4 MB of RoundInfo:
     the client accepts answers up to the server's own cap (64 MiB), not gRPC's 4 MiB."""
-    from rallypoint.client import Client
-
-    from .fake_server import fake_cluster
-
     async with fake_cluster(1, max_value_bytes=3 * 1024 * 1024) as cluster:
-        async with Client(cluster.addresses, timeout_s=20) as client:
+        client = Client(cluster.addresses, timeout_s=20)
+        try:
             big = b"x" * (3 * 1024 * 1024)
             await client.put("big/1", big)
             await client.put("big/2", big)
             page = await client.range("big/")
             assert [kv.value for kv in page.kvs] == [big, big]
+        finally:
+            await client.close()

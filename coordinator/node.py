@@ -814,7 +814,7 @@ class Node:
     def heartbeat(
         self, job: str, participant_id: int, progress: ProgressReport | None = None
     ) -> bool:
-        self.require_leader()
+        self.serves_heartbeats()
         return self.supervisor.heartbeat(job, participant_id, progress)
 
     def carry(self, job: str, participant_id: int) -> bool:

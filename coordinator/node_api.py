@@ -203,8 +203,9 @@ class ServerNode(Protocol):
     def heartbeat(
         self, job: str, participant_id: int, progress: ProgressReport | None = None
     ) -> bool:
-        """Leader only: record a heartbeat (and the training progress it reports); False
-        if the participant is unknown. Raises NotLeaderError on a follower."""
+        """Any member: record a heartbeat (and the training progress it reports); False
+        if the participant is unknown. Raises CutOffError on a member that cannot pass on
+        what it hears (no leader took its reports lately)."""
         ...
 
     def carry(self, job: str, participant_id: int) -> bool:

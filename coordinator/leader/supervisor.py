@@ -277,6 +277,7 @@ class RendezvousSupervisor:
             )
         if len(suspicions) > LOG_EACH:
             log.info("and %d more suspected in this pass", len(suspicions) - LOG_EACH)
+        self._sample_phi(now_ms)
         if self.is_leader:
             self._unsent.clear()
             self._take(self.member_id, self.local.take_report(suspicions), now_ms)
@@ -373,7 +374,6 @@ class RendezvousSupervisor:
         self._propose_all(self.coverage.step(self._state, now_ms))
         if now_ms >= self.coverage.grace_until_ms:
             self._judge_progress(now_ms)
-        self._sample_phi(now_ms)
         self._note_training(wall_ms)
 
     def _propose_all(self, verdicts: list[Verdict]) -> None:

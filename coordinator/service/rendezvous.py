@@ -15,13 +15,15 @@ Phi is soft state of the member that serves a participant's heartbeat stream
 detectors see it, and 0 (as rendezvous.proto documents) for a participant whose stream
 another member serves. A suspicion that is certain (a closed stream confirmed) is +inf.
 
-Heartbeat is a bidirectional stream served by the leader only (``node.heartbeat`` raises
-NotLeaderError on a follower, which ends the stream with UNAVAILABLE and the leader hint,
-as the lease keep-alive stream does; the participants it had carried are released, not
-suspected). Each request feeds the detector of its (job, participant). The stream answers
-when the job's current round (number or state) differs from what the worker said or from
-what this stream last told it, and every ``HEARTBEAT_ANSWER_EVERY`` heartbeats otherwise, so
-a worker learns of a change without a watch and knows the stream is alive.
+Heartbeat is a bidirectional stream of one participant per message, served by every member
+(as HeartbeatBatch is): the member that serves it runs the participant's detector and tells
+the leader (``coordinator/liveness``). A member cut off from the leader (none of its reports
+taken lately) ends the stream with UNAVAILABLE, so the worker moves to another member; the
+participants it had carried are released, not suspected. Each request feeds the detector of
+its (job, participant). The stream answers when the job's current round (number or state)
+differs from what the worker said or from what this stream last told it, and every
+``HEARTBEAT_ANSWER_EVERY`` heartbeats otherwise, so a worker learns of a change without a
+watch and knows the stream is alive.
 
 HeartbeatBatch is served by every member: each request beats for many participants of one
 job and is answered (same ``seq``) with an ``Assignment`` for each participant whose round
@@ -407,8 +409,8 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
                         state=_ROUND_STATES[r.state],
                     )
         except NotLeaderError:
-            # Served by the leader only: the worker moves to the new leader, which watches
-            # it afresh; this member's silence about it is no evidence.
+            # This member is cut off from the leader: the worker moves to another member,
+            # which watches it afresh; this member's silence about it is no evidence.
             for job_id, pid in sorted(carried):
                 self.node.heartbeat_released(job_id, pid)
             carried.clear()

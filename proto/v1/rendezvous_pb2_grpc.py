@@ -137,14 +137,16 @@ class RendezvousServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Heartbeat(self, request_iterator, context):
-        """Served by the leader only (HeartbeatBatch is served by every member, and carries many
-        participants per message). The client sends a HeartbeatRequest every
+        """Served by every member (the member that serves the stream runs the participant's
+        failure detector and reports to the leader; HeartbeatBatch carries many participants per
+        message). The client sends a HeartbeatRequest every
         heartbeat_interval_ms; the server feeds its failure detector and answers now and then
         (at least when the job's current round changes) with the current round number, so a
         worker learns of a change even without a watch. A stream that ends abnormally counts as
         evidence of failure: unless a new stream arrives within two heartbeat intervals, the
-        participant is declared failed. A follower ends the stream with UNAVAILABLE and the
-        `rallypoint-leader` hint. Errors: NOT_FOUND (job, participant), UNAVAILABLE.
+        participant is declared failed. A member that cannot reach the leader ends the stream
+        with UNAVAILABLE (the worker moves to another member). Errors: NOT_FOUND (job,
+        participant), UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -191,7 +191,11 @@ class FakeNode:
     def heartbeat(
         self, job: str, participant_id: int, progress: ProgressReport | None = None
     ) -> bool:
-        self._check_serving()
+        # Any member serves heartbeats (unless cut off from the leader).
+        if self.raise_next is not None:
+            error, self.raise_next = self.raise_next, None
+            raise error
+        self.serves_heartbeats()
         if progress is not None:
             self.progress_reports.append((job, participant_id, progress))
         found = self._state.rendezvous.jobs.get(job)

@@ -431,22 +431,26 @@ async def test_a_stream_ending_is_reported_for_each_participant_it_carried_still
     assert client.node.closed_streams == [("j", a.participant_id), ("j", c.participant_id)]
 
 
-async def test_heartbeat_on_a_follower_is_unavailable_with_the_leader_hint(
+async def test_heartbeat_is_served_by_a_follower_and_refused_by_a_cut_off_member(
     client: Client,
 ) -> None:
     (joined,) = await join_round(client.channel, client.headers, "j", 1)
     client.node.not_leader(2, "10.0.0.2:2379")
     call = client.stub.Heartbeat()
     await call.write(_beat("j", joined.participant_id, 1))
+    answer = await call.read()
+    assert isinstance(answer, pb.HeartbeatResponse) and answer.current_round == 1
+    assert client.node.heartbeats == [("j", joined.participant_id)]
+    # Cut off from the leader (its reports not taken): the worker is sent elsewhere and the
+    # participant released here, not suspected.
+    client.node.cut_off = True
+    await call.write(_beat("j", joined.participant_id, 1))
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await call.read()
     failure = rpc_failure(info.value)
-    assert (failure.code, failure.reason, failure.leader) == (
-        Code.UNAVAILABLE,
-        "NOT_LEADER",
-        "10.0.0.2:2379",
-    )
-    assert client.node.heartbeats == [] and client.node.closed_streams == []
+    assert (failure.code, failure.reason) == (Code.UNAVAILABLE, "NO_LEADER")
+    assert client.node.closed_streams == []
+    assert client.node.released == [("j", joined.participant_id)]
 
 
 @pytest.mark.parametrize(

@@ -204,9 +204,20 @@ class DetectorSettings:
         """How long after a stream closes without a new heartbeat the worker is suspected."""
         return 2 * self.heartbeat_interval_ms
 
+    @property
+    def std_floor_ms(self) -> float:
+        """The least standard deviation phi assumes: the job's ``min_std_ms``, and at least
+        half a heartbeat interval. Regular heartbeats make the window's deviation tiny, and
+        a floor fixed in milliseconds then reads a sender's short stall as death at slow
+        heartbeats (at 1 s heartbeats and a 50 ms floor, phi 8 is crossed 1.26 s after the
+        last one: one busy second of the worker's process). At the default 100 ms interval
+        the two agree (50 ms); at 1 s, phi 8 is crossed about 3.6 s after the last heartbeat
+        (Akka pairs 1 s heartbeats with a 3 s acceptable pause for the same reason)."""
+        return max(float(self.min_std_ms), self.heartbeat_interval_ms / 2)
+
     def new_detector(self) -> PhiAccrualDetector:
         return PhiAccrualDetector(
-            self.window, self.min_std_ms, self.acceptable_pause_ms, self.heartbeat_interval_ms
+            self.window, self.std_floor_ms, self.acceptable_pause_ms, self.heartbeat_interval_ms
         )
 
 

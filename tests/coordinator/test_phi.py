@@ -325,3 +325,19 @@ def test_suspects_does_not_look_at_participants_that_are_not_due(
     assert looked == 0  # everyone is healthy: nobody was due, nobody was looked at
     assert detectors.suspects(10_000) == keys  # then everyone stops
     assert looked == len(keys)
+
+
+def test_the_deviation_phi_assumes_is_at_least_half_an_interval() -> None:
+    """At 1 s heartbeats a regular history makes the window's deviation tiny; with only the
+    50 ms floor a sender busy for one second would be declared dead. Half an interval keeps
+    phi 8 about 3.6 s after the last heartbeat; at 100 ms the configured 50 ms still rules."""
+    slow = DetectorSettings(1000, 8.0, 100, 50, 0)
+    assert slow.std_floor_ms == 500
+    assert SETTINGS.std_floor_ms == 50
+    detectors = DetectorSet()
+    detectors.track(("j", 1), slow, 0)
+    for now_ms in range(1000, 20_001, 1000):
+        detectors.heartbeat(("j", 1), now_ms)
+    # The worker's process stalls for 2 s: its next heartbeat is 3 s after the last.
+    assert detectors.suspects(20_000 + 2_900) == []
+    assert detectors.suspects(20_000 + 3_700) == [("j", 1)]

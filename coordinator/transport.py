@@ -424,7 +424,7 @@ class Transport:
                 self._senders[message.to] = sender
             sender.send(message)
 
-    async def liveness(self, member_id: int, payload: bytes, timeout_s: float = 1.0) -> bool:
+    async def liveness(self, member_id: int, payload: bytes, timeout_s: float = 2.0) -> bool:
         """Send ``member_id`` (the leader) a liveness report; whether it took it. Raises
         the RPC's error when it fails (the caller says everything again next time)."""
         address = self._host.peer_address(member_id)

@@ -73,7 +73,7 @@ LOG_EACH = 8
 REPORT_EVERY_MS = 250
 # A member none of whose reports a leader took for this long ends its batch streams (below
 # the leader's MEMBER_SILENT_MS, so participants move before they count as unheard).
-UNREPORTED_MS = 1000
+UNREPORTED_MS = 2000
 # How often a member drops the detectors of participants that left their job.
 RETAIN_EVERY_MS = 200
 

@@ -38,7 +38,7 @@ from .report import Key, LivenessReport, Suspicion
 
 log = logging.getLogger("rallypoint.coverage")
 
-MEMBER_SILENT_MS = 1500
+MEMBER_SILENT_MS = 3000
 ATTACH_REPORT_MS = 50
 ORPHAN_FLOOR_MS = 2000
 ORPHAN_INTERVALS = 5

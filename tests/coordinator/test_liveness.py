@@ -308,7 +308,7 @@ async def test_a_member_whose_reports_no_leader_takes_stops_serving_heartbeats(
     assert sent == [1] and sup.serves_heartbeats()
     # The leader stops taking its reports (a partition): after UNREPORTED_MS it stops serving.
     answer[0] = False
-    for _ in range(12):
+    for _ in range(supervisor_module.UNREPORTED_MS // 100 + 2):
         now[0] += 100
         sup.step()
         await asyncio.sleep(0)

@@ -44,7 +44,13 @@ from collections.abc import Awaitable, Callable
 
 from ..liveness.coverage import ATTACH_REPORT_MS, Coverage, Verdict
 from ..liveness.local import MemberDetection
-from ..liveness.report import BadReport, LivenessReport, Suspicion
+from ..liveness.report import (
+    MAX_READINGS,
+    PHI_INFINITE_MILLI,
+    BadReport,
+    LivenessReport,
+    Suspicion,
+)
 from ..liveness.report import decode as decode_report
 from ..liveness.report import encode as encode_report
 from ..metrics import NodeMetrics
@@ -141,6 +147,9 @@ class RendezvousSupervisor:
         self._taken_ms = monotonic_ms()
         self._seq = 0
         self._report_seen: dict[int, tuple[int, int]] = {}
+        # Leader: other members' readings of the participants they watch one by one:
+        # key -> (phi in thousandths, heartbeat age ms, when received).
+        self._readings: dict[Key, tuple[int, int, int]] = {}
 
     # -------------------------------------------------------------- leadership
 
@@ -206,14 +215,38 @@ class RendezvousSupervisor:
         stream ended because this member is not the leader a per-participant stream needs)."""
         self.local.uncarry((job, participant_id), monotonic_ms(), closed=False)
 
+    def _reading(self, key: Key, now_ms: int) -> tuple[int, int, int] | None:
+        """The latest reading another member reported of ``key`` (leader only, and only
+        while fresh: within two report periods)."""
+        if not self.is_leader or self.coverage.carrier.get(key) in (None, self.member_id):
+            return None
+        reading = self._readings.get(key)
+        if reading is None or now_ms - reading[2] > 2 * REPORT_EVERY_MS:
+            return None
+        return reading
+
     def phi(self, job: str, participant_id: int) -> float | None:
-        value = self.local.phi((job, participant_id), monotonic_ms())
+        """This member's reading, or on the leader the member's that serves the stream."""
+        key = (job, participant_id)
+        now_ms = monotonic_ms()
+        value = self.local.phi(key, now_ms)
+        if value is None:
+            reading = self._reading(key, now_ms)
+            if reading is not None:
+                value = math.inf if reading[0] >= PHI_INFINITE_MILLI else reading[0] / 1000
         if value is None or math.isinf(value):
             return value
         return round(value, 3)
 
     def heartbeat_age_ms(self, job: str, participant_id: int) -> int | None:
-        return self.local.heartbeat_age_ms((job, participant_id), monotonic_ms())
+        key = (job, participant_id)
+        now_ms = monotonic_ms()
+        age = self.local.heartbeat_age_ms(key, now_ms)
+        if age is None:
+            reading = self._reading(key, now_ms)
+            if reading is not None:
+                age = reading[1] + (now_ms - reading[2])
+        return age
 
     def take_report(self, member: int, payload: bytes) -> bool:
         """A member's liveness report (the peer service hands it over); False if this member
@@ -232,6 +265,11 @@ class RendezvousSupervisor:
         return True
 
     def _take(self, member: int, report: LivenessReport, now_ms: int) -> None:
+        if member != self.member_id:
+            for key, phi_milli, age_ms in report.readings:
+                self._readings[key] = (phi_milli, age_ms, now_ms)
+            if len(self._readings) > 4 * MAX_READINGS:
+                self._readings.clear()
         self._propose_all(self.coverage.take(member, report, self._state, now_ms))
         for (job, pid), progress in report.progress:
             self.progress.report(job, pid, progress, now_ms)
@@ -323,7 +361,7 @@ class RendezvousSupervisor:
             return
         suspicions = list(self._unsent)
         self._unsent.clear()
-        report = self.local.take_report(suspicions)
+        report = self.local.take_report(suspicions, now_ms)
         self._seq += 1
         report.boot, report.seq = self._boot, self._seq
         self._reported_ms = now_ms

@@ -37,7 +37,13 @@ from collections.abc import Callable, Iterable
 from ..leader.phi import DetectorSet, DetectorSettings
 from ..leader.progress import ProgressReport
 from ..metrics import NodeMetrics
-from .report import Key, LivenessReport, Suspicion
+from .report import (
+    MAX_READINGS,
+    PHI_INFINITE_MILLI,
+    Key,
+    LivenessReport,
+    Suspicion,
+)
 
 # Intake lag above this holds suspicion (ms); the median is taken over this many requests.
 INTAKE_LAG_GUARD_MS = 100
@@ -358,7 +364,24 @@ class MemberDetection:
 
     # ---------------------------------------------------------------- reports
 
-    def take_report(self, suspicions: list[Suspicion]) -> LivenessReport:
+    def readings(self, now_ms: int) -> list[tuple[Key, int, int]]:
+        """(key, phi in thousandths, heartbeat age ms) of the participants watched one by
+        one (per-participant streams), at most MAX_READINGS."""
+        out = []
+        for key in self.detectors.tracked():
+            if key[0] == GROUP_JOB:
+                continue
+            phi = self.detectors.phi(key, now_ms)
+            age = self.detectors.heartbeat_age_ms(key, now_ms)
+            if phi is None or age is None:
+                continue
+            milli = PHI_INFINITE_MILLI if math.isinf(phi) else int(phi * 1000)
+            out.append((key, min(milli, PHI_INFINITE_MILLI), age))
+            if len(out) >= MAX_READINGS:
+                break
+        return out
+
+    def take_report(self, suspicions: list[Suspicion], now_ms: int | None = None) -> LivenessReport:
         """What the leader has not heard yet, with ``suspicions``; a full one if needed."""
         full = self.full_needed
         self.full_needed = False
@@ -369,6 +392,7 @@ class MemberDetection:
             suspicions=suspicions,
             progress=list(self._progress.items()),
             intake_lag_ms=self.intake.current_ms(),
+            readings=self.readings(now_ms) if now_ms is not None else [],
         )
         self._attach.clear()
         self._detach.clear()

@@ -32,6 +32,10 @@ VERSION = 1
 # carrying every participant of a 1M-participant cluster still fits).
 MAX_ENTRIES = 2_000_000
 MAX_CAUSE_CHARS = 512
+# Readings a report carries at most (the rest are not shown by the leader's GetJob).
+MAX_READINGS = 4096
+# phi as a reading: thousandths, an infinite phi (a confirmed closed stream) as this.
+PHI_INFINITE_MILLI = 1 << 40
 MAX_RESTORE_CHARS = 32
 
 Key = tuple[str, int]
@@ -72,6 +76,10 @@ class LivenessReport:
     # leader refuses a number it has already seen from that process (a replayed report).
     boot: int = 0
     seq: int = 0
+    # Detector readings of the participants the member watches one by one (per-participant
+    # streams; at most MAX_READINGS): (key, phi in thousandths, ms since its last heartbeat),
+    # so the leader's GetJob shows every worker's phi, not only its own streams'.
+    readings: list[tuple[Key, int, int]] = field(default_factory=list)
 
     def empty(self) -> bool:
         return not (self.full or self.attach or self.detach or self.suspicions or self.progress)
@@ -109,6 +117,7 @@ def encode(report: LivenessReport) -> bytes:
             for (job, pid), p in report.progress
         ],
         "lag": report.intake_lag_ms,
+        "readings": [[job, pid, phi, age] for (job, pid), phi, age in report.readings],
         "boot": report.boot,
         "seq": report.seq,
     }
@@ -142,6 +151,18 @@ def _keys(value: Any, what: str, budget: list[int]) -> list[Key]:
     return keys
 
 
+def _readings(value: Any) -> list[tuple[Key, int, int]]:
+    if not isinstance(value, list) or len(value) > MAX_READINGS:
+        raise BadReport(f"readings must be a list of at most {MAX_READINGS}")
+    out = []
+    for entry in value:
+        if not isinstance(entry, list) or len(entry) != 4:
+            raise BadReport("a reading must be [job, participant, phi_milli, age_ms]")
+        key = (_str(entry[0], "reading job id", 128), _int(entry[1], "reading participant", 1))
+        out.append((key, _int(entry[2], "reading phi"), _int(entry[3], "reading age")))
+    return out
+
+
 def decode(payload: bytes) -> LivenessReport:
     try:
         body = msgpack.unpackb(payload, raw=False, strict_map_key=False)
@@ -158,6 +179,7 @@ def decode(payload: bytes) -> LivenessReport:
         attach=_keys(body.get("attach", {}), "attach", budget),
         detach=_keys(body.get("detach", {}), "detach", budget),
         intake_lag_ms=_int(body.get("lag", 0), "lag"),
+        readings=_readings(body.get("readings", [])),
         boot=_int(body.get("boot", 0), "boot"),
         seq=_int(body.get("seq", 0), "seq"),
     )

@@ -393,3 +393,32 @@ def test_a_participant_that_moves_to_another_stream_of_the_member_is_not_suspect
         detection.group_beat(first, now)
         detection.group_beat(second, now)
     assert detection.suspects(now) == []
+
+
+def test_the_leader_shows_the_phi_of_workers_whose_streams_other_members_serve(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rallypoint.coordinator.leader import supervisor as supervisor_module
+
+    now = [1_000_000]
+    monkeypatch.setattr(supervisor_module, "monotonic_ms", lambda: now[0])
+    replica = JobReplica()
+    (pid,) = replica.workers(1)
+
+    async def propose(command: object) -> None:
+        return None
+
+    sup = supervisor_module.RendezvousSupervisor(
+        replica.sm, propose, lambda: 0, grace_ms=0, member_id=1
+    )
+    sup.promote()
+    report = _report(
+        full=True, attach=[("j", pid)], boot=3, seq=1, readings=[(("j", pid), 2_500, 40)]
+    )
+    assert sup.take_report(2, encode(report))
+    assert sup.phi("j", pid) == 2.5
+    now[0] += 100
+    assert sup.heartbeat_age_ms("j", pid) == 140
+    # Stale after two report periods: no reading rather than an old one.
+    now[0] += 1_000
+    assert sup.phi("j", pid) is None

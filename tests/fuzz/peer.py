@@ -1,4 +1,5 @@
-"""Fuzzing the peer port (Send, InstallSnapshot, Hello): outsiders and a member gone wrong.
+"""Fuzzing the peer port (Send, InstallSnapshot, Hello, Liveness): outsiders and a member gone
+wrong.
 
 An *outsider* has no secret, or a wrong one, or alters a member's signed request in flight
 (a flipped MAC bit, a field changed after signing), or sends bytes that are not a protobuf
@@ -15,6 +16,8 @@ the fuzzer damaged the protobuf envelope itself, which the MAC no longer matches
 taken (OK) is a failure. A snapshot transfer may end OK only unfinished (the receiver asks
 for the next offset and installs nothing); a refused transfer must leave no file behind.
 Hello is a question that changes nothing: OK, or FAILED_PRECONDITION for the wrong ends.
+A liveness report from an insider is always malformed here (not msgpack, a format version
+that is not 1, a field of the wrong type or range): INVALID_ARGUMENT, never taken.
 """
 
 from __future__ import annotations
@@ -35,9 +38,11 @@ from rallypoint.coordinator.peer_auth import (
     BATCH_TAG,
     CHUNK_TAG,
     HELLO_TAG,
+    LIVENESS_TAG,
     PeerKey,
     batch_fields,
     chunk_fields,
+    liveness_fields,
 )
 from rallypoint.coordinator.peer_hello import hello_request_fields
 from rallypoint.proto.peer.v1 import peer_pb2
@@ -117,6 +122,38 @@ class HelloExample:
     nonce: bytes
     credential: str
     envelope: tuple[tuple[int, int, int, bytes], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LivenessExample:
+    member: int
+    payload: bytes  # a malformed report
+    damage: str  # insider: "none", "cluster_id", "to_id", "envelope"
+    credential: str
+    envelope: tuple[tuple[int, int, int, bytes], ...]
+
+
+def _bad_reports() -> st.SearchStrategy[bytes]:
+    """Liveness report payloads no member may take (coordinator/liveness/report.py)."""
+    junk = st.binary(max_size=48).map(lambda b: b"\xc1" + b)  # 0xc1: never msgpack
+    wrong_version = st.sampled_from([0, 2, "1", None, -1]).map(
+        lambda v: msgpack.packb({"v": v, "attach": {"j": [1]}})
+    )
+    bad_field = st.sampled_from(
+        [
+            {"v": 1, "attach": [1, 2]},
+            {"v": 1, "attach": {"j": [0]}},
+            {"v": 1, "detach": {"j": ["x"]}},
+            {"v": 1, "suspect": [["j", 1, "guess", "", 0]]},
+            {"v": 1, "suspect": "all"},
+            {"v": 1, "progress": [["j", 1]]},
+            {"v": 1, "lag": -5},
+            {"v": 1, "readings": [["j", 1, 2]]},
+            {"v": 1, "seq": -3},
+        ]
+    ).map(msgpack.packb)
+    not_a_map = st.sampled_from([[1, 2], "report", 7]).map(msgpack.packb)
+    return st.one_of(junk, wrong_version, bad_field, not_a_map)
 
 
 @dataclass
@@ -199,6 +236,22 @@ class PeerTarget:
                 credential=credential,
                 envelope=envelope,
             )
+        if self.rpc.method == "Liveness":
+            return st.builds(
+                LivenessExample,
+                member=st.integers(0, 2),
+                payload=_bad_reports(),
+                damage=weighted(
+                    [
+                        (6, st.just("none")),
+                        (1, st.just("cluster_id")),
+                        (1, st.just("to_id")),
+                        (1, st.just("envelope")),
+                    ]
+                ),
+                credential=credential,
+                envelope=envelope,
+            )
         raise AssertionError(f"no strategy for the peer RPC {self.rpc.name}: add one")
 
     # ---------------------------------------------------------------- running
@@ -224,6 +277,8 @@ class PeerTarget:
             built = self._send_request(example, index, view)
         elif isinstance(example, SnapshotExample):
             built = self._snapshot_request(example, index, view)
+        elif isinstance(example, LivenessExample):
+            built = self._liveness_request(example, index, view)
         else:
             built = self._hello_request(example, index, view)
         if built is None:
@@ -488,6 +543,37 @@ class PeerTarget:
         payload = self._envelope(request.SerializeToString(), example, "none")
         text = describe(peer_pb2.HelloRequest, payload)
         return [payload], text, "hello", False, None
+
+    # ---------------------------------------------------------------- Liveness
+
+    def _liveness_request(
+        self, example: LivenessExample, index: int, view: PeerView
+    ) -> tuple[list[bytes], str, str, bool, Path | None] | None:
+        client = self._client(index, example.credential)
+        damage = example.damage if self.insider else "none"
+        request = peer_pb2.LivenessReport(
+            cluster_id=client.cluster_id,
+            from_id=view.sender,
+            to_id=view.receiver,
+            payload=example.payload,
+        )
+        request.mac = _sign_with(client.key, LIVENESS_TAG, liveness_fields(request))
+        if damage == "cluster_id":
+            request.cluster_id ^= 1
+            request.mac = _sign_with(client.key, LIVENESS_TAG, liveness_fields(request))
+        elif damage == "to_id":
+            request.to_id += 7
+            request.mac = _sign_with(client.key, LIVENESS_TAG, liveness_fields(request))
+        if not self.insider:
+            if example.credential == "random_mac":
+                request.mac = os.urandom(32)
+            elif example.credential == "flipped_mac":
+                request.mac = bytes([request.mac[0] ^ 4]) + request.mac[1:]
+            elif example.credential == "changed_field":
+                request.payload += b"\x00"
+        payload = self._envelope(request.SerializeToString(), example, damage)
+        text = describe(peer_pb2.LivenessReport, payload)
+        return [payload], text, f"liveness report ({damage})", damage == "envelope", None
 
 
 def _files_of(path: Path | None) -> set[str]:

@@ -76,6 +76,7 @@ def test_every_service_the_server_registers_is_fuzzed() -> None:
         "rallypoint.peer.v1.Raft/Send",
         "rallypoint.peer.v1.Raft/InstallSnapshot",
         "rallypoint.peer.v1.Raft/Hello",
+        "rallypoint.peer.v1.Raft/Liveness",
     }
 
 

@@ -64,6 +64,8 @@ from rallypoint.proto.v1 import (
 )
 
 T = TypeVar("T")
+# A load process's role: what it runs, given its arguments and its loop-lag probe.
+Role = Callable[[argparse.Namespace, "LoopLag"], Awaitable[None]]
 
 # How many calls of one kind a process keeps in flight (session opens, joins, closes).
 CONCURRENCY = 128
@@ -511,7 +513,7 @@ async def run_torchrun(args: argparse.Namespace, lag: LoopLag) -> None:
     emit("closed")
 
 
-ROLES: dict[str, Callable[[argparse.Namespace, LoopLag], Awaitable[None]]] = {
+ROLES: dict[str, Role] = {
     "participants": run_participants,
     "worker": run_worker,
     "heartbeaters": run_heartbeaters,
@@ -537,22 +539,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def main_async(args: argparse.Namespace) -> None:
+async def run_role(roles: dict[str, Role], args: argparse.Namespace) -> None:
     lag = LoopLag()
     lag.start()
-    await ROLES[args.role](args, lag)
+    await roles[args.role](args, lag)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def run_load_process(
+    parser: argparse.ArgumentParser, roles: dict[str, Role], argv: Sequence[str] | None
+) -> int:
+    """A load process's main: parse, run the role on uvloop, say a client failure as an
+    event (this module's and bench/scale_load.py's)."""
+    args = parser.parse_args(argv)
     # Participants that the benchmark removes on purpose would log one warning each.
     logging.basicConfig(level=logging.ERROR)
     try:
-        uvloop.run(main_async(args))
+        uvloop.run(run_role(roles, args))
     except RallypointError as error:
         emit("failed", error=f"{type(error).__name__}: {error}"[:500])
         return 1
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_load_process(build_parser(), ROLES, argv)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,7 @@ from bench.rendezvous_bench import (
     config_json,
     fmt_s,
     median,
+    sizes_arg,
     split,
     stop_all,
     wait_until,
@@ -692,10 +693,6 @@ def plot(results: dict[str, Any], path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
-
-
-def sizes_arg(text: str) -> list[int]:
-    return [int(part) for part in text.split(",") if part.strip()]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -37,7 +37,6 @@ import argparse
 import asyncio
 import collections
 import json
-import logging
 import statistics
 import sys
 import time
@@ -45,10 +44,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvloop
-
 from bench.common import latency_summary_ms
-from bench.rendezvous_load import LoopLag, command_lines, emit
+from bench.rendezvous_load import LoopLag, Role, command_lines, emit, run_load_process
 from rallypoint.client import (
     Assignment,
     Backoff,
@@ -361,7 +358,7 @@ async def run_worker(args: argparse.Namespace, lag: LoopLag) -> None:
     emit("closed")
 
 
-ROLES = {"hosts": run_hosts, "worker": run_worker}
+ROLES: dict[str, Role] = {"hosts": run_hosts, "worker": run_worker}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -380,21 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def main_async(args: argparse.Namespace) -> None:
-    lag = LoopLag()
-    lag.start()
-    await ROLES[args.role](args, lag)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.ERROR)
-    try:
-        uvloop.run(main_async(args))
-    except RallypointError as error:
-        emit("failed", error=f"{type(error).__name__}: {error}"[:500])
-        return 1
-    return 0
+    return run_load_process(build_parser(), ROLES, argv)
 
 
 if __name__ == "__main__":

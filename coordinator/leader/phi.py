@@ -135,6 +135,12 @@ class PhiAccrualDetector:
         self._sum += interval_ms
         self._squares += interval_ms * interval_ms
 
+    def copy(self) -> PhiAccrualDetector:
+        """An independent detector with this one's history and last heartbeat."""
+        twin = copy.copy(self)
+        twin._intervals = deque(self._intervals)
+        return twin
+
     def heartbeat(self, now_ms: float) -> None:
         if self.last_heartbeat_ms is None:
             estimate = self.first_heartbeat_estimate_ms
@@ -289,9 +295,6 @@ class DetectorSet:
     def __contains__(self, key: Key) -> bool:
         return key in self._tracked
 
-    def keys(self) -> list[Key]:
-        return sorted(self._tracked)
-
     def tracked(self) -> list[Key]:
         """The tracked keys, in key order."""
         return sorted(self._tracked)
@@ -314,8 +317,7 @@ class DetectorSet:
         origin = self._tracked.get(source)
         if origin is None:
             return
-        detector = copy.copy(origin.detector)
-        detector._intervals = deque(origin.detector._intervals)
+        detector = origin.detector.copy()
         tracked = self._tracked[key] = _Tracked(
             origin.settings, detector, started_ms=origin.started_ms, samples=origin.samples
         )

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..leader.phi import DetectorSettings
@@ -263,17 +263,6 @@ class Coverage:
                 key = (job_id, pid)
                 if key not in carrier and key not in unheard:
                     self._set_deadline(key, deadline)
-
-    # ------------------------------------------------------------ readings
-
-    def carried_by(self, member: int) -> int:
-        return len(self._by_member.get(member, ()))
-
-    def unheard(self) -> list[Key]:
-        return sorted(self._unheard)
-
-    def members(self) -> Iterable[int]:
-        return sorted(self._last_report_ms)
 
 
 def _present(jobs: Mapping[str, JobView], key: Key) -> bool:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from ..leader.phi import DetectorSet, DetectorSettings
 from ..leader.progress import ProgressReport
@@ -117,7 +117,6 @@ class MemberDetection:
         self._attach: dict[Key, None] = {}
         self._detach: dict[Key, None] = {}
         self._progress: dict[Key, ProgressReport] = {}
-        self._suspicions: list[Suspicion] = []
         # The next report must list everything carried (new leader, or a report was lost).
         self.full_needed = True
         self.intake = IntakeLag()
@@ -145,15 +144,6 @@ class MemberDetection:
         """One heartbeat of a carried key; False if this member does not carry it."""
         self._heartbeats_received.inc()
         return self.detectors.heartbeat(key, now_ms)
-
-    def heartbeats(self, keys: Iterable[Key], now_ms: int) -> None:
-        """One heartbeat for each of ``keys`` (all carried), counted once."""
-        count = 0
-        beat = self.detectors.heartbeat
-        for key in keys:
-            beat(key, now_ms)
-            count += 1
-        self._heartbeats_received.inc(count)
 
     # ---------------------------------------------------------------- batch streams
 

@@ -27,11 +27,12 @@ watch and knows the stream is alive.
 
 HeartbeatBatch is served by every member: each request beats for many participants of one
 job and is answered (same ``seq``) with an ``Assignment`` for each participant whose round
-changed since this stream last told it (or that names another round), and ``gone`` for one
-no longer in the job. The ranks and wait list behind assignments are computed once per
-change of the job and shared by every stream (``_seats``), so a round change costs each
-participant its own few dozen bytes. A request's ``sent_ms`` measures this member's intake
-lag (``liveness/local.py``); ``released`` participants are let go without suspicion.
+changed since this stream last told it, and ``gone`` for one no longer in the job; a round
+change is also pushed at once, unasked (``seq`` 0; ``RoundSignals``: one watcher per job on
+this member). Each assignment is the state machine's O(1) ``rendezvous.assignment``, so a
+round change costs each participant its own few dozen bytes. A request's ``sent_ms``
+measures this member's intake lag (``liveness/local.py``); ``released`` participants are let
+go without suspicion.
 
 When a stream ends, every participant it carried that is still in its job is reported
 (``node.heartbeat_stream_closed``): a dead process's stream closing is immediate evidence,
@@ -185,8 +186,6 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         self._pushed: dict[str, tuple[int, rendezvous_pb2.RoundInfo]] = {}
         # Round-change signals for batch heartbeat streams (one watcher per job).
         self._signals = RoundSignals()
-        # Per job: (revision, rank by participant, wait list) for HeartbeatBatch answers.
-        self._seat_cache: dict[str, tuple[int, dict[int, int], frozenset[int]]] = {}
 
     # ----------------------------------------------------------------- reading jobs
 
@@ -374,16 +373,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
                 await self._applied_through(pid)
                 progress = None
                 if request.reports_progress:
-                    progress = ProgressReport(
-                        round=request.round,
-                        step=request.step,
-                        step_age_ms=request.step_age_ms,
-                        step_ms=request.step_ms if math.isfinite(request.step_ms) else 0.0,
-                        collectives_entered=request.collectives_entered,
-                        waiting_in=request.waiting_in,
-                        waiting_ms=request.waiting_ms,
-                        restore=request.restore[:MAX_RESTORE_CHARS],
-                    )
+                    progress = _progress(request)
                 key = (job_id, pid)
                 if key not in carried:
                     if not self.node.carry(job_id, pid):
@@ -528,22 +518,23 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         """Add the assignment of each of ``pids`` (participants of ``job``) to ``answer``."""
         if not pids:
             return
-        r = job.round
-        ranks, waiting = self._seats(job)
-        namespace = f"{job.job_id}/{r.number}"
-        state = _ROUND_STATES[r.state]
-        world = len(r.members) if r.state is RoundState.ACTIVE else 0
+        namespace = f"{job.job_id}/{job.round.number}"
+        assignment = self.node.state.rendezvous.assignment
         add = answer.assignments.add
         for pid in pids:
+            seat = assignment(job.job_id, pid)
+            if seat is None:
+                add(participant_id=pid, gone=True)
+                continue
             add(
                 participant_id=pid,
-                round=r.number,
-                state=state,
-                rank=ranks.get(pid, -1),
-                world_size=world,
-                fencing_token=r.fencing_token,
+                round=seat.round,
+                state=_ROUND_STATES[seat.state],
+                rank=seat.rank,
+                world_size=seat.world_size,
+                fencing_token=seat.fencing_token,
                 store_namespace=namespace,
-                waiting=pid in waiting,
+                waiting=seat.waiting,
             )
 
     def _beat(
@@ -600,32 +591,10 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
             self.node.report_progress(
                 job_id,
                 entry.participant_id,
-                ProgressReport(
-                    round=entry.round,
-                    step=entry.step,
-                    step_age_ms=entry.step_age_ms,
-                    step_ms=entry.step_ms if math.isfinite(entry.step_ms) else 0.0,
-                    collectives_entered=entry.collectives_entered,
-                    waiting_in=entry.waiting_in,
-                    waiting_ms=entry.waiting_ms,
-                    restore=entry.restore[:MAX_RESTORE_CHARS],
-                ),
+                _progress(entry),
                 now_ms,
             )
         return answer
-
-    def _seats(self, job: JobView) -> tuple[dict[int, int], frozenset[int]]:
-        """The job's ranks by participant and its wait list, computed once per change of
-        the job (every stream of this member shares them)."""
-        cached = self._seat_cache.get(job.job_id)
-        if cached is not None and cached[0] == job.revision:
-            return cached[1], cached[2]
-        ranks = {seat.participant_id: seat.rank for seat in job.round.members}
-        waiting = frozenset(job.waiting)
-        if len(self._seat_cache) > 1024:
-            self._seat_cache.clear()
-        self._seat_cache[job.job_id] = (job.revision, ranks, waiting)
-        return ranks, waiting
 
     # ----------------------------------------------------------------- commands
 
@@ -780,6 +749,22 @@ def _ended_names(job: JobView) -> dict[int, str]:
 
 def _participant_id(seat: Seat) -> int:
     return seat.participant_id
+
+
+def _progress(
+    message: rendezvous_pb2.HeartbeatRequest | rendezvous_pb2.ProgressReport,
+) -> ProgressReport:
+    """The progress fields a heartbeat (of either stream) reports, as the leader keeps them."""
+    return ProgressReport(
+        round=message.round,
+        step=message.step,
+        step_age_ms=message.step_age_ms,
+        step_ms=message.step_ms if math.isfinite(message.step_ms) else 0.0,
+        collectives_entered=message.collectives_entered,
+        waiting_in=message.waiting_in,
+        waiting_ms=message.waiting_ms,
+        restore=message.restore[:MAX_RESTORE_CHARS],
+    )
 
 
 def _position(job: JobView) -> tuple[int, RoundState, JobState]:

@@ -144,7 +144,7 @@ def test_the_set_suspects_by_each_jobs_threshold_in_key_order() -> None:
     assert [key for key, _ in detectors.phis(4_000)] == [("a", 3), ("a", 9), ("b", 7), ("c", 1)]
     assert detectors.heartbeat(("x", 1), 4_000) is False and detectors.phi(("x", 1), 0) is None
     detectors.retain([("a", 9), ("c", 1)])
-    assert detectors.keys() == [("a", 9), ("c", 1)]
+    assert detectors.tracked() == [("a", 9), ("c", 1)]
 
 
 def test_a_closed_stream_is_confirmed_after_two_intervals_unless_a_heartbeat_arrives() -> None:

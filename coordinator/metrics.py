@@ -171,8 +171,9 @@ class NodeMetrics:
         )
         self.phi = Histogram(
             "rallypoint_phi",
-            "Phi-accrual suspicion of tracked workers, sampled by the leader (up to 64 "
-            "workers a second, in turn; a confirmed closed stream, infinite, is left out).",
+            "Phi-accrual suspicion, sampled by each member from the detectors it runs (one "
+            "per per-participant stream, one per batch stream): up to 64 a second, in turn; "
+            "a confirmed closed stream, infinite, is left out.",
             buckets=_PHI_BUCKETS,
             registry=self.registry,
         )

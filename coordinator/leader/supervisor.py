@@ -438,12 +438,13 @@ class RendezvousSupervisor:
             log.info("and %d more participants no member hears", unheard - LOG_EACH)
 
     def _sample_phi(self, now_ms: int) -> None:
-        """Every PHI_SAMPLE_EVERY_MS, the phi of the next PHI_SAMPLE_SIZE carried
-        participants."""
+        """Every PHI_SAMPLE_EVERY_MS, the phi of the next PHI_SAMPLE_SIZE of this member's
+        detectors (one per per-participant stream, one per batch stream: its participants
+        share it, and their phi is one value)."""
         if now_ms - self._sampled_ms < PHI_SAMPLE_EVERY_MS:
             return
         self._sampled_ms = now_ms
-        keys = self.local.carried()
+        keys = self.local.detectors.tracked()
         if not keys:
             return
         start = self._sample_cursor % len(keys)
@@ -452,7 +453,7 @@ class RendezvousSupervisor:
             chosen += keys[: min(start, PHI_SAMPLE_SIZE - len(chosen))]
         self._sample_cursor = start + len(chosen)
         for key in chosen:
-            value = self.local.phi(key, now_ms)
+            value = self.local.detectors.phi(key, now_ms)
             if value is not None and math.isfinite(value):
                 self._metrics.phi.observe(value)
 

@@ -251,9 +251,9 @@ class MemberDetection:
     def retain(self, is_participant: Callable[[Key], bool]) -> None:
         """Forget every key for which ``is_participant(key)`` is false (they left their
         job)."""
-        for key in self.carried():
-            if not is_participant(key):
-                self.forget(key)
+        alone = [k for k in self.detectors.tracked() if k[0] != GROUP_JOB]
+        for key in [k for k in (*alone, *self._group_of) if not is_participant(k)]:
+            self.forget(key)
 
     def carried(self) -> list[Key]:
         """Every participant this member watches, in key order."""

@@ -84,3 +84,49 @@ def test_a_signalled_program_leaves_nothing(tmp_path: Path, signum: signal.Signa
         assert proc.wait(timeout=30) == 128 + signum
         assert proc.stderr is not None
         assert "Traceback" not in proc.stderr.read()
+
+
+# A program busy in an event loop (asyncio.run, as the benchmarks run theirs), mostly in
+# plain code between awaits, as a program setting up grpc channels is.
+LOOP_PROGRAM = textwrap.dedent(
+    """
+    import asyncio, sys
+    from rallypoint.worker.process_tree import run_reaped
+
+    async def busy():
+        print("ready", flush=True)
+        try:
+            while True:
+                sum(range(20_000))  # where a signal most likely arrives
+                await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            print("cancelled at an await", flush=True)
+            raise
+        except KeyboardInterrupt:
+            print("interrupted mid-code", flush=True)
+            raise
+
+    def main():
+        asyncio.run(busy())
+        return 0
+
+    sys.exit(run_reaped(main))
+    """
+)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_reaches_an_event_loop_at_an_await(tmp_path: Path, signum: signal.Signals) -> None:
+    """SIGTERM inside a running loop cancels the main task as Ctrl-C does, instead of raising
+    KeyboardInterrupt in the middle of whatever code runs (inside grpc.aio's channel setup
+    that crashed the interpreter, leaving every member the program started running)."""
+    script = tmp_path / "loop_program.py"
+    script.write_text(LOOP_PROGRAM)
+    with subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        os.kill(proc.pid, signum)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signum, err
+    assert out.strip() == "cancelled at an await", out + err

@@ -105,6 +105,8 @@ class _Stream:
         self._numbers = itertools.count(1)
         self._wake = asyncio.Event()
         self.broken = False
+        # Messages written so far (tests and debugging: how well callers were batched).
+        self.messages_sent = 0
         self._tasks = (
             asyncio.create_task(self._send(), name=f"kv-stream-send-{address}"),
             asyncio.create_task(self._receive(), name=f"kv-stream-receive-{address}"),
@@ -134,6 +136,7 @@ class _Stream:
                     for operation in operations:
                         self._message_of[operation.id] = number
                     await self._call.write(kv_pb2.BatchRequest(operations=operations))
+                    self.messages_sent += 1
         except grpc.aio.AioRpcError:
             pass  # the receiving side sees the same failure and reports it
         except asyncio.InvalidStateError:
@@ -205,7 +208,8 @@ class KVStream:
         self._transport = transport
         self._window = count(max_messages_in_flight, "max_messages_in_flight")
         self._max_operations = count(max_operations_per_message, "max_operations_per_message")
-        self._streams: dict[str, _Stream] = {}
+        # Invariant: at most one stream per member; a broken one is replaced on next use.
+        self.streams: dict[str, _Stream] = {}
         # Members that answered KV/Batch UNIMPLEMENTED: served by unary calls.
         self.unsupported: set[str] = set()
         self._ids = itertools.count(1)
@@ -238,10 +242,10 @@ class KVStream:
         return await self._transport.retrying(attempt, deadline, on_retry=on_retry)
 
     def _stream(self, address: str) -> _Stream:
-        stream = self._streams.get(address)
+        stream = self.streams.get(address)
         if stream is None or stream.broken:
             call = self._transport.stubs(address).kv.Batch(None, metadata=self._transport.metadata)
-            stream = self._streams[address] = _Stream(
+            stream = self.streams[address] = _Stream(
                 address, call, self._transport, self._window, self._max_operations
             )
         return stream
@@ -258,8 +262,8 @@ class KVStream:
         try:
             result = await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
-            if self._streams.get(address) is stream:
-                del self._streams[address]
+            if self.streams.get(address) is stream:
+                del self.streams[address]
             await stream.close()
             raise _status_error(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -274,6 +278,6 @@ class KVStream:
         return result
 
     async def close(self) -> None:
-        streams, self._streams = self._streams, {}
+        streams, self.streams = self.streams, {}
         for stream in streams.values():
             await stream.close()

@@ -12,7 +12,12 @@ from typing import Any
 import grpc
 import pytest
 
-from rallypoint.client import Backoff, InvalidArgumentError, InvalidValueError
+from rallypoint.client import (
+    Backoff,
+    DeadlineExceededError,
+    InvalidArgumentError,
+    InvalidValueError,
+)
 from rallypoint.client import Client as RallypointClient
 from rallypoint.coordinator.node_api import NotLeaderError, ProposalTimeoutError
 from rallypoint.coordinator.service.tokens import ClientTokens
@@ -316,3 +321,21 @@ async def test_a_not_leader_answer_sends_the_operation_to_the_leader() -> None:
 def test_kv_batching_takes_only_its_modes() -> None:
     with pytest.raises(InvalidValueError, match="kv_batching must be one of off, concurrent"):
         RallypointClient(["127.0.0.1:1"], kv_batching="sometimes")
+
+
+async def test_each_call_keeps_its_own_deadline_and_the_others_still_apply_once() -> None:
+    node = LosingNode()
+    async with served_at(node) as address, batched_client(address) as client:
+        node.delay_s = 0.3
+        hurried = asyncio.ensure_future(client.put("hurried", b"1", timeout_s=0.1))
+        patient = [asyncio.ensure_future(client.put(f"p{i}", b"1")) for i in range(5)]
+        with pytest.raises(DeadlineExceededError):
+            await hurried
+        # The hurried call's attempt ended its stream; the others were retried on a new one
+        # under their own sequences, and each applied once.
+        for done in await asyncio.gather(*patient):
+            assert done.kv.version == 1
+        node.delay_s = 0.0
+        for i in range(5):
+            kv = node.state.get(b"p%d" % i)
+            assert kv is not None and kv.version == 1

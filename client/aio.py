@@ -92,12 +92,12 @@ class Client:
     """See the module docstring. Not thread-safe: use it from one event loop (or
     :class:`rallypoint.client.SyncClient` from threads).
 
-    ``kv_batching`` says how ``put``, ``get`` and ``delete`` travel: ``"off"`` (the default)
-    one unary call each; ``"concurrent"``: a call made while another of them is in flight
-    shares the client's batch stream (``kv_stream.py``: one stream per member, many
-    operations per message, each answered on its own), a lone call stays unary (its lowest
-    latency); ``"always"``: every one through the stream. Batched or not, each call has its
-    own answer, errors, deadline and retries, and a write applies exactly once."""
+    ``kv_batching`` says how ``put``, ``get``, ``delete`` and ``compare_and_set`` travel:
+    ``"off"`` (the default) one unary call each; ``"concurrent"``: a call made while another
+    of them is in flight shares the client's batch stream (``kv_stream.py``: one stream per
+    member, many operations per message, each answered on its own), a lone call stays unary
+    (its lowest latency); ``"always"``: every one through the stream. Batched or not, each
+    call has its own answer, errors, deadline and retries, and a write applies exactly once."""
 
     def __init__(
         self,
@@ -354,7 +354,9 @@ class Client:
                 request.must_not_exist = True
             return request
 
-        response = await self._caller.write(lambda s: s.kv.CompareAndSet, build, timeout_s)
+        response = await self._caller.kv_write(
+            "compare_and_set", lambda s: s.kv.CompareAndSet, build, timeout_s
+        )
         return CompareAndSetResult(
             Header.from_proto(response.header), response.succeeded, optional_kv(response, "kv")
         )

@@ -18,9 +18,9 @@ The caller offers what every call needs:
   retry applies at most once (``session.py``), with at most ``max_inflight_writes`` in
   flight (the server keeps a bounded number of unacknowledged answers per session);
 - ``ask``: one member's own answer, one attempt, no redirect (status, snapshot);
-- ``kv``: a KV put, get or delete, through the client's batch stream (``kv_stream.py``) when
-  the client batches (``kv_batching``: "always", or "concurrent" while another KV call is in
-  flight), else as a unary read or write;
+- ``kv_read``, ``kv_write``: a KV get, put, delete or compare-and-set, through the client's
+  batch stream (``kv_stream.py``) when the client batches (``kv_batching``: "always", or
+  "concurrent" while another KV call is in flight), else as a unary read or write;
 - ``retrier``: the one retry policy (``transport.Retrier``) for the loops the parts run
   themselves (streams, reads the server holds).
 
@@ -47,7 +47,7 @@ from .values import Member, members_from_proto
 Request = TypeVar("Request")
 Response = TypeVar("Response")
 
-# How a client sends KV puts, gets and deletes (Client's ``kv_batching``).
+# How a client sends KV puts, gets, deletes and compare-and-sets (Client's ``kv_batching``).
 KV_BATCHING = ("off", "concurrent", "always")
 
 # close() ends the session within this much, whatever the client's timeout: a client that
@@ -75,7 +75,7 @@ class Caller:
         self.transport = transport
         self.kv_batching = kv_batching
         self._kv_stream = None if kv_batching == "off" else KVStream(transport)
-        # KV calls (put, get, delete) in progress, for kv_batching "concurrent".
+        # KV calls (kv_read, kv_write) in progress, for kv_batching "concurrent".
         self._kv_calls = 0
         self.timeout_s = positive_seconds(timeout_s, "timeout_s")
         self._session_ttl_s = positive_seconds(session_ttl_s, "session_ttl_s", least_s=0.001)
@@ -127,7 +127,7 @@ class Caller:
     async def kv_read(
         self, method: Method[Request, Response], request: Request, timeout_s: float | None
     ) -> Response:
-        """A KV get: batched (see ``kv``) or a unary read."""
+        """A KV get: batched (see the module docstring) or a unary read."""
         stream = self._batching()
         self._kv_calls += 1
         try:
@@ -144,7 +144,8 @@ class Caller:
         build: Callable[[common_pb2.RequestHeader], Request],
         timeout_s: float | None,
     ) -> Response:
-        """A KV put or delete (``kind``): batched (see ``kv``) or a unary write; either way
+        """A KV put, delete or compare-and-set (``kind``, its field in a batch operation):
+        batched (see ``kv``) or a unary write; either way
         every retry carries the same sequence."""
         stream = self._batching()
         self._kv_calls += 1

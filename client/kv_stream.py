@@ -222,9 +222,10 @@ class KVStream:
         deadline: Deadline,
         on_retry: Callable[[RallypointError], None] | None = None,
     ) -> Response:
-        """``request`` (a PutRequest, GetRequest or DeleteRequest: ``kind`` "put", "get" or
-        "delete") answered through the batch stream, with the retries of a unary ``method``
-        call (which serves members that do not know the stream)."""
+        """``request`` (a PutRequest, GetRequest, DeleteRequest or CompareAndSetRequest:
+        ``kind`` "put", "get", "delete" or "compare_and_set") answered through the batch
+        stream, with the retries of a unary ``method`` call (which serves members that do not
+        know the stream)."""
 
         async def attempt(target: str, timeout_s: float) -> Response:
             if target not in self.unsupported:

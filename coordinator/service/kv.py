@@ -8,13 +8,20 @@ from collections.abc import AsyncIterator
 from rallypoint.proto.v1 import kv_pb2, kv_pb2_grpc
 
 from ..node_api import ServerNode
-from ..state.commands import Add, CompareAndSet
+from ..state.commands import Add
 from ..state.results import AddResult, CompareAndSetResult, DeleteResult, PutResult
 from . import validate
 from .common import Context, header_pb, kv_pb, propose, read_barrier
-from .errors import InvalidArgument
 from .kv_batch import serve_batch
-from .kv_ops import delete_answer, delete_command, get_answer, put_answer, put_command
+from .kv_ops import (
+    compare_and_set_answer,
+    compare_and_set_command,
+    delete_answer,
+    delete_command,
+    get_answer,
+    put_answer,
+    put_command,
+)
 
 
 class KVServicer(kv_pb2_grpc.KVServicer):
@@ -62,38 +69,9 @@ class KVServicer(kv_pb2_grpc.KVServicer):
     async def CompareAndSet(
         self, request: kv_pb2.CompareAndSetRequest, context: Context
     ) -> kv_pb2.CompareAndSetResponse:
-        limits = self.node.state.limits
-        header = validate.session_header(request.HasField("header"), request.header)
-        key = validate.key(request.key, limits)
-        comparison = request.WhichOneof("compare")
-        if comparison is None:
-            raise InvalidArgument(
-                "compare",
-                "exactly one comparison is required "
-                "(value_equals, mod_revision_equals or must_not_exist)",
-            )
-        if comparison == "must_not_exist" and not request.must_not_exist:
-            raise InvalidArgument("must_not_exist", "must be true when set")
-        if comparison == "mod_revision_equals":
-            validate.non_negative(request.mod_revision_equals, "mod_revision_equals")
-        command = CompareAndSet(
-            key=key,
-            value=validate.value(request.value, limits),
-            expected_value=request.value_equals if comparison == "value_equals" else None,
-            expected_mod_revision=(
-                request.mod_revision_equals if comparison == "mod_revision_equals" else None
-            ),
-            must_not_exist=comparison == "must_not_exist",
-            lease_id=validate.optional_lease_id(request.lease_id),
-            fence=validate.fence(request.HasField("fence"), request.fence),
-        )
+        header, command = compare_and_set_command(request, self.node)
         result = await propose(self.node, command, context, CompareAndSetResult, header)
-        response = kv_pb2.CompareAndSetResponse(
-            header=header_pb(self.node.header()), succeeded=result.succeeded
-        )
-        if result.kv is not None:
-            response.kv.CopyFrom(kv_pb(result.kv))
-        return response
+        return compare_and_set_answer(result, self.node)
 
     async def Add(self, request: kv_pb2.AddRequest, context: Context) -> kv_pb2.AddResponse:
         header = validate.session_header(request.HasField("header"), request.header)

@@ -32,25 +32,54 @@ unary call's would).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.message import Message
 
 from rallypoint.proto.v1 import common_pb2, kv_pb2
 
 from ..node_api import ServerNode
-from ..state.commands import Delete, Put
-from ..state.results import DeleteResult, PutResult
+from ..state.commands import Command
+from ..state.results import CompareAndSetResult, DeleteResult, PutResult, Success
 from . import validate
 from .authz import OPERATION_GUARD, OperationGuard
 from .common import Context, propose, read_barrier, wait_s
 from .errors import InvalidArgument, status_for
-from .kv_ops import delete_answer, delete_command, get_answer, put_answer, put_command
+from .kv_ops import (
+    compare_and_set_answer,
+    compare_and_set_command,
+    delete_answer,
+    delete_command,
+    get_answer,
+    put_answer,
+    put_command,
+)
 
 # The unary method each kind of operation stands for (its authorization rule).
 _METHODS = {
     "put": "/rallypoint.v1.KV/Put",
     "get": "/rallypoint.v1.KV/Get",
     "delete": "/rallypoint.v1.KV/Delete",
+    "compare_and_set": "/rallypoint.v1.KV/CompareAndSet",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    """How one kind of write is checked, what it answers, and how the answer is built: the
+    unary call's own functions (``kv_ops.py``)."""
+
+    command: Callable[[Any, ServerNode], tuple[common_pb2.RequestHeader, Command]]
+    result: type[Success]
+    answer: Callable[[Any, ServerNode], Message]
+
+
+_WRITES = {
+    "put": _Write(put_command, PutResult, put_answer),
+    "delete": _Write(delete_command, DeleteResult, delete_answer),
+    "compare_and_set": _Write(compare_and_set_command, CompareAndSetResult, compare_and_set_answer),
 }
 
 # What the response queue carries: an answer, the error that ends the stream, or the end.
@@ -65,7 +94,7 @@ class _Operation:
     id: int
     kind: str
     deadline: float
-    command: Put | Delete | None = None
+    command: Command | None = None
     header: common_pb2.RequestHeader | None = None
     key: bytes = b""
     serializable: bool = False
@@ -153,35 +182,33 @@ class _BatchServer:
             raise InvalidArgument("operations.id", "must not be 0 (it matches the answer)")
         kind = operation.WhichOneof("operation")
         if kind is None:
-            raise InvalidArgument("operations.operation", "one of put, get or delete is required")
+            raise InvalidArgument(
+                "operations.operation", "one of put, get, delete or compare_and_set is required"
+            )
         request = getattr(operation, kind)
         if guard is not None:
             await guard(_METHODS[kind], request)
-        if kind == "put":
-            header, put = put_command(request, self.node)
-            return _Operation(operation.id, kind, deadline, command=put, header=header)
-        if kind == "delete":
-            header, delete = delete_command(request, self.node)
-            return _Operation(operation.id, kind, deadline, command=delete, header=header)
+        write = _WRITES.get(kind)
+        if write is not None:
+            header, command = write.command(request, self.node)
+            return _Operation(operation.id, kind, deadline, command=command, header=header)
         key = validate.key(request.key, self.node.state.limits)
         return _Operation(operation.id, kind, deadline, key=key, serializable=request.serializable)
 
     async def finish(self, write: _Operation) -> kv_pb2.BatchResult:
         """Propose the write and answer it (its first step, the proposal, runs at once)."""
         node, timeout_s = self.node, max(0.0, write.deadline - self.loop.time())
+        kind = _WRITES[write.kind]
+        assert write.command is not None
         try:
-            if isinstance(write.command, Put):
-                put = await propose(
-                    node, write.command, self.context, PutResult, write.header, timeout_s=timeout_s
-                )
-                return kv_pb2.BatchResult(id=write.id, put=put_answer(put, node))
-            assert write.command is not None
-            deleted = await propose(
-                node, write.command, self.context, DeleteResult, write.header, timeout_s=timeout_s
+            result = await propose(
+                node, write.command, self.context, kind.result, write.header, timeout_s=timeout_s
             )
-            return kv_pb2.BatchResult(id=write.id, delete=delete_answer(deleted, node))
         except Exception as error:
             return error_result(write.id, error, self.loop.time() >= write.deadline)
+        answer = kv_pb2.BatchResult(id=write.id)
+        getattr(answer, write.kind).CopyFrom(kind.answer(result, node))
+        return answer
 
     async def read_all(self, reads: list[_Operation]) -> list[kv_pb2.BatchResult]:
         """One barrier for every linearizable read of the message, then their answers."""

@@ -6,8 +6,8 @@ from __future__ import annotations
 from rallypoint.proto.v1 import common_pb2, kv_pb2
 
 from ..node_api import ServerNode
-from ..state.commands import Delete, Put
-from ..state.results import DeleteResult, PutResult
+from ..state.commands import CompareAndSet, Delete, Put
+from ..state.results import CompareAndSetResult, DeleteResult, PutResult
 from . import validate
 from .common import header_pb, kv_pb
 from .errors import InvalidArgument
@@ -66,3 +66,45 @@ def delete_answer(result: DeleteResult, node: ServerNode) -> kv_pb2.DeleteRespon
         deleted=result.deleted,
         prev_kvs=[kv_pb(kv) for kv in result.prev],
     )
+
+
+def compare_and_set_command(
+    request: kv_pb2.CompareAndSetRequest, node: ServerNode
+) -> tuple[common_pb2.RequestHeader, CompareAndSet]:
+    limits = node.state.limits
+    header = validate.session_header(request.HasField("header"), request.header)
+    key = validate.key(request.key, limits)
+    comparison = request.WhichOneof("compare")
+    if comparison is None:
+        raise InvalidArgument(
+            "compare",
+            "exactly one comparison is required "
+            "(value_equals, mod_revision_equals or must_not_exist)",
+        )
+    if comparison == "must_not_exist" and not request.must_not_exist:
+        raise InvalidArgument("must_not_exist", "must be true when set")
+    if comparison == "mod_revision_equals":
+        validate.non_negative(request.mod_revision_equals, "mod_revision_equals")
+    command = CompareAndSet(
+        key=key,
+        value=validate.value(request.value, limits),
+        expected_value=request.value_equals if comparison == "value_equals" else None,
+        expected_mod_revision=(
+            request.mod_revision_equals if comparison == "mod_revision_equals" else None
+        ),
+        must_not_exist=comparison == "must_not_exist",
+        lease_id=validate.optional_lease_id(request.lease_id),
+        fence=validate.fence(request.HasField("fence"), request.fence),
+    )
+    return header, command
+
+
+def compare_and_set_answer(
+    result: CompareAndSetResult, node: ServerNode
+) -> kv_pb2.CompareAndSetResponse:
+    response = kv_pb2.CompareAndSetResponse(
+        header=header_pb(node.header()), succeeded=result.succeeded
+    )
+    if result.kv is not None:
+        response.kv.CopyFrom(kv_pb(result.kv))
+    return response

@@ -95,6 +95,30 @@ async def test_each_operation_gets_its_own_answer_by_id(
     assert answers[5].get.kv == answers[3].get.kv
     assert answers[11].delete.deleted == 1
     assert node.state.get(b"b") is None
+    cas = [
+        kv_pb2.BatchOperation(
+            id=21,
+            compare_and_set=kv_pb2.CompareAndSetRequest(
+                header=common_pb2.RequestHeader(session_id=session, sequence=4),
+                key=b"a",
+                value_equals=b"1",
+                value=b"2",
+            ),
+        ),
+        kv_pb2.BatchOperation(
+            id=22,
+            compare_and_set=kv_pb2.CompareAndSetRequest(
+                header=common_pb2.RequestHeader(session_id=session, sequence=5),
+                key=b"a",
+                must_not_exist=True,
+                value=b"3",
+            ),
+        ),
+    ]
+    swapped = await stream.ask(*cas)
+    assert swapped[21].compare_and_set.succeeded
+    assert not swapped[22].compare_and_set.succeeded
+    assert swapped[22].compare_and_set.kv.value == b"2"
 
 
 async def test_a_message_s_reads_share_one_barrier_and_its_writes_go_in_together(
@@ -145,7 +169,7 @@ async def test_one_bad_operation_fails_alone_with_the_unary_call_s_error(
     assert answers[3].error.code == Code.RESOURCE_EXHAUSTED.value[0]
     assert answers[3].error.reason == "KEY_TOO_LARGE"
     assert answers[4].error.message == (
-        "operations.operation: one of put, get or delete is required"
+        "operations.operation: one of put, get, delete or compare_and_set is required"
     )
     assert answers[0].error.message == "operations.id: must not be 0 (it matches the answer)"
     assert answers[5].error.code == Code.INVALID_ARGUMENT.value[0]
@@ -287,6 +311,10 @@ async def test_concurrent_callers_share_the_stream_each_with_its_own_answer() ->
         assert [p.kv.value for p in puts] == [str(i).encode() for i in range(40)]
         gets = await asyncio.gather(*(client.get(f"k{i}") for i in range(40)))
         assert [g.value if g else None for g in gets] == [str(i).encode() for i in range(40)]
+        swaps = await asyncio.gather(
+            *(client.compare_and_set(f"k{i}", b"new", value_equals=str(i)) for i in range(40))
+        )
+        assert all(swap.succeeded for swap in swaps)
         stream = client._caller._kv_stream
         assert stream is not None
         (only,) = stream.streams.values()

@@ -48,7 +48,7 @@ class RunSpec:
     # and the checker expected to catch it.
     unsafe: str | None = None
     expect_violation: str | None = None
-    # How the workloads' clients send KV puts and gets (Client's kv_batching): "always" runs
+    # How the workloads' clients send KV reads and writes (Client's kv_batching): "always" runs
     # them over the KV/Batch stream, the register's writers sharing one client so that
     # concurrent operations ride in one message.
     kv_batching: str = "off"

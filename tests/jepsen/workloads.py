@@ -43,7 +43,8 @@ class Context:
     rng: random.Random
     # Loop time when the clients stop issuing new operations.
     stop_at_s: float
-    # The clients' Client(kv_batching=...): "always" sends puts and gets over KV/Batch.
+    # The clients' Client(kv_batching=...): "always" sends gets, puts and compare-and-sets
+    # over KV/Batch.
     kv_batching: str = "off"
 
     def client(self, endpoints: list[str] | None = None, session: bool = True) -> Client:

@@ -5,8 +5,18 @@ three ``etcd`` processes, see bench/etcd/), started side by side and left idle w
 is measured. This process is the load generator only: it runs on uvloop, apart from the
 servers, and records the CPU both sides use in every trial from /proc.
 
-Workloads, each with N clients that own one channel each (and, for rallypoint, one session
-whose sequence they increment) and send requests one after another to the leader:
+Workloads, each with N clients that send requests one after another to the leader. How the
+clients of a trial reach it is the ``--connections`` parameter, the same for both systems:
+
+    shared      (default) the N clients are N concurrent callers of one connection: for etcd
+                one grpc.aio channel (HTTP/2 multiplexing, as clientv3 shares one connection),
+                for rallypoint one library ``Client`` (one channel, one session, its KV
+                batching on: concurrent calls share its ``KV/Batch`` stream, a lone call is
+                unary); every operation is still timed on its own
+    per-client  each client owns a channel (and, for rallypoint, a session whose sequence it
+                increments), speaking the unary RPCs
+
+The keep-alive workload always uses a client of its own (one stream, one channel).
 
     put_1, put_64      distinct keys, 256-byte values
     get_1, get_64      linearizable reads of a key the client wrote beforehand
@@ -57,6 +67,7 @@ from bench.common import (
 )
 from bench.etcd.api import load as load_etcd_api
 from bench.etcd.cluster import EtcdCluster
+from rallypoint.client import Client, RallypointError
 from rallypoint.coordinator.cli.main import local_cluster_addresses
 from rallypoint.proto.v1 import (
     cluster_pb2,
@@ -319,6 +330,64 @@ CLIENT_OPENERS: dict[str, Callable[[str], Awaitable[BenchClient]]] = {
 }
 
 
+class Connections(enum.Enum):
+    """How the clients of one trial reach the leader (see the module docstring)."""
+
+    SHARED = "shared"
+    PER_CLIENT = "per-client"
+
+
+class SharedRallypoint:
+    """One concurrent caller of a library ``Client`` shared by every caller of the trial."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    async def put(self, key: bytes, value: bytes) -> None:
+        await self.client.put(key, value)
+
+    async def get(self, key: bytes) -> None:
+        await self.client.get(key)
+
+    async def keep_alive_stream(self) -> KeepAliveStream:
+        raise AssertionError("keep-alive trials use a client of their own")
+
+    async def close(self) -> None:
+        """The shared client is closed once, by the trial."""
+
+
+async def open_clients(
+    system: str, address: str, count: int, connections: Connections
+) -> tuple[list[BenchClient], Callable[[], Awaitable[None]]]:
+    """``count`` clients of ``system`` at ``address`` and how to close them all."""
+    if connections is Connections.PER_CLIENT:
+        opener = CLIENT_OPENERS[system]
+        clients: list[BenchClient] = list(
+            await asyncio.gather(*(opener(address) for _ in range(count)))
+        )
+
+        async def close_each() -> None:
+            await asyncio.gather(*(client.close() for client in clients))
+
+        return clients, close_each
+    if system == "etcd":
+        channel = grpc.aio.insecure_channel(address)
+        await asyncio.wait_for(channel.channel_ready(), RPC_TIMEOUT_S)
+        etcd_clients: list[BenchClient] = [EtcdClient(channel) for _ in range(count)]
+
+        async def close_channel() -> None:
+            await channel.close(grace=None)
+
+        return etcd_clients, close_channel
+    shared = await Client(
+        [address],
+        timeout_s=RPC_TIMEOUT_S,
+        session_ttl_s=SESSION_TTL_MS / 1000,
+        kv_batching="concurrent",
+    ).connect()
+    return [SharedRallypoint(shared) for _ in range(count)], shared.close
+
+
 # --- the load generator ------------------------------------------------------------------------
 
 
@@ -352,7 +421,7 @@ async def drive(
         number += 1
         try:
             await request(number)
-        except (grpc.aio.AioRpcError, RuntimeError) as exc:
+        except (grpc.aio.AioRpcError, RallypointError, RuntimeError) as exc:
             record.errors += 1
             record.first_error = record.first_error or f"{type(exc).__name__}: {exc}"[:300]
             if record.errors >= MAX_ERRORS_PER_CLIENT or isinstance(exc, RuntimeError):
@@ -370,6 +439,7 @@ class TrialSettings:
     warmup_s: float
     duration_s: float
     max_requests_per_client: int
+    connections: Connections = Connections.SHARED
 
 
 async def prepare(
@@ -406,8 +476,12 @@ async def run_trial(
     cluster: Cluster, workload: Workload, trial: int, settings: TrialSettings
 ) -> dict[str, Any]:
     address = await cluster.leader_address()
-    opener = CLIENT_OPENERS[cluster.name]
-    clients = await asyncio.gather(*(opener(address) for _ in range(workload.clients)))
+    connections = settings.connections
+    if workload.operation is Operation.KEEPALIVE:
+        connections = Connections.PER_CLIENT
+    clients, close_clients = await open_clients(
+        cluster.name, address, workload.clients, connections
+    )
     value = os.urandom(VALUE_BYTES)
     prefix = f"kv-bench/{workload.name}/t{trial}".encode()
     requests: list[Callable[[int], Awaitable[None]]] = []
@@ -438,7 +512,7 @@ async def run_trial(
     finally:
         for stream in streams:
             stream.cancel()
-        await asyncio.gather(*(client.close() for client in clients))
+        await close_clients()
     latencies = [lat for record in records for lat in record.latencies_s]
     last_end = max((record.last_end_s for record in records), default=0.0)
     measured_s = last_end - window.start_s
@@ -559,6 +633,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup-s", type=float, default=0.5)
     parser.add_argument("--duration-s", type=float, default=3.0)
     parser.add_argument("--max-requests-per-client", type=int, default=100_000)
+    parser.add_argument(
+        "--connections",
+        choices=[c.value for c in Connections],
+        default=Connections.SHARED.value,
+        help="shared: a trial's clients share one connection (etcd: one channel; rallypoint: "
+        "one library Client, its KV batching on); per-client: a channel each (default shared)",
+    )
     parser.add_argument("--data-dir", help="parent of the members' data (default: a temp dir)")
     parser.add_argument(
         "--smoke",
@@ -582,7 +663,12 @@ async def run(args: argparse.Namespace, data_dir: Path) -> dict[str, dict[str, A
         Workload(Operation.GET, args.many_clients),
         Workload(Operation.KEEPALIVE, 1),
     ]
-    settings = TrialSettings(args.warmup_s, args.duration_s, args.max_requests_per_client)
+    settings = TrialSettings(
+        args.warmup_s,
+        args.duration_s,
+        args.max_requests_per_client,
+        Connections(args.connections),
+    )
     trials: dict[str, dict[str, list[dict[str, Any]]]] = {c.name: {} for c in clusters}
     try:
         for cluster in clusters:
@@ -639,7 +725,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "warmup_s": args.warmup_s,
             "duration_s": args.duration_s,
             "max_requests_per_client": args.max_requests_per_client,
-            "clients": "one grpc.aio channel each, requests sent one after another, to the leader",
+            "clients": (
+                "N concurrent callers of one connection (etcd: one grpc.aio channel; "
+                "rallypoint: one library Client, KV batching 'concurrent'), requests sent one "
+                "after another, to the leader"
+                if args.connections == Connections.SHARED.value
+                else "one grpc.aio channel each, requests sent one after another, to the leader"
+            ),
+            "connections": args.connections,
             "smoke": args.smoke,
         },
         "results": results,

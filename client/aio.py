@@ -90,7 +90,14 @@ def _fence(fence: Fence | None) -> common_pb2.Fence | None:
 
 class Client:
     """See the module docstring. Not thread-safe: use it from one event loop (or
-    :class:`rallypoint.client.SyncClient` from threads)."""
+    :class:`rallypoint.client.SyncClient` from threads).
+
+    ``kv_batching`` says how ``put``, ``get``, ``delete`` and ``compare_and_set`` travel:
+    ``"off"`` (the default) one unary call each; ``"concurrent"``: a call made while another
+    of them is in flight shares the client's batch stream (``kv_stream.py``: one stream per
+    member, many operations per message, each answered on its own), a lone call stays unary
+    (its lowest latency); ``"always"``: every one through the stream. Batched or not, each
+    call has its own answer, errors, deadline and retries, and a write applies exactly once."""
 
     def __init__(
         self,
@@ -105,6 +112,7 @@ class Client:
         max_inflight_writes: int = 256,
         backoff: Backoff = DEFAULT_BACKOFF,
         rng: random.Random | None = None,
+        kv_batching: str = "off",
     ) -> None:
         self._transport = Transport(
             endpoints,
@@ -119,6 +127,7 @@ class Client:
             timeout_s=timeout_s,
             session_ttl_s=session_ttl_s,
             max_inflight_writes=max_inflight_writes,
+            kv_batching=kv_batching,
         )
         self._open_session_on_connect = open_session_on_connect
         # Created on the running loop, never in __init__, so a Client may be built outside
@@ -191,7 +200,8 @@ class Client:
         prev_kv: bool = False,
         timeout_s: float | None = None,
     ) -> PutResult:
-        response = await self._caller.write(
+        response = await self._caller.kv_write(
+            "put",
             lambda s: s.kv.Put,
             lambda header: kv_pb2.PutRequest(
                 header=header,
@@ -218,7 +228,7 @@ class Client:
     async def get_with_header(
         self, key: Bytes, *, serializable: bool = False, timeout_s: float | None = None
     ) -> GetResult:
-        response = await self._caller.read(
+        response = await self._caller.kv_read(
             lambda s: s.kv.Get,
             kv_pb2.GetRequest(key=_bytes(key), serializable=serializable),
             timeout_s,
@@ -294,7 +304,8 @@ class Client:
         prev_kv: bool = False,
         timeout_s: float | None = None,
     ) -> DeleteResult:
-        response = await self._caller.write(
+        response = await self._caller.kv_write(
+            "delete",
             lambda s: s.kv.Delete,
             lambda header: kv_pb2.DeleteRequest(
                 header=header, key=_bytes(key), prefix=prefix, fence=_fence(fence), prev_kv=prev_kv
@@ -343,7 +354,9 @@ class Client:
                 request.must_not_exist = True
             return request
 
-        response = await self._caller.write(lambda s: s.kv.CompareAndSet, build, timeout_s)
+        response = await self._caller.kv_write(
+            "compare_and_set", lambda s: s.kv.CompareAndSet, build, timeout_s
+        )
         return CompareAndSetResult(
             Header.from_proto(response.header), response.succeeded, optional_kv(response, "kv")
         )

@@ -18,6 +18,9 @@ The caller offers what every call needs:
   retry applies at most once (``session.py``), with at most ``max_inflight_writes`` in
   flight (the server keeps a bounded number of unacknowledged answers per session);
 - ``ask``: one member's own answer, one attempt, no redirect (status, snapshot);
+- ``kv_read``, ``kv_write``: a KV get, put, delete or compare-and-set, through the client's
+  batch stream (``kv_stream.py``) when the client batches (``kv_batching``: "always", or
+  "concurrent" while another KV call is in flight), else as a unary read or write;
 - ``retrier``: the one retry policy (``transport.Retrier``) for the loops the parts run
   themselves (streams, reads the server holds).
 
@@ -35,13 +38,17 @@ from rallypoint.proto.v1 import cluster_pb2, common_pb2
 
 from .arguments import count, positive_seconds
 from .backoff import Backoff
-from .errors import RallypointError
+from .errors import InvalidValueError, RallypointError
+from .kv_stream import KVStream
 from .session import SessionKeeper
 from .transport import Deadline, Method, Retrier, Transport
 from .values import Member, members_from_proto
 
 Request = TypeVar("Request")
 Response = TypeVar("Response")
+
+# How a client sends KV puts, gets, deletes and compare-and-sets (Client's ``kv_batching``).
+KV_BATCHING = ("off", "concurrent", "always")
 
 # close() ends the session within this much, whatever the client's timeout: a client that
 # cannot reach the cluster still closes promptly (the session then expires on its own).
@@ -59,8 +66,17 @@ class Caller:
         timeout_s: float,
         session_ttl_s: float,
         max_inflight_writes: int,
+        kv_batching: str = "off",
     ) -> None:
+        if kv_batching not in KV_BATCHING:
+            raise InvalidValueError(
+                f"kv_batching must be one of {', '.join(KV_BATCHING)}, got {kv_batching!r}"
+            )
         self.transport = transport
+        self.kv_batching = kv_batching
+        self._kv_stream = None if kv_batching == "off" else KVStream(transport)
+        # KV calls (kv_read, kv_write) in progress, for kv_batching "concurrent".
+        self._kv_calls = 0
         self.timeout_s = positive_seconds(timeout_s, "timeout_s")
         self._session_ttl_s = positive_seconds(session_ttl_s, "session_ttl_s", least_s=0.001)
         self._max_inflight_writes = count(max_inflight_writes, "max_inflight_writes")
@@ -88,7 +104,9 @@ class Caller:
         await sessions.ensure(self.deadline(None))
 
     async def close(self) -> None:
-        """End the session (best effort) and close the channels."""
+        """End the session (best effort) and close the streams and channels."""
+        if self._kv_stream is not None:
+            await self._kv_stream.close()
         if self._sessions is not None:
             await self._sessions.close(Deadline(min(self.timeout_s, CLOSE_TIMEOUT_S)))
         await self.transport.close()
@@ -105,6 +123,49 @@ class Caller:
         self, method: Method[Request, Response], request: Request, timeout_s: float | None
     ) -> Response:
         return await self.transport.unary(method, request, self.deadline(timeout_s))
+
+    async def kv_read(
+        self, method: Method[Request, Response], request: Request, timeout_s: float | None
+    ) -> Response:
+        """A KV get: batched (see the module docstring) or a unary read."""
+        stream = self._batching()
+        self._kv_calls += 1
+        try:
+            if stream is None:
+                return await self.read(method, request, timeout_s)
+            return await stream.call("get", method, request, self.deadline(timeout_s))
+        finally:
+            self._kv_calls -= 1
+
+    async def kv_write(
+        self,
+        kind: str,
+        method: Method[Request, Response],
+        build: Callable[[common_pb2.RequestHeader], Request],
+        timeout_s: float | None,
+    ) -> Response:
+        """A KV put, delete or compare-and-set (``kind``, its field in a batch operation):
+        batched (see ``kv``) or a unary write; either way
+        every retry carries the same sequence."""
+        stream = self._batching()
+        self._kv_calls += 1
+        try:
+            if stream is None:
+                return await self.write(method, build, timeout_s)
+            return await self._write(
+                lambda header, deadline, on_retry: stream.call(
+                    kind, method, build(header), deadline, on_retry
+                ),
+                timeout_s,
+            )
+        finally:
+            self._kv_calls -= 1
+
+    def _batching(self) -> KVStream | None:
+        """The batch stream for the next KV call, or None for a unary call."""
+        if self.kv_batching == "concurrent" and self._kv_calls == 0:
+            return None
+        return self._kv_stream
 
     async def ask(
         self,
@@ -126,8 +187,6 @@ class Caller:
     ) -> Response:
         """A mutating call: ``build(header)`` makes the request for the session's header;
         every retry carries the same sequence."""
-        sessions, write_slots = self.start()
-        deadline = self.deadline(timeout_s)
 
         def send(
             header: common_pb2.RequestHeader,
@@ -136,6 +195,18 @@ class Caller:
         ) -> Awaitable[Response]:
             return self.transport.unary(method, build(header), deadline, on_retry=on_retry)
 
+        return await self._write(send, timeout_s)
+
+    async def _write(
+        self,
+        send: Callable[
+            [common_pb2.RequestHeader, Deadline, Callable[[RallypointError], None]],
+            Awaitable[Response],
+        ],
+        timeout_s: float | None,
+    ) -> Response:
+        sessions, write_slots = self.start()
+        deadline = self.deadline(timeout_s)
         async with write_slots:
             return await sessions.write(send, deadline)
 

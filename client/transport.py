@@ -35,7 +35,7 @@ import functools
 import os
 import random
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -306,6 +306,23 @@ class Transport:
         ``on_retry`` hears about every failed attempt that is about to be retried: callers
         that write use it to know the request may have been applied.
         """
+
+        def attempt(target: str, timeout_s: float) -> Awaitable[Response]:
+            return method(self.stubs(target))(request, timeout=timeout_s, metadata=self.metadata)
+
+        return await self.retrying(attempt, deadline, address=address, on_retry=on_retry)
+
+    async def retrying(
+        self,
+        attempt: Callable[[str, float], Awaitable[Response]],
+        deadline: Deadline,
+        *,
+        address: str | None = None,
+        on_retry: Callable[[RallypointError], None] | None = None,
+    ) -> Response:
+        """The retry loop of :meth:`unary` around ``attempt(address, attempt_timeout_s)``, one
+        try at one member, which answers or raises a gRPC error or a RallypointError (the
+        batch stream's attempts, ``kv_stream.py``, raise the latter)."""
         retrier = Retrier(self)
         last_error: RallypointError | None = None
         # Each endpoint's latest failure in this call, for the message when it gives up.
@@ -317,12 +334,13 @@ class Transport:
                 raise self._gave_up(last_error, failures, deadline)
             attempt_timeout_s = min(remaining_s, self.attempt_timeout_s)
             try:
-                callable_ = method(self.stubs(target))
-                response = await callable_(
-                    request, timeout=attempt_timeout_s, metadata=self.metadata
-                )
+                response = await attempt(target, attempt_timeout_s)
             except grpc.aio.AioRpcError as rpc_error:
                 error = await self.failure(target, rpc_error, timeout_s=attempt_timeout_s)
+            except RallypointError as refused:
+                if self._closed:
+                    raise
+                error = refused
             else:
                 if address is None:
                     self.note_success(target)

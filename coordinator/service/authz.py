@@ -25,6 +25,10 @@ job:J | cluster status and members; sessions of its own; join, heartbeat, leave,
       | and close job J; J's round store and checkpoint registry. Nothing of another job, no
       | key-value or lease call, no configure or evict, no membership change
 
+A batch stream (``KV/Batch``) carries operations of several methods: opening it needs only
+READ, and each operation is checked like the unary call it stands for (``OPERATION_GUARD``),
+so a refused operation fails alone.
+
 Roles attach to tokens, not to connections: a tokens file reloaded on SIGHUP takes effect at
 the next call.
 """
@@ -34,7 +38,7 @@ from __future__ import annotations
 import contextvars
 import enum
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,6 +128,15 @@ class Role:
 # the guard around each unary call; None when the cluster requires no credentials.
 CALLER: contextvars.ContextVar[Role | None] = contextvars.ContextVar("caller", default=None)
 
+# Checks one operation a batch stream carries under the rule of the unary method it stands
+# for (method, request: "/rallypoint.v1.KV/Put", a PutRequest), session owner included; raises
+# PermissionDenied. Set by the guard around a stream's handler when the member requires
+# credentials; None when it requires none (every operation is let through).
+OperationGuard = Callable[[str, Any], Awaitable[None]]
+OPERATION_GUARD: contextvars.ContextVar[OperationGuard | None] = contextvars.ContextVar(
+    "operation_guard", default=None
+)
+
 
 @dataclass(frozen=True, slots=True)
 class Rule:
@@ -173,6 +186,9 @@ RULES: dict[str, Rule] = {
     _KV + "Delete": Rule(P.WRITE, session=_header_session),
     _KV + "CompareAndSet": Rule(P.WRITE, session=_header_session),
     _KV + "Add": Rule(P.WRITE, session=_header_session),
+    # Opening a batch stream needs READ; each of its operations is then checked under the
+    # rule of the unary method it stands for (OPERATION_GUARD), writes' sessions included.
+    _KV + "Batch": Rule(P.READ),
     "/rallypoint.v1.Watch/Watch": Rule(P.READ),
     _LEASE + "Grant": Rule(P.WRITE, session=_header_session),
     _LEASE + "KeepAlive": Rule(P.WRITE),

@@ -70,9 +70,11 @@ async def propose(
     header: common_pb2.RequestHeader | None = None,
     session_id: int = 0,
     first_unacked: int = 0,
+    timeout_s: float | None = None,
 ) -> SuccessT:
     """Propose ``command`` under the request's session header (a validated
-    ``RequestHeader``), or, for session commands, under ``session_id`` with no sequence."""
+    ``RequestHeader``), or, for session commands, under ``session_id`` with no sequence.
+    ``timeout_s``: how long to wait, when not the call's own (:func:`wait_s`)."""
     if header is not None:
         session_id, sequence, first_unacked = (
             header.session_id,
@@ -86,7 +88,7 @@ async def propose(
         session_id=session_id,
         sequence=sequence,
         first_unacked=first_unacked,
-        timeout_s=wait_s(context),
+        timeout_s=wait_s(context) if timeout_s is None else timeout_s,
     )
     if sequence and not isinstance(result, (Failure, kind)):
         # The state machine answers a command with its own kind of result, except from the
@@ -99,7 +101,10 @@ async def propose(
     return expect(result, kind)
 
 
-async def read_barrier(node: ServerNode, context: Context, serializable: bool) -> None:
-    """Make the following read linearizable, unless the client asked for a serializable one."""
+async def read_barrier(
+    node: ServerNode, context: Context, serializable: bool, timeout_s: float | None = None
+) -> None:
+    """Make the following read linearizable, unless the client asked for a serializable one.
+    ``timeout_s``: how long to wait, when not the call's own (:func:`wait_s`)."""
     if not serializable:
-        await node.read_barrier(timeout_s=wait_s(context))
+        await node.read_barrier(timeout_s=wait_s(context) if timeout_s is None else timeout_s)

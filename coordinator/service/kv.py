@@ -3,14 +3,25 @@ applied state (after a read barrier unless the client asked for a serializable r
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 from rallypoint.proto.v1 import kv_pb2, kv_pb2_grpc
 
 from ..node_api import ServerNode
-from ..state.commands import Add, CompareAndSet, Delete, Put
+from ..state.commands import Add
 from ..state.results import AddResult, CompareAndSetResult, DeleteResult, PutResult
 from . import validate
 from .common import Context, header_pb, kv_pb, propose, read_barrier
-from .errors import InvalidArgument
+from .kv_batch import serve_batch
+from .kv_ops import (
+    compare_and_set_answer,
+    compare_and_set_command,
+    delete_answer,
+    delete_command,
+    get_answer,
+    put_answer,
+    put_command,
+)
 
 
 class KVServicer(kv_pb2_grpc.KVServicer):
@@ -18,29 +29,14 @@ class KVServicer(kv_pb2_grpc.KVServicer):
         self.node = node
 
     async def Put(self, request: kv_pb2.PutRequest, context: Context) -> kv_pb2.PutResponse:
-        limits = self.node.state.limits
-        header = validate.session_header(request.HasField("header"), request.header)
-        command = Put(
-            key=validate.key(request.key, limits),
-            value=validate.value(request.value, limits),
-            lease_id=validate.optional_lease_id(request.lease_id),
-            fence=validate.fence(request.HasField("fence"), request.fence),
-            return_prev=request.prev_kv,
-        )
+        header, command = put_command(request, self.node)
         result = await propose(self.node, command, context, PutResult, header)
-        response = kv_pb2.PutResponse(header=header_pb(self.node.header()), kv=kv_pb(result.kv))
-        if result.prev is not None:
-            response.prev_kv.CopyFrom(kv_pb(result.prev))
-        return response
+        return put_answer(result, self.node)
 
     async def Get(self, request: kv_pb2.GetRequest, context: Context) -> kv_pb2.GetResponse:
         key = validate.key(request.key, self.node.state.limits)
         await read_barrier(self.node, context, request.serializable)
-        kv = self.node.state.get(key)
-        response = kv_pb2.GetResponse(header=header_pb(self.node.header()))
-        if kv is not None:
-            response.kv.CopyFrom(kv_pb(kv))
-        return response
+        return get_answer(key, self.node)
 
     async def Range(self, request: kv_pb2.RangeRequest, context: Context) -> kv_pb2.RangeResponse:
         limits = self.node.state.limits
@@ -66,57 +62,16 @@ class KVServicer(kv_pb2_grpc.KVServicer):
     async def Delete(
         self, request: kv_pb2.DeleteRequest, context: Context
     ) -> kv_pb2.DeleteResponse:
-        header = validate.session_header(request.HasField("header"), request.header)
-        if not request.key and not request.prefix:
-            raise InvalidArgument("key", "must not be empty (set prefix to delete every key)")
-        command = Delete(
-            key=validate.key(request.key, self.node.state.limits, allow_empty=True),
-            prefix=request.prefix,
-            fence=validate.fence(request.HasField("fence"), request.fence),
-            return_prev=request.prev_kv,
-        )
+        header, command = delete_command(request, self.node)
         result = await propose(self.node, command, context, DeleteResult, header)
-        return kv_pb2.DeleteResponse(
-            header=header_pb(self.node.header()),
-            deleted=result.deleted,
-            prev_kvs=[kv_pb(kv) for kv in result.prev],
-        )
+        return delete_answer(result, self.node)
 
     async def CompareAndSet(
         self, request: kv_pb2.CompareAndSetRequest, context: Context
     ) -> kv_pb2.CompareAndSetResponse:
-        limits = self.node.state.limits
-        header = validate.session_header(request.HasField("header"), request.header)
-        key = validate.key(request.key, limits)
-        comparison = request.WhichOneof("compare")
-        if comparison is None:
-            raise InvalidArgument(
-                "compare",
-                "exactly one comparison is required "
-                "(value_equals, mod_revision_equals or must_not_exist)",
-            )
-        if comparison == "must_not_exist" and not request.must_not_exist:
-            raise InvalidArgument("must_not_exist", "must be true when set")
-        if comparison == "mod_revision_equals":
-            validate.non_negative(request.mod_revision_equals, "mod_revision_equals")
-        command = CompareAndSet(
-            key=key,
-            value=validate.value(request.value, limits),
-            expected_value=request.value_equals if comparison == "value_equals" else None,
-            expected_mod_revision=(
-                request.mod_revision_equals if comparison == "mod_revision_equals" else None
-            ),
-            must_not_exist=comparison == "must_not_exist",
-            lease_id=validate.optional_lease_id(request.lease_id),
-            fence=validate.fence(request.HasField("fence"), request.fence),
-        )
+        header, command = compare_and_set_command(request, self.node)
         result = await propose(self.node, command, context, CompareAndSetResult, header)
-        response = kv_pb2.CompareAndSetResponse(
-            header=header_pb(self.node.header()), succeeded=result.succeeded
-        )
-        if result.kv is not None:
-            response.kv.CopyFrom(kv_pb(result.kv))
-        return response
+        return compare_and_set_answer(result, self.node)
 
     async def Add(self, request: kv_pb2.AddRequest, context: Context) -> kv_pb2.AddResponse:
         header = validate.session_header(request.HasField("header"), request.header)
@@ -130,3 +85,8 @@ class KVServicer(kv_pb2_grpc.KVServicer):
         return kv_pb2.AddResponse(
             header=header_pb(self.node.header()), value=result.value, kv=kv_pb(result.kv)
         )
+
+    def Batch(
+        self, request_iterator: AsyncIterator[kv_pb2.BatchRequest], context: Context
+    ) -> AsyncIterator[kv_pb2.BatchResponse]:
+        return serve_batch(self.node, request_iterator, context)

@@ -41,7 +41,7 @@ from rallypoint.proto.v1 import (
 from ..grpc_handlers import Parse, Recorder, parse_or_refuse, parsed_stream, taking_bytes
 from ..metrics import NodeMetrics
 from ..node_api import ProposalTimeoutError, ServerNode
-from .authz import CALLER, Role, RoleKind, Rule, rule_for
+from .authz import CALLER, OPERATION_GUARD, OperationGuard, Role, RoleKind, Rule, rule_for
 from .checkpoint import CheckpointServicer
 from .cluster import ClusterServicer
 from .common import Context, wait_s
@@ -156,6 +156,14 @@ class _Guard:
                 )
         return request
 
+    def _operation_guard(self, role: Role, context: Context) -> OperationGuard:
+        """Checks each operation of ``role``'s batch stream under its unary method's rule."""
+
+        async def check(method: str, request: Any) -> None:
+            await self._admit(role, method, rule_for(method), request, context)
+
+        return check
+
     async def _admit_stream(
         self, role: Role, method: str, rule: Rule, requests: Any, context: Context
     ) -> Any:
@@ -243,6 +251,7 @@ class _Guard:
                 request = await self._request(data, parse, streaming)
                 if role is not None:
                     request = await admit(role, method, rule, request, context)
+                    OPERATION_GUARD.set(self._operation_guard(role, context))
                 async for response in behaviour(request, context):
                     yield response
             except Exception as error:

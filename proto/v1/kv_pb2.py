@@ -25,37 +25,47 @@ _sym_db = _symbol_database.Default()
 from rallypoint.proto.v1 import common_pb2 as rallypoint_dot_proto_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1crallypoint/proto/v1/kv.proto\x12\rrallypoint.v1\x1a rallypoint/proto/v1/common.proto\"\x9e\x01\n\nPutRequest\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.rallypoint.v1.RequestHeader\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\r\n\x05value\x18\x03 \x01(\x0c\x12\x10\n\x08lease_id\x18\x04 \x01(\x03\x12#\n\x05\x66\x65nce\x18\x05 \x01(\x0b\x32\x14.rallypoint.v1.Fence\x12\x0f\n\x07prev_kv\x18\x06 \x01(\x08\"\x8b\x01\n\x0bPutResponse\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1d.rallypoint.v1.ResponseHeader\x12#\n\x02kv\x18\x02 \x01(\x0b\x32\x17.rallypoint.v1.KeyValue\x12(\n\x07prev_kv\x18\x03 \x01(\x0b\x32\x17.rallypoint.v1.KeyValue\"/\n\nGetRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x14\n\x0cserializable\x18\x02 \x01(\x08\"a\n\x0bGetResponse\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1d.rallypoint.v1.ResponseHeader\x12#\n\x02kv\x18\x02 \x01(\x0b\x32\x17.rallypoint.v1.KeyValue\"k\n\x0cRangeRequest\x12\x0e\n\x06prefix\x18\x01 \x01(\x0c\x12\r\n\x05limit\x18\x02 \x01(\x03\x12\x13\n\x0bstart_after\x18\x03 \x01(\x0c\x12\x14\n\x0cserializable\x18\x04 \x01(\x08\x12\x11\n\tkeys_only\x18\x05 \x01(\x08\"r\n\rRangeResponse\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1d.rallypoint.v1.ResponseHeader\x12$\n\x03kvs\x18\x02 \x03(\x0b\x32\x17.rallypoint.v1.KeyValue\x12\x0c\n\x04more\x18\x03 \x01(\x08\"\x90\x01\n\rDeleteRequest\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.rallypoint.v1.RequestHeader\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\x0e\n\x06prefix\x18\x03 \x01(\x08\x12#\n\x05\x66\x65nce\x18\x04 \x01(\x0b\x32\x14.rallypoint.v1.Fence\x12\x0f\n\x07prev_kv\x18\x05 \x01(\x08\"{\n\x0e\x44\x65leteResponse\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1d.rallypoint.v1.ResponseHeader\x12\x0f\n\x07\x64\x65leted\x18\x02 \x01(\x03\x12)\n\x08prev_kvs\x18\x03 \x03(\x0b\x32\x17.rallypoint.v1.KeyValue\"\xf3\x01\n\x14\x43ompareAndSetRequest\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.rallypoint.v1.RequestHeader\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\x16\n\x0cvalue_equals\x18\x03 \x01(\x0cH\x00\x12\x1d\n\x13mod_revision_equals\x18\x04 \x01(\x03H\x00\x12\x18\n\x0emust_not_exist\x18\x05 \x01(\x08H\x00\x12\r\n\x05value\x18\x06 \x01(\x0c\x12\x10\n\x08lease_id\x18\x07 \x01(\x03\x12#\n\x05\x66\x65nce\x18\x08 \x01(\x0b\x32\x14.rallypoint.v1.FenceB\t\n\x07\x63ompare\"~\n\x15\x43ompareAndSetResponse\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1d.rallypoint.v1.ResponseHeader\x12\x11\n\tsucceeded\x18\x02 \x01(\x08\x12#\n\x02kv\x18\x03 \x01(\x0b\x32\x17.rallypoint.v1.KeyValue\"\x8d\x01\n\nAddRequest\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.rallypoint.v1.RequestHeader\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\x03\x12\x10\n\x08lease_id\x18\x04 \x01(\x03\x12#\n\x05\x66\x65nce\x18\x05 \x01(\x0b\x32\x14.rallypoint.v1.Fence\"p\n\x0b\x41\x64\x64Response\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1d.rallypoint.v1.ResponseHeader\x12\r\n\x05value\x18\x02 \x01(\x03\x12#\n\x02kv\x18\x03 \x01(\x0b\x32\x17.rallypoint.v1.KeyValue2\xa5\x03\n\x02KV\x12<\n\x03Put\x12\x19.rallypoint.v1.PutRequest\x1a\x1a.rallypoint.v1.PutResponse\x12<\n\x03Get\x12\x19.rallypoint.v1.GetRequest\x1a\x1a.rallypoint.v1.GetResponse\x12\x42\n\x05Range\x12\x1b.rallypoint.v1.RangeRequest\x1a\x1c.rallypoint.v1.RangeResponse\x12\x45\n\x06\x44\x65lete\x12\x1c.rallypoint.v1.DeleteRequest\x1a\x1d.rallypoint.v1.DeleteResponse\x12Z\n\rCompareAndSet\x12#.rallypoint.v1.CompareAndSetRequest\x1a$.rallypoint.v1.CompareAndSetResponse\x12<\n\x03\x41\x64\x64\x12\x19.rallypoint.v1.AddRequest\x1a\x1a.rallypoint.v1.AddResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1crallypoint/proto/v1/kv.proto\x12\rrallypoint.v1\x1a rallypoint/proto/v1/common.proto\"A\n\x0c\x42\x61tchRequest\x12\x31\n\noperations\x18\x01 \x03(\x0b\x32\x1d.rallypoint.v1.BatchOperation\"\x81\x02\n\x0e\x42\x61tchOperation\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x12\n\ntimeout_ms\x18\x02 \x01(\r\x12(\n\x03put\x18\x03 \x01(\x0b\x32\x19.rallypoint.v1.PutRequestH\x00\x12(\n\x03get\x18\x04 \x01(\x0b\x32\x19.rallypoint.v1.GetRequestH\x00\x12.\n\x06\x64\x65lete\x18\x05 \x01(\x0b\x32\x1c.rallypoint.v1.DeleteRequestH\x00\x12>\n\x0f\x63ompare_and_set\x18\x06 \x01(\x0b\x32#.rallypoint.v1.CompareAndSetRequestH\x00\x42\x0b\n\toperation\"<\n\rBatchResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.rallypoint.v1.BatchResult\"\x97\x02\n\x0b\x42\x61tchResult\x12\n\n\x02id\x18\x01 \x01(\x04\x12)\n\x03put\x18\x02 \x01(\x0b\x32\x1a.rallypoint.v1.PutResponseH\x00\x12)\n\x03get\x18\x03 \x01(\x0b\x32\x1a.rallypoint.v1.GetResponseH\x00\x12/\n\x06\x64\x65lete\x18\x04 \x01(\x0b\x32\x1d.rallypoint.v1.DeleteResponseH\x00\x12*\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x19.rallypoint.v1.BatchErrorH\x00\x12?\n\x0f\x63ompare_and_set\x18\x06 \x01(\x0b\x32$.rallypoint.v1.CompareAndSetResponseH\x00\x42\x08\n\x06result\"K\n\nBatchError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0e\n\x06leader\x18\x04 \x01(\t\"\x9e\x01\n\nPutRequest\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.rallypoint.v1.RequestHeader\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\r\n\x05value\x18\x03 \x01(\x0c\x12\x10\n\x08lease_id\x18\x04 \x01(\x03\x12#\n\x05\x66\x65nce\x18\x05 \x01(\x0b\x32\x14.rallypoint.v1.Fence\x12\x0f\n\x07prev_kv\x18\x06 \x01(\x08\"\x8b\x01\n\x0bPutResponse\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1d.rallypoint.v1.ResponseHeader\x12#\n\x02kv\x18\x02 \x01(\x0b\x32\x17.rallypoint.v1.KeyValue\x12(\n\x07prev_kv\x18\x03 \x01(\x0b\x32\x17.rallypoint.v1.KeyValue\"/\n\nGetRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x14\n\x0cserializable\x18\x02 \x01(\x08\"a\n\x0bGetResponse\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1d.rallypoint.v1.ResponseHeader\x12#\n\x02kv\x18\x02 \x01(\x0b\x32\x17.rallypoint.v1.KeyValue\"k\n\x0cRangeRequest\x12\x0e\n\x06prefix\x18\x01 \x01(\x0c\x12\r\n\x05limit\x18\x02 \x01(\x03\x12\x13\n\x0bstart_after\x18\x03 \x01(\x0c\x12\x14\n\x0cserializable\x18\x04 \x01(\x08\x12\x11\n\tkeys_only\x18\x05 \x01(\x08\"r\n\rRangeResponse\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1d.rallypoint.v1.ResponseHeader\x12$\n\x03kvs\x18\x02 \x03(\x0b\x32\x17.rallypoint.v1.KeyValue\x12\x0c\n\x04more\x18\x03 \x01(\x08\"\x90\x01\n\rDeleteRequest\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.rallypoint.v1.RequestHeader\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\x0e\n\x06prefix\x18\x03 \x01(\x08\x12#\n\x05\x66\x65nce\x18\x04 \x01(\x0b\x32\x14.rallypoint.v1.Fence\x12\x0f\n\x07prev_kv\x18\x05 \x01(\x08\"{\n\x0e\x44\x65leteResponse\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1d.rallypoint.v1.ResponseHeader\x12\x0f\n\x07\x64\x65leted\x18\x02 \x01(\x03\x12)\n\x08prev_kvs\x18\x03 \x03(\x0b\x32\x17.rallypoint.v1.KeyValue\"\xf3\x01\n\x14\x43ompareAndSetRequest\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.rallypoint.v1.RequestHeader\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\x16\n\x0cvalue_equals\x18\x03 \x01(\x0cH\x00\x12\x1d\n\x13mod_revision_equals\x18\x04 \x01(\x03H\x00\x12\x18\n\x0emust_not_exist\x18\x05 \x01(\x08H\x00\x12\r\n\x05value\x18\x06 \x01(\x0c\x12\x10\n\x08lease_id\x18\x07 \x01(\x03\x12#\n\x05\x66\x65nce\x18\x08 \x01(\x0b\x32\x14.rallypoint.v1.FenceB\t\n\x07\x63ompare\"~\n\x15\x43ompareAndSetResponse\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1d.rallypoint.v1.ResponseHeader\x12\x11\n\tsucceeded\x18\x02 \x01(\x08\x12#\n\x02kv\x18\x03 \x01(\x0b\x32\x17.rallypoint.v1.KeyValue\"\x8d\x01\n\nAddRequest\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.rallypoint.v1.RequestHeader\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\x03\x12\x10\n\x08lease_id\x18\x04 \x01(\x03\x12#\n\x05\x66\x65nce\x18\x05 \x01(\x0b\x32\x14.rallypoint.v1.Fence\"p\n\x0b\x41\x64\x64Response\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1d.rallypoint.v1.ResponseHeader\x12\r\n\x05value\x18\x02 \x01(\x03\x12#\n\x02kv\x18\x03 \x01(\x0b\x32\x17.rallypoint.v1.KeyValue2\xed\x03\n\x02KV\x12<\n\x03Put\x12\x19.rallypoint.v1.PutRequest\x1a\x1a.rallypoint.v1.PutResponse\x12<\n\x03Get\x12\x19.rallypoint.v1.GetRequest\x1a\x1a.rallypoint.v1.GetResponse\x12\x42\n\x05Range\x12\x1b.rallypoint.v1.RangeRequest\x1a\x1c.rallypoint.v1.RangeResponse\x12\x45\n\x06\x44\x65lete\x12\x1c.rallypoint.v1.DeleteRequest\x1a\x1d.rallypoint.v1.DeleteResponse\x12Z\n\rCompareAndSet\x12#.rallypoint.v1.CompareAndSetRequest\x1a$.rallypoint.v1.CompareAndSetResponse\x12<\n\x03\x41\x64\x64\x12\x19.rallypoint.v1.AddRequest\x1a\x1a.rallypoint.v1.AddResponse\x12\x46\n\x05\x42\x61tch\x12\x1b.rallypoint.v1.BatchRequest\x1a\x1c.rallypoint.v1.BatchResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rallypoint.proto.v1.kv_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PUTREQUEST']._serialized_start=82
-  _globals['_PUTREQUEST']._serialized_end=240
-  _globals['_PUTRESPONSE']._serialized_start=243
-  _globals['_PUTRESPONSE']._serialized_end=382
-  _globals['_GETREQUEST']._serialized_start=384
-  _globals['_GETREQUEST']._serialized_end=431
-  _globals['_GETRESPONSE']._serialized_start=433
-  _globals['_GETRESPONSE']._serialized_end=530
-  _globals['_RANGEREQUEST']._serialized_start=532
-  _globals['_RANGEREQUEST']._serialized_end=639
-  _globals['_RANGERESPONSE']._serialized_start=641
-  _globals['_RANGERESPONSE']._serialized_end=755
-  _globals['_DELETEREQUEST']._serialized_start=758
-  _globals['_DELETEREQUEST']._serialized_end=902
-  _globals['_DELETERESPONSE']._serialized_start=904
-  _globals['_DELETERESPONSE']._serialized_end=1027
-  _globals['_COMPAREANDSETREQUEST']._serialized_start=1030
-  _globals['_COMPAREANDSETREQUEST']._serialized_end=1273
-  _globals['_COMPAREANDSETRESPONSE']._serialized_start=1275
-  _globals['_COMPAREANDSETRESPONSE']._serialized_end=1401
-  _globals['_ADDREQUEST']._serialized_start=1404
-  _globals['_ADDREQUEST']._serialized_end=1545
-  _globals['_ADDRESPONSE']._serialized_start=1547
-  _globals['_ADDRESPONSE']._serialized_end=1659
-  _globals['_KV']._serialized_start=1662
-  _globals['_KV']._serialized_end=2083
+  _globals['_BATCHREQUEST']._serialized_start=81
+  _globals['_BATCHREQUEST']._serialized_end=146
+  _globals['_BATCHOPERATION']._serialized_start=149
+  _globals['_BATCHOPERATION']._serialized_end=406
+  _globals['_BATCHRESPONSE']._serialized_start=408
+  _globals['_BATCHRESPONSE']._serialized_end=468
+  _globals['_BATCHRESULT']._serialized_start=471
+  _globals['_BATCHRESULT']._serialized_end=750
+  _globals['_BATCHERROR']._serialized_start=752
+  _globals['_BATCHERROR']._serialized_end=827
+  _globals['_PUTREQUEST']._serialized_start=830
+  _globals['_PUTREQUEST']._serialized_end=988
+  _globals['_PUTRESPONSE']._serialized_start=991
+  _globals['_PUTRESPONSE']._serialized_end=1130
+  _globals['_GETREQUEST']._serialized_start=1132
+  _globals['_GETREQUEST']._serialized_end=1179
+  _globals['_GETRESPONSE']._serialized_start=1181
+  _globals['_GETRESPONSE']._serialized_end=1278
+  _globals['_RANGEREQUEST']._serialized_start=1280
+  _globals['_RANGEREQUEST']._serialized_end=1387
+  _globals['_RANGERESPONSE']._serialized_start=1389
+  _globals['_RANGERESPONSE']._serialized_end=1503
+  _globals['_DELETEREQUEST']._serialized_start=1506
+  _globals['_DELETEREQUEST']._serialized_end=1650
+  _globals['_DELETERESPONSE']._serialized_start=1652
+  _globals['_DELETERESPONSE']._serialized_end=1775
+  _globals['_COMPAREANDSETREQUEST']._serialized_start=1778
+  _globals['_COMPAREANDSETREQUEST']._serialized_end=2021
+  _globals['_COMPAREANDSETRESPONSE']._serialized_start=2023
+  _globals['_COMPAREANDSETRESPONSE']._serialized_end=2149
+  _globals['_ADDREQUEST']._serialized_start=2152
+  _globals['_ADDREQUEST']._serialized_end=2293
+  _globals['_ADDRESPONSE']._serialized_start=2295
+  _globals['_ADDRESPONSE']._serialized_end=2407
+  _globals['_KV']._serialized_start=2410
+  _globals['_KV']._serialized_end=2903
 # @@protoc_insertion_point(module_scope)

@@ -7,6 +7,62 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class BatchRequest(_message.Message):
+    __slots__ = ("operations",)
+    OPERATIONS_FIELD_NUMBER: _ClassVar[int]
+    operations: _containers.RepeatedCompositeFieldContainer[BatchOperation]
+    def __init__(self, operations: _Optional[_Iterable[_Union[BatchOperation, _Mapping]]] = ...) -> None: ...
+
+class BatchOperation(_message.Message):
+    __slots__ = ("id", "timeout_ms", "put", "get", "delete", "compare_and_set")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    PUT_FIELD_NUMBER: _ClassVar[int]
+    GET_FIELD_NUMBER: _ClassVar[int]
+    DELETE_FIELD_NUMBER: _ClassVar[int]
+    COMPARE_AND_SET_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    timeout_ms: int
+    put: PutRequest
+    get: GetRequest
+    delete: DeleteRequest
+    compare_and_set: CompareAndSetRequest
+    def __init__(self, id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., put: _Optional[_Union[PutRequest, _Mapping]] = ..., get: _Optional[_Union[GetRequest, _Mapping]] = ..., delete: _Optional[_Union[DeleteRequest, _Mapping]] = ..., compare_and_set: _Optional[_Union[CompareAndSetRequest, _Mapping]] = ...) -> None: ...
+
+class BatchResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[BatchResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[BatchResult, _Mapping]]] = ...) -> None: ...
+
+class BatchResult(_message.Message):
+    __slots__ = ("id", "put", "get", "delete", "error", "compare_and_set")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PUT_FIELD_NUMBER: _ClassVar[int]
+    GET_FIELD_NUMBER: _ClassVar[int]
+    DELETE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    COMPARE_AND_SET_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    put: PutResponse
+    get: GetResponse
+    delete: DeleteResponse
+    error: BatchError
+    compare_and_set: CompareAndSetResponse
+    def __init__(self, id: _Optional[int] = ..., put: _Optional[_Union[PutResponse, _Mapping]] = ..., get: _Optional[_Union[GetResponse, _Mapping]] = ..., delete: _Optional[_Union[DeleteResponse, _Mapping]] = ..., error: _Optional[_Union[BatchError, _Mapping]] = ..., compare_and_set: _Optional[_Union[CompareAndSetResponse, _Mapping]] = ...) -> None: ...
+
+class BatchError(_message.Message):
+    __slots__ = ("code", "message", "reason", "leader")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    reason: str
+    leader: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., reason: _Optional[str] = ..., leader: _Optional[str] = ...) -> None: ...
+
 class PutRequest(_message.Message):
     __slots__ = ("header", "key", "value", "lease_id", "fence", "prev_kv")
     HEADER_FIELD_NUMBER: _ClassVar[int]

@@ -64,6 +64,11 @@ class KVStub:
                 request_serializer=rallypoint_dot_proto_dot_v1_dot_kv__pb2.AddRequest.SerializeToString,
                 response_deserializer=rallypoint_dot_proto_dot_v1_dot_kv__pb2.AddResponse.FromString,
                 _registered_method=True)
+        self.Batch = channel.stream_stream(
+                '/rallypoint.v1.KV/Batch',
+                request_serializer=rallypoint_dot_proto_dot_v1_dot_kv__pb2.BatchRequest.SerializeToString,
+                response_deserializer=rallypoint_dot_proto_dot_v1_dot_kv__pb2.BatchResponse.FromString,
+                _registered_method=True)
 
 
 class KVServicer:
@@ -121,6 +126,25 @@ class KVServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Batch(self, request_iterator, context):
+        """Many operations per message, each answered on its own, matched by id (a client library
+        multiplexes concurrent callers onto one stream; see "Batching" in the README). Each
+        operation is the unary request it stands for, checked and answered exactly as that RPC
+        would be: its session header makes a retry (on this stream or any other) apply at most
+        once, and a failure answers that operation alone with the status the unary RPC would end
+        with (BatchError). The writes of one message are proposed together (one log append and
+        one replication round when the leader is idle), its linearizable reads share one read
+        barrier taken after the message arrived. Answers come as operations complete, possibly
+        several per message, in any order. The stream itself fails only for a message that does
+        not parse or a caller that may not open it (UNAUTHENTICATED, PERMISSION_DENIED: the
+        caller needs the read permission; each write also needs the write permission, checked
+        per operation), or when the member shuts down. A member that predates this RPC answers
+        UNIMPLEMENTED: use the unary calls.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -153,6 +177,11 @@ def add_KVServicer_to_server(servicer, server):
                     servicer.Add,
                     request_deserializer=rallypoint_dot_proto_dot_v1_dot_kv__pb2.AddRequest.FromString,
                     response_serializer=rallypoint_dot_proto_dot_v1_dot_kv__pb2.AddResponse.SerializeToString,
+            ),
+            'Batch': grpc.stream_stream_rpc_method_handler(
+                    servicer.Batch,
+                    request_deserializer=rallypoint_dot_proto_dot_v1_dot_kv__pb2.BatchRequest.FromString,
+                    response_serializer=rallypoint_dot_proto_dot_v1_dot_kv__pb2.BatchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -317,6 +346,33 @@ class KV:
             '/rallypoint.v1.KV/Add',
             rallypoint_dot_proto_dot_v1_dot_kv__pb2.AddRequest.SerializeToString,
             rallypoint_dot_proto_dot_v1_dot_kv__pb2.AddResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Batch(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/rallypoint.v1.KV/Batch',
+            rallypoint_dot_proto_dot_v1_dot_kv__pb2.BatchRequest.SerializeToString,
+            rallypoint_dot_proto_dot_v1_dot_kv__pb2.BatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

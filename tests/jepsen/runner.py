@@ -48,6 +48,10 @@ class RunSpec:
     # and the checker expected to catch it.
     unsafe: str | None = None
     expect_violation: str | None = None
+    # How the workloads' clients send KV reads and writes (Client's kv_batching): "always" runs
+    # them over the KV/Batch stream, the register's writers sharing one client so that
+    # concurrent operations ride in one message.
+    kv_batching: str = "off"
 
 
 def _select(ops: Sequence[Operation], predicate: Callable[[Operation], bool]) -> list[Operation]:
@@ -98,15 +102,29 @@ async def _drive(
     cluster.note_change()
     crashes: dict[int, int] = {}
     watcher = asyncio.create_task(_watch_members(cluster, record_health, crashes, log, history))
-    async with Client(cluster.endpoints, timeout_s=10.0) as admin:
+    async with (
+        Client(cluster.endpoints, timeout_s=10.0) as admin,
+        contextlib.AsyncExitStack() as clients,
+    ):
         watch_start = (await admin.range("watch/", limit=1, keys_only=True)).header.revision + 1
         stop_at = time.monotonic() + spec.time_s
-        ctx = workloads.Context(cluster.endpoints, history, random.Random(rng.random()), stop_at)
+        ctx = workloads.Context(
+            cluster.endpoints,
+            history,
+            random.Random(rng.random()),
+            stop_at,
+            kv_batching=spec.kv_batching,
+        )
         tasks: list[Coroutine[Any, Any, None]] = []
         if "register" in spec.workloads:
             endpoints = cluster.endpoints
+            writer = None
+            if spec.kv_batching != "off":
+                writer = await workloads.connect(ctx, clients)
             tasks += [
-                workloads.register_client(ctx, keys=6, home=endpoints[i % len(endpoints)])
+                workloads.register_client(
+                    ctx, keys=6, home=endpoints[i % len(endpoints)], writer=writer
+                )
                 for i in range(5)
             ]
         if "set" in spec.workloads:
@@ -322,7 +340,16 @@ def short_matrix(time_s: float, seed: int) -> list[RunSpec]:
         RunSpec(f"{mix}-{nodes}n", mix, nodes, time_s, seed + i)
         for i, (mix, nodes) in enumerate(SHORT_MIXES)
     ]
-    return specs + negative_controls(time_s, seed)
+    batched = RunSpec(
+        "partition-3n-kvbatch",
+        "partition",
+        3,
+        time_s,
+        seed + len(specs),
+        ("register",),
+        kv_batching="always",
+    )
+    return [*specs, batched, *negative_controls(time_s, seed)]
 
 
 def negative_controls(time_s: float, seed: int) -> list[RunSpec]:
@@ -336,6 +363,17 @@ def negative_controls(time_s: float, seed: int) -> list[RunSpec]:
             ("register",),
             unsafe="stale-reads",
             expect_violation="register",
+        ),
+        RunSpec(
+            "control-stale-reads-kvbatch",
+            "partition",
+            3,
+            time_s,
+            seed + 102,
+            ("register",),
+            unsafe="stale-reads",
+            expect_violation="register",
+            kv_batching="always",
         ),
         RunSpec(
             "control-stale-fence",

@@ -43,6 +43,9 @@ class Context:
     rng: random.Random
     # Loop time when the clients stop issuing new operations.
     stop_at_s: float
+    # The clients' Client(kv_batching=...): "always" sends gets, puts and compare-and-sets
+    # over KV/Batch.
+    kv_batching: str = "off"
 
     def client(self, endpoints: list[str] | None = None, session: bool = True) -> Client:
         return Client(
@@ -52,6 +55,7 @@ class Context:
             session_ttl_s=10.0,
             open_session_on_connect=session,
             rng=random.Random(self.rng.random()),
+            kv_batching=self.kv_batching,
         )
 
     def running(self) -> bool:
@@ -94,13 +98,15 @@ def _int(value: bytes | None) -> int | None:
 # ---------------------------------------------------------------------- register
 
 
-async def register_client(ctx: Context, keys: int, home: str) -> None:
+async def register_client(ctx: Context, keys: int, home: str, writer: Client | None = None) -> None:
     """Reads, writes and compare-and-sets of small integers on ``keys`` independent keys.
     Reads go to the ``home`` member (a client of its own, with no session, so no write
-    redirects it to the leader): a follower's read must be as linearizable as the leader's."""
+    redirects it to the leader): a follower's read must be as linearizable as the leader's.
+    ``writer``: a client shared with other register clients for writes (their concurrent
+    puts then share its batch stream); else one of its own."""
     async with contextlib.AsyncExitStack() as stack:
-        client = await _connect(ctx, stack)
-        reader = await _connect(ctx, stack, [home], session=False)
+        client = writer if writer is not None else await connect(ctx, stack)
+        reader = await connect(ctx, stack, [home], session=False)
         if client is None or reader is None:
             return
         process = Process(ctx)
@@ -131,7 +137,7 @@ async def register_client(ctx: Context, keys: int, home: str) -> None:
                 await process.call("cas", key, [old, new], cas)
 
 
-async def _connect(
+async def connect(
     ctx: Context,
     stack: contextlib.AsyncExitStack,
     endpoints: list[str] | None = None,
@@ -153,7 +159,7 @@ async def _connect(
 async def set_client(ctx: Context, worker: int) -> None:
     """Adds unique elements (one key each) under set/."""
     async with contextlib.AsyncExitStack() as stack:
-        client = await _connect(ctx, stack)
+        client = await connect(ctx, stack)
         if client is None:
             return
         process = Process(ctx)
@@ -195,7 +201,7 @@ async def lease_client(ctx: Context, lease_ttl_s: float) -> None:
     fencing token. After letting go (or losing the lease) a holder sometimes writes once more
     with its old token, late, as a paused holder waking up would: the store must refuse it."""
     async with contextlib.AsyncExitStack() as stack:
-        client = await _connect(ctx, stack)
+        client = await connect(ctx, stack)
         if client is None:
             return
         process = Process(ctx)
@@ -261,7 +267,7 @@ async def _fenced_write(process: Process, client: Client, fence: Any, token: int
 
 async def watch_writer(ctx: Context) -> None:
     async with contextlib.AsyncExitStack() as stack:
-        client = await _connect(ctx, stack)
+        client = await connect(ctx, stack)
         if client is None:
             return
         process = Process(ctx)
@@ -317,7 +323,7 @@ async def rendezvous_participant(ctx: Context, name: str) -> None:
     """Join the job, record every active round seen (its number, members and ranks), leave
     after a while and join again, until the end."""
     async with contextlib.AsyncExitStack() as stack:
-        client = await _connect(ctx, stack)
+        client = await connect(ctx, stack)
         if client is None:
             return
         process = Process(ctx)

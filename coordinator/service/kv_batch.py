@@ -1,0 +1,245 @@
+"""The KV batch stream (``KV/Batch``): many operations per message, each answered on its own.
+
+Theory of operation. A client library multiplexes its concurrent callers onto one stream and
+sends, while earlier messages are in flight, whatever callers queued meanwhile as one message
+(``client/kv_stream.py``). Each message is served by its own task, so a later message is not
+held behind an earlier one's commit:
+
+- every operation is checked first, exactly as its unary RPC (``kv_ops.py``: the same
+  validation; the same authorization under the unary method's rule, ``authz.OPERATION_GUARD``);
+  a refused operation is answered at once with the status the unary call would end with
+  (:class:`~rallypoint.proto.v1.kv_pb2.BatchError`, from :func:`.errors.status_for`) and
+  the others go on;
+- the message's writes are proposed one after another without yielding to the event loop, so
+  they reach the Raft core before the Ready loop runs again: one Ready, hence one log append
+  and fsync and one MsgApp per follower, carries them all (when the leader is not already busy
+  with an earlier Ready; then they ride in the next one). Each keeps its own session header,
+  so a retried operation is answered from the session's cache, never applied twice;
+- the message's linearizable reads share one read barrier (ReadIndex), taken after the
+  message arrived, so each sees every write acknowledged before the client sent it;
+  serializable reads are answered at once from the applied state.
+
+Answers go out as groups complete (refusals and serializable reads, then the reads after the
+barrier, then the writes), several messages per request message, through one queue that the
+response stream drains. An operation waits at most its own ``timeout_ms`` (capped by
+``common.MAX_WAIT_S``): a proposal or barrier that times out answers that operation
+DEADLINE_EXCEEDED when its time is spent, UNAVAILABLE otherwise, as the unary calls do. When
+the client half-closes the stream, the operations in flight are answered and the stream ends;
+when it cancels, the tasks are cancelled (their proposals may still apply, as a cancelled
+unary call's would).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.message import Message
+
+from rallypoint.proto.v1 import common_pb2, kv_pb2
+
+from ..node_api import ServerNode
+from ..state.commands import Command
+from ..state.results import CompareAndSetResult, DeleteResult, PutResult, Success
+from . import validate
+from .authz import OPERATION_GUARD, OperationGuard
+from .common import Context, propose, read_barrier, wait_s
+from .errors import InvalidArgument, status_for
+from .kv_ops import (
+    compare_and_set_answer,
+    compare_and_set_command,
+    delete_answer,
+    delete_command,
+    get_answer,
+    put_answer,
+    put_command,
+)
+
+# The unary method each kind of operation stands for (its authorization rule).
+_METHODS = {
+    "put": "/rallypoint.v1.KV/Put",
+    "get": "/rallypoint.v1.KV/Get",
+    "delete": "/rallypoint.v1.KV/Delete",
+    "compare_and_set": "/rallypoint.v1.KV/CompareAndSet",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    """How one kind of write is checked, what it answers, and how the answer is built: the
+    unary call's own functions (``kv_ops.py``)."""
+
+    command: Callable[[Any, ServerNode], tuple[common_pb2.RequestHeader, Command]]
+    result: type[Success]
+    answer: Callable[[Any, ServerNode], Message]
+
+
+_WRITES = {
+    "put": _Write(put_command, PutResult, put_answer),
+    "delete": _Write(delete_command, DeleteResult, delete_answer),
+    "compare_and_set": _Write(compare_and_set_command, CompareAndSetResult, compare_and_set_answer),
+}
+
+# What the response queue carries: an answer, the error that ends the stream, or the end.
+_Item = kv_pb2.BatchResponse | BaseException | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Operation:
+    """One operation past its checks. ``deadline`` is on the loop's clock. A write has its
+    ``command`` and session ``header``; a read its ``key``."""
+
+    id: int
+    kind: str
+    deadline: float
+    command: Command | None = None
+    header: common_pb2.RequestHeader | None = None
+    key: bytes = b""
+    serializable: bool = False
+
+
+def error_result(operation_id: int, error: Exception, deadline_passed: bool) -> kv_pb2.BatchResult:
+    """The per-operation form of the status the unary call would end with."""
+    status = status_for(error, deadline_passed)
+    return kv_pb2.BatchResult(
+        id=operation_id,
+        error=kv_pb2.BatchError(
+            code=status.code.value[0],
+            message=status.message,
+            reason=status.reason,
+            leader=status.leader_address or "",
+        ),
+    )
+
+
+class _BatchServer:
+    def __init__(self, node: ServerNode, context: Context) -> None:
+        self.node = node
+        self.context = context
+        self.answers: asyncio.Queue[_Item] = asyncio.Queue()
+        self.loop = asyncio.get_running_loop()
+        # Tasks serving messages; each removes itself when done.
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def answer(self, results: list[kv_pb2.BatchResult]) -> None:
+        if results:
+            self.answers.put_nowait(kv_pb2.BatchResponse(results=results))
+
+    async def intake(self, requests: AsyncIterator[kv_pb2.BatchRequest]) -> None:
+        """Serve each message in its own task; at the client's half-close, let them finish
+        and end the response stream (or end it with the error that broke the intake)."""
+        try:
+            async for message in requests:
+                task = asyncio.create_task(self.serve(message))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
+            while self.tasks:
+                await asyncio.wait(set(self.tasks))
+        except Exception as error:
+            self.answers.put_nowait(error)
+        else:
+            self.answers.put_nowait(None)
+
+    async def serve(self, message: kv_pb2.BatchRequest) -> None:
+        cap_s = wait_s(self.context)
+        now = self.loop.time()
+        at_once: list[kv_pb2.BatchResult] = []
+        reads: list[_Operation] = []
+        writes: list[_Operation] = []
+        guard = OPERATION_GUARD.get()
+        for operation in message.operations:
+            timeout_s = min(operation.timeout_ms / 1000, cap_s) if operation.timeout_ms else cap_s
+            try:
+                checked = await self.check(operation, now + timeout_s, guard)
+            except Exception as error:
+                at_once.append(error_result(operation.id, error, deadline_passed=False))
+                continue
+            if checked.command is not None:
+                writes.append(checked)
+            elif checked.serializable:
+                at_once.append(
+                    kv_pb2.BatchResult(id=checked.id, get=get_answer(checked.key, self.node))
+                )
+            else:
+                reads.append(checked)
+        # Every write reaches the Raft core before this task first yields (see the module
+        # docstring): the coroutines run to their first wait inside gather's tasks, which the
+        # loop starts one after another in its next turn, before the Ready loop's wake-up.
+        pending = asyncio.gather(*(self.finish(w) for w in writes)) if writes else None
+        self.answer(at_once)
+        if reads:
+            self.answer(await self.read_all(reads))
+        if pending is not None:
+            self.answer(list(await pending))
+
+    async def check(
+        self, operation: kv_pb2.BatchOperation, deadline: float, guard: OperationGuard | None
+    ) -> _Operation:
+        """The operation past its checks (raises what the unary call would refuse it with)."""
+        if operation.id == 0:
+            raise InvalidArgument("operations.id", "must not be 0 (it matches the answer)")
+        kind = operation.WhichOneof("operation")
+        if kind is None:
+            raise InvalidArgument(
+                "operations.operation", "one of put, get, delete or compare_and_set is required"
+            )
+        request = getattr(operation, kind)
+        if guard is not None:
+            await guard(_METHODS[kind], request)
+        write = _WRITES.get(kind)
+        if write is not None:
+            header, command = write.command(request, self.node)
+            return _Operation(operation.id, kind, deadline, command=command, header=header)
+        key = validate.key(request.key, self.node.state.limits)
+        return _Operation(operation.id, kind, deadline, key=key, serializable=request.serializable)
+
+    async def finish(self, write: _Operation) -> kv_pb2.BatchResult:
+        """Propose the write and answer it (its first step, the proposal, runs at once)."""
+        node, timeout_s = self.node, max(0.0, write.deadline - self.loop.time())
+        kind = _WRITES[write.kind]
+        assert write.command is not None
+        try:
+            result = await propose(
+                node, write.command, self.context, kind.result, write.header, timeout_s=timeout_s
+            )
+        except Exception as error:
+            return error_result(write.id, error, self.loop.time() >= write.deadline)
+        answer = kv_pb2.BatchResult(id=write.id)
+        getattr(answer, write.kind).CopyFrom(kind.answer(result, node))
+        return answer
+
+    async def read_all(self, reads: list[_Operation]) -> list[kv_pb2.BatchResult]:
+        """One barrier for every linearizable read of the message, then their answers."""
+        deadline = max(read.deadline for read in reads)
+        try:
+            await read_barrier(
+                self.node, self.context, False, timeout_s=max(0.0, deadline - self.loop.time())
+            )
+        except Exception as error:
+            passed = self.loop.time() >= deadline
+            return [error_result(read.id, error, passed) for read in reads]
+        return [
+            kv_pb2.BatchResult(id=read.id, get=get_answer(read.key, self.node)) for read in reads
+        ]
+
+
+async def serve_batch(
+    node: ServerNode, requests: AsyncIterator[kv_pb2.BatchRequest], context: Context
+) -> AsyncIterator[kv_pb2.BatchResponse]:
+    """The answers of a batch stream; see the module docstring."""
+    server = _BatchServer(node, context)
+    intake = asyncio.create_task(server.intake(requests))
+    try:
+        while True:
+            item = await server.answers.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        intake.cancel()
+        for task in list(server.tasks):
+            task.cancel()

@@ -1,0 +1,110 @@
+"""The unary KV calls' checks and answers that the batch stream shares with them: each
+operation of a batch is checked and answered exactly as its unary RPC."""
+
+from __future__ import annotations
+
+from rallypoint.proto.v1 import common_pb2, kv_pb2
+
+from ..node_api import ServerNode
+from ..state.commands import CompareAndSet, Delete, Put
+from ..state.results import CompareAndSetResult, DeleteResult, PutResult
+from . import validate
+from .common import header_pb, kv_pb
+from .errors import InvalidArgument
+
+
+def put_command(
+    request: kv_pb2.PutRequest, node: ServerNode
+) -> tuple[common_pb2.RequestHeader, Put]:
+    """The validated session header and command of a put (raises InvalidArgument)."""
+    limits = node.state.limits
+    header = validate.session_header(request.HasField("header"), request.header)
+    command = Put(
+        key=validate.key(request.key, limits),
+        value=validate.value(request.value, limits),
+        lease_id=validate.optional_lease_id(request.lease_id),
+        fence=validate.fence(request.HasField("fence"), request.fence),
+        return_prev=request.prev_kv,
+    )
+    return header, command
+
+
+def put_answer(result: PutResult, node: ServerNode) -> kv_pb2.PutResponse:
+    response = kv_pb2.PutResponse(header=header_pb(node.header()), kv=kv_pb(result.kv))
+    if result.prev is not None:
+        response.prev_kv.CopyFrom(kv_pb(result.prev))
+    return response
+
+
+def get_answer(key: bytes, node: ServerNode) -> kv_pb2.GetResponse:
+    """The applied state's answer for ``key`` (after the read barrier, if any)."""
+    kv = node.state.get(key)
+    response = kv_pb2.GetResponse(header=header_pb(node.header()))
+    if kv is not None:
+        response.kv.CopyFrom(kv_pb(kv))
+    return response
+
+
+def delete_command(
+    request: kv_pb2.DeleteRequest, node: ServerNode
+) -> tuple[common_pb2.RequestHeader, Delete]:
+    header = validate.session_header(request.HasField("header"), request.header)
+    if not request.key and not request.prefix:
+        raise InvalidArgument("key", "must not be empty (set prefix to delete every key)")
+    command = Delete(
+        key=validate.key(request.key, node.state.limits, allow_empty=True),
+        prefix=request.prefix,
+        fence=validate.fence(request.HasField("fence"), request.fence),
+        return_prev=request.prev_kv,
+    )
+    return header, command
+
+
+def delete_answer(result: DeleteResult, node: ServerNode) -> kv_pb2.DeleteResponse:
+    return kv_pb2.DeleteResponse(
+        header=header_pb(node.header()),
+        deleted=result.deleted,
+        prev_kvs=[kv_pb(kv) for kv in result.prev],
+    )
+
+
+def compare_and_set_command(
+    request: kv_pb2.CompareAndSetRequest, node: ServerNode
+) -> tuple[common_pb2.RequestHeader, CompareAndSet]:
+    limits = node.state.limits
+    header = validate.session_header(request.HasField("header"), request.header)
+    key = validate.key(request.key, limits)
+    comparison = request.WhichOneof("compare")
+    if comparison is None:
+        raise InvalidArgument(
+            "compare",
+            "exactly one comparison is required "
+            "(value_equals, mod_revision_equals or must_not_exist)",
+        )
+    if comparison == "must_not_exist" and not request.must_not_exist:
+        raise InvalidArgument("must_not_exist", "must be true when set")
+    if comparison == "mod_revision_equals":
+        validate.non_negative(request.mod_revision_equals, "mod_revision_equals")
+    command = CompareAndSet(
+        key=key,
+        value=validate.value(request.value, limits),
+        expected_value=request.value_equals if comparison == "value_equals" else None,
+        expected_mod_revision=(
+            request.mod_revision_equals if comparison == "mod_revision_equals" else None
+        ),
+        must_not_exist=comparison == "must_not_exist",
+        lease_id=validate.optional_lease_id(request.lease_id),
+        fence=validate.fence(request.HasField("fence"), request.fence),
+    )
+    return header, command
+
+
+def compare_and_set_answer(
+    result: CompareAndSetResult, node: ServerNode
+) -> kv_pb2.CompareAndSetResponse:
+    response = kv_pb2.CompareAndSetResponse(
+        header=header_pb(node.header()), succeeded=result.succeeded
+    )
+    if result.kv is not None:
+        response.kv.CopyFrom(kv_pb(result.kv))
+    return response

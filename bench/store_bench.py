@@ -57,11 +57,12 @@ common start instant to the last rank's return from ``init_process_group``.
 
 Top level: ``nccl_1024_s`` (rallypoint), ``ratios`` (rallypoint seconds / tcpstore seconds
 for ``gloo_256``, ``gloo_1024``, ``nccl_1024``), ``targets`` with PASS/MISS. With
-``--profile-s``, py-spy records a bridges load process and the leader during the first
-rallypoint gloo trial of the largest size and the JSON gets their top functions.
+``--profile-s``, py-spy records (``--gil``: only the thread running Python) the first load
+process (its bridges) and every member during the first gloo trial of ``--profile-store``
+(rallypoint) at ``--profile-size`` (the largest), and the JSON gets their top functions.
 
     python -m bench.store_bench --out bench/results/store.json
-    python -m bench.store_bench --smoke --out /tmp/store.json       # well under a minute
+    python -m bench.store_bench --smoke --out /tmp/store.json       # about a minute
 """
 
 from __future__ import annotations
@@ -75,7 +76,6 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import json
 import math
 import shutil
 import socket
@@ -90,7 +90,7 @@ from typing import Any
 
 import uvloop
 
-from bench.common import machine_info, package_versions, write_results
+from bench.common import CpuSample, cpu_share, machine_info, package_versions, write_results
 from bench.kv_bench import RallypointCluster
 from bench.rendezvous_bench import (
     Bench,
@@ -120,6 +120,7 @@ RATIO_KEYS = {
     "nccl_1024": ("nccl", "1024"),
 }
 PY_SPY_CANDIDATES = ("py-spy", "/tmp/pyspy/bin/py-spy")
+PROFILE_RATE = 100
 
 
 @dataclass
@@ -133,6 +134,9 @@ class StoreBench:
     tcpstore_port: int = 0
     jobs: int = 0
     profile: dict[str, Any] = field(default_factory=dict)
+    # "<store>/<N>" -> seconds the slowest load process took to make its bridges and connect
+    # its ranks (not in the figures: torch connects before the bootstrap starts).
+    setup_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def endpoints(self) -> str:
@@ -201,6 +205,12 @@ class StoreBench:
             with contextlib.suppress(RallypointError):
                 await self.admin.close_job(job)
 
+    def server_pids(self, store: str) -> list[int]:
+        """The store's server processes: TCPStore's, or the members."""
+        if store == "tcpstore":
+            return [self.tcpstore.pid] if self.tcpstore is not None else []
+        return self.cluster.server_pids() if self.cluster is not None else []
+
     async def leader_pid(self) -> int | None:
         assert self.cluster is not None and self.admin is not None
         return await Bench(self.args, self.cluster, self.admin, self.log_dir).leader_pid()
@@ -259,19 +269,24 @@ async def start_ranks(bench: StoreBench, store: str, size: int) -> tuple[list[Lo
                 )
             )
             first_node += count
-        await asyncio.gather(*(p.expect("ready", args.phase_timeout_s) for p in processes))
+        ready = await asyncio.gather(*(p.expect("ready", args.phase_timeout_s) for p in processes))
     except BaseException:
         await stop_all(processes)
         raise
+    bench.setup_s[f"{store}/{size}"] = max(event["setup_s"] for event in ready)
     return processes, job
 
 
 async def trial(
-    bench: StoreBench, processes: Sequence[LoadProcess], pattern: str, prefix: str
+    bench: StoreBench, store: str, processes: Sequence[LoadProcess], pattern: str, prefix: str
 ) -> dict[str, Any]:
     """Every process replays ``pattern`` at once; the trial's figures."""
     limit_s = bench.args.trial_limit_s
     since = [len(p.events) for p in processes]
+    load_pids = [p.pid for p in processes]
+    server_pids = bench.server_pids(store)
+    load_before = CpuSample.take(load_pids, time.perf_counter())
+    server_before = CpuSample.take(server_pids, time.perf_counter())
     for process in processes:
         process.send(f"run {pattern} {prefix}")
     began = time.time()
@@ -288,6 +303,8 @@ async def trial(
         done = await asyncio.gather(
             *(p.expect("done", 60, s) for p, s in zip(processes, since, strict=True))
         )
+    load_cpu = cpu_share(load_before, CpuSample.take(load_pids, time.perf_counter()))
+    server_cpu = cpu_share(server_before, CpuSample.take(server_pids, time.perf_counter()))
     finished = all(d["finished"] for d in done)
     first = min((d["first_op"] for d in done if d["first_op"] is not None), default=began)
     ops = sum(d["ops"] for d in done)
@@ -297,6 +314,11 @@ async def trial(
         "ops": ops,
         "errors": sum(d["errors"] for d in done),
         "first_error": next((d["first_error"] for d in done if d["first_error"]), None),
+        # Cores busy over the trial: the load processes (ranks, and for rallypoint their
+        # bridges) and the store's servers (TCPStore's process, or the 3 members).
+        "load_cores": load_cpu["cores"],
+        "server_cores": server_cpu["cores"],
+        "load_average_1m": os.getloadavg()[0],
     }
     if finished:
         seconds = max(d["last_done"] for d in done) - first
@@ -324,45 +346,56 @@ def summary(trials: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 async def profiled(
-    bench: StoreBench, processes: Sequence[LoadProcess], pattern: str, prefix: str
+    bench: StoreBench, store: str, processes: Sequence[LoadProcess], pattern: str, prefix: str
 ) -> dict[str, Any]:
-    """A trial with py-spy recording the first load process (its bridges) and the leader."""
+    """A trial with py-spy recording the first load process (its bridges) and every member,
+    sampling only the thread holding the GIL (``--gil``): Python's busy time, not its waits."""
     py_spy = next((p for p in PY_SPY_CANDIDATES if shutil.which(p)), None)
     if py_spy is None:
         bench.profile["error"] = "py-spy not found"
-        return await trial(bench, processes, pattern, prefix)
+        return await trial(bench, store, processes, pattern, prefix)
     leader = await bench.leader_pid()
-    targets = {"load_process": processes[0].pid, "leader": leader}
+    targets = {"load_process": processes[0].pid}
+    for pid in bench.server_pids(store):
+        targets["leader" if pid == leader else f"follower_{pid}"] = pid
     out_dir = Path(bench.args.profile_dir or bench.log_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    seconds = int(bench.args.profile_s)
     recorders = {}
     for name, pid in targets.items():
-        if pid is None:
-            continue
         recorders[name] = await asyncio.create_subprocess_exec(
             py_spy,
             "record",
             "--pid",
             str(pid),
             "--duration",
-            str(int(bench.args.profile_s)),
+            str(seconds),
             "--rate",
-            "50",
+            str(PROFILE_RATE),
             "--format",
             "raw",
-            "--threads",
+            "--gil",
             "--nonblocking",
             "-o",
             str(out_dir / f"{name}.txt"),
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
         )
-    result = await trial(bench, processes, pattern, prefix)
+    result = await trial(bench, store, processes, pattern, prefix)
     for name, recorder in recorders.items():
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(recorder.wait(), bench.args.profile_s + 30)
-        bench.profile[name] = top_functions(out_dir / f"{name}.txt")
-    bench.profile["recorded"] = {"pattern": pattern, "seconds": bench.args.profile_s}
+            await asyncio.wait_for(recorder.wait(), seconds + 30)
+        functions = top_functions(out_dir / f"{name}.txt")
+        # Samples with the GIL held over samples taken: the share of time Python ran.
+        functions["gil_busy"] = functions["samples"] / (PROFILE_RATE * seconds)
+        bench.profile[name] = functions
+    bench.profile["recorded"] = {
+        "store": store,
+        "pattern": pattern,
+        "seconds": seconds,
+        "rate_hz": PROFILE_RATE,
+        "how": "py-spy record --gil --nonblocking from the trial's start; shares of samples",
+    }
     return result
 
 
@@ -420,13 +453,13 @@ async def bench_store(bench: StoreBench, store: str, results: dict[str, Any]) ->
                     prefix = f"t{index}/{pattern}/"
                     profile = (
                         args.profile_s > 0
-                        and store == "rallypoint"
+                        and store == args.profile_store
                         and pattern == "gloo"
-                        and size == max(sizes)
+                        and size == (args.profile_size or max(sizes))
                         and index == 0
                     )
                     run = profiled if profile else trial
-                    entry = await run(bench, processes, pattern, prefix)
+                    entry = await run(bench, store, processes, pattern, prefix)
                     trials.append(entry)
                     shown = entry["seconds"] or entry["seconds_lower_bound"]
                     print(
@@ -469,63 +502,44 @@ async def init_gloo_once(
     bench: StoreBench, ports: Sequence[int], agent_store: bool
 ) -> dict[str, Any]:
     """``init_process_group("gloo")`` of ``--init-procs`` torch processes; rank r uses
-    ``ports[r // per_node]`` (one port for all: plain TCPStore in rank 0)."""
+    ``ports[r // per_node]`` (one port for all: plain TCPStore in rank 0). The workers start,
+    import torch and say so; then all are told one start instant."""
     args = bench.args
     world = args.init_procs
-    start_at = time.time() + args.init_start_delay_s
-    workers = []
-    for rank in range(world):
-        env = {
-            **os.environ,
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(ports[min(rank // args.per_node, len(ports) - 1)]),
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank % args.per_node),
-            "WORLD_SIZE": str(world),
-            "TORCHELASTIC_RESTART_COUNT": "0",
-        }
-        if agent_store:
-            env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
-        log = bench.log_dir / f"init-gloo-{'agent' if agent_store else 'plain'}-{rank}.log"
-        with open(log, "ab") as err:
+    label = "agent" if agent_store else "plain"
+    workers: list[LoadProcess] = []
+    try:
+        for rank in range(world):
             workers.append(
-                await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    "-m",
-                    LOAD_MODULE,
+                await LoadProcess.start(
+                    f"init-gloo-{label}-{rank}",
                     "init-gloo",
-                    f"--start-at={start_at}",
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=err,
-                    env=env,
+                    [
+                        f"--master-port={ports[min(rank // args.per_node, len(ports) - 1)]}",
+                        f"--rank={rank}",
+                        f"--world={world}",
+                        f"--per-node={args.per_node}",
+                        *(["--agent-store"] if agent_store else []),
+                    ],
+                    bench.log_dir,
+                    module=LOAD_MODULE,
                 )
             )
-    try:
-        outputs = await asyncio.wait_for(
-            asyncio.gather(*(w.communicate() for w in workers)),
-            args.init_start_delay_s + args.trial_limit_s,
-        )
-    except TimeoutError:
-        return {"finished": False, "error": f"not done within {args.trial_limit_s:g} s"}
-    finally:
+        await asyncio.gather(*(w.expect("imported", args.phase_timeout_s) for w in workers))
+        start_at = time.time() + 0.2
         for worker in workers:
-            if worker.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    worker.kill()
-                await worker.wait()
-    events = []
-    for stdout, _ in outputs:
-        for line in stdout.decode().splitlines():
-            if '"initialized"' in line:
-                events.append(json.loads(line))
-    if len(events) != world:
-        return {"finished": False, "error": f"{len(events)} of {world} ranks initialized"}
-    late_start = max(e["started"] for e in events) - start_at
-    seconds = max(e["initialized"] for e in events) - start_at
+            worker.send(f"go {start_at}")
+        events = await asyncio.gather(
+            *(w.expect("initialized", args.trial_limit_s) for w in workers)
+        )
+    except (TimeoutError, LoadProcessError) as error:
+        return {"finished": False, "error": str(error)[:2000]}
+    finally:
+        await stop_all(workers, timeout_s=10)
     return {
         "finished": True,
-        "seconds": seconds,
-        "late_start_s": late_start,
+        "seconds": max(e["initialized"] for e in events) - start_at,
+        "late_start_s": max(e["started"] for e in events) - start_at,
         "all_reduce_ok": all(e["sum"] == world for e in events),
     }
 
@@ -717,17 +731,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--init-procs", type=int, default=16, help="real gloo workers; 0: skip")
     parser.add_argument(
-        "--init-start-delay-s",
+        "--phase-timeout-s",
         type=float,
-        default=15.0,
-        help="time the workers get to import torch before the common start",
+        default=300.0,
+        help="bound on setting up (torch's libuv TCPStore took ~100 s to accept 1,024 clients)",
     )
-    parser.add_argument("--phase-timeout-s", type=float, default=180.0)
     parser.add_argument(
         "--profile-s",
         type=float,
         default=0.0,
         help="py-spy the first rallypoint gloo trial of the largest size",
+    )
+    parser.add_argument(
+        "--profile-store", choices=STORES, default="rallypoint", help="the store profiled"
+    )
+    parser.add_argument(
+        "--profile-size", type=int, default=0, help="the size profiled (default: the largest)"
     )
     parser.add_argument("--profile-dir", help="where py-spy's raw profiles go (default: logs)")
     parser.add_argument("--data-dir", help="members' data and load logs (default: a temp dir)")
@@ -745,7 +764,6 @@ def apply_smoke(args: argparse.Namespace) -> None:
     args.load_processes = 2
     args.trial_limit_s = 30.0
     args.init_procs = 2
-    args.init_start_delay_s = 8.0
     args.phase_timeout_s = 60.0
 
 
@@ -762,7 +780,7 @@ async def run(args: argparse.Namespace, data_dir: Path) -> tuple[dict[str, Any],
             await bench_init_gloo(
                 bench, [s for s in args.stores if s != "coordinator_store"], results
             )
-        return results, bench.profile
+        return results, {"profile": bench.profile, "setup_s": bench.setup_s}
     finally:
         await bench.close()
 
@@ -777,7 +795,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     temporary = args.data_dir is None
     data_dir = Path(tempfile.mkdtemp(prefix="store-bench-") if temporary else args.data_dir)
     try:
-        results, profile = uvloop.run(run(args, data_dir))
+        results, extra = uvloop.run(run(args, data_dir))
     finally:
         if temporary:
             shutil.rmtree(data_dir, ignore_errors=True)
@@ -799,7 +817,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         "targets": checked,
         "results": results,
-        "profile": profile,
+        "setup_s": extra["setup_s"],
+        "profile": extra["profile"],
         "wall_time_s": time.perf_counter() - started,
     }
     write_results(out, document, None if args.no_plot else lambda path: plot(results, path))

@@ -30,10 +30,11 @@ Commands on stdin, JSON-line events on stdout (bench/rendezvous_load.py's ``emit
 ``tcpstore-server``
     torch's TCPStore server (libuv) on a free port; ``ready`` carries it; ``close``.
 ``init-gloo``
-    One real torch worker: sleeps until ``--start-at`` (wall clock), then
-    ``init_process_group("gloo", init_method="env://")`` from the environment the driver set
-    (MASTER_ADDR/MASTER_PORT, RANK, WORLD_SIZE, maybe TORCHELASTIC_USE_AGENT_STORE), one
-    all-reduce, and emits ``initialized`` with its times.
+    One real torch worker: imports torch, sets the environment torchrun would
+    (MASTER_ADDR/MASTER_PORT, RANK, WORLD_SIZE; TORCHELASTIC_USE_AGENT_STORE with
+    ``--agent-store``) and emits ``imported``; ``go T``: at wall-clock T,
+    ``init_process_group("gloo", init_method="env://")`` and one all-reduce, then emits
+    ``initialized`` with its times; ``close``.
 """
 
 from __future__ import annotations
@@ -41,12 +42,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import struct
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, cast
 
 from bench.rendezvous_load import LoopLag, command_lines, emit, run_load_process
 from rallypoint.client import Backoff, RoundStore
@@ -98,10 +100,11 @@ class Store(Protocol):
 
 async def gloo(store: Store, rank: int, world: int, prefix: str) -> None:
     """gloo's ``connectFullMesh``: set this rank's addresses, then wait for and get every
-    rank's key (its own included), in rank order."""
-    await store.set(f"{prefix}{rank}", bytes(gloo_value_bytes(world)))
+    rank's key (its own included), in rank order. Keys as c10d names them under the
+    default group's prefix (``0//cpu//0/<rank>``)."""
+    await store.set(f"{prefix}0//cpu//0/{rank}", bytes(gloo_value_bytes(world)))
     for peer in range(world):
-        key = f"{prefix}{peer}"
+        key = f"{prefix}0//cpu//0/{peer}"
         await store.wait(key)
         await store.get(key)
 
@@ -135,57 +138,117 @@ def _data(value: bytes) -> bytes:
     return _U64.pack(len(value)) + value
 
 
+def _key(key: str) -> bytes:
+    """A key as torch's client sends it: its TCPStore prefixes every key with "/"."""
+    return _data(b"/" + key.encode())
+
+
+class _Answers(asyncio.Protocol):
+    """The answers of one TCPStore connection: the one pending request's answer is parsed
+    straight from the received bytes (no stream reader: the load generator's own cost per
+    request is what bounds the anchor's figure on a small machine)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        # The pending answer's shape (a struct, or None for a length-prefixed value) and the
+        # future it completes; None between requests.
+        self.form: struct.Struct | None = None
+        self.waiter: asyncio.Future[Any] | None = None
+        self.closed: Exception | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        self._complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = exc or ConnectionError("the store closed the connection")
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(self.closed)
+
+    def expect(self, form: struct.Struct | None) -> asyncio.Future[Any]:
+        self.form = form
+        self.waiter = asyncio.get_running_loop().create_future()
+        if self.closed is not None:
+            self.waiter.set_exception(self.closed)
+        else:
+            self._complete()
+        return self.waiter
+
+    def _complete(self) -> None:
+        waiter, buffer = self.waiter, self.buffer
+        if waiter is None or waiter.done():
+            return
+        form = self.form
+        if form is not None:
+            if len(buffer) < form.size:
+                return
+            value = form.unpack_from(buffer)[0]
+            del buffer[: form.size]
+        else:
+            if len(buffer) < _U64.size:
+                return
+            size = _U64.unpack_from(buffer)[0]
+            if len(buffer) < _U64.size + size:
+                return
+            value = bytes(buffer[_U64.size : _U64.size + size])
+            del buffer[: _U64.size + size]
+        self.waiter = None
+        waiter.set_result(value)
+
+
 class TCPStoreClient:
     """One rank's TCPStore connection, speaking as torch's C++ client does: one request at a
     time, ``get`` as WAIT then GET. ``ops`` counts the requests sent."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
+    def __init__(self, transport: asyncio.Transport, answers: _Answers) -> None:
+        self.transport = transport
+        self.answers = answers
         self.ops = 0
 
     @staticmethod
     async def connect(host: str, port: int) -> TCPStoreClient:
-        reader, writer = await asyncio.open_connection(host, port)
-        client = TCPStoreClient(reader, writer)
+        loop = asyncio.get_running_loop()
+        transport, answers = await loop.create_connection(_Answers, host, port)
+        client = TCPStoreClient(transport, answers)
         # torch's client validates, then pings (the server echoes the nonce).
-        writer.write(_U8.pack(Query.VALIDATE) + _U32.pack(VALIDATION_MAGIC))
-        writer.write(_U8.pack(Query.PING) + _U32.pack(4242))
-        await writer.drain()
-        (nonce,) = _U32.unpack(await reader.readexactly(_U32.size))
+        transport.write(_U8.pack(Query.VALIDATE) + _U32.pack(VALIDATION_MAGIC))
+        transport.write(_U8.pack(Query.PING) + _U32.pack(4242))
+        nonce = await answers.expect(_U32)
         if nonce != 4242:
             raise ConnectionError(f"PING answered {nonce}, not 4242")
         return client
 
-    async def _send(self, request: bytes) -> None:
+    def _send(self, request: bytes) -> None:
+        if self.answers.closed is not None:
+            raise self.answers.closed
         self.ops += 1
-        self.writer.write(request)
-        await self.writer.drain()
+        self.transport.write(request)
 
     async def set(self, key: str, value: bytes) -> None:
-        await self._send(_U8.pack(Query.SET) + _data(key.encode()) + _data(value))
+        self._send(_U8.pack(Query.SET) + _key(key) + _data(value))
 
     async def get(self, key: str) -> bytes:
         await self.wait(key)
-        await self._send(_U8.pack(Query.GET) + _data(key.encode()))
-        (size,) = _U64.unpack(await self.reader.readexactly(_U64.size))
-        return await self.reader.readexactly(size)
+        self._send(_U8.pack(Query.GET) + _key(key))
+        value: bytes = await self.answers.expect(None)
+        return value
 
     async def wait(self, key: str) -> None:
-        await self._send(_U8.pack(Query.WAIT) + _U64.pack(1) + _data(key.encode()))
-        (answer,) = _U8.unpack(await self.reader.readexactly(1))
+        self._send(_U8.pack(Query.WAIT) + _U64.pack(1) + _key(key))
+        answer = await self.answers.expect(_U8)
         if answer != WaitResponse.STOP_WAITING:
             raise ConnectionError(f"WAIT answered {answer}")
 
     async def add(self, key: str, delta: int) -> int:
-        await self._send(_U8.pack(Query.ADD) + _data(key.encode()) + _I64.pack(delta))
-        (value,) = _I64.unpack(await self.reader.readexactly(_I64.size))
-        return int(value)
+        self._send(_U8.pack(Query.ADD) + _key(key) + _I64.pack(delta))
+        return int(await self.answers.expect(_I64))
 
     async def close(self) -> None:
-        self.writer.close()
-        with contextlib.suppress(ConnectionError):
-            await self.writer.wait_closed()
+        self.transport.close()
 
 
 class RoundStoreRank:
@@ -318,9 +381,15 @@ def run_report(stores: Sequence[Store], ranks: Sequence[int], run: Run, finished
 
 async def run_ranks(args: argparse.Namespace, lag: LoopLag) -> None:
     ranks = rank_numbers(args)
+    began = time.perf_counter()
     bridges = await make_bridges(args) if args.store == "rallypoint" else []
     stores, transport = await connect_ranks(args, ranks, bridges)
-    emit("ready", ranks=len(ranks), bridges=[b.port for b in bridges])
+    emit(
+        "ready",
+        ranks=len(ranks),
+        bridges=[b.port for b in bridges],
+        setup_s=time.perf_counter() - began,
+    )
     current: tuple[asyncio.Task[None], Run] | None = None
     try:
         async for command in command_lines():
@@ -391,7 +460,25 @@ async def run_init_gloo(args: argparse.Namespace, lag: LoopLag) -> None:
     import torch
     import torch.distributed as dist
 
-    await asyncio.sleep(max(0.0, args.start_at - time.time()))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(args.master_port),
+        RANK=str(args.rank),
+        LOCAL_RANK=str(args.rank % args.per_node),
+        WORLD_SIZE=str(args.world),
+        TORCHELASTIC_RESTART_COUNT="0",
+    )
+    if args.agent_store:
+        os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+    emit("imported")
+    start_at = None
+    async for command in command_lines():
+        if command.startswith("go "):
+            start_at = float(command.split()[1])
+            break
+    if start_at is None:
+        return
+    await asyncio.sleep(max(0.0, start_at - time.time()))
     started = time.time()
     dist.init_process_group("gloo", init_method="env://")
     initialized = time.time()
@@ -406,6 +493,9 @@ async def run_init_gloo(args: argparse.Namespace, lag: LoopLag) -> None:
         sum=float(tensor.item()),
     )
     dist.destroy_process_group()
+    async for command in command_lines():
+        if command == "close":
+            break
 
 
 ROLES = {
@@ -434,7 +524,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="participant ids: one per node (rallypoint, bridges) or per rank "
         "(coordinator_store) of this process",
     )
-    parser.add_argument("--start-at", type=float, default=0.0, help="init-gloo: wall clock")
+    parser.add_argument("--rank", type=int, default=0, help="init-gloo")
+    parser.add_argument("--master-port", type=int, default=0, help="init-gloo")
+    parser.add_argument(
+        "--agent-store", action="store_true", help="init-gloo: TORCHELASTIC_USE_AGENT_STORE"
+    )
     return parser
 
 

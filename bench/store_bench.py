@@ -121,6 +121,8 @@ RATIO_KEYS = {
 }
 PY_SPY_CANDIDATES = ("py-spy", "/tmp/pyspy/bin/py-spy")
 PROFILE_RATE = 100
+# How long a load process gets to close (its bridges) before it is killed.
+LOAD_STOP_S = 15.0
 
 
 @dataclass
@@ -217,7 +219,7 @@ class StoreBench:
 
     async def close(self) -> None:
         processes = [p for p in (self.hosts, self.tcpstore) if p is not None]
-        await stop_all(processes)
+        await stop_all(processes, timeout_s=LOAD_STOP_S)
         if self.admin is not None:
             await self.admin.close()
         if self.cluster is not None:
@@ -271,7 +273,7 @@ async def start_ranks(bench: StoreBench, store: str, size: int) -> tuple[list[Lo
             first_node += count
         ready = await asyncio.gather(*(p.expect("ready", args.phase_timeout_s) for p in processes))
     except BaseException:
-        await stop_all(processes)
+        await stop_all(processes, timeout_s=LOAD_STOP_S)
         raise
     bench.setup_s[f"{store}/{size}"] = max(event["setup_s"] for event in ready)
     return processes, job
@@ -475,7 +477,7 @@ async def bench_store(bench: StoreBench, store: str, results: dict[str, Any]) ->
                 if pattern in stopped and pattern != patterns[-1]:
                     # A stopped rank may have left a request unanswered on its connection:
                     # the next pattern gets fresh processes (and a fresh round).
-                    await stop_all(processes)
+                    await stop_all(processes, timeout_s=LOAD_STOP_S)
                     if job:
                         await bench.close_job(job)
                     processes, job = [], ""
@@ -484,7 +486,7 @@ async def bench_store(bench: StoreBench, store: str, results: dict[str, Any]) ->
             for pattern in patterns:
                 out[pattern].setdefault(str(size), {"finished": False, "error": str(error)[:2000]})
         finally:
-            await stop_all(processes)
+            await stop_all(processes, timeout_s=LOAD_STOP_S)
             if job:
                 await bench.close_job(job)
 
@@ -706,7 +708,7 @@ def names_arg(choices: Sequence[str]) -> Any:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
+        description=__doc__.split("\n\n", 1)[0],
         epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

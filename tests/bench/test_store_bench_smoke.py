@@ -79,3 +79,42 @@ def test_smoke_run_writes_the_fields_other_checks_read(tmp_path: Path) -> None:
     for name in ("nccl_1024_s", "gloo_256", "gloo_1024"):
         assert name in last
     assert last.count("MISS") == 3
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(150)
+def test_a_trial_over_its_limit_is_stopped_and_recorded_with_its_progress(tmp_path: Path) -> None:
+    """gloo at 512 ranks is 787,000 requests, more than any store here answers in a second
+    (torch's TCPStore took seconds for 256): with a 1 s limit the trial is stopped, written as
+    not finished with what it did, the larger size skipped, and the run ends on its own."""
+    out = tmp_path / "store.json"
+    with no_process_outlives("the store benchmark"):
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bench.store_bench",
+                "--stores=rallypoint",
+                "--sizes=512,1024",
+                "--patterns=gloo",
+                "--trials=1",
+                "--trial-limit-s=1",
+                "--init-procs=0",
+                "--no-plot",
+                f"--out={out}",
+            ],
+            cwd=REPOSITORY,
+            capture_output=True,
+            text=True,
+            timeout=140,
+            check=False,
+        )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    gloo = json.loads(out.read_text())["results"]["rallypoint"]["gloo"]
+    stopped = gloo["512"]
+    assert stopped["finished"] is False and stopped["seconds"] is None
+    assert 0 < stopped["ops_done"] < 512 * (3 * 512 + 1)
+    assert stopped["seconds_lower_bound"] >= 1.0
+    (trial,) = stopped["trials"]
+    assert trial["ranks_done"] < 512
+    assert gloo["1024"]["finished"] is False and "did not finish" in gloo["1024"]["skipped"]

@@ -22,6 +22,21 @@ REPOSITORY = Path(__file__).resolve().parents[2]
 RANKS = 16
 
 
+def run_bench(arguments: list[str]) -> str:
+    """Run the benchmark to its end (nothing of it may outlive it); its stdout."""
+    with no_process_outlives("the store benchmark"):
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.store_bench", *arguments],
+            cwd=REPOSITORY,
+            capture_output=True,
+            text=True,
+            timeout=140,
+            check=False,
+        )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
 def positive(value: Any) -> bool:
     return isinstance(value, float | int) and math.isfinite(value) and value > 0
 
@@ -30,16 +45,7 @@ def positive(value: Any) -> bool:
 @pytest.mark.timeout(150)
 def test_smoke_run_writes_the_fields_other_checks_read(tmp_path: Path) -> None:
     out = tmp_path / "store.json"
-    with no_process_outlives("the store benchmark"):
-        done = subprocess.run(
-            [sys.executable, "-m", "bench.store_bench", "--smoke", f"--out={out}"],
-            cwd=REPOSITORY,
-            capture_output=True,
-            text=True,
-            timeout=140,
-            check=False,
-        )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    stdout = run_bench(["--smoke", f"--out={out}"])
     document = json.loads(out.read_text())
     assert out.with_suffix(".png").stat().st_size > 0
     assert document["benchmark"] == "store" and document["smoke"] is True
@@ -74,7 +80,7 @@ def test_smoke_run_writes_the_fields_other_checks_read(tmp_path: Path) -> None:
         assert all(t["all_reduce_ok"] for t in init["trials"])
         assert init["how"]
 
-    last = done.stdout.strip().splitlines()[-1]
+    last = stdout.strip().splitlines()[-1]
     assert last.startswith("store: ")
     for name in ("nccl_1024_s", "gloo_256", "gloo_1024"):
         assert name in last
@@ -88,28 +94,18 @@ def test_a_trial_over_its_limit_is_stopped_and_recorded_with_its_progress(tmp_pa
     (torch's TCPStore took seconds for 256): with a 1 s limit the trial is stopped, written as
     not finished with what it did, the larger size skipped, and the run ends on its own."""
     out = tmp_path / "store.json"
-    with no_process_outlives("the store benchmark"):
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "bench.store_bench",
-                "--stores=rallypoint",
-                "--sizes=512,1024",
-                "--patterns=gloo",
-                "--trials=1",
-                "--trial-limit-s=1",
-                "--init-procs=0",
-                "--no-plot",
-                f"--out={out}",
-            ],
-            cwd=REPOSITORY,
-            capture_output=True,
-            text=True,
-            timeout=140,
-            check=False,
-        )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_bench(
+        [
+            "--stores=rallypoint",
+            "--sizes=512,1024",
+            "--patterns=gloo",
+            "--trials=1",
+            "--trial-limit-s=1",
+            "--init-procs=0",
+            "--no-plot",
+            f"--out={out}",
+        ]
+    )
     gloo = json.loads(out.read_text())["results"]["rallypoint"]["gloo"]
     stopped = gloo["512"]
     assert stopped["finished"] is False and stopped["seconds"] is None

@@ -12,7 +12,7 @@ RUNS  ?= 20
 TIME  ?= 60
 LANES ?= 1
 
-.PHONY: help setup lint format typecheck pytest test test-browser sim crash-test fuzz bench-wal bench-kv bench-failover bench-recovery bench-scale demo proto clean jepsen jepsen-long
+.PHONY: help setup lint format typecheck pytest test test-browser sim crash-test fuzz bench-wal bench-kv bench-failover bench-recovery bench-scale bench-store demo proto clean jepsen jepsen-long
 
 help:
 	@echo "make demo             start a local cluster and elastic workers, kill things, watch recovery"
@@ -28,6 +28,7 @@ help:
 	@echo "make bench-torchrun   torchrun kill-to-running, rallypoint vs c10d -> bench/results/torchrun.json"
 	@echo "make bench-rendezvous rounds of 64/256/1024 vs torchrun, detection, capacity -> bench/results/rendezvous.json (.png)"
 	@echo "make bench-scale      100k participants, batched heartbeats: rounds, bytes, detection, capacity -> bench/results/scale.json (.png)"
+	@echo "make bench-store      gloo/NCCL bootstrap of 64/256/1024 ranks: bridge, CoordinatorStore vs TCPStore -> bench/results/store.json (.png)"
 	@echo "make proto            regenerate the Python code for proto/**/*.proto"
 	@echo "make jepsen           fault-injection runs: every workload under every nemesis, short (root)"
 	@echo "make jepsen-long RUNS=N TIME=S [LANES=L]  N runs of S s per fault mix, L at once -> store/jepsen/"
@@ -122,6 +123,12 @@ bench-rendezvous: setup
 # heartbeat streams: round close, round-change bytes, detection, capacity at 1 Hz; <= 30 minutes.
 bench-scale: setup
 	$(PY) -m bench.scale_bench --out bench/results/scale.json
+
+# Process-group bootstrap (gloo's full mesh, NCCL's id broadcast and barrier) replayed by
+# simulated ranks at 64/256/1024 through the TCPStore bridge and the round store, against
+# torch's TCPStore server; a real 16-process init_process_group("gloo") through both. ~30 min.
+bench-store: setup
+	$(PY) -m bench.store_bench --out bench/results/store.json
 
 # Two torchrun agents x 2 gloo workers per trial; SIGKILL a worker; both backends in one run.
 bench-torchrun: setup

@@ -64,6 +64,10 @@ TARGETS: dict[str, tuple[list[str], Ready]] = {
         ["-m", "bench.rendezvous_bench", "--smoke", "--out={tmp}/r.json"],
         lambda commands: any("rendezvous_load" in c for c in commands),
     ),
+    "bench-store": (
+        ["-m", "bench.store_bench", "--smoke", "--no-plot", "--out={tmp}/s.json"],
+        lambda commands: any("store_load ranks" in c for c in commands),
+    ),
     "bench-torchrun": (
         ["-m", "bench.torchrun_bench", "--backends=rallypoint", "--trials=1", "--out={tmp}/t.json"],
         torchrun_workers,

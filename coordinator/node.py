@@ -107,7 +107,7 @@ from .node_bootstrap import begin_from_empty_storage, is_fresh
 from .node_config import NodeConfig, PeerTls
 from .node_membership import Membership
 from .node_proposals import ProposalIds, Waiters, unwrap, validate_entries, wrap
-from .node_reads import ReadIndexBatcher
+from .node_reads import LeaderLease, ReadIndexBatcher, lease_clock_s, lease_duration_s
 from .node_snapshots import Capture, LeaderSnapshots, Snapshots, capture
 from .peer_auth import PeerKey
 from .peer_service import add_peer_service, remove_partial_snapshots
@@ -193,7 +193,17 @@ class Node:
         self._background: set[asyncio.Task[Any]] = set()
         self._proposal_ids = ProposalIds()
         self._waiters = Waiters()
-        self._reads = ReadIndexBatcher(lambda context: self.raw.read_index(context), self.wake)
+        lease_clock = lease_clock_s()
+        self._lease = LeaderLease(
+            lease_duration_s(config.tick_ms, config.election_ticks), lease_clock
+        )
+        self._reads = ReadIndexBatcher(
+            lambda context: self.raw.read_index(context),
+            self.wake,
+            lease_clock,
+            leader_term=self._leader_term,
+            on_confirmed=self._lease.confirmed,
+        )
         self._applied_signal = asyncio.Event()
         self._leader_signal = asyncio.Event()
         channel_factory = None
@@ -289,6 +299,7 @@ class Node:
                 applied=Index(snapshot.metadata.index),
                 check_quorum=config.check_quorum,
                 pre_vote=config.pre_vote,
+                leader_lease=config.lease_reads,
                 max_inflight_msgs=256,
                 max_uncommitted_entries_size=1 << 30,
                 # Committed entries handed out per Ready, so applied per event-loop turn: a
@@ -564,7 +575,23 @@ class Node:
             self._role_log.check_leaderless()
             # A ReadIndex request unanswered for an election timeout was lost: ask again.
             self._reads.retry_if_lost(election_s, leader_known=self.leader_id != NONE)
+            self._renew_lease()
             self._wakeup.set()
+
+    def _leader_term(self) -> int:
+        """The term this member's core leads in, or 0 (a ReadIndex request is issued under
+        it: only a request issued while leading renews the lease)."""
+        status = self.raw.basic_status()
+        leading = status.soft_state.raft_state is StateType.LEADER
+        return int(status.hard_state.term) if leading else 0
+
+    def _renew_lease(self) -> None:
+        """A leader whose lease is half gone asks a quorum again (node_reads.py)."""
+        if not self.config.lease_reads:
+            return
+        found = self.raw.lease_read_index()
+        if found is not None and self._lease.wants_renewal(int(found[0])):
+            self._reads.renew()
 
     async def _lease_loop(self) -> None:
         while True:
@@ -772,13 +799,23 @@ class Node:
             return
         if self.leader_id == NONE:
             raise NoLeaderError()
-        future = self._reads.enqueue()
+        future = self._leased_read() or self._reads.enqueue()
         try:
             await asyncio.wait_for(asyncio.shield(future), timeout_s)
         except TimeoutError:
             raise ProposalTimeoutError(
                 f"linearizable read not confirmed within {timeout_s:.1f}s"
             ) from None
+
+    def _leased_read(self) -> asyncio.Future[None] | None:
+        """The wait of a read served under this leader's lease (for the state applied up to
+        its commit index), or None when it holds none (node_reads.py)."""
+        if not self.config.lease_reads:
+            return None
+        found = self.raw.lease_read_index()
+        if found is None or not self._lease.held(int(found[0])):
+            return None
+        return self._reads.wait_applied(int(found[1]), self._sm.applied_index)
 
     async def watch(
         self, start_revision: int, key: bytes, prefix: bool

@@ -4,10 +4,10 @@ Theory of operation. One task, the Ready loop, owns the hand-off between the pur
 (``RawNode``) and the world, in the order the Ready contract demands (``raft/rawnode.py``,
 etcd-io/raft's ``rawnode.go``; Raft thesis 10.2):
 
-1. apply the committed entries already durable in this member's log (all of them on a
-   leader, whose commit follows its own persisted ack): a commit only announced by this
-   Ready needs no write of its own before the caller is answered (etcd's server applies
-   while it saves, too);
+1. apply the committed entries already durable in this member's log (on a leader, all of
+   them: its entries reach followers only in the Ready that writes them): a commit this
+   Ready only announces needs no write of its own before the caller is answered (etcd's
+   server applies while it saves, too);
 2. send ``Ready.messages`` at once: they vouch for nothing unpersisted (a leader replicates
    while it writes, thesis 10.2.1; a follower answers heartbeats during a long catch-up),
    and let the peer senders put them on the wire before the disk thread starts;

@@ -120,6 +120,9 @@ class Settings:
     tick_ms: int = 100
     election_ticks: int = 10
     heartbeat_ticks: int = 1
+    # Linearizable reads answered by the leader under its lease (node_reads.py); every
+    # member of a cluster must use the same setting (RALLYPOINT_LEASE_READS=0 turns it off).
+    lease_reads: bool = True
     snapshot_entries: int = 10_000
     metrics_address: str = ""  # host:port for /metrics; empty disables
     # host:port serving only the gRPC health service, in plaintext and without tokens, for
@@ -286,6 +289,7 @@ class Settings:
                 tick_ms=self.tick_ms,
                 election_ticks=self.election_ticks,
                 heartbeat_ticks=self.heartbeat_ticks,
+                lease_reads=self.lease_reads,
                 snapshot_entries=self.snapshot_entries,
                 wal_segment_size_bytes=self.wal_segment_size_bytes(),
             )

@@ -4,17 +4,23 @@ Theory of operation. One task, the Ready loop, owns the hand-off between the pur
 (``RawNode``) and the world, in the order the Ready contract demands (``raft/rawnode.py``,
 etcd-io/raft's ``rawnode.go``; Raft thesis 10.2):
 
-1. send ``Ready.messages`` at once: they vouch for nothing unpersisted (a leader replicates
-   while it writes, thesis 10.2.1; a follower answers heartbeats during a long catch-up);
-2. persist the hard state, entries and snapshot: one WAL write, fsynced only when the Ready
+1. apply the committed entries already durable in this member's log (on a leader, all of
+   them: its entries reach followers only in the Ready that writes them): a commit this
+   Ready only announces needs no write of its own before the caller is answered (etcd's
+   server applies while it saves, too);
+2. send ``Ready.messages`` at once: they vouch for nothing unpersisted (a leader replicates
+   while it writes, thesis 10.2.1; a follower answers heartbeats during a long catch-up),
+   and let the peer senders put them on the wire before the disk thread starts;
+3. persist the hard state, entries and snapshot: one WAL write, fsynced only when the Ready
    says ``must_sync``, on a dedicated disk thread so the event loop keeps serving; while it
    runs, new proposals and messages keep entering the core, and the next Ready carries all
    of them to disk with one fsync (group commit);
-3. send ``Ready.messages_after_persist`` (votes and append acks: they vouch for what was
+4. send ``Ready.messages_after_persist`` (votes and append acks: they vouch for what was
    just persisted, thesis 3.8);
-4. install a received snapshot into the state machine; resolve ReadIndex requests;
-5. apply the committed entries: state-machine commands, or configuration changes;
-6. ``advance``; then start a snapshot in the background when the policy says so.
+5. install a received snapshot into the state machine; resolve ReadIndex requests;
+6. apply the remaining committed entries (those this Ready itself wrote): state-machine
+   commands, or configuration changes;
+7. ``advance``; then start a snapshot in the background when the policy says so.
 
 The core decides what each Ready holds and which messages wait for persistence; this loop
 never sorts messages by type, and it reads the core only through ``basic_status()`` and
@@ -29,7 +35,7 @@ the core and wakes the loop. The parts live in modules of their own, by seam (et
 - ``node_bootstrap``: a member's first start (create the cluster, or abstain until caught up);
 - ``node_proposals``: entry framing, proposal ids unique per boot, and the waiters that
   answer a caller when its entry applies;
-- ``node_reads``: the ReadIndex batcher behind linearizable reads;
+- ``node_reads``: the ReadIndex batcher and the leader lease behind linearizable reads;
 - ``node_membership``: the address book, the configuration, and membership changes;
 - ``node_snapshots``: periodic snapshots and snapshots for followers, encoded off the loop;
 - ``leader/``: the leader's clock-driven soft state (lease deadlines, failure detectors).
@@ -107,7 +113,7 @@ from .node_bootstrap import begin_from_empty_storage, is_fresh
 from .node_config import NodeConfig, PeerTls
 from .node_membership import Membership
 from .node_proposals import ProposalIds, Waiters, unwrap, validate_entries, wrap
-from .node_reads import ReadIndexBatcher
+from .node_reads import LeaderLease, ReadIndexBatcher, lease_clock_s, lease_duration_s
 from .node_snapshots import Capture, LeaderSnapshots, Snapshots, capture
 from .peer_auth import PeerKey
 from .peer_service import add_peer_service, remove_partial_snapshots
@@ -193,7 +199,17 @@ class Node:
         self._background: set[asyncio.Task[Any]] = set()
         self._proposal_ids = ProposalIds()
         self._waiters = Waiters()
-        self._reads = ReadIndexBatcher(lambda context: self.raw.read_index(context), self.wake)
+        lease_clock = lease_clock_s()
+        self._lease = LeaderLease(
+            lease_duration_s(config.tick_ms, config.election_ticks), lease_clock
+        )
+        self._reads = ReadIndexBatcher(
+            lambda context: self.raw.read_index(context),
+            self.wake,
+            lease_clock,
+            leader_term=self._leader_term,
+            on_confirmed=self._lease.confirmed,
+        )
         self._applied_signal = asyncio.Event()
         self._leader_signal = asyncio.Event()
         channel_factory = None
@@ -289,6 +305,7 @@ class Node:
                 applied=Index(snapshot.metadata.index),
                 check_quorum=config.check_quorum,
                 pre_vote=config.pre_vote,
+                leader_lease=config.lease_reads,
                 max_inflight_msgs=256,
                 max_uncommitted_entries_size=1 << 30,
                 # Committed entries handed out per Ready, so applied per event-loop turn: a
@@ -411,11 +428,24 @@ class Node:
                 self._term = rd.hard_state.term
                 self.metrics.term.set(self._term)
             self._commit_index = rd.hard_state.commit
+        # Committed entries already durable here apply first, while this Ready's state is
+        # written (as etcd's server does): their callers' answers wait neither for the write
+        # of the commit index that announced them nor behind the peer senders.
+        committed = rd.committed_entries
+        early = self._durable_prefix(rd)
+        for entry in committed[:early]:
+            self._apply(entry)
+        committed = committed[early:]
         # The Ready contract (raft/rawnode.py): the core put apart the messages that vouch
         # for nothing unpersisted, which go now, and the votes and acks, which go once
         # persisted.
         self._transport.send(rd.messages)
         if rd.entries or not rd.hard_state.is_empty() or not rd.snapshot.is_empty():
+            if rd.messages:
+                # Let the peer senders put the appends on the wire (and the callers just
+                # answered respond) before the disk thread starts: the followers' fsyncs,
+                # not ours, decide when an entry commits.
+                await asyncio.sleep(0)
             request = PersistRequest(rd.hard_state, rd.entries, rd.snapshot, rd.must_sync)
             started = time.monotonic()
             await asyncio.get_running_loop().run_in_executor(
@@ -428,7 +458,7 @@ class Node:
             self._install_snapshot(rd.snapshot)
         for read_state in rd.read_states:
             self._reads.on_read_state(read_state, self._sm.applied_index)
-        for entry in rd.committed_entries:
+        for entry in committed:
             self._apply(entry)
         raw.advance(rd)
         if raw.abstaining and (rd.committed_entries or not rd.hard_state.is_empty()):
@@ -436,6 +466,24 @@ class Node:
         if rd.committed_entries or not rd.snapshot.is_empty():
             self._after_apply()
             self._snapshots.maybe_start()
+
+    def _durable_prefix(self, rd: Ready) -> int:
+        """How many of ``rd``'s committed entries are durable in this member's log before
+        ``rd`` is written: those at or below the persisted last index that ``rd``'s own
+        entries do not overwrite. None with a snapshot (it replaces the state first)."""
+        storage = self._storage
+        assert storage is not None
+        if not rd.snapshot.is_empty() or not rd.committed_entries:
+            return 0
+        durable = int(storage.last_index())
+        if rd.entries:
+            durable = min(durable, int(rd.entries[0].index) - 1)
+        count = 0
+        for entry in rd.committed_entries:
+            if entry.index > durable:
+                break
+            count += 1
+        return count
 
     async def _maybe_stop_abstaining(self) -> None:
         """A member that lost its data votes again once its log holds, at the commit index,
@@ -564,7 +612,23 @@ class Node:
             self._role_log.check_leaderless()
             # A ReadIndex request unanswered for an election timeout was lost: ask again.
             self._reads.retry_if_lost(election_s, leader_known=self.leader_id != NONE)
+            self._renew_lease()
             self._wakeup.set()
+
+    def _leader_term(self) -> int:
+        """The term this member's core leads in, or 0 (a ReadIndex request is issued under
+        it: only a request issued while leading renews the lease)."""
+        status = self.raw.basic_status()
+        leading = status.soft_state.raft_state is StateType.LEADER
+        return int(status.hard_state.term) if leading else 0
+
+    def _renew_lease(self) -> None:
+        """A leader whose lease is half gone asks a quorum again (node_reads.py)."""
+        if not self.config.lease_reads:
+            return
+        found = self.raw.lease_read_index()
+        if found is not None and self._lease.wants_renewal(int(found[0])):
+            self._reads.renew()
 
     async def _lease_loop(self) -> None:
         while True:
@@ -772,13 +836,25 @@ class Node:
             return
         if self.leader_id == NONE:
             raise NoLeaderError()
-        future = self._reads.enqueue()
+        future = self._leased_read() or self._reads.enqueue()
+        if future.done():
+            return  # a leased read of applied state: no turn of the loop to wait for
         try:
             await asyncio.wait_for(asyncio.shield(future), timeout_s)
         except TimeoutError:
             raise ProposalTimeoutError(
                 f"linearizable read not confirmed within {timeout_s:.1f}s"
             ) from None
+
+    def _leased_read(self) -> asyncio.Future[None] | None:
+        """The wait of a read served under this leader's lease (for the state applied up to
+        its commit index), or None when it holds none (node_reads.py)."""
+        if not self.config.lease_reads:
+            return None
+        found = self.raw.lease_read_index()
+        if found is None or not self._lease.held(int(found[0])):
+            return None
+        return self._reads.wait_applied(int(found[1]), self._sm.applied_index)
 
     async def watch(
         self, start_revision: int, key: bytes, prefix: bool

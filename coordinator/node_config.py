@@ -59,6 +59,10 @@ class NodeConfig:
     wal_segment_size_bytes: int = 64 * 1024 * 1024
     pre_vote: bool = True
     check_quorum: bool = True
+    # A leader answers linearizable reads under a lease, without a heartbeat round, while a
+    # quorum confirmed it recently (node_reads.py). Needs check_quorum; every member of a
+    # cluster must run with the same setting.
+    lease_reads: bool = True
     # After becoming leader, no worker is declared failed for this long: heartbeats need a
     # moment to find the new leader.
     detector_grace_ms: int = 2000
@@ -79,6 +83,8 @@ class NodeConfig:
             raise ValueError("tick_ms and heartbeat_ticks must be positive")
         if self.election_ticks <= self.heartbeat_ticks:
             raise ValueError("election_ticks must be greater than heartbeat_ticks")
+        if self.lease_reads and not self.check_quorum:
+            raise ValueError("lease_reads needs check_quorum")
         if (
             not self.join_existing
             and self.initial_members

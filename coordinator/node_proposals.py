@@ -118,7 +118,10 @@ class Waiters:
                 raise ProposalDroppedError(f"proposal dropped: {exc}") from None
             wake()
             try:
-                return await asyncio.wait_for(future, timeout_s)
+                # Awaited directly under a deadline: the caller resumes on the loop turn its
+                # entry applies (wait_for takes two more).
+                async with asyncio.timeout(timeout_s):
+                    return await future
             except TimeoutError:
                 raise ProposalTimeoutError(
                     f"not applied within {timeout_s:.1f}s (it may still apply)"

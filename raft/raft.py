@@ -132,6 +132,13 @@ class Config:
     check_quorum: bool = True
     pre_vote: bool = True
     read_only_option: ReadOnlyOption = ReadOnlyOption.SAFE
+    # The application serves reads under a leader lease timed on its own monotonic clock
+    # (coordinator/node_reads.py, whose docstring holds the safety argument). The core's part:
+    # a node refuses (pre-)votes for an election timeout after it starts, as if it had just
+    # heard from a leader (it may have acknowledged one just before it restarted), and
+    # ``lease_read_index`` says when a leader may serve a read without a round trip.
+    # Requires check_quorum (leader stickiness), on every member.
+    leader_lease: bool = False
     disable_proposal_forwarding: bool = False
     # A leader removed from (or demoted in) the configuration steps down.
     step_down_on_removal: bool = True
@@ -163,6 +170,8 @@ class Config:
             raise ConfigError("max inflight bytes must be >= max message size")
         if self.read_only_option is ReadOnlyOption.LEASE_BASED and not self.check_quorum:
             raise ConfigError("check_quorum must be enabled when read_only_option is LEASE_BASED")
+        if self.leader_lease and not self.check_quorum:
+            raise ConfigError("check_quorum must be enabled for leader_lease")
 
 
 def payloads_size(entries: Sequence[Entry]) -> int:
@@ -245,6 +254,14 @@ class Raft:
         # Feature switches and timeouts from the Config (fixed for the node's life).
         self.check_quorum = config.check_quorum
         self.pre_vote = config.pre_vote
+        self.leader_lease = config.leader_lease
+        # Ticks left during which a node that just started refuses votes as if it had heard
+        # from a leader (only with leader_lease; counts down to 0 and stays there).
+        self.start_stickiness_ticks = config.election_tick if config.leader_lease else 0
+        # True once this leader sent MsgTimeoutNow in its term: the transferee's forced
+        # campaign overrides the followers' stickiness, so no lease holds again in this term.
+        # Invariant: False whenever the node is not a leader (reset by every role change).
+        self.lease_fenced = False
         # Invariant: True only while this node lost its storage and has not caught up.
         self.abstain = config.abstain
         self.heartbeat_timeout = config.heartbeat_tick
@@ -487,6 +504,7 @@ class Raft:
         self.pending_conf_index = Index(0)
         self.uncommitted_size = 0
         self.read_only = ReadOnly(self.read_only.option)
+        self.lease_fenced = False
 
     def append_entry(self, entries: Sequence[Entry]) -> bool:
         """Append proposals at our term (leader); False if over the uncommitted size limit."""
@@ -509,6 +527,7 @@ class Raft:
 
     def tick_election(self) -> None:
         """Followers and candidates: campaign once the randomized timeout elapsed (5.2)."""
+        self.count_start_tick()
         self.election_elapsed += 1
         if self.promotable() and self.past_election_timeout():
             self.election_elapsed = 0
@@ -516,6 +535,7 @@ class Raft:
 
     def tick_heartbeat(self) -> None:
         """Leaders: heartbeat every heartbeat_timeout; check quorum every election_timeout."""
+        self.count_start_tick()
         self.heartbeat_elapsed += 1
         self.election_elapsed += 1
         if self.election_elapsed >= self.election_timeout:
@@ -682,10 +702,9 @@ class Raft:
         elif m.term > self.term:
             if m.type is MT.MsgVote or m.type is MT.MsgPreVote:
                 force = m.context == CAMPAIGN_TRANSFER_CONTEXT
-                in_lease = (
-                    self.check_quorum
-                    and self.lead != NONE
-                    and self.election_elapsed < self.election_timeout
+                in_lease = self.check_quorum and (
+                    (self.lead != NONE and self.election_elapsed < self.election_timeout)
+                    or self.start_stickiness_ticks > 0
                 )
                 if not force and in_lease:
                     # Leader stickiness (thesis 4.2.3): having heard from a leader within
@@ -1160,8 +1179,8 @@ class Raft:
         """
         if self.state is not StateType.FOLLOWER:
             return
-        if self.read_only.option is ReadOnlyOption.LEASE_BASED:
-            self.logger.error("ignoring forget_leader due to LEASE_BASED reads")
+        if self.read_only.option is ReadOnlyOption.LEASE_BASED or self.leader_lease:
+            self.logger.error("ignoring forget_leader due to lease-based reads")
             return
         if self.lead != NONE:
             self.logger.info("%d forgetting leader %d at term %d", self.id, self.lead, self.term)
@@ -1387,12 +1406,36 @@ class Raft:
         )
 
     def send_timeout_now(self, to: NodeId) -> None:
+        # The lease ends before the message leaves: once the transferee campaigns, followers
+        # that acknowledged us grant it their votes at once.
+        self.lease_fenced = True
         self.send(Message(type=MT.MsgTimeoutNow, to=to))
 
     def abort_leader_transfer(self) -> None:
         self.lead_transferee = NONE
 
     # -- reads and size accounting ------------------------------------------------------
+
+    def lease_read_index(self) -> Index | None:
+        """The read index of a lease read, or None when a lease cannot hold: only a leader
+        with leader_lease on, that committed an entry of its term (thesis 6.4), is not
+        transferring leadership and has not sent MsgTimeoutNow in this term. The application
+        still checks its clock: the lease is its acknowledged rounds' send time plus less than
+        an election timeout (coordinator/node_reads.py)."""
+        if (
+            self.state is not StateType.LEADER
+            or not self.leader_lease
+            or self.lease_fenced
+            or self.lead_transferee != NONE
+            or self.is_learner
+            or not self.committed_entry_in_current_term()
+        ):
+            return None
+        return self.raft_log.committed
+
+    def count_start_tick(self) -> None:
+        if self.start_stickiness_ticks > 0:
+            self.start_stickiness_ticks -= 1
 
     def committed_entry_in_current_term(self) -> bool:
         # A leader's term is never 0, so an unknown (compacted) term never matches.

@@ -252,6 +252,13 @@ class RawNode:
         """Forget the leader (follower only), e.g. because the application knows it left."""
         self._raft.forget_leader()
 
+    def lease_read_index(self) -> tuple[Term, Index] | None:
+        """(term, read index) if this leader may serve a read under its lease, else None
+        (see ``Raft.lease_read_index``; the caller checks the lease's clock)."""
+        r = self._raft
+        index = r.lease_read_index()
+        return None if index is None else (r.term, index)
+
     # -- outputs ------------------------------------------------------------------------
 
     def has_ready(self) -> bool:

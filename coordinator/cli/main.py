@@ -50,6 +50,9 @@ _SERVE_HELP = {
     "tick_ms": "Raft tick length in milliseconds",
     "election_ticks": "ticks without a leader before an election (randomized up to 2x)",
     "heartbeat_ticks": "ticks between leader heartbeats",
+    "lease_reads": "the leader answers linearizable reads under a lease, without a heartbeat "
+    "round (the same on every member; turn off with lease_reads = false in --config or "
+    "RALLYPOINT_LEASE_READS=0)",
     "snapshot_entries": "applied entries between snapshots",
     "metrics_address": "host:port to serve Prometheus /metrics on (off when empty)",
     "health_address": "host:port serving only the standard gRPC health service, without TLS "

@@ -190,6 +190,16 @@ def test_a_wildcard_listening_address_may_stand_for_the_entry() -> None:
     assert config.wal_segment_size_bytes == 8 * 1024 * 1024
 
 
+def test_lease_reads_are_on_by_default_and_can_be_turned_off() -> None:
+    values = {"peer_secret": SECRET, "initial_cluster": OWN, "peer_address": PEER}
+    values["client_address"] = CLIENT
+    settings = Settings()
+    settings.merge(values, "test")
+    assert settings.node_config().lease_reads is True
+    settings.merge_environment({"RALLYPOINT_LEASE_READS": "0"})
+    assert settings.node_config().lease_reads is False
+
+
 def test_serve_refuses_unusable_tls_files_naming_the_file(tmp_path: Path) -> None:
     certs = _make_certificates(tmp_path)
     cert, key, ca = (

@@ -11,6 +11,11 @@ server's "still missing" answer as if the member had not answered): each attempt
 server to wait for what is left of the caller's timeout and allows ``attempt_timeout_s``
 more for the answer. Only UNAVAILABLE (not the leader, no leader, member down) is retried,
 following the leader hint or backing off; DEADLINE_EXCEEDED means a key was still missing.
+
+Many reads in one call: :meth:`RoundStore.multi_get` (torch's ``multi_get``: every key, one
+wait) and :meth:`RoundStore.read_groups` (several independent reads, each answered all or
+nothing, a missing key failing only its own group) are the MultiGet RPC: one gRPC call and
+one read barrier for all of them, as linearizable as a Get issued when the call started.
 """
 
 from __future__ import annotations
@@ -26,13 +31,24 @@ from rallypoint.proto.v1 import rendezvous_pb2
 
 from .arguments import non_negative_seconds
 from .caller import Caller
-from .errors import DeadlineExceededError, RallypointError, UnavailableError, map_rpc_error
+from .errors import (
+    DeadlineExceededError,
+    InternalError,
+    RallypointError,
+    UnavailableError,
+    map_rpc_error,
+)
 from .jobs import RendezvousStubs, services
 from .rendezvous_errors import refine, refined
 from .transport import Deadline
 
 # The requests the server holds (both carry timeout_ms).
-Request = TypeVar("Request", rendezvous_pb2.StoreGetRequest, rendezvous_pb2.StoreWaitRequest)
+Request = TypeVar(
+    "Request",
+    rendezvous_pb2.StoreGetRequest,
+    rendezvous_pb2.StoreWaitRequest,
+    rendezvous_pb2.StoreMultiGetRequest,
+)
 Response = TypeVar("Response")
 Bytes = bytes | str
 
@@ -156,6 +172,40 @@ class RoundStore:
             rendezvous_pb2.StoreWaitRequest(scope=self.scope, keys=encoded),
             self._wait_s(timeout_s),
         )
+
+    async def multi_get(
+        self, keys: Sequence[Bytes], *, wait: bool = True, timeout_s: float | None = None
+    ) -> list[bytes]:
+        """Every key's value in one call, waiting up to ``timeout_s`` (default: the client's
+        timeout; ``wait=False``: not at all) for all of them to be set; DeadlineExceededError
+        if one is still missing."""
+        answer = await self._multi_get(
+            [keys], wait_s=self._wait_s(timeout_s) if wait else 0.0, partial=False
+        )
+        values = answer[0]
+        assert values is not None, "a complete MultiGet answer has every group"
+        return values
+
+    async def read_groups(
+        self, groups: Sequence[Sequence[Bytes]], *, wait_s: float = 0.0
+    ) -> list[list[bytes] | None]:
+        """Each group's values (in its keys' order), or None for a group with a key still
+        missing after ``wait_s`` (0: no wait): independent reads in one call."""
+        return await self._multi_get(groups, wait_s=wait_s, partial=True)
+
+    async def _multi_get(
+        self, groups: Sequence[Sequence[Bytes]], *, wait_s: float, partial: bool
+    ) -> list[list[bytes] | None]:
+        request = rendezvous_pb2.StoreMultiGetRequest(scope=self.scope, partial=partial)
+        for keys in groups:
+            request.groups.add().keys.extend(_bytes(key) for key in keys)
+        response = await self._blocking(lambda stubs: stubs.store.MultiGet, request, wait_s)
+        if len(response.groups) != len(groups):
+            raise InternalError(
+                f"{self.namespace}: MultiGet answered {len(response.groups)} groups for "
+                f"{len(groups)}"
+            )
+        return [list(group.values) if group.complete else None for group in response.groups]
 
     async def num_keys(self, *, timeout_s: float | None = None) -> int:
         response = await refined(

@@ -30,6 +30,8 @@ class SyncRoundStore(Blocking[RoundStore]):
     delete = blocking(RoundStore.delete)
     num_keys = blocking(RoundStore.num_keys)
     check = blocking(RoundStore.check)
+    multi_get = blocking(RoundStore.multi_get)
+    read_groups = blocking(RoundStore.read_groups)
 
     @property
     def store(self) -> RoundStore:

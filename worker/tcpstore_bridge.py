@@ -49,7 +49,9 @@ from typing import Any, TypeVar
 from rallypoint.client import (
     Client,
     DeadlineExceededError,
+    InvalidArgumentError,
     RallypointError,
+    ResourceExhaustedError,
     RoundStore,
     TlsConfig,
 )
@@ -66,6 +68,8 @@ _U8 = struct.Struct("<B")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
+# What one read from a worker's socket may take.
+_READ_BYTES = 256 * 1024
 
 
 class Query(enum.IntEnum):
@@ -99,33 +103,161 @@ class ProtocolError(Exception):
     """The peer sent something this bridge does not serve."""
 
 
-class _Reader:
-    def __init__(self, stream: asyncio.StreamReader) -> None:
-        self._stream = stream
+class _Short(Exception):
+    """The buffer holds only part of a query: read more, then parse it again."""
 
-    async def value(self, form: struct.Struct) -> int:
-        (value,) = form.unpack(await self._stream.readexactly(form.size))
+
+class _Parser:
+    """Reads one query's arguments from what the socket has delivered, with no await: a
+    query is parsed whole or not at all (``_Short``), so its handler never waits mid-query."""
+
+    def __init__(self, buffer: bytearray) -> None:
+        self.buffer = buffer
+        self.at = 0
+
+    def value(self, form: struct.Struct) -> int:
+        end = self.at + form.size
+        if end > len(self.buffer):
+            raise _Short
+        (value,) = form.unpack_from(self.buffer, self.at)
+        self.at = end
         return int(value)
 
-    async def data(self) -> bytes:
-        return await self._stream.readexactly(await self.value(_U64))
+    def data(self) -> bytes:
+        length = self.value(_U64)
+        end = self.at + length
+        if end > len(self.buffer):
+            raise _Short
+        value = bytes(self.buffer[self.at : end])
+        self.at = end
+        return value
 
-    async def keys(self) -> list[bytes]:
-        return [await self.data() for _ in range(await self.value(_U64))]
+    def keys(self) -> list[bytes]:
+        return [self.data() for _ in range(self.value(_U64))]
+
+    def pairs(self) -> list[tuple[bytes, bytes]]:
+        return [(self.data(), self.data()) for _ in range(self.value(_U64))]
+
+
+def _parse(buffer: bytearray) -> tuple[Query, tuple[Any, ...], int]:
+    """The first query in ``buffer``: its type, arguments and length in bytes."""
+    parser = _Parser(buffer)
+    code = parser.value(_U8)
+    try:
+        query = Query(code)
+    except ValueError:
+        raise ProtocolError(f"query type {code} is not served") from None
+    arguments: tuple[Any, ...]
+    if query in (Query.VALIDATE, Query.PING):
+        arguments = (parser.value(_U32),)
+    elif query in (Query.GET, Query.DELETE_KEY):
+        arguments = (parser.data(),)
+    elif query in (Query.SET, Query.APPEND):
+        arguments = (parser.data(), parser.data())
+    elif query is Query.COMPARE_SET:
+        arguments = (parser.data(), parser.data(), parser.data())
+    elif query is Query.ADD:
+        arguments = (parser.data(), parser.value(_I64))
+    elif query in (Query.CHECK, Query.WAIT, Query.MULTI_GET):
+        arguments = (parser.keys(),)
+    elif query is Query.MULTI_SET:
+        arguments = (parser.pairs(),)
+    elif query in (Query.CANCEL_WAIT, Query.GETNUMKEYS):
+        arguments = ()
+    else:
+        raise ProtocolError(f"query type {query.name} is not served")
+    return query, arguments, parser.at
 
 
 def _data(value: bytes) -> bytes:
     return _U64.pack(len(value)) + value
 
 
+class _Reads:
+    """The reads of every connection of one round, coalesced into MultiGet calls.
+
+    One call in flight at a time; the reads that arrive while it runs wait for the next one,
+    which carries them all (identical groups once). So every read is answered from a call
+    that started after the read arrived: as linearizable as a Get of its own, at a fraction
+    of the calls. A read is a group of keys, answered with all their values or None.
+    Invariant: ``_pending`` is empty unless ``_flushing`` runs (or is about to).
+    """
+
+    def __init__(self, store: RoundStore) -> None:
+        self.store = store
+        self._pending: list[tuple[tuple[bytes, ...], asyncio.Future[list[bytes] | None]]] = []
+        self._flushing: asyncio.Task[None] | None = None
+
+    def read(self, keys: Sequence[bytes]) -> asyncio.Future[list[bytes] | None]:
+        future: asyncio.Future[list[bytes] | None] = asyncio.get_running_loop().create_future()
+        if not keys:
+            future.set_result([])  # torch's check([]) and wait([]): nothing to read
+            return future
+        self._pending.append((tuple(keys), future))
+        if self._flushing is None or self._flushing.done():
+            self._flushing = asyncio.create_task(self._flush())
+        return future
+
+    def close(self) -> None:
+        if self._flushing is not None:
+            self._flushing.cancel()
+        for _, future in self._pending:
+            future.cancel()
+        self._pending = []
+
+    async def _flush(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            await self._answer(batch)
+
+    async def _answer(
+        self, batch: list[tuple[tuple[bytes, ...], asyncio.Future[list[bytes] | None]]]
+    ) -> None:
+        groups: dict[tuple[bytes, ...], int] = {}
+        for keys, _ in batch:
+            groups.setdefault(keys, len(groups))
+        try:
+            answer = await self.store.read_groups(list(groups))
+        except (InvalidArgumentError, ResourceExhaustedError) as error:
+            if len(groups) == 1:
+                self._fail(batch, error)
+                return
+            # A bad key or an answer too large for one call: half the batch in each call,
+            # so only the reads at fault fail.
+            half = len(batch) // 2
+            await self._answer(batch[:half])
+            await self._answer(batch[half:])
+            return
+        except RallypointError as error:
+            self._fail(batch, error)
+            return
+        for keys, future in batch:
+            if not future.done():
+                future.set_result(answer[groups[keys]])
+
+    @staticmethod
+    def _fail(
+        batch: list[tuple[tuple[bytes, ...], asyncio.Future[list[bytes] | None]]],
+        error: RallypointError,
+    ) -> None:
+        for _, future in batch:
+            if not future.done():
+                future.set_exception(error)
+
+
 class _Connection:
     """One worker's TCPStore client, served against one round's store."""
 
     def __init__(
-        self, store: RoundStore, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        store: RoundStore,
+        reads: _Reads,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
     ) -> None:
         self.store = store
-        self.reader = _Reader(reader)
+        self.reads = reads
+        self.reader = reader
         self.writer = writer
         # The WAIT being served. Invariant: at most one (the client sends one query at a
         # time, and only CANCEL_WAIT may follow a WAIT before its answer).
@@ -133,13 +265,21 @@ class _Connection:
 
     async def serve(self) -> None:
         peer = self.writer.get_extra_info("peername")
+        buffer = bytearray()
         try:
             while True:
                 try:
-                    code = await self.reader.value(_U8)
-                except asyncio.IncompleteReadError:
-                    return  # the worker closed its store
-                await self.answer(code)
+                    query, arguments, length = _parse(buffer)
+                except _Short:
+                    chunk = await self.reader.read(_READ_BYTES)
+                    if not chunk:
+                        if buffer:
+                            raise asyncio.IncompleteReadError(bytes(buffer), None) from None
+                        return  # the worker closed its store
+                    buffer += chunk
+                    continue
+                del buffer[:length]
+                await self.answer(query, arguments)
                 await self.writer.drain()
         except RallypointError as error:
             log.warning("store %s refused a request of %s: %s", self.store.namespace, peer, error)
@@ -152,53 +292,61 @@ class _Connection:
             with contextlib.suppress(ConnectionError):
                 await self.writer.wait_closed()
 
-    async def answer(self, code: int) -> None:
-        try:
-            query = Query(code)
-        except ValueError:
-            raise ProtocolError(f"query type {code} is not served") from None
-        store, read, write = self.store, self.reader, self.writer.write
+    async def get(self, keys: Sequence[bytes]) -> list[bytes]:
+        """The keys' values from the next coalesced read; a missing key fails the request."""
+        values = await self.reads.read(keys)
+        if values is None:
+            missing = ", ".join(repr(key) for key in keys)
+            raise DeadlineExceededError(f"{self.store.namespace}: a key of {missing} is missing")
+        return values
+
+    async def answer(self, query: Query, arguments: tuple[Any, ...]) -> None:
+        store, write = self.store, self.writer.write
         if query is Query.VALIDATE:
-            magic = await read.value(_U32)
+            (magic,) = arguments
             if magic != VALIDATION_MAGIC:
                 raise ProtocolError(f"bad validation number {magic:#x}")
         elif query is Query.PING:
-            write(_U32.pack(await read.value(_U32)))
+            write(_U32.pack(arguments[0]))
         elif query is Query.SET:
-            key, value = await read.data(), await read.data()
-            await store.set(key, value)
+            await store.set(*arguments)
         elif query is Query.COMPARE_SET:
-            key, expected, desired = await read.data(), await read.data(), await read.data()
+            key, expected, desired = arguments
             result = await store.compare_set(key, expected, desired)
             # torch's answer for an absent key with a non-empty expectation is the expectation.
             write(_data(expected if result.value is None else result.value))
         elif query is Query.GET:
-            write(_data(await store.get(await read.data(), wait=False)))
+            write(_data((await self.get(arguments))[0]))
         elif query is Query.ADD:
-            key, delta = await read.data(), await read.value(_I64)
-            write(_I64.pack(await store.add(key, delta)))
+            write(_I64.pack(await store.add(*arguments)))
         elif query is Query.CHECK:
-            ready = await store.check(await read.keys())
+            ready = await self.reads.read(arguments[0]) is not None
             write(_U8.pack(CheckResponse.READY if ready else CheckResponse.NOT_READY))
         elif query is Query.WAIT:
-            self.start_wait(await read.keys())
+            self.start_wait(arguments[0])
         elif query is Query.CANCEL_WAIT:
             await self.cancel_wait()
             write(_U8.pack(WaitResponse.WAIT_CANCELED))
         elif query is Query.GETNUMKEYS:
             write(_I64.pack(await store.num_keys()))
         elif query is Query.DELETE_KEY:
-            write(_I64.pack(1 if await store.delete(await read.data()) else 0))
+            write(_I64.pack(1 if await store.delete(*arguments) else 0))
         elif query is Query.APPEND:
-            key, value = await read.data(), await read.data()
-            await self.append(key, value)
+            await self.append(*arguments)
         elif query is Query.MULTI_GET:
-            for key in await read.keys():
-                write(_data(await store.get(key, wait=False)))
+            (keys,) = arguments
+            if keys:
+                write(b"".join(_data(value) for value in await self.get(keys)))
         elif query is Query.MULTI_SET:
-            for _ in range(await read.value(_U64)):
-                key, value = await read.data(), await read.data()
-                await store.set(key, value)
+            await self.multi_set(arguments[0])
+
+    async def multi_set(self, pairs: Sequence[tuple[bytes, bytes]]) -> None:
+        """Every pair set; concurrently when no key repeats (the writes then commute)."""
+        if len({key for key, _ in pairs}) == len(pairs):
+            await asyncio.gather(*(self.store.set(key, value) for key, value in pairs))
+        else:
+            for key, value in pairs:
+                await self.store.set(key, value)
 
     def start_wait(self, keys: Sequence[bytes]) -> None:
         if self.waiting is not None and not self.waiting.done():
@@ -206,17 +354,22 @@ class _Connection:
         self.waiting = asyncio.create_task(self.wait_for(keys))
 
     async def wait_for(self, keys: Sequence[bytes]) -> None:
-        while True:
-            try:
-                await self.store.wait(keys, timeout_s=WAIT_SLICE_S)
-                break
-            except DeadlineExceededError:
-                continue
-            except RallypointError as error:
-                # The reader is blocked on the socket: closing it ends the worker's wait now.
-                log.warning("store %s refused a wait: %s", self.store.namespace, error)
-                self.writer.close()
-                return
+        """Answer STOP_WAITING once every key exists: at once if the next coalesced read
+        finds them all (the usual case: a WAIT precedes every GET), else by waiting on the
+        coordinator in slices until they do or the WAIT is cancelled."""
+        try:
+            present = await self.reads.read(keys) is not None
+            while not present:
+                try:
+                    await self.store.wait(keys, timeout_s=WAIT_SLICE_S)
+                    present = True
+                except DeadlineExceededError:
+                    continue
+        except RallypointError as error:
+            # The reader is blocked on the socket: closing it ends the worker's wait now.
+            log.warning("store %s refused a wait: %s", self.store.namespace, error)
+            self.writer.close()
+            return
         self.writer.write(_U8.pack(WaitResponse.STOP_WAITING))
 
     async def cancel_wait(self) -> None:
@@ -311,6 +464,8 @@ class TCPStoreBridge:
         )
         # The listener of the current round; None before the first round and after close.
         self._server: asyncio.Server | None = None
+        # The coalesced reads of the current round's connections (None when _server is).
+        self._reads: _Reads | None = None
         # The connections of the current round's listener, with their streams.
         self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         self.round_number = 0
@@ -330,13 +485,14 @@ class TCPStoreBridge:
     async def _open(self, job: str, round_number: int, participant_id: int) -> int:
         await self._stop_serving()
         store = self._client.round_store(job, round_number, participant_id)
+        reads = self._reads = _Reads(store)
 
         async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             task = asyncio.current_task()
             assert task is not None
             self._connections[task] = writer
             try:
-                await _Connection(store, reader, writer).serve()
+                await _Connection(store, reads, reader, writer).serve()
             finally:
                 del self._connections[task]
 
@@ -367,6 +523,7 @@ class TCPStoreBridge:
         """Close the listener and every connection; the handlers then end on their own (a
         closed stream ends their read), which cancelling them would not do cleanly."""
         server, self._server = self._server, None
+        reads, self._reads = self._reads, None
         if server is not None:
             server.close()
         for writer in self._connections.values():
@@ -375,6 +532,8 @@ class TCPStoreBridge:
             await asyncio.wait(list(self._connections))
         if server is not None:
             await server.wait_closed()
+        if reads is not None:
+            reads.close()
 
     def close(self) -> None:
         if self._closed:

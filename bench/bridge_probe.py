@@ -72,30 +72,46 @@ class Rank:
         return int(value)
 
 
-async def gloo(rank: Rank, index: int, size: int) -> None:
-    await rank.set(b"/rank_%d" % index, b"address-of-%d" % index * 4)
+async def gloo(rank: Rank, index: int, size: int, tag: bytes = b"") -> None:
+    await rank.set(b"/rank_%d" % index + tag, b"address-of-%d" % index * 4)
     for other in range(size):
         if other != index:
-            value = await rank.get(b"/rank_%d" % other)
+            value = await rank.get(b"/rank_%d" % other + tag)
             assert value == b"address-of-%d" % other * 4, value
 
 
-async def nccl(rank: Rank, index: int, size: int) -> None:
+PHASES: dict[str, float] = {}
+
+
+def _phase(name: str) -> None:
+    PHASES[name] = max(PHASES.get(name, 0.0), time.perf_counter())
+
+
+async def nccl(rank: Rank, index: int, size: int, tag: bytes = b"") -> None:
     if index == 0:
-        await rank.set(b"/nccl_id", b"u" * 128)
-    assert await rank.get(b"/nccl_id") == b"u" * 128
-    if await rank.add(b"/barrier", 1) == size:
-        await rank.set(b"/barrier_done", b"1")
-    await rank.wait([b"/barrier_done"])
+        await rank.set(b"/nccl_id" + tag, b"u" * 128)
+    assert await rank.get(b"/nccl_id" + tag) == b"u" * 128
+    _phase("got_id")
+    if await rank.add(b"/barrier" + tag, 1) == size:
+        await rank.set(b"/barrier_done" + tag, b"1")
+    _phase("added")
+    await rank.wait([b"/barrier_done" + tag])
 
 
 async def play(ports: list[int], size: int, pattern: str) -> float:
     per_port = -(-size // len(ports))
     ranks = [await Rank.connect(ports[i // per_port]) for i in range(size)]
     body = gloo if pattern == "gloo" else nccl
-    started = time.perf_counter()
-    await asyncio.gather(*(body(rank, i, size) for i, rank in enumerate(ranks)))
-    elapsed = time.perf_counter() - started
+    # A first pass warms the bridges (channels, sessions), as a long-lived agent's are.
+    for tag in (b"-warm-up", b""):
+        PHASES.clear()
+        started = time.perf_counter()
+        await asyncio.gather(*(body(rank, i, size, tag) for i, rank in enumerate(ranks)))
+        elapsed = time.perf_counter() - started
+        print(f"pass{tag.decode()}: {elapsed:.3f} s", file=sys.stderr)
+    if PHASES:
+        phases = {name: round(at - started, 3) for name, at in PHASES.items()}
+        print(f"phases (s after start): {phases}", file=sys.stderr)
     for rank in ranks:
         rank.writer.close()
     return elapsed
@@ -112,12 +128,29 @@ def ranks_main(args: argparse.Namespace) -> None:
     print(json.dumps({"seconds": asyncio.run(play(ports, args.ranks, args.pattern))}))
 
 
+def bridges_main(args: argparse.Namespace) -> None:
+    from rallypoint.worker.tcpstore_bridge import PortRange, TCPStoreBridge
+
+    endpoints = args.endpoints.split(",")
+    port_range = PortRange(args.port_base, args.port_base + 19)
+    ids = [int(i) for i in args.ids.split(",")]
+    bridges = [TCPStoreBridge(endpoints, port_range=port_range) for _ in ids]
+    ports = [
+        bridge.serve_round(args.job, args.round, participant_id)
+        for bridge, participant_id in zip(bridges, ids, strict=True)
+    ]
+    print(json.dumps(ports), flush=True)
+    sys.stdin.read()
+    for bridge in bridges:
+        bridge.close()
+
+
 def run_ranks(ports: list[int], size: int, pattern: str) -> float:
     command = [sys.executable, __file__, "--ranks-child", "--ranks", str(size)]
     command += ["--pattern", pattern, "--ports", ",".join(map(str, ports))]
     done = subprocess.run(
         command,
-        capture_output=True,
+        stdout=subprocess.PIPE,
         text=True,
         check=True,
         timeout=3600,
@@ -135,15 +168,24 @@ def main() -> None:
     parser.add_argument("--hold", action="store_true")
     parser.add_argument("--ranks-child", action="store_true")
     parser.add_argument("--ports", default="")
+    parser.add_argument("--bridge-procs", type=int, default=16)
+    parser.add_argument("--bridge-child", action="store_true")
+    parser.add_argument("--job", default="")
+    parser.add_argument("--round", type=int, default=0)
+    parser.add_argument("--endpoints", default="")
+    parser.add_argument("--ids", default="")
     args = parser.parse_args()
     if args.ranks_child:
         ranks_main(args)
         return
+    if args.bridge_child:
+        bridges_main(args)
+        return
 
     import torch.distributed as dist
 
+    from bench.common import process_cpu_s
     from rallypoint.client import JobConfig, SyncClient
-    from rallypoint.worker.tcpstore_bridge import PortRange, TCPStoreBridge
     from tests.integration import harness
 
     ports = iter(range(args.port_base, args.port_base + 100))
@@ -170,19 +212,43 @@ def main() -> None:
                     client.join(job, f"node-{i}", config=config) for i in range(bridges_n)
                 ]
                 info = participants[0].wait_for_round(timeout_s=120)
-                port_range = PortRange(args.port_base + 100, args.port_base + 999)
-                bridges = [
-                    TCPStoreBridge(cluster.endpoints, port_range=port_range)
-                    for _ in range(bridges_n)
+                # Bridges in processes of their own (under torchrun each is in its own
+                # agent): dozens of bridge threads in one interpreter would queue for its GIL.
+                ids = [p.participant_id for p in participants]
+                hosts = [
+                    subprocess.Popen(
+                        [
+                            *(sys.executable, __file__, "--bridge-child", "--job", job),
+                            *("--round", str(info.round)),
+                            *("--endpoints", ",".join(cluster.endpoints)),
+                            *("--ids", ",".join(map(str, ids[i :: args.bridge_procs]))),
+                            *("--port-base", str(args.port_base + 100 + i * 20)),
+                        ],
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        text=True,
+                    )
+                    for i in range(min(args.bridge_procs, bridges_n))
                 ]
                 try:
-                    bridge_ports = [
-                        bridge.serve_round(job, info.round, p.participant_id)
-                        for bridge, p in zip(bridges, participants, strict=True)
-                    ]
+                    bridge_ports = []
+                    for host in hosts:
+                        assert host.stdout is not None
+                        bridge_ports += json.loads(host.stdout.readline())
+                    print(f"bridge hosts {[host.pid for host in hosts]}", file=sys.stderr)
                     if args.hold:
                         input(f"bridges on {bridge_ports[:4]}...; Enter to run {pattern}")
+                    member_pids = [m.proc.pid for m in cluster.members.values() if m.proc]
+                    host_pids = [host.pid for host in hosts]
+                    members_cpu = [process_cpu_s(pid) for pid in member_pids]
+                    hosts_cpu = sum(process_cpu_s(pid) for pid in host_pids)
                     seconds = run_ranks(bridge_ports, args.ranks, pattern)
+                    members_cpu = [
+                        round(process_cpu_s(pid) - before, 2)
+                        for pid, before in zip(member_pids, members_cpu, strict=True)
+                    ]
+                    hosts_cpu = sum(process_cpu_s(pid) for pid in host_pids) - hosts_cpu
+                    print(f"cpu s: members {members_cpu}, bridges {hosts_cpu:.2f}", file=sys.stderr)
                     print(
                         json.dumps(
                             {
@@ -195,8 +261,8 @@ def main() -> None:
                         flush=True,
                     )
                 finally:
-                    for bridge in bridges:
-                        bridge.close()
+                    for host in hosts:
+                        host.communicate("")
                     for participant in participants:
                         participant.leave()
                 if args.no_tcpstore:

@@ -63,6 +63,8 @@ log = logging.getLogger("rallypoint.worker.tcpstore_bridge")
 VALIDATION_MAGIC = 0x3C85F7CE
 # A WAIT is forwarded in slices of this length until its keys exist or it is cancelled.
 WAIT_SLICE_S = 30.0
+# How long a coalesced read waits for the other connections' reads before its call.
+LINGER_S = 0.001
 
 _U8 = struct.Struct("<B")
 _U32 = struct.Struct("<I")
@@ -173,20 +175,37 @@ def _data(value: bytes) -> bytes:
     return _U64.pack(len(value)) + value
 
 
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class _Reads:
     """The reads of every connection of one round, coalesced into MultiGet calls.
 
     One call in flight at a time; the reads that arrive while it runs wait for the next one,
     which carries them all (identical groups once). So every read is answered from a call
     that started after the read arrived: as linearizable as a Get of its own, at a fraction
-    of the calls. A read is a group of keys, answered with all their values or None.
+    of the calls. A read is a group of keys, answered with all their values or None. Before
+    a call, reads fewer than the open connections linger up to ``LINGER_S`` for the others
+    (answered together, the connections tend to ask again together).
+
+    Blocking waits on keys still missing are shared too: one coordinator Wait per distinct
+    group of keys, however many connections wait on it. A shared wait may have started
+    before a connection joined it, so its end only says "look again": the caller then reads
+    (coalesced) to see the keys exist now.
     Invariant: ``_pending`` is empty unless ``_flushing`` runs (or is about to).
     """
 
-    def __init__(self, store: RoundStore) -> None:
+    def __init__(self, store: RoundStore, open_connections: Callable[[], int]) -> None:
         self.store = store
+        self._open_connections = open_connections
         self._pending: list[tuple[tuple[bytes, ...], asyncio.Future[list[bytes] | None]]] = []
         self._flushing: asyncio.Task[None] | None = None
+        # Set while a call lingers; resolved early once every open connection has a read.
+        self._full: asyncio.Future[None] | None = None
+        # The shared blocking waits, by group of keys, with how many connections await each.
+        self._waits: dict[tuple[bytes, ...], tuple[asyncio.Task[None], int]] = {}
 
     def read(self, keys: Sequence[bytes]) -> asyncio.Future[list[bytes] | None]:
         future: asyncio.Future[list[bytes] | None] = asyncio.get_running_loop().create_future()
@@ -196,7 +215,35 @@ class _Reads:
         self._pending.append((tuple(keys), future))
         if self._flushing is None or self._flushing.done():
             self._flushing = asyncio.create_task(self._flush())
+        elif self._full is not None and len(self._pending) >= self._open_connections():
+            _resolve(self._full)
         return future
+
+    async def wait(self, keys: Sequence[bytes]) -> None:
+        """Return once the shared coordinator wait on ``keys`` ends (see the class doc)."""
+        group = tuple(keys)
+        task, waiters = self._waits.get(group, (None, 0))
+        if task is None or task.done():
+            task, waiters = asyncio.create_task(self._wait(group)), 0
+        self._waits[group] = (task, waiters + 1)
+        try:
+            await asyncio.shield(task)
+        finally:
+            current, left = self._waits.get(group, (None, 0))
+            if current is task:
+                if left <= 1:
+                    del self._waits[group]
+                    task.cancel()  # nobody waits on it any more
+                else:
+                    self._waits[group] = (task, left - 1)
+
+    async def _wait(self, keys: tuple[bytes, ...]) -> None:
+        while True:
+            try:
+                await self.store.wait(keys, timeout_s=WAIT_SLICE_S)
+                return
+            except DeadlineExceededError:
+                continue
 
     def close(self) -> None:
         if self._flushing is not None:
@@ -204,9 +251,21 @@ class _Reads:
         for _, future in self._pending:
             future.cancel()
         self._pending = []
+        for task, _ in self._waits.values():
+            task.cancel()
+        self._waits = {}
 
     async def _flush(self) -> None:
+        loop = asyncio.get_running_loop()
         while self._pending:
+            if len(self._pending) < self._open_connections():
+                full = self._full = loop.create_future()
+                timer = loop.call_later(LINGER_S, _resolve, full)
+                try:
+                    await full
+                finally:
+                    timer.cancel()
+                    self._full = None
             batch, self._pending = self._pending, []
             await self._answer(batch)
 
@@ -354,17 +413,12 @@ class _Connection:
         self.waiting = asyncio.create_task(self.wait_for(keys))
 
     async def wait_for(self, keys: Sequence[bytes]) -> None:
-        """Answer STOP_WAITING once every key exists: at once if the next coalesced read
-        finds them all (the usual case: a WAIT precedes every GET), else by waiting on the
-        coordinator in slices until they do or the WAIT is cancelled."""
+        """Answer STOP_WAITING once a coalesced read finds every key: the next one (the
+        usual case: a WAIT precedes every GET), or one after a shared coordinator wait on
+        them ended, until the WAIT is cancelled."""
         try:
-            present = await self.reads.read(keys) is not None
-            while not present:
-                try:
-                    await self.store.wait(keys, timeout_s=WAIT_SLICE_S)
-                    present = True
-                except DeadlineExceededError:
-                    continue
+            while await self.reads.read(keys) is None:
+                await self.reads.wait(keys)
         except RallypointError as error:
             # The reader is blocked on the socket: closing it ends the worker's wait now.
             log.warning("store %s refused a wait: %s", self.store.namespace, error)
@@ -485,7 +539,7 @@ class TCPStoreBridge:
     async def _open(self, job: str, round_number: int, participant_id: int) -> int:
         await self._stop_serving()
         store = self._client.round_store(job, round_number, participant_id)
-        reads = self._reads = _Reads(store)
+        reads = self._reads = _Reads(store, lambda: len(self._connections))
 
         async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             task = asyncio.current_task()

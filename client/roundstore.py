@@ -20,6 +20,7 @@ one read barrier for all of them, as linearizable as a Get issued when the call 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -149,6 +150,17 @@ class RoundStore:
         )
         return response.existed
 
+    async def multi_set(
+        self, items: Sequence[tuple[Bytes, Bytes]], *, timeout_s: float | None = None
+    ) -> None:
+        """Set every (key, value): all at once when no key repeats (the writes then
+        commute, and the member's Raft core batches concurrent proposals), else in order."""
+        if len({_bytes(key) for key, _ in items}) == len(items):
+            await asyncio.gather(*(self.set(k, v, timeout_s=timeout_s) for k, v in items))
+        else:
+            for key, value in items:
+                await self.set(key, value, timeout_s=timeout_s)
+
     # -------------------------------------------------------------- reads
 
     async def get(self, key: Bytes, *, wait: bool = True, timeout_s: float | None = None) -> bytes:
@@ -179,6 +191,8 @@ class RoundStore:
         """Every key's value in one call, waiting up to ``timeout_s`` (default: the client's
         timeout; ``wait=False``: not at all) for all of them to be set; DeadlineExceededError
         if one is still missing."""
+        if not keys:
+            return []
         answer = await self._multi_get(
             [keys], wait_s=self._wait_s(timeout_s) if wait else 0.0, partial=False
         )
@@ -191,6 +205,8 @@ class RoundStore:
     ) -> list[list[bytes] | None]:
         """Each group's values (in its keys' order), or None for a group with a key still
         missing after ``wait_s`` (0: no wait): independent reads in one call."""
+        if not groups:
+            return []
         return await self._multi_get(groups, wait_s=wait_s, partial=True)
 
     async def _multi_get(

@@ -397,15 +397,7 @@ class _Connection:
             if keys:
                 write(b"".join(_data(value) for value in await self.get(keys)))
         elif query is Query.MULTI_SET:
-            await self.multi_set(arguments[0])
-
-    async def multi_set(self, pairs: Sequence[tuple[bytes, bytes]]) -> None:
-        """Every pair set; concurrently when no key repeats (the writes then commute)."""
-        if len({key for key, _ in pairs}) == len(pairs):
-            await asyncio.gather(*(self.store.set(key, value) for key, value in pairs))
-        else:
-            for key, value in pairs:
-                await self.store.set(key, value)
+            await store.multi_set(arguments[0])
 
     def start_wait(self, keys: Sequence[bytes]) -> None:
         if self.waiting is not None and not self.waiting.done():

@@ -27,6 +27,17 @@ own timeout passes and expects WAIT_CANCELED (possibly after a STOP_WAITING that
 GET and MULTI_GET follow a WAIT on the same keys. The queue and key-listing queries are not
 served (torch's process groups do not use them): they close the connection.
 
+Reads are coalesced (:class:`_Reads`): a worker's get is a WAIT then a GET, and gloo's
+full-mesh connect has every rank get every other rank's key, N^2 gets per round. Each
+request used to be a coordinator call of its own, each paying gRPC's per-call cost and a
+read barrier; now the WAITs (their first look), GETs, CHECKs and MULTI_GETs of all the
+round's connections go to the coordinator together as one MultiGet, one call in flight at a
+time. A read is only ever answered by a call that started after it arrived, never from
+values kept from an earlier one (c10d allows overwriting and deleting keys), so a read that
+follows a completed write sees it. A WAIT whose keys are missing blocks on a coordinator
+Wait shared by the connections waiting on the same keys, then looks again. Queries are
+parsed from what the socket has delivered, a query at a time, without an await per field.
+
 The bridge runs its own event loop thread and its own coordinator client, apart from the
 agent's participant, so a burst of worker store traffic never delays the agent's
 heartbeats.

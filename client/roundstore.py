@@ -21,6 +21,7 @@ one read barrier for all of them, as linearizable as a Get issued when the call 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -52,6 +53,9 @@ Request = TypeVar(
 )
 Response = TypeVar("Response")
 Bytes = bytes | str
+# How long a RoundStore with spread reads sends them to the preferred member after its own
+# member failed one.
+SPREAD_PAUSE_S = 10.0
 
 
 def _bytes(data: Bytes) -> bytes:
@@ -67,13 +71,28 @@ class CompareSetResult:
 
 
 class RoundStore:
-    """The store of ``round`` of ``job``, used as ``participant_id``."""
+    """The store of ``round`` of ``job``, used as ``participant_id``. With ``spread_reads``
+    its blocking reads (get, wait, multi_get, read_groups) go first to one member chosen by
+    the participant id, not to the member the client prefers (the leader, once it wrote):
+    every member answers them linearizably (ReadIndex), so many participants' reads load
+    every member. A member that fails one is passed over for ``SPREAD_PAUSE_S``."""
 
-    def __init__(self, caller: Caller, job: str, round_number: int, participant_id: int) -> None:
+    def __init__(
+        self,
+        caller: Caller,
+        job: str,
+        round_number: int,
+        participant_id: int,
+        *,
+        spread_reads: bool = False,
+    ) -> None:
         self.caller = caller
         self.scope = rendezvous_pb2.StoreScope(
             job=job, round=round_number, participant_id=participant_id
         )
+        self.spread_reads = spread_reads
+        # Until when (time.monotonic) reads go to the client's preferred member instead.
+        self._spread_paused_until = 0.0
 
     @property
     def job(self) -> str:
@@ -246,6 +265,13 @@ class RoundStore:
         )
         return response.all_exist
 
+    def _spread_member(self) -> str | None:
+        """The member this store's reads go to first, if spread (see the class doc)."""
+        if not self.spread_reads or time.monotonic() < self._spread_paused_until:
+            return None
+        endpoints = self.caller.transport.endpoints
+        return endpoints[self.scope.participant_id % len(endpoints)]
+
     def _wait_s(self, timeout_s: float | None) -> float:
         wait_s = self.caller.timeout_s if timeout_s is None else timeout_s
         return non_negative_seconds(wait_s, "timeout_s")
@@ -261,8 +287,9 @@ class RoundStore:
         answer_s = transport.attempt_timeout_s
         deadline = Deadline(wait_s + answer_s)
         retrier = self.caller.retrier()
+        spread = self._spread_member()
         while True:
-            address = transport.pick()
+            address, spread = spread or transport.pick(), None
             left_s = max(0.0, deadline.remaining_s() - answer_s)
             request.timeout_ms = int(left_s * 1000)
             try:
@@ -274,10 +301,13 @@ class RoundStore:
             except grpc.aio.AioRpcError as rpc_error:
                 error: RallypointError = refine(map_rpc_error(rpc_error, address))
             else:
-                transport.note_success(address)
+                if address == transport.preferred or not self.spread_reads:
+                    transport.note_success(address)
                 return response
             if not isinstance(error, UnavailableError):
                 raise error
+            if self.spread_reads:
+                self._spread_paused_until = time.monotonic() + SPREAD_PAUSE_S
             if deadline.remaining_s() <= 0:
                 raise DeadlineExceededError(
                     f"{self.namespace}: no member could answer within {wait_s:g} s; last "

@@ -541,7 +541,9 @@ class TCPStoreBridge:
 
     async def _open(self, job: str, round_number: int, participant_id: int) -> int:
         await self._stop_serving()
-        store = self._client.round_store(job, round_number, participant_id)
+        # Every agent's bridge reads from one member (by participant id), not all from the
+        # leader: followers answer reads linearizably too, and the reads are most of the load.
+        store = self._client.round_store(job, round_number, participant_id, spread_reads=True)
         reads = self._reads = _Reads(store, lambda: len(self._connections))
 
         async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -35,8 +35,11 @@ round's connections go to the coordinator together as one MultiGet, one call in 
 time. A read is only ever answered by a call that started after it arrived, never from
 values kept from an earlier one (c10d allows overwriting and deleting keys), so a read that
 follows a completed write sees it. A WAIT whose keys are missing blocks on a coordinator
-Wait shared by the connections waiting on the same keys, then looks again. Queries are
-parsed from what the socket has delivered, a query at a time, without an await per field.
+Wait shared by the connections waiting on the same keys, then looks again. Concurrent
+ADDs to one key (a store-based barrier's) go as one Add of their sum, each answered with its
+running sum (:class:`_Adds`). Reads go to one member chosen by the agent's participant id,
+so the agents of a job load every member. Queries are parsed from what the socket has
+delivered, a query at a time, without an await per field.
 
 The bridge runs its own event loop thread and its own coordinator client, apart from the
 agent's participant, so a burst of worker store traffic never delays the agent's
@@ -315,6 +318,67 @@ class _Reads:
                 future.set_exception(error)
 
 
+class _Adds:
+    """Concurrent ADDs to one key, combined into one coordinator Add (a barrier's N adds).
+
+    One call per key in flight at a time; the adds that arrive meanwhile go together in the
+    next, as one Add of their deltas' sum. The combined add is one atomic write, so giving
+    its parts the running sums up to its total (in arrival order) answers each as if they
+    had been applied one after another at that point, which lies inside every part's own
+    call: linearizable, as combining counters are. If the combined call fails, each part
+    is retried alone, so each gets its own answer or error (an overflow of the sum is not
+    an error of the parts).
+    """
+
+    def __init__(self, store: RoundStore) -> None:
+        self.store = store
+        # The adds waiting for the next call, by key; a key is here while its flush runs.
+        self._pending: dict[bytes, list[tuple[int, asyncio.Future[int]]]] = {}
+        self._flushing: set[asyncio.Task[None]] = set()
+
+    async def add(self, key: bytes, delta: int) -> int:
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        parts = self._pending.get(key)
+        if parts is None:
+            self._pending[key] = [(delta, future)]
+            task = asyncio.create_task(self._flush(key))
+            self._flushing.add(task)  # referenced until done
+            task.add_done_callback(self._flushing.discard)
+        else:
+            parts.append((delta, future))
+        return await future
+
+    async def _flush(self, key: bytes) -> None:
+        while parts := self._pending.get(key):
+            # Later adds wait for the next call: the entry stays while this one runs.
+            self._pending[key] = []
+            await self._combine(key, parts)
+        self._pending.pop(key, None)
+
+    async def _combine(self, key: bytes, parts: list[tuple[int, asyncio.Future[int]]]) -> None:
+        if len(parts) > 1:
+            try:
+                total = await self.store.add(key, sum(delta for delta, _ in parts))
+            except RallypointError:
+                pass  # each part on its own below, for its own answer or error
+            else:
+                value = total - sum(delta for delta, _ in parts)
+                for delta, future in parts:
+                    value += delta
+                    if not future.done():
+                        future.set_result(value)
+                return
+        for delta, future in parts:
+            try:
+                value = await self.store.add(key, delta)
+            except RallypointError as error:
+                if not future.done():
+                    future.set_exception(error)
+            else:
+                if not future.done():
+                    future.set_result(value)
+
+
 class _Connection:
     """One worker's TCPStore client, served against one round's store."""
 
@@ -322,11 +386,13 @@ class _Connection:
         self,
         store: RoundStore,
         reads: _Reads,
+        adds: _Adds,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:
         self.store = store
         self.reads = reads
+        self.adds = adds
         self.reader = reader
         self.writer = writer
         # The WAIT being served. Invariant: at most one (the client sends one query at a
@@ -388,7 +454,7 @@ class _Connection:
         elif query is Query.GET:
             write(_data((await self.get(arguments))[0]))
         elif query is Query.ADD:
-            write(_I64.pack(await store.add(*arguments)))
+            write(_I64.pack(await self.adds.add(*arguments)))
         elif query is Query.CHECK:
             ready = await self.reads.read(arguments[0]) is not None
             write(_U8.pack(CheckResponse.READY if ready else CheckResponse.NOT_READY))
@@ -545,13 +611,14 @@ class TCPStoreBridge:
         # leader: followers answer reads linearizably too, and the reads are most of the load.
         store = self._client.round_store(job, round_number, participant_id, spread_reads=True)
         reads = self._reads = _Reads(store, lambda: len(self._connections))
+        adds = _Adds(store)
 
         async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             task = asyncio.current_task()
             assert task is not None
             self._connections[task] = writer
             try:
-                await _Connection(store, reads, reader, writer).serve()
+                await _Connection(store, reads, adds, reader, writer).serve()
             finally:
                 del self._connections[task]
 

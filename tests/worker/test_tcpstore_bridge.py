@@ -1,8 +1,9 @@
-"""The TCPStore bridge's coalesced reads: many connections' reads share MultiGet calls, each
-answered with its own values, none from a call that started before it arrived; blocking
-waits are shared per group of keys. First against a gated fake store (exact batches), then
-torch's own TCPStore clients, concurrently, through a bridge to a fake member over gRPC.
-(tests/worker/test_torchrun.py checks the bridge against a real cluster.)"""
+"""The TCPStore bridge's coalesced requests: many connections' reads share MultiGet calls,
+each answered with its own values, none from a call that started before it arrived;
+blocking waits are shared per group of keys; concurrent adds to one key are one combined
+add. First against gated fake stores (exact batches), then torch's own TCPStore clients,
+concurrently, through a bridge to a fake member over gRPC. (tests/worker/test_torchrun.py
+checks the bridge against a real cluster.)"""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from typing import Any, cast
 import pytest
 import torch.distributed as dist
 
-from rallypoint.client import InvalidArgumentError, RoundStore
+from rallypoint.client import AddOverflowError, InvalidArgumentError, RoundStore
 from rallypoint.client.rendezvous_errors import StaleRoundError
-from rallypoint.worker.tcpstore_bridge import TCPStoreBridge, _Reads
+from rallypoint.worker.tcpstore_bridge import TCPStoreBridge, _Adds, _Reads
 from tests.coordinator.fake_node import FakeNode, join_round, open_session, served_at, serving
 
 
@@ -146,6 +147,57 @@ async def test_waits_on_the_same_missing_keys_share_one_coordinator_wait() -> No
     reads.close()
 
 
+class CountingStore:
+    """Adds on a dict of counters, each call gated, failing past ``limit`` as overflow."""
+
+    def __init__(self, limit: int = 2**63 - 1) -> None:
+        self.counters: dict[bytes, int] = {}
+        self.calls: list[tuple[bytes, int]] = []
+        self.gate = asyncio.Event()
+        self.limit = limit
+
+    async def add(self, key: bytes, delta: int) -> int:
+        self.calls.append((key, delta))
+        await self.gate.wait()
+        value = self.counters.get(key, 0) + delta
+        if value > self.limit:
+            raise AddOverflowError("ADD_OVERFLOW")
+        self.counters[key] = value
+        return value
+
+
+async def test_concurrent_adds_combine_into_one_call_with_running_sums() -> None:
+    store = CountingStore()
+    adds = _Adds(cast(RoundStore, store))
+    first = asyncio.ensure_future(adds.add(b"n", 1))
+    await asyncio.sleep(0)
+    later = [asyncio.ensure_future(adds.add(b"n", delta)) for delta in (2, 3, 4)]
+    other = asyncio.ensure_future(adds.add(b"m", 5))
+    await asyncio.sleep(0)
+    store.gate.set()
+    assert await first == 1
+    # One call of 2 + 3 + 4 = 9, answered in arrival order: 3, 6, 10.
+    assert [await future for future in later] == [3, 6, 10]
+    assert await other == 5
+    assert store.calls == [(b"n", 1), (b"m", 5), (b"n", 9)]
+
+
+async def test_a_combined_add_that_fails_is_retried_part_by_part() -> None:
+    store = CountingStore(limit=10)
+    store.counters[b"n"] = 5
+    adds = _Adds(cast(RoundStore, store))
+    first = asyncio.ensure_future(adds.add(b"n", 0))
+    await asyncio.sleep(0)
+    parts = [asyncio.ensure_future(adds.add(b"n", delta)) for delta in (4, 3)]
+    await asyncio.sleep(0)
+    store.gate.set()
+    assert await first == 5
+    assert await parts[0] == 9
+    with pytest.raises(AddOverflowError):
+        await parts[1]
+    assert store.calls == [(b"n", 0), (b"n", 7), (b"n", 4), (b"n", 3)]
+
+
 # --------------------------------------------------------- torch's clients, end to end
 
 
@@ -169,6 +221,7 @@ def tcpstore(port: int, timeout_s: float = 20) -> Any:
 async def test_concurrent_ranks_each_read_their_own_answers(bridge_port: int) -> None:
     size = 8
     errors: list[BaseException] = []
+    counted: list[int] = []
 
     def rank(index: int) -> None:
         try:
@@ -180,12 +233,14 @@ async def test_concurrent_ranks_each_read_their_own_answers(bridge_port: int) ->
             assert store.multi_get(keys) == [f"address-{o}".encode() for o in range(size)]
             store.multi_set([f"m{index}_a", f"m{index}_b"], [b"a", b"b"])
             assert store.multi_get([f"m{index}_b", f"m{index}_a"]) == [b"b", b"a"]
+            counted.append(store.add("barrier", 1))  # a barrier's adds, however combined
         except BaseException as error:  # reported by the test below
             errors.append(error)
 
     threads = [threading.Thread(target=rank, args=(i,)) for i in range(size)]
     await asyncio.to_thread(lambda: [t.start() for t in threads] and [t.join() for t in threads])
     assert errors == []
+    assert sorted(counted) == list(range(1, size + 1))
 
 
 async def test_reads_after_a_completed_write_see_it_overwrites_and_deletes_included(

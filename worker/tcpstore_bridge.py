@@ -194,6 +194,12 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+def _cancel_unanswered(requests: Sequence[tuple[object, asyncio.Future[Any]]]) -> None:
+    for _, future in requests:
+        if not future.done():
+            future.cancel()
+
+
 class _Reads:
     """The reads of every connection of one round, coalesced into MultiGet calls.
 
@@ -281,7 +287,10 @@ class _Reads:
                     timer.cancel()
                     self._full = None
             batch, self._pending = self._pending, []
-            await self._answer(batch)
+            try:
+                await self._answer(batch)
+            finally:
+                _cancel_unanswered(batch)  # only if the call itself was cancelled
 
     async def _answer(
         self, batch: list[tuple[tuple[bytes, ...], asyncio.Future[list[bytes] | None]]]
@@ -349,11 +358,16 @@ class _Adds:
         return await future
 
     async def _flush(self, key: bytes) -> None:
-        while parts := self._pending.get(key):
-            # Later adds wait for the next call: the entry stays while this one runs.
-            self._pending[key] = []
-            await self._combine(key, parts)
-        self._pending.pop(key, None)
+        try:
+            while parts := self._pending.get(key):
+                # Later adds wait for the next call: the entry stays while this one runs.
+                self._pending[key] = []
+                try:
+                    await self._combine(key, parts)
+                finally:
+                    _cancel_unanswered(parts)  # only if the call itself was cancelled
+        finally:
+            _cancel_unanswered(self._pending.pop(key, None) or [])
 
     async def _combine(self, key: bytes, parts: list[tuple[int, asyncio.Future[int]]]) -> None:
         if len(parts) > 1:

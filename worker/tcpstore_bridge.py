@@ -367,7 +367,7 @@ class _Adds:
                 finally:
                     _cancel_unanswered(parts)  # only if the call itself was cancelled
         finally:
-            _cancel_unanswered(self._pending.pop(key, None) or [])
+            _cancel_unanswered(self._pending.pop(key, []))
 
     async def _combine(self, key: bytes, parts: list[tuple[int, asyncio.Future[int]]]) -> None:
         if len(parts) > 1:

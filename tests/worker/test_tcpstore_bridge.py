@@ -18,7 +18,15 @@ import torch.distributed as dist
 
 from rallypoint.client import AddOverflowError, InvalidArgumentError, RoundStore
 from rallypoint.client.rendezvous_errors import StaleRoundError
-from rallypoint.worker.tcpstore_bridge import TCPStoreBridge, _Adds, _Reads
+from rallypoint.worker.tcpstore_bridge import (
+    ProtocolError,
+    Query,
+    TCPStoreBridge,
+    _Adds,
+    _parse,
+    _Reads,
+    _Short,
+)
 from tests.coordinator.fake_node import FakeNode, join_round, open_session, served_at, serving
 
 
@@ -196,6 +204,23 @@ async def test_a_combined_add_that_fails_is_retried_part_by_part() -> None:
     with pytest.raises(AddOverflowError):
         await parts[1]
     assert store.calls == [(b"n", 0), (b"n", 7), (b"n", 4), (b"n", 3)]
+
+
+def test_a_query_is_parsed_whole_from_the_buffer_or_not_at_all() -> None:
+    def data(value: bytes) -> bytes:
+        return len(value).to_bytes(8, "little") + value
+
+    set_query = bytes([Query.SET]) + data(b"key") + data(b"value")
+    wait_query = bytes([Query.WAIT]) + (2).to_bytes(8, "little") + data(b"a") + data(b"bc")
+    stream = bytearray(set_query + wait_query)
+    for cut in range(len(set_query)):
+        with pytest.raises(_Short):
+            _parse(bytearray(stream[:cut]))
+    assert _parse(stream) == (Query.SET, (b"key", b"value"), len(set_query))
+    del stream[: len(set_query)]
+    assert _parse(stream) == (Query.WAIT, ([b"a", b"bc"],), len(wait_query))
+    with pytest.raises(ProtocolError, match="query type 42 is not served"):
+        _parse(bytearray([42]))
 
 
 # --------------------------------------------------------- torch's clients, end to end

@@ -13,7 +13,11 @@ store-based barrier (an add each; the last arrival sets a key everybody waits fo
     PYTHONPATH=.pkgview .venv/bin/python bench/bridge_probe.py --ranks 256 --pattern gloo
 
 prints one JSON line per (store, pattern): seconds from the ranks' start to the last rank's
-end. ``--hold`` keeps the cluster and bridges up until Enter (to attach py-spy).
+end, of the second of two passes (the first warms the bridges' channels and sessions, as a
+long-lived agent's are), and on stderr the CPU seconds the members and the bridges spent.
+The bridges run in ``--bridge-procs`` processes (under torchrun each has its own agent
+process; many bridge threads in one interpreter would queue for its GIL). ``--hold`` keeps
+the cluster and bridges up until Enter (to attach py-spy).
 """
 
 from __future__ import annotations

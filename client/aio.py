@@ -755,9 +755,13 @@ class Client:
             self._caller, job, serializable=serializable, timeout_s=timeout_s
         )
 
-    def round_store(self, job: str, round_number: int, participant_id: int) -> RoundStore:
+    def round_store(
+        self, job: str, round_number: int, participant_id: int, *, spread_reads: bool = False
+    ) -> RoundStore:
         """The store of one round, used as ``participant_id`` (see roundstore.py)."""
-        return RoundStore(self._caller, job, round_number, participant_id)
+        return RoundStore(
+            self._caller, job, round_number, participant_id, spread_reads=spread_reads
+        )
 
     def checkpoint_registry(self, info: RoundInfo) -> CheckpointRegistry:
         """The checkpoint registry fenced by ``info``'s round and token."""

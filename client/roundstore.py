@@ -11,10 +11,17 @@ server's "still missing" answer as if the member had not answered): each attempt
 server to wait for what is left of the caller's timeout and allows ``attempt_timeout_s``
 more for the answer. Only UNAVAILABLE (not the leader, no leader, member down) is retried,
 following the leader hint or backing off; DEADLINE_EXCEEDED means a key was still missing.
+
+Many reads in one call: :meth:`RoundStore.multi_get` (torch's ``multi_get``: every key, one
+wait) and :meth:`RoundStore.read_groups` (several independent reads, each answered all or
+nothing, a missing key failing only its own group) are the MultiGet RPC: one gRPC call and
+one read barrier for all of them, as linearizable as a Get issued when the call started.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -26,15 +33,29 @@ from rallypoint.proto.v1 import rendezvous_pb2
 
 from .arguments import non_negative_seconds
 from .caller import Caller
-from .errors import DeadlineExceededError, RallypointError, UnavailableError, map_rpc_error
+from .errors import (
+    DeadlineExceededError,
+    InternalError,
+    RallypointError,
+    UnavailableError,
+    map_rpc_error,
+)
 from .jobs import RendezvousStubs, services
 from .rendezvous_errors import refine, refined
 from .transport import Deadline
 
 # The requests the server holds (both carry timeout_ms).
-Request = TypeVar("Request", rendezvous_pb2.StoreGetRequest, rendezvous_pb2.StoreWaitRequest)
+Request = TypeVar(
+    "Request",
+    rendezvous_pb2.StoreGetRequest,
+    rendezvous_pb2.StoreWaitRequest,
+    rendezvous_pb2.StoreMultiGetRequest,
+)
 Response = TypeVar("Response")
 Bytes = bytes | str
+# How long a RoundStore with spread reads sends them to the preferred member after its own
+# member failed one.
+SPREAD_PAUSE_S = 10.0
 
 
 def _bytes(data: Bytes) -> bytes:
@@ -50,13 +71,28 @@ class CompareSetResult:
 
 
 class RoundStore:
-    """The store of ``round`` of ``job``, used as ``participant_id``."""
+    """The store of ``round`` of ``job``, used as ``participant_id``. With ``spread_reads``
+    its blocking reads (get, wait, multi_get, read_groups) go first to one member chosen by
+    the participant id, not to the member the client prefers (the leader, once it wrote):
+    every member answers them linearizably (ReadIndex), so many participants' reads load
+    every member. A member that fails one is passed over for ``SPREAD_PAUSE_S``."""
 
-    def __init__(self, caller: Caller, job: str, round_number: int, participant_id: int) -> None:
+    def __init__(
+        self,
+        caller: Caller,
+        job: str,
+        round_number: int,
+        participant_id: int,
+        *,
+        spread_reads: bool = False,
+    ) -> None:
         self.caller = caller
         self.scope = rendezvous_pb2.StoreScope(
             job=job, round=round_number, participant_id=participant_id
         )
+        self.spread_reads = spread_reads
+        # Until when (time.monotonic) reads go to the client's preferred member instead.
+        self._spread_paused_until = 0.0
 
     @property
     def job(self) -> str:
@@ -133,6 +169,17 @@ class RoundStore:
         )
         return response.existed
 
+    async def multi_set(
+        self, items: Sequence[tuple[Bytes, Bytes]], *, timeout_s: float | None = None
+    ) -> None:
+        """Set every (key, value): all at once when no key repeats (the writes then
+        commute, and the member's Raft core batches concurrent proposals), else in order."""
+        if len({_bytes(key) for key, _ in items}) == len(items):
+            await asyncio.gather(*(self.set(k, v, timeout_s=timeout_s) for k, v in items))
+        else:
+            for key, value in items:
+                await self.set(key, value, timeout_s=timeout_s)
+
     # -------------------------------------------------------------- reads
 
     async def get(self, key: Bytes, *, wait: bool = True, timeout_s: float | None = None) -> bytes:
@@ -157,6 +204,44 @@ class RoundStore:
             self._wait_s(timeout_s),
         )
 
+    async def multi_get(
+        self, keys: Sequence[Bytes], *, wait: bool = True, timeout_s: float | None = None
+    ) -> list[bytes]:
+        """Every key's value in one call, waiting up to ``timeout_s`` (default: the client's
+        timeout; ``wait=False``: not at all) for all of them to be set; DeadlineExceededError
+        if one is still missing."""
+        if not keys:
+            return []
+        answer = await self._multi_get(
+            [keys], wait_s=self._wait_s(timeout_s) if wait else 0.0, partial=False
+        )
+        values = answer[0]
+        assert values is not None, "a complete MultiGet answer has every group"
+        return values
+
+    async def read_groups(
+        self, groups: Sequence[Sequence[Bytes]], *, wait_s: float = 0.0
+    ) -> list[list[bytes] | None]:
+        """Each group's values (in its keys' order), or None for a group with a key still
+        missing after ``wait_s`` (0: no wait): independent reads in one call."""
+        if not groups:
+            return []
+        return await self._multi_get(groups, wait_s=wait_s, partial=True)
+
+    async def _multi_get(
+        self, groups: Sequence[Sequence[Bytes]], *, wait_s: float, partial: bool
+    ) -> list[list[bytes] | None]:
+        request = rendezvous_pb2.StoreMultiGetRequest(scope=self.scope, partial=partial)
+        for keys in groups:
+            request.groups.add().keys.extend(_bytes(key) for key in keys)
+        response = await self._blocking(lambda stubs: stubs.store.MultiGet, request, wait_s)
+        if len(response.groups) != len(groups):
+            raise InternalError(
+                f"{self.namespace}: MultiGet answered {len(response.groups)} groups for "
+                f"{len(groups)}"
+            )
+        return [list(group.values) if group.complete else None for group in response.groups]
+
     async def num_keys(self, *, timeout_s: float | None = None) -> int:
         response = await refined(
             self.caller.read(
@@ -180,6 +265,13 @@ class RoundStore:
         )
         return response.all_exist
 
+    def _spread_member(self) -> str | None:
+        """The member this store's reads go to first, if spread (see the class doc)."""
+        if not self.spread_reads or time.monotonic() < self._spread_paused_until:
+            return None
+        endpoints = self.caller.transport.endpoints
+        return endpoints[self.scope.participant_id % len(endpoints)]
+
     def _wait_s(self, timeout_s: float | None) -> float:
         wait_s = self.caller.timeout_s if timeout_s is None else timeout_s
         return non_negative_seconds(wait_s, "timeout_s")
@@ -195,8 +287,9 @@ class RoundStore:
         answer_s = transport.attempt_timeout_s
         deadline = Deadline(wait_s + answer_s)
         retrier = self.caller.retrier()
+        spread = self._spread_member()
         while True:
-            address = transport.pick()
+            address, spread = spread or transport.pick(), None
             left_s = max(0.0, deadline.remaining_s() - answer_s)
             request.timeout_ms = int(left_s * 1000)
             try:
@@ -208,10 +301,13 @@ class RoundStore:
             except grpc.aio.AioRpcError as rpc_error:
                 error: RallypointError = refine(map_rpc_error(rpc_error, address))
             else:
-                transport.note_success(address)
+                if address == transport.preferred or not self.spread_reads:
+                    transport.note_success(address)
                 return response
             if not isinstance(error, UnavailableError):
                 raise error
+            if self.spread_reads:
+                self._spread_paused_until = time.monotonic() + SPREAD_PAUSE_S
             if deadline.remaining_s() <= 0:
                 raise DeadlineExceededError(
                     f"{self.namespace}: no member could answer within {wait_s:g} s; last "

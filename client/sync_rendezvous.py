@@ -30,6 +30,9 @@ class SyncRoundStore(Blocking[RoundStore]):
     delete = blocking(RoundStore.delete)
     num_keys = blocking(RoundStore.num_keys)
     check = blocking(RoundStore.check)
+    multi_get = blocking(RoundStore.multi_get)
+    multi_set = blocking(RoundStore.multi_set)
+    read_groups = blocking(RoundStore.read_groups)
 
     @property
     def store(self) -> RoundStore:

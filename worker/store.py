@@ -205,14 +205,22 @@ class CoordinatorStore(Store):
         )
 
     def multi_get(self, keys: Sequence[str]) -> list[bytes]:
-        """Every key's value, each waited for as ``get`` does."""
-        return [self.get(key) for key in keys]
+        """Every key's value, waiting up to the store's timeout for all of them to be set:
+        one call to the coordinator (one read barrier), not one per key."""
+        timeout_s = self._timeout_s(None)
+        return self._call(
+            "multi_get",
+            lambda: self._store.multi_get(list(keys), timeout_s=timeout_s),
+            key=", ".join(_text(k) for k in keys),
+            wait_s=timeout_s,
+        )
 
     def multi_set(self, keys: Sequence[str], values: Sequence[bytes | str]) -> None:
+        """Set every key; distinct keys are written concurrently."""
         if len(keys) != len(values):
             raise ValueError(f"multi_set: {len(keys)} keys but {len(values)} values")
-        for key, value in zip(keys, values, strict=True):
-            self.set(key, value)
+        items = list(zip(keys, values, strict=True))
+        self._call("multi_set", lambda: self._store.multi_set(items))
 
     def append(self, key: str, value: bytes | str) -> None:
         """Append to the value at ``key`` (a missing key counts as empty), by compare-and-set

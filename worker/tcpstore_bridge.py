@@ -27,6 +27,20 @@ own timeout passes and expects WAIT_CANCELED (possibly after a STOP_WAITING that
 GET and MULTI_GET follow a WAIT on the same keys. The queue and key-listing queries are not
 served (torch's process groups do not use them): they close the connection.
 
+Reads are coalesced (:class:`_Reads`): a worker's get is a WAIT then a GET, and gloo's
+full-mesh connect has every rank get every other rank's key, N^2 gets per round. Each
+request used to be a coordinator call of its own, each paying gRPC's per-call cost and a
+read barrier; now the WAITs (their first look), GETs, CHECKs and MULTI_GETs of all the
+round's connections go to the coordinator together as one MultiGet, one call in flight at a
+time. A read is only ever answered by a call that started after it arrived, never from
+values kept from an earlier one (c10d allows overwriting and deleting keys), so a read that
+follows a completed write sees it. A WAIT whose keys are missing blocks on a coordinator
+Wait shared by the connections waiting on the same keys, then looks again. Concurrent
+ADDs to one key (a store-based barrier's) go as one Add of their sum, each answered with its
+running sum (:class:`_Adds`). Reads go to one member chosen by the agent's participant id,
+so the agents of a job load every member. Queries are parsed from what the socket has
+delivered, a query at a time, without an await per field.
+
 The bridge runs its own event loop thread and its own coordinator client, apart from the
 agent's participant, so a burst of worker store traffic never delays the agent's
 heartbeats.
@@ -49,7 +63,9 @@ from typing import Any, TypeVar
 from rallypoint.client import (
     Client,
     DeadlineExceededError,
+    InvalidArgumentError,
     RallypointError,
+    ResourceExhaustedError,
     RoundStore,
     TlsConfig,
 )
@@ -61,11 +77,15 @@ log = logging.getLogger("rallypoint.worker.tcpstore_bridge")
 VALIDATION_MAGIC = 0x3C85F7CE
 # A WAIT is forwarded in slices of this length until its keys exist or it is cancelled.
 WAIT_SLICE_S = 30.0
+# How long a coalesced read waits for the other connections' reads before its call.
+LINGER_S = 0.001
 
 _U8 = struct.Struct("<B")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
+# What one read from a worker's socket may take.
+_READ_BYTES = 256 * 1024
 
 
 class Query(enum.IntEnum):
@@ -99,33 +119,295 @@ class ProtocolError(Exception):
     """The peer sent something this bridge does not serve."""
 
 
-class _Reader:
-    def __init__(self, stream: asyncio.StreamReader) -> None:
-        self._stream = stream
+class _Short(Exception):
+    """The buffer holds only part of a query: read more, then parse it again."""
 
-    async def value(self, form: struct.Struct) -> int:
-        (value,) = form.unpack(await self._stream.readexactly(form.size))
+
+class _Parser:
+    """Reads one query's arguments from what the socket has delivered, with no await: a
+    query is parsed whole or not at all (``_Short``), so its handler never waits mid-query."""
+
+    def __init__(self, buffer: bytearray) -> None:
+        self.buffer = buffer
+        self.at = 0
+
+    def value(self, form: struct.Struct) -> int:
+        end = self.at + form.size
+        if end > len(self.buffer):
+            raise _Short
+        (value,) = form.unpack_from(self.buffer, self.at)
+        self.at = end
         return int(value)
 
-    async def data(self) -> bytes:
-        return await self._stream.readexactly(await self.value(_U64))
+    def data(self) -> bytes:
+        length = self.value(_U64)
+        end = self.at + length
+        if end > len(self.buffer):
+            raise _Short
+        value = bytes(self.buffer[self.at : end])
+        self.at = end
+        return value
 
-    async def keys(self) -> list[bytes]:
-        return [await self.data() for _ in range(await self.value(_U64))]
+    def keys(self) -> list[bytes]:
+        return [self.data() for _ in range(self.value(_U64))]
+
+    def pairs(self) -> list[tuple[bytes, bytes]]:
+        return [(self.data(), self.data()) for _ in range(self.value(_U64))]
+
+
+def _parse(buffer: bytearray) -> tuple[Query, tuple[Any, ...], int]:
+    """The first query in ``buffer``: its type, arguments and length in bytes."""
+    parser = _Parser(buffer)
+    code = parser.value(_U8)
+    try:
+        query = Query(code)
+    except ValueError:
+        raise ProtocolError(f"query type {code} is not served") from None
+    arguments: tuple[Any, ...]
+    if query in (Query.VALIDATE, Query.PING):
+        arguments = (parser.value(_U32),)
+    elif query in (Query.GET, Query.DELETE_KEY):
+        arguments = (parser.data(),)
+    elif query in (Query.SET, Query.APPEND):
+        arguments = (parser.data(), parser.data())
+    elif query is Query.COMPARE_SET:
+        arguments = (parser.data(), parser.data(), parser.data())
+    elif query is Query.ADD:
+        arguments = (parser.data(), parser.value(_I64))
+    elif query in (Query.CHECK, Query.WAIT, Query.MULTI_GET):
+        arguments = (parser.keys(),)
+    elif query is Query.MULTI_SET:
+        arguments = (parser.pairs(),)
+    elif query in (Query.CANCEL_WAIT, Query.GETNUMKEYS):
+        arguments = ()
+    else:
+        raise ProtocolError(f"query type {query.name} is not served")
+    return query, arguments, parser.at
 
 
 def _data(value: bytes) -> bytes:
     return _U64.pack(len(value)) + value
 
 
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _cancel_unanswered(requests: Sequence[tuple[object, asyncio.Future[Any]]]) -> None:
+    for _, future in requests:
+        if not future.done():
+            future.cancel()
+
+
+class _Reads:
+    """The reads of every connection of one round, coalesced into MultiGet calls.
+
+    One call in flight at a time; the reads that arrive while it runs wait for the next one,
+    which carries them all (identical groups once). So every read is answered from a call
+    that started after the read arrived: as linearizable as a Get of its own, at a fraction
+    of the calls. A read is a group of keys, answered with all their values or None. Before
+    a call, reads fewer than the open connections linger up to ``LINGER_S`` for the others
+    (answered together, the connections tend to ask again together).
+
+    Blocking waits on keys still missing are shared too: one coordinator Wait per distinct
+    group of keys, however many connections wait on it. A shared wait may have started
+    before a connection joined it, so its end only says "look again": the caller then reads
+    (coalesced) to see the keys exist now.
+    Invariant: ``_pending`` is empty unless ``_flushing`` runs (or is about to).
+    """
+
+    def __init__(self, store: RoundStore, open_connections: Callable[[], int]) -> None:
+        self.store = store
+        self._open_connections = open_connections
+        self._pending: list[tuple[tuple[bytes, ...], asyncio.Future[list[bytes] | None]]] = []
+        self._flushing: asyncio.Task[None] | None = None
+        # Set while a call lingers; resolved early once every open connection has a read.
+        self._full: asyncio.Future[None] | None = None
+        # The shared blocking waits, by group of keys, with how many connections await each.
+        self._waits: dict[tuple[bytes, ...], tuple[asyncio.Task[None], int]] = {}
+
+    def read(self, keys: Sequence[bytes]) -> asyncio.Future[list[bytes] | None]:
+        future: asyncio.Future[list[bytes] | None] = asyncio.get_running_loop().create_future()
+        if not keys:
+            future.set_result([])  # torch's check([]) and wait([]): nothing to read
+            return future
+        self._pending.append((tuple(keys), future))
+        if self._flushing is None or self._flushing.done():
+            self._flushing = asyncio.create_task(self._flush())
+        elif self._full is not None and len(self._pending) >= self._open_connections():
+            _resolve(self._full)
+        return future
+
+    async def wait(self, keys: Sequence[bytes]) -> None:
+        """Return once the shared coordinator wait on ``keys`` ends (see the class doc)."""
+        group = tuple(keys)
+        task, waiters = self._waits.get(group, (None, 0))
+        if task is None or task.done():
+            task, waiters = asyncio.create_task(self._wait(group)), 0
+        self._waits[group] = (task, waiters + 1)
+        try:
+            await asyncio.shield(task)
+        finally:
+            current, left = self._waits.get(group, (None, 0))
+            if current is task:
+                if left <= 1:
+                    del self._waits[group]
+                    task.cancel()  # nobody waits on it any more
+                else:
+                    self._waits[group] = (task, left - 1)
+
+    async def _wait(self, keys: tuple[bytes, ...]) -> None:
+        while True:
+            try:
+                await self.store.wait(keys, timeout_s=WAIT_SLICE_S)
+                return
+            except DeadlineExceededError:
+                continue
+
+    def close(self) -> None:
+        if self._flushing is not None:
+            self._flushing.cancel()
+        for _, future in self._pending:
+            future.cancel()
+        self._pending = []
+        for task, _ in self._waits.values():
+            task.cancel()
+        self._waits = {}
+
+    async def _flush(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._pending:
+            if len(self._pending) < self._open_connections():
+                full = self._full = loop.create_future()
+                timer = loop.call_later(LINGER_S, _resolve, full)
+                try:
+                    await full
+                finally:
+                    timer.cancel()
+                    self._full = None
+            batch, self._pending = self._pending, []
+            try:
+                await self._answer(batch)
+            finally:
+                _cancel_unanswered(batch)  # only if the call itself was cancelled
+
+    async def _answer(
+        self, batch: list[tuple[tuple[bytes, ...], asyncio.Future[list[bytes] | None]]]
+    ) -> None:
+        groups: dict[tuple[bytes, ...], int] = {}
+        for keys, _ in batch:
+            groups.setdefault(keys, len(groups))
+        try:
+            answer = await self.store.read_groups(list(groups))
+        except (InvalidArgumentError, ResourceExhaustedError) as error:
+            if len(groups) == 1:
+                self._fail(batch, error)
+                return
+            # A bad key or an answer too large for one call: half the batch in each call,
+            # so only the reads at fault fail.
+            half = len(batch) // 2
+            await self._answer(batch[:half])
+            await self._answer(batch[half:])
+            return
+        except RallypointError as error:
+            self._fail(batch, error)
+            return
+        for keys, future in batch:
+            if not future.done():
+                future.set_result(answer[groups[keys]])
+
+    @staticmethod
+    def _fail(
+        batch: list[tuple[tuple[bytes, ...], asyncio.Future[list[bytes] | None]]],
+        error: RallypointError,
+    ) -> None:
+        for _, future in batch:
+            if not future.done():
+                future.set_exception(error)
+
+
+class _Adds:
+    """Concurrent ADDs to one key, combined into one coordinator Add (a barrier's N adds).
+
+    One call per key in flight at a time; the adds that arrive meanwhile go together in the
+    next, as one Add of their deltas' sum. The combined add is one atomic write, so giving
+    its parts the running sums up to its total (in arrival order) answers each as if they
+    had been applied one after another at that point, which lies inside every part's own
+    call: linearizable, as combining counters are. If the combined call fails, each part
+    is retried alone, so each gets its own answer or error (an overflow of the sum is not
+    an error of the parts).
+    """
+
+    def __init__(self, store: RoundStore) -> None:
+        self.store = store
+        # The adds waiting for the next call, by key; a key is here while its flush runs.
+        self._pending: dict[bytes, list[tuple[int, asyncio.Future[int]]]] = {}
+        self._flushing: set[asyncio.Task[None]] = set()
+
+    async def add(self, key: bytes, delta: int) -> int:
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        parts = self._pending.get(key)
+        if parts is None:
+            self._pending[key] = [(delta, future)]
+            task = asyncio.create_task(self._flush(key))
+            self._flushing.add(task)  # referenced until done
+            task.add_done_callback(self._flushing.discard)
+        else:
+            parts.append((delta, future))
+        return await future
+
+    async def _flush(self, key: bytes) -> None:
+        try:
+            while parts := self._pending.get(key):
+                # Later adds wait for the next call: the entry stays while this one runs.
+                self._pending[key] = []
+                try:
+                    await self._combine(key, parts)
+                finally:
+                    _cancel_unanswered(parts)  # only if the call itself was cancelled
+        finally:
+            _cancel_unanswered(self._pending.pop(key, []))
+
+    async def _combine(self, key: bytes, parts: list[tuple[int, asyncio.Future[int]]]) -> None:
+        if len(parts) > 1:
+            try:
+                total = await self.store.add(key, sum(delta for delta, _ in parts))
+            except RallypointError:
+                pass  # each part on its own below, for its own answer or error
+            else:
+                value = total - sum(delta for delta, _ in parts)
+                for delta, future in parts:
+                    value += delta
+                    if not future.done():
+                        future.set_result(value)
+                return
+        for delta, future in parts:
+            try:
+                value = await self.store.add(key, delta)
+            except RallypointError as error:
+                if not future.done():
+                    future.set_exception(error)
+            else:
+                if not future.done():
+                    future.set_result(value)
+
+
 class _Connection:
     """One worker's TCPStore client, served against one round's store."""
 
     def __init__(
-        self, store: RoundStore, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        store: RoundStore,
+        reads: _Reads,
+        adds: _Adds,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
     ) -> None:
         self.store = store
-        self.reader = _Reader(reader)
+        self.reads = reads
+        self.adds = adds
+        self.reader = reader
         self.writer = writer
         # The WAIT being served. Invariant: at most one (the client sends one query at a
         # time, and only CANCEL_WAIT may follow a WAIT before its answer).
@@ -133,13 +415,21 @@ class _Connection:
 
     async def serve(self) -> None:
         peer = self.writer.get_extra_info("peername")
+        buffer = bytearray()
         try:
             while True:
                 try:
-                    code = await self.reader.value(_U8)
-                except asyncio.IncompleteReadError:
-                    return  # the worker closed its store
-                await self.answer(code)
+                    query, arguments, length = _parse(buffer)
+                except _Short:
+                    chunk = await self.reader.read(_READ_BYTES)
+                    if not chunk:
+                        if buffer:
+                            raise asyncio.IncompleteReadError(bytes(buffer), None) from None
+                        return  # the worker closed its store
+                    buffer += chunk
+                    continue
+                del buffer[:length]
+                await self.answer(query, arguments)
                 await self.writer.drain()
         except RallypointError as error:
             log.warning("store %s refused a request of %s: %s", self.store.namespace, peer, error)
@@ -152,53 +442,53 @@ class _Connection:
             with contextlib.suppress(ConnectionError):
                 await self.writer.wait_closed()
 
-    async def answer(self, code: int) -> None:
-        try:
-            query = Query(code)
-        except ValueError:
-            raise ProtocolError(f"query type {code} is not served") from None
-        store, read, write = self.store, self.reader, self.writer.write
+    async def get(self, keys: Sequence[bytes]) -> list[bytes]:
+        """The keys' values from the next coalesced read; a missing key fails the request."""
+        values = await self.reads.read(keys)
+        if values is None:
+            missing = ", ".join(repr(key) for key in keys)
+            raise DeadlineExceededError(f"{self.store.namespace}: a key of {missing} is missing")
+        return values
+
+    async def answer(self, query: Query, arguments: tuple[Any, ...]) -> None:
+        store, write = self.store, self.writer.write
         if query is Query.VALIDATE:
-            magic = await read.value(_U32)
+            (magic,) = arguments
             if magic != VALIDATION_MAGIC:
                 raise ProtocolError(f"bad validation number {magic:#x}")
         elif query is Query.PING:
-            write(_U32.pack(await read.value(_U32)))
+            write(_U32.pack(arguments[0]))
         elif query is Query.SET:
-            key, value = await read.data(), await read.data()
-            await store.set(key, value)
+            await store.set(*arguments)
         elif query is Query.COMPARE_SET:
-            key, expected, desired = await read.data(), await read.data(), await read.data()
+            key, expected, desired = arguments
             result = await store.compare_set(key, expected, desired)
             # torch's answer for an absent key with a non-empty expectation is the expectation.
             write(_data(expected if result.value is None else result.value))
         elif query is Query.GET:
-            write(_data(await store.get(await read.data(), wait=False)))
+            write(_data((await self.get(arguments))[0]))
         elif query is Query.ADD:
-            key, delta = await read.data(), await read.value(_I64)
-            write(_I64.pack(await store.add(key, delta)))
+            write(_I64.pack(await self.adds.add(*arguments)))
         elif query is Query.CHECK:
-            ready = await store.check(await read.keys())
+            ready = await self.reads.read(arguments[0]) is not None
             write(_U8.pack(CheckResponse.READY if ready else CheckResponse.NOT_READY))
         elif query is Query.WAIT:
-            self.start_wait(await read.keys())
+            self.start_wait(arguments[0])
         elif query is Query.CANCEL_WAIT:
             await self.cancel_wait()
             write(_U8.pack(WaitResponse.WAIT_CANCELED))
         elif query is Query.GETNUMKEYS:
             write(_I64.pack(await store.num_keys()))
         elif query is Query.DELETE_KEY:
-            write(_I64.pack(1 if await store.delete(await read.data()) else 0))
+            write(_I64.pack(1 if await store.delete(*arguments) else 0))
         elif query is Query.APPEND:
-            key, value = await read.data(), await read.data()
-            await self.append(key, value)
+            await self.append(*arguments)
         elif query is Query.MULTI_GET:
-            for key in await read.keys():
-                write(_data(await store.get(key, wait=False)))
+            (keys,) = arguments
+            if keys:
+                write(b"".join(_data(value) for value in await self.get(keys)))
         elif query is Query.MULTI_SET:
-            for _ in range(await read.value(_U64)):
-                key, value = await read.data(), await read.data()
-                await store.set(key, value)
+            await store.multi_set(arguments[0])
 
     def start_wait(self, keys: Sequence[bytes]) -> None:
         if self.waiting is not None and not self.waiting.done():
@@ -206,17 +496,17 @@ class _Connection:
         self.waiting = asyncio.create_task(self.wait_for(keys))
 
     async def wait_for(self, keys: Sequence[bytes]) -> None:
-        while True:
-            try:
-                await self.store.wait(keys, timeout_s=WAIT_SLICE_S)
-                break
-            except DeadlineExceededError:
-                continue
-            except RallypointError as error:
-                # The reader is blocked on the socket: closing it ends the worker's wait now.
-                log.warning("store %s refused a wait: %s", self.store.namespace, error)
-                self.writer.close()
-                return
+        """Answer STOP_WAITING once a coalesced read finds every key: the next one (the
+        usual case: a WAIT precedes every GET), or one after a shared coordinator wait on
+        them ended, until the WAIT is cancelled."""
+        try:
+            while await self.reads.read(keys) is None:
+                await self.reads.wait(keys)
+        except RallypointError as error:
+            # The reader is blocked on the socket: closing it ends the worker's wait now.
+            log.warning("store %s refused a wait: %s", self.store.namespace, error)
+            self.writer.close()
+            return
         self.writer.write(_U8.pack(WaitResponse.STOP_WAITING))
 
     async def cancel_wait(self) -> None:
@@ -311,6 +601,8 @@ class TCPStoreBridge:
         )
         # The listener of the current round; None before the first round and after close.
         self._server: asyncio.Server | None = None
+        # The coalesced reads of the current round's connections (None when _server is).
+        self._reads: _Reads | None = None
         # The connections of the current round's listener, with their streams.
         self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         self.round_number = 0
@@ -329,14 +621,18 @@ class TCPStoreBridge:
 
     async def _open(self, job: str, round_number: int, participant_id: int) -> int:
         await self._stop_serving()
-        store = self._client.round_store(job, round_number, participant_id)
+        # Every agent's bridge reads from one member (by participant id), not all from the
+        # leader: followers answer reads linearizably too, and the reads are most of the load.
+        store = self._client.round_store(job, round_number, participant_id, spread_reads=True)
+        reads = self._reads = _Reads(store, lambda: len(self._connections))
+        adds = _Adds(store)
 
         async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             task = asyncio.current_task()
             assert task is not None
             self._connections[task] = writer
             try:
-                await _Connection(store, reader, writer).serve()
+                await _Connection(store, reads, adds, reader, writer).serve()
             finally:
                 del self._connections[task]
 
@@ -367,6 +663,7 @@ class TCPStoreBridge:
         """Close the listener and every connection; the handlers then end on their own (a
         closed stream ends their read), which cancelling them would not do cleanly."""
         server, self._server = self._server, None
+        reads, self._reads = self._reads, None
         if server is not None:
             server.close()
         for writer in self._connections.values():
@@ -375,6 +672,8 @@ class TCPStoreBridge:
             await asyncio.wait(list(self._connections))
         if server is not None:
             await server.wait_closed()
+        if reads is not None:
+            reads.close()
 
     def close(self) -> None:
         if self._closed:

@@ -227,6 +227,7 @@ RULES: dict[str, Rule] = {
     _STORE + "Delete": Rule(P.JOB_WORK, _scope_job, _header_session),
     _STORE + "NumKeys": Rule(P.JOB_READ, _scope_job),
     _STORE + "Check": Rule(P.JOB_READ, _scope_job),
+    _STORE + "MultiGet": Rule(P.JOB_READ, _scope_job),
     _CKPT + "Begin": Rule(P.JOB_WORK, _fence_job, _header_session),
     _CKPT + "ShardDone": Rule(P.JOB_WORK, _fence_job, _header_session),
     _CKPT + "Commit": Rule(P.JOB_WORK, _fence_job, _header_session),

@@ -13,19 +13,28 @@ call that starts waiting run with no await between them, so no applied entry is 
 The membership check is part of each re-check, so a round that ends during the wait ends
 it with STALE_ROUND rather than leaving the worker waiting on a world that is gone. The
 deadline is ``timeout_ms``, bounded by the client's own deadline.
+
+MultiGet serves many reads (groups of keys, each answered all or nothing) behind one read
+barrier and one gRPC call: process-group bootstrap is mostly reads (gloo's full mesh is N^2
+gets per round), and the per-call cost, not the store, bounded them. It waits like Wait for
+every group; with ``partial`` the deadline answers with the complete groups instead of
+failing, which is what a caller batching unrelated requests (the TCPStore bridge) needs: one
+missing key must not fail or hold the others. Every value comes from one applied state, read
+after the barrier, so each group is as linearizable as a Get issued when the call started.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from rallypoint.proto.v1 import rendezvous_pb2, rendezvous_pb2_grpc
 
 from ..node_api import ServerNode
 from ..state.commands import StoreAdd, StoreCompareSet, StoreDelete, StoreSet
-from ..state.errors import Failure
+from ..state.errors import Failure, LimitExceeded
+from ..state.jobs import RendezvousLimits
 from ..state.results import (
     StoreAddResult,
     StoreCompareSetResult,
@@ -35,9 +44,14 @@ from ..state.results import (
 from ..state.view import RoundStoreView
 from . import validate
 from .common import Context, header_pb, propose, read_barrier
-from .errors import RequestFailed, WaitTimedOut
+from .errors import InvalidArgument, RequestFailed, WaitTimedOut
 
 T = TypeVar("T")
+
+# Bounds of one MultiGet: keys over all groups, and bytes of values in the answer (a store
+# may hold 64 MiB; an answer that large would stall the member's event loop while encoded).
+MAX_MULTI_GET_KEYS = 65_536
+MAX_MULTI_GET_ANSWER_BYTES = 32 * 1024 * 1024
 
 
 class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
@@ -62,20 +76,25 @@ class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
         timeout_ms: int,
         context: Context,
         what: str,
+        at_deadline: Callable[[RoundStoreView], T] | None = None,
     ) -> T:
         """``found(store)`` once it is not None, re-checked after every apply until
-        ``timeout_ms`` (bounded by the client's deadline) passes."""
+        ``timeout_ms`` (bounded by the client's deadline) passes; then ``at_deadline(store)``
+        if given, else WaitTimedOut."""
         loop = asyncio.get_running_loop()
         remaining_s: float | None = context.time_remaining()
         wait_s = timeout_ms / 1000 if remaining_s is None else min(timeout_ms / 1000, remaining_s)
         deadline_s = loop.time() + wait_s
         await read_barrier(self.node, context, serializable=False)
         while True:
-            answer = found(self._store(scope))
+            store = self._store(scope)
+            answer = found(store)
             if answer is not None:
                 return answer
             left_s = deadline_s - loop.time()
             if left_s <= 0:
+                if at_deadline is not None:
+                    return at_deadline(store)
                 raise WaitTimedOut(
                     f"job {scope.job!r} round {scope.round}: {what} after {timeout_ms} ms"
                 )
@@ -105,6 +124,45 @@ class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
 
         await self._wait_for(scope, all_present, timeout_ms, context, "keys are still missing")
         return rendezvous_pb2.StoreWaitResponse(header=header_pb(self.node.header()))
+
+    async def MultiGet(
+        self, request: rendezvous_pb2.StoreMultiGetRequest, context: Context
+    ) -> rendezvous_pb2.StoreMultiGetResponse:
+        scope = validate.store_scope(request.HasField("scope"), request.scope)
+        groups = _key_groups(request.groups, self.node.state.limits.rendezvous)
+        timeout_ms = validate.non_negative(request.timeout_ms, "timeout_ms")
+
+        def read(store: RoundStoreView) -> list[list[bytes] | None]:
+            answer: list[list[bytes] | None] = []
+            for keys in groups:
+                values = [value for key in keys if (value := store.get(key)) is not None]
+                answer.append(values if len(values) == len(keys) else None)
+            return answer
+
+        def complete(store: RoundStoreView) -> list[list[bytes] | None] | None:
+            answer = read(store)
+            return None if None in answer else answer
+
+        answer = await self._wait_for(
+            scope,
+            complete,
+            timeout_ms,
+            context,
+            "keys are still missing",
+            at_deadline=read if request.partial else None,
+        )
+        size = sum(len(value) for values in answer if values is not None for value in values)
+        if size > MAX_MULTI_GET_ANSWER_BYTES:
+            raise RequestFailed(
+                LimitExceeded("bytes of values in one MultiGet answer", MAX_MULTI_GET_ANSWER_BYTES)
+            )
+        response = rendezvous_pb2.StoreMultiGetResponse(header=header_pb(self.node.header()))
+        for values in answer:
+            if values is None:
+                response.groups.add()
+            else:
+                response.groups.add(complete=True, values=values)
+        return response
 
     async def NumKeys(
         self, request: rendezvous_pb2.StoreNumKeysRequest, context: Context
@@ -198,3 +256,26 @@ class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
         return rendezvous_pb2.StoreDeleteResponse(
             header=header_pb(self.node.header()), existed=result.existed
         )
+
+
+def _key_groups(
+    groups: Sequence[rendezvous_pb2.StoreKeyGroup], limits: RendezvousLimits
+) -> list[list[bytes]]:
+    """A MultiGet's groups of keys, checked: at least one group, none empty, keys valid,
+    at most MAX_MULTI_GET_KEYS in all."""
+    if not groups:
+        raise InvalidArgument("groups", "must name at least one group of keys")
+    total = sum(len(group.keys) for group in groups)
+    if total > MAX_MULTI_GET_KEYS:
+        raise RequestFailed(LimitExceeded("keys in one MultiGet", MAX_MULTI_GET_KEYS))
+    checked = []
+    for i, group in enumerate(groups):
+        if not group.keys:
+            raise InvalidArgument(f"groups[{i}].keys", "must not be empty")
+        checked.append(
+            [
+                validate.store_key(key, limits, f"groups[{i}].keys[{j}]")
+                for j, key in enumerate(group.keys)
+            ]
+        )
+    return checked

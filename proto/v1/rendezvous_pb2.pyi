@@ -696,6 +696,40 @@ class StoreCheckResponse(_message.Message):
     all_exist: bool
     def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., all_exist: _Optional[bool] = ...) -> None: ...
 
+class StoreKeyGroup(_message.Message):
+    __slots__ = ("keys",)
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class StoreMultiGetRequest(_message.Message):
+    __slots__ = ("scope", "groups", "timeout_ms", "partial")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    scope: StoreScope
+    groups: _containers.RepeatedCompositeFieldContainer[StoreKeyGroup]
+    timeout_ms: int
+    partial: bool
+    def __init__(self, scope: _Optional[_Union[StoreScope, _Mapping]] = ..., groups: _Optional[_Iterable[_Union[StoreKeyGroup, _Mapping]]] = ..., timeout_ms: _Optional[int] = ..., partial: _Optional[bool] = ...) -> None: ...
+
+class StoreGroupValues(_message.Message):
+    __slots__ = ("complete", "values")
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    complete: bool
+    values: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, complete: _Optional[bool] = ..., values: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class StoreMultiGetResponse(_message.Message):
+    __slots__ = ("header", "groups")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    groups: _containers.RepeatedCompositeFieldContainer[StoreGroupValues]
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., groups: _Optional[_Iterable[_Union[StoreGroupValues, _Mapping]]] = ...) -> None: ...
+
 class CheckpointFence(_message.Message):
     __slots__ = ("job", "round", "fencing_token")
     JOB_FIELD_NUMBER: _ClassVar[int]

@@ -729,6 +729,11 @@ class RoundStoreStub:
                 request_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.StoreCheckRequest.SerializeToString,
                 response_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.StoreCheckResponse.FromString,
                 _registered_method=True)
+        self.MultiGet = channel.unary_unary(
+                '/rallypoint.v1.RoundStore/MultiGet',
+                request_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.StoreMultiGetRequest.SerializeToString,
+                response_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.StoreMultiGetResponse.FromString,
+                _registered_method=True)
 
 
 class RoundStoreServicer:
@@ -800,6 +805,20 @@ class RoundStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MultiGet(self, request, context):
+        """Many reads in one call, behind one read barrier: the values of several groups of keys,
+        each group all of its values or none. Waits up to timeout_ms (0: do not wait) for every
+        group to be complete; at the deadline a group still missing a key is DEADLINE_EXCEEDED,
+        unless `partial` is set: then the answer comes at the deadline (at once for 0) with the
+        complete groups' values, the others marked incomplete. At most 65,536 keys in all, and
+        at most 32 MiB of values in the answer (else RESOURCE_EXHAUSTED / LIMIT_EXCEEDED).
+        Errors also: INVALID_ARGUMENT, FAILED_PRECONDITION (STALE_ROUND), NOT_FOUND (job),
+        UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RoundStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -842,6 +861,11 @@ def add_RoundStoreServicer_to_server(servicer, server):
                     servicer.Check,
                     request_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.StoreCheckRequest.FromString,
                     response_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.StoreCheckResponse.SerializeToString,
+            ),
+            'MultiGet': grpc.unary_unary_rpc_method_handler(
+                    servicer.MultiGet,
+                    request_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.StoreMultiGetRequest.FromString,
+                    response_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.StoreMultiGetResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1065,6 +1089,33 @@ class RoundStore:
             '/rallypoint.v1.RoundStore/Check',
             rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.StoreCheckRequest.SerializeToString,
             rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.StoreCheckResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MultiGet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rallypoint.v1.RoundStore/MultiGet',
+            rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.StoreMultiGetRequest.SerializeToString,
+            rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.StoreMultiGetResponse.FromString,
             options,
             channel_credentials,
             insecure,

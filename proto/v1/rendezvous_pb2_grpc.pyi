@@ -171,6 +171,9 @@ class RoundStoreStub:
     Check: grpc.aio.UnaryUnaryMultiCallable[
         _rendezvous_pb2.StoreCheckRequest, _rendezvous_pb2.StoreCheckResponse
     ]
+    MultiGet: grpc.aio.UnaryUnaryMultiCallable[
+        _rendezvous_pb2.StoreMultiGetRequest, _rendezvous_pb2.StoreMultiGetResponse
+    ]
 
 class RoundStoreServicer:
     async def Set(
@@ -229,6 +232,13 @@ class RoundStoreServicer:
             _rendezvous_pb2.StoreCheckRequest, _rendezvous_pb2.StoreCheckResponse
         ],
     ) -> _rendezvous_pb2.StoreCheckResponse: ...
+    async def MultiGet(
+        self,
+        request: _rendezvous_pb2.StoreMultiGetRequest,
+        context: grpc.aio.ServicerContext[
+            _rendezvous_pb2.StoreMultiGetRequest, _rendezvous_pb2.StoreMultiGetResponse
+        ],
+    ) -> _rendezvous_pb2.StoreMultiGetResponse: ...
 
 def add_RoundStoreServicer_to_server(
     servicer: RoundStoreServicer, server: grpc.aio.Server

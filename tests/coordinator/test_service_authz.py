@@ -304,6 +304,13 @@ async def test_a_job_token_works_in_its_job_and_nowhere_else(cluster: Cluster) -
         rendezvous_pb2.StoreGetRequest(scope=scope, key=b"k"), metadata=job_a.metadata
     )
     assert got.value == b"v"
+    many = await job_a.store.MultiGet(
+        rendezvous_pb2.StoreMultiGetRequest(
+            scope=scope, groups=[rendezvous_pb2.StoreKeyGroup(keys=[b"k"])]
+        ),
+        metadata=job_a.metadata,
+    )
+    assert list(many.groups[0].values) == [b"v"]
     await job_a.rendezvous.GetJob(rendezvous_pb2.GetJobRequest(job="A"), metadata=job_a.metadata)
     b_scope = rendezvous_pb2.StoreScope(job="B", round=1, participant_id=other.participant_id)
     m = job_a.metadata
@@ -320,6 +327,16 @@ async def test_a_job_token_works_in_its_job_and_nowhere_else(cluster: Cluster) -
             job_a.store.Get(rendezvous_pb2.StoreGetRequest(scope=b_scope, key=b"k"), metadata=m),
             "read job 'B'",
             "RoundStore/Get",
+        ),
+        (
+            job_a.store.MultiGet(
+                rendezvous_pb2.StoreMultiGetRequest(
+                    scope=b_scope, groups=[rendezvous_pb2.StoreKeyGroup(keys=[b"k"])]
+                ),
+                metadata=m,
+            ),
+            "read job 'B'",
+            "RoundStore/MultiGet",
         ),
         (
             job_a.rendezvous.Evict(

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import grpc
 import pytest
 
+from rallypoint.coordinator.service import roundstore
 from rallypoint.coordinator.state import Limits
 from rallypoint.coordinator.state.jobs import RendezvousLimits
 from rallypoint.proto.v1 import common_pb2, rendezvous_pb2_grpc
@@ -147,17 +148,114 @@ async def test_a_key_still_missing_at_the_timeout_is_deadline_exceeded(client: C
     assert waited.code == Code.DEADLINE_EXCEEDED
 
 
+def groups(*keys: list[bytes]) -> list[pb.StoreKeyGroup]:
+    return [pb.StoreKeyGroup(keys=group) for group in keys]
+
+
+def answered(response: pb.StoreMultiGetResponse) -> list[list[bytes] | None]:
+    return [list(group.values) if group.complete else None for group in response.groups]
+
+
+async def test_multi_get_answers_every_group_all_or_nothing_behind_one_barrier(
+    client: Client,
+) -> None:
+    await client.set(b"a", b"1")
+    await client.set(b"b", b"")
+    barriers = client.node.read_barriers
+    got = await client.store.MultiGet(
+        pb.StoreMultiGetRequest(scope=client.scope(1), groups=groups([b"a", b"b"], [b"b", b"a"]))
+    )
+    assert answered(got) == [[b"1", b""], [b"", b"1"]]
+    assert client.node.read_barriers == barriers + 1
+    # One missing key fails the call, unless partial: then only its group is incomplete.
+    request = pb.StoreMultiGetRequest(scope=client.scope(), groups=groups([b"a", b"x"], [b"b"]))
+    missing = await fails(client.store.MultiGet(request))
+    assert missing.code == Code.DEADLINE_EXCEEDED and "still missing" in missing.details
+    request.partial = True
+    assert answered(await client.store.MultiGet(request)) == [None, [b""]]
+    request.timeout_ms = 20
+    assert answered(await client.store.MultiGet(request)) == [None, [b""]]
+    # Overwritten and deleted keys read as they are now.
+    await client.set(b"a", b"2")
+    await client.store.Delete(
+        pb.StoreDeleteRequest(header=client.headers(), scope=client.scope(), key=b"b")
+    )
+    request = pb.StoreMultiGetRequest(
+        scope=client.scope(), groups=groups([b"a"], [b"b"]), partial=True
+    )
+    assert answered(await client.store.MultiGet(request)) == [[b"2"], None]
+
+
+async def test_multi_get_waits_until_every_group_is_complete(client: Client) -> None:
+    whole = asyncio.ensure_future(
+        client.store.MultiGet(
+            pb.StoreMultiGetRequest(
+                scope=client.scope(1), groups=groups([b"k"], [b"m", b"k"]), timeout_ms=30_000
+            )
+        )
+    )
+    partial = asyncio.ensure_future(
+        client.store.MultiGet(
+            pb.StoreMultiGetRequest(
+                scope=client.scope(1),
+                groups=groups([b"k"], [b"m"]),
+                timeout_ms=30_000,
+                partial=True,
+            )
+        )
+    )
+    await until(lambda: client.node.apply_waits >= 2)
+    await client.set(b"k", b"v")
+    await until(lambda: client.node.apply_waits >= 4)
+    assert not whole.done() and not partial.done()
+    await client.set(b"m", b"w")
+    assert answered(await whole) == [[b"v"], [b"w", b"v"]]
+    assert answered(await partial) == [[b"v"], [b"w"]]
+
+
+async def test_multi_get_limits_its_keys_and_its_answer(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scope = client.scope()
+    too_many = [b"k"] * (roundstore.MAX_MULTI_GET_KEYS + 1)
+    refused = await fails(
+        client.store.MultiGet(pb.StoreMultiGetRequest(scope=scope, groups=groups(too_many)))
+    )
+    assert (refused.code, refused.reason) == (Code.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED")
+    assert "keys in one MultiGet" in refused.details
+    long_key = await fails(
+        client.store.MultiGet(pb.StoreMultiGetRequest(scope=scope, groups=groups([b"k" * 9])))
+    )
+    assert (long_key.code, long_key.reason) == (Code.RESOURCE_EXHAUSTED, "KEY_TOO_LARGE")
+    await client.set(b"k", b"v" * 20)
+    monkeypatch.setattr(roundstore, "MAX_MULTI_GET_ANSWER_BYTES", 50)
+    request = pb.StoreMultiGetRequest(scope=scope, groups=groups([b"k", b"k"]))
+    assert answered(await client.store.MultiGet(request)) == [[b"v" * 20] * 2]
+    request.groups.add(keys=[b"k"])
+    too_large = await fails(client.store.MultiGet(request))
+    assert (too_large.code, too_large.reason) == (Code.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED")
+    assert "bytes of values in one MultiGet answer" in too_large.details
+
+
 async def test_the_round_ending_during_a_wait_ends_it_with_stale_round(client: Client) -> None:
     get = asyncio.ensure_future(
         client.store.Get(pb.StoreGetRequest(scope=client.scope(), key=b"k", timeout_ms=30_000))
     )
-    await until(lambda: client.node.apply_waits >= 1)
+    many = asyncio.ensure_future(
+        client.store.MultiGet(
+            pb.StoreMultiGetRequest(
+                scope=client.scope(), groups=groups([b"k"]), timeout_ms=30_000, partial=True
+            )
+        )
+    )
+    await until(lambda: client.node.apply_waits >= 2)
     await client.rendezvous.Leave(
         pb.LeaveRequest(header=client.headers(), job="j", participant_id=client.members[1])
     )
-    failure = await fails(get)
-    assert (failure.code, failure.reason) == (Code.FAILED_PRECONDITION, "STALE_ROUND")
-    assert "round 1 has ended" in failure.details
+    for call in (get, many):
+        failure = await fails(call)
+        assert (failure.code, failure.reason) == (Code.FAILED_PRECONDITION, "STALE_ROUND")
+        assert "round 1 has ended" in failure.details
 
 
 async def test_only_members_of_the_active_round_may_read_or_write(client: Client) -> None:
@@ -175,6 +273,9 @@ async def test_only_members_of_the_active_round_may_read_or_write(client: Client
             client.store.Wait(pb.StoreWaitRequest(scope=scope, keys=[b"k"])),
             client.store.NumKeys(pb.StoreNumKeysRequest(scope=scope)),
             client.store.Check(pb.StoreCheckRequest(scope=scope, keys=[b"k"])),
+            client.store.MultiGet(
+                pb.StoreMultiGetRequest(scope=scope, groups=groups([b"k"]), partial=True)
+            ),
             client.store.Add(pb.StoreAddRequest(header=h(), scope=scope, key=b"k", delta=1)),
             client.store.Delete(pb.StoreDeleteRequest(header=h(), scope=scope, key=b"k")),
         ]
@@ -237,6 +338,11 @@ def _bad_requests() -> list[tuple[str, str, object]]:
         ("Wait", "timeout_ms", pb.StoreWaitRequest(scope=scope, keys=[b"k"], timeout_ms=-1)),
         ("Check", "keys[0]", pb.StoreCheckRequest(scope=scope, keys=[b""])),
         ("NumKeys", "scope", pb.StoreNumKeysRequest()),
+        ("MultiGet", "scope", pb.StoreMultiGetRequest(groups=groups([b"k"]))),
+        ("MultiGet", "groups", pb.StoreMultiGetRequest(scope=scope)),
+        ("MultiGet", "groups[1].keys", pb.StoreMultiGetRequest(scope=scope, groups=groups([b"k"], []))),  # noqa: E501
+        ("MultiGet", "groups[0].keys[1]", pb.StoreMultiGetRequest(scope=scope, groups=groups([b"k", b""]))),  # noqa: E501
+        ("MultiGet", "timeout_ms", pb.StoreMultiGetRequest(scope=scope, groups=groups([b"k"]), timeout_ms=-1)),  # noqa: E501
     ]  # fmt: skip
 
 

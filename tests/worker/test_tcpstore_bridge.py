@@ -1,0 +1,285 @@
+"""The TCPStore bridge's coalesced requests: many connections' reads share MultiGet calls,
+each answered with its own values, none from a call that started before it arrived;
+blocking waits are shared per group of keys; concurrent adds to one key are one combined
+add. First against gated fake stores (exact batches), then torch's own TCPStore clients,
+concurrently, through a bridge to a fake member over gRPC. (tests/worker/test_torchrun.py
+checks the bridge against a real cluster.)"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Sequence
+from datetime import timedelta
+from typing import Any, cast
+
+import pytest
+import torch.distributed as dist
+
+from rallypoint.client import AddOverflowError, InvalidArgumentError, RoundStore
+from rallypoint.client.rendezvous_errors import StaleRoundError
+from rallypoint.worker.tcpstore_bridge import (
+    ProtocolError,
+    Query,
+    TCPStoreBridge,
+    _Adds,
+    _parse,
+    _Reads,
+    _Short,
+)
+from tests.coordinator.fake_node import FakeNode, join_round, open_session, served_at, serving
+
+
+class GatedStore:
+    """A round store whose MultiGet answers from the state at the call's start (as the
+    member does after its read barrier), once ``gate`` is open."""
+
+    namespace = "j/1"
+
+    def __init__(self) -> None:
+        self.data: dict[bytes, bytes] = {}
+        self.calls: list[list[tuple[bytes, ...]]] = []
+        self.waits: list[tuple[bytes, ...]] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.failure: Exception | None = None
+        self.wait_done = asyncio.Event()
+
+    async def read_groups(
+        self, groups: Sequence[Sequence[bytes]], *, wait_s: float = 0.0
+    ) -> list[list[bytes] | None]:
+        self.calls.append([tuple(group) for group in groups])
+        if any(b"" in group for group in groups):
+            raise InvalidArgumentError("groups[0].keys[0]: must not be empty")
+        snapshot = dict(self.data)
+        await self.gate.wait()
+        if self.failure is not None:
+            raise self.failure
+        return [
+            [snapshot[key] for key in group] if all(key in snapshot for key in group) else None
+            for group in groups
+        ]
+
+    async def wait(self, keys: Sequence[bytes], *, timeout_s: float | None = None) -> None:
+        self.waits.append(tuple(keys))
+        await self.wait_done.wait()
+
+
+def reads_of(store: GatedStore, connections: int = 1) -> _Reads:
+    return _Reads(cast(RoundStore, store), lambda: connections)
+
+
+async def test_reads_arriving_during_a_call_share_the_next_each_with_its_own_answer() -> None:
+    store = GatedStore()
+    store.data = {b"a": b"1", b"b": b"2", b"c": b"3"}
+    reads = reads_of(store)
+    store.gate.clear()
+    first = reads.read([b"a"])
+    await asyncio.sleep(0)
+    assert store.calls == [[(b"a",)]]
+    # While the first call runs, four reads (two the same group) wait for the next one.
+    later = [reads.read(keys) for keys in ([b"b"], [b"c", b"a"], [b"b"], [b"x"])]
+    store.gate.set()
+    assert await first == [b"1"]
+    assert [await future for future in later] == [[b"2"], [b"3", b"1"], [b"2"], None]
+    assert store.calls == [[(b"a",)], [(b"b",), (b"c", b"a"), (b"x",)]]
+
+
+async def test_a_read_never_takes_the_answer_of_a_call_that_started_before_it() -> None:
+    store = GatedStore()
+    store.data = {b"k": b"old", b"gone": b"here"}
+    reads = reads_of(store)
+    store.gate.clear()
+    before = reads.read([b"k", b"gone"])
+    await asyncio.sleep(0)
+    # A write completes (overwrite, delete) while that call is in flight: a read issued
+    # now must see it, so it goes to the next call.
+    store.data[b"k"] = b"new"
+    del store.data[b"gone"]
+    after, after_gone = reads.read([b"k"]), reads.read([b"gone"])
+    store.gate.set()
+    assert await before == [b"old", b"here"]
+    assert (await after, await after_gone) == ([b"new"], None)
+    assert len(store.calls) == 2
+
+
+async def test_reads_linger_for_the_other_connections_then_go_together() -> None:
+    store = GatedStore()
+    store.data = {b"a": b"1", b"b": b"2"}
+    reads = reads_of(store, connections=2)
+    first = reads.read([b"a"])
+    second = reads.read([b"b"])
+    assert (await first, await second) == ([b"1"], [b"2"])
+    assert store.calls == [[(b"a",), (b"b",)]]
+    # With fewer reads than connections the call still goes, after LINGER_S.
+    assert await reads.read([b"a"]) == [b"1"]
+
+
+async def test_a_bad_group_fails_only_its_own_read_and_a_call_failure_fails_all() -> None:
+    store = GatedStore()
+    store.data = {b"a": b"1"}
+    reads = reads_of(store)
+    store.gate.clear()
+    blocker = reads.read([b"a"])
+    await asyncio.sleep(0)
+    good, bad, other = reads.read([b"a"]), reads.read([b""]), reads.read([b"b"])
+    store.gate.set()
+    await blocker
+    assert await good == [b"1"]
+    with pytest.raises(InvalidArgumentError):
+        await bad
+    assert await other is None
+    store.failure = StaleRoundError("round 1 has ended")
+    failed = [reads.read([b"a"]), reads.read([b"b"])]
+    for future in failed:
+        with pytest.raises(StaleRoundError):
+            await future
+
+
+async def test_waits_on_the_same_missing_keys_share_one_coordinator_wait() -> None:
+    store = GatedStore()
+    reads = reads_of(store)
+    one = asyncio.ensure_future(reads.wait([b"k"]))
+    two = asyncio.ensure_future(reads.wait([b"k"]))
+    other = asyncio.ensure_future(reads.wait([b"m"]))
+    await asyncio.sleep(0.01)
+    assert sorted(store.waits) == [(b"k",), (b"m",)]
+    # One waiter cancelling (CANCEL_WAIT) leaves the shared wait to the other.
+    one.cancel()
+    await asyncio.sleep(0.01)
+    assert not two.done()
+    store.wait_done.set()
+    await two
+    await other
+    assert sorted(store.waits) == [(b"k",), (b"m",)]
+    reads.close()
+
+
+class CountingStore:
+    """Adds on a dict of counters, each call gated, failing past ``limit`` as overflow."""
+
+    def __init__(self, limit: int = 2**63 - 1) -> None:
+        self.counters: dict[bytes, int] = {}
+        self.calls: list[tuple[bytes, int]] = []
+        self.gate = asyncio.Event()
+        self.limit = limit
+
+    async def add(self, key: bytes, delta: int) -> int:
+        self.calls.append((key, delta))
+        await self.gate.wait()
+        value = self.counters.get(key, 0) + delta
+        if value > self.limit:
+            raise AddOverflowError("ADD_OVERFLOW")
+        self.counters[key] = value
+        return value
+
+
+async def test_concurrent_adds_combine_into_one_call_with_running_sums() -> None:
+    store = CountingStore()
+    adds = _Adds(cast(RoundStore, store))
+    first = asyncio.ensure_future(adds.add(b"n", 1))
+    await asyncio.sleep(0)
+    later = [asyncio.ensure_future(adds.add(b"n", delta)) for delta in (2, 3, 4)]
+    other = asyncio.ensure_future(adds.add(b"m", 5))
+    await asyncio.sleep(0)
+    store.gate.set()
+    assert await first == 1
+    # One call of 2 + 3 + 4 = 9, answered in arrival order: 3, 6, 10.
+    assert [await future for future in later] == [3, 6, 10]
+    assert await other == 5
+    assert store.calls == [(b"n", 1), (b"m", 5), (b"n", 9)]
+
+
+async def test_a_combined_add_that_fails_is_retried_part_by_part() -> None:
+    store = CountingStore(limit=10)
+    store.counters[b"n"] = 5
+    adds = _Adds(cast(RoundStore, store))
+    first = asyncio.ensure_future(adds.add(b"n", 0))
+    await asyncio.sleep(0)
+    parts = [asyncio.ensure_future(adds.add(b"n", delta)) for delta in (4, 3)]
+    await asyncio.sleep(0)
+    store.gate.set()
+    assert await first == 5
+    assert await parts[0] == 9
+    with pytest.raises(AddOverflowError):
+        await parts[1]
+    assert store.calls == [(b"n", 0), (b"n", 7), (b"n", 4), (b"n", 3)]
+
+
+def test_a_query_is_parsed_whole_from_the_buffer_or_not_at_all() -> None:
+    def data(value: bytes) -> bytes:
+        return len(value).to_bytes(8, "little") + value
+
+    set_query = bytes([Query.SET]) + data(b"key") + data(b"value")
+    wait_query = bytes([Query.WAIT]) + (2).to_bytes(8, "little") + data(b"a") + data(b"bc")
+    stream = bytearray(set_query + wait_query)
+    for cut in range(len(set_query)):
+        with pytest.raises(_Short):
+            _parse(bytearray(stream[:cut]))
+    assert _parse(stream) == (Query.SET, (b"key", b"value"), len(set_query))
+    del stream[: len(set_query)]
+    assert _parse(stream) == (Query.WAIT, ([b"a", b"bc"],), len(wait_query))
+    with pytest.raises(ProtocolError, match="query type 42 is not served"):
+        _parse(bytearray([42]))
+
+
+# --------------------------------------------------------- torch's clients, end to end
+
+
+@pytest.fixture
+async def bridge_port() -> AsyncIterator[int]:
+    node = FakeNode()
+    async with served_at(node) as address, serving(node) as channel:
+        headers = await open_session(node)
+        (joined,) = await join_round(channel, headers, "j", 1)
+        bridge = TCPStoreBridge([address])
+        try:
+            yield await asyncio.to_thread(bridge.serve_round, "j", 1, joined.participant_id)
+        finally:
+            await asyncio.to_thread(bridge.close)
+
+
+def tcpstore(port: int, timeout_s: float = 20) -> Any:
+    return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=timeout_s))
+
+
+async def test_concurrent_ranks_each_read_their_own_answers(bridge_port: int) -> None:
+    size = 8
+    errors: list[BaseException] = []
+    counted: list[int] = []
+
+    def rank(index: int) -> None:
+        try:
+            store = tcpstore(bridge_port)
+            store.set(f"rank_{index}", f"address-{index}".encode())
+            for other in range(size):
+                assert store.get(f"rank_{other}") == f"address-{other}".encode()
+            keys = [f"rank_{other}" for other in range(size)]
+            assert store.multi_get(keys) == [f"address-{o}".encode() for o in range(size)]
+            store.multi_set([f"m{index}_a", f"m{index}_b"], [b"a", b"b"])
+            assert store.multi_get([f"m{index}_b", f"m{index}_a"]) == [b"b", b"a"]
+            counted.append(store.add("barrier", 1))  # a barrier's adds, however combined
+        except BaseException as error:  # reported by the test below
+            errors.append(error)
+
+    threads = [threading.Thread(target=rank, args=(i,)) for i in range(size)]
+    await asyncio.to_thread(lambda: [t.start() for t in threads] and [t.join() for t in threads])
+    assert errors == []
+    assert sorted(counted) == list(range(1, size + 1))
+
+
+async def test_reads_after_a_completed_write_see_it_overwrites_and_deletes_included(
+    bridge_port: int,
+) -> None:
+    def run() -> None:
+        writer, reader = tcpstore(bridge_port), tcpstore(bridge_port, timeout_s=1)
+        for value in (b"v1", b"v2", b"v3"):
+            writer.set("k", value)
+            writer.check(["k"])  # answered after the set: the write has completed
+            assert reader.get("k") == value
+        assert writer.delete_key("k")
+        assert not reader.check(["k"])
+        with pytest.raises(dist.DistStoreError):
+            reader.get("k")  # waits out its timeout: the key is gone
+
+    await asyncio.to_thread(run)

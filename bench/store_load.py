@@ -379,11 +379,22 @@ def run_report(stores: Sequence[Store], ranks: Sequence[int], run: Run, finished
     )
 
 
+async def warm_up(stores: Sequence[Store], ranks: Sequence[int]) -> None:
+    """Every rank sets a key of its own and reads it back before any trial, on every store:
+    the trials then time the round's traffic, not what a long-lived agent does once (a
+    bridge's first calls open its gRPC channels and its session), as the TCPStore ranks'
+    connections are made before the timing too."""
+    pairs = list(zip(stores, ranks, strict=True))
+    await asyncio.gather(*(store.set(f"warm-up/{rank}", b"1") for store, rank in pairs))
+    await asyncio.gather(*(store.get(f"warm-up/{rank}") for store, rank in pairs))
+
+
 async def run_ranks(args: argparse.Namespace, lag: LoopLag) -> None:
     ranks = rank_numbers(args)
     began = time.perf_counter()
     bridges = await make_bridges(args) if args.store == "rallypoint" else []
     stores, transport = await connect_ranks(args, ranks, bridges)
+    await warm_up(stores, ranks)
     emit(
         "ready",
         ranks=len(ranks),

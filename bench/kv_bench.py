@@ -95,7 +95,7 @@ RATIO_TARGETS: dict[str, tuple[str, str, str, float | None]] = {
     "put_64_throughput": ("put_64", "throughput_ops_s", ">=", 0.6),
     "put_64_p99": ("put_64", "p99_ms", "<=", 1.5),
     "put_1_p50": ("put_1", "p50_ms", "<=", 1.5),
-    "get_1_p50": ("get_1", "p50_ms", "", None),
+    "get_1_p50": ("get_1", "p50_ms", "<=", 1.5),
 }
 
 

@@ -6,6 +6,7 @@ falling back to unary MultiGet on a member that answers UNIMPLEMENTED)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -216,6 +217,15 @@ async def test_each_operation_is_authorized_as_its_unary_call(tmp_path: Path) ->
         assert anonymous.value.code() is Code.UNAUTHENTICATED
 
 
+@contextlib.asynccontextmanager
+async def round_at(node: FakeNode) -> AsyncIterator[tuple[str, int]]:
+    """A member serving ``node`` with a round of one member in job "j": its address and the
+    member's participant id."""
+    async with served_at(node) as address, serving(node) as channel:
+        (joined,) = await join_round(channel, await open_session(node), "j", 1)
+        yield address, joined.participant_id
+
+
 async def test_the_client_s_reads_use_the_stream_and_fall_back_without_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -229,38 +239,33 @@ async def test_the_client_s_reads_use_the_stream_and_fall_back_without_it(
         return await unary(self, request, context)
 
     monkeypatch.setattr(RoundStoreServicer, "MultiGet", counted)
-    async with served_at(node) as address:
-        channel = grpc.aio.insecure_channel(address)
-        headers = await open_session(node)
-        a, b = await join_round(channel, headers, "j", 2)
-        await channel.close()
-        async with RallypointClient([address], timeout_s=5.0) as client:
-            store = client.round_store("j", 1, a.participant_id)
-            await store.set("k", b"v")
-            got = await asyncio.gather(
-                store.read_groups([["k"], ["x"]]), store.multi_get(["k"], timeout_s=1.0)
-            )
-            assert got == [[[b"v"], None], [b"v"]]
-            assert multi_gets == 0
-            streams: Any = client._caller.store_streams
-            assert streams is not None and set(streams.streams) == {address}
+    async with (
+        round_at(node) as (address, participant_id),
+        RallypointClient([address], timeout_s=5.0) as client,
+    ):
+        store = client.round_store("j", 1, participant_id)
+        await store.set("k", b"v")
+        got = await asyncio.gather(
+            store.read_groups([["k"], ["x"]]), store.multi_get(["k"], timeout_s=1.0)
+        )
+        assert got == [[[b"v"], None], [b"v"]]
+        assert multi_gets == 0
+        streams: Any = client._caller.store_streams
+        assert streams is not None and set(streams.streams) == {address}
 
     async def unimplemented(self: RoundStoreServicer, requests: Any, context: Any) -> Any:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
         yield  # pragma: no cover
 
     monkeypatch.setattr(RoundStoreServicer, "Batch", unimplemented)
-    node = FakeNode(LIMITS)
-    async with served_at(node) as address:
-        channel = grpc.aio.insecure_channel(address)
-        headers = await open_session(node)
-        a, b = await join_round(channel, headers, "j", 2)
-        await channel.close()
-        async with RallypointClient([address], timeout_s=5.0) as client:
-            store = client.round_store("j", 1, b.participant_id)
-            await store.set("k", b"w")
-            assert await store.read_groups([["k"], ["x"]]) == [[b"w"], None]
-            assert await store.multi_get(["k"]) == [b"w"]
-            streams = client._caller.store_streams
-            assert streams is not None and streams.unsupported == {address}
-            assert multi_gets == 2
+    async with (
+        round_at(FakeNode(LIMITS)) as (address, participant_id),
+        RallypointClient([address], timeout_s=5.0) as client,
+    ):
+        store = client.round_store("j", 1, participant_id)
+        await store.set("k", b"w")
+        assert await store.read_groups([["k"], ["x"]]) == [[b"w"], None]
+        assert await store.multi_get(["k"]) == [b"w"]
+        streams = client._caller.store_streams
+        assert streams is not None and streams.unsupported == {address}
+        assert multi_gets == 2

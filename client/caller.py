@@ -39,7 +39,7 @@ from rallypoint.proto.v1 import cluster_pb2, common_pb2
 from .arguments import count, positive_seconds
 from .backoff import Backoff
 from .errors import InvalidValueError, RallypointError
-from .kv_stream import KVStream
+from .kv_stream import BatchStreams, KVStream
 from .session import SessionKeeper
 from .transport import Deadline, Method, Retrier, Transport
 from .values import Member, members_from_proto
@@ -75,6 +75,9 @@ class Caller:
         self.transport = transport
         self.kv_batching = kv_batching
         self._kv_stream = None if kv_batching == "off" else KVStream(transport)
+        # The round-store batch streams (RoundStore/Batch), made by the first RoundStore read
+        # that uses them (roundstore.py); closed with the client.
+        self.store_streams: BatchStreams | None = None
         # KV calls (kv_read, kv_write) in progress, for kv_batching "concurrent".
         self._kv_calls = 0
         self.timeout_s = positive_seconds(timeout_s, "timeout_s")
@@ -107,6 +110,8 @@ class Caller:
         """End the session (best effort) and close the streams and channels."""
         if self._kv_stream is not None:
             await self._kv_stream.close()
+        if self.store_streams is not None:
+            await self.store_streams.close()
         if self._sessions is not None:
             await self._sessions.close(Deadline(min(self.timeout_s, CLOSE_TIMEOUT_S)))
         await self.transport.close()

@@ -49,8 +49,8 @@ Response = TypeVar("Response")
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
-class _Unsupported(Exception):
-    """The member answered the stream UNIMPLEMENTED: it does not know KV/Batch."""
+class Unsupported(Exception):
+    """The member answered the stream UNIMPLEMENTED: it does not know that batch RPC."""
 
 
 def _status_error(
@@ -92,14 +92,16 @@ class _Stream:
         transport: Transport,
         max_messages_in_flight: int,
         max_operations_per_message: int,
+        request_type: Callable[..., Any] = kv_pb2.BatchRequest,
     ) -> None:
         self.address = address
+        self._request_type = request_type
         self._call = call
         self._transport = transport
         self._window = max_messages_in_flight
         self._max_operations = max_operations_per_message
-        self.waiting: dict[int, asyncio.Future[kv_pb2.BatchResult]] = {}
-        self._queue: list[kv_pb2.BatchOperation] = []
+        self.waiting: dict[int, asyncio.Future[Any]] = {}
+        self._queue: list[Any] = []
         self._message_of: dict[int, int] = {}
         self.unanswered: dict[int, int] = {}
         self._numbers = itertools.count(1)
@@ -112,8 +114,8 @@ class _Stream:
             asyncio.create_task(self._receive(), name=f"kv-stream-receive-{address}"),
         )
 
-    def submit(self, operation: kv_pb2.BatchOperation) -> asyncio.Future[kv_pb2.BatchResult]:
-        future: asyncio.Future[kv_pb2.BatchResult] = asyncio.get_running_loop().create_future()
+    def submit(self, operation: Any) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.waiting[operation.id] = future
         self._queue.append(operation)
         self._wake.set()
@@ -135,7 +137,7 @@ class _Stream:
                     self.unanswered[number] = len(operations)
                     for operation in operations:
                         self._message_of[operation.id] = number
-                    await self._call.write(kv_pb2.BatchRequest(operations=operations))
+                    await self._call.write(self._request_type(operations=operations))
                     self.messages_sent += 1
         except grpc.aio.AioRpcError:
             pass  # the receiving side sees the same failure and reports it
@@ -152,7 +154,7 @@ class _Stream:
                     self._answered(result)
         except grpc.aio.AioRpcError as rpc_error:
             if rpc_error.code() is grpc.StatusCode.UNIMPLEMENTED:
-                self._fail(_Unsupported())
+                self._fail(Unsupported())
             else:
                 self._fail(await self._transport.failure(self.address, rpc_error))
             return
@@ -162,7 +164,7 @@ class _Stream:
             )
         )
 
-    def _answered(self, result: kv_pb2.BatchResult) -> None:
+    def _answered(self, result: Any) -> None:
         number = self._message_of.pop(result.id, None)
         if number is not None:
             left = self.unanswered[number] - 1
@@ -195,71 +197,52 @@ class _Stream:
         )
 
 
-class KVStream:
-    """A client's batch streams, one per member; see the module docstring."""
+class BatchStreams:
+    """A client's batch streams of one kind, one per member (``opener`` starts one): each
+    operation sent by :meth:`attempt`, answered by id. Members that answered UNIMPLEMENTED
+    are in ``unsupported`` (the caller serves them by unary calls)."""
 
     def __init__(
         self,
         transport: Transport,
+        opener: Callable[[str], Any],
+        operation: Callable[..., Any],
+        request_type: Callable[..., Any],
         *,
         max_messages_in_flight: int = 2,
         max_operations_per_message: int = 512,
     ) -> None:
         self._transport = transport
+        self._open = opener
+        self._operation = operation
+        self._request_type = request_type
         self._window = count(max_messages_in_flight, "max_messages_in_flight")
         self._max_operations = count(max_operations_per_message, "max_operations_per_message")
         # Invariant: at most one stream per member; a broken one is replaced on next use.
         self.streams: dict[str, _Stream] = {}
-        # Members that answered KV/Batch UNIMPLEMENTED: served by unary calls.
+        # Members that answered the stream UNIMPLEMENTED: served by unary calls.
         self.unsupported: set[str] = set()
         self._ids = itertools.count(1)
-
-    async def call(
-        self,
-        kind: str,
-        method: Method[Request, Response],
-        request: Request,
-        deadline: Deadline,
-        on_retry: Callable[[RallypointError], None] | None = None,
-    ) -> Response:
-        """``request`` (a PutRequest, GetRequest, DeleteRequest or CompareAndSetRequest:
-        ``kind`` "put", "get", "delete" or "compare_and_set") answered through the batch
-        stream, with the retries of a unary ``method`` call (which serves members that do not
-        know the stream)."""
-
-        async def attempt(target: str, timeout_s: float) -> Response:
-            if target not in self.unsupported:
-                try:
-                    result = await self._attempt(target, kind, request, timeout_s)
-                except _Unsupported:
-                    self.unsupported.add(target)
-                else:
-                    answer: Response = getattr(result, kind)
-                    return answer
-            stubs = self._transport.stubs(target)
-            metadata = self._transport.metadata
-            return await method(stubs)(request, timeout=timeout_s, metadata=metadata)
-
-        return await self._transport.retrying(attempt, deadline, on_retry=on_retry)
 
     def _stream(self, address: str) -> _Stream:
         stream = self.streams.get(address)
         if stream is None or stream.broken:
-            call = self._transport.stubs(address).kv.Batch(None, metadata=self._transport.metadata)
             stream = self.streams[address] = _Stream(
-                address, call, self._transport, self._window, self._max_operations
+                address,
+                self._open(address),
+                self._transport,
+                self._window,
+                self._max_operations,
+                self._request_type,
             )
         return stream
 
-    async def _attempt(
-        self, address: str, kind: str, request: Any, timeout_s: float
-    ) -> kv_pb2.BatchResult:
+    async def attempt(self, address: str, kind: str, request: Any, timeout_s: float) -> Any:
+        """The answer (a result message, not an error) to ``request`` of ``kind`` sent on
+        ``address``'s stream; raises the unary call's error, or Unsupported."""
         stream = self._stream(address)
         operation_id = next(self._ids)
-        operation = kv_pb2.BatchOperation(
-            id=operation_id, timeout_ms=max(1, math.ceil(timeout_s * 1000)), **{kind: request}
-        )
-        future = stream.submit(operation)
+        future = stream.submit(self._operation(operation_id, kind, request, timeout_s))
         try:
             result = await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
@@ -278,7 +261,69 @@ class KVStream:
             raise operation_error(result.error, address)
         return result
 
+    async def answer(self, address: str, kind: str, request: Any, timeout_s: float) -> Any:
+        """The ``kind`` answer to ``request`` from ``address``'s stream, or None if that member
+        does not know the stream (the caller makes the unary call)."""
+        if address in self.unsupported:
+            return None
+        try:
+            result = await self.attempt(address, kind, request, timeout_s)
+        except Unsupported:
+            self.unsupported.add(address)
+            return None
+        return getattr(result, kind)
+
     async def close(self) -> None:
         streams, self.streams = self.streams, {}
         for stream in streams.values():
             await stream.close()
+
+
+def _kv_operation(operation_id: int, kind: str, request: Any, timeout_s: float) -> Any:
+    return kv_pb2.BatchOperation(
+        id=operation_id, timeout_ms=max(1, math.ceil(timeout_s * 1000)), **{kind: request}
+    )
+
+
+class KVStream(BatchStreams):
+    """A client's KV batch streams, one per member; see the module docstring."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        max_messages_in_flight: int = 2,
+        max_operations_per_message: int = 512,
+    ) -> None:
+        super().__init__(
+            transport,
+            lambda address: transport.stubs(address).kv.Batch(None, metadata=transport.metadata),
+            _kv_operation,
+            kv_pb2.BatchRequest,
+            max_messages_in_flight=max_messages_in_flight,
+            max_operations_per_message=max_operations_per_message,
+        )
+
+    async def call(
+        self,
+        kind: str,
+        method: Method[Request, Response],
+        request: Request,
+        deadline: Deadline,
+        on_retry: Callable[[RallypointError], None] | None = None,
+    ) -> Response:
+        """``request`` (a PutRequest, GetRequest, DeleteRequest or CompareAndSetRequest:
+        ``kind`` "put", "get", "delete" or "compare_and_set") answered through the batch
+        stream, with the retries of a unary ``method`` call (which serves members that do not
+        know the stream)."""
+
+        async def attempt(target: str, timeout_s: float) -> Response:
+            answered = await self.answer(target, kind, request, timeout_s)
+            if answered is not None:
+                answer: Response = answered
+                return answer
+            stubs = self._transport.stubs(target)
+            metadata = self._transport.metadata
+            return await method(stubs)(request, timeout=timeout_s, metadata=metadata)
+
+        return await self._transport.retrying(attempt, deadline, on_retry=on_retry)

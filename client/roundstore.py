@@ -16,6 +16,10 @@ Many reads in one call: :meth:`RoundStore.multi_get` (torch's ``multi_get``: eve
 wait) and :meth:`RoundStore.read_groups` (several independent reads, each answered all or
 nothing, a missing key failing only its own group) are the MultiGet RPC: one gRPC call and
 one read barrier for all of them, as linearizable as a Get issued when the call started.
+They travel on the client's ``RoundStore/Batch`` stream to the member (one stream per member,
+kept by the client's Caller; ``kv_stream.BatchStreams``): the TCPStore bridge's reads then
+cost a stream message each instead of a gRPC call. A member that answers UNIMPLEMENTED is
+served by the unary MultiGet from then on; every other answer and error is the unary call's.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
@@ -41,6 +45,7 @@ from .errors import (
     map_rpc_error,
 )
 from .jobs import RendezvousStubs, services
+from .kv_stream import BatchStreams
 from .rendezvous_errors import refine, refined
 from .transport import Deadline
 
@@ -56,6 +61,14 @@ Bytes = bytes | str
 # How long a RoundStore with spread reads sends them to the preferred member after its own
 # member failed one.
 SPREAD_PAUSE_S = 10.0
+
+
+def _store_operation(
+    operation_id: int, kind: str, request: Any, timeout_s: float
+) -> rendezvous_pb2.StoreBatchOperation:
+    """A round-store batch operation (the member bounds its wait by the request's own
+    ``timeout_ms``, as the unary call's)."""
+    return rendezvous_pb2.StoreBatchOperation(id=operation_id, **{kind: request})
 
 
 def _bytes(data: Bytes) -> bytes:
@@ -85,8 +98,12 @@ class RoundStore:
         participant_id: int,
         *,
         spread_reads: bool = False,
+        stream_reads: bool = True,
     ) -> None:
         self.caller = caller
+        # MultiGets (multi_get, read_groups) travel on the client's RoundStore/Batch stream to
+        # the member (one per member, many reads per message); False: unary calls.
+        self.stream_reads = stream_reads
         self.scope = rendezvous_pb2.StoreScope(
             job=job, round=round_number, participant_id=participant_id
         )
@@ -234,7 +251,9 @@ class RoundStore:
         request = rendezvous_pb2.StoreMultiGetRequest(scope=self.scope, partial=partial)
         for keys in groups:
             request.groups.add().keys.extend(_bytes(key) for key in keys)
-        response = await self._blocking(lambda stubs: stubs.store.MultiGet, request, wait_s)
+        response = await self._blocking(
+            lambda stubs: stubs.store.MultiGet, request, wait_s, kind="multi_get"
+        )
         if len(response.groups) != len(groups):
             raise InternalError(
                 f"{self.namespace}: MultiGet answered {len(response.groups)} groups for "
@@ -272,6 +291,41 @@ class RoundStore:
         endpoints = self.caller.transport.endpoints
         return endpoints[self.scope.participant_id % len(endpoints)]
 
+    def _streams(self) -> BatchStreams:
+        """The client's round-store batch streams (made on first use)."""
+        caller = self.caller
+        if caller.store_streams is None:
+            transport = caller.transport
+            caller.store_streams = BatchStreams(
+                transport,
+                lambda address: services(transport.stubs(address)).store.Batch(
+                    None, metadata=transport.metadata
+                ),
+                _store_operation,
+                rendezvous_pb2.StoreBatchRequest,
+            )
+        return caller.store_streams
+
+    async def _send(
+        self,
+        address: str,
+        method: Callable[[RendezvousStubs], grpc.aio.UnaryUnaryMultiCallable[Request, Response]],
+        request: Request,
+        timeout_s: float,
+        kind: str | None,
+    ) -> Response:
+        """One attempt: on ``address``'s batch stream if ``kind`` may travel there and the
+        member knows the stream, else the unary call."""
+        transport = self.caller.transport
+        if kind is not None and self.stream_reads:
+            answered = await self._streams().answer(address, kind, request, timeout_s)
+            if answered is not None:
+                answer: Response = answered
+                return answer
+        return await method(services(transport.stubs(address)))(
+            request, timeout=timeout_s, metadata=transport.metadata
+        )
+
     def _wait_s(self, timeout_s: float | None) -> float:
         wait_s = self.caller.timeout_s if timeout_s is None else timeout_s
         return non_negative_seconds(wait_s, "timeout_s")
@@ -281,8 +335,10 @@ class RoundStore:
         method: Callable[[RendezvousStubs], grpc.aio.UnaryUnaryMultiCallable[Request, Response]],
         request: Request,
         wait_s: float,
+        kind: str | None = None,
     ) -> Response:
-        """A read the server holds for up to ``wait_s``; see the module docstring."""
+        """A read the server holds for up to ``wait_s``; see the module docstring. ``kind``:
+        the request's operation on the batch stream, if it may travel there."""
         transport = self.caller.transport
         answer_s = transport.attempt_timeout_s
         deadline = Deadline(wait_s + answer_s)
@@ -292,14 +348,13 @@ class RoundStore:
             address, spread = spread or transport.pick(), None
             left_s = max(0.0, deadline.remaining_s() - answer_s)
             request.timeout_ms = int(left_s * 1000)
+            timeout_s = max(0.001, min(left_s + answer_s, deadline.remaining_s()))
             try:
-                response: Response = await method(services(transport.stubs(address)))(
-                    request,
-                    timeout=max(0.001, min(left_s + answer_s, deadline.remaining_s())),
-                    metadata=transport.metadata,
-                )
+                response: Response = await self._send(address, method, request, timeout_s, kind)
             except grpc.aio.AioRpcError as rpc_error:
                 error: RallypointError = refine(map_rpc_error(rpc_error, address))
+            except RallypointError as stream_error:
+                error = refine(stream_error)
             else:
                 if address == transport.preferred or not self.spread_reads:
                     transport.note_success(address)

@@ -25,9 +25,10 @@ job:J | cluster status and members; sessions of its own; join, heartbeat, leave,
       | and close job J; J's round store and checkpoint registry. Nothing of another job, no
       | key-value or lease call, no configure or evict, no membership change
 
-A batch stream (``KV/Batch``) carries operations of several methods: opening it needs only
-READ, and each operation is checked like the unary call it stands for (``OPERATION_GUARD``),
-so a refused operation fails alone.
+A batch stream carries operations of several methods: opening it needs only READ
+(``KV/Batch``) or STATUS (``RoundStore/Batch``, whose operations name their jobs), and
+each operation is checked like the unary call it stands for (``OPERATION_GUARD``), so a
+refused operation fails alone.
 
 Roles attach to tokens, not to connections: a tokens file reloaded on SIGHUP takes effect at
 the next call.
@@ -228,6 +229,9 @@ RULES: dict[str, Rule] = {
     _STORE + "NumKeys": Rule(P.JOB_READ, _scope_job),
     _STORE + "Check": Rule(P.JOB_READ, _scope_job),
     _STORE + "MultiGet": Rule(P.JOB_READ, _scope_job),
+    # Its operations name their jobs: opening it needs STATUS (every role has it), and each
+    # operation is checked under its unary method's rule (OPERATION_GUARD).
+    _STORE + "Batch": Rule(P.STATUS),
     _CKPT + "Begin": Rule(P.JOB_WORK, _fence_job, _header_session),
     _CKPT + "ShardDone": Rule(P.JOB_WORK, _fence_job, _header_session),
     _CKPT + "Commit": Rule(P.JOB_WORK, _fence_job, _header_session),

@@ -83,7 +83,7 @@ _WRITES = {
 }
 
 # What the response queue carries: an answer, the error that ends the stream, or the end.
-_Item = kv_pb2.BatchResponse | BaseException | None
+_Item = Message | BaseException | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +114,13 @@ def error_result(operation_id: int, error: Exception, deadline_passed: bool) -> 
     )
 
 
-class _BatchServer:
+class BatchServer:
+    """Serves one batch stream: each request message in its own task (``serve``), answers
+    through one queue. Subclasses (``store_batch.py``) serve other kinds of operations."""
+
+    # The response message (its ``results`` field carries the answers).
+    response_type: Callable[..., Message] = kv_pb2.BatchResponse
+
     def __init__(self, node: ServerNode, context: Context) -> None:
         self.node = node
         self.context = context
@@ -123,11 +129,11 @@ class _BatchServer:
         # Tasks serving messages; each removes itself when done.
         self.tasks: set[asyncio.Task[None]] = set()
 
-    def answer(self, results: list[kv_pb2.BatchResult]) -> None:
+    def answer(self, results: list[Any]) -> None:
         if results:
-            self.answers.put_nowait(kv_pb2.BatchResponse(results=results))
+            self.answers.put_nowait(self.response_type(results=results))
 
-    async def intake(self, requests: AsyncIterator[kv_pb2.BatchRequest]) -> None:
+    async def intake(self, requests: AsyncIterator[Any]) -> None:
         """Serve each message in its own task; at the client's half-close, let them finish
         and end the response stream (or end it with the error that broke the intake)."""
         try:
@@ -142,7 +148,7 @@ class _BatchServer:
         else:
             self.answers.put_nowait(None)
 
-    async def serve(self, message: kv_pb2.BatchRequest) -> None:
+    async def serve(self, message: Any) -> None:
         cap_s = wait_s(self.context)
         now = self.loop.time()
         at_once: list[kv_pb2.BatchResult] = []
@@ -225,11 +231,15 @@ class _BatchServer:
         ]
 
 
-async def serve_batch(
+def serve_batch(
     node: ServerNode, requests: AsyncIterator[kv_pb2.BatchRequest], context: Context
 ) -> AsyncIterator[kv_pb2.BatchResponse]:
     """The answers of a batch stream; see the module docstring."""
-    server = _BatchServer(node, context)
+    return run_batch(BatchServer(node, context), requests)
+
+
+async def run_batch(server: BatchServer, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """The answers ``server`` gives to the stream of ``requests``."""
     intake = asyncio.create_task(server.intake(requests))
     try:
         while True:

@@ -26,7 +26,8 @@ after the barrier, so each group is as linearizable as a Get issued when the cal
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from rallypoint.proto.v1 import rendezvous_pb2, rendezvous_pb2_grpc
@@ -54,6 +55,16 @@ MAX_MULTI_GET_KEYS = 65_536
 MAX_MULTI_GET_ANSWER_BYTES = 32 * 1024 * 1024
 
 
+@dataclass(frozen=True, slots=True)
+class CheckedMultiGet:
+    """A MultiGet request past its checks."""
+
+    scope: validate.Scope
+    groups: list[list[bytes]]
+    timeout_ms: int
+    partial: bool
+
+
 class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
     def __init__(self, node: ServerNode) -> None:
         self.node = node
@@ -77,15 +88,17 @@ class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
         context: Context,
         what: str,
         at_deadline: Callable[[RoundStoreView], T] | None = None,
+        barrier: bool = True,
     ) -> T:
         """``found(store)`` once it is not None, re-checked after every apply until
         ``timeout_ms`` (bounded by the client's deadline) passes; then ``at_deadline(store)``
-        if given, else WaitTimedOut."""
+        if given, else WaitTimedOut. ``barrier=False``: the caller took the read barrier."""
         loop = asyncio.get_running_loop()
         remaining_s: float | None = context.time_remaining()
         wait_s = timeout_ms / 1000 if remaining_s is None else min(timeout_ms / 1000, remaining_s)
         deadline_s = loop.time() + wait_s
-        await read_barrier(self.node, context, serializable=False)
+        if barrier:
+            await read_barrier(self.node, context, serializable=False)
         while True:
             store = self._store(scope)
             answer = found(store)
@@ -128,9 +141,22 @@ class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
     async def MultiGet(
         self, request: rendezvous_pb2.StoreMultiGetRequest, context: Context
     ) -> rendezvous_pb2.StoreMultiGetResponse:
-        scope = validate.store_scope(request.HasField("scope"), request.scope)
-        groups = _key_groups(request.groups, self.node.state.limits.rendezvous)
-        timeout_ms = validate.non_negative(request.timeout_ms, "timeout_ms")
+        return await self.multi_get(self.check_multi_get(request), context)
+
+    def check_multi_get(self, request: rendezvous_pb2.StoreMultiGetRequest) -> CheckedMultiGet:
+        """The MultiGet request past its checks (raises what the call is refused with)."""
+        return CheckedMultiGet(
+            scope=validate.store_scope(request.HasField("scope"), request.scope),
+            groups=_key_groups(request.groups, self.node.state.limits.rendezvous),
+            timeout_ms=validate.non_negative(request.timeout_ms, "timeout_ms"),
+            partial=request.partial,
+        )
+
+    async def multi_get(
+        self, checked: CheckedMultiGet, context: Context, barrier: bool = True
+    ) -> rendezvous_pb2.StoreMultiGetResponse:
+        """A checked MultiGet's answer (``barrier=False``: the caller took the barrier)."""
+        groups = checked.groups
 
         def read(store: RoundStoreView) -> list[list[bytes] | None]:
             answer: list[list[bytes] | None] = []
@@ -144,12 +170,13 @@ class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
             return None if None in answer else answer
 
         answer = await self._wait_for(
-            scope,
+            checked.scope,
             complete,
-            timeout_ms,
+            checked.timeout_ms,
             context,
             "keys are still missing",
-            at_deadline=read if request.partial else None,
+            at_deadline=read if checked.partial else None,
+            barrier=barrier,
         )
         size = sum(len(value) for values in answer if values is not None for value in values)
         if size > MAX_MULTI_GET_ANSWER_BYTES:
@@ -183,6 +210,15 @@ class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
         return rendezvous_pb2.StoreCheckResponse(
             header=header_pb(self.node.header()), all_exist=self._store(scope).check(keys)
         )
+
+    def Batch(
+        self,
+        request_iterator: AsyncIterator[rendezvous_pb2.StoreBatchRequest],
+        context: Context,
+    ) -> AsyncIterator[rendezvous_pb2.StoreBatchResponse]:
+        from .store_batch import serve_store_batch
+
+        return serve_store_batch(self, request_iterator, context)
 
     # ----------------------------------------------------------------- writes
 

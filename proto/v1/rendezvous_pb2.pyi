@@ -1,4 +1,5 @@
 from rallypoint.proto.v1 import common_pb2 as _common_pb2
+from rallypoint.proto.v1 import kv_pb2 as _kv_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -729,6 +730,52 @@ class StoreMultiGetResponse(_message.Message):
     header: _common_pb2.ResponseHeader
     groups: _containers.RepeatedCompositeFieldContainer[StoreGroupValues]
     def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., groups: _Optional[_Iterable[_Union[StoreGroupValues, _Mapping]]] = ...) -> None: ...
+
+class StoreBatchRequest(_message.Message):
+    __slots__ = ("operations",)
+    OPERATIONS_FIELD_NUMBER: _ClassVar[int]
+    operations: _containers.RepeatedCompositeFieldContainer[StoreBatchOperation]
+    def __init__(self, operations: _Optional[_Iterable[_Union[StoreBatchOperation, _Mapping]]] = ...) -> None: ...
+
+class StoreBatchOperation(_message.Message):
+    __slots__ = ("id", "multi_get", "set", "add", "compare_set", "delete")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    MULTI_GET_FIELD_NUMBER: _ClassVar[int]
+    SET_FIELD_NUMBER: _ClassVar[int]
+    ADD_FIELD_NUMBER: _ClassVar[int]
+    COMPARE_SET_FIELD_NUMBER: _ClassVar[int]
+    DELETE_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    multi_get: StoreMultiGetRequest
+    set: StoreSetRequest
+    add: StoreAddRequest
+    compare_set: StoreCompareSetRequest
+    delete: StoreDeleteRequest
+    def __init__(self, id: _Optional[int] = ..., multi_get: _Optional[_Union[StoreMultiGetRequest, _Mapping]] = ..., set: _Optional[_Union[StoreSetRequest, _Mapping]] = ..., add: _Optional[_Union[StoreAddRequest, _Mapping]] = ..., compare_set: _Optional[_Union[StoreCompareSetRequest, _Mapping]] = ..., delete: _Optional[_Union[StoreDeleteRequest, _Mapping]] = ...) -> None: ...
+
+class StoreBatchResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[StoreBatchResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[StoreBatchResult, _Mapping]]] = ...) -> None: ...
+
+class StoreBatchResult(_message.Message):
+    __slots__ = ("id", "multi_get", "set", "add", "compare_set", "delete", "error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    MULTI_GET_FIELD_NUMBER: _ClassVar[int]
+    SET_FIELD_NUMBER: _ClassVar[int]
+    ADD_FIELD_NUMBER: _ClassVar[int]
+    COMPARE_SET_FIELD_NUMBER: _ClassVar[int]
+    DELETE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    multi_get: StoreMultiGetResponse
+    set: StoreSetResponse
+    add: StoreAddResponse
+    compare_set: StoreCompareSetResponse
+    delete: StoreDeleteResponse
+    error: _kv_pb2.BatchError
+    def __init__(self, id: _Optional[int] = ..., multi_get: _Optional[_Union[StoreMultiGetResponse, _Mapping]] = ..., set: _Optional[_Union[StoreSetResponse, _Mapping]] = ..., add: _Optional[_Union[StoreAddResponse, _Mapping]] = ..., compare_set: _Optional[_Union[StoreCompareSetResponse, _Mapping]] = ..., delete: _Optional[_Union[StoreDeleteResponse, _Mapping]] = ..., error: _Optional[_Union[_kv_pb2.BatchError, _Mapping]] = ...) -> None: ...
 
 class CheckpointFence(_message.Message):
     __slots__ = ("job", "round", "fencing_token")

@@ -734,6 +734,11 @@ class RoundStoreStub:
                 request_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.StoreMultiGetRequest.SerializeToString,
                 response_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.StoreMultiGetResponse.FromString,
                 _registered_method=True)
+        self.Batch = channel.stream_stream(
+                '/rallypoint.v1.RoundStore/Batch',
+                request_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.StoreBatchRequest.SerializeToString,
+                response_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.StoreBatchResponse.FromString,
+                _registered_method=True)
 
 
 class RoundStoreServicer:
@@ -819,6 +824,20 @@ class RoundStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Batch(self, request_iterator, context):
+        """Many store operations per message (multi-gets and writes), each the unary request it
+        stands for and answered on its own, matched by id, as KV/Batch: a write keeps its session
+        header (a retry applies at most once), a refused operation is answered alone with the
+        status its unary RPC would end with (BatchError), the message's multi-gets share one read
+        barrier taken after the message arrived, and each waits on its own (timeout_ms, partial)
+        without holding the others. Fencing (STALE_ROUND) is per operation, as in the unary
+        calls. Opening the stream needs the status permission; each operation is authorized under
+        its unary method's rule. A member that predates this RPC answers UNIMPLEMENTED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RoundStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -866,6 +885,11 @@ def add_RoundStoreServicer_to_server(servicer, server):
                     servicer.MultiGet,
                     request_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.StoreMultiGetRequest.FromString,
                     response_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.StoreMultiGetResponse.SerializeToString,
+            ),
+            'Batch': grpc.stream_stream_rpc_method_handler(
+                    servicer.Batch,
+                    request_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.StoreBatchRequest.FromString,
+                    response_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.StoreBatchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1116,6 +1140,33 @@ class RoundStore:
             '/rallypoint.v1.RoundStore/MultiGet',
             rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.StoreMultiGetRequest.SerializeToString,
             rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.StoreMultiGetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Batch(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/rallypoint.v1.RoundStore/Batch',
+            rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.StoreBatchRequest.SerializeToString,
+            rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.StoreBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -174,6 +174,9 @@ class RoundStoreStub:
     MultiGet: grpc.aio.UnaryUnaryMultiCallable[
         _rendezvous_pb2.StoreMultiGetRequest, _rendezvous_pb2.StoreMultiGetResponse
     ]
+    Batch: grpc.aio.StreamStreamMultiCallable[
+        _rendezvous_pb2.StoreBatchRequest, _rendezvous_pb2.StoreBatchResponse
+    ]
 
 class RoundStoreServicer:
     async def Set(
@@ -239,6 +242,13 @@ class RoundStoreServicer:
             _rendezvous_pb2.StoreMultiGetRequest, _rendezvous_pb2.StoreMultiGetResponse
         ],
     ) -> _rendezvous_pb2.StoreMultiGetResponse: ...
+    def Batch(
+        self,
+        request_iterator: AsyncIterator[_rendezvous_pb2.StoreBatchRequest],
+        context: grpc.aio.ServicerContext[
+            _rendezvous_pb2.StoreBatchRequest, _rendezvous_pb2.StoreBatchResponse
+        ],
+    ) -> AsyncIterator[_rendezvous_pb2.StoreBatchResponse]: ...
 
 def add_RoundStoreServicer_to_server(
     servicer: RoundStoreServicer, server: grpc.aio.Server

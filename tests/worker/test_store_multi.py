@@ -115,7 +115,10 @@ async def test_spread_reads_go_to_the_participants_member_and_pass_over_a_dead_o
             spread = client.round_store("j", 1, participant_id, spread_reads=True)
             assert await spread.multi_get(["k"]) == [b"v"]
             assert await spread.read_groups([["k"], ["x"]]) == [[b"v"], None]
-            assert asked == [live, live]
+            # Both on the participant's member, over one RoundStore/Batch stream to it.
+            assert asked == [live]
+            streams: Any = client._caller.store_streams
+            assert set(streams.streams) == {live}
             assert transport.preferred == other  # a spread read does not move the client
         finally:
             await client.close()

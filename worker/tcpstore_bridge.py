@@ -395,6 +395,34 @@ class _Adds:
                     future.set_result(value)
 
 
+class _Writes:
+    """The writes the bridge took and has not finished, on any of its connections.
+
+    torch's SET, APPEND and MULTI_SET send no answer: the worker's call returns once the
+    request is sent, and TCPStore's one server applies requests in the order they arrive, so
+    a read sent after that (by this worker or by another it told, through a collective say)
+    sees the write. The bridge serves its connections concurrently, and a coalesced read
+    can overtake a write still on its way through Raft; so every read first waits for the
+    writes taken before it arrived (not for later ones)."""
+
+    def __init__(self) -> None:
+        self._pending: set[asyncio.Future[None]] = set()
+
+    async def run(self, write: Awaitable[T]) -> T:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.add(done)
+        try:
+            return await write
+        finally:
+            self._pending.discard(done)
+            done.set_result(None)
+
+    async def settled(self) -> None:
+        """Once every write taken before this call has finished (failed ones included)."""
+        if self._pending:
+            await asyncio.wait(list(self._pending))
+
+
 class _Connection:
     """One worker's TCPStore client, served against one round's store."""
 
@@ -403,12 +431,14 @@ class _Connection:
         store: RoundStore,
         reads: _Reads,
         adds: _Adds,
+        writes: _Writes,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:
         self.store = store
         self.reads = reads
         self.adds = adds
+        self.writes = writes
         self.reader = reader
         self.writer = writer
         # The WAIT being served. Invariant: at most one (the client sends one query at a
@@ -446,6 +476,7 @@ class _Connection:
 
     async def get(self, keys: Sequence[bytes]) -> list[bytes]:
         """The keys' values from the next coalesced read; a missing key fails the request."""
+        await self.writes.settled()
         values = await self.reads.read(keys)
         if values is None:
             missing = ", ".join(repr(key) for key in keys)
@@ -453,7 +484,7 @@ class _Connection:
         return values
 
     async def answer(self, query: Query, arguments: tuple[Any, ...]) -> None:
-        store, write = self.store, self.writer.write
+        store, write, writes = self.store, self.writer.write, self.writes
         if query is Query.VALIDATE:
             (magic,) = arguments
             if magic != VALIDATION_MAGIC:
@@ -461,17 +492,18 @@ class _Connection:
         elif query is Query.PING:
             write(_U32.pack(arguments[0]))
         elif query is Query.SET:
-            await store.set(*arguments)
+            await writes.run(store.set(*arguments))
         elif query is Query.COMPARE_SET:
             key, expected, desired = arguments
-            result = await store.compare_set(key, expected, desired)
+            result = await writes.run(store.compare_set(key, expected, desired))
             # torch's answer for an absent key with a non-empty expectation is the expectation.
             write(_data(expected if result.value is None else result.value))
         elif query is Query.GET:
             write(_data((await self.get(arguments))[0]))
         elif query is Query.ADD:
-            write(_I64.pack(await self.adds.add(*arguments)))
+            write(_I64.pack(await writes.run(self.adds.add(*arguments))))
         elif query is Query.CHECK:
+            await writes.settled()
             ready = await self.reads.read(arguments[0]) is not None
             write(_U8.pack(CheckResponse.READY if ready else CheckResponse.NOT_READY))
         elif query is Query.WAIT:
@@ -480,17 +512,18 @@ class _Connection:
             await self.cancel_wait()
             write(_U8.pack(WaitResponse.WAIT_CANCELED))
         elif query is Query.GETNUMKEYS:
+            await writes.settled()
             write(_I64.pack(await store.num_keys()))
         elif query is Query.DELETE_KEY:
-            write(_I64.pack(1 if await store.delete(*arguments) else 0))
+            write(_I64.pack(1 if await writes.run(store.delete(*arguments)) else 0))
         elif query is Query.APPEND:
-            await self.append(*arguments)
+            await writes.run(self.append(*arguments))
         elif query is Query.MULTI_GET:
             (keys,) = arguments
             if keys:
                 write(b"".join(_data(value) for value in await self.get(keys)))
         elif query is Query.MULTI_SET:
-            await store.multi_set(arguments[0])
+            await writes.run(store.multi_set(arguments[0]))
 
     def start_wait(self, keys: Sequence[bytes]) -> None:
         if self.waiting is not None and not self.waiting.done():
@@ -502,6 +535,7 @@ class _Connection:
         usual case: a WAIT precedes every GET), or one after a shared coordinator wait on
         them ended, until the WAIT is cancelled."""
         try:
+            await self.writes.settled()
             while await self.reads.read(keys) is None:
                 await self.reads.wait(keys)
         except RallypointError as error:
@@ -631,13 +665,14 @@ class TCPStoreBridge:
         store = self._client.round_store(job, round_number, participant_id)
         reads = self._reads = _Reads(store, lambda: len(self._connections))
         adds = _Adds(store)
+        writes = _Writes()
 
         async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             task = asyncio.current_task()
             assert task is not None
             self._connections[task] = writer
             try:
-                await _Connection(store, reads, adds, reader, writer).serve()
+                await _Connection(store, reads, adds, writes, reader, writer).serve()
             finally:
                 del self._connections[task]
 

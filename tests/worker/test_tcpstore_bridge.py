@@ -23,9 +23,11 @@ from rallypoint.worker.tcpstore_bridge import (
     Query,
     TCPStoreBridge,
     _Adds,
+    _Connection,
     _parse,
     _Reads,
     _Short,
+    _Writes,
 )
 from tests.coordinator.fake_node import FakeNode, join_round, open_session, served_at, serving
 
@@ -153,6 +155,47 @@ async def test_waits_on_the_same_missing_keys_share_one_coordinator_wait() -> No
     await other
     assert sorted(store.waits) == [(b"k",), (b"m",)]
     reads.close()
+
+
+class _Sink:
+    """What a connection writes back to its worker."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+
+async def test_a_read_waits_for_the_writes_the_bridge_took_before_it() -> None:
+    """torch's SET has no answer: the worker goes on once it is sent, and TCPStore applies
+    requests in arrival order. A GET arriving on another connection while the SET is still
+    on its way through Raft must see it (it used to overtake it and read the old value)."""
+    store = GatedStore()
+    store.data[b"k"] = b"old"
+    set_gate = asyncio.Event()
+
+    async def gated_set(key: bytes, value: bytes) -> None:
+        await set_gate.wait()
+        store.data[key] = value
+
+    store.set = gated_set  # type: ignore[attr-defined]
+    reads, adds, writes = reads_of(store, 2), _Adds(cast(RoundStore, store)), _Writes()
+
+    def connection(sink: _Sink) -> _Connection:
+        return _Connection(
+            cast(RoundStore, store), reads, adds, writes, cast(Any, None), cast(Any, sink)
+        )
+
+    reader = _Sink()
+    setting = asyncio.create_task(connection(_Sink()).answer(Query.SET, (b"k", b"new")))
+    await asyncio.sleep(0)  # the bridge took the SET
+    getting = asyncio.create_task(connection(reader).answer(Query.GET, (b"k",)))
+    await asyncio.sleep(0.05)
+    assert not getting.done() and not store.calls  # the read waits for the write
+    set_gate.set()
+    await asyncio.wait_for(asyncio.gather(setting, getting), 5)
+    assert bytes(reader.data) == (3).to_bytes(8, "little") + b"new"
 
 
 class CountingStore:

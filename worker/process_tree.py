@@ -14,10 +14,11 @@ through :func:`run_reaped`:
   descendant, found by walking ``/proc`` parent links;
 - SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl-C does, so the program's own
   ``finally`` blocks stop what they started, in order. Inside a running asyncio loop they
-  are handed to the loop as Ctrl-C is (``asyncio.Runner`` cancels the main task, which
-  unwinds at an ``await``, then raises KeyboardInterrupt): an exception raised at an
-  arbitrary bytecode can land inside a C extension's constructor, and grpc.aio's channel
-  setup crashes the interpreter (SIGSEGV, no cleanup at all) when that happens;
+  are raised from a callback the loop runs next, not wherever the signal lands: an
+  exception raised at an arbitrary bytecode can land inside a C extension's constructor,
+  and grpc.aio's channel setup crashes the interpreter (SIGSEGV, no cleanup at all) when
+  that happens; raised between callbacks it leaves the loop, and ``asyncio.run`` cancels
+  every task, whose ``finally`` blocks run at their awaits;
 - when the main function has returned or raised, every descendant still alive is killed
   (SIGKILL, until none is left, since a dying parent may hand over orphans at that very
   moment), with further signals ignored so a second Ctrl-C cannot cut the sweep short.
@@ -137,20 +138,19 @@ class _Interrupted(KeyboardInterrupt):
         self.signum = signum
 
 
-# The last SIGTERM/SIGHUP handed to an event loop as Ctrl-C (for the exit status).
-_handed_to_loop: list[int] = []
+def _raise_in_loop(signum: int) -> None:
+    raise _Interrupted(signum)
 
 
 def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
     try:
-        asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
     except RuntimeError:
         raise _Interrupted(signum) from None
-    on_ctrl_c = signal.getsignal(signal.SIGINT)
-    if not callable(on_ctrl_c) or on_ctrl_c is signal.default_int_handler:
-        raise _Interrupted(signum)  # a loop without asyncio.Runner's Ctrl-C handling
-    _handed_to_loop.append(signum)
-    on_ctrl_c(signal.SIGINT, frame)
+    # Raised from a callback of the loop's own, between callbacks: it leaves run_forever
+    # (asyncio and uvloop re-raise KeyboardInterrupt from callbacks), and asyncio.run then
+    # cancels every task, whose cleanup runs at its awaits.
+    loop.call_soon_threadsafe(_raise_in_loop, signum)
 
 
 @contextlib.contextmanager
@@ -182,4 +182,4 @@ def run_reaped(main: Callable[[], int]) -> int:
     except _Interrupted as interrupted:
         return _SIGNAL_EXIT_BASE + interrupted.signum
     except KeyboardInterrupt:
-        return _SIGNAL_EXIT_BASE + (_handed_to_loop[-1] if _handed_to_loop else signal.SIGINT)
+        return _SIGNAL_EXIT_BASE + signal.SIGINT

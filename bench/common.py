@@ -11,11 +11,14 @@ import json
 import math
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Sequence
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -25,6 +28,31 @@ from tests.integration.harness import kill_processes_mentioning
 
 # Linux reports process times in clock ticks of this many per second.
 _CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@contextmanager
+def scratch_root(prefix: str, keep: str | None = None) -> Iterator[Path]:
+    """The folder a benchmark keeps its cluster, trials and logs in, removed when the run
+    ends, interrupted or not, unless ``keep`` names one (then it is created and left). Every
+    process the benchmark starts while it is open gets ``TMPDIR`` inside it, so what they
+    leave in the temp folder (torchrun's ``torchelastic_*`` folders, checkpoints) goes with
+    it: a benchmark run on a shared machine leaves no disk behind."""
+    root = Path(keep) if keep else Path(tempfile.mkdtemp(prefix=prefix))
+    scratch = root / "tmp"
+    scratch.mkdir(parents=True, exist_ok=True)
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(scratch)
+    tempfile.tempdir = None  # gettempdir() caches: read TMPDIR again
+    try:
+        yield root
+    finally:
+        if before is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before
+        tempfile.tempdir = None
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def cpu_model() -> str:

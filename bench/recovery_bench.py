@@ -36,7 +36,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -49,6 +48,7 @@ from bench.common import (
     json_safe,
     machine_info,
     package_versions,
+    scratch_root,
 )
 from bench.kv_bench import RallypointCluster
 from rallypoint.worker.process_tree import run_reaped
@@ -388,7 +388,11 @@ def restore_figures(root: Path, size_mb: float, repeats: int) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    root = Path(tempfile.mkdtemp(prefix="recovery-bench-"))
+    with scratch_root("recovery-bench-", args.data_dir) as root:
+        return run_in(args, root)
+
+
+def run_in(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     cluster = RallypointCluster(root / "cluster")
     trials: dict[str, list[Event]] = {
         "rallypoint": [],
@@ -493,6 +497,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench/results/recovery.json")
     parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument(
+        "--data-dir",
+        help="keep the cluster's data, the trials' logs and checkpoints here (default: a "
+        "temp folder, removed at the end)",
+    )
     parser.add_argument("--timeout-s", type=float, default=90.0, help="per phase of a trial")
     parser.add_argument("--restore-mb", type=float, default=64.0)
     parser.add_argument("--restore-repeats", type=int, default=5)

@@ -29,7 +29,6 @@ import os
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,6 +39,7 @@ from bench.common import (
     json_safe,
     machine_info,
     package_versions,
+    scratch_root,
 )
 from bench.kv_bench import RallypointCluster
 from rallypoint.worker.process_tree import run_reaped
@@ -146,11 +146,15 @@ def summarize(trials: Sequence[Event]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    with scratch_root("torchrun-bench-", args.data_dir) as root:
+        return run_in(args, root)
+
+
+def run_in(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     backends = [b for b in args.backends.split(",") if b]
     unknown = set(backends) - set(BACKENDS)
     if unknown:
         raise SystemExit(f"unknown backends {sorted(unknown)}; choose from {BACKENDS}")
-    root = Path(tempfile.mkdtemp(prefix="torchrun-bench-"))
     cluster = RallypointCluster(root / "cluster")
     results: dict[str, list[Event]] = {backend: [] for backend in backends}
     try:
@@ -202,6 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench/results/torchrun.json")
     parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument(
+        "--data-dir",
+        help="keep the cluster's data, the trials' logs and checkpoints here (default: a "
+        "temp folder, removed at the end)",
+    )
     parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated")
     parser.add_argument("--timeout-s", type=float, default=120.0, help="per phase of a trial")
     return parser

@@ -4,8 +4,10 @@ cancelled, ``timeout``, ``kill``) once its processes are up, and Ctrl-C (SIGINT 
 terminal's whole process group) for the two that start workers in sessions of their own.
 Each is run as its make target runs it, interrupted once the processes named by its ready
 condition run, and must then end by itself within a minute with nothing left
-(``no_process_outlives``: orphans count). Their normal ends are checked by the smoke tests
-beside this one."""
+(``no_process_outlives``: orphans count) and nothing left in the temp folder either (each
+run gets a ``TMPDIR`` of its own, which must be empty afterwards: a benchmark's cluster data
+and torchrun's folders are hundreds of MB a run, and a machine that runs them often fills its
+disk). Their normal ends are checked by the smoke tests beside this one."""
 
 from __future__ import annotations
 
@@ -20,7 +22,12 @@ from pathlib import Path
 import pytest
 
 from rallypoint.worker.process_tree import descendants
-from tests.integration.harness import command_line, no_process_outlives, wait_until
+from tests.integration.harness import (
+    assert_left_nothing,
+    command_line,
+    no_process_outlives,
+    wait_until,
+)
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 Ready = Callable[[list[str]], bool]
@@ -97,11 +104,14 @@ def interrupt(target: str, tmp_path: Path, signum: signal.Signals, *, group: boo
     arguments, ready = TARGETS[target]
     command = [sys.executable, *(a.format(tmp=tmp_path) for a in arguments)]
     log_path = tmp_path / "output.log"
+    scratch = tmp_path / "tmpdir"
+    scratch.mkdir()
     with no_process_outlives(f"{target} after {signum.name}"):
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 command,
                 cwd=REPOSITORY,
+                env={**os.environ, "TMPDIR": str(scratch)},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -132,6 +142,7 @@ def interrupt(target: str, tmp_path: Path, signum: signal.Signals, *, group: boo
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+    assert_left_nothing(scratch, f"{target} after {signum.name}")
 
 
 @pytest.mark.integration

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import no_process_outlives
+from tests.integration.harness import assert_left_nothing, no_process_outlives
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
@@ -23,16 +24,20 @@ REPOSITORY = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(420)
 def test_smoke_run_writes_results_and_leaves_no_process(tmp_path: Path) -> None:
     out = tmp_path / "recovery.json"
+    scratch = tmp_path / "tmpdir"
+    scratch.mkdir()
     with no_process_outlives("the recovery benchmark"):
         done = subprocess.run(
             [sys.executable, "-m", "bench.recovery_bench", "--smoke", f"--out={out}"],
             cwd=REPOSITORY,
+            env={**os.environ, "TMPDIR": str(scratch)},
             capture_output=True,
             text=True,
             timeout=400,
             check=False,
         )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert_left_nothing(scratch, "the benchmark")
     report = json.loads(out.read_text())
     assert report["parameters"]["smoke"] is True
     assert report["details"]["rallypoint"]["recovered"] == "1/1", report["details"]

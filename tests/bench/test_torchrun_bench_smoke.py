@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import no_process_outlives
+from tests.integration.harness import assert_left_nothing, no_process_outlives
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
@@ -21,6 +22,8 @@ REPOSITORY = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(240)
 def test_one_rallypoint_trial_writes_the_report(tmp_path: Path) -> None:
     out = tmp_path / "torchrun.json"
+    scratch = tmp_path / "tmpdir"
+    scratch.mkdir()
     with no_process_outlives("the torchrun benchmark"):
         subprocess.run(
             [
@@ -32,9 +35,11 @@ def test_one_rallypoint_trial_writes_the_report(tmp_path: Path) -> None:
                 f"--out={out}",
             ],
             cwd=REPOSITORY,
+            env={**os.environ, "TMPDIR": str(scratch)},
             check=True,
             timeout=220,
         )
+    assert_left_nothing(scratch, "the benchmark")
     report = json.loads(out.read_text())
     assert {"machine", "versions", "parameters", "backends"} <= set(report)
     summary = report["backends"]["rallypoint"]

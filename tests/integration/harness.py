@@ -445,3 +445,9 @@ def running_cluster_with_tokens(
         root, size, extra_args=[f"--tokens-file={path}"], token=admin, **kwargs
     ) as cluster:
         yield cluster
+
+
+def assert_left_nothing(scratch: Path, what: str) -> None:
+    """Fails naming what ``what`` left in ``scratch``, the ``TMPDIR`` it was run with."""
+    left = sorted(str(path.relative_to(scratch)) for path in scratch.iterdir())
+    assert not left, f"{what} left {len(left)} entries in its temp folder: {left[:10]}"

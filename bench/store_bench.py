@@ -258,6 +258,7 @@ async def start_ranks(bench: StoreBench, store: str, size: int) -> tuple[list[Lo
                         f"--store={store}",
                         f"--world={size}",
                         f"--per-node={per_node}",
+                        f"--bridge-loop={args.bridge_loop}",
                         f"--first-node={first_node}",
                         f"--nodes={count}",
                         f"--address=127.0.0.1:{bench.tcpstore_port}",
@@ -683,7 +684,12 @@ def placement(args: argparse.Namespace) -> dict[str, Any]:
         "uvloop); one TCP connection per rank (tcpstore, rallypoint) or one session per rank "
         "over the process's transport (coordinator_store)",
         "bridges": f"rallypoint: one TCPStoreBridge per node of {args.per_node} ranks, in the "
-        "load process of its ranks (own thread, event loop and coordinator client)",
+        "load process of its ranks, with its own coordinator client; "
+        + (
+            "each on its own thread and event loop, as in an agent"
+            if args.bridge_loop == "thread"
+            else "all of a process's bridges on its one event loop (--bridge-loop shared)"
+        ),
         "participants": "a bench/scale_load.py hosts process joins them (JoinBatch) and "
         "heartbeats them at 1 Hz: one per node (rallypoint) or per rank (coordinator_store)",
         "init_gloo": "real torch processes, one per rank; rallypoint's bridges in a load process",
@@ -724,6 +730,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--patterns", type=names_arg(PATTERNS), default=list(PATTERNS))
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--per-node", type=int, default=8, help="ranks per node (bridge)")
+    parser.add_argument(
+        "--bridge-loop",
+        choices=("thread", "shared"),
+        default="thread",
+        help="each bridge on a thread and event loop of its own, as in a torchrun agent, or "
+        "all of a load process's bridges on its one loop",
+    )
     parser.add_argument("--load-processes", type=int, default=4)
     parser.add_argument(
         "--trial-limit-s",

@@ -51,12 +51,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from bench.rendezvous_load import LoopLag, command_lines, emit, run_load_process
-from rallypoint.client import Backoff, RoundStore
+from rallypoint.client import Backoff, Client, RoundStore
 from rallypoint.client.caller import Caller
 from rallypoint.client.transport import Transport
 from rallypoint.worker.tcpstore_bridge import (
     VALIDATION_MAGIC,
     Query,
+    StoreBridge,
     TCPStoreBridge,
     WaitResponse,
 )
@@ -303,21 +304,59 @@ def ids_arg(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part]
 
 
-async def make_bridges(args: argparse.Namespace) -> list[TCPStoreBridge]:
-    """One bridge per node, serving the round store as the node's participant."""
-    bridges: list[TCPStoreBridge] = []
+class _Bridge(Protocol):
+    @property
+    def port(self) -> int: ...
+
+
+class _LoopBridge:
+    """A bridge on the load process's own event loop, with its own client (``--bridge-loop
+    shared``)."""
+
+    def __init__(self, client: Client, bridge: StoreBridge) -> None:
+        self.client = client
+        self.bridge = bridge
+
+    @property
+    def port(self) -> int:
+        return self.bridge.port
+
+    async def close(self) -> None:
+        await self.bridge.stop_serving()
+        await self.client.close()
+
+
+async def make_bridges(args: argparse.Namespace) -> list[TCPStoreBridge | _LoopBridge]:
+    """One bridge per node, serving the round store as the node's participant: each on a
+    thread and event loop of its own as in a torchrun agent (``--bridge-loop thread``), or
+    all on this process's loop (``shared``)."""
+    bridges: list[TCPStoreBridge | _LoopBridge] = []
     participants = ids_arg(args.participants)
+    endpoints = args.endpoints.split(",")
     for node in range(args.nodes):
-        bridge = await asyncio.to_thread(
-            TCPStoreBridge, args.endpoints.split(","), timeout_s=CLIENT_TIMEOUT_S
-        )
+        if args.bridge_loop == "shared":
+            client = Client(endpoints, timeout_s=CLIENT_TIMEOUT_S, open_session_on_connect=False)
+            await client.connect()
+            shared = _LoopBridge(client, StoreBridge(client))
+            bridges.append(shared)
+            await shared.bridge.serve_round(args.job, args.round, participants[node])
+            continue
+        bridge = await asyncio.to_thread(TCPStoreBridge, endpoints, timeout_s=CLIENT_TIMEOUT_S)
         bridges.append(bridge)
         await asyncio.to_thread(bridge.serve_round, args.job, args.round, participants[node])
     return bridges
 
 
+async def close_bridges(bridges: Sequence[TCPStoreBridge | _LoopBridge]) -> None:
+    for bridge in bridges:
+        if isinstance(bridge, _LoopBridge):
+            await bridge.close()
+        else:
+            await asyncio.to_thread(bridge.close)
+
+
 async def connect_ranks(
-    args: argparse.Namespace, ranks: Sequence[int], bridges: Sequence[TCPStoreBridge]
+    args: argparse.Namespace, ranks: Sequence[int], bridges: Sequence[_Bridge]
 ) -> tuple[list[Store], Transport | None]:
     """A store handle per rank, connected."""
     slots = asyncio.Semaphore(CONNECT_CONCURRENCY)
@@ -431,8 +470,7 @@ async def run_ranks(args: argparse.Namespace, lag: LoopLag) -> None:
                 await store.close()  # type: ignore[attr-defined]
         if transport is not None:
             await transport.close()
-        for bridge in bridges:
-            await asyncio.to_thread(bridge.close)
+        await close_bridges(bridges)
 
 
 async def run_bridges(args: argparse.Namespace, lag: LoopLag) -> None:
@@ -443,8 +481,7 @@ async def run_bridges(args: argparse.Namespace, lag: LoopLag) -> None:
             if command == "close":
                 break
     finally:
-        for bridge in bridges:
-            await asyncio.to_thread(bridge.close)
+        await close_bridges(bridges)
 
 
 async def run_tcpstore_server(args: argparse.Namespace, lag: LoopLag) -> None:
@@ -526,6 +563,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--first-node", type=int, default=0)
     parser.add_argument("--nodes", type=int, default=1, help="nodes this process plays")
     parser.add_argument("--address", default="", help="tcpstore: HOST:PORT")
+    parser.add_argument(
+        "--bridge-loop",
+        choices=("thread", "shared"),
+        default="thread",
+        help="rallypoint: each bridge on its own thread and loop (as in an agent), or all "
+        "of the process's bridges on its one loop",
+    )
     parser.add_argument("--endpoints", default="", help="coordinator client addresses")
     parser.add_argument("--job", default="")
     parser.add_argument("--round", type=int, default=0)

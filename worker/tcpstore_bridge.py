@@ -191,6 +191,16 @@ def _data(value: bytes) -> bytes:
     return _U64.pack(len(value)) + value
 
 
+def _decimal(value: bytes) -> int | None:
+    """``value`` as the coordinator's Add reads a counter (ASCII digits, an optional minus,
+    within int64), or None."""
+    digits = value[1:] if value.startswith(b"-") else value
+    if not (digits and digits.isdigit() and digits.isascii()):
+        return None
+    number = int(value)
+    return number if -(2**63) <= number < 2**63 else None
+
+
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
@@ -501,7 +511,11 @@ class _Connection:
         elif query is Query.GET:
             write(_data((await self.get(arguments))[0]))
         elif query is Query.ADD:
-            write(_I64.pack(await writes.run(self.adds.add(*arguments))))
+            key, delta = arguments
+            value = await self.counter(key) if delta == 0 else None
+            if value is None:
+                value = await writes.run(self.adds.add(key, delta))
+            write(_I64.pack(value))
         elif query is Query.CHECK:
             await writes.settled()
             ready = await self.reads.read(arguments[0]) is not None
@@ -524,6 +538,16 @@ class _Connection:
                 write(b"".join(_data(value) for value in await self.get(keys)))
         elif query is Query.MULTI_SET:
             await writes.run(store.multi_set(arguments[0]))
+
+    async def counter(self, key: bytes) -> int | None:
+        """An ADD of 0 answered by a read: the integer at ``key`` from the next coalesced read
+        (c10d's store-based barrier reads its count so, every rank at once). Adding 0 to an
+        integer that exists changes nothing, so the read's answer is the add's, at a point
+        inside the request. None when the key is missing or holds no integer: then the add
+        itself runs (creating the key, or failing as the coordinator says)."""
+        await self.writes.settled()
+        values = await self.reads.read([key])
+        return None if values is None else _decimal(values[0])
 
     def start_wait(self, keys: Sequence[bytes]) -> None:
         if self.waiting is not None and not self.waiting.done():
@@ -605,36 +629,23 @@ class NoFreePortError(OSError):
     """Every port of the range was in use."""
 
 
-class TCPStoreBridge:
-    """Serves the TCPStore protocol for one round at a time; see the module docstring."""
+class StoreBridge:
+    """The bridge's serving part on the running event loop, over a ``client`` it does not
+    own (connected or not: the session opens with the first store call). One round at a time,
+    as :class:`TCPStoreBridge` (which runs one of these on a thread of its own); for a program
+    already on asyncio, or many bridges on one loop (``bench.store_load``)."""
 
     def __init__(
         self,
-        endpoints: Sequence[str],
+        client: Client,
         *,
         host: str = "127.0.0.1",
-        token: str | None = None,
-        tls: TlsConfig | None = None,
-        timeout_s: float = 10.0,
         port_range: PortRange | None = None,
     ) -> None:
         self.host = host
         self.port_range = port_range
         self._rng = random.Random()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="rallypoint-tcpstore-bridge", daemon=True
-        )
-        self._thread.start()
-        # The session opens with the first store call: making a bridge never waits for the
-        # coordinator (the agent's own client waits for it, see patience.py).
-        self._client = Client(
-            list(endpoints),
-            token=token,
-            tls=tls,
-            timeout_s=timeout_s,
-            open_session_on_connect=False,
-        )
+        self._client = client
         # The listener of the current round; None before the first round and after close.
         self._server: asyncio.Server | None = None
         # The coalesced reads of the current round's connections (None when _server is).
@@ -643,20 +654,10 @@ class TCPStoreBridge:
         self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         self.round_number = 0
         self.port = 0
-        self._closed = False
-        self._run(self._client.connect())
 
-    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
-
-    def serve_round(self, job: str, round_number: int, participant_id: int) -> int:
+    async def serve_round(self, job: str, round_number: int, participant_id: int) -> int:
         """Stop serving the previous round and serve this one on a fresh port; the port."""
-        if self._closed:
-            raise RuntimeError("the bridge is closed")
-        return self._run(self._open(job, round_number, participant_id))
-
-    async def _open(self, job: str, round_number: int, participant_id: int) -> int:
-        await self._stop_serving()
+        await self.stop_serving()
         # Reads go to the client's preferred member (the leader, once found) on its
         # RoundStore/Batch stream: the leader answers them under its lease with no round trip,
         # where a follower forwards a ReadIndex to the leader for every barrier. Measured
@@ -699,7 +700,7 @@ class TCPStoreBridge:
             f"all {len(self.port_range)} are in use"
         )
 
-    async def _stop_serving(self) -> None:
+    async def stop_serving(self) -> None:
         """Close the listener and every connection; the handlers then end on their own (a
         closed stream ends their read), which cancelling them would not do cleanly."""
         server, self._server = self._server, None
@@ -715,12 +716,67 @@ class TCPStoreBridge:
         if reads is not None:
             reads.close()
 
+
+class TCPStoreBridge:
+    """Serves the TCPStore protocol for one round at a time, from an event loop thread and
+    a coordinator client of its own; see the module docstring."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        host: str = "127.0.0.1",
+        token: str | None = None,
+        tls: TlsConfig | None = None,
+        timeout_s: float = 10.0,
+        port_range: PortRange | None = None,
+    ) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="rallypoint-tcpstore-bridge", daemon=True
+        )
+        self._thread.start()
+        # The session opens with the first store call: making a bridge never waits for the
+        # coordinator (the agent's own client waits for it, see patience.py).
+        self._client = Client(
+            list(endpoints),
+            token=token,
+            tls=tls,
+            timeout_s=timeout_s,
+            open_session_on_connect=False,
+        )
+        self._bridge = StoreBridge(self._client, host=host, port_range=port_range)
+        self._closed = False
+        self._run(self._client.connect())
+
+    @property
+    def host(self) -> str:
+        return self._bridge.host
+
+    @property
+    def port(self) -> int:
+        """The current round's port (0 before the first)."""
+        return self._bridge.port
+
+    @property
+    def round_number(self) -> int:
+        return self._bridge.round_number
+
+    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def serve_round(self, job: str, round_number: int, participant_id: int) -> int:
+        """Stop serving the previous round and serve this one on a fresh port; the port."""
+        if self._closed:
+            raise RuntimeError("the bridge is closed")
+        return self._run(self._bridge.serve_round(job, round_number, participant_id))
+
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         try:
-            self._run(self._stop_serving())
+            self._run(self._bridge.stop_serving())
             self._run(self._client.close())
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)

@@ -249,6 +249,55 @@ async def test_a_combined_add_that_fails_is_retried_part_by_part() -> None:
     assert store.calls == [(b"n", 0), (b"n", 7), (b"n", 4), (b"n", 3)]
 
 
+class ReadAddStore(GatedStore):
+    """A gated store whose adds are counted and applied to its data as the coordinator
+    does (decimal integers; anything else fails)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.adds: list[tuple[bytes, int]] = []
+
+    async def add(self, key: bytes, delta: int) -> int:
+        self.adds.append((key, delta))
+        current = self.data.get(key, b"0")
+        if not current.lstrip(b"-").isdigit():
+            raise InvalidArgumentError(f"{key!r} holds no integer")
+        self.data[key] = str(int(current) + delta).encode()
+        return int(self.data[key])
+
+
+async def test_an_add_of_zero_is_a_read_unless_the_key_holds_no_integer() -> None:
+    """c10d's barrier reads its count with add(key, 0), every rank at once: the bridge
+    answers it from a coalesced read, not a write through Raft, when the key holds an integer;
+    a missing key is created by a real add (as TCPStore does) and a non-integer fails as the
+    coordinator says."""
+    store = ReadAddStore()
+    store.data = {b"count": b"7", b"neg": b"-3", b"text": b"abc"}
+    reads, adds, writes = reads_of(store, 1), _Adds(cast(RoundStore, store)), _Writes()
+
+    async def add(key: bytes, delta: int) -> bytes:
+        sink = _Sink()
+        connection = _Connection(
+            cast(RoundStore, store), reads, adds, writes, cast(Any, None), cast(Any, sink)
+        )
+        await connection.answer(Query.ADD, (key, delta))
+        return bytes(sink.data)
+
+    def i64(value: int) -> bytes:
+        return value.to_bytes(8, "little", signed=True)
+
+    assert await add(b"count", 0) == i64(7)
+    assert await add(b"neg", 0) == i64(-3)
+    assert store.adds == [] and len(store.calls) == 2  # two reads, no write
+    assert await add(b"count", 2) == i64(9)
+    assert await add(b"count", 0) == i64(9)  # reads after the add see it
+    assert await add(b"missing", 0) == i64(0)
+    assert store.data[b"missing"] == b"0"  # created, as TCPStore's add creates it
+    with pytest.raises(InvalidArgumentError):
+        await add(b"text", 0)
+    assert store.adds == [(b"count", 2), (b"missing", 0), (b"text", 0)]
+
+
 def test_a_query_is_parsed_whole_from_the_buffer_or_not_at_all() -> None:
     def data(value: bytes) -> bytes:
         return len(value).to_bytes(8, "little") + value

@@ -755,13 +755,9 @@ class Client:
             self._caller, job, serializable=serializable, timeout_s=timeout_s
         )
 
-    def round_store(
-        self, job: str, round_number: int, participant_id: int, *, spread_reads: bool = False
-    ) -> RoundStore:
+    def round_store(self, job: str, round_number: int, participant_id: int) -> RoundStore:
         """The store of one round, used as ``participant_id`` (see roundstore.py)."""
-        return RoundStore(
-            self._caller, job, round_number, participant_id, spread_reads=spread_reads
-        )
+        return RoundStore(self._caller, job, round_number, participant_id)
 
     def checkpoint_registry(self, info: RoundInfo) -> CheckpointRegistry:
         """The checkpoint registry fenced by ``info``'s round and token."""

@@ -25,7 +25,6 @@ served by the unary MultiGet from then on; every other answer and error is the u
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -58,9 +57,6 @@ Request = TypeVar(
 )
 Response = TypeVar("Response")
 Bytes = bytes | str
-# How long a RoundStore with spread reads sends them to the preferred member after its own
-# member failed one.
-SPREAD_PAUSE_S = 10.0
 
 
 def _store_operation(
@@ -84,11 +80,7 @@ class CompareSetResult:
 
 
 class RoundStore:
-    """The store of ``round`` of ``job``, used as ``participant_id``. With ``spread_reads``
-    its blocking reads (get, wait, multi_get, read_groups) go first to one member chosen by
-    the participant id, not to the member the client prefers (the leader, once it wrote):
-    every member answers them linearizably (ReadIndex), so many participants' reads load
-    every member. A member that fails one is passed over for ``SPREAD_PAUSE_S``."""
+    """The store of ``round`` of ``job``, used as ``participant_id``."""
 
     def __init__(
         self,
@@ -97,7 +89,6 @@ class RoundStore:
         round_number: int,
         participant_id: int,
         *,
-        spread_reads: bool = False,
         stream_reads: bool = True,
     ) -> None:
         self.caller = caller
@@ -107,9 +98,6 @@ class RoundStore:
         self.scope = rendezvous_pb2.StoreScope(
             job=job, round=round_number, participant_id=participant_id
         )
-        self.spread_reads = spread_reads
-        # Until when (time.monotonic) reads go to the client's preferred member instead.
-        self._spread_paused_until = 0.0
 
     @property
     def job(self) -> str:
@@ -284,13 +272,6 @@ class RoundStore:
         )
         return response.all_exist
 
-    def _spread_member(self) -> str | None:
-        """The member this store's reads go to first, if spread (see the class doc)."""
-        if not self.spread_reads or time.monotonic() < self._spread_paused_until:
-            return None
-        endpoints = self.caller.transport.endpoints
-        return endpoints[self.scope.participant_id % len(endpoints)]
-
     def _streams(self) -> BatchStreams:
         """The client's round-store batch streams (made on first use)."""
         caller = self.caller
@@ -343,9 +324,8 @@ class RoundStore:
         answer_s = transport.attempt_timeout_s
         deadline = Deadline(wait_s + answer_s)
         retrier = self.caller.retrier()
-        spread = self._spread_member()
         while True:
-            address, spread = spread or transport.pick(), None
+            address = transport.pick()
             left_s = max(0.0, deadline.remaining_s() - answer_s)
             request.timeout_ms = int(left_s * 1000)
             timeout_s = max(0.001, min(left_s + answer_s, deadline.remaining_s()))
@@ -356,13 +336,10 @@ class RoundStore:
             except RallypointError as stream_error:
                 error = refine(stream_error)
             else:
-                if address == transport.preferred or not self.spread_reads:
-                    transport.note_success(address)
+                transport.note_success(address)
                 return response
             if not isinstance(error, UnavailableError):
                 raise error
-            if self.spread_reads:
-                self._spread_paused_until = time.monotonic() + SPREAD_PAUSE_S
             if deadline.remaining_s() <= 0:
                 raise DeadlineExceededError(
                     f"{self.namespace}: no member could answer within {wait_s:g} s; last "

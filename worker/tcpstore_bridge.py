@@ -59,7 +59,7 @@ import random
 import struct
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rallypoint.client import (
@@ -212,6 +212,17 @@ def _cancel_unanswered(requests: Sequence[tuple[object, asyncio.Future[Any]]]) -
             future.cancel()
 
 
+@dataclass(eq=False, slots=True)
+class _SharedWait:
+    """One coordinator wait shared by the connections waiting on the same keys."""
+
+    task: asyncio.Task[list[bytes]] = field(init=False)
+    # How many connections await it.
+    waiters: int = 0
+    # Whether its call went out: a connection joining after that may not take its values.
+    sent: bool = False
+
+
 class _Reads:
     """The reads of every connection of one round, coalesced into MultiGet calls.
 
@@ -222,10 +233,11 @@ class _Reads:
     a call, reads fewer than the open connections linger up to ``LINGER_S`` for the others
     (answered together, the connections tend to ask again together).
 
-    Blocking waits on keys still missing are shared too: one coordinator Wait per distinct
-    group of keys, however many connections wait on it. A shared wait may have started
-    before a connection joined it, so its end only says "look again": the caller then reads
-    (coalesced) to see the keys exist now.
+    Blocking waits on keys still missing are shared too: one coordinator wait per distinct
+    group of keys (a MultiGet held until they all exist, on the batch stream), however many
+    connections wait on it. Its values answer the connections that joined it before its call
+    was sent (the member read them after they arrived); for one that joined later its end
+    only says "look again": that caller then reads (coalesced) to see the keys exist now.
     Invariant: ``_pending`` is empty unless ``_flushing`` runs (or is about to).
     """
 
@@ -236,8 +248,8 @@ class _Reads:
         self._flushing: asyncio.Task[None] | None = None
         # Set while a call lingers; resolved early once every open connection has a read.
         self._full: asyncio.Future[None] | None = None
-        # The shared blocking waits, by group of keys, with how many connections await each.
-        self._waits: dict[tuple[bytes, ...], tuple[asyncio.Task[None], int]] = {}
+        # The shared blocking waits, by group of keys.
+        self._waits: dict[tuple[bytes, ...], _SharedWait] = {}
 
     def read(self, keys: Sequence[bytes]) -> asyncio.Future[list[bytes] | None]:
         future: asyncio.Future[list[bytes] | None] = asyncio.get_running_loop().create_future()
@@ -251,31 +263,34 @@ class _Reads:
             _resolve(self._full)
         return future
 
-    async def wait(self, keys: Sequence[bytes]) -> None:
-        """Return once the shared coordinator wait on ``keys`` ends (see the class doc)."""
+    async def wait(self, keys: Sequence[bytes]) -> list[bytes] | None:
+        """Once the shared coordinator wait on ``keys`` ends: their values if this caller
+        joined it before its call went out, else None ("look again"; see the class doc)."""
         group = tuple(keys)
-        task, waiters = self._waits.get(group, (None, 0))
-        if task is None or task.done():
-            task, waiters = asyncio.create_task(self._wait(group)), 0
-        self._waits[group] = (task, waiters + 1)
+        shared = self._waits.get(group)
+        if shared is None or shared.task.done():
+            shared = self._waits[group] = _SharedWait()
+            shared.task = asyncio.create_task(self._wait(group, shared))
+        trusted = not shared.sent
+        shared.waiters += 1
         try:
-            await asyncio.shield(task)
+            values = await asyncio.shield(shared.task)
         finally:
-            current, left = self._waits.get(group, (None, 0))
-            if current is task:
-                if left <= 1:
-                    del self._waits[group]
-                    task.cancel()  # nobody waits on it any more
-                else:
-                    self._waits[group] = (task, left - 1)
+            shared.waiters -= 1
+            if self._waits.get(group) is shared and shared.waiters == 0:
+                del self._waits[group]
+                shared.task.cancel()  # nobody waits on it any more
+        return values if trusted else None
 
-    async def _wait(self, keys: tuple[bytes, ...]) -> None:
+    async def _wait(self, keys: tuple[bytes, ...], shared: _SharedWait) -> list[bytes]:
         while True:
+            shared.sent = True
             try:
-                await self.store.wait(keys, timeout_s=WAIT_SLICE_S)
-                return
+                (values,) = await self.store.read_groups([keys], wait_s=WAIT_SLICE_S)
             except DeadlineExceededError:
-                continue
+                continue  # the answer of an ended slice came late: the next slice
+            if values is not None:
+                return values
 
     def close(self) -> None:
         if self._flushing is not None:
@@ -283,8 +298,8 @@ class _Reads:
         for _, future in self._pending:
             future.cancel()
         self._pending = []
-        for task, _ in self._waits.values():
-            task.cancel()
+        for shared in self._waits.values():
+            shared.task.cancel()
         self._waits = {}
 
     async def _flush(self) -> None:
@@ -555,13 +570,16 @@ class _Connection:
         self.waiting = asyncio.create_task(self.wait_for(keys))
 
     async def wait_for(self, keys: Sequence[bytes]) -> None:
-        """Answer STOP_WAITING once a coalesced read finds every key: the next one (the
-        usual case: a WAIT precedes every GET), or one after a shared coordinator wait on
-        them ended, until the WAIT is cancelled."""
+        """Answer STOP_WAITING once every key exists: by the next coalesced read (the usual
+        case: a WAIT precedes every GET), else by the shared coordinator wait on them (or a
+        read after it, for a connection that joined it late), until the WAIT is cancelled."""
         try:
             await self.writes.settled()
-            while await self.reads.read(keys) is None:
-                await self.reads.wait(keys)
+            found = await self.reads.read(keys)
+            while found is None:
+                found = await self.reads.wait(keys)
+                if found is None:  # joined a wait already sent: look again
+                    found = await self.reads.read(keys)
         except RallypointError as error:
             # The reader is blocked on the socket: closing it ends the worker's wait now.
             log.warning("store %s refused a wait: %s", self.store.namespace, error)

@@ -50,6 +50,8 @@ class GatedStore:
     async def read_groups(
         self, groups: Sequence[Sequence[bytes]], *, wait_s: float = 0.0
     ) -> list[list[bytes] | None]:
+        if wait_s:
+            return await self.wait(groups)
         self.calls.append([tuple(group) for group in groups])
         if any(b"" in group for group in groups):
             raise InvalidArgumentError("groups[0].keys[0]: must not be empty")
@@ -62,9 +64,12 @@ class GatedStore:
             for group in groups
         ]
 
-    async def wait(self, keys: Sequence[bytes], *, timeout_s: float | None = None) -> None:
+    async def wait(self, groups: Sequence[Sequence[bytes]]) -> list[list[bytes] | None]:
+        """A held MultiGet of one group: its values once ``wait_done`` is set."""
+        (keys,) = groups
         self.waits.append(tuple(keys))
         await self.wait_done.wait()
+        return [[self.data[key] for key in keys]]
 
 
 def reads_of(store: GatedStore, connections: int = 1) -> _Reads:
@@ -139,21 +144,29 @@ async def test_a_bad_group_fails_only_its_own_read_and_a_call_failure_fails_all(
 
 
 async def test_waits_on_the_same_missing_keys_share_one_coordinator_wait() -> None:
+    """Connections waiting on the same missing keys share one held read, whose values answer
+    those that joined before it was sent; one joining after must look again (the member may
+    have read the keys before this connection asked)."""
     store = GatedStore()
     reads = reads_of(store)
     one = asyncio.ensure_future(reads.wait([b"k"]))
     two = asyncio.ensure_future(reads.wait([b"k"]))
     other = asyncio.ensure_future(reads.wait([b"m"]))
     await asyncio.sleep(0.01)
+    late = asyncio.ensure_future(reads.wait([b"k"]))
+    await asyncio.sleep(0.01)
     assert sorted(store.waits) == [(b"k",), (b"m",)]
-    # One waiter cancelling (CANCEL_WAIT) leaves the shared wait to the other.
+    # One waiter cancelling (CANCEL_WAIT) leaves the shared wait to the others.
     one.cancel()
     await asyncio.sleep(0.01)
     assert not two.done()
+    store.data = {b"k": b"K", b"m": b"M"}
     store.wait_done.set()
-    await two
-    await other
+    assert await two == [b"K"]
+    assert await other == [b"M"]
+    assert await late is None
     assert sorted(store.waits) == [(b"k",), (b"m",)]
+    assert store.calls == []  # no plain read
     reads.close()
 
 

@@ -306,6 +306,9 @@ def ids_arg(text: str) -> list[int]:
 
 class _Bridge(Protocol):
     @property
+    def host(self) -> str: ...
+
+    @property
     def port(self) -> int: ...
 
 
@@ -316,6 +319,10 @@ class _LoopBridge:
     def __init__(self, client: Client, bridge: StoreBridge) -> None:
         self.client = client
         self.bridge = bridge
+
+    @property
+    def host(self) -> str:
+        return self.bridge.host
 
     @property
     def port(self) -> int:

@@ -157,14 +157,27 @@ class Caller:
         try:
             if stream is None:
                 return await self.write(method, build, timeout_s)
-            return await self._write(
-                lambda header, deadline, on_retry: stream.call(
-                    kind, method, build(header), deadline, on_retry
-                ),
-                timeout_s,
-            )
+            return await self.write_on(stream, kind, method, build, timeout_s)
         finally:
             self._kv_calls -= 1
+
+    async def write_on(
+        self,
+        streams: BatchStreams,
+        kind: str,
+        method: Method[Request, Response],
+        build: Callable[[common_pb2.RequestHeader], Request],
+        timeout_s: float | None,
+    ) -> Response:
+        """A mutating call through ``streams`` (``kind``: its field in a batch operation),
+        with ``write``'s session and retries: every retry carries the same sequence, and a
+        member that does not know the stream gets the unary ``method`` call."""
+        return await self._write(
+            lambda header, deadline, on_retry: streams.call(
+                kind, method, build(header), deadline, on_retry
+            ),
+            timeout_s,
+        )
 
     def _batching(self) -> KVStream | None:
         """The batch stream for the next KV call, or None for a unary call."""

@@ -273,6 +273,29 @@ class BatchStreams:
             return None
         return getattr(result, kind)
 
+    async def call(
+        self,
+        kind: str,
+        method: Method[Request, Response],
+        request: Request,
+        deadline: Deadline,
+        on_retry: Callable[[RallypointError], None] | None = None,
+    ) -> Response:
+        """``request`` (``kind``: its field in a batch operation, e.g. "put" or "add")
+        answered through the batch stream, with the retries of a unary ``method`` call (which
+        serves members that do not know the stream)."""
+
+        async def attempt(target: str, timeout_s: float) -> Response:
+            answered = await self.answer(target, kind, request, timeout_s)
+            if answered is not None:
+                answer: Response = answered
+                return answer
+            stubs = self._transport.stubs(target)
+            metadata = self._transport.metadata
+            return await method(stubs)(request, timeout=timeout_s, metadata=metadata)
+
+        return await self._transport.retrying(attempt, deadline, on_retry=on_retry)
+
     async def close(self) -> None:
         streams, self.streams = self.streams, {}
         for stream in streams.values():
@@ -303,27 +326,3 @@ class KVStream(BatchStreams):
             max_messages_in_flight=max_messages_in_flight,
             max_operations_per_message=max_operations_per_message,
         )
-
-    async def call(
-        self,
-        kind: str,
-        method: Method[Request, Response],
-        request: Request,
-        deadline: Deadline,
-        on_retry: Callable[[RallypointError], None] | None = None,
-    ) -> Response:
-        """``request`` (a PutRequest, GetRequest, DeleteRequest or CompareAndSetRequest:
-        ``kind`` "put", "get", "delete" or "compare_and_set") answered through the batch
-        stream, with the retries of a unary ``method`` call (which serves members that do not
-        know the stream)."""
-
-        async def attempt(target: str, timeout_s: float) -> Response:
-            answered = await self.answer(target, kind, request, timeout_s)
-            if answered is not None:
-                answer: Response = answered
-                return answer
-            stubs = self._transport.stubs(target)
-            metadata = self._transport.metadata
-            return await method(stubs)(request, timeout=timeout_s, metadata=metadata)
-
-        return await self._transport.retrying(attempt, deadline, on_retry=on_retry)

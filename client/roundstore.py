@@ -18,8 +18,10 @@ nothing, a missing key failing only its own group) are the MultiGet RPC: one gRP
 one read barrier for all of them, as linearizable as a Get issued when the call started.
 They travel on the client's ``RoundStore/Batch`` stream to the member (one stream per member,
 kept by the client's Caller; ``kv_stream.BatchStreams``): the TCPStore bridge's reads then
-cost a stream message each instead of a gRPC call. A member that answers UNIMPLEMENTED is
-served by the unary MultiGet from then on; every other answer and error is the unary call's.
+cost a stream message each instead of a gRPC call. Writes (set, add, compare_set, delete)
+travel on the same stream with their session headers, retried as the unary call would be
+(the same sequence, so a retried write applies once). A member that answers UNIMPLEMENTED is
+served by the unary calls from then on; every other answer and error is the unary call's.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 
-from rallypoint.proto.v1 import rendezvous_pb2
+from rallypoint.proto.v1 import common_pb2, rendezvous_pb2
 
 from .arguments import non_negative_seconds
 from .caller import Caller
@@ -46,9 +48,16 @@ from .errors import (
 from .jobs import RendezvousStubs, services
 from .kv_stream import BatchStreams
 from .rendezvous_errors import refine, refined
-from .transport import Deadline
+from .transport import Deadline, Method
 
 # The requests the server holds (both carry timeout_ms).
+WriteRequest = TypeVar(
+    "WriteRequest",
+    rendezvous_pb2.StoreSetRequest,
+    rendezvous_pb2.StoreAddRequest,
+    rendezvous_pb2.StoreCompareSetRequest,
+    rendezvous_pb2.StoreDeleteRequest,
+)
 Request = TypeVar(
     "Request",
     rendezvous_pb2.StoreGetRequest,
@@ -89,12 +98,13 @@ class RoundStore:
         round_number: int,
         participant_id: int,
         *,
-        stream_reads: bool = True,
+        stream: bool = True,
     ) -> None:
         self.caller = caller
-        # MultiGets (multi_get, read_groups) travel on the client's RoundStore/Batch stream to
-        # the member (one per member, many reads per message); False: unary calls.
-        self.stream_reads = stream_reads
+        # MultiGets (multi_get, read_groups) and writes (set, add, compare_set, delete) travel
+        # on the client's RoundStore/Batch stream to the member (one per member, many
+        # operations per message); False: unary calls.
+        self.stream = stream
         self.scope = rendezvous_pb2.StoreScope(
             job=job, round=round_number, participant_id=participant_id
         )
@@ -116,9 +126,24 @@ class RoundStore:
 
     # -------------------------------------------------------------- writes
 
+    async def _write(
+        self,
+        kind: str,
+        method: Method[WriteRequest, Response],
+        build: Callable[[common_pb2.RequestHeader], WriteRequest],
+        timeout_s: float | None,
+    ) -> Response:
+        """A write on the client's RoundStore/Batch stream to the member (with the unary
+        call's session header, so a retry applies once), or a unary call (``stream``
+        off)."""
+        if not self.stream:
+            return await self.caller.write(method, build, timeout_s)
+        return await self.caller.write_on(self._streams(), kind, method, build, timeout_s)
+
     async def set(self, key: Bytes, value: Bytes, *, timeout_s: float | None = None) -> None:
         await refined(
-            self.caller.write(
+            self._write(
+                "set",
                 lambda s: services(s).store.Set,
                 lambda header: rendezvous_pb2.StoreSetRequest(
                     header=header, scope=self.scope, key=_bytes(key), value=_bytes(value)
@@ -130,7 +155,8 @@ class RoundStore:
     async def add(self, key: Bytes, delta: int, *, timeout_s: float | None = None) -> int:
         """Add ``delta`` to the decimal integer at ``key`` (missing counts as 0); the sum."""
         response = await refined(
-            self.caller.write(
+            self._write(
+                "add",
                 lambda s: services(s).store.Add,
                 lambda header: rendezvous_pb2.StoreAddRequest(
                     header=header, scope=self.scope, key=_bytes(key), delta=delta
@@ -146,7 +172,8 @@ class RoundStore:
         """torch semantics: set ``key`` to ``desired`` if it holds ``expected``, or if it is
         absent and ``expected`` is empty."""
         response = await refined(
-            self.caller.write(
+            self._write(
+                "compare_set",
                 lambda s: services(s).store.CompareSet,
                 lambda header: rendezvous_pb2.StoreCompareSetRequest(
                     header=header,
@@ -164,7 +191,8 @@ class RoundStore:
     async def delete(self, key: Bytes, *, timeout_s: float | None = None) -> bool:
         """Delete ``key``; whether it existed."""
         response = await refined(
-            self.caller.write(
+            self._write(
+                "delete",
                 lambda s: services(s).store.Delete,
                 lambda header: rendezvous_pb2.StoreDeleteRequest(
                     header=header, scope=self.scope, key=_bytes(key)
@@ -298,7 +326,7 @@ class RoundStore:
         """One attempt: on ``address``'s batch stream if ``kind`` may travel there and the
         member knows the stream, else the unary call."""
         transport = self.caller.transport
-        if kind is not None and self.stream_reads:
+        if kind is not None and self.stream:
             answered = await self._streams().answer(address, kind, request, timeout_s)
             if answered is not None:
                 answer: Response = answered

@@ -16,6 +16,7 @@ import pytest
 
 from rallypoint.client import Client as RallypointClient
 from rallypoint.coordinator.service.roundstore import RoundStoreServicer
+from rallypoint.coordinator.service.store_batch import _StoreBatchServer
 from rallypoint.coordinator.service.tokens import ClientTokens
 from rallypoint.proto.v1 import rendezvous_pb2 as pb
 from rallypoint.proto.v1 import rendezvous_pb2_grpc, session_pb2, session_pb2_grpc
@@ -33,6 +34,7 @@ from .fake_node import (
 from .test_service_roundstore import LIMITS, groups
 
 Code = grpc.StatusCode
+_UNARY = {"set": "Set", "add": "Add", "compare_set": "CompareSet", "delete": "Delete"}
 
 
 class Stream:
@@ -226,30 +228,60 @@ async def round_at(node: FakeNode) -> AsyncIterator[tuple[str, int]]:
         yield address, joined.participant_id
 
 
-async def test_the_client_s_reads_use_the_stream_and_fall_back_without_it(
+async def test_the_client_s_reads_and_writes_use_the_stream_and_fall_back_without_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     node = FakeNode(LIMITS)
-    multi_gets = 0
-    unary = RoundStoreServicer.MultiGet
+    unary_calls: list[str] = []
 
-    async def counted(self: RoundStoreServicer, request: Any, context: Any) -> Any:
-        nonlocal multi_gets
-        multi_gets += 1
-        return await unary(self, request, context)
+    def counting(name: str) -> None:
+        unary = getattr(RoundStoreServicer, name)
 
-    monkeypatch.setattr(RoundStoreServicer, "MultiGet", counted)
+        async def counted(self: RoundStoreServicer, request: Any, context: Any) -> Any:
+            unary_calls.append(name)
+            return await unary(self, request, context)
+
+        monkeypatch.setattr(RoundStoreServicer, name, counted)
+
+    for name in ("MultiGet", "Set", "Add", "CompareSet", "Delete"):
+        counting(name)
+    # The stream's writes run the unary methods' code too: counted apart.
+    stream_writes: list[str] = []
+    stream_write = _StoreBatchServer.write
+
+    async def counted_write(self: Any, operation_id: int, kind: str, request: Any) -> Any:
+        stream_writes.append(kind)
+        return await stream_write(self, operation_id, kind, request)
+
+    monkeypatch.setattr(_StoreBatchServer, "write", counted_write)
+    writes = ["set", "add", "add", "compare_set", "compare_set", "delete", "delete"]
+
+    async def use(store: Any, value: bytes) -> None:
+        await store.set("k", value)
+        got = await asyncio.gather(
+            store.read_groups([["k"], ["x"]]), store.multi_get(["k"], timeout_s=1.0)
+        )
+        assert got == [[[value], None], [value]]
+        assert await store.add("n", 2) == 2
+        assert await store.add("n", 3) == 5
+        swapped = await store.compare_set("c", b"", b"first")
+        assert (swapped.swapped, swapped.value) == (True, b"first")
+        refused = await store.compare_set("c", b"other", b"second")
+        assert (refused.swapped, refused.value) == (False, b"first")
+        assert await store.delete("c") is True
+        assert await store.delete("c") is False
+
     async with (
         round_at(node) as (address, participant_id),
         RallypointClient([address], timeout_s=5.0) as client,
     ):
-        store = client.round_store("j", 1, participant_id)
-        await store.set("k", b"v")
-        got = await asyncio.gather(
-            store.read_groups([["k"], ["x"]]), store.multi_get(["k"], timeout_s=1.0)
-        )
-        assert got == [[[b"v"], None], [b"v"]]
-        assert multi_gets == 0
+        await use(client.round_store("j", 1, participant_id), b"v")
+        # Every read and write on the stream: no MultiGet call, the write methods run only
+        # for the stream's operations.
+        assert stream_writes == writes
+        assert unary_calls == [_UNARY[kind] for kind in writes]
+        stream_writes.clear()
+        unary_calls.clear()
         streams: Any = client._caller.store_streams
         assert streams is not None and set(streams.streams) == {address}
 
@@ -262,10 +294,8 @@ async def test_the_client_s_reads_use_the_stream_and_fall_back_without_it(
         round_at(FakeNode(LIMITS)) as (address, participant_id),
         RallypointClient([address], timeout_s=5.0) as client,
     ):
-        store = client.round_store("j", 1, participant_id)
-        await store.set("k", b"w")
-        assert await store.read_groups([["k"], ["x"]]) == [[b"w"], None]
-        assert await store.multi_get(["k"]) == [b"w"]
+        await use(client.round_store("j", 1, participant_id), b"w")
         streams = client._caller.store_streams
         assert streams is not None and streams.unsupported == {address}
-        assert multi_gets == 2
+        assert stream_writes == []
+        assert sorted(set(unary_calls)) == ["Add", "CompareSet", "Delete", "MultiGet", "Set"]

@@ -8,10 +8,12 @@ the patterns and where they come from) without torch, over the real protocols:
   and speaks the TCPStore wire protocol as torch's C++ client does (:class:`TCPStoreClient`;
   the format is documented in rallypoint/worker/tcpstore_bridge.py). A c10d ``get`` is a
   WAIT then a GET on the wire, as in torch's ``TCPStore::get``.
-- ``--store=rallypoint``: the same ranks and the same wire protocol, against the
-  :class:`~rallypoint.worker.tcpstore_bridge.TCPStoreBridge` of their node: one bridge per
-  ``--per-node`` ranks, made here (its own thread, event loop and coordinator client, as in
-  a torchrun agent) and serving the round store as the node's participant.
+- ``--store=rallypoint``: the same ranks and the same wire protocol, against the bridge of
+  their node (rallypoint/worker/tcpstore_bridge.py): one bridge per ``--per-node`` ranks,
+  made here with its own coordinator client and serving the round store as the node's
+  participant; all on this process's event loop (``--bridge-loop shared``: a
+  ``StoreBridge``), or each a ``TCPStoreBridge`` with its own thread and loop as in a
+  torchrun agent (``thread``).
 - ``--store=coordinator_store``: every rank is a participant of its own and calls the
   client's :class:`~rallypoint.client.RoundStore` (what ``CoordinatorStore`` wraps) with its
   own session (one ``Caller`` per rank over the process's one transport): one call per c10d
@@ -573,7 +575,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--bridge-loop",
         choices=("thread", "shared"),
-        default="thread",
+        default="shared",
         help="rallypoint: each bridge on its own thread and loop (as in an agent), or all "
         "of the process's bridges on its one loop",
     )

@@ -17,7 +17,7 @@ patterns torch 2.13 makes, over the real protocols, against three stores:
   its own host; here 128 of them share 2 cores. ``--bridge-loop thread`` runs each on its own
   thread and event loop as the agent's ``TCPStoreBridge`` does, which adds what real agents
   do not have: 32 busy threads contending for one interpreter lock per process (measured:
-  nccl at 1,024 about twice as slow, 1.1-1.3 s against 0.5-0.6 s).
+  nccl at 1,024 about twice as slow, 1.1-1.3 s against 0.4-0.6 s).
 - ``coordinator_store`` (the in-process API): every rank a participant of its own calling the
   client's ``RoundStore``, which ``CoordinatorStore`` wraps (one call per c10d call, ``get``
   and ``wait`` held by the server), one session per rank over one transport per process.

@@ -112,7 +112,7 @@ from .node_api import (
 from .node_bootstrap import begin_from_empty_storage, is_fresh
 from .node_config import NodeConfig, PeerTls
 from .node_membership import Membership
-from .node_proposals import ProposalIds, Waiters, unwrap, validate_entries, wrap
+from .node_proposals import ProposalIds, Proposals, Waiters, unwrap, validate_entries, wrap
 from .node_reads import LeaderLease, ReadIndexBatcher, lease_clock_s, lease_duration_s
 from .node_snapshots import Capture, LeaderSnapshots, Snapshots, capture
 from .peer_auth import PeerKey
@@ -199,6 +199,8 @@ class Node:
         self._background: set[asyncio.Task[Any]] = set()
         self._proposal_ids = ProposalIds()
         self._waiters = Waiters()
+        # Entries proposed since the Ready loop last ran: it submits them together.
+        self._proposals = Proposals(self._waiters)
         lease_clock = lease_clock_s()
         self._lease = LeaderLease(
             lease_duration_s(config.tick_ms, config.election_ticks), lease_clock
@@ -410,12 +412,19 @@ class Node:
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
+            self._submit_proposals()
             while raw.has_ready():
                 await self._handle_ready(raw.ready())
                 # Let ticks and peers' messages in between Readies: a member applying a long
                 # backlog (catching up after a restart) must still notice a dead leader on
                 # time, not after the backlog (its election timer counts ticks).
                 await asyncio.sleep(0)
+                self._submit_proposals()
+
+    def _submit_proposals(self) -> None:
+        """The entries callers proposed since the last Ready, to the core as one message."""
+        if self._proposals:
+            self._proposals.submit(self.raw.propose_many)
 
     async def _handle_ready(self, rd: Ready) -> None:
         storage = self._storage
@@ -596,6 +605,7 @@ class Node:
         return capture(self._sm, membership.table, membership.conf_state)
 
     def _fail_waiters(self, error: Exception) -> None:
+        self._proposals.clear()
         self._waiters.fail_all(error)
         # Reads are re-asked of a new leader; without one (or when stopping) they fail.
         keep = isinstance(error, NotLeaderError) and error.leader_id != NONE
@@ -826,7 +836,7 @@ class Node:
         data = wrap(self.member_id, proposal_id, encode_envelope(envelope))
         started = time.monotonic()
         result: Result = await self.propose_and_wait(
-            proposal_id, lambda: self.raw.propose(data), timeout_s
+            proposal_id, lambda: self._proposals.queue(proposal_id, data), timeout_s
         )
         self.metrics.proposal_seconds.observe(time.monotonic() - started)
         return result

@@ -38,6 +38,7 @@ through the inputs above.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .codec import encode_conf_change
@@ -182,6 +183,17 @@ class RawNode:
                 type=MessageType.MsgProp,
                 from_=self._raft.id,
                 entries=(Entry(Term(0), Index(0), EntryType.NORMAL, data),),
+            )
+        )
+
+    def propose_many(self, datas: Sequence[bytes]) -> None:
+        """Propose every ``data`` for the log, in order, as one message (one append, one
+        MsgApp per follower); raises ProposalDroppedError if refused (all of them)."""
+        self._raft.step(
+            Message(
+                type=MessageType.MsgProp,
+                from_=self._raft.id,
+                entries=tuple(Entry(Term(0), Index(0), EntryType.NORMAL, data) for data in datas),
             )
         )
 

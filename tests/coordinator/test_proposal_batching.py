@@ -1,0 +1,92 @@
+"""Proposals made together reach the Raft core together (coordinator/node_proposals.py,
+``Proposals``): the callers of one loop turn are one MsgProp of many entries, so a follower
+gets them in one append instead of one MsgApp each; every caller still gets its own result,
+and a batch the core refuses fails each of its callers with ProposalDroppedError."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from rallypoint.coordinator.node_api import ProposalDroppedError
+from rallypoint.coordinator.node_proposals import MAX_ENTRIES_PER_PROPOSAL, Proposals, Waiters
+from rallypoint.coordinator.state.commands import Put
+from rallypoint.coordinator.state.results import PutResult
+from rallypoint.raft import ProposalDroppedError as RaftProposalDroppedError
+from rallypoint.raft.types import Message, MessageType
+
+from .test_node import Cluster, open_session
+from .test_node import cluster as cluster  # the fixture
+
+WRITES = 32
+
+
+async def test_concurrent_proposals_reach_a_follower_in_one_append(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    leader = await cluster.leader()
+    session = await open_session(leader)
+    follower = next(node for node in cluster.nodes.values() if node is not leader)
+    appended: list[int] = []
+    raw = follower.raw
+    step = type(raw).step
+
+    def recording(self: Any, message: Message) -> None:
+        if self is raw and message.type is MessageType.MsgApp and message.entries:
+            appended.append(len(message.entries))
+        step(self, message)
+
+    monkeypatch.setattr(type(raw), "step", recording)
+    results = await asyncio.gather(
+        *(
+            leader.propose(Put(b"k%d" % i, b"v%d" % i), session_id=session, sequence=i + 1)
+            for i in range(WRITES)
+        )
+    )
+    assert all(isinstance(result, PutResult) for result in results)
+    # Each caller its own result, in the order they proposed.
+    revisions = [result.kv.mod_revision for result in results if isinstance(result, PutResult)]
+    assert revisions == sorted(revisions) and len(set(revisions)) == WRITES
+    for _ in range(200):
+        if sum(appended) >= WRITES:
+            break
+        await asyncio.sleep(0.01)
+    # One MsgApp carried all of them (one per write before).
+    assert WRITES in appended, appended
+
+
+async def test_a_refused_batch_fails_each_of_its_callers_and_batches_are_bounded() -> None:
+    waiters = Waiters()
+    proposals = Proposals(waiters)
+    loop = asyncio.get_running_loop()
+    calls: list[int] = []
+
+    def propose(datas: Any) -> None:
+        calls.append(len(datas))
+        if len(calls) == 2:
+            raise RaftProposalDroppedError("no leader at term 3")
+
+    count = MAX_ENTRIES_PER_PROPOSAL + 2
+    waiting = [
+        loop.create_task(
+            waiters.propose_and_wait(
+                i, lambda i=i: proposals.queue(i, b"x"), timeout_s=5.0, wake=lambda: None
+            )
+        )
+        for i in range(count)
+    ]
+    await asyncio.sleep(0)
+    assert len(proposals) == count
+    proposals.submit(propose)
+    assert calls == [MAX_ENTRIES_PER_PROPOSAL, 2] and len(proposals) == 0
+    # The first batch is in the core (its callers wait for their entries to apply); the
+    # refused one's callers fail at once.
+    for task in waiting[-2:]:
+        with pytest.raises(ProposalDroppedError, match="no leader at term 3"):
+            await task
+    assert not any(task.done() for task in waiting[:-2])
+    for i in range(MAX_ENTRIES_PER_PROPOSAL):
+        waiters.trigger(i, i)
+    assert await asyncio.gather(*waiting[:-2]) == list(range(MAX_ENTRIES_PER_PROPOSAL))

@@ -502,7 +502,7 @@ class StateMachine:
             ]
             for s in self.sessions.in_order()
         ]
-        return codec.pack(
+        return codec.pack_sliced(
             [
                 SNAPSHOT_FORMAT if self.rendezvous.next_participant_id else 4,
                 self.applied_index,

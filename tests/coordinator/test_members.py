@@ -6,6 +6,7 @@ import msgpack
 import pytest
 
 from rallypoint.coordinator.members import (
+    APP_SNAPSHOT_FORMAT,
     ConfChangeContext,
     MemberAddress,
     MemberTable,
@@ -74,3 +75,16 @@ def test_a_malformed_configuration_change_context_is_refused(obj: object) -> Non
 def test_a_configuration_change_context_round_trips() -> None:
     context = ConfChangeContext("a:1", "b:2", 3, 2**63)
     assert ConfChangeContext.decode(context.encode()) == context
+
+
+@pytest.mark.parametrize("size", [0, 255, 256, 65_535, 65_536, 300_000])
+def test_the_app_snapshot_is_msgpack_of_its_four_parts(size: int) -> None:
+    """Assembled around the state's bytes, the snapshot is still exactly msgpack's packing of
+    [format, table, highest id, state] (what every member and older versions decode)."""
+    members = MemberTable({1: MemberAddress("127.0.0.1:1", "127.0.0.1:2")}, 3)
+    state = bytes(range(256)) * (size // 256) + b"z" * (size % 256)
+    expected = msgpack.packb(
+        [APP_SNAPSHOT_FORMAT, members.to_obj(), members.highest_id, state], use_bin_type=True
+    )
+    assert encode_app_snapshot(members, state) == expected
+    assert decode_app_snapshot(expected)[1] == state

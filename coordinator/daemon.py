@@ -468,6 +468,10 @@ def configure_logging(level: str, log_format: str) -> None:
     logging.getLogger("rallypoint.raft").setLevel(core_level)
 
 
+# How long a thread may hold the interpreter lock while another waits for it (see run).
+SWITCH_INTERVAL_S = 0.0005
+
+
 def run(settings: Settings) -> int:
     """Check, lock the data dir, and serve until stopped (``preflight`` gives the order);
     0 after a clean stop, 2 when the member cannot start (one line on stderr says why and
@@ -481,6 +485,11 @@ def run(settings: Settings) -> int:
         with DataDirLock.acquire(config.data_dir):
             require_free_space(config.data_dir, config.wal_segment_size_bytes)
             probe_listeners(settings.listeners())
+            # The event loop shares the interpreter lock with the snapshot encoder and the
+            # disk thread: at Python's default (5 ms), a loop woken from its poll waited up
+            # to 5 ms for a busy encoder to hand the lock back, at every wakeup, for as long
+            # as a snapshot took (put_64 p99 60-90 ms once every 10,000 entries).
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
             with contextlib.suppress(ImportError):
                 import uvloop
 

@@ -138,6 +138,15 @@ OPERATION_GUARD: contextvars.ContextVar[OperationGuard | None] = contextvars.Con
     "operation_guard", default=None
 )
 
+# Counts one operation of a batch stream as a call of the unary method it stands for (method,
+# None for success or the exception it ended with), in the member's per-method counters
+# (``rallypoint_store_operations``). Set by the guard around a stream's handler when the
+# member keeps metrics.
+OperationCounter = Callable[[str, Exception | None], None]
+OPERATION_COUNTER: contextvars.ContextVar[OperationCounter | None] = contextvars.ContextVar(
+    "operation_counter", default=None
+)
+
 
 @dataclass(frozen=True, slots=True)
 class Rule:

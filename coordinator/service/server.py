@@ -41,7 +41,17 @@ from rallypoint.proto.v1 import (
 from ..grpc_handlers import Parse, Recorder, parse_or_refuse, parsed_stream, taking_bytes
 from ..metrics import NodeMetrics
 from ..node_api import ProposalTimeoutError, ServerNode
-from .authz import CALLER, OPERATION_GUARD, OperationGuard, Role, RoleKind, Rule, rule_for
+from .authz import (
+    CALLER,
+    OPERATION_COUNTER,
+    OPERATION_GUARD,
+    OperationCounter,
+    OperationGuard,
+    Role,
+    RoleKind,
+    Rule,
+    rule_for,
+)
 from .checkpoint import CheckpointServicer
 from .cluster import ClusterServicer
 from .common import Context, wait_s
@@ -164,6 +174,26 @@ class _Guard:
 
         return check
 
+    def _operation_counter(self) -> OperationCounter | None:
+        """Counts each operation of a batch stream as its unary method's call would be."""
+        metrics = self._metrics
+        if metrics is None:
+            return None
+        outcomes: dict[str, _Outcomes | None] = {}
+
+        def count(method: str, error: Exception | None) -> None:
+            if method not in outcomes:
+                outcomes[method] = _outcomes(metrics, method)
+            counted = outcomes[method]
+            if counted is None:
+                return
+            if error is None:
+                counted.ok.inc()
+            else:
+                counted.failed(status_for(error, False))
+
+        return count
+
     async def _admit_stream(
         self, role: Role, method: str, rule: Rule, requests: Any, context: Context
     ) -> Any:
@@ -252,6 +282,7 @@ class _Guard:
                 if role is not None:
                     request = await admit(role, method, rule, request, context)
                     OPERATION_GUARD.set(self._operation_guard(role, context))
+                OPERATION_COUNTER.set(self._operation_counter())
                 async for response in behaviour(request, context):
                     yield response
             except Exception as error:

@@ -17,7 +17,8 @@ call would end with); what differs is what an operation is:
   retried write is answered from the session's cache and applied once.
 
 Every operation is authorized under its unary method's rule (``authz.OPERATION_GUARD``)
-before it runs; a refused one is answered alone.
+before it runs; a refused one is answered alone. Each is counted as its unary call would be
+(``authz.OPERATION_COUNTER``: ``rallypoint_store_operations`` by method and outcome).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from rallypoint.proto.v1 import rendezvous_pb2
 
-from .authz import OPERATION_GUARD, OperationGuard
+from .authz import OPERATION_COUNTER, OPERATION_GUARD, OperationGuard
 from .common import Context, read_barrier
 from .errors import InvalidArgument
 from .kv_batch import BatchServer, error_result, run_batch
@@ -60,6 +61,12 @@ class _StoreBatchServer(BatchServer):
     def __init__(self, servicer: RoundStoreServicer, context: Context) -> None:
         super().__init__(servicer.node, context)
         self.servicer = servicer
+        self._counter = OPERATION_COUNTER.get()
+
+    def count(self, kind: str | None, error: Exception | None = None) -> None:
+        """One operation of ``kind`` ended (``error``: how it failed), for the metrics."""
+        if self._counter is not None and kind in _METHODS:
+            self._counter(_STORE + _METHODS[kind], error)
 
     async def serve(self, message: rendezvous_pb2.StoreBatchRequest) -> None:
         guard = OPERATION_GUARD.get()
@@ -74,6 +81,7 @@ class _StoreBatchServer(BatchServer):
                 else:
                     writes.append(self.write(operation.id, kind, getattr(operation, kind)))
             except Exception as error:
+                self.count(operation.WhichOneof("operation"), error)
                 at_once.append(_error(operation.id, error))
         # The writes' tasks start (validate, propose) in the loop's next turn, together.
         pending = asyncio.gather(*writes) if writes else None
@@ -105,7 +113,9 @@ class _StoreBatchServer(BatchServer):
         try:
             response = await getattr(self.servicer, _METHODS[kind])(request, self.context)
         except Exception as error:
+            self.count(kind, error)
             return _error(operation_id, error)
+        self.count(kind)
         answer = rendezvous_pb2.StoreBatchResult(id=operation_id)
         getattr(answer, kind).CopyFrom(response)
         return answer
@@ -116,6 +126,8 @@ class _StoreBatchServer(BatchServer):
         try:
             await read_barrier(self.node, self.context, serializable=False)
         except Exception as error:
+            for _ in reads:
+                self.count("multi_get", error)
             self.answer([_error(operation_id, error) for operation_id, _ in reads])
             return
         pending = {
@@ -132,7 +144,9 @@ class _StoreBatchServer(BatchServer):
         try:
             response = await self.servicer.multi_get(checked, self.context, barrier=False)
         except Exception as error:
+            self.count("multi_get", error)
             return _error(operation_id, error)
+        self.count("multi_get")
         return rendezvous_pb2.StoreBatchResult(id=operation_id, multi_get=response)
 
 

@@ -4,6 +4,8 @@ the operations of a RoundStore/Batch stream, as the unary calls they stand for."
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -21,7 +23,9 @@ def _count(metrics: NodeMetrics, name: str, op: str, outcome: str) -> float:
     return metrics.registry.get_sample_value(f"{name}_total", labels) or 0.0
 
 
-async def test_store_and_checkpoint_calls_are_counted_by_operation_and_outcome() -> None:
+@contextlib.asynccontextmanager
+async def metered() -> AsyncIterator[tuple[FakeNode, NodeMetrics, grpc.aio.Channel]]:
+    """A real gRPC server over a fake member that keeps metrics, and a channel to it."""
     node = FakeNode()
     metrics = NodeMetrics(1)
     server = grpc.aio.server()
@@ -30,6 +34,14 @@ async def test_store_and_checkpoint_calls_are_counted_by_operation_and_outcome()
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
+        yield node, metrics, channel
+    finally:
+        await channel.close(None)
+        await server.stop(grace=None)
+
+
+async def test_store_and_checkpoint_calls_are_counted_by_operation_and_outcome() -> None:
+    async with metered() as (node, metrics, channel):
         headers = await open_session(node)
         joined = await join_round(channel, headers, "j", 2)
         info, pid = joined[-1].round, joined[0].participant_id
@@ -49,9 +61,6 @@ async def test_store_and_checkpoint_calls_are_counted_by_operation_and_outcome()
             registry.Begin(pb.CheckpointBeginRequest(header=headers(), fence=wrong, world_size=2))
         )
         await registry.Latest(pb.CheckpointLatestRequest(job="j"))
-    finally:
-        await channel.close(None)
-        await server.stop(grace=None)
     store_ops = "rallypoint_store_operations"
     assert _count(metrics, store_ops, "compare_set", "ok") == 1
     assert _count(metrics, store_ops, "get", "ok") == 1
@@ -68,14 +77,7 @@ async def test_store_and_checkpoint_calls_are_counted_by_operation_and_outcome()
 async def test_round_store_batch_operations_are_counted_as_their_unary_calls() -> None:
     """A RoundStore/Batch stream's operations count as the unary calls they stand for (the
     client sends its round-store reads and writes there)."""
-    node = FakeNode()
-    metrics = NodeMetrics(1)
-    server = grpc.aio.server()
-    add_services(server, node, metrics=metrics)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    try:
+    async with metered() as (node, metrics, channel):
         headers = await open_session(node)
         joined = await join_round(channel, headers, "j", 2)
         info, pid = joined[-1].round, joined[0].participant_id
@@ -105,9 +107,6 @@ async def test_round_store_batch_operations_are_counted_as_their_unary_calls() -
         (result,) = (await call.read()).results
         assert list(result.multi_get.groups[0].values) == [b"v"]
         await call.done_writing()
-    finally:
-        await channel.close(None)
-        await server.stop(grace=None)
     store_ops = "rallypoint_store_operations"
     assert _count(metrics, store_ops, "set", "ok") == 1
     assert _count(metrics, store_ops, "add", "ok") == 1

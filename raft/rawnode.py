@@ -178,13 +178,7 @@ class RawNode:
 
     def propose(self, data: bytes) -> None:
         """Propose ``data`` for the log; raises ProposalDroppedError if refused."""
-        self._raft.step(
-            Message(
-                type=MessageType.MsgProp,
-                from_=self._raft.id,
-                entries=(Entry(Term(0), Index(0), EntryType.NORMAL, data),),
-            )
-        )
+        self.propose_many((data,))
 
     def propose_many(self, datas: Sequence[bytes]) -> None:
         """Propose every ``data`` for the log, in order, as one message (one append, one

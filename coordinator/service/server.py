@@ -45,7 +45,6 @@ from .authz import (
     CALLER,
     OPERATION_COUNTER,
     OPERATION_GUARD,
-    OperationCounter,
     OperationGuard,
     Role,
     RoleKind,
@@ -133,6 +132,8 @@ class _Guard:
         self._node = node
         self._tokens = tokens
         self._metrics = metrics
+        # The counters of the methods batch-stream operations stand for, made on first use.
+        self._stream_outcomes: dict[str, _Outcomes | None] = {}
 
     def _role(self, context: Context) -> Role | None:
         """The caller's role; None when no credentials are required."""
@@ -174,25 +175,19 @@ class _Guard:
 
         return check
 
-    def _operation_counter(self) -> OperationCounter | None:
-        """Counts each operation of a batch stream as its unary method's call would be."""
-        metrics = self._metrics
-        if metrics is None:
-            return None
-        outcomes: dict[str, _Outcomes | None] = {}
-
-        def count(method: str, error: Exception | None) -> None:
-            if method not in outcomes:
-                outcomes[method] = _outcomes(metrics, method)
-            counted = outcomes[method]
-            if counted is None:
-                return
-            if error is None:
-                counted.ok.inc()
-            else:
-                counted.failed(status_for(error, False))
-
-        return count
+    def _count_operation(self, method: str, error: Exception | None) -> None:
+        """Counts one operation of a batch stream as its unary ``method``'s call would be
+        (an ``OperationCounter``; set only when the member keeps metrics)."""
+        if method not in self._stream_outcomes:
+            assert self._metrics is not None
+            self._stream_outcomes[method] = _outcomes(self._metrics, method)
+        counted = self._stream_outcomes[method]
+        if counted is None:
+            return
+        if error is None:
+            counted.ok.inc()
+        else:
+            counted.failed(status_for(error, False))
 
     async def _admit_stream(
         self, role: Role, method: str, rule: Rule, requests: Any, context: Context
@@ -282,7 +277,8 @@ class _Guard:
                 if role is not None:
                     request = await admit(role, method, rule, request, context)
                     OPERATION_GUARD.set(self._operation_guard(role, context))
-                OPERATION_COUNTER.set(self._operation_counter())
+                if self._metrics is not None:
+                    OPERATION_COUNTER.set(self._count_operation)
                 async for response in behaviour(request, context):
                     yield response
             except Exception as error:

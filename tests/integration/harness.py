@@ -193,6 +193,10 @@ class MemberProcess:
     # The harness stopped or killed it (or saw it refuse to start, as expected): an exit
     # that is not one of these is the member's own doing.
     stopped: bool = False
+    # An exit code the harness expects from this start (a member started on a log it damaged
+    # refuses to run, with 2): such an exit is not the member's own doing either, even seen
+    # before the harness has looked.
+    expected_exit_code: int | None = None
     # Where it serves Prometheus /metrics ("": not served).
     metrics_address: str = ""
 
@@ -360,7 +364,10 @@ class ProcessCluster:
         return {
             member_id: member.proc.returncode
             for member_id, member in self.members.items()
-            if member.proc is not None and not member.stopped and member.proc.poll() is not None
+            if member.proc is not None
+            and not member.stopped
+            and member.proc.poll() is not None
+            and member.proc.returncode != member.expected_exit_code
         }
 
     def shutdown(self) -> None:

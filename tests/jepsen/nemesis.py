@@ -28,6 +28,8 @@ from .cluster import NamespaceCluster
 from .history import NEMESIS_PROCESS, EventType, HistoryWriter
 
 Heal = Callable[[], str]
+# `rallypoint serve`'s exit code when it refuses its data (a corrupt log among them).
+REFUSED_EXIT_CODE = 2
 # What a fault or its healing may fail with without ending the run (it is logged).
 NEMESIS_ERRORS = (
     RallypointError,
@@ -183,8 +185,15 @@ class Faults:
         damage = self.cluster.damage_wal(victim, self.rng)
 
         def restart() -> str:
-            self.cluster.start(victim)
-            if not self.cluster.refused_to_start(victim):
+            # Its refusal (exit 2) may come before refused_to_start looks: not a crash.
+            member = self.cluster.members[victim]
+            member.expected_exit_code = REFUSED_EXIT_CODE
+            try:
+                self.cluster.start(victim)
+                refused = self.cluster.refused_to_start(victim)
+            finally:
+                member.expected_exit_code = None
+            if not refused:
                 return f"{victim} restarted with damaged WAL (recovered)"
             # Detected: the member refuses to run on a corrupt log. Replace it.
             replacement = self._replace(victim)

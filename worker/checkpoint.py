@@ -65,6 +65,14 @@ from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_asyn
 from torch.distributed.tensor import DTensor, Shard
 from torch.nn.parallel import DistributedDataParallel
 
+from .memory import (
+    MemoryHolding,
+    MemorySnapshots,
+    RegisteredSnapshot,
+    holding,
+    memory_blocker,
+    restore_from_memory,
+)
 from .sampler import ElasticSampler
 
 METADATA_FILE = "rallypoint-checkpoint.json"
@@ -399,6 +407,7 @@ class RestoreSource(enum.Enum):
     BROADCAST = "broadcast"  # received from a survivor over the process group
     KEEP = "keep"  # every rank already holds the same full state: nothing moved
     FRESH = "fresh"  # no checkpoint and no survivor to copy from: start from step 0
+    MEMORY = "memory"  # rebuilt from the in-memory snapshot held by the world's processes
 
 
 @dataclass(frozen=True, slots=True)
@@ -562,6 +571,8 @@ class PeerState:
     # Throughputs measured in earlier restores, in bytes/s; None until measured.
     disk_bytes_per_s: float | None = None
     broadcast_bytes_per_s: float | None = None
+    # What it holds of the registered memory snapshot (None: it keeps no snapshots).
+    memory: MemoryHolding | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -579,15 +590,21 @@ class RestoreDecision:
 
 
 def choose_restore_source(
-    peers: Sequence[PeerState], checkpoint_step: int | None, policy: RestorePolicy
+    peers: Sequence[PeerState],
+    checkpoint_step: int | None,
+    policy: RestorePolicy,
+    memory: RegisteredSnapshot | None = None,
 ) -> RestoreDecision:
-    """The same decision on every rank, from every rank's ``PeerState``.
+    """The same decision on every rank, from every rank's ``PeerState``; the newest complete
+    state wins.
 
     A survivor's memory is used only when the model is replicated on every rank and the
-    survivors agree on a step no older than the checkpoint's: then KEEP if every rank is such
-    a survivor, else BROADCAST from the lowest-ranked survivor when the state is small enough
-    (or broadcasting was measured at least as fast as reading). Otherwise DISK if there is a
-    checkpoint, else FRESH."""
+    survivors agree on a step no older than the checkpoint's or the memory snapshot's: then
+    KEEP if every rank is such a survivor, else BROADCAST from the lowest-ranked survivor
+    when the state is small enough (or broadcasting was measured at least as fast as
+    reading). Otherwise MEMORY if ``memory`` (the registered memory snapshot) is no older
+    than the checkpoint and every rank of its world is held by a process of this one; else
+    DISK if there is a checkpoint, else FRESH. The reason names what ruled the others out."""
     survivors = sorted((peer for peer in peers if peer.survivor), key=lambda peer: peer.rank)
     survivor_steps = {peer.step for peer in survivors}
     blocker = None
@@ -601,11 +618,13 @@ def choose_restore_source(
         (survivor_step,) = survivor_steps
         if checkpoint_step is not None and (survivor_step or 0) < checkpoint_step:
             blocker = f"survivors are at step {survivor_step}, older than the checkpoint"
+        elif memory is not None and (survivor_step or 0) < memory.step:
+            blocker = f"survivors are at step {survivor_step}, older than the memory snapshot"
     if blocker is None:
         src = survivors[0]
         if len(survivors) == len(peers):
             return RestoreDecision(RestoreSource.KEEP, None, "every rank holds the same replica")
-        if checkpoint_step is None:
+        if checkpoint_step is None and memory is None:
             return RestoreDecision(RestoreSource.BROADCAST, src.rank, "no checkpoint on disk")
         if src.disk_bytes_per_s is not None and src.broadcast_bytes_per_s is not None:
             if src.broadcast_bytes_per_s >= src.disk_bytes_per_s:
@@ -621,6 +640,23 @@ def choose_restore_source(
             )
         else:
             blocker = f"state of {src.state_bytes} bytes is over the broadcast limit"
+    if memory is not None:
+        if checkpoint_step is not None and memory.step < checkpoint_step:
+            memory_block: str | None = (
+                f"the memory snapshot ({memory.snapshot}) is older than the checkpoint"
+            )
+        else:
+            memory_block = memory_blocker(
+                memory.snapshot, memory.world_size, [peer.memory for peer in peers]
+            )
+        if memory_block is None:
+            return RestoreDecision(
+                RestoreSource.MEMORY,
+                None,
+                f"{blocker}; the memory snapshot ({memory.snapshot}, {memory.world_size} ranks) "
+                "is held by this world",
+            )
+        blocker = f"{blocker}; {memory_block}"
     if checkpoint_step is not None:
         return RestoreDecision(RestoreSource.DISK, None, blocker)
     return RestoreDecision(RestoreSource.FRESH, None, f"no checkpoint and {blocker}")
@@ -647,8 +683,14 @@ def restore_state(
     disk_bytes_per_s: float | None = None,
     broadcast_bytes_per_s: float | None = None,
     process_group: dist.ProcessGroup | None = None,
+    memory: MemorySnapshots | None = None,
+    memory_snapshot: RegisteredSnapshot | None = None,
 ) -> RestoreResult:
     """Bring every rank to the same state from the best source, and say which. Collective.
+
+    ``memory`` is this process's in-memory snapshots (None if it keeps none) and
+    ``memory_snapshot`` the newest one registered with the coordinator (the same on every
+    rank) or None.
 
     ``checkpoint`` is the latest committed checkpoint (the same on every rank) or None;
     ``survivor_step`` is the step this rank's in-memory state is at if it trained in the
@@ -665,12 +707,28 @@ def restore_state(
         state_bytes=_state_bytes(model, optimizer),
         disk_bytes_per_s=disk_bytes_per_s,
         broadcast_bytes_per_s=broadcast_bytes_per_s,
+        memory=holding(memory, memory_snapshot.snapshot if memory_snapshot else None),
     )
     peers: list[Any] = [None] * dist.get_world_size(process_group)
     dist.all_gather_object(peers, mine, group=process_group)
     checkpoint_step = read_metadata(checkpoint).step if checkpoint is not None else None
-    decision = choose_restore_source(peers, checkpoint_step, policy or RestorePolicy())
-    if decision.source is RestoreSource.DISK:
+    decision = choose_restore_source(
+        peers, checkpoint_step, policy or RestorePolicy(), memory_snapshot
+    )
+    if decision.source is RestoreSource.MEMORY:
+        if memory is None or memory_snapshot is None:
+            raise AssertionError("MEMORY chosen without a memory snapshot")
+        step, restored_extra, fetched = restore_from_memory(
+            memory,
+            memory_snapshot.snapshot,
+            [peer.memory for peer in peers],
+            model,
+            optimizer,
+            sampler=sampler,
+            process_group=process_group,
+        )
+        result = RestoreResult(decision.source, "", step, restored_extra, fetched, 0.0)
+    elif decision.source is RestoreSource.DISK:
         if checkpoint is None:
             raise AssertionError("DISK chosen without a checkpoint")
         result = restore_checkpoint(

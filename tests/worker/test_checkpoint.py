@@ -62,11 +62,21 @@ def run_world(scenario: str, world_size: int, workdir: Path) -> list[dict[str, A
         )
         for rank in range(world_size)
     ]
+    wait_ranks(ranks, [0] * world_size, WORLD_TIMEOUT_S)
+    return [
+        json.loads((workdir / f"{scenario}-{world_size}-rank{rank}.json").read_text())
+        for rank in range(world_size)
+    ]
+
+
+def wait_ranks(ranks: list[subprocess.Popen[str]], expected: list[int], timeout_s: float) -> None:
+    """Wait for every rank's process; fail with the stderr of each that did not exit with
+    its expected code (all of them are killed if one hangs)."""
     failures = []
     try:
         for rank, process in enumerate(ranks):
-            _, stderr = process.communicate(timeout=WORLD_TIMEOUT_S)
-            if process.returncode != 0:
+            _, stderr = process.communicate(timeout=timeout_s)
+            if process.returncode != expected[rank]:
                 # Torch's warnings can fill the tail: keep the first lines too.
                 shown = stderr if len(stderr) <= 6000 else f"{stderr[:3000]}\n...\n{stderr[-3000:]}"
                 failures.append(f"rank {rank} exited {process.returncode}:\n{shown}")
@@ -76,10 +86,6 @@ def run_world(scenario: str, world_size: int, workdir: Path) -> list[dict[str, A
                 process.kill()
                 process.wait()
     assert not failures, "\n".join(failures)
-    return [
-        json.loads((workdir / f"{scenario}-{world_size}-rank{rank}.json").read_text())
-        for rank in range(world_size)
-    ]
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,194 @@
+"""One process of an in-memory snapshot scenario, run as a script by test_memory.py.
+
+    python memory_ranks.py SCENARIO RANK WORKDIR
+
+Four processes on two simulated hosts (ranks 0, 1 on "host-a"; 2, 3 on "host-b") train an
+FSDP2 model at world 4 through a TCPStore on MASTER_PORT, taking a memory snapshot after each
+of steps 1-3 and training step 4 without one. Then the scenario's ranks die by SIGKILL and
+the survivors form a new world (renumbered in rank order) through a TCPStore on
+SECOND_PORT, rebuild a fresh model for it and call ``restore_state`` with the snapshot the
+"registry" recorded (the on_complete callback writes it to WORKDIR), then train a step and
+snapshot again in the new world. Every check is an assert; the survivors write their figures
+to WORKDIR/<scenario>-rank<r>.json.
+
+Scenarios:
+  rank-lost  2 copies; rank 3 dies: the survivors rebuild its shards from host-a's replica.
+  host-lost  2 copies; ranks 2 and 3 (all of host-b) die: rebuilt from host-a's replicas.
+  fallback   1 copy (no replicas) and a disk checkpoint of step 2; rank 3 dies: its shards
+             are nowhere in memory, so the restore reads the disk checkpoint (step 2).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from dist_ranks import (
+    BATCH_SIZE,
+    EXTRA,
+    NUM_SAMPLES,
+    adam,
+    assert_bit_equal,
+    full_state,
+    sharded_mlp,
+    train_step,
+)
+
+from rallypoint.worker import (
+    Checkpointer,
+    ElasticSampler,
+    MemorySnapshots,
+    RegisteredSnapshot,
+    RestoreSource,
+    SnapshotId,
+    SnapshotPlacement,
+    restore_state,
+)
+
+HOSTS = ("host-a", "host-a", "host-b", "host-b")
+SCENARIOS: dict[str, tuple[int, tuple[int, ...]]] = {
+    # copies, the ranks that die
+    "rank-lost": (2, (3,)),
+    "host-lost": (2, (2, 3)),
+    "fallback": (1, (3,)),
+}
+SNAPSHOT_STEPS, TRAINED_STEPS = 3, 4
+
+
+def init_world(rank: int, world_size: int, port: int) -> None:
+    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+
+
+def dead(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=1).close()
+    except OSError:
+        return True
+    return False
+
+
+def main() -> None:
+    scenario, rank, workdir = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
+    copies, dying = SCENARIOS[scenario]
+    memory = MemorySnapshots(HOSTS[rank], copies=copies)
+    registered: list[tuple[SnapshotId, int, SnapshotPlacement]] = []
+
+    def register(snapshot: SnapshotId, world_size: int, placement: SnapshotPlacement) -> bool:
+        registered.append((snapshot, world_size, placement))
+        (workdir / f"{scenario}-registered.json").write_text(
+            json.dumps([snapshot.round, snapshot.step, world_size])
+        )
+        return True
+
+    # -- the first world: 4 ranks, round 1
+    init_world(rank, 4, int(os.environ["MASTER_PORT"]))
+    placement = memory.attach(1, on_complete=register)
+    assert placement.cross_host == (copies > 1), placement
+    model = sharded_mlp(0, 4)
+    optimizer = adam(model)
+    sampler = ElasticSampler(NUM_SAMPLES, batch_size=BATCH_SIZE, rank=rank, world_size=4)
+    batches = iter(sampler)
+    taken = []
+    for step in range(1, TRAINED_STEPS + 1):
+        train_step(model, optimizer, next(batches))
+        sampler.advance()
+        if scenario == "fallback" and step == 2:
+            Checkpointer(workdir / "disk").save_async(
+                step, model, optimizer, sampler=sampler, extra=EXTRA
+            ).wait()
+        if step <= SNAPSHOT_STEPS:
+            pending = memory.take(step, model, optimizer, sampler=sampler, extra=EXTRA)
+            assert pending is not None
+            taken.append(pending.wait())
+            if step == SNAPSHOT_STEPS:
+                reference = full_state(model, optimizer)
+                reference_sampler = sampler.state_dict()
+    assert [t.snapshot.step for t in taken] == [1, 2, 3]
+    assert all(t.committed for t in taken)
+    # Only the newest snapshot is kept: this rank's blob and the replicas it protects.
+    expected = sorted(r for r, holders in enumerate(placement.holders) if rank in holders)
+    assert memory.server.held(SnapshotId(1, 3)) == tuple(expected), memory.server.held
+    assert memory.server.snapshots() == [SnapshotId(1, 3)]
+    addresses: list[Any] = [None] * 4
+    dist.all_gather_object(addresses, memory.server.address)
+    dist.barrier()
+    if rank in dying:
+        os.kill(os.getpid(), signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while not all(dead(addresses[r]) for r in dying):
+        assert time.monotonic() < deadline, "the dying ranks did not die"
+        time.sleep(0.05)
+    dist.destroy_process_group()
+
+    # -- the second world: the survivors, renumbered, round 2
+    survivors = [r for r in range(4) if r not in dying]
+    new_rank, world_size = survivors.index(rank), len(survivors)
+    init_world(new_rank, world_size, int(os.environ["SECOND_PORT"]))
+    memory.attach(2)
+    model = sharded_mlp(7, world_size)  # fresh weights: everything must come from the restore
+    optimizer = adam(model)
+    sampler = ElasticSampler(NUM_SAMPLES, batch_size=3, rank=new_rank, world_size=world_size)
+    round_number, step, snapshot_world = json.loads(
+        (workdir / f"{scenario}-registered.json").read_text()
+    )
+    disk = workdir / "disk"
+    checkpoint = next(disk.iterdir()) if disk.exists() else None
+    result = restore_state(
+        model,
+        optimizer,
+        checkpoint=checkpoint,
+        survivor_step=TRAINED_STEPS,
+        extra=EXTRA,
+        sampler=sampler,
+        memory=memory,
+        memory_snapshot=RegisteredSnapshot(round_number, step, snapshot_world),
+    )
+    restored = full_state(model, optimizer)
+    if scenario == "fallback":
+        assert result.source is RestoreSource.DISK, result
+        assert result.step == 2, result
+        assert "no process holds rank(s) 3 of the memory snapshot" in result.reason, result
+    else:
+        assert result.source is RestoreSource.MEMORY, result
+        assert (result.step, result.extra) == (SNAPSHOT_STEPS, EXTRA), result
+        assert sampler.state_dict() == reference_sampler
+        assert_bit_equal(restored, reference, "restored from memory")
+    # Training goes on in the new world, and its snapshots are protected there.
+    train_step(model, optimizer, next(iter(sampler)))
+    sampler.advance()
+    pending = memory.take(result.step + 1, model, optimizer, sampler=sampler, extra=EXTRA)
+    assert pending is not None
+    after = pending.wait()
+    assert after.snapshot == SnapshotId(2, result.step + 1) and after.committed
+    assert memory.server.snapshots() == [SnapshotId(2, result.step + 1)]
+    figures = {
+        "source": result.source.value,
+        "reason": result.reason,
+        "step": result.step,
+        "bytes_from_peers": result.bytes_moved,
+        "restore_s": result.duration_s,
+        "blocked_s": [t.blocked_s for t in taken],
+        "protect_s": [t.protect_s for t in taken],
+        "state_bytes": taken[-1].state_bytes,
+        "held_bytes": memory.server.held_bytes(),
+    }
+    (workdir / f"{scenario}-rank{rank}.json").write_text(json.dumps(figures))
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    main()

@@ -1,0 +1,905 @@
+"""In-memory snapshots of the training state, protected in peers' memory across hosts.
+
+Theory of operation. A disk checkpoint costs a storage write, so jobs take one every tens of
+minutes and a failure loses everything since. A memory snapshot costs a copy: every rank
+keeps its part of the state (its shards, for a sharded model) in host memory, and ships a
+replica to ranks on other hosts, so a lost rank's part (or a whole lost host's) comes back
+from its peers' memory and the world resumes at most one snapshot behind.
+
+Taking one (:meth:`MemorySnapshots.take`). The training thread is blocked only while the
+state is copied (``get_state_dict`` of model and optimizer, sharded, each tensor cloned, plus
+the step, sampler position and extra state). A background thread then:
+
+1. lays the copy out as torch.distributed.checkpoint (DCP) would store it, through DCP's own
+   save planner (so replicated tensors are stored once, by one rank) with a storage writer
+   that packs each rank's items into one bytes object (a *blob*, tensors as their raw bytes)
+   and records where each item lives (rank, offset, length) in DCP's metadata; every rank
+   gets the global metadata back from the save;
+2. pushes its blob to the ranks that protect it (:func:`protectors`: ``copies - 1`` ranks on
+   other hosts, spread so that every rank holds about as many replicas as it ships) over a
+   small TCP server every process runs (:class:`SnapshotServer`), and waits for their acks;
+3. agrees with every rank that every blob is protected (an all-reduce over the snapshot's own
+   process group), and only then calls ``on_complete`` on rank 0 (the elastic loop registers
+   the snapshot with the coordinator, fenced by the round; a zombie's registration is
+   refused) and drops the older snapshots everywhere.
+
+A snapshot still in flight when the next is asked for makes the next one skipped, never
+waited for: training is never held by the protection of an earlier step.
+
+Restoring (:func:`restore_from_memory`, chosen by ``checkpoint.restore_state``). After a
+failure the world re-forms with its survivors (and perhaps newcomers); each process still
+holds what its server held: its own blobs and the replicas it protects, named by the old
+world's round, step and rank. If the registered snapshot's every old rank is held by some
+process of the new world, the state is loaded by DCP's load planner for the *new* world's
+layout (resharding 4 -> 3 ranks is DCP's work) through a storage reader that fetches each
+stored item from the process holding it (its own memory when it holds it): bit for bit what
+was snapshotted. Otherwise the restore falls back to the disk checkpoint, saying which ranks
+were lost.
+
+Trust. The servers listen on the address the ranks advertise; every request carries the
+current world's token (random, chosen by rank 0 of each world and sent over the process
+group), so only members of the current world can read or place snapshots, and a process of
+an ended world (its token is replaced) is refused. The token is not encryption: run it on
+the training network only, as gloo's own traffic is.
+"""
+
+from __future__ import annotations
+
+import hmac
+import io
+import json
+import logging
+import secrets
+import socket
+import socketserver
+import struct
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.metadata import (
+    Metadata,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    SavePlan,
+    SavePlanner,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.state_dict import get_state_dict
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+from torch.distributed.tensor import DTensor
+
+from .sampler import ElasticSampler
+
+log = logging.getLogger("rallypoint.worker.memory")
+
+# How long a peer's server may take to answer one request (a push of a large blob included).
+REQUEST_TIMEOUT_S = 60.0
+_HEADER = struct.Struct("<I")
+# A request's or answer's header (msgpack) may not be larger than this.
+_MAX_HEADER_BYTES = 1 << 20
+
+
+class SnapshotError(Exception):
+    """A snapshot could not be taken, protected or restored (the message says why)."""
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class SnapshotId:
+    """A snapshot of the world of round ``round`` at ``step``."""
+
+    round: int
+    step: int
+
+    def __str__(self) -> str:
+        return f"round {self.round} step {self.step}"
+
+
+@dataclass(frozen=True, slots=True)
+class RegisteredSnapshot:
+    """A memory snapshot the coordinator registered as complete: the one to restore."""
+
+    round: int
+    step: int
+    world_size: int
+
+    @property
+    def snapshot(self) -> SnapshotId:
+        return SnapshotId(self.round, self.step)
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotPlacement:
+    """Where a snapshot's blobs live: ``holders[r]`` are the ranks of its world that hold
+    rank r's blob (r itself first), ``hosts[r]`` the host rank r declared."""
+
+    hosts: tuple[str, ...]
+    holders: tuple[tuple[int, ...], ...]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.hosts)
+
+    @property
+    def cross_host(self) -> bool:
+        """Whether every blob has a replica on a host other than its rank's."""
+        return all(
+            any(self.hosts[h] != self.hosts[rank] for h in holders[1:])
+            for rank, holders in enumerate(self.holders)
+        )
+
+    def to_bytes(self) -> bytes:
+        """As the coordinator's registry keeps it."""
+        obj = {"hosts": list(self.hosts), "holders": [list(h) for h in self.holders]}
+        return json.dumps(obj, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SnapshotPlacement:
+        obj = json.loads(data)
+        return cls(tuple(obj["hosts"]), tuple(tuple(h) for h in obj["holders"]))
+
+
+def protectors(hosts: Sequence[str], copies: int) -> SnapshotPlacement:
+    """The placement of a world whose rank r runs on ``hosts[r]``, each blob kept ``copies``
+    times (its own rank's included).
+
+    With at least ``copies`` hosts, the k-th rank of host h is protected by the k-th rank
+    (modulo their counts) of hosts h+1, ..., h+copies-1 (hosts in order of their lowest
+    rank): every copy on another host, and each rank holds about ``copies - 1`` replicas.
+    With fewer hosts the replicas go to the next ranks in rank order (a lost process is
+    survived, a lost host is not: ``SnapshotSnapshotPlacement.cross_host`` says so)."""
+    world = len(hosts)
+    if copies < 1:
+        raise ValueError(f"copies must be >= 1, got {copies}")
+    order: list[str] = []
+    members: dict[str, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        if host not in members:
+            order.append(host)
+            members[host] = []
+        members[host].append(rank)
+    holders: list[tuple[int, ...]] = []
+    for rank, host in enumerate(hosts):
+        chosen = [rank]
+        if len(order) >= copies:
+            h = order.index(host)
+            k = members[host].index(rank)
+            for j in range(1, copies):
+                other = members[order[(h + j) % len(order)]]
+                chosen.append(other[k % len(other)])
+        else:
+            for j in range(1, min(copies, world)):
+                chosen.append((rank + j) % world)
+        holders.append(tuple(chosen))
+    return SnapshotPlacement(tuple(hosts), tuple(holders))
+
+
+# -- the wire: one request per connection ----------------------------------------------------
+
+
+def _send(sock: socket.socket, header: Mapping[str, Any], payload: Sequence[Any] = ()) -> None:
+    packed = msgpack.packb(dict(header))
+    sock.sendall(_HEADER.pack(len(packed)) + packed)
+    for part in payload:
+        sock.sendall(part)
+
+
+def _recv_exactly(sock: socket.socket, length: int) -> bytearray:
+    buffer = bytearray(length)
+    view = memoryview(buffer)
+    got = 0
+    while got < length:
+        n = sock.recv_into(view[got:], length - got)
+        if n == 0:
+            raise ConnectionError(f"the peer closed the connection after {got} of {length} bytes")
+        got += n
+    return buffer
+
+
+def _recv_header(sock: socket.socket) -> dict[str, Any]:
+    (length,) = _HEADER.unpack(_recv_exactly(sock, _HEADER.size))
+    if length > _MAX_HEADER_BYTES:
+        raise ConnectionError(f"a header of {length} bytes is over {_MAX_HEADER_BYTES}")
+    header = msgpack.unpackb(_recv_exactly(sock, length))
+    if not isinstance(header, dict):
+        raise ConnectionError("a header is not a map")
+    return header
+
+
+def _key(round_number: int, step: int, rank: int) -> tuple[int, int, int]:
+    return (round_number, step, rank)
+
+
+class SnapshotServer:
+    """The blobs this process holds (its own and the replicas it protects), served to the
+    current world's ranks over TCP. Thread-safe; one per process, across rounds."""
+
+    def __init__(self, bind: str = "127.0.0.1", advertise: str | None = None) -> None:
+        self._lock = threading.Lock()
+        self._blobs: dict[tuple[int, int, int], bytes | bytearray] = {}
+        self._metadata: dict[SnapshotId, Metadata] = {}
+        self._token = b""
+        owner = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                owner._serve(self.request)
+
+        class Server(socketserver.ThreadingTCPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+
+        self._server = Server((bind, 0), Handler)
+        self.address = f"{advertise or bind}:{self._server.server_address[1]}"
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="rallypoint-snapshots", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    # -- what this process holds
+
+    def set_token(self, token: bytes) -> None:
+        """Accept requests of the world holding ``token`` only (a new world's replaces it)."""
+        with self._lock:
+            self._token = token
+
+    def put(self, snapshot: SnapshotId, rank: int, blob: bytes | bytearray) -> None:
+        with self._lock:
+            self._blobs[_key(snapshot.round, snapshot.step, rank)] = blob
+
+    def put_metadata(self, snapshot: SnapshotId, metadata: Metadata) -> None:
+        with self._lock:
+            self._metadata[snapshot] = metadata
+
+    def metadata(self, snapshot: SnapshotId) -> Metadata | None:
+        with self._lock:
+            return self._metadata.get(snapshot)
+
+    def blob(self, snapshot: SnapshotId, rank: int) -> bytes | bytearray | None:
+        with self._lock:
+            return self._blobs.get(_key(snapshot.round, snapshot.step, rank))
+
+    def held(self, snapshot: SnapshotId) -> tuple[int, ...]:
+        """The ranks of ``snapshot``'s world whose blobs this process holds."""
+        with self._lock:
+            return tuple(
+                sorted(r for (rnd, step, r) in self._blobs if SnapshotId(rnd, step) == snapshot)
+            )
+
+    def snapshots(self) -> list[SnapshotId]:
+        with self._lock:
+            return sorted({SnapshotId(rnd, step) for (rnd, step, _) in self._blobs})
+
+    def held_bytes(self) -> int:
+        with self._lock:
+            return sum(len(blob) for blob in self._blobs.values())
+
+    def drop_older(self, snapshot: SnapshotId) -> None:
+        """Drop every snapshot older than ``snapshot`` (once it is registered, nothing older
+        can be the one to restore)."""
+        with self._lock:
+            for key in [k for k in self._blobs if SnapshotId(k[0], k[1]) < snapshot]:
+                del self._blobs[key]
+            for older in [s for s in self._metadata if s < snapshot]:
+                del self._metadata[older]
+
+    def drop(self, snapshot: SnapshotId) -> None:
+        """Drop ``snapshot`` (refused by the registry: it can never be restored)."""
+        with self._lock:
+            for key in [k for k in self._blobs if SnapshotId(k[0], k[1]) == snapshot]:
+                del self._blobs[key]
+            self._metadata.pop(snapshot, None)
+
+    # -- serving
+
+    def _serve(self, sock: socket.socket) -> None:
+        sock.settimeout(REQUEST_TIMEOUT_S)
+        peer = sock.getpeername()
+        try:
+            header = _recv_header(sock)
+            with self._lock:
+                token = self._token
+            offered = header.get("token")
+            if not (isinstance(offered, bytes) and token and hmac.compare_digest(offered, token)):
+                _send(sock, {"error": "refused: not a member of the current world"})
+                log.warning("refused a snapshot request of %s: wrong or stale token", peer)
+                return
+            op = header.get("op")
+            snapshot = SnapshotId(int(header["round"]), int(header["step"]))
+            rank = int(header["rank"])
+            if op == "put":
+                length = int(header["length"])
+                blob = _recv_exactly(sock, length)
+                self.put(snapshot, rank, blob)
+                _send(sock, {"ok": True})
+            elif op == "read":
+                stored = self.blob(snapshot, rank)
+                if stored is None:
+                    _send(sock, {"error": f"holds no blob of rank {rank} of {snapshot}"})
+                    return
+                view = memoryview(stored)
+                ranges = [(int(offset), int(length)) for offset, length in header["ranges"]]
+                if any(o < 0 or n < 0 or o + n > len(view) for o, n in ranges):
+                    _send(sock, {"error": f"a range is outside the blob of {len(view)} bytes"})
+                    return
+                _send(sock, {"ok": True}, [view[o : o + n] for o, n in ranges])
+            else:
+                _send(sock, {"error": f"unknown operation {op!r}"})
+        except (OSError, ConnectionError, KeyError, TypeError, ValueError) as error:
+            log.warning("a snapshot request of %s failed: %s", peer, error)
+
+
+def _request(
+    address: str,
+    header: Mapping[str, Any],
+    payload: Sequence[Any] = (),
+    answer_bytes: int = 0,
+) -> bytearray:
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=REQUEST_TIMEOUT_S) as sock:
+        _send(sock, header, payload)
+        answer = _recv_header(sock)
+        if "error" in answer:
+            raise SnapshotError(f"snapshot server {address}: {answer['error']}")
+        return _recv_exactly(sock, answer_bytes) if answer_bytes else bytearray()
+
+
+# -- DCP storage in memory ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Where:
+    """Where DCP's item lives: in the blob of ``rank``, at ``offset``, ``length`` bytes."""
+
+    rank: int
+    offset: int
+    length: int
+
+
+def _raw(tensor: torch.Tensor) -> memoryview:
+    flat = tensor.detach().contiguous().reshape(-1)
+    array: Any = flat.view(torch.uint8).numpy()
+    return memoryview(array)
+
+
+class _BlobWriter(StorageWriter):
+    """DCP storage that packs this rank's items into one bytes object (``self.blob``)."""
+
+    def __init__(self, rank: int) -> None:
+        super().__init__()
+        self.rank = rank
+        self.blob = bytearray()
+
+    def reset(self, checkpoint_id: Any = None) -> None:
+        self.blob = bytearray()
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        return plans
+
+    def write_data(
+        self, plan: SavePlan, planner: SavePlanner
+    ) -> torch.futures.Future[list[WriteResult]]:
+        results = []
+        for item in plan.items:
+            data = planner.resolve_data(item)
+            if item.type == WriteItemType.BYTE_IO:
+                if not isinstance(data, io.BytesIO):
+                    raise SnapshotError(f"{item.index.fqn}: expected bytes, got {type(data)}")
+                raw: Any = data.getbuffer()
+            else:
+                if not isinstance(data, torch.Tensor):
+                    raise SnapshotError(f"{item.index.fqn}: expected a tensor, got {type(data)}")
+                raw = _raw(data.cpu())
+            where = _Where(self.rank, len(self.blob), len(raw))
+            self.blob += raw
+            results.append(
+                WriteResult(index=item.index, size_in_bytes=len(raw), storage_data=where)
+            )
+        done: torch.futures.Future[list[WriteResult]] = torch.futures.Future()
+        done.set_result(results)
+        return done
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        metadata.storage_data = {r.index: r.storage_data for rs in results for r in rs}
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        return True
+
+    def storage_meta(self) -> None:
+        return None
+
+
+class _PeerReader(StorageReader):
+    """DCP storage that reads each stored item from the process holding its rank's blob."""
+
+    def __init__(
+        self,
+        snapshot: SnapshotId,
+        metadata: Metadata,
+        local: SnapshotServer,
+        sources: Mapping[int, str | None],
+        token: bytes,
+    ) -> None:
+        super().__init__()
+        self.snapshot = snapshot
+        self.metadata = metadata
+        self.local = local
+        # The address to read each old rank's blob from; None: this process holds it.
+        self.sources = sources
+        self.token = token
+        self.bytes_from_peers = 0
+        self.bytes_local = 0
+
+    def reset(self, checkpoint_id: Any = None) -> None:
+        pass
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        return self.metadata
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *a: Any) -> None:
+        pass
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def _fetch(self, rank: int, ranges: list[tuple[int, int]]) -> list[memoryview]:
+        source = self.sources[rank]
+        if source is None:
+            blob = self.local.blob(self.snapshot, rank)
+            if blob is None:
+                raise SnapshotError(f"this process no longer holds rank {rank} of {self.snapshot}")
+            view = memoryview(blob)
+            self.bytes_local += sum(n for _, n in ranges)
+            return [view[o : o + n] for o, n in ranges]
+        header = {
+            "op": "read",
+            "token": self.token,
+            "round": self.snapshot.round,
+            "step": self.snapshot.step,
+            "rank": rank,
+            "ranges": ranges,
+        }
+        total = sum(n for _, n in ranges)
+        data = memoryview(_request(source, header, answer_bytes=total))
+        self.bytes_from_peers += total
+        parts, at = [], 0
+        for _, n in ranges:
+            parts.append(data[at : at + n])
+            at += n
+        return parts
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> torch.futures.Future[None]:
+        per_rank: dict[int, list[Any]] = {}
+        for item in plan.items:
+            where: _Where = self.metadata.storage_data[item.storage_index]
+            per_rank.setdefault(where.rank, []).append(item)
+        for rank, items in per_rank.items():
+            places = [self.metadata.storage_data[item.storage_index] for item in items]
+            parts = self._fetch(rank, [(w.offset, w.length) for w in places])
+            for item, raw in zip(items, parts, strict=True):
+                if item.type == LoadItemType.BYTE_IO:
+                    planner.load_bytes(item, io.BytesIO(bytes(raw)))
+                    continue
+                stored = self.metadata.state_dict_metadata[item.storage_index.fqn]
+                if not isinstance(stored, TensorStorageMetadata):
+                    raise SnapshotError(f"{item.storage_index.fqn} is not a stored tensor")
+                (chunk,) = [
+                    c for c in stored.chunks if list(c.offsets) == list(item.storage_index.offset)
+                ]
+                tensor = (
+                    torch.frombuffer(raw, dtype=torch.uint8)
+                    .view(stored.properties.dtype)
+                    .reshape(chunk.sizes)
+                )
+                for dim, (offset, length) in enumerate(
+                    zip(item.storage_offsets, item.lengths, strict=True)
+                ):
+                    tensor = tensor.narrow(dim, offset, length)
+                target = planner.resolve_tensor(item).detach()
+                if target.size() != tensor.size():
+                    raise SnapshotError(
+                        f"{item.storage_index.fqn}: stored {tuple(tensor.size())}, "
+                        f"wanted {tuple(target.size())}"
+                    )
+                target.copy_(tensor)
+                planner.commit_tensor(item, target)
+        done: torch.futures.Future[None] = torch.futures.Future()
+        done.set_result(None)
+        return done
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        return True
+
+
+def _stage(obj: Any) -> Any:
+    """A copy of ``obj`` whose tensors are copies: training may change the originals."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {key: _stage(value) for key, value in obj.items()}
+    if isinstance(obj, list):
+        return [_stage(value) for value in obj]
+    if isinstance(obj, tuple):
+        return tuple(_stage(value) for value in obj)
+    return obj
+
+
+def _state_bytes(obj: Any) -> int:
+    if isinstance(obj, DTensor):
+        local = obj.to_local()
+        return local.numel() * local.element_size()
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_state_bytes(value) for value in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(_state_bytes(value) for value in obj)
+    return 0
+
+
+# -- taking snapshots ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotTaken:
+    """A snapshot every rank has protected; ``committed`` says whether ``on_complete``
+    accepted it (always True without one)."""
+
+    snapshot: SnapshotId
+    placement: SnapshotPlacement
+    blocked_s: float  # how long the training thread was held (the copy)
+    protect_s: float  # from the copy to every rank's protection agreed
+    state_bytes: int  # this rank's part of the state
+    committed: bool
+
+
+class PendingSnapshot:
+    """A snapshot being protected; ``wait()`` returns the outcome or raises its failure."""
+
+    def __init__(self, snapshot: SnapshotId) -> None:
+        self.snapshot = snapshot
+        self._future: Future[SnapshotTaken] = Future()
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def wait(self, timeout_s: float | None = None) -> SnapshotTaken:
+        return self._future.result(timeout=timeout_s)
+
+
+# Called on rank 0 once every rank's blob of a snapshot is protected, with the snapshot, its
+# world size and placement; returns whether it was registered (False: refused, never count it).
+OnComplete = Callable[[SnapshotId, int, SnapshotPlacement], bool]
+
+
+class MemorySnapshots:
+    """One process's in-memory snapshots, across the rounds it takes part in.
+
+    Make one per process (it starts the process's :class:`SnapshotServer`), call
+    :meth:`attach` collectively after each (re-)formation of the world, :meth:`take` every
+    step (or every K), and hand it to ``restore_state`` at the next formation."""
+
+    def __init__(
+        self,
+        host: str,
+        *,
+        copies: int = 2,
+        bind: str = "127.0.0.1",
+        advertise: str | None = None,
+    ) -> None:
+        if copies < 1:
+            raise ValueError(f"copies must be >= 1, got {copies}")
+        self.host = host
+        self.copies = copies
+        self.server = SnapshotServer(bind, advertise)
+        self._world: _World | None = None
+        self._pending: PendingSnapshot | None = None
+        # The newest snapshot every rank protected and (if asked) the coordinator registered.
+        self.latest: SnapshotId | None = None
+        self.skipped = 0
+
+    def close(self) -> None:
+        self.server.close()
+
+    @property
+    def token(self) -> bytes:
+        if self._world is None:
+            raise SnapshotError("attach() has not been called in this world")
+        return self._world.token
+
+    def attach(
+        self,
+        round_number: int,
+        *,
+        process_group: dist.ProcessGroup | None = None,
+        on_complete: OnComplete | None = None,
+    ) -> SnapshotPlacement:
+        """Join the current world (collective over ``process_group``, the default group if
+        None): learn every rank's host and server, adopt the world's token, make the group
+        the background protection runs its collectives on. Returns the placement."""
+        rank = dist.get_rank(process_group)
+        token = [secrets.token_bytes(16) if rank == 0 else b""]
+        dist.broadcast_object_list(
+            token,
+            src=dist.get_global_rank(process_group, 0) if process_group else 0,
+            group=process_group,
+        )
+        peers: list[Any] = [None] * dist.get_world_size(process_group)
+        dist.all_gather_object(peers, (self.host, self.server.address), group=process_group)
+        placement = protectors([host for host, _ in peers], self.copies)
+        ranks = dist.get_process_group_ranks(process_group) if process_group else None
+        group = dist.new_group(ranks=ranks, backend="gloo")
+        control = dist.new_group(ranks=ranks, backend="gloo")
+        self.server.set_token(token[0])
+        self._world = _World(
+            round_number=round_number,
+            rank=rank,
+            token=token[0],
+            addresses=tuple(address for _, address in peers),
+            placement=placement,
+            group=group,
+            control=control,
+            on_complete=on_complete,
+        )
+        self._pending = None
+        return placement
+
+    def take(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        sampler: ElasticSampler | None = None,
+        extra: Any = None,
+        wait_collective: Callable[[dist.Work], None] | None = None,
+    ) -> PendingSnapshot | None:
+        """Copy the state (the only time training is held) and protect it in the
+        background. Collective: every rank of the world calls it for the same step. Returns
+        None (the snapshot is skipped, on every rank alike) while the previous one is still
+        being protected. ``wait_collective`` waits for the one small collective this makes
+        (the elastic loop passes its abandonable wait); by default ``work.wait()``."""
+        from .checkpoint import _capture
+
+        world = self._world
+        if world is None:
+            raise SnapshotError("attach() has not been called in this world")
+        previous = self._pending
+        busy = torch.tensor([1 if previous is not None and not previous.done() else 0])
+        # Every rank must skip alike (the save below is collective): agree on it first, on
+        # a group only this (the training) thread uses; the protection thread has its own.
+        work = dist.all_reduce(busy, op=dist.ReduceOp.MAX, group=world.control, async_op=True)
+        if work is None:
+            raise AssertionError("an async all_reduce returned no work")
+        (wait_collective or _wait)(work)
+        if busy.item():
+            self.skipped += 1
+            return None
+        started = time.monotonic()
+        staged = _stage(_capture(model, optimizer, step, sampler, extra))
+        blocked_s = time.monotonic() - started
+        snapshot = SnapshotId(world.round_number, step)
+        pending = PendingSnapshot(snapshot)
+        self._pending = pending
+        thread = threading.Thread(
+            target=self._protect,
+            args=(world, snapshot, staged, pending, blocked_s, started),
+            name=f"rallypoint-snapshot-{step}",
+            daemon=True,
+        )
+        thread.start()
+        return pending
+
+    def wait(self) -> SnapshotTaken | None:
+        """Wait for the snapshot in flight, if any; its outcome (re-raises its failure)."""
+        pending = self._pending
+        return pending.wait() if pending is not None else None
+
+    def _protect(
+        self,
+        world: _World,
+        snapshot: SnapshotId,
+        staged: dict[str, Any],
+        pending: PendingSnapshot,
+        blocked_s: float,
+        started: float,
+    ) -> None:
+        try:
+            writer = _BlobWriter(world.rank)
+            metadata = dcp_save(staged, storage_writer=writer, process_group=world.group)
+            blob = bytes(writer.blob)
+            state_bytes = _state_bytes(staged)
+            del staged
+            self.server.put(snapshot, world.rank, blob)
+            self.server.put_metadata(snapshot, metadata)
+            ok = 1
+            for holder in world.placement.holders[world.rank][1:]:
+                header = {
+                    "op": "put",
+                    "token": world.token,
+                    "round": snapshot.round,
+                    "step": snapshot.step,
+                    "rank": world.rank,
+                    "length": len(blob),
+                }
+                try:
+                    _request(world.addresses[holder], header, [blob])
+                except (OSError, SnapshotError) as error:
+                    log.warning(
+                        "%s: rank %d could not protect on rank %d: %s",
+                        snapshot,
+                        world.rank,
+                        holder,
+                        error,
+                    )
+                    ok = 0
+            agreed = torch.tensor([ok])
+            dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=world.group)
+            if not agreed.item():
+                raise SnapshotError(f"{snapshot}: a rank's blob could not be protected")
+            committed = torch.tensor([1])
+            if world.rank == 0 and world.on_complete is not None:
+                committed[0] = (
+                    1
+                    if world.on_complete(snapshot, world.placement.world_size, world.placement)
+                    else 0
+                )
+            dist.broadcast(committed, src=dist.get_global_rank(world.group, 0), group=world.group)
+            # Newer snapshots (of a later world, if this one ended meanwhile) are never
+            # touched: only what this outcome makes useless is dropped.
+            if committed.item():
+                self.latest = max(snapshot, self.latest) if self.latest else snapshot
+                self.server.drop_older(snapshot)
+            else:
+                self.server.drop(snapshot)
+            pending._future.set_result(
+                SnapshotTaken(
+                    snapshot=snapshot,
+                    placement=world.placement,
+                    blocked_s=blocked_s,
+                    protect_s=time.monotonic() - started - blocked_s,
+                    state_bytes=state_bytes,
+                    committed=bool(committed.item()),
+                )
+            )
+        except BaseException as failure:
+            pending._future.set_exception(failure)
+
+
+@dataclass(frozen=True, slots=True)
+class _World:
+    round_number: int
+    rank: int
+    token: bytes
+    addresses: tuple[str, ...]
+    placement: SnapshotPlacement
+    # The protection thread's collectives (DCP's planning, the agreement, the commit).
+    group: dist.ProcessGroup
+    # The training thread's one collective per take (whether to skip).
+    control: dist.ProcessGroup
+    on_complete: OnComplete | None
+
+
+def _wait(work: dist.Work) -> None:
+    work.wait()
+
+
+# -- restoring -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryHolding:
+    """What one process of the new world holds of the snapshot to restore (gathered)."""
+
+    address: str
+    held: tuple[int, ...]
+    has_metadata: bool
+
+
+def holding(memory: MemorySnapshots | None, snapshot: SnapshotId | None) -> MemoryHolding | None:
+    if memory is None or snapshot is None:
+        return None
+    return MemoryHolding(
+        memory.server.address,
+        memory.server.held(snapshot),
+        memory.server.metadata(snapshot) is not None,
+    )
+
+
+def memory_blocker(
+    snapshot: SnapshotId, world_size: int, holdings: Sequence[MemoryHolding | None]
+) -> str | None:
+    """Why ``snapshot`` (of a world of ``world_size``) cannot be restored from the new
+    world's memory, or None when it can."""
+    held: set[int] = set()
+    for h in holdings:
+        if h is not None:
+            held.update(h.held)
+    missing = sorted(set(range(world_size)) - held)
+    if missing:
+        lost = ", ".join(map(str, missing))
+        return f"no process holds rank(s) {lost} of the memory snapshot ({snapshot})"
+    if not any(h is not None and h.has_metadata for h in holdings):
+        return f"no process holds the memory snapshot's metadata ({snapshot})"
+    return None
+
+
+def restore_from_memory(
+    memory: MemorySnapshots,
+    snapshot: SnapshotId,
+    holdings: Sequence[MemoryHolding | None],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    sampler: ElasticSampler | None = None,
+    process_group: dist.ProcessGroup | None = None,
+) -> tuple[int, Any, int]:
+    """Load ``snapshot`` from the new world's memory into this rank's model and optimizer,
+    laid out for this world (collective; ``holdings`` gathered from every rank, all of
+    them able to serve: see :func:`memory_blocker`). Returns the step, the extra state and
+    the bytes fetched from peers."""
+    from .checkpoint import MODEL_KEY, OPTIMIZER_KEY, PROGRESS_KEY, _install
+
+    rank = dist.get_rank(process_group)
+    source_rank = min(i for i, h in enumerate(holdings) if h is not None and h.has_metadata)
+    shipped: list[Any] = [memory.server.metadata(snapshot) if rank == source_rank else None]
+    dist.broadcast_object_list(
+        shipped,
+        src=dist.get_global_rank(process_group, source_rank) if process_group else source_rank,
+        group=process_group,
+    )
+    metadata: Metadata = shipped[0]
+    sources: dict[int, str | None] = {}
+    mine = holdings[rank]
+    for old_rank in sorted(metadata_ranks(metadata)):
+        if mine is not None and old_rank in mine.held:
+            sources[old_rank] = None
+            continue
+        candidates = [h.address for h in holdings if h is not None and old_rank in h.held]
+        # Spread the readers of one blob over its holders.
+        sources[old_rank] = candidates[rank % len(candidates)]
+    reader = _PeerReader(snapshot, metadata, memory.server, sources, memory.token)
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state: dict[str, Any] = {
+        MODEL_KEY: model_state,
+        OPTIMIZER_KEY: optimizer_state,
+        PROGRESS_KEY: b"",
+    }
+    dcp_load(state, storage_reader=reader, process_group=process_group)
+    step, extra = _install(model, optimizer, state, sampler)
+    if step != snapshot.step:
+        raise SnapshotError(
+            f"the memory snapshot says step {step}, its registry entry {snapshot.step}"
+        )
+    return step, extra, reader.bytes_from_peers
+
+
+def metadata_ranks(metadata: Metadata) -> set[int]:
+    return {where.rank for where in metadata.storage_data.values()}

@@ -44,6 +44,7 @@ from .rendezvous_values import (
     JobStatus,
     JoinBatchResult,
     MembersPage,
+    MemorySnapshotInfo,
     RoundInfo,
     RoundMember,
 )
@@ -752,6 +753,14 @@ class Client:
         self, job: str, *, serializable: bool = False, timeout_s: float | None = None
     ) -> CheckpointInfo | None:
         return await _jobs.latest_checkpoint(
+            self._caller, job, serializable=serializable, timeout_s=timeout_s
+        )
+
+    async def latest_memory_snapshot(
+        self, job: str, *, serializable: bool = False, timeout_s: float | None = None
+    ) -> MemorySnapshotInfo | None:
+        """The job's latest complete in-memory snapshot (any round); None when none."""
+        return await _jobs.latest_memory_snapshot(
             self._caller, job, serializable=serializable, timeout_s=timeout_s
         )
 

@@ -6,6 +6,11 @@ with :class:`StaleRoundError` once that round is not the job's current ACTIVE ro
 :class:`StaleTokenError` when the token is not the round's: a worker paused past its failure
 detection cannot commit into a world it has left. Pending checkpoints are dropped when their
 round ends. ``latest`` reads the job's most recent committed checkpoint, linearizably.
+
+``commit_memory_snapshot`` records a complete in-memory snapshot (every rank's state of a
+step protected in peers' memory), fenced the same way, so a zombie cannot record one; the
+job keeps only the newest, across round ends, and ``latest_memory_snapshot`` reads it, so
+every rank of a later round restores from the same one.
 """
 
 from __future__ import annotations
@@ -13,9 +18,15 @@ from __future__ import annotations
 from rallypoint.proto.v1 import rendezvous_pb2
 
 from .caller import Caller
-from .jobs import latest_checkpoint, services
+from .jobs import latest_checkpoint, latest_memory_snapshot, services
 from .rendezvous_errors import refined
-from .rendezvous_values import CheckpointInfo, CommitResult, RoundInfo, ShardProgress
+from .rendezvous_values import (
+    CheckpointInfo,
+    CommitResult,
+    MemorySnapshotInfo,
+    RoundInfo,
+    ShardProgress,
+)
 
 
 class CheckpointRegistry:
@@ -123,5 +134,44 @@ class CheckpointRegistry:
     ) -> CheckpointInfo | None:
         """The job's most recent committed checkpoint (any round); None when there is none."""
         return await latest_checkpoint(
+            self.caller, self.fence.job, serializable=serializable, timeout_s=timeout_s
+        )
+
+    async def commit_memory_snapshot(
+        self,
+        step: int,
+        world_size: int | None = None,
+        layout: bytes = b"",
+        placement: bytes = b"",
+        *,
+        timeout_s: float | None = None,
+    ) -> MemorySnapshotInfo:
+        """Record the in-memory snapshot of ``step`` as complete (every rank's state is
+        protected on peers), replacing the job's previous one; what was recorded.
+        ``world_size`` defaults to the round's and must equal it (else InvalidArgumentError);
+        StaleRoundError or StaleTokenError once this round is over."""
+        size = self.world_size if world_size is None else world_size
+        response = await refined(
+            self.caller.write(
+                lambda s: services(s).checkpoints.CommitMemorySnapshot,
+                lambda header: rendezvous_pb2.MemorySnapshotCommitRequest(
+                    header=header,
+                    fence=self.fence,
+                    step=step,
+                    world_size=size,
+                    layout=layout,
+                    placement=placement,
+                ),
+                timeout_s,
+            )
+        )
+        return MemorySnapshotInfo.from_proto(response.snapshot)
+
+    async def latest_memory_snapshot(
+        self, *, serializable: bool = False, timeout_s: float | None = None
+    ) -> MemorySnapshotInfo | None:
+        """The job's latest complete in-memory snapshot (any round); None when there is
+        none."""
+        return await latest_memory_snapshot(
             self.caller, self.fence.job, serializable=serializable, timeout_s=timeout_s
         )

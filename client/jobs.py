@@ -26,6 +26,7 @@ from .rendezvous_values import (
     JobStatus,
     JoinBatchResult,
     MembersPage,
+    MemorySnapshotInfo,
     RoundInfo,
     RoundMember,
 )
@@ -292,3 +293,20 @@ async def latest_checkpoint(
     if not response.HasField("checkpoint"):
         return None
     return CheckpointInfo.from_proto(response.checkpoint)
+
+
+async def latest_memory_snapshot(
+    caller: Caller, job: str, *, serializable: bool = False, timeout_s: float | None = None
+) -> MemorySnapshotInfo | None:
+    """The job's latest complete in-memory snapshot, of any round (linearizable unless
+    ``serializable``); None when there is none."""
+    response = await refined(
+        caller.read(
+            lambda s: services(s).checkpoints.LatestMemorySnapshot,
+            rendezvous_pb2.MemorySnapshotLatestRequest(job=job, serializable=serializable),
+            timeout_s,
+        )
+    )
+    if not response.HasField("snapshot"):
+        return None
+    return MemorySnapshotInfo.from_proto(response.snapshot)

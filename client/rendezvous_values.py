@@ -344,14 +344,45 @@ class CheckpointInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class MemorySnapshotInfo:
+    """A complete in-memory snapshot the coordinator recorded: every rank's state of
+    ``step`` was protected in peers' memory when it was committed in ``round``."""
+
+    # The raft index of the commit: a later commit has a larger id.
+    snapshot_id: int
+    step: int
+    round: int
+    world_size: int
+    # Opaque to the coordinator: how the state is sharded.
+    layout: bytes
+    # Opaque to the coordinator: which peers hold each rank's protected copy.
+    placement: bytes
+    committed_ms: int
+
+    @staticmethod
+    def from_proto(info: rendezvous_pb2.MemorySnapshotInfo) -> MemorySnapshotInfo:
+        return MemorySnapshotInfo(
+            info.snapshot_id,
+            info.step,
+            info.round,
+            info.world_size,
+            info.layout,
+            info.placement,
+            info.committed_ms,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class JobStatus:
     """GetJob's answer: config, current round (members with phi), history (most recent
-    last) and the latest committed checkpoint."""
+    last), the latest committed checkpoint and the latest in-memory snapshot."""
 
     config: JobConfig
     round: RoundInfo
     history: tuple[RoundRecord, ...]
     latest_checkpoint: CheckpointInfo | None
+    # None also when the member answering predates memory snapshots.
+    latest_memory_snapshot: MemorySnapshotInfo | None = None
 
     @staticmethod
     def from_proto(response: rendezvous_pb2.GetJobResponse) -> JobStatus:
@@ -360,11 +391,17 @@ class JobStatus:
             if response.HasField("latest_checkpoint")
             else None
         )
+        memory = (
+            MemorySnapshotInfo.from_proto(response.latest_memory_snapshot)
+            if response.HasField("latest_memory_snapshot")
+            else None
+        )
         return JobStatus(
             JobConfig.from_proto(response.config),
             RoundInfo.from_proto(response.round),
             tuple(RoundRecord.from_proto(r) for r in response.history),
             latest,
+            memory,
         )
 
 

@@ -173,6 +173,7 @@ class SyncClient(Blocking[Client]):
     close_job = blocking(Client.close_job)
     prune_jobs = blocking(Client.prune_jobs)
     latest_checkpoint = blocking(Client.latest_checkpoint)
+    latest_memory_snapshot = blocking(Client.latest_memory_snapshot)
 
     def range_pages(self, prefix: bytes | str = b"", **options: Any) -> Iterator[KeyValue]:
         """Every key under ``prefix``, a page at a time (see ``Client.range_pages``)."""

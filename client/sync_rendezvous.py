@@ -55,6 +55,8 @@ class SyncCheckpointRegistry(Blocking[CheckpointRegistry]):
     commit = blocking(CheckpointRegistry.commit)
     abort = blocking(CheckpointRegistry.abort)
     latest = blocking(CheckpointRegistry.latest)
+    commit_memory_snapshot = blocking(CheckpointRegistry.commit_memory_snapshot)
+    latest_memory_snapshot = blocking(CheckpointRegistry.latest_memory_snapshot)
 
     @property
     def registry(self) -> CheckpointRegistry:

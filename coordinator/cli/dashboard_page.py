@@ -93,6 +93,8 @@ PAGE = """<!doctype html>
       <th>training again</th><th>restore</th><th>detail</th></tr></thead><tbody></tbody></table>
     <h3>Checkpoint</h3>
     <div id="checkpoint" class="dim">none committed</div>
+    <h3>Memory snapshot</h3>
+    <div id="memory-snapshot" class="dim">none committed</div>
   </section>
 </main>
 <script>
@@ -304,6 +306,12 @@ function renderJob() {
   checkpoint.textContent = latest ?
     "step " + latest.step + " (round " + latest.round + ", world size " + latest.world_size +
     ", id " + latest.checkpoint_id + ") " + latest.uri : "none committed";
+  const memory = doc.latest_memory_snapshot;
+  const snapshot = document.getElementById("memory-snapshot");
+  snapshot.dataset.step = memory ? memory.step : "";
+  snapshot.textContent = memory ?
+    "step " + memory.step + " (round " + memory.round + ", world size " + memory.world_size +
+    ", id " + memory.snapshot_id + ")" : "none committed";
 }
 
 function connect() {

@@ -149,6 +149,7 @@ def jobs_document(jobs: list[RoundInfo]) -> dict[str, Any]:
 def job_document(status: JobStatus) -> dict[str, Any]:
     """``rallypoint rounds JOB --json`` (the dashboard's /api/jobs/JOB too)."""
     latest = status.latest_checkpoint
+    memory = status.latest_memory_snapshot
     return {
         "round": _round_document(status.round),
         "history": [_record_document(r) for r in status.history],
@@ -161,6 +162,15 @@ def job_document(status: JobStatus) -> dict[str, Any]:
             "round": latest.round,
             "world_size": latest.world_size,
             "uri": latest.uri,
+        },
+        "latest_memory_snapshot": None
+        if memory is None
+        else {
+            "snapshot_id": memory.snapshot_id,
+            "step": memory.step,
+            "round": memory.round,
+            "world_size": memory.world_size,
+            "committed_ms": memory.committed_ms,
         },
     }
 
@@ -303,6 +313,12 @@ async def _rounds(args: argparse.Namespace, client: Client, out: Output) -> int:
         out.line(
             f"latest checkpoint: step {latest.step} (round {latest.round}, world size "
             f"{latest.world_size}) {latest.uri}"
+        )
+    if status.latest_memory_snapshot is not None:
+        memory = status.latest_memory_snapshot
+        out.line(
+            f"latest memory snapshot: step {memory.step} (round {memory.round}, world size "
+            f"{memory.world_size}, id {memory.snapshot_id})"
         )
     return 0
 

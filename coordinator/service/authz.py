@@ -246,6 +246,8 @@ RULES: dict[str, Rule] = {
     _CKPT + "Commit": Rule(P.JOB_WORK, _fence_job, _header_session),
     _CKPT + "Abort": Rule(P.JOB_WORK, _fence_job, _header_session),
     _CKPT + "Latest": Rule(P.JOB_READ, _job),
+    _CKPT + "CommitMemorySnapshot": Rule(P.JOB_WORK, _fence_job, _header_session),
+    _CKPT + "LatestMemorySnapshot": Rule(P.JOB_READ, _job),
 }
 
 

@@ -1,8 +1,9 @@
-"""The CheckpointRegistry service. Begin, ShardDone, Commit and Abort are replicated
-commands carrying the round and its fencing token; the state machine refuses them
-(STALE_ROUND, STALE_TOKEN) unless they name the job's current ACTIVE round, so a zombie
-cannot commit. Latest is a read of the applied state, after a read barrier unless the
-client asked for a serializable read."""
+"""The CheckpointRegistry service. Begin, ShardDone, Commit, Abort and CommitMemorySnapshot
+are replicated commands carrying the round and its fencing token; the state machine refuses
+them (STALE_ROUND, STALE_TOKEN) unless they name the job's current ACTIVE round, so a zombie
+cannot commit a checkpoint or record a memory snapshot. Latest and LatestMemorySnapshot are
+reads of the applied state, after a read barrier unless the client asked for a serializable
+read."""
 
 from __future__ import annotations
 
@@ -14,15 +15,18 @@ from ..state.commands import (
     CheckpointBegin,
     CheckpointCommit,
     CheckpointShardDone,
+    MemorySnapshotCommit,
 )
 from ..state.errors import JobNotFound, LimitExceeded
-from ..state.jobs import CheckpointInfo
+from ..state.jobs import CheckpointInfo, MemorySnapshotInfo
 from ..state.results import (
     CheckpointAbortResult,
     CheckpointBeginResult,
     CheckpointCommitResult,
+    MemorySnapshotCommitResult,
     ShardDoneResult,
 )
+from ..state.view import CheckpointsView
 from . import validate
 from .common import Context, header_pb, propose, read_barrier
 from .errors import RequestFailed
@@ -40,9 +44,30 @@ def checkpoint_pb(info: CheckpointInfo) -> rendezvous_pb2.CheckpointInfo:
     )
 
 
+def memory_snapshot_pb(info: MemorySnapshotInfo) -> rendezvous_pb2.MemorySnapshotInfo:
+    return rendezvous_pb2.MemorySnapshotInfo(
+        snapshot_id=info.snapshot_id,
+        step=info.step,
+        round=info.round,
+        world_size=info.world_size,
+        layout=info.layout,
+        placement=info.placement,
+        committed_ms=info.committed_ms,
+    )
+
+
 class CheckpointServicer(rendezvous_pb2_grpc.CheckpointRegistryServicer):
     def __init__(self, node: ServerNode) -> None:
         self.node = node
+
+    async def _registry(self, job: str, serializable: bool, context: Context) -> CheckpointsView:
+        """The registry of ``job`` for a read: after a read barrier unless ``serializable``."""
+        job_id = validate.job_id(job)
+        await read_barrier(self.node, context, serializable)
+        found = self.node.state.rendezvous.jobs.get(job_id)
+        if found is None:
+            raise RequestFailed(JobNotFound(job_id))
+        return found.checkpoints
 
     async def Begin(
         self, request: rendezvous_pb2.CheckpointBeginRequest, context: Context
@@ -122,13 +147,47 @@ class CheckpointServicer(rendezvous_pb2_grpc.CheckpointRegistryServicer):
     async def Latest(
         self, request: rendezvous_pb2.CheckpointLatestRequest, context: Context
     ) -> rendezvous_pb2.CheckpointLatestResponse:
-        job_id = validate.job_id(request.job)
-        await read_barrier(self.node, context, request.serializable)
-        job = self.node.state.rendezvous.jobs.get(job_id)
-        if job is None:
-            raise RequestFailed(JobNotFound(job_id))
+        registry = await self._registry(request.job, request.serializable, context)
         response = rendezvous_pb2.CheckpointLatestResponse(header=header_pb(self.node.header()))
-        latest = job.checkpoints.latest()
+        latest = registry.latest()
         if latest is not None:
             response.checkpoint.CopyFrom(checkpoint_pb(latest))
+        return response
+
+    async def CommitMemorySnapshot(
+        self, request: rendezvous_pb2.MemorySnapshotCommitRequest, context: Context
+    ) -> rendezvous_pb2.MemorySnapshotCommitResponse:
+        limits = self.node.state.limits.rendezvous
+        header = validate.session_header(request.HasField("header"), request.header)
+        fence = validate.checkpoint_fence(request.HasField("fence"), request.fence)
+        if len(request.layout) > limits.max_layout_bytes:
+            raise RequestFailed(
+                LimitExceeded("memory snapshot layout bytes", limits.max_layout_bytes)
+            )
+        if len(request.placement) > limits.max_placement_bytes:
+            raise RequestFailed(
+                LimitExceeded("memory snapshot placement bytes", limits.max_placement_bytes)
+            )
+        command = MemorySnapshotCommit(
+            job=fence.job,
+            round=fence.round,
+            fencing_token=fence.fencing_token,
+            step=validate.non_negative(request.step, "step"),
+            world_size=validate.positive(request.world_size, "world_size"),
+            layout=request.layout,
+            placement=request.placement,
+        )
+        result = await propose(self.node, command, context, MemorySnapshotCommitResult, header)
+        return rendezvous_pb2.MemorySnapshotCommitResponse(
+            header=header_pb(self.node.header()), snapshot=memory_snapshot_pb(result.snapshot)
+        )
+
+    async def LatestMemorySnapshot(
+        self, request: rendezvous_pb2.MemorySnapshotLatestRequest, context: Context
+    ) -> rendezvous_pb2.MemorySnapshotLatestResponse:
+        registry = await self._registry(request.job, request.serializable, context)
+        response = rendezvous_pb2.MemorySnapshotLatestResponse(header=header_pb(self.node.header()))
+        latest = registry.latest_memory_snapshot()
+        if latest is not None:
+            response.snapshot.CopyFrom(memory_snapshot_pb(latest))
         return response

@@ -88,7 +88,7 @@ from ..state.results import (
 )
 from ..state.view import JobView
 from . import validate
-from .checkpoint import checkpoint_pb
+from .checkpoint import checkpoint_pb, memory_snapshot_pb
 from .common import Context, header_pb, propose, read_barrier
 from .errors import InvalidArgument, RequestFailed
 
@@ -269,6 +269,9 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         latest = job.checkpoints.latest()
         if latest is not None:
             response.latest_checkpoint.CopyFrom(checkpoint_pb(latest))
+        memory = job.checkpoints.latest_memory_snapshot()
+        if memory is not None:
+            response.latest_memory_snapshot.CopyFrom(memory_snapshot_pb(memory))
         return response
 
     async def ListMembers(

@@ -1,4 +1,5 @@
-"""A job's checkpoint registry: begin, per-rank shard reports, commit, abort, latest.
+"""A job's checkpoint registry: begin, per-rank shard reports, commit, abort, latest; and
+the job's latest complete in-memory snapshot.
 
 Theory of operation. A checkpoint is begun by a member of the job's ACTIVE round (its id is
 the raft index of the begin), every rank 0..world_size-1 reports its shard written, and then
@@ -14,6 +15,18 @@ ends they can never commit and are dropped (``drop_pending``). At most
 ``max_pending_checkpoints`` are pending at once. The registry keeps the last
 ``keep_checkpoints`` committed ones (from the job's config); a commit returns the ones it
 retired, oldest first, so the workers can delete their files.
+
+In-memory snapshots. Workers snapshot their training state into memory every step and
+protect each rank's copy on peers (other hosts); once every rank's copy of a step is
+protected, one ``MemorySnapshotCommit`` records it as complete. It is fenced exactly as the
+disk commands are (the rendezvous checks round and token first), so a zombie can never
+record one, and its ``world_size`` must be the round's. The registry keeps only the newest
+(``memory``; a later commit replaces it, whatever its step: a round that restarted from an
+older disk checkpoint has a newer, lower-stepped state), and keeps it when the round ends:
+it is what the next round's ranks all read, and so agree on, to restore from memory.
+Nothing is pending for a memory snapshot (the workers complete it before committing), so
+there is nothing to drop with the round. In a snapshot of the state machine the registry
+carries it as a third element only when there is one (see ``to_obj``).
 """
 
 from __future__ import annotations
@@ -28,13 +41,15 @@ from .commands import (
     CheckpointCommand,
     CheckpointCommit,
     CheckpointShardDone,
+    MemorySnapshotCommit,
 )
 from .errors import CheckpointIncomplete, CheckpointNotFound, InvalidCommand, LimitExceeded
-from .jobs import CheckpointInfo, RendezvousLimits
+from .jobs import CheckpointInfo, MemorySnapshotInfo, RendezvousLimits
 from .results import (
     CheckpointAbortResult,
     CheckpointBeginResult,
     CheckpointCommitResult,
+    MemorySnapshotCommitResult,
     Result,
     ShardDoneResult,
 )
@@ -58,9 +73,15 @@ class CheckpointRegistry:
         self.pending: dict[int, Pending] = {}
         # Oldest first. Invariant: at most the job's keep_checkpoints entries.
         self.committed: list[CheckpointInfo] = []
+        # The newest committed memory snapshot, of any round (None: none yet). Invariant: its
+        # snapshot_id is the largest raft index a MemorySnapshotCommit of this job succeeded at.
+        self.memory: MemorySnapshotInfo | None = None
 
     def latest(self) -> CheckpointInfo | None:
         return self.committed[-1] if self.committed else None
+
+    def latest_memory_snapshot(self) -> MemorySnapshotInfo | None:
+        return self.memory
 
     def drop_pending(self) -> None:
         self.pending.clear()
@@ -78,6 +99,8 @@ class CheckpointRegistry:
         """Apply an already fenced command (see the module docstring)."""
         if isinstance(command, CheckpointBegin):
             return self._begin(index, round_world_size, command, limits)
+        if isinstance(command, MemorySnapshotCommit):
+            return self._commit_memory(index, now_ms, round_world_size, command, limits)
         if not isinstance(command, CheckpointShardDone | CheckpointCommit | CheckpointAbort):
             raise AssertionError(f"no rule to execute {command!r}")
         pending = self.pending.get(command.checkpoint_id)
@@ -133,19 +156,57 @@ class CheckpointRegistry:
         )
         return CheckpointBeginResult(index)
 
+    def _commit_memory(
+        self,
+        index: int,
+        now_ms: int,
+        round_world_size: int,
+        command: MemorySnapshotCommit,
+        limits: RendezvousLimits,
+    ) -> Result:
+        if command.world_size != round_world_size:
+            return InvalidCommand(
+                f"world_size {command.world_size} is not the round's {round_world_size}"
+            )
+        if command.step < 0:
+            return InvalidCommand(f"step must be >= 0, got {command.step}")
+        if len(command.layout) > limits.max_layout_bytes:
+            return LimitExceeded("memory snapshot layout bytes", limits.max_layout_bytes)
+        if len(command.placement) > limits.max_placement_bytes:
+            return LimitExceeded("memory snapshot placement bytes", limits.max_placement_bytes)
+        self.memory = MemorySnapshotInfo(
+            index,
+            command.step,
+            command.round,
+            command.world_size,
+            command.layout,
+            command.placement,
+            now_ms,
+        )
+        return MemorySnapshotCommitResult(self.memory)
+
     # ----------------------------------------------------------------- snapshots
 
     def to_obj(self) -> list[Any]:
+        """``[pending, committed]``, and the memory snapshot as a third element when there
+        is one: a registry without one encodes as it did before memory snapshots existed
+        (the machine then writes an older snapshot format an older member reads)."""
         pending = [
             [p.checkpoint_id, p.step, p.round, p.world_size, p.layout, p.uri, sorted(p.reported)]
             for p in (self.pending[cid] for cid in sorted(self.pending))
         ]
-        return [pending, [codec.to_obj(info) for info in self.committed]]
+        committed = [codec.to_obj(info) for info in self.committed]
+        if self.memory is None:
+            return [pending, committed]
+        return [pending, committed, codec.to_obj(self.memory)]
 
     @classmethod
-    def from_obj(cls, obj: Any) -> CheckpointRegistry:
+    def from_obj(cls, obj: Any, *, memory: bool = True) -> CheckpointRegistry:
+        """Restore from :meth:`to_obj`'s form; ``memory`` False reads a snapshot format
+        written before memory snapshots existed (two elements only)."""
         registry = cls()
-        if not (isinstance(obj, list) and len(obj) == 2 and isinstance(obj[0], list)):
+        lengths = (2, 3) if memory else (2,)
+        if not (isinstance(obj, list) and len(obj) in lengths and isinstance(obj[0], list)):
             raise codec.StateCodecError(f"malformed checkpoint registry: {obj!r}"[:200])
         hints = (int, int, int, int, bytes, str, tuple[int, ...])
         for item in obj[0]:
@@ -156,4 +217,6 @@ class CheckpointRegistry:
             )
             registry.pending[cid] = Pending(cid, step, round_, world, layout, uri, set(reported))
         registry.committed = [codec.from_obj(info, CheckpointInfo) for info in obj[1]]
+        if len(obj) == 3:
+            registry.memory = codec.from_obj(obj[2], MemorySnapshotInfo)
         return registry

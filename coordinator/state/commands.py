@@ -341,6 +341,19 @@ class CheckpointAbort(CheckpointCommand):
     checkpoint_id: int
 
 
+@record(59)
+@dataclass(frozen=True, slots=True)
+class MemorySnapshotCommit(CheckpointCommand):
+    """Record a complete in-memory snapshot of ``step`` (id: this entry's raft index): every
+    one of ``world_size`` ranks has its state protected in peers' memory. It replaces the
+    job's previous one and outlives its round (see :mod:`.checkpoints`)."""
+
+    step: int
+    world_size: int
+    layout: bytes
+    placement: bytes
+
+
 @record(20)
 @dataclass(frozen=True, slots=True)
 class Envelope:
@@ -391,6 +404,7 @@ __all__ = [
     "LeaseRevoke",
     "Leave",
     "MemberFailed",
+    "MemorySnapshotCommit",
     "OwnedSessionOpen",
     "PruneJobs",
     "Put",

@@ -40,6 +40,9 @@ class RendezvousLimits:
     max_pending_checkpoints: int = 16
     max_layout_bytes: int = 1024 * 1024
     max_uri_chars: int = 4096
+    # A memory snapshot's placement (which peers hold which rank's replicas): opaque bytes,
+    # bounded like a layout.
+    max_placement_bytes: int = 1024 * 1024
     # Retention of ended jobs (finished, failed, closed): the most kept, and how long one is
     # kept after it ended, in the machine's (leader-stamped) time; 0: no age limit.
     max_ended_jobs: int = 256
@@ -262,6 +265,23 @@ class CheckpointInfo:
     world_size: int
     layout: bytes
     uri: str
+    committed_ms: int
+
+
+@record(347)
+@dataclass(frozen=True, slots=True)
+class MemorySnapshotInfo:
+    """A complete in-memory snapshot: every rank's state of ``step`` is held, protected, in
+    the memory of peers. ``snapshot_id`` is the raft index of its commit. ``layout`` (how
+    the state is sharded) and ``placement`` (where the protected copies live) are opaque to
+    the coordinator."""
+
+    snapshot_id: int
+    step: int
+    round: int
+    world_size: int
+    layout: bytes
+    placement: bytes
     committed_ms: int
 
 

@@ -105,8 +105,12 @@ UNSAFE_ACCEPT_STALE_FENCE = os.environ.get("RALLYPOINT_UNSAFE_ACCEPT_STALE_FENCE
 # 5: the rendezvous state carries ``next_participant_id`` (a JoinBatch handed out ids beyond
 # the log); written only while that is set, format 4 otherwise, so a cluster that runs no
 # batch writes the bytes it always wrote and an older member refuses only what it cannot read.
-SNAPSHOT_FORMAT = 5
-_SNAPSHOT_FORMATS = {2: 5, 3: 6, 4: 6, 5: 6}  # format -> fields per session
+# 6: a job's checkpoint registry may carry its latest memory snapshot (checkpoints.py), and
+# the rendezvous state carries ``next_participant_id`` as in 5 (0 when unset); written only
+# while some job holds a memory snapshot (``Rendezvous.snapshot_format`` picks the oldest
+# format that holds the state).
+SNAPSHOT_FORMAT = 6
+_SNAPSHOT_FORMATS = {2: 5, 3: 6, 4: 6, 5: 6, 6: 6}  # format -> fields per session
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _DECIMAL = re.compile(rb"-?[0-9]+")
 
@@ -504,7 +508,7 @@ class StateMachine:
         ]
         return codec.pack_sliced(
             [
-                SNAPSHOT_FORMAT if self.rendezvous.next_participant_id else 4,
+                self.rendezvous.snapshot_format(),
                 self.applied_index,
                 self.now_ms,
                 self.revision,
@@ -562,7 +566,9 @@ class StateMachine:
         history = WatchHistory(self.limits.max_history_events, self.limits.max_history_bytes)
         history.restore(_int(obj[8]), [codec.from_obj(item, Event) for item in _list(obj[9])])
         rendezvous = Rendezvous(self.limits.rendezvous)
-        rendezvous.restore(obj[10], lifecycle=obj[0] >= 4, high_water=obj[0] >= 5)
+        rendezvous.restore(
+            obj[10], lifecycle=obj[0] >= 4, high_water=obj[0] >= 5, memory_snapshots=obj[0] >= 6
+        )
 
         self.applied_index, self.now_ms, self.revision = applied_index, now_ms, revision
         self.kv = KeyValueStore()

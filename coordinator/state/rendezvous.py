@@ -848,6 +848,15 @@ class Rendezvous:
 
     # ----------------------------------------------------------------- snapshots
 
+    def snapshot_format(self) -> int:
+        """The oldest machine snapshot format that can hold this state (``machine.py``):
+        6 while a job holds a memory snapshot, else 5 while ``next_participant_id`` is set,
+        else 4. So a cluster that uses neither writes the bytes it always wrote, and an
+        older member refuses only a snapshot it cannot read."""
+        if any(job.checkpoints.memory is not None for job in self.jobs.values()):
+            return 6
+        return 5 if self.next_participant_id else 4
+
     def to_obj(self) -> list[Any]:
         jobs = []
         for job_id in sorted(self.jobs):
@@ -870,12 +879,12 @@ class Rendezvous:
                     job.failure,
                 ]
             )
-        # next_participant_id only when set (snapshot format 5): without batches the bytes
-        # are those of format 4.
+        # next_participant_id only in formats 5 and later (see snapshot_format): without
+        # batches or memory snapshots the bytes are those of format 4.
         return [
             self.revision,
             jobs,
-            *([self.next_participant_id] if self.next_participant_id else []),
+            *([self.next_participant_id] if self.snapshot_format() >= 5 else []),
         ]
 
     def copy(self) -> Rendezvous:
@@ -886,10 +895,19 @@ class Rendezvous:
         clone.revision, clone.next_participant_id = self.revision, self.next_participant_id
         return clone
 
-    def restore(self, obj: Any, *, lifecycle: bool = True, high_water: bool = False) -> None:
+    def restore(
+        self,
+        obj: Any,
+        *,
+        lifecycle: bool = True,
+        high_water: bool = False,
+        memory_snapshots: bool = False,
+    ) -> None:
         """Restore from :meth:`to_obj`'s form; ``lifecycle`` False reads a snapshot written
         before jobs had a lifecycle (10 fields per job: a closed job ended when its last
-        round did); ``high_water`` True one that carries ``next_participant_id``."""
+        round did); ``high_water`` True one that carries ``next_participant_id``;
+        ``memory_snapshots`` True one whose checkpoint registries may carry a memory
+        snapshot (format 6)."""
         length = 3 if high_water else 2
         if not (isinstance(obj, list) and len(obj) == length and isinstance(obj[1], list)):
             raise codec.StateCodecError(f"malformed rendezvous state: {obj!r}"[:200])
@@ -911,7 +929,7 @@ class Rendezvous:
             job.waiting = list(codec.from_obj(item[6], tuple[int, ...]))
             job.history = list(codec.from_obj(item[7], tuple[RoundRecord, ...]))
             job.store = None if item[8] is None else RoundStore.from_obj(item[8])
-            job.checkpoints = CheckpointRegistry.from_obj(item[9])
+            job.checkpoints = CheckpointRegistry.from_obj(item[9], memory=memory_snapshots)
             if lifecycle:
                 job.outcome = codec.from_obj(item[10], JobState)
                 job.ended_ms = codec.from_obj(item[11], int)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from .codec import record
 from .errors import Failure
-from .jobs import CheckpointInfo, RoundState
+from .jobs import CheckpointInfo, MemorySnapshotInfo, RoundState
 from .values import KeyValue
 
 
@@ -239,6 +239,14 @@ class CheckpointCommitResult(Success):
 @dataclass(frozen=True, slots=True)
 class CheckpointAbortResult(Success):
     checkpoint_id: int
+
+
+@record(159)
+@dataclass(frozen=True, slots=True)
+class MemorySnapshotCommitResult(Success):
+    """The memory snapshot now recorded as the job's latest."""
+
+    snapshot: MemorySnapshotInfo
 
 
 Result = Success | Failure

@@ -29,6 +29,7 @@ from .jobs import (
     CheckpointInfo,
     JobConfig,
     JobState,
+    MemorySnapshotInfo,
     Participant,
     ParticipantAssignment,
     Round,
@@ -45,6 +46,8 @@ __all__ = ["CheckpointsView", "JobView", "RendezvousView", "RoundStoreView", "St
 
 class CheckpointsView(Protocol):
     def latest(self) -> CheckpointInfo | None: ...
+
+    def latest_memory_snapshot(self) -> MemorySnapshotInfo | None: ...
 
 
 class RoundStoreView(Protocol):

@@ -203,6 +203,24 @@ class CheckpointInfo(_message.Message):
     committed_ms: int
     def __init__(self, checkpoint_id: _Optional[int] = ..., step: _Optional[int] = ..., round: _Optional[int] = ..., world_size: _Optional[int] = ..., layout: _Optional[bytes] = ..., uri: _Optional[str] = ..., committed_ms: _Optional[int] = ...) -> None: ...
 
+class MemorySnapshotInfo(_message.Message):
+    __slots__ = ("snapshot_id", "step", "round", "world_size", "layout", "placement", "committed_ms")
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_MS_FIELD_NUMBER: _ClassVar[int]
+    snapshot_id: int
+    step: int
+    round: int
+    world_size: int
+    layout: bytes
+    placement: bytes
+    committed_ms: int
+    def __init__(self, snapshot_id: _Optional[int] = ..., step: _Optional[int] = ..., round: _Optional[int] = ..., world_size: _Optional[int] = ..., layout: _Optional[bytes] = ..., placement: _Optional[bytes] = ..., committed_ms: _Optional[int] = ...) -> None: ...
+
 class ConfigureRequest(_message.Message):
     __slots__ = ("header", "job", "config")
     HEADER_FIELD_NUMBER: _ClassVar[int]
@@ -462,18 +480,20 @@ class GetJobRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., serializable: _Optional[bool] = ...) -> None: ...
 
 class GetJobResponse(_message.Message):
-    __slots__ = ("header", "config", "round", "history", "latest_checkpoint")
+    __slots__ = ("header", "config", "round", "history", "latest_checkpoint", "latest_memory_snapshot")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     LATEST_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    LATEST_MEMORY_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.ResponseHeader
     config: JobConfig
     round: RoundInfo
     history: _containers.RepeatedCompositeFieldContainer[RoundRecord]
     latest_checkpoint: CheckpointInfo
-    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., config: _Optional[_Union[JobConfig, _Mapping]] = ..., round: _Optional[_Union[RoundInfo, _Mapping]] = ..., history: _Optional[_Iterable[_Union[RoundRecord, _Mapping]]] = ..., latest_checkpoint: _Optional[_Union[CheckpointInfo, _Mapping]] = ...) -> None: ...
+    latest_memory_snapshot: MemorySnapshotInfo
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., config: _Optional[_Union[JobConfig, _Mapping]] = ..., round: _Optional[_Union[RoundInfo, _Mapping]] = ..., history: _Optional[_Iterable[_Union[RoundRecord, _Mapping]]] = ..., latest_checkpoint: _Optional[_Union[CheckpointInfo, _Mapping]] = ..., latest_memory_snapshot: _Optional[_Union[MemorySnapshotInfo, _Mapping]] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
     __slots__ = ("serializable",)
@@ -884,3 +904,43 @@ class CheckpointLatestResponse(_message.Message):
     header: _common_pb2.ResponseHeader
     checkpoint: CheckpointInfo
     def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointInfo, _Mapping]] = ...) -> None: ...
+
+class MemorySnapshotCommitRequest(_message.Message):
+    __slots__ = ("header", "fence", "step", "world_size", "layout", "placement")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.RequestHeader
+    fence: CheckpointFence
+    step: int
+    world_size: int
+    layout: bytes
+    placement: bytes
+    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., fence: _Optional[_Union[CheckpointFence, _Mapping]] = ..., step: _Optional[int] = ..., world_size: _Optional[int] = ..., layout: _Optional[bytes] = ..., placement: _Optional[bytes] = ...) -> None: ...
+
+class MemorySnapshotCommitResponse(_message.Message):
+    __slots__ = ("header", "snapshot")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    snapshot: MemorySnapshotInfo
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., snapshot: _Optional[_Union[MemorySnapshotInfo, _Mapping]] = ...) -> None: ...
+
+class MemorySnapshotLatestRequest(_message.Message):
+    __slots__ = ("job", "serializable")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    SERIALIZABLE_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    serializable: bool
+    def __init__(self, job: _Optional[str] = ..., serializable: _Optional[bool] = ...) -> None: ...
+
+class MemorySnapshotLatestResponse(_message.Message):
+    __slots__ = ("header", "snapshot")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    snapshot: MemorySnapshotInfo
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., snapshot: _Optional[_Union[MemorySnapshotInfo, _Mapping]] = ...) -> None: ...

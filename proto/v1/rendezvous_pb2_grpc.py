@@ -1184,6 +1184,12 @@ class CheckpointRegistryStub:
     round; pending checkpoints of a round are dropped when it ends. The registry keeps the last
     JobConfig.keep_checkpoints committed checkpoints; a commit reports the ones it retired so
     the workers can delete their files.
+
+    In-memory snapshots. Besides disk checkpoints, a job records its latest complete in-memory
+    snapshot: a step whose every rank's state is protected in peers' memory. CommitMemorySnapshot
+    is fenced like Commit (a zombie cannot record one); the registry keeps only the newest (a
+    later commit replaces it) and keeps it across round ends, so every rank of a later round
+    reads the same one (LatestMemorySnapshot) to restore from.
     """
 
     def __init__(self, channel):
@@ -1217,6 +1223,16 @@ class CheckpointRegistryStub:
                 request_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.CheckpointLatestRequest.SerializeToString,
                 response_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.CheckpointLatestResponse.FromString,
                 _registered_method=True)
+        self.CommitMemorySnapshot = channel.unary_unary(
+                '/rallypoint.v1.CheckpointRegistry/CommitMemorySnapshot',
+                request_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.MemorySnapshotCommitRequest.SerializeToString,
+                response_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.MemorySnapshotCommitResponse.FromString,
+                _registered_method=True)
+        self.LatestMemorySnapshot = channel.unary_unary(
+                '/rallypoint.v1.CheckpointRegistry/LatestMemorySnapshot',
+                request_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.MemorySnapshotLatestRequest.SerializeToString,
+                response_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.MemorySnapshotLatestResponse.FromString,
+                _registered_method=True)
 
 
 class CheckpointRegistryServicer:
@@ -1225,6 +1241,12 @@ class CheckpointRegistryServicer:
     round; pending checkpoints of a round are dropped when it ends. The registry keeps the last
     JobConfig.keep_checkpoints committed checkpoints; a commit reports the ones it retired so
     the workers can delete their files.
+
+    In-memory snapshots. Besides disk checkpoints, a job records its latest complete in-memory
+    snapshot: a step whose every rank's state is protected in peers' memory. CommitMemorySnapshot
+    is fenced like Commit (a zombie cannot record one); the registry keeps only the newest (a
+    later commit replaces it) and keeps it across round ends, so every rank of a later round
+    reads the same one (LatestMemorySnapshot) to restore from.
     """
 
     def Begin(self, request, context):
@@ -1267,6 +1289,26 @@ class CheckpointRegistryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CommitMemorySnapshot(self, request, context):
+        """Records a complete in-memory snapshot of `step`, replacing the job's previous one; its id
+        is the raft index of the commit. world_size must equal the round's; layout and placement
+        are opaque to the coordinator and bounded (1 MiB each by default). Errors:
+        INVALID_ARGUMENT, FAILED_PRECONDITION (STALE_ROUND, STALE_TOKEN), RESOURCE_EXHAUSTED
+        (LIMIT_EXCEEDED: layout or placement too large), NOT_FOUND (job, session), UNAVAILABLE.
+        A member that predates this RPC answers UNIMPLEMENTED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LatestMemorySnapshot(self, request, context):
+        """The job's latest committed in-memory snapshot (any round); absent when there is none.
+        Linearizable unless `serializable`. Errors: NOT_FOUND (job), UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CheckpointRegistryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1295,6 +1337,16 @@ def add_CheckpointRegistryServicer_to_server(servicer, server):
                     request_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.CheckpointLatestRequest.FromString,
                     response_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.CheckpointLatestResponse.SerializeToString,
             ),
+            'CommitMemorySnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitMemorySnapshot,
+                    request_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.MemorySnapshotCommitRequest.FromString,
+                    response_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.MemorySnapshotCommitResponse.SerializeToString,
+            ),
+            'LatestMemorySnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.LatestMemorySnapshot,
+                    request_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.MemorySnapshotLatestRequest.FromString,
+                    response_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.MemorySnapshotLatestResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'rallypoint.v1.CheckpointRegistry', rpc_method_handlers)
@@ -1309,6 +1361,12 @@ class CheckpointRegistry:
     round; pending checkpoints of a round are dropped when it ends. The registry keeps the last
     JobConfig.keep_checkpoints committed checkpoints; a commit reports the ones it retired so
     the workers can delete their files.
+
+    In-memory snapshots. Besides disk checkpoints, a job records its latest complete in-memory
+    snapshot: a step whose every rank's state is protected in peers' memory. CommitMemorySnapshot
+    is fenced like Commit (a zombie cannot record one); the registry keeps only the newest (a
+    later commit replaces it) and keeps it across round ends, so every rank of a later round
+    reads the same one (LatestMemorySnapshot) to restore from.
     """
 
     @staticmethod
@@ -1436,6 +1494,60 @@ class CheckpointRegistry:
             '/rallypoint.v1.CheckpointRegistry/Latest',
             rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.CheckpointLatestRequest.SerializeToString,
             rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.CheckpointLatestResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitMemorySnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rallypoint.v1.CheckpointRegistry/CommitMemorySnapshot',
+            rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.MemorySnapshotCommitRequest.SerializeToString,
+            rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.MemorySnapshotCommitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LatestMemorySnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rallypoint.v1.CheckpointRegistry/LatestMemorySnapshot',
+            rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.MemorySnapshotLatestRequest.SerializeToString,
+            rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.MemorySnapshotLatestResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -271,6 +271,12 @@ class CheckpointRegistryStub:
     Latest: grpc.aio.UnaryUnaryMultiCallable[
         _rendezvous_pb2.CheckpointLatestRequest, _rendezvous_pb2.CheckpointLatestResponse
     ]
+    CommitMemorySnapshot: grpc.aio.UnaryUnaryMultiCallable[
+        _rendezvous_pb2.MemorySnapshotCommitRequest, _rendezvous_pb2.MemorySnapshotCommitResponse
+    ]
+    LatestMemorySnapshot: grpc.aio.UnaryUnaryMultiCallable[
+        _rendezvous_pb2.MemorySnapshotLatestRequest, _rendezvous_pb2.MemorySnapshotLatestResponse
+    ]
 
 class CheckpointRegistryServicer:
     async def Begin(
@@ -308,6 +314,22 @@ class CheckpointRegistryServicer:
             _rendezvous_pb2.CheckpointLatestRequest, _rendezvous_pb2.CheckpointLatestResponse
         ],
     ) -> _rendezvous_pb2.CheckpointLatestResponse: ...
+    async def CommitMemorySnapshot(
+        self,
+        request: _rendezvous_pb2.MemorySnapshotCommitRequest,
+        context: grpc.aio.ServicerContext[
+            _rendezvous_pb2.MemorySnapshotCommitRequest,
+            _rendezvous_pb2.MemorySnapshotCommitResponse,
+        ],
+    ) -> _rendezvous_pb2.MemorySnapshotCommitResponse: ...
+    async def LatestMemorySnapshot(
+        self,
+        request: _rendezvous_pb2.MemorySnapshotLatestRequest,
+        context: grpc.aio.ServicerContext[
+            _rendezvous_pb2.MemorySnapshotLatestRequest,
+            _rendezvous_pb2.MemorySnapshotLatestResponse,
+        ],
+    ) -> _rendezvous_pb2.MemorySnapshotLatestResponse: ...
 
 def add_CheckpointRegistryServicer_to_server(
     servicer: CheckpointRegistryServicer, server: grpc.aio.Server

@@ -72,7 +72,7 @@ def job_fields(request: Any) -> list[str]:
 
 def test_every_method_of_every_public_service_has_exactly_one_rule() -> None:
     methods = [name for name, _ in public_methods()]
-    assert len(methods) == len(set(methods)) == 51
+    assert len(methods) == len(set(methods)) == 53
     assert sorted(RULES) == sorted(methods)
 
 
@@ -420,6 +420,46 @@ async def test_a_read_token_reads_everything_and_writes_nothing(cluster: Cluster
     assert denied(put, "read", "write keys or leases", "KV/Put")
     join = await fails(read.join(headers, "A"))
     assert denied(join, "read", "take part in job 'A'", "Rendezvous/Join")
+
+
+async def test_memory_snapshots_are_a_jobs_own_to_record_and_read(cluster: Cluster) -> None:
+    job_a, job_b, read = cluster["job:A"], cluster["job:B"], cluster["read"]
+    a_headers, b_headers = await job_a.open_session(), await job_b.open_session()
+    joined = await job_a.join(a_headers, "A")
+    await job_b.join(b_headers, "B")
+    fence = rendezvous_pb2.CheckpointFence(
+        job="A", round=joined.round.round, fencing_token=joined.round.fencing_token
+    )
+
+    def commit(caller: Caller, headers: Headers, job: str) -> Any:
+        request = rendezvous_pb2.MemorySnapshotCommitRequest(
+            header=headers(),
+            fence=rendezvous_pb2.CheckpointFence(
+                job=job, round=fence.round, fencing_token=fence.fencing_token
+            ),
+            step=4,
+            world_size=1,
+        )
+        return caller.checkpoints.CommitMemorySnapshot(request, metadata=caller.metadata)
+
+    def latest(caller: Caller, job: str) -> Any:
+        request = rendezvous_pb2.MemorySnapshotLatestRequest(job=job)
+        return caller.checkpoints.LatestMemorySnapshot(request, metadata=caller.metadata)
+
+    committed = await commit(job_a, a_headers, "A")
+    assert (await latest(job_a, "A")).snapshot == committed.snapshot
+    assert (await latest(read, "A")).snapshot == committed.snapshot
+    refusals = [
+        (commit(job_a, a_headers, "B"), "job:A", "take part in job 'B'", "CommitMemorySnapshot"),
+        (latest(job_a, "B"), "job:A", "read job 'B'", "LatestMemorySnapshot"),
+        (commit(read, await read.open_session(), "A"), "read", "take part in job 'A'",
+         "CommitMemorySnapshot"),
+    ]  # fmt: skip
+    proposals = len(cluster.node.proposals)
+    for call, role, lacked, method in refusals:
+        failure = await fails(call)
+        assert denied(failure, role, lacked, f"CheckpointRegistry/{method}"), failure.details
+    assert len(cluster.node.proposals) == proposals  # nothing refused reached the log
 
 
 async def test_no_or_an_unknown_token_is_unauthenticated(cluster: Cluster) -> None:

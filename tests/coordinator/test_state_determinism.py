@@ -34,6 +34,7 @@ from rallypoint.coordinator.state.commands import (
     LeaseRevoke,
     Leave,
     MemberFailed,
+    MemorySnapshotCommit,
     OwnedSessionOpen,
     PruneJobs,
     Put,
@@ -161,6 +162,7 @@ def rendezvous_commands(
     rank = rng.choice(unreported) if rng.random() < 0.8 else rng.randrange(0, world_size + 1)
     step = rng.randrange(0, 1_000)
     commit = CheckpointCommit(job_id, round_number, token, checkpoint_id)
+    begin = CheckpointBegin(job_id, round_number, token, step, world_size, value, "u")
     ready = [commit] * 8 if checkpoint_id and unreported == [world_size] else []
     return [
         *ready,
@@ -179,7 +181,12 @@ def rendezvous_commands(
         StoreAdd(job_id, round_number, pid, key, rng.randrange(-3, 4)),
         StoreCompareSet(job_id, round_number, pid, key, rng.choice([b"", value]), value),
         StoreDelete(job_id, round_number, pid, key),
-        *[CheckpointBegin(job_id, round_number, token, step, world_size, value, "u")] * 2,
+        begin,
+        # Now and then in the place of a second begin, chosen by the step rather than by
+        # another draw, so the seeded logs stay as they were.
+        MemorySnapshotCommit(job_id, round_number, token, step, world_size, value, key)
+        if step % 5 == 0
+        else begin,
         CheckpointShardDone(job_id, round_number, token, checkpoint_id, rank),
         CheckpointShardDone(job_id, round_number, token, checkpoint_id, rank),
         commit,
@@ -258,6 +265,7 @@ def test_the_random_log_exercises_the_interesting_paths() -> None:
         "StoreSetResult", "StoreAddResult", "StoreCompareSetResult", "StoreDeleteResult",
         "CheckpointBeginResult", "ShardDoneResult", "CheckpointAbortResult", "StaleRound",
         "StaleToken", "ConfigConflict", "NameTaken", "RoundTrainedResult", "PruneJobsResult",
+        "MemorySnapshotCommitResult",
     } <= kinds  # fmt: skip
 
 

@@ -39,7 +39,7 @@ from rallypoint.coordinator.state.jobs import (
     RendezvousLimits,
     RoundState,
 )
-from rallypoint.coordinator.state.machine import SNAPSHOT_FORMAT, Limits, StateMachine
+from rallypoint.coordinator.state.machine import Limits, StateMachine
 from rallypoint.coordinator.state.results import JoinBatchResult, JoinResult, Result
 
 from .job_replica import CONFIG, JobReplica
@@ -246,7 +246,7 @@ def test_the_high_water_mark_survives_a_snapshot_in_format_5_and_only_then() -> 
     assert codec.unpack(r.sm.snapshot())[0] == 4  # no batch ahead of the log: as before
     ids = joined(batch(r, s, ["b", "c", "d"], BIG)).participant_ids
     image = r.sm.snapshot()
-    assert codec.unpack(image)[0] == SNAPSHOT_FORMAT == 5
+    assert codec.unpack(image)[0] == 5
     restored = StateMachine()
     restored.restore(image)
     assert restored.snapshot() == image

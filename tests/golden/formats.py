@@ -27,6 +27,7 @@ RAFT = GOLDEN / "raft"  # <type>-<MsgName>.msgpack/.json: raft/codec.py's encode
 PEER = GOLDEN / "peer"  # <Message>.binpb/.json: proto/peer/v1 messages
 DATA = GOLDEN / "data"  # a member's wal/ and snap/, as DiskStorage lays them out
 RECORDS = GOLDEN / "records.json"  # every state record type's fields, per format version
+SNAPSHOTS = GOLDEN / "snapshots"  # format<N>-snapshot.msgpack: StateMachine.snapshot() bytes
 # records.json's mark of a field without a default.
 REQUIRED = {"required": True}
 DATA_SEGMENT_SIZE_BYTES = 4096  # the WAL segment size data/ was written with

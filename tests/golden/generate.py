@@ -52,6 +52,7 @@ from rallypoint.coordinator.state.commands import (
     LeaseRevoke,
     Leave,
     MemberFailed,
+    MemorySnapshotCommit,
     OwnedSessionOpen,
     PruneJobs,
     Put,
@@ -100,6 +101,7 @@ from .formats import (
     RAFT,
     RECORDS,
     REQUIRED,
+    SNAPSHOTS,
     command_file,
     describe,
 )
@@ -157,6 +159,7 @@ SAMPLES: list[Command] = [
     CheckpointShardDone("resnet", 3, 44, 45, 2),
     CheckpointCommit("resnet", 3, 44, 45),
     CheckpointAbort("resnet", 3, 44, 45),
+    MemorySnapshotCommit("resnet", 3, 44, 1_001, 4, b"layout", b"\x01placement"),
 ]
 LEADER_TIME_MS = 1_764_000_000_000
 
@@ -266,6 +269,34 @@ LOG: list[tuple[int, int, int, Command]] = [
     *((14 + i, 10, 2 + i, Put(b"blob/%d" % i, BLOB)) for i in range(12)),
     (26, 3, 9, CompareAndSet(b"steps", b"42", expected_value=b"41")),
 ]
+
+
+# ------------------------------------------------------------------ state-machine snapshots
+
+# (session, sequence, command) applied at indexes 1, 2, ...: a job of two workers whose
+# round commits a disk checkpoint and then a memory snapshot, which makes the snapshot
+# format 6 (the round's fencing token is the raft index of the second join, 4).
+FORMAT6_LOG: list[tuple[int, int, Command]] = [
+    (0, 0, SessionOpen(60_000)),
+    (1, 1, Configure("resnet", JobConfig(min_nodes=2, max_nodes=2))),
+    (1, 2, Join("resnet", "worker-0", b"m0")),
+    (1, 3, Join("resnet", "worker-1", b"m1")),
+    (1, 4, CheckpointBegin("resnet", 1, 4, 100, 2, b"dp2", "file:///ckpt/100")),
+    (1, 5, CheckpointShardDone("resnet", 1, 4, 5, 0)),
+    (1, 6, CheckpointShardDone("resnet", 1, 4, 5, 1)),
+    (1, 7, CheckpointCommit("resnet", 1, 4, 5)),
+    (1, 8, MemorySnapshotCommit("resnet", 1, 4, 101, 2, b"dp2", b"\x01rank0@h1,rank1@h0")),
+]
+
+
+def format6_snapshot() -> bytes:
+    machine = StateMachine()
+    for index, (session, sequence, command) in enumerate(FORMAT6_LOG, 1):
+        envelope = Envelope(session, sequence, 0, LEADER_TIME_MS + 100 * index, command)
+        machine.apply(index, encode_envelope(envelope))
+    image = machine.snapshot()
+    assert codec.unpack(image)[0] == 6, "the memory snapshot makes it format 6"
+    return image
 
 
 def entry_data(index: int, session: int, sequence: int, command: Command) -> bytes:
@@ -384,6 +415,7 @@ def main() -> int:
             message.SerializeToString(deterministic=True),
             json_format.MessageToDict(message, preserving_proto_field_name=True),
         )
+    write_new(SNAPSHOTS / "format6-snapshot.msgpack", format6_snapshot())
     if not DATA.exists():
         write_data_dir(DATA)
         print(f"wrote {DATA.relative_to(GOLDEN)}")

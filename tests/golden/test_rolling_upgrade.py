@@ -14,7 +14,7 @@ import pytest
 from rallypoint.coordinator.members import MemberAddress, decode_app_snapshot
 from rallypoint.coordinator.node import _unwrap
 from rallypoint.coordinator.state.codec import StateCodecError
-from rallypoint.coordinator.state.jobs import JobConfig, RoundState
+from rallypoint.coordinator.state.jobs import JobConfig, MemorySnapshotInfo, RoundState
 from rallypoint.coordinator.state.machine import SNAPSHOT_FORMAT, StateMachine
 from rallypoint.raft.codec import decode_conf_change
 from rallypoint.raft.storage.disk_storage import DiskStorage
@@ -22,7 +22,7 @@ from rallypoint.raft.storage.snapshotter import decode_snapshot_file, encode_sna
 from rallypoint.raft.storage.wal import WAL
 from rallypoint.raft.types import ConfChangeType, Entry, EntryType, HardState, Index, Term
 
-from .formats import DATA, DATA_SEGMENT_SIZE_BYTES, ENTRY_HEADER
+from .formats import DATA, DATA_SEGMENT_SIZE_BYTES, ENTRY_HEADER, SNAPSHOTS
 
 BLOB = bytes(range(256)) + b"golden" * 20  # generate.py's blob values
 
@@ -113,6 +113,27 @@ def test_the_snapshot_file_and_its_state_encode_as_they_were_written() -> None:
     assert machine.applied_index == 9
     if msgpack.unpackb(state)[0] in (4, SNAPSHOT_FORMAT):  # formats written today: canonical
         assert machine.snapshot() == state
+
+
+def test_a_format_6_snapshot_restores_its_memory_snapshot_and_encodes_the_same() -> None:
+    # generate.py's FORMAT6_LOG: a job of two workers, a disk checkpoint committed at 8 and
+    # a memory snapshot at 9, in round 1 (token 4).
+    data = (SNAPSHOTS / "format6-snapshot.msgpack").read_bytes()
+    assert msgpack.unpackb(data)[0] == 6
+    machine = StateMachine()
+    machine.restore(data)
+    assert machine.applied_index == 9
+    registry = machine.rendezvous.jobs["resnet"].checkpoints
+    disk = registry.latest()
+    assert disk is not None and (disk.checkpoint_id, disk.step, disk.uri) == (
+        5,
+        100,
+        "file:///ckpt/100",
+    )
+    assert registry.latest_memory_snapshot() == MemorySnapshotInfo(
+        9, 101, 1, 2, b"dp2", b"\x01rank0@h1,rank1@h0", 1_764_000_000_900
+    )
+    assert machine.snapshot() == data
 
 
 def append_entry(data_dir: Path, envelope: list[object]) -> None:

@@ -2,7 +2,11 @@
 
     python -m rallypoint.worker.demo_train --endpoints A,B,C --job demo --name w1 \\
         --checkpoint-dir DIR [--max-steps N] [--checkpoint-every K] [--restore auto|checkpoint]
-        [--token TOKEN]
+        [--token TOKEN] [--fsdp] [--snapshot-every K [--snapshot-copies R] [--host NAME]]
+
+``--fsdp`` shards the model over the world with FSDP2 (``fully_shard``), rebuilt at every
+formation; ``--snapshot-every`` takes in-memory snapshots protected on workers of other hosts
+(``--host`` names this worker's), from which a lost worker's shards come back.
 
 The data is a regression problem made from a fixed seed (the same in every process): inputs
 drawn from a normal distribution, targets from a random "teacher" MLP plus a little noise,
@@ -63,13 +67,28 @@ def make_model() -> torch.nn.Module:
     )
 
 
-def make_state() -> TrainState:
+def make_state(*, fsdp: bool = False) -> TrainState:
     model = make_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
     sampler = ElasticSampler(
         NUM_SAMPLES, batch_size=BATCH_SIZE, rank=0, world_size=1, seed=SAMPLER_SEED, drop_last=True
     )
-    return TrainState(model, optimizer, sampler)
+    return TrainState(model, optimizer, sampler, build=build_sharded if fsdp else None)
+
+
+def build_sharded() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The model sharded with FSDP2 over every rank of the current world (each layer its
+    own unit), and its optimizer: made again at every formation."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+    model = make_model()
+    for layer in model.children():
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model, torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
 
 
 def state_digest(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
@@ -112,20 +131,28 @@ def train(
     """The training loop (the API's whole surface, as the README shows it)."""
     inputs, targets = make_data()
     state = run.state
-    model, optimizer = state.model, state.optimizer
     assert state.sampler is not None
     for round_ in run.rounds():
         if after_formed is not None:
             after_formed(run)
+        # A sharded model is made again for each world (TrainState.build).
+        model, optimizer = state.model, state.optimizer
         for batch in round_.batches():
-            loss = torch.nn.functional.mse_loss(model(inputs[batch]), targets[batch])
-            loss.backward()  # type: ignore[no-untyped-call]
-            round_.all_reduce_gradients(model)
-            optimizer.step()
-            optimizer.zero_grad()
+            # FSDP2 runs collectives inside the forward and backward passes: a lost peer
+            # ends the round there (round.step()); a replicated model's gradients are
+            # reduced by the loop, abandonably.
+            loss: torch.Tensor | None = None
+            with round_.step():
+                loss = torch.nn.functional.mse_loss(model(inputs[batch]), targets[batch])
+                loss.backward()  # type: ignore[no-untyped-call]
+                if state.build is None:
+                    round_.all_reduce_gradients(model)
+                optimizer.step()
+                optimizer.zero_grad()
+            loss_value = loss.item() if loss is not None else None
             sampler = state.sampler
             epoch, start = sampler.epoch, sampler.position
-            if round_.step_done(checkpoint_every=checkpoint_every, loss=loss.item()):
+            if round_.step_done(checkpoint_every=checkpoint_every, loss=loss_value):
                 emit(
                     "step",
                     {
@@ -138,7 +165,7 @@ def train(
                         "epoch": epoch,
                         "start": start,
                         "end": sampler.position,
-                        "loss": loss.item(),
+                        "loss": loss_value,
                     },
                 )
             if step_sleep_s > 0:
@@ -168,6 +195,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # timeout), and for a round to form.
     parser.add_argument("--connect-timeout-s", type=float, default=None)
     parser.add_argument("--join-timeout-s", type=float, default=600.0)
+    parser.add_argument("--fsdp", action="store_true", help="shard the model with FSDP2")
+    parser.add_argument("--snapshot-every", type=int, default=0)
+    parser.add_argument("--snapshot-copies", type=int, default=2)
+    parser.add_argument("--host", default=None, help="this worker's failure domain")
     return parser.parse_args(argv)
 
 
@@ -192,6 +223,9 @@ def open_run(
         token=args.token,
         connect_timeout_s=args.connect_timeout_s,
         join_timeout_s=args.join_timeout_s,
+        snapshot_every=args.snapshot_every,
+        snapshot_copies=args.snapshot_copies,
+        host=args.host,
         **options,
     )
 
@@ -201,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
     # `kill -USR1 <pid>` prints every thread's stack: where a stuck worker waits.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     torch.set_num_threads(1)
-    state = make_state()
+    state = make_state(fsdp=args.fsdp)
     with open_run(args, state) as run:
         train(run, checkpoint_every=args.checkpoint_every, step_sleep_s=args.step_sleep_s)
     sys.stdout.flush()

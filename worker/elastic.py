@@ -161,7 +161,16 @@ from .checkpoint import (
     RestoreSource,
     broadcast_state,
     delete_checkpoints,
+    describe_layout,
     restore_state,
+)
+from .memory import (
+    MemorySnapshots,
+    PendingSnapshot,
+    RegisteredSnapshot,
+    SnapshotError,
+    SnapshotId,
+    SnapshotPlacement,
 )
 from .patience import Patience, one_line_at_exit
 from .sampler import ElasticSampler
@@ -201,6 +210,12 @@ class TrainState:
             loop's ``batches(loader)`` gets a loader of its own).
         step: optimizer steps taken by the whole world (see above).
         extra: anything picklable to checkpoint with the state, the same on every rank.
+        build: for a model sharded over the world (FSDP2's ``fully_shard`` over a mesh of
+            the world's ranks): makes a new model and optimizer for the current world,
+            called at every formation once the process group is up; the state is then
+            restored into them (from peers' memory or disk, resharded). ``model`` and
+            ``optimizer`` are replaced: read them from the state in each round. None: the
+            model is replicated and kept across rounds.
     """
 
     model: torch.nn.Module
@@ -210,6 +225,7 @@ class TrainState:
     # state after exactly ``step`` steps (the sampler's position matches them).
     step: int = 0
     extra: Any = None
+    build: Callable[[], tuple[torch.nn.Module, torch.optim.Optimizer]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,6 +329,8 @@ class ElasticRound:
         self._step_started_s = time.monotonic()
         self._step_done_s = 0.0
         self._compute_ms = 0.0
+        # The default group's collective timeout as step() last set it (sharded models).
+        self._step_timeout_s = 0.0
 
     def __repr__(self) -> str:
         return (
@@ -408,6 +426,57 @@ class ElasticRound:
             if not produced and sampler is None:
                 return  # a loader with no sampler of ours: its end is the end
 
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        """Wrap a step whose model runs collectives of its own (FSDP2's all-gathers in the
+        forward pass and reduce-scatters in the backward pass): when one of them fails (a
+        peer was lost) the round ends and the step does not count, instead of the error
+        ending the program; the loop moves to the next round. Errors that are not a
+        collective's are raised as they are. For a sharded model (``TrainState.build``)
+        each of the step's collectives is bounded by the job's hang verdict (hang_factor x
+        the step time, at least hang_floor_s): gloo cannot be interrupted, and a rank whose
+        neighbour in a collective gave up on a lost peer would otherwise wait out
+        ``collective_timeout_s``.
+
+        ::
+
+            for batch in round.batches():
+                with round.step():
+                    loss_fn(model(x[batch]), y[batch]).backward()
+                    optimizer.step()
+                    optimizer.zero_grad()
+                round.step_done()
+        """
+        sharded = self.run.state.build is not None
+        if sharded and dist.is_initialized():
+            # The step's collectives are synchronous and gloo cannot be interrupted: bound
+            # each by the coordinator's own hang verdict (hang_factor x the step time, at
+            # least hang_floor_s; startup_timeout_s before the round's first step), so a
+            # rank waiting on a peer that is gone leaves within that bound.
+            config = self.run.config
+            if self.steps_trained == 0:
+                bound_s = config.startup_timeout_ms / 1000
+            else:
+                bound_s = max(
+                    config.hang_floor_ms / 1000, config.hang_factor * self._compute_ms / 1000
+                )
+            bound_s = min(bound_s, self.run.collective_timeout_s)
+            if bound_s != self._step_timeout_s:
+                group = dist.group.WORLD
+                assert group is not None
+                group.set_timeout(timedelta(seconds=bound_s))
+                self._step_timeout_s = bound_s
+        try:
+            yield
+        except RuntimeError as error:
+            if not _collective_failure(error):
+                raise
+            self.end(f"a collective of the step failed: {str(error).splitlines()[0][:200]}")
+            self._step_reduced = False
+            self._awaiting_step_done = False
+            for param in self.run.state.model.parameters():
+                param.grad = None
+
     def all_reduce(
         self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
     ) -> bool:
@@ -472,6 +541,9 @@ class ElasticRound:
             self.run.last_loss = loss
         if checkpoint_every > 0 and state.step % checkpoint_every == 0 and not self.ended:
             self.checkpoint()
+        every = self.run.snapshot_every
+        if every > 0 and state.step % every == 0 and not self.ended:
+            self.snapshot()
         return True
 
     def wait(self, work: dist.Work, what: str) -> bool:
@@ -558,6 +630,51 @@ class ElasticRound:
         # The commit thread waits for the save itself (in order, one save after another).
         self.commits.append(self.commit_thread.submit(self._report, pending))
         return pending
+
+    def snapshot(self) -> PendingSnapshot | None:
+        """Take an in-memory snapshot of the state at its current step (every rank at the
+        same step): training is held only while the state is copied; protecting it on peers
+        and registering it follow in the background. None when skipped (the previous one is
+        still being protected) or when the round ended."""
+        memory, state = self.run.memory, self.run.state
+        if memory is None:
+            raise RuntimeError("in-memory snapshots are off: give elastic_training snapshot_every")
+        try:
+            return memory.take(
+                state.step,
+                state.model,
+                state.optimizer,
+                sampler=state.sampler,
+                extra=state.extra,
+                wait_collective=lambda work: self.wait(work, "the snapshot's agreement"),
+            )
+        except (RuntimeError, SnapshotError) as error:
+            self.end(f"snapshot at step {state.step} failed to start: {error}", broken=True)
+            return None
+
+    def _register_snapshot(
+        self, snapshot: SnapshotId, world_size: int, placement: SnapshotPlacement
+    ) -> bool:
+        """Register a snapshot every rank protected (rank 0's protection thread): fenced by
+        this round, so a zombie's is refused. Whether it was registered."""
+        run = self.run
+        fields = {"round": self.number, "rank": self.rank, "step": snapshot.step}
+        try:
+            self.checkpoints.commit_memory_snapshot(
+                snapshot.step,
+                world_size,
+                layout=describe_layout(run.state.model, world_size).to_bytes(),
+                placement=placement.to_bytes(),
+            )
+        except (StaleRoundError, StaleTokenError) as error:
+            run.emit("snapshot_refused", **fields, error=f"{type(error).__name__}: {error}")
+            return False
+        except RallypointError as error:
+            run.emit("snapshot_failed", **fields, error=f"{type(error).__name__}: {error}")
+            return False
+        blocked_s = run.memory.last_blocked_s if run.memory is not None else 0.0
+        run.emit("snapshot_committed", **fields, blocked_s=blocked_s)
+        return True
 
     def _report(self, pending: PendingCheckpoint) -> None:
         """The commit protocol for one save (see the module docstring); commit thread."""
@@ -663,6 +780,18 @@ class ElasticRun:
             many times the others' median (0: off) ...
         straggler_windows: ... for this many windows in a row ...
         straggler_window_s: ... of this many seconds.
+        snapshot_every: take an in-memory snapshot every this many steps (0: none), kept
+            in this process's memory and protected on peers (worker/memory.py); every
+            worker of the job gives the same. After a failure the world restores the
+            newest registered one from the survivors' memory (source ``memory``) when
+            nothing newer is on disk, losing at most ``snapshot_every`` steps.
+        snapshot_copies: how many copies of each rank's snapshot are kept (its own
+            included), on distinct hosts where the world has enough of them.
+        host: the failure domain this worker runs on (default: the machine's host name);
+            snapshot copies go to workers of other hosts.
+        snapshot_address: the address other workers reach this worker's snapshot server
+            at (default: the address the host name resolves to); the server listens on
+            every interface unless this is a loopback address.
 
     ``on_event(kind, fields)`` hears of each event below; every event's fields also hold
     ``t``, the wall clock in seconds, and ``name``, this worker's.
@@ -686,6 +815,13 @@ class ElasticRun:
             round's checkpoint (a zombie).
         checkpoint_failed: round, rank, step, error. The checkpoint was not committed (the
             round ended under it, or the coordinator was not reached in time).
+        snapshot_committed: round, rank, step, blocked_s. Rank 0 registered the world's
+            in-memory snapshot of ``step``: every rank's copy is protected on its peers
+            (``blocked_s``: how long rank 0's training was held to copy its state).
+        snapshot_refused: round, rank, step, error. The coordinator refused a stale round's
+            snapshot (a zombie's).
+        snapshot_failed: round, rank, step, error. The snapshot was not protected or not
+            registered (a peer was lost under it, the coordinator was not reached).
         rejoined: reason, participant_id. The worker joined again, as a newcomer.
         finished: step, round. The run reached its end.
 
@@ -728,6 +864,10 @@ class ElasticRun:
         straggler_factor: float = 0.0,
         straggler_windows: int = 3,
         straggler_window_s: float = 10.0,
+        snapshot_every: int = 0,
+        snapshot_copies: int = 2,
+        host: str | None = None,
+        snapshot_address: str | None = None,
     ) -> None:
         self.endpoints = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
         self.job = job
@@ -749,6 +889,21 @@ class ElasticRun:
             if not (math.isfinite(seconds) and seconds > 0):
                 raise ValueError(f"elastic_training({setting}={seconds!r}): must be more than 0")
         self.rejoin = rejoin
+        if snapshot_every < 0:
+            raise ValueError(f"elastic_training(snapshot_every={snapshot_every!r}): must be >= 0")
+        self.snapshot_every = snapshot_every
+        self.host = host or socket.gethostname()
+        # This process's in-memory snapshots and their server, across rounds (None: off).
+        self.memory: MemorySnapshots | None = None
+        if snapshot_every > 0:
+            advertise = snapshot_address or socket.gethostbyname(socket.gethostname())
+            loopback = advertise.startswith("127.") or advertise in ("::1", "localhost")
+            self.memory = MemorySnapshots(
+                self.host,
+                copies=snapshot_copies,
+                bind=advertise if loopback else "0.0.0.0",
+                advertise=advertise,
+            )
         self.config = JobConfig(
             min_nodes=min_nodes,
             max_nodes=max_nodes,
@@ -811,6 +966,8 @@ class ElasticRun:
         finally:
             if self._client is not None:
                 self._client.close()
+            if self.memory is not None:
+                self.memory.close()
 
     def _outcome(self, error: object) -> tuple[LeaveOutcome | None, str]:
         """What this worker tells the job as it leaves (the last to leave ends the job by
@@ -989,9 +1146,28 @@ class ElasticRun:
                 raise _RoundGone(round_.end_reason)
             if self.state.sampler is not None:
                 self.state.sampler.set_world(rank, info.world_size)
+            if self.state.build is not None:
+                # A sharded model is laid out for one world: a new one for this world, its
+                # state restored below (what this process held is no longer in place).
+                self.state.model, self.state.optimizer = self.state.build()
+                self._survivor = False
             latest = self.client.latest_checkpoint(self.job)
             checkpoint = Path(latest.uri) if latest is not None else None
-            restored = self._restore(checkpoint, round_)
+            memory_snapshot = None
+            if self.memory is not None:
+                # Collective: the new world's token and placement, before a restore that
+                # may read from the peers' snapshot servers.
+                self.memory.attach(
+                    info.round,
+                    on_complete=round_._register_snapshot,
+                    timeout=timedelta(seconds=self.collective_timeout_s),
+                )
+                registered = self.client.latest_memory_snapshot(self.job)
+                if registered is not None:
+                    memory_snapshot = RegisteredSnapshot(
+                        registered.round, registered.step, registered.world_size
+                    )
+            restored = self._restore(checkpoint, round_, memory_snapshot)
         except (_RoundGone, RuntimeError, RallypointError) as error:
             # Broken (not merely ended) if the coordinator still has the round ACTIVE.
             round_.end(f"forming failed: {str(error).splitlines()[0][:200]}", broken=True)
@@ -1041,11 +1217,16 @@ class ElasticRun:
             timedelta(seconds=self.collective_timeout_s),
         )
 
-    def _restore(self, checkpoint: Path | None, round_: ElasticRound) -> RestoreResult:
+    def _restore(
+        self,
+        checkpoint: Path | None,
+        round_: ElasticRound,
+        memory_snapshot: RegisteredSnapshot | None,
+    ) -> RestoreResult:
         state = self.state
         survivor_step: int | None = state.step if self._survivor else None
         if self.restore_mode == "checkpoint" and checkpoint is not None:
-            survivor_step = None
+            survivor_step, memory_snapshot = None, None
         result = restore_state(
             state.model,
             state.optimizer,
@@ -1053,6 +1234,8 @@ class ElasticRun:
             survivor_step=survivor_step,
             extra=state.extra,
             sampler=state.sampler,
+            memory=self.memory,
+            memory_snapshot=memory_snapshot,
         )
         if result.source is RestoreSource.FRESH:
             replicated = not any(isinstance(p, DTensor) for p in state.model.parameters())
@@ -1091,6 +1274,15 @@ class ElasticRun:
             (at, held) for at, held in self._abandoned if now - at < self.collective_timeout_s + 5
         ]
         self._abandoned.append((now, [round_.checkpointer, *round_.in_flight]))
+
+
+def _collective_failure(error: RuntimeError) -> bool:
+    """Whether ``error`` is a collective's failure (torch's distributed errors, gloo's and
+    NCCL's transport errors), not the training code's."""
+    if isinstance(error, dist.DistError):
+        return True
+    text = str(error)
+    return any(mark in text for mark in ("gloo", "NCCL", "ProcessGroup", "c10d"))
 
 
 class JoinTimeoutError(DeadlineExceededError):

@@ -58,6 +58,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import msgpack
@@ -624,6 +625,8 @@ class MemorySnapshots:
         # The newest snapshot every rank protected and (if asked) the coordinator registered.
         self.latest: SnapshotId | None = None
         self.skipped = 0
+        # How long the last snapshot taken held the training thread (the copy).
+        self.last_blocked_s = 0.0
 
     def close(self) -> None:
         self.server.close()
@@ -640,10 +643,12 @@ class MemorySnapshots:
         *,
         process_group: dist.ProcessGroup | None = None,
         on_complete: OnComplete | None = None,
+        timeout: timedelta | None = None,
     ) -> SnapshotPlacement:
         """Join the current world (collective over ``process_group``, the default group if
         None): learn every rank's host and server, adopt the world's token, make the group
-        the background protection runs its collectives on. Returns the placement."""
+        the background protection runs its collectives on (their ``timeout``: a protection
+        stuck on a dead peer ends by it). Returns the placement."""
         rank = dist.get_rank(process_group)
         token = [secrets.token_bytes(16) if rank == 0 else b""]
         dist.broadcast_object_list(
@@ -655,8 +660,8 @@ class MemorySnapshots:
         dist.all_gather_object(peers, (self.host, self.server.address), group=process_group)
         placement = protectors([host for host, _ in peers], self.copies)
         ranks = dist.get_process_group_ranks(process_group) if process_group else None
-        group = dist.new_group(ranks=ranks, backend="gloo")
-        control = dist.new_group(ranks=ranks, backend="gloo")
+        group = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
+        control = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
         self.server.set_token(token[0])
         self._world = _World(
             round_number=round_number,
@@ -679,13 +684,14 @@ class MemorySnapshots:
         *,
         sampler: ElasticSampler | None = None,
         extra: Any = None,
-        wait_collective: Callable[[dist.Work], None] | None = None,
+        wait_collective: Callable[[dist.Work], bool] | None = None,
     ) -> PendingSnapshot | None:
         """Copy the state (the only time training is held) and protect it in the
         background. Collective: every rank of the world calls it for the same step. Returns
         None (the snapshot is skipped, on every rank alike) while the previous one is still
-        being protected. ``wait_collective`` waits for the one small collective this makes
-        (the elastic loop passes its abandonable wait); by default ``work.wait()``."""
+        being protected, or when ``wait_collective`` gives up on the one small collective
+        this makes (the elastic loop passes its abandonable wait, which returns False when
+        the round ended); by default ``work.wait()``."""
         from .checkpoint import _capture
 
         world = self._world
@@ -698,13 +704,14 @@ class MemorySnapshots:
         work = dist.all_reduce(busy, op=dist.ReduceOp.MAX, group=world.control, async_op=True)
         if work is None:
             raise AssertionError("an async all_reduce returned no work")
-        (wait_collective or _wait)(work)
+        if not (wait_collective or _wait)(work):
+            return None
         if busy.item():
             self.skipped += 1
             return None
         started = time.monotonic()
         staged = _stage(_capture(model, optimizer, step, sampler, extra))
-        blocked_s = time.monotonic() - started
+        blocked_s = self.last_blocked_s = time.monotonic() - started
         snapshot = SnapshotId(world.round_number, step)
         pending = PendingSnapshot(snapshot)
         self._pending = pending
@@ -807,8 +814,9 @@ class _World:
     on_complete: OnComplete | None
 
 
-def _wait(work: dist.Work) -> None:
+def _wait(work: dist.Work) -> bool:
     work.wait()
+    return True
 
 
 # -- restoring -------------------------------------------------------------------------------

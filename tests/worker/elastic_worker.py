@@ -46,7 +46,7 @@ def main() -> None:
     args = parse_args(rest)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     torch.set_num_threads(1)
-    state = make_state()
+    state = make_state(fsdp=args.fsdp)
     paused = False
     run: ElasticRun | None = None
 

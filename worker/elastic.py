@@ -171,6 +171,7 @@ from .memory import (
     SnapshotError,
     SnapshotId,
     SnapshotPlacement,
+    forget_previous_world,
 )
 from .patience import Patience, one_line_at_exit
 from .sampler import ElasticSampler
@@ -1148,7 +1149,9 @@ class ElasticRun:
                 self.state.sampler.set_world(rank, info.world_size)
             if self.state.build is not None:
                 # A sharded model is laid out for one world: a new one for this world, its
-                # state restored below (what this process held is no longer in place).
+                # state restored below (what this process held is no longer in place). torch
+                # would hand its DTensors the previous world's mesh (memory.py says why).
+                forget_previous_world()
                 self.state.model, self.state.optimizer = self.state.build()
                 self._survivor = False
             latest = self.client.latest_checkpoint(self.job)

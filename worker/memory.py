@@ -187,6 +187,27 @@ def protectors(hosts: Sequence[str], copies: int) -> SnapshotPlacement:
     return SnapshotPlacement(tuple(hosts), tuple(holders))
 
 
+def forget_previous_world() -> None:
+    """Clear torch's DTensor caches of the calling thread after the world was formed again.
+
+    torch caches the sharding of DTensor operations by their specs, and a spec's mesh
+    compares equal to the previous world's (same shape, ranks 0..n-1) although this
+    process's coordinate in it may have changed; a cached answer then hands new DTensors
+    the previous world's mesh, whose coordinate is stale: DCP reads the wrong shard (seen
+    as a size mismatch, or worse). Call it after each re-formation, before the model of the
+    new world is made (the elastic loop does)."""
+    from torch.distributed.tensor import DTensor as _DTensor
+    from torch.distributed.tensor import _redistribute
+
+    clear_native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if clear_native is not None:  # torch's C++ fast path keeps a cache of its own
+        clear_native()
+    propagator: Any = _DTensor._op_dispatcher.sharding_propagator
+    propagator.propagate_op_sharding.cache_clear()
+    propagator._propagate_tensor_meta_cached.cache_clear()
+    _redistribute._gen_transform_infos.cache_clear()
+
+
 # -- the wire: one request per connection ----------------------------------------------------
 
 

@@ -16,6 +16,7 @@ Scenarios:
   host-lost  2 copies; ranks 2 and 3 (all of host-b) die: rebuilt from host-a's replicas.
   fallback   1 copy (no replicas) and a disk checkpoint of step 2; rank 3 dies: its shards
              are nowhere in memory, so the restore reads the disk checkpoint (step 2).
+  rank-moved 2 copies; rank 1 dies: the survivors of ranks 2 and 3 take ranks 1 and 2.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from rallypoint.worker import (
     SnapshotPlacement,
     restore_state,
 )
+from rallypoint.worker.memory import forget_previous_world
 
 HOSTS = ("host-a", "host-a", "host-b", "host-b")
 SCENARIOS: dict[str, tuple[int, tuple[int, ...]]] = {
@@ -59,6 +61,8 @@ SCENARIOS: dict[str, tuple[int, tuple[int, ...]]] = {
     "rank-lost": (2, (3,)),
     "host-lost": (2, (2, 3)),
     "fallback": (1, (3,)),
+    # Ranks 2 and 3 become 1 and 2: torch's cached DTensor shardings must not follow them.
+    "rank-moved": (2, (1,)),
 }
 SNAPSHOT_STEPS, TRAINED_STEPS = 3, 4
 
@@ -134,6 +138,7 @@ def main() -> None:
     survivors = [r for r in range(4) if r not in dying]
     new_rank, world_size = survivors.index(rank), len(survivors)
     init_world(new_rank, world_size, int(os.environ["SECOND_PORT"]))
+    forget_previous_world()
     memory.attach(2)
     model = sharded_mlp(7, world_size)  # fresh weights: everything must come from the restore
     optimizer = adam(model)

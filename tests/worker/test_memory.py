@@ -80,6 +80,11 @@ def test_a_lost_host_is_rebuilt_from_the_other_hosts_replicas(tmp_path: Path) ->
     assert {s["step"] for s in survivors} == {3}
 
 
+def test_survivors_whose_ranks_moved_restore_their_new_shards(tmp_path: Path) -> None:
+    survivors = run_scenario("rank-moved", (1,), tmp_path)
+    assert [s["source"] for s in survivors] == ["memory"] * 3
+
+
 def test_without_replicas_a_lost_rank_falls_back_to_the_disk(tmp_path: Path) -> None:
     survivors = run_scenario("fallback", (3,), tmp_path)
     assert {s["source"] for s in survivors} == {"disk"}

@@ -1,0 +1,143 @@
+"""One rank of the recovery benchmark's memory figures (bench/recovery_bench.py runs 3).
+
+    python -m bench.memory_ranks RANK WORKDIR SIZE_MB REPEATS
+
+Three ranks on three simulated hosts (one each) hold an FSDP2-sharded model of about
+SIZE_MB MB of parameters (AdamW state doubles it twice over) and take a memory snapshot with
+two copies: each rank's blob on its own host and on the next rank's. The same state is
+saved to disk with the Checkpointer (DCP files). Then the ranks re-form with their ranks
+rotated (new rank i is old rank i-1), so that no rank holds the shards it now needs: each
+restores from the other ranks' memory over their snapshot servers. Alternately, REPEATS
+times: ``restore_from_memory`` and a raw ``dcp.load`` of the disk checkpoint into the same
+(rotated) state dicts. Rank 0 writes WORKDIR/memory-figures.json: medians, bytes, the time
+the training thread was held by the snapshot, and the memory held for redundancy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import get_state_dict
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from rallypoint.worker import Checkpointer, MemorySnapshots, SnapshotId
+from rallypoint.worker.memory import forget_previous_world, holding, restore_from_memory
+
+WORLD = 3
+WIDTH = 1024
+
+
+def sharded_model(layers: int) -> torch.nn.Module:
+    mesh = init_device_mesh("cpu", (WORLD,))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(torch.nn.Linear(WIDTH, WIDTH) for _ in range(layers)))
+    for layer in model.children():
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def init(rank: int, port: int) -> None:
+    store = dist.TCPStore("127.0.0.1", port, WORLD, is_master=rank == 0)
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=WORLD, timeout=timedelta(seconds=120)
+    )
+
+
+def main() -> None:
+    old_rank, workdir = int(sys.argv[1]), Path(sys.argv[2])
+    size_mb, repeats = float(sys.argv[3]), int(sys.argv[4])
+    layers = max(1, int(size_mb * 1024 * 1024 / 4 / (WIDTH * WIDTH)))
+    torch.set_num_threads(1)
+    memory = MemorySnapshots(f"host-{old_rank}", copies=2)
+    init(old_rank, int(os.environ["FIRST_PORT"]))
+    memory.attach(1)
+    model = sharded_model(layers)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, WIDTH)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    pending = memory.take(1, model, optimizer)
+    assert pending is not None
+    taken = pending.wait()
+    Checkpointer(workdir / "disk").save_async(1, model, optimizer).wait()
+    held_bytes = [0] * WORLD
+    dist.all_gather_object(held_bytes, memory.server.held_bytes())
+    state_bytes = [0] * WORLD
+    dist.all_gather_object(state_bytes, taken.state_bytes)
+    blocked = [0.0] * WORLD
+    dist.all_gather_object(blocked, taken.blocked_s)
+    dist.barrier()
+    dist.destroy_process_group()
+    del model, optimizer
+
+    # The same processes, ranks rotated: nobody holds what it now needs.
+    rank = (old_rank + 1) % WORLD
+    init(rank, int(os.environ["SECOND_PORT"]))
+    forget_previous_world()
+    memory.attach(2)
+    snapshot = SnapshotId(1, 1)
+    holdings: list[Any] = [None] * WORLD
+    dist.all_gather_object(holdings, holding(memory, snapshot))
+    (checkpoint,) = (workdir / "disk").iterdir()
+    ours, raw, fetched = [], [], 0
+    for _ in range(repeats):
+        model = sharded_model(layers)
+        optimizer = torch.optim.AdamW(model.parameters())
+        dist.barrier()
+        started = time.perf_counter()
+        _, _, fetched = restore_from_memory(memory, snapshot, holdings, model, optimizer)
+        dist.barrier()
+        ours.append(time.perf_counter() - started)
+
+        model = sharded_model(layers)
+        optimizer = torch.optim.AdamW(model.parameters())
+        dist.barrier()
+        started = time.perf_counter()
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optimizer": optimizer_state, "progress": b""}
+        dcp_load(state, checkpoint_id=str(checkpoint))
+        dist.barrier()
+        raw.append(time.perf_counter() - started)
+    fetched_all = [0] * WORLD
+    dist.all_gather_object(fetched_all, fetched)
+    if rank == 0:
+        total_state = sum(state_bytes)
+        ours_s, raw_s = statistics.median(ours), statistics.median(raw)
+        figures = {
+            "world": WORLD,
+            "state_bytes": total_state,
+            "fetched_from_peers_bytes": sum(fetched_all),
+            "memory_restore_median_s": ours_s,
+            "raw_dcp_median_s": raw_s,
+            "memory_restore_bytes_per_s": total_state / ours_s,
+            "raw_dcp_bytes_per_s": total_state / raw_s,
+            "memory_restore_vs_dcp": raw_s / ours_s,
+            "snapshot_blocked_s": max(blocked),
+            "snapshot_blocked_s_per_gb": max(
+                b / (s / 1e9) for b, s in zip(blocked, state_bytes, strict=True)
+            ),
+            "protect_s": taken.protect_s,
+            "held_bytes": sum(held_bytes),
+            "memory_overhead": sum(held_bytes) / total_state,
+            "repeats": repeats,
+        }
+        (workdir / "memory-figures.json").write_text(json.dumps(figures, indent=1))
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -55,6 +55,7 @@ if TYPE_CHECKING:
         SnapshotPlacement,
         SnapshotServer,
         SnapshotTaken,
+        erasure_protectors,
         protectors,
     )
     from .patience import CoordinatorUnreachableError
@@ -108,6 +109,7 @@ _EXPORTS: dict[str, str] = {
     "describe_layout": "checkpoint",
     "elastic_training": "elastic",
     "epoch_permutation": "sampler",
+    "erasure_protectors": "memory",
     "global_step_size": "sampler",
     "protectors": "memory",
     "rank_slice": "sampler",
@@ -168,6 +170,7 @@ __all__ = [
     "describe_layout",
     "elastic_training",
     "epoch_permutation",
+    "erasure_protectors",
     "global_step_size",
     "protectors",
     "rank_slice",

@@ -17,7 +17,8 @@ the step, sampler position and extra state). A background thread then:
    gets the global metadata back from the save;
 2. pushes its blob to the ranks that protect it (:func:`protectors`: ``copies - 1`` ranks on
    other hosts, spread so that every rank holds about as many replicas as it ships) over a
-   small TCP server every process runs (:class:`SnapshotServer`), and waits for their acks;
+   small TCP server every process runs (:class:`SnapshotServer`), and waits for their acks
+   (erasure-coded: see below);
 3. agrees with every rank that every blob is protected (an all-reduce over the snapshot's own
    process group), and only then calls ``on_complete`` on rank 0 (the elastic loop registers
    the snapshot with the coordinator, fenced by the round; a zombie's registration is
@@ -35,6 +36,22 @@ layout (resharding 4 -> 3 ranks is DCP's work) through a storage reader that fet
 stored item from the process holding it (its own memory when it holds it): bit for bit what
 was snapshotted. Otherwise the restore falls back to the disk checkpoint, saying which ranks
 were lost.
+
+Erasure coding (``MemorySnapshots(host, erasure=(k, m))``), for (k+m)/k of the state at rest
+instead of ``copies`` times. The ranks form groups of k (:func:`erasure_protectors`; the rule
+and the code are in worker/erasure.py), each with m parity shares kept by m ranks chosen for
+host diversity and balance. In step 2 each rank ships its blob to its group's parity holders
+instead (``stage``: kept aside, never counted as held); a parity holder waits for all of its
+group's blobs, computes only its own parity share(s) (zfec, over the blobs zero-padded to the
+longest), keeps them and drops the blobs it received; the agreement of step 3 then means every
+parity share is kept. The placement registered carries every blob's length (from the save's
+metadata), which a rebuilt blob is trimmed to. At rest a process holds its own blob and its
+parity shares. To restore, every group must keep k of its k+m shares (blobs or parity shares
+held by the new world's processes; else the restore falls back to disk naming the group and
+what it lost); a rebuild step first has one process per damaged group (the one holding most
+of its shares) fetch k shares (``read`` and ``read-parity``), decode the lost blobs and keep
+them in its server, agreed by every rank before any reads: then the load above finds every old
+rank's blob held, and what it reads is bit for bit what was snapshotted.
 
 Trust. The servers listen on the address the ranks advertise; every request carries the
 current world's token (random, chosen by rank 0 of each world and sent over the process
@@ -55,9 +72,10 @@ import socketserver
 import struct
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -82,6 +100,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.distributed.tensor import DTensor
 
+from .erasure import MAX_SHARES, decode_blobs, encode_parity, erasure_groups, parity_holders
 from .sampler import ElasticSampler
 
 log = logging.getLogger("rallypoint.worker.memory")
@@ -121,35 +140,98 @@ class RegisteredSnapshot:
         return SnapshotId(self.round, self.step)
 
 
+# The placement's encoding in the coordinator's registry. Version 1 (replication only) had
+# no "version" key; it is still read.
+PLACEMENT_VERSION = 2
+
+
 @dataclass(frozen=True, slots=True)
 class SnapshotPlacement:
     """Where a snapshot's blobs live: ``holders[r]`` are the ranks of its world that hold
-    rank r's blob (r itself first), ``hosts[r]`` the host rank r declared."""
+    rank r's blob (r itself first), ``hosts[r]`` the host rank r declared.
+
+    Erasure-coded (``erasure`` is (k, m); None under replication): every rank holds its own
+    blob only (``holders[r] == (r,)``); ``groups[g]`` are the data ranks of group g (in share
+    order; at most k of them, the last group perhaps fewer, coding with its own size as k);
+    ``parity_holders[g][j]`` holds parity share j of group g (share number
+    ``len(groups[g]) + j``). ``lengths[r]`` is rank r's blob length, known once the snapshot
+    is taken (empty before): what a rebuilt blob is trimmed to."""
 
     hosts: tuple[str, ...]
     holders: tuple[tuple[int, ...], ...]
+    erasure: tuple[int, int] | None = None
+    groups: tuple[tuple[int, ...], ...] = ()
+    parity_holders: tuple[tuple[int, ...], ...] = ()
+    lengths: tuple[int, ...] = ()
 
     @property
     def world_size(self) -> int:
         return len(self.hosts)
 
     @property
+    def parity_shares(self) -> int:
+        return self.erasure[1] if self.erasure is not None else 0
+
+    @property
     def cross_host(self) -> bool:
-        """Whether every blob has a replica on a host other than its rank's."""
+        """Whether the loss of any one host loses no blob: every blob has a replica on a
+        host other than its rank's, or every group keeps at most m of its shares on one
+        host."""
+        if self.erasure is not None:
+            return all(
+                max(Counter(self.hosts[r] for r in (*group, *parity)).values())
+                <= self.parity_shares
+                for group, parity in zip(self.groups, self.parity_holders, strict=True)
+            )
         return all(
             any(self.hosts[h] != self.hosts[rank] for h in holders[1:])
             for rank, holders in enumerate(self.holders)
         )
 
+    def parity_held_by(self, rank: int) -> dict[int, list[int]]:
+        """The parity shares ``rank`` holds: group -> parity indices."""
+        held: dict[int, list[int]] = {}
+        for group, holders in enumerate(self.parity_holders):
+            for parity, holder in enumerate(holders):
+                if holder == rank:
+                    held.setdefault(group, []).append(parity)
+        return held
+
     def to_bytes(self) -> bytes:
         """As the coordinator's registry keeps it."""
-        obj = {"hosts": list(self.hosts), "holders": [list(h) for h in self.holders]}
+        obj: dict[str, Any] = {
+            "version": PLACEMENT_VERSION,
+            "hosts": list(self.hosts),
+            "holders": [list(h) for h in self.holders],
+        }
+        if self.erasure is not None:
+            obj["erasure"] = list(self.erasure)
+            obj["groups"] = [list(g) for g in self.groups]
+            obj["parity_holders"] = [list(p) for p in self.parity_holders]
+            obj["lengths"] = list(self.lengths)
         return json.dumps(obj, separators=(",", ":")).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SnapshotPlacement:
         obj = json.loads(data)
-        return cls(tuple(obj["hosts"]), tuple(tuple(h) for h in obj["holders"]))
+        version = obj.get("version", 1)
+        if version not in (1, PLACEMENT_VERSION):
+            raise ValueError(
+                f"a snapshot placement of version {version}: this rallypoint reads versions "
+                f"1 to {PLACEMENT_VERSION}"
+            )
+        hosts, holders = tuple(obj["hosts"]), tuple(tuple(h) for h in obj["holders"])
+        if "erasure" not in obj:
+            return cls(hosts, holders)
+        k, m = obj["erasure"]
+        return cls(
+            hosts,
+            holders,
+            erasure=(int(k), int(m)),
+            groups=tuple(tuple(g) for g in obj["groups"]),
+            parity_holders=tuple(tuple(p) for p in obj["parity_holders"]),
+            lengths=tuple(obj["lengths"]),
+        )
 
 
 def protectors(hosts: Sequence[str], copies: int) -> SnapshotPlacement:
@@ -208,6 +290,31 @@ def forget_previous_world() -> None:
     _redistribute._gen_transform_infos.cache_clear()
 
 
+def erasure_protectors(
+    hosts: Sequence[str], data_shares: int, parity_shares: int
+) -> SnapshotPlacement:
+    """The erasure-coded placement of a world whose rank r runs on ``hosts[r]``: groups of
+    ``data_shares`` ranks, each with ``parity_shares`` parity shares (the rule:
+    worker/erasure.py)."""
+    validate_erasure((data_shares, parity_shares))
+    groups = erasure_groups(hosts, data_shares)
+    return SnapshotPlacement(
+        tuple(hosts),
+        tuple((rank,) for rank in range(len(hosts))),
+        erasure=(data_shares, parity_shares),
+        groups=groups,
+        parity_holders=parity_holders(hosts, groups, parity_shares),
+    )
+
+
+def validate_erasure(erasure: tuple[int, int]) -> None:
+    k, m = erasure
+    if k < 1 or m < 1:
+        raise ValueError(f"erasure needs k >= 1 data and m >= 1 parity shares, got {k}+{m}")
+    if k + m > MAX_SHARES:
+        raise ValueError(f"erasure {k}+{m}: zfec codes at most {MAX_SHARES} shares per group")
+
+
 # -- the wire: one request per connection ----------------------------------------------------
 
 
@@ -245,13 +352,21 @@ def _key(round_number: int, step: int, rank: int) -> tuple[int, int, int]:
 
 
 class SnapshotServer:
-    """The blobs this process holds (its own and the replicas it protects), served to the
-    current world's ranks over TCP. Thread-safe; one per process, across rounds."""
+    """The blobs this process holds (its own and the replicas it protects) and the parity
+    shares it keeps, served to the current world's ranks over TCP. Thread-safe; one per
+    process, across rounds."""
 
     def __init__(self, bind: str = "127.0.0.1", advertise: str | None = None) -> None:
         self._lock = threading.Lock()
         self._blobs: dict[tuple[int, int, int], bytes | bytearray] = {}
         self._metadata: dict[SnapshotId, Metadata] = {}
+        self._placements: dict[SnapshotId, SnapshotPlacement] = {}
+        # Parity shares, keyed by (round, step, group, parity index).
+        self._parity: dict[tuple[int, int, int, int], bytes] = {}
+        # Data blobs of its groups' ranks a parity holder received to code, keyed like
+        # ``_blobs``; dropped once coded (never counted as held).
+        self._staged: dict[tuple[int, int, int], bytes | bytearray] = {}
+        self._arrived = threading.Condition(self._lock)
         self._token = b""
         owner = self
 
@@ -293,6 +408,59 @@ class SnapshotServer:
         with self._lock:
             return self._metadata.get(snapshot)
 
+    def put_placement(self, snapshot: SnapshotId, placement: SnapshotPlacement) -> None:
+        with self._lock:
+            self._placements[snapshot] = placement
+
+    def placement(self, snapshot: SnapshotId) -> SnapshotPlacement | None:
+        with self._lock:
+            return self._placements.get(snapshot)
+
+    def put_parity(self, snapshot: SnapshotId, group: int, parity: int, share: bytes) -> None:
+        with self._lock:
+            self._parity[(snapshot.round, snapshot.step, group, parity)] = share
+
+    def parity(self, snapshot: SnapshotId, group: int, parity: int) -> bytes | None:
+        with self._lock:
+            return self._parity.get((snapshot.round, snapshot.step, group, parity))
+
+    def held_parity(self, snapshot: SnapshotId) -> tuple[tuple[int, int], ...]:
+        """The (group, parity index) shares of ``snapshot`` this process holds."""
+        with self._lock:
+            return tuple(
+                sorted(
+                    (g, j)
+                    for (rnd, step, g, j) in self._parity
+                    if SnapshotId(rnd, step) == snapshot
+                )
+            )
+
+    def stage(self, snapshot: SnapshotId, rank: int, blob: bytes | bytearray) -> None:
+        """Keep rank ``rank``'s blob until this process has coded its parity share(s)."""
+        with self._arrived:
+            self._staged[_key(snapshot.round, snapshot.step, rank)] = blob
+            self._arrived.notify_all()
+
+    def take_staged(
+        self, snapshot: SnapshotId, ranks: Sequence[int], timeout_s: float
+    ) -> list[bytes | bytearray]:
+        """Wait until the blobs of ``ranks`` are staged, then hand them over (in that order)
+        and forget them; raises SnapshotError naming the ranks still missing at the
+        deadline."""
+        keys = [_key(snapshot.round, snapshot.step, rank) for rank in ranks]
+        deadline = time.monotonic() + timeout_s
+        with self._arrived:
+            while not all(key in self._staged for key in keys):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = [key[2] for key in keys if key not in self._staged]
+                    raise SnapshotError(
+                        f"{snapshot}: the blobs of rank(s) {', '.join(map(str, missing))} "
+                        f"did not arrive within {timeout_s:.0f} s"
+                    )
+                self._arrived.wait(left)
+            return [self._staged.pop(key) for key in keys]
+
     def blob(self, snapshot: SnapshotId, rank: int) -> bytes | bytearray | None:
         with self._lock:
             return self._blobs.get(_key(snapshot.round, snapshot.step, rank))
@@ -306,27 +474,44 @@ class SnapshotServer:
 
     def snapshots(self) -> list[SnapshotId]:
         with self._lock:
-            return sorted({SnapshotId(rnd, step) for (rnd, step, _) in self._blobs})
+            return sorted(
+                {SnapshotId(rnd, step) for (rnd, step, _) in self._blobs}
+                | {SnapshotId(rnd, step) for (rnd, step, _, _) in self._parity}
+            )
 
     def held_bytes(self) -> int:
+        """The bytes of the blobs and parity shares this process holds (and blobs staged for
+        coding, none at rest)."""
         with self._lock:
-            return sum(len(blob) for blob in self._blobs.values())
+            return sum(
+                len(blob)
+                for held in (self._blobs, self._parity, self._staged)
+                for blob in held.values()
+            )
+
+    def _keyed(self) -> tuple[dict[Any, Any], ...]:
+        """What it keeps keyed by (round, step, ...)."""
+        return (self._blobs, self._parity, self._staged)
 
     def drop_older(self, snapshot: SnapshotId) -> None:
         """Drop every snapshot older than ``snapshot`` (once it is registered, nothing older
         can be the one to restore)."""
         with self._lock:
-            for key in [k for k in self._blobs if SnapshotId(k[0], k[1]) < snapshot]:
-                del self._blobs[key]
-            for older in [s for s in self._metadata if s < snapshot]:
-                del self._metadata[older]
+            for held in self._keyed():
+                for key in [k for k in held if SnapshotId(k[0], k[1]) < snapshot]:
+                    del held[key]
+            for snapshots in (self._metadata, self._placements):
+                for older in [s for s in snapshots if s < snapshot]:
+                    del snapshots[older]
 
     def drop(self, snapshot: SnapshotId) -> None:
         """Drop ``snapshot`` (refused by the registry: it can never be restored)."""
         with self._lock:
-            for key in [k for k in self._blobs if SnapshotId(k[0], k[1]) == snapshot]:
-                del self._blobs[key]
+            for held in self._keyed():
+                for key in [k for k in held if SnapshotId(k[0], k[1]) == snapshot]:
+                    del held[key]
             self._metadata.pop(snapshot, None)
+            self._placements.pop(snapshot, None)
 
     # -- serving
 
@@ -344,16 +529,23 @@ class SnapshotServer:
                 return
             op = header.get("op")
             snapshot = SnapshotId(int(header["round"]), int(header["step"]))
-            rank = int(header["rank"])
-            if op == "put":
+            if op in ("put", "stage"):
+                rank = int(header["rank"])
                 length = int(header["length"])
                 blob = _recv_exactly(sock, length)
-                self.put(snapshot, rank, blob)
+                (self.put if op == "put" else self.stage)(snapshot, rank, blob)
                 _send(sock, {"ok": True})
-            elif op == "read":
-                stored = self.blob(snapshot, rank)
+            elif op in ("read", "read-parity"):
+                if op == "read":
+                    rank = int(header["rank"])
+                    stored: bytes | bytearray | None = self.blob(snapshot, rank)
+                    what = f"blob of rank {rank}"
+                else:
+                    group, parity = int(header["group"]), int(header["parity"])
+                    stored = self.parity(snapshot, group, parity)
+                    what = f"parity share {parity} of group {group}"
                 if stored is None:
-                    _send(sock, {"error": f"holds no blob of rank {rank} of {snapshot}"})
+                    _send(sock, {"error": f"holds no {what} of {snapshot}"})
                     return
                 view = memoryview(stored)
                 ranges = [(int(offset), int(length)) for offset, length in header["ranges"]]
@@ -632,14 +824,24 @@ class MemorySnapshots:
         self,
         host: str,
         *,
-        copies: int = 2,
+        copies: int | None = None,
+        erasure: tuple[int, int] | None = None,
         bind: str = "127.0.0.1",
         advertise: str | None = None,
     ) -> None:
-        if copies < 1:
+        """``copies=r`` keeps every blob r times (its rank's own included; 2 if neither is
+        given); ``erasure=(k, m)`` codes groups of k blobs with m parity shares instead."""
+        if copies is not None and erasure is not None:
+            raise ValueError("give copies or erasure, not both")
+        if erasure is not None:
+            validate_erasure(erasure)
+        elif copies is None:
+            copies = 2
+        elif copies < 1:
             raise ValueError(f"copies must be >= 1, got {copies}")
         self.host = host
         self.copies = copies
+        self.erasure = erasure
         self.server = SnapshotServer(bind, advertise)
         self._world: _World | None = None
         self._pending: PendingSnapshot | None = None
@@ -679,7 +881,11 @@ class MemorySnapshots:
         )
         peers: list[Any] = [None] * dist.get_world_size(process_group)
         dist.all_gather_object(peers, (self.host, self.server.address), group=process_group)
-        placement = protectors([host for host, _ in peers], self.copies)
+        hosts = [host for host, _ in peers]
+        if self.erasure is not None:
+            placement = erasure_protectors(hosts, *self.erasure)
+        else:
+            placement = protectors(hosts, self.copies or 1)
         ranks = dist.get_process_group_ranks(process_group) if process_group else None
         group = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
         control = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
@@ -767,27 +973,13 @@ class MemorySnapshots:
             del staged
             self.server.put(snapshot, world.rank, blob)
             self.server.put_metadata(snapshot, metadata)
-            ok = 1
-            for holder in world.placement.holders[world.rank][1:]:
-                header = {
-                    "op": "put",
-                    "token": world.token,
-                    "round": snapshot.round,
-                    "step": snapshot.step,
-                    "rank": world.rank,
-                    "length": len(blob),
-                }
-                try:
-                    _request(world.addresses[holder], header, [blob])
-                except (OSError, SnapshotError) as error:
-                    log.warning(
-                        "%s: rank %d could not protect on rank %d: %s",
-                        snapshot,
-                        world.rank,
-                        holder,
-                        error,
-                    )
-                    ok = 0
+            placement = world.placement
+            if placement.erasure is not None:
+                placement = replace(placement, lengths=_blob_lengths(metadata, len(blob), world))
+                ok = self._protect_by_parity(world, snapshot, placement, blob)
+            else:
+                ok = self._protect_by_replicas(world, snapshot, blob)
+            self.server.put_placement(snapshot, placement)
             agreed = torch.tensor([ok])
             dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=world.group)
             if not agreed.item():
@@ -795,9 +987,7 @@ class MemorySnapshots:
             committed = torch.tensor([1])
             if world.rank == 0 and world.on_complete is not None:
                 committed[0] = (
-                    1
-                    if world.on_complete(snapshot, world.placement.world_size, world.placement)
-                    else 0
+                    1 if world.on_complete(snapshot, placement.world_size, placement) else 0
                 )
             dist.broadcast(committed, src=dist.get_global_rank(world.group, 0), group=world.group)
             # Newer snapshots (of a later world, if this one ended meanwhile) are never
@@ -810,7 +1000,7 @@ class MemorySnapshots:
             pending._future.set_result(
                 SnapshotTaken(
                     snapshot=snapshot,
-                    placement=world.placement,
+                    placement=placement,
                     blocked_s=blocked_s,
                     protect_s=time.monotonic() - started - blocked_s,
                     state_bytes=state_bytes,
@@ -819,6 +1009,42 @@ class MemorySnapshots:
             )
         except BaseException as failure:
             pending._future.set_exception(failure)
+
+    def _protect_by_replicas(self, world: _World, snapshot: SnapshotId, blob: bytes) -> int:
+        """Push ``blob`` to the ranks holding its replicas; 1 if every one acked."""
+        ok = 1
+        for holder in world.placement.holders[world.rank][1:]:
+            ok &= _ship(world, snapshot, holder, "put", blob)
+        return ok
+
+    def _protect_by_parity(
+        self, world: _World, snapshot: SnapshotId, placement: SnapshotPlacement, blob: bytes
+    ) -> int:
+        """Ship ``blob`` to its group's parity holders, then code this rank's own parity
+        shares from its groups' staged blobs and keep them; 1 if all of it succeeded."""
+        ok = 1
+        (group,) = [g for g, ranks in enumerate(placement.groups) if world.rank in ranks]
+        for holder in sorted(set(placement.parity_holders[group])):
+            if holder == world.rank:
+                self.server.stage(snapshot, world.rank, blob)
+            else:
+                ok &= _ship(world, snapshot, holder, "stage", blob)
+        for coded, parities in sorted(placement.parity_held_by(world.rank).items()):
+            try:
+                blobs = self.server.take_staged(
+                    snapshot, placement.groups[coded], REQUEST_TIMEOUT_S
+                )
+            except SnapshotError as error:
+                log.warning(
+                    "%s: rank %d cannot code group %d: %s", snapshot, world.rank, coded, error
+                )
+                ok = 0
+                continue
+            shares = encode_parity(blobs, placement.parity_shares, parities)
+            del blobs
+            for parity, share in zip(parities, shares, strict=True):
+                self.server.put_parity(snapshot, coded, parity, share)
+        return ok
 
 
 @dataclass(frozen=True, slots=True)
@@ -840,6 +1066,46 @@ def _wait(work: dist.Work) -> bool:
     return True
 
 
+def _ship(world: _World, snapshot: SnapshotId, holder: int, op: str, blob: bytes) -> int:
+    """Send this rank's ``blob`` to rank ``holder`` to keep (``put``: a replica) or to code
+    (``stage``); 1 once it acked, 0 (logged) if it could not be reached or refused."""
+    header = {
+        "op": op,
+        "token": world.token,
+        "round": snapshot.round,
+        "step": snapshot.step,
+        "rank": world.rank,
+        "length": len(blob),
+    }
+    try:
+        _request(world.addresses[holder], header, [blob])
+    except (OSError, SnapshotError) as error:
+        log.warning(
+            "%s: rank %d could not %s its blob on rank %d: %s",
+            snapshot,
+            world.rank,
+            op,
+            holder,
+            error,
+        )
+        return 0
+    return 1
+
+
+def _blob_lengths(metadata: Metadata, own_length: int, world: _World) -> tuple[int, ...]:
+    """Every rank's blob length, from the save's global metadata (a blob is its items end to
+    end, so its length is where its last item ends)."""
+    lengths = [0] * world.placement.world_size
+    for where in metadata.storage_data.values():
+        lengths[where.rank] = max(lengths[where.rank], where.offset + where.length)
+    if lengths[world.rank] != own_length:
+        raise SnapshotError(
+            f"rank {world.rank}'s blob is {own_length} bytes, its metadata says "
+            f"{lengths[world.rank]}"
+        )
+    return tuple(lengths)
+
+
 # -- restoring -------------------------------------------------------------------------------
 
 
@@ -848,8 +1114,12 @@ class MemoryHolding:
     """What one process of the new world holds of the snapshot to restore (gathered)."""
 
     address: str
-    held: tuple[int, ...]
+    held: tuple[int, ...]  # the old world's ranks whose blobs it holds
     has_metadata: bool
+    # The (group, parity index) shares it holds, and the snapshot's placement (erasure-coded
+    # snapshots; every process that took part keeps the placement).
+    parity: tuple[tuple[int, int], ...] = ()
+    placement: SnapshotPlacement | None = None
 
 
 def holding(memory: MemorySnapshots | None, snapshot: SnapshotId | None) -> MemoryHolding | None:
@@ -859,25 +1129,208 @@ def holding(memory: MemorySnapshots | None, snapshot: SnapshotId | None) -> Memo
         memory.server.address,
         memory.server.held(snapshot),
         memory.server.metadata(snapshot) is not None,
+        memory.server.held_parity(snapshot),
+        memory.server.placement(snapshot),
     )
+
+
+def _coded_placement(holdings: Sequence[MemoryHolding | None]) -> SnapshotPlacement | None:
+    """The snapshot's placement if it is erasure-coded (from any process that kept it)."""
+    for h in holdings:
+        if h is not None and h.placement is not None and h.placement.erasure is not None:
+            return h.placement
+    return None
 
 
 def memory_blocker(
     snapshot: SnapshotId, world_size: int, holdings: Sequence[MemoryHolding | None]
 ) -> str | None:
     """Why ``snapshot`` (of a world of ``world_size``) cannot be restored from the new
-    world's memory, or None when it can."""
+    world's memory, or None when it can (erasure-coded: every group keeps at least as many
+    shares as it has data ranks, so its lost blobs can be rebuilt)."""
     held: set[int] = set()
     for h in holdings:
         if h is not None:
             held.update(h.held)
-    missing = sorted(set(range(world_size)) - held)
-    if missing:
-        lost = ", ".join(map(str, missing))
-        return f"no process holds rank(s) {lost} of the memory snapshot ({snapshot})"
+    placement = _coded_placement(holdings)
+    if placement is not None:
+        short = _short_groups(snapshot, placement, holdings)
+        if short:
+            return "; ".join(short)
+    else:
+        missing = sorted(set(range(world_size)) - held)
+        if missing:
+            lost = ", ".join(map(str, missing))
+            return f"no process holds rank(s) {lost} of the memory snapshot ({snapshot})"
     if not any(h is not None and h.has_metadata for h in holdings):
         return f"no process holds the memory snapshot's metadata ({snapshot})"
     return None
+
+
+def _short_groups(
+    snapshot: SnapshotId, placement: SnapshotPlacement, holdings: Sequence[MemoryHolding | None]
+) -> list[str]:
+    """What each group that kept fewer than k shares lost (empty: every group can be
+    rebuilt)."""
+    held = {rank for h in holdings if h is not None for rank in h.held}
+    parity_held = {share for h in holdings if h is not None for share in h.parity}
+    short = []
+    for group, ranks in enumerate(placement.groups):
+        lost = [rank for rank in ranks if rank not in held]
+        lost_parity = [j for j in range(placement.parity_shares) if (group, j) not in parity_held]
+        kept = len(ranks) - len(lost) + placement.parity_shares - len(lost_parity)
+        if kept < len(ranks):
+            short.append(
+                f"group {group} (ranks {', '.join(map(str, ranks))}) of the memory snapshot "
+                f"({snapshot}) keeps {kept} of the {len(ranks)} shares it needs: lost the "
+                f"blobs of rank(s) {', '.join(map(str, lost))} and parity share(s) "
+                f"{', '.join(map(str, lost_parity)) or 'none'}"
+            )
+    return short
+
+
+@dataclass(frozen=True, slots=True)
+class _Rebuild:
+    """One damaged group's rebuild: process ``rebuilder`` (a rank of the new world) decodes
+    the blobs of ``lost`` (old ranks) from ``shares``: (share number, the index of the new
+    world's process to read it from) for k of the group's shares."""
+
+    group: int
+    rebuilder: int
+    lost: tuple[int, ...]
+    shares: tuple[tuple[int, int], ...]
+
+
+def rebuild_plan(
+    placement: SnapshotPlacement, holdings: Sequence[MemoryHolding | None]
+) -> list[_Rebuild]:
+    """Who rebuilds which group's lost blobs from which shares; deterministic, so every rank
+    computes the same plan from the gathered holdings. The rebuilder is the process holding
+    most of the group's shares (the fewest to fetch; the lowest rank among equals); it uses
+    its own shares first, then the others' in share order (data blobs before parity)."""
+    plan = []
+    for group, ranks in enumerate(placement.groups):
+        k = len(ranks)
+        # Share number -> the processes holding it.
+        where: dict[int, list[int]] = {}
+        for index, h in enumerate(holdings):
+            if h is None:
+                continue
+            for number, rank in enumerate(ranks):
+                if rank in h.held:
+                    where.setdefault(number, []).append(index)
+            for coded, parity in h.parity:
+                if coded == group:
+                    where.setdefault(k + parity, []).append(index)
+        lost = tuple(rank for number, rank in enumerate(ranks) if number not in where)
+        if not lost:
+            continue
+        if len(where) < k:
+            raise SnapshotError(f"group {group} keeps {len(where)} of the {k} shares it needs")
+        counts = Counter(index for holders in where.values() for index in holders)
+        rebuilder = min(counts, key=lambda index: (-counts[index], index))
+        own = [n for n in sorted(where) if rebuilder in where[n]]
+        others = [n for n in sorted(where) if rebuilder not in where[n]]
+        shares = tuple(
+            (n, rebuilder if rebuilder in where[n] else where[n][0]) for n in (own + others)[:k]
+        )
+        plan.append(_Rebuild(group, rebuilder, lost, shares))
+    return plan
+
+
+def _rebuild_lost_blobs(
+    memory: MemorySnapshots,
+    snapshot: SnapshotId,
+    holdings: Sequence[MemoryHolding | None],
+    process_group: dist.ProcessGroup | None,
+) -> tuple[list[MemoryHolding | None], int]:
+    """Rebuild every lost blob of an erasure-coded ``snapshot`` into its rebuilder's server
+    (collective: every rank calls it with the same holdings); returns the holdings as they
+    are then and the bytes this process fetched from peers for it. A replicated snapshot
+    needs no rebuild."""
+    placement = _coded_placement(holdings)
+    if placement is None:
+        return list(holdings), 0
+    plan = rebuild_plan(placement, holdings)
+    if not plan:
+        return list(holdings), 0
+    rank = dist.get_rank(process_group)
+    ok, fetched = 1, 0
+    for rebuild in plan:
+        if rebuild.rebuilder != rank:
+            continue
+        try:
+            fetched += _rebuild_group(memory, snapshot, placement, holdings, rebuild)
+        except (OSError, SnapshotError) as error:
+            log.warning("%s: group %d could not be rebuilt: %s", snapshot, rebuild.group, error)
+            ok = 0
+    # Every rebuilt blob is in place before any rank reads it.
+    agreed = torch.tensor([ok])
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=process_group)
+    if not agreed.item():
+        raise SnapshotError(f"{snapshot}: a lost blob could not be rebuilt from its group")
+    rebuilt = list(holdings)
+    for rebuild in plan:
+        mine = rebuilt[rebuild.rebuilder]
+        if mine is None:
+            raise AssertionError("a rebuilder holds nothing")
+        rebuilt[rebuild.rebuilder] = replace(mine, held=tuple(sorted({*mine.held, *rebuild.lost})))
+    return rebuilt, fetched
+
+
+def _rebuild_group(
+    memory: MemorySnapshots,
+    snapshot: SnapshotId,
+    placement: SnapshotPlacement,
+    holdings: Sequence[MemoryHolding | None],
+    rebuild: _Rebuild,
+) -> int:
+    """Fetch k shares of one group, decode its lost blobs and keep them in this server;
+    returns the bytes fetched from peers."""
+    ranks = placement.groups[rebuild.group]
+    k = len(ranks)
+    lengths = [placement.lengths[rank] for rank in ranks]
+    padded = max(lengths)
+    shares: dict[int, bytes | bytearray] = {}
+    fetched = 0
+    for number, index in rebuild.shares:
+        holder = holdings[index]
+        if holder is None:
+            raise AssertionError("a share's holder holds nothing")
+        local = holder.address == memory.server.address
+        header: dict[str, Any] = {
+            "token": memory.token,
+            "round": snapshot.round,
+            "step": snapshot.step,
+        }
+        if number < k:
+            stored = memory.server.blob(snapshot, ranks[number]) if local else None
+            header.update(op="read", rank=ranks[number], ranges=[(0, lengths[number])])
+            length = lengths[number]
+        else:
+            parity = number - k
+            stored = memory.server.parity(snapshot, rebuild.group, parity) if local else None
+            header.update(op="read-parity", group=rebuild.group, parity=parity)
+            header["ranges"] = [(0, padded)]
+            length = padded
+        if stored is None:
+            if local:
+                raise SnapshotError(f"this process no longer holds share {number} of {snapshot}")
+            stored = _request(holder.address, header, answer_bytes=length)
+            fetched += length
+        shares[number] = stored
+    blobs = decode_blobs(shares, lengths, placement.parity_shares)
+    for number, rank in enumerate(ranks):
+        if rank in rebuild.lost:
+            memory.server.put(snapshot, rank, blobs[number])
+    log.info(
+        "%s: rebuilt the blob(s) of rank(s) %s from %d shares of group %d",
+        snapshot,
+        ", ".join(map(str, rebuild.lost)),
+        k,
+        rebuild.group,
+    )
+    return fetched
 
 
 def restore_from_memory(
@@ -892,8 +1345,8 @@ def restore_from_memory(
 ) -> tuple[int, Any, int]:
     """Load ``snapshot`` from the new world's memory into this rank's model and optimizer,
     laid out for this world (collective; ``holdings`` gathered from every rank, all of
-    them able to serve: see :func:`memory_blocker`). Returns the step, the extra state and
-    the bytes fetched from peers."""
+    them able to serve: see :func:`memory_blocker`; an erasure-coded snapshot's lost blobs
+    are rebuilt first). Returns the step, the extra state and the bytes fetched from peers."""
     from .checkpoint import MODEL_KEY, OPTIMIZER_KEY, PROGRESS_KEY, _install
 
     rank = dist.get_rank(process_group)
@@ -905,6 +1358,7 @@ def restore_from_memory(
         group=process_group,
     )
     metadata: Metadata = shipped[0]
+    holdings, rebuild_fetched = _rebuild_lost_blobs(memory, snapshot, holdings, process_group)
     sources: dict[int, str | None] = {}
     mine = holdings[rank]
     for old_rank in sorted(metadata_ranks(metadata)):
@@ -927,7 +1381,7 @@ def restore_from_memory(
         raise SnapshotError(
             f"the memory snapshot says step {step}, its registry entry {snapshot.step}"
         )
-    return step, extra, reader.bytes_from_peers
+    return step, extra, rebuild_fetched + reader.bytes_from_peers
 
 
 def metadata_ranks(metadata: Metadata) -> set[int]:

@@ -17,6 +17,15 @@ Scenarios:
   fallback   1 copy (no replicas) and a disk checkpoint of step 2; rank 3 dies: its shards
              are nowhere in memory, so the restore reads the disk checkpoint (step 2).
   rank-moved 2 copies; rank 1 dies: the survivors of ranks 2 and 3 take ranks 1 and 2.
+
+Erasure-coded, 4+2 (on this world one group, ranks 0-3, and no rank off the group's hosts:
+both parity shares go to host-a, ranks 0 and 1, so that host-b's loss is survived):
+  ec-rank-lost    rank 3 dies: its blob is decoded from 4 of the 5 shares left.
+  ec-host-b-lost  ranks 2, 3 die: their blobs are decoded from host-a's 2 blobs and 2 parity
+                  shares.
+  ec-host-a-lost  ranks 0, 1 die, and with them both parity shares: 2 of the 4 shares
+                  needed are left, so the restore reads the disk checkpoint (step 2), saying
+                  which group lost what.
 """
 
 from __future__ import annotations
@@ -56,13 +65,24 @@ from rallypoint.worker import (
 from rallypoint.worker.memory import forget_previous_world
 
 HOSTS = ("host-a", "host-a", "host-b", "host-b")
-SCENARIOS: dict[str, tuple[int, tuple[int, ...]]] = {
-    # copies, the ranks that die
-    "rank-lost": (2, (3,)),
-    "host-lost": (2, (2, 3)),
-    "fallback": (1, (3,)),
+SCENARIOS: dict[str, tuple[int | None, tuple[int, ...], tuple[int, int] | None]] = {
+    # copies, the ranks that die, erasure (k, m)
+    "rank-lost": (2, (3,), None),
+    "host-lost": (2, (2, 3), None),
+    "fallback": (1, (3,), None),
     # Ranks 2 and 3 become 1 and 2: torch's cached DTensor shardings must not follow them.
-    "rank-moved": (2, (1,)),
+    "rank-moved": (2, (1,), None),
+    "ec-rank-lost": (None, (3,), (4, 2)),
+    "ec-host-b-lost": (None, (2, 3), (4, 2)),
+    "ec-host-a-lost": (None, (0, 1), (4, 2)),
+}
+# The scenarios that restore from a disk checkpoint of step 2, and what their reason says.
+FALLS_BACK = {
+    "fallback": "no process holds rank(s) 3 of the memory snapshot",
+    "ec-host-a-lost": (
+        "group 0 (ranks 0, 1, 2, 3) of the memory snapshot (round 1 step 3) keeps 2 of the 4 "
+        "shares it needs: lost the blobs of rank(s) 0, 1 and parity share(s) 0, 1"
+    ),
 }
 SNAPSHOT_STEPS, TRAINED_STEPS = 3, 4
 
@@ -83,8 +103,8 @@ def dead(address: str) -> bool:
 
 def main() -> None:
     scenario, rank, workdir = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
-    copies, dying = SCENARIOS[scenario]
-    memory = MemorySnapshots(HOSTS[rank], copies=copies)
+    copies, dying, erasure = SCENARIOS[scenario]
+    memory = MemorySnapshots(HOSTS[rank], copies=copies, erasure=erasure)
     registered: list[tuple[SnapshotId, int, SnapshotPlacement]] = []
 
     def register(snapshot: SnapshotId, world_size: int, placement: SnapshotPlacement) -> bool:
@@ -97,7 +117,12 @@ def main() -> None:
     # -- the first world: 4 ranks, round 1
     init_world(rank, 4, int(os.environ["MASTER_PORT"]))
     placement = memory.attach(1, on_complete=register)
-    assert placement.cross_host == (copies > 1), placement
+    if erasure is None:
+        assert placement.cross_host == ((copies or 1) > 1), placement
+    else:
+        assert placement.groups == ((0, 1, 2, 3),), placement
+        assert placement.parity_holders == ((0, 1),), placement
+        assert not placement.cross_host, placement  # host-a's loss is not survived
     model = sharded_mlp(0, 4)
     optimizer = adam(model)
     sampler = ElasticSampler(NUM_SAMPLES, batch_size=BATCH_SIZE, rank=rank, world_size=4)
@@ -106,7 +131,7 @@ def main() -> None:
     for step in range(1, TRAINED_STEPS + 1):
         train_step(model, optimizer, next(batches))
         sampler.advance()
-        if scenario == "fallback" and step == 2:
+        if scenario in FALLS_BACK and step == 2:
             Checkpointer(workdir / "disk").save_async(
                 step, model, optimizer, sampler=sampler, extra=EXTRA
             ).wait()
@@ -123,6 +148,24 @@ def main() -> None:
     expected = sorted(r for r, holders in enumerate(placement.holders) if rank in holders)
     assert memory.server.held(SnapshotId(1, 3)) == tuple(expected), memory.server.held
     assert memory.server.snapshots() == [SnapshotId(1, 3)]
+    parity = placement.parity_held_by(rank)
+    assert memory.server.held_parity(SnapshotId(1, 3)) == tuple(
+        (group, j) for group in sorted(parity) for j in parity[group]
+    )
+    # At rest, written by every rank before any dies: this rank's blob and what it keeps for
+    # others (replicas or parity shares).
+    own_blob = memory.server.blob(SnapshotId(1, 3), rank)
+    assert own_blob is not None
+    at_rest = {
+        "held_bytes": memory.server.held_bytes(),
+        "blob_bytes": len(own_blob),
+        "state_bytes": taken[-1].state_bytes,
+        "blocked_s": [t.blocked_s for t in taken],
+        "protect_s": [t.protect_s for t in taken],
+    }
+    if erasure is not None:
+        assert taken[-1].placement.lengths[rank] == len(own_blob)
+    (workdir / f"{scenario}-rank{rank}-at-rest.json").write_text(json.dumps(at_rest))
     addresses: list[Any] = [None] * 4
     dist.all_gather_object(addresses, memory.server.address)
     dist.barrier()
@@ -159,10 +202,10 @@ def main() -> None:
         memory_snapshot=RegisteredSnapshot(round_number, step, snapshot_world),
     )
     restored = full_state(model, optimizer)
-    if scenario == "fallback":
+    if scenario in FALLS_BACK:
         assert result.source is RestoreSource.DISK, result
         assert result.step == 2, result
-        assert "no process holds rank(s) 3 of the memory snapshot" in result.reason, result
+        assert FALLS_BACK[scenario] in result.reason, result
     else:
         assert result.source is RestoreSource.MEMORY, result
         assert (result.step, result.extra) == (SNAPSHOT_STEPS, EXTRA), result
@@ -186,6 +229,7 @@ def main() -> None:
         "protect_s": [t.protect_s for t in taken],
         "state_bytes": taken[-1].state_bytes,
         "held_bytes": memory.server.held_bytes(),
+        "blob_lengths": list(taken[-1].placement.lengths),
     }
     (workdir / f"{scenario}-rank{rank}.json").write_text(json.dumps(figures))
     dist.barrier()

@@ -4,12 +4,15 @@ and restore bit for bit from the survivors' memory (tests/worker/memory_ranks.py
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +20,21 @@ import msgpack
 import pytest
 
 from rallypoint.worker import (
+    MemorySnapshots,
     PeerState,
     RegisteredSnapshot,
     RestorePolicy,
     RestoreSource,
     SnapshotError,
     SnapshotId,
+    SnapshotPlacement,
     SnapshotServer,
     choose_restore_source,
+    erasure_protectors,
     protectors,
 )
-from rallypoint.worker.memory import MemoryHolding, _request
+from rallypoint.worker.erasure import decode_blobs, encode_parity
+from rallypoint.worker.memory import MemoryHolding, _request, memory_blocker, rebuild_plan
 from tests.worker.test_checkpoint import wait_ranks
 
 RANKS_SCRIPT = Path(__file__).with_name("memory_ranks.py")
@@ -66,12 +73,23 @@ def run_scenario(scenario: str, dying: tuple[int, ...], workdir: Path) -> list[d
     ]
 
 
+def at_rest(scenario: str, workdir: Path) -> list[dict[str, Any]]:
+    """Every rank's figures of the first world's last snapshot, written before any died."""
+    return [
+        json.loads((workdir / f"{scenario}-rank{rank}-at-rest.json").read_text())
+        for rank in range(4)
+    ]
+
+
 def test_a_lost_rank_is_rebuilt_from_its_replica_on_the_other_host(tmp_path: Path) -> None:
     survivors = run_scenario("rank-lost", (3,), tmp_path)
     assert {s["source"] for s in survivors} == {"memory"}
     assert {s["step"] for s in survivors} == {3}
     # Something came over the wire: rank 3's shards lived only in host-a's replica (rank 1).
     assert sum(s["bytes_from_peers"] for s in survivors) > 0
+    # At rest every blob is held twice.
+    figures = at_rest("rank-lost", tmp_path)
+    assert sum(f["held_bytes"] for f in figures) == 2 * sum(f["blob_bytes"] for f in figures)
 
 
 def test_a_lost_host_is_rebuilt_from_the_other_hosts_replicas(tmp_path: Path) -> None:
@@ -198,3 +216,175 @@ def test_the_server_refuses_a_stale_or_missing_token_and_bad_ranges() -> None:
         assert bytes(got) == b"234"
     finally:
         server.close()
+
+
+# -- erasure coding ---------------------------------------------------------------------------
+
+
+def test_erasure_a_lost_rank_is_decoded_from_its_group(tmp_path: Path) -> None:
+    # 4+2 on 2 hosts of 2: one group (ranks 0-3), parity on ranks 0 and 1 (memory_ranks.py).
+    survivors = run_scenario("ec-rank-lost", (3,), tmp_path)
+    assert {s["source"] for s in survivors} == {"memory"}
+    assert {s["step"] for s in survivors} == {3}
+    # Rank 3's blob came back decoded; the rebuilder fetched shares, the readers its blob.
+    assert sum(s["bytes_from_peers"] for s in survivors) > 0
+    # At rest every rank holds its own blob, ranks 0 and 1 a parity share each, of the
+    # longest blob's length: nothing else.
+    figures = at_rest("ec-rank-lost", tmp_path)
+    blobs = [f["blob_bytes"] for f in figures]
+    held = [f["held_bytes"] for f in figures]
+    assert held == [blobs[0] + max(blobs), blobs[1] + max(blobs), blobs[2], blobs[3]]
+    overhead = sum(held) / sum(blobs)
+    # (k+m)/k = 1.5 for blobs of one length; padding to the longest adds (m/k)(max/mean - 1).
+    mean = sum(blobs) / len(blobs)
+    assert overhead == pytest.approx(1 + 2 / 4 * max(blobs) / mean)
+    assert overhead < 2  # two copies' (the test above)
+    print(f"erasure 4+2: blobs {blobs}, held {held}, overhead {overhead:.3f}")
+    print(f"blocked_s {[f['blocked_s'] for f in figures]}")
+    print(f"protect_s {[f['protect_s'] for f in figures]}")
+
+
+def test_erasure_a_lost_host_is_decoded_from_the_other_hosts_blobs_and_parity(
+    tmp_path: Path,
+) -> None:
+    survivors = run_scenario("ec-host-b-lost", (2, 3), tmp_path)
+    assert [s["source"] for s in survivors] == ["memory", "memory"]
+    assert {s["step"] for s in survivors} == {3}
+
+
+def test_erasure_a_group_short_of_k_shares_falls_back_to_the_disk(tmp_path: Path) -> None:
+    survivors = run_scenario("ec-host-a-lost", (0, 1), tmp_path)
+    assert [s["source"] for s in survivors] == ["disk", "disk"]
+    assert all("group 0 (ranks 0, 1, 2, 3)" in s["reason"] for s in survivors)
+
+
+def test_erasure_groups_span_hosts_and_parity_goes_off_the_groups_hosts() -> None:
+    # 4 hosts of 2, 2+1: each group on 2 hosts, its parity on a third; one share per rank.
+    eight = erasure_protectors(["a", "a", "b", "b", "c", "c", "d", "d"], 2, 1)
+    assert eight.groups == ((0, 2), (4, 6), (1, 3), (5, 7))
+    for group, parity in zip(eight.groups, eight.parity_holders, strict=True):
+        assert eight.hosts[parity[0]] not in {eight.hosts[r] for r in group}, (group, parity)
+    assert sorted(p for parity in eight.parity_holders for p in parity) == [0, 2, 4, 6]
+    assert eight.cross_host
+    # 4 hosts of 3, 4+2: every group spans the 4 hosts; its 2 parity shares on 2 distinct
+    # hosts and ranks other than its own; at most 2 shares of a group per host; 6 parity
+    # shares over 12 ranks, at most 1 each (m/k = 0.5).
+    hosts = [h for h in "abcd" for _ in range(3)]
+    twelve = erasure_protectors(hosts, 4, 2)
+    assert len(twelve.groups) == 3
+    for group, parity in zip(twelve.groups, twelve.parity_holders, strict=True):
+        assert len({hosts[r] for r in group}) == 4
+        assert len({hosts[p] for p in parity}) == 2 and not set(parity) & set(group)
+    load = [sum(r in p for p in twelve.parity_holders) for r in range(12)]
+    assert max(load) == 1 and sum(load) == 6
+    assert twelve.cross_host
+    # 6 hosts of 1, 4+2: groups (0-3) and (4, 5) coded with k=2; parity off the group's hosts.
+    six = erasure_protectors(list("abcdef"), 4, 2)
+    assert six.groups == ((0, 1, 2, 3), (4, 5))
+    assert set(six.parity_holders[0]) == {4, 5} and not set(six.parity_holders[1]) & {4, 5}
+    assert six.cross_host
+
+
+def test_erasure_in_a_small_world_parity_sits_in_the_group() -> None:
+    # 4 ranks on 2 hosts, 4+2: no rank off the group. No host can keep at most 2 of the 6
+    # shares with the other keeping 4, so both parity shares go to host-a (on two ranks):
+    # host-b's loss is survived, host-a's is not (cross_host says the world is not covered).
+    small = erasure_protectors(["a", "a", "b", "b"], 4, 2)
+    assert small.groups == ((0, 1, 2, 3),)
+    assert small.parity_holders == ((0, 1),)
+    assert small.holders == ((0,), (1,), (2,), (3,))
+    assert not small.cross_host
+    assert small.parity_held_by(0) == {0: [0]} and small.parity_held_by(2) == {}
+    # One host: everything on it.
+    single = erasure_protectors(["a", "a", "a"], 2, 1)
+    assert single.groups == ((0, 1), (2,)) and not single.cross_host
+    with pytest.raises(ValueError, match="k >= 1 data and m >= 1 parity"):
+        erasure_protectors(["a"], 4, 0)
+    with pytest.raises(ValueError, match="at most 256 shares"):
+        erasure_protectors(["a"], 250, 7)
+
+
+def test_memory_snapshots_take_copies_or_erasure_not_both() -> None:
+    with pytest.raises(ValueError, match="give copies or erasure, not both"):
+        MemorySnapshots("a", copies=2, erasure=(4, 2))
+    with pytest.raises(ValueError, match="k >= 1 data and m >= 1 parity shares, got 0\\+2"):
+        MemorySnapshots("a", erasure=(0, 2))
+    with pytest.raises(ValueError, match="copies must be >= 1"):
+        MemorySnapshots("a", copies=0)
+
+
+def test_erasure_round_trip_with_uneven_blob_lengths() -> None:
+    rng = random.Random(5)
+    blobs = [rng.randbytes(n) for n in (1000, 3, 0, 777)]
+    parity = encode_parity(blobs, 2, [0, 1])
+    assert [len(p) for p in parity] == [1000, 1000]
+    # One parity holder codes only its own share: the same bytes.
+    assert encode_parity(blobs, 2, [1]) == parity[1:]
+    shares: dict[int, bytes] = {**dict(enumerate(blobs)), 4: parity[0], 5: parity[1]}
+    lengths = [len(b) for b in blobs]
+    for kept in itertools.combinations(range(6), 4):
+        assert decode_blobs({n: shares[n] for n in kept}, lengths, 2) == blobs, kept
+    with pytest.raises(ValueError, match="3 shares cannot give back 4 blobs"):
+        decode_blobs({n: shares[n] for n in (0, 1, 4)}, lengths, 2)
+    # Blobs of one length: parity costs m/k of them, (k+m)/k at rest.
+    even = [rng.randbytes(600) for _ in range(4)]
+    coded = sum(map(len, even)) + sum(map(len, encode_parity(even, 2, [0, 1])))
+    assert coded / sum(map(len, even)) == 1.5
+    assert decode_blobs({0: b"", 1: b""}, [0, 0], 1) == [b"", b""]
+
+
+def coded_holding(
+    rank: int, held: tuple[int, ...], parity: tuple[tuple[int, int], ...]
+) -> MemoryHolding:
+    placement = replace(erasure_protectors(["a", "a", "b", "b"], 4, 2), lengths=(10, 20, 30, 40))
+    return MemoryHolding(f"127.0.0.1:{1000 + rank}", held, True, parity, placement)
+
+
+def test_erasure_blocker_counts_each_groups_shares() -> None:
+    snapshot = SnapshotId(1, 3)
+    # Rank 3 lost: 5 shares left, 4 needed.
+    one_lost = [coded_holding(0, (0,), ((0, 0),)), coded_holding(1, (1,), ((0, 1),))]
+    one_lost.append(coded_holding(2, (2,), ()))
+    assert memory_blocker(snapshot, 4, one_lost) is None
+    # Host-a lost: 2 blobs left, no parity.
+    host_a_lost = [coded_holding(2, (2,), ()), coded_holding(3, (3,), ())]
+    assert memory_blocker(snapshot, 4, host_a_lost) == (
+        "group 0 (ranks 0, 1, 2, 3) of the memory snapshot (round 1 step 3) keeps 2 of the "
+        "4 shares it needs: lost the blobs of rank(s) 0, 1 and parity share(s) 0, 1"
+    )
+    # The restore choice says it too.
+    peers = [PeerState(r, True, False, 4, 1000, memory=h) for r, h in enumerate(host_a_lost)]
+    decision = choose_restore_source(peers, 2, RestorePolicy(), RegisteredSnapshot(1, 3, 4))
+    assert decision.source is RestoreSource.DISK and "group 0 (ranks 0, 1, 2, 3)" in (
+        decision.reason
+    )
+
+
+def test_erasure_rebuild_plan_is_deterministic_and_fetches_least() -> None:
+    # New world: old ranks 0, 1, 2 (rank 3 lost). Ranks 0 and 1 hold 2 shares each: the
+    # lowest of them rebuilds, from its own 2 shares, then data shares 1 and 2.
+    holdings: list[MemoryHolding | None] = [
+        coded_holding(0, (0,), ((0, 0),)),
+        coded_holding(1, (1,), ((0, 1),)),
+        coded_holding(2, (2,), ()),
+    ]
+    plan = rebuild_plan(holdings[0].placement, holdings)  # type: ignore[union-attr, arg-type]
+    assert len(plan) == 1
+    (rebuild,) = plan
+    assert (rebuild.group, rebuild.rebuilder, rebuild.lost) == (0, 0, (3,))
+    assert rebuild.shares == ((0, 0), (4, 0), (1, 1), (2, 2))
+    # Nothing lost: nothing to rebuild.
+    whole = [*holdings, coded_holding(3, (3,), ())]
+    assert rebuild_plan(whole[0].placement, whole) == []  # type: ignore[union-attr, arg-type]
+
+
+def test_placements_read_back_and_old_replication_bytes_still_read() -> None:
+    coded = replace(erasure_protectors(["a", "a", "b", "b"], 4, 2), lengths=(1, 2, 3, 4))
+    assert SnapshotPlacement.from_bytes(coded.to_bytes()) == coded
+    copied = protectors(["a", "a", "b", "b"], copies=2)
+    assert SnapshotPlacement.from_bytes(copied.to_bytes()) == copied
+    # Version 1 (replication only, no version key), as registries hold it.
+    old = b'{"hosts":["a","a","b","b"],"holders":[[0,2],[1,3],[2,0],[3,1]]}'
+    assert SnapshotPlacement.from_bytes(old) == copied
+    with pytest.raises(ValueError, match="version 9: this rallypoint reads versions 1 to 2"):
+        SnapshotPlacement.from_bytes(b'{"version":9,"hosts":[],"holders":[]}')

@@ -175,6 +175,102 @@ def elastic_trial(endpoints: str, job: str, root: Path, timeout_s: float) -> Eve
         trial.stop()
 
 
+def memory_trial(
+    endpoints: str, job: str, root: Path, timeout_s: float, victims: Sequence[str]
+) -> Event:
+    """Four FSDP2 workers on two simulated hosts (w0, w1 on host-a; w2, w3 on host-b), a
+    memory snapshot every step and a disk checkpoint every 20; ``victims`` are SIGKILLed at
+    once and the survivors must train again, restored from the peers' memory."""
+    hosts = {"w0": "host-a", "w1": "host-a", "w2": "host-b", "w3": "host-b"}
+    extra = {
+        name: ["--fsdp", "--snapshot-every=1", f"--host={host}"] for name, host in hosts.items()
+    }
+    trial = ElasticTrial(endpoints, job, root, extra=extra)
+    names = list(trial.procs)
+    try:
+        wait_for("4 workers training", lambda: trial.training_at(names, WORKERS, 0.0), timeout_s)
+        time.sleep(1.0)
+        killed_at = time.time()
+        for victim in victims:
+            os.killpg(trial.procs[victim].pid, signal.SIGKILL)
+        with trial.lock:
+            before = list(trial.events)
+        survivors = [name for name in names if name not in victims]
+        try:
+            back = wait_for(
+                f"survivors training at world {len(survivors)}",
+                lambda: trial.training_at(survivors, len(survivors), killed_at),
+                timeout_s,
+            )
+        except TimeoutError as error:
+            return {"recovered": False, "error": str(error)}
+        with trial.lock:
+            formed = [
+                e for e in trial.events if e["event"] == "round_formed" and e["t"] > killed_at
+            ]
+        trained = max(e["step"] for e in before if e["event"] == "step" and e["t"] <= killed_at)
+        disk = [
+            e["step"]
+            for e in before
+            if e["event"] == "checkpoint_committed" and e["t"] <= killed_at
+        ]
+        restored = min(e["step"] for e in formed)
+        return {
+            "recovered": True,
+            "recovery_s": back - killed_at,
+            "restore_sources": sorted({e["source"] for e in formed}),
+            "reasons": sorted({e["reason"] for e in formed}),
+            "steps_lost": trained - restored,
+            "disk_steps_lost": trained - max(disk, default=0),
+            "restore_s": max(e["restore_s"] for e in formed),
+        }
+    finally:
+        trial.stop()
+
+
+def memory_figures(root: Path, size_mb: float, repeats: int, timeout_s: float) -> dict[str, Any]:
+    """bench/memory_ranks.py's three ranks: restore from peers' memory against raw DCP,
+    the snapshot's blocked time and the memory it holds."""
+    workdir = root / "memory-figures"
+    workdir.mkdir()
+    first = free_port_block(2)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "GLOO_SOCKET_IFNAME": "lo",
+        "FIRST_PORT": str(first),
+        "SECOND_PORT": str(first + 1),
+    }
+    ranks = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bench.memory_ranks",
+                str(rank),
+                str(workdir),
+                str(size_mb),
+                str(repeats),
+            ],
+            env=env,
+            stderr=open(workdir / f"rank{rank}.err", "w"),  # noqa: SIM115
+            cwd=REPOSITORY,
+        )
+        for rank in range(3)
+    ]
+    try:
+        for rank in ranks:
+            if rank.wait(timeout=timeout_s) != 0:
+                raise RuntimeError(f"a memory rank failed: see {workdir}")
+    finally:
+        for rank in ranks:
+            if rank.poll() is None:
+                rank.kill()
+                rank.wait()
+    figures: dict[str, Any] = json.loads((workdir / "memory-figures.json").read_text())
+    return figures
+
+
 class TorchrunTrial(TorchrunAgents):
     """Two torchrun agents (2 workers each) of one job; the events the workers write."""
 
@@ -400,11 +496,23 @@ def run_in(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "torchrun_default": [],
     }
     hangs: list[Event] = []
+    memory_trials: list[Event] = []
+    host_trials: list[Event] = []
     try:
         cluster.start()
         asyncio.run(cluster.wait_ready())
         endpoints = ",".join(cluster.addresses.values())
         for trial in range(args.trials):
+            figures = memory_trial(endpoints, f"memory-{trial}", root, args.timeout_s, ["w3"])
+            memory_trials.append(figures)
+            print(f"memory (w3)      trial {trial}: {figures}", flush=True)
+            if trial == 0:
+                figures = memory_trial(
+                    endpoints, f"host-{trial}", root, args.timeout_s, ["w2", "w3"]
+                )
+                host_trials.append(figures)
+                print(f"memory (host-b)  trial {trial}: {figures}", flush=True)
+        for trial in range(0 if args.memory_only else args.trials):
             figures = elastic_trial(endpoints, f"bench-{trial}", root, args.timeout_s)
             trials["rallypoint"].append(figures)
             print(f"rallypoint       trial {trial}: {figures}", flush=True)
@@ -414,7 +522,7 @@ def run_in(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 figures = torchrun_trial(tuned, f"{key}-{trial}", out, args.timeout_s)
                 trials[key].append(figures)
                 print(f"{key:<16} trial {trial}: {figures}", flush=True)
-        for trial in range(0 if args.smoke else args.trials):
+        for trial in range(0 if args.smoke or args.memory_only else args.trials):
             figures = hang_trial(endpoints, f"hang-{trial}", root, args.timeout_s)
             hangs.append(figures)
             print(f"hang             trial {trial}: {figures}", flush=True)
@@ -422,6 +530,10 @@ def run_in(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         cluster.stop()
     restore = restore_figures(root, args.restore_mb, args.restore_repeats)
     print(f"restore: {restore}", flush=True)
+    memory = memory_figures(root, args.restore_mb, args.restore_repeats, args.timeout_s * 3)
+    print(f"memory: {memory}", flush=True)
+    memory_summary = median_or_reason(memory_trials)
+    recovered_memory = [t for t in memory_trials if t["recovered"]]
     summaries = {key: median_or_reason(values) for key, values in trials.items()}
     report: dict[str, Any] = {
         "benchmark": "elastic recovery and restore",
@@ -437,6 +549,12 @@ def run_in(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
             "torchrun_default": "c10d, torch's defaults",
             "restore_mb": args.restore_mb,
+            "memory": "FSDP2 demo model, 4 workers on 2 simulated hosts, a memory snapshot "
+            "every step (2 copies, across hosts) and a disk checkpoint every 20: SIGKILL of w3 "
+            "(memory_recovery_s: kill -> 3 survivors trained a step; memory_steps_lost: last "
+            "step trained before the kill - restored step; disk_steps_lost: the same for the "
+            "last disk checkpoint), and once of w2 and w3 (host-b); memory figures: "
+            "bench/memory_ranks.py, 3 ranks on 3 hosts, an FSDP2 model of restore_mb MB",
             "smoke": args.smoke,
             "hang": "one of 4 workers blocks forever inside its step at step 60 (its process "
             f"and heartbeat alive), {HANG_STEP_S} s of work a step: hang_detect_s is from its "
@@ -449,7 +567,22 @@ def run_in(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "restore_vs_dcp": restore["restore_vs_dcp"],
         "hang_detect_s": _median([t["hang_detect_s"] for t in hangs if t["recovered"]]),
         "hang_recovery_s": _median([t["hang_recovery_s"] for t in hangs if t["recovered"]]),
-        "details": {**summaries, "restore": restore, "hang": hangs},
+        "memory_recovery_s": memory_summary["median_s"],
+        "memory_steps_lost": _median([t["steps_lost"] for t in recovered_memory]),
+        "disk_steps_lost": _median([t["disk_steps_lost"] for t in recovered_memory]),
+        "memory_restore_vs_dcp": memory["memory_restore_vs_dcp"],
+        "snapshot_blocked_s_per_gb": memory["snapshot_blocked_s_per_gb"],
+        "memory_overhead": memory["memory_overhead"],
+        "host_lost": [
+            {k: t.get(k) for k in ("recovered", "restore_sources", "recovery_s", "error")}
+            for t in host_trials
+        ],
+        "details": {
+            **summaries,
+            "restore": restore,
+            "hang": hangs,
+            "memory": {**memory_summary, "figures": memory, "host_lost": host_trials},
+        },
     }
     for key in ("torchrun_tuned", "torchrun_default"):
         if summaries[key]["median_s"] is None:
@@ -505,6 +638,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout-s", type=float, default=90.0, help="per phase of a trial")
     parser.add_argument("--restore-mb", type=float, default=64.0)
     parser.add_argument("--restore-repeats", type=int, default=5)
+    parser.add_argument(
+        "--memory-only",
+        action="store_true",
+        help="only the in-memory snapshot trials and figures (no torchrun, no hang trials)",
+    )
     parser.add_argument(
         "--smoke",
         action="store_true",

@@ -453,10 +453,16 @@ class ElasticRound:
             # The step's collectives are synchronous and gloo cannot be interrupted: bound
             # each by the coordinator's own hang verdict (hang_factor x the step time, at
             # least hang_floor_s; startup_timeout_s before the round's first step), so a
-            # rank waiting on a peer that is gone leaves within that bound.
+            # rank waiting on a peer that is gone leaves within that bound (the first step:
+            # at most FORMATION_CONNECT_S, unless hang_floor_s is longer).
             config = self.run.config
             if self.steps_trained == 0:
-                bound_s = config.startup_timeout_ms / 1000
+                # Not the whole startup_timeout_s: a round that changes during its first
+                # step (a scale-up as workers arrive) would hold every rank that long.
+                bound_s = min(
+                    config.startup_timeout_ms / 1000,
+                    max(config.hang_floor_ms / 1000, FORMATION_CONNECT_S),
+                )
             else:
                 bound_s = max(
                     config.hang_floor_ms / 1000, config.hang_factor * self._compute_ms / 1000

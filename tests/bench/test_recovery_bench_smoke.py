@@ -45,3 +45,11 @@ def test_smoke_run_writes_results_and_leaves_no_process(tmp_path: Path) -> None:
     assert report["torchrun_default_s"] is None
     assert report["torchrun_default_reason"] == "not run (--smoke)"
     assert report["restore_vs_dcp"] > 0
+    # In-memory snapshots: a killed FSDP2 worker and a whole host come back from memory.
+    memory = report["details"]["memory"]
+    assert memory["recovered"] == "1/1", memory
+    assert memory["trials"][0]["restore_sources"] == ["memory"], memory
+    assert report["memory_steps_lost"] is not None and report["memory_steps_lost"] >= 0
+    assert [t["restore_sources"] for t in report["host_lost"]] == [["memory"]], report["host_lost"]
+    for field in ("memory_restore_vs_dcp", "snapshot_blocked_s_per_gb", "memory_overhead"):
+        assert math.isfinite(report[field]) and report[field] > 0, field

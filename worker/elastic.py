@@ -118,6 +118,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import inspect
 import logging
 import math
@@ -134,6 +135,8 @@ from typing import Any, Literal, TypeVar
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 from torch.distributed.tensor import DTensor
 
 from rallypoint.client import (
@@ -433,11 +436,13 @@ class ElasticRound:
         forward pass and reduce-scatters in the backward pass): when one of them fails (a
         peer was lost) the round ends and the step does not count, instead of the error
         ending the program; the loop moves to the next round. Errors that are not a
-        collective's are raised as they are. For a sharded model (``TrainState.build``)
-        each of the step's collectives is bounded by the job's hang verdict (hang_factor x
-        the step time, at least hang_floor_s): gloo cannot be interrupted, and a rank whose
-        neighbour in a collective gave up on a lost peer would otherwise wait out
-        ``collective_timeout_s``.
+        collective's are raised as they are. On gloo, a model built by ``TrainState.build``
+        has its FSDP2 all-gathers and reduce-scatters replaced by the loop's, waited for as
+        the loop's own collectives are: given up as soon as the round ends (the
+        coordinator's push), since gloo cannot interrupt a collective that waits on a peer
+        that is gone. As a safety net for collectives outside them, each collective of a
+        sharded model's step is also bounded by the job's hang verdict (hang_factor x the
+        step time, at least hang_floor_s).
 
         ::
 
@@ -588,10 +593,16 @@ class ElasticRound:
         self.in_flight.append(work)
         done = threading.Event()
         self._waiter = done
-        work.get_future().add_done_callback(lambda _: done.set())
+        wait_slice: Callable[[float], bool] = done.wait
+        try:
+            work.get_future().add_done_callback(lambda _: done.set())
+        except RuntimeError:
+            # gloo's all_gather_into_tensor (FSDP2's) has no future: look at the work
+            # itself, often at first (it takes milliseconds).
+            wait_slice = functools.partial(_poll, work, done)
         deadline = started + self.run.collective_timeout_s
         try:
-            while not done.wait(WAIT_SLICE_S):
+            while not wait_slice(WAIT_SLICE_S):
                 if self.ended:
                     return False
                 if time.monotonic() >= deadline:
@@ -1159,6 +1170,7 @@ class ElasticRun:
                 # would hand its DTensors the previous world's mesh (memory.py says why).
                 forget_previous_world()
                 self.state.model, self.state.optimizer = self.state.build()
+                _abandonable_fsdp(self.state.model, round_)
                 self._survivor = False
             latest = self.client.latest_checkpoint(self.job)
             checkpoint = Path(latest.uri) if latest is not None else None
@@ -1285,10 +1297,107 @@ class ElasticRun:
         self._abandoned.append((now, [round_.checkpointer, *round_.in_flight]))
 
 
+def _poll(work: dist.Work, woken: threading.Event, slice_s: float) -> bool:
+    """Up to ``slice_s``: True once ``work`` completed or ``woken`` is set (the round
+    ended), looking after 0.1 ms, then twice as long each time, at most every 2 ms."""
+    end = time.monotonic() + slice_s
+    pause = 0.0001
+    while not (work.is_completed() or woken.is_set()):
+        remaining = end - time.monotonic()
+        if remaining <= 0:
+            return False
+        woken.wait(min(pause, remaining))
+        pause = min(pause * 2, 0.002)
+    return True
+
+
+class CollectiveAbandoned(RuntimeError):
+    """A collective inside a step (FSDP2's) was given up: the round ended under it."""
+
+
+class _AbandonableAllGather(AllGather):
+    """FSDP2's all-gather, waited for as the loop's own collectives are (``round.wait``): in
+    slices, given up as soon as the round ends (the coordinator's push), counted as progress
+    for hang detection. gloo cannot interrupt a collective that waits on a peer that is gone;
+    this lets the training thread leave it (the work is kept alive until it times out)."""
+
+    def __init__(self, round_: ElasticRound) -> None:
+        self.round = round_
+
+    def allocate(
+        self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        async_op: bool = False,
+    ) -> dist.Work | None:
+        work = dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=True)
+        return _waited(self.round, work, "FSDP's all-gather", async_op)
+
+
+class _AbandonableReduceScatter(ReduceScatter):
+    """FSDP2's reduce-scatter, waited for abandonably (see _AbandonableAllGather)."""
+
+    def __init__(self, round_: ElasticRound) -> None:
+        self.round = round_
+
+    def allocate(
+        self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        op: Any,
+        async_op: bool = False,
+    ) -> dist.Work | None:
+        # gloo's asynchronous reduce-scatter only runs once waited for (it never completes
+        # on its own, measured with torch 2.13), so it cannot be waited for abandonably: an
+        # all-reduce of the whole input (twice the traffic) and this rank's part of it.
+        work = dist.all_reduce(input_tensor, op=op, group=group, async_op=True)
+        _waited(self.round, work, "FSDP's reduce-scatter (an all-reduce)", True)
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
+        output_tensor.copy_(input_tensor.view(world, -1)[rank].view_as(output_tensor))
+        return None
+
+
+def _waited(
+    round_: ElasticRound, work: dist.Work | None, what: str, async_op: bool
+) -> dist.Work | None:
+    if work is None:
+        raise AssertionError(f"{what}: an async collective returned no work")
+    if not round_.wait(work, what):
+        raise CollectiveAbandoned(f"{what} was given up: {round_.end_reason}")
+    return work if async_op else None
+
+
+def _abandonable_fsdp(model: torch.nn.Module, round_: ElasticRound) -> int:
+    """Give every FSDP2 module of ``model`` the loop's abandonable all-gather and
+    reduce-scatter (gloo only: NCCL keeps FSDP's own); how many modules took them."""
+    done = 0
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            try:
+                module.set_custom_all_gather(_AbandonableAllGather(round_))
+                module.set_custom_reduce_scatter(_AbandonableReduceScatter(round_))
+            except ValueError:
+                continue  # several parameter groups: FSDP keeps its own collectives there
+            done += 1
+    return done
+
+
 def _collective_failure(error: RuntimeError) -> bool:
     """Whether ``error`` is a collective's failure (torch's distributed errors, gloo's and
-    NCCL's transport errors), not the training code's."""
-    if isinstance(error, dist.DistError):
+    NCCL's transport errors, one given up), not the training code's."""
+    if isinstance(error, dist.DistError | CollectiveAbandoned):
         return True
     text = str(error)
     return any(mark in text for mark in ("gloo", "NCCL", "ProcessGroup", "c10d"))

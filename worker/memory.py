@@ -337,6 +337,15 @@ def _recv_exactly(sock: socket.socket, length: int) -> bytearray:
     return buffer
 
 
+def _recv_into(sock: socket.socket, sink: memoryview) -> None:
+    got, length = 0, len(sink)
+    while got < length:
+        n = sock.recv_into(sink[got:], length - got)
+        if n == 0:
+            raise ConnectionError(f"the peer closed the connection after {got} of {length} bytes")
+        got += n
+
+
 def _recv_header(sock: socket.socket) -> dict[str, Any]:
     (length,) = _HEADER.unpack(_recv_exactly(sock, _HEADER.size))
     if length > _MAX_HEADER_BYTES:
@@ -682,15 +691,25 @@ class _PeerReader(StorageReader):
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
         return plans
 
-    def _fetch(self, rank: int, ranges: list[tuple[int, int]]) -> list[memoryview]:
+    def _fetch(
+        self, rank: int, ranges: list[tuple[int, int]], sinks: list[memoryview | None]
+    ) -> list[memoryview]:
+        """The bytes of ``ranges`` of ``rank``'s blob: each written into its sink when it has
+        one (a target tensor's memory: no copy in between), else returned."""
         source = self.sources[rank]
+        parts: list[memoryview] = []
         if source is None:
             blob = self.local.blob(self.snapshot, rank)
             if blob is None:
                 raise SnapshotError(f"this process no longer holds rank {rank} of {self.snapshot}")
             view = memoryview(blob)
+            for (offset, length), sink in zip(ranges, sinks, strict=True):
+                part = view[offset : offset + length]
+                if sink is not None:
+                    sink[:] = part
+                parts.append(part)
             self.bytes_local += sum(n for _, n in ranges)
-            return [view[o : o + n] for o, n in ranges]
+            return parts
         header = {
             "op": "read",
             "token": self.token,
@@ -699,14 +718,48 @@ class _PeerReader(StorageReader):
             "rank": rank,
             "ranges": ranges,
         }
-        total = sum(n for _, n in ranges)
-        data = memoryview(_request(source, header, answer_bytes=total))
-        self.bytes_from_peers += total
-        parts, at = [], 0
-        for _, n in ranges:
-            parts.append(data[at : at + n])
-            at += n
+        host, _, port = source.rpartition(":")
+        with socket.create_connection((host, int(port)), timeout=REQUEST_TIMEOUT_S) as sock:
+            _send(sock, header)
+            answer = _recv_header(sock)
+            if "error" in answer:
+                raise SnapshotError(f"snapshot server {source}: {answer['error']}")
+            for (_, length), sink in zip(ranges, sinks, strict=True):
+                if sink is None:
+                    parts.append(memoryview(_recv_exactly(sock, length)))
+                else:
+                    _recv_into(sock, sink)
+                    parts.append(sink)
+        self.bytes_from_peers += sum(n for _, n in ranges)
         return parts
+
+    def _plan_read(self, item: Any, planner: LoadPlanner) -> tuple[int, int, Any, Any]:
+        """Where one read item's bytes are in its blob (offset, length), and, when they can
+        be written straight into the target tensor, the target and its bytes; else the
+        stored chunk's shape (the chunk is read whole and narrowed)."""
+        where: _Where = self.metadata.storage_data[item.storage_index]
+        if item.type == LoadItemType.BYTE_IO:
+            return where.offset, where.length, None, None
+        stored = self.metadata.state_dict_metadata[item.storage_index.fqn]
+        if not isinstance(stored, TensorStorageMetadata):
+            raise SnapshotError(f"{item.storage_index.fqn} is not a stored tensor")
+        (chunk,) = [c for c in stored.chunks if list(c.offsets) == list(item.storage_index.offset)]
+        sizes, offsets, lengths = list(chunk.sizes), list(item.storage_offsets), list(item.lengths)
+        target = planner.resolve_tensor(item).detach()
+        # Rows of the stored chunk (narrowed in its first dimension only) are contiguous:
+        # read just them, into the target when its memory is one block as well.
+        if (
+            sizes
+            and all(o == 0 for o in offsets[1:])
+            and lengths[1:] == sizes[1:]
+            and list(target.size()) == lengths
+            and target.is_contiguous()
+        ):
+            row = where.length // sizes[0] if sizes[0] else 0
+            array: Any = target.reshape(-1).view(torch.uint8).numpy()
+            sink = memoryview(array).cast("B")
+            return where.offset + offsets[0] * row, lengths[0] * row, target, sink
+        return where.offset, where.length, target, sizes
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> torch.futures.Future[None]:
         per_rank: dict[int, list[Any]] = {}
@@ -714,34 +767,30 @@ class _PeerReader(StorageReader):
             where: _Where = self.metadata.storage_data[item.storage_index]
             per_rank.setdefault(where.rank, []).append(item)
         for rank, items in per_rank.items():
-            places = [self.metadata.storage_data[item.storage_index] for item in items]
-            parts = self._fetch(rank, [(w.offset, w.length) for w in places])
-            for item, raw in zip(items, parts, strict=True):
+            reads = [self._plan_read(item, planner) for item in items]
+            sinks = [sink if isinstance(sink, memoryview) else None for *_, sink in reads]
+            parts = self._fetch(rank, [(offset, length) for offset, length, _, _ in reads], sinks)
+            for item, (_, _, target, how), raw in zip(items, reads, parts, strict=True):
                 if item.type == LoadItemType.BYTE_IO:
                     planner.load_bytes(item, io.BytesIO(bytes(raw)))
                     continue
-                stored = self.metadata.state_dict_metadata[item.storage_index.fqn]
-                if not isinstance(stored, TensorStorageMetadata):
-                    raise SnapshotError(f"{item.storage_index.fqn} is not a stored tensor")
-                (chunk,) = [
-                    c for c in stored.chunks if list(c.offsets) == list(item.storage_index.offset)
-                ]
-                tensor = (
-                    torch.frombuffer(raw, dtype=torch.uint8)
-                    .view(stored.properties.dtype)
-                    .reshape(chunk.sizes)
-                )
-                for dim, (offset, length) in enumerate(
-                    zip(item.storage_offsets, item.lengths, strict=True)
-                ):
-                    tensor = tensor.narrow(dim, offset, length)
-                target = planner.resolve_tensor(item).detach()
-                if target.size() != tensor.size():
-                    raise SnapshotError(
-                        f"{item.storage_index.fqn}: stored {tuple(tensor.size())}, "
-                        f"wanted {tuple(target.size())}"
+                if not isinstance(how, memoryview):
+                    stored: Any = self.metadata.state_dict_metadata[item.storage_index.fqn]
+                    tensor = (
+                        torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+                        .view(stored.properties.dtype)
+                        .reshape(how)
                     )
-                target.copy_(tensor)
+                    for dim, (offset, length) in enumerate(
+                        zip(item.storage_offsets, item.lengths, strict=True)
+                    ):
+                        tensor = tensor.narrow(dim, offset, length)
+                    if target.size() != tensor.size():
+                        raise SnapshotError(
+                            f"{item.storage_index.fqn}: stored {tuple(tensor.size())}, "
+                            f"wanted {tuple(target.size())}"
+                        )
+                    target.copy_(tensor)
                 planner.commit_tensor(item, target)
         done: torch.futures.Future[None] = torch.futures.Future()
         done.set_result(None)

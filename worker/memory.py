@@ -801,17 +801,62 @@ class _PeerReader(StorageReader):
         return True
 
 
-def _stage(obj: Any) -> Any:
-    """A copy of ``obj`` whose tensors are copies: training may change the originals."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return {key: _stage(value) for key, value in obj.items()}
-    if isinstance(obj, list):
-        return [_stage(value) for value in obj]
-    if isinstance(obj, tuple):
-        return tuple(_stage(value) for value in obj)
-    return obj
+class _Stager:
+    """Copies of the state's tensors, into buffers kept from one snapshot to the next: a copy
+    into memory already touched runs several times faster than a clone into fresh pages
+    (measured: 67 MB a rank, 24-47 ms cloned). A buffer is reused only once the snapshot
+    that last used it was protected (``take`` never starts one before)."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}
+        # The DTensors handed out last time, wrapping their buffers (made once per world).
+        self._wrappers: dict[tuple[Any, ...], DTensor] = {}
+
+    @staticmethod
+    def _fits(buffer: torch.Tensor, tensor: torch.Tensor) -> bool:
+        return (
+            buffer.shape == tensor.shape
+            and buffer.dtype == tensor.dtype
+            and buffer.device == tensor.device
+            and buffer.stride() == tensor.stride()
+        )
+
+    def stage(self, obj: Any, path: tuple[Any, ...] = ()) -> Any:
+        if isinstance(obj, DTensor):
+            local = obj.to_local()
+            staged = self._wrappers.get(path)
+            buffer = self._buffers.get(path)
+            if staged is not None and buffer is not None and self._fits(buffer, local):
+                buffer.copy_(local.detach())  # the kept DTensor wraps this buffer
+                return staged
+            with torch.no_grad():
+                staged = self._wrappers[path] = DTensor.from_local(
+                    self._copy(path, local),
+                    obj.device_mesh,
+                    obj.placements,
+                    run_check=False,
+                    shape=obj.shape,
+                    stride=obj.stride(),
+                )
+            return staged
+        if isinstance(obj, torch.Tensor):
+            return self._copy(path, obj)
+        if isinstance(obj, dict):
+            return {key: self.stage(value, (*path, key)) for key, value in obj.items()}
+        if isinstance(obj, list):
+            return [self.stage(value, (*path, i)) for i, value in enumerate(obj)]
+        if isinstance(obj, tuple):
+            return tuple(self.stage(value, (*path, i)) for i, value in enumerate(obj))
+        return obj
+
+    def _copy(self, path: tuple[Any, ...], tensor: torch.Tensor) -> torch.Tensor:
+        tensor = tensor.detach()
+        buffer = self._buffers.get(path)
+        if buffer is None or not self._fits(buffer, tensor):
+            buffer = self._buffers[path] = tensor.clone()
+        else:
+            buffer.copy_(tensor)
+        return buffer
 
 
 def _state_bytes(obj: Any) -> int:
@@ -899,6 +944,7 @@ class MemorySnapshots:
         self.skipped = 0
         # How long the last snapshot taken held the training thread (the copy).
         self.last_blocked_s = 0.0
+        self._stager = _Stager()
 
     def close(self) -> None:
         self.server.close()
@@ -950,6 +996,8 @@ class MemorySnapshots:
             on_complete=on_complete,
         )
         self._pending = None
+        # A new world's meshes: its staging buffers start afresh.
+        self._stager = _Stager()
         return placement
 
     def take(
@@ -986,7 +1034,7 @@ class MemorySnapshots:
             self.skipped += 1
             return None
         started = time.monotonic()
-        staged = _stage(_capture(model, optimizer, step, sampler, extra))
+        staged = self._stager.stage(_capture(model, optimizer, step, sampler, extra))
         blocked_s = self.last_blocked_s = time.monotonic() - started
         snapshot = SnapshotId(world.round_number, step)
         pending = PendingSnapshot(snapshot)

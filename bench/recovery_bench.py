@@ -602,26 +602,41 @@ def plot(report: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    figure, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
     labels, values = [], []
     for label, key in (
         ("rallypoint", "recovery_s"),
+        ("rallypoint FSDP2\nfrom memory", "memory_recovery_s"),
         ("torchrun tuned", "torchrun_tuned_s"),
         ("torchrun default", "torchrun_default_s"),
     ):
         labels.append(label if report[key] is not None else f"{label}\n(never recovered)")
         values.append(report[key] or 0.0)
-    left.bar(labels, values, color=["tab:green", "tab:orange", "tab:red"])
+    left.bar(labels, values, color=["tab:green", "tab:olive", "tab:orange", "tab:red"])
     left.set_ylabel("seconds, SIGKILL -> training (median)")
     left.set_title("recovery from a worker's SIGKILL (4 workers)")
     restore = report["details"]["restore"]
+    memory = report["details"]["memory"]["figures"]
     right.bar(
-        ["rallypoint restore", "raw DCP load"],
-        [restore["ours_bytes_per_s"] / 1e6, restore["raw_dcp_bytes_per_s"] / 1e6],
-        color=["tab:green", "tab:blue"],
+        [
+            "rallypoint restore\n(disk)",
+            "raw DCP load",
+            "from peers'\nmemory",
+            "raw DCP load\n(same state)",
+        ],
+        [
+            restore["ours_bytes_per_s"] / 1e6,
+            restore["raw_dcp_bytes_per_s"] / 1e6,
+            memory["memory_restore_bytes_per_s"] / 1e6,
+            memory["raw_dcp_bytes_per_s"] / 1e6,
+        ],
+        color=["tab:green", "tab:blue", "tab:olive", "tab:blue"],
     )
     right.set_ylabel("MB/s")
-    right.set_title(f"restore throughput (ratio {report['restore_vs_dcp']:.2f})")
+    right.set_title(
+        f"restore throughput (disk {report['restore_vs_dcp']:.2f}x, "
+        f"memory {report['memory_restore_vs_dcp']:.2f}x raw DCP)"
+    )
     figure.tight_layout()
     figure.savefig(path)
 

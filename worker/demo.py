@@ -13,7 +13,11 @@ world size, step, loss, each worker with its phi) and then, one after the other:
    re-form at world 3 in the same processes and go on with their state;
 2. kill -9s the coordinator's leader: a new leader is elected and training never stops;
 3. starts a new worker: the world grows back to 4, the newcomer receiving the state from a
-   survivor (or the latest checkpoint, resharded).
+   survivor (or the latest checkpoint, resharded);
+4. replaces them with four workers of a sharded model (FSDP2) on two simulated hosts, each
+   taking an in-memory snapshot every step protected on the other host, and SIGKILLs one:
+   its shards come back from the replica in its peer's memory (restore source ``memory``),
+   resharded to world 3, losing at most a step and reading no disk.
 
 It ends with a table of each recovery's time, exits 0 (1 if a phase did not happen in
 time), and kills every process it started, whatever happens. Without a terminal (CI logs)
@@ -176,7 +180,7 @@ class Demo:
 
         threading.Thread(target=show_address, args=(self.dashboard,), daemon=True).start()
 
-    def start_worker(self, name: str) -> WorkerView:
+    def start_worker(self, name: str, *extra: str, job: str = JOB) -> WorkerView:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
         stderr = open(self.root / f"{name}.err", "w")  # noqa: SIM115 (the child keeps it)
         proc = subprocess.Popen(
@@ -185,11 +189,12 @@ class Demo:
                 "-m",
                 "rallypoint.worker.demo_train",
                 f"--endpoints={','.join(self.endpoints)}",
-                f"--job={JOB}",
+                f"--job={job}",
                 f"--name={name}",
-                f"--checkpoint-dir={self.root / 'checkpoints'}",
+                f"--checkpoint-dir={self.root / 'checkpoints' / job}",
                 "--checkpoint-every=20",
                 f"--step-sleep-s={STEP_SLEEP_S}",
+                *extra,
             ],
             stdout=subprocess.PIPE,
             stderr=stderr,
@@ -434,7 +439,47 @@ class Demo:
         recoveries.append(joined)
         self.note(f"world size {worker_count} again")
         time.sleep(SETTLE_S / 2)
+        recoveries.append(self.sharded_phase([*survivors, newcomer]))
         return recoveries
+
+    def sharded_phase(self, previous: list[str]) -> Recovery:
+        """4. A sharded model (FSDP2) with in-memory snapshots on two simulated hosts: a
+        killed worker's shards come back from its peer's memory."""
+        for name in previous:  # make room on the machine: the replicated job is done
+            view = self.workers[name]
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(view.proc.pid, signal.SIGKILL)
+            view.state = "stopped"
+        self.note(
+            "stopped the replicated job; starting 4 FSDP2 workers on 2 hosts, snapshots "
+            "in memory every step"
+        )
+        hosts = {"fsdp-a1": "host-a", "fsdp-a2": "host-a", "fsdp-b1": "host-b", "fsdp-b2": "host-b"}
+        for name, host in hosts.items():
+            self.start_worker(
+                name, "--fsdp", "--snapshot-every=1", f"--host={host}", job=f"{JOB}-fsdp"
+            )
+        names = list(hosts)
+        self.wait(
+            lambda: self.training_again(names, 4, 0.0), START_TIMEOUT_S, "4 FSDP2 workers training"
+        )
+        self.note("4 FSDP2 workers training; each step's state is in memory on both hosts")
+        time.sleep(SETTLE_S)
+        victim = self.workers["fsdp-b2"]
+        survivors = names[:-1]
+        killed = Recovery(f"SIGKILL {victim.name} (FSDP2)", time.time())
+        victim.proc.kill()
+        victim.state = "killed"
+        self.note(f"SIGKILL {victim.name}: its shards live only in host-a's memory now")
+        killed.training_t = self.wait(
+            lambda: self.training_again(survivors, 3, killed.started_t),
+            PHASE_TIMEOUT_S,
+            "the FSDP2 survivors training at world 3",
+        )
+        self._milestones(killed, survivors)
+        self.note(f"FSDP2 survivors training at world 3, restored from: {killed.restore}")
+        time.sleep(SETTLE_S / 2)
+        return killed
 
     def _milestones(self, recovery: Recovery, names: list[str]) -> None:
         """Detection (the first worker to leave its round, or to join) and re-formation (the

@@ -105,6 +105,8 @@ from .sampler import ElasticSampler
 
 log = logging.getLogger("rallypoint.worker.memory")
 
+# torch's default timeout of a gloo group, when attach() is given none.
+DEFAULT_GROUP_TIMEOUT_S = 1800.0
 # How long a peer's server may take to answer one request (a push of a large blob included).
 REQUEST_TIMEOUT_S = 60.0
 _HEADER = struct.Struct("<I")
@@ -945,6 +947,8 @@ class MemorySnapshots:
         # How long the last snapshot taken held the training thread (the copy).
         self.last_blocked_s = 0.0
         self._stager = _Stager()
+        # Earlier worlds, kept until their groups' pending work surely timed out (attach).
+        self._retired: list[tuple[float, _World]] = []
 
     def close(self) -> None:
         self.server.close()
@@ -985,6 +989,13 @@ class MemorySnapshots:
         group = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
         control = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
         self.server.set_token(token[0])
+        # The previous world's groups may hold work stuck on a peer that is gone (an
+        # abandoned agreement, a protection's collective): dropping them would run gloo's
+        # destructor, which joins that work, for up to its timeout. Kept until it passed.
+        now = time.monotonic()
+        if self._world is not None:
+            self._retired.append((now + self._world.timeout_s + 5.0, self._world))
+        self._retired = [(until, kept) for until, kept in self._retired if until > now]
         self._world = _World(
             round_number=round_number,
             rank=rank,
@@ -994,6 +1005,7 @@ class MemorySnapshots:
             group=group,
             control=control,
             on_complete=on_complete,
+            timeout_s=timeout.total_seconds() if timeout is not None else DEFAULT_GROUP_TIMEOUT_S,
         )
         self._pending = None
         # A new world's meshes: its staging buffers start afresh.
@@ -1156,6 +1168,8 @@ class _World:
     # The training thread's one collective per take (whether to skip).
     control: dist.ProcessGroup
     on_complete: OnComplete | None
+    # The groups' collective timeout, in seconds.
+    timeout_s: float
 
 
 def _wait(work: dist.Work) -> bool:

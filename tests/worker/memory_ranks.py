@@ -17,6 +17,9 @@ Scenarios:
   fallback   1 copy (no replicas) and a disk checkpoint of step 2; rank 3 dies: its shards
              are nowhere in memory, so the restore reads the disk checkpoint (step 2).
   rank-moved 2 copies; rank 1 dies: the survivors of ranks 2 and 3 take ranks 1 and 2.
+  rank-stopped 2 copies; rank 3 is SIGSTOPped while the others wait for it in a collective
+             of the snapshots' own group (pending until its timeout); they re-form without
+             it at once and restore its shards from memory (the test SIGKILLs it at the end).
 
 Erasure-coded, 4+2 (on this world one group, ranks 0-3, and no rank off the group's hosts:
 both parity shares go to host-a, ranks 0 and 1, so that host-b's loss is survived):
@@ -36,6 +39,7 @@ import signal
 import socket
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +76,8 @@ SCENARIOS: dict[str, tuple[int | None, tuple[int, ...], tuple[int, int] | None]]
     "fallback": (1, (3,), None),
     # Ranks 2 and 3 become 1 and 2: torch's cached DTensor shardings must not follow them.
     "rank-moved": (2, (1,), None),
+    # Rank 3 is stopped, not killed, with the others in a collective of the snapshots' group.
+    "rank-stopped": (2, (3,), None),
     "ec-rank-lost": (None, (3,), (4, 2)),
     "ec-host-b-lost": (None, (2, 3), (4, 2)),
     "ec-host-a-lost": (None, (0, 1), (4, 2)),
@@ -85,6 +91,8 @@ FALLS_BACK = {
     ),
 }
 SNAPSHOT_STEPS, TRAINED_STEPS = 3, 4
+# The first world's snapshot groups' timeout (long enough to tell a wait for it apart).
+GROUP_TIMEOUT_S = 40.0
 
 
 def init_world(rank: int, world_size: int, port: int) -> None:
@@ -116,7 +124,7 @@ def main() -> None:
 
     # -- the first world: 4 ranks, round 1
     init_world(rank, 4, int(os.environ["MASTER_PORT"]))
-    placement = memory.attach(1, on_complete=register)
+    placement = memory.attach(1, on_complete=register, timeout=timedelta(seconds=GROUP_TIMEOUT_S))
     if erasure is None:
         assert placement.cross_host == ((copies or 1) > 1), placement
     else:
@@ -169,12 +177,24 @@ def main() -> None:
     addresses: list[Any] = [None] * 4
     dist.all_gather_object(addresses, memory.server.address)
     dist.barrier()
-    if rank in dying:
-        os.kill(os.getpid(), signal.SIGKILL)
-    deadline = time.monotonic() + 60
-    while not all(dead(addresses[r]) for r in dying):
-        assert time.monotonic() < deadline, "the dying ranks did not die"
-        time.sleep(0.05)
+    pending = None
+    if scenario == "rank-stopped":
+        # Rank 3 stops (its process and sockets stay) while the others are in a collective
+        # of the snapshot's own group with it: that work can only end by its timeout.
+        if rank in dying:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        world = memory._world
+        assert world is not None
+        pending = dist.all_reduce(torch.ones(1), group=world.control, async_op=True)
+        time.sleep(0.5)
+        assert pending is not None and not pending.is_completed()
+    else:
+        if rank in dying:
+            os.kill(os.getpid(), signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while not all(dead(addresses[r]) for r in dying):
+            assert time.monotonic() < deadline, "the dying ranks did not die"
+            time.sleep(0.05)
     dist.destroy_process_group()
 
     # -- the second world: the survivors, renumbered, round 2
@@ -182,7 +202,12 @@ def main() -> None:
     new_rank, world_size = survivors.index(rank), len(survivors)
     init_world(new_rank, world_size, int(os.environ["SECOND_PORT"]))
     forget_previous_world()
+    attach_started = time.monotonic()
     memory.attach(2)
+    # The previous world's groups are kept while their work may be pending: dropping them
+    # here would wait in gloo's destructor for that work's timeout.
+    attach_s = time.monotonic() - attach_started
+    assert attach_s < GROUP_TIMEOUT_S / 2, f"attach took {attach_s:.1f} s"
     model = sharded_mlp(7, world_size)  # fresh weights: everything must come from the restore
     optimizer = adam(model)
     sampler = ElasticSampler(NUM_SAMPLES, batch_size=3, rank=new_rank, world_size=world_size)

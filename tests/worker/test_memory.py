@@ -47,7 +47,11 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def run_scenario(scenario: str, dying: tuple[int, ...], workdir: Path) -> list[dict[str, Any]]:
+def run_scenario(
+    scenario: str, dying: tuple[int, ...], workdir: Path, *, stopped: bool = False
+) -> list[dict[str, Any]]:
+    """Run the scenario's 4 ranks; the survivors' figures. ``stopped``: the ``dying`` ranks
+    stop themselves instead of dying, and are SIGKILLed once the survivors are done."""
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -65,7 +69,17 @@ def run_scenario(scenario: str, dying: tuple[int, ...], workdir: Path) -> list[d
         )
         for rank in range(4)
     ]
-    wait_ranks(ranks, [-signal.SIGKILL if r in dying else 0 for r in range(4)], WORLD_TIMEOUT_S)
+    if stopped:
+        survivors = [r for r in range(4) if r not in dying]
+        try:
+            wait_ranks([ranks[r] for r in survivors], [0] * len(survivors), WORLD_TIMEOUT_S)
+        finally:
+            for r in dying:
+                ranks[r].kill()
+                ranks[r].communicate()
+    else:
+        expected = [-signal.SIGKILL if r in dying else 0 for r in range(4)]
+        wait_ranks(ranks, expected, WORLD_TIMEOUT_S)
     return [
         json.loads((workdir / f"{scenario}-rank{rank}.json").read_text())
         for rank in range(4)
@@ -100,6 +114,13 @@ def test_a_lost_host_is_rebuilt_from_the_other_hosts_replicas(tmp_path: Path) ->
 
 def test_survivors_whose_ranks_moved_restore_their_new_shards(tmp_path: Path) -> None:
     survivors = run_scenario("rank-moved", (1,), tmp_path)
+    assert [s["source"] for s in survivors] == ["memory"] * 3
+
+
+def test_a_stopped_rank_holding_a_snapshot_collective_does_not_hold_the_next_world(
+    tmp_path: Path,
+) -> None:
+    survivors = run_scenario("rank-stopped", (3,), tmp_path, stopped=True)
     assert [s["source"] for s in survivors] == ["memory"] * 3
 
 

@@ -7,8 +7,10 @@ replica to ranks on other hosts, so a lost rank's part (or a whole lost host's) 
 from its peers' memory and the world resumes at most one snapshot behind.
 
 Taking one (:meth:`MemorySnapshots.take`). The training thread is blocked only while the
-state is copied (``get_state_dict`` of model and optimizer, sharded, each tensor cloned, plus
-the step, sampler position and extra state). A background thread then:
+state is copied (``get_state_dict`` of model and optimizer, sharded, each tensor copied into
+a staging buffer kept from one snapshot to the next (:class:`_Stager`: a copy into touched
+memory runs several times faster than a clone), plus the step, sampler position and extra
+state). A background thread then:
 
 1. lays the copy out as torch.distributed.checkpoint (DCP) would store it, through DCP's own
    save planner (so replicated tensors are stored once, by one rank) with a storage writer
@@ -33,9 +35,15 @@ holds what its server held: its own blobs and the replicas it protects, named by
 world's round, step and rank. If the registered snapshot's every old rank is held by some
 process of the new world, the state is loaded by DCP's load planner for the *new* world's
 layout (resharding 4 -> 3 ranks is DCP's work) through a storage reader that fetches each
-stored item from the process holding it (its own memory when it holds it): bit for bit what
-was snapshotted. Otherwise the restore falls back to the disk checkpoint, saying which ranks
-were lost.
+stored item from the process holding it (its own memory when it holds it; only the rows the
+item needs, received straight into the target tensor): bit for bit what was snapshotted.
+Otherwise the restore falls back to the disk checkpoint, saying which ranks were lost.
+
+Between worlds. torch caches DTensor shardings by specs whose meshes compare equal across
+worlds, so a process whose rank moved would get the previous world's coordinate:
+:func:`forget_previous_world` clears those caches before the new world's model is made. The
+previous world's snapshot groups are kept until their timeout passed (``attach``): dropping
+them would run gloo's destructor, which waits for any collective still pending on them.
 
 Erasure coding (``MemorySnapshots(host, erasure=(k, m))``), for (k+m)/k of the state at rest
 instead of ``copies`` times. The ranks form groups of k (:func:`erasure_protectors`; the rule

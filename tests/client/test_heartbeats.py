@@ -160,10 +160,20 @@ async def test_answers_are_matched_by_seq_and_timed(
     members[0].answer_delay_s = 0.03
     batcher = await started(client, range(1, 5))
     await eventually(after(members[0], 4), "four requests")
-    await eventually(lambda: batcher.take_samples().answers > 0 or None, "answers", 5.0)
+    taken = []
+
+    def answered() -> bool | None:
+        taken.append(batcher.take_samples())
+        return taken[-1].answers > 0 or None
+
+    await eventually(answered, "answers", 5.0)
     await eventually(after(members[0], 10), "more requests")
     samples = batcher.take_samples()
-    assert samples.answers >= 3 and samples.requests >= samples.answers
+    taken.append(samples)
+    # A window's answers may be to requests of the window before it (in flight when it was
+    # taken): only the totals since the start compare.
+    assert samples.answers >= 3
+    assert sum(t.requests for t in taken) >= sum(t.answers for t in taken)
     assert len(samples.answer_latency_s) == samples.answers
     # Each latency is the delay of the answer to its own request, not to another one's.
     assert all(0.025 <= latency < 1.0 for latency in samples.answer_latency_s)

@@ -188,7 +188,12 @@ def memory_trial(
     trial = ElasticTrial(endpoints, job, root, extra=extra)
     names = list(trial.procs)
     try:
-        wait_for("4 workers training", lambda: trial.training_at(names, WORKERS, 0.0), timeout_s)
+        try:
+            wait_for(
+                "4 workers training", lambda: trial.training_at(names, WORKERS, 0.0), timeout_s
+            )
+        except TimeoutError as error:
+            return {"recovered": False, "error": f"start: {error}"}
         time.sleep(1.0)
         killed_at = time.time()
         for victim in victims:

@@ -144,33 +144,44 @@ def wait_for(what: str, ready: Any, timeout_s: float) -> Any:
     raise TimeoutError(f"no {what} within {timeout_s:g} s")
 
 
+def kill_and_recover(
+    trial: ElasticTrial, victims: Sequence[str], timeout_s: float
+) -> tuple[Event, list[Event], list[Event]]:
+    """Once the 4 workers trained together (TimeoutError if they never did), SIGKILL
+    ``victims`` at once and wait for the survivors to train again: the trial's figures,
+    the events up to the kill and the ``round_formed`` events after it."""
+    names = list(trial.procs)
+    wait_for("4 workers training", lambda: trial.training_at(names, WORKERS, 0.0), timeout_s)
+    time.sleep(1.0)  # a few checkpoints' worth of training at world 4
+    killed_at = time.time()
+    for victim in victims:
+        os.killpg(trial.procs[victim].pid, signal.SIGKILL)
+    with trial.lock:
+        before = [e for e in trial.events if e["t"] <= killed_at]
+    survivors = [name for name in names if name not in victims]
+    try:
+        back = wait_for(
+            f"survivors training at world {len(survivors)}",
+            lambda: trial.training_at(survivors, len(survivors), killed_at),
+            timeout_s,
+        )
+    except TimeoutError as error:
+        return {"recovered": False, "error": str(error)}, before, []
+    with trial.lock:
+        formed = [e for e in trial.events if e["event"] == "round_formed" and e["t"] > killed_at]
+    figures = {
+        "recovered": True,
+        "recovery_s": back - killed_at,
+        "restore_sources": sorted({e["source"] for e in formed}),
+    }
+    return figures, before, formed
+
+
 def elastic_trial(endpoints: str, job: str, root: Path, timeout_s: float) -> Event:
     trial = ElasticTrial(endpoints, job, root)
-    names = list(trial.procs)
     try:
-        wait_for("4 workers training", lambda: trial.training_at(names, WORKERS, 0.0), timeout_s)
-        time.sleep(1.0)  # a few checkpoints' worth of training at world 4
-        victim = names[-1]
-        killed_at = time.time()
-        os.killpg(trial.procs[victim].pid, signal.SIGKILL)
-        survivors = names[:-1]
-        try:
-            back = wait_for(
-                "survivors training at world 3",
-                lambda: trial.training_at(survivors, WORKERS - 1, killed_at),
-                timeout_s,
-            )
-        except TimeoutError as error:
-            return {"recovered": False, "error": str(error)}
-        with trial.lock:
-            formed = [
-                e for e in trial.events if e["event"] == "round_formed" and e["t"] > killed_at
-            ]
-        return {
-            "recovered": True,
-            "recovery_s": back - killed_at,
-            "restore_sources": sorted({e["source"] for e in formed}),
-        }
+        figures, _, _ = kill_and_recover(trial, [list(trial.procs)[-1]], timeout_s)
+        return figures
     finally:
         trial.stop()
 
@@ -186,46 +197,19 @@ def memory_trial(
         name: ["--fsdp", "--snapshot-every=1", f"--host={host}"] for name, host in hosts.items()
     }
     trial = ElasticTrial(endpoints, job, root, extra=extra)
-    names = list(trial.procs)
     try:
         try:
-            wait_for(
-                "4 workers training", lambda: trial.training_at(names, WORKERS, 0.0), timeout_s
-            )
+            figures, before, formed = kill_and_recover(trial, victims, timeout_s)
         except TimeoutError as error:
             return {"recovered": False, "error": f"start: {error}"}
-        time.sleep(1.0)
-        killed_at = time.time()
-        for victim in victims:
-            os.killpg(trial.procs[victim].pid, signal.SIGKILL)
-        with trial.lock:
-            before = list(trial.events)
-        survivors = [name for name in names if name not in victims]
-        try:
-            back = wait_for(
-                f"survivors training at world {len(survivors)}",
-                lambda: trial.training_at(survivors, len(survivors), killed_at),
-                timeout_s,
-            )
-        except TimeoutError as error:
-            return {"recovered": False, "error": str(error)}
-        with trial.lock:
-            formed = [
-                e for e in trial.events if e["event"] == "round_formed" and e["t"] > killed_at
-            ]
-        trained = max(e["step"] for e in before if e["event"] == "step" and e["t"] <= killed_at)
-        disk = [
-            e["step"]
-            for e in before
-            if e["event"] == "checkpoint_committed" and e["t"] <= killed_at
-        ]
-        restored = min(e["step"] for e in formed)
+        if not figures["recovered"]:
+            return figures
+        trained = max(e["step"] for e in before if e["event"] == "step")
+        disk = [e["step"] for e in before if e["event"] == "checkpoint_committed"]
         return {
-            "recovered": True,
-            "recovery_s": back - killed_at,
-            "restore_sources": sorted({e["source"] for e in formed}),
+            **figures,
             "reasons": sorted({e["reason"] for e in formed}),
-            "steps_lost": trained - restored,
+            "steps_lost": trained - min(e["step"] for e in formed),
             "disk_steps_lost": trained - max(disk, default=0),
             "restore_s": max(e["restore_s"] for e in formed),
         }

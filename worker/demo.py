@@ -388,18 +388,11 @@ class Demo:
         time.sleep(SETTLE_S)
 
         # 1. A worker dies.
-        victim = self.workers[names[-1]]
         survivors = names[:-1]
-        killed = Recovery(f"SIGKILL {victim.name}", time.time())
-        victim.proc.kill()
-        victim.state = "killed"
-        self.note(f"SIGKILL {victim.name} (pid {victim.proc.pid})")
-        killed.training_t = self.wait(
-            lambda: self.training_again(survivors, worker_count - 1, killed.started_t),
-            PHASE_TIMEOUT_S,
-            f"the survivors training at world {worker_count - 1}",
+        victim = self.workers[names[-1]]
+        killed = self.kill_worker(
+            victim.name, survivors, f"SIGKILL {victim.name} (pid {victim.proc.pid})"
         )
-        self._milestones(killed, survivors)
         recoveries.append(killed)
         self.note(f"survivors training at world {worker_count - 1} again")
         time.sleep(SETTLE_S)
@@ -465,20 +458,32 @@ class Demo:
         )
         self.note("4 FSDP2 workers training; each step's state is in memory on both hosts")
         time.sleep(SETTLE_S)
-        victim = self.workers["fsdp-b2"]
-        survivors = names[:-1]
-        killed = Recovery(f"SIGKILL {victim.name} (FSDP2)", time.time())
-        victim.proc.kill()
-        victim.state = "killed"
-        self.note(f"SIGKILL {victim.name}: its shards live only in host-a's memory now")
-        killed.training_t = self.wait(
-            lambda: self.training_again(survivors, 3, killed.started_t),
-            PHASE_TIMEOUT_S,
-            "the FSDP2 survivors training at world 3",
+        killed = self.kill_worker(
+            "fsdp-b2",
+            names[:-1],
+            "SIGKILL fsdp-b2: its shards live only in host-a's memory now",
+            what="SIGKILL fsdp-b2 (FSDP2)",
         )
-        self._milestones(killed, survivors)
         self.note(f"FSDP2 survivors training at world 3, restored from: {killed.restore}")
         time.sleep(SETTLE_S / 2)
+        return killed
+
+    def kill_worker(
+        self, name: str, survivors: list[str], note: str, what: str | None = None
+    ) -> Recovery:
+        """SIGKILL worker ``name`` and wait for ``survivors`` to train again without it: the
+        recovery, with its milestones."""
+        victim = self.workers[name]
+        killed = Recovery(what or f"SIGKILL {name}", time.time())
+        victim.proc.kill()
+        victim.state = "killed"
+        self.note(note)
+        killed.training_t = self.wait(
+            lambda: self.training_again(survivors, len(survivors), killed.started_t),
+            PHASE_TIMEOUT_S,
+            f"the survivors training at world {len(survivors)}",
+        )
+        self._milestones(killed, survivors)
         return killed
 
     def _milestones(self, recovery: Recovery, names: list[str]) -> None:

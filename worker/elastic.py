@@ -1315,11 +1315,9 @@ class CollectiveAbandoned(RuntimeError):
     """A collective inside a step (FSDP2's) was given up: the round ended under it."""
 
 
-class _AbandonableAllGather(AllGather):
-    """FSDP2's all-gather, waited for as the loop's own collectives are (``round.wait``): in
-    slices, given up as soon as the round ends (the coordinator's push), counted as progress
-    for hang detection. gloo cannot interrupt a collective that waits on a peer that is gone;
-    this lets the training thread leave it (the work is kept alive until it times out)."""
+class _RoundComm:
+    """What FSDP2's custom collectives below share: the round they wait in, and plain
+    allocation."""
 
     def __init__(self, round_: ElasticRound) -> None:
         self.round = round_
@@ -1328,6 +1326,13 @@ class _AbandonableAllGather(AllGather):
         self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype, device: torch.device
     ) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
+
+
+class _AbandonableAllGather(_RoundComm, AllGather):
+    """FSDP2's all-gather, waited for as the loop's own collectives are (``round.wait``): in
+    slices, given up as soon as the round ends (the coordinator's push), counted as progress
+    for hang detection. gloo cannot interrupt a collective that waits on a peer that is gone;
+    this lets the training thread leave it (the work is kept alive until it times out)."""
 
     def __call__(
         self,
@@ -1340,16 +1345,8 @@ class _AbandonableAllGather(AllGather):
         return _waited(self.round, work, "FSDP's all-gather", async_op)
 
 
-class _AbandonableReduceScatter(ReduceScatter):
+class _AbandonableReduceScatter(_RoundComm, ReduceScatter):
     """FSDP2's reduce-scatter, waited for abandonably (see _AbandonableAllGather)."""
-
-    def __init__(self, round_: ElasticRound) -> None:
-        self.round = round_
-
-    def allocate(
-        self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype, device: torch.device
-    ) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(
         self,
@@ -1379,19 +1376,16 @@ def _waited(
     return work if async_op else None
 
 
-def _abandonable_fsdp(model: torch.nn.Module, round_: ElasticRound) -> int:
+def _abandonable_fsdp(model: torch.nn.Module, round_: ElasticRound) -> None:
     """Give every FSDP2 module of ``model`` the loop's abandonable all-gather and
-    reduce-scatter (gloo only: NCCL keeps FSDP's own); how many modules took them."""
-    done = 0
+    reduce-scatter (gloo only: NCCL keeps FSDP's own)."""
+    if dist.get_backend() != "gloo":
+        return
     for module in model.modules():
         if isinstance(module, FSDPModule):
-            try:
+            with contextlib.suppress(ValueError):  # several parameter groups: FSDP's own
                 module.set_custom_all_gather(_AbandonableAllGather(round_))
                 module.set_custom_reduce_scatter(_AbandonableReduceScatter(round_))
-            except ValueError:
-                continue  # several parameter groups: FSDP keeps its own collectives there
-            done += 1
-    return done
 
 
 def _collective_failure(error: RuntimeError) -> bool:

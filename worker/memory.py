@@ -337,13 +337,7 @@ def _send(sock: socket.socket, header: Mapping[str, Any], payload: Sequence[Any]
 
 def _recv_exactly(sock: socket.socket, length: int) -> bytearray:
     buffer = bytearray(length)
-    view = memoryview(buffer)
-    got = 0
-    while got < length:
-        n = sock.recv_into(view[got:], length - got)
-        if n == 0:
-            raise ConnectionError(f"the peer closed the connection after {got} of {length} bytes")
-        got += n
+    _recv_into(sock, memoryview(buffer))
     return buffer
 
 
@@ -584,13 +578,37 @@ def _request(
     payload: Sequence[Any] = (),
     answer_bytes: int = 0,
 ) -> bytearray:
+    """One request to a snapshot server; the ``answer_bytes`` bytes of its answer."""
+    if not answer_bytes:
+        _request_parts(address, header, [], payload)
+        return bytearray()
+    (part,) = _request_parts(address, header, [answer_bytes], payload)
+    assert isinstance(part, bytearray)  # a length's part is read into a new bytearray
+    return part
+
+
+def _request_parts(
+    address: str,
+    header: Mapping[str, Any],
+    parts: Sequence[int | memoryview],
+    payload: Sequence[Any] = (),
+) -> list[Any]:
+    """One request to a snapshot server whose answer comes in ``parts``: each a length (read
+    into a new bytearray) or a memoryview (read straight into it); what was read, in order."""
     host, _, port = address.rpartition(":")
     with socket.create_connection((host, int(port)), timeout=REQUEST_TIMEOUT_S) as sock:
         _send(sock, header, payload)
         answer = _recv_header(sock)
         if "error" in answer:
             raise SnapshotError(f"snapshot server {address}: {answer['error']}")
-        return _recv_exactly(sock, answer_bytes) if answer_bytes else bytearray()
+        read: list[Any] = []
+        for part in parts:
+            if isinstance(part, memoryview):
+                _recv_into(sock, part)
+                read.append(part)
+            else:
+                read.append(_recv_exactly(sock, part))
+        return read
 
 
 # -- DCP storage in memory ---------------------------------------------------------------------
@@ -728,18 +746,8 @@ class _PeerReader(StorageReader):
             "rank": rank,
             "ranges": ranges,
         }
-        host, _, port = source.rpartition(":")
-        with socket.create_connection((host, int(port)), timeout=REQUEST_TIMEOUT_S) as sock:
-            _send(sock, header)
-            answer = _recv_header(sock)
-            if "error" in answer:
-                raise SnapshotError(f"snapshot server {source}: {answer['error']}")
-            for (_, length), sink in zip(ranges, sinks, strict=True):
-                if sink is None:
-                    parts.append(memoryview(_recv_exactly(sock, length)))
-                else:
-                    _recv_into(sock, sink)
-                    parts.append(sink)
+        wanted = [n if sink is None else sink for (_, n), sink in zip(ranges, sinks, strict=True)]
+        parts = [memoryview(part) for part in _request_parts(source, header, wanted)]
         self.bytes_from_peers += sum(n for _, n in ranges)
         return parts
 
@@ -949,9 +957,6 @@ class MemorySnapshots:
         self.server = SnapshotServer(bind, advertise)
         self._world: _World | None = None
         self._pending: PendingSnapshot | None = None
-        # The newest snapshot every rank protected and (if asked) the coordinator registered.
-        self.latest: SnapshotId | None = None
-        self.skipped = 0
         # How long the last snapshot taken held the training thread (the copy).
         self.last_blocked_s = 0.0
         self._stager = _Stager()
@@ -1051,7 +1056,6 @@ class MemorySnapshots:
         if not (wait_collective or _wait)(work):
             return None
         if busy.item():
-            self.skipped += 1
             return None
         started = time.monotonic()
         staged = self._stager.stage(_capture(model, optimizer, step, sampler, extra))
@@ -1110,7 +1114,6 @@ class MemorySnapshots:
             # Newer snapshots (of a later world, if this one ended meanwhile) are never
             # touched: only what this outcome makes useless is dropped.
             if committed.item():
-                self.latest = max(snapshot, self.latest) if self.latest else snapshot
                 self.server.drop_older(snapshot)
             else:
                 self.server.drop(snapshot)

@@ -11,7 +11,7 @@ call would end with); what differs is what an operation is:
   message's multi-gets share one read barrier taken after the message arrived, then each waits
   on its own (its ``timeout_ms``, ``partial``), re-checking fencing (STALE_ROUND) at every
   check exactly as the unary call does; the ones complete at once leave together in one
-  answer message, a blocked one does not hold the others;
+  answer message, a blocked one does not hold the others, nor the message's writes;
 - ``set``, ``add``, ``compare_set``, ``delete``: the unary method itself, run as a task, so
   they are proposed together when the message is served; each keeps its session header, so a
   retried write is answered from the session's cache and applied once.
@@ -83,13 +83,17 @@ class _StoreBatchServer(BatchServer):
             except Exception as error:
                 self.count(operation.WhichOneof("operation"), error)
                 at_once.append(_error(operation.id, error))
-        # The writes' tasks start (validate, propose) in the loop's next turn, together.
-        pending = asyncio.gather(*writes) if writes else None
+        # The writes' tasks start (validate, propose) in the loop's next turn, together, and
+        # are answered when applied: never held by a read of the same message, which may
+        # wait for a key the caller sets only once one of these writes is answered.
+        work = [self.answer_writes(asyncio.gather(*writes))] if writes else []
         self.answer(at_once)
         if reads:
-            await self.read_store(reads)
-        if pending is not None:
-            self.answer(list(await pending))
+            work.append(self.read_store(reads))
+        await asyncio.gather(*work)
+
+    async def answer_writes(self, pending: asyncio.Future[list[Any]]) -> None:
+        self.answer(list(await pending))
 
     async def admit(
         self, operation: rendezvous_pb2.StoreBatchOperation, guard: OperationGuard | None

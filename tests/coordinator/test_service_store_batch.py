@@ -168,6 +168,24 @@ async def test_a_waiting_read_does_not_hold_the_others_and_fencing_is_per_operat
     assert values(answers[6]) == [[b"v"]]
 
 
+async def test_a_write_is_answered_while_a_read_of_its_message_still_waits(
+    served: tuple[Round, grpc.aio.Channel],
+) -> None:
+    """A message holding a blocked multi_get and a write answers the write when it is applied:
+    the caller may set the read's missing key only after that answer (torch's store does:
+    one thread waits in multi_get while another sets the keys one by one)."""
+    r, channel = served
+    stream = Stream(channel)
+    await stream.send(
+        multi_get(1, r.scope(), [b"x", b"y"], timeout_ms=30_000, partial=False),
+        r.set(2, b"x", b"X"),
+    )
+    written = await asyncio.wait_for(stream.collect(1), timeout=10)
+    assert list(written) == [2] and written[2].WhichOneof("result") == "set"
+    await Stream(channel).ask(r.set(3, b"y", b"Y"))
+    assert values((await stream.collect(1))[1]) == [[b"X", b"Y"]]
+
+
 async def test_a_retried_write_applies_once(served: tuple[Round, grpc.aio.Channel]) -> None:
     r, channel = served
     header = r.headers()

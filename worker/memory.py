@@ -6,11 +6,12 @@ keeps its part of the state (its shards, for a sharded model) in host memory, an
 replica to ranks on other hosts, so a lost rank's part (or a whole lost host's) comes back
 from its peers' memory and the world resumes at most one snapshot behind.
 
-Taking one (:meth:`MemorySnapshots.take`). The training thread is blocked only while the
-state is copied (``get_state_dict`` of model and optimizer, sharded, each tensor copied into
-a staging buffer kept from one snapshot to the next (:class:`_Stager`: a copy into touched
-memory runs several times faster than a clone), plus the step, sampler position and extra
-state). A background thread then:
+Taking one (:meth:`MemorySnapshots.take`). The state (``get_state_dict`` of model and
+optimizer, sharded, plus the step, sampler position and extra state) is copied into staging
+buffers kept from one snapshot to the next; training is held only for the copy of the
+model's buffers, the parameters and optimizer state being copied in the background while the
+next forward and backward run (``optimizer.step()`` waits for that copy: worker/
+snapshot_copy.py). A background thread then:
 
 1. lays the copy out as torch.distributed.checkpoint (DCP) would store it, through DCP's own
    save planner (so replicated tensors are stored once, by one rank) with a storage writer
@@ -74,6 +75,7 @@ import hmac
 import io
 import json
 import logging
+import queue
 import secrets
 import socket
 import socketserver
@@ -106,10 +108,10 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
-from torch.distributed.tensor import DTensor
 
 from .erasure import MAX_SHARES, decode_blobs, encode_parity, erasure_groups, parity_holders
 from .sampler import ElasticSampler
+from .snapshot_copy import DeferredCopy, Stager, copy_all, state_bytes
 
 log = logging.getLogger("rallypoint.worker.memory")
 
@@ -819,77 +821,6 @@ class _PeerReader(StorageReader):
         return True
 
 
-class _Stager:
-    """Copies of the state's tensors, into buffers kept from one snapshot to the next: a copy
-    into memory already touched runs several times faster than a clone into fresh pages
-    (measured: 67 MB a rank, 24-47 ms cloned). A buffer is reused only once the snapshot
-    that last used it was protected (``take`` never starts one before)."""
-
-    def __init__(self) -> None:
-        self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}
-        # The DTensors handed out last time, wrapping their buffers (made once per world).
-        self._wrappers: dict[tuple[Any, ...], DTensor] = {}
-
-    @staticmethod
-    def _fits(buffer: torch.Tensor, tensor: torch.Tensor) -> bool:
-        return (
-            buffer.shape == tensor.shape
-            and buffer.dtype == tensor.dtype
-            and buffer.device == tensor.device
-            and buffer.stride() == tensor.stride()
-        )
-
-    def stage(self, obj: Any, path: tuple[Any, ...] = ()) -> Any:
-        if isinstance(obj, DTensor):
-            local = obj.to_local()
-            staged = self._wrappers.get(path)
-            buffer = self._buffers.get(path)
-            if staged is not None and buffer is not None and self._fits(buffer, local):
-                buffer.copy_(local.detach())  # the kept DTensor wraps this buffer
-                return staged
-            with torch.no_grad():
-                staged = self._wrappers[path] = DTensor.from_local(
-                    self._copy(path, local),
-                    obj.device_mesh,
-                    obj.placements,
-                    run_check=False,
-                    shape=obj.shape,
-                    stride=obj.stride(),
-                )
-            return staged
-        if isinstance(obj, torch.Tensor):
-            return self._copy(path, obj)
-        if isinstance(obj, dict):
-            return {key: self.stage(value, (*path, key)) for key, value in obj.items()}
-        if isinstance(obj, list):
-            return [self.stage(value, (*path, i)) for i, value in enumerate(obj)]
-        if isinstance(obj, tuple):
-            return tuple(self.stage(value, (*path, i)) for i, value in enumerate(obj))
-        return obj
-
-    def _copy(self, path: tuple[Any, ...], tensor: torch.Tensor) -> torch.Tensor:
-        tensor = tensor.detach()
-        buffer = self._buffers.get(path)
-        if buffer is None or not self._fits(buffer, tensor):
-            buffer = self._buffers[path] = tensor.clone()
-        else:
-            buffer.copy_(tensor)
-        return buffer
-
-
-def _state_bytes(obj: Any) -> int:
-    if isinstance(obj, DTensor):
-        local = obj.to_local()
-        return local.numel() * local.element_size()
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(_state_bytes(value) for value in obj.values())
-    if isinstance(obj, list | tuple):
-        return sum(_state_bytes(value) for value in obj)
-    return 0
-
-
 # -- taking snapshots ----------------------------------------------------------------------
 
 
@@ -900,7 +831,7 @@ class SnapshotTaken:
 
     snapshot: SnapshotId
     placement: SnapshotPlacement
-    blocked_s: float  # how long the training thread was held (the copy)
+    blocked_s: float  # how long the training thread was held (the copy, and the step's wait)
     protect_s: float  # from the copy to every rank's protection agreed
     state_bytes: int  # this rank's part of the state
     committed: bool
@@ -959,11 +890,20 @@ class MemorySnapshots:
         self._pending: PendingSnapshot | None = None
         # How long the last snapshot taken held the training thread (the copy).
         self.last_blocked_s = 0.0
-        self._stager = _Stager()
+        self._stager = Stager()
+        # The background part of the latest snapshot's copy, and the optimizer whose step
+        # waits for it (its hook's handle).
+        self._copy: DeferredCopy | None = None
+        self._hooked: tuple[torch.optim.Optimizer, Any] | None = None
         # Earlier worlds, kept until their groups' pending work surely timed out (attach).
         self._retired: list[tuple[float, _World]] = []
 
     def close(self) -> None:
+        if self._world is not None:
+            self._world.protection.stop()
+        if self._hooked is not None:
+            self._hooked[1].remove()
+            self._hooked = None
         self.server.close()
 
     @property
@@ -984,6 +924,9 @@ class MemorySnapshots:
         None): learn every rank's host and server, adopt the world's token, make the group
         the background protection runs its collectives on (their ``timeout``: a protection
         stuck on a dead peer ends by it). Returns the placement."""
+        # The previous world's snapshot may still be copying the model, which this world's
+        # restore is about to overwrite.
+        self.copied()
         rank = dist.get_rank(process_group)
         token = [secrets.token_bytes(16) if rank == 0 else b""]
         dist.broadcast_object_list(
@@ -1007,6 +950,7 @@ class MemorySnapshots:
         # destructor, which joins that work, for up to its timeout. Kept until it passed.
         now = time.monotonic()
         if self._world is not None:
+            self._world.protection.stop()
             self._retired.append((now + self._world.timeout_s + 5.0, self._world))
         self._retired = [(until, kept) for until, kept in self._retired if until > now]
         self._world = _World(
@@ -1019,10 +963,11 @@ class MemorySnapshots:
             control=control,
             on_complete=on_complete,
             timeout_s=timeout.total_seconds() if timeout is not None else DEFAULT_GROUP_TIMEOUT_S,
+            protection=_Worker(f"rallypoint-snapshots-{round_number}"),
         )
         self._pending = None
         # A new world's meshes: its staging buffers start afresh.
-        self._stager = _Stager()
+        self._stager = Stager()
         return placement
 
     def take(
@@ -1034,14 +979,22 @@ class MemorySnapshots:
         sampler: ElasticSampler | None = None,
         extra: Any = None,
         wait_collective: Callable[[dist.Work], bool] | None = None,
+        overlap: bool = True,
     ) -> PendingSnapshot | None:
-        """Copy the state (the only time training is held) and protect it in the
-        background. Collective: every rank of the world calls it for the same step. Returns
-        None (the snapshot is skipped, on every rank alike) while the previous one is still
-        being protected, or when ``wait_collective`` gives up on the one small collective
-        this makes (the elastic loop passes its abandonable wait, which returns False when
-        the round ended); by default ``work.wait()``."""
-        from .checkpoint import _capture
+        """Copy the state and protect it in the background. Collective: every rank of the
+        world calls it for the same step. Returns None (the snapshot is skipped, on every
+        rank alike) while the previous one is still being protected, or when
+        ``wait_collective`` gives up on the one small collective this makes (the elastic
+        loop passes its abandonable wait, which returns False when the round ended); by
+        default ``work.wait()``.
+
+        With ``overlap`` (the default) only the model's buffers are copied before this
+        returns; parameters and optimizer state are copied in the background while the
+        next forward and backward run, and ``optimizer.step()`` waits for that copy (a
+        pre-hook this installs). Whoever changes parameters or optimizer state outside
+        ``optimizer.step()`` calls :meth:`copied` first, or passes ``overlap=False``
+        (everything copied before this returns)."""
+        from .checkpoint import MODEL_KEY, OPTIMIZER_KEY, _capture
 
         world = self._world
         if world is None:
@@ -1058,19 +1011,52 @@ class MemorySnapshots:
         if busy.item():
             return None
         started = time.monotonic()
-        staged = self._stager.stage(_capture(model, optimizer, step, sampler, extra))
+        self.copied()
+        state = _capture(model, optimizer, step, sampler, extra)
+        copies: list[Any] = []
+        deferred: list[Any] | None = [] if overlap else None
+        stager = self._stager
+        with torch.no_grad():  # a DTensor's local shard without autograd's bookkeeping
+            in_step = stager.only_in_step(model)
+            staged = {
+                **state,
+                MODEL_KEY: stager.stage(state[MODEL_KEY], copies, deferred, in_step, (0,)),
+                OPTIMIZER_KEY: stager.stage(
+                    state[OPTIMIZER_KEY], copies, deferred, lambda _: True, (1,)
+                ),
+            }
+        del state
+        copy_all(copies)
+        background = DeferredCopy(deferred or [])
+        if deferred:
+            self._copy = background
+            self._hook(optimizer)
         blocked_s = self.last_blocked_s = time.monotonic() - started
         snapshot = SnapshotId(world.round_number, step)
         pending = PendingSnapshot(snapshot)
         self._pending = pending
-        thread = threading.Thread(
-            target=self._protect,
-            args=(world, snapshot, staged, pending, blocked_s, started),
-            name=f"rallypoint-snapshot-{step}",
-            daemon=True,
+        world.protection.submit(
+            self._protect, world, snapshot, staged, background, pending, blocked_s, started
         )
-        thread.start()
         return pending
+
+    def copied(self) -> None:
+        """Wait until the latest snapshot's background copy is done: parameters and
+        optimizer state may change from then on (``optimizer.step()`` waits by itself)."""
+        copy = self._copy
+        if copy is not None:
+            self.last_blocked_s += copy.wait()
+            if copy.done():
+                self._copy = None
+
+    def _hook(self, optimizer: torch.optim.Optimizer) -> None:
+        """Have ``optimizer.step()`` wait for the background copy (once per optimizer)."""
+        if self._hooked is not None:
+            if self._hooked[0] is optimizer:
+                return
+            self._hooked[1].remove()
+        handle = optimizer.register_step_pre_hook(lambda *_: self.copied())
+        self._hooked = (optimizer, handle)
 
     def wait(self) -> SnapshotTaken | None:
         """Wait for the snapshot in flight, if any; its outcome (re-raises its failure)."""
@@ -1082,15 +1068,19 @@ class MemorySnapshots:
         world: _World,
         snapshot: SnapshotId,
         staged: dict[str, Any],
+        background: DeferredCopy,
         pending: PendingSnapshot,
         blocked_s: float,
         started: float,
     ) -> None:
         try:
+            background.run()
+            # What the training thread waited for the copy (the step's pre-hook).
+            blocked_s += background.waited_s()
             writer = _BlobWriter(world.rank)
             metadata = dcp_save(staged, storage_writer=writer, process_group=world.group)
             blob = bytes(writer.blob)
-            state_bytes = _state_bytes(staged)
+            held_bytes = state_bytes(staged)
             del staged
             self.server.put(snapshot, world.rank, blob)
             self.server.put_metadata(snapshot, metadata)
@@ -1123,7 +1113,7 @@ class MemorySnapshots:
                     placement=placement,
                     blocked_s=blocked_s,
                     protect_s=time.monotonic() - started - blocked_s,
-                    state_bytes=state_bytes,
+                    state_bytes=held_bytes,
                     committed=bool(committed.item()),
                 )
             )
@@ -1181,6 +1171,30 @@ class _World:
     on_complete: OnComplete | None
     # The groups' collective timeout, in seconds.
     timeout_s: float
+    # The thread protecting this world's snapshots, one after another.
+    protection: _Worker
+
+
+class _Worker:
+    """One daemon thread running what it is given in order (a snapshot's protection): the
+    training thread hands work over without starting a thread each time, and a process
+    never waits at exit for a protection stuck on a dead peer."""
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, function: Callable[..., None], *args: Any) -> None:
+        self._queue.put(lambda: function(*args))
+
+    def stop(self) -> None:
+        """End the thread once what it was given is done."""
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        while (work := self._queue.get()) is not None:
+            work()
 
 
 def _wait(work: dist.Work) -> bool:

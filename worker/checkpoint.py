@@ -59,6 +59,7 @@ from urllib.parse import urlparse
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
@@ -265,6 +266,71 @@ def _capture(
     }
 
 
+def _presize_optimizer_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, metadata: Metadata
+) -> bool:
+    """Give a fresh optimizer empty state tensors shaped as a stored state says (DCP's
+    ``metadata``), so that ``get_state_dict`` need not create them by running a step of the
+    optimizer on zero gradients (for AdamW at 64 MB of parameters a third of a restore here).
+    Each parameter's state is laid out as the parameter itself (a DTensor sharded alike) when
+    the stored tensor has its shape, a plain tensor when it is a scalar (a step count).
+    Whether it did: nothing is touched unless the optimizer holds no state yet and every
+    stored optimizer-state item of every parameter fits one of those two shapes (anything
+    else is left to ``get_state_dict``'s own way)."""
+    if optimizer.state:
+        return False
+    items = metadata.state_dict_metadata
+    prefix = f"{OPTIMIZER_KEY}.state."
+    stored: dict[str, dict[str, TensorStorageMetadata]] = {}
+    names: dict[str, torch.Tensor] = dict(model.named_parameters())
+    for key, item in items.items():
+        if not key.startswith(prefix):
+            continue
+        name, _, field = key[len(prefix) :].rpartition(".")
+        if name not in names or not isinstance(item, TensorStorageMetadata):
+            return False
+        stored.setdefault(name, {})[field] = item
+    if not stored:
+        return False
+    wanted: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
+    # Optimizers keep step counts on the CPU, but on the parameter's device when capturable
+    # or fused (torch.optim's Adam family).
+    on_device = any(g.get("capturable") or g.get("fused") for g in optimizer.param_groups)
+
+    def scalar_device(parameter: torch.Tensor) -> torch.device:
+        return parameter.device if on_device else torch.device("cpu")
+
+    in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    for name, fields in stored.items():
+        parameter = names[name]
+        if id(parameter) not in in_optimizer:
+            return False
+        state: dict[str, torch.Tensor] = {}
+        for field, item in fields.items():
+            dtype = item.properties.dtype
+            if tuple(item.size) == tuple(parameter.shape):
+                state[field] = torch.empty_like(parameter, dtype=dtype, requires_grad=False)
+            elif len(item.size) == 0:
+                state[field] = torch.zeros((), dtype=dtype, device=scalar_device(parameter))
+            else:
+                return False
+        wanted[parameter] = state
+    for parameter, state in wanted.items():
+        optimizer.state[parameter] = state
+    return True
+
+
+def _targets(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, metadata: Metadata | None
+) -> dict[str, Any]:
+    """The state dict a restore loads into: this rank's view of the model and optimizer
+    (the optimizer's state presized from ``metadata`` where it can be)."""
+    if metadata is not None:
+        _presize_optimizer_state(model, optimizer, metadata)
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    return {MODEL_KEY: model_state, OPTIMIZER_KEY: optimizer_state, PROGRESS_KEY: b""}
+
+
 def _install(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -448,13 +514,8 @@ def restore_checkpoint(
     """Load a checkpoint saved at any world size into the current world. Collective."""
     started = time.monotonic()
     metadata = read_metadata(path)
-    model_state, optimizer_state = get_state_dict(model, optimizer)
-    state: dict[str, Any] = {
-        MODEL_KEY: model_state,
-        OPTIMIZER_KEY: optimizer_state,
-        PROGRESS_KEY: b"",
-    }
     reader = _CountingReader(path)
+    state = _targets(model, optimizer, reader.read_metadata())
     dcp_load(state, storage_reader=reader, process_group=process_group)
     step, extra = _install(model, optimizer, state, sampler)
     if step != metadata.step:

@@ -104,7 +104,6 @@ from torch.distributed.checkpoint.planner import (
     SavePlanner,
     WriteItemType,
 )
-from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
@@ -1483,7 +1482,7 @@ def restore_from_memory(
     laid out for this world (collective; ``holdings`` gathered from every rank, all of
     them able to serve: see :func:`memory_blocker`; an erasure-coded snapshot's lost blobs
     are rebuilt first). Returns the step, the extra state and the bytes fetched from peers."""
-    from .checkpoint import MODEL_KEY, OPTIMIZER_KEY, PROGRESS_KEY, _install
+    from .checkpoint import _install, _targets
 
     rank = dist.get_rank(process_group)
     source_rank = min(i for i, h in enumerate(holdings) if h is not None and h.has_metadata)
@@ -1505,12 +1504,7 @@ def restore_from_memory(
         # Spread the readers of one blob over its holders.
         sources[old_rank] = candidates[rank % len(candidates)]
     reader = _PeerReader(snapshot, metadata, memory.server, sources, memory.token)
-    model_state, optimizer_state = get_state_dict(model, optimizer)
-    state: dict[str, Any] = {
-        MODEL_KEY: model_state,
-        OPTIMIZER_KEY: optimizer_state,
-        PROGRESS_KEY: b"",
-    }
+    state = _targets(model, optimizer, metadata)
     dcp_load(state, storage_reader=reader, process_group=process_group)
     step, extra = _install(model, optimizer, state, sampler)
     if step != snapshot.step:

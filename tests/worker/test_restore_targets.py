@@ -8,14 +8,12 @@ Each scenario runs in its own process (a one-rank gloo world)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPOSITORY = Path(__file__).resolve().parents[2]
+from tests.worker.own_process import run_scenario
 
 
 def _trained() -> tuple[Any, Any]:
@@ -103,15 +101,4 @@ def scenario(tmp: Path) -> None:
 
 @pytest.mark.timeout(240)
 def test_restore_targets(tmp_path: Path) -> None:
-    code = (
-        "import sys; from pathlib import Path; from tests.worker import test_restore_targets"
-        " as t; t.scenario(Path(sys.argv[1]))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path)],
-        cwd=REPOSITORY,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+    run_scenario("tests.worker.test_restore_targets", "scenario", tmp_path)

@@ -9,8 +9,6 @@ Each scenario runs in its own process (a one-rank gloo world)."""
 from __future__ import annotations
 
 import copy
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -18,7 +16,7 @@ from typing import Any
 
 import pytest
 
-REPOSITORY = Path(__file__).resolve().parents[2]
+from tests.worker.own_process import run_scenario
 
 
 def _model_and_optimizer() -> tuple[Any, Any]:
@@ -139,15 +137,4 @@ def scenario_no_overlap(tmp: Path) -> None:
 
 @pytest.mark.parametrize("scenario", ["overlap", "no_overlap"])
 def test_snapshot_copy(scenario: str, tmp_path: Path) -> None:
-    code = (
-        "import sys; from pathlib import Path; from tests.worker import test_snapshot_copy as t;"
-        f" t.scenario_{scenario}(Path(sys.argv[1]))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path)],
-        cwd=REPOSITORY,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+    run_scenario("tests.worker.test_snapshot_copy", f"scenario_{scenario}", tmp_path)

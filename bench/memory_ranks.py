@@ -1,19 +1,20 @@
-"""One rank of the recovery benchmark's memory figures (bench/recovery_bench.py runs 3).
+"""One rank of the recovery benchmark's memory figures (bench/recovery_bench.py runs them).
 
     python -m bench.memory_ranks RANK WORKDIR SIZE_MB REPEATS
 
-Three ranks on three simulated hosts (one each) hold an FSDP2-sharded model of about
-SIZE_MB MB of parameters (AdamW state doubles it twice over), train SNAPSHOTS steps and take a
-memory snapshot after each with two copies: each rank's blob on its own host and on the next
-rank's (the blocked time reported is the median of the snapshots after the first, which
-copies into fresh buffers: first_snapshot_blocked_s; it counts the copy made before take()
-returns and the next step's wait for the rest). The same state is
-saved to disk with the Checkpointer (DCP files). Then the ranks re-form with their ranks
-rotated (new rank i is old rank i-1), so that no rank holds the shards it now needs: each
-restores from the other ranks' memory over their snapshot servers. Alternately, REPEATS
-times: ``restore_from_memory`` and a raw ``dcp.load`` of the disk checkpoint into the same
-(rotated) state dicts. Rank 0 writes WORKDIR/memory-figures.json: medians, bytes, the time
-the training thread was held by the snapshot, and the memory held for redundancy.
+Three ranks (MEMORY_WORLD) on as many simulated hosts (one each) hold an FSDP2-sharded
+model of about SIZE_MB MB of parameters (AdamW state doubles it twice over), train SNAPSHOTS
+steps and take a memory snapshot after each with two copies: each rank's blob on its own host
+and on the next rank's (or erasure-coded: MEMORY_ERASURE=K+M). The blocked time reported is
+the median of the snapshots after the first (which copies into fresh buffers:
+first_snapshot_blocked_s); it counts the copy made before take() returns and the next step's
+wait for the rest. The same state is saved to disk with the Checkpointer (DCP files). Then
+the ranks re-form with their ranks rotated (new rank i is old rank i-1), so that no rank
+holds the shards it now needs: each restores from the other ranks' memory over their snapshot
+servers. Alternately, REPEATS times: ``restore_from_memory`` and a raw ``dcp.load`` of the
+disk checkpoint into the same (rotated) state dicts. Rank 0 writes
+WORKDIR/memory-figures.json: medians, bytes, the time the training thread was held by the
+snapshot, and the memory held for redundancy (all held / the state as stored).
 """
 
 from __future__ import annotations
@@ -37,7 +38,10 @@ from torch.distributed.fsdp import fully_shard
 from rallypoint.worker import Checkpointer, MemorySnapshots, SnapshotId
 from rallypoint.worker.memory import forget_previous_world, holding, restore_from_memory
 
-WORLD = 3
+# How many ranks (one per simulated host) and how their snapshots are protected: copies=2 by
+# default, or erasure-coded (MEMORY_ERASURE=K+M, e.g. 4+2 with MEMORY_WORLD=4).
+WORLD = int(os.environ.get("MEMORY_WORLD", "3"))
+ERASURE = os.environ.get("MEMORY_ERASURE", "")
 SNAPSHOTS = 8
 WIDTH = 1024
 
@@ -64,7 +68,11 @@ def main() -> None:
     size_mb, repeats = float(sys.argv[3]), int(sys.argv[4])
     layers = max(1, int(size_mb * 1024 * 1024 / 4 / (WIDTH * WIDTH)))
     torch.set_num_threads(1)
-    memory = MemorySnapshots(f"host-{old_rank}", copies=2)
+    if ERASURE:
+        k, m = ERASURE.split("+")
+        memory = MemorySnapshots(f"host-{old_rank}", erasure=(int(k), int(m)))
+    else:
+        memory = MemorySnapshots(f"host-{old_rank}", copies=2)
     init(old_rank, int(os.environ["FIRST_PORT"]))
     memory.attach(1)
     model = sharded_model(layers)
@@ -90,6 +98,11 @@ def main() -> None:
     dist.all_gather_object(held_bytes, memory.server.held_bytes())
     state_bytes = [0] * WORLD
     dist.all_gather_object(state_bytes, taken.state_bytes)
+    # The state as stored: this rank's blob (its tensors, and the step, sampler position and
+    # optimizer settings that one rank stores for all).
+    own_blob = memory.server.blob(taken.snapshot, old_rank)
+    stored_bytes = [0] * WORLD
+    dist.all_gather_object(stored_bytes, len(own_blob) if own_blob is not None else 0)
     blocked = [0.0] * WORLD
     dist.all_gather_object(blocked, statistics.median(blocked_each[1:]))
     first_blocked = [0.0] * WORLD
@@ -148,7 +161,11 @@ def main() -> None:
             ),
             "protect_s": taken.protect_s,
             "held_bytes": sum(held_bytes),
-            "memory_overhead": sum(held_bytes) / total_state,
+            "stored_state_bytes": sum(stored_bytes),
+            # Everything held (own blobs, replicas or parity) / the state as stored.
+            "memory_overhead": sum(held_bytes) / sum(stored_bytes),
+            "memory_overhead_of_tensor_bytes": sum(held_bytes) / total_state,
+            "redundancy": f"erasure {ERASURE}" if ERASURE else "copies 2",
             "repeats": repeats,
         }
         (workdir / "memory-figures.json").write_text(json.dumps(figures, indent=1))

@@ -217,10 +217,18 @@ def memory_trial(
         trial.stop()
 
 
-def memory_figures(root: Path, size_mb: float, repeats: int, timeout_s: float) -> dict[str, Any]:
-    """bench/memory_ranks.py's three ranks: restore from peers' memory against raw DCP,
-    the snapshot's blocked time and the memory it holds."""
-    workdir = root / "memory-figures"
+def memory_figures(
+    root: Path,
+    size_mb: float,
+    repeats: int,
+    timeout_s: float,
+    world: int = 3,
+    erasure: str = "",
+) -> dict[str, Any]:
+    """bench/memory_ranks.py's ``world`` ranks: restore from peers' memory against raw DCP,
+    the snapshot's blocked time and the memory it holds (snapshots kept as 2 copies, or
+    erasure-coded: ``erasure`` "K+M")."""
+    workdir = root / f"memory-figures-{world}{'-' + erasure if erasure else ''}"
     workdir.mkdir()
     first = free_port_block(2)
     env = {
@@ -229,6 +237,8 @@ def memory_figures(root: Path, size_mb: float, repeats: int, timeout_s: float) -
         "GLOO_SOCKET_IFNAME": "lo",
         "FIRST_PORT": str(first),
         "SECOND_PORT": str(first + 1),
+        "MEMORY_WORLD": str(world),
+        "MEMORY_ERASURE": erasure,
     }
     ranks = [
         subprocess.Popen(
@@ -245,7 +255,7 @@ def memory_figures(root: Path, size_mb: float, repeats: int, timeout_s: float) -
             stderr=open(workdir / f"rank{rank}.err", "w"),  # noqa: SIM115
             cwd=REPOSITORY,
         )
-        for rank in range(3)
+        for rank in range(world)
     ]
     try:
         for rank in ranks:
@@ -521,6 +531,8 @@ def run_in(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     print(f"restore: {restore}", flush=True)
     memory = memory_figures(root, args.restore_mb, args.restore_repeats, args.timeout_s * 3)
     print(f"memory: {memory}", flush=True)
+    coded = memory_figures(root, args.restore_mb, 1, args.timeout_s * 3, world=4, erasure="4+2")
+    print(f"memory, erasure-coded 4+2: {coded}", flush=True)
     memory_summary = median_or_reason(memory_trials)
     recovered_memory = [t for t in memory_trials if t["recovered"]]
     summaries = {key: median_or_reason(values) for key, values in trials.items()}
@@ -543,7 +555,8 @@ def run_in(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             "(memory_recovery_s: kill -> 3 survivors trained a step; memory_steps_lost: last "
             "step trained before the kill - restored step; disk_steps_lost: the same for the "
             "last disk checkpoint), and once of w2 and w3 (host-b); memory figures: "
-            "bench/memory_ranks.py, 3 ranks on 3 hosts, an FSDP2 model of restore_mb MB",
+            "bench/memory_ranks.py, 3 ranks on 3 hosts, an FSDP2 model of restore_mb MB "
+            "(memory_overhead_ec: 4 ranks on 4 hosts, erasure-coded 4+2)",
             "smoke": args.smoke,
             "hang": "one of 4 workers blocks forever inside its step at step 60 (its process "
             f"and heartbeat alive), {HANG_STEP_S} s of work a step: hang_detect_s is from its "
@@ -562,6 +575,7 @@ def run_in(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "memory_restore_vs_dcp": memory["memory_restore_vs_dcp"],
         "snapshot_blocked_s_per_gb": memory["snapshot_blocked_s_per_gb"],
         "memory_overhead": memory["memory_overhead"],
+        "memory_overhead_ec": coded["memory_overhead"],
         "host_lost": [
             {k: t.get(k) for k in ("recovered", "restore_sources", "recovery_s", "error")}
             for t in host_trials
@@ -570,7 +584,12 @@ def run_in(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             **summaries,
             "restore": restore,
             "hang": hangs,
-            "memory": {**memory_summary, "figures": memory, "host_lost": host_trials},
+            "memory": {
+                **memory_summary,
+                "figures": memory,
+                "figures_ec": coded,
+                "host_lost": host_trials,
+            },
         },
     }
     for key in ("torchrun_tuned", "torchrun_default"):

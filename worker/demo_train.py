@@ -2,11 +2,13 @@
 
     python -m rallypoint.worker.demo_train --endpoints A,B,C --job demo --name w1 \\
         --checkpoint-dir DIR [--max-steps N] [--checkpoint-every K] [--restore auto|checkpoint]
-        [--token TOKEN] [--fsdp] [--snapshot-every K [--snapshot-copies R] [--host NAME]]
+        [--token TOKEN] [--fsdp] [--snapshot-every K [--snapshot-copies R | --snapshot-erasure
+        K+M] [--host NAME]]
 
 ``--fsdp`` shards the model over the world with FSDP2 (``fully_shard``), rebuilt at every
 formation; ``--snapshot-every`` takes in-memory snapshots protected on workers of other hosts
-(``--host`` names this worker's), from which a lost worker's shards come back.
+(``--host`` names this worker's; by copies, or erasure-coded with ``--snapshot-erasure``),
+from which a lost worker's shards come back.
 
 The data is a regression problem made from a fixed seed (the same in every process): inputs
 drawn from a normal distribution, targets from a random "teacher" MLP plus a little noise,
@@ -197,9 +199,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--join-timeout-s", type=float, default=600.0)
     parser.add_argument("--fsdp", action="store_true", help="shard the model with FSDP2")
     parser.add_argument("--snapshot-every", type=int, default=0)
-    parser.add_argument("--snapshot-copies", type=int, default=2)
+    parser.add_argument("--snapshot-copies", type=int, default=None, help="(default 2)")
+    parser.add_argument(
+        "--snapshot-erasure",
+        type=erasure_code,
+        default=None,
+        metavar="K+M",
+        help="erasure-code snapshots in groups of K with M parity shares instead of copies",
+    )
     parser.add_argument("--host", default=None, help="this worker's failure domain")
     return parser.parse_args(argv)
+
+
+def erasure_code(text: str) -> tuple[int, int]:
+    """``--snapshot-erasure``'s value: ``K+M``, e.g. ``4+2``."""
+    k, plus, m = text.partition("+")
+    if not plus or not k.strip().isdigit() or not m.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected K+M, e.g. 4+2")
+    return int(k), int(m)
 
 
 def open_run(
@@ -225,6 +242,7 @@ def open_run(
         join_timeout_s=args.join_timeout_s,
         snapshot_every=args.snapshot_every,
         snapshot_copies=args.snapshot_copies,
+        snapshot_erasure=args.snapshot_erasure,
         host=args.host,
         **options,
     )

@@ -804,7 +804,12 @@ class ElasticRun:
             newest registered one from the survivors' memory (source ``memory``) when
             nothing newer is on disk, losing at most ``snapshot_every`` steps.
         snapshot_copies: how many copies of each rank's snapshot are kept (its own
-            included), on distinct hosts where the world has enough of them.
+            included), on distinct hosts where the world has enough of them (2 unless
+            ``snapshot_erasure`` is given).
+        snapshot_erasure: ``(k, m)`` protects snapshots by erasure coding instead of copies:
+            the ranks form groups of k, each with m parity shares kept on other hosts where
+            the world allows; up to m losses per group come back from memory, at (k+m)/k
+            of the state held (worker/erasure.py). Give it or ``snapshot_copies``, not both.
         host: the failure domain this worker runs on (default: the machine's host name);
             snapshot copies go to workers of other hosts.
         snapshot_address: the address other workers reach this worker's snapshot server
@@ -883,7 +888,8 @@ class ElasticRun:
         straggler_windows: int = 3,
         straggler_window_s: float = 10.0,
         snapshot_every: int = 0,
-        snapshot_copies: int = 2,
+        snapshot_copies: int | None = None,
+        snapshot_erasure: tuple[int, int] | None = None,
         host: str | None = None,
         snapshot_address: str | None = None,
     ) -> None:
@@ -909,6 +915,8 @@ class ElasticRun:
         self.rejoin = rejoin
         if snapshot_every < 0:
             raise ValueError(f"elastic_training(snapshot_every={snapshot_every!r}): must be >= 0")
+        if snapshot_copies is not None and snapshot_erasure is not None:
+            raise ValueError("elastic_training: give snapshot_copies or snapshot_erasure, not both")
         self.snapshot_every = snapshot_every
         self.host = host or socket.gethostname()
         # This process's in-memory snapshots and their server, across rounds (None: off).
@@ -919,6 +927,7 @@ class ElasticRun:
             self.memory = MemorySnapshots(
                 self.host,
                 copies=snapshot_copies,
+                erasure=snapshot_erasure,
                 bind=advertise if loopback else "0.0.0.0",
                 advertise=advertise,
             )

@@ -51,5 +51,10 @@ def test_smoke_run_writes_results_and_leaves_no_process(tmp_path: Path) -> None:
     assert memory["trials"][0]["restore_sources"] == ["memory"], memory
     assert report["memory_steps_lost"] is not None and report["memory_steps_lost"] >= 0
     assert [t["restore_sources"] for t in report["host_lost"]] == [["memory"]], report["host_lost"]
-    for field in ("memory_restore_vs_dcp", "snapshot_blocked_s_per_gb", "memory_overhead"):
+    for field in (
+        "memory_restore_vs_dcp",
+        "snapshot_blocked_s_per_gb",
+        "memory_overhead",
+        "memory_overhead_ec",
+    ):
         assert math.isfinite(report[field]) and report[field] > 0, field

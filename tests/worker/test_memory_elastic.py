@@ -1,7 +1,7 @@
 """In-memory snapshots in the elastic loop, end to end: real coordinator members and four
 worker processes on two simulated hosts training an FSDP2-sharded model, snapshotting every
-step. A SIGKILLed worker's shards come back from its replica in the other host's memory: the
-survivors re-form at world 3 with the restore source ``memory``, at the step of the last
+step. A SIGKILLed worker's shards come back from its replica in the other host's memory (or,
+erasure-coded 4+2, are decoded from the other blobs and the parity shares): the survivors re-form at world 3 with the restore source ``memory``, at the step of the last
 snapshot the coordinator registered before the kill (no disk checkpoint exists at all), and
 train on."""
 
@@ -20,8 +20,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 __all__ = ["cluster"]
 
 
+@pytest.mark.parametrize("redundancy", ["--snapshot-copies=2", "--snapshot-erasure=4+2"])
 def test_a_killed_fsdp_worker_is_restored_from_peer_memory(
-    cluster: ProcessCluster, tmp_path: Path
+    cluster: ProcessCluster, tmp_path: Path, redundancy: str
 ) -> None:
     job = Job(
         cluster,
@@ -31,6 +32,7 @@ def test_a_killed_fsdp_worker_is_restored_from_peer_memory(
         "--max-nodes=4",
         "--fsdp",
         "--snapshot-every=1",
+        redundancy,
         "--checkpoint-every=0",
         "--step-sleep-s=0.02",
     )

@@ -10,7 +10,10 @@ On top of the demo program's JSON lines it prints:
   itself (SIGSTOP, once), as a worker paused past its failure detection would be. Once
   resumed and told it was declared failed, it tries to write to the store of the round it
   was in and reports the outcome (``zombie_store``); then its commit proceeds and is refused
-  (``checkpoint_refused``).
+  (``checkpoint_refused``);
+- with ``--pause-snapshot-file``: the same when rank 0 is about to register an in-memory
+  snapshot every rank protected (``pausing`` with ``at: snapshot``); once resumed and told it
+  was declared failed, its registration proceeds and is refused (``snapshot_refused``).
 """
 
 from __future__ import annotations
@@ -36,12 +39,14 @@ from rallypoint.worker.demo_train import (
     state_digest,
     train,
 )
-from rallypoint.worker.elastic import ElasticRun
+from rallypoint.worker.elastic import ElasticRound, ElasticRun
+from rallypoint.worker.memory import SnapshotId, SnapshotPlacement
 
 
 def main() -> None:
     probe = argparse.ArgumentParser(add_help=False)
     probe.add_argument("--pause-file", type=Path, default=None)
+    probe.add_argument("--pause-snapshot-file", type=Path, default=None)
     probe_args, rest = probe.parse_known_args()
     args = parse_args(rest)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -70,6 +75,25 @@ def main() -> None:
         except StaleRoundError as error:
             outcome = f"refused: {error}"
         emit("zombie_store", {"t": time.time(), "round": round_.number, "outcome": outcome})
+
+    register = ElasticRound._register_snapshot
+    snapshot_paused = False
+
+    def pausing_register(
+        round_: ElasticRound, snapshot: SnapshotId, world_size: int, placement: SnapshotPlacement
+    ) -> bool:
+        nonlocal snapshot_paused
+        pause_file = probe_args.pause_snapshot_file
+        if not snapshot_paused and pause_file is not None and pause_file.exists():
+            snapshot_paused = True
+            fields = {"round": round_.number, "step": snapshot.step, "at": "snapshot"}
+            emit("pausing", {"t": time.time(), **fields})
+            os.kill(os.getpid(), signal.SIGSTOP)
+            assert run is not None
+            run.participant.lost.wait(timeout=30)
+        return register(round_, snapshot, world_size, placement)
+
+    ElasticRound._register_snapshot = pausing_register  # type: ignore[method-assign,assignment]
 
     def after_formed(formed: ElasticRun) -> None:
         assert formed.current is not None and formed.current.formation is not None

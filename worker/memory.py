@@ -84,7 +84,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
@@ -748,9 +748,7 @@ class _PeerReader(StorageReader):
             "ranges": ranges,
         }
         wanted = [n if sink is None else sink for (_, n), sink in zip(ranges, sinks, strict=True)]
-        parts = [memoryview(part) for part in _request_parts(source, header, wanted)]
-        self.bytes_from_peers += sum(n for _, n in ranges)
-        return parts
+        return [memoryview(part) for part in _request_parts(source, header, wanted)]
 
     def _plan_read(self, item: Any, planner: LoadPlanner) -> tuple[int, int, Any, Any]:
         """Where one read item's bytes are in its blob (offset, length), and, when they can
@@ -785,10 +783,31 @@ class _PeerReader(StorageReader):
         for item in plan.items:
             where: _Where = self.metadata.storage_data[item.storage_index]
             per_rank.setdefault(where.rank, []).append(item)
-        for rank, items in per_rank.items():
-            reads = [self._plan_read(item, planner) for item in items]
+        planned = {
+            rank: [self._plan_read(item, planner) for item in items]
+            for rank, items in per_rank.items()
+        }
+
+        def fetch(rank: int) -> list[memoryview]:
+            reads = planned[rank]
             sinks = [sink if isinstance(sink, memoryview) else None for *_, sink in reads]
-            parts = self._fetch(rank, [(offset, length) for offset, length, _, _ in reads], sinks)
+            return self._fetch(rank, [(offset, length) for offset, length, _, _ in reads], sinks)
+
+        # Every peer holding blobs is read from at once (a connection each, the reads
+        # waiting on their sockets), while this process copies what it holds itself.
+        remote = [rank for rank in per_rank if self.sources[rank] is not None]
+        fetched: dict[int, list[memoryview]] = {}
+        with ThreadPoolExecutor(max_workers=max(1, min(8, len(remote)))) as pool:
+            pending = {rank: pool.submit(fetch, rank) for rank in remote}
+            for rank in per_rank:
+                if rank not in pending:
+                    fetched[rank] = fetch(rank)
+            for rank, future in pending.items():
+                fetched[rank] = future.result()
+                self.bytes_from_peers += sum(length for _, length, _, _ in planned[rank])
+        for rank, items in per_rank.items():
+            reads = planned[rank]
+            parts = fetched[rank]
             for item, (_, _, target, how), raw in zip(items, reads, parts, strict=True):
                 if item.type == LoadItemType.BYTE_IO:
                     planner.load_bytes(item, io.BytesIO(bytes(raw)))

@@ -42,6 +42,14 @@ ends that next round). Three steps, each abandonable or bounded:
   timeout (measured with torch 2.13: 25 s for 5 s, 40 s for 8 s); at ``collective_timeout_s``
   the recovery benchmark's workers sat there for minutes and nothing could end it. Every
   rank has arrived, so connecting takes milliseconds; the short timeout bounds that case.
+  The in-memory snapshots' two gloo groups connect through the round store as well, so
+  they are made in this step too (``MemorySnapshots.make_groups``), with the same connect
+  timeout. Made after the gate, in ``attach``, a round that ended while they connected made
+  the rank whose store read was refused give up and left a peer in gloo's connect for five
+  times ``collective_timeout_s`` (or, when its connect went through, in the restore's
+  synchronous collectives for ``collective_timeout_s``) while the next round waited for it:
+  FSDP2 jobs scaling up 2 -> 3 -> 4 at start-up sat for minutes without training. Nothing
+  of the formation after the gate uses the round store.
 - Gate: one all-reduce, issued with ``async_op=True`` and waited for like the loop's
   collectives, before the restore. The restore's collectives are synchronous (object
   gathers, broadcasts, DCP's load), and a peer that saw the round end just after init skips
@@ -1157,17 +1165,24 @@ class ElasticRun:
                 # leaves it advanced, and ranks whose counters differ never find each other's
                 # gloo keys. Every round starts from zero on every rank.
                 distributed_c10d._world.group_count = 0
+                connect_timeout = timedelta(
+                    seconds=min(FORMATION_CONNECT_S, self.collective_timeout_s)
+                )
                 dist.init_process_group(
                     self.backend,
                     store=store,
                     rank=rank,
                     world_size=info.world_size,
-                    timeout=timedelta(seconds=min(FORMATION_CONNECT_S, self.collective_timeout_s)),
+                    timeout=connect_timeout,
                 )
                 group = dist.group.WORLD
                 assert group is not None
                 round_.in_flight.append(group)
                 group.set_timeout(timedelta(seconds=self.collective_timeout_s))
+                if self.memory is not None:
+                    # The snapshots' groups connect through the round store too: made now,
+                    # bounded as the init is, before the gate ("Formation").
+                    self.memory.make_groups(connect_timeout=connect_timeout)
             init_s = time.monotonic() - started
             if round_.ended or not round_._gate():
                 raise _RoundGone(round_.end_reason)

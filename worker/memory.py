@@ -913,8 +913,11 @@ class MemorySnapshots:
         # waits for it (its hook's handle).
         self._copy: DeferredCopy | None = None
         self._hooked: tuple[torch.optim.Optimizer, Any] | None = None
-        # Earlier worlds, kept until their groups' pending work surely timed out (attach).
-        self._retired: list[tuple[float, _World]] = []
+        # Earlier worlds' groups (and groups made for a world that never attached), kept
+        # until their pending work surely timed out (attach).
+        self._retired: list[tuple[float, object]] = []
+        # The groups make_groups() made for the next world, until attach() adopts them.
+        self._made: _Groups | None = None
 
     def close(self) -> None:
         if self._world is not None:
@@ -930,6 +933,40 @@ class MemorySnapshots:
             raise SnapshotError("attach() has not been called in this world")
         return self._world.token
 
+    def make_groups(
+        self,
+        *,
+        process_group: dist.ProcessGroup | None = None,
+        connect_timeout: timedelta | None = None,
+    ) -> None:
+        """Make the next world's two gloo groups now, for :meth:`attach` to adopt (collective
+        over every rank of the default group, as torch's ``new_group`` is). Each connects
+        through the default group's store within ``connect_timeout`` (torch's default group
+        timeout if None); ``attach`` then gives them its ``timeout``.
+
+        Why apart from ``attach``: making a gloo group is the one step here that goes through
+        the store. When that store stops answering a rank half-way (the elastic loop's round
+        store refuses every call once the round ended), that rank gives up, and a peer that
+        already read its address waits in gloo's connect for about five times the group's
+        timeout. The elastic loop therefore makes these groups while it makes its own process
+        group, with the same short connect timeout and before the gate that every rank must
+        pass before any synchronous collective (worker/elastic.py, "Formation")."""
+        ranks = dist.get_process_group_ranks(process_group) if process_group else None
+        made, self._made = self._made, None
+        # Made for a world whose formation stopped before its attach.
+        self._retire(made, connect_timeout)
+        self._made = _Groups(ranks, *_new_groups(ranks, connect_timeout))
+
+    def _retire(self, held: object, timeout: timedelta | None) -> None:
+        """Keep ``held`` (groups, or a world holding them) until work on them surely timed
+        out: dropping a group runs gloo's destructor, which waits for its pending work. Drops
+        what was kept long enough."""
+        now = time.monotonic()
+        self._retired = [(until, kept) for until, kept in self._retired if until > now]
+        if held is not None:
+            timeout_s = timeout.total_seconds() if timeout is not None else DEFAULT_GROUP_TIMEOUT_S
+            self._retired.append((now + timeout_s + 5.0, held))
+
     def attach(
         self,
         round_number: int,
@@ -941,7 +978,8 @@ class MemorySnapshots:
         """Join the current world (collective over ``process_group``, the default group if
         None): learn every rank's host and server, adopt the world's token, make the group
         the background protection runs its collectives on (their ``timeout``: a protection
-        stuck on a dead peer ends by it). Returns the placement."""
+        stuck on a dead peer ends by it), or adopt the groups :meth:`make_groups` made for
+        this world. Returns the placement."""
         # The previous world's snapshot may still be copying the model, which this world's
         # restore is about to overwrite.
         self.copied()
@@ -960,17 +998,21 @@ class MemorySnapshots:
         else:
             placement = protectors(hosts, self.copies or 1)
         ranks = dist.get_process_group_ranks(process_group) if process_group else None
-        group = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
-        control = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
+        made, self._made = self._made, None
+        if made is not None and made.ranks == ranks:
+            group, control = made.group, made.control
+            for made_group in (group, control):
+                made_group.set_timeout(timeout or timedelta(seconds=DEFAULT_GROUP_TIMEOUT_S))
+        else:
+            self._retire(made, timeout)
+            group, control = _new_groups(ranks, timeout)
         self.server.set_token(token[0])
         # The previous world's groups may hold work stuck on a peer that is gone (an
         # abandoned agreement, a protection's collective): dropping them would run gloo's
         # destructor, which joins that work, for up to its timeout. Kept until it passed.
-        now = time.monotonic()
         if self._world is not None:
             self._world.protection.stop()
-            self._retired.append((now + self._world.timeout_s + 5.0, self._world))
-        self._retired = [(until, kept) for until, kept in self._retired if until > now]
+            self._retire(self._world, timedelta(seconds=self._world.timeout_s))
         self._world = _World(
             round_number=round_number,
             rank=rank,
@@ -1173,6 +1215,24 @@ class MemorySnapshots:
             for parity, share in zip(parities, shares, strict=True):
                 self.server.put_parity(snapshot, coded, parity, share)
         return ok
+
+
+@dataclass(frozen=True, slots=True)
+class _Groups:
+    """The groups make_groups() made, over ``ranks`` of the default group (None: all)."""
+
+    ranks: list[int] | None
+    group: dist.ProcessGroup
+    control: dist.ProcessGroup
+
+
+def _new_groups(
+    ranks: list[int] | None, timeout: timedelta | None
+) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
+    """A world's two gloo groups: the protection thread's and the training thread's."""
+    group = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
+    control = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
+    return group, control
 
 
 @dataclass(frozen=True, slots=True)

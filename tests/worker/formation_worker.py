@@ -10,6 +10,9 @@ the formation of its first round.
                               store, stay until the round has ended; the init's next store
                               read is then refused and it gives up half-way, as when a round
                               ends mid-init
+    --hold-in-snapshot-group  the same inside the making of the in-memory snapshots' second
+                              gloo group (give --snapshot-every), as when a round ends while
+                              those groups connect
 
 Either way the worker prints ``holding`` (JSON, with the round) when it starts holding, and
 the demo's lines (``step``, ``round_formed``, ``round_ended`` ...) otherwise. The hold is
@@ -41,11 +44,12 @@ def main() -> None:
     faults.add_argument("--collective-timeout-s", type=float, default=30.0)
     faults.add_argument("--hold-after-init", action="store_true")
     faults.add_argument("--hold-after-publish", action="store_true")
+    faults.add_argument("--hold-in-snapshot-group", action="store_true")
     fault, rest = faults.parse_known_args()
     args = parse_args(rest)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     torch.set_num_threads(1)
-    state = make_state()
+    state = make_state(fsdp=args.fsdp)
     run: ElasticRun | None = None
     held: list[Any] = []  # what the hold keeps alive (the first round's group)
 
@@ -80,6 +84,35 @@ def main() -> None:
                 hold_until_the_round_ends("after publishing its address")
 
         CoordinatorStore.set = set_then_hold  # type: ignore[method-assign,assignment]
+
+    if fault.hold_in_snapshot_group:
+        real_new_group = dist.new_group
+        made = 0  # snapshot groups this process made (worker/memory.py makes them)
+        in_second = False
+
+        def new_group_noting(*group_args: Any, **group_kwargs: Any) -> Any:
+            nonlocal made, in_second
+            if sys._getframe(1).f_globals.get("__name__") == "rallypoint.worker.memory":
+                made += 1
+                # The second, the training thread's: a peer whose connect to this rank goes
+                # through is then done with the round store and goes on into the formation.
+                in_second = made == 2
+            try:
+                return real_new_group(*group_args, **group_kwargs)
+            finally:
+                in_second = False
+
+        dist.new_group = new_group_noting
+        real_store_set = CoordinatorStore.set
+
+        def set_then_hold_in_group(store: CoordinatorStore, key: str, value: bytes | str) -> None:
+            real_store_set(store, key, value)
+            # This rank's gloo address for that group (the loop's own keys are not gloo's).
+            if in_second and not held and not key.startswith("rallypoint/"):
+                held.append(key)
+                hold_until_the_round_ends("after publishing its snapshot group's address")
+
+        CoordinatorStore.set = set_then_hold_in_group  # type: ignore[method-assign,assignment]
 
     with open_run(args, state, collective_timeout_s=fault.collective_timeout_s) as opened:
         run = opened

@@ -82,6 +82,7 @@ import socketserver
 import struct
 import threading
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -119,6 +120,8 @@ DEFAULT_GROUP_TIMEOUT_S = 1800.0
 # How long a peer's server may take to answer one request (a push of a large blob included).
 REQUEST_TIMEOUT_S = 60.0
 _HEADER = struct.Struct("<I")
+# Socket buffers of blob transfers (the kernel caps them at net.core.[rw]mem_max).
+_SOCKET_BUFFER = 4 << 20
 # A request's or answer's header (msgpack) may not be larger than this.
 _MAX_HEADER_BYTES = 1 << 20
 
@@ -531,6 +534,7 @@ class SnapshotServer:
 
     def _serve(self, sock: socket.socket) -> None:
         sock.settimeout(REQUEST_TIMEOUT_S)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER)
         peer = sock.getpeername()
         try:
             header = _recv_header(sock)
@@ -598,6 +602,7 @@ def _request_parts(
     into a new bytearray) or a memoryview (read straight into it); what was read, in order."""
     host, _, port = address.rpartition(":")
     with socket.create_connection((host, int(port)), timeout=REQUEST_TIMEOUT_S) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER)
         _send(sock, header, payload)
         answer = _recv_header(sock)
         if "error" in answer:
@@ -1584,7 +1589,26 @@ def restore_from_memory(
         sources[old_rank] = candidates[rank % len(candidates)]
     reader = _PeerReader(snapshot, metadata, memory.server, sources, memory.token)
     state = _targets(model, optimizer, metadata)
-    dcp_load(state, storage_reader=reader, process_group=process_group)
+    # Every rank reads what its own state dict needs (a DTensor's shard, by its placement),
+    # knowing where every item is from the metadata: DCP's planning collectives (plans
+    # gathered, checked, scattered back, then results gathered) add nothing to a load
+    # (a quarter of a restore here), so each rank loads on its own and one all-reduce
+    # tells every rank whether all of them succeeded.
+    failure: BaseException | None = None
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            dcp_load(state, storage_reader=reader, no_dist=True)
+    except Exception as error:  # re-raised below, once every rank knows
+        failure = error
+    loaded = torch.tensor([0 if failure is not None else 1])
+    world = memory._world
+    agreement = world.control if world is not None else process_group
+    dist.all_reduce(loaded, op=dist.ReduceOp.MIN, group=agreement)
+    if failure is not None:
+        raise failure
+    if not loaded.item():
+        raise SnapshotError(f"{snapshot}: another rank failed to load its part from memory")
     step, extra = _install(model, optimizer, state, sampler)
     if step != snapshot.step:
         raise SnapshotError(

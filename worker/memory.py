@@ -944,7 +944,7 @@ class MemorySnapshots:
         process_group: dist.ProcessGroup | None = None,
         connect_timeout: timedelta | None = None,
     ) -> None:
-        """Make the next world's two gloo groups now, for :meth:`attach` to adopt (collective
+        """Make the next world's gloo groups now, for :meth:`attach` to adopt (collective
         over every rank of the default group, as torch's ``new_group`` is). Each connects
         through the default group's store within ``connect_timeout`` (torch's default group
         timeout if None); ``attach`` then gives them its ``timeout``.
@@ -960,7 +960,7 @@ class MemorySnapshots:
         made, self._made = self._made, None
         # Made for a world whose formation stopped before its attach.
         self._retire(made, connect_timeout)
-        self._made = _Groups(ranks, *_new_groups(ranks, connect_timeout))
+        self._made = _Groups(ranks, *_new_groups(process_group, connect_timeout))
 
     def _retire(self, held: object, timeout: timedelta | None) -> None:
         """Keep ``held`` (groups, or a world holding them) until work on them surely timed
@@ -1006,11 +1006,11 @@ class MemorySnapshots:
         made, self._made = self._made, None
         if made is not None and made.ranks == ranks:
             group, control = made.group, made.control
-            for made_group in (group, control):
+            for made_group in {group, control} - {process_group, dist.group.WORLD}:
                 made_group.set_timeout(timeout or timedelta(seconds=DEFAULT_GROUP_TIMEOUT_S))
         else:
             self._retire(made, timeout)
-            group, control = _new_groups(ranks, timeout)
+            group, control = _new_groups(process_group, timeout)
         self.server.set_token(token[0])
         # The previous world's groups may hold work stuck on a peer that is gone (an
         # abandoned agreement, a protection's collective): dropping them would run gloo's
@@ -1232,12 +1232,18 @@ class _Groups:
 
 
 def _new_groups(
-    ranks: list[int] | None, timeout: timedelta | None
+    process_group: dist.ProcessGroup | None, timeout: timedelta | None
 ) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
-    """A world's two gloo groups: the protection thread's and the training thread's."""
+    """A world's two gloo groups: the protection thread's and the training thread's. The
+    latter is the world's own group when that is gloo (the training thread issues its
+    collectives in one order on every rank, the snapshot's among them): one group less to
+    connect at every formation. Only the protection group is ours to set a timeout on."""
+    ranks = dist.get_process_group_ranks(process_group) if process_group else None
     group = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
-    control = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
-    return group, control
+    world = process_group if process_group is not None else dist.group.WORLD
+    if world is not None and dist.get_backend(world) == "gloo":
+        return group, world
+    return group, dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ the formation of its first round.
                               store, stay until the round has ended; the init's next store
                               read is then refused and it gives up half-way, as when a round
                               ends mid-init
-    --hold-in-snapshot-group  the same inside the making of the in-memory snapshots' second
+    --hold-in-snapshot-group  the same inside the making of the in-memory snapshots' first
                               gloo group (give --snapshot-every), as when a round ends while
                               those groups connect
 
@@ -88,19 +88,20 @@ def main() -> None:
     if fault.hold_in_snapshot_group:
         real_new_group = dist.new_group
         made = 0  # snapshot groups this process made (worker/memory.py makes them)
-        in_second = False
+        in_group = False
 
         def new_group_noting(*group_args: Any, **group_kwargs: Any) -> Any:
-            nonlocal made, in_second
+            nonlocal made, in_group
             if sys._getframe(1).f_globals.get("__name__") == "rallypoint.worker.memory":
                 made += 1
-                # The second, the training thread's: a peer whose connect to this rank goes
-                # through is then done with the round store and goes on into the formation.
-                in_second = made == 2
+                # The first (on gloo the only one: the protection thread's): a peer whose
+                # connect to this rank goes through is then done with the round store and
+                # goes on into the formation.
+                in_group = made == 1
             try:
                 return real_new_group(*group_args, **group_kwargs)
             finally:
-                in_second = False
+                in_group = False
 
         dist.new_group = new_group_noting
         real_store_set = CoordinatorStore.set
@@ -108,7 +109,7 @@ def main() -> None:
         def set_then_hold_in_group(store: CoordinatorStore, key: str, value: bytes | str) -> None:
             real_store_set(store, key, value)
             # This rank's gloo address for that group (the loop's own keys are not gloo's).
-            if in_second and not held and not key.startswith("rallypoint/"):
+            if in_group and not held and not key.startswith("rallypoint/"):
                 held.append(key)
                 hold_until_the_round_ends("after publishing its snapshot group's address")
 

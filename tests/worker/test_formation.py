@@ -18,7 +18,7 @@ third worker joins and the round ends by the scale-up; then the three must train
   its connect fails at once, with or without the change; so this case fails on the old code
   only in those runs, and bounds the new code's connect in every run.
 - ``in-snapshot-group``: FSDP2 with in-memory snapshots; the holder's round ends while the
-  snapshots' second gloo group connects, after it published its address there: its next
+  snapshots' gloo group connects, after it published its address there: its next
   store read is refused and it gives up that group. These groups used to be made after the
   formation's gate (in ``MemorySnapshots.attach``), with the collective timeout: the other
   rank, when the listening side of their pair, waited in gloo's connect for five times it;

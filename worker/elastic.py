@@ -579,10 +579,11 @@ class ElasticRound:
             self._waiting_in = 0
             self.report_progress()
 
-    def _gate(self) -> bool:
+    def _gate(self, what: str = "the formation's gate") -> bool:
         """The formation's gate (module docstring, "Formation"): an all-reduce every rank
         must reach before the restore's synchronous collectives; False if the round ended
-        (or the deadline passed) first. Not reported as progress: the round is not formed."""
+        (or the deadline passed) first. Not reported as progress: the round is not formed.
+        (The first checkpoint of a round passes one too, after making its group.)"""
         if self.ended:
             return False
         # nccl reduces CUDA tensors only.
@@ -591,10 +592,10 @@ class ElasticRound:
         try:
             work = dist.all_reduce(torch.ones(1, device=device), async_op=True)
         except (RuntimeError, ValueError) as error:
-            self.end(f"the formation's gate failed to start: {error}", broken=True)
+            self.end(f"{what} failed to start: {error}", broken=True)
             return False
         assert work is not None
-        return self._await(work, "the formation's gate", time.monotonic())
+        return self._await(work, what, time.monotonic())
 
     def _await(self, work: dist.Work, what: str, started: float) -> bool:
         """The wait itself: in slices, abandoned when the round ends or at the deadline."""
@@ -639,9 +640,20 @@ class ElasticRound:
         state = self.run.state
         try:
             if self.checkpointer is None:
-                # Collective (it makes DCP's own gloo group); made on first use so that
-                # forming a round does not wait for it.
-                self.checkpointer = Checkpointer(self.run.checkpoint_dir)
+                # Collective (DCP's own gloo group); made on first use so that forming a
+                # round does not wait for it. Its connect goes through the round store: if
+                # the round ends meanwhile, a rank whose read is refused gives up, and a peer
+                # that read its address waits in gloo's connect for about five times the
+                # group's timeout. Bounded as the formation's connects are, then widened.
+                # A peer whose connect went through would then wait in DCP's synchronous
+                # collectives on it for the whole collective timeout: every rank passes a
+                # gate first, given up when the round ends.
+                group = dist.new_group(backend="gloo", timeout=self.run.connect_timeout())
+                self.in_flight.append(group)
+                group.set_timeout(timedelta(seconds=self.run.collective_timeout_s))
+                if not self._gate("the checkpoint group's gate"):
+                    return None
+                self.checkpointer = Checkpointer(self.run.checkpoint_dir, process_group=group)
             pending = self.checkpointer.save_async(
                 state.step,
                 state.model,
@@ -1137,6 +1149,11 @@ class ElasticRun:
         self.emit("rejoined", reason=reason, participant_id=self.participant.participant_id)
         return None
 
+    def connect_timeout(self) -> timedelta:
+        """How long a gloo group's connect may take (every group connects through the
+        round's store, which stops answering once the round ended)."""
+        return timedelta(seconds=min(FORMATION_CONNECT_S, self.collective_timeout_s))
+
     def _form(self, info: RoundInfo) -> ElasticRound:
         """Init the process group and restore. A round that could not be formed comes back
         ended, without a ``formation``."""
@@ -1165,9 +1182,7 @@ class ElasticRun:
                 # leaves it advanced, and ranks whose counters differ never find each other's
                 # gloo keys. Every round starts from zero on every rank.
                 distributed_c10d._world.group_count = 0
-                connect_timeout = timedelta(
-                    seconds=min(FORMATION_CONNECT_S, self.collective_timeout_s)
-                )
+                connect_timeout = self.connect_timeout()
                 dist.init_process_group(
                     self.backend,
                     store=store,

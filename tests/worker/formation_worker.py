@@ -13,6 +13,8 @@ the formation of its first round.
     --hold-in-snapshot-group  the same inside the making of the in-memory snapshots' first
                               gloo group (give --snapshot-every), as when a round ends while
                               those groups connect
+    --hold-in-checkpoint-group  the same inside the making of the disk checkpoints' gloo
+                              group at the round's first checkpoint (give --checkpoint-every)
 
 Either way the worker prints ``holding`` (JSON, with the round) when it starts holding, and
 the demo's lines (``step``, ``round_formed``, ``round_ended`` ...) otherwise. The hold is
@@ -45,6 +47,7 @@ def main() -> None:
     faults.add_argument("--hold-after-init", action="store_true")
     faults.add_argument("--hold-after-publish", action="store_true")
     faults.add_argument("--hold-in-snapshot-group", action="store_true")
+    faults.add_argument("--hold-in-checkpoint-group", action="store_true")
     fault, rest = faults.parse_known_args()
     args = parse_args(rest)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -85,18 +88,18 @@ def main() -> None:
 
         CoordinatorStore.set = set_then_hold  # type: ignore[method-assign,assignment]
 
-    if fault.hold_in_snapshot_group:
+    def hold_in_group_of(modules: tuple[str, ...], where: str) -> None:
+        """Hold after publishing this rank's address in the first gloo group one of
+        ``modules`` makes (a peer whose connect to this rank goes through is then done with
+        the round store and goes on), until the round ends."""
         real_new_group = dist.new_group
-        made = 0  # snapshot groups this process made (worker/memory.py makes them)
+        made = 0  # groups this process made from that module
         in_group = False
 
         def new_group_noting(*group_args: Any, **group_kwargs: Any) -> Any:
             nonlocal made, in_group
-            if sys._getframe(1).f_globals.get("__name__") == "rallypoint.worker.memory":
+            if sys._getframe(1).f_globals.get("__name__") in modules:
                 made += 1
-                # The first (on gloo the only one: the protection thread's): a peer whose
-                # connect to this rank goes through is then done with the round store and
-                # goes on into the formation.
                 in_group = made == 1
             try:
                 return real_new_group(*group_args, **group_kwargs)
@@ -111,9 +114,18 @@ def main() -> None:
             # This rank's gloo address for that group (the loop's own keys are not gloo's).
             if in_group and not held and not key.startswith("rallypoint/"):
                 held.append(key)
-                hold_until_the_round_ends("after publishing its snapshot group's address")
+                hold_until_the_round_ends(where)
 
         CoordinatorStore.set = set_then_hold_in_group  # type: ignore[method-assign,assignment]
+
+    if fault.hold_in_snapshot_group:
+        # The snapshots' first group (on gloo the only one: the protection thread's).
+        hold_in_group_of(("rallypoint.worker.memory",), "after publishing a snapshot group address")
+    if fault.hold_in_checkpoint_group:
+        # The group the disk checkpoints' writes use, made at the round's first checkpoint
+        # (by the elastic loop, or by the Checkpointer itself when not given one).
+        modules = ("rallypoint.worker.elastic", "rallypoint.worker.checkpoint")
+        hold_in_group_of(modules, "after publishing a checkpoint group address")
 
     with open_run(args, state, collective_timeout_s=fault.collective_timeout_s) as opened:
         run = opened

@@ -27,6 +27,14 @@ third worker joins and the round ends by the scale-up; then the three must train
   (the recovery benchmark's FSDP2 start-ups that never trained at world 4 within 90 s), so
   this case fails on the old code in every run. They are now made with the init, under its
   connect timeout, before the gate.
+- ``in-checkpoint-group``: the same inside the group the disk checkpoints write with, made at
+  the round's first checkpoint (not in the formation: rounds without checkpoints would pay
+  for it). It used to be made with torch's default timeout of 30 minutes, so the other
+  rank, when the listening side of their pair, waited for five times that (when the
+  connecting side, its next collective failed at once: seen twice in two runs on the old
+  code, which then passes); its connect is now bounded as the formation's are (25 s seen),
+  and every rank passes an abandonable gate before DCP's collectives on the group. So this
+  case fails on the old code only in the runs where the other rank listens.
 
 The workers' collective timeout is 120 s, so only giving the formation up can let the three
 train within the test's minute. The times are printed, not asserted.
@@ -65,6 +73,7 @@ FAULTS = {
     "after-init": [],
     "after-publish": [],
     "in-snapshot-group": ["--fsdp", "--snapshot-every=1", "--checkpoint-every=0"],
+    "in-checkpoint-group": ["--checkpoint-every=5"],
 }
 
 

@@ -648,7 +648,7 @@ class ElasticRound:
                 # A peer whose connect went through would then wait in DCP's synchronous
                 # collectives on it for the whole collective timeout: every rank passes a
                 # gate first, given up when the round ends.
-                group = dist.new_group(backend="gloo", timeout=self.run.connect_timeout())
+                group = dist.new_group(backend="gloo", timeout=self.run._connect_timeout())
                 self.in_flight.append(group)
                 group.set_timeout(timedelta(seconds=self.run.collective_timeout_s))
                 if not self._gate("the checkpoint group's gate"):
@@ -1149,7 +1149,7 @@ class ElasticRun:
         self.emit("rejoined", reason=reason, participant_id=self.participant.participant_id)
         return None
 
-    def connect_timeout(self) -> timedelta:
+    def _connect_timeout(self) -> timedelta:
         """How long a gloo group's connect may take (every group connects through the
         round's store, which stops answering once the round ended)."""
         return timedelta(seconds=min(FORMATION_CONNECT_S, self.collective_timeout_s))
@@ -1182,7 +1182,7 @@ class ElasticRun:
                 # leaves it advanced, and ranks whose counters differ never find each other's
                 # gloo keys. Every round starts from zero on every rank.
                 distributed_c10d._world.group_count = 0
-                connect_timeout = self.connect_timeout()
+                connect_timeout = self._connect_timeout()
                 dist.init_process_group(
                     self.backend,
                     store=store,

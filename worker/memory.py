@@ -1110,9 +1110,8 @@ class MemorySnapshots:
         optimizer state may change from then on (``optimizer.step()`` waits by itself)."""
         copy = self._copy
         if copy is not None:
-            self.last_blocked_s += copy.wait()
-            if copy.done():
-                self._copy = None
+            self.last_blocked_s += copy.wait()  # returns once the copy is done
+            self._copy = None
 
     def _hook(self, optimizer: torch.optim.Optimizer) -> None:
         """Have ``optimizer.step()`` wait for the background copy (once per optimizer)."""

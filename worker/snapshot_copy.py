@@ -163,10 +163,6 @@ class DeferredCopy:
                 self._copies = []
                 self._cond.notify_all()
 
-    def done(self) -> bool:
-        with self._cond:
-            return self._done
-
     def wait(self) -> float:
         """Wait for the copy (the training thread); how long it waited."""
         with self._cond:

@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 import math
 import time
@@ -84,6 +83,7 @@ from .jobs import services
 from .rendezvous import reconnect_backoff
 from .rendezvous_errors import refine
 from .rendezvous_values import RoundState, TrainingProgress, round_state
+from .tasks import cancel_and_wait
 from .transport import Retrier
 
 log = logging.getLogger("rallypoint.client.heartbeats")
@@ -333,12 +333,10 @@ class HeartbeatBatcher:
         """Stop heartbeating (the participants carried count as silent from now on: release
         them first for a clean departure)."""
         task, self._task = self._task, None
-        for pending in [task, *self._draining]:
-            if pending is not None:
-                pending.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await pending
-        self._stop(None)
+        try:
+            await cancel_and_wait(task, *self._draining)
+        finally:
+            self._stop(None)
 
     async def __aenter__(self) -> HeartbeatBatcher:
         self.start()
@@ -429,11 +427,13 @@ class HeartbeatBatcher:
                 drained = await self._hand_off(call, sender)
             return failure
         finally:
-            for task in [sender, watchdog] if drained else tasks:
-                task.cancel()
-            for task in [sender, watchdog] if drained else tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            try:
+                await cancel_and_wait(*([sender, watchdog] if drained else tasks))
+            except BaseException:
+                if drained:
+                    reader.cancel()
+                call.cancel()
+                raise
             if drained:
                 draining = asyncio.create_task(self._drain(call, reader), name="heartbeat drain")
                 self._draining.add(draining)
@@ -451,9 +451,7 @@ class HeartbeatBatcher:
         """Release every carried participant on ``call`` and half-close it; whether that
         was written (else the call is cancelled: a write cut short cancels it)."""
         # The sender sleeps between writes (it is not writing): cancelling it leaves the call.
-        sender.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sender
+        await cancel_and_wait(sender)
         request = rendezvous_pb2.HeartbeatBatchRequest(
             job=self.job,
             seq=self._seq + 1,
@@ -463,8 +461,10 @@ class HeartbeatBatcher:
         )
         bound_s = max(self.heartbeat_interval_s, 1.0)
         try:
-            await asyncio.wait_for(call.write(request), bound_s)
-            await asyncio.wait_for(call.done_writing(), bound_s)
+            async with asyncio.timeout(bound_s):
+                await call.write(request)
+            async with asyncio.timeout(bound_s):
+                await call.done_writing()
         except (TimeoutError, grpc.aio.AioRpcError, asyncio.InvalidStateError):
             return False
         return True
@@ -478,7 +478,8 @@ class HeartbeatBatcher:
     ) -> None:
         """Let a handed-off stream end on the member's side, then drop it."""
         try:
-            await asyncio.wait_for(asyncio.shield(reader), HANDOFF_DRAIN_S)
+            async with asyncio.timeout(HANDOFF_DRAIN_S):
+                await asyncio.shield(reader)
         except TimeoutError:
             pass
         finally:

@@ -28,7 +28,6 @@ message, as etcd's clientv3 multiplexes its callers on one connection:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import math
 from collections.abc import Callable
@@ -41,6 +40,7 @@ from rallypoint.proto.v1 import kv_pb2
 
 from .arguments import count
 from .errors import LEADER_KEY, REASON_KEY, RallypointError, map_rpc_error
+from .tasks import cancel_and_wait
 from .transport import Deadline, Method, Transport
 
 Request = TypeVar("Request")
@@ -187,14 +187,14 @@ class _Stream:
     async def close(self) -> None:
         self.broken = True
         self._call.cancel()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._fail(
-            _status_error(grpc.StatusCode.UNAVAILABLE, "the batch stream was closed", self.address)
-        )
+        try:
+            await cancel_and_wait(*self._tasks)
+        finally:
+            self._fail(
+                _status_error(
+                    grpc.StatusCode.UNAVAILABLE, "the batch stream was closed", self.address
+                )
+            )
 
 
 class BatchStreams:
@@ -244,7 +244,8 @@ class BatchStreams:
         operation_id = next(self._ids)
         future = stream.submit(self._operation(operation_id, kind, request, timeout_s))
         try:
-            result = await asyncio.wait_for(future, timeout_s)
+            async with asyncio.timeout(timeout_s):
+                result = await future
         except TimeoutError:
             if self.streams.get(address) is stream:
                 del self.streams[address]

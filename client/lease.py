@@ -29,6 +29,7 @@ from rallypoint.proto.v1 import lease_pb2
 
 from .caller import Caller
 from .errors import LeaseNotFoundError, RallypointError, UnavailableError, map_rpc_error
+from .tasks import cancel_and_wait
 from .transport import Retrier
 from .values import Fence
 
@@ -135,7 +136,7 @@ class LeaseKeeper:
 
     async def _run(self) -> None:
         retrier = self._caller.retrier()
-        while self._leases:
+        while self._leases and not self._closed:
             address = self._transport.pick()
             error = await self._stream(address, retrier)
             if self._leases:
@@ -155,7 +156,8 @@ class LeaseKeeper:
                 # the member stopped answering (paused, partitioned): move on.
                 patience_s = min(lease.ttl_s for lease in self._leases.values()) * 2 / 3
                 try:
-                    response = await asyncio.wait_for(call.read(), patience_s)
+                    async with asyncio.timeout(patience_s):
+                        response = await call.read()
                 except TimeoutError:
                     return UnavailableError(
                         f"{address} answered no lease keep-alive within {patience_s:g} s"
@@ -169,10 +171,10 @@ class LeaseKeeper:
         except grpc.aio.AioRpcError as rpc_error:
             return map_rpc_error(rpc_error, address)
         finally:
-            sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sender
-            call.cancel()
+            try:
+                await cancel_and_wait(sender)
+            finally:
+                call.cancel()
 
     def _on_answer(self, response: lease_pb2.LeaseKeepAliveResponse) -> None:
         lease = self._leases.get(response.lease_id)
@@ -208,14 +210,12 @@ class LeaseKeeper:
             self._wake.clear()
             wait_s = max(0.0, min(next_send.values(), default=now + 1.0) - loop.time())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait_s)
+                async with asyncio.timeout(wait_s):
+                    await self._wake.wait()
 
     async def close(self) -> None:
         self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         for lease in list(self._leases.values()):
             lease.mark_lost("the client was closed")
         self._leases.clear()

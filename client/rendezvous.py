@@ -77,6 +77,7 @@ from .rendezvous_values import (
     round_state,
 )
 from .roundstore import RoundStore
+from .tasks import cancel_and_wait
 from .transport import Retrier, Transport
 
 log = logging.getLogger("rallypoint.client.rendezvous")
@@ -295,10 +296,10 @@ class Participant:
 
     async def _stop(self) -> None:
         tasks = self._cancel_tasks()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks = []
+        try:
+            await cancel_and_wait(*tasks)
+        finally:
+            self._tasks = []
 
     async def leave(
         self,
@@ -385,7 +386,8 @@ class Participant:
         try:
             while True:
                 try:
-                    response = await asyncio.wait_for(call.read(), patience_s)
+                    async with asyncio.timeout(patience_s):
+                        response = await call.read()
                 except TimeoutError:
                     return UnavailableError(f"{address} answered no heartbeat in {patience_s:g} s")
                 if not isinstance(response, rendezvous_pb2.HeartbeatResponse):  # grpc.aio.EOF
@@ -396,10 +398,10 @@ class Participant:
         except grpc.aio.AioRpcError as rpc_error:
             return refine(map_rpc_error(rpc_error, address))
         finally:
-            sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sender
-            call.cancel()
+            try:
+                await cancel_and_wait(sender)
+            finally:
+                call.cancel()
 
     async def _send_heartbeats(
         self,

@@ -36,6 +36,7 @@ from .errors import (
     RallypointError,
     SessionExpiredError,
 )
+from .tasks import cancel_and_wait
 from .transport import Deadline, Transport
 
 Response = TypeVar("Response")
@@ -170,11 +171,8 @@ class SessionKeeper:
 
     async def close(self, deadline: Deadline) -> None:
         """Stop the keep-alive and end the session on the server (best effort)."""
-        if self._keepalive is not None:
-            self._keepalive.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._keepalive
-            self._keepalive = None
+        keepalive, self._keepalive = self._keepalive, None
+        await cancel_and_wait(keepalive)
         session, self.current = self.current, None
         if session is not None:
             with contextlib.suppress(RallypointError):

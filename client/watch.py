@@ -151,7 +151,8 @@ class Watcher:
         if self._progress_interval_s:
             patience_s = 3 * self._progress_interval_s + 1.0
         try:
-            response = await asyncio.wait_for(self._call.read(), patience_s)
+            async with asyncio.timeout(patience_s):
+                response = await self._call.read()
         except asyncio.CancelledError:
             # A cancellation of the reading task itself propagates. Otherwise the stream was
             # cancelled under a pending read: by aclose() (the iteration ends) or by gRPC.

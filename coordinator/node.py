@@ -63,6 +63,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from rallypoint.client.tasks import cancel_and_wait
 from rallypoint.raft import (
     Config,
     RawNode,
@@ -357,11 +358,7 @@ class Node:
             with contextlib.suppress(NodeError, asyncio.TimeoutError):
                 await self.transfer_leader(0, timeout_s=3.0)
         self._stopping = True
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
         if self._snapshots is not None:
             await self._snapshots.stop()
         await self._transport.stop()
@@ -850,7 +847,8 @@ class Node:
         if future.done():
             return  # a leased read of applied state: no turn of the loop to wait for
         try:
-            await asyncio.wait_for(asyncio.shield(future), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await asyncio.shield(future)
         except TimeoutError:
             raise ProposalTimeoutError(
                 f"linearizable read not confirmed within {timeout_s:.1f}s"
@@ -959,7 +957,8 @@ class Node:
     async def wait_for_apply(self, timeout_s: float) -> bool:
         signal = self._applied_signal
         try:
-            await asyncio.wait_for(signal.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await signal.wait()
         except TimeoutError:
             return False
         return True
@@ -1011,7 +1010,8 @@ class Node:
 
     async def wait_for_leader_change(self, timeout_s: float) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._leader_signal.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self._leader_signal.wait()
 
     async def snapshot_now(self) -> int:
         assert self._snapshots is not None, "the member is not started"

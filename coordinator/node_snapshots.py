@@ -35,12 +35,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from rallypoint.client.tasks import cancel_and_wait
 from rallypoint.raft.log_storage import SnapOutOfDateError, SnapshotTemporarilyUnavailableError
 from rallypoint.raft.storage.disk_storage import DiskStorage
 from rallypoint.raft.types import (
@@ -209,12 +209,10 @@ class Snapshots:
     # ------------------------------------------------------------- lifecycle
 
     async def stop(self) -> None:
-        for task in (self._periodic, self._for_followers_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        self._encoder.shutdown(wait=True)
+        try:
+            await cancel_and_wait(self._periodic, self._for_followers_task)
+        finally:
+            self._encoder.shutdown(wait=True)
 
 
 class LeaderSnapshots:

@@ -71,6 +71,7 @@ from rallypoint.client import (
     RoundStore,
     TlsConfig,
 )
+from rallypoint.client.tasks import cancel_and_wait
 
 T = TypeVar("T")
 
@@ -590,9 +591,7 @@ class _Connection:
     async def cancel_wait(self) -> None:
         task, self.waiting = self.waiting, None
         if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
     async def append(self, key: bytes, value: bytes) -> None:
         """Append by compare-and-set, retried until no other writer came in between."""

@@ -121,7 +121,8 @@ class Hub:
                 yield Event("job", json_bytes(document))
             while True:
                 try:
-                    event = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
+                    async with asyncio.timeout(KEEPALIVE_S):
+                        event = await queue.get()
                 except TimeoutError:
                     yield Event("")
                     continue

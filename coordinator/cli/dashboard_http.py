@@ -91,7 +91,8 @@ def text_response(status: HTTPStatus, line: str) -> Response:
 async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, dict[str, str]]:
     """(method, path, query) of one request; its headers are read and dropped."""
     try:
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT_S)
+        async with asyncio.timeout(REQUEST_TIMEOUT_S):
+            head = await reader.readuntil(b"\r\n\r\n")
     except asyncio.LimitOverrunError:
         raise HttpError(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "request too large") from None
     except (asyncio.IncompleteReadError, TimeoutError):

@@ -64,7 +64,7 @@ class _Transport:
 
         class _Lease:
             @staticmethod
-            def KeepAlive(request: object, metadata: object) -> _KeepAliveCall:  # noqa: N802
+            def KeepAlive(request: object, metadata: object) -> _KeepAliveCall:
                 return call
 
         class _Stubs:

@@ -7,11 +7,12 @@ replica to ranks on other hosts, so a lost rank's part (or a whole lost host's) 
 from its peers' memory and the world resumes at most one snapshot behind.
 
 Taking one (:meth:`MemorySnapshots.take`). The state (``get_state_dict`` of model and
-optimizer, sharded, plus the step, sampler position and extra state) is copied into staging
-buffers kept from one snapshot to the next; training is held only for the copy of the
-model's buffers, the parameters and optimizer state being copied in the background while the
-next forward and backward run (``optimizer.step()`` waits for that copy: worker/
-snapshot_copy.py). A background thread then:
+optimizer, sharded, plus the step, sampler position and extra state; found again from a plan
+while the state keeps its layout) is copied into staging buffers kept from one snapshot to the
+next; training is held only for the copy of the model's buffers, the parameters and optimizer
+state being copied in the background while the next forward and backward run
+(``optimizer.step()`` waits for that copy: worker/snapshot_copy.py). A background thread
+then:
 
 1. lays the copy out as torch.distributed.checkpoint (DCP) would store it, through DCP's own
    save planner (so replicated tensors are stored once, by one rank) with a storage writer
@@ -105,6 +106,7 @@ from torch.distributed.checkpoint.planner import (
     SavePlanner,
     WriteItemType,
 )
+from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
@@ -1059,7 +1061,7 @@ class MemorySnapshots:
         pre-hook this installs). Whoever changes parameters or optimizer state outside
         ``optimizer.step()`` calls :meth:`copied` first, or passes ``overlap=False``
         (everything copied before this returns)."""
-        from .checkpoint import MODEL_KEY, OPTIMIZER_KEY, _capture
+        from .checkpoint import MODEL_KEY, OPTIMIZER_KEY, PROGRESS_KEY, _pack_progress
 
         world = self._world
         if world is None:
@@ -1077,20 +1079,16 @@ class MemorySnapshots:
             return None
         started = time.monotonic()
         self.copied()
-        state = _capture(model, optimizer, step, sampler, extra)
         copies: list[Any] = []
         deferred: list[Any] | None = [] if overlap else None
-        stager = self._stager
-        with torch.no_grad():  # a DTensor's local shard without autograd's bookkeeping
-            in_step = stager.only_in_step(model)
-            staged = {
-                **state,
-                MODEL_KEY: stager.stage(state[MODEL_KEY], copies, deferred, in_step, (0,)),
-                OPTIMIZER_KEY: stager.stage(
-                    state[OPTIMIZER_KEY], copies, deferred, lambda _: True, (1,)
-                ),
-            }
-        del state
+        staged_model, staged_optimizer = self._stager.stage_state(
+            model, optimizer, lambda: get_state_dict(model, optimizer), copies, deferred
+        )
+        staged = {
+            MODEL_KEY: staged_model,
+            OPTIMIZER_KEY: staged_optimizer,
+            PROGRESS_KEY: _pack_progress(step, sampler, extra),
+        }
         copy_all(copies)
         background = DeferredCopy(deferred or [])
         if deferred:

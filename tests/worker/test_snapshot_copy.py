@@ -135,6 +135,119 @@ def scenario_no_overlap(tmp: Path) -> None:
     print("ok")
 
 
-@pytest.mark.parametrize("scenario", ["overlap", "no_overlap"])
+def _fsdp_model_and_optimizer(frozen_last: bool) -> tuple[Any, Any, Any]:
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    mesh = init_device_mesh("cpu", (1,))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 8)
+    )
+    model[2].requires_grad_(not frozen_last)
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    return model, optimizer, scheduler
+
+
+def _full_state(model: Any, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """get_state_dict's view, every tensor copied to a plain local tensor."""
+    import torch
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.tensor import DTensor
+
+    def plain(obj: Any) -> Any:
+        if isinstance(obj, DTensor):
+            return obj.to_local().clone()
+        if isinstance(obj, torch.Tensor):
+            return obj.clone()
+        if isinstance(obj, dict):
+            return {key: plain(value) for key, value in obj.items()}
+        if isinstance(obj, list):
+            return [plain(value) for value in obj]
+        return obj
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    return plain(model_state), plain(optimizer_state)
+
+
+def _assert_equal(got: Any, expected: Any, path: str = "") -> None:
+    import torch
+
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(got, torch.Tensor) and torch.equal(got, expected), path
+    elif isinstance(expected, dict):
+        assert isinstance(got, dict) and got.keys() == expected.keys(), path
+        for key, value in expected.items():
+            _assert_equal(got[key], value, f"{path}.{key}")
+    elif isinstance(expected, list | tuple):
+        assert type(got) is type(expected) and len(got) == len(expected), path
+        for i, (a, b) in enumerate(zip(got, expected, strict=True)):
+            _assert_equal(a, b, f"{path}[{i}]")
+    else:
+        assert not isinstance(got, torch.Tensor), (path, got, expected)
+        assert got == expected, (path, got, expected)
+
+
+def scenario_plan(tmp: Path) -> None:
+    """After the first full capture, snapshots are staged by the plan while the state keeps
+    its layout, and in full again when it changes (a buffer replaced, an optimizer state
+    tensor replaced, a frozen layer starting to train, a new parameter group, a buffer's
+    memory swapped under it); whichever
+    path, the snapshot restores bit for bit, the scheduler's learning rate included."""
+    import torch
+
+    from rallypoint.worker.memory import holding, restore_from_memory
+
+    memory = _world(tmp)
+    model, optimizer, scheduler = _fsdp_model_and_optimizer(frozen_last=True)
+    stager = memory._stager
+    extra = torch.nn.Parameter(torch.zeros(8))
+    changes = {
+        3: lambda: setattr(model[1], "running_mean", torch.full((8,), 3.0)),
+        4: lambda: optimizer.state[model[0].bias].__setitem__(
+            "exp_avg", torch.full_like(optimizer.state[model[0].bias]["exp_avg"], 2.0)
+        ),
+        5: lambda: model[2].requires_grad_(True),
+        7: lambda: (
+            model.register_parameter("extra", extra),
+            optimizer.add_param_group({"params": [extra], "lr": 0.25}),
+        ),
+        # The same tensor object over other memory.
+        8: lambda: setattr(model[1].running_var, "data", torch.full((8,), 5.0)),
+    }
+    # Step: (staged by the plan, captured in full) so far, once its snapshot is taken.
+    paths = {1: (0, 1), 2: (1, 1), 3: (1, 2), 4: (1, 3), 5: (1, 4), 6: (2, 4), 7: (2, 5)}
+    paths.update({8: (2, 6), 9: (3, 6)})
+    for step in range(1, 10):
+        if step in changes:
+            changes[step]()
+        model.train()
+        (model(torch.randn(4, 8)).sum() + extra.sum()).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        scheduler.step()
+        expected = _full_state(model, optimizer)
+        pending = memory.take(step, model, optimizer)
+        assert pending is not None
+        taken = pending.wait(60)
+        assert (stager.planned, stager.captured) == paths[step], (step, stager.planned)
+        fresh, fresh_optimizer, _ = _fsdp_model_and_optimizer(frozen_last=step < 5)
+        if step >= 7:
+            fresh.register_parameter("extra", torch.nn.Parameter(torch.ones(8)))
+            fresh_optimizer.add_param_group({"params": [fresh.extra], "lr": 1.0})
+        restored_step, _, _ = restore_from_memory(
+            memory, taken.snapshot, [holding(memory, taken.snapshot)], fresh, fresh_optimizer
+        )
+        assert restored_step == step
+        _assert_equal(_full_state(fresh, fresh_optimizer), expected, f"step {step}")
+    print("ok")
+
+
+@pytest.mark.parametrize("scenario", ["overlap", "no_overlap", "plan"])
 def test_snapshot_copy(scenario: str, tmp_path: Path) -> None:
     run_scenario("tests.worker.test_snapshot_copy", f"scenario_{scenario}", tmp_path)

@@ -485,6 +485,10 @@ class StatePlan:
             own = state.get(param)
             if own is None or len(own) != self._state_sizes[name]:
                 return False
+        for name, keys in self._plain_state.items():
+            own = state[self._state_params[name]]
+            if not all(key in own and isinstance(own[key], _PLAIN) for key in keys):
+                return False
         return all(shape.holds() for shape in self._modules) and all(
             source.holds() for source in self._sources
         )

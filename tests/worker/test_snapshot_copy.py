@@ -248,6 +248,44 @@ def scenario_plan(tmp: Path) -> None:
     print("ok")
 
 
-@pytest.mark.parametrize("scenario", ["overlap", "no_overlap", "plan"])
+def scenario_plan_plain_state(tmp: Path) -> None:
+    """Optimizer state that is not a tensor (a count kept by the optimizer) is read afresh
+    by every snapshot the plan stages."""
+    import torch
+
+    from rallypoint.worker.memory import holding, restore_from_memory
+
+    class Counting(torch.optim.SGD):
+        def step(self, closure: Any = None) -> Any:
+            loss = super().step(closure)
+            for group in self.param_groups:
+                for param in group["params"]:
+                    self.state[param]["count"] = self.state[param].get("count", 0) + 1
+            return loss
+
+    def made() -> tuple[Any, Any]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 4)
+        return model, Counting(model.parameters(), lr=0.1, momentum=0.9)
+
+    memory = _world(tmp)
+    model, optimizer = made()
+    for step in range(1, 4):
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        taken = memory.take(step, model, optimizer)
+        assert taken is not None
+        snapshot = taken.wait(60).snapshot
+        fresh, fresh_optimizer = made()
+        restore_from_memory(memory, snapshot, [holding(memory, snapshot)], fresh, fresh_optimizer)
+        counts = [state["count"] for state in fresh_optimizer.state.values()]
+        assert counts == [step, step], (step, counts)
+        assert torch.equal(fresh.weight, model.weight)
+    assert (memory._stager.planned, memory._stager.captured) == (2, 1)
+    print("ok")
+
+
+@pytest.mark.parametrize("scenario", ["overlap", "no_overlap", "plan", "plan_plain_state"])
 def test_snapshot_copy(scenario: str, tmp_path: Path) -> None:
     run_scenario("tests.worker.test_snapshot_copy", f"scenario_{scenario}", tmp_path)

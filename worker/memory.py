@@ -94,6 +94,7 @@ from typing import Any
 import msgpack
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import (
     Metadata,
     TensorStorageMetadata,
@@ -1602,6 +1603,14 @@ def restore_from_memory(
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
             dcp_load(state, storage_reader=reader, no_dist=True)
+    except CheckpointException as error:
+        # DCP's wrapper of a failed read derives from BaseException, not Exception: let
+        # through, it left this rank out of the agreement below and the others waiting in it.
+        failure = SnapshotError(
+            f"{snapshot}: this rank could not load its part from memory: "
+            + "; ".join(str(cause) for cause, _ in error.failures.values())
+        )
+        failure.__cause__ = error
     except Exception as error:  # re-raised below, once every rank knows
         failure = error
     loaded = torch.tensor([0 if failure is not None else 1])

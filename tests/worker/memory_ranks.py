@@ -20,6 +20,9 @@ Scenarios:
   rank-stopped 2 copies; rank 3 is SIGSTOPped while the others wait for it in a collective
              of the snapshots' own group (pending until its timeout); they re-form without
              it at once and restore its shards from memory (the test SIGKILLs it at the end).
+  read-fails 2 copies; rank 3 dies, and in the new world rank 1's reads from memory fail
+             (injected): every survivor's restore raises, none hangs; each writes what it
+             raised (``outcome``) and stops there.
 
 Erasure-coded, 4+2 (on this world one group, ranks 0-3, and no rank off the group's hosts:
 both parity shares go to host-a, ranks 0 and 1, so that host-b's loss is survived):
@@ -66,6 +69,7 @@ from rallypoint.worker import (
     SnapshotPlacement,
     restore_state,
 )
+from rallypoint.worker import memory as memory_module
 from rallypoint.worker.memory import forget_previous_world
 
 HOSTS = ("host-a", "host-a", "host-b", "host-b")
@@ -78,6 +82,7 @@ SCENARIOS: dict[str, tuple[int | None, tuple[int, ...], tuple[int, int] | None]]
     "rank-moved": (2, (1,), None),
     # Rank 3 is stopped, not killed, with the others in a collective of the snapshots' group.
     "rank-stopped": (2, (3,), None),
+    "read-fails": (2, (3,), None),
     "ec-rank-lost": (None, (3,), (4, 2)),
     "ec-host-b-lost": (None, (2, 3), (4, 2)),
     "ec-host-a-lost": (None, (0, 1), (4, 2)),
@@ -216,6 +221,31 @@ def main() -> None:
     )
     disk = workdir / "disk"
     checkpoint = next(disk.iterdir()) if disk.exists() else None
+    if scenario == "read-fails":
+        if new_rank == 1:
+
+            def failing(self: Any, plan: Any, planner: Any) -> Any:
+                raise OSError("injected: this rank's reads from memory fail")
+
+            memory_module._PeerReader.read_data = failing  # type: ignore[method-assign]
+        try:
+            restore_state(
+                model,
+                optimizer,
+                checkpoint=checkpoint,
+                survivor_step=TRAINED_STEPS,
+                extra=EXTRA,
+                sampler=sampler,
+                memory=memory,
+                memory_snapshot=RegisteredSnapshot(round_number, step, snapshot_world),
+            )
+        except Exception as error:
+            outcome = f"{type(error).__name__}: {error}"
+        else:
+            outcome = "restored"
+        (workdir / f"{scenario}-rank{rank}.json").write_text(json.dumps({"outcome": outcome}))
+        dist.barrier()
+        return
     result = restore_state(
         model,
         optimizer,

@@ -124,6 +124,21 @@ def test_a_stopped_rank_holding_a_snapshot_collective_does_not_hold_the_next_wor
     assert [s["source"] for s in survivors] == ["memory"] * 3
 
 
+def test_one_ranks_failed_load_fails_every_ranks_restore_without_a_hang(
+    tmp_path: Path,
+) -> None:
+    # Each rank loads its part on its own; one all-reduce then tells all whether all did.
+    outcomes = [s["outcome"] for s in run_scenario("read-fails", (3,), tmp_path)]
+    assert outcomes[1] == (
+        "SnapshotError: round 1 step 3: this rank could not load its part from memory: "
+        "injected: this rank's reads from memory fail"
+    )
+    for outcome in (outcomes[0], outcomes[2]):
+        assert outcome == (
+            "SnapshotError: round 1 step 3: another rank failed to load its part from memory"
+        )
+
+
 def test_without_replicas_a_lost_rank_falls_back_to_the_disk(tmp_path: Path) -> None:
     survivors = run_scenario("fallback", (3,), tmp_path)
     assert {s["source"] for s in survivors} == {"disk"}

@@ -64,6 +64,7 @@ from rallypoint.worker import (
     ElasticSampler,
     MemorySnapshots,
     RegisteredSnapshot,
+    RestoreResult,
     RestoreSource,
     SnapshotId,
     SnapshotPlacement,
@@ -221,6 +222,19 @@ def main() -> None:
     )
     disk = workdir / "disk"
     checkpoint = next(disk.iterdir()) if disk.exists() else None
+
+    def restore() -> RestoreResult:
+        return restore_state(
+            model,
+            optimizer,
+            checkpoint=checkpoint,
+            survivor_step=TRAINED_STEPS,
+            extra=EXTRA,
+            sampler=sampler,
+            memory=memory,
+            memory_snapshot=RegisteredSnapshot(round_number, step, snapshot_world),
+        )
+
     if scenario == "read-fails":
         if new_rank == 1:
 
@@ -229,16 +243,7 @@ def main() -> None:
 
             memory_module._PeerReader.read_data = failing  # type: ignore[method-assign]
         try:
-            restore_state(
-                model,
-                optimizer,
-                checkpoint=checkpoint,
-                survivor_step=TRAINED_STEPS,
-                extra=EXTRA,
-                sampler=sampler,
-                memory=memory,
-                memory_snapshot=RegisteredSnapshot(round_number, step, snapshot_world),
-            )
+            restore()
         except Exception as error:
             outcome = f"{type(error).__name__}: {error}"
         else:
@@ -246,16 +251,7 @@ def main() -> None:
         (workdir / f"{scenario}-rank{rank}.json").write_text(json.dumps({"outcome": outcome}))
         dist.barrier()
         return
-    result = restore_state(
-        model,
-        optimizer,
-        checkpoint=checkpoint,
-        survivor_step=TRAINED_STEPS,
-        extra=EXTRA,
-        sampler=sampler,
-        memory=memory,
-        memory_snapshot=RegisteredSnapshot(round_number, step, snapshot_world),
-    )
+    result = restore()
     restored = full_state(model, optimizer)
     if scenario in FALLS_BACK:
         assert result.source is RestoreSource.DISK, result

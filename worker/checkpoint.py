@@ -70,6 +70,7 @@ from .memory import (
     MemoryHolding,
     MemorySnapshots,
     RegisteredSnapshot,
+    SnapshotError,
     holding,
     memory_blocker,
     restore_from_memory,
@@ -776,26 +777,38 @@ def restore_state(
     decision = choose_restore_source(
         peers, checkpoint_step, policy or RestorePolicy(), memory_snapshot
     )
-    if decision.source is RestoreSource.MEMORY:
+    source, reason = decision.source, decision.reason
+    if source is RestoreSource.MEMORY:
         if memory is None or memory_snapshot is None:
             raise AssertionError("MEMORY chosen without a memory snapshot")
-        step, restored_extra, fetched = restore_from_memory(
-            memory,
-            memory_snapshot.snapshot,
-            [peer.memory for peer in peers],
-            model,
-            optimizer,
-            sampler=sampler,
-            process_group=process_group,
-        )
-        result = RestoreResult(decision.source, "", step, restored_extra, fetched, 0.0)
-    elif decision.source is RestoreSource.DISK:
+        try:
+            step, restored_extra, fetched = restore_from_memory(
+                memory,
+                memory_snapshot.snapshot,
+                [peer.memory for peer in peers],
+                model,
+                optimizer,
+                sampler=sampler,
+                process_group=process_group,
+            )
+            result = RestoreResult(source, "", step, restored_extra, fetched, 0.0)
+        except SnapshotError as error:
+            # Raised on every rank alike (restore_from_memory agrees on the outcome): all
+            # fall back to the disk checkpoint together, or all fail.
+            if checkpoint is None:
+                raise
+            source = RestoreSource.DISK
+            reason = f"{reason}; loading it failed ({error}): the disk checkpoint instead"
+            result = restore_checkpoint(
+                checkpoint, model, optimizer, sampler=sampler, process_group=process_group
+            )
+    elif source is RestoreSource.DISK:
         if checkpoint is None:
             raise AssertionError("DISK chosen without a checkpoint")
         result = restore_checkpoint(
             checkpoint, model, optimizer, sampler=sampler, process_group=process_group
         )
-    elif decision.source is RestoreSource.BROADCAST:
+    elif source is RestoreSource.BROADCAST:
         if decision.src_rank is None:
             raise AssertionError("BROADCAST chosen without a source rank")
         result = broadcast_state(
@@ -807,13 +820,13 @@ def restore_state(
             sampler=sampler,
             process_group=process_group,
         )
-    elif decision.source is RestoreSource.KEEP:
-        result = RestoreResult(decision.source, "", survivor_step or 0, extra, 0, 0.0)
+    elif source is RestoreSource.KEEP:
+        result = RestoreResult(source, "", survivor_step or 0, extra, 0, 0.0)
     else:
-        result = RestoreResult(decision.source, "", 0, None, 0, 0.0)
+        result = RestoreResult(source, "", 0, None, 0, 0.0)
     return RestoreResult(
-        source=decision.source,
-        reason=decision.reason,
+        source=source,
+        reason=reason,
         step=result.step,
         extra=result.extra,
         bytes_moved=result.bytes_moved,

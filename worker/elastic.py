@@ -1228,7 +1228,7 @@ class ElasticRun:
                         registered.round, registered.step, registered.world_size
                     )
             restored = self._restore(checkpoint, round_, memory_snapshot)
-        except (_RoundGone, RuntimeError, RallypointError) as error:
+        except (_RoundGone, RuntimeError, RallypointError, SnapshotError) as error:
             # Broken (not merely ended) if the coordinator still has the round ACTIVE.
             round_.end(f"forming failed: {str(error).splitlines()[0][:200]}", broken=True)
             self._teardown(round_, finished=False)

@@ -1611,8 +1611,14 @@ def restore_from_memory(
             + "; ".join(str(cause) for cause, _ in error.failures.values())
         )
         failure.__cause__ = error
-    except Exception as error:  # re-raised below, once every rank knows
+    except SnapshotError as error:  # raised below, once every rank knows
         failure = error
+    except Exception as error:
+        failure = SnapshotError(
+            f"{snapshot}: this rank could not load its part from memory: "
+            f"{type(error).__name__}: {error}"
+        )
+        failure.__cause__ = error
     loaded = torch.tensor([0 if failure is not None else 1])
     world = memory._world
     agreement = world.control if world is not None else process_group

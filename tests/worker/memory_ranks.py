@@ -23,6 +23,8 @@ Scenarios:
   read-fails 2 copies; rank 3 dies, and in the new world rank 1's reads from memory fail
              (injected): every survivor's restore raises, none hangs; each writes what it
              raised (``outcome``) and stops there.
+  read-fails-disk  the same with a disk checkpoint of step 2: every survivor falls back to
+             it together.
 
 Erasure-coded, 4+2 (on this world one group, ranks 0-3, and no rank off the group's hosts:
 both parity shares go to host-a, ranks 0 and 1, so that host-b's loss is survived):
@@ -84,6 +86,7 @@ SCENARIOS: dict[str, tuple[int | None, tuple[int, ...], tuple[int, int] | None]]
     # Rank 3 is stopped, not killed, with the others in a collective of the snapshots' group.
     "rank-stopped": (2, (3,), None),
     "read-fails": (2, (3,), None),
+    "read-fails-disk": (2, (3,), None),
     "ec-rank-lost": (None, (3,), (4, 2)),
     "ec-host-b-lost": (None, (2, 3), (4, 2)),
     "ec-host-a-lost": (None, (0, 1), (4, 2)),
@@ -91,6 +94,7 @@ SCENARIOS: dict[str, tuple[int | None, tuple[int, ...], tuple[int, int] | None]]
 # The scenarios that restore from a disk checkpoint of step 2, and what their reason says.
 FALLS_BACK = {
     "fallback": "no process holds rank(s) 3 of the memory snapshot",
+    "read-fails-disk": "loading it failed (round 1 step 3: ",
     "ec-host-a-lost": (
         "group 0 (ranks 0, 1, 2, 3) of the memory snapshot (round 1 step 3) keeps 2 of the 4 "
         "shares it needs: lost the blobs of rank(s) 0, 1 and parity share(s) 0, 1"
@@ -235,13 +239,13 @@ def main() -> None:
             memory_snapshot=RegisteredSnapshot(round_number, step, snapshot_world),
         )
 
+    if scenario.startswith("read-fails") and new_rank == 1:
+
+        def failing(self: Any, plan: Any, planner: Any) -> Any:
+            raise OSError("injected: this rank's reads from memory fail")
+
+        memory_module._PeerReader.read_data = failing  # type: ignore[method-assign]
     if scenario == "read-fails":
-        if new_rank == 1:
-
-            def failing(self: Any, plan: Any, planner: Any) -> Any:
-                raise OSError("injected: this rank's reads from memory fail")
-
-            memory_module._PeerReader.read_data = failing  # type: ignore[method-assign]
         try:
             restore()
         except Exception as error:

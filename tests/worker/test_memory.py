@@ -139,6 +139,14 @@ def test_one_ranks_failed_load_fails_every_ranks_restore_without_a_hang(
         )
 
 
+def test_a_failed_load_from_memory_falls_back_to_the_disk_on_every_rank(tmp_path: Path) -> None:
+    survivors = run_scenario("read-fails-disk", (3,), tmp_path)
+    assert {s["source"] for s in survivors} == {"disk"}
+    assert {s["step"] for s in survivors} == {2}
+    assert "this rank could not load its part from memory" in survivors[1]["reason"]
+    assert "another rank failed to load its part" in survivors[0]["reason"]
+
+
 def test_without_replicas_a_lost_rank_falls_back_to_the_disk(tmp_path: Path) -> None:
     survivors = run_scenario("fallback", (3,), tmp_path)
     assert {s["source"] for s in survivors} == {"disk"}

@@ -271,28 +271,34 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return local
 
 
+# Where a tensor is registered: ``owner[name]`` (a module's ``_parameters`` or ``_buffers``,
+# or a parameter's optimizer state) holds ``tensor``.
+_Registration = tuple[Mapping[Any, Any], Any, torch.Tensor]
+
+
 @dataclass(slots=True)
 class _Source:
-    """One tensor of the state: where it is registered (``owner[name]``: a module's
-    ``_parameters`` or ``_buffers``, or a parameter's optimizer state), the object found
-    there, its local memory's layout, and the copy from it into its staging buffer."""
+    """One tensor of the state: everywhere it is registered (tied weights: in several
+    modules), its local memory's layout, and the copy from it into its staging buffer."""
 
-    owner: Mapping[Any, Any]
-    name: Any
-    registered: torch.Tensor
+    registrations: tuple[_Registration, ...]
     layout: _Layout
     copy: Copy
     later: bool
 
     def holds(self) -> bool:
-        current = self.owner.get(self.name)
-        return current is self.registered and _layout(_local(current)) == self.layout
+        for owner, name, registered in self.registrations:
+            if owner.get(name) is not registered:
+                return False
+        return _layout(_local(self.registrations[0][2])) == self.layout
 
 
 @dataclass(slots=True)
 class _ModuleShape:
     module: torch.nn.Module
     children: tuple[torch.nn.Module, ...]
+    parameters_dict: dict[str, Any]
+    buffers_dict: dict[str, Any]
     parameters: int
     buffers: int
     non_persistent: int
@@ -302,6 +308,8 @@ class _ModuleShape:
         return cls(
             module,
             tuple(module._modules.values()),  # type: ignore[arg-type]
+            module._parameters,
+            module._buffers,
             len(module._parameters),
             len(module._buffers),
             len(module._non_persistent_buffers_set),
@@ -310,7 +318,9 @@ class _ModuleShape:
     def holds(self) -> bool:
         module = self.module
         return (
-            len(module._parameters) == self.parameters
+            module._parameters is self.parameters_dict
+            and module._buffers is self.buffers_dict
+            and len(module._parameters) == self.parameters
             and len(module._buffers) == self.buffers
             and len(module._non_persistent_buffers_set) == self.non_persistent
             and len(module._modules) == len(self.children)
@@ -327,9 +337,10 @@ class StatePlan:
     most of what a snapshot held training for): made from one full capture, it knows each
     tensor's staging buffer and where the tensor is registered. Before each use,
     :meth:`holds` checks (about 1 us a tensor) that every module still has the same
-    children, parameters and buffers, every tensor is still the object registered there,
-    over the same memory with the same layout, and the optimizer has the same groups of
-    the same parameters with the same state keys; anything else changed and the snapshot
+    children, parameters and buffers, every tensor is still the object registered wherever
+    it was (tied weights stay tied), over the same memory with the same layout, and the
+    optimizer has the same groups of the same parameters, each with the same state dict
+    holding the same keys; anything else changed and the snapshot
     takes the full path (and makes a new plan). Hyperparameters (a scheduler's learning
     rate), non-tensor optimizer state and everything outside the model and optimizer are
     read afresh each time."""
@@ -342,7 +353,7 @@ class StatePlan:
         sources: list[_Source],
         staged_model: dict[str, Any],
         staged_state: dict[str, dict[str, Any]],
-        state_params: dict[str, torch.nn.Parameter],
+        state_params: dict[str, tuple[torch.nn.Parameter, dict[str, Any]]],
         plain_state: dict[str, list[str]],
         groups: list[tuple[list[Any], list[str]]],
     ) -> None:
@@ -377,29 +388,26 @@ class StatePlan:
         copy_of = {_layout(buffer): (buffer, tensor) for buffer, tensor in copies}
 
         def source(
-            owner: Mapping[Any, Any],
-            name: Any,
-            registered: torch.Tensor,
-            staged: Any,
-            later: bool,
+            registrations: tuple[_Registration, ...], staged: Any, later: bool
         ) -> _Source | None:
             if not isinstance(staged, torch.Tensor):
                 return None
             found = copy_of.get(_layout(_local(staged)))
             if found is None:
                 return None
-            layout = _layout(_local(registered))
+            layout = _layout(_local(registrations[0][2]))
             if _layout(found[1]) != layout:
                 return None
-            return _Source(owner, name, registered, layout, found, later)
+            return _Source(registrations, layout, found, later)
 
         modules = [_ModuleShape.of(module) for module in model.modules()]
-        registered: dict[_Layout, tuple[Mapping[str, Any], str, torch.Tensor]] = {}
+        registered: dict[_Layout, list[_Registration]] = {}
         for shape in modules:
             for owner in (shape.module._parameters, shape.module._buffers):
                 for name, tensor in owner.items():
                     if tensor is not None:
-                        registered.setdefault(_layout(_local(tensor)), (owner, name, tensor))
+                        layout = _layout(_local(tensor))
+                        registered.setdefault(layout, []).append((owner, name, tensor))
         sources: list[_Source] = []
         for key, value in model_state.items():
             if not isinstance(value, torch.Tensor) or key not in staged_model:
@@ -407,7 +415,7 @@ class StatePlan:
             found = registered.get(_layout(_local(value)))
             if found is None:
                 return None
-            made = source(found[0], found[1], found[2], staged_model[key], in_step(found[2]))
+            made = source(tuple(found), staged_model[key], in_step(found[0][2]))
             if made is None:
                 return None
             sources.append(made)
@@ -431,18 +439,18 @@ class StatePlan:
             by_name.update(zip(names, params, strict=True))
         staged_state = staged_optimizer["state"]
         plain_state: dict[str, list[str]] = {}
-        state_params: dict[str, torch.nn.Parameter] = {}
+        state_params: dict[str, tuple[torch.nn.Parameter, dict[str, Any]]] = {}
         for name, values in state.items():
             param = by_name.get(name)
             own = optimizer.state.get(param) if param is not None else None
             if param is None or own is None or set(own) != set(values):
                 return None
-            state_params[name] = param
+            state_params[name] = (param, own)
             for key, value in values.items():
                 if isinstance(value, torch.Tensor):
                     if own[key] is not value:
                         return None
-                    made = source(own, key, value, staged_state[name][key], True)
+                    made = source(((own, key, value),), staged_state[name][key], True)
                     if made is None:
                         return None
                     sources.append(made)
@@ -481,12 +489,12 @@ class StatePlan:
         state = optimizer.state
         if len(state) != len(self._state_params):
             return False
-        for name, param in self._state_params.items():
+        for name, (param, planned) in self._state_params.items():
             own = state.get(param)
-            if own is None or len(own) != self._state_sizes[name]:
+            if own is not planned or len(own) != self._state_sizes[name]:
                 return False
         for name, keys in self._plain_state.items():
-            own = state[self._state_params[name]]
+            own = self._state_params[name][1]
             if not all(key in own and isinstance(own[key], _PLAIN) for key in keys):
                 return False
         return all(shape.holds() for shape in self._modules) and all(
@@ -505,7 +513,7 @@ class StatePlan:
         if self._plain_state:
             state = dict(state)
             for name, keys in self._plain_state.items():
-                own = self.optimizer.state[self._state_params[name]]
+                own = self._state_params[name][1]
                 state[name] = {**state[name], **{key: own[key] for key in keys}}
         groups = [
             {**{key: value for key, value in group.items() if key != "params"}, "params": names}

@@ -286,6 +286,56 @@ def scenario_plan_plain_state(tmp: Path) -> None:
     print("ok")
 
 
-@pytest.mark.parametrize("scenario", ["overlap", "no_overlap", "plan", "plan_plain_state"])
+def scenario_plan_ties_and_state_dicts(tmp: Path) -> None:
+    """Weights tied then untied, and a parameter's optimizer state replaced by a new dict
+    (the old one left as it was): the plan notices both."""
+    import torch
+
+    from rallypoint.worker.memory import holding, restore_from_memory
+
+    def made(tied: bool) -> tuple[Any, Any]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+        if tied:
+            model[1].weight = model[0].weight
+        # Untied later, the new weight is not the optimizer's (as after the change below).
+        params = [model[0].weight, model[0].bias, model[1].bias]
+        return model, torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+    memory = _world(tmp)
+    model, optimizer = made(tied=True)
+    untie = 3
+
+    def change(step: int) -> None:
+        if step == untie:
+            model[1].weight = torch.nn.Parameter(torch.full((4, 4), 0.5))
+        if step == 5:
+            bias = model[0].bias
+            old = optimizer.state[bias]["momentum_buffer"]
+            optimizer.state[bias] = {"momentum_buffer": torch.full_like(old, 7.0)}
+
+    # Step: (planned, captured) once its snapshot is taken.
+    paths = {1: (0, 1), 2: (1, 1), 3: (1, 2), 4: (2, 2), 5: (2, 3), 6: (3, 3)}
+    for step in range(1, 7):
+        change(step)
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        expected = _full_state(model, optimizer)
+        pending = memory.take(step, model, optimizer)
+        assert pending is not None
+        snapshot = pending.wait(60).snapshot
+        assert (memory._stager.planned, memory._stager.captured) == paths[step], step
+        fresh, fresh_optimizer = made(tied=step < untie)
+        restore_from_memory(memory, snapshot, [holding(memory, snapshot)], fresh, fresh_optimizer)
+        _assert_equal(_full_state(fresh, fresh_optimizer)[0], expected[0], f"step {step}")
+        fresh_bias = fresh_optimizer.state[fresh[0].bias]["momentum_buffer"]
+        assert torch.equal(fresh_bias, optimizer.state[model[0].bias]["momentum_buffer"])
+    print("ok")
+
+
+@pytest.mark.parametrize(
+    "scenario", ["overlap", "no_overlap", "plan", "plan_plain_state", "plan_ties_and_state_dicts"]
+)
 def test_snapshot_copy(scenario: str, tmp_path: Path) -> None:
     run_scenario("tests.worker.test_snapshot_copy", f"scenario_{scenario}", tmp_path)

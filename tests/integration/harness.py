@@ -32,16 +32,24 @@ from rallypoint.worker.process_tree import descendants, set_child_subreaper
 T = TypeVar("T")
 
 
-def free_ports(count: int) -> list[int]:
-    """Ports free right now on 127.0.0.1 (bound together, so they are distinct)."""
+def free_ports(count: int, avoid: set[int] | None = None) -> list[int]:
+    """Ports free right now on 127.0.0.1, distinct (bound together) and none of ``avoid``
+    (ports handed out earlier and maybe not bound yet: the system may offer one again)."""
     sockets = []
-    for _ in range(count):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        sockets.append(s)
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
+    ports: list[int] = []
+    try:
+        while len(ports) < count:
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+            port = int(s.getsockname()[1])
+            if avoid is None or port not in avoid:
+                ports.append(port)
+            if len(sockets) > count + 1000:
+                raise RuntimeError(f"found no {count} free loopback ports outside {avoid}")
+    finally:
+        for s in sockets:
+            s.close()
     return ports
 
 
@@ -247,7 +255,15 @@ class ProcessCluster:
             self._describe(member_id)
 
     def _describe(self, member_id: int) -> MemberProcess:
-        peer, client, metrics = free_ports(3)
+        # Distinct from every other member's: a port handed out but not yet bound may be
+        # offered again (two members then fight over it and one cannot start).
+        taken = {
+            int(address.rpartition(":")[2])
+            for other in self.members.values()
+            for address in (other.peer_address, other.client_address, other.metrics_address)
+            if address
+        }
+        peer, client, metrics = free_ports(3, avoid=taken)
         member = MemberProcess(
             member_id,
             f"127.0.0.1:{peer}",

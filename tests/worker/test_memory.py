@@ -35,16 +35,11 @@ from rallypoint.worker import (
 )
 from rallypoint.worker.erasure import decode_blobs, encode_parity
 from rallypoint.worker.memory import MemoryHolding, _request, memory_blocker, rebuild_plan
+from tests.integration.harness import free_ports
 from tests.worker.test_checkpoint import wait_ranks
 
 RANKS_SCRIPT = Path(__file__).with_name("memory_ranks.py")
 WORLD_TIMEOUT_S = 180
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def run_scenario(
@@ -52,12 +47,13 @@ def run_scenario(
 ) -> list[dict[str, Any]]:
     """Run the scenario's 4 ranks; the survivors' figures. ``stopped``: the ``dying`` ranks
     stop themselves instead of dying, and are SIGKILLed once the survivors are done."""
+    master_port, second_port = free_ports(2)  # distinct
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
         "GLOO_SOCKET_IFNAME": "lo",
-        "MASTER_PORT": str(free_port()),
-        "SECOND_PORT": str(free_port()),
+        "MASTER_PORT": str(master_port),
+        "SECOND_PORT": str(second_port),
     }
     ranks = [
         subprocess.Popen(

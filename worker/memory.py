@@ -1603,22 +1603,22 @@ def restore_from_memory(
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
             dcp_load(state, storage_reader=reader, no_dist=True)
-    except CheckpointException as error:
-        # DCP's wrapper of a failed read derives from BaseException, not Exception: let
-        # through, it left this rank out of the agreement below and the others waiting in it.
-        failure = SnapshotError(
-            f"{snapshot}: this rank could not load its part from memory: "
-            + "; ".join(str(cause) for cause, _ in error.failures.values())
-        )
-        failure.__cause__ = error
-    except SnapshotError as error:  # raised below, once every rank knows
-        failure = error
-    except Exception as error:
-        failure = SnapshotError(
-            f"{snapshot}: this rank could not load its part from memory: "
-            f"{type(error).__name__}: {error}"
-        )
-        failure.__cause__ = error
+    except (Exception, CheckpointException) as error:
+        # Raised below, once every rank knows, always as a SnapshotError. DCP wraps a failed
+        # read in CheckpointException, a BaseException: let through, it left this rank out
+        # of the agreement below and the others waiting in it.
+        if isinstance(error, SnapshotError):
+            failure = error
+        else:
+            causes = (
+                [str(cause) for cause, _ in error.failures.values()]
+                if isinstance(error, CheckpointException)
+                else [f"{type(error).__name__}: {error}"]
+            )
+            failure = SnapshotError(
+                f"{snapshot}: this rank could not load its part from memory: " + "; ".join(causes)
+            )
+            failure.__cause__ = error
     loaded = torch.tensor([0 if failure is not None else 1])
     world = memory._world
     agreement = world.control if world is not None else process_group

@@ -18,6 +18,8 @@ from rallypoint.client.lease import LeaseKeeper
 from rallypoint.client.tasks import cancel_and_wait
 from rallypoint.proto.v1 import lease_pb2
 
+from .test_lease import eventually
+
 
 class _KeepAliveCall:
     """A KeepAlive stream whose answers the test hands over; ``on_read`` runs as a read
@@ -88,24 +90,17 @@ async def _nothing(lease: Lease) -> None:
     pass
 
 
-async def _eventually(condition: Any, what: str) -> None:
-    async with asyncio.timeout(5):
-        while not condition():
-            await asyncio.sleep(0.001)
-    assert condition(), what
-
-
 async def test_a_lease_keeper_closed_as_an_answer_arrives_stops() -> None:
     call = _KeepAliveCall()
     keeper = LeaseKeeper(_Caller(call))  # type: ignore[arg-type]
     lease = Lease(7, 1, 30.0, _nothing)
     keeper.add(lease, asyncio.get_running_loop().time())
-    await _eventually(lambda: call.written == [7], "the first keep-alive")
+    await eventually(lambda: call.written == [7], "the first keep-alive")
     # close() starts in the turn of the loop in which the keeper's read gets its answer.
     closing: list[asyncio.Task[None]] = []
     call.on_read = lambda: closing.append(asyncio.ensure_future(keeper.close()))
     call.answers.put_nowait(lease_pb2.LeaseKeepAliveResponse(lease_id=7, ttl_ms=30_000))
-    await _eventually(lambda: closing, "close() to start")
+    await eventually(lambda: closing, "close() to start")
     done, _ = await asyncio.wait(closing, timeout=5)
     assert done, "close() never returned: the keeper lost the cancellation that stops it"
     assert call.cancelled

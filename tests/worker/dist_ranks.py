@@ -106,7 +106,7 @@ def assert_bit_equal(actual: Any, expected: Any, where: str = "") -> None:
         for key in expected:
             assert_bit_equal(actual[key], expected[key], f"{where}/{key}")
     elif isinstance(expected, list | tuple):
-        assert len(actual) == len(expected), where
+        assert type(actual) is type(expected) and len(actual) == len(expected), where
         for index, (a, e) in enumerate(zip(actual, expected, strict=True)):
             assert_bit_equal(a, e, f"{where}[{index}]")
     else:

@@ -154,45 +154,6 @@ def _fsdp_model_and_optimizer(frozen_last: bool) -> tuple[Any, Any, Any]:
     return model, optimizer, scheduler
 
 
-def _full_state(model: Any, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """get_state_dict's view, every tensor copied to a plain local tensor."""
-    import torch
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-    from torch.distributed.tensor import DTensor
-
-    def plain(obj: Any) -> Any:
-        if isinstance(obj, DTensor):
-            return obj.to_local().clone()
-        if isinstance(obj, torch.Tensor):
-            return obj.clone()
-        if isinstance(obj, dict):
-            return {key: plain(value) for key, value in obj.items()}
-        if isinstance(obj, list):
-            return [plain(value) for value in obj]
-        return obj
-
-    model_state, optimizer_state = get_state_dict(model, optimizer)
-    return plain(model_state), plain(optimizer_state)
-
-
-def _assert_equal(got: Any, expected: Any, path: str = "") -> None:
-    import torch
-
-    if isinstance(expected, torch.Tensor):
-        assert isinstance(got, torch.Tensor) and torch.equal(got, expected), path
-    elif isinstance(expected, dict):
-        assert isinstance(got, dict) and got.keys() == expected.keys(), path
-        for key, value in expected.items():
-            _assert_equal(got[key], value, f"{path}.{key}")
-    elif isinstance(expected, list | tuple):
-        assert type(got) is type(expected) and len(got) == len(expected), path
-        for i, (a, b) in enumerate(zip(got, expected, strict=True)):
-            _assert_equal(a, b, f"{path}[{i}]")
-    else:
-        assert not isinstance(got, torch.Tensor), (path, got, expected)
-        assert got == expected, (path, got, expected)
-
-
 def scenario_plan(tmp: Path) -> None:
     """After the first full capture, snapshots are staged by the plan while the state keeps
     its layout, and in full again when it changes (a buffer replaced, an optimizer state
@@ -202,6 +163,7 @@ def scenario_plan(tmp: Path) -> None:
     import torch
 
     from rallypoint.worker.memory import holding, restore_from_memory
+    from tests.worker.dist_ranks import assert_bit_equal, full_state
 
     memory = _world(tmp)
     model, optimizer, scheduler = _fsdp_model_and_optimizer(frozen_last=True)
@@ -231,7 +193,7 @@ def scenario_plan(tmp: Path) -> None:
         optimizer.step()
         optimizer.zero_grad()
         scheduler.step()
-        expected = _full_state(model, optimizer)
+        expected = full_state(model, optimizer)
         pending = memory.take(step, model, optimizer)
         assert pending is not None
         taken = pending.wait(60)
@@ -244,7 +206,7 @@ def scenario_plan(tmp: Path) -> None:
             memory, taken.snapshot, [holding(memory, taken.snapshot)], fresh, fresh_optimizer
         )
         assert restored_step == step
-        _assert_equal(_full_state(fresh, fresh_optimizer), expected, f"step {step}")
+        assert_bit_equal(full_state(fresh, fresh_optimizer), expected, f"step {step}")
     print("ok")
 
 
@@ -292,6 +254,7 @@ def scenario_plan_ties_and_state_dicts(tmp: Path) -> None:
     import torch
 
     from rallypoint.worker.memory import holding, restore_from_memory
+    from tests.worker.dist_ranks import assert_bit_equal, full_state
 
     def made(tied: bool) -> tuple[Any, Any]:
         torch.manual_seed(0)
@@ -321,14 +284,14 @@ def scenario_plan_ties_and_state_dicts(tmp: Path) -> None:
         model(torch.randn(2, 4)).sum().backward()
         optimizer.step()
         optimizer.zero_grad()
-        expected = _full_state(model, optimizer)
+        expected = full_state(model, optimizer)
         pending = memory.take(step, model, optimizer)
         assert pending is not None
         snapshot = pending.wait(60).snapshot
         assert (memory._stager.planned, memory._stager.captured) == paths[step], step
         fresh, fresh_optimizer = made(tied=step < untie)
         restore_from_memory(memory, snapshot, [holding(memory, snapshot)], fresh, fresh_optimizer)
-        _assert_equal(_full_state(fresh, fresh_optimizer)[0], expected[0], f"step {step}")
+        assert_bit_equal(full_state(fresh, fresh_optimizer)[0], expected[0], f"step {step}")
         fresh_bias = fresh_optimizer.state[fresh[0].bias]["momentum_buffer"]
         assert torch.equal(fresh_bias, optimizer.state[model[0].bias]["momentum_buffer"])
     print("ok")

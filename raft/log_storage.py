@@ -203,4 +203,12 @@ class MemoryStorage:
             raise ValueError(
                 f"missing log entry [last: {self.last_index()}, append at: {ents[0].index}]"
             )
-        self._ents = self._ents[:offset] + ents
+        if offset == len(self._ents):
+            # The common case, appending at the end: in place (amortized O(1), as etcd's
+            # ``append(ms.ents, entries...)``); copying the whole log on every append made
+            # each one cost O(entries since the last compaction).
+            self._ents.extend(ents)
+        else:
+            # Overwriting a conflicting suffix: a new list, so slices handed out before
+            # are not rewritten under their holders.
+            self._ents = self._ents[:offset] + ents

@@ -297,3 +297,36 @@ def test_unstable_truncate_and_append_cases() -> None:
     assert unstable.offset == 4 and [e.index for e in unstable.entries] == [4]
     with pytest.raises(AssertionError):
         unstable.truncate_and_append([ent(3, 9)])  # would leave a gap
+
+
+def test_storage_appends_at_the_end_in_place_and_overwrites_in_a_new_list() -> None:
+    """``MemoryStorage.append`` at the log's end costs O(entries appended), not O(log):
+    the list grows in place (it copied the whole log on every append, and a Ready is an
+    append: with 100,000 entries between snapshots that was ~0.25 ms per Ready per member).
+    Overwriting a conflicting suffix still builds a new list."""
+    storage = MemoryStorage()
+    storage.append([ent(1, i) for i in range(1, 1001)])
+    held = storage._ents
+    for i in range(1001, 1101):
+        storage.append([ent(1, i)])
+        assert storage._ents is held, "an append at the end copied the log"
+    assert storage.last_index() == 1100
+    assert [e.index for e in storage.entries(Index(1), Index(1101))] == list(range(1, 1101))
+
+    handed_out = storage.entries(Index(1090), Index(1101))
+    storage.append([ent(2, 1095), ent(2, 1096)])
+    assert storage._ents is not held
+    assert storage.last_index() == 1096
+    assert [(e.term, e.index) for e in storage.entries(Index(1093), Index(1097))] == [
+        (1, 1093),
+        (1, 1094),
+        (2, 1095),
+        (2, 1096),
+    ]
+    assert [e.term for e in handed_out] == [1] * 11
+    assert [e.index for e in held[-3:]] == [1098, 1099, 1100]
+
+    storage.compact(Index(1050))
+    storage.append([ent(2, 1097)])
+    assert storage.first_index() == 1051 and storage.last_index() == 1097
+    assert storage.term(Index(1097)) == 2

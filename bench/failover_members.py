@@ -41,7 +41,7 @@ _RALLYPOINT_LEADER = re.compile(
 # harness defaults to the faster timing of the test suite.
 RALLYPOINT_TICK_MS = 100
 RALLYPOINT_ELECTION_TICKS = 10
-RALLYPOINT_SNAPSHOT_ENTRIES = 10_000
+RALLYPOINT_SNAPSHOT_ENTRIES = 100_000
 # Fast reconnect to a member that restarted (gRPC's default backoff grows to 120 s), no gRPC
 # retries: the options rallypoint's client library gives its channels, used for both systems.
 CHANNEL_OPTIONS: list[tuple[str, int]] = [

@@ -123,7 +123,7 @@ class Settings:
     # Linearizable reads answered by the leader under its lease (node_reads.py); every
     # member of a cluster must use the same setting (RALLYPOINT_LEASE_READS=0 turns it off).
     lease_reads: bool = True
-    snapshot_entries: int = 10_000
+    snapshot_entries: int = 100_000
     metrics_address: str = ""  # host:port for /metrics; empty disables
     # host:port serving only the gRPC health service, in plaintext and without tokens, for
     # probes that cannot present a client certificate (Kubernetes' grpc probe); empty

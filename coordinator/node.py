@@ -294,6 +294,7 @@ class Node:
             lambda: self._sm.applied_index,
             self._capture,
             self._spawn_guarded,
+            config.snapshot_log_bytes,
         )
         self._snapshots = snapshots
         self._raw = RawNode(
@@ -471,6 +472,7 @@ class Node:
             await self._maybe_stop_abstaining()
         if rd.committed_entries or not rd.snapshot.is_empty():
             self._after_apply()
+            self._snapshots.applied(sum(len(entry.data) for entry in rd.committed_entries))
             self._snapshots.maybe_start()
 
     def _durable_prefix(self, rd: Ready) -> int:
@@ -584,6 +586,8 @@ class Node:
         self._sm.applied_index = max(self._sm.applied_index, snapshot.metadata.index)
         self._membership.restore(members, snapshot.metadata.conf_state)
         self._lessor.sync(self._sm.lease_list())
+        if self._snapshots is not None:  # None while starting from the stored snapshot
+            self._snapshots.installed()
 
     def _after_apply(self) -> None:
         applied = self._sm.applied_index

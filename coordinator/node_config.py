@@ -50,7 +50,12 @@ class NodeConfig:
     tick_ms: int = 100
     election_ticks: int = 10
     heartbeat_ticks: int = 1
-    snapshot_entries: int = 10_000
+    # etcd's default (--snapshot-count): a snapshot encodes the whole state, so its cost
+    # per entry falls with the interval; replaying 100,000 small entries on a restart takes
+    # about 2.5 s here.
+    snapshot_entries: int = 100_000
+    # ... or sooner, once the entries applied since the last snapshot hold this many bytes.
+    snapshot_log_bytes: int = 64 * 1024 * 1024
     # Entries kept behind a snapshot so a briefly lagging follower catches up from the log.
     snapshot_catchup_entries: int = 5_000
     # The largest snapshot this member accepts from a peer.
@@ -83,6 +88,8 @@ class NodeConfig:
             raise ValueError("tick_ms and heartbeat_ticks must be positive")
         if self.election_ticks <= self.heartbeat_ticks:
             raise ValueError("election_ticks must be greater than heartbeat_ticks")
+        if self.snapshot_entries <= 0 or self.snapshot_log_bytes <= 0:
+            raise ValueError("snapshot_entries and snapshot_log_bytes must be positive")
         if self.lease_reads and not self.check_quorum:
             raise ValueError("lease_reads needs check_quorum")
         if (

@@ -97,8 +97,15 @@ class Snapshots:
         applied_index: Callable[[], int],
         take_capture: Callable[[], Capture],
         spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]],
+        log_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self._member_id = member_id
+        # A snapshot is also due once the entries applied since the last capture hold this
+        # many bytes: the storage's policy counts entries, and a few large ones (a JoinBatch
+        # of thousands of participants) would otherwise grow the in-memory log, the WAL and a
+        # restart's replay far past what the entry count suggests.
+        self._log_bytes = log_bytes
+        self._applied_bytes = 0
         self._storage = storage
         self._disk = disk
         self._catchup_entries = catchup_entries
@@ -115,11 +122,27 @@ class Snapshots:
 
     # ------------------------------------------------------------- periodic snapshots
 
+    def applied(self, size_bytes: int) -> None:
+        """Entries holding ``size_bytes`` were applied."""
+        self._applied_bytes += size_bytes
+
+    def installed(self) -> None:
+        """A snapshot received from the leader replaced the state."""
+        self._applied_bytes = 0
+
+    def _due(self) -> bool:
+        applied = Index(self._applied_index())
+        if self._storage.should_snapshot(applied):
+            return True
+        return (
+            self._applied_bytes >= self._log_bytes
+            and applied > self._storage.snapshot().metadata.index
+        )
+
     def maybe_start(self) -> None:
-        """After applying: start a snapshot if the policy says one is due (or one was
-        asked for) and none is running."""
-        due = self._requests or self._storage.should_snapshot(Index(self._applied_index()))
-        if due and self._periodic is None:
+        """After applying: start a snapshot if one is due (by the storage's entry count, or
+        by the bytes applied since the last) or was asked for, and none is running."""
+        if (self._requests or self._due()) and self._periodic is None:
             self._periodic = self._spawn(self._run())
 
     async def snapshot_now(self) -> int:
@@ -136,12 +159,13 @@ class Snapshots:
                 requests, self._requests = self._requests, []
                 current = self._storage.snapshot().metadata.index
                 if self._applied_index() > current:
-                    current = await self._store(self._take_capture())
+                    captured = self._take_capture()
+                    self._applied_bytes = 0
+                    current = await self._store(captured)
                 for future in requests:
                     if not future.done():
                         future.set_result(int(current))
-                applied = Index(self._applied_index())
-                if not self._requests and not self._storage.should_snapshot(applied):
+                if not self._requests and not self._due():
                     return
         finally:
             self._periodic = None

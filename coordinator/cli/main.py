@@ -53,7 +53,8 @@ _SERVE_HELP = {
     "lease_reads": "the leader answers linearizable reads under a lease, without a heartbeat "
     "round (the same on every member; turn off with lease_reads = false in --config or "
     "RALLYPOINT_LEASE_READS=0)",
-    "snapshot_entries": "applied entries between snapshots",
+    "snapshot_entries": "applied entries between snapshots (one is also made once the entries "
+    "applied since the last hold 64 MiB)",
     "metrics_address": "host:port to serve Prometheus /metrics on (off when empty)",
     "health_address": "host:port serving only the standard gRPC health service, without TLS "
     "or tokens, for probes that cannot present a client certificate (Kubernetes' grpc probe); "

@@ -87,7 +87,7 @@ class PersistRequest:
 class SnapshotPolicy:
     """When to snapshot and how many snapshot files to keep."""
 
-    entries_per_snapshot: int = 10_000
+    entries_per_snapshot: int = 100_000
     retain_snapshots: int = 2  # the newest, plus older ones to fall back on
 
     def __post_init__(self) -> None:

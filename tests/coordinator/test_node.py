@@ -73,6 +73,7 @@ class Cluster:
             election_ticks=10,
             snapshot_entries=self.overrides.get("snapshot_entries", 10_000),
             snapshot_catchup_entries=self.overrides.get("snapshot_catchup_entries", 5_000),
+            snapshot_log_bytes=self.overrides.get("snapshot_log_bytes", 64 * 1024 * 1024),
         )
 
     async def start(self, member_id: int) -> Node:
@@ -205,6 +206,34 @@ async def test_lagging_member_catches_up_by_snapshot(tmp_path: Path) -> None:
         await node.read_barrier()
         assert node.state.snapshot() == leader.state.snapshot()
         assert node.status().snapshot_index > 0
+    finally:
+        for member_id in list(c.nodes):
+            await c.stop(member_id)
+    assert not c.fatal
+
+
+async def test_a_snapshot_is_made_once_the_applied_entries_hold_enough_bytes(
+    tmp_path: Path,
+) -> None:
+    """Large entries bring a snapshot long before the entry count: 40 puts of 1 KiB pass a
+    16 KiB log budget with 100,000 entries between snapshots; small entries do not."""
+    c = Cluster(tmp_path, 3, snapshot_entries=100_000, snapshot_log_bytes=16 * 1024)
+    await c.start_all()
+    try:
+        leader = await c.leader()
+        session = await open_session(leader)
+        # Each member's first snapshot, made when the cluster was created.
+        first = {n.member_id: n.status().snapshot_index for n in c.nodes.values()}
+        for seq in range(1, 41):
+            await leader.propose(Put(b"small%03d" % seq, b"v"), session_id=session, sequence=seq)
+        await asyncio.sleep(0.2)
+        assert {n.member_id: n.status().snapshot_index for n in c.nodes.values()} == first
+        for seq in range(41, 81):
+            await leader.propose(
+                Put(b"big%03d" % seq, bytes(1024)), session_id=session, sequence=seq
+            )
+        for node in c.nodes.values():
+            await wait_until(lambda n=node: n.status().snapshot_index > 40, "no snapshot by bytes")
     finally:
         for member_id in list(c.nodes):
             await c.stop(member_id)

@@ -113,7 +113,15 @@ from .node_api import (
 from .node_bootstrap import begin_from_empty_storage, is_fresh
 from .node_config import NodeConfig, PeerTls
 from .node_membership import Membership
-from .node_proposals import ProposalIds, Proposals, Waiters, unwrap, validate_entries, wrap
+from .node_proposals import (
+    DecodedEntries,
+    ProposalIds,
+    Proposals,
+    Waiters,
+    unwrap,
+    validate_entries,
+    wrap,
+)
 from .node_reads import LeaderLease, ReadIndexBatcher, lease_clock_s, lease_duration_s
 from .node_snapshots import Capture, LeaderSnapshots, Snapshots, capture
 from .peer_auth import PeerKey
@@ -182,6 +190,8 @@ class Node:
         self._rng = random.Random(int.from_bytes(os.urandom(8), "big"))
         self._storage: DiskStorage | None = None
         self._snapshots: Snapshots | None = None
+        # Envelopes decoded when a leader's entries were validated, for their apply.
+        self._decoded = DecodedEntries()
         self._raw: RawNode | None = None
         # Invariant: mutated only by the apply path (_apply, _install_snapshot).
         self._sm = StateMachine(config.limits)
@@ -559,7 +569,7 @@ class Node:
             self._sm.apply(entry.index, b"")
             return
         proposer_id, proposal_id, payload = unwrap(entry.data)
-        result = self._sm.apply(entry.index, payload)
+        result = self._sm.apply(entry.index, payload, self._decoded.take(entry))
         if isinstance(result, LeaseGrantResult):
             self._lessor.grant(result.lease_id, result.ttl_ms)
         elif isinstance(result, LeaseEndResult):
@@ -586,6 +596,7 @@ class Node:
         self._sm.applied_index = max(self._sm.applied_index, snapshot.metadata.index)
         self._membership.restore(members, snapshot.metadata.conf_state)
         self._lessor.sync(self._sm.lease_list())
+        self._decoded.clear()
         if self._snapshots is not None:  # None while starting from the stored snapshot
             self._snapshots.installed()
 
@@ -761,8 +772,9 @@ class Node:
 
     def validate_entries(self, entries: tuple[Entry, ...]) -> None:
         """Raise ValueError unless every entry a peer sent would apply (see
-        ``node_proposals.validate_entries``)."""
-        validate_entries(entries)
+        ``node_proposals.validate_entries``); keep what was decoded for their apply."""
+        envelopes = validate_entries(entries)
+        self._decoded.keep(entries, envelopes, self._sm.applied_index)
 
     @property
     def max_snapshot_bytes(self) -> int:

@@ -178,15 +178,16 @@ class StateMachine:
 
     # ----------------------------------------------------------------- applying entries
 
-    def apply(self, index: int, data: bytes) -> Result:
+    def apply(self, index: int, data: bytes, decoded: Envelope | None = None) -> Result:
         """Apply the committed entry at ``index``. Raises on a corrupt entry (the log is
-        shared by every replica, so skipping it would diverge) or an out-of-order index."""
+        shared by every replica, so skipping it would diverge) or an out-of-order index.
+        ``decoded``: ``data`` already decoded (by a follower validating it), used as is."""
         if index <= self.applied_index:
             raise AssertionError(f"entry {index} applied after {self.applied_index}")
         self.applied_index = index
         if not data:
             return NoOp()
-        envelope = decode_envelope(data)
+        envelope = decode_envelope(data) if decoded is None else decoded
         self.now_ms = max(self.now_ms, envelope.leader_time_ms)
         expired = self.sessions.expire(self.now_ms)
         if expired:

@@ -132,6 +132,8 @@ def _format_of_class(cls: type[Any], tag: int) -> RecordFormat:
 
 
 # Invariant: a bijection between tags and registered record classes; _FORMAT has every class.
+# (record class, allowed record types) -> whether a record of that class is allowed.
+_ALLOWED: dict[tuple[type[Any], tuple[type[Any], ...]], bool] = {}
 _CLASS_BY_TAG: dict[int, type[Any]] = {}
 _TAG_BY_CLASS: dict[type[Any], int] = {}
 _FORMAT: dict[type[Any], RecordFormat] = {}
@@ -330,7 +332,7 @@ def _record_from_obj(obj: Any, allowed: tuple[type[Any], ...]) -> Any:
     if not isinstance(obj, list) or not obj or type(obj[0]) is not int:
         raise StateCodecError(f"expected a tagged record, got {obj!r}"[:300])
     cls = _CLASS_BY_TAG.get(obj[0])
-    if cls is None or (cls not in allowed and not any(issubclass(cls, b) for b in allowed)):
+    if cls is None or not _allowed(cls, allowed):
         names = ", ".join(base.__name__ for base in allowed)
         raise StateCodecError(f"tag {obj[0]} is not a record of type {names}")
     hints = _hints(cls)
@@ -358,6 +360,15 @@ def _record_from_obj(obj: Any, allowed: tuple[type[Any], ...]) -> Any:
                 raise StateCodecError(f"{cls.__name__}.{name}: {exc}") from None
         raise
     return cls(*args)
+
+
+def _allowed(cls: type[Any], allowed: tuple[type[Any], ...]) -> bool:
+    """Whether a record of ``cls`` is one of ``allowed`` (or a subclass of one)."""
+    key = (cls, allowed)
+    answer = _ALLOWED.get(key)
+    if answer is None:
+        answer = _ALLOWED[key] = cls in allowed or any(issubclass(cls, b) for b in allowed)
+    return answer
 
 
 class _NotPlain:
@@ -409,7 +420,23 @@ def _compile_decoder(hint: Any) -> Callable[[Any], Any]:
             return obj if type(obj) is hint else _from_obj(obj, hint)
 
         return plain
-    if typing.get_origin(hint) is tuple:
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        members = typing.get_args(hint)
+        records = tuple(m for m in members if _is_record_type(m))
+        if records:
+            # ``Fence | None`` and the like: as ``_from_obj`` decodes them.
+            none_allowed = type(None) in members
+
+            def union(obj: Any) -> Any:
+                if obj is None and none_allowed:
+                    return None
+                if type(obj) is list:
+                    return _record_from_obj(obj, records)
+                return _from_obj(obj, hint)
+
+            return union
+    if origin is tuple:
         args = typing.get_args(hint)
         if len(args) == 2 and args[1] is Ellipsis:
             item_hint = args[0]
@@ -420,7 +447,11 @@ def _compile_decoder(hint: Any) -> Callable[[Any], Any]:
                 return tuple([from_obj(item, item_hint) for item in obj])
 
             return items
-    if isinstance(hint, type) and hint in _TAG_BY_CLASS:
+    if (isinstance(hint, type) and hint in _TAG_BY_CLASS) or (
+        getattr(hint, "__supertype__", None) is None and _is_record_type(hint)
+    ):
+        # A record class, or a base class of some (``Envelope.command``): as ``_from_obj``
+        # decodes it, without its checks for unions, tuples and NewTypes on every value.
         allowed = (hint,)
         return lambda obj: _record_from_obj(obj, allowed)
     return lambda obj: _from_obj(obj, hint)

@@ -27,8 +27,12 @@ is ready the core is told ``SnapshotTemporarilyUnavailableError`` and retries on
 heartbeat response. Such a snapshot is sent, not stored, and reused while the configuration
 is unchanged and the log still holds the entries after it.
 
-At most one periodic snapshot runs at a time; when it ends it checks whether another is due
-(or asked for, ``snapshot_now``).
+A periodic snapshot is due every ``snapshot_entries`` applied entries (the storage's
+policy; 100,000 by default, as etcd's ``--snapshot-count``), or sooner once the entries
+applied since the last capture hold ``snapshot_log_bytes`` (a few large entries would
+otherwise grow the in-memory log, the WAL and a restart's replay far past what the count
+suggests). At most one periodic snapshot runs at a time; when it ends it checks whether
+another is due (or asked for, ``snapshot_now``).
 """
 
 from __future__ import annotations

@@ -111,9 +111,6 @@ class DecodedEntries:
     def __init__(self) -> None:
         self._by_index: dict[int, tuple[bytes, Envelope]] = {}
 
-    def __len__(self) -> int:
-        return len(self._by_index)
-
     def keep(
         self, entries: Sequence[Entry], envelopes: Sequence[Envelope | None], applied_index: int
     ) -> None:

@@ -101,7 +101,7 @@ class Snapshots:
         applied_index: Callable[[], int],
         take_capture: Callable[[], Capture],
         spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]],
-        log_bytes: int = 64 * 1024 * 1024,
+        log_bytes: int,
     ) -> None:
         self._member_id = member_id
         # A snapshot is also due once the entries applied since the last capture hold this

@@ -132,8 +132,6 @@ def _format_of_class(cls: type[Any], tag: int) -> RecordFormat:
 
 
 # Invariant: a bijection between tags and registered record classes; _FORMAT has every class.
-# (record class, allowed record types) -> whether a record of that class is allowed.
-_ALLOWED: dict[tuple[type[Any], tuple[type[Any], ...]], bool] = {}
 _CLASS_BY_TAG: dict[int, type[Any]] = {}
 _TAG_BY_CLASS: dict[type[Any], int] = {}
 _FORMAT: dict[type[Any], RecordFormat] = {}
@@ -143,6 +141,9 @@ _HINTS: dict[type[Any], list[tuple[str, Any]]] = {}
 # _is_record_type's answers; emptied whenever a class is registered. Decoding asks for every
 # field of every entry applied, so this is on the apply path.
 _IS_RECORD_TYPE: dict[Any, bool] = {}
+# _allowed's answers: (record class, allowed record types) -> whether a record of that class
+# is one of them (a function of the classes alone, so kept across registrations).
+_ALLOWED: dict[tuple[type[Any], tuple[type[Any], ...]], bool] = {}
 # Compiled per type, lazily (annotations resolve only once every module is imported), and
 # emptied whenever a class is registered: a record class's encoder (value -> list), and a
 # decoder per annotation (obj -> value). A snapshot of a job of 100,000 participants holds
@@ -447,9 +448,7 @@ def _compile_decoder(hint: Any) -> Callable[[Any], Any]:
                 return tuple([from_obj(item, item_hint) for item in obj])
 
             return items
-    if (isinstance(hint, type) and hint in _TAG_BY_CLASS) or (
-        getattr(hint, "__supertype__", None) is None and _is_record_type(hint)
-    ):
+    if _is_record_type(hint):
         # A record class, or a base class of some (``Envelope.command``): as ``_from_obj``
         # decodes it, without its checks for unions, tuples and NewTypes on every value.
         allowed = (hint,)

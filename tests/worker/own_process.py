@@ -1,5 +1,11 @@
 """Run a test scenario in a process of its own (it may make a process group: torch.distributed
-state is per process), and fail with its stderr if it does not end by printing ``ok``."""
+state is per process), and fail with its stderr if it does not end by printing ``ok``.
+
+A scenario that returned leaves with ``os._exit(0)``, skipping the interpreter's teardown: a
+gloo worker thread that drops its last finished work (whose tensors hold Python references)
+while the interpreter finalizes aborts the process ("terminate called without an active
+exception"), a race torch documents by asking for ``destroy_process_group`` at exit. The
+scenario's result is what it printed; a failure still raises and exits non-zero."""
 
 from __future__ import annotations
 
@@ -14,7 +20,8 @@ def run_scenario(module: str, function: str, tmp: Path, timeout_s: float = 180) 
     """Call ``module.function(tmp)`` in a new interpreter."""
     code = (
         "import importlib, sys; from pathlib import Path;"
-        f" getattr(importlib.import_module({module!r}), {function!r})(Path(sys.argv[1]))"
+        f" getattr(importlib.import_module({module!r}), {function!r})(Path(sys.argv[1]));"
+        " import os; sys.stdout.flush(); sys.stderr.flush(); os._exit(0)"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, str(tmp)],

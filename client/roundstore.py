@@ -68,6 +68,11 @@ Response = TypeVar("Response")
 Bytes = bytes | str
 
 
+# The share of a cache lease given up for clock drift: the leader's clock may run this much
+# faster than the client's (the leader's StoreCacheLeases waits as much longer on its side).
+CACHE_LEASE_DRIFT = 0.05
+
+
 def _store_operation(
     operation_id: int, kind: str, request: Any, timeout_s: float
 ) -> rendezvous_pb2.StoreBatchOperation:
@@ -248,7 +253,7 @@ class RoundStore:
         answer = await self._multi_get(
             [keys], wait_s=self._wait_s(timeout_s) if wait else 0.0, partial=False
         )
-        values = answer[0]
+        values = answer[0][0]
         assert values is not None, "a complete MultiGet answer has every group"
         return values
 
@@ -259,14 +264,40 @@ class RoundStore:
         missing after ``wait_s`` (0: no wait): independent reads in one call."""
         if not groups:
             return []
-        return await self._multi_get(groups, wait_s=wait_s, partial=True)
+        return [values for values, _ in await self._multi_get(groups, wait_s=wait_s, partial=True)]
+
+    async def read_leased(
+        self,
+        groups: Sequence[Sequence[Bytes]],
+        *,
+        wait_s: float = 0.0,
+        lease: Sequence[bool] | None = None,
+    ) -> list[tuple[list[bytes] | None, float]]:
+        """:meth:`read_groups` asking for cache leases: each group's values (or None) and
+        how many seconds, counted from before this call, its lease lasts (0: none). While it
+        lasts no key of the group changes, so its values may answer later reads of those
+        keys (see ``coordinator/service/store_cache.py``). The seconds are the leader's
+        less ``CACHE_LEASE_DRIFT`` of them, for clocks that do not tick at the same rate.
+        ``lease``: which groups ask for one (default: all)."""
+        if not groups:
+            return []
+        wanted = [True] * len(groups) if lease is None else list(lease)
+        if len(wanted) != len(groups):
+            raise ValueError(f"lease names {len(wanted)} groups, not {len(groups)}")
+        return await self._multi_get(groups, wait_s=wait_s, partial=True, lease=wanted)
 
     async def _multi_get(
-        self, groups: Sequence[Sequence[Bytes]], *, wait_s: float, partial: bool
-    ) -> list[list[bytes] | None]:
+        self,
+        groups: Sequence[Sequence[Bytes]],
+        *,
+        wait_s: float,
+        partial: bool,
+        lease: Sequence[bool] = (),
+    ) -> list[tuple[list[bytes] | None, float]]:
         request = rendezvous_pb2.StoreMultiGetRequest(scope=self.scope, partial=partial)
-        for keys in groups:
-            request.groups.add().keys.extend(_bytes(key) for key in keys)
+        for i, keys in enumerate(groups):
+            group = request.groups.add(cache=i < len(lease) and lease[i])
+            group.keys.extend(_bytes(key) for key in keys)
         response = await self._blocking(
             lambda stubs: stubs.store.MultiGet, request, wait_s, kind="multi_get"
         )
@@ -275,7 +306,12 @@ class RoundStore:
                 f"{self.namespace}: MultiGet answered {len(response.groups)} groups for "
                 f"{len(groups)}"
             )
-        return [list(group.values) if group.complete else None for group in response.groups]
+        return [
+            (list(group.values), group.cache_ms / 1000 * (1 - CACHE_LEASE_DRIFT))
+            if group.complete
+            else (None, 0.0)
+            for group in response.groups
+        ]
 
     async def num_keys(self, *, timeout_s: float | None = None) -> int:
         response = await refined(

@@ -432,7 +432,7 @@ class Node:
     def _submit_proposals(self) -> None:
         """The entries callers proposed since the last Ready, to the core as one message."""
         if self._proposals:
-            self._proposals.submit(self.raw.propose_many)
+            self._proposals.submit(self.raw.propose_many, self.raw.leader_term())
 
     async def _handle_ready(self, rd: Ready) -> None:
         storage = self._storage
@@ -803,6 +803,10 @@ class Node:
     def is_leader(self) -> bool:
         return self._soft_state.raft_state is StateType.LEADER
 
+    def leader_term(self) -> int | None:
+        term = self.raw.leader_term()
+        return None if term is None else int(term)
+
     @property
     def leader_id(self) -> int:
         return int(self._soft_state.lead)
@@ -841,6 +845,7 @@ class Node:
         sequence: int = 0,
         first_unacked: int = 0,
         timeout_s: float = 5.0,
+        term: int | None = None,
     ) -> Result:
         if self.leader_id == NONE:
             raise NoLeaderError()
@@ -849,7 +854,7 @@ class Node:
         data = wrap(self.member_id, proposal_id, encode_envelope(envelope))
         started = time.monotonic()
         result: Result = await self.propose_and_wait(
-            proposal_id, lambda: self._proposals.queue(proposal_id, data), timeout_s
+            proposal_id, lambda: self._proposals.queue(proposal_id, data, term), timeout_s
         )
         self.metrics.proposal_seconds.observe(time.monotonic() - started)
         return result

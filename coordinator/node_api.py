@@ -169,11 +169,23 @@ class ServerNode(Protocol):
         sequence: int = 0,
         first_unacked: int = 0,
         timeout_s: float = 5.0,
+        term: int | None = None,
     ) -> Result:
         """Replicate ``command`` and return its result once applied on this member.
+        ``term``: only as this member's entry while it leads in that term; dropped
+        (ProposalDroppedError), never forwarded to another leader, otherwise.
 
         Raises NotLeaderError / NoLeaderError, ProposalDroppedError, ProposalTimeoutError.
         """
+        ...
+
+    def leader_term(self) -> int | None:
+        """This member's term while it leads (as the Raft core knows it now), else None."""
+        ...
+
+    def require_leader(self) -> None:
+        """Raise NotLeaderError (with the leader's address if known) unless this member
+        leads."""
         ...
 
     async def read_barrier(self, timeout_s: float = 5.0) -> None:

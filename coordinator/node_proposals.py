@@ -218,17 +218,45 @@ class Proposals:
     def __init__(self, waiters: Waiters) -> None:
         self._waiters = waiters
         self._queued: list[tuple[int, bytes]] = []
+        # The queued entries bound to a leader's term, by proposal id.
+        self._bound: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self._queued)
 
-    def queue(self, proposal_id: int, data: bytes) -> None:
+    def queue(self, proposal_id: int, data: bytes, term: int | None = None) -> None:
+        """Queue an entry; with ``term``, only for this member to append as that term's
+        leader (see ``submit``)."""
+        if term is not None:
+            self._bound[proposal_id] = term
         self._queued.append((proposal_id, data))
 
-    def submit(self, propose: Callable[[Sequence[bytes]], None]) -> None:
+    def submit(
+        self, propose: Callable[[Sequence[bytes]], None], leader_term: int | None = None
+    ) -> None:
         """``propose`` the queued entries, at most ``MAX_ENTRIES_PER_PROPOSAL`` per call; the
-        callers of a batch the core refuses get ProposalDroppedError."""
+        callers of a batch the core refuses get ProposalDroppedError. An entry bound to a
+        term other than ``leader_term`` (this member's term while it leads, None otherwise)
+        is dropped instead: a follower's core would forward it to a leader that did not
+        check it (``service/store_cache.py`` needs its writes appended by the leader that
+        checked them)."""
         queued, self._queued = self._queued, []
+        if self._bound:
+            bound, self._bound = self._bound, {}
+            kept = []
+            for proposal_id, data in queued:
+                term = bound.get(proposal_id)
+                if term is None or term == leader_term:
+                    kept.append((proposal_id, data))
+                else:
+                    self._waiters.fail(
+                        proposal_id,
+                        ProposalDroppedError(
+                            f"proposal dropped: leadership of term {term} changed before it "
+                            "was appended"
+                        ),
+                    )
+            queued = kept
         for start in range(0, len(queued), MAX_ENTRIES_PER_PROPOSAL):
             batch = queued[start : start + MAX_ENTRIES_PER_PROPOSAL]
             try:
@@ -242,3 +270,4 @@ class Proposals:
     def clear(self) -> None:
         """Forget the queue (its waiters are failed by the caller)."""
         self._queued = []
+        self._bound = {}

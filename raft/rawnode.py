@@ -258,6 +258,11 @@ class RawNode:
         """Forget the leader (follower only), e.g. because the application knows it left."""
         self._raft.forget_leader()
 
+    def leader_term(self) -> Term | None:
+        """This member's term while it leads, else None."""
+        r = self._raft
+        return r.term if r.state is StateType.LEADER else None
+
     def lease_read_index(self) -> tuple[Term, Index] | None:
         """(term, read index) if this leader may serve a read under its lease, else None
         (see ``Raft.lease_read_index``; the caller checks the lease's clock)."""

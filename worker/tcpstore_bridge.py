@@ -58,6 +58,7 @@ import logging
 import random
 import struct
 import threading
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -82,6 +83,9 @@ VALIDATION_MAGIC = 0x3C85F7CE
 WAIT_SLICE_S = 30.0
 # How long a coalesced read waits for the other connections' reads before its call.
 LINGER_S = 0.001
+# Leased values are swept of ended leases once this many are held (and at twice what was
+# left after the last sweep).
+_SWEEP_LEASED = 4096
 
 _U8 = struct.Struct("<B")
 _U32 = struct.Struct("<I")
@@ -225,39 +229,59 @@ class _SharedWait:
 
 
 class _Reads:
-    """The reads of every connection of one round, coalesced into MultiGet calls.
+    """The reads of every connection of one round, coalesced into MultiGet calls, and
+    answered from cache leases while they last.
 
     One call in flight at a time; the reads that arrive while it runs wait for the next one,
     which carries them all (identical groups once). So every read is answered from a call
-    that started after the read arrived: as linearizable as a Get of its own, at a fraction
-    of the calls. A read is a group of keys, answered with all their values or None. Before
-    a call, reads fewer than the open connections linger up to ``LINGER_S`` for the others
-    (answered together, the connections tend to ask again together).
+    that started after the read arrived, or from a lease (below) running when it is
+    answered: as linearizable as a Get of its own, at a fraction of the calls. A read is a
+    group of keys, answered with all their values or None. Before a call, reads fewer than
+    the open connections linger up to ``LINGER_S`` for the others (answered together, the
+    connections tend to ask again together).
 
     Blocking waits on keys still missing are shared too: one coordinator wait per distinct
     group of keys (a MultiGet held until they all exist, on the batch stream), however many
     connections wait on it. Its values answer the connections that joined it before its call
     was sent (the member read them after they arrived); for one that joined later its end
     only says "look again": that caller then reads (coalesced) to see the keys exist now.
+    Cache leases (``coordinator/service/store_cache.py``): the calls ask the leader for a lease
+    on the values they read (not for the counters an ADD of 0 reads: a barrier's adds would
+    wait for it), and while one lasts, counted from before its call was sent, a read of
+    those keys is answered from it without a call: the leader changes none of them until
+    it ended. gloo's full mesh reads every key once per rank of the node and each get
+    three times; with leases a node's bridge calls once per key.
+
     Invariant: ``_pending`` is empty unless ``_flushing`` runs (or is about to).
     """
 
     def __init__(self, store: RoundStore, open_connections: Callable[[], int]) -> None:
         self.store = store
         self._open_connections = open_connections
-        self._pending: list[tuple[tuple[bytes, ...], asyncio.Future[list[bytes] | None]]] = []
+        self._pending: list[tuple[tuple[bytes, ...], bool, asyncio.Future[list[bytes] | None]]] = []
         self._flushing: asyncio.Task[None] | None = None
         # Set while a call lingers; resolved early once every open connection has a read.
         self._full: asyncio.Future[None] | None = None
         # The shared blocking waits, by group of keys.
         self._waits: dict[tuple[bytes, ...], _SharedWait] = {}
+        # Leased values: key -> (value, when its lease ends on time.monotonic()).
+        self._leased: dict[bytes, tuple[bytes, float]] = {}
+        self._sweep_at = _SWEEP_LEASED
 
-    def read(self, keys: Sequence[bytes]) -> asyncio.Future[list[bytes] | None]:
+    def read(
+        self, keys: Sequence[bytes], *, lease: bool = True
+    ) -> asyncio.Future[list[bytes] | None]:
+        """The keys' values (None if one is missing) from a lease still running or the next
+        call; ``lease``: ask that call for a lease on them."""
         future: asyncio.Future[list[bytes] | None] = asyncio.get_running_loop().create_future()
         if not keys:
             future.set_result([])  # torch's check([]) and wait([]): nothing to read
             return future
-        self._pending.append((tuple(keys), future))
+        held = self.leased(keys)
+        if held is not None:
+            future.set_result(held)
+            return future
+        self._pending.append((tuple(keys), lease, future))
         if self._flushing is None or self._flushing.done():
             self._flushing = asyncio.create_task(self._flush())
         elif self._full is not None and len(self._pending) >= self._open_connections():
@@ -286,22 +310,67 @@ class _Reads:
     async def _wait(self, keys: tuple[bytes, ...], shared: _SharedWait) -> list[bytes]:
         while True:
             shared.sent = True
+            started = time.monotonic()
             try:
-                (values,) = await self.store.read_groups([keys], wait_s=WAIT_SLICE_S)
+                ((values, lease_s),) = await self.store.read_leased([keys], wait_s=WAIT_SLICE_S)
             except DeadlineExceededError:
                 continue  # the answer of an ended slice came late: the next slice
             if values is not None:
+                self._keep(keys, values, started + lease_s if lease_s > 0 else 0.0)
                 return values
+
+    def _not_leased(
+        self, reads: list[tuple[tuple[bytes, ...], bool, asyncio.Future[list[bytes] | None]]]
+    ) -> list[tuple[tuple[bytes, ...], bool, asyncio.Future[list[bytes] | None]]]:
+        """Answer the reads a running lease covers; the others."""
+        if not self._leased:
+            return reads
+        left = []
+        for read in reads:
+            held = self.leased(read[0])
+            if held is None:
+                left.append(read)
+            elif not read[2].done():
+                read[2].set_result(held)
+        return left
+
+    def leased(self, keys: Sequence[bytes]) -> list[bytes] | None:
+        """The keys' values if a lease on each still runs, else None."""
+        leased = self._leased
+        if not leased:
+            return None
+        now = time.monotonic()
+        values = []
+        for key in keys:
+            held = leased.get(key)
+            if held is None or held[1] <= now:
+                return None
+            values.append(held[0])
+        return values
+
+    def _keep(self, keys: Sequence[bytes], values: Sequence[bytes], ends: float) -> None:
+        """Hold ``values`` until ``ends`` (a lease's end; 0: no lease)."""
+        if ends <= 0:
+            return
+        leased = self._leased
+        for key, value in zip(keys, values, strict=True):
+            leased[key] = (value, ends)
+        if len(leased) >= self._sweep_at:
+            now = time.monotonic()
+            for key in [key for key, (_, until) in leased.items() if until <= now]:
+                del leased[key]
+            self._sweep_at = max(_SWEEP_LEASED, 2 * len(leased))
 
     def close(self) -> None:
         if self._flushing is not None:
             self._flushing.cancel()
-        for _, future in self._pending:
+        for _, _, future in self._pending:
             future.cancel()
         self._pending = []
         for shared in self._waits.values():
             shared.task.cancel()
         self._waits = {}
+        self._leased = {}
 
     async def _flush(self) -> None:
         loop = asyncio.get_running_loop()
@@ -314,20 +383,31 @@ class _Reads:
                 finally:
                     timer.cancel()
                     self._full = None
-            batch, self._pending = self._pending, []
+            # A lease that came with the previous call answers the reads that arrived
+            # during it (the other ranks of the node reading the same key).
+            batch, self._pending = self._not_leased(self._pending), []
+            if not batch:
+                continue
             try:
                 await self._answer(batch)
             finally:
-                _cancel_unanswered(batch)  # only if the call itself was cancelled
+                # Only if the call itself was cancelled.
+                _cancel_unanswered([(keys, future) for keys, _, future in batch])
 
     async def _answer(
-        self, batch: list[tuple[tuple[bytes, ...], asyncio.Future[list[bytes] | None]]]
+        self, batch: list[tuple[tuple[bytes, ...], bool, asyncio.Future[list[bytes] | None]]]
     ) -> None:
         groups: dict[tuple[bytes, ...], int] = {}
-        for keys, _ in batch:
-            groups.setdefault(keys, len(groups))
+        lease: list[bool] = []
+        for keys, wanted, _ in batch:
+            at = groups.setdefault(keys, len(groups))
+            if at == len(lease):
+                lease.append(wanted)
+            elif wanted:
+                lease[at] = True
+        started = time.monotonic()
         try:
-            answer = await self.store.read_groups(list(groups))
+            answer = await self.store.read_leased(list(groups), lease=lease)
         except (InvalidArgumentError, ResourceExhaustedError) as error:
             if len(groups) == 1:
                 self._fail(batch, error)
@@ -341,16 +421,19 @@ class _Reads:
         except RallypointError as error:
             self._fail(batch, error)
             return
-        for keys, future in batch:
+        for keys, (values, lease_s) in zip(groups, answer, strict=True):
+            if values is not None and lease_s > 0:
+                self._keep(keys, values, started + lease_s)
+        for keys, _, future in batch:
             if not future.done():
-                future.set_result(answer[groups[keys]])
+                future.set_result(answer[groups[keys]][0])
 
     @staticmethod
     def _fail(
-        batch: list[tuple[tuple[bytes, ...], asyncio.Future[list[bytes] | None]]],
+        batch: list[tuple[tuple[bytes, ...], bool, asyncio.Future[list[bytes] | None]]],
         error: RallypointError,
     ) -> None:
-        for _, future in batch:
+        for _, _, future in batch:
             if not future.done():
                 future.set_exception(error)
 
@@ -562,7 +645,7 @@ class _Connection:
         inside the request. None when the key is missing or holds no integer: then the add
         itself runs (creating the key, or failing as the coordinator says)."""
         await self.writes.settled()
-        values = await self.reads.read([key])
+        values = await self.reads.read([key], lease=False)
         return None if values is None else _decimal(values[0])
 
     def start_wait(self, keys: Sequence[bytes]) -> None:

@@ -71,10 +71,12 @@ async def propose(
     session_id: int = 0,
     first_unacked: int = 0,
     timeout_s: float | None = None,
+    term: int | None = None,
 ) -> SuccessT:
     """Propose ``command`` under the request's session header (a validated
     ``RequestHeader``), or, for session commands, under ``session_id`` with no sequence.
-    ``timeout_s``: how long to wait, when not the call's own (:func:`wait_s`)."""
+    ``timeout_s``: how long to wait, when not the call's own (:func:`wait_s`); ``term``:
+    only as this leader's entry of that term (``ServerNode.propose``)."""
     if header is not None:
         session_id, sequence, first_unacked = (
             header.session_id,
@@ -89,6 +91,7 @@ async def propose(
         sequence=sequence,
         first_unacked=first_unacked,
         timeout_s=wait_s(context) if timeout_s is None else timeout_s,
+        term=term,
     )
     if sequence and not isinstance(result, (Failure, kind)):
         # The state machine answers a command with its own kind of result, except from the

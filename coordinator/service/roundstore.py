@@ -21,6 +21,11 @@ every group; with ``partial`` the deadline answers with the complete groups inst
 failing, which is what a caller batching unrelated requests (the TCPStore bridge) needs: one
 missing key must not fail or hold the others. Every value comes from one applied state, read
 after the barrier, so each group is as linearizable as a Get issued when the call started.
+
+Cache leases (``store_cache.py``): a complete group that asks for ``cache`` is answered with a
+lease on its values when this member leads (granted with no await after the read), and every
+write goes through ``StoreCacheLeases.write``: served by the leader only, held while a lease
+on its key lasts, proposed bound to the leader's term.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from rallypoint.proto.v1 import rendezvous_pb2, rendezvous_pb2_grpc
+from rallypoint.proto.v1 import common_pb2, rendezvous_pb2, rendezvous_pb2_grpc
 
 from ..node_api import ServerNode
 from ..state.commands import StoreAdd, StoreCompareSet, StoreDelete, StoreSet
@@ -44,8 +49,9 @@ from ..state.results import (
 )
 from ..state.view import RoundStoreView
 from . import validate
-from .common import Context, header_pb, propose, read_barrier
+from .common import Context, SuccessT, header_pb, propose, read_barrier
 from .errors import InvalidArgument, RequestFailed, WaitTimedOut
+from .store_cache import StoreCacheLeases
 
 T = TypeVar("T")
 
@@ -63,11 +69,14 @@ class CheckedMultiGet:
     groups: list[list[bytes]]
     timeout_ms: int
     partial: bool
+    # The groups that ask for a cache lease (by position).
+    cache: list[bool]
 
 
 class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
     def __init__(self, node: ServerNode) -> None:
         self.node = node
+        self.cache = StoreCacheLeases(node)
 
     # ----------------------------------------------------------------- reads
 
@@ -150,6 +159,7 @@ class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
             groups=_key_groups(request.groups, self.node.state.limits.rendezvous),
             timeout_ms=validate.non_negative(request.timeout_ms, "timeout_ms"),
             partial=request.partial,
+            cache=[group.cache for group in request.groups],
         )
 
     async def multi_get(
@@ -178,17 +188,22 @@ class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
             at_deadline=read if checked.partial else None,
             barrier=barrier,
         )
+        # No await since the values were read: a lease granted now covers them.
+        leases = [
+            self.cache.grant(checked.scope, keys) if wanted and values is not None else 0
+            for keys, values, wanted in zip(groups, answer, checked.cache, strict=True)
+        ]
         size = sum(len(value) for values in answer if values is not None for value in values)
         if size > MAX_MULTI_GET_ANSWER_BYTES:
             raise RequestFailed(
                 LimitExceeded("bytes of values in one MultiGet answer", MAX_MULTI_GET_ANSWER_BYTES)
             )
         response = rendezvous_pb2.StoreMultiGetResponse(header=header_pb(self.node.header()))
-        for values in answer:
+        for values, lease_ms in zip(answer, leases, strict=True):
             if values is None:
                 response.groups.add()
             else:
-                response.groups.add(complete=True, values=values)
+                response.groups.add(complete=True, values=values, cache_ms=lease_ms)
         return response
 
     async def NumKeys(
@@ -222,6 +237,21 @@ class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
 
     # ----------------------------------------------------------------- writes
 
+    async def _propose(
+        self,
+        scope: validate.Scope,
+        command: StoreSet | StoreAdd | StoreCompareSet | StoreDelete,
+        context: Context,
+        kind: type[SuccessT],
+        header: common_pb2.RequestHeader,
+    ) -> SuccessT:
+        """Propose a write through the cache leases' gate (leader only; see the docstring)."""
+        return await self.cache.write(
+            scope,
+            command.key,
+            lambda term: propose(self.node, command, context, kind, header, term=term),
+        )
+
     async def Set(
         self, request: rendezvous_pb2.StoreSetRequest, context: Context
     ) -> rendezvous_pb2.StoreSetResponse:
@@ -235,7 +265,7 @@ class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
             key=validate.store_key(request.key, limits),
             value=validate.store_value(request.value, limits),
         )
-        await propose(self.node, command, context, StoreSetResult, header)
+        await self._propose(scope, command, context, StoreSetResult, header)
         return rendezvous_pb2.StoreSetResponse(header=header_pb(self.node.header()))
 
     async def Add(
@@ -250,7 +280,7 @@ class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
             key=validate.store_key(request.key, self.node.state.limits.rendezvous),
             delta=request.delta,
         )
-        result = await propose(self.node, command, context, StoreAddResult, header)
+        result = await self._propose(scope, command, context, StoreAddResult, header)
         return rendezvous_pb2.StoreAddResponse(
             header=header_pb(self.node.header()), value=result.value
         )
@@ -269,7 +299,7 @@ class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
             expected=validate.store_value(request.expected, limits),
             desired=validate.store_value(request.desired, limits),
         )
-        result = await propose(self.node, command, context, StoreCompareSetResult, header)
+        result = await self._propose(scope, command, context, StoreCompareSetResult, header)
         response = rendezvous_pb2.StoreCompareSetResponse(
             header=header_pb(self.node.header()), swapped=result.swapped
         )
@@ -288,7 +318,7 @@ class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
             participant_id=scope.participant_id,
             key=validate.store_key(request.key, self.node.state.limits.rendezvous),
         )
-        result = await propose(self.node, command, context, StoreDeleteResult, header)
+        result = await self._propose(scope, command, context, StoreDeleteResult, header)
         return rendezvous_pb2.StoreDeleteResponse(
             header=header_pb(self.node.header()), existed=result.existed
         )

@@ -718,10 +718,12 @@ class StoreCheckResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., all_exist: _Optional[bool] = ...) -> None: ...
 
 class StoreKeyGroup(_message.Message):
-    __slots__ = ("keys",)
+    __slots__ = ("keys", "cache")
     KEYS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    cache: bool
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., cache: _Optional[bool] = ...) -> None: ...
 
 class StoreMultiGetRequest(_message.Message):
     __slots__ = ("scope", "groups", "timeout_ms", "partial")
@@ -736,12 +738,14 @@ class StoreMultiGetRequest(_message.Message):
     def __init__(self, scope: _Optional[_Union[StoreScope, _Mapping]] = ..., groups: _Optional[_Iterable[_Union[StoreKeyGroup, _Mapping]]] = ..., timeout_ms: _Optional[int] = ..., partial: _Optional[bool] = ...) -> None: ...
 
 class StoreGroupValues(_message.Message):
-    __slots__ = ("complete", "values")
+    __slots__ = ("complete", "values", "cache_ms")
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
+    CACHE_MS_FIELD_NUMBER: _ClassVar[int]
     complete: bool
     values: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, complete: _Optional[bool] = ..., values: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    cache_ms: int
+    def __init__(self, complete: _Optional[bool] = ..., values: _Optional[_Iterable[bytes]] = ..., cache_ms: _Optional[int] = ...) -> None: ...
 
 class StoreMultiGetResponse(_message.Message):
     __slots__ = ("header", "groups")

@@ -39,6 +39,7 @@ from rallypoint.coordinator.node_api import (
     NoLeaderError,
     NotLeaderError,
     PeerProgress,
+    ProposalDroppedError,
 )
 from rallypoint.coordinator.service import add_services
 from rallypoint.coordinator.service.tokens import ClientTokens
@@ -135,11 +136,23 @@ class FakeNode:
         sequence: int = 0,
         first_unacked: int = 0,
         timeout_s: float = 5.0,
+        term: int | None = None,
     ) -> Result:
+        if term is not None and term != self.leader_term():
+            raise ProposalDroppedError(f"proposal dropped: term {term} is not led here")
         self.proposals.append((command, session_id, sequence, first_unacked, timeout_s))
         self._check_serving()
         envelope = Envelope(session_id, sequence, first_unacked, self.clock_ms, command)
         return await self.apply(encode_envelope(envelope))
+
+    def leader_term(self) -> int | None:
+        return TERM if self.leader_id == MEMBER_ID else None
+
+    def require_leader(self) -> None:
+        if self.leader_id == 0:
+            raise NoLeaderError()
+        if self.leader_id != MEMBER_ID:
+            raise NotLeaderError(self.leader_id, self.leader_address)
 
     async def apply(self, data: bytes) -> Result:
         """Apply an entry at the next index, keep the lessor in step, wake the watchers."""

@@ -90,3 +90,32 @@ async def test_a_refused_batch_fails_each_of_its_callers_and_batches_are_bounded
     for i in range(MAX_ENTRIES_PER_PROPOSAL):
         waiters.trigger(i, i)
     assert await asyncio.gather(*waiting[:-2]) == list(range(MAX_ENTRIES_PER_PROPOSAL))
+
+
+async def test_an_entry_bound_to_a_term_is_proposed_only_by_that_term_s_leader() -> None:
+    """A round-store write checked by the leader of a term (service/store_cache.py) is
+    appended by that leader or not at all: never forwarded by a member that meanwhile
+    became a follower, nor appended by it in a later term."""
+    waiters = Waiters()
+    proposals = Proposals(waiters)
+    loop = asyncio.get_running_loop()
+    proposed: list[list[bytes]] = []
+
+    def wait(i: int, data: bytes, term: int | None) -> asyncio.Task[Any]:
+        return loop.create_task(
+            waiters.propose_and_wait(
+                i, lambda: proposals.queue(i, data, term), timeout_s=5.0, wake=lambda: None
+            )
+        )
+
+    for leader_term, kept in ((None, [b"free"]), (8, [b"free"]), (7, [b"free", b"bound"])):
+        free, bound = wait(1, b"free", None), wait(2, b"bound", 7)
+        await asyncio.sleep(0)
+        proposals.submit(lambda datas: proposed.append(list(datas)), leader_term)
+        assert proposed.pop() == kept
+        if b"bound" not in kept:
+            with pytest.raises(ProposalDroppedError, match="term 7"):
+                await bound
+        for i in (1, 2):
+            waiters.trigger(i, "applied")
+        await asyncio.gather(free, bound, return_exceptions=True)

@@ -74,6 +74,7 @@ class Worker:
     def __init__(self, cluster: ServingCluster, name: str, home: int) -> None:
         self.cluster = cluster
         self.name = name
+        self.home = home
         self.channels: dict[str, grpc.aio.Channel] = {}
         channel = self.channel(cluster.members[home].client_address)
         self.rendezvous = rendezvous_pb2_grpc.RendezvousStub(channel)
@@ -86,6 +87,14 @@ class Worker:
         # Every RoundInfo the watch delivered, in order.
         self.seen: list[pb.RoundInfo] = []
         self.tasks: list[asyncio.Task[None]] = []
+
+    def leader_store(self) -> rendezvous_pb2_grpc.RoundStoreStub:
+        """The round store on the leader's channel: writes are the leader's alone (cache
+        leases, coordinator/service/store_cache.py); reads are served by any member."""
+        (leader,) = [i for i, node in self.cluster.nodes.items() if node.is_leader()]
+        return rendezvous_pb2_grpc.RoundStoreStub(
+            self.channel(self.cluster.members[leader].client_address)
+        )
 
     def channel(self, address: str) -> grpc.aio.Channel:
         if address not in self.channels:
@@ -199,25 +208,35 @@ async def test_three_workers_form_a_round_survive_a_failure_and_keep_their_ranks
     token_1 = infos[0].fencing_token
     w0, w1, w2 = sorted(workers, key=lambda w: w.rank_in(infos[0]))
 
-    # The round's store, written and read through different members.
+    # The round's store, written at the leader and read through different members; a write
+    # at another member is refused with the leader's address.
     pending_get = asyncio.ensure_future(
         w2.store.Get(pb.StoreGetRequest(scope=w2.scope(1), key=b"master", timeout_ms=10_000))
     )
-    await w0.store.Set(
+    followers = [w for w in (w0, w1, w2) if not cluster.nodes[w.home].is_leader()]
+    redirected = await fails(
+        followers[0].store.Set(
+            pb.StoreSetRequest(
+                header=followers[0].headers(), scope=followers[0].scope(1), key=b"k", value=b"v"
+            )
+        )
+    )
+    assert (redirected.code, redirected.reason) == (grpc.StatusCode.UNAVAILABLE, "NOT_LEADER")
+    await w0.leader_store().Set(
         pb.StoreSetRequest(header=w0.headers(), scope=w0.scope(1), key=b"master", value=b"w0:29500")
     )
     assert (await pending_get).value == b"w0:29500"
     got = await w1.store.Get(pb.StoreGetRequest(scope=w1.scope(1), key=b"master"))
     assert got.value == b"w0:29500"
     counts = [
-        (await w.store.Add(
+        (await w.leader_store().Add(
             pb.StoreAddRequest(header=w.headers(), scope=w.scope(1), key=b"arrived", delta=1)
         )).value
         for w in (w0, w1, w2)
     ]  # fmt: skip
     assert counts == [1, 2, 3]
     claims = [
-        await w.store.CompareSet(
+        await w.leader_store().CompareSet(
             pb.StoreCompareSetRequest(
                 header=w.headers(), scope=w.scope(1), key=b"leader", desired=w.name.encode()
             )
@@ -263,17 +282,17 @@ async def test_three_workers_form_a_round_survive_a_failure_and_keep_their_ranks
 
     # The old round's store and checkpoint fences are refused; the dead worker is no member.
     stale_write = await fails(
-        w0.store.Set(pb.StoreSetRequest(header=w0.headers(), scope=w0.scope(1), key=b"k"))
+        w0.leader_store().Set(pb.StoreSetRequest(header=w0.headers(), scope=w0.scope(1), key=b"k"))
     )
     zombie_write = await fails(
-        w2.store.Set(pb.StoreSetRequest(header=w2.headers(), scope=w2.scope(2), key=b"k"))
+        w2.leader_store().Set(pb.StoreSetRequest(header=w2.headers(), scope=w2.scope(2), key=b"k"))
     )
     for refused in (stale_write, zombie_write):
         assert (refused.code, refused.reason) == (
             grpc.StatusCode.FAILED_PRECONDITION,
             "STALE_ROUND",
         )
-    await w1.store.Set(
+    await w1.leader_store().Set(
         pb.StoreSetRequest(header=w1.headers(), scope=w1.scope(2), key=b"k", value=b"v")
     )
     old_commit = await fails(

@@ -46,6 +46,25 @@ class GatedStore:
         self.gate.set()
         self.failure: Exception | None = None
         self.wait_done = asyncio.Event()
+        # The cache lease granted on every complete group that asks for one (0: none), and
+        # what each call asked for.
+        self.lease_s = 0.0
+        self.leases_asked: list[list[bool]] = []
+
+    async def read_leased(
+        self,
+        groups: Sequence[Sequence[bytes]],
+        *,
+        wait_s: float = 0.0,
+        lease: Sequence[bool] | None = None,
+    ) -> list[tuple[list[bytes] | None, float]]:
+        wanted = [True] * len(groups) if lease is None else list(lease)
+        self.leases_asked.append(wanted)
+        answer = await self.read_groups(groups, wait_s=wait_s)
+        return [
+            (values, self.lease_s if values is not None and asked else 0.0)
+            for values, asked in zip(answer, wanted, strict=True)
+        ]
 
     async def read_groups(
         self, groups: Sequence[Sequence[bytes]], *, wait_s: float = 0.0
@@ -90,6 +109,74 @@ async def test_reads_arriving_during_a_call_share_the_next_each_with_its_own_ans
     assert await first == [b"1"]
     assert [await future for future in later] == [[b"2"], [b"3", b"1"], [b"2"], None]
     assert store.calls == [[(b"a",)], [(b"b",), (b"c", b"a"), (b"x",)]]
+
+
+async def test_a_leased_value_answers_reads_without_a_call_until_its_lease_ends() -> None:
+    store = GatedStore()
+    store.data = {b"a": b"1", b"b": b"2"}
+    store.lease_s = 0.3
+    reads = reads_of(store)
+    assert await reads.read([b"a", b"b"]) == [b"1", b"2"]
+    assert store.leases_asked == [[True]]
+    # Leased: every read of those keys (any group of them) is answered at once, no call.
+    for keys in ([b"a"], [b"b", b"a"], [b"a", b"b"]):
+        future = reads.read(keys)
+        assert future.done() and future.result() == [store.data[key] for key in keys]
+    assert len(store.calls) == 1
+    # A key not leased makes its group a call.
+    store.data[b"c"] = b"3"
+    assert await reads.read([b"a", b"c"]) == [b"1", b"3"]
+    assert len(store.calls) == 2
+    # Once the lease ended the reads call again (and see what changed meanwhile).
+    await asyncio.sleep(0.35)
+    store.data[b"a"] = b"new"
+    assert await reads.read([b"a"]) == [b"new"]
+    assert len(store.calls) == 3
+    reads.close()
+    assert reads.leased([b"a"]) is None
+
+
+async def test_reads_arriving_during_a_leased_call_are_answered_by_its_lease() -> None:
+    store = GatedStore()
+    store.data = {b"a": b"1", b"b": b"2"}
+    store.lease_s = 5.0
+    reads = reads_of(store)
+    store.gate.clear()
+    first = reads.read([b"a"])
+    await asyncio.sleep(0)
+    # The node's other ranks read the same key while that call runs, and one another key.
+    later = [reads.read([b"a"]) for _ in range(7)] + [reads.read([b"b"])]
+    store.gate.set()
+    assert await first == [b"1"]
+    assert [await future for future in later] == [[b"1"]] * 7 + [[b"2"]]
+    # The second call carried only the key no lease covered.
+    assert store.calls == [[(b"a",)], [(b"b",)]]
+
+
+async def test_a_lease_counts_from_before_its_call_and_a_counter_read_asks_for_none() -> None:
+    store = GatedStore()
+    store.data = {b"a": b"1", b"count": b"4"}
+    store.lease_s = 0.2
+    reads = reads_of(store)
+    store.gate.clear()
+    held = reads.read([b"a"])
+    await asyncio.sleep(0.25)  # the answer comes after its whole lease went by
+    store.gate.set()
+    assert await held == [b"1"]
+    assert reads.leased([b"a"]) is None  # ended before it arrived: nothing kept
+    # An ADD of 0 (a barrier's count) asks no lease: its key's adds would wait for it.
+    counted = reads.read([b"count"], lease=False)
+    assert await counted == [b"4"]
+    assert store.leases_asked[-1] == [False] and reads.leased([b"count"]) is None
+    # The same group asked by a get and a counter in one call: one group, leased.
+    store.gate.clear()
+    first = reads.read([b"x"])
+    await asyncio.sleep(0)
+    both = [reads.read([b"count"], lease=False), reads.read([b"count"])]
+    store.gate.set()
+    await first
+    assert [await future for future in both] == [[b"4"], [b"4"]]
+    assert store.leases_asked[-1] == [True]
 
 
 async def test_a_read_never_takes_the_answer_of_a_call_that_started_before_it() -> None:

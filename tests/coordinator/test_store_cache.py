@@ -1,0 +1,166 @@
+"""The leader's cache leases on round-store keys and the gate of round-store writes
+(coordinator/service/store_cache.py): a write never applies while a lease on its key lasts,
+a key being written is never leased, a new leader waits out its predecessor's leases, a
+write that lost its term is dropped, and only the leader serves writes or grants leases."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rallypoint.coordinator.node_api import (
+    NoLeaderError,
+    NotLeaderError,
+    ProposalDroppedError,
+    ProposalTimeoutError,
+)
+from rallypoint.coordinator.service.store_cache import DRIFT, StoreCacheLeases
+from rallypoint.coordinator.service.validate import Scope
+
+SCOPE = Scope("job", 3, 7)
+OTHER_ROUND = Scope("job", 4, 7)
+LEASE_S = 0.2
+
+
+class Leading:
+    """The node as the gate sees it: whether (and in which term) it leads."""
+
+    def __init__(self) -> None:
+        self.term: int | None = 5
+        self.leader_id = 1
+
+    def leader_term(self) -> int | None:
+        return self.term
+
+    def require_leader(self) -> None:
+        if self.term is None:
+            raise NotLeaderError(2, "10.0.0.2:2379") if self.leader_id else NoLeaderError()
+
+
+def leases(node: Leading) -> StoreCacheLeases:
+    """The node's cache leases, its term begun long enough ago to write at once."""
+    cache = StoreCacheLeases(node, lease_s=LEASE_S)  # type: ignore[arg-type]
+    cache._leading()
+    cache._writes_open_at = 0.0
+    return cache
+
+
+async def test_a_write_proposes_only_once_the_lease_on_its_key_ended() -> None:
+    node = Leading()
+    cache = leases(node)
+    assert cache.grant(SCOPE, [b"a", b"b"]) == int(LEASE_S * 1000)
+    ends = cache._leased[("job", 3)][b"a"]
+    proposed_at: list[float] = []
+
+    async def propose(term: int) -> str:
+        assert term == 5
+        proposed_at.append(cache._clock())
+        return "applied"
+
+    # Another key, and the same key in another round: not held.
+    assert await cache.write(SCOPE, b"c", propose) == "applied"
+    assert await cache.write(OTHER_ROUND, b"a", propose) == "applied"
+    assert proposed_at[-1] < ends
+    assert await cache.write(SCOPE, b"a", propose) == "applied"
+    assert proposed_at[-1] >= ends
+    assert not cache._writing
+
+
+async def test_a_key_being_written_is_not_leased_until_its_write_applied() -> None:
+    node = Leading()
+    cache = leases(node)
+    release = asyncio.Event()
+
+    async def propose(term: int) -> None:
+        await release.wait()
+
+    write = asyncio.create_task(cache.write(SCOPE, b"a", propose))
+    await asyncio.sleep(0)
+    assert cache.grant(SCOPE, [b"a"]) == 0
+    assert cache.grant(SCOPE, [b"a", b"b"]) == 0  # a group's lease is all of it or nothing
+    assert cache.grant(SCOPE, [b"b"]) > 0
+    release.set()
+    await write
+    assert cache.grant(SCOPE, [b"a"]) > 0
+
+
+async def test_a_write_that_timed_out_keeps_its_key_unleased_for_the_term() -> None:
+    node = Leading()
+    cache = leases(node)
+
+    async def times_out(term: int) -> None:
+        raise ProposalTimeoutError("not confirmed")
+
+    async def dropped(term: int) -> None:
+        raise ProposalDroppedError("dropped")
+
+    with pytest.raises(ProposalTimeoutError):
+        await cache.write(SCOPE, b"a", times_out)
+    assert cache.grant(SCOPE, [b"a"]) == 0  # it may still apply
+    with pytest.raises(ProposalDroppedError):
+        await cache.write(SCOPE, b"b", dropped)
+    assert cache.grant(SCOPE, [b"b"]) > 0  # it never applies
+    node.term = 6  # a new term: the earlier term's entries apply before its reads
+    assert cache.grant(SCOPE, [b"a"]) > 0
+
+
+async def test_a_new_leader_writes_only_once_its_predecessor_s_leases_ended() -> None:
+    node = Leading()
+    node.term = None
+    cache = StoreCacheLeases(node, lease_s=LEASE_S)  # type: ignore[arg-type]
+    node.term = 8
+    started = cache._clock()
+    proposed_at: list[float] = []
+
+    async def propose(term: int) -> None:
+        proposed_at.append(cache._clock())
+
+    await cache.write(SCOPE, b"fresh", propose)
+    assert proposed_at[0] - started >= LEASE_S * (1 + DRIFT)
+
+
+async def test_only_the_leader_grants_or_writes() -> None:
+    node = Leading()
+    cache = leases(node)
+    node.term = None
+
+    async def propose(term: int) -> None:
+        raise AssertionError("a member that does not lead proposed a store write")
+
+    assert cache.grant(SCOPE, [b"a"]) == 0
+    with pytest.raises(NotLeaderError) as refused:
+        await cache.write(SCOPE, b"a", propose)
+    assert refused.value.leader_address == "10.0.0.2:2379"
+
+
+async def test_a_write_whose_leader_lost_its_term_while_waiting_is_not_proposed() -> None:
+    node = Leading()
+    cache = leases(node)
+    cache.grant(SCOPE, [b"a"])
+
+    async def propose(term: int) -> None:
+        raise AssertionError("proposed after its term ended")
+
+    write = asyncio.create_task(cache.write(SCOPE, b"a", propose))
+    await asyncio.sleep(LEASE_S / 4)
+    node.term = None
+    with pytest.raises(NotLeaderError):
+        await write
+    node.term = 9  # leads again, in a later term: the old write still is not proposed
+    cache.grant(SCOPE, [b"b"])
+    write = asyncio.create_task(cache.write(SCOPE, b"b", propose))
+    await asyncio.sleep(0)
+    node.term = 10
+    with pytest.raises(ProposalDroppedError):
+        await write
+
+
+async def test_ended_leases_are_swept() -> None:
+    node = Leading()
+    cache = StoreCacheLeases(node, lease_s=0.001)  # type: ignore[arg-type]
+    for i in range(5000):
+        cache.grant(Scope("job", i, 1), [b"k"])
+        if i == 0:
+            await asyncio.sleep(0.01)
+    assert len(cache._leased) < 5000

@@ -298,6 +298,52 @@ async def test_a_read_waits_for_the_writes_the_bridge_took_before_it() -> None:
     assert bytes(reader.data) == (3).to_bytes(8, "little") + b"new"
 
 
+async def test_leased_reads_are_answered_at_once_unless_a_write_of_the_bridge_is_in_flight() -> (
+    None
+):
+    store = GatedStore()
+    store.data = {b"a": b"1", b"n": b"7"}
+    store.lease_s = 30.0
+    reads, writes = reads_of(store), _Writes()
+    sink = _Sink()
+    connection = _Connection(
+        cast(RoundStore, store),
+        reads,
+        _Adds(cast(RoundStore, store)),
+        writes,
+        None,
+        sink,  # type: ignore[arg-type]
+    )
+    assert not connection.answer_leased(Query.GET, (b"a",))  # nothing leased yet
+    assert await reads.read([b"a", b"n"]) == [b"1", b"7"]
+    calls = len(store.calls)
+
+    def u64(number: int) -> bytes:
+        return number.to_bytes(8, "little")
+
+    for query, arguments, answer in (
+        (Query.GET, (b"a",), u64(1) + b"1"),
+        (Query.WAIT, ([b"a", b"n"],), bytes([0])),  # STOP_WAITING
+        (Query.CHECK, ([b"n"],), bytes([0])),  # READY
+        (Query.MULTI_GET, ([b"n", b"a"],), u64(1) + b"7" + u64(1) + b"1"),
+        (Query.ADD, (b"n", 0), u64(7)),
+    ):
+        sink.data.clear()
+        assert connection.answer_leased(query, arguments), query
+        assert bytes(sink.data) == answer, query
+    assert len(store.calls) == calls  # no call made
+    # Not from a lease: an ADD that adds, a key not leased, a write of the bridge in flight.
+    assert not connection.answer_leased(Query.ADD, (b"n", 1))
+    assert not connection.answer_leased(Query.GET, (b"other",))
+    gate = asyncio.Event()
+    writing = asyncio.create_task(writes.run(gate.wait()))
+    await asyncio.sleep(0)
+    assert not connection.answer_leased(Query.GET, (b"a",))
+    gate.set()
+    await writing
+    assert connection.answer_leased(Query.GET, (b"a",))
+
+
 class CountingStore:
     """Adds on a dict of counters, each call gated, failing past ``limit`` as overflow."""
 

@@ -211,6 +211,8 @@ class Node:
         self._proposal_ids = ProposalIds()
         self._waiters = Waiters()
         # Entries proposed since the Ready loop last ran: it submits them together.
+        # (term, time.monotonic()) when this member last saw itself become leader.
+        self._led_since: tuple[int, float] | None = None
         self._proposals = Proposals(self._waiters)
         lease_clock = lease_clock_s()
         self._lease = LeaderLease(
@@ -552,6 +554,7 @@ class Node:
         was_leader = old.raft_state is StateType.LEADER
         is_leader = soft.raft_state is StateType.LEADER
         if is_leader and not was_leader:
+            self._led_since = (int(term), time.monotonic())
             self._lessor.promote()
             self.supervisor.promote()
         elif was_leader and not is_leader:
@@ -806,6 +809,10 @@ class Node:
     def leader_term(self) -> int | None:
         term = self.raw.leader_term()
         return None if term is None else int(term)
+
+    def leader_since(self, term: int) -> float | None:
+        led = self._led_since
+        return led[1] if led is not None and led[0] == term else None
 
     @property
     def leader_id(self) -> int:

@@ -183,6 +183,11 @@ class ServerNode(Protocol):
         """This member's term while it leads (as the Raft core knows it now), else None."""
         ...
 
+    def leader_since(self, term: int) -> float | None:
+        """When (``time.monotonic()``) this member saw itself become leader in ``term``; None
+        if it has not (yet) seen that."""
+        ...
+
     def require_leader(self) -> None:
         """Raise NotLeaderError (with the leader's address if known) unless this member
         leads."""

@@ -21,13 +21,13 @@ The writes keep that promise:
   bound to the leader's term (``Node.propose(term=)``): if leadership changed meanwhile it is
   dropped, never forwarded, and the client retries at the new leader.
 - A new leader does not know the leases its predecessor granted. It serves no round-store
-  write until ``LEASE_S x (1 + DRIFT)`` after it first acted as leader here: every lease of
-  the predecessor was asked for before this leader's election (a lease-read leader serves
-  only while no other can be elected; a ReadIndex read is confirmed by a quorum of the old
-  term) and so has ended by then.
-- A write whose proposal timed out may still apply later in the term: its key stays marked
-  (uncacheable) until the term ends. Entries of an earlier term are applied before any read
-  of this term, so they need no mark.
+  write until ``LEASE_S x (1 + DRIFT)`` after it saw itself elected (``leader_since``, a
+  little after the election itself): every lease of the predecessor was asked for before
+  this leader's election (a lease-read leader serves only while no other can be elected; a
+  ReadIndex read is confirmed by a quorum of the old term) and so has ended by then.
+- A write whose proposal timed out (or was cancelled, or failed) may still apply later in
+  the term: its key stays marked (uncacheable) until the term ends. Entries of an earlier
+  term are applied before any read of this term, so they need no mark.
 
 A key being written is not leased; its group is answered as usual, without a lease (a group's
 lease is all of its keys or none). The cost: a write to a key a bridge holds waits up to
@@ -48,7 +48,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from ..node_api import ProposalDroppedError, ProposalTimeoutError, ServerNode
+from ..node_api import ProposalDroppedError, ServerNode
 from . import validate
 
 T = TypeVar("T")
@@ -100,8 +100,11 @@ class StoreCacheLeases:
         if term is not None and term != self._term:
             self._term = term
             self._writing.clear()
-            # The predecessor's leases (see the module docstring).
-            self._writes_open_at = self._clock() + self.lease_s * (1 + DRIFT)
+            # The predecessor's leases (see the module docstring), counted from when this
+            # member saw itself elected (or from now, if it has not seen that yet).
+            since = self.node.leader_since(term)
+            start = since if since is not None else self._clock()
+            self._writes_open_at = start + self.lease_s * (1 + DRIFT)
         return term
 
     def grant(self, scope: validate.Scope, keys: Sequence[bytes]) -> int:
@@ -150,8 +153,12 @@ class StoreCacheLeases:
                     )
             try:
                 return await propose(term)
-            except ProposalTimeoutError:
-                settled = False  # it may still apply in this term: the key stays marked
+            except ProposalDroppedError:
+                raise  # never appended
+            except BaseException:
+                # Timed out, cancelled, refused: it may have applied or still apply in this
+                # term, so the key stays marked (a refusal keeps it uncached, no harm).
+                settled = False
                 raise
         finally:
             if settled and self._term == term:

@@ -148,6 +148,9 @@ class FakeNode:
     def leader_term(self) -> int | None:
         return TERM if self.leader_id == MEMBER_ID else None
 
+    def leader_since(self, term: int) -> float | None:
+        return 0.0 if term == TERM else None  # led since long before any test
+
     def require_leader(self) -> None:
         if self.leader_id == 0:
             raise NoLeaderError()

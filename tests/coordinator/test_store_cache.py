@@ -29,9 +29,14 @@ class Leading:
     def __init__(self) -> None:
         self.term: int | None = 5
         self.leader_id = 1
+        # When it saw itself elected in self.term (None: not yet).
+        self.since: float | None = 0.0
 
     def leader_term(self) -> int | None:
         return self.term
+
+    def leader_since(self, term: int) -> float | None:
+        return self.since if term == self.term else None
 
     def require_leader(self) -> None:
         if self.term is None:
@@ -39,11 +44,8 @@ class Leading:
 
 
 def leases(node: Leading) -> StoreCacheLeases:
-    """The node's cache leases, its term begun long enough ago to write at once."""
-    cache = StoreCacheLeases(node, lease_s=LEASE_S)  # type: ignore[arg-type]
-    cache._leading()
-    cache._writes_open_at = 0.0
-    return cache
+    """The node's cache leases (its term begun long ago: writes go at once)."""
+    return StoreCacheLeases(node, lease_s=LEASE_S)  # type: ignore[arg-type]
 
 
 async def test_a_write_proposes_only_once_the_lease_on_its_key_ended() -> None:
@@ -85,7 +87,7 @@ async def test_a_key_being_written_is_not_leased_until_its_write_applied() -> No
     assert cache.grant(SCOPE, [b"a"]) > 0
 
 
-async def test_a_write_that_timed_out_keeps_its_key_unleased_for_the_term() -> None:
+async def test_a_write_that_may_still_apply_keeps_its_key_unleased_for_the_term() -> None:
     node = Leading()
     cache = leases(node)
 
@@ -101,23 +103,46 @@ async def test_a_write_that_timed_out_keeps_its_key_unleased_for_the_term() -> N
     with pytest.raises(ProposalDroppedError):
         await cache.write(SCOPE, b"b", dropped)
     assert cache.grant(SCOPE, [b"b"]) > 0  # it never applies
+    # A write whose caller went away while it was proposed may still apply, too.
+    started = asyncio.Event()
+
+    async def held(term: int) -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    cancelled = asyncio.create_task(cache.write(SCOPE, b"c", held))
+    await started.wait()
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    assert cache.grant(SCOPE, [b"c"]) == 0
     node.term = 6  # a new term: the earlier term's entries apply before its reads
     assert cache.grant(SCOPE, [b"a"]) > 0
 
 
 async def test_a_new_leader_writes_only_once_its_predecessor_s_leases_ended() -> None:
     node = Leading()
-    node.term = None
-    cache = StoreCacheLeases(node, lease_s=LEASE_S)  # type: ignore[arg-type]
-    node.term = 8
-    started = cache._clock()
+    cache = leases(node)
     proposed_at: list[float] = []
 
     async def propose(term: int) -> None:
         proposed_at.append(cache._clock())
 
+    # Elected just now: its first write waits out the predecessor's leases, from the
+    # election on (not from the write).
+    node.term, node.since = 8, cache._clock()
     await cache.write(SCOPE, b"fresh", propose)
-    assert proposed_at[0] - started >= LEASE_S * (1 + DRIFT)
+    assert proposed_at[-1] - node.since >= LEASE_S * (1 + DRIFT)
+    # Elected long ago (its first write comes much later): no wait.
+    node.term, node.since = 9, cache._clock() - 10 * LEASE_S
+    asked = cache._clock()
+    await cache.write(SCOPE, b"fresh", propose)
+    assert cache._writes_open_at < asked
+    # Leads in a term it has not seen itself elected in yet: counted from now.
+    node.term, node.since = 10, None
+    asked = cache._clock()
+    await cache.write(SCOPE, b"fresh", propose)
+    assert proposed_at[-1] - asked >= LEASE_S * (1 + DRIFT)
 
 
 async def test_only_the_leader_grants_or_writes() -> None:

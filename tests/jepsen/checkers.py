@@ -49,7 +49,12 @@ def describe(op: Operation, origin_s: float = 0.0) -> str:
     )
 
 
-def check_register(ops: Sequence[Operation], budget_s: float) -> CheckResult:
+def check_register(
+    ops: Sequence[Operation], budget_s: float, name: str = "register"
+) -> CheckResult:
+    """Linearizability of every key's reads, writes and compare-and-sets (``name``: the
+    checker's name in the report: "register" for the KV registers, "store" for the round
+    store's, read through the bridge's cache leases)."""
     model = RegisterModel()
     result = check_history(model, ops, budget_s)
     stats = {
@@ -59,12 +64,12 @@ def check_register(ops: Sequence[Operation], budget_s: float) -> CheckResult:
         "keys_unknown": sum(k.verdict is Verdict.UNKNOWN for k in result.keys),
     }
     if not any(op.status == "ok" for op in ops):
-        return CheckResult("register", Outcome.UNKNOWN, "no operation completed", stats=stats)
+        return CheckResult(name, Outcome.UNKNOWN, "no operation completed", stats=stats)
     if result.verdict is Verdict.LINEARIZABLE:
-        return CheckResult("register", Outcome.VALID, "linearizable", stats=stats)
+        return CheckResult(name, Outcome.VALID, "linearizable", stats=stats)
     if result.verdict is Verdict.UNKNOWN:
         return CheckResult(
-            "register", Outcome.UNKNOWN, "search budget ran out before a verdict", stats=stats
+            name, Outcome.UNKNOWN, "search budget ran out before a verdict", stats=stats
         )
     failing = result.failures[0]
     key_ops = [op for op in ops if op.key == failing.key]
@@ -75,7 +80,7 @@ def check_register(ops: Sequence[Operation], budget_s: float) -> CheckResult:
     shown = [op for op in window if op == as_recorded[op.op_id]]
     stats["window_operations"] = len(shown)
     return CheckResult(
-        "register",
+        name,
         Outcome.INVALID,
         f"key {failing.key} is not linearizable ({len(result.failures)} key(s) fail); "
         f"{failing.longest_prefix} of {failing.operations} operations linearized at most; "

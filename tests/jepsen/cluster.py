@@ -203,6 +203,8 @@ def process_environment(unsafe: str | None) -> dict[str, str]:
         env["RALLYPOINT_UNSAFE_STALE_READS"] = "1"
     elif unsafe == "stale-fence":
         env["RALLYPOINT_UNSAFE_ACCEPT_STALE_FENCE"] = "1"
+    elif unsafe == "stale-store-cache":
+        env["RALLYPOINT_UNSAFE_STORE_CACHE"] = "1"
     elif unsafe is not None:
         raise ValueError(f"unknown unsafe switch {unsafe!r}")
     return {**env, "PATH": os.environ.get("PATH", "")}

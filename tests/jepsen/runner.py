@@ -27,7 +27,7 @@ from .history import NEMESIS_PROCESS, EventType, HistoryWriter, Operation, pair,
 from .nemesis import Faults, heal_all, run_schedule
 from .report import RunSummary, plot_run, write_run_report
 
-ALL_WORKLOADS = ("register", "set", "lease", "watch", "rendezvous")
+ALL_WORKLOADS = ("register", "set", "lease", "watch", "rendezvous", "store")
 LEASE_TTL_S = 1.5
 # The members' timing: an election timeout of 0.5 s (randomised up to 1 s).
 TICK_MS = 50
@@ -73,6 +73,9 @@ def check(ops: Sequence[Operation], chosen: Sequence[str]) -> list[checkers.Chec
         results.append(checkers.check_watch(watch_ops))
     if "rendezvous" in chosen:
         results.append(checkers.check_rendezvous(_select(ops, lambda op: op.key == "jepsen")))
+    if "store" in chosen:
+        store_ops = _select(ops, lambda op: op.key.startswith("store/"))
+        results.append(checkers.check_register(store_ops, CHECK_BUDGET_S, name="store"))
     return results
 
 
@@ -133,6 +136,10 @@ async def _drive(
             tasks += [workloads.lease_client(ctx, LEASE_TTL_S) for _ in range(4)]
         if "rendezvous" in spec.workloads:
             tasks += [workloads.rendezvous_participant(ctx, f"w{i}") for i in range(3)]
+        if "store" in spec.workloads:
+            held = workloads.StoreRound()
+            tasks.append(workloads.store_owner(ctx, held))
+            tasks += [workloads.store_client(ctx, held) for _ in range(3)]
         if "watch" in spec.workloads:
             tasks.append(workloads.watch_writer(ctx))
             drain_until = stop_at + 15.0
@@ -374,6 +381,16 @@ def negative_controls(time_s: float, seed: int) -> list[RunSpec]:
             unsafe="stale-reads",
             expect_violation="register",
             kv_batching="always",
+        ),
+        RunSpec(
+            "control-stale-store-cache",
+            "partition",
+            3,
+            time_s,
+            seed + 103,
+            ("store",),
+            unsafe="stale-store-cache",
+            expect_violation="store",
         ),
         RunSpec(
             "control-stale-fence",

@@ -365,3 +365,91 @@ async def rendezvous_participant(ctx: Context, name: str) -> None:
                 with contextlib.suppress(RallypointError):
                     await participant.leave()
                 await participant.close()
+
+
+# ---------------------------------------------------------------------- store (cache leases)
+
+STORE_JOB = "jepsen-store"
+STORE_JOB_CONFIG = JobConfig(min_nodes=1, max_nodes=1, last_call_ms=0)
+
+
+@dataclass
+class StoreRound:
+    """The store workload's current (round, participant id), or None between rounds."""
+
+    current: tuple[int, int] | None = None
+
+
+async def store_owner(ctx: Context, held: StoreRound) -> None:
+    """Keep a participant in the store job and publish its ACTIVE round: its store is the
+    one the store clients use. A lost participant joins again (a new round, new keys)."""
+    async with contextlib.AsyncExitStack() as stack:
+        client = await connect(ctx, stack)
+        if client is None:
+            return
+        while ctx.running():
+            try:
+                participant = await client.join(STORE_JOB, "owner", config=STORE_JOB_CONFIG)
+            except RallypointError:
+                await asyncio.sleep(0.2)
+                continue
+            try:
+                while ctx.running() and not participant.lost.is_set():
+                    info = participant.round
+                    active = info.state is RoundState.ACTIVE and info.includes(
+                        participant.participant_id
+                    )
+                    held.current = (info.round, int(participant.participant_id)) if active else None
+                    await asyncio.sleep(0.05)
+            finally:
+                held.current = None
+                with contextlib.suppress(RallypointError):
+                    await participant.leave()
+                await participant.close()
+
+
+async def store_client(ctx: Context, held: StoreRound, keys: int = 3) -> None:
+    """Writes (round-store sets of small integers) and reads through a TCPStore bridge's
+    coalescer (``worker/tcpstore_bridge._Reads``: answered from cache leases when it holds
+    them) on the current round's keys, each key a register ``store/<round>/<k>``. A read
+    of a key never set reads None."""
+    from rallypoint.worker.tcpstore_bridge import _Reads
+
+    async with contextlib.AsyncExitStack() as stack:
+        client = await connect(ctx, stack)
+        if client is None:
+            return
+        process = Process(ctx)
+        reads: _Reads | None = None
+        scope: tuple[int, int] | None = None
+        try:
+            while ctx.running():
+                current = held.current
+                if current is None:
+                    await asyncio.sleep(0.05)
+                    continue
+                round_number, participant_id = current
+                store = client.round_store(STORE_JOB, round_number, participant_id)
+                if current != scope:
+                    if reads is not None:
+                        reads.close()
+                    reads, scope = _Reads(store, lambda: 1), current
+                key = f"{ctx.rng.randrange(keys)}"
+                name = f"store/{round_number}/{key}"
+                if ctx.rng.random() < 0.6:
+
+                    async def read(key: str = key, reads: _Reads = reads) -> int | None:
+                        values = await reads.read([key.encode()])
+                        return None if values is None else int(values[0])
+
+                    await process.call("read", name, None, read)
+                else:
+                    value = ctx.rng.randrange(5)
+
+                    async def write(key: str = key, value: int = value, store: Any = store) -> None:
+                        await store.set(key, str(value))
+
+                    await process.call("write", name, value, write)
+        finally:
+            if reads is not None:
+                reads.close()

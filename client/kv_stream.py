@@ -178,7 +178,13 @@ class _Stream:
             future.set_result(result)
 
     def _fail(self, error: Exception) -> None:
+        """The stream is over: fail what waits on it, end the call and the sending task (a
+        broken stream is dropped without :meth:`close`, replaced on next use)."""
         self.broken = True
+        self._call.cancel()
+        sender = self._tasks[0]
+        if sender is not asyncio.current_task():
+            sender.cancel()
         waiting, self.waiting = self.waiting, {}
         for future in waiting.values():
             if not future.done():

@@ -250,7 +250,31 @@ class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
             scope,
             command.key,
             lambda term: propose(self.node, command, context, kind, header, term=term),
+            unchanged=lambda: self._unchanged(scope, command),
         )
+
+    def _unchanged(
+        self, scope: validate.Scope, command: StoreSet | StoreAdd | StoreCompareSet | StoreDelete
+    ) -> bool:
+        """Whether ``command`` would leave its key's applied value as it is (so a value
+        cached under a lease stays right): a set of the value it holds (every rank of c10d's
+        store-based barrier that sees the full count sets the last-worker key), an add of 0,
+        a compare-and-set that does not swap or swaps in the same value, a delete of a key
+        that is not there."""
+        store = self.node.state.rendezvous.member_store(
+            scope.job, scope.round, scope.participant_id
+        )
+        if isinstance(store, Failure):
+            return False
+        current = store.get(command.key)
+        if isinstance(command, StoreSet):
+            return current == command.value
+        if isinstance(command, StoreAdd):
+            return command.delta == 0 and current is not None
+        if isinstance(command, StoreCompareSet):
+            swaps = current == command.expected or (current is None and command.expected == b"")
+            return current is not None and (not swaps or command.desired == current)
+        return current is None
 
     async def Set(
         self, request: rendezvous_pb2.StoreSetRequest, context: Context

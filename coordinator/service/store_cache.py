@@ -29,6 +29,11 @@ The writes keep that promise:
   the term: its key stays marked (uncacheable) until the term ends. Entries of an earlier
   term are applied before any read of this term, so they need no mark.
 
+A write that leaves its key's applied value as it is (a set of the value the key holds, as
+every rank of c10d's store-based barrier that sees the full count sets the last-worker key;
+an add of 0; a compare-and-set that does not swap) does not wait, as long as no other write
+of the key is in flight: the leased value stays right.
+
 A key being written is not leased; its group is answered as usual, without a lease (a group's
 lease is all of its keys or none). The cost: a write to a key a bridge holds waits up to
 ``LEASE_S``. c10d's bootstrap keys are written once and then read (gloo's addresses, NCCL's id,
@@ -79,10 +84,12 @@ class StoreCacheLeases:
         *,
         lease_s: float = LEASE_S,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.node = node
         self.lease_s = lease_s
         self._clock = clock
+        self._sleep = sleep
         # When each leased key's latest lease ends (this member's clock), by (job, round).
         self._leased: dict[tuple[str, int], dict[bytes, float]] = {}
         # Writes of this term between their check and their apply (or for good, for a write
@@ -127,9 +134,14 @@ class StoreCacheLeases:
         return int(self.lease_s * 1000)
 
     async def write(
-        self, scope: validate.Scope, key: bytes, propose: Callable[[int], Awaitable[T]]
+        self,
+        scope: validate.Scope,
+        key: bytes,
+        propose: Callable[[int], Awaitable[T]],
+        unchanged: Callable[[], bool] = lambda: False,
     ) -> T:
-        """``propose(term)``'s result, proposed once no lease on ``key`` is left (raises
+        """``propose(term)``'s result, proposed once no lease on ``key`` is left, or at once
+        if ``unchanged()`` says the write leaves the key's applied value as it is (raises
         NotLeaderError on a member that does not lead)."""
         term = self._leading()
         if term is None:
@@ -141,11 +153,14 @@ class StoreCacheLeases:
         try:
             while True:
                 leased = self._leased.get((scope.job, scope.round))
-                until = max(self._writes_open_at, leased.get(key, 0.0) if leased else 0.0)
+                lease_ends = leased.get(key, 0.0) if leased else 0.0
+                if lease_ends and self._writing.get(slot) == 1 and unchanged():
+                    lease_ends = 0.0  # the leased value stays right (module docstring)
+                until = max(self._writes_open_at, lease_ends)
                 left_s = until - self._clock() if not UNSAFE_STORE_CACHE else 0.0
                 if left_s <= 0:
                     break
-                await asyncio.sleep(left_s)
+                await self._sleep(left_s)
                 if self._leading() != term:
                     self.node.require_leader()  # raises unless it leads a new term
                     raise ProposalDroppedError(

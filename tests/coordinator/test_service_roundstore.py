@@ -355,3 +355,59 @@ async def test_malformed_requests_are_refused_naming_the_field(
     assert (failure.code, failure.reason) == (Code.INVALID_ARGUMENT, "INVALID_REQUEST")
     assert failure.details.startswith(f"{field}: "), failure.details
     assert (len(client.node.proposals), client.node.read_barriers) == (proposals, barriers)
+
+
+async def test_a_write_waits_for_the_lease_on_its_key_unless_it_keeps_the_value(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Cache leases through the service (coordinator/service/store_cache.py), on virtual
+    time: a MultiGet group asking for a lease gets one; a set that changes a leased key is
+    held until the lease ended, one that writes the value it holds (c10d's barrier's
+    last-worker key) is not, and a key being written is not leased."""
+    from rallypoint.coordinator.service.store_cache import StoreCacheLeases
+
+    class Clock:
+        now = 100.0
+
+        def __call__(self) -> float:
+            return self.now
+
+        async def sleep(self, seconds: float) -> None:
+            self.now += seconds
+            await asyncio.sleep(0)
+
+    clock = Clock()
+    monkeypatch.setattr(
+        roundstore,
+        "StoreCacheLeases",
+        lambda node: StoreCacheLeases(node, clock=clock, sleep=clock.sleep),
+    )
+    node = FakeNode(LIMITS)
+    async with serving(node) as channel:
+        headers = await open_session(node)
+        a, _ = await join_round(channel, headers, "j", 2)
+        store = rendezvous_pb2_grpc.RoundStoreStub(channel)
+        scope = pb.StoreScope(job="j", round=1, participant_id=a.participant_id)
+
+        async def set_(value: bytes) -> float:
+            before = clock.now
+            await store.Set(
+                pb.StoreSetRequest(header=headers(), scope=scope, key=b"k", value=value)
+            )
+            return clock.now - before
+
+        async def leased_read() -> tuple[list[bytes], int]:
+            request = pb.StoreMultiGetRequest(scope=scope)
+            request.groups.add(keys=[b"k"], cache=True)
+            (group,) = (await store.MultiGet(request)).groups
+            return list(group.values), group.cache_ms
+
+        await set_(b"v")
+        assert await leased_read() == ([b"v"], 1000)
+        assert await set_(b"v") == 0.0  # the same value: the lease stays right
+        assert await set_(b"w") == pytest.approx(1.0)  # held until the lease ended
+        assert await leased_read() == ([b"w"], 1000)
+        plain = pb.StoreMultiGetRequest(scope=scope)
+        plain.groups.add(keys=[b"k"])
+        (group,) = (await store.MultiGet(plain)).groups
+        assert (list(group.values), group.cache_ms) == ([b"w"], 0)  # not asked: none

@@ -20,7 +20,7 @@ from rallypoint.coordinator.service.validate import Scope
 
 SCOPE = Scope("job", 3, 7)
 OTHER_ROUND = Scope("job", 4, 7)
-LEASE_S = 0.2
+LEASE_S = 1.0
 
 
 class Leading:
@@ -30,7 +30,7 @@ class Leading:
         self.term: int | None = 5
         self.leader_id = 1
         # When it saw itself elected in self.term (None: not yet).
-        self.since: float | None = 0.0
+        self.since: float | None = -100.0
 
     def leader_term(self) -> int | None:
         return self.term
@@ -43,9 +43,30 @@ class Leading:
             raise NotLeaderError(2, "10.0.0.2:2379") if self.leader_id else NoLeaderError()
 
 
-def leases(node: Leading) -> StoreCacheLeases:
-    """The node's cache leases (its term begun long ago: writes go at once)."""
-    return StoreCacheLeases(node, lease_s=LEASE_S)  # type: ignore[arg-type]
+class Clock:
+    """Virtual time: a write's wait for a lease advances it, so what happened when is exact
+    whatever the machine's load."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        await asyncio.sleep(0)
+
+
+def leases(node: Leading, lease_s: float = LEASE_S) -> StoreCacheLeases:
+    """The node's cache leases on virtual time (its term begun long ago: writes go at once)."""
+    clock = Clock()
+    return StoreCacheLeases(
+        node,  # type: ignore[arg-type]
+        lease_s=lease_s,
+        clock=clock,
+        sleep=clock.sleep,
+    )
 
 
 async def test_a_write_proposes_only_once_the_lease_on_its_key_ended() -> None:
@@ -128,21 +149,21 @@ async def test_a_new_leader_writes_only_once_its_predecessor_s_leases_ended() ->
     async def propose(term: int) -> None:
         proposed_at.append(cache._clock())
 
-    # Elected just now: its first write waits out the predecessor's leases, from the
-    # election on (not from the write).
-    node.term, node.since = 8, cache._clock()
+    # Elected just now: its first write waits out the predecessor's leases, counted from
+    # the election (not from the write).
+    node.term, node.since = 8, cache._clock() - 0.25
     await cache.write(SCOPE, b"fresh", propose)
-    assert proposed_at[-1] - node.since >= LEASE_S * (1 + DRIFT)
+    assert proposed_at[-1] == pytest.approx(node.since + LEASE_S * (1 + DRIFT))
     # Elected long ago (its first write comes much later): no wait.
     node.term, node.since = 9, cache._clock() - 10 * LEASE_S
     asked = cache._clock()
     await cache.write(SCOPE, b"fresh", propose)
-    assert cache._writes_open_at < asked
+    assert proposed_at[-1] == asked
     # Leads in a term it has not seen itself elected in yet: counted from now.
     node.term, node.since = 10, None
     asked = cache._clock()
     await cache.write(SCOPE, b"fresh", propose)
-    assert proposed_at[-1] - asked >= LEASE_S * (1 + DRIFT)
+    assert proposed_at[-1] == pytest.approx(asked + LEASE_S * (1 + DRIFT))
 
 
 async def test_only_the_leader_grants_or_writes() -> None:
@@ -168,7 +189,7 @@ async def test_a_write_whose_leader_lost_its_term_while_waiting_is_not_proposed(
         raise AssertionError("proposed after its term ended")
 
     write = asyncio.create_task(cache.write(SCOPE, b"a", propose))
-    await asyncio.sleep(LEASE_S / 4)
+    await asyncio.sleep(0)  # it waits for the lease
     node.term = None
     with pytest.raises(NotLeaderError):
         await write
@@ -183,9 +204,39 @@ async def test_a_write_whose_leader_lost_its_term_while_waiting_is_not_proposed(
 
 async def test_ended_leases_are_swept() -> None:
     node = Leading()
-    cache = StoreCacheLeases(node, lease_s=0.001)  # type: ignore[arg-type]
+    cache = leases(node)
+    clock = cache._clock
+    assert isinstance(clock, Clock)
     for i in range(5000):
         cache.grant(Scope("job", i, 1), [b"k"])
         if i == 0:
-            await asyncio.sleep(0.01)
+            clock.now += 2 * LEASE_S
     assert len(cache._leased) < 5000
+
+
+async def test_a_write_that_leaves_the_value_as_it_is_does_not_wait_for_the_lease() -> None:
+    """c10d's store-based barrier: every rank that reads the full count sets the last-worker
+    key, which others already read (and a bridge holds under a lease), to the same value."""
+    node = Leading()
+    cache = leases(node)
+    cache.grant(SCOPE, [b"last"])
+    ends = cache._leased[("job", 3)][b"last"]
+    proposed_at: list[float] = []
+
+    async def propose(term: int) -> None:
+        proposed_at.append(cache._clock())
+
+    await cache.write(SCOPE, b"last", propose, unchanged=lambda: True)
+    assert proposed_at[-1] < ends
+    # Not while another write of the key is in flight: that one may change it first.
+    release = asyncio.Event()
+
+    async def held(term: int) -> None:
+        await release.wait()
+
+    other = asyncio.create_task(cache.write(SCOPE, b"last", held))
+    await asyncio.sleep(0)
+    await cache.write(SCOPE, b"last", propose, unchanged=lambda: True)
+    assert proposed_at[-1] >= ends
+    release.set()
+    await other

@@ -221,6 +221,10 @@ def _cancel_unanswered(requests: Sequence[tuple[object, asyncio.Future[Any]]]) -
             future.cancel()
 
 
+# A coalesced read waiting for its call: its keys, whether to ask for a lease, its answer.
+_Read = tuple[tuple[bytes, ...], bool, asyncio.Future[list[bytes] | None]]
+
+
 @dataclass(eq=False, slots=True)
 class _SharedWait:
     """One coordinator wait shared by the connections waiting on the same keys."""
@@ -249,6 +253,7 @@ class _Reads:
     connections wait on it. Its values answer the connections that joined it before its call
     was sent (the member read them after they arrived); for one that joined later its end
     only says "look again": that caller then reads (coalesced) to see the keys exist now.
+
     Cache leases (``coordinator/service/store_cache.py``): the calls ask the leader for a lease
     on the values they read (not for the counters an ADD of 0 reads: a barrier's adds would
     wait for it), and while one lasts, counted from before its call was sent, a read of
@@ -262,7 +267,7 @@ class _Reads:
     def __init__(self, store: RoundStore, open_connections: Callable[[], int]) -> None:
         self.store = store
         self._open_connections = open_connections
-        self._pending: list[tuple[tuple[bytes, ...], bool, asyncio.Future[list[bytes] | None]]] = []
+        self._pending: list[_Read] = []
         self._flushing: asyncio.Task[None] | None = None
         # Set while a call lingers; resolved early once every open connection has a read.
         self._full: asyncio.Future[None] | None = None
@@ -323,9 +328,7 @@ class _Reads:
                 self._keep(keys, values, started + lease_s if lease_s > 0 else 0.0)
                 return values
 
-    def _not_leased(
-        self, reads: list[tuple[tuple[bytes, ...], bool, asyncio.Future[list[bytes] | None]]]
-    ) -> list[tuple[tuple[bytes, ...], bool, asyncio.Future[list[bytes] | None]]]:
+    def _not_leased(self, reads: list[_Read]) -> list[_Read]:
         """Answer the reads a running lease covers; the others."""
         if not self._leased:
             return reads
@@ -398,9 +401,7 @@ class _Reads:
                 # Only if the call itself was cancelled.
                 _cancel_unanswered([(keys, future) for keys, _, future in batch])
 
-    async def _answer(
-        self, batch: list[tuple[tuple[bytes, ...], bool, asyncio.Future[list[bytes] | None]]]
-    ) -> None:
+    async def _answer(self, batch: list[_Read]) -> None:
         groups: dict[tuple[bytes, ...], int] = {}
         lease: list[bool] = []
         for keys, wanted, _ in batch:
@@ -434,7 +435,7 @@ class _Reads:
 
     @staticmethod
     def _fail(
-        batch: list[tuple[tuple[bytes, ...], bool, asyncio.Future[list[bytes] | None]]],
+        batch: list[_Read],
         error: RallypointError,
     ) -> None:
         for _, _, future in batch:

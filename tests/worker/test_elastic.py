@@ -368,7 +368,10 @@ def test_kill_join_leader_kill_and_zombie(cluster: ProcessCluster, tmp_path: Pat
             CHANGE_S,
             "rank 0 to stop before committing",
         )
-        (pausing,) = zombie.select("pausing")
+        # Its last line may still be on its way through the reader thread.
+        (pausing,) = job.wait(
+            lambda: zombie.select("pausing"), CHANGE_S, "the stopped worker's pausing event"
+        )
         others = [n for n in members if n != zombie.name]
         job.wait(
             lambda: job.training_at(others, 3, pausing["t"], pausing["round"]),

@@ -281,7 +281,7 @@ class RoundStore:
         ``lease``: which groups ask for one (default: all)."""
         if not groups:
             return []
-        wanted = [True] * len(groups) if lease is None else list(lease)
+        wanted = [True] * len(groups) if lease is None else lease
         if len(wanted) != len(groups):
             raise ValueError(f"lease names {len(wanted)} groups, not {len(groups)}")
         return await self._multi_get(groups, wait_s=wait_s, partial=True, lease=wanted)
@@ -292,11 +292,13 @@ class RoundStore:
         *,
         wait_s: float,
         partial: bool,
-        lease: Sequence[bool] = (),
+        lease: Sequence[bool] | None = None,
     ) -> list[tuple[list[bytes] | None, float]]:
+        """Each group's values (None: incomplete) and its lease in seconds (0: none);
+        ``lease``: which groups ask for one (None: none do)."""
         request = rendezvous_pb2.StoreMultiGetRequest(scope=self.scope, partial=partial)
         for i, keys in enumerate(groups):
-            group = request.groups.add(cache=i < len(lease) and lease[i])
+            group = request.groups.add(cache=lease is not None and lease[i])
             group.keys.extend(_bytes(key) for key in keys)
         response = await self._blocking(
             lambda stubs: stubs.store.MultiGet, request, wait_s, kind="multi_get"

@@ -325,7 +325,7 @@ class _Reads:
             except DeadlineExceededError:
                 continue  # the answer of an ended slice came late: the next slice
             if values is not None:
-                self._keep(keys, values, started + lease_s if lease_s > 0 else 0.0)
+                self._keep(keys, values, started, lease_s)
                 return values
 
     def _not_leased(self, reads: list[_Read]) -> list[_Read]:
@@ -355,10 +355,13 @@ class _Reads:
             values.append(held[0])
         return values
 
-    def _keep(self, keys: Sequence[bytes], values: Sequence[bytes], ends: float) -> None:
-        """Hold ``values`` until ``ends`` (a lease's end; 0: no lease)."""
-        if ends <= 0:
+    def _keep(
+        self, keys: Sequence[bytes], values: Sequence[bytes], started: float, lease_s: float
+    ) -> None:
+        """Hold ``values`` for ``lease_s`` (0: no lease) from ``started``, before their call."""
+        if lease_s <= 0:
             return
+        ends = started + lease_s
         leased = self._leased
         for key, value in zip(keys, values, strict=True):
             leased[key] = (value, ends)
@@ -427,8 +430,8 @@ class _Reads:
             self._fail(batch, error)
             return
         for keys, (values, lease_s) in zip(groups, answer, strict=True):
-            if values is not None and lease_s > 0:
-                self._keep(keys, values, started + lease_s)
+            if values is not None:
+                self._keep(keys, values, started, lease_s)
         for keys, _, future in batch:
             if not future.done():
                 future.set_result(answer[groups[keys]][0])
@@ -609,27 +612,20 @@ class _Connection:
         bootstrap requests end here."""
         if self.writes.busy() or query not in _LEASABLE:
             return False
-        if query is Query.GET or query is Query.ADD:
-            if query is Query.ADD and arguments[1] != 0:
-                return False
-            held = self.reads.leased((arguments[0],))
-            if held is None:
-                return False
-            if query is Query.GET:
-                self.writer.write(_data(held[0]))
-                return True
+        if query is Query.ADD and arguments[1] != 0:
+            return False
+        keys = (arguments[0],) if query is Query.GET or query is Query.ADD else arguments[0]
+        held = self.reads.leased(keys) if keys else None
+        if held is None:
+            return False
+        if query is Query.GET:
+            self.writer.write(_data(held[0]))
+        elif query is Query.ADD:
             count = _decimal(held[0])
             if count is None:
                 return False
             self.writer.write(_I64.pack(count))
-            return True
-        keys = arguments[0]
-        if not keys:
-            return False
-        held = self.reads.leased(keys)
-        if held is None:
-            return False
-        if query is Query.WAIT:
+        elif query is Query.WAIT:
             if self.waiting is not None and not self.waiting.done():
                 raise ProtocolError("a WAIT arrived while another was pending")
             self.writer.write(_U8.pack(WaitResponse.STOP_WAITING))

@@ -117,7 +117,7 @@ class StoreCacheLeases:
     def grant(self, scope: validate.Scope, keys: Sequence[bytes]) -> int:
         """A lease on ``keys``' values just read (no await since), in ms; 0 when none is
         granted (not the leader, or a key being written)."""
-        if self.lease_s <= 0 or self._leading() is None:
+        if self._leading() is None:
             return 0
         job, round_number = scope.job, scope.round
         writing = self._writing

@@ -95,6 +95,14 @@ def reads_of(store: GatedStore, connections: int = 1) -> _Reads:
     return _Reads(cast(RoundStore, store), lambda: connections)
 
 
+def leasing(data: dict[bytes, bytes], lease_s: float) -> tuple[GatedStore, _Reads]:
+    """A store holding ``data`` that grants ``lease_s`` leases, and one connection's reads."""
+    store = GatedStore()
+    store.data = dict(data)
+    store.lease_s = lease_s
+    return store, reads_of(store)
+
+
 async def test_reads_arriving_during_a_call_share_the_next_each_with_its_own_answer() -> None:
     store = GatedStore()
     store.data = {b"a": b"1", b"b": b"2", b"c": b"3"}
@@ -112,10 +120,7 @@ async def test_reads_arriving_during_a_call_share_the_next_each_with_its_own_ans
 
 
 async def test_a_leased_value_answers_reads_without_a_call_until_its_lease_ends() -> None:
-    store = GatedStore()
-    store.data = {b"a": b"1", b"b": b"2"}
-    store.lease_s = 0.3
-    reads = reads_of(store)
+    store, reads = leasing({b"a": b"1", b"b": b"2"}, 1.0)
     assert await reads.read([b"a", b"b"]) == [b"1", b"2"]
     assert store.leases_asked == [[True]]
     # Leased: every read of those keys (any group of them) is answered at once, no call.
@@ -128,7 +133,7 @@ async def test_a_leased_value_answers_reads_without_a_call_until_its_lease_ends(
     assert await reads.read([b"a", b"c"]) == [b"1", b"3"]
     assert len(store.calls) == 2
     # Once the lease ended the reads call again (and see what changed meanwhile).
-    await asyncio.sleep(0.35)
+    await asyncio.sleep(1.05)
     store.data[b"a"] = b"new"
     assert await reads.read([b"a"]) == [b"new"]
     assert len(store.calls) == 3
@@ -137,10 +142,7 @@ async def test_a_leased_value_answers_reads_without_a_call_until_its_lease_ends(
 
 
 async def test_reads_arriving_during_a_leased_call_are_answered_by_its_lease() -> None:
-    store = GatedStore()
-    store.data = {b"a": b"1", b"b": b"2"}
-    store.lease_s = 5.0
-    reads = reads_of(store)
+    store, reads = leasing({b"a": b"1", b"b": b"2"}, 5.0)
     store.gate.clear()
     first = reads.read([b"a"])
     await asyncio.sleep(0)
@@ -154,10 +156,7 @@ async def test_reads_arriving_during_a_leased_call_are_answered_by_its_lease() -
 
 
 async def test_a_lease_counts_from_before_its_call_and_a_counter_read_asks_for_none() -> None:
-    store = GatedStore()
-    store.data = {b"a": b"1", b"count": b"4"}
-    store.lease_s = 0.2
-    reads = reads_of(store)
+    store, reads = leasing({b"a": b"1", b"count": b"4"}, 0.2)
     store.gate.clear()
     held = reads.read([b"a"])
     await asyncio.sleep(0.25)  # the answer comes after its whole lease went by
@@ -301,10 +300,8 @@ async def test_a_read_waits_for_the_writes_the_bridge_took_before_it() -> None:
 async def test_leased_reads_are_answered_at_once_unless_a_write_of_the_bridge_is_in_flight() -> (
     None
 ):
-    store = GatedStore()
-    store.data = {b"a": b"1", b"n": b"7"}
-    store.lease_s = 30.0
-    reads, writes = reads_of(store), _Writes()
+    store, reads = leasing({b"a": b"1", b"n": b"7"}, 30.0)
+    writes = _Writes()
     sink = _Sink()
     connection = _Connection(
         cast(RoundStore, store),

@@ -32,16 +32,22 @@ full-mesh connect has every rank get every other rank's key, N^2 gets per round.
 request used to be a coordinator call of its own, each paying gRPC's per-call cost and a
 read barrier; now the WAITs (their first look), GETs, CHECKs and MULTI_GETs of all the
 round's connections go to the coordinator together as one MultiGet, one call in flight at a
-time. A read is only ever answered by a call that started after it arrived, never from
-values kept from an earlier one (c10d allows overwriting and deleting keys), so a read that
-follows a completed write sees it. A WAIT whose keys are missing blocks on a coordinator
+time. A read is only ever answered by a call that started after it arrived or by a
+cache lease still running (below), never from values merely kept from an earlier call
+(c10d allows overwriting and deleting keys), so a read that follows a completed write sees
+it. A WAIT whose keys are missing blocks on a coordinator
 Wait shared by the connections waiting on the same keys, then looks again. Concurrent
 ADDs to one key (a store-based barrier's) go as one Add of their sum, each answered with its
 running sum (:class:`_Adds`). Reads go to the client's preferred member (the leader once
 found) on one ``RoundStore/Batch`` stream: the leader serves them under its lease without a
 round trip, which measured faster than spreading them over followers (each of whose read
-barriers is a ReadIndex forwarded to the leader). Queries are parsed from what the socket has
-delivered, a query at a time, without an await per field.
+barriers is a ReadIndex forwarded to the leader). The leader leases the values it reads to
+the bridge for a second (``coordinator/service/store_cache.py``): a read those leases cover
+is answered without a call, and a read missing a numbered key right after one of its
+predecessor prefetches the keys numbered after it, so gloo's N^2 gets cost a node a call
+per few dozen keys. Each connection is
+an ``asyncio.Protocol``: queries are parsed as the socket delivers them, and a leased read is
+answered there and then, with no task or await (see :class:`_Connection`).
 
 The bridge runs its own event loop thread and its own coordinator client, apart from the
 agent's participant, so a burst of worker store traffic never delays the agent's
@@ -51,7 +57,6 @@ heartbeats.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import errno
 import logging
@@ -83,6 +88,13 @@ VALIDATION_MAGIC = 0x3C85F7CE
 WAIT_SLICE_S = 30.0
 # How long a coalesced read waits for the other connections' reads before its call.
 LINGER_S = 0.001
+# A read missing a key that ends in a number (``<prefix><n>``: gloo's full mesh reads
+# ``0//cpu//0/0``, ``.../1``, ... in order, every rank of a node in step), after a leased
+# read of ``<prefix><n-1>``, also asks with leases for the keys that follow
+# (``<prefix><n+1>``, ...): up to this many, fewer once the prefix's values are known to be
+# large, so at most about PREFETCH_BYTES.
+PREFETCH_KEYS = 32
+PREFETCH_BYTES = 256 * 1024
 # Leased values are swept of ended leases once this many are held (and at twice what was
 # left after the last sweep).
 _SWEEP_LEASED = 4096
@@ -210,6 +222,18 @@ def _decimal(value: bytes) -> int | None:
     return number if -(2**63) <= number < 2**63 else None
 
 
+def _numbered(key: bytes) -> tuple[bytes, int] | None:
+    """``key`` as ``<prefix><n>`` (a decimal number without leading zeros at its end), or
+    None."""
+    end = len(key)
+    start = end
+    while start > 0 and 0x30 <= key[start - 1] <= 0x39:
+        start -= 1
+    if start == end or (key[start] == 0x30 and end - start > 1) or end - start > 18:
+        return None
+    return key[:start], int(key[start:])
+
+
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
@@ -259,7 +283,13 @@ class _Reads:
     wait for it), and while one lasts, counted from before its call was sent, a read of
     those keys is answered from it without a call: the leader changes none of them until
     it ended. gloo's full mesh reads every key once per rank of the node and each get
-    three times; with leases a node's bridge calls once per key.
+    three times; with leases a node's bridge calls once per key, and with prefetching
+    (``PREFETCH_KEYS``: a call missing ``<prefix><n>`` right after a leased read of
+    ``<prefix><n-1>`` also reads, with leases, the keys numbered after it that the bridge
+    does not hold) once per few dozen keys. A prefetched
+    value is a leased read like any other, answering only reads that arrive while its lease
+    runs; a prefetch the coordinator refuses (too large, a key too long) is dropped and the
+    call made again without it.
 
     Invariant: ``_pending`` is empty unless ``_flushing`` runs (or is about to).
     """
@@ -276,6 +306,8 @@ class _Reads:
         # Leased values: key -> (value, when its lease ends on time.monotonic()).
         self._leased: dict[bytes, tuple[bytes, float]] = {}
         self._sweep_at = _SWEEP_LEASED
+        # How many keys to prefetch after a numbered key, by prefix (learnt from value sizes).
+        self._prefetch: dict[bytes, int] = {}
 
     def read(
         self, keys: Sequence[bytes], *, lease: bool = True
@@ -404,7 +436,7 @@ class _Reads:
                 # Only if the call itself was cancelled.
                 _cancel_unanswered([(keys, future) for keys, _, future in batch])
 
-    async def _answer(self, batch: list[_Read]) -> None:
+    async def _answer(self, batch: list[_Read], prefetch: bool = True) -> None:
         groups: dict[tuple[bytes, ...], int] = {}
         lease: list[bool] = []
         for keys, wanted, _ in batch:
@@ -413,18 +445,28 @@ class _Reads:
                 lease.append(wanted)
             elif wanted:
                 lease[at] = True
+        following = self._following(groups, lease) if prefetch else {}
+        for key in following:
+            groups[(key,)] = len(lease)
+            lease.append(True)
         started = time.monotonic()
         try:
             answer = await self.store.read_leased(list(groups), lease=lease)
         except (InvalidArgumentError, ResourceExhaustedError) as error:
+            if following:
+                # The prefetch was at fault (a key too long, values too large): without it.
+                for prefix in set(following.values()):
+                    self._prefetch[prefix] = 0
+                await self._answer(batch, prefetch=False)
+                return
             if len(groups) == 1:
                 self._fail(batch, error)
                 return
             # A bad key or an answer too large for one call: half the batch in each call,
             # so only the reads at fault fail.
             half = len(batch) // 2
-            await self._answer(batch[:half])
-            await self._answer(batch[half:])
+            await self._answer(batch[:half], prefetch=False)
+            await self._answer(batch[half:], prefetch=False)
             return
         except RallypointError as error:
             self._fail(batch, error)
@@ -432,9 +474,52 @@ class _Reads:
         for keys, (values, lease_s) in zip(groups, answer, strict=True):
             if values is not None:
                 self._keep(keys, values, started, lease_s)
+        if prefetch:
+            self._learn(groups, answer)
         for keys, _, future in batch:
             if not future.done():
                 future.set_result(answer[groups[keys]][0])
+
+    def _following(
+        self, groups: dict[tuple[bytes, ...], int], lease: list[bool]
+    ) -> dict[bytes, bytes]:
+        """The keys to prefetch with these groups, each with its prefix: after each leased
+        read of one numbered key ``<prefix><n>`` whose predecessor ``<prefix><n-1>`` this
+        bridge read with a lease (keys read in sequence, as gloo's are), the keys
+        ``<prefix><n+1>``, ... that no lease holds, up to the prefix's count."""
+        following: dict[bytes, bytes] = {}
+        for keys, at in groups.items():
+            if len(keys) != 1 or not lease[at]:
+                continue
+            numbered = _numbered(keys[0])
+            if numbered is None:
+                continue
+            prefix, number = numbered
+            if prefix + b"%d" % (number - 1) not in self._leased:
+                continue  # not read in sequence: no prefetch
+            count = self._prefetch.get(prefix, PREFETCH_KEYS)
+            for n in range(number + 1, number + 1 + count):
+                key = prefix + b"%d" % n
+                if (key,) not in groups and key not in following and self.leased((key,)) is None:
+                    following[key] = prefix
+        return following
+
+    def _learn(
+        self,
+        groups: dict[tuple[bytes, ...], int],
+        answer: Sequence[tuple[list[bytes] | None, float]],
+    ) -> None:
+        """Set how many keys to prefetch after each numbered key read: about
+        ``PREFETCH_BYTES`` of values of the size its prefix's keys hold."""
+        sizes: dict[bytes, int] = {}
+        for keys, at in groups.items():
+            values = answer[at][0]
+            numbered = _numbered(keys[0]) if len(keys) == 1 else None
+            if values is not None and numbered is not None:
+                prefix = numbered[0]
+                sizes[prefix] = max(sizes.get(prefix, 0), len(values[0]))
+        for prefix, size in sizes.items():
+            self._prefetch[prefix] = max(1, min(PREFETCH_KEYS, PREFETCH_BYTES // max(1, size)))
 
     @staticmethod
     def _fail(
@@ -544,57 +629,141 @@ class _Writes:
             await asyncio.wait(list(self._pending))
 
 
-class _Connection:
-    """One worker's TCPStore client, served against one round's store."""
+class _Connection(asyncio.Protocol):
+    """One worker's TCPStore client, served against one round's store.
 
-    def __init__(
-        self,
-        store: RoundStore,
-        reads: _Reads,
-        adds: _Adds,
-        writes: _Writes,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-    ) -> None:
+    An ``asyncio.Protocol``: the queries are parsed as the socket delivers them, in
+    :meth:`data_received`, and a read that running leases answer (most of gloo's bootstrap)
+    is answered there and then, with no task, future or await. The first query that needs
+    the coordinator starts a task (``serving``) that answers it and then every query behind
+    it, in order, until the buffer holds no whole query; while it runs, data received only
+    joins the buffer (reading pauses past ``_READ_BYTES``). So the answers go out in the
+    order the queries came, as the worker's client expects.
+
+    ``closed`` is resolved once the socket closed and the task serving it (if any) ended.
+    """
+
+    def __init__(self, store: RoundStore, reads: _Reads, adds: _Adds, writes: _Writes) -> None:
         self.store = store
         self.reads = reads
         self.adds = adds
         self.writes = writes
-        self.reader = reader
-        self.writer = writer
+        self.transport: asyncio.Transport | None = None
+        self.peer: Any = None
+        self.buffer = bytearray()
+        # The task answering queries that need the coordinator (None when none is).
+        self.serving: asyncio.Task[None] | None = None
         # The WAIT being served. Invariant: at most one (the client sends one query at a
         # time, and only CANCEL_WAIT may follow a WAIT before its answer).
         self.waiting: asyncio.Task[None] | None = None
+        # Set while the transport's write buffer is full (the worker does not read).
+        self._writable: asyncio.Future[None] | None = None
+        self._lost = False
+        self._reading_paused = False
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    async def serve(self) -> None:
-        peer = self.writer.get_extra_info("peername")
-        buffer = bytearray()
+    # --- the transport's callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.peer = transport.get_extra_info("peername")
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if self.serving is not None:
+            if len(self.buffer) > _READ_BYTES and not self._reading_paused:
+                self._reading_paused = True
+                self.transport.pause_reading()  # type: ignore[union-attr]
+            return
         try:
-            while True:
-                try:
-                    query, arguments, length = _parse(buffer)
-                except _Short:
-                    chunk = await self.reader.read(_READ_BYTES)
-                    if not chunk:
-                        if buffer:
-                            raise asyncio.IncompleteReadError(bytes(buffer), None) from None
-                        return  # the worker closed its store
-                    buffer += chunk
-                    continue
-                del buffer[:length]
-                if not self.answer_leased(query, arguments):
-                    await self.answer(query, arguments)
-                await self.writer.drain()
-        except RallypointError as error:
-            log.warning("store %s refused a request of %s: %s", self.store.namespace, peer, error)
-        except (ProtocolError, asyncio.IncompleteReadError, ConnectionError) as error:
-            log.warning("closing the store connection of %s: %s", peer, error)
+            while self._writable is None:
+                parsed = self._next()
+                if parsed is None:
+                    return
+                if not self.answer_leased(*parsed):
+                    self.serving = asyncio.create_task(self._serve(parsed))
+                    return
+            # The worker does not read its answers: serve the rest once it does.
+            self.serving = asyncio.create_task(self._serve(None))
+        except ProtocolError as error:
+            self._close(error)
+
+    def eof_received(self) -> bool | None:
+        if self.buffer and self.serving is None:
+            log.warning("closing the store connection of %s: it ended within a query", self.peer)
+        return None  # close the transport
+
+    def connection_lost(self, error: Exception | None) -> None:
+        self._lost = True
+        if self.waiting is not None:
+            self.waiting.cancel()
+        if self._writable is not None:
+            _resolve(self._writable)
+        if self.serving is None:
+            _resolve(self.closed)
+
+    def pause_writing(self) -> None:
+        if self._writable is None:
+            self._writable = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        writable, self._writable = self._writable, None
+        if writable is not None:
+            _resolve(writable)
+
+    # --- serving
+
+    def _next(self) -> tuple[Query, tuple[Any, ...]] | None:
+        """The next whole query, taken from the buffer, or None."""
+        try:
+            query, arguments, length = _parse(self.buffer)
+        except _Short:
+            if self._reading_paused:
+                self._reading_paused = False
+                self.transport.resume_reading()  # type: ignore[union-attr]
+            return None
+        del self.buffer[:length]
+        return query, arguments
+
+    async def _serve(self, parsed: tuple[Query, tuple[Any, ...]] | None) -> None:
+        """Answer ``parsed`` and the queries behind it until the buffer holds no whole one."""
+        try:
+            while not self._lost:
+                if parsed is not None and not self.answer_leased(*parsed):
+                    await self.answer(*parsed)
+                if self._writable is not None:
+                    await self._writable
+                parsed = self._next()
+                if parsed is None:
+                    return
+        except (RallypointError, ProtocolError) as error:
+            self._close(error)
+        except BaseException:
+            self.close()  # the worker must not wait for an answer that will not come
+            raise
         finally:
-            if self.waiting is not None:
-                self.waiting.cancel()
-            self.writer.close()
-            with contextlib.suppress(ConnectionError):
-                await self.writer.wait_closed()
+            self.serving = None
+            if self._lost:
+                _resolve(self.closed)
+
+    def _close(self, error: Exception) -> None:
+        if isinstance(error, RallypointError):
+            log.warning(
+                "store %s refused a request of %s: %s", self.store.namespace, self.peer, error
+            )
+        else:
+            log.warning("closing the store connection of %s: %s", self.peer, error)
+        self.close()
+
+    def write(self, data: bytes) -> None:
+        """Send ``data`` to the worker (nothing once the connection is closing)."""
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(data)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
 
     async def get(self, keys: Sequence[bytes]) -> list[bytes]:
         """The keys' values from the next coalesced read; a missing key fails the request."""
@@ -619,24 +788,24 @@ class _Connection:
         if held is None:
             return False
         if query is Query.GET:
-            self.writer.write(_data(held[0]))
+            self.write(_data(held[0]))
         elif query is Query.ADD:
             count = _decimal(held[0])
             if count is None:
                 return False
-            self.writer.write(_I64.pack(count))
+            self.write(_I64.pack(count))
         elif query is Query.WAIT:
             if self.waiting is not None and not self.waiting.done():
                 raise ProtocolError("a WAIT arrived while another was pending")
-            self.writer.write(_U8.pack(WaitResponse.STOP_WAITING))
+            self.write(_U8.pack(WaitResponse.STOP_WAITING))
         elif query is Query.CHECK:
-            self.writer.write(_U8.pack(CheckResponse.READY))
+            self.write(_U8.pack(CheckResponse.READY))
         else:
-            self.writer.write(b"".join(_data(value) for value in held))
+            self.write(b"".join(_data(value) for value in held))
         return True
 
     async def answer(self, query: Query, arguments: tuple[Any, ...]) -> None:
-        store, write, writes = self.store, self.writer.write, self.writes
+        store, write, writes = self.store, self.write, self.writes
         if query is Query.VALIDATE:
             (magic,) = arguments
             if magic != VALIDATION_MAGIC:
@@ -710,9 +879,9 @@ class _Connection:
         except RallypointError as error:
             # The reader is blocked on the socket: closing it ends the worker's wait now.
             log.warning("store %s refused a wait: %s", self.store.namespace, error)
-            self.writer.close()
+            self.close()
             return
-        self.writer.write(_U8.pack(WaitResponse.STOP_WAITING))
+        self.write(_U8.pack(WaitResponse.STOP_WAITING))
 
     async def cancel_wait(self) -> None:
         task, self.waiting = self.waiting, None
@@ -793,8 +962,8 @@ class StoreBridge:
         self._server: asyncio.Server | None = None
         # The coalesced reads of the current round's connections (None when _server is).
         self._reads: _Reads | None = None
-        # The connections of the current round's listener, with their streams.
-        self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+        # The connections of the current round's listener.
+        self._connections: set[_Connection] = set()
         self.round_number = 0
         self.port = 0
 
@@ -811,14 +980,11 @@ class StoreBridge:
         adds = _Adds(store)
         writes = _Writes()
 
-        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            task = asyncio.current_task()
-            assert task is not None
-            self._connections[task] = writer
-            try:
-                await _Connection(store, reads, adds, writes, reader, writer).serve()
-            finally:
-                del self._connections[task]
+        def accept() -> _Connection:
+            connection = _Connection(store, reads, adds, writes)
+            self._connections.add(connection)
+            connection.closed.add_done_callback(lambda _: self._connections.discard(connection))
+            return connection
 
         self._server = await self._listen(accept)
         self.round_number = round_number
@@ -826,15 +992,14 @@ class StoreBridge:
         log.info("serving the store of %s to local workers on %s:%d", store, self.host, self.port)
         return self.port
 
-    async def _listen(
-        self, accept: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-    ) -> asyncio.Server:
+    async def _listen(self, accept: Callable[[], _Connection]) -> asyncio.Server:
         """A listener on a free port: any, or one of ``port_range``."""
+        loop = asyncio.get_running_loop()
         if self.port_range is None:
-            return await asyncio.start_server(accept, self.host, 0)
+            return await loop.create_server(accept, self.host, 0)
         for port in self.port_range.candidates(self._rng, last=self.port):
             try:
-                return await asyncio.start_server(accept, self.host, port)
+                return await loop.create_server(accept, self.host, port)
             except OSError as error:
                 if error.errno != errno.EADDRINUSE:
                     raise
@@ -844,16 +1009,17 @@ class StoreBridge:
         )
 
     async def stop_serving(self) -> None:
-        """Close the listener and every connection; the handlers then end on their own (a
-        closed stream ends their read), which cancelling them would not do cleanly."""
+        """Close the listener and every connection; a connection's task answering a query
+        (if any) ends on its own once its call returns, which cancelling it would not do
+        cleanly (a write may be on its way through Raft)."""
         server, self._server = self._server, None
         reads, self._reads = self._reads, None
         if server is not None:
             server.close()
-        for writer in self._connections.values():
-            writer.close()
+        for connection in self._connections:
+            connection.close()
         if self._connections:
-            await asyncio.wait(list(self._connections))
+            await asyncio.wait([connection.closed for connection in self._connections])
         if server is not None:
             await server.wait_closed()
         if reads is not None:

@@ -31,8 +31,12 @@ The writes keep that promise:
 
 A write that leaves its key's applied value as it is (a set of the value the key holds, as
 every rank of c10d's store-based barrier that sees the full count sets the last-worker key;
-an add of 0; a compare-and-set that does not swap) does not wait, as long as no other write
-of the key is in flight: the leased value stays right.
+an add of 0; a compare-and-set that does not swap) does not wait: the leased value stays
+right, even with other writes of the key in flight. While a lease on a key runs, every write
+of it proposed and not yet applied is such a write (a lease is granted only while no write
+of the key is in flight, and a write that changes the value proposes only once the leases
+ended), so the value it was checked against is the one it applies to; a write that changes
+the value and waits for the lease is proposed after it, and applies after it.
 
 A key being written is not leased; its group is answered as usual, without a lease (a group's
 lease is all of its keys or none). The cost: a write to a key a bridge holds waits up to
@@ -154,7 +158,7 @@ class StoreCacheLeases:
             while True:
                 leased = self._leased.get((scope.job, scope.round))
                 lease_ends = leased.get(key, 0.0) if leased else 0.0
-                if lease_ends and self._writing.get(slot) == 1 and unchanged():
+                if lease_ends and unchanged():
                     lease_ends = 0.0  # the leased value stays right (module docstring)
                 until = max(self._writes_open_at, lease_ends)
                 left_s = until - self._clock() if not UNSAFE_STORE_CACHE else 0.0

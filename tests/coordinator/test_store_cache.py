@@ -6,6 +6,7 @@ write that lost its term is dropped, and only the leader serves writes or grants
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -228,15 +229,43 @@ async def test_a_write_that_leaves_the_value_as_it_is_does_not_wait_for_the_leas
 
     await cache.write(SCOPE, b"last", propose, unchanged=lambda: True)
     assert proposed_at[-1] < ends
-    # Not while another write of the key is in flight: that one may change it first.
+    # Nor while other writes of the key are in flight: one that keeps the value too (every
+    # rank seeing the full count sets the key at once), and one that changes it, which waits
+    # for the lease (here until the test lets it) and so is proposed after.
+    cache = leases(node)
+    clock = cache._clock
+    assert isinstance(clock, Clock)
+    lease_over = asyncio.Event()
+
+    async def sleep(seconds: float) -> None:
+        await lease_over.wait()
+        clock.now += seconds
+
+    cache._sleep = sleep
+    cache.grant(SCOPE, [b"last"])
     release = asyncio.Event()
+    order: list[str] = []
 
-    async def held(term: int) -> None:
-        await release.wait()
+    def proposing(name: str, hold: bool = False) -> Callable[[int], Awaitable[None]]:
+        async def propose(term: int) -> None:
+            order.append(name)
+            if hold:
+                await release.wait()
 
-    other = asyncio.create_task(cache.write(SCOPE, b"last", held))
-    await asyncio.sleep(0)
-    await cache.write(SCOPE, b"last", propose, unchanged=lambda: True)
-    assert proposed_at[-1] >= ends
+        return propose
+
+    keeping = asyncio.create_task(
+        cache.write(SCOPE, b"last", proposing("keeps", hold=True), unchanged=lambda: True)
+    )
+    changes = asyncio.create_task(cache.write(SCOPE, b"last", proposing("changes")))
+    again = asyncio.create_task(
+        cache.write(SCOPE, b"last", proposing("keeps again"), unchanged=lambda: True)
+    )
+    await asyncio.sleep(0.01)
+    assert again.done() and order == ["keeps", "keeps again"]
+    assert not changes.done()  # waits for the lease
+    lease_over.set()
+    await changes
+    assert order == ["keeps", "keeps again", "changes"]
     release.set()
-    await other
+    await keeping

@@ -16,9 +16,16 @@ from typing import Any, cast
 import pytest
 import torch.distributed as dist
 
-from rallypoint.client import AddOverflowError, InvalidArgumentError, RoundStore
+from rallypoint.client import (
+    AddOverflowError,
+    InvalidArgumentError,
+    ResourceExhaustedError,
+    RoundStore,
+)
 from rallypoint.client.rendezvous_errors import StaleRoundError
 from rallypoint.worker.tcpstore_bridge import (
+    PREFETCH_BYTES,
+    PREFETCH_KEYS,
     ProtocolError,
     Query,
     TCPStoreBridge,
@@ -178,6 +185,79 @@ async def test_a_lease_counts_from_before_its_call_and_a_counter_read_asks_for_n
     assert store.leases_asked[-1] == [True]
 
 
+async def test_a_read_of_a_numbered_key_prefetches_the_keys_after_it() -> None:
+    """gloo's full mesh has every rank of a node read ``<prefix>0``, ``<prefix>1``, ... in
+    order: a read missing a numbered key right after a leased read of its predecessor also
+    asks, with leases, for the PREFETCH_KEYS keys numbered after it, so the node's next
+    reads need no call while those leases run."""
+    data = {b"p/%d" % n: b"v%d" % n for n in range(40)}
+    store, reads = leasing(data, 5.0)
+    assert await reads.read([b"p/0"]) == [b"v0"]
+    assert store.calls == [[(b"p/0",)]]  # no predecessor read: no prefetch
+    assert await reads.read([b"p/1"]) == [b"v1"]
+    assert store.calls[1] == [(b"p/%d" % n,) for n in range(1, PREFETCH_KEYS + 2)]
+    assert store.leases_asked[1] == [True] * (PREFETCH_KEYS + 1)
+    for n in range(2, PREFETCH_KEYS + 2):
+        future = reads.read([b"p/%d" % n])
+        assert future.done() and future.result() == [b"v%d" % n]
+    assert len(store.calls) == 2
+    # The next miss prefetches what follows it; keys that do not exist are not kept.
+    assert await reads.read([b"p/34"]) == [b"v34"]
+    assert store.calls[2][0] == (b"p/34",) and len(store.calls[2]) == PREFETCH_KEYS + 1
+    assert reads.leased([b"p/39"]) == [b"v39"] and reads.leased([b"p/40"]) is None
+    # No prefetch after a key whose number has a leading zero, a group of several keys, a
+    # read asking no lease (a counter), or a key read out of sequence.
+    store.data.update({b"q/00": b"a", b"q/01": b"a", b"q/2": b"b", b"c0": b"7", b"c1": b"7"})
+    await reads.read([b"q/00"])
+    await reads.read([b"q/01"])
+    await reads.read([b"q/2", b"p/0"])
+    await reads.read([b"c0"])
+    await reads.read([b"c1"], lease=False)
+    await reads.read([b"p/60"])
+    assert store.calls[3:] == [
+        [(b"q/00",)],
+        [(b"q/01",)],
+        [(b"q/2", b"p/0")],
+        [(b"c0",)],
+        [(b"c1",)],
+        [(b"p/60",)],
+    ]
+    reads.close()
+
+
+async def test_the_prefetch_shrinks_for_large_values_and_is_dropped_when_refused() -> None:
+    big = bytes(100 * 1024)
+    store, reads = leasing({b"big%d" % n: big for n in range(10)}, 0.3)
+    await reads.read([b"big0"])
+    await reads.read([b"big1"])
+    # PREFETCH_BYTES of values the size its prefix's keys hold: two keys after a miss.
+    assert PREFETCH_BYTES // len(big) == 2
+    assert store.calls[1] == [(b"big1",), (b"big2",), (b"big3",)]
+    await asyncio.sleep(0.35)  # the leases ended (their keys stay known as read)
+    await reads.read([b"big4"])
+    assert store.calls[2] == [(b"big4",), (b"big5",), (b"big6",)]
+    reads.close()
+    # A call the coordinator refuses because of its prefetch goes again without it.
+    store, reads = leasing({b"k%d" % n: b"v" for n in range(5)}, 5.0)
+    answer = store.read_groups
+
+    async def refusing(
+        groups: Sequence[Sequence[bytes]], *, wait_s: float = 0.0
+    ) -> list[list[bytes] | None]:
+        if len(groups) > 1:
+            store.calls.append([tuple(group) for group in groups])
+            raise ResourceExhaustedError("bytes of values in one MultiGet answer: over 32 MiB")
+        return await answer(groups, wait_s=wait_s)
+
+    store.read_groups = refusing  # type: ignore[method-assign]
+    assert await reads.read([b"k0"]) == [b"v"]
+    assert await reads.read([b"k1"]) == [b"v"]
+    assert len(store.calls[1]) == PREFETCH_KEYS + 1 and store.calls[2] == [(b"k1",)]
+    assert await reads.read([b"k2"]) == [b"v"]  # that prefix prefetches no more
+    assert store.calls[3:] == [[(b"k2",)]]
+    reads.close()
+
+
 async def test_a_read_never_takes_the_answer_of_a_call_that_started_before_it() -> None:
     store = GatedStore()
     store.data = {b"k": b"old", b"gone": b"here"}
@@ -261,9 +341,28 @@ class _Sink:
 
     def __init__(self) -> None:
         self.data = bytearray()
+        self.closing = False
 
     def write(self, data: bytes) -> None:
         self.data += data
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def get_extra_info(self, name: str) -> None:
+        return None
+
+
+def connected(
+    store: object, reads: _Reads, adds: _Adds, writes: _Writes, sink: _Sink
+) -> _Connection:
+    """A connection of the bridge answering into ``sink``."""
+    connection = _Connection(cast(RoundStore, store), reads, adds, writes)
+    connection.connection_made(cast(Any, sink))
+    return connection
 
 
 async def test_a_read_waits_for_the_writes_the_bridge_took_before_it() -> None:
@@ -282,9 +381,7 @@ async def test_a_read_waits_for_the_writes_the_bridge_took_before_it() -> None:
     reads, adds, writes = reads_of(store, 2), _Adds(cast(RoundStore, store)), _Writes()
 
     def connection(sink: _Sink) -> _Connection:
-        return _Connection(
-            cast(RoundStore, store), reads, adds, writes, cast(Any, None), cast(Any, sink)
-        )
+        return connected(store, reads, adds, writes, sink)
 
     reader = _Sink()
     setting = asyncio.create_task(connection(_Sink()).answer(Query.SET, (b"k", b"new")))
@@ -303,14 +400,7 @@ async def test_leased_reads_are_answered_at_once_unless_a_write_of_the_bridge_is
     store, reads = leasing({b"a": b"1", b"n": b"7"}, 30.0)
     writes = _Writes()
     sink = _Sink()
-    connection = _Connection(
-        cast(RoundStore, store),
-        reads,
-        _Adds(cast(RoundStore, store)),
-        writes,
-        None,
-        sink,  # type: ignore[arg-type]
-    )
+    connection = connected(store, reads, _Adds(cast(RoundStore, store)), writes, sink)
     assert not connection.answer_leased(Query.GET, (b"a",))  # nothing leased yet
     assert await reads.read([b"a", b"n"]) == [b"1", b"7"]
     calls = len(store.calls)
@@ -409,6 +499,49 @@ class ReadAddStore(GatedStore):
         return int(self.data[key])
 
 
+async def test_queries_are_answered_in_the_order_they_came_leased_or_not() -> None:
+    """A connection answers leased reads as their bytes arrive, but never ahead of an earlier
+    query still waiting for the coordinator; nor while the worker does not read its answers
+    (the transport paused writing); a query split over two reads of the socket is answered
+    once whole."""
+
+    def data(value: bytes) -> bytes:
+        return len(value).to_bytes(8, "little") + value
+
+    def get(key: bytes) -> bytes:
+        return bytes([Query.GET]) + data(key)
+
+    store, reads = leasing({b"a": b"1", b"b": b"2"}, 30.0)
+    assert await reads.read([b"b"]) == [b"2"]  # b is leased, a is not
+    sink = _Sink()
+    connection = connected(store, reads, _Adds(cast(RoundStore, store)), _Writes(), sink)
+    store.gate.clear()
+    connection.data_received(
+        get(b"a") + get(b"b") + bytes([Query.PING]) + (7).to_bytes(4, "little")
+    )
+    await asyncio.sleep(0.02)
+    assert not sink.data  # b's answer waits for a's call
+    store.gate.set()
+    for _ in range(100):
+        if connection.serving is None:
+            break
+        await asyncio.sleep(0.01)
+    assert bytes(sink.data) == data(b"1") + data(b"2") + (7).to_bytes(4, "little")
+    sink.data.clear()
+    connection.pause_writing()
+    query = get(b"b")
+    connection.data_received(query[:5])
+    connection.data_received(query[5:])
+    await asyncio.sleep(0.02)
+    assert not sink.data
+    connection.resume_writing()
+    await asyncio.sleep(0.02)
+    assert bytes(sink.data) == data(b"2")
+    assert connection.serving is None and not connection.closed.done()
+    connection.connection_lost(None)
+    assert connection.closed.done()
+
+
 async def test_an_add_of_zero_is_a_read_unless_the_key_holds_no_integer() -> None:
     """c10d's barrier reads its count with add(key, 0), every rank at once: the bridge
     answers it from a coalesced read, not a write through Raft, when the key holds an integer;
@@ -420,9 +553,7 @@ async def test_an_add_of_zero_is_a_read_unless_the_key_holds_no_integer() -> Non
 
     async def add(key: bytes, delta: int) -> bytes:
         sink = _Sink()
-        connection = _Connection(
-            cast(RoundStore, store), reads, adds, writes, cast(Any, None), cast(Any, sink)
-        )
+        connection = connected(store, reads, adds, writes, sink)
         await connection.answer(Query.ADD, (key, delta))
         return bytes(sink.data)
 

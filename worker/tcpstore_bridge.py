@@ -32,22 +32,22 @@ full-mesh connect has every rank get every other rank's key, N^2 gets per round.
 request used to be a coordinator call of its own, each paying gRPC's per-call cost and a
 read barrier; now the WAITs (their first look), GETs, CHECKs and MULTI_GETs of all the
 round's connections go to the coordinator together as one MultiGet, one call in flight at a
-time. A read is only ever answered by a call that started after it arrived or by a
-cache lease still running (below), never from values merely kept from an earlier call
-(c10d allows overwriting and deleting keys), so a read that follows a completed write sees
-it. A WAIT whose keys are missing blocks on a coordinator
-Wait shared by the connections waiting on the same keys, then looks again. Concurrent
-ADDs to one key (a store-based barrier's) go as one Add of their sum, each answered with its
-running sum (:class:`_Adds`). Reads go to the client's preferred member (the leader once
-found) on one ``RoundStore/Batch`` stream: the leader serves them under its lease without a
-round trip, which measured faster than spreading them over followers (each of whose read
-barriers is a ReadIndex forwarded to the leader). The leader leases the values it reads to
-the bridge for a second (``coordinator/service/store_cache.py``): a read those leases cover
-is answered without a call, and a read missing a numbered key right after one of its
-predecessor prefetches the keys numbered after it, so gloo's N^2 gets cost a node a call
-per few dozen keys. Each connection is
-an ``asyncio.Protocol``: queries are parsed as the socket delivers them, and a leased read is
-answered there and then, with no task or await (see :class:`_Connection`).
+time. A read is only ever answered by a call that started after it arrived or by a cache
+lease still running (below), never from values merely kept from an earlier call (c10d allows
+overwriting and deleting keys), so a read that follows a completed write sees it. A WAIT
+whose keys are missing blocks on a coordinator Wait shared by the connections waiting on the
+same keys, then looks again. Concurrent ADDs to one key (a store-based barrier's) go as one
+Add of their sum, each answered with its running sum (:class:`_Adds`). Reads go to the
+client's preferred member (the leader once found) on one ``RoundStore/Batch`` stream: the
+leader serves them under its lease without a round trip, which measured faster than
+spreading them over followers (each of whose read barriers is a ReadIndex forwarded to the
+leader). The leader leases the values it reads to the bridge for a second
+(``coordinator/service/store_cache.py``): a read those leases cover is answered without a
+call, and a read that misses a numbered key right after a read of the key numbered before it
+prefetches the keys numbered after it, so gloo's N^2 gets cost a node a call per few dozen
+keys. Each connection is an ``asyncio.Protocol``: queries are parsed as the socket delivers
+them, and a leased read is answered there and then, with no task or await (see
+:class:`_Connection`).
 
 The bridge runs its own event loop thread and its own coordinator client, apart from the
 agent's participant, so a burst of worker store traffic never delays the agent's
@@ -286,10 +286,10 @@ class _Reads:
     three times; with leases a node's bridge calls once per key, and with prefetching
     (``PREFETCH_KEYS``: a call missing ``<prefix><n>`` right after a leased read of
     ``<prefix><n-1>`` also reads, with leases, the keys numbered after it that the bridge
-    does not hold) once per few dozen keys. A prefetched
-    value is a leased read like any other, answering only reads that arrive while its lease
-    runs; a prefetch the coordinator refuses (too large, a key too long) is dropped and the
-    call made again without it.
+    does not hold) once per few dozen keys. A prefetched value is a leased read like any
+    other, answering only reads that arrive while its lease runs; a prefetch the
+    coordinator refuses (too large, a key too long) is dropped and the call made again
+    without it.
 
     Invariant: ``_pending`` is empty unless ``_flushing`` runs (or is about to).
     """

@@ -103,8 +103,9 @@ _U8 = struct.Struct("<B")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
-# What one read from a worker's socket may take.
-_READ_BYTES = 256 * 1024
+# A connection stops reading its socket while this many bytes of queries wait behind one
+# being answered.
+_BUFFER_BYTES = 256 * 1024
 
 
 class Query(enum.IntEnum):
@@ -510,16 +511,20 @@ class _Reads:
         answer: Sequence[tuple[list[bytes] | None, float]],
     ) -> None:
         """Set how many keys to prefetch after each numbered key read: about
-        ``PREFETCH_BYTES`` of values of the size its prefix's keys hold."""
+        ``PREFETCH_BYTES`` of values of the size its prefix's keys hold (none, for good,
+        after a prefix whose prefetch the coordinator refused)."""
         sizes: dict[bytes, int] = {}
         for keys, at in groups.items():
             values = answer[at][0]
-            numbered = _numbered(keys[0]) if len(keys) == 1 else None
-            if values is not None and numbered is not None:
+            if values is None or len(keys) != 1:
+                continue
+            numbered = _numbered(keys[0])
+            if numbered is not None:
                 prefix = numbered[0]
                 sizes[prefix] = max(sizes.get(prefix, 0), len(values[0]))
         for prefix, size in sizes.items():
-            self._prefetch[prefix] = max(1, min(PREFETCH_KEYS, PREFETCH_BYTES // max(1, size)))
+            if self._prefetch.get(prefix) != 0:
+                self._prefetch[prefix] = max(1, min(PREFETCH_KEYS, PREFETCH_BYTES // max(1, size)))
 
     @staticmethod
     def _fail(
@@ -637,7 +642,7 @@ class _Connection(asyncio.Protocol):
     is answered there and then, with no task, future or await. The first query that needs
     the coordinator starts a task (``serving``) that answers it and then every query behind
     it, in order, until the buffer holds no whole query; while it runs, data received only
-    joins the buffer (reading pauses past ``_READ_BYTES``). So the answers go out in the
+    joins the buffer (reading pauses past ``_BUFFER_BYTES``). So the answers go out in the
     order the queries came, as the worker's client expects.
 
     ``closed`` is resolved once the socket closed and the task serving it (if any) ended.
@@ -671,7 +676,7 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.buffer += data
         if self.serving is not None:
-            if len(self.buffer) > _READ_BYTES and not self._reading_paused:
+            if len(self.buffer) > _BUFFER_BYTES and not self._reading_paused:
                 self._reading_paused = True
                 self.transport.pause_reading()  # type: ignore[union-attr]
             return

@@ -254,7 +254,8 @@ async def test_the_prefetch_shrinks_for_large_values_and_is_dropped_when_refused
     assert await reads.read([b"k1"]) == [b"v"]
     assert len(store.calls[1]) == PREFETCH_KEYS + 1 and store.calls[2] == [(b"k1",)]
     assert await reads.read([b"k2"]) == [b"v"]  # that prefix prefetches no more
-    assert store.calls[3:] == [[(b"k2",)]]
+    assert await reads.read([b"k3"]) == [b"v"]
+    assert store.calls[3:] == [[(b"k2",)], [(b"k3",)]]
     reads.close()
 
 

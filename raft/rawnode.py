@@ -272,6 +272,10 @@ class RawNode:
 
     # -- outputs ------------------------------------------------------------------------
 
+    def log_holds(self, index: Index, term: Term) -> bool:
+        """Whether the log (stable or not) holds an entry at ``index`` of ``term``."""
+        return self._raft.raft_log.match_term(index, term)
+
     def has_ready(self) -> bool:
         r = self._raft
         if r.soft_state() != self._prev_soft_state:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from rallypoint.coordinator import node as node_module
 from rallypoint.coordinator import node_snapshots
 from rallypoint.coordinator.members import MemberAddress, decode_app_snapshot
 from rallypoint.coordinator.node import Node, NodeConfig, _unwrap, _wrap
@@ -265,6 +266,48 @@ async def test_a_follower_decodes_each_entry_once(
     await wait_applied(list(cluster.nodes.values()), leader.state.applied_index)
     assert decodes < 2 * puts, f"{decodes} decodes at apply for {puts} puts"
     assert all(n.state.snapshot() == leader.state.snapshot() for n in cluster.nodes.values())
+
+
+async def test_entries_a_follower_already_holds_are_not_checked_again(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A leader probing a follower that catches up resends everything from the follower's
+    last known match on every heartbeat answer. The follower checks only the entries its log
+    lacks (Raft appends from the first entry that differs, never the ones before): the held
+    ones, whatever they hold now, are not decoded again; a new entry that would not apply
+    is still refused."""
+    leader = await cluster.leader()
+    session = await open_session(leader)
+    for seq in range(1, 6):
+        await leader.propose(Put(b"k%d" % seq, b"v"), session_id=session, sequence=seq)
+    await wait_applied(list(cluster.nodes.values()), leader.state.applied_index)
+    follower = next(n for n in cluster.nodes.values() if not n.is_leader())
+    storage = follower._storage
+    assert storage is not None
+    held = tuple(storage.entries(storage.first_index(), Index(storage.last_index() + 1)))
+    checked: list[tuple[Entry, ...]] = []
+    real = node_module.validate_entries
+
+    def recording(entries: tuple[Entry, ...]) -> Any:
+        checked.append(entries)
+        return real(entries)
+
+    monkeypatch.setattr(node_module, "validate_entries", recording)
+    follower.validate_entries(held)
+    assert checked == []
+    # Raft would not append these (same index and term as held ones): not even decoded.
+    forged = tuple(dataclasses.replace(e, data=b"\x01not an envelope") for e in held)
+    follower.validate_entries(forged)
+    assert checked == []
+    last = held[-1]
+    new = Entry(last.term, Index(last.index + 1), EntryType.NORMAL, b"\x01not an envelope")
+    with pytest.raises(ValueError):
+        follower.validate_entries((*held, new))
+    assert checked == [(new,)]
+    # An entry at a held index but of another term would replace it: checked.
+    other_term = dataclasses.replace(last, term=Term(last.term + 1), data=b"\x01bad")
+    with pytest.raises(ValueError):
+        follower.validate_entries((other_term,))
 
 
 async def test_a_removed_members_id_is_never_given_again(cluster: Cluster) -> None:

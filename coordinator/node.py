@@ -774,20 +774,15 @@ class Node:
         return os.path.join(self.config.data_dir, "incoming")
 
     def validate_entries(self, entries: tuple[Entry, ...]) -> None:
-        """Raise ValueError unless every entry a peer sent that Raft could append would
-        apply (see ``node_proposals.validate_entries``); keep what was decoded for their
-        apply. Entries this member's log already holds, at the same index and term, are not
-        checked again: Raft appends from the first entry that differs only, so the others
-        never reach the log, whatever they hold. (A leader probing a follower that catches up
-        sends it everything from its last known match on every heartbeat answer: measured in
-        a partition run, ~77,000 entries a second, nearly all already held, each of which
-        cost a decode here.)"""
-        if self._raw is not None and entries:
-            holds = self._raw.log_holds
-            first = next(
-                (i for i, e in enumerate(entries) if not holds(e.index, e.term)), len(entries)
-            )
-            entries = entries[first:]
+        """Raise ValueError unless every entry a peer sent would apply (see
+        ``node_proposals.validate_entries``); keep what was decoded for their apply. The
+        leading entries this member's log already holds exactly (index, term, type and data)
+        were checked when they first came (or were proposed here) and are not decoded again:
+        a leader probing a follower that catches up resends everything from its last known
+        match on every heartbeat answer (measured in a partition run: ~77,000 entries a
+        second, nearly all held)."""
+        if self._raw is not None:
+            entries = entries[self._raw.held_prefix(entries) :]
             if not entries:
                 return
         envelopes = validate_entries(entries)

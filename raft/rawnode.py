@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 from .codec import encode_conf_change
 from .errors import StepLocalMsgError, StepPeerNotFoundError
-from .log_storage import entries_size
+from .log_storage import CompactedError, entries_size
 from .raft import Config, Raft, SoftState, StateType, payloads_size
 from .tracker import Progress
 from .types import (
@@ -272,9 +272,26 @@ class RawNode:
 
     # -- outputs ------------------------------------------------------------------------
 
-    def log_holds(self, index: Index, term: Term) -> bool:
-        """Whether the log (stable or not) holds an entry at ``index`` of ``term``."""
-        return self._raft.raft_log.match_term(index, term)
+    def held_prefix(self, entries: Sequence[Entry]) -> int:
+        """How many of ``entries`` (consecutive, as an append carries them), from the first,
+        the log (stable or not) already holds exactly: same index, term, type and data."""
+        if not entries:
+            return 0
+        log = self._raft.raft_log
+        lo = entries[0].index
+        hi = min(int(entries[-1].index), int(log.last_index())) + 1
+        if lo < log.first_index() or lo >= hi:
+            return 0
+        try:
+            held = log.slice(lo, Index(hi))
+        except CompactedError:
+            return 0
+        count = 0
+        for entry, ours in zip(entries, held, strict=False):
+            if entry != ours:
+                break
+            count += 1
+        return count
 
     def has_ready(self) -> bool:
         r = self._raft

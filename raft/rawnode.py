@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 from .codec import encode_conf_change
 from .errors import StepLocalMsgError, StepPeerNotFoundError
-from .log_storage import CompactedError, entries_size
+from .log_storage import entries_size
 from .raft import Config, Raft, SoftState, StateType, payloads_size
 from .tracker import Progress
 from .types import (
@@ -280,14 +280,10 @@ class RawNode:
         log = self._raft.raft_log
         lo = entries[0].index
         hi = min(int(entries[-1].index), int(log.last_index())) + 1
-        if lo < log.first_index() or lo >= hi:
-            return 0
-        try:
-            held = log.slice(lo, Index(hi))
-        except CompactedError:
+        if lo < log.first_index() or lo >= hi:  # compacted, or none held
             return 0
         count = 0
-        for entry, ours in zip(entries, held, strict=False):
+        for entry, ours in zip(entries, log.slice(lo, Index(hi)), strict=False):
             if entry != ours:
                 break
             count += 1

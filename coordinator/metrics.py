@@ -104,6 +104,16 @@ class NodeMetrics:
             registry=self.registry,
         )
 
+        self.peer_entries_received = Counter(
+            "rallypoint_peer_entries_received",
+            "Log entries peers sent this member (the leader's appends, proposals forwarded to "
+            'it), by whether its log already held them exactly (held="true": sent again, '
+            "e.g. a probe resent before its answer came; a steady share means replication "
+            "is wasting the network).",
+            ["held"],
+            registry=self.registry,
+        )
+
         self.progress_verdicts = Counter(
             "rallypoint_progress_verdicts",
             "Workers this member, as leader, declared hung or evicted as stragglers.",

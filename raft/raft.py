@@ -354,9 +354,10 @@ class Raft:
             return self.maybe_send_snapshot(to, pr)
         ents: list[Entry] = []
         compacted = False
-        # A throttled follower in REPLICATE only gets empty MsgApps, so that if every
-        # in-flight message was lost the stream still recovers through an ack or a reject.
-        if pr.state is not ProgressState.REPLICATE or not pr.inflights.full():
+        # A throttled follower in REPLICATE, or one whose probe with entries is unanswered,
+        # only gets empty MsgApps: if what is in flight was lost, the answer to an empty one
+        # (an ack or a reject) still restarts replication (Progress.probe_is_empty).
+        if not pr.probe_is_empty():
             try:
                 ents = self.raft_log.entries(pr.next, self.max_msg_size)
             except CompactedError:
@@ -876,6 +877,9 @@ class Raft:
             # During optimistic replication an unreachable peer has likely lost a MsgApp.
             if pr.state is ProgressState.REPLICATE:
                 pr.become_probe()
+            else:
+                # The probe with entries may be among what was lost: the next may carry them.
+                pr.probe_sent_entries = False
             self.logger.debug(
                 "%d failed to send message to %d because it is unreachable [%s]",
                 self.id,

@@ -5,7 +5,13 @@ follower is in one of three states.
 
 - ``PROBE``: the leader does not know where the follower's log matches its own. It sends at
   most one MsgApp per heartbeat interval and waits for the answer, walking ``next`` back on
-  rejections (helped by the follower's hint) until a MsgApp is accepted.
+  rejections (helped by the follower's hint) until a MsgApp is accepted. Only the first probe
+  at a given ``next`` carries entries; the ones a heartbeat answer triggers while it is
+  unanswered are empty (``probe_sent_entries``). A follower slow to persist a large probe
+  would otherwise be sent the same megabyte again on every heartbeat answer, and every
+  ReadIndex broadcasts a heartbeat: a follower catching up after a partition received each
+  entry tens of times. An empty probe still recovers a lost one: its acceptance moves the
+  follower to ``REPLICATE``, which resends from ``match``.
 - ``REPLICATE``: the follower's log is known to match up to ``match``; the leader streams
   entries optimistically, advancing ``next`` as it sends, limited by ``inflights``.
 - ``SNAPSHOT``: the follower needs entries the leader has compacted; a snapshot was sent and
@@ -43,6 +49,7 @@ class Progress:
         "msg_app_flow_paused",
         "next",
         "pending_snapshot",
+        "probe_sent_entries",
         "recent_active",
         "sent_commit",
         "state",
@@ -73,6 +80,9 @@ class Progress:
         # True when MsgApps to this follower are throttled: a probe was sent in PROBE state, or
         # inflights are full in REPLICATE state. Cleared by a heartbeat response or an ack.
         self.msg_app_flow_paused = False
+        # In PROBE state: a MsgApp with entries was sent at the current ``next`` and has not
+        # been answered; probes until then carry no entries (see the module docstring).
+        self.probe_sent_entries = False
         self.inflights = inflights
         # True if the node is a learner: it receives the log but does not vote.
         self.is_learner = is_learner
@@ -106,10 +116,12 @@ class Progress:
         pr.state = self.state
         pr.pending_snapshot = self.pending_snapshot
         pr.msg_app_flow_paused = self.msg_app_flow_paused
+        pr.probe_sent_entries = self.probe_sent_entries
         return pr
 
     def reset_state(self, state: ProgressState) -> None:
         self.msg_app_flow_paused = False
+        self.probe_sent_entries = False
         self.pending_snapshot = Index(0)
         self.state = state
         self.inflights.reset()
@@ -147,6 +159,10 @@ class Progress:
             self.msg_app_flow_paused = self.inflights.full()
         elif self.state is ProgressState.PROBE:
             if entries > 0:
+                self.msg_app_flow_paused = True
+                self.probe_sent_entries = True
+            elif self.probe_sent_entries:
+                # An empty re-probe: one per heartbeat answer, not one per proposal.
                 self.msg_app_flow_paused = True
         else:
             raise RuntimeError(f"sending append in unhandled progress state {self.state.name}")
@@ -190,7 +206,20 @@ class Progress:
         self.next = Index(max(min(rejected, match_hint + 1), self.match + 1))
         self.sent_commit = Index(min(self.sent_commit, self.next - 1))
         self.msg_app_flow_paused = False
+        # A new probe position: its first probe may carry entries again.
+        self.probe_sent_entries = False
         return True
+
+    def probe_is_empty(self) -> bool:
+        """True if the next MsgApp may carry no entries, only the commit index.
+
+        In REPLICATE state when the inflights are full (the stream still recovers if every
+        in-flight message was lost, through an ack or a reject), in PROBE state when the
+        probe at ``next`` already carried entries and is unanswered.
+        """
+        if self.state is ProgressState.REPLICATE:
+            return self.inflights.full()
+        return self.probe_sent_entries
 
     def is_paused(self) -> bool:
         """True if no MsgApp (other than an empty heartbeat-driven one) should be sent now."""

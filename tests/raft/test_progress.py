@@ -136,6 +136,25 @@ def test_probe_pauses_after_sending_entries_until_ack_or_heartbeat() -> None:
     assert not pr.is_paused()
 
 
+def test_probe_carries_entries_once_per_position_until_answered() -> None:
+    pr = new_progress(ProgressState.PROBE, 3, 6)
+    assert not pr.probe_is_empty()
+    pr.update_on_entries_send(2, 20)
+    assert pr.probe_is_empty()  # a heartbeat answer unpauses it, but the re-probe is empty
+    pr.msg_app_flow_paused = False
+    pr.update_on_entries_send(0, 0)
+    assert pr.probe_is_empty() and pr.is_paused()  # the next waits for a heartbeat answer
+    assert pr.maybe_decr_to(Index(5), Index(4))  # rejected: a new position
+    assert pr.next == 5 and not pr.probe_is_empty()
+    pr.update_on_entries_send(1, 10)
+    pr.become_replicate()  # accepted
+    assert not pr.probe_is_empty()
+    assert pr.copy().probe_sent_entries is False
+    pr.become_probe()
+    pr.update_on_entries_send(1, 10)
+    assert pr.copy().probe_sent_entries is True
+
+
 def test_replicate_pipelines_until_inflights_are_full() -> None:
     pr = Progress(match=Index(0), next=Index(1), inflights=Inflights(2))
     pr.become_replicate()

@@ -702,6 +702,96 @@ def test_unreachable_follower_falls_back_to_probing() -> None:
     assert states == [ProgressState.REPLICATE, ProgressState.PROBE]
 
 
+def probing_follower(nt: Network, follower: int) -> list[Message]:
+    """Put ``follower`` in PROBE (as after a lost stream) and record what is sent to it."""
+    nt.campaign(1)
+    nt.propose(1, b"warmup")
+    nt.peer(1).node.report_unreachable(NodeId(follower))
+    assert nt.raft(1).trk.progress[NodeId(follower)].state is ProgressState.PROBE
+    return []
+
+
+def entries_sent(msgs: list[Message], to: int) -> list[int]:
+    return [len(m.entries) for m in msgs if m.type is MT.MsgApp and m.to == to]
+
+
+def test_a_probe_is_not_resent_with_its_entries_on_every_heartbeat_answer() -> None:
+    # A follower slow to persist (its acks held back) keeps answering heartbeats, and every
+    # ReadIndex sends one: each answer used to resend everything from the follower's match.
+    nt = Network.of_size(3)
+    probing_follower(nt, 2)
+    held: list[Message] = []
+    sent: list[Message] = []
+
+    def hold_acks_of_2(m: Message) -> Message | None:
+        if m.type is MT.MsgAppResp and m.from_ == 2:
+            held.append(m)
+            return None
+        if m.to == 2:
+            sent.append(m)
+        return m
+
+    nt.msg_hook = hold_acks_of_2
+    for i in range(20):
+        nt.propose(1, b"p%d" % i)
+    for i in range(5):
+        nt.tick(1)  # a heartbeat round
+        nt.peer(1).node.read_index(b"read%d" % i)  # and a ReadIndex's heartbeat round
+        nt.deliver(1)
+    counts = entries_sent(sent, 2)
+    # One probe with entries; the heartbeat answers after it got empty probes.
+    assert counts[0] == 1 and len(counts) >= 10 and counts[1:] == [0] * (len(counts) - 1)
+    assert nt.peer(1).read_states and nt.peer(3).applied_data()[-1] == b"p19"
+    # The acks arrive: the follower goes to REPLICATE and gets the rest once.
+    nt.msg_hook = None
+    sent_before = len(nt.delivered)
+    nt.send(*held)
+    after = entries_sent(nt.delivered[sent_before:], 2)
+    assert sum(after) == 19  # p1..p19: p0 came with the probe
+    assert nt.raft(1).trk.progress[NodeId(2)].state is ProgressState.REPLICATE
+    assert nt.peer(2).applied_data()[-1] == b"p19"
+
+
+def test_a_lost_probe_is_recovered_by_an_empty_one() -> None:
+    nt = Network.of_size(3)
+    probing_follower(nt, 2)
+    lost: list[Message] = []
+
+    def lose_appends_to_2(m: Message) -> Message | None:
+        if m.type is MT.MsgApp and m.to == 2 and m.entries:
+            lost.append(m)
+            return None
+        return m
+
+    nt.msg_hook = lose_appends_to_2
+    nt.propose(1, b"lost")
+    assert len(lost) == 1
+    nt.msg_hook = None
+    nt.propose(1, b"paused")  # the probe is unanswered: nothing is sent to 2
+    assert nt.peer(2).applied_data() == [b"warmup"]
+    nt.tick(1)  # heartbeat answer -> empty probe -> accepted -> REPLICATE -> the entries
+    assert nt.raft(1).trk.progress[NodeId(2)].state is ProgressState.REPLICATE
+    assert nt.peer(2).applied_data() == [b"warmup", b"lost", b"paused"]
+
+
+def test_after_an_unreachable_report_the_next_probe_carries_entries() -> None:
+    # The transport reports a peer unreachable when messages to it may have been lost: the
+    # probe with entries may be among them, so the next one carries them again.
+    nt = Network.of_size(3)
+    probing_follower(nt, 2)
+    nt.isolate(2)
+    nt.propose(1, b"during")
+    pr = nt.raft(1).trk.progress[NodeId(2)]
+    assert pr.probe_sent_entries
+    nt.peer(1).node.report_unreachable(NodeId(2))
+    assert not pr.probe_sent_entries
+    nt.recover()
+    start = len(nt.delivered)
+    nt.tick(1)
+    assert entries_sent(nt.delivered[start:], 2)[0] == 1
+    assert nt.peer(2).applied_data() == [b"warmup", b"during"]
+
+
 def test_heartbeat_commit_never_exceeds_follower_match() -> None:
     nt = Network.of_size(3)
     nt.campaign(1)

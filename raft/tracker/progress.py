@@ -211,7 +211,7 @@ class Progress:
         return True
 
     def probe_is_empty(self) -> bool:
-        """True if the next MsgApp may carry no entries, only the commit index.
+        """True if the next MsgApp to this follower must carry no entries, only the commit index.
 
         In REPLICATE state when the inflights are full (the stream still recovers if every
         in-flight message was lost, through an ack or a reject), in PROBE state when the

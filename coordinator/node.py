@@ -198,6 +198,10 @@ class Node:
         self._membership = Membership(config.initial_members, config.join_existing)
         self._lessor = Lessor(lambda: int(time.monotonic() * 1000))
         self.metrics = NodeMetrics(config.member_id)
+        # Bound once: every append a follower receives counts here (validate_entries).
+        received = self.metrics.peer_entries_received
+        self._entries_held = received.labels(held="true")
+        self._entries_new = received.labels(held="false")
         self._round_metrics = RoundObserver(self.metrics)
         self._soft_state = SoftState(NONE, StateType.FOLLOWER)
         self._role_log = RoleLog(config.member_id, time.monotonic, log, pre_vote=config.pre_vote)
@@ -783,11 +787,11 @@ class Node:
         if self._raw is not None:
             held = self._raw.held_prefix(entries)
             if held:
-                self.metrics.peer_entries_received.labels(held="true").inc(held)
+                self._entries_held.inc(held)
                 entries = entries[held:]
             if not entries:
                 return
-        self.metrics.peer_entries_received.labels(held="false").inc(len(entries))
+        self._entries_new.inc(len(entries))
         envelopes = validate_entries(entries)
         self._decoded.keep(entries, envelopes, self._sm.applied_index)
 

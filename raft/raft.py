@@ -874,12 +874,7 @@ class Raft:
             # failure wait for a heartbeat interval before retrying.
             pr.msg_app_flow_paused = True
         elif t is MT.MsgUnreachable:
-            # During optimistic replication an unreachable peer has likely lost a MsgApp.
-            if pr.state is ProgressState.REPLICATE:
-                pr.become_probe()
-            else:
-                # The probe with entries may be among what was lost: the next may carry them.
-                pr.probe_sent_entries = False
+            pr.messages_may_be_lost()
             self.logger.debug(
                 "%d failed to send message to %d because it is unreachable [%s]",
                 self.id,

@@ -139,6 +139,15 @@ class Progress:
             self.next = Index(self.match + 1)
         self.sent_commit = Index(min(self.sent_commit, self.next - 1))
 
+    def messages_may_be_lost(self) -> None:
+        """The transport reports the follower unreachable: MsgApps to it may have been lost."""
+        if self.state is ProgressState.REPLICATE:
+            # During optimistic replication an unreachable peer has likely lost a MsgApp.
+            self.become_probe()
+        else:
+            # The probe with entries may be among what was lost: the next may carry them.
+            self.probe_sent_entries = False
+
     def become_replicate(self) -> None:
         self.reset_state(ProgressState.REPLICATE)
         self.next = Index(self.match + 1)

@@ -702,13 +702,12 @@ def test_unreachable_follower_falls_back_to_probing() -> None:
     assert states == [ProgressState.REPLICATE, ProgressState.PROBE]
 
 
-def probing_follower(nt: Network, follower: int) -> list[Message]:
-    """Put ``follower`` in PROBE (as after a lost stream) and record what is sent to it."""
+def probing_follower(nt: Network, follower: int) -> None:
+    """Elect node 1 and put ``follower`` in PROBE, as after a lost stream."""
     nt.campaign(1)
     nt.propose(1, b"warmup")
     nt.peer(1).node.report_unreachable(NodeId(follower))
     assert nt.raft(1).trk.progress[NodeId(follower)].state is ProgressState.PROBE
-    return []
 
 
 def entries_sent(msgs: list[Message], to: int) -> list[int]:

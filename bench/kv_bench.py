@@ -2,8 +2,10 @@
 
 Both systems run as 3 members on loopback (rallypoint via ``rallypoint cluster up``, etcd as
 three ``etcd`` processes, see bench/etcd/), started side by side and left idle while the other
-is measured. This process is the load generator only: it runs on uvloop, apart from the
-servers, and records the CPU both sides use in every trial from /proc.
+is measured. ``--members 1`` runs one member of each instead: the cost of a request without
+replication, which bounds from below what the 3-member figures can reach (the targets are for
+3 members and are not judged then). This process is the load generator only: it runs on
+uvloop, apart from the servers, and records the CPU both sides use in every trial from /proc.
 
 Workloads, each with N clients that send requests one after another to the leader. How the
 clients of a trial reach it is the ``--connections`` parameter, the same for both systems:
@@ -91,6 +93,8 @@ LEASE_TTL_S = 60
 MAX_ERRORS_PER_CLIENT = 20
 
 # name -> (workload, field compared, direction, target); ratio = rallypoint / etcd.
+# The cluster size the targets below are set for.
+TARGET_MEMBERS = 3
 RATIO_TARGETS: dict[str, tuple[str, str, str, float | None]] = {
     "put_64_throughput": ("put_64", "throughput_ops_s", ">=", 0.6),
     "put_64_p99": ("put_64", "p99_ms", "<=", 1.5),
@@ -251,7 +255,7 @@ class Cluster(Protocol):
 
 
 class RallypointCluster:
-    """``rallypoint cluster up --nodes 3`` with its output in ``cluster.log`` under data_dir."""
+    """``rallypoint cluster up --nodes N`` with its output in ``cluster.log`` under data_dir."""
 
     def __init__(self, data_dir: Path, members: int = 3) -> None:
         self.data_dir = data_dir
@@ -572,7 +576,9 @@ def verdict(value: float | None, direction: str, target: float | None) -> str:
     return "PASS" if met else "MISS"
 
 
-def print_report(results: dict[str, dict[str, Any]], measured: dict[str, float | None]) -> None:
+def print_report(
+    results: dict[str, dict[str, Any]], measured: dict[str, float | None], members: int
+) -> None:
     print(
         f"\n{'system':<11}{'workload':<13}{'ops/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
         f"{'srv cores':>11}{'gen cores':>11}{'errors':>8}"
@@ -589,10 +595,15 @@ def print_report(results: dict[str, dict[str, Any]], measured: dict[str, float |
         value = measured[name]
         shown = "-" if value is None else f"{value:.2f}"
         goal = f"target {direction} {target}" if target is not None else ""
-        print(f"  {name:<19}{shown:>7}  {goal:<16}{verdict(value, direction, target)}")
+        judged = (
+            verdict(value, direction, target)
+            if members == TARGET_MEMBERS
+            else f"(targets are for {TARGET_MEMBERS} members)"
+        )
+        print(f"  {name:<19}{shown:>7}  {goal:<16}{judged}")
 
 
-def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
+def plot(results: dict[str, dict[str, Any]], members: int, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -618,7 +629,10 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
         axis.set_title(title)
         axis.grid(axis="y", alpha=0.3)
     axes[0].legend()
-    figure.suptitle("KV: rallypoint vs etcd, 3 members on loopback (medians of trials)")
+    figure.suptitle(
+        f"KV: rallypoint vs etcd, {members} member{'s' if members != 1 else ''} on loopback "
+        "(medians of trials)"
+    )
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
@@ -640,6 +654,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="shared: a trial's clients share one connection (etcd: one channel; rallypoint: "
         "one library Client, its KV batching on); per-client: a channel each (default shared)",
     )
+    parser.add_argument(
+        "--members",
+        type=int,
+        default=3,
+        help="members of each system, 1-9 (default 3; the targets are judged only for 3)",
+    )
+    parser.add_argument(
+        "--workloads",
+        default="",
+        help="comma-separated subset of put_1, put_N, get_1, get_N, keepalive_1 (N is "
+        "--many-clients; default all)",
+    )
     parser.add_argument("--data-dir", help="parent of the members' data (default: a temp dir)")
     parser.add_argument(
         "--smoke",
@@ -651,18 +677,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def run(args: argparse.Namespace, data_dir: Path) -> dict[str, dict[str, Any]]:
-    makers: dict[str, Callable[[Path], Cluster]] = {
+    makers: dict[str, Callable[..., Cluster]] = {
         "rallypoint": RallypointCluster,
         "etcd": EtcdCluster,
     }
-    clusters = [makers[name](data_dir / name) for name in args.systems.split(",")]
-    workloads = [
-        Workload(Operation.PUT, 1),
-        Workload(Operation.PUT, args.many_clients),
-        Workload(Operation.GET, 1),
-        Workload(Operation.GET, args.many_clients),
-        Workload(Operation.KEEPALIVE, 1),
+    clusters = [
+        makers[name](data_dir / name, members=args.members)
+        for name in args.systems.split(",")
+        if name
     ]
+    workloads = chosen_workloads(args.workloads, args.many_clients)
     settings = TrialSettings(
         args.warmup_s,
         args.duration_s,
@@ -695,8 +719,51 @@ async def run(args: argparse.Namespace, data_dir: Path) -> dict[str, dict[str, A
     }
 
 
+def all_workloads(many_clients: int) -> list[Workload]:
+    return [
+        Workload(Operation.PUT, 1),
+        Workload(Operation.PUT, many_clients),
+        Workload(Operation.GET, 1),
+        Workload(Operation.GET, many_clients),
+        Workload(Operation.KEEPALIVE, 1),
+    ]
+
+
+def chosen_workloads(names: str, many_clients: int) -> list[Workload]:
+    """The workloads ``--workloads`` names, in the usual order (all when it is empty);
+    ValueError naming any that is not one of them."""
+    known = all_workloads(many_clients)
+    wanted = [name.strip() for name in names.split(",") if name.strip()]
+    if not wanted:
+        return known
+    unknown = sorted(set(wanted) - {w.name for w in known})
+    if unknown:
+        raise ValueError(
+            f"unknown workload {', '.join(unknown)}; choose from {', '.join(w.name for w in known)}"
+        )
+    return [w for w in known if w.name in wanted]
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """One-line errors for arguments the parser's types cannot check."""
+    if not 1 <= args.members <= 9:
+        parser.error(f"--members must be between 1 and 9, not {args.members}")
+    if args.many_clients < 1:
+        parser.error(f"--many-clients must be at least 1, not {args.many_clients}")
+    systems = [name for name in args.systems.split(",") if name]
+    unknown = sorted(set(systems) - {"rallypoint", "etcd"})
+    if not systems or unknown:
+        parser.error(f"--systems takes rallypoint and/or etcd, not {args.systems!r}")
+    try:
+        chosen_workloads(args.workloads, args.many_clients)
+    except ValueError as exc:
+        parser.error(f"--workloads: {exc}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_arguments(parser, args)
     if args.smoke:
         args.systems, args.trials, args.warmup_s, args.duration_s = "rallypoint", 1, 0.2, 0.6
     started = time.perf_counter()
@@ -719,7 +786,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "versions": versions,
         "parameters": {
             "systems": list(results),
-            "members": 3,
+            "members": args.members,
             "value_bytes": VALUE_BYTES,
             "trials": args.trials,
             "warmup_s": args.warmup_s,
@@ -741,14 +808,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             name: {
                 "direction": direction,
                 "target": target,
-                "verdict": verdict(measured[name], direction, target),
+                "verdict": (
+                    verdict(measured[name], direction, target)
+                    if args.members == TARGET_MEMBERS
+                    else f"(targets are for {TARGET_MEMBERS} members)"
+                ),
             }
             for name, (_, _, direction, target) in RATIO_TARGETS.items()
         },
         "wall_time_s": time.perf_counter() - started,
     }
-    print_report(results, measured)
-    write_results(out, document, None if args.no_plot else lambda path: plot(results, path))
+    print_report(results, measured, args.members)
+    write_results(
+        out, document, None if args.no_plot else lambda path: plot(results, args.members, path)
+    )
     return 0
 
 

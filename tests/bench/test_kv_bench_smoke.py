@@ -58,3 +58,59 @@ def test_smoke_run_writes_results(tmp_path: Path) -> None:
         assert len(summary["trials"]) == 1
         assert summary["trials"][0]["cpu"]["servers"]["cpu_s"] > 0, name
     assert "put_64_throughput" in done.stdout
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(90)
+def test_a_one_member_run_of_chosen_workloads_judges_no_target(tmp_path: Path) -> None:
+    """``--members 1 --workloads put_1``: one member, that workload only, the size recorded,
+    and no PASS or MISS (the targets are for 3 members)."""
+    out = tmp_path / "kv.json"
+    with no_process_outlives("the KV benchmark"):
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bench.kv_bench",
+                "--smoke",
+                "--members=1",
+                "--workloads=put_1",
+                "--no-plot",
+                f"--out={out}",
+            ],
+            cwd=REPOSITORY,
+            capture_output=True,
+            text=True,
+            timeout=80,
+            check=False,
+        )
+    assert done.returncode == 0, done.stdout + done.stderr
+    document = json.loads(out.read_text())
+    assert document["parameters"]["members"] == 1
+    assert set(document["results"]["rallypoint"]) == {"put_1"}
+    assert document["results"]["rallypoint"]["put_1"]["errors"] == 0
+    verdicts = {target["verdict"] for target in document["targets"].values()}
+    assert verdicts == {"(targets are for 3 members)"}
+    assert "PASS" not in done.stdout and "MISS" not in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--members=0"], "--members must be between 1 and 9, not 0"),
+        (["--workloads=put_1,put_2"], "--workloads: unknown workload put_2; choose from"),
+        (["--systems=zookeeper"], "--systems takes rallypoint and/or etcd"),
+        (["--many-clients=0"], "--many-clients must be at least 1"),
+    ],
+)
+def test_bad_arguments_get_one_line_errors(arguments: list[str], message: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.kv_bench", *arguments],
+        cwd=REPOSITORY,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert message in done.stderr.strip().splitlines()[-1]

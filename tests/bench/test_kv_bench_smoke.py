@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,21 +19,13 @@ RATIO_NAMES = {"put_64_throughput", "put_64_p99", "put_1_p50", "get_1_p50"}
 WORKLOADS = {"put_1", "put_8", "get_1", "get_8", "keepalive_1"}
 
 
-@pytest.mark.integration
-@pytest.mark.timeout(90)
-def test_smoke_run_writes_results(tmp_path: Path) -> None:
+def smoke_run(tmp_path: Path, *arguments: str) -> tuple[subprocess.CompletedProcess[str], Any]:
+    """``kv_bench --smoke`` with ``arguments``: the finished process and its JSON."""
     out = tmp_path / "kv.json"
+    command = [sys.executable, "-m", "bench.kv_bench", "--smoke", "--no-plot", f"--out={out}"]
     with no_process_outlives("the KV benchmark"):
         done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "bench.kv_bench",
-                "--smoke",
-                "--many-clients=8",
-                "--no-plot",
-                f"--out={out}",
-            ],
+            [*command, *arguments],
             cwd=REPOSITORY,
             capture_output=True,
             text=True,
@@ -40,7 +33,13 @@ def test_smoke_run_writes_results(tmp_path: Path) -> None:
             check=False,
         )
     assert done.returncode == 0, done.stdout + done.stderr
-    document = json.loads(out.read_text())
+    return done, json.loads(out.read_text())
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(90)
+def test_smoke_run_writes_results(tmp_path: Path) -> None:
+    done, document = smoke_run(tmp_path, "--many-clients=8")
 
     assert document["benchmark"] == "kv"
     assert document["machine"]["cpu_count"] >= 1
@@ -65,27 +64,7 @@ def test_smoke_run_writes_results(tmp_path: Path) -> None:
 def test_a_one_member_run_of_chosen_workloads_judges_no_target(tmp_path: Path) -> None:
     """``--members 1 --workloads put_1``: one member, that workload only, the size recorded,
     and no PASS or MISS (the targets are for 3 members)."""
-    out = tmp_path / "kv.json"
-    with no_process_outlives("the KV benchmark"):
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "bench.kv_bench",
-                "--smoke",
-                "--members=1",
-                "--workloads=put_1",
-                "--no-plot",
-                f"--out={out}",
-            ],
-            cwd=REPOSITORY,
-            capture_output=True,
-            text=True,
-            timeout=80,
-            check=False,
-        )
-    assert done.returncode == 0, done.stdout + done.stderr
-    document = json.loads(out.read_text())
+    done, document = smoke_run(tmp_path, "--members=1", "--workloads=put_1")
     assert document["parameters"]["members"] == 1
     assert set(document["results"]["rallypoint"]) == {"put_1"}
     assert document["results"]["rallypoint"]["put_1"]["errors"] == 0

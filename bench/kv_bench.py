@@ -92,9 +92,9 @@ LEASE_TTL_S = 60
 # A client that keeps failing stops early instead of spinning; its errors are reported.
 MAX_ERRORS_PER_CLIENT = 20
 
-# name -> (workload, field compared, direction, target); ratio = rallypoint / etcd.
 # The cluster size the targets below are set for.
 TARGET_MEMBERS = 3
+# name -> (workload, field compared, direction, target); ratio = rallypoint / etcd.
 RATIO_TARGETS: dict[str, tuple[str, str, str, float | None]] = {
     "put_64_throughput": ("put_64", "throughput_ops_s", ">=", 0.6),
     "put_64_p99": ("put_64", "p99_ms", "<=", 1.5),

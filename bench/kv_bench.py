@@ -576,6 +576,13 @@ def verdict(value: float | None, direction: str, target: float | None) -> str:
     return "PASS" if met else "MISS"
 
 
+def judged(value: float | None, direction: str, target: float | None, members: int) -> str:
+    """The verdict on a ratio, or why none is given (the targets are for 3 members)."""
+    if members != TARGET_MEMBERS:
+        return f"(targets are for {TARGET_MEMBERS} members)"
+    return verdict(value, direction, target)
+
+
 def print_report(
     results: dict[str, dict[str, Any]], measured: dict[str, float | None], members: int
 ) -> None:
@@ -595,12 +602,7 @@ def print_report(
         value = measured[name]
         shown = "-" if value is None else f"{value:.2f}"
         goal = f"target {direction} {target}" if target is not None else ""
-        judged = (
-            verdict(value, direction, target)
-            if members == TARGET_MEMBERS
-            else f"(targets are for {TARGET_MEMBERS} members)"
-        )
-        print(f"  {name:<19}{shown:>7}  {goal:<16}{judged}")
+        print(f"  {name:<19}{shown:>7}  {goal:<16}{judged(value, direction, target, members)}")
 
 
 def plot(results: dict[str, dict[str, Any]], members: int, path: Path) -> None:
@@ -808,11 +810,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             name: {
                 "direction": direction,
                 "target": target,
-                "verdict": (
-                    verdict(measured[name], direction, target)
-                    if args.members == TARGET_MEMBERS
-                    else f"(targets are for {TARGET_MEMBERS} members)"
-                ),
+                "verdict": judged(measured[name], direction, target, args.members),
             }
             for name, (_, _, direction, target) in RATIO_TARGETS.items()
         },

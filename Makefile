@@ -12,7 +12,7 @@ RUNS  ?= 20
 TIME  ?= 60
 LANES ?= 1
 
-.PHONY: help setup lint format typecheck pytest test test-browser sim crash-test fuzz bench-wal bench-kv bench-failover bench-recovery bench-scale bench-store demo proto clean jepsen jepsen-long
+.PHONY: help setup lint format typecheck pytest test test-browser sim crash-test fuzz bench-wal bench-kv bench-failover bench-recovery bench-scale bench-store bench-transport demo proto clean jepsen jepsen-long
 
 help:
 	@echo "make demo             start a local cluster and elastic workers, kill things, watch recovery"
@@ -28,6 +28,7 @@ help:
 	@echo "make bench-torchrun   torchrun kill-to-running, rallypoint vs c10d -> bench/results/torchrun.json"
 	@echo "make bench-rendezvous rounds of 64/256/1024 vs torchrun, detection, capacity -> bench/results/rendezvous.json (.png)"
 	@echo "make bench-scale      100k participants, batched heartbeats: rounds, bytes, detection, capacity -> bench/results/scale.json (.png)"
+	@echo "make bench-transport  one message through grpc.aio (unary, peer-style stream) vs plain TCP -> bench/results/transport.json (.png)"
 	@echo "make bench-store      gloo/NCCL bootstrap of 64/256/1024 ranks: bridge, CoordinatorStore vs TCPStore -> bench/results/store.json (.png)"
 	@echo "make proto            regenerate the Python code for proto/**/*.proto"
 	@echo "make jepsen           fault-injection runs: every workload under every nemesis, short (root)"
@@ -129,6 +130,11 @@ bench-scale: setup
 # torch's TCPStore server; a real 16-process init_process_group("gloo") through both. ~30 min.
 bench-store: setup
 	$(PY) -m bench.store_bench --out bench/results/store.json
+
+# What one message costs through grpc.aio (an empty unary call; a client-stream ping-pong as the
+# peer transport uses) against plain TCP on uvloop, with no Raft or disk behind it; ~1 minute.
+bench-transport: setup
+	$(PY) -m bench.transport_bench --out bench/results/transport.json
 
 # Two torchrun agents x 2 gloo workers per trial; SIGKILL a worker; both backends in one run.
 bench-torchrun: setup

@@ -201,17 +201,11 @@ class PeerSender:
             self._start_snapshot(message)
             return
         if message.type is MessageType.MsgApp:
-            holds = not message.entries and not self._outbox and self._hold_s > 0
             if self._held is not None:
-                # The newer MsgApp carries a commit index at least as new. A newer notice
-                # keeps the first one's timer, so notices coming faster than the hold
-                # cannot keep postponing each other.
+                # The newer MsgApp carries a commit index at least as new.
                 self.replaced += 1
-                if holds:
-                    self._held = message
-                    return
                 self._release_held(enqueue=False)
-            if holds:
+            if not message.entries and not self._outbox and self._hold_s > 0:
                 self._held = message
                 self._hold_timer = asyncio.get_running_loop().call_later(
                     self._hold_s, self._release_held

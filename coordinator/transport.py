@@ -20,10 +20,8 @@ sent to that peer next: a later ``MsgApp`` replaces it (it carries a commit inde
 new and is answered the same way, with the follower's log position), anything else takes it
 along in the same batch, and if nothing comes it goes alone. Under a stream of writes the
 next append carries the commit index, and a follower answers once per write instead of
-twice. The price: when no write follows a commit, a follower applies it (and its watchers
-and the participants it serves hear of it) up to that long later than the leader. A
-follower's linearizable read does not wait for the notice: its ReadIndex is confirmed by a
-heartbeat round, and heartbeats carry the commit index.
+twice. Nothing that waits on a follower depends on the notice: a follower's linearizable
+read is confirmed by a heartbeat round, and heartbeats carry the commit index.
 
 ``MsgSnap`` travels separately, by ``InstallSnapshot``: the snapshot is encoded in the
 snapshot file format and streamed in chunks with the whole file's CRC32C. The receiver

@@ -10,19 +10,6 @@ progress goes back to probing), and it reconnects after an exponential backoff w
 jitter. A stream is opened only when there is something to send. Each failure of a run of
 them is logged once, and the recovery with how long it took.
 
-Commit notices wait a little. After each commit the leader sends every follower an
-entry-less ``MsgApp`` that only carries the new commit index, and each follower answers it:
-four of the eight peer messages of a write on three members, each a gRPC stream write and
-read, a Ready and (on the follower) a hard-state write, none of them on the write's own path
-(the writer's answer needs the followers' acknowledgements of the entries, not their commit
-index). So an entry-less ``MsgApp`` waits up to :data:`COMMIT_NOTICE_HOLD_S` for whatever is
-sent to that peer next: a later ``MsgApp`` replaces it (it carries a commit index at least as
-new and is answered the same way, with the follower's log position), anything else takes it
-along in the same batch, and if nothing comes it goes alone. Under a stream of writes the
-next append carries the commit index, and a follower answers once per write instead of
-twice. Nothing that waits on a follower depends on the notice: a follower's linearizable
-read is confirmed by a heartbeat round, and heartbeats carry the commit index.
-
 ``MsgSnap`` travels separately, by ``InstallSnapshot``: the snapshot is encoded in the
 snapshot file format and streamed in chunks with the whole file's CRC32C. The receiver
 assembles it with :class:`~rallypoint.raft.storage.snapshot_transfer.SnapshotReceiver` (a partial
@@ -69,10 +56,6 @@ OUTBOX_LIMIT = 4096
 # The longest wait between attempts to reach a peer that is down: a restarted member is
 # reached within about this (plus gRPC's own reconnect backoff, capped below as well).
 RECONNECT_CAP_S = 0.5
-# The longest an entry-less MsgApp (a commit notice or an empty probe) waits for the next
-# message to its peer (module docstring). Longer than the gap between one client's
-# back-to-back writes (~1-3 ms here), short against anything that reads a follower's state.
-COMMIT_NOTICE_HOLD_S = 0.005
 # gRPC's default 4 MiB cap is too small for a batch of large entries.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 GRPC_OPTIONS = [
@@ -141,12 +124,6 @@ class PeerSender:
     would take, then lose, a later batch.) Whenever messages may have been lost (a stream
     broke, the outbox overflowed, the peer has no address) Raft is told with
     ``report_unreachable``, so its replication to the peer falls back to probing.
-
-    Invariant: ``_held`` is an entry-less ``MsgApp`` handed over while the outbox was empty,
-    and the outbox stays empty while it is held: a timer enqueues it within ``hold_s``, a
-    later ``MsgApp`` replaces it, and any other message enqueues it first (module
-    docstring). A message is thus delivered, reported lost, or replaced by a newer
-    ``MsgApp`` to the same peer.
     """
 
     def __init__(
@@ -156,7 +133,6 @@ class PeerSender:
         channel_factory: Callable[[str], grpc.aio.Channel],
         rng: random.Random,
         clock: Callable[[], float] = time.monotonic,
-        hold_s: float = COMMIT_NOTICE_HOLD_S,
     ) -> None:
         self._host = host
         self._peer_id = peer_id
@@ -176,16 +152,11 @@ class PeerSender:
         self._failed_streams = 0
         self.dropped = 0  # messages dropped because the outbox was full
         self.streams_broken = 0
-        self._hold_s = hold_s
-        self._held: Message | None = None
-        self._hold_timer: asyncio.TimerHandle | None = None
-        self.replaced = 0  # entry-less MsgApps replaced by a later MsgApp before they went
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        self._release_held(enqueue=False)
         for task in (self._task, self._snapshot_task):
             if task is not None:
                 task.cancel()
@@ -198,32 +169,6 @@ class PeerSender:
         if message.type is MessageType.MsgSnap:
             self._start_snapshot(message)
             return
-        if message.type is MessageType.MsgApp:
-            if self._held is not None:
-                # The newer MsgApp carries a commit index at least as new.
-                self.replaced += 1
-                self._release_held(enqueue=False)
-            if not message.entries and not self._outbox and self._hold_s > 0:
-                self._held = message
-                self._hold_timer = asyncio.get_running_loop().call_later(
-                    self._hold_s, self._release_held
-                )
-                return
-        elif self._held is not None:
-            # It rides along, first: it was handed over before this message.
-            self._release_held()
-        self._enqueue(message)
-
-    def _release_held(self, enqueue: bool = True) -> None:
-        """End the wait of the held MsgApp, if any: enqueue it, or forget it."""
-        if self._hold_timer is not None:
-            self._hold_timer.cancel()
-            self._hold_timer = None
-        held, self._held = self._held, None
-        if held is not None and enqueue:
-            self._enqueue(held)
-
-    def _enqueue(self, message: Message) -> None:
         if len(self._outbox) >= OUTBOX_LIMIT:
             self._outbox.popleft()
             self.dropped += 1

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from rallypoint.coordinator.node import Node
 from rallypoint.coordinator.node_api import ProposalDroppedError
 from rallypoint.coordinator.node_proposals import MAX_ENTRIES_PER_PROPOSAL, Proposals, Waiters
 from rallypoint.coordinator.state.commands import Put
@@ -24,35 +23,22 @@ from .test_node import cluster as cluster  # the fixture
 WRITES = 32
 
 
-def record_appends(monkeypatch: pytest.MonkeyPatch, node: Node) -> list[Message]:
-    """Every MsgApp ``node``'s Raft core steps from now on, in order."""
-    received: list[Message] = []
-    raw = node.raw
-    step = type(raw).step
-
-    def recording(self: Any, message: Message) -> None:
-        if self is raw and message.type is MessageType.MsgApp:
-            received.append(message)
-        step(self, message)
-
-    monkeypatch.setattr(type(raw), "step", recording)
-    return received
-
-
-async def writer_and_follower_appends(
-    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
-) -> tuple[Node, int, list[Message]]:
-    """The leader, a session on it, and the MsgApps one follower steps from now on."""
-    leader = await cluster.leader()
-    session = await open_session(leader)
-    follower = next(node for node in cluster.nodes.values() if node is not leader)
-    return leader, session, record_appends(monkeypatch, follower)
-
-
 async def test_concurrent_proposals_reach_a_follower_in_one_append(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    leader, session, received = await writer_and_follower_appends(cluster, monkeypatch)
+    leader = await cluster.leader()
+    session = await open_session(leader)
+    follower = next(node for node in cluster.nodes.values() if node is not leader)
+    appended: list[int] = []
+    raw = follower.raw
+    step = type(raw).step
+
+    def recording(self: Any, message: Message) -> None:
+        if self is raw and message.type is MessageType.MsgApp and message.entries:
+            appended.append(len(message.entries))
+        step(self, message)
+
+    monkeypatch.setattr(type(raw), "step", recording)
     results = await asyncio.gather(
         *(
             leader.propose(Put(b"k%d" % i, b"v%d" % i), session_id=session, sequence=i + 1)
@@ -64,7 +50,6 @@ async def test_concurrent_proposals_reach_a_follower_in_one_append(
     revisions = [result.kv.mod_revision for result in results if isinstance(result, PutResult)]
     assert revisions == sorted(revisions) and len(set(revisions)) == WRITES
     for _ in range(200):
-        appended = [len(message.entries) for message in received if message.entries]
         if sum(appended) >= WRITES:
             break
         await asyncio.sleep(0.01)

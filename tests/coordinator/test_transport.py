@@ -3,14 +3,12 @@
 One sender (member 1) and a real ``PeerServicer`` for member 2 on a real port that the tests
 stop, restart and move. The rule under test is the transport's contract with Raft: every
 message handed to ``send`` is delivered, or ``report_unreachable`` (``report_snapshot`` for
-snapshots) is called after it was handed over, or (an entry-less MsgApp: a commit notice) it
-is replaced by a later MsgApp to the same peer, which carries a commit index at least as new.
+snapshots) is called after it was handed over.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import socket
 import time
@@ -269,93 +267,3 @@ async def test_snapshot_outcomes_are_reported_both_ways(
     await wait_for(lambda: len(host.snapshot_reports) == 2, 10.0, "the snapshot's report")
     assert host.snapshot_reports == [False, True]
     assert any(m.type is MessageType.MsgSnap for m in receiver.delivered)
-
-
-# --- commit notices (module docstring: an entry-less MsgApp waits for the next message) ----
-
-
-def append(commit: int, entries: int = 0) -> Message:
-    """A MsgApp from leader 1 carrying ``entries`` new entries and commit index ``commit``
-    (entry-less: a commit notice)."""
-    return Message(
-        type=MessageType.MsgApp,
-        to=NodeId(2),
-        from_=NodeId(1),
-        term=Term(1),
-        index=Index(commit),
-        log_term=Term(1),
-        commit=Index(commit),
-        entries=tuple(
-            Entry(Term(1), Index(commit + 1 + i), data=b"e%d" % i) for i in range(entries)
-        ),
-    )
-
-
-@contextlib.asynccontextmanager
-async def sender_to_peer(
-    tmp_path: Path, hold_s: float
-) -> AsyncIterator[tuple[Host, Host, PeerSender]]:
-    """Member 1's sender to a running member 2, its entry-less MsgApps held up to ``hold_s``."""
-    sender_host = Host(1, tmp_path / "1")
-    receiver_host = Host(2, tmp_path / "2")
-    (tmp_path / "2").mkdir()
-    peer = Peer(receiver_host, free_port())
-    await peer.start()
-    sender_host.addresses[2] = peer.address
-    sender = PeerSender(sender_host, 2, grpc.aio.insecure_channel, random.Random(7), hold_s=hold_s)
-    sender.start()
-    try:
-        yield sender_host, receiver_host, sender
-    finally:
-        await sender.stop()
-        await peer.stop()
-
-
-@pytest.fixture
-async def holding(tmp_path: Path) -> AsyncIterator[tuple[Host, Host, PeerSender]]:
-    """A sender whose entry-less MsgApps wait up to a minute: any of them that arrives
-    within a test's few seconds went because of another message, not its timer."""
-    async with sender_to_peer(tmp_path, hold_s=60.0) as ends:
-        yield ends
-
-
-def delivered(host: Host) -> list[tuple[str, int]]:
-    return [(m.type.name, int(m.commit)) for m in host.delivered]
-
-
-@pytest.mark.parametrize(
-    ("after", "expected", "replaced"),
-    [
-        (append(6, entries=2), [("MsgApp", 6)], 1),
-        (heartbeat(9), [("MsgApp", 5), ("MsgHeartbeat", 9)], 0),
-    ],
-    ids=["a later append replaces it", "any other message takes it along, first"],
-)
-async def test_a_held_commit_notice_and_the_next_message(
-    holding: tuple[Host, Host, PeerSender],
-    after: Message,
-    expected: list[tuple[str, int]],
-    replaced: int,
-) -> None:
-    host, receiver, sender = holding
-    sender.send(append(5))
-    sender.send(after)
-    await wait_for(lambda: len(receiver.delivered) >= len(expected), 5.0, "the messages")
-    # Had the notice gone on its own, it would have arrived first.
-    assert delivered(receiver) == expected
-    assert sender.replaced == replaced
-    assert host.unreachable == 0
-
-
-async def test_appends_with_entries_never_wait(
-    holding: tuple[Host, Host, PeerSender],
-) -> None:
-    _, receiver, sender = holding
-    sender.send(append(7, entries=1))
-    await wait_for(lambda: ("MsgApp", 7) in delivered(receiver), 5.0, "the append")
-
-
-async def test_a_commit_notice_with_nothing_after_it_goes_alone(tmp_path: Path) -> None:
-    async with sender_to_peer(tmp_path, hold_s=0.05) as (_, receiver, sender):
-        sender.send(append(5))
-        await wait_for(lambda: delivered(receiver) == [("MsgApp", 5)], 5.0, "the notice")

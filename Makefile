@@ -132,7 +132,7 @@ bench-store: setup
 	$(PY) -m bench.store_bench --out bench/results/store.json
 
 # What one message costs through grpc.aio (an empty unary call; a client-stream ping-pong as the
-# peer transport uses) against plain TCP on uvloop, with no Raft or disk behind it; ~1 minute.
+# peer transport uses) against plain TCP on uvloop, with no Raft or disk behind it; ~15 s.
 bench-transport: setup
 	$(PY) -m bench.transport_bench --out bench/results/transport.json
 

@@ -193,6 +193,9 @@ class Node:
         # Per peer, the last term refused as out of range that was logged at error level (a
         # peer stuck at such a term repeats it at heartbeat rate: one line per new term).
         self._refused_terms: dict[int, int] = {}
+        # Per reason of a refused peer message: when it was last logged, and how many were
+        # refused since without a line (note_peer_refusal).
+        self._refusals_logged: dict[str, tuple[float, int]] = {}
         self._on_fatal = on_fatal or _exit_on_fatal
         self._rng = random.Random(int.from_bytes(os.urandom(8), "big"))
         self._storage: DiskStorage | None = None
@@ -799,6 +802,27 @@ class Node:
         status = SnapshotStatus.FINISH if ok else SnapshotStatus.FAILURE
         self.raw.report_snapshot(NodeId(member_id), status)
         self._wakeup.set()
+
+    def note_peer_refusal(self, reason: str, from_id: int, detail: str) -> None:
+        """Count refused traffic of a member and log it: a warning per reason at most once a
+        second (a replaying proxy can open streams as fast as it likes), saying how many
+        more were refused meanwhile."""
+        self.metrics.peer_refusals.labels(reason).inc()
+        now = time.monotonic()
+        logged_at, suppressed = self._refusals_logged.get(reason, (-1.0, 0))
+        if now - logged_at < 1.0 and logged_at >= 0:
+            self._refusals_logged[reason] = (logged_at, suppressed + 1)
+            log.debug("member %d: %s", self.member_id, detail)
+            return
+        self._refusals_logged[reason] = (now, 0)
+        log.warning(
+            "member %d: %s%s",
+            self.member_id,
+            detail,
+            f" ({suppressed} more refused for this reason since the last line)"
+            if suppressed
+            else "",
+        )
 
     def incoming_snapshot_dir(self) -> str:
         return os.path.join(self.config.data_dir, "incoming")

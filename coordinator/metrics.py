@@ -114,6 +114,17 @@ class NodeMetrics:
             registry=self.registry,
         )
 
+        self.peer_refusals = Counter(
+            "rallypoint_peer_refusals",
+            "Authenticated peer traffic this member refused, by reason: replay (a message "
+            "bound to another connection, or repeating a counter already seen on its own), "
+            "old_format (a member running an older peer protocol), term_out_of_range (a "
+            "Raft message whose term no election can reach: a bug or corrupted state at the "
+            "sender).",
+            ["reason"],
+            registry=self.registry,
+        )
+
         self.progress_verdicts = Counter(
             "rallypoint_progress_verdicts",
             "Workers this member, as leader, declared hung or evicted as stragglers.",

@@ -74,7 +74,11 @@ from rallypoint.raft import (
 )
 from rallypoint.raft import ProposalDroppedError as RaftProposalDroppedError
 from rallypoint.raft.codec import decode_conf_change
-from rallypoint.raft.errors import StepLocalMsgError, StepPeerNotFoundError
+from rallypoint.raft.errors import (
+    StepLocalMsgError,
+    StepPeerNotFoundError,
+    TermOutOfRangeError,
+)
 from rallypoint.raft.log_storage import CompactedError, UnavailableError
 from rallypoint.raft.storage.disk_storage import DiskStorage, PersistRequest, SnapshotPolicy
 from rallypoint.raft.types import (
@@ -186,6 +190,12 @@ class Node:
         # The incarnation each peer last sent with (in memory: for the log line when a peer
         # comes back with a new data directory).
         self._peer_incarnations: dict[int, int] = {}
+        # Per peer, the last term refused as out of range that was logged at error level (a
+        # peer stuck at such a term repeats it at heartbeat rate: one line per new term).
+        self._refused_terms: dict[int, int] = {}
+        # Per reason of a refused peer message: when it was last logged, and how many were
+        # refused since without a line (note_peer_refusal).
+        self._refusals_logged: dict[str, tuple[float, int]] = {}
         self._on_fatal = on_fatal or _exit_on_fatal
         self._rng = random.Random(int.from_bytes(os.urandom(8), "big"))
         self._storage: DiskStorage | None = None
@@ -735,6 +745,8 @@ class Node:
                 raw.step(message)
             except (StepPeerNotFoundError, StepLocalMsgError, RaftProposalDroppedError) as exc:
                 log.debug("member %d dropped %s: %s", self.member_id, message.type.name, exc)
+            except TermOutOfRangeError as exc:
+                self._note_refused_term(message, exc)
             except BaseException as exc:
                 log.critical(
                     "member %d: fatal error stepping %s from member %d: %r",
@@ -747,6 +759,23 @@ class Node:
                 self._on_fatal(exc)
                 raise
         self._wakeup.set()
+
+    def _note_refused_term(self, message: Message, exc: TermOutOfRangeError) -> None:
+        """A message Raft refused for its term (raft/types.py MAX_TERM): a bug or corrupted
+        state at the sender. Counted, and logged as an error once per peer and term."""
+        self.metrics.peer_refusals.labels("term_out_of_range").inc()
+        peer = int(message.from_)
+        if self._refused_terms.get(peer) == message.term:
+            log.debug("member %d: %s", self.member_id, exc)
+            return
+        self._refused_terms[peer] = int(message.term)
+        log.error(
+            "member %d refused a message from member %d: %s; that member's state is "
+            "corrupt or it has a bug (its messages at this term are dropped)",
+            self.member_id,
+            peer,
+            exc,
+        )
 
     def _note_incarnation(self, peer_id: int, incarnation: int) -> None:
         previous = self._peer_incarnations.get(peer_id)
@@ -773,6 +802,27 @@ class Node:
         status = SnapshotStatus.FINISH if ok else SnapshotStatus.FAILURE
         self.raw.report_snapshot(NodeId(member_id), status)
         self._wakeup.set()
+
+    def note_peer_refusal(self, reason: str, from_id: int, detail: str) -> None:
+        """Count refused traffic of a member and log it: a warning per reason at most once a
+        second (a replaying proxy can open streams as fast as it likes), saying how many
+        more were refused meanwhile."""
+        self.metrics.peer_refusals.labels(reason).inc()
+        now = time.monotonic()
+        logged_at, suppressed = self._refusals_logged.get(reason, (-1.0, 0))
+        if now - logged_at < 1.0 and logged_at >= 0:
+            self._refusals_logged[reason] = (logged_at, suppressed + 1)
+            log.debug("member %d: %s", self.member_id, detail)
+            return
+        self._refusals_logged[reason] = (now, 0)
+        log.warning(
+            "member %d: %s%s",
+            self.member_id,
+            detail,
+            f" ({suppressed} more refused for this reason since the last line)"
+            if suppressed
+            else "",
+        )
 
     def incoming_snapshot_dir(self) -> str:
         return os.path.join(self.config.data_dir, "incoming")

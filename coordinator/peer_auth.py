@@ -7,8 +7,10 @@ one). From it, with HMAC-SHA256 as the key-derivation function, come:
 - the *MAC key*: every peer request (each ``MessageBatch``, each ``SnapshotChunk``, each
   ``Hello``, each ``LivenessReport``) carries an HMAC-SHA256 over all of its fields, in a
   fixed encoding (below), so a sender without the secret can neither forge a message nor
-  alter one in flight; a replayed batch is a real member's real message, which Raft handles
-  as a duplicate (a replayed liveness report is refused by its number: liveness/report.py);
+  alter one in flight. Batches, chunks and liveness reports are also bound to their
+  connection (peer_session.py: the receiver's challenge and a counter, under the MAC), so a
+  recorded one cannot be replayed; a replayed ``Hello`` only asks again, and its answer is
+  bound to the asker's nonce;
 - the *cluster id*: a one-way function of the secret and the cluster's name
   (``--cluster-token``), so members of differently named clusters sharing a secret still
   refuse each other's traffic, and the id reveals nothing of the secret.
@@ -107,15 +109,22 @@ class PeerKey:
         return hmac.compare_digest(self.sign(tag, parts), mac)
 
 
-BATCH_TAG = b"rallypoint/peer/batch/v1"
-CHUNK_TAG = b"rallypoint/peer/chunk/v1"
+# Version 2: the MAC covers the session's challenge and counter first (peer_session.py).
+BATCH_TAG = b"rallypoint/peer/batch/v2"
+CHUNK_TAG = b"rallypoint/peer/chunk/v2"
+LIVENESS_TAG = b"rallypoint/peer/liveness/v2"
+# Version 1 (no session), recognised only to refuse an older member with a clear message.
+PREVIOUS_BATCH_TAG = b"rallypoint/peer/batch/v1"
+PREVIOUS_CHUNK_TAG = b"rallypoint/peer/chunk/v1"
+PREVIOUS_LIVENESS_TAG = b"rallypoint/peer/liveness/v1"
+# Hello is a question that changes nothing; its answer is bound to the asker's nonce.
 HELLO_TAG = b"rallypoint/peer/hello/v1"
 HELLO_ANSWER_TAG = b"rallypoint/peer/hello-answer/v1"
-LIVENESS_TAG = b"rallypoint/peer/liveness/v1"
 
 
 def batch_fields(batch: peer_pb2.MessageBatch) -> list[int | bytes]:
-    """What a ``MessageBatch``'s MAC covers: every field but the MAC."""
+    """What a ``MessageBatch``'s MAC covers after its session stamp (peer_session.py): every
+    field but the stamp (``challenge``, ``counter``, ``mac``)."""
     return [
         batch.cluster_id,
         batch.from_id,
@@ -128,7 +137,8 @@ def batch_fields(batch: peer_pb2.MessageBatch) -> list[int | bytes]:
 
 
 def chunk_fields(chunk: peer_pb2.SnapshotChunk) -> list[int | bytes]:
-    """What a ``SnapshotChunk``'s MAC covers: every field but the MAC."""
+    """What a ``SnapshotChunk``'s MAC covers after its session stamp (peer_session.py): every
+    field but the stamp (``challenge``, ``counter``, ``mac``)."""
     return [
         chunk.cluster_id,
         chunk.from_id,
@@ -145,7 +155,8 @@ def chunk_fields(chunk: peer_pb2.SnapshotChunk) -> list[int | bytes]:
 
 
 def liveness_fields(report: peer_pb2.LivenessReport) -> list[int | bytes]:
-    """What a ``LivenessReport``'s MAC covers: every field but the MAC."""
+    """What a ``LivenessReport``'s MAC covers after its session stamp (peer_session.py): every
+    field but the stamp (``challenge``, ``counter``, ``mac``)."""
     return [report.cluster_id, report.from_id, report.to_id, report.payload]
 
 

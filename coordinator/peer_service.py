@@ -1,12 +1,17 @@
 """The receiving side of the peer port (service ``rallypoint.peer.v1.Raft``).
 
-Theory of operation. Every request is checked in this order, and the first failure ends the
-stream: its MAC (peer_auth.py: a sender without the cluster's secret is refused with
-UNAUTHENTICATED and told nothing more); with TLS, the sender's certificate must name the
-member it claims to be; then its ends (this cluster, this member: FAILED_PRECONDITION
-otherwise, with both named, since the sender is a member); then its content, decoded and
-range-checked by the codec, and every entry it carries checked to apply (INVALID_ARGUMENT).
-Only then does anything reach Raft, and only then can anything reach the disk.
+Theory of operation. Every stream (Send, InstallSnapshot, Liveness) opens with this member's
+fresh challenge in its initial metadata (peer_session.py). Every request is checked in this
+order, and the first failure ends the stream: its MAC (peer_auth.py: a sender without the
+cluster's secret is refused with UNAUTHENTICATED and told nothing more; a member running the
+previous peer format with FAILED_PRECONDITION, saying so); with TLS, the sender's certificate
+must name the member it claims to be; then its ends (this cluster, this member:
+FAILED_PRECONDITION otherwise, with both named, since the sender is a member); then its
+binding to this stream (made for this stream's challenge, numbered above every request taken
+on it: PERMISSION_DENIED as a replay otherwise); then its content, decoded and range-checked
+by the codec, and every entry it carries checked to apply (INVALID_ARGUMENT). Only then does
+anything reach Raft, and only then can anything reach the disk. Refusals of a member's
+traffic (a replay, the previous format) are logged and counted by the host.
 
 The service is registered by :func:`add_peer_service`, which parses each request itself
 (grpc_handlers.py): a request that does not even parse cannot be authenticated, and is
@@ -53,12 +58,23 @@ from .peer_auth import (
     HELLO_ANSWER_TAG,
     HELLO_TAG,
     LIVENESS_TAG,
+    PREVIOUS_BATCH_TAG,
+    PREVIOUS_CHUNK_TAG,
+    PREVIOUS_LIVENESS_TAG,
     batch_fields,
     chunk_fields,
     liveness_fields,
     member_name,
 )
 from .peer_hello import hello_answer_fields, hello_request_fields
+from .peer_session import (
+    FORMAT_VERSION,
+    InboundSession,
+    PeerReplayError,
+    Stamp,
+    challenge_metadata,
+    is_previous_format,
+)
 from .transport import PeerEnd
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -100,6 +116,11 @@ class PeerReceiver(PeerEnd, Protocol):
 
     def incoming_snapshot_dir(self) -> str: ...
 
+    def note_peer_refusal(self, reason: str, from_id: int, detail: str) -> None:
+        """Log and count refused traffic of a member (``reason``: ``replay``,
+        ``old_format``)."""
+        ...
+
 
 def add_peer_service(server: grpc.aio.Server, host: PeerReceiver) -> None:
     """Register the peer service for ``host`` on ``server``; see the module docstring."""
@@ -126,6 +147,19 @@ def _refusing_unparsable(handler: Any) -> Any:
                 request = await parse_or_refuse(parse, data, refuse)
             return await behaviour(request, context)
 
+        async def parsing_streamed(data: Any, context: Context) -> AsyncIterator[Any]:
+            async def refuse(error: Exception) -> NoReturn:
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+                raise AssertionError("abort returned")  # abort always raises
+
+            request = parsed_stream(data, parse, refuse)
+            async for response in behaviour(request, context):
+                yield response
+
+        if handler.response_streaming:
+            if not handler.request_streaming:
+                raise AssertionError("the peer service has no server-streaming-only method")
+            return parsing_streamed
         return parsing
 
     return wrap
@@ -165,9 +199,55 @@ class PeerServicer(peer_pb2_grpc.RaftServicer):
         from_id: int,
         to_id: int,
     ) -> None:
-        host = self._host
-        if not host.peer_key.verify(tag, fields, mac):
+        if not self._host.peer_key.verify(tag, fields, mac):
             await self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+        await self._check_ends(context, cluster_id, from_id, to_id)
+
+    async def _open_session(self, context: Context) -> InboundSession:
+        """This stream's session: its challenge goes out before any request is read."""
+        session = InboundSession(self._host.peer_key)
+        await context.send_initial_metadata(challenge_metadata(session.challenge))
+        return session
+
+    async def _check_stamped(
+        self,
+        context: Context,
+        session: InboundSession,
+        tags: tuple[bytes, bytes],
+        fields: list[int | bytes],
+        stamp: Stamp,
+        cluster_id: int,
+        from_id: int,
+        to_id: int,
+    ) -> None:
+        """``_check`` for a request bound to its stream (``tags``: this format's and the
+        previous one's), then its binding (peer_session.py)."""
+        host = self._host
+        tag, previous_tag = tags
+        if not session.authentic(tag, fields, stamp):
+            if not is_previous_format(host.peer_key, previous_tag, fields, stamp):
+                await self._refuse(
+                    context, grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE
+                )
+            detail = (
+                f"member {from_id} sent peer messages in format version 1 (not bound to their "
+                f"connection); member {host.member_id} speaks version {FORMAT_VERSION} and "
+                f"refuses them: upgrade member {from_id}"
+            )
+            host.note_peer_refusal("old_format", from_id, detail)
+            await self._refuse(context, grpc.StatusCode.FAILED_PRECONDITION, detail, "PEER_FORMAT")
+        await self._check_ends(context, cluster_id, from_id, to_id)
+        try:
+            session.accept(stamp)
+        except PeerReplayError as exc:
+            detail = f"a message from member {from_id} refused: {exc}"
+            host.note_peer_refusal("replay", from_id, detail)
+            await self._refuse(context, grpc.StatusCode.PERMISSION_DENIED, detail, "REPLAY")
+
+    async def _check_ends(
+        self, context: Context, cluster_id: int, from_id: int, to_id: int
+    ) -> None:
+        host = self._host
         if host.peer_names_required:
             names = _certificate_names(context)
             if member_name(from_id) not in names:
@@ -200,12 +280,14 @@ class PeerServicer(peer_pb2_grpc.RaftServicer):
     ) -> peer_pb2.SendAck:
         batches = 0
         host = self._host
+        session = await self._open_session(context)
         async for batch in request_iterator:
-            await self._check(
+            await self._check_stamped(
                 context,
-                BATCH_TAG,
+                session,
+                (BATCH_TAG, PREVIOUS_BATCH_TAG),
                 batch_fields(batch),
-                batch.mac,
+                Stamp(batch.challenge, batch.counter, batch.mac),
                 batch.cluster_id,
                 batch.from_id,
                 batch.to_id,
@@ -256,13 +338,15 @@ class PeerServicer(peer_pb2_grpc.RaftServicer):
         last: peer_pb2.SnapshotChunk | None = None
         path = ""
         loop = asyncio.get_running_loop()
+        session = await self._open_session(context)
         try:
             async for chunk in request_iterator:
-                await self._check(
+                await self._check_stamped(
                     context,
-                    CHUNK_TAG,
+                    session,
+                    (CHUNK_TAG, PREVIOUS_CHUNK_TAG),
                     chunk_fields(chunk),
-                    chunk.mac,
+                    Stamp(chunk.challenge, chunk.counter, chunk.mac),
                     chunk.cluster_id,
                     chunk.from_id,
                     chunk.to_id,
@@ -397,28 +481,31 @@ class PeerServicer(peer_pb2_grpc.RaftServicer):
 
     async def Liveness(
         self,
-        request: peer_pb2.LivenessReport,
+        request_iterator: AsyncIterator[peer_pb2.LivenessReport],
         context: grpc.aio.ServicerContext[peer_pb2.LivenessReport, peer_pb2.LivenessAck],
-    ) -> peer_pb2.LivenessAck:
-        await self._check(
-            context,
-            LIVENESS_TAG,
-            liveness_fields(request),
-            request.mac,
-            request.cluster_id,
-            request.from_id,
-            request.to_id,
-        )
-        await self._check_ready(context)
-        try:
-            taken = self._host.liveness_report(request.from_id, request.payload)
-        except ValueError as exc:
-            await self._refuse(
+    ) -> AsyncIterator[peer_pb2.LivenessAck]:
+        session = await self._open_session(context)
+        async for request in request_iterator:
+            await self._check_stamped(
                 context,
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"liveness report from member {request.from_id} refused: {exc}",
+                session,
+                (LIVENESS_TAG, PREVIOUS_LIVENESS_TAG),
+                liveness_fields(request),
+                Stamp(request.challenge, request.counter, request.mac),
+                request.cluster_id,
+                request.from_id,
+                request.to_id,
             )
-        return peer_pb2.LivenessAck(taken=taken)
+            await self._check_ready(context)
+            try:
+                taken = self._host.liveness_report(request.from_id, request.payload)
+            except ValueError as exc:
+                await self._refuse(
+                    context,
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"liveness report from member {request.from_id} refused: {exc}",
+                )
+            yield peer_pb2.LivenessAck(taken=taken)
 
 
 def _certificate_names(context: Context) -> set[str]:

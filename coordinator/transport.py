@@ -10,6 +10,12 @@ progress goes back to probing), and it reconnects after an exponential backoff w
 jitter. A stream is opened only when there is something to send. Each failure of a run of
 them is logged once, and the recovery with how long it took.
 
+Every stream is a session (peer_session.py): the receiver opens it with a fresh challenge in
+its initial metadata, and the sender waits for it before writing, then stamps each request
+with it and a counter under the MAC, so a recorded request cannot be replayed. A receiver
+that sends no challenge within ``CHALLENGE_TIMEOUT_S`` (a member running the previous peer
+format) is treated as unreachable, and the log says why.
+
 ``MsgSnap`` travels separately, by ``InstallSnapshot``: the snapshot is encoded in the
 snapshot file format and streamed in chunks with the whole file's CRC32C. The receiver
 assembles it with :class:`~rallypoint.raft.storage.snapshot_transfer.SnapshotReceiver` (a partial
@@ -25,7 +31,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import google_crc32c
@@ -46,6 +52,7 @@ from .peer_auth import (
     chunk_fields,
     liveness_fields,
 )
+from .peer_session import ChallengeError, OutboundSession, challenge_from_metadata
 
 log = logging.getLogger("rallypoint.transport")
 
@@ -56,6 +63,8 @@ OUTBOX_LIMIT = 4096
 # The longest wait between attempts to reach a peer that is down: a restarted member is
 # reached within about this (plus gRPC's own reconnect backoff, capped below as well).
 RECONNECT_CAP_S = 0.5
+# How long a sender waits for the receiver's session challenge once a stream is open.
+CHALLENGE_TIMEOUT_S = 5.0
 # gRPC's default 4 MiB cap is too small for a batch of large entries.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 GRPC_OPTIONS = [
@@ -108,6 +117,31 @@ class PeerHost(PeerEnd, Protocol):
     def report_unreachable(self, member_id: int) -> None: ...
 
     def report_snapshot(self, member_id: int, ok: bool) -> None: ...
+
+
+async def open_session(
+    call: grpc.aio.Call, key: PeerKey, timeout_s: float = CHALLENGE_TIMEOUT_S
+) -> OutboundSession:
+    """The sending end of the session of a stream just opened: waits for the receiver's
+    challenge. Raises the call's own error if it ended first, ChallengeError if it sent
+    none (a member running the previous peer format)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            metadata = await call.initial_metadata()
+    except TimeoutError:
+        raise ChallengeError(
+            f"it sent no session challenge within {timeout_s:.0f} s (a member running peer "
+            "format version 1 sends none: upgrade it)"
+        ) from None
+    challenge = challenge_from_metadata(metadata)
+    if challenge is None:
+        if call.done():
+            await call  # type: ignore[misc]  # raises the status that ended it
+        raise ChallengeError(
+            "it opened the stream without a session challenge (a member running peer format "
+            "version 1: upgrade it)"
+        )
+    return OutboundSession(key, challenge)
 
 
 def full_jitter_backoff_s(attempt: int, base_s: float, cap_s: float, rng: random.Random) -> float:
@@ -191,7 +225,7 @@ class PeerSender:
         address = self._host.peer_address(self._peer_id)
         return None if address is None else self._channel_for(address)
 
-    def _take_batch(self) -> peer_pb2.MessageBatch:
+    def _take_batch(self, session: OutboundSession) -> peer_pb2.MessageBatch:
         encoded = [encode_message(m) for m in self._outbox]
         self._outbox.clear()
         host = self._host
@@ -203,7 +237,8 @@ class PeerSender:
             incarnation=host.incarnation,
             abstaining=host.abstaining,
         )
-        batch.mac = host.peer_key.sign(BATCH_TAG, batch_fields(batch))
+        stamp = session.stamp(BATCH_TAG, batch_fields(batch))
+        batch.challenge, batch.counter, batch.mac = stamp.challenge, stamp.counter, stamp.mac
         return batch
 
     async def _wait_for_messages(self) -> None:
@@ -240,6 +275,7 @@ class PeerSender:
         call.add_done_callback(lambda _call: self._wakeup.set())
         opened = False
         try:
+            session = await open_session(call, self._host.peer_key)
             while True:
                 while not self._outbox and not call.done():
                     self._wakeup.clear()
@@ -249,7 +285,7 @@ class PeerSender:
                     return opened, "the peer closed the stream"
                 if self._host.peer_address(self._peer_id) != address:
                     return opened, "its address changed"
-                await call.write(self._take_batch())
+                await call.write(self._take_batch(session))
                 if not opened:
                     opened = True
                     self._note_restored(address)
@@ -262,6 +298,8 @@ class PeerSender:
                     exc.details(),
                 )
             return opened, f"{exc.code().name}: {exc.details()}"
+        except ChallengeError as exc:
+            return opened, str(exc)
         except asyncio.InvalidStateError:
             return opened, "the stream had already ended"
         except asyncio.CancelledError:
@@ -335,10 +373,9 @@ class PeerSender:
                 channel = self._channel_for_peer()
                 if channel is None:
                     break
-                stub = peer_pb2_grpc.RaftStub(channel)
                 try:
-                    ack = await stub.InstallSnapshot(
-                        self._chunks(snapshot, file_bytes, whole_crc, header, offset)
+                    ack = await self._snapshot_stream(
+                        channel, snapshot, file_bytes, whole_crc, header, offset
                     )
                 except grpc.aio.AioRpcError as exc:
                     # Unreachable for now (a restarting peer, a channel in backoff): try
@@ -361,12 +398,51 @@ class PeerSender:
                 exc.code().name,
                 exc.details(),
             )
+        except ChallengeError as exc:
+            log.warning(
+                "member %d: snapshot to member %d failed: %s",
+                self._host.member_id,
+                self._peer_id,
+                exc,
+            )
         finally:
             self._host.report_snapshot(self._peer_id, ok)
 
-    async def _chunks(
-        self, snapshot: Snapshot, file_bytes: bytes, whole_crc: int, header: bytes, offset: int
-    ) -> AsyncIterator[peer_pb2.SnapshotChunk]:
+    async def _snapshot_stream(
+        self,
+        channel: grpc.aio.Channel,
+        snapshot: Snapshot,
+        file_bytes: bytes,
+        whole_crc: int,
+        header: bytes,
+        offset: int,
+    ) -> peer_pb2.SnapshotAck:
+        """One ``InstallSnapshot`` stream from ``offset``: its session first, then chunks."""
+        call = peer_pb2_grpc.RaftStub(channel).InstallSnapshot(None)
+        try:
+            session = await open_session(call, self._host.peer_key)
+            for chunk in self._chunks(session, snapshot, file_bytes, whole_crc, header, offset):
+                await call.write(chunk)
+            await call.done_writing()
+            ack: peer_pb2.SnapshotAck = await call
+            return ack
+        except asyncio.InvalidStateError:
+            # The receiver ended the stream while we wrote: its status says why.
+            ended: peer_pb2.SnapshotAck = await call
+            return ended
+        finally:
+            if not call.done():
+                call.cancel()
+
+    def _chunks(
+        self,
+        session: OutboundSession,
+        snapshot: Snapshot,
+        file_bytes: bytes,
+        whole_crc: int,
+        header: bytes,
+        offset: int,
+    ) -> Iterator[peer_pb2.SnapshotChunk]:
         total = len(file_bytes)
         first = True
         host = self._host
@@ -385,7 +461,8 @@ class PeerSender:
                 message=header if first else b"",
                 incarnation=host.incarnation,
             )
-            chunk.mac = host.peer_key.sign(CHUNK_TAG, chunk_fields(chunk))
+            stamp = session.stamp(CHUNK_TAG, chunk_fields(chunk))
+            chunk.challenge, chunk.counter, chunk.mac = stamp.challenge, stamp.counter, stamp.mac
             yield chunk
             first = False
             offset = end
@@ -408,8 +485,8 @@ class Transport:
             lambda address: grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
         )
         self._senders: dict[int, PeerSender] = {}
-        # Channels for liveness reports, by address (unary calls, apart from Raft's streams).
-        self._report_channels: dict[str, grpc.aio.Channel] = {}
+        # Liveness report streams, by address (apart from Raft's streams).
+        self._report_links: dict[str, LivenessLink] = {}
 
     def channel(self, address: str) -> grpc.aio.Channel:
         """A new channel to ``address`` (plain or TLS, as this member's peers use)."""
@@ -430,19 +507,12 @@ class Transport:
         address = self._host.peer_address(member_id)
         if address is None:
             return False
-        channel = self._report_channels.get(address)
-        if channel is None:
-            channel = self._report_channels[address] = self._channel_factory(address)
-        request = peer_pb2.LivenessReport(
-            cluster_id=self._host.cluster_id,
-            from_id=self._host.member_id,
-            to_id=member_id,
-            payload=payload,
-        )
-        request.mac = self._host.peer_key.sign(LIVENESS_TAG, liveness_fields(request))
-        stub = peer_pb2_grpc.RaftStub(channel)
-        ack = await stub.Liveness(request, timeout=timeout_s)
-        return bool(ack.taken)
+        link = self._report_links.get(address)
+        if link is None:
+            link = self._report_links[address] = LivenessLink(
+                self._host, self._channel_factory(address)
+            )
+        return await link.report(member_id, payload, timeout_s)
 
     async def remove_peer(self, member_id: int) -> None:
         sender = self._senders.pop(NodeId(member_id), None)
@@ -453,6 +523,58 @@ class Transport:
         senders, self._senders = list(self._senders.values()), {}
         for sender in senders:
             await sender.stop()
-        channels, self._report_channels = list(self._report_channels.values()), {}
-        for channel in channels:
-            await channel.close(grace=None)
+        links, self._report_links = list(self._report_links.values()), {}
+        for link in links:
+            await link.close()
+
+
+class LivenessLink:
+    """One long-lived ``Liveness`` stream to a member, opened on demand and again after it
+    fails: one report at a time, each answered by one ack in order."""
+
+    def __init__(self, host: PeerEnd, channel: grpc.aio.Channel) -> None:
+        self._host = host
+        self._channel = channel
+        self._call: grpc.aio.StreamStreamCall | None = None  # type: ignore[type-arg]
+        self._session: OutboundSession | None = None
+        self._lock = asyncio.Lock()
+
+    async def report(self, member_id: int, payload: bytes, timeout_s: float) -> bool:
+        """Whether ``member_id`` took the report; raises the stream's error (AioRpcError,
+        ChallengeError, TimeoutError) when it fails, after which the next report opens a
+        new stream."""
+        async with self._lock:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    return await self._report(member_id, payload)
+            except BaseException:
+                self._drop()
+                raise
+
+    async def _report(self, member_id: int, payload: bytes) -> bool:
+        host = self._host
+        if self._call is None or self._session is None or self._call.done():
+            self._drop()
+            self._call = peer_pb2_grpc.RaftStub(self._channel).Liveness(None)
+            self._session = await open_session(self._call, host.peer_key)
+        request = peer_pb2.LivenessReport(
+            cluster_id=host.cluster_id, from_id=host.member_id, to_id=member_id, payload=payload
+        )
+        stamp = self._session.stamp(LIVENESS_TAG, liveness_fields(request))
+        request.challenge, request.counter, request.mac = stamp.challenge, stamp.counter, stamp.mac
+        await self._call.write(request)
+        ack = await self._call.read()
+        if not isinstance(ack, peer_pb2.LivenessAck):  # EOF: the member ended the stream
+            code, details = await self._call.code(), await self._call.details()
+            raise ConnectionError(f"the liveness stream ended: {code.name} {details}")
+        return bool(ack.taken)
+
+    def _drop(self) -> None:
+        if self._call is not None and not self._call.done():
+            self._call.cancel()
+        self._call = None
+        self._session = None
+
+    async def close(self) -> None:
+        self._drop()
+        await self._channel.close(grace=None)

@@ -11,6 +11,7 @@ from .errors import (
     RaftError,
     StepLocalMsgError,
     StepPeerNotFoundError,
+    TermOutOfRangeError,
 )
 from .log import Logger, RaftLog
 from .log_storage import (
@@ -29,6 +30,8 @@ from .tracker import Progress, ProgressState
 from .types import (
     EMPTY_HARD_STATE,
     EMPTY_SNAPSHOT,
+    MAX_TERM,
+    MAX_VALUE,
     NONE,
     ConfChange,
     ConfChangeSingle,
@@ -51,6 +54,8 @@ from .types import (
 __all__ = [
     "EMPTY_HARD_STATE",
     "EMPTY_SNAPSHOT",
+    "MAX_TERM",
+    "MAX_VALUE",
     "NONE",
     "BasicStatus",
     "CampaignType",
@@ -95,5 +100,6 @@ __all__ = [
     "Storage",
     "StorageError",
     "Term",
+    "TermOutOfRangeError",
     "UnavailableError",
 ]

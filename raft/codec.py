@@ -14,6 +14,7 @@ from typing import Any
 import msgpack
 
 from .types import (
+    MAX_VALUE,
     ConfChange,
     ConfChangeSingle,
     ConfChangeTransition,
@@ -36,11 +37,11 @@ class CodecError(ValueError):
     """Bytes that do not decode to the expected value."""
 
 
-# Every term, index and node id decoded is below this. No real cluster comes near it (a term
-# a microsecond for 100,000 years is about 2^52), and keeping well below 2^64 means a value
-# from a peer plus one (a new term, the next index) still fits the WAL's unsigned 64-bit
-# integers: a malformed value is refused here rather than crashing the writer later.
-MAX_VALUE = 2**62 - 1
+# Every term, index and node id decoded is at most MAX_VALUE (defined beside Raft's MAX_TERM,
+# which is derived from it, so the terms Raft can reach always encode with room to campaign).
+# No real cluster comes near it, and keeping well below 2^64 means a value from a peer plus
+# one (a new term, the next index) still fits the WAL's unsigned 64-bit integers: a
+# malformed value is refused here rather than crashing the writer later.
 
 
 def _in_range(*values: Any) -> bool:

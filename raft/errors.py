@@ -27,6 +27,12 @@ class StepPeerNotFoundError(RaftError):
     """A response arrived from a node that is not in the current configuration."""
 
 
+class TermOutOfRangeError(RaftError):
+    """A message whose term is above ``MAX_TERM``: adopting it would leave this node (and,
+    through it, its cluster) with no term left to campaign in, so it is refused instead.
+    Only a bug or a corrupted message carries such a term; the application logs it."""
+
+
 class ConfigError(RaftError):
     """An invalid :class:`~rallypoint.raft.raft.Config`."""
 

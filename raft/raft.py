@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from . import confchange
 from .codec import decode_conf_change, encode_conf_change
 from .confchange import Changer
-from .errors import ConfigError, ProposalDroppedError
+from .errors import ConfigError, ProposalDroppedError, TermOutOfRangeError
 from .log import Logger, RaftLog
 from .log_storage import (
     CompactedError,
@@ -51,6 +51,7 @@ from .quorum import VoteResult
 from .read_only import ReadOnly, ReadOnlyOption
 from .tracker import Progress, ProgressMap, ProgressState, ProgressTracker, TrackerConfig
 from .types import (
+    MAX_TERM,
     NONE,
     ConfChange,
     ConfChangeTransition,
@@ -624,6 +625,17 @@ class Raft:
                 self.term,
             )
             return
+        if self.term >= MAX_TERM:
+            # Only a state written before terms were bounded gets here: every peer would
+            # refuse our vote requests (``step``), so do not send them.
+            self.logger.error(
+                "%d cannot campaign: its term %d leaves no higher term to campaign in "
+                "(highest: %d)",
+                self.id,
+                self.term,
+                MAX_TERM,
+            )
+            return
         self.logger.info("%d is starting a new election at term %d", self.id, self.term)
         self.campaign(campaign_type)
 
@@ -697,7 +709,15 @@ class Raft:
     # -- stepping -----------------------------------------------------------------------
 
     def step(self, m: Message) -> None:
-        """Handle one message. Raises ProposalDroppedError for a refused proposal."""
+        """Handle one message. Raises ProposalDroppedError for a refused proposal, and
+        TermOutOfRangeError (changing nothing) for a message whose term is above MAX_TERM."""
+        if m.term > MAX_TERM:
+            # A term no honest election reaches (types.py): adopting it would leave us no
+            # term to campaign in once its leader is gone, and pass it on to every peer.
+            raise TermOutOfRangeError(
+                f"{m.type.name} from {m.from_} at term {m.term} is above the highest term a "
+                f"node may reach ({MAX_TERM}); refused (at term {self.term})"
+            )
         if m.term == 0:
             pass  # A local message (or a proposal/read forwarded by a follower).
         elif m.term > self.term:

@@ -24,6 +24,17 @@ Index = NewType("Index", int)
 #: The absent node id: "no leader", "voted for nobody".
 NONE = NodeId(0)
 
+#: The largest term, index or node id the codec accepts (raft/codec.py; well below 2^64 so
+#: that a value plus one still fits the WAL's unsigned 64-bit integers).
+MAX_VALUE = 2**62 - 1
+#: The highest term a node adopts or campaigns for; a message with a higher term is refused
+#: (``TermOutOfRangeError``), never adopted. Derived from the codec's bound so the two always
+#: agree: every term a node can reach leaves 2^32 elections below ``MAX_VALUE``, so its next
+#: vote request still encodes, and one message with a huge term (a bug, a bit flip) cannot
+#: leave a cluster with no term left to elect in. Honest elections never come near it: a term
+#: a microsecond for 100,000 years is about 2^52.
+MAX_TERM = Term(MAX_VALUE - 2**32)
+
 
 class EntryType(enum.IntEnum):
     """What an entry's ``data`` holds."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import socket
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -33,6 +34,7 @@ from rallypoint.coordinator.state.results import (
     PutResult,
     SessionOpenResult,
 )
+from rallypoint.raft.codec import decode_message, encode_message
 from rallypoint.raft.log_storage import UnavailableError
 from rallypoint.raft.storage.disk_storage import PersistRequest
 from rallypoint.raft.types import Entry, EntryType, Index, Message, MessageType, NodeId, Term
@@ -407,6 +409,36 @@ async def test_an_invariant_broken_while_stepping_a_peer_message_stops_the_membe
     # (In a daemon, on_fatal ends the process; here the peers' traffic may hit it too.)
     assert cluster.fatal and all(str(e) == "an invariant of the core" for e in cluster.fatal)
     cluster.fatal.clear()
+
+
+async def test_a_peer_message_at_a_term_no_election_reaches_is_refused_and_logged(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 33: one heartbeat at 2^62 - 1 (the codec's bound) used to be adopted by every
+    member, whose pre-votes at 2^62 then did not decode: no leader ever again. It is refused
+    now, with an error line and a count, and the cluster keeps its leader and its terms."""
+    leader = await cluster.leader()
+    term = leader.status().term
+    followers = [n for n in cluster.nodes.values() if n is not leader]
+    for follower in followers:
+        heartbeat = Message(
+            type=MessageType.MsgHeartbeat,
+            to=NodeId(follower.member_id),
+            from_=NodeId(leader.member_id),
+            term=Term(2**62 - 1),
+        )
+        with caplog.at_level(logging.ERROR, logger="rallypoint.node"):
+            follower.deliver([decode_message(encode_message(heartbeat))] * 3)
+    assert [n.status().term for n in cluster.nodes.values()] == [term] * len(cluster.nodes)
+    for follower in followers:
+        refused = follower.metrics.peer_refusals.labels("term_out_of_range")
+        assert refused._value.get() == 3
+    lines = [m for r in caplog.records if "is above the highest term" in (m := r.getMessage())]
+    assert len(lines) == len(followers), lines  # once per peer and term, not per message
+    assert f"from member {leader.member_id}" in lines[0]
+    assert (await cluster.leader()) is leader
+    await open_session(leader)
+    assert not cluster.fatal
 
 
 async def test_a_forwarded_proposal_without_a_leader_is_dropped_not_fatal(

@@ -12,15 +12,27 @@ import asyncio
 import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import google_crc32c
 import grpc
 import grpc.aio
 import pytest
 
-from rallypoint.coordinator.peer_auth import CHUNK_TAG, HELLO_TAG, chunk_fields
+from rallypoint.coordinator.peer_auth import (
+    CHUNK_TAG,
+    HELLO_TAG,
+    LIVENESS_TAG,
+    PREVIOUS_BATCH_TAG,
+    PeerKey,
+    batch_fields,
+    chunk_fields,
+    liveness_fields,
+)
 from rallypoint.coordinator.peer_hello import hello_request_fields
 from rallypoint.coordinator.peer_service import UNAUTHENTICATED_MESSAGE, add_peer_service
+from rallypoint.coordinator.peer_session import ChallengeError, OutboundSession
+from rallypoint.coordinator.transport import open_session
 from rallypoint.proto.peer.v1 import peer_pb2
 from rallypoint.raft.codec import encode_message
 from rallypoint.raft.storage.snapshotter import MAGIC
@@ -39,9 +51,14 @@ from .test_transport import CLUSTER_ID, Host
 
 
 @pytest.fixture
-async def channel(tmp_path: Path) -> AsyncIterator[grpc.aio.Channel]:
+def host(tmp_path: Path) -> Host:
+    return Host(2, tmp_path)
+
+
+@pytest.fixture
+async def channel(host: Host) -> AsyncIterator[grpc.aio.Channel]:
     server = grpc.aio.server()
-    add_peer_service(server, Host(2, tmp_path))
+    add_peer_service(server, host)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
@@ -102,8 +119,26 @@ def _chunk(host: Host, file_bytes: bytes) -> peer_pb2.SnapshotChunk:
         crc32c=google_crc32c.value(file_bytes),
         message=encode_message(header),
     )
-    chunk.mac = host.peer_key.sign(CHUNK_TAG, chunk_fields(chunk))
     return chunk
+
+
+async def install(
+    channel: grpc.aio.Channel, key: PeerKey, chunks: list[peer_pb2.SnapshotChunk]
+) -> None:
+    """One InstallSnapshot stream as a member sends it: the session first, then each chunk
+    stamped with it."""
+    call = channel.stream_unary(
+        "/rallypoint.peer.v1.Raft/InstallSnapshot",
+        request_serializer=peer_pb2.SnapshotChunk.SerializeToString,
+        response_deserializer=peer_pb2.SnapshotAck.FromString,
+    )()
+    session = await open_session(call, key)
+    for chunk in chunks:
+        stamp = session.stamp(CHUNK_TAG, chunk_fields(chunk))
+        chunk.challenge, chunk.counter, chunk.mac = stamp.challenge, stamp.counter, stamp.mac
+        await call.write(chunk)
+    await call.done_writing()
+    await call
 
 
 @pytest.mark.parametrize(
@@ -121,13 +156,8 @@ async def test_a_snapshot_file_of_a_broken_format_is_refused(
     """The checksum matches and the format does not: this ended UNKNOWN (the decoder's
     SnapshotCorruptionError escaped the servicer). It is refused, and no file stays."""
     host = Host(2, tmp_path)
-    install = channel.stream_unary(
-        "/rallypoint.peer.v1.Raft/InstallSnapshot",
-        request_serializer=peer_pb2.SnapshotChunk.SerializeToString,
-        response_deserializer=peer_pb2.SnapshotAck.FromString,
-    )
     with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await install(iter([_chunk(host, file_bytes)]))
+        await install(channel, host.peer_key, [_chunk(host, file_bytes)])
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value.details()
     assert "bad snapshot" in (refused.value.details() or "")
     assert host.delivered == []
@@ -135,3 +165,111 @@ async def test_a_snapshot_file_of_a_broken_format_is_refused(
     while list(tmp_path.iterdir()) and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.01)  # the member answers before it has cleaned up
     assert list(tmp_path.iterdir()) == []
+
+
+# -- sessions: every stream bound to its challenge (peer_session.py) --------------------------
+
+LIVENESS = "/rallypoint.peer.v1.Raft/Liveness"
+SEND = "/rallypoint.peer.v1.Raft/Send"
+
+
+def _report(key: PeerKey, session: OutboundSession, payload: bytes) -> peer_pb2.LivenessReport:
+    report = peer_pb2.LivenessReport(cluster_id=CLUSTER_ID, from_id=1, to_id=2, payload=payload)
+    stamp = session.stamp(LIVENESS_TAG, liveness_fields(report))
+    report.challenge, report.counter, report.mac = stamp.challenge, stamp.counter, stamp.mac
+    return report
+
+
+def _liveness_call(channel: grpc.aio.Channel) -> Any:
+    return channel.stream_stream(
+        LIVENESS,
+        request_serializer=peer_pb2.LivenessReport.SerializeToString,
+        response_deserializer=peer_pb2.LivenessAck.FromString,
+    )()
+
+
+async def test_a_liveness_report_replayed_on_its_stream_or_another_is_refused(
+    channel: grpc.aio.Channel, host: Host
+) -> None:
+    call = _liveness_call(channel)
+    session = await open_session(call, host.peer_key)
+    first = _report(host.peer_key, session, b"first")
+    await call.write(first)
+    assert (await call.read()).taken
+    await call.write(_report(host.peer_key, session, b"second"))
+    assert (await call.read()).taken
+    assert host.reports == [b"first", b"second"]
+    await call.write(first)  # again, on its own stream
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await call.read()
+    assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    assert "number 1 was already taken on this connection (last 2)" in (
+        refused.value.details() or ""
+    )
+    # ... and on a new one: made for another stream's challenge.
+    other = _liveness_call(channel)
+    await open_session(other, host.peer_key)
+    await other.write(first)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await other.read()
+    assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    assert "made for another connection" in (refused.value.details() or "")
+    assert host.reports == [b"first", b"second"]
+    assert [reason for reason, _ in host.refusals] == ["replay", "replay"]
+
+
+async def test_a_snapshot_chunk_replayed_on_a_new_stream_is_refused(
+    channel: grpc.aio.Channel, host: Host
+) -> None:
+    chunk = _chunk(host, b"NOTSNAP!" + bytes(24))
+    call = channel.stream_unary(
+        "/rallypoint.peer.v1.Raft/InstallSnapshot",
+        request_serializer=peer_pb2.SnapshotChunk.SerializeToString,
+        response_deserializer=peer_pb2.SnapshotAck.FromString,
+    )()
+    session = await open_session(call, host.peer_key)
+    stamp = session.stamp(CHUNK_TAG, chunk_fields(chunk))
+    chunk.challenge, chunk.counter, chunk.mac = stamp.challenge, stamp.counter, stamp.mac
+    call.cancel()  # recorded, never delivered: replayed elsewhere
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await channel.stream_unary("/rallypoint.peer.v1.Raft/InstallSnapshot")(
+            iter([chunk.SerializeToString()])
+        )
+    assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    assert "a replay" in (refused.value.details() or "")
+
+
+async def test_a_member_of_the_previous_peer_format_is_refused_saying_so(
+    channel: grpc.aio.Channel, host: Host
+) -> None:
+    """A member still running format version 1 (MAC without a session) is a member: it is
+    told, and this member logs, what to do; an outsider's unstamped batch stays
+    unauthenticated."""
+    batch = peer_pb2.MessageBatch(cluster_id=CLUSTER_ID, from_id=1, to_id=2, incarnation=7)
+    batch.mac = host.peer_key.sign(PREVIOUS_BATCH_TAG, batch_fields(batch))
+    send = channel.stream_unary(SEND, None, None)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await send(iter([batch.SerializeToString()]))
+    assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    details = refused.value.details() or ""
+    assert "format version 1" in details and "upgrade member 1" in details
+    assert [reason for reason, _ in host.refusals] == ["old_format"]
+    batch.mac = PeerKey(b"another-secret-entirely").sign(PREVIOUS_BATCH_TAG, batch_fields(batch))
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await send(iter([batch.SerializeToString()]))
+    assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    assert refused.value.details() == UNAUTHENTICATED_MESSAGE
+
+
+async def test_a_sender_waits_for_the_challenge_and_says_when_none_comes() -> None:
+    """Against a member of the previous format (no challenge in the stream's metadata)."""
+
+    class Silent:
+        async def initial_metadata(self) -> tuple[()]:
+            return ()
+
+        def done(self) -> bool:
+            return False
+
+    with pytest.raises(ChallengeError, match="version 1"):
+        await open_session(Silent(), PeerKey(b"transport-test-secret"))  # type: ignore[arg-type]

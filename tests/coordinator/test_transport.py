@@ -51,6 +51,8 @@ class Host:
         self.delivered: list[Message] = []
         self.unreachable = 0
         self.snapshot_reports: list[bool] = []
+        self.refusals: list[tuple[str, str]] = []
+        self.reports: list[bytes] = []
         self._tmp = tmp
 
     @property
@@ -91,6 +93,13 @@ class Host:
 
     def incoming_snapshot_dir(self) -> str:
         return str(self._tmp)
+
+    def liveness_report(self, from_id: int, payload: bytes) -> bool:
+        self.reports.append(payload)
+        return True
+
+    def note_peer_refusal(self, reason: str, from_id: int, detail: str) -> None:
+        self.refusals.append((reason, detail))
 
 
 class Peer:

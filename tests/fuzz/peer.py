@@ -45,11 +45,12 @@ from rallypoint.coordinator.peer_auth import (
     liveness_fields,
 )
 from rallypoint.coordinator.peer_hello import hello_request_fields
+from rallypoint.coordinator.peer_session import OutboundSession
 from rallypoint.proto.peer.v1 import peer_pb2
 from rallypoint.raft.codec import encode_message
 from rallypoint.raft.storage.snapshotter import snapshot_file_name
 from rallypoint.raft.types import Entry, Index, Message, MessageType, NodeId, Term
-from tests.integration.peer_client import PeerClient
+from tests.integration.peer_client import PeerClient, stream_in_session
 
 from .public import Verdict
 from .raft_messages import (
@@ -89,6 +90,11 @@ WRONG_SECRET = b"a-secret-of-another-cluster-entirely"
 CREDENTIALS = ("unsigned", "random_mac", "wrong_secret", "flipped_mac", "changed_field", "garbage")
 # What an outsider says (well-formed lies, then anything malformed).
 LIES = ("timeout_now", "heartbeat_ahead", "append", "vote", "malformed")
+
+
+# What a request builder makes: the serialized requests, a description, what is wrong with
+# them, whether the envelope was damaged, and the snapshot file a transfer would write.
+Built = tuple[list[bytes], str, str, bool, Path | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +180,26 @@ def _ids_strategy() -> st.SearchStrategy[int]:
 
 def _sign_with(key: PeerKey | None, tag: bytes, fields: list[int | bytes]) -> bytes:
     return key.sign(tag, fields) if key is not None else b""
+
+
+class _Stamper:
+    """Stamps a stream's requests as a member does (coordinator/peer_session.py), with the
+    client's key: none (an outsider without a secret) leaves the MAC empty."""
+
+    def __init__(self, key: PeerKey | None, challenge: bytes | None) -> None:
+        self._session = (
+            OutboundSession(key, challenge) if key is not None and challenge is not None else None
+        )
+        self._challenge = challenge or b""
+        self._counter = 0
+
+    def stamp(self, request: Any, tag: bytes, fields: Callable[[Any], list[int | bytes]]) -> None:
+        if self._session is None:
+            self._counter += 1
+            request.challenge, request.counter, request.mac = self._challenge, self._counter, b""
+            return
+        stamp = self._session.stamp(tag, fields(request))
+        request.challenge, request.counter, request.mac = stamp.challenge, stamp.counter, stamp.mac
 
 
 class PeerTarget:
@@ -273,20 +299,42 @@ class PeerTarget:
     def run(self, example: Any) -> Verdict:
         index = example.member % len(self._cluster.peer_addresses)
         view = self._cluster.view(index)
-        if isinstance(example, SendExample):
-            built = self._send_request(example, index, view)
-        elif isinstance(example, SnapshotExample):
-            built = self._snapshot_request(example, index, view)
-        elif isinstance(example, LivenessExample):
-            built = self._liveness_request(example, index, view)
-        else:
-            built = self._hello_request(example, index, view)
-        if built is None:
-            return Verdict("skipped", sent=False)
-        payloads, text, expected, envelope_damaged, snapshot_path = built
         channel = self._cluster.channels()[index]
-        before = _files_of(snapshot_path)
-        answer = invoke(channel, self.rpc, payloads, (), TIMEOUT_S, TIMEOUT_S)
+        builders: dict[type, Callable[[Any, int, PeerView, bytes | None], Built | None]] = {
+            SendExample: self._send_request,
+            SnapshotExample: self._snapshot_request,
+            LivenessExample: self._liveness_request,
+        }
+        before: set[str] = set()
+        if isinstance(example, HelloExample):
+            built = self._hello_request(example, index, view)
+            if built is None:
+                return Verdict("skipped", sent=False)
+            answer = invoke(channel, self.rpc, built[0], (), TIMEOUT_S, TIMEOUT_S)
+        else:
+            # A stream: its requests are stamped with the challenge the member opens it with.
+            made: list[Built | None] = []
+
+            def build(challenge: bytes | None) -> list[bytes]:
+                nonlocal before
+                made.append(builders[type(example)](example, index, view, challenge))
+                if made[0] is None:
+                    return []
+                before = _files_of(made[0][4])
+                return made[0][0]
+
+            code, details, responses = stream_in_session(
+                channel,
+                self.rpc.path,
+                build,
+                TIMEOUT_S,
+                server_streaming=self.rpc.server_streaming,
+            )
+            if not made or made[0] is None:
+                return Verdict("skipped", sent=False)
+            built = made[0]
+            answer = Answer(code, details, responses=responses)
+        _, text, expected, envelope_damaged, snapshot_path = built
         verdict = Verdict(answer.code.name)
         problem = self._judge(answer, expected, envelope_damaged)
         if problem is None and snapshot_path is not None and answer.code is not Code.OK:
@@ -358,8 +406,8 @@ class PeerTarget:
         return encode_message(message)
 
     def _send_request(
-        self, example: SendExample, index: int, view: PeerView
-    ) -> tuple[list[bytes], str, str, bool, Path | None] | None:
+        self, example: SendExample, index: int, view: PeerView, challenge: bytes | None
+    ) -> Built | None:
         client = self._client(index, example.credential)
         damage = example.batch_damage if self.insider else "none"
         if self.insider or example.lie == "malformed":
@@ -384,15 +432,13 @@ class PeerTarget:
         elif damage == "to_id":
             batch.to_id += 1
             expected += " (to another member)"
-        self._sign_batch(client, batch, example.credential)
+        self._sign_batch(_Stamper(client.key, challenge), batch, example.credential)
         payload = self._envelope(batch.SerializeToString(), example, damage)
         text = f"{expected} | {describe(peer_pb2.MessageBatch, payload)}"
         return [payload], text, expected, damage == "envelope", None
 
-    def _sign_batch(
-        self, client: PeerClient, batch: peer_pb2.MessageBatch, credential: str
-    ) -> None:
-        batch.mac = _sign_with(client.key, BATCH_TAG, batch_fields(batch))
+    def _sign_batch(self, stamper: _Stamper, batch: peer_pb2.MessageBatch, credential: str) -> None:
+        stamper.stamp(batch, BATCH_TAG, batch_fields)
         if self.insider:
             return
         if credential == "random_mac":
@@ -413,10 +459,11 @@ class PeerTarget:
     # ---------------------------------------------------------------- InstallSnapshot
 
     def _snapshot_request(
-        self, example: SnapshotExample, index: int, view: PeerView
-    ) -> tuple[list[bytes], str, str, bool, Path | None] | None:
+        self, example: SnapshotExample, index: int, view: PeerView, challenge: bytes | None
+    ) -> Built | None:
         recipe = example.recipe
         client = self._client(index, example.credential)
+        stamper = _Stamper(client.key, challenge)
         meta, data = garbage_snapshot(recipe, view)
         flaw = recipe.flaw
         file_bytes = (
@@ -495,7 +542,7 @@ class PeerTarget:
             if k == 0 and header is not None:
                 chunk.message = header
             offset += len(piece)
-            self._sign_chunk(client, chunk, example.credential)
+            self._sign_chunk(stamper, chunk, example.credential)
             chunks.append(chunk.SerializeToString())
         envelope_damaged = self.insider and example.damage_envelope
         if envelope_damaged or (not self.insider and example.credential == "garbage"):
@@ -507,9 +554,9 @@ class PeerTarget:
         return chunks, text, expected, envelope_damaged, path
 
     def _sign_chunk(
-        self, client: PeerClient, chunk: peer_pb2.SnapshotChunk, credential: str
+        self, stamper: _Stamper, chunk: peer_pb2.SnapshotChunk, credential: str
     ) -> None:
-        chunk.mac = _sign_with(client.key, CHUNK_TAG, chunk_fields(chunk))
+        stamper.stamp(chunk, CHUNK_TAG, chunk_fields)
         if self.insider:
             return
         if credential == "random_mac":
@@ -521,9 +568,7 @@ class PeerTarget:
 
     # ---------------------------------------------------------------- Hello
 
-    def _hello_request(
-        self, example: HelloExample, index: int, view: PeerView
-    ) -> tuple[list[bytes], str, str, bool, Path | None] | None:
+    def _hello_request(self, example: HelloExample, index: int, view: PeerView) -> Built | None:
         client = self._client(index, example.credential)
         request = peer_pb2.HelloRequest(
             cluster_id=client.cluster_id ^ int(example.wrong_cluster and self.insider),
@@ -547,8 +592,8 @@ class PeerTarget:
     # ---------------------------------------------------------------- Liveness
 
     def _liveness_request(
-        self, example: LivenessExample, index: int, view: PeerView
-    ) -> tuple[list[bytes], str, str, bool, Path | None] | None:
+        self, example: LivenessExample, index: int, view: PeerView, challenge: bytes | None
+    ) -> Built | None:
         client = self._client(index, example.credential)
         damage = example.damage if self.insider else "none"
         request = peer_pb2.LivenessReport(
@@ -557,13 +602,11 @@ class PeerTarget:
             to_id=view.receiver,
             payload=example.payload,
         )
-        request.mac = _sign_with(client.key, LIVENESS_TAG, liveness_fields(request))
         if damage == "cluster_id":
             request.cluster_id ^= 1
-            request.mac = _sign_with(client.key, LIVENESS_TAG, liveness_fields(request))
         elif damage == "to_id":
             request.to_id += 7
-            request.mac = _sign_with(client.key, LIVENESS_TAG, liveness_fields(request))
+        _Stamper(client.key, challenge).stamp(request, LIVENESS_TAG, liveness_fields)
         if not self.insider:
             if example.credential == "random_mac":
                 request.mac = os.urandom(32)

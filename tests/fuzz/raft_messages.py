@@ -330,7 +330,10 @@ def message_problem(raw: bytes, batch_from: int, receiver: int) -> str | None:
         return problem
     if type_ == MessageType.MsgSnap:
         return "MsgSnap in a batch"
-    if frm != batch_from or to != receiver:
+    # A proposal or read request travels on through a follower keeping its originator
+    # (peer_service.py): only its receiver must be the batch's.
+    forwarded = type_ in (MessageType.MsgProp, MessageType.MsgReadIndex)
+    if (frm != batch_from and not forwarded) or to != receiver:
         return f"ends {frm}->{to} in a batch {batch_from}->{receiver}"
     if type_ in (MessageType.MsgApp, MessageType.MsgProp):
         for _, _, entry_type, data in entries:

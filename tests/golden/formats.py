@@ -25,6 +25,8 @@ GOLDEN = Path(__file__).resolve().parent
 COMMANDS = GOLDEN / "commands"  # <tag>-<Name>-v<version>.msgpack/.json: an encoded Envelope
 RAFT = GOLDEN / "raft"  # <type>-<MsgName>.msgpack/.json: raft/codec.py's encode_message
 PEER = GOLDEN / "peer"  # <Message>.binpb/.json: proto/peer/v1 messages
+# v2/<Message>.binpb/.json: peer format version 2 (coordinator/peer_session.py), stamped
+PEER_V2 = PEER / "v2"
 DATA = GOLDEN / "data"  # a member's wal/ and snap/, as DiskStorage lays them out
 RECORDS = GOLDEN / "records.json"  # every state record type's fields, per format version
 SNAPSHOTS = GOLDEN / "snapshots"  # format<N>-snapshot.msgpack: StateMachine.snapshot() bytes
@@ -117,3 +119,28 @@ def assert_matches(value: Any, expected: Any, where: str = "value") -> None:
         assert type(value) is type(expected) and value == expected, (
             f"{where}: expected {expected!r}, got {value!r}"
         )
+
+
+# Peer format version 2: the stamped messages, with what their MAC covers. The golden files
+# are stamped under PEER_SECRET for PEER_CHALLENGE, so the MAC's encoding is pinned too.
+PEER_SECRET = b"golden-peer-secret-0123456789"
+PEER_CHALLENGE = bytes(range(16))
+PEER_COUNTER = 3
+
+
+def peer_v2_formats() -> dict[str, tuple[bytes, Any]]:
+    """Message name -> (its MAC tag, its fields function), for every stamped message."""
+    from rallypoint.coordinator.peer_auth import (
+        BATCH_TAG,
+        CHUNK_TAG,
+        LIVENESS_TAG,
+        batch_fields,
+        chunk_fields,
+        liveness_fields,
+    )
+
+    return {
+        "MessageBatch": (BATCH_TAG, batch_fields),
+        "SnapshotChunk": (CHUNK_TAG, chunk_fields),
+        "LivenessReport": (LIVENESS_TAG, liveness_fields),
+    }

@@ -30,6 +30,8 @@ from rallypoint.coordinator.members import (
     MemberTable,
     encode_app_snapshot,
 )
+from rallypoint.coordinator.peer_auth import PeerKey
+from rallypoint.coordinator.peer_session import OutboundSession
 from rallypoint.coordinator.state import codec
 from rallypoint.coordinator.state.commands import (
     Add,
@@ -98,12 +100,17 @@ from .formats import (
     ENTRY_HEADER,
     GOLDEN,
     PEER,
+    PEER_CHALLENGE,
+    PEER_COUNTER,
+    PEER_SECRET,
+    PEER_V2,
     RAFT,
     RECORDS,
     REQUIRED,
     SNAPSHOTS,
     command_file,
     describe,
+    peer_v2_formats,
 )
 
 # ------------------------------------------------------------------ commands
@@ -234,6 +241,18 @@ def sample_peer_message(name: str) -> ProtoMessage:
             setattr(message, field.name, 1_000 + field.number)
         else:
             raise TypeError(f"{name}.{field.name}: add a sample value for its type")
+    return message
+
+
+def stamped_peer_message(name: str) -> ProtoMessage:
+    """``sample_peer_message`` stamped as peer format version 2 sends it: counter
+    PEER_COUNTER on a stream whose challenge is PEER_CHALLENGE, under PEER_SECRET."""
+    message = sample_peer_message(name)
+    tag, fields = peer_v2_formats()[name]
+    session = OutboundSession(PeerKey(PEER_SECRET), PEER_CHALLENGE)
+    session.counter = PEER_COUNTER - 1
+    stamp = session.stamp(tag, fields(message))
+    message.challenge, message.counter, message.mac = stamp.challenge, stamp.counter, stamp.mac  # type: ignore[attr-defined]
     return message
 
 
@@ -414,6 +433,13 @@ def main() -> int:
             PEER / f"{name}.binpb",
             message.SerializeToString(deterministic=True),
             json_format.MessageToDict(message, preserving_proto_field_name=True),
+        )
+    for name in peer_v2_formats():
+        stamped = stamped_peer_message(name)
+        write_new(
+            PEER_V2 / f"{name}.binpb",
+            stamped.SerializeToString(deterministic=True),
+            json_format.MessageToDict(stamped, preserving_proto_field_name=True),
         )
     write_new(SNAPSHOTS / "format6-snapshot.msgpack", format6_snapshot())
     if not DATA.exists():

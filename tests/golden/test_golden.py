@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from google.protobuf import json_format
 
+from rallypoint.coordinator.peer_auth import PeerKey
+from rallypoint.coordinator.peer_session import InboundSession, Stamp
 from rallypoint.coordinator.state import codec
 from rallypoint.coordinator.state.commands import Command, decode_envelope, encode_envelope
 from rallypoint.coordinator.state.machine import StateMachine
@@ -23,7 +25,18 @@ from rallypoint.raft.codec import (
 )
 from rallypoint.raft.types import MessageType
 
-from .formats import COMMANDS, PEER, RAFT, RECORDS, REQUIRED, assert_matches, describe
+from .formats import (
+    COMMANDS,
+    PEER,
+    PEER_SECRET,
+    PEER_V2,
+    RAFT,
+    RECORDS,
+    REQUIRED,
+    assert_matches,
+    describe,
+    peer_v2_formats,
+)
 
 assert StateMachine  # every state record type is registered once the machine is imported
 
@@ -153,3 +166,23 @@ def test_peer_messages_parse_field_by_field_and_serialize_the_same(path: Path) -
     inner = [*list(getattr(message, "messages", [])), getattr(message, "message", b"")]
     for encoded in filter(None, inner):
         assert encode_message(decode_message(encoded)) == encoded
+
+
+def test_every_stamped_peer_message_has_a_golden_file_of_format_2() -> None:
+    missing = sorted(n for n in peer_v2_formats() if not (PEER_V2 / f"{n}.binpb").exists())
+    assert not missing, f"run tests/golden/generate.py; no format-2 golden for {missing}"
+
+
+@pytest.mark.parametrize("path", sorted(PEER_V2.glob("*.binpb")), ids=lambda p: p.stem)
+def test_format_2_peer_messages_parse_and_their_mac_still_verifies(path: Path) -> None:
+    """The session stamp's encoding (peer_session.py) is part of the wire format: a member
+    of a later release must verify the MAC a member of this one made."""
+    data, expected = golden(path)
+    message = getattr(peer_pb2, path.stem).FromString(data)
+    assert json_format.MessageToDict(message, preserving_proto_field_name=True) == expected
+    assert message.SerializeToString(deterministic=True) == data
+    tag, fields = peer_v2_formats()[path.stem]
+    receiver = InboundSession(PeerKey(PEER_SECRET), challenge=message.challenge)
+    stamp = Stamp(message.challenge, message.counter, message.mac)
+    assert receiver.authentic(tag, fields(message), stamp)
+    receiver.accept(stamp)

@@ -1,12 +1,16 @@
 """A hand-driven peer: sends raw requests to a member's peer port, signed or not.
 
 Tests play an outsider (no secret, or a wrong one) and a member gone wrong (the right secret,
-malformed content) with it; the fuzzer builds on it.
+malformed content) with it; the fuzzer builds on it. Requests on a stream are stamped as a
+member stamps them (coordinator/peer_session.py): the member's challenge arrives in the
+stream's initial metadata, then each request carries it and the next counter under its MAC.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import queue
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import grpc
 
@@ -18,9 +22,52 @@ from rallypoint.coordinator.peer_auth import (
     chunk_fields,
     cluster_id_for,
 )
-from rallypoint.proto.peer.v1 import peer_pb2, peer_pb2_grpc
+from rallypoint.coordinator.peer_session import OutboundSession, challenge_from_metadata
+from rallypoint.proto.peer.v1 import peer_pb2
 from rallypoint.raft.codec import encode_message
 from rallypoint.raft.types import Message
+
+SEND = "/rallypoint.peer.v1.Raft/Send"
+INSTALL_SNAPSHOT = "/rallypoint.peer.v1.Raft/InstallSnapshot"
+# Builds a stream's requests (serialized) once its challenge is known (None: none came).
+Build = Callable[[bytes | None], Sequence[bytes]]
+
+
+def stream_in_session(
+    channel: grpc.Channel,
+    path: str,
+    build: Build,
+    timeout_s: float,
+    *,
+    server_streaming: bool = False,
+) -> tuple[grpc.StatusCode, str, list[bytes]]:
+    """Open a client stream on ``path``, wait for the member's challenge, send what
+    ``build`` makes of it, and wait for the end: (status, its message, responses)."""
+    requests: queue.Queue[bytes | None] = queue.Queue()
+
+    def feed() -> Iterator[bytes]:
+        while (item := requests.get()) is not None:
+            yield item
+
+    responses: list[bytes] = []
+    if server_streaming:
+        call: Any = channel.stream_stream(path, None, None)(feed(), timeout=timeout_s)
+    else:
+        call = channel.stream_unary(path, None, None).future(feed(), timeout=timeout_s)
+    try:
+        challenge = challenge_from_metadata(call.initial_metadata())
+        for payload in build(challenge):
+            requests.put(payload)
+    finally:
+        requests.put(None)
+    try:
+        if server_streaming:
+            responses.extend(call)
+        else:
+            responses.append(call.result())
+    except grpc.RpcError as exc:
+        return exc.code(), exc.details() or "", responses  # type: ignore[attr-defined]
+    return grpc.StatusCode.OK, "", responses
 
 
 class PeerClient:
@@ -35,8 +82,10 @@ class PeerClient:
         self.credentials = credentials
         self.key = PeerKey(secret) if secret is not None else None
         self.cluster_id = cluster_id_for(secret, cluster_name) if secret is not None else 1
+        # Every request sent, serialized as it went (tests replay them).
+        self.sent: list[bytes] = []
 
-    def _channel(self) -> grpc.Channel:
+    def channel(self) -> grpc.Channel:
         if self.credentials is None:
             return grpc.insecure_channel(self.address)
         return grpc.secure_channel(self.address, self.credentials)
@@ -48,45 +97,67 @@ class PeerClient:
         messages: Sequence[Message | bytes],
         *,
         incarnation: int = 99,
-        sign: bool = True,
     ) -> peer_pb2.MessageBatch:
+        """A batch; ``send`` stamps it (with the secret, if this client has it)."""
         encoded = [m if isinstance(m, bytes) else encode_message(m) for m in messages]
-        batch = peer_pb2.MessageBatch(
+        return peer_pb2.MessageBatch(
             cluster_id=self.cluster_id,
             from_id=from_id,
             to_id=to_id,
             messages=encoded,
             incarnation=incarnation,
         )
-        if sign and self.key is not None:
-            batch.mac = self.key.sign(BATCH_TAG, batch_fields(batch))
-        return batch
 
-    def sign_chunk(self, chunk: peer_pb2.SnapshotChunk) -> peer_pb2.SnapshotChunk:
-        if self.key is not None:
-            chunk.mac = self.key.sign(CHUNK_TAG, chunk_fields(chunk))
-        return chunk
+    def _stamped(
+        self, challenge: bytes | None, requests: Iterable[Any], tag: bytes, fields: Any
+    ) -> list[bytes]:
+        session = (
+            OutboundSession(self.key, challenge)
+            if self.key is not None and challenge is not None
+            else None
+        )
+        out = []
+        for request in requests:
+            if session is not None:
+                stamp = session.stamp(tag, fields(request))
+                request.challenge, request.counter = stamp.challenge, stamp.counter
+                request.mac = stamp.mac
+            out.append(request.SerializeToString())
+        self.sent.extend(out)
+        return out
 
     def send(
         self, batches: Iterable[peer_pb2.MessageBatch], timeout_s: float = 5.0
     ) -> tuple[grpc.StatusCode, str]:
         """The status the member ends the stream with (OK when it took every batch), and
         its message."""
-        with self._channel() as channel:
-            stub = peer_pb2_grpc.RaftStub(channel)  # type: ignore[arg-type]
-            try:
-                stub.Send(iter(list(batches)), timeout=timeout_s)
-            except grpc.RpcError as exc:
-                return exc.code(), exc.details() or ""  # type: ignore[return-value]
-            return grpc.StatusCode.OK, ""
+        batches = list(batches)
+        with self.channel() as channel:
+            code, details, _ = stream_in_session(
+                channel,
+                SEND,
+                lambda challenge: self._stamped(challenge, batches, BATCH_TAG, batch_fields),
+                timeout_s,
+            )
+        return code, details
+
+    def send_raw(
+        self, payloads: Sequence[bytes], path: str = SEND, timeout_s: float = 5.0
+    ) -> tuple[grpc.StatusCode, str]:
+        """Send serialized requests as they are (a replay) on a new stream."""
+        with self.channel() as channel:
+            code, details, _ = stream_in_session(channel, path, lambda _: payloads, timeout_s)
+        return code, details
 
     def install(
         self, chunks: Iterable[peer_pb2.SnapshotChunk], timeout_s: float = 10.0
     ) -> tuple[grpc.StatusCode, str]:
-        with self._channel() as channel:
-            stub = peer_pb2_grpc.RaftStub(channel)  # type: ignore[arg-type]
-            try:
-                stub.InstallSnapshot(iter(list(chunks)), timeout=timeout_s)
-            except grpc.RpcError as exc:
-                return exc.code(), exc.details() or ""  # type: ignore[return-value]
-            return grpc.StatusCode.OK, ""
+        chunks = list(chunks)
+        with self.channel() as channel:
+            code, details, _ = stream_in_session(
+                channel,
+                INSTALL_SNAPSHOT,
+                lambda challenge: self._stamped(challenge, chunks, CHUNK_TAG, chunk_fields),
+                timeout_s,
+            )
+        return code, details

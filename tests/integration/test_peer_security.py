@@ -161,19 +161,17 @@ async def test_a_member_gone_wrong_cannot_kill_or_wedge_another(tmp_path: Path) 
         )
 
         def chunk(total_size: int, data: bytes) -> peer_pb2.SnapshotChunk:
-            return insider.sign_chunk(
-                peer_pb2.SnapshotChunk(
-                    cluster_id=insider.cluster_id,
-                    from_id=leader,
-                    to_id=follower,
-                    snapshot_index=10**6,
-                    snapshot_term=term,
-                    offset=0,
-                    data=data,
-                    total_size=total_size,
-                    crc32c=google_crc32c.value(file_bytes),
-                    message=header,
-                )
+            return peer_pb2.SnapshotChunk(
+                cluster_id=insider.cluster_id,
+                from_id=leader,
+                to_id=follower,
+                snapshot_index=10**6,
+                snapshot_term=term,
+                offset=0,
+                data=data,
+                total_size=total_size,
+                crc32c=google_crc32c.value(file_bytes),
+                message=header,
             )
 
         code, details = insider.install([chunk(len(file_bytes), file_bytes)])

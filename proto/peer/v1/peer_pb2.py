@@ -24,29 +24,29 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#rallypoint/proto/peer/v1/peer.proto\x12\x12rallypoint.peer.v1\"b\n\x0eLivenessReport\x12\x12\n\ncluster_id\x18\x01 \x01(\x04\x12\x0f\n\x07\x66rom_id\x18\x02 \x01(\x04\x12\r\n\x05to_id\x18\x03 \x01(\x04\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x0b\n\x03mac\x18\x05 \x01(\x0c\"\x1c\n\x0bLivenessAck\x12\r\n\x05taken\x18\x01 \x01(\x08\"\x8a\x01\n\x0cMessageBatch\x12\x12\n\ncluster_id\x18\x01 \x01(\x04\x12\x0f\n\x07\x66rom_id\x18\x02 \x01(\x04\x12\r\n\x05to_id\x18\x03 \x01(\x04\x12\x10\n\x08messages\x18\x04 \x03(\x0c\x12\x13\n\x0bincarnation\x18\x05 \x01(\x04\x12\x12\n\nabstaining\x18\x06 \x01(\x08\x12\x0b\n\x03mac\x18\x07 \x01(\x0c\"\x1a\n\x07SendAck\x12\x0f\n\x07\x62\x61tches\x18\x01 \x01(\x04\"\xe7\x01\n\rSnapshotChunk\x12\x12\n\ncluster_id\x18\x01 \x01(\x04\x12\x0f\n\x07\x66rom_id\x18\x02 \x01(\x04\x12\r\n\x05to_id\x18\x03 \x01(\x04\x12\x16\n\x0esnapshot_index\x18\x04 \x01(\x04\x12\x15\n\rsnapshot_term\x18\x05 \x01(\x04\x12\x0e\n\x06offset\x18\x06 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\x0c\x12\x12\n\ntotal_size\x18\x08 \x01(\x04\x12\x0e\n\x06\x63rc32c\x18\t \x01(\r\x12\x0f\n\x07message\x18\n \x01(\x0c\x12\x13\n\x0bincarnation\x18\x0b \x01(\x04\x12\x0b\n\x03mac\x18\x0c \x01(\x0c\"L\n\x0bSnapshotAck\x12\x16\n\x0esnapshot_index\x18\x01 \x01(\x04\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x04\x12\x10\n\x08\x63omplete\x18\x03 \x01(\x08\"s\n\x0cHelloRequest\x12\x12\n\ncluster_id\x18\x01 \x01(\x04\x12\x0f\n\x07\x66rom_id\x18\x02 \x01(\x04\x12\r\n\x05to_id\x18\x03 \x01(\x04\x12\x13\n\x0bincarnation\x18\x04 \x01(\x04\x12\r\n\x05nonce\x18\x05 \x01(\x0c\x12\x0b\n\x03mac\x18\x06 \x01(\x0c\"\x8f\x01\n\x0bHelloAnswer\x12\x11\n\tmember_id\x18\x01 \x01(\x04\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12\x13\n\x0b\x65stablished\x18\x03 \x01(\x08\x12\x14\n\x0cknows_sender\x18\x04 \x01(\x08\x12\x0c\n\x04term\x18\x05 \x01(\x04\x12\x12\n\nlast_index\x18\x06 \x01(\x04\x12\x0b\n\x03mac\x18\x07 \x01(\x0c\x32\xc5\x02\n\x04Raft\x12G\n\x04Send\x12 .rallypoint.peer.v1.MessageBatch\x1a\x1b.rallypoint.peer.v1.SendAck(\x01\x12W\n\x0fInstallSnapshot\x12!.rallypoint.peer.v1.SnapshotChunk\x1a\x1f.rallypoint.peer.v1.SnapshotAck(\x01\x12J\n\x05Hello\x12 .rallypoint.peer.v1.HelloRequest\x1a\x1f.rallypoint.peer.v1.HelloAnswer\x12O\n\x08Liveness\x12\".rallypoint.peer.v1.LivenessReport\x1a\x1f.rallypoint.peer.v1.LivenessAckb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#rallypoint/proto/peer/v1/peer.proto\x12\x12rallypoint.peer.v1\"\x86\x01\n\x0eLivenessReport\x12\x12\n\ncluster_id\x18\x01 \x01(\x04\x12\x0f\n\x07\x66rom_id\x18\x02 \x01(\x04\x12\r\n\x05to_id\x18\x03 \x01(\x04\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x0b\n\x03mac\x18\x05 \x01(\x0c\x12\x11\n\tchallenge\x18\x06 \x01(\x0c\x12\x0f\n\x07\x63ounter\x18\x07 \x01(\x04\"\x1c\n\x0bLivenessAck\x12\r\n\x05taken\x18\x01 \x01(\x08\"\xae\x01\n\x0cMessageBatch\x12\x12\n\ncluster_id\x18\x01 \x01(\x04\x12\x0f\n\x07\x66rom_id\x18\x02 \x01(\x04\x12\r\n\x05to_id\x18\x03 \x01(\x04\x12\x10\n\x08messages\x18\x04 \x03(\x0c\x12\x13\n\x0bincarnation\x18\x05 \x01(\x04\x12\x12\n\nabstaining\x18\x06 \x01(\x08\x12\x0b\n\x03mac\x18\x07 \x01(\x0c\x12\x11\n\tchallenge\x18\x08 \x01(\x0c\x12\x0f\n\x07\x63ounter\x18\t \x01(\x04\"\x1a\n\x07SendAck\x12\x0f\n\x07\x62\x61tches\x18\x01 \x01(\x04\"\x8b\x02\n\rSnapshotChunk\x12\x12\n\ncluster_id\x18\x01 \x01(\x04\x12\x0f\n\x07\x66rom_id\x18\x02 \x01(\x04\x12\r\n\x05to_id\x18\x03 \x01(\x04\x12\x16\n\x0esnapshot_index\x18\x04 \x01(\x04\x12\x15\n\rsnapshot_term\x18\x05 \x01(\x04\x12\x0e\n\x06offset\x18\x06 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\x0c\x12\x12\n\ntotal_size\x18\x08 \x01(\x04\x12\x0e\n\x06\x63rc32c\x18\t \x01(\r\x12\x0f\n\x07message\x18\n \x01(\x0c\x12\x13\n\x0bincarnation\x18\x0b \x01(\x04\x12\x0b\n\x03mac\x18\x0c \x01(\x0c\x12\x11\n\tchallenge\x18\r \x01(\x0c\x12\x0f\n\x07\x63ounter\x18\x0e \x01(\x04\"L\n\x0bSnapshotAck\x12\x16\n\x0esnapshot_index\x18\x01 \x01(\x04\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x04\x12\x10\n\x08\x63omplete\x18\x03 \x01(\x08\"s\n\x0cHelloRequest\x12\x12\n\ncluster_id\x18\x01 \x01(\x04\x12\x0f\n\x07\x66rom_id\x18\x02 \x01(\x04\x12\r\n\x05to_id\x18\x03 \x01(\x04\x12\x13\n\x0bincarnation\x18\x04 \x01(\x04\x12\r\n\x05nonce\x18\x05 \x01(\x0c\x12\x0b\n\x03mac\x18\x06 \x01(\x0c\"\x8f\x01\n\x0bHelloAnswer\x12\x11\n\tmember_id\x18\x01 \x01(\x04\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12\x13\n\x0b\x65stablished\x18\x03 \x01(\x08\x12\x14\n\x0cknows_sender\x18\x04 \x01(\x08\x12\x0c\n\x04term\x18\x05 \x01(\x04\x12\x12\n\nlast_index\x18\x06 \x01(\x04\x12\x0b\n\x03mac\x18\x07 \x01(\x0c\x32\xc9\x02\n\x04Raft\x12G\n\x04Send\x12 .rallypoint.peer.v1.MessageBatch\x1a\x1b.rallypoint.peer.v1.SendAck(\x01\x12W\n\x0fInstallSnapshot\x12!.rallypoint.peer.v1.SnapshotChunk\x1a\x1f.rallypoint.peer.v1.SnapshotAck(\x01\x12J\n\x05Hello\x12 .rallypoint.peer.v1.HelloRequest\x1a\x1f.rallypoint.peer.v1.HelloAnswer\x12S\n\x08Liveness\x12\".rallypoint.peer.v1.LivenessReport\x1a\x1f.rallypoint.peer.v1.LivenessAck(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rallypoint.proto.peer.v1.peer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_LIVENESSREPORT']._serialized_start=59
-  _globals['_LIVENESSREPORT']._serialized_end=157
-  _globals['_LIVENESSACK']._serialized_start=159
-  _globals['_LIVENESSACK']._serialized_end=187
-  _globals['_MESSAGEBATCH']._serialized_start=190
-  _globals['_MESSAGEBATCH']._serialized_end=328
-  _globals['_SENDACK']._serialized_start=330
-  _globals['_SENDACK']._serialized_end=356
-  _globals['_SNAPSHOTCHUNK']._serialized_start=359
-  _globals['_SNAPSHOTCHUNK']._serialized_end=590
-  _globals['_SNAPSHOTACK']._serialized_start=592
-  _globals['_SNAPSHOTACK']._serialized_end=668
-  _globals['_HELLOREQUEST']._serialized_start=670
-  _globals['_HELLOREQUEST']._serialized_end=785
-  _globals['_HELLOANSWER']._serialized_start=788
-  _globals['_HELLOANSWER']._serialized_end=931
-  _globals['_RAFT']._serialized_start=934
-  _globals['_RAFT']._serialized_end=1259
+  _globals['_LIVENESSREPORT']._serialized_start=60
+  _globals['_LIVENESSREPORT']._serialized_end=194
+  _globals['_LIVENESSACK']._serialized_start=196
+  _globals['_LIVENESSACK']._serialized_end=224
+  _globals['_MESSAGEBATCH']._serialized_start=227
+  _globals['_MESSAGEBATCH']._serialized_end=401
+  _globals['_SENDACK']._serialized_start=403
+  _globals['_SENDACK']._serialized_end=429
+  _globals['_SNAPSHOTCHUNK']._serialized_start=432
+  _globals['_SNAPSHOTCHUNK']._serialized_end=699
+  _globals['_SNAPSHOTACK']._serialized_start=701
+  _globals['_SNAPSHOTACK']._serialized_end=777
+  _globals['_HELLOREQUEST']._serialized_start=779
+  _globals['_HELLOREQUEST']._serialized_end=894
+  _globals['_HELLOANSWER']._serialized_start=897
+  _globals['_HELLOANSWER']._serialized_end=1040
+  _globals['_RAFT']._serialized_start=1043
+  _globals['_RAFT']._serialized_end=1372
 # @@protoc_insertion_point(module_scope)

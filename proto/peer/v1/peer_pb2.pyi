@@ -7,18 +7,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class LivenessReport(_message.Message):
-    __slots__ = ("cluster_id", "from_id", "to_id", "payload", "mac")
+    __slots__ = ("cluster_id", "from_id", "to_id", "payload", "mac", "challenge", "counter")
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     FROM_ID_FIELD_NUMBER: _ClassVar[int]
     TO_ID_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     MAC_FIELD_NUMBER: _ClassVar[int]
+    CHALLENGE_FIELD_NUMBER: _ClassVar[int]
+    COUNTER_FIELD_NUMBER: _ClassVar[int]
     cluster_id: int
     from_id: int
     to_id: int
     payload: bytes
     mac: bytes
-    def __init__(self, cluster_id: _Optional[int] = ..., from_id: _Optional[int] = ..., to_id: _Optional[int] = ..., payload: _Optional[bytes] = ..., mac: _Optional[bytes] = ...) -> None: ...
+    challenge: bytes
+    counter: int
+    def __init__(self, cluster_id: _Optional[int] = ..., from_id: _Optional[int] = ..., to_id: _Optional[int] = ..., payload: _Optional[bytes] = ..., mac: _Optional[bytes] = ..., challenge: _Optional[bytes] = ..., counter: _Optional[int] = ...) -> None: ...
 
 class LivenessAck(_message.Message):
     __slots__ = ("taken",)
@@ -27,7 +31,7 @@ class LivenessAck(_message.Message):
     def __init__(self, taken: _Optional[bool] = ...) -> None: ...
 
 class MessageBatch(_message.Message):
-    __slots__ = ("cluster_id", "from_id", "to_id", "messages", "incarnation", "abstaining", "mac")
+    __slots__ = ("cluster_id", "from_id", "to_id", "messages", "incarnation", "abstaining", "mac", "challenge", "counter")
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     FROM_ID_FIELD_NUMBER: _ClassVar[int]
     TO_ID_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +39,8 @@ class MessageBatch(_message.Message):
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     ABSTAINING_FIELD_NUMBER: _ClassVar[int]
     MAC_FIELD_NUMBER: _ClassVar[int]
+    CHALLENGE_FIELD_NUMBER: _ClassVar[int]
+    COUNTER_FIELD_NUMBER: _ClassVar[int]
     cluster_id: int
     from_id: int
     to_id: int
@@ -42,7 +48,9 @@ class MessageBatch(_message.Message):
     incarnation: int
     abstaining: bool
     mac: bytes
-    def __init__(self, cluster_id: _Optional[int] = ..., from_id: _Optional[int] = ..., to_id: _Optional[int] = ..., messages: _Optional[_Iterable[bytes]] = ..., incarnation: _Optional[int] = ..., abstaining: _Optional[bool] = ..., mac: _Optional[bytes] = ...) -> None: ...
+    challenge: bytes
+    counter: int
+    def __init__(self, cluster_id: _Optional[int] = ..., from_id: _Optional[int] = ..., to_id: _Optional[int] = ..., messages: _Optional[_Iterable[bytes]] = ..., incarnation: _Optional[int] = ..., abstaining: _Optional[bool] = ..., mac: _Optional[bytes] = ..., challenge: _Optional[bytes] = ..., counter: _Optional[int] = ...) -> None: ...
 
 class SendAck(_message.Message):
     __slots__ = ("batches",)
@@ -51,7 +59,7 @@ class SendAck(_message.Message):
     def __init__(self, batches: _Optional[int] = ...) -> None: ...
 
 class SnapshotChunk(_message.Message):
-    __slots__ = ("cluster_id", "from_id", "to_id", "snapshot_index", "snapshot_term", "offset", "data", "total_size", "crc32c", "message", "incarnation", "mac")
+    __slots__ = ("cluster_id", "from_id", "to_id", "snapshot_index", "snapshot_term", "offset", "data", "total_size", "crc32c", "message", "incarnation", "mac", "challenge", "counter")
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     FROM_ID_FIELD_NUMBER: _ClassVar[int]
     TO_ID_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +72,8 @@ class SnapshotChunk(_message.Message):
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     MAC_FIELD_NUMBER: _ClassVar[int]
+    CHALLENGE_FIELD_NUMBER: _ClassVar[int]
+    COUNTER_FIELD_NUMBER: _ClassVar[int]
     cluster_id: int
     from_id: int
     to_id: int
@@ -76,7 +86,9 @@ class SnapshotChunk(_message.Message):
     message: bytes
     incarnation: int
     mac: bytes
-    def __init__(self, cluster_id: _Optional[int] = ..., from_id: _Optional[int] = ..., to_id: _Optional[int] = ..., snapshot_index: _Optional[int] = ..., snapshot_term: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., total_size: _Optional[int] = ..., crc32c: _Optional[int] = ..., message: _Optional[bytes] = ..., incarnation: _Optional[int] = ..., mac: _Optional[bytes] = ...) -> None: ...
+    challenge: bytes
+    counter: int
+    def __init__(self, cluster_id: _Optional[int] = ..., from_id: _Optional[int] = ..., to_id: _Optional[int] = ..., snapshot_index: _Optional[int] = ..., snapshot_term: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., total_size: _Optional[int] = ..., crc32c: _Optional[int] = ..., message: _Optional[bytes] = ..., incarnation: _Optional[int] = ..., mac: _Optional[bytes] = ..., challenge: _Optional[bytes] = ..., counter: _Optional[int] = ...) -> None: ...
 
 class SnapshotAck(_message.Message):
     __slots__ = ("snapshot_index", "next_offset", "complete")

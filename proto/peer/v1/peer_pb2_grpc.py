@@ -49,7 +49,7 @@ class RaftStub:
                 request_serializer=rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.HelloRequest.SerializeToString,
                 response_deserializer=rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.HelloAnswer.FromString,
                 _registered_method=True)
-        self.Liveness = channel.unary_unary(
+        self.Liveness = channel.stream_stream(
                 '/rallypoint.peer.v1.Raft/Liveness',
                 request_serializer=rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.LivenessReport.SerializeToString,
                 response_deserializer=rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.LivenessAck.FromString,
@@ -89,11 +89,12 @@ class RaftServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Liveness(self, request, context):
+    def Liveness(self, request_iterator, context):
         """A member's report to the leader on the participants whose heartbeat streams it serves
         (failure detection is spread over the members): whom it heard since its last report,
         the training progress they reported, and whom it suspects. The leader answers whether it
         is the leader; a member that is not refuses nothing and keeps nothing. Errors as Send.
+        A long-lived stream: one ack per report, in order.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -117,7 +118,7 @@ def add_RaftServicer_to_server(servicer, server):
                     request_deserializer=rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.HelloRequest.FromString,
                     response_serializer=rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.HelloAnswer.SerializeToString,
             ),
-            'Liveness': grpc.unary_unary_rpc_method_handler(
+            'Liveness': grpc.stream_stream_rpc_method_handler(
                     servicer.Liveness,
                     request_deserializer=rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.LivenessReport.FromString,
                     response_serializer=rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.LivenessAck.SerializeToString,
@@ -215,7 +216,7 @@ class Raft:
             _registered_method=True)
 
     @staticmethod
-    def Liveness(request,
+    def Liveness(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -225,8 +226,8 @@ class Raft:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
+        return grpc.experimental.stream_stream(
+            request_iterator,
             target,
             '/rallypoint.peer.v1.Raft/Liveness',
             rallypoint_dot_proto_dot_peer_dot_v1_dot_peer__pb2.LivenessReport.SerializeToString,

@@ -13,7 +13,7 @@ class RaftStub:
         _peer_pb2.SnapshotChunk, _peer_pb2.SnapshotAck
     ]
     Hello: grpc.aio.UnaryUnaryMultiCallable[_peer_pb2.HelloRequest, _peer_pb2.HelloAnswer]
-    Liveness: grpc.aio.UnaryUnaryMultiCallable[_peer_pb2.LivenessReport, _peer_pb2.LivenessAck]
+    Liveness: grpc.aio.StreamStreamMultiCallable[_peer_pb2.LivenessReport, _peer_pb2.LivenessAck]
 
 class RaftServicer:
     async def Send(
@@ -31,10 +31,10 @@ class RaftServicer:
         request: _peer_pb2.HelloRequest,
         context: grpc.aio.ServicerContext[_peer_pb2.HelloRequest, _peer_pb2.HelloAnswer],
     ) -> _peer_pb2.HelloAnswer: ...
-    async def Liveness(
+    def Liveness(
         self,
-        request: _peer_pb2.LivenessReport,
+        request_iterator: AsyncIterator[_peer_pb2.LivenessReport],
         context: grpc.aio.ServicerContext[_peer_pb2.LivenessReport, _peer_pb2.LivenessAck],
-    ) -> _peer_pb2.LivenessAck: ...
+    ) -> AsyncIterator[_peer_pb2.LivenessAck]: ...
 
 def add_RaftServicer_to_server(servicer: RaftServicer, server: grpc.aio.Server) -> None: ...

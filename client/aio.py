@@ -626,12 +626,21 @@ class Client:
         *,
         config: JobConfig | None = None,
         metadata: bytes = b"",
+        resume: bool = False,
         timeout_s: float | None = None,
     ) -> Participant:
         """Join ``job`` as ``name``; the participant heartbeats and follows the rounds until
-        it leaves (see rendezvous.py). ``config`` creates the job when absent."""
+        it leaves (see rendezvous.py). ``config`` creates the job when absent. A join that
+        starts an ended job again begins a new run: it sees the old run's checkpoints only
+        with ``resume``."""
         participant = await _join(
-            self._caller, job, name, config=config, metadata=metadata, timeout_s=timeout_s
+            self._caller,
+            job,
+            name,
+            config=config,
+            metadata=metadata,
+            resume=resume,
+            timeout_s=timeout_s,
         )
         self._participants.add(participant)
         return participant
@@ -643,13 +652,20 @@ class Client:
         *,
         metadata: Sequence[bytes] | None = None,
         config: JobConfig | None = None,
+        resume: bool = False,
         timeout_s: float | None = None,
     ) -> JoinBatchResult:
         """Join one participant per name in one replicated command (at most 10,000), all
         tied to this client's session, all or none; ids and waiting flags in name order.
         Unlike ``join`` nothing heartbeats them: the caller does (HeartbeatBatch)."""
         return await _jobs.join_batch(
-            self._caller, job, names, metadata=metadata, config=config, timeout_s=timeout_s
+            self._caller,
+            job,
+            names,
+            metadata=metadata,
+            config=config,
+            resume=resume,
+            timeout_s=timeout_s,
         )
 
     async def list_members(

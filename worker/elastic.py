@@ -779,7 +779,12 @@ class ElasticRun:
         name: this worker's name, unique in the job (e.g. the host and the local rank).
         state: what is trained and checkpointed (a ``TrainState``).
         checkpoint_dir: where checkpoints are written: a directory every worker can reach
-            (a shared filesystem across hosts).
+            (a shared filesystem across hosts). A relative path is taken from the working
+            directory the run is made in, and registered with the coordinator as absolute.
+        resume: only when this worker's join starts the job again after it ended (a job id
+            used again is a new run): True restores the old run's latest checkpoint, False
+            (the default) fences the old run's checkpoints off and starts fresh. A job that
+            never ended (its workers were killed) is the same run, always restored.
         min_nodes: the fewest workers a round forms with.
         max_nodes: the most workers in a round; more wait for a place.
         max_steps: stop once the world has taken this many steps (None: never; the loop
@@ -886,6 +891,7 @@ class ElasticRun:
         min_nodes: int,
         max_nodes: int,
         max_steps: int | None = None,
+        resume: bool = False,
         keep_checkpoints: int = 3,
         restore: RestoreMode = "auto",
         backend: str | None = None,
@@ -917,8 +923,10 @@ class ElasticRun:
         self.job = job
         self.name = name
         self.state = state
-        self.checkpoint_dir = Path(checkpoint_dir)
+        # Absolute: the registry's URIs must mean the same from any worker's directory.
+        self.checkpoint_dir = Path(checkpoint_dir).absolute()
         self.max_steps = max_steps
+        self.resume = resume
         self.restore_mode: RestoreMode = restore
         self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         self.collective_timeout_s = collective_timeout_s
@@ -1066,6 +1074,7 @@ class ElasticRun:
                 config=self.config,
                 # Where the worker runs, for operators (rounds, the dashboard).
                 metadata=f"{socket.gethostname()} pid {os.getpid()}".encode(),
+                resume=self.resume,
                 timeout_s=timeout_s,
             ),
         )

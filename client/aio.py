@@ -32,7 +32,7 @@ from . import jobs as _jobs
 from .backoff import DEFAULT_BACKOFF, Backoff
 from .caller import Caller
 from .checkpoints import CheckpointRegistry
-from .errors import LeaseNotFoundError, RallypointError
+from .errors import TOKEN_OPTIONS, LeaseNotFoundError, RallypointError
 from .heartbeats import AssignmentCallback, HeartbeatBatcher
 from .job_watch import watch_job as _watch_job
 from .lease import Lease, LeaseKeeper, keep_alive_once
@@ -98,7 +98,11 @@ class Client:
     of them is in flight shares the client's batch stream (``kv_stream.py``: one stream per
     member, many operations per message, each answered on its own), a lone call stays unary
     (its lowest latency); ``"always"``: every one through the stream. Batched or not, each
-    call has its own answer, errors, deadline and retries, and a write applies exactly once."""
+    call has its own answer, errors, deadline and retries, and a write applies exactly once.
+
+    ``token_hint`` names how this program's user passes a token (default
+    ``"Client(..., token=...) or $RALLYPOINT_TOKEN"``; the CLI says ``--token``, torchrun
+    ``--rdzv-conf token=``): an UnauthenticatedError's message ends with it."""
 
     def __init__(
         self,
@@ -114,6 +118,7 @@ class Client:
         backoff: Backoff = DEFAULT_BACKOFF,
         rng: random.Random | None = None,
         kv_batching: str = "off",
+        token_hint: str = TOKEN_OPTIONS,
     ) -> None:
         self._transport = Transport(
             endpoints,
@@ -122,6 +127,7 @@ class Client:
             backoff=backoff,
             attempt_timeout_s=attempt_timeout_s,
             rng=rng,
+            token_hint=token_hint,
         )
         self._caller = Caller(
             self._transport,

@@ -162,6 +162,7 @@ from rallypoint.client import (
     SyncParticipant,
     SyncRoundStore,
     TrainingProgress,
+    UnauthenticatedError,
     token_or_environment,
 )
 
@@ -985,6 +986,10 @@ class ElasticRun:
         )
         # The session opens with the join, which waits for an unreachable coordinator.
         self._client_options.setdefault("open_session_on_connect", False)
+        # A refused token's message names this interface's ways to pass one.
+        self._client_options.setdefault(
+            "token_hint", "elastic_training(token=...) or $RALLYPOINT_TOKEN"
+        )
         self._client: SyncClient | None = None
         self._participant: SyncParticipant | None = None
         # The round being trained in; None between rounds.
@@ -1005,6 +1010,12 @@ class ElasticRun:
         self._client = SyncClient(self.endpoints, **self._client_options)
         try:
             self._join()
+        except UnauthenticatedError:
+            # Its message says which member refused and how to pass a token: one line, not
+            # a traceback through the client (a program that catches it is not affected).
+            self._client.close()
+            one_line_at_exit(UnauthenticatedError)
+            raise
         except BaseException:
             self._client.close()
             raise

@@ -179,6 +179,7 @@ def make_client(args: argparse.Namespace) -> Client:
         tls=tls,
         # A command that only reads leaves no session behind; writes open one on demand.
         open_session_on_connect=False,
+        token_hint=f"--token or ${TOKEN_ENV}",
     )
 
 
@@ -259,7 +260,8 @@ def _group(subparsers: SubParsers, name: str, help_text: str) -> SubParsers:
 
 def _health(endpoint: EndpointStatus) -> str:
     if endpoint.status is None:
-        return "unreachable"
+        # No failure words: a member answered, refusing the call (a token, a role).
+        return "refused" if endpoint.error and not endpoint.failure else "unreachable"
     if endpoint.status.catching_up:
         return "catching up (lost its data; not voting)"
     return "ok" if endpoint.healthy else "no leader"
@@ -321,6 +323,11 @@ async def _status(args: argparse.Namespace, client: Client, out: Output) -> int:
     else:
         out.table(_status_table(rows, statuses))
     unhealthy = [s for s in statuses if not s.healthy]
+    refused = [s for s in statuses if _health(s) == "refused"]
+    if refused and len(refused) == len(statuses):
+        # Members answered, and refused: their words say what to check (a token).
+        more = f" (and {len(refused) - 1} more endpoints alike)" if len(refused) > 1 else ""
+        raise CommandError(f"{refused[0].error}{more}")
     if len(unhealthy) == len(statuses) and all(s.status is None for s in statuses):
         # Nothing answered: the table lists each endpoint; one line says what to check.
         each = "; ".join(f"{s.endpoint}: {s.failure or s.error}" for s in statuses)

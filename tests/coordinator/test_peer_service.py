@@ -18,7 +18,13 @@ import grpc
 import grpc.aio
 import pytest
 
-from rallypoint.coordinator.peer_auth import CHUNK_TAG, HELLO_TAG, chunk_fields
+from rallypoint.coordinator.peer_auth import (
+    BATCH_TAG,
+    CHUNK_TAG,
+    HELLO_TAG,
+    batch_fields,
+    chunk_fields,
+)
 from rallypoint.coordinator.peer_hello import hello_request_fields
 from rallypoint.coordinator.peer_service import UNAUTHENTICATED_MESSAGE, add_peer_service
 from rallypoint.proto.peer.v1 import peer_pb2
@@ -135,3 +141,30 @@ async def test_a_snapshot_file_of_a_broken_format_is_refused(
     while list(tmp_path.iterdir()) and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.01)  # the member answers before it has cleaned up
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("stopping", "said"), [(False, "is starting"), (True, "is shutting down")])
+async def test_a_member_that_takes_no_traffic_says_whether_it_starts_or_stops(
+    tmp_path: Path, stopping: bool, said: str
+) -> None:
+    # A stopping member said "is starting", so the others logged that as it shut down.
+    host = Host(2, tmp_path)
+    host.accepts_traffic, host.stopping = False, stopping
+    server = grpc.aio.server()
+    add_peer_service(server, host)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    batch = peer_pb2.MessageBatch(cluster_id=CLUSTER_ID, from_id=1, to_id=2)
+    batch.mac = host.peer_key.sign(BATCH_TAG, batch_fields(batch))
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await channel.stream_unary(
+                    "/rallypoint.peer.v1.Raft/Send",
+                    request_serializer=peer_pb2.MessageBatch.SerializeToString,
+                    response_deserializer=peer_pb2.SendAck.FromString,
+                )(iter([batch]))
+    finally:
+        await server.stop(grace=None)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert refused.value.details() == f"member 2 {said}"

@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -140,6 +141,8 @@ def _run(body: Body) -> Callable[[argparse.Namespace], int]:
             return asyncio.run(_with_client(args, body))
         except KeyboardInterrupt:
             return 0
+        except BrokenPipeError:
+            return reader_went_away()
         except (RallypointError, CommandError, ValueError, OSError) as error:
             kind = "" if isinstance(error, CommandError) else f"{type(error).__name__}: "
             print(f"error: {kind}{' '.join(str(error).split())}", file=sys.stderr)
@@ -148,6 +151,16 @@ def _run(body: Body) -> Callable[[argparse.Namespace], int]:
             return 1
 
     return handler
+
+
+def reader_went_away() -> int:
+    """Standard output's reader closed the pipe (``status --json | head``): stop quietly, as
+    a Unix tool killed by SIGPIPE does, with its exit status. Standard output now goes to
+    /dev/null, so the interpreter's last flush at exit cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 def _print_debug(error: RallypointError) -> None:

@@ -782,14 +782,14 @@ class ElasticRun:
         checkpoint_dir: where checkpoints are written: a directory every worker can reach
             (a shared filesystem across hosts). A relative path is taken from the working
             directory the run is made in, and registered with the coordinator as absolute.
-        resume: only when this worker's join starts the job again after it ended (a job id
-            used again is a new run): True restores the old run's latest checkpoint, False
-            (the default) fences the old run's checkpoints off and starts fresh. A job that
-            never ended (its workers were killed) is the same run, always restored.
         min_nodes: the fewest workers a round forms with.
         max_nodes: the most workers in a round; more wait for a place.
         max_steps: stop once the world has taken this many steps (None: never; the loop
             ends when your code stops iterating).
+        resume: only when this worker's join starts the job again after it ended (a job id
+            used again is a new run): True restores the old run's latest checkpoint, False
+            (the default) fences the old run's checkpoints off and starts fresh. A job that
+            never ended (its workers were killed) is the same run, always restored.
         keep_checkpoints: how many committed checkpoints the coordinator keeps (older ones
             are deleted).
         restore: "auto" (the fastest correct source: keep, broadcast, disk, fresh) or

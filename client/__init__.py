@@ -70,7 +70,7 @@ from .rendezvous_values import (
 from .roundstore import CompareSetResult, RoundStore
 from .sync import SyncClient, SyncLease, SyncWatcher
 from .sync_rendezvous import SyncCheckpointRegistry, SyncParticipant, SyncRoundStore
-from .transport import TOKEN_ENV, TlsConfig, token_or_environment
+from .transport import TOKEN_ENV, TlsConfig, parse_endpoints, token_or_environment
 from .transport_failures import FailureKind
 from .values import (
     AddResult,
@@ -183,5 +183,6 @@ __all__ = [
     "WatchEvent",
     "Watcher",
     "WrongEndpointError",
+    "parse_endpoints",
     "token_or_environment",
 ]

@@ -32,7 +32,7 @@ from . import jobs as _jobs
 from .backoff import DEFAULT_BACKOFF, Backoff
 from .caller import Caller
 from .checkpoints import CheckpointRegistry
-from .errors import LeaseNotFoundError, RallypointError
+from .errors import TOKEN_OPTIONS, LeaseNotFoundError, RallypointError
 from .heartbeats import AssignmentCallback, HeartbeatBatcher
 from .job_watch import watch_job as _watch_job
 from .lease import Lease, LeaseKeeper, keep_alive_once
@@ -98,7 +98,11 @@ class Client:
     of them is in flight shares the client's batch stream (``kv_stream.py``: one stream per
     member, many operations per message, each answered on its own), a lone call stays unary
     (its lowest latency); ``"always"``: every one through the stream. Batched or not, each
-    call has its own answer, errors, deadline and retries, and a write applies exactly once."""
+    call has its own answer, errors, deadline and retries, and a write applies exactly once.
+
+    ``token_hint`` names how this program's user passes a token (default
+    ``"Client(..., token=...) or $RALLYPOINT_TOKEN"``; the CLI says ``--token``, torchrun
+    ``--rdzv-conf token=``): an UnauthenticatedError's message ends with it."""
 
     def __init__(
         self,
@@ -114,6 +118,7 @@ class Client:
         backoff: Backoff = DEFAULT_BACKOFF,
         rng: random.Random | None = None,
         kv_batching: str = "off",
+        token_hint: str = TOKEN_OPTIONS,
     ) -> None:
         self._transport = Transport(
             endpoints,
@@ -122,6 +127,7 @@ class Client:
             backoff=backoff,
             attempt_timeout_s=attempt_timeout_s,
             rng=rng,
+            token_hint=token_hint,
         )
         self._caller = Caller(
             self._transport,
@@ -626,12 +632,21 @@ class Client:
         *,
         config: JobConfig | None = None,
         metadata: bytes = b"",
+        resume: bool = False,
         timeout_s: float | None = None,
     ) -> Participant:
         """Join ``job`` as ``name``; the participant heartbeats and follows the rounds until
-        it leaves (see rendezvous.py). ``config`` creates the job when absent."""
+        it leaves (see rendezvous.py). ``config`` creates the job when absent. A join that
+        starts an ended job again begins a new run: it sees the old run's checkpoints only
+        with ``resume``."""
         participant = await _join(
-            self._caller, job, name, config=config, metadata=metadata, timeout_s=timeout_s
+            self._caller,
+            job,
+            name,
+            config=config,
+            metadata=metadata,
+            resume=resume,
+            timeout_s=timeout_s,
         )
         self._participants.add(participant)
         return participant
@@ -643,13 +658,20 @@ class Client:
         *,
         metadata: Sequence[bytes] | None = None,
         config: JobConfig | None = None,
+        resume: bool = False,
         timeout_s: float | None = None,
     ) -> JoinBatchResult:
         """Join one participant per name in one replicated command (at most 10,000), all
         tied to this client's session, all or none; ids and waiting flags in name order.
         Unlike ``join`` nothing heartbeats them: the caller does (HeartbeatBatch)."""
         return await _jobs.join_batch(
-            self._caller, job, names, metadata=metadata, config=config, timeout_s=timeout_s
+            self._caller,
+            job,
+            names,
+            metadata=metadata,
+            config=config,
+            resume=resume,
+            timeout_s=timeout_s,
         )
 
     async def list_members(

@@ -179,9 +179,29 @@ class CompactedError(OutOfRangeError):
         self.compact_revision = compact_revision
 
 
+# How a caller of the client library passes a token; each interface names its own ways
+# (the CLI's --token, torchrun's --rdzv-conf token=, elastic_training's token=).
+TOKEN_OPTIONS = "Client(..., token=...) or $RALLYPOINT_TOKEN"
+
+
 class UnauthenticatedError(RallypointError):
     """The cluster requires a bearer token and the client sent none, or one it does not know
-    (``Client(..., token=...)``)."""
+    (``Client(..., token=...)``). The message names the member, which of the two it was and
+    how to pass a token, in the words of the interface in use (``Client(token_hint=...)``)."""
+
+    # Whether the refused call carried a token; None when the mapping did not know.
+    token_sent: bool | None = None
+
+
+def unauthenticated_message(endpoint: str | None, token_sent: bool, options: str) -> str:
+    """One line for a refused token: the member, what was sent, how to send one."""
+    where = endpoint or "the cluster"
+    if token_sent:
+        return (
+            f"{where} refused the token: the cluster does not know it (check the token given "
+            f"with {options})"
+        )
+    return f"{where} requires a token and none was sent: pass one with {options}"
 
 
 class PermissionDeniedError(RallypointError):
@@ -255,12 +275,17 @@ def map_rpc_error(
     *,
     timeout_s: float | None = None,
     peer_port: bool = False,
+    token_sent: bool | None = None,
+    token_hint: str = TOKEN_OPTIONS,
 ) -> RallypointError:
     """The client error for a failed RPC: the one mapping from gRPC to rallypoint errors.
 
     ``endpoint``: the address called (named in transport failures); ``timeout_s``: the
     attempt's timeout (said when it passed with no answer); ``peer_port``: the transport found
-    the peer service on the endpoint that lacked ours (see :class:`FailureKind`)."""
+    the peer service on the endpoint that lacked ours (see :class:`FailureKind`);
+    ``token_sent``: whether the call carried a token (an UNAUTHENTICATED answer then says
+    which of "none sent" and "not known" it was, and names ``token_hint`` as the ways to pass
+    one)."""
     code = error.code()
     details = error.details() or ""
     trailing = error.trailing_metadata()
@@ -289,7 +314,11 @@ def map_rpc_error(
         message = details or code.name.lower().replace("_", " ")
         if cls is InternalError:
             message = f"{message} (status {code.name})"
+        if cls is UnauthenticatedError and token_sent is not None:
+            message = unauthenticated_message(endpoint, token_sent, token_hint)
         result = cls(message, reason=reason, leader_hint=leader_hint)
+        if isinstance(result, UnauthenticatedError):
+            result.token_sent = token_sent
     result.endpoint = endpoint
     result.grpc_code, result.grpc_detail = code.name, details
     return result

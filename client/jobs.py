@@ -87,11 +87,13 @@ async def join_batch(
     *,
     metadata: Sequence[bytes] | None = None,
     config: JobConfig | None = None,
+    resume: bool = False,
     timeout_s: float | None = None,
 ) -> JoinBatchResult:
     """Join many participants of ``job`` in one replicated command, all tied to this client's
     session, all or none (one refused name refuses the batch). ``metadata``: one per name,
-    or None. Nothing heartbeats them: that is the caller's (a batched heartbeater's) work."""
+    or None. Nothing heartbeats them: that is the caller's (a batched heartbeater's) work.
+    ``resume``: as :func:`rallypoint.client.rendezvous.join`'s."""
     names = list(names)
     data = list(metadata) if metadata is not None else []
     if metadata is not None and len(data) != len(names):
@@ -103,7 +105,12 @@ async def join_batch(
         caller.write(
             lambda s: services(s).rendezvous.JoinBatch,
             lambda header: rendezvous_pb2.JoinBatchRequest(
-                header=header, job=job, names=names, metadata=data, config=request_config
+                header=header,
+                job=job,
+                names=names,
+                metadata=data,
+                config=request_config,
+                resume=resume,
             ),
             timeout_s,
         )

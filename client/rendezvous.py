@@ -87,6 +87,8 @@ log = logging.getLogger("rallypoint.client.rendezvous")
 ANSWER_PATIENCE_BEATS = 30
 # ... but never less than this, so a short interval does not make a slow leader look dead.
 MIN_ANSWER_PATIENCE_S = 2.0
+# How long wait_for_round, out of time, waits for a fresh account of the round it names.
+_DESCRIBE_TIMEOUT_S = 5.0
 
 _STATE_ORDER = {RoundState.JOINING: 0, RoundState.ACTIVE: 1, RoundState.ENDED: 2}
 
@@ -118,6 +120,8 @@ class Participant:
         self.heartbeat_interval_s = config.heartbeat_interval_ms / 1000
         # The newest RoundInfo seen. Invariant: its job_revision never decreases.
         self.round: RoundInfo = joined.round
+        # time.monotonic() when ``round`` was last taken from an answer or a push.
+        self._observed_s = time.monotonic()
         self.lost = asyncio.Event()
         # Why the participant was lost; None while it is not.
         self.lost_reason: str | None = None
@@ -212,9 +216,24 @@ class Participant:
         except TimeoutError:
             raise DeadlineExceededError(
                 f"job {self.job!r}: no ACTIVE round with participant {self.participant_id} "
-                f"within {wait_s:g} s (round {self.round.round} is "
-                f"{self.round.state.value}: {self.round.reason})"
+                f"within {wait_s:g} s ({await self._describe_round()})"
             ) from None
+
+    async def _describe_round(self) -> str:
+        """The round as the leader sees it now. The view's ``reason`` was written when the
+        round last changed: a round that has been JOINING since would read "joining for
+        0.2 s" after ten minutes. One linearizable read refreshes it; without an answer the
+        old reason is given with its age."""
+        try:
+            status = await get_job(self.caller, self.job, timeout_s=_DESCRIBE_TIMEOUT_S)
+        except RallypointError as error:
+            age_s = time.monotonic() - self._observed_s
+            return (
+                f"round {self.round.round} was {self.round.state.value} {age_s:.0f} s ago: "
+                f"{self.round.reason}; the coordinator did not answer since: {error}"
+            )
+        self._observe(status.round)
+        return f"round {status.round.round} is {status.round.state.value}: {status.round.reason}"
 
     def _check_in_job(self) -> None:
         if self.lost.is_set():
@@ -237,6 +256,7 @@ class Participant:
             return False
         newer = info.job_revision > self.round.job_revision
         self.round = info
+        self._observed_s = time.monotonic()
         if self.lost.is_set() or self.leaving:
             return newer
         if not info.includes(self.participant_id):
@@ -521,19 +541,27 @@ async def join(
     *,
     config: JobConfig | None = None,
     metadata: bytes = b"",
+    resume: bool = False,
     timeout_s: float | None = None,
 ) -> Participant:
     """Join ``job`` as ``name`` (unique in the job) and start heartbeating.
 
     ``config`` creates the job when absent and must equal its config when present; without
     it the job must exist. ``metadata`` (addresses, device info) is shown to every member.
+    A join that starts an ended job again begins a new run, which sees the old run's
+    checkpoints only with ``resume``.
     """
     request_config = config.to_proto() if config is not None else None
     response = await refined(
         caller.write(
             lambda s: services(s).rendezvous.Join,
             lambda header: rendezvous_pb2.JoinRequest(
-                header=header, job=job, name=name, metadata=metadata, config=request_config
+                header=header,
+                job=job,
+                name=name,
+                metadata=metadata,
+                config=request_config,
+                resume=resume,
             ),
             timeout_s,
         )

@@ -53,6 +53,7 @@ from rallypoint.proto.v1 import (
 from .arguments import positive_seconds
 from .backoff import DEFAULT_BACKOFF, Backoff
 from .errors import (
+    TOKEN_OPTIONS,
     DeadlineExceededError,
     InvalidValueError,
     RallypointError,
@@ -226,8 +227,11 @@ class Transport:
         backoff: Backoff = DEFAULT_BACKOFF,
         attempt_timeout_s: float = 5.0,
         rng: random.Random | None = None,
+        token_hint: str = TOKEN_OPTIONS,
     ) -> None:
         self.endpoints: list[str] = parse_endpoints(endpoints)
+        # How the program's user passes a token: named when a member refuses the call's.
+        self.token_hint = token_hint
         # Invariant: every address in `preferred` and `_channels` is in `endpoints` (hinted
         # leaders are added to it).
         self.preferred: str | None = None
@@ -377,7 +381,14 @@ class Transport:
         peer_port = False
         if rpc_error.code() is grpc.StatusCode.UNIMPLEMENTED:
             peer_port = await self._serves_peer_service(address)
-        return map_rpc_error(rpc_error, address, timeout_s=timeout_s, peer_port=peer_port)
+        return map_rpc_error(
+            rpc_error,
+            address,
+            timeout_s=timeout_s,
+            peer_port=peer_port,
+            token_sent=bool(self.metadata),
+            token_hint=self.token_hint,
+        )
 
     async def _serves_peer_service(self, address: str) -> bool:
         # Any answer but UNIMPLEMENTED means the method exists. Unauthenticated (no peer MAC),

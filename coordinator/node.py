@@ -703,8 +703,13 @@ class Node:
 
     @property
     def accepts_traffic(self) -> bool:
-        """False until the Raft node runs (while this member asks Hello, say)."""
+        """False until the Raft node runs (while this member asks Hello, say), and once it
+        stops."""
         return self._raw is not None and not self._stopping
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
 
     @property
     def peer_names_required(self) -> bool:

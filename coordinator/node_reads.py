@@ -246,6 +246,9 @@ class ReadIndexBatcher:
         for future in reads:
             if not future.done():
                 future.set_exception(error)
+                # A caller still waiting gets the error through its shield; one that gave
+                # up never reads it, and the loop would log it as never retrieved.
+                future.exception()
 
 
 def _resolve(futures: list[asyncio.Future[None]]) -> None:

@@ -92,6 +92,11 @@ class PeerReceiver(PeerEnd, Protocol):
     def accepts_traffic(self) -> bool: ...
 
     @property
+    def stopping(self) -> bool:
+        """The member is shutting down (it no longer accepts traffic, and never will)."""
+        ...
+
+    @property
     def peer_names_required(self) -> bool: ...
 
     @property
@@ -269,8 +274,11 @@ class PeerServicer(peer_pb2_grpc.RaftServicer):
 
     async def _check_ready(self, context: Context) -> None:
         if not self._host.accepts_traffic:
+            # Both are temporary for the caller, but a stopping member will not come up by
+            # waiting: say which, so the logs of the others do not read "starting" at exit.
+            what = "is shutting down" if self._host.stopping else "is starting"
             await self._refuse(
-                context, grpc.StatusCode.UNAVAILABLE, f"member {self._host.member_id} is starting"
+                context, grpc.StatusCode.UNAVAILABLE, f"member {self._host.member_id} {what}"
             )
 
     async def Send(

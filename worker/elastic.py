@@ -162,6 +162,7 @@ from rallypoint.client import (
     SyncParticipant,
     SyncRoundStore,
     TrainingProgress,
+    UnauthenticatedError,
     token_or_environment,
 )
 
@@ -779,11 +780,16 @@ class ElasticRun:
         name: this worker's name, unique in the job (e.g. the host and the local rank).
         state: what is trained and checkpointed (a ``TrainState``).
         checkpoint_dir: where checkpoints are written: a directory every worker can reach
-            (a shared filesystem across hosts).
+            (a shared filesystem across hosts). A relative path is taken from the working
+            directory the run is made in, and registered with the coordinator as absolute.
         min_nodes: the fewest workers a round forms with.
         max_nodes: the most workers in a round; more wait for a place.
         max_steps: stop once the world has taken this many steps (None: never; the loop
             ends when your code stops iterating).
+        resume: only when this worker's join starts the job again after it ended (a job id
+            used again is a new run): True restores the old run's latest checkpoint, False
+            (the default) fences the old run's checkpoints off and starts fresh. A job that
+            never ended (its workers were killed) is the same run, always restored.
         keep_checkpoints: how many committed checkpoints the coordinator keeps (older ones
             are deleted).
         restore: "auto" (the fastest correct source: keep, broadcast, disk, fresh) or
@@ -886,6 +892,7 @@ class ElasticRun:
         min_nodes: int,
         max_nodes: int,
         max_steps: int | None = None,
+        resume: bool = False,
         keep_checkpoints: int = 3,
         restore: RestoreMode = "auto",
         backend: str | None = None,
@@ -917,8 +924,10 @@ class ElasticRun:
         self.job = job
         self.name = name
         self.state = state
-        self.checkpoint_dir = Path(checkpoint_dir)
+        # Absolute: the registry's URIs must mean the same from any worker's directory.
+        self.checkpoint_dir = Path(checkpoint_dir).absolute()
         self.max_steps = max_steps
+        self.resume = resume
         self.restore_mode: RestoreMode = restore
         self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         self.collective_timeout_s = collective_timeout_s
@@ -977,6 +986,10 @@ class ElasticRun:
         )
         # The session opens with the join, which waits for an unreachable coordinator.
         self._client_options.setdefault("open_session_on_connect", False)
+        # A refused token's message names this interface's ways to pass one.
+        self._client_options.setdefault(
+            "token_hint", "elastic_training(token=...) or $RALLYPOINT_TOKEN"
+        )
         self._client: SyncClient | None = None
         self._participant: SyncParticipant | None = None
         # The round being trained in; None between rounds.
@@ -997,6 +1010,12 @@ class ElasticRun:
         self._client = SyncClient(self.endpoints, **self._client_options)
         try:
             self._join()
+        except UnauthenticatedError:
+            # Its message says which member refused and how to pass a token: one line, not
+            # a traceback through the client (a program that catches it is not affected).
+            self._client.close()
+            one_line_at_exit(UnauthenticatedError)
+            raise
         except BaseException:
             self._client.close()
             raise
@@ -1066,6 +1085,7 @@ class ElasticRun:
                 config=self.config,
                 # Where the worker runs, for operators (rounds, the dashboard).
                 metadata=f"{socket.gethostname()} pid {os.getpid()}".encode(),
+                resume=self.resume,
                 timeout_s=timeout_s,
             ),
         )

@@ -73,6 +73,7 @@ from torch.distributed.elastic.rendezvous.api import (
 
 from rallypoint.client import (
     DeadlineExceededError,
+    InvalidValueError,
     JobClosedError,
     JobConfig,
     JobNotFoundError,
@@ -84,6 +85,8 @@ from rallypoint.client import (
     SyncClient,
     SyncParticipant,
     TlsConfig,
+    UnauthenticatedError,
+    parse_endpoints,
     token_or_environment,
 )
 
@@ -101,6 +104,8 @@ _ALL_DONE_KEY = "rallypoint/torchrun/all-done"
 # The key of a round's store whose first writer ends the round for a restart (_claim_restart).
 _RESTART_KEY = "rallypoint/torchrun/restart"
 SETTLE_TIMEOUT_S = 30.0
+# How an agent's user passes a token, as a refused one's message says.
+TOKEN_HINT = "--rdzv-conf token=... or $RALLYPOINT_TOKEN"
 _OUR_KEYS = frozenset(
     {
         "timeout",
@@ -129,6 +134,11 @@ class RendezvousSettingsError(RendezvousError, ValueError):
 class CoordinatorUnreachableRendezvousError(RendezvousConnectionError):
     """No coordinator member could serve the agent for its connect timeout (one line: what
     was tried and what to check)."""
+
+
+class TokenRefusedRendezvousError(RendezvousConnectionError):
+    """The coordinator requires a token and the agent sent none, or one it does not know
+    (one line: which member, and ``--rdzv-conf token=`` or ``$RALLYPOINT_TOKEN``)."""
 
 
 class RoundTimeoutError(RendezvousTimeoutError):
@@ -202,6 +212,12 @@ class RendezvousSettings:
                 "--rdzv-endpoint must list the coordinator members, comma-separated "
                 "(host:port,host:port,...)"
             )
+        try:
+            # Checked here, so a bad one ends the agent with this line, not a traceback
+            # from its first call.
+            endpoints = tuple(parse_endpoints(list(endpoints)))
+        except InvalidValueError as error:
+            raise ValueError(f"--rdzv-endpoint={params.endpoint}: {error}") from None
         if not _JOB_ID.fullmatch(params.run_id):
             raise ValueError(
                 f"--rdzv-id {params.run_id!r} is not a coordinator job id: 1..128 characters "
@@ -306,6 +322,8 @@ class RallypointRendezvousHandler(RendezvousHandler):
             raise _one_line(CoordinatorUnreachableRendezvousError(str(error))) from error
         except JobClosedError as error:
             raise RendezvousClosedError(f"job {settings.job!r} is closed: {error}") from error
+        except UnauthenticatedError as error:
+            raise _one_line(TokenRefusedRendezvousError(str(error))) from None
         except RallypointError as error:
             raise RendezvousConnectionError(
                 f"rendezvous of job {settings.job!r} failed: {error}"
@@ -424,6 +442,7 @@ class RallypointRendezvousHandler(RendezvousHandler):
                 tls=settings.tls,
                 timeout_s=settings.client_timeout_s,
                 open_session_on_connect=False,
+                token_hint=TOKEN_HINT,
             )
         return self._client
 

@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -140,6 +141,8 @@ def _run(body: Body) -> Callable[[argparse.Namespace], int]:
             return asyncio.run(_with_client(args, body))
         except KeyboardInterrupt:
             return 0
+        except BrokenPipeError:
+            return reader_went_away()
         except (RallypointError, CommandError, ValueError, OSError) as error:
             kind = "" if isinstance(error, CommandError) else f"{type(error).__name__}: "
             print(f"error: {kind}{' '.join(str(error).split())}", file=sys.stderr)
@@ -148,6 +151,16 @@ def _run(body: Body) -> Callable[[argparse.Namespace], int]:
             return 1
 
     return handler
+
+
+def reader_went_away() -> int:
+    """Standard output's reader closed the pipe (``status --json | head``): stop quietly, as
+    a Unix tool killed by SIGPIPE does, with its exit status. Standard output now goes to
+    /dev/null, so the interpreter's last flush at exit cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 def _print_debug(error: RallypointError) -> None:
@@ -179,6 +192,7 @@ def make_client(args: argparse.Namespace) -> Client:
         tls=tls,
         # A command that only reads leaves no session behind; writes open one on demand.
         open_session_on_connect=False,
+        token_hint=f"--token or ${TOKEN_ENV}",
     )
 
 
@@ -259,7 +273,8 @@ def _group(subparsers: SubParsers, name: str, help_text: str) -> SubParsers:
 
 def _health(endpoint: EndpointStatus) -> str:
     if endpoint.status is None:
-        return "unreachable"
+        # No failure words: a member answered, refusing the call (a token, a role).
+        return "refused" if endpoint.error and not endpoint.failure else "unreachable"
     if endpoint.status.catching_up:
         return "catching up (lost its data; not voting)"
     return "ok" if endpoint.healthy else "no leader"
@@ -321,6 +336,11 @@ async def _status(args: argparse.Namespace, client: Client, out: Output) -> int:
     else:
         out.table(_status_table(rows, statuses))
     unhealthy = [s for s in statuses if not s.healthy]
+    refused = [s for s in statuses if _health(s) == "refused"]
+    if refused and len(refused) == len(statuses):
+        # Members answered, and refused: their words say what to check (a token).
+        more = f" (and {len(refused) - 1} more endpoints alike)" if len(refused) > 1 else ""
+        raise CommandError(f"{refused[0].error}{more}")
     if len(unhealthy) == len(statuses) and all(s.status is None for s in statuses):
         # Nothing answered: the table lists each endpoint; one line says what to check.
         each = "; ".join(f"{s.endpoint}: {s.failure or s.error}" for s in statuses)

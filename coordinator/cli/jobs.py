@@ -11,11 +11,19 @@ They share ``cli.client``'s plumbing: ``--endpoints`` (default ``$RALLYPOINT_END
 the local development cluster), ``--timeout``, ``--token``, TLS files and ``--json``; human
 output is rich tables; failures are one line on stderr and exit code 1. Phi is the leader's
 reading (GetJob asks the leader when a follower answered).
+
+Times. The coordinator keeps times as the leader's Unix epoch milliseconds; ``--json`` gives
+them as they are (every such key ends in ``_ms``; durations end in ``_s`` or ``_ms`` and say
+so), human output as local clock times and how long ago ("10:02:03 (12 s ago)"), reasons
+included.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
+import time
+from datetime import datetime
 from typing import Any
 
 from rich.table import Table
@@ -52,7 +60,10 @@ def _round_document(info: RoundInfo) -> dict[str, Any]:
     return {
         "job": info.job,
         "round": info.round,
-        "state": info.state.value,
+        # The job's state (its lifecycle once it ended), as the human table says it; the
+        # round's own is round_state.
+        "state": _state(info),
+        "round_state": info.state.value,
         "world_size": info.world_size,
         "fencing_token": info.fencing_token,
         "store_namespace": info.store_namespace,
@@ -96,6 +107,37 @@ def _state(info: RoundInfo) -> str:
         return "closed"
     state: str = (info.job_state if info.job_state is not JobState.OPEN else info.state).value
     return state
+
+
+_LEADER_TIME = re.compile(r"leader time (\d+) ms")
+
+
+def duration(seconds: float) -> str:
+    """A duration for people: "0.4 s", "12 s", "4 min 3 s", "2 h 5 min"."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    return f"{whole // 3600} h {whole % 3600 // 60} min"
+
+
+def local_time(epoch_ms: int, now_s: float | None = None) -> str:
+    """A leader's epoch milliseconds as this machine's local clock time, and how long ago:
+    "10:02:03 (12 s ago)" (with the date when it is not today)."""
+    now = time.time() if now_s is None else now_s
+    when = datetime.fromtimestamp(epoch_ms / 1000)
+    today = datetime.fromtimestamp(now).date()
+    stamp = when.strftime("%H:%M:%S" if when.date() == today else "%Y-%m-%d %H:%M:%S")
+    ago_s = now - epoch_ms / 1000
+    return f"{stamp} ({duration(ago_s)} ago)" if ago_s >= 0 else f"{stamp} (in {duration(-ago_s)})"
+
+
+def human_times(text: str, now_s: float | None = None) -> str:
+    """``text`` (a reason, a detail) with each "leader time N ms" as a local time."""
+    return _LEADER_TIME.sub(lambda m: local_time(int(m.group(1)), now_s), text)
 
 
 def _after_s(start_ms: int, ms: int) -> float | None:
@@ -194,7 +236,7 @@ async def _jobs(args: argparse.Namespace, client: Client, out: Output) -> int:
             str(info.world_size),
             ", ".join(m.name for m in info.members),
             str(len(info.waiting)),
-            info.reason,
+            human_times(info.reason),
         )
     out.table(table)
     return 0
@@ -256,12 +298,12 @@ def _history_table(history: tuple[RoundRecord, ...]) -> Table:
 
 
 def _recoveries_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table(title="recoveries (leader times; + seconds after the detection)")
+    table = Table(title="recoveries (local times; + seconds after the detection)")
     for column in (
         "round",
         "ended because",
         "by",
-        "detected at (ms)",
+        "detected at",
         "re-formed",
         "training again",
         "restore",
@@ -279,7 +321,7 @@ def _recoveries_table(rows: list[dict[str, Any]]) -> Table:
             str(row["round"]),
             row["end_reason"] or "",
             row["ended_by"],
-            str(row["detected_ms"]),
+            local_time(row["detected_ms"]),
             phase(row["reformed_ms"], row["reformed_after_s"]),
             training,
             row["restore"] or ("not reported" if row["reformed_ms"] is not None else "not yet"),
@@ -298,8 +340,8 @@ async def _rounds(args: argparse.Namespace, client: Client, out: Output) -> int:
         f"fencing token {info.fencing_token}"
     )
     if info.job_state is not JobState.OPEN and not info.job_closed:
-        out.line(f"job {info.job_state.value} at leader time {info.job_ended_ms} ms")
-    out.line(f"reason: {info.reason}")
+        out.line(f"job {info.job_state.value} at {local_time(info.job_ended_ms)}")
+    out.line(f"reason: {human_times(info.reason)}")
     out.table(_members_table(f"round {info.round} members", info.members, with_phi=True))
     if info.waiting:
         out.table(_members_table("waiting for the next round", info.waiting, with_phi=True))
@@ -371,7 +413,8 @@ def register(subparsers: SubParsers) -> None:
         subparsers,
         "jobs",
         "every job: state (joining, active; finished, failed, closed), current round, world "
-        "size, members, why it is not closing",
+        "size, members, why it is not closing (--json: times as *_ms, the leader's Unix epoch "
+        "milliseconds)",
         _jobs,
         common,
     )

@@ -211,10 +211,15 @@ def _cluster_up(args: argparse.Namespace) -> int:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        # Members whose exit was reported: each is said once, not at every poll.
+        reported: set[int] = set()
         while not stop:
             for member_id, proc in zip(addresses, procs, strict=True):
-                if proc.poll() is not None and not stop:
-                    print(f"rallypoint: member {member_id} exited ({proc.returncode})", flush=True)
+                if proc.poll() is not None and not stop and member_id not in reported:
+                    reported.add(member_id)
+                    print(
+                        f"rallypoint: member {member_id} {_exit_words(proc.returncode)}", flush=True
+                    )
             time.sleep(0.2)
             procs_alive = [p for p in procs if p.poll() is None]
             if not procs_alive:
@@ -236,6 +241,17 @@ def _cluster_up(args: argparse.Namespace) -> int:
                 proc.wait()
         if temporary:
             shutil.rmtree(parent, ignore_errors=True)
+
+
+def _exit_words(returncode: int) -> str:
+    """How a member process ended, in words: "exited (1)", "was killed (SIGKILL)"."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"was killed ({name}); the others go on without it"
+    return f"exited ({returncode}); the others go on without it"
 
 
 def _wait_for_leader(client_addresses: Sequence[str], timeout_s: float) -> int:

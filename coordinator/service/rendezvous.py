@@ -632,6 +632,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
             name=validate.participant_name(request.name, limits),
             metadata=validate.participant_metadata(request.metadata, limits),
             config=config,
+            resume=request.resume,
         )
         result = await propose(self.node, command, context, JoinResult, header)
         return rendezvous_pb2.JoinResponse(
@@ -674,7 +675,13 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         if batch_bytes(names, metadata) > limits.max_batch_bytes:
             what = "bytes of names and metadata in one batch"
             raise RequestFailed(LimitExceeded(what, limits.max_batch_bytes))
-        command = JoinBatch(job=job_id, names=tuple(names), metadata=tuple(metadata), config=config)
+        command = JoinBatch(
+            job=job_id,
+            names=tuple(names),
+            metadata=tuple(metadata),
+            config=config,
+            resume=request.resume,
+        )
         result = await propose(self.node, command, context, JoinBatchResult, header)
         return rendezvous_pb2.JoinBatchResponse(
             header=header_pb(self.node.header()),

@@ -86,6 +86,13 @@ class CheckpointRegistry:
     def drop_pending(self) -> None:
         self.pending.clear()
 
+    def forget(self) -> None:
+        """A new run of the job starts without the old run's state (``rendezvous.py``,
+        "Runs"): nothing is pending, committed or in memory any more."""
+        self.pending.clear()
+        self.committed.clear()
+        self.memory = None
+
     def execute(
         self,
         job: str,

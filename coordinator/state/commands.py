@@ -158,11 +158,15 @@ class Join(JobCommand):
     """Add a participant tied to the envelope's session; its id is this entry's raft index,
     or the next free id if a JoinBatch handed out ids beyond it (:mod:`.rendezvous`,
     "Participant ids"). With a config, creates the job if absent; the config must equal the
-    job's if present."""
+    job's if present. ``resume`` matters only when the join starts an ended job again (a
+    new run): False fences the old run's checkpoints and memory snapshot off (the new run
+    starts fresh), True keeps them for the new run to restore. Records written before the
+    field read as True, which is what every join did then."""
 
     name: str
     metadata: bytes
     config: JobConfig | None = None
+    resume: bool = since(2, True)
 
 
 @record(42)
@@ -247,11 +251,12 @@ class JoinBatch(JobCommand):
     Join would be, all or nothing (one refusal refuses the whole batch and changes nothing).
     ``metadata`` is parallel to ``names``, or empty (no metadata for anyone). The new
     participants take consecutive ids from the first free one at or above this entry's raft
-    index (:mod:`.rendezvous`, "Participant ids")."""
+    index (:mod:`.rendezvous`, "Participant ids"). ``resume`` as Join's."""
 
     names: tuple[str, ...]
     metadata: tuple[bytes, ...] = ()
     config: JobConfig | None = None
+    resume: bool = since(2, True)
 
 
 # ---------------------------------------------------------------- round store (tags 50-54)

@@ -69,6 +69,16 @@ job OPEN: a restarted worker may come back. An ended job keeps its current round
 empty) and its history; a Join or a Configure starts it again (OPEN; a Join's config
 replaces the old run's).
 
+Runs. A job id used again after the job ended is a new run. The first Join (or JoinBatch)
+that starts it again says whether the new run sees the old run's state: without ``resume``
+the job's checkpoint registry is emptied (committed checkpoints and the memory snapshot; no
+checkpoint is pending in an ended job), so the new run starts fresh however many times the
+id was used; with ``resume`` it keeps them and the new run restores the old run's latest.
+Round numbers go on increasing across runs, so a new run's checkpoints never take an old
+one's name. A job that never ended (its workers were killed) is the same run when they come
+back: its checkpoints are its own. A Configure that starts an ended job again keeps them
+(an operator's command, as before runs existed).
+
 Retention. Ended jobs (finished, failed, closed) are dropped, oldest ``ended_ms`` first,
 beyond ``max_ended_jobs`` and once ``ended_job_retention_ms`` has passed since they ended,
 both judged at the machine's time when a job command applies (so every replica drops the
@@ -502,10 +512,12 @@ class Rendezvous:
             return ConfigConflict(job.job_id, config.differences(job.config))
         return None
 
-    def _join_job(self, index: int, now_ms: int, job_id: str, config: JobConfig | None) -> Job:
+    def _join_job(
+        self, index: int, now_ms: int, job_id: str, config: JobConfig | None, resume: bool
+    ) -> Job:
         """The job a join goes to, once :meth:`_join_refusal` said None: created with
         ``config`` if absent, or, finished or failed, started again (a new run takes the new
-        run's config)."""
+        run's config, and the old run's checkpoints only if ``resume``)."""
         job = self.jobs.get(job_id)
         if job is None:
             assert config is not None
@@ -517,6 +529,8 @@ class Rendezvous:
             if config is not None:
                 job.config = config
             job.reopen()
+            if not resume:
+                job.checkpoints.forget()
         return job
 
     def _take_ids(self, index: int, count: int) -> int:
@@ -534,7 +548,7 @@ class Rendezvous:
         refusal = self._join_refusal(command.job, command.config)
         if refusal is not None:
             return refusal
-        job = self._join_job(index, now_ms, command.job, command.config)
+        job = self._join_job(index, now_ms, command.job, command.config, command.resume)
         existing = job.names.get(command.name)
         if existing is not None:
             if job.participants[existing].session_id != session_id:
@@ -610,7 +624,7 @@ class Rendezvous:
         if left_waiting > self.limits.max_waiting:
             return LimitExceeded("waiting participants per job", self.limits.max_waiting)
         # Checked: from here on nothing refuses.
-        job = self._join_job(index, now_ms, command.job, command.config)
+        job = self._join_job(index, now_ms, command.job, command.config, command.resume)
         if new:
             first = self._take_ids(index, len(new))
             pids = range(first, first + len(new))

@@ -242,18 +242,20 @@ class ConfigureResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., created: _Optional[bool] = ..., round: _Optional[_Union[RoundInfo, _Mapping]] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("header", "job", "name", "metadata", "config")
+    __slots__ = ("header", "job", "name", "metadata", "config", "resume")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.RequestHeader
     job: str
     name: str
     metadata: bytes
     config: JobConfig
-    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., job: _Optional[str] = ..., name: _Optional[str] = ..., metadata: _Optional[bytes] = ..., config: _Optional[_Union[JobConfig, _Mapping]] = ...) -> None: ...
+    resume: bool
+    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., job: _Optional[str] = ..., name: _Optional[str] = ..., metadata: _Optional[bytes] = ..., config: _Optional[_Union[JobConfig, _Mapping]] = ..., resume: _Optional[bool] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
     __slots__ = ("header", "participant_id", "waiting", "round")
@@ -402,18 +404,20 @@ class HeartbeatBatchResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., seq: _Optional[int] = ..., assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ...) -> None: ...
 
 class JoinBatchRequest(_message.Message):
-    __slots__ = ("header", "job", "names", "metadata", "config")
+    __slots__ = ("header", "job", "names", "metadata", "config", "resume")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     NAMES_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.RequestHeader
     job: str
     names: _containers.RepeatedScalarFieldContainer[str]
     metadata: _containers.RepeatedScalarFieldContainer[bytes]
     config: JobConfig
-    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., job: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., metadata: _Optional[_Iterable[bytes]] = ..., config: _Optional[_Union[JobConfig, _Mapping]] = ...) -> None: ...
+    resume: bool
+    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., job: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., metadata: _Optional[_Iterable[bytes]] = ..., config: _Optional[_Union[JobConfig, _Mapping]] = ..., resume: _Optional[bool] = ...) -> None: ...
 
 class JoinBatchResponse(_message.Message):
     __slots__ = ("header", "participant_ids", "waiting", "round", "state")

@@ -6,7 +6,9 @@ does is tested with real processes in tests/integration/test_rendezvous.py."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 
 import pytest
 
@@ -24,6 +26,8 @@ from rallypoint.client import (
     RoundMember,
     RoundState,
     StaleRoundError,
+    UnavailableError,
+    rendezvous,
 )
 from rallypoint.client.caller import Caller
 from rallypoint.client.rendezvous import reconnect_backoff, round_position
@@ -135,7 +139,7 @@ async def test_view_never_goes_back_and_each_round_change_is_told_once(
 
 
 async def test_wait_for_round_returns_each_active_round_with_me_once(
-    participant: Participant,
+    participant: Participant, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     waiter = asyncio.create_task(participant.wait_for_round(timeout_s=5))
     await asyncio.sleep(0)
@@ -149,6 +153,11 @@ async def test_wait_for_round_returns_each_active_round_with_me_once(
     assert not waiter.done()
     participant._observe(info(4, 2, RoundState.ACTIVE, members=(ME,)))
     assert (await waiter).rank_of(ME) == 0
+
+    async def get_job(caller: Caller, job: str, **options: object) -> SimpleNamespace:
+        return SimpleNamespace(round=participant.round)
+
+    monkeypatch.setattr(rendezvous, "get_job", get_job)  # no server: the round as it is
     with pytest.raises(DeadlineExceededError, match="no ACTIVE round"):
         await participant.wait_for_round(timeout_s=0.01)
 
@@ -174,3 +183,37 @@ async def test_a_view_without_me_means_lost(participant: Participant) -> None:
     # Lost is final: a stale view that still lists us changes nothing.
     participant._observe(info(5, 3, RoundState.ACTIVE, members=(ME, OTHER)))
     assert participant.lost.is_set()
+
+
+async def test_wait_for_round_out_of_time_says_how_the_round_stands_now(
+    participant: Participant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The view's reason is from the join, 0.2 s in: after the wait it would be untrue.
+    stale = dataclasses.replace(
+        info(2, 1, RoundState.JOINING, members=(ME,)),
+        reason="1 of min 2 joined; joining for 0.2 s of the 600 s join timeout",
+    )
+    participant._observe(stale)
+    now = dataclasses.replace(
+        info(3, 1, RoundState.JOINING, members=(ME,)),
+        reason="1 of min 2 joined; joining for 600.1 s of the 600 s join timeout",
+    )
+
+    async def get_job(caller: Caller, job: str, **options: object) -> SimpleNamespace:
+        return SimpleNamespace(round=now)
+
+    monkeypatch.setattr(rendezvous, "get_job", get_job)
+    with pytest.raises(DeadlineExceededError) as raised:
+        await participant.wait_for_round(timeout_s=0.01)
+    assert "joining for 600.1 s of the 600 s join timeout" in str(raised.value)
+    assert "0.2 s" not in str(raised.value)
+
+    async def unanswered(caller: Caller, job: str, **options: object) -> SimpleNamespace:
+        raise UnavailableError("no member answered")
+
+    monkeypatch.setattr(rendezvous, "get_job", unanswered)
+    with pytest.raises(DeadlineExceededError) as raised:
+        await participant.wait_for_round(timeout_s=0.01)
+    # The last known reason, with its age and why it is not fresher.
+    assert "s ago: 1 of min 2 joined; joining for 600.1 s" in str(raised.value)
+    assert "did not answer since: no member answered" in str(raised.value)

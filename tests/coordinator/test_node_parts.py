@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 
@@ -113,3 +114,26 @@ async def test_on_a_leader_change_reads_are_asked_again_or_failed() -> None:
     assert not kept.done()
     reads.on_read_state(ReadState(Index(1), asked[-1]), applied_index=1)
     assert kept.done() and kept.exception() is None
+
+
+async def test_a_read_whose_caller_gave_up_fails_quietly_at_shutdown() -> None:
+    # read_barrier waits on a shield of the read: a caller past its deadline leaves the read
+    # queued, and stopping the member failed it with nobody to see it ("Future exception
+    # was never retrieved ... NodeError('this member is shutting down')" at exit).
+    loop = asyncio.get_running_loop()
+    logged: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _loop, context: logged.append(context))
+    try:
+        reads, _, _ = batcher()
+        reads.enqueue()  # in flight
+        read = reads.enqueue()  # queued behind it
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0):
+                await asyncio.shield(read)
+        reads.fail_queued(RuntimeError("this member is shutting down"), keep=False)
+        assert read.done()
+        del read, reads
+        gc.collect()
+    finally:
+        loop.set_exception_handler(None)
+    assert logged == []

@@ -20,6 +20,7 @@ import grpc.aio
 import pytest
 
 from rallypoint.coordinator.peer_auth import (
+    BATCH_TAG,
     CHUNK_TAG,
     HELLO_TAG,
     LIVENESS_TAG,
@@ -273,3 +274,35 @@ async def test_a_sender_waits_for_the_challenge_and_says_when_none_comes() -> No
 
     with pytest.raises(ChallengeError, match="version 1"):
         await open_session(Silent(), PeerKey(b"transport-test-secret"))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("stopping", "said"), [(False, "is starting"), (True, "is shutting down")])
+async def test_a_member_that_takes_no_traffic_says_whether_it_starts_or_stops(
+    tmp_path: Path, stopping: bool, said: str
+) -> None:
+    # A stopping member said "is starting", so the others logged that as it shut down.
+    host = Host(2, tmp_path)
+    host.accepts_traffic, host.stopping = False, stopping
+    server = grpc.aio.server()
+    add_peer_service(server, host)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    batch = peer_pb2.MessageBatch(cluster_id=CLUSTER_ID, from_id=1, to_id=2)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.stream_unary(
+                SEND,
+                request_serializer=peer_pb2.MessageBatch.SerializeToString,
+                response_deserializer=peer_pb2.SendAck.FromString,
+            )()
+            session = await open_session(call, host.peer_key)
+            stamp = session.stamp(BATCH_TAG, batch_fields(batch))
+            batch.challenge, batch.counter, batch.mac = stamp.challenge, stamp.counter, stamp.mac
+            await call.write(batch)
+            await call.done_writing()
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await call
+    finally:
+        await server.stop(grace=None)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert refused.value.details() == f"member 2 {said}"

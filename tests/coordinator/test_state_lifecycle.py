@@ -10,11 +10,16 @@ import msgpack
 
 from rallypoint.coordinator.state import codec
 from rallypoint.coordinator.state.commands import (
+    CheckpointBegin,
+    CheckpointCommit,
+    CheckpointShardDone,
     CloseJob,
     Configure,
     Envelope,
     Join,
+    JoinBatch,
     Leave,
+    MemorySnapshotCommit,
     PruneJobs,
     RoundTrained,
     SessionClose,
@@ -33,7 +38,11 @@ from rallypoint.coordinator.state.jobs import (
 )
 from rallypoint.coordinator.state.machine import Limits, StateMachine
 from rallypoint.coordinator.state.results import (
+    CheckpointBeginResult,
+    CheckpointCommitResult,
+    JoinBatchResult,
     JoinResult,
+    MemorySnapshotCommitResult,
     PruneJobsResult,
     RemoveResult,
     RoundTrainedResult,
@@ -279,3 +288,71 @@ def test_rounds_of_an_older_snapshot_read_with_no_restore() -> None:
     assert (record.trained_ms, record.restore) == (700, "")
     # Unchanged records keep their bytes: the field is written only when it says something.
     assert codec.to_obj(codec.from_obj(record_obj, RoundRecord)) == record_obj
+
+
+def finished_run_with_state(r: JobReplica) -> None:
+    """A run of job "j" that committed a checkpoint and a memory snapshot, then finished."""
+    (sa, a), (sb, b) = two_workers(r)
+    r_ = r.job().round
+    begun = r.do(sa, CheckpointBegin("j", r_.number, r_.fencing_token, 300, 2, b"L", "/ck/300"))
+    assert isinstance(begun, CheckpointBeginResult)
+    for rank in (0, 1):
+        r.do(sa, CheckpointShardDone("j", r_.number, r_.fencing_token, begun.checkpoint_id, rank))
+    committed = r.do(sa, CheckpointCommit("j", r_.number, r_.fencing_token, begun.checkpoint_id))
+    assert isinstance(committed, CheckpointCommitResult)
+    memory = r.do(sa, MemorySnapshotCommit("j", r_.number, r_.fencing_token, 300, 2, b"", b""))
+    assert isinstance(memory, MemorySnapshotCommitResult)
+    leave(r, sa, a, LeaveOutcome.FINISHED)
+    leave(r, sb, b, LeaveOutcome.FINISHED)
+    assert r.job().state is JobState.FINISHED
+
+
+def test_a_job_id_used_again_is_a_new_run_that_does_not_see_the_old_runs_state() -> None:
+    r = JobReplica()
+    finished_run_with_state(r)
+    assert r.sm.rendezvous.jobs["j"].checkpoints.latest() is not None
+    result = r.do(r.open(), Join("j", "w1", b"", CONFIG, resume=False))
+    assert isinstance(result, JoinResult)
+    registry = r.job().checkpoints
+    # Not step 300 of the run before: the new run starts fresh (issue 34, item 2).
+    assert (registry.latest(), registry.latest_memory_snapshot()) == (None, None)
+    # Its second worker joins an open job: nothing more is forgotten, nothing comes back.
+    r.do(r.open(), Join("j", "w2", b"", CONFIG, resume=True))
+    assert r.job().checkpoints.latest() is None
+
+
+def test_a_new_run_with_resume_restores_the_old_runs_latest() -> None:
+    for batch in (False, True):
+        r = JobReplica()
+        finished_run_with_state(r)
+        if batch:
+            joined = r.do(r.open(), JoinBatch("j", ("w1", "w2"), (), CONFIG, resume=True))
+            assert isinstance(joined, JoinBatchResult)
+        else:
+            assert isinstance(r.do(r.open(), Join("j", "w1", b"", CONFIG, resume=True)), JoinResult)
+        latest = r.job().checkpoints.latest()
+        assert latest is not None and latest.step == 300
+
+
+def test_a_join_batch_that_starts_a_new_run_fences_the_old_state_off() -> None:
+    r = JobReplica()
+    finished_run_with_state(r)
+    joined = r.do(r.open(), JoinBatch("j", ("a0", "a1"), (), CONFIG, resume=False))
+    assert isinstance(joined, JoinBatchResult)
+    assert r.job().checkpoints.latest() is None
+
+
+def test_a_join_of_the_format_before_runs_reads_as_resume_and_is_written_so() -> None:
+    # A Join as written before runs existed (no resume field) did what resume=True does now.
+    r = JobReplica()
+    finished_run_with_state(r)
+    session = r.open()
+    older = msgpack.packb(
+        [20, session, 1, 0, r.time_ms, [41, "j", "w1", b"", codec.to_obj(CONFIG)]],
+        use_bin_type=True,
+    )
+    command = decode_envelope(older).command
+    assert command == Join("j", "w1", b"", CONFIG) and command.resume  # type: ignore[attr-defined]
+    assert encode_envelope(decode_envelope(older)) == older
+    fresh = Envelope(session, 1, 0, r.time_ms, Join("j", "w1", b"", CONFIG, resume=False))
+    assert len(msgpack.unpackb(encode_envelope(fresh))[-1]) == 6  # the field is written

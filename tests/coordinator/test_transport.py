@@ -67,6 +67,7 @@ class Host:
     incarnation = 7
     abstaining = False
     accepts_traffic = True
+    stopping = False
     peer_names_required = False
     max_snapshot_bytes = 1 << 20
 

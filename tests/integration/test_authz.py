@@ -17,6 +17,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -140,13 +141,76 @@ async def test_a_read_token_reads_and_cannot_write(connect: object) -> None:
 
 
 async def test_no_token_or_an_unknown_one_is_unauthenticated(cluster: ProcessCluster) -> None:
-    for token in (None, "guess"):
+    # The message names the member, which of the two it was, and how to pass a token.
+    words = {
+        None: "requires a token and none was sent: pass one with Client(..., token=...) or "
+        "$RALLYPOINT_TOKEN",
+        "guess": "refused the token: the cluster does not know it (check the token given "
+        "with Client(..., token=...) or $RALLYPOINT_TOKEN)",
+    }
+    for token, said in words.items():
         client = Client(cluster.endpoints, token=token, timeout_s=5, open_session_on_connect=False)
         try:
-            with pytest.raises(UnauthenticatedError, match="missing or wrong credentials"):
+            with pytest.raises(UnauthenticatedError) as refused:
                 await client.get("config/lr")
+            assert str(refused.value) == f"{refused.value.endpoint} {said}"
+            assert refused.value.endpoint in cluster.endpoints
         finally:
             await client.close()
+
+
+ELASTIC = """
+import torch
+from rallypoint.worker import TrainState, elastic_training
+
+model = torch.nn.Linear(2, 1)
+state = TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+with elastic_training({endpoints!r}, job="A", name="w", min_nodes=1, max_nodes=1,
+                      max_steps=1, checkpoint_dir="ck", state=state, {token}) as run:
+    pass
+"""
+
+
+@pytest.mark.parametrize("token", ["wrong", None])
+def test_a_refused_token_is_one_line_in_each_interface(
+    cluster: ProcessCluster, tmp_path: Path, token: str | None
+) -> None:
+    """The CLI, ``rallypoint status`` and ``elastic_training`` each say it in one line with
+    their own ways to pass a token (elastic_training's was a 55-line traceback)."""
+    env = {k: v for k, v in os.environ.items() if k != "RALLYPOINT_TOKEN"}
+    endpoint = cluster.endpoints[0]
+    if token is None:
+        said = "requires a token and none was sent: pass one with {how}"
+    else:
+        said = "refused the token: the cluster does not know it (check the token given with {how})"
+    token_args = ["--token", token] if token else []
+    for command, how in (
+        (["kv", "get", "x"], "--token or $RALLYPOINT_TOKEN"),
+        (["status"], "--token or $RALLYPOINT_TOKEN"),
+    ):
+        done = subprocess.run(
+            [str(ROOT / ".venv/bin/rallypoint"), *command, "--endpoints", endpoint, *token_args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        assert done.returncode == 1, done
+        kind = "UnauthenticatedError: " if command[0] == "kv" else ""
+        assert done.stderr == f"error: {kind}{endpoint} {said.format(how=how)}\n", done.stderr
+    script = tmp_path / "train.py"
+    script.write_text(ELASTIC.format(endpoints=endpoint, token=f"token={token!r}" if token else ""))
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == 1, done
+    how = "elastic_training(token=...) or $RALLYPOINT_TOKEN"
+    assert done.stderr == f"rallypoint: {endpoint} {said.format(how=how)}\n", done.stderr
 
 
 def _reloads(cluster: ProcessCluster, member_id: int, word: str) -> int:

@@ -325,6 +325,27 @@ def test_every_member_down_still_lists_each_endpoint(places: Places) -> None:
     assert table.count("unreachable: connection refused") == 2
 
 
+def test_a_reader_that_goes_away_stops_the_output_quietly(places: Places) -> None:
+    # `status --json | head` ended with "error: BrokenPipeError". A pipe whose read end is
+    # closed before the command writes: every write to it fails, as after head exits.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RALLYPOINT_", "GRPC_"))}
+    try:
+        done = subprocess.run(
+            [*COMMAND, "status", "--json", "--endpoints", places.fill("{nothing}")],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+    finally:
+        os.close(write_end)
+    # As a Unix tool killed by SIGPIPE: nothing said, status 128 + 13.
+    assert (done.returncode, done.stderr) == (141, ""), done.stderr
+
+
 def test_debug_adds_the_transport_words_on_a_second_line(places: Places) -> None:
     result = rallypoint("kv", "get", "k", "--endpoints", places.peer, "--debug")
     lines = result.stderr.strip().splitlines()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +123,10 @@ def test_a_finished_job_is_shown_finished_with_its_recovery_and_can_be_pruned(
     code, out, _ = cli(capsys, cluster, "rounds", job)
     assert code == 0 and "recoveries" in out and "training again" in out
     assert "restore" in out and "keep" in out
-    assert f"job finished at leader time {listed['job_ended_ms']} ms" in out
+    # A local clock time, not the leader's epoch milliseconds.
+    ended = datetime.fromtimestamp(listed["job_ended_ms"] / 1000).strftime("%H:%M:%S")
+    assert f"job finished at {ended} (" in out and str(listed["job_ended_ms"]) not in out
+    assert listed["state"] == "finished" and listed["round_state"] == "joining"
 
     # A failed run of another job: its worker says so as it leaves.
     failing = client.join("lc-failed", "w0", config=CONFIG)

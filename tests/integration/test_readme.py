@@ -46,8 +46,11 @@ def test_the_readme_has_the_blocks_this_test_knows() -> None:
         assert "RALLYPOINT_ENDPOINTS" in block or "Client(" not in block
 
 
-def run_copies(block: str, copies: int, cwd: Path, endpoints: list[str]) -> None:
+def run_copies(block: str, copies: int, cwd: Path, endpoints: list[str]) -> list[str]:
+    """Run ``copies`` of the block in ``cwd`` at once; each one's standard output."""
+    cwd.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "RALLYPOINT_ENDPOINTS": ",".join(endpoints)}
+    outputs = []
     procs = []
     for copy in range(1, copies + 1):
         program = cwd / f"block-{copy}.py"
@@ -66,11 +69,13 @@ def run_copies(block: str, copies: int, cwd: Path, endpoints: list[str]) -> None
         for copy, proc in enumerate(procs, 1):
             out, err = proc.communicate(timeout=240)
             assert proc.returncode == 0, f"copy {copy} exited {proc.returncode}:\n{out}\n{err}"
+            outputs.append(out)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
+    return outputs
 
 
 @pytest.mark.parametrize("number", range(len(python_blocks())))
@@ -92,3 +97,28 @@ def test_a_python_block_runs_as_written(
         with SyncClient(cluster.endpoints, timeout_s=20) as client:
             info = client.get_job(job.group(1)).round
         assert info.job_state is JobState.FINISHED, info
+
+
+def test_the_training_example_runs_twice_from_two_directories(
+    cluster: ProcessCluster, tmp_path: Path
+) -> None:
+    """The README's example hard-codes its job id: running it again is a new run (README,
+    "Running a job again"), from any directory. It once restored the first run's last
+    checkpoint by a path relative to the first run's directory (every worker crashed), or,
+    from the same directory, finished at once without training."""
+    block = next(b for b in python_blocks() if 'job="demo"' in b and "max_steps=300" in b)
+    for run in ("first", "second"):
+        outputs = run_copies(block, 2, tmp_path / run, cluster.endpoints)
+        for output in outputs:
+            # Each worker's first round starts the run at step 0 (a restored run: 300).
+            first = next(line for line in output.splitlines() if line.startswith("round_formed"))
+            assert "'step': 0," in first, output
+        # And trains: a restored step 300 would print no step 100.
+        assert any("step 100 of round" in output for output in outputs), outputs
+        with SyncClient(cluster.endpoints, timeout_s=20) as client:
+            status = client.get_job("demo")
+        assert status.round.job_state is JobState.FINISHED, status.round
+    # The second run's checkpoints are its own, named absolutely (they mean the same from
+    # any directory, for a run that resumes from them).
+    assert status.latest_checkpoint is not None
+    assert Path(status.latest_checkpoint.uri).is_relative_to(tmp_path / "second")

@@ -34,7 +34,12 @@ from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 from rallypoint.client import JobConfig, SyncClient
 from rallypoint.worker.tcpstore_bridge import NoFreePortError, PortRange, TCPStoreBridge
-from rallypoint.worker.torchrun import RallypointRendezvousHandler, RendezvousSettings
+from rallypoint.worker.torchrun import (
+    RallypointRendezvousHandler,
+    RendezvousSettings,
+    RendezvousSettingsError,
+    create_handler,
+)
 from tests.integration.harness import (
     ProcessCluster,
     free_port_block,
@@ -327,6 +332,37 @@ def test_a_job_token_in_rdzv_conf_is_all_an_agent_needs(
         assert "permission denied: role 'job:other' may not take part in job 'tr'" in log, log[
             -3000:
         ]
+        # A wrong token, or none: one line naming the member and the agent's ways to pass
+        # one (it was 96 lines: two tracebacks and torch's error summary).
+        refused = {
+            "wrong": (
+                "wrong",
+                "refused the token: the cluster does not know it (check the token given with",
+            ),
+            "none": ("", "requires a token and none was sent: pass one with"),
+        }
+        agents = {
+            case: TorchrunJob(
+                cluster.endpoints,
+                "tr",
+                tmp_path / f"token-{case}",
+                nnodes="1",
+                agents=1,
+                rdzv_conf=f",token={token}" if token else "",
+                env={"RALLYPOINT_TOKEN": ""},
+            )
+            for case, (token, _) in refused.items()
+        }
+        jobs.extend(agents.values())
+        for case, (_, words) in refused.items():
+            agent = agents[case]
+            assert agent.agents[0].wait(timeout=90) == 1
+            log = agent.logs[0].read_text()
+            assert "Traceback" not in log, log[-3000:]
+            assert log.strip().splitlines()[-1] == (
+                f"rallypoint: {cluster.endpoints[0]} {words} --rdzv-conf token=... or "
+                "$RALLYPOINT_TOKEN" + (")" if case == "wrong" else "")
+            ), log[-3000:]
 
 
 def test_agents_started_before_the_coordinator_wait_for_it(
@@ -418,6 +454,16 @@ def test_torchrun_finds_the_backend_and_reads_its_settings(
         RendezvousSettings.from_parameters(
             RendezvousParameters("rallypoint", "a:1", "j", 1, 1, timeout="soon")
         )
+    # An endpoint without a port is refused with the settings, in one line, before any call
+    # (it was a traceback from the agent's first call, then another from torch's launcher).
+    for endpoint in ("localhost", "a:1,localhost", "a:99999"):
+        with pytest.raises(ValueError, match=f"^--rdzv-endpoint={endpoint}: ") as refused:
+            RendezvousSettings.from_parameters(
+                RendezvousParameters("rallypoint", endpoint, "j", 1, 1)
+            )
+        assert "\n" not in str(refused.value)
+    with pytest.raises(RendezvousSettingsError, match="'localhost' has no port"):
+        create_handler(RendezvousParameters("rallypoint", "localhost", "j", 1, 1))
     # connect_timeout follows the rendezvous timeout unless set.
     assert settings.connect_timeout_s == 120.0
     assert settings.master_port_range is None

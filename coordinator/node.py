@@ -739,7 +739,10 @@ class Node:
         raises is a broken invariant and stops the member."""
         raw = self.raw
         if messages and incarnation:
-            self._note_incarnation(int(messages[0].from_), incarnation, abstaining)
+            peer_id = int(messages[0].from_)
+            if self._note_incarnation(peer_id, incarnation, abstaining) and abstaining:
+                # What a leader recorded this peer holds is void (raft: peer_lost_data).
+                raw.report_lost_data(NodeId(peer_id))
         for message in messages:
             if abstaining and message.type in _VOTE_TRAFFIC:
                 log.debug(
@@ -766,14 +769,17 @@ class Node:
                 raise
         self._wakeup.set()
 
-    def _note_incarnation(self, peer_id: int, incarnation: int, abstaining: bool) -> None:
-        """Warn once per new incarnation of a peer: one this member saw change, or (this
-        member restarted since) one that says it abstains, which only a member that
-        started from empty storage into an existing cluster does."""
+    def _note_incarnation(self, peer_id: int, incarnation: int, abstaining: bool) -> bool:
+        """Whether ``incarnation`` is new to this run. Warns once per new incarnation of a
+        peer: one this member saw change, or (this member restarted since) one that says it
+        abstains, which only a member that started from empty storage into an existing
+        cluster does."""
         previous = self._peer_incarnations.get(peer_id)
         self._peer_incarnations[peer_id] = incarnation
-        if previous == incarnation or (previous is None and not abstaining):
-            return
+        if previous == incarnation:
+            return False
+        if previous is None and not abstaining:
+            return True
         log.warning(
             "member %d: member %d came back with a new data directory (incarnation %016x, "
             "was %s)%s",
@@ -783,6 +789,7 @@ class Node:
             "not seen by this run" if previous is None else f"{previous:016x}",
             ": it lost its data and does not vote until it has caught up" if abstaining else "",
         )
+        return True
 
     def peer_address(self, member_id: int) -> str | None:
         address = self._membership.table.get(member_id)

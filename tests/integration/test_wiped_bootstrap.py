@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from rallypoint.client import Client
-from tests.integration.harness import ProcessCluster, wait_until
+from tests.integration.harness import ProcessCluster, running_cluster, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -110,3 +110,40 @@ async def lose_writes_or_not(cluster: ProcessCluster) -> None:
     assert "lost its data and rejoins" in since_restart(3)
     # The member holding the data says, in its own log, that 3 came back empty.
     assert "member 3 started with empty storage" in since_restart(1)
+
+
+async def test_a_wiped_follower_rejoins_under_the_leader_that_remembers_it(
+    tmp_path: Path,
+) -> None:
+    """The leader stays up and still records what the follower held before it lost its disk:
+    its heartbeats carried a commit index beyond the rejoined follower's log, which stopped
+    the follower ("to_commit is out of range"), and its record made the follower's
+    rejections look stale. Now the follower catches up and votes again."""
+    with running_cluster(tmp_path, 3) as cluster:
+        leader = cluster.leader()
+        follower = next(i for i in cluster.members if i != leader)
+        async with Client(cluster.endpoints, timeout_s=20.0) as client:
+            for i in range(WRITES):
+                await client.put(f"precious/{i:02d}", str(i))
+        cluster.kill(follower)
+        cluster.wipe(follower)
+        cluster.start(follower)
+        async with Client(cluster.endpoints, timeout_s=20.0) as client:
+            await client.put("after", "wipe")
+        leader_status = cluster.status(leader)
+        assert leader_status is not None
+
+        def caught_up() -> bool:
+            assert not cluster.exited_on_their_own(), cluster.exited_on_their_own()
+            status = cluster.status(follower)
+            return (
+                status is not None
+                and not status.catching_up
+                and status.applied_index >= leader_status.commit_index
+            )
+
+        wait_until(caught_up, 30, "the wiped follower to catch up and vote again")
+        async with Client([cluster.members[follower].client_address]) as local:
+            found = [kv async for kv in local.range_pages("precious/", serializable=True)]
+        assert len(found) == WRITES
+        assert f"member {follower} came back with a new data directory" in cluster.log_text(leader)

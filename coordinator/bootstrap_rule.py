@@ -51,8 +51,10 @@ What the rule cannot see, and why that is acceptable:
 - The rule covers only the initial members named in the flags: a member removed from the
   configuration long ago still answers, and members added later are not asked.
 
-A member whose storage holds the bootstrap snapshot (it already got every fresh answer once)
-asks again after a restart; an established answer then turns it into a rejoining member.
+A member whose storage holds the creation under an identity that votes (it got every fresh
+answer once, and its disk is intact) does not ask again after a restart: Raft's own rules
+cover an intact disk, and asking would make it wait for members that may be down
+(``Node.start``). A member that rejoined and has not caught up yet asks again.
 """
 
 from __future__ import annotations

@@ -114,7 +114,7 @@ from .node_api import (
     PeerProgress,
     ProposalTimeoutError,
 )
-from .node_bootstrap import begin_from_empty_storage, is_fresh
+from .node_bootstrap import begin_from_empty_storage, is_blank, is_fresh
 from .node_config import NodeConfig, PeerTls
 from .node_membership import Membership
 from .node_proposals import (
@@ -291,7 +291,12 @@ class Node:
         # Serve the peer port first: members asking Hello need an answer while this one
         # may itself be asking them (every member of a new cluster starts at once).
         await self._start_peer_server()
-        if is_fresh(storage):
+        # Storage that holds the creation (not blank) under an identity that votes is an
+        # intact disk: this member got every initial member's "fresh" once and has neither
+        # voted nor appended since, which Raft handles like any other state; asking again
+        # would only make it wait for members that may be down (bootstrap_rule.py).
+        intact_creation = found is not None and not found.abstaining and not is_blank(storage)
+        if is_fresh(storage) and not intact_creation:
             identity = await begin_from_empty_storage(
                 config, self._peer_key, self._transport.channel, storage, found, self._disk
             )
@@ -717,12 +722,25 @@ class Node:
         return self._peer_tls is not None
 
     def hello_answer(self, from_id: int) -> tuple[bool, bool, int, int]:
-        """(established, knows the asker, term, last index) for peer_hello.py."""
+        """(established, knows the asker, term, last index) for peer_hello.py. Only a member
+        with empty storage asks, so an established member says so in its own log: the asker
+        lost its data (or never ran since the cluster was created)."""
         storage = self._storage
         if storage is None:
             return False, False, 0, 0
         established = not is_fresh(storage)
         knows = self._membership.knows(from_id)
+        if established:
+            log.warning(
+                "member %d: member %d started with empty storage and asked whether the "
+                "cluster exists: it lost its data (or never ran since the cluster was "
+                "created); told it exists, so %s",
+                self.member_id,
+                from_id,
+                "it rejoins without voting until it has caught up"
+                if knows
+                else "it refuses to start (it is not in the configuration)",
+            )
         return established, knows, int(storage.hard_state.term), int(storage.last_index())
 
     def deliver(
@@ -736,7 +754,10 @@ class Node:
         raises is a broken invariant and stops the member."""
         raw = self.raw
         if messages and incarnation:
-            self._note_incarnation(int(messages[0].from_), incarnation)
+            peer_id = int(messages[0].from_)
+            if self._note_incarnation(peer_id, incarnation, abstaining) and abstaining:
+                # What a leader recorded this peer holds is void (raft: peer_lost_data).
+                raw.report_lost_data(NodeId(peer_id))
         for message in messages:
             if abstaining and message.type in _VOTE_TRAFFIC:
                 log.debug(
@@ -782,18 +803,27 @@ class Node:
             exc,
         )
 
-    def _note_incarnation(self, peer_id: int, incarnation: int) -> None:
+    def _note_incarnation(self, peer_id: int, incarnation: int, abstaining: bool) -> bool:
+        """Whether ``incarnation`` is new to this run. Warns once per new incarnation of a
+        peer: one this member saw change, or (this member restarted since) one that says it
+        abstains, which only a member that started from empty storage into an existing
+        cluster does."""
         previous = self._peer_incarnations.get(peer_id)
         self._peer_incarnations[peer_id] = incarnation
-        if previous is not None and previous != incarnation:
-            log.warning(
-                "member %d: member %d came back with a new data directory (incarnation %016x, "
-                "was %016x)",
-                self.member_id,
-                peer_id,
-                incarnation,
-                previous,
-            )
+        if previous == incarnation:
+            return False
+        if previous is None and not abstaining:
+            return True
+        log.warning(
+            "member %d: member %d came back with a new data directory (incarnation %016x, "
+            "was %s)%s",
+            self.member_id,
+            peer_id,
+            incarnation,
+            "not seen by this run" if previous is None else f"{previous:016x}",
+            ": it lost its data and does not vote until it has caught up" if abstaining else "",
+        )
+        return True
 
     def peer_address(self, member_id: int) -> str | None:
         address = self._membership.table.get(member_id)

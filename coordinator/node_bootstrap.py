@@ -2,10 +2,13 @@
 
 Theory of operation. A member whose storage holds nothing beyond the cluster's creation
 (``is_fresh``) cannot tell from its own disk whether the cluster is new or whether it lost
-its data (or is joining). It asks the other initial members (``peer_hello.py``):
+its data (or is joining). It asks the other initial members (``peer_hello.py``) and
+follows ``bootstrap_rule.py``:
 
-- nobody has a cluster yet: every initial member writes the same bootstrap snapshot at
-  index 1, holding the configuration and the address book, so all start from one state;
+- every other initial member answers that it has no cluster yet: every initial member
+  writes the same bootstrap snapshot at index 1, holding the configuration and the address
+  book, so all start from one state (this member's own empty disk proves nothing: it may
+  be the one that lost its data);
 - the cluster exists and knows this member: it lost its data; it comes back as a new
   incarnation and abstains from voting until it has caught up (a member that forgot its
   vote could otherwise vote twice in a term, thesis 3.8);
@@ -37,6 +40,7 @@ from rallypoint.raft.types import (
     Term,
 )
 
+from .bootstrap_rule import Decision
 from .identity import Identity
 from .members import MemberTable, encode_app_snapshot
 from .node_api import NodeStartError
@@ -92,35 +96,40 @@ async def begin_from_empty_storage(
             "create a cluster, or join an existing one"
         )
     peers = {i: a.peer_address for i, a in config.initial_members.items() if i != config.member_id}
-    outcome = await ask_peers(config.member_id, cluster_id, peer_key, peers, channel)
-    if outcome.established and not outcome.knows_me:
+    verdict = await ask_peers(config.member_id, cluster_id, peer_key, peers, channel)
+    if verdict.decision is Decision.REFUSED:
         raise NodeStartError(
             f"member {config.member_id} is not in the configuration of the running "
-            f"cluster (member {outcome.answered_by} says so): add it with `rallypoint "
+            f"cluster (member {verdict.answered_by} says so): add it with `rallypoint "
             f"member add {config.peer_address} {config.client_address} --learner`, then "
             "start it with --join"
         )
-    if outcome.established:
+    established = verdict.decision is Decision.REJOIN
+    if established:
         log.warning(
             "member %d: its storage is empty but the cluster exists (member %d says so): "
             "it lost its data and rejoins as a new incarnation, without voting until it "
             "has caught up",
             config.member_id,
-            outcome.answered_by,
+            verdict.answered_by,
         )
-    identity = Identity.new(
-        cluster_id, config.member_id, abstaining=outcome.established, boots=boots
-    )
+    identity = Identity.new(cluster_id, config.member_id, abstaining=established, boots=boots)
     if is_blank(storage):
-        await bootstrap(config, storage, disk)
+        await bootstrap(config, storage, disk, rejoining=established)
     return identity
 
 
 async def bootstrap(
-    config: NodeConfig, storage: DiskStorage, disk: concurrent.futures.Executor
+    config: NodeConfig,
+    storage: DiskStorage,
+    disk: concurrent.futures.Executor,
+    *,
+    rejoining: bool = False,
 ) -> None:
     """Create the cluster: every initial member writes the same snapshot at index 1,
-    holding the configuration and the address book, so all start from one state."""
+    holding the configuration and the address book, so all start from one state. A member
+    rejoining after losing its data writes it too (the same bytes its peers hold), so it
+    knows the configuration before the leader reaches it."""
     voters = tuple(sorted(NodeId(i) for i in config.initial_members))
     sm = StateMachine(config.limits)
     data = encode_app_snapshot(MemberTable(dict(config.initial_members)), sm.snapshot())
@@ -129,4 +138,9 @@ async def bootstrap(
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(disk, storage.write_batch, [request])
     storage.apply_batch([request])
-    log.info("member %d created a cluster of %s", config.member_id, list(voters))
+    if rejoining:
+        log.info(
+            "member %d wrote the cluster's creation (%s) to rejoin", config.member_id, list(voters)
+        )
+    else:
+        log.info("member %d created a cluster of %s", config.member_id, list(voters))

@@ -3,20 +3,22 @@
 Theory of operation. Empty storage is ambiguous: a member of a new cluster starts with it,
 and so does a member whose data directory was wiped or lost. Raft cannot tell them apart,
 and treating the second like the first loses acknowledged writes (its forgotten votes and
-log let a lagging member win an election). So a member that would create the cluster from
-empty storage first asks the other initial members (``Hello`` on the peer port, answered
-even by members that are themselves still asking):
+log let a lagging member win an election, or let it create the cluster again). So a member
+that would create the cluster from empty storage first asks every other initial member
+(``Hello`` on the peer port, answered even by members that are themselves still asking),
+and ``bootstrap_rule.decide`` turns the answers into a decision:
 
 - any answer "established" (the member holds an election or entries beyond the cluster's
   creation) means the cluster exists: this member lost its data and rejoins *abstaining*
   (no votes, no campaign) until it has caught up; or, if that member does not know it, it
   refuses to start and says how to add it;
-- "fresh" answers from a majority of the initial members, this one included, mean the
-  cluster is being created now: nobody can have committed anything without a majority.
+- "fresh" answers from every other initial member mean the cluster is being created now.
+  This member's own empty storage is no evidence (it may be the one that lost its data),
+  and neither is a majority: see ``bootstrap_rule`` for why it takes every member.
 
-Until one of the two, the member waits (and says so every few seconds): with the other
-members down, it cannot know. Answers are authenticated over a random nonce, so a stale or
-forged answer cannot talk a member into creating a second cluster.
+Until one of the two, the member waits and says so every few seconds, naming the members it
+waits for. Answers are authenticated over a random nonce, so a stale or forged answer cannot
+talk a member into creating a second cluster.
 """
 
 from __future__ import annotations
@@ -26,13 +28,13 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import grpc
 import grpc.aio
 
 from rallypoint.proto.peer.v1 import peer_pb2, peer_pb2_grpc
 
+from .bootstrap_rule import Answer, Decision, Verdict, decide
 from .peer_auth import HELLO_ANSWER_TAG, HELLO_TAG, PeerKey
 
 log = logging.getLogger("rallypoint.node")
@@ -40,14 +42,6 @@ log = logging.getLogger("rallypoint.node")
 ANSWER_TIMEOUT_S = 1.0
 RETRY_S = 0.3
 REPORT_EVERY_S = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class HelloOutcome:
-    established: bool
-    # With ``established``: whether the answering member has this one in its configuration.
-    knows_me: bool
-    answered_by: int
 
 
 def hello_request_fields(request: peer_pb2.HelloRequest) -> list[int | bytes]:
@@ -107,35 +101,38 @@ async def ask_peers(
     key: PeerKey,
     peers: dict[int, str],
     channel_factory: Callable[[str], grpc.aio.Channel],
-) -> HelloOutcome:
-    """Ask ``peers`` (the other initial members: id -> peer address) until the module
-    docstring's rule decides."""
-    needed = (len(peers) + 1) // 2  # with me, a majority of the initial members
-    fresh: set[int] = set()
+) -> Verdict:
+    """Ask ``peers`` (the other initial members: id -> peer address) until
+    ``bootstrap_rule.decide`` creates or rejoins (never returns WAIT)."""
+    initial = frozenset({me, *peers})
+    answers: dict[int, Answer] = {}
     started = time.monotonic()
     reported = started
     while True:
-        pending = {i: a for i, a in peers.items() if i not in fresh}
-        answers = await asyncio.gather(
+        # A fresh answer stays good: a member that was fresh then and is established now
+        # is creating the cluster alongside this one (bootstrap_rule, "at different times").
+        pending = {i: a for i, a in peers.items() if i not in answers}
+        replies = await asyncio.gather(
             *(_ask(i, a, me, cluster_id, key, channel_factory) for i, a in pending.items())
         )
-        for peer_id, answer in zip(pending, answers, strict=True):
-            if answer is None:
-                continue
-            if answer.established:
-                return HelloOutcome(True, answer.knows_sender, peer_id)
-            fresh.add(peer_id)
-        if len(fresh) >= needed:
-            return HelloOutcome(False, True, 0)
+        for peer_id, reply in zip(pending, replies, strict=True):
+            if reply is not None:
+                answers[peer_id] = Answer(peer_id, reply.established, reply.knows_sender)
+        verdict = decide(me, initial, answers)
+        if verdict.decision is not Decision.WAIT:
+            return verdict
         now = time.monotonic()
         if now - reported >= REPORT_EVERY_S:
             reported = now
             log.warning(
-                "member %d: waiting for a majority of the initial members to answer before "
-                "creating the cluster (%.0f s so far; fresh: %s; no answer: %s)",
+                "member %d: its storage is empty and it cannot prove that no cluster exists: "
+                "waiting for member(s) %s to answer (%.0f s so far; fresh: %s). Creating a "
+                "cluster takes every initial member's answer, since this member may have lost "
+                "its data; a member that will never start must be left out of "
+                "--initial-cluster and added later",
                 me,
+                ", ".join(str(i) for i in verdict.missing),
                 now - started,
-                sorted(fresh) or "none",
-                sorted(set(pending) - fresh),
+                sorted(answers) or "none",
             )
         await asyncio.sleep(RETRY_S)

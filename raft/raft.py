@@ -1190,6 +1190,26 @@ class Raft:
                 return
             self.read_states.append(ReadState(m.index, m.entries[0].data))
 
+    def peer_lost_data(self, node_id: NodeId) -> None:
+        """``node_id`` came back without its data (leader only; ignored otherwise): what this
+        leader recorded it holds is void. Its progress restarts as a new peer's (match 0,
+        probing from the end of the log), or its rejections would look stale forever (they
+        fall below the recorded match) and it would never be sent what it lost."""
+        pr = self.trk.progress.get(node_id)
+        if self.state is not StateType.LEADER or node_id == self.id or pr is None:
+            return
+        self.logger.info(
+            "%d resets the progress of %d, which lost its data [%s]", self.id, node_id, pr
+        )
+        self.trk.progress[node_id] = Progress(
+            match=Index(0),
+            next=Index(max(self.raft_log.last_index(), 1)),
+            inflights=self.trk.new_inflights(),
+            is_learner=pr.is_learner,
+            recent_active=pr.recent_active,
+        )
+        self.send_append(node_id)
+
     def forget_leader(self) -> None:
         """Forget the current leader (follower only), so that votes are granted at once.
 
@@ -1243,7 +1263,12 @@ class Raft:
         )
 
     def handle_heartbeat(self, m: Message) -> None:
-        self.raft_log.commit_to(m.commit)
+        # A heartbeat's commit is bounded by what the leader recorded as this node's match.
+        # A node that lost its data (abstaining) may hold less than that record, or other
+        # entries at those indexes, so it takes commits only from appends, whose log check
+        # proves the prefix they commit (maybe_append bounds the commit by it).
+        if not self.abstain:
+            self.raft_log.commit_to(m.commit)
         self.send(Message(type=MT.MsgHeartbeatResp, to=m.from_, context=m.context))
 
     def handle_snapshot(self, m: Message) -> None:

@@ -240,6 +240,11 @@ class RawNode:
     def abstaining(self) -> bool:
         return self._raft.abstain
 
+    def report_lost_data(self, node_id: NodeId) -> None:
+        """``node_id`` came back without its data (a new incarnation that abstains): a
+        leader forgets what it recorded the peer holds and probes it again."""
+        self._raft.peer_lost_data(node_id)
+
     def report_unreachable(self, node_id: NodeId) -> None:
         """The transport failed to reach ``node_id``: its replication falls back to probing."""
         self._raft.step(Message(type=MessageType.MsgUnreachable, from_=node_id))

@@ -39,7 +39,9 @@ _SERVE_HELP = {
     "peer_address": "host:port other members reach this one at (Raft traffic)",
     "client_address": "host:port clients reach this member at (the public API)",
     "initial_cluster": "the members at creation: ID=PEER@CLIENT,... (e.g. "
-    "1=127.0.0.1:2380@127.0.0.1:2379,2=...)",
+    "1=127.0.0.1:2380@127.0.0.1:2379,2=...); a member with empty storage creates the cluster "
+    "only once every other one answers that none exists (leave out a member that will never "
+    "start, and add it later)",
     "join": "join an existing cluster (after `rallypoint member add`) instead of creating one",
     "cluster_token": "the cluster's name, shared by its members; with the peer secret it makes "
     "the cluster id, and traffic from another cluster is refused",

@@ -87,8 +87,8 @@ class Cluster:
         return node
 
     async def start_all(self) -> None:
-        """Start every member at once: a member creating the cluster waits for a majority
-        of the others to answer (peer_hello.py)."""
+        """Start every member at once: a member creating the cluster waits for every other
+        initial member to answer (peer_hello.py, bootstrap_rule.py)."""
         await asyncio.gather(*(self.start(member_id) for member_id in self.members))
 
     async def stop(self, member_id: int, transfer: bool = False) -> None:

@@ -175,7 +175,7 @@ def serve_settings(ordinal: int, scratch: Path) -> tuple[list[str], Settings]:
 def test_three_members_start_together_one_per_node() -> None:
     spec = statefulset()["spec"]
     assert spec["replicas"] == 3
-    # A new member waits for a majority of the initial ones before it turns ready.
+    # A new member waits for every other initial one before it turns ready.
     assert spec["podManagementPolicy"] == "Parallel"
     labels = spec["template"]["metadata"]["labels"]
     assert matches(spec["selector"]["matchLabels"], labels)

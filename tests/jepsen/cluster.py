@@ -41,6 +41,9 @@ class NamespaceCluster(ProcessCluster):
         self.active: set[int] = set(range(1, size + 1))
         # Active members added as learners and not yet promoted (they do not vote).
         self.learners: set[int] = set()
+        # Members started on a wiped data dir that have not caught up yet: they do not vote
+        # (coordinator/identity.py, "abstaining"), so they do not count as up.
+        self.recovering: set[int] = set()
         # Called with the cluster's health after every change a fault makes (processes
         # started, killed, paused or resumed; membership; the network): see ``health``.
         self.on_change: Callable[[Health], None] | None = None
@@ -50,10 +53,13 @@ class NamespaceCluster(ProcessCluster):
     # ------------------------------------------------------------------ health
 
     def health(self) -> Health:
-        """Voters, the members up (running, not paused, answering), the network's faults."""
+        """Voters, the members up (running, not paused, answering, voting), the network's
+        faults."""
         voters = tuple(sorted(self.active - self.learners))
         up = tuple(
-            m for m in sorted(self.active) if self.members[m].running and not self.members[m].paused
+            m
+            for m in sorted(self.active - self.recovering)
+            if self.members[m].running and not self.members[m].paused
         )
         return Health(
             time.monotonic(),
@@ -192,6 +198,7 @@ class NamespaceCluster(ProcessCluster):
             self.kill(member_id)
         self.active.discard(member_id)
         self.learners.discard(member_id)
+        self.recovering.discard(member_id)
         self.member_env.pop(member_id, None)
         self.network.forget(member_id)  # reports the change
 

@@ -2,7 +2,8 @@
 
 Every fault is a pair (inflict, heal) run off the event loop (they block on subprocesses and
 status polls) while the clients keep running. The schedule alternates a quiet interval with
-one fault from the run's mix held for a few seconds, records a ``start`` and a ``stop``
+one fault from the run's mix (each kind once, in a random order, before any repeats) held for
+a few seconds, records a ``start`` and a ``stop``
 event in the history for each (reports shade those windows), and heals everything at the end.
 
 Timing against the cluster's settings (tick 50 ms, election after 10 ticks = 0.5 s, lease TTL
@@ -39,12 +40,18 @@ NEMESIS_ERRORS = (
 )
 
 
+# The shapes successive ``Faults.wipe`` calls take, in order.
+WIPE_SHAPES = ("follower", "follower-and-leader", "leader")
+
+
 @dataclass
 class Faults:
     cluster: NamespaceCluster
     rng: random.Random
     admin: Client
     loop: asyncio.AbstractEventLoop
+    # Wipes inflicted so far (they cycle through WIPE_SHAPES).
+    wipes: int = 0
 
     # ------------------------------------------------------------------ helpers
 
@@ -201,6 +208,51 @@ class Faults:
 
         return f"damage WAL of {victim}: {damage}", restart
 
+    def wipe(self) -> tuple[str, Heal]:
+        """A lost disk: kill -9 a member, delete its data directory and start it again at
+        once, on empty storage. It must learn from the others that the cluster exists and
+        rejoin without voting until it has caught up (coordinator/bootstrap_rule.py), never
+        create a cluster of its own. Successive wipes of a run take these shapes in turn:
+
+        - a follower, under a leader that stays up and still records what it held (the
+          leader must send it everything again; its heartbeats once stopped it);
+        - a follower killed together with the leader, which is restarted only on heal
+          (issue 33's "kill 1 and 3, wipe 3, start 3"): it asks while a member holding the
+          data is down;
+        - the leader itself.
+
+        Until it has caught up the wiped member does not count as up (it cannot vote)."""
+        shape = WIPE_SHAPES[self.wipes % len(WIPE_SHAPES)]
+        self.wipes += 1
+        leader = self._leader()
+        running = [m for m in self._members() if self.cluster.members[m].running]
+        followers = [m for m in running if m != leader]
+        if leader is None or not followers:
+            raise AssertionError("no leader, or no follower running")
+        victim = leader if shape == "leader" else self.rng.choice(followers)
+        also = leader if shape == "follower-and-leader" else None
+        self.cluster.kill(victim)
+        if also is not None:
+            self.cluster.kill(also)
+        self.cluster.wipe(victim)
+        self.cluster.recovering.add(victim)
+        self.cluster.start(victim)  # returns once it answers (or after 20 s of waiting)
+
+        def caught_up() -> bool:
+            status = self.cluster.status(victim)
+            return status is not None and not status.catching_up
+
+        def restart() -> str:
+            if also is not None:
+                self.cluster.start(also)
+            wait_until(caught_up, 30, f"wiped member {victim} to catch up")
+            self.cluster.recovering.discard(victim)
+            self.cluster.note_change()
+            return f"{victim} rejoined and caught up" + (f"; restarted {also}" if also else "")
+
+        killed = f"kill -9 {victim}" + (f" and leader {also}" if also is not None else "")
+        return f"{shape}: {killed}, wipe {victim}'s data dir, start it empty", restart
+
     # ------------------------------------------------------------------ membership
 
     def _replace(self, old: int) -> int:
@@ -272,10 +324,11 @@ MIXES: dict[str, list[str]] = {
     "none": [],
     "partition": ["partition"],
     "net-slow": ["slow_network"],
-    "kill": ["kill", "restart_then_kill"],
+    "kill": ["kill", "restart_then_kill", "wipe"],
     "pause": ["pause"],
     "clock": ["clock"],
-    "corrupt": ["corrupt"],
+    "corrupt": ["corrupt", "wipe"],
+    "wipe": ["wipe"],
     "membership": ["membership"],
     "mixed": [
         "partition",
@@ -285,6 +338,7 @@ MIXES: dict[str, list[str]] = {
         "pause",
         "clock",
         "corrupt",
+        "wipe",
         "membership",
     ],
 }
@@ -306,9 +360,14 @@ async def run_schedule(
     kinds = MIXES[mix]
     log = [] if log is None else log
     rng = faults.rng
+    # Every kind of the mix once, in a random order, before any repeats: a short run
+    # (a few faults) still inflicts each (``make jepsen``'s kill and corrupt runs, the wipe).
+    round_left: list[str] = []
     while kinds and time.monotonic() + quiet_s[0] + fault_s[0] < stop_at_s:
         await asyncio.sleep(rng.uniform(*quiet_s))
-        kind = rng.choice(kinds)
+        if not round_left:
+            round_left = rng.sample(kinds, len(kinds))
+        kind = round_left.pop()
         try:
             what, heal = await asyncio.to_thread(getattr(faults, kind))
         except (*NEMESIS_ERRORS, AssertionError) as error:

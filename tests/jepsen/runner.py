@@ -285,6 +285,7 @@ SHORT_MIXES = (
     ("pause", 3),
     ("clock", 3),
     ("corrupt", 3),
+    ("wipe", 3),
     ("membership", 3),
 )
 LONG_MIXES = (
@@ -294,6 +295,7 @@ LONG_MIXES = (
     "pause",
     "clock",
     "corrupt",
+    "wipe",
     "membership",
     "mixed",
 )

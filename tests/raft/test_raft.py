@@ -180,6 +180,55 @@ def test_an_abstaining_node_neither_votes_nor_campaigns() -> None:
     assert nt.raft(3).state is StateType.LEADER
 
 
+def wipe_and_rejoin(nt: Network, node_id: int) -> None:
+    """Replace ``node_id`` by an empty node that abstains: a member that lost its disk."""
+    nt.peers[NodeId(node_id)] = new_peer(node_id, range(1, len(nt.peers) + 1), abstain=True)
+
+
+def test_an_abstaining_node_takes_no_commit_index_from_heartbeats() -> None:
+    # The leader still records what node 3 held before it lost its disk: a heartbeat's
+    # commit (bounded by that record) points past 3's log. It once stopped the node with
+    # "to_commit is out of range"; an abstaining node now waits for an append instead.
+    nt = Network.of_size(3)
+    nt.campaign(1)
+    for i in range(5):
+        nt.propose(1, b"entry %d" % i)
+    wipe_and_rejoin(nt, 3)
+    nt.ignore(MT.MsgApp)  # heartbeats only
+    nt.tick(1, 3)
+    assert nt.raft(3).raft_log.committed == 0
+    assert nt.raft(3).lead == 1
+
+
+def test_a_leader_told_a_peer_lost_its_data_sends_it_everything_again() -> None:
+    # Without the report the leader's record (match 6) makes 3's rejections of appends at
+    # index 6 look stale, and the two exchange the same append and rejection forever (the
+    # simulator's wipe profile shows it as a liveness failure: see tests/sim/test_sim.py).
+    nt = Network.of_size(3)
+    nt.campaign(1)
+    for i in range(5):
+        nt.propose(1, b"entry %d" % i)
+    wipe_and_rejoin(nt, 3)
+    nt.peer(1).node.report_lost_data(NodeId(3))
+    assert nt.raft(1).trk.progress[NodeId(3)].match == 0
+    nt.send(*nt.peer(1).handle_ready())
+    nt.propose(1, b"after")
+    leader_log, rejoined = nt.raft(1).raft_log, nt.raft(3).raft_log
+    assert rejoined.last_index() == leader_log.last_index()
+    assert rejoined.committed == leader_log.committed
+    assert nt.peer(3).applied_data() == nt.peer(1).applied_data()
+    assert nt.peer(3).applied_data()[-1] == b"after"
+
+
+def test_only_a_leader_acts_on_a_lost_data_report() -> None:
+    nt = Network.of_size(3)
+    nt.campaign(1)
+    before = repr(nt.raft(2).trk.progress[NodeId(3)])
+    nt.peer(2).node.report_lost_data(NodeId(3))
+    assert repr(nt.raft(2).trk.progress[NodeId(3)]) == before
+    assert not nt.peer(2).handle_ready()
+
+
 def test_pre_vote_rejected_by_up_to_date_majority() -> None:
     nt = Network.of_size(3, pre_vote=True)
     nt.campaign(1)

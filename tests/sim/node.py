@@ -17,6 +17,14 @@ is a hash chain over the applied entries (what a real one would compute from the
 to 8 bytes), so two servers that applied the same log have equal states. A snapshot's data is
 that state at the snapshot's index.
 
+A wipe (only of a server that is down) replaces the durable storage with an empty one, as a
+lost disk would. The server then holds nothing until the simulation's bootstrap rule lets it
+install the cluster's creation (``install_creation``): as a member of a new cluster, or as one
+that lost its data and *abstains* (neither votes nor campaigns) until its durable log holds,
+at its durable commit index, an entry of the term of a leader it follows, as the coordinator
+does (``Node._maybe_stop_abstaining``). The abstaining flag survives crashes (the coordinator
+keeps it in ``identity.json``).
+
 The server mirrors its stored log twice (what was written, what was fsynced) as chain values
 per index, which is how the checker decides log matching in O(1) per entry.
 """
@@ -262,6 +270,11 @@ class SimNode:
         # What was written (durable + volatile). Invariant: equals `durable` at IDLE and SYNCED+.
         self.written = self.durable.copy()
         self.raw: RawNode | None = None
+        # Wiped and not yet past the bootstrap rule: nothing on disk, not even the creation.
+        self.empty = False
+        # Durable (survives crashes): lost its data and has not caught up; no votes.
+        self.abstaining = False
+        self.disks = 0  # disks lost so far: which data directory (incarnation) this is
         self.incarnation = 0  # bumped on every crash, so stale events for the old life are void
         self.stage = Stage.IDLE
         self.ready: Ready | None = None  # Invariant: not None iff stage is not IDLE
@@ -293,6 +306,7 @@ class SimNode:
 
     def start(self) -> None:
         """(Re)start from durable storage only."""
+        assert not self.empty, f"node {self.id} has no creation on disk to start from"
         snap = self.storage.stored_snapshot()
         self.app_applied = snap.metadata.index
         self.conf_index = snap.metadata.index
@@ -310,6 +324,7 @@ class SimNode:
             max_inflight_msgs=opts.max_inflight_msgs,
             check_quorum=opts.check_quorum,
             pre_vote=opts.pre_vote,
+            abstain=self.abstaining,
             logger=self._logger,
         )
         self.raw = RawNode(config)
@@ -325,6 +340,54 @@ class SimNode:
         self.ready = None
         self.ready_scheduled = False
         self.written = self.durable.copy()
+
+    def wipe(self) -> None:
+        """Lose the disk (the server must be down): nothing durable is left."""
+        assert self.raw is None, "wipe a server that is down"
+        self.storage = SimStorage(self)
+        self.durable = LogMirror(0, 0, b"")
+        self.written = self.durable.copy()
+        self.empty = True
+        self.abstaining = False
+        self.disks += 1
+
+    def holds_nothing_beyond_creation(self) -> bool:
+        """The coordinator's ``is_fresh``: no election, no entry after the creation."""
+        return (
+            self.storage.hard_state.term <= GENESIS_TERM
+            and self.durable.last_index() <= GENESIS_INDEX
+        )
+
+    def knows(self, node_id: NodeId) -> bool:
+        cs = self.conf_state
+        return node_id in (*cs.voters, *cs.voters_outgoing, *cs.learners, *cs.learners_next)
+
+    def install_creation(self, creation: Snapshot, abstaining: bool) -> None:
+        """Write the cluster's creation to an empty disk (both bootstrap-rule outcomes do:
+        the coordinator's ``node_bootstrap``), then start."""
+        assert self.empty
+        self.storage.apply_snapshot(creation)
+        self.storage.set_hard_state(HardState(Term(GENESIS_TERM), NONE, Index(GENESIS_INDEX)))
+        self.durable.restore(creation, decode_state(creation), self.id, None)
+        self.written = self.durable.copy()
+        self.empty = False
+        self.abstaining = abstaining
+        self.start()
+
+    def _maybe_stop_abstaining(self, raw: RawNode) -> None:
+        """Vote again once the durable log holds, at the durable commit index, an entry of
+        the current term from a leader this node follows: that leader's entry is committed,
+        so everything committed before it is in this log (Leader Completeness)."""
+        hs = self.storage.hard_state
+        if raw.basic_status().soft_state.lead == NONE or hs.commit <= GENESIS_INDEX:
+            return
+        k = hs.commit - self.durable.base_index - 1
+        if 0 <= k < len(self.durable.terms) and self.durable.terms[k] == hs.term:
+            self.abstaining = False
+            raw.set_abstain(False)
+            self._logger.info(
+                "%d caught up at commit %d of term %d: votes again", self.id, hs.commit, hs.term
+            )
 
     # -- Ready handling, one step per call -----------------------------------------------
 
@@ -455,6 +518,8 @@ class SimNode:
             checker.observe_applied(self.id, entry.index, entry.term, chain)
         for rs in rd.read_states:
             checker.read_answered(self.id, rs.request_ctx, rs.index)
+        if raw.abstaining:
+            self._maybe_stop_abstaining(raw)
 
     # -- application-driven snapshots ----------------------------------------------------
 

@@ -32,7 +32,16 @@ DEFAULT_FAULT_TICKS = 120
 TRACE_TAIL = 80
 
 #: Before that tail, the trace lines that tell the story: faults, leaders, crashes, restarts.
-KEY_EVENTS = ("fault #", "heal", "became leader", "crash", "kill leader", "restart", "snapshot at")
+KEY_EVENTS = (
+    "fault #",
+    "heal",
+    "became leader",
+    "crash",
+    "kill leader",
+    "restart",
+    "snapshot at",
+    "empty disk",
+)
 KEY_EVENTS_SHOWN = 60
 
 
@@ -143,6 +152,11 @@ def report(outcome: Outcome, full_trace: bool, out: Iterable[str] | None = None)
         f"{s.reads_checked} reads checked, {s.messages} messages ({s.dropped} lost), "
         f"{s.snapshots_sent} MsgSnap, {s.transfers} MsgTimeoutNow, {s.configs} configurations "
         f"({s.joint_configs} joint)"
+        + (
+            f", {s.wipes} disks lost ({s.creations} created, {s.rejoins} rejoined)"
+            if s.wipes
+            else ""
+        )
     )
     if r.disabled_ops:
         lines.append("  operation kinds disabled: " + ", ".join(k.value for k in r.disabled_ops))

@@ -30,6 +30,8 @@ class FaultKind(enum.Enum):
     ONE_WAY = "one-way"
     CRASH = "crash"
     CRASH_LEADER = "crash-leader"
+    WIPE = "wipe"
+    """A node crashes and loses its disk; it restarts empty, through the bootstrap rule."""
 
 
 class Profile(enum.Enum):
@@ -40,6 +42,12 @@ class Profile(enum.Enum):
     CHURN = "churn"
     """Leaders crashed and isolated often, forced campaigns, one entry per MsgApp: the
     schedules that expose commit-rule mistakes (the Raft paper's Figure 8)."""
+    WIPE = "wipe"
+    """Lost disks: nodes crash and come back empty, asking the initial members whether the
+    cluster exists (coordinator/bootstrap_rule.py), while one initial member stays down from
+    the creation for a while (it holds the creation only: it never got past it), other nodes
+    crash, and partitions cut who can answer. No membership changes: the rule asks the
+    initial members only."""
 
 
 _WEIGHTS: dict[Profile, dict[FaultKind, int]] = {
@@ -58,7 +66,18 @@ _WEIGHTS: dict[Profile, dict[FaultKind, int]] = {
         FaultKind.CRASH_LEADER: 2,
         FaultKind.SPLIT: 1,
     },
+    Profile.WIPE: {
+        FaultKind.WIPE: 4,
+        FaultKind.CRASH: 3,
+        FaultKind.CRASH_LEADER: 2,
+        FaultKind.ISOLATE_ONE: 1,
+        FaultKind.SPLIT: 1,
+    },
 }
+
+#: Share of seeds that draw the wipe profile (from a stream of their own, so the other
+#: seeds' parameters are what they were before the profile existed).
+WIPE_SHARE = 0.125
 
 
 class OpKind(enum.Enum):
@@ -109,6 +128,10 @@ class SimParams:
     kill_on_election_prob: float  # chance a new leader is killed (KILL_LEADER)
     kill_on_commit_prob: float  # chance a leader is killed as its commit index advances
     faults: tuple[Fault, ...]
+    # Wipe profile: an initial member down from the creation until ``late_until`` (units);
+    # 0: none.
+    late_member: int = 0
+    late_until: int = 0
 
     def describe(self) -> str:
         o, n = self.options, self.network
@@ -118,6 +141,11 @@ class SimParams:
             f"max_size_per_msg={o.max_size_per_msg} max_inflight={o.max_inflight_msgs}, "
             f"drop={n.drop_prob} dup={n.dup_prob} delay={n.delay_min}-{n.delay_max}, "
             f"{len(self.faults)} faults over {self.fault_ticks} ticks"
+            + (
+                f", node {self.late_member} down from the creation to {self.late_until / TICK:.2f}"
+                if self.late_member
+                else ""
+            )
         )
 
 
@@ -130,9 +158,14 @@ def params_for_seed(seed: int, fault_ticks: int = 120, profile: Profile | None =
     """The parameters of ``seed``; ``profile`` forces a fault mix (else drawn: 1/4 churn)."""
     rng = stream(seed, "params")
     drawn = Profile.CHURN if rng.random() < 0.25 else Profile.MIXED
+    if drawn is Profile.MIXED and stream(seed, "wipe-profile").random() < WIPE_SHARE:
+        drawn = Profile.WIPE
     profile = profile or drawn
     churn = profile is Profile.CHURN
+    wipe = profile is Profile.WIPE
     cluster_size = 3 if churn else rng.choice((3, 5))
+    if profile is Profile.WIPE and stream(seed, "wipe-size").random() < 0.75:
+        cluster_size = 3  # where one lost disk and one late member are as many as Raft allows
     options = NodeOptions(
         election_tick=3 if churn else 10,
         heartbeat_tick=1,
@@ -154,13 +187,17 @@ def params_for_seed(seed: int, fault_ticks: int = 120, profile: Profile | None =
     op_weights = {
         OpKind.PROPOSE: 40,
         OpKind.READ: 10,
-        OpKind.CONF_CHANGE: 0 if churn else 5,
+        OpKind.CONF_CHANGE: 0 if churn or wipe else 5,
         OpKind.TRANSFER: 3,
         OpKind.CAMPAIGN: 8 if churn else 2,
         OpKind.SNAPSHOT: 6,
     }
     kill_on_election_prob = 0.5 if churn else 0.0
     kill_on_commit_prob = 0.5 if churn else 0.0
+    late = stream(seed, "late")
+    late_member = late.randint(1, cluster_size) if wipe else 0
+    # Past the fault phase (a third of the seeds): down until every fault heals.
+    late_until = int(late.uniform(0.0, 1.5 * fault_ticks) * TICK) if wipe else 0
     return SimParams(
         seed=seed,
         profile=profile,
@@ -177,6 +214,8 @@ def params_for_seed(seed: int, fault_ticks: int = 120, profile: Profile | None =
         kill_on_election_prob=kill_on_election_prob,
         kill_on_commit_prob=kill_on_commit_prob,
         faults=make_faults(stream(seed, "faults"), profile, fault_ticks),
+        late_member=late_member,
+        late_until=late_until,
     )
 
 

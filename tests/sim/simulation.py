@@ -6,7 +6,13 @@ events, ordered by (time, sequence number), so the run is a pure function of the
 - tick: a node's logical clock fires (each node at its own phase, with a little jitter);
 - ready: the next step of a node's Ready handling (see :mod:`tests.sim.node`);
 - deliver: a message arrives (the network decided its delay, or lost it, at send time);
-- fault start / end: a partition is cut or healed, a node crashes or restarts;
+- fault start / end: a partition is cut or healed, a node crashes or restarts, or crashes
+  and loses its disk (a wipe);
+- ask: a node with an empty disk asks the initial members it can reach whether the cluster
+  exists, and ``bootstrap_rule.decide`` (the coordinator's own rule) creates, rejoins
+  (abstaining until caught up) or waits a tick and asks again. A node answers "established"
+  when its durable state holds an election or an entry beyond the creation; a node that is
+  down, or cut off in either direction, does not answer;
 - client: a proposal, a ReadIndex, a conf change, a leadership transfer, a forced campaign,
   or an application snapshot with log compaction;
 - heal: the end of the fault phase: every fault is undone, crashed nodes restart, removed
@@ -28,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rallypoint.coordinator.bootstrap_rule import Answer, Decision, decide
 from rallypoint.raft import (
     BasicStatus,
     ConfChange,
@@ -51,7 +58,7 @@ from tests.raft.internals import raft_core_for_tests
 from .checker import Checker, Violation
 from .network import Link, Network, chain, isolate, one_way, split
 from .node import SimNode, Stage, bootstrap_snapshot
-from .schedule import TICK, Fault, FaultKind, OpKind, SimParams, stream
+from .schedule import TICK, Fault, FaultKind, OpKind, Profile, SimParams, stream
 
 #: A hard cap on events per run: a run that exceeds it is a simulator bug, not a Raft one.
 MAX_EVENTS = 400_000
@@ -76,6 +83,9 @@ class RunStats:
     joint_configs: int = 0
     committed: int = 0
     end_time: int = 0
+    wipes: int = 0  # disks lost (WIPE faults that struck)
+    creations: int = 0  # empty nodes the bootstrap rule let create the cluster
+    rejoins: int = 0  # empty nodes that rejoined, abstaining until caught up
 
 
 @dataclass(slots=True)
@@ -113,6 +123,8 @@ class Simulation:
         self._touched: list[SimNode] = []  # nodes the current event touched
         initial = tuple(NodeId(i) for i in range(1, params.cluster_size + 1))
         snap = bootstrap_snapshot(initial)
+        self._initial = frozenset(int(i) for i in initial)
+        self._creation = snap
         self.nodes: dict[NodeId, SimNode] = {}  # every server ever created, by id; never shrinks
         for node_id in initial:
             self._add_node(node_id, snap)
@@ -122,6 +134,8 @@ class Simulation:
             for i in range(params.cluster_size + 1, params.cluster_size + params.spare_ids + 1)
         ]
         self._crashed_by: dict[int, NodeId] = {}  # fault number -> the node it crashed
+        # (receiver, sender) -> the sender's data directory the receiver last heard from.
+        self._disks_seen: dict[tuple[NodeId, NodeId], int] = {}
         self._counter = 0  # makes proposal values and read contexts unique within the run
         self._phase_faults = True  # False from healing on: no faults or operations after that
         self._probe_index = 0  # index at which the liveness proposal was first applied
@@ -133,6 +147,11 @@ class Simulation:
                 self._at(fault.end, self._on_fault_end, fault)
         self._at(self._client_gap(), self._on_client, None)
         self._at(params.fault_ticks * TICK, self._on_heal, None)
+        if params.late_member:
+            # Down before its first tick: its disk holds the creation and nothing else.
+            late = self.nodes[NodeId(params.late_member)]
+            late.crash()
+            self._at(params.late_until, self._on_revive, (late, late.incarnation))
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -284,6 +303,16 @@ class Simulation:
             self._lost(m, cut=True)
             return
         self._log(f"deliver {describe_message(m)}")
+        sender = self.nodes.get(m.from_)
+        # As the coordinator does (Node.deliver): the first message from a new data
+        # directory that abstains tells a leader its record of the peer is void.
+        if (
+            sender is not None
+            and sender.abstaining
+            and self._disks_seen.get((m.to, m.from_), 0) != sender.disks
+        ):
+            self._disks_seen[(m.to, m.from_)] = sender.disks
+            node.raw.report_lost_data(m.from_)
         with contextlib.suppress(StepPeerNotFoundError, ProposalDroppedError):
             node.raw.step(m)
         self._touch(node)
@@ -333,6 +362,9 @@ class Simulation:
                 self._crashed_by[fault.number] = victim
                 self._log(f"fault {fault.describe()}: crash node {victim} (stage lost)")
             return
+        if kind is FaultKind.WIPE:
+            self._wipe(fault, rng)
+            return
         if kind is FaultKind.ISOLATE_ONE:
             links = isolate(rng.choice(ids), ids)
         elif kind is FaultKind.ISOLATE_LEADER:
@@ -371,6 +403,72 @@ class Simulation:
             self.network.heal(fault.number)
             self._log(f"heal {fault.describe()}")
 
+    def _wipe(self, fault: Fault, rng: random.Random) -> None:
+        """Crash a node and lose its disk, unless that would leave more lost disks than
+        Raft tolerates: one node at a time may be empty or abstaining (no data of its own
+        yet), so a majority of intact disks always remains. Half the time another node
+        crashes with it and comes back later (the issue's "kill 1 and 3, wipe 3"), and half
+        the time a member still down since the creation starts together with the wiped one
+        ("start 3 and 2")."""
+        ids = sorted(i for i, n in self.nodes.items() if n.alive)
+        recovering = [n.id for n in self.nodes.values() if n.empty or n.abstaining]
+        if not ids or recovering:
+            self._log(f"fault {fault.describe()}: no wipe (recovering: {recovering})")
+            return
+        victim = self.nodes[rng.choice(ids)]
+        victim.crash()
+        victim.wipe()
+        self.stats.crashes += 1
+        self.stats.wipes += 1
+        self._crashed_by[fault.number] = victim.id
+        self._log(f"fault {fault.describe()}: crash node {victim.id} and wipe its disk")
+        others = [i for i in ids if i != victim.id]
+        if others and rng.random() < 0.5:
+            holder = self.nodes[rng.choice(others)]
+            holder.crash()
+            self.stats.crashes += 1
+            back = fault.end + rng.randint(TICK, 10 * TICK)
+            self._at(back, self._on_revive, (holder, holder.incarnation))
+            self._log(
+                f"fault {fault.describe()}: crash node {holder.id} too, until {back / TICK:.2f}"
+            )
+        late = self.nodes.get(NodeId(self.params.late_member))
+        if late is not None and not late.alive and rng.random() < 0.5:
+            # Just before or just after the wiped node's restart at the fault's end.
+            when = fault.end + rng.choice((-1, 1))
+            self._at(when, self._on_revive, (late, late.incarnation))
+
+    def _on_ask(self, arg: tuple[SimNode, int]) -> None:
+        """A node with an empty disk asks the initial members (see the module docstring)."""
+        node, incarnation = arg
+        if node.incarnation != incarnation or not node.empty or node.stopped:
+            return
+        blocked = self.network.blocked
+        answers = {}
+        for peer_id in sorted(self._initial - {int(node.id)}):
+            peer = self.nodes[NodeId(peer_id)]
+            reachable = (node.id, peer.id) not in blocked and (peer.id, node.id) not in blocked
+            if reachable and (peer.alive or peer.empty) and not peer.stopped:
+                established = not peer.holds_nothing_beyond_creation()
+                answers[peer_id] = Answer(peer_id, established, peer.knows(node.id))
+        verdict = decide(int(node.id), self._initial, answers)
+        if verdict.decision is Decision.CREATE or verdict.decision is Decision.REJOIN:
+            rejoin = verdict.decision is Decision.REJOIN
+            self._log(
+                f"node {node.id} (empty disk) {verdict.decision.value}"
+                + (f" (node {verdict.answered_by} is established): abstains" if rejoin else "")
+            )
+            node.install_creation(self._creation, abstaining=rejoin)
+            if rejoin:
+                self.stats.rejoins += 1
+            else:
+                self.stats.creations += 1
+            self._schedule_ticks(node, self._sched_rng.randrange(TICK))
+            self._touch(node)
+            return
+        # WAIT, or REFUSED (the operator would add the member and start it again).
+        self._at(self.now + TICK, self._on_ask, (node, node.incarnation))
+
     def _maybe_kill(self, node: SimNode, probability: float, max_delay: int) -> None:
         """The reactive KILL_LEADER fault: crash ``node`` (a leader) within ``max_delay``."""
         if (
@@ -398,6 +496,11 @@ class Simulation:
 
     def _restart(self, node: SimNode) -> None:
         if node.alive or node.stopped:
+            return
+        if node.empty:
+            node.incarnation += 1  # one asking loop at a time
+            self._log(f"restart node {node.id} with an empty disk: asking the initial members")
+            self._on_ask((node, node.incarnation))
             return
         node.start()
         self._log(f"restart node {node.id} from durable storage")
@@ -548,7 +651,12 @@ class Simulation:
         members = set() if conf is None else set(conf.voters) | set(conf.voters_outgoing)
         members |= set() if conf is None else set(conf.learners) | set(conf.learners_next)
         self._log(f"heal all faults; members {sorted(members)}")
-        for node in self.nodes.values():
+        # Down nodes come back in an order of the seed's choosing (processes start in any
+        # order): a node with an empty disk asks whoever is up at that moment.
+        order = list(self.nodes.values())
+        if self.params.profile is Profile.WIPE:  # (other profiles keep their old runs)
+            self._sched_rng.shuffle(order)
+        for node in order:
             if node.id not in members:
                 if node.alive:
                     node.crash()

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from rallypoint.raft import NONE, Index, Message, MessageType, NodeId, Term
+from rallypoint.coordinator.bootstrap_rule import Answer, Decision, Verdict
+from rallypoint.raft import NONE, Index, Message, MessageType, NodeId, RawNode, Term
 from rallypoint.raft.log import RaftLog
 from rallypoint.raft.raft import Raft
 from tests.sim.checker import Checker, Violation
@@ -100,6 +101,59 @@ def test_granting_votes_to_stale_logs_is_caught(monkeypatch: pytest.MonkeyPatch)
         "state machine safety",
         "log matching",
     ), outcome.detail
+
+
+# -- lost disks (the wipe profile) --------------------------------------------------------
+
+
+def majority_with_myself(me: int, initial: frozenset[int], answers: dict[int, Answer]) -> Verdict:
+    """The bootstrap rule before issue 33: a majority of fresh answers, the asker counted."""
+    for member_id, answer in sorted(answers.items()):
+        if member_id in initial and member_id != me and answer.established:
+            decision = Decision.REJOIN if answer.knows_asker else Decision.REFUSED
+            return Verdict(decision, answered_by=member_id)
+    fresh = 1 + sum(1 for i in answers if i in initial and i != me)
+    if fresh > len(initial) // 2:
+        return Verdict(Decision.CREATE)
+    return Verdict(Decision.WAIT, missing=tuple(sorted(initial - set(answers) - {me})))
+
+
+def test_wiped_nodes_rejoin_without_violations() -> None:
+    """Every wipe-profile seed of a sweep: disks lost, nodes created or rejoined, nothing
+    broken, and every voter (the wiped ones included) applies the final proposal."""
+    totals = {"wipes": 0, "rejoins": 0}
+    for seed in range(40):
+        outcome = run(Replay(seed, profile=Profile.WIPE))
+        assert outcome.invariant is None, (seed, outcome.invariant, outcome.detail)
+        totals["wipes"] += outcome.stats.wipes
+        totals["rejoins"] += outcome.stats.rejoins
+    # The profile does what it says: disks are lost and their nodes come back abstaining.
+    assert totals["wipes"] >= 40, totals
+    assert totals["rejoins"] >= 20, totals
+
+
+def test_the_old_bootstrap_rule_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wiped node and a node still down since the creation counted as a majority of
+    "fresh" answers: they create the cluster again beside the one holding the data."""
+    monkeypatch.setattr("tests.sim.simulation.decide", majority_with_myself)
+    outcome = first_violation(range(60), Profile.WIPE)
+    assert outcome.invariant in (
+        "election safety",
+        "leader completeness",
+        "log matching",
+        "state machine safety",
+    ), outcome.detail
+
+
+def test_a_leader_that_keeps_its_record_of_a_wiped_peer_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without ``report_lost_data`` a leader's record says the wiped peer holds entries it
+    lost: its rejections look stale forever and it never catches up."""
+    monkeypatch.setattr(RawNode, "report_lost_data", lambda self, node_id: None)
+    # (Seeds 0-59 happen to change leaders after every such rejoin; 72 is the first not.)
+    outcome = first_violation(range(60, 160), Profile.WIPE)
+    assert outcome.invariant == "liveness", outcome.detail
 
 
 def test_checker_rejects_two_leaders_in_one_term() -> None:

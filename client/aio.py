@@ -626,12 +626,21 @@ class Client:
         *,
         config: JobConfig | None = None,
         metadata: bytes = b"",
+        replaces: int = 0,
         timeout_s: float | None = None,
     ) -> Participant:
         """Join ``job`` as ``name``; the participant heartbeats and follows the rounds until
-        it leaves (see rendezvous.py). ``config`` creates the job when absent."""
+        it leaves (see rendezvous.py). ``config`` creates the job when absent. ``replaces``:
+        a participant of this client that the new one takes the place of, in one round
+        change (close the old handle after)."""
         participant = await _join(
-            self._caller, job, name, config=config, metadata=metadata, timeout_s=timeout_s
+            self._caller,
+            job,
+            name,
+            config=config,
+            metadata=metadata,
+            replaces=replaces,
+            timeout_s=timeout_s,
         )
         self._participants.add(participant)
         return participant

@@ -521,19 +521,28 @@ async def join(
     *,
     config: JobConfig | None = None,
     metadata: bytes = b"",
+    replaces: int = 0,
     timeout_s: float | None = None,
 ) -> Participant:
     """Join ``job`` as ``name`` (unique in the job) and start heartbeating.
 
     ``config`` creates the job when absent and must equal its config when present; without
     it the job must exist. ``metadata`` (addresses, device info) is shown to every member.
+    ``replaces``: a participant id of this client's session that the new participant takes
+    the place of in the same round change (rendezvous.proto, ``JoinRequest.replaces``); the
+    caller closes that participant's handle.
     """
     request_config = config.to_proto() if config is not None else None
     response = await refined(
         caller.write(
             lambda s: services(s).rendezvous.Join,
             lambda header: rendezvous_pb2.JoinRequest(
-                header=header, job=job, name=name, metadata=metadata, config=request_config
+                header=header,
+                job=job,
+                name=name,
+                metadata=metadata,
+                config=request_config,
+                replaces=replaces,
             ),
             timeout_s,
         )

@@ -632,6 +632,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
             name=validate.participant_name(request.name, limits),
             metadata=validate.participant_metadata(request.metadata, limits),
             config=config,
+            replaces=request.replaces,
         )
         result = await propose(self.node, command, context, JoinResult, header)
         return rendezvous_pb2.JoinResponse(

@@ -158,11 +158,15 @@ class Join(JobCommand):
     """Add a participant tied to the envelope's session; its id is this entry's raft index,
     or the next free id if a JoinBatch handed out ids beyond it (:mod:`.rendezvous`,
     "Participant ids"). With a config, creates the job if absent; the config must equal the
-    job's if present."""
+    job's if present. ``replaces`` (0: none) names a participant of the same session that
+    the new one takes the place of in the same apply: a process restarting under a new name
+    is one round change, not a scale-up by the new name and then a leave by the old one
+    (:mod:`.rendezvous`, "Replacing")."""
 
     name: str
     metadata: bytes
     config: JobConfig | None = None
+    replaces: int = since(2, 0)
 
 
 @record(42)

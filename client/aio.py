@@ -633,12 +633,14 @@ class Client:
         config: JobConfig | None = None,
         metadata: bytes = b"",
         resume: bool = False,
+        replaces: int = 0,
         timeout_s: float | None = None,
     ) -> Participant:
         """Join ``job`` as ``name``; the participant heartbeats and follows the rounds until
         it leaves (see rendezvous.py). ``config`` creates the job when absent. A join that
         starts an ended job again begins a new run: it sees the old run's checkpoints only
-        with ``resume``."""
+        with ``resume``. ``replaces``: a participant of this client that the new one takes
+        the place of, in one round change (close the old handle after)."""
         participant = await _join(
             self._caller,
             job,
@@ -646,6 +648,7 @@ class Client:
             config=config,
             metadata=metadata,
             resume=resume,
+            replaces=replaces,
             timeout_s=timeout_s,
         )
         self._participants.add(participant)

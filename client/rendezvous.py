@@ -542,6 +542,7 @@ async def join(
     config: JobConfig | None = None,
     metadata: bytes = b"",
     resume: bool = False,
+    replaces: int = 0,
     timeout_s: float | None = None,
 ) -> Participant:
     """Join ``job`` as ``name`` (unique in the job) and start heartbeating.
@@ -550,6 +551,9 @@ async def join(
     it the job must exist. ``metadata`` (addresses, device info) is shown to every member.
     A join that starts an ended job again begins a new run, which sees the old run's
     checkpoints only with ``resume``.
+    ``replaces``: a participant id of this client's session that the new participant takes
+    the place of in the same round change (rendezvous.proto, ``JoinRequest.replaces``); the
+    caller closes that participant's handle.
     """
     request_config = config.to_proto() if config is not None else None
     response = await refined(
@@ -562,6 +566,7 @@ async def join(
                 metadata=metadata,
                 config=request_config,
                 resume=resume,
+                replaces=replaces,
             ),
             timeout_s,
         )

@@ -15,15 +15,21 @@ round changes pushed by a watch, and round-fenced stores.
 - ``next_rendezvous`` waits for the next ACTIVE round with this agent's participant. If the
   agent's current round is still ACTIVE (its own workers failed, so the other agents' groups
   must restart too), one agent (the first to claim the round's restart key) joins again
-  under a new name and then leaves with the old one: that ends the round once, and the next
-  one opens at once with the survivors and the new participant. An agent whose participant
-  was lost (it was paused past its failure detection) joins again too.
+  under a new name in its old participant's place (``Join.replaces``, one replicated
+  command): that ends the round once, and the next one opens at once with the survivors and
+  the new participant in the old one's seat. Joining and then leaving cost two round changes
+  when the job scales up (``--nnodes=1:3``): the new name ended the round as a waiter, the
+  old name's leave then ended the round that held both, which the agent had just returned.
+  An agent whose participant was lost (it was paused past its failure detection) joins
+  again too.
 - ``num_nodes_waiting`` is what makes the other agents restart their workers: it is positive
   once the round their workers run in is over (a member failed or left, or a waiting node
   scaled the job up: jobs are created with ``scale_up``, torchrun's admit-by-restart).
 - The store in ``RendezvousInfo`` (the agents' rank assignment and exit barrier) is the
-  round's store (:class:`CoordinatorStore`). The workers' store is the same round store,
-  served to them by a :class:`TCPStoreBridge` in their own agent: the handler sets
+  round's store (:class:`AgentRoundStore`). A round that ends while the agent assigns its
+  workers' ranks sends the agent back to ``next_rendezvous`` at its next monitor tick
+  instead of out with a traceback (``torchrun_store.py``). The workers' store is the same
+  round store, served to them by a :class:`TCPStoreBridge` in their own agent: the handler sets
   ``use_agent_store`` so that torch's ``env://`` makes every worker a TCPStore client of
   ``MASTER_ADDR:MASTER_PORT``, which each agent points at its own bridge. No process
   connects to another node's store, nothing depends on node 0 staying up, and each round
@@ -91,8 +97,9 @@ from rallypoint.client import (
 )
 
 from .patience import CoordinatorUnreachableError, Patience, one_line_at_exit
-from .store import CoordinatorStore, CoordinatorStoreError
+from .store import CoordinatorStoreError
 from .tcpstore_bridge import NoFreePortError, PortRange, TCPStoreBridge
+from .torchrun_store import AgentRoundStore
 
 log = logging.getLogger("rallypoint.worker.torchrun")
 
@@ -287,7 +294,7 @@ class RallypointRendezvousHandler(RendezvousHandler):
         self._round: RoundInfo | None = None
         self._closed_locally = False
         # The store of that round, as handed to the agent.
-        self._store: CoordinatorStore | None = None
+        self._store: AgentRoundStore | None = None
 
     # -------------------------------------------------------------- RendezvousHandler
 
@@ -330,7 +337,7 @@ class RallypointRendezvousHandler(RendezvousHandler):
             ) from error
         rank = info.rank_of(participant.participant_id)
         assert rank is not None, "wait_for_round returned a round without this participant"
-        store = CoordinatorStore.for_round(
+        store = AgentRoundStore.for_agent(
             client,
             info,
             participant.participant_id,
@@ -364,6 +371,10 @@ class RallypointRendezvousHandler(RendezvousHandler):
         if participant is None or current is None:
             return 0
         if participant.lost.is_set():
+            return 1
+        store = self._store
+        if store is not None and store.round_over is not None:
+            # The round ended during the rank assignment: the watch may not have said so yet.
             return 1
         view = participant.round
         if view.round == current.round and view.state is RoundState.ACTIVE:
@@ -474,8 +485,10 @@ class RallypointRendezvousHandler(RendezvousHandler):
 
     def _runs_in_live_round(self) -> bool:
         """This agent's workers ran in a round that is still ACTIVE with it."""
-        participant, current = self._participant, self._round
+        participant, current, store = self._participant, self._round, self._store
         if participant is None or current is None:
+            return False
+        if store is not None and store.round_over is not None:
             return False
         view = participant.round
         return view.round == current.round and view.state is RoundState.ACTIVE
@@ -499,10 +512,13 @@ class RallypointRendezvousHandler(RendezvousHandler):
     def _join_again(
         self, client: SyncClient, old: SyncParticipant | None, deadline: float
     ) -> SyncParticipant:
-        """Join as a new participant, then leave as the old one (if it is still in the job):
-        one round change, into a round that already counts the new participant. Waits for
-        an unreachable coordinator as the patience allows."""
+        """Join as a new participant in the old one's place, in one command (the old one, if
+        still in the job, leaves in the same round change; see the module docstring). Waits
+        for an unreachable coordinator as the patience allows."""
         settings = self.settings
+        # Ids are never reused, so naming a participant already gone (lost, evicted, or
+        # replaced by an attempt whose answer was lost) makes a plain join.
+        replaces = 0 if old is None else old.participant_id
 
         def join(timeout_s: float) -> SyncParticipant:
             # A new name for each attempt: one whose answer was lost may have joined.
@@ -512,15 +528,14 @@ class RallypointRendezvousHandler(RendezvousHandler):
                 f"{settings.node_name}/{os.getpid()}/{self._joins}",
                 config=settings.job_config(),
                 metadata=settings.node_name.encode(),
+                replaces=replaces,
                 timeout_s=timeout_s,
             )
 
         new = self._patience(deadline).call("joining", join)
         self._participant = new
         if old is not None:
-            if not old.lost.is_set():
-                with contextlib.suppress(RallypointError):
-                    old.leave()
+            # Already out of the job: stop its heartbeats, no Leave (it would only be refused).
             old.close()
         return new
 

@@ -633,6 +633,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
             metadata=validate.participant_metadata(request.metadata, limits),
             config=config,
             resume=request.resume,
+            replaces=request.replaces,
         )
         result = await propose(self.node, command, context, JoinResult, header)
         return rendezvous_pb2.JoinResponse(

@@ -161,12 +161,17 @@ class Join(JobCommand):
     job's if present. ``resume`` matters only when the join starts an ended job again (a
     new run): False fences the old run's checkpoints and memory snapshot off (the new run
     starts fresh), True keeps them for the new run to restore. Records written before the
-    field read as True, which is what every join did then."""
+    field read as True, which is what every join did then.
+    ``replaces`` (0: none) names a participant of the same session that
+    the new one takes the place of in the same apply: a process restarting under a new name
+    is one round change, not a scale-up by the new name and then a leave by the old one
+    (:mod:`.rendezvous`, "Replacing")."""
 
     name: str
     metadata: bytes
     config: JobConfig | None = None
     resume: bool = since(2, True)
+    replaces: int = since(2, 0)
 
 
 @record(42)

@@ -37,6 +37,16 @@ so a cluster that never ran a batch ahead of its log writes the snapshots it alw
 Id order is join order, which is why a round's members (in id order) and the wait list (in
 join order) need no sorting when joiners are appended.
 
+Replacing. A ``Join`` that names a participant of its own session in ``replaces`` (a torchrun
+agent restarting its workers under a new name) takes that participant's place in the same
+apply: a waiter's place in the wait list, a member's seat in a JOINING round (no round
+change), or, in an ACTIVE round, the round ends once (``MEMBER_LEFT`` by the old participant,
+detail "rejoined as participant N") and the next opens with the survivors and the new
+participant ahead of any waiter. Joining first and leaving after would cost two round changes
+whenever the job scales up (the new name ends the round as a waiter, then the old name's
+leave ends the round that held both). A ``replaces`` that is no longer in the job (failed,
+evicted) makes a plain join; one of another session is refused.
+
 Batches. A ``JoinBatch`` is checked whole before anything changes: one entry that a Join
 would refuse (a name taken by another session, a name or metadata out of bounds, a full wait
 list, a config conflict, a closed job) refuses the batch. A name the same session already
@@ -548,12 +558,22 @@ class Rendezvous:
         refusal = self._join_refusal(command.job, command.config)
         if refusal is not None:
             return refusal
+        if command.replaces < 0:
+            return InvalidCommand(f"replaces must be a participant id or 0, not {command.replaces}")
         job = self._join_job(index, now_ms, command.job, command.config, command.resume)
         existing = job.names.get(command.name)
         if existing is not None:
             if job.participants[existing].session_id != session_id:
                 return NameTaken(job.job_id, command.name, existing)
             return JoinResult(job.job_id, existing, job.round.number, existing in job.waiting)
+        replaced = job.participants.get(command.replaces)
+        if replaced is not None and replaced.session_id != session_id:
+            return InvalidCommand(
+                f"participant {command.replaces} of job {job.job_id!r} belongs to another "
+                "session: a join replaces only a participant of its own session"
+            )
+        if replaced is not None:
+            return self._replace(index, now_ms, job, replaced, command, session_id)
         if job.round.state is RoundState.ACTIVE and len(job.waiting) >= self.limits.max_waiting:
             return LimitExceeded("waiting participants per job", self.limits.max_waiting)
         pid = self._take_ids(index, 1)
@@ -566,6 +586,37 @@ class Rendezvous:
             job.waiting.append(pid)
         self._after_change(index, now_ms, job)
         # The round may have closed or ended (scale-up) and its successor taken the joiner.
+        return JoinResult(job.job_id, pid, job.round.number, pid in job.waiting)
+
+    def _replace(
+        self, index: int, now_ms: int, job: Job, old: Participant, command: Join, session_id: int
+    ) -> Result:
+        """Join ``command``'s participant in ``old``'s place, in one apply (see "Replacing")."""
+        pid = self._take_ids(index, 1)
+        r = job.round
+        old_id = old.participant_id
+        if old_id not in job.waiting and r.state is RoundState.ACTIVE:
+            # Recorded while the old participant is still there to be named.
+            detail = f"rejoined as participant {pid}"
+            self._end_round(index, now_ms, job, EndReason.MEMBER_LEFT, old_id, detail)
+        del job.names[job.participants.pop(old_id).name]
+        job.participants[pid] = Participant(pid, command.name, command.metadata, session_id)
+        job.names[command.name] = pid
+        if old_id in job.waiting:
+            job.waiting[job.waiting.index(old_id)] = pid
+            self._after_change(index, now_ms, job)
+        elif r.state is RoundState.JOINING:
+            seats = tuple(s for s in r.members if s.participant_id != old_id)
+            # Ids grow in join order, so appending keeps the seats in id order.
+            job.round = replace(r, members=(*seats, Seat(pid, -1)))
+            self._after_change(index, now_ms, job)
+        else:
+            # The new participant takes the old one's place ahead of any waiter: the round
+            # that opens is the one the old participant's departure alone would have opened,
+            # with the same process back in it.
+            job.waiting.insert(0, pid)
+            survivors = tuple(s for s in r.members if s.participant_id != old_id)
+            self._open_next(index, now_ms, job, survivors)
         return JoinResult(job.job_id, pid, job.round.number, pid in job.waiting)
 
     def _batch_problem(self, command: JoinBatch) -> Failure | None:

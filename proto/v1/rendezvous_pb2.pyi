@@ -242,20 +242,22 @@ class ConfigureResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., created: _Optional[bool] = ..., round: _Optional[_Union[RoundInfo, _Mapping]] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("header", "job", "name", "metadata", "config", "resume")
+    __slots__ = ("header", "job", "name", "metadata", "config", "resume", "replaces")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
+    REPLACES_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.RequestHeader
     job: str
     name: str
     metadata: bytes
     config: JobConfig
     resume: bool
-    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., job: _Optional[str] = ..., name: _Optional[str] = ..., metadata: _Optional[bytes] = ..., config: _Optional[_Union[JobConfig, _Mapping]] = ..., resume: _Optional[bool] = ...) -> None: ...
+    replaces: int
+    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., job: _Optional[str] = ..., name: _Optional[str] = ..., metadata: _Optional[bytes] = ..., config: _Optional[_Union[JobConfig, _Mapping]] = ..., resume: _Optional[bool] = ..., replaces: _Optional[int] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
     __slots__ = ("header", "participant_id", "waiting", "round")

@@ -32,6 +32,7 @@ def test_one_rallypoint_trial_writes_the_report(tmp_path: Path) -> None:
                 "bench.torchrun_bench",
                 "--backends=rallypoint",
                 "--trials=1",
+                "--kill-after-steps=3",
                 f"--out={out}",
             ],
             cwd=REPOSITORY,
@@ -43,8 +44,10 @@ def test_one_rallypoint_trial_writes_the_report(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     assert {"machine", "versions", "parameters", "backends"} <= set(report)
     summary = report["backends"]["rallypoint"]
-    assert summary["recovered"] == "1/1", summary
+    assert summary["worker_kill_recovered"] == "1 of 1", summary
+    assert report["worker_kill_recovered"] == {"rallypoint": "1 of 1"}
     (trial,) = summary["trials"]
     assert trial["world_size"] == 4
+    assert trial["round_changes"] == 1, trial
     assert 0 < trial["restarted_s"] <= trial["running_s"] == summary["running_s"]
     assert math.isfinite(summary["running_s"])

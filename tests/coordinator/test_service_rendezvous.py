@@ -113,6 +113,25 @@ async def test_joins_close_the_round_at_max_and_late_joiners_wait(client: Client
     assert again.participant_id == first.participant_id
 
 
+async def test_a_join_replacing_a_member_takes_its_seat_in_one_round_change(
+    client: Client,
+) -> None:
+    a = await client.join("j", "a")
+    b = await client.join("j", "b")
+    assert b.round.state == pb.ROUND_STATE_ACTIVE and b.round.round == 1
+    request = pb.JoinRequest(
+        header=client.headers(), job="j", name="b2", config=job_config(2, 2),
+        replaces=b.participant_id,
+    )  # fmt: skip
+    b2 = await client.stub.Join(request)
+    info = b2.round
+    assert (info.round, info.state, b2.waiting) == (2, pb.ROUND_STATE_ACTIVE, False)
+    assert [(m.participant_id, m.rank) for m in info.members] == [
+        (a.participant_id, 0),
+        (b2.participant_id, 1),
+    ]
+
+
 async def test_join_failures_have_their_documented_status(client: Client) -> None:
     missing = await fails(
         client.stub.Join(pb.JoinRequest(header=client.headers(), job="nope", name="a"))

@@ -346,3 +346,61 @@ def test_job_configs_are_validated() -> None:
         "need 1 <= min_nodes <= max_nodes; last_call_ms must be >= 0; phi_window must be >= 2"
     )
     assert JobConfig(1, 9).problem(limits) == "max_nodes above 8"
+
+
+def test_a_join_replacing_a_member_of_an_active_round_is_one_round_change() -> None:
+    """A torchrun agent restarting its workers joins under a new name in its old
+    participant's place. With scale-up on and room below max_nodes, joining and then leaving
+    ended two rounds (the new name scaled the job up; the old name's leave ended the round
+    that held both); replacing ends one, and the new participant keeps the old rank."""
+    config = replace(CONFIG, min_nodes=1, max_nodes=3, last_call_ms=0, scale_up=True)
+    r = JobReplica()
+    a_session, b_session = r.open(), r.open()
+    a = r.join(a_session, "a/1", config).participant_id
+    b = r.join(b_session, "b/1", config).participant_id
+    assert r.job().round.state is RoundState.ACTIVE
+    first, ended_before = r.job().round.number, len(r.job().history)
+    assert r.ranks() == {a: 0, b: 1}
+    joined = r.do(b_session, Join("j", "b/2", b"b", config, replaces=b))
+    assert isinstance(joined, JoinResult), joined
+    new = joined.participant_id
+    assert (joined.round, joined.waiting) == (first + 1, False)
+    job = r.job()
+    assert [(h.number, h.end_reason, h.ended_by) for h in job.history[ended_before:]] == [
+        (first, EndReason.MEMBER_LEFT, b)
+    ]
+    assert job.history[-1].detail == f"rejoined as participant {new}"
+    assert job.round.state is RoundState.ACTIVE and r.ranks() == {a: 0, new: 1}
+    assert b not in job.participants and "b/1" not in job.names and job.waiting == []
+
+
+def test_a_join_replacing_a_waiter_or_a_joining_member_changes_no_round() -> None:
+    r = JobReplica()
+    session = r.open()
+    member = r.join(session, "m/1").participant_id
+    assert r.job().round.state is RoundState.JOINING
+    joined = r.do(session, Join("j", "m/2", b"", CONFIG, replaces=member))
+    assert isinstance(joined, JoinResult) and not joined.waiting
+    assert list(r.job().round.member_ids) == [joined.participant_id]
+    assert r.job().round.number == 1 and not r.job().history
+    others = r.workers(3)  # with m/2 the round is full (max 4) and closes
+    assert r.job().round.state is RoundState.ACTIVE
+    waiter_session = r.open()
+    waiter = r.join(waiter_session, "late/1").participant_id
+    again = r.do(waiter_session, Join("j", "late/2", b"", CONFIG, replaces=waiter))
+    assert isinstance(again, JoinResult) and again.waiting
+    assert r.job().waiting == [again.participant_id] and r.job().round.number == 1
+    assert set(others) <= set(r.job().round.member_ids)
+
+
+def test_a_join_replaces_only_its_own_sessions_participant_and_a_gone_one_is_a_join() -> None:
+    r = JobReplica()
+    theirs = r.join(r.open(), "theirs").participant_id
+    session = r.open()
+    refused = r.do(session, Join("j", "mine", b"", CONFIG, replaces=theirs))
+    assert isinstance(refused, InvalidCommand) and "another session" in str(refused)
+    assert theirs in r.job().participants and "mine" not in r.job().names
+    gone = r.do(session, Join("j", "mine", b"", CONFIG, replaces=10_000))
+    assert isinstance(gone, JoinResult) and theirs in r.job().participants
+    negative = r.do(session, Join("j", "other", b"", CONFIG, replaces=-1))
+    assert isinstance(negative, InvalidCommand)

@@ -25,10 +25,12 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 import torch.distributed as dist
+from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
@@ -74,6 +76,7 @@ class TorchrunJob:
         nnodes: str = "2",
         steps: int = 30,
         agents: int = 2,
+        max_restarts: int = 3,
         rdzv_conf: str = "",
         env: dict[str, str] | None = None,
     ) -> None:
@@ -85,7 +88,7 @@ class TorchrunJob:
             "torch.distributed.run",
             f"--nnodes={nnodes}",
             "--nproc-per-node=2",
-            "--max-restarts=3",
+            f"--max-restarts={max_restarts}",
             "--monitor-interval=0.1",
             "--rdzv-backend=rallypoint",
             f"--rdzv-endpoint={','.join(endpoints)}",
@@ -117,14 +120,33 @@ class TorchrunJob:
             (e for e in found if event in (None, e["event"])), key=lambda e: float(e["t"])
         )
 
+    def check_agents_running(self) -> None:
+        for agent, log in zip(self.agents, self.logs, strict=True):
+            if agent.poll() is not None:
+                raise AssertionError(f"agent exited early:\n{log.read_text()[-3000:]}")
+
     def wait_for_step(self, step: int, timeout_s: float = 60) -> list[Event]:
         def reached() -> list[Event]:
-            for agent, log in zip(self.agents, self.logs, strict=True):
-                if agent.poll() is not None:
-                    raise AssertionError(f"agent exited early:\n{log.read_text()[-3000:]}")
+            self.check_agents_running()
             return [e for e in self.events("step") if e["step"] >= step]
 
         return wait_until(reached, timeout_s, f"a worker at step {step}")
+
+    def wait_for_new_workers(
+        self, old: set[int], count: int, step: int, timeout_s: float = 60
+    ) -> list[Event]:
+        """The ``started`` events of ``count`` workers not in ``old``, once each is past
+        ``step``; every agent must stay up meanwhile."""
+
+        def running() -> list[Event] | None:
+            self.check_agents_running()
+            started = [e for e in self.events("started") if e["pid"] not in old]
+            stepped = {e["pid"] for e in self.events("step") if e["step"] >= step}
+            if len(started) >= count and {e["pid"] for e in started} <= stepped:
+                return started
+            return None
+
+        return wait_until(running, timeout_s, f"{count} new workers past step {step}")
 
     def finish(self, agents: list[int] | None = None, timeout_s: float = 90) -> None:
         for index in agents if agents is not None else range(len(self.agents)):
@@ -190,6 +212,113 @@ def test_killed_worker_restarts_both_groups_in_a_new_round(
         f"\nSIGKILL of a worker -> every new worker's first all_reduce: "
         f"{max(first_steps) - killed_at:.2f} s"
     )
+
+
+def test_each_killed_worker_is_one_round_change_and_every_agent_stays_up(
+    cluster: ProcessCluster, jobs: list[TorchrunJob], tmp_path: Path
+) -> None:
+    """``--nnodes=1:3`` (the job scales up, so a waiter ends a round below max): a SIGKILLed
+    worker of agent B, again and again. Each kill must cost one round change and bring all
+    four ranks back, B included. B used to join under its new name (a scale-up: one round
+    change), return that round, then leave under its old name (a second round change), and
+    fail with StaleStoreRoundError in its rank assignment (2 of 3 kills in the report)."""
+    kills = 4
+    job_id = "worker-kill-elastic"
+    job = TorchrunJob(
+        cluster.endpoints, job_id, tmp_path, nnodes="1:3", steps=100_000, max_restarts=kills + 1
+    )
+    jobs.append(job)
+    agent_b = job.agents[1].pid
+    workers = job.wait_for_new_workers(set(), 4, step=3)
+    with SyncClient(cluster.endpoints) as client:
+        for kill in range(kills):
+            assert sorted(e["rank"] for e in workers) == [0, 1, 2, 3], workers
+            assert {e["world_size"] for e in workers} == {4}, workers
+            before = client.get_job(job_id).round.round
+            victim = next(e for e in workers if e["agent"] == agent_b)
+            old = {e["pid"] for e in job.events("started")}
+            os.kill(victim["pid"], signal.SIGKILL)
+            workers = job.wait_for_new_workers(old, 4, step=3)
+            after = client.get_job(job_id).round
+            assert (after.round, after.world_size) == (before + 1, 2), (
+                f"kill {kill}: rounds {before} -> {after.round}, world {after.world_size}"
+            )
+        assert sorted(e["rank"] for e in workers) == [0, 1, 2, 3], workers
+        assert {e["world_size"] for e in workers} == {4}, workers
+        assert {e["agent"] for e in workers} == {p.pid for p in job.agents}
+
+
+def test_a_round_ending_during_the_rank_assignment_sends_the_agents_back_to_rendezvous(
+    cluster: ProcessCluster,
+) -> None:
+    """Two handlers (two agents) return round R; a third node joins before torch's agents
+    assign their workers' ranks in R's store, so R ends (a scale-up) under their feet. torch's
+    own ``_assign_worker_ranks`` must not raise (it used to: StaleStoreRoundError, the agent
+    out with a traceback); each handler then reports nodes waiting, so the agent restarts
+    its workers, and ``next_rendezvous`` returns the round with all three nodes."""
+    job_id = "assign-ranks-round-ends"
+
+    def handler(node: str) -> RallypointRendezvousHandler:
+        params = RendezvousParameters(
+            "rallypoint",
+            ",".join(cluster.endpoints),
+            job_id,
+            2,
+            3,
+            local_addr=node,
+            last_call_timeout=0,
+        )
+        made = get_rendezvous_handler(params)
+        assert isinstance(made, RallypointRendezvousHandler)
+        return made
+
+    def both(call: Any) -> list[Any]:
+        results: list[Any] = [None, None]
+        errors: list[BaseException] = []
+
+        def run(index: int) -> None:
+            try:
+                results[index] = call(agents[index])
+            except BaseException as error:  # handed to the test's thread
+                errors.append(error)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert not errors, errors
+        return results
+
+    agents = [handler("node-a"), handler("node-b")]
+    spec = SimpleNamespace(role="trainer", local_world_size=2)
+    try:
+        first = both(lambda h: h.next_rendezvous())
+        assert sorted(info.rank for info in first) == [0, 1]
+        with SyncClient(cluster.endpoints) as client:
+            round_before = client.get_job(job_id).round.round
+            third = client.join(job_id, "node-c")
+            try:
+                assert client.get_job(job_id).round.round == round_before + 1  # R ended
+                for info in first:
+                    workers = SimpleElasticAgent._assign_worker_ranks(
+                        cast(Any, None), info.store, info.rank, info.world_size, spec
+                    )
+                    base = info.rank * 2
+                    assert [w.global_rank for w in workers] == [base, base + 1]
+                assert [h.num_nodes_waiting() for h in agents] == [1, 1]
+                second = both(lambda h: h.next_rendezvous())
+                assert {info.world_size for info in second} == {3}
+                assert sorted(info.rank for info in second) == [0, 1]
+                for info in second:  # the new round's store serves the agents
+                    info.store.set(f"k{info.rank}", b"v")
+                    assert info.store.get(f"k{info.rank}") == b"v"
+                assert [h.num_nodes_waiting() for h in agents] == [0, 0]
+            finally:
+                third.leave()
+    finally:
+        for agent in agents:
+            agent.shutdown()
 
 
 def test_killed_agent_leaves_the_other_running_at_half_size(

@@ -19,6 +19,11 @@ held behind an earlier one's commit:
   message arrived, so each sees every write acknowledged before the client sent it;
   serializable reads are answered at once from the applied state.
 
+No message holds the member's event loop: one holds at most ``MAX_BATCH_OPERATIONS``
+operations (a longer one ends the stream with INVALID_ARGUMENT naming the bound), and its
+operations are checked, and its reads answered, ``SLICE_OPERATIONS`` at a time with the loop
+let in between, so ticks, heartbeats and other clients run while a large message is served.
+
 Answers go out as groups complete (refusals and serializable reads, then the reads after the
 barrier, then the writes), several messages per request message, through one queue that the
 response stream drains. An operation waits at most its own ``timeout_ms`` (capped by
@@ -39,6 +44,7 @@ from typing import Any
 from google.protobuf.message import Message
 
 from rallypoint.proto.v1 import common_pb2, kv_pb2
+from rallypoint.proto.v1.defaults import MAX_BATCH_OPERATIONS
 
 from ..node_api import ServerNode
 from ..state.commands import Command
@@ -81,6 +87,18 @@ _WRITES = {
     "delete": _Write(delete_command, DeleteResult, delete_answer),
     "compare_and_set": _Write(compare_and_set_command, CompareAndSetResult, compare_and_set_answer),
 }
+
+# A message's operations are checked, and its reads answered, this many at a time, with the
+# event loop let in between: 200,000 gets in one message held a leader's loop for 2 s, past
+# its election timeout (issue 33). One slice costs a few milliseconds.
+SLICE_OPERATIONS = 256
+
+
+async def pace(position: int) -> None:
+    """Let the event loop in before the operation at ``position`` starts a new slice."""
+    if position and position % SLICE_OPERATIONS == 0:
+        await asyncio.sleep(0)
+
 
 # What the response queue carries: an answer, the error that ends the stream, or the end.
 _Item = Message | BaseException | None
@@ -138,6 +156,12 @@ class BatchServer:
         and end the response stream (or end it with the error that broke the intake)."""
         try:
             async for message in requests:
+                if len(message.operations) > MAX_BATCH_OPERATIONS:
+                    raise InvalidArgument(
+                        "operations",
+                        f"a batch message holds at most {MAX_BATCH_OPERATIONS} operations, "
+                        f"got {len(message.operations)}: send more messages",
+                    )
                 task = asyncio.create_task(self.serve(message))
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)
@@ -155,7 +179,8 @@ class BatchServer:
         reads: list[_Operation] = []
         writes: list[_Operation] = []
         guard = OPERATION_GUARD.get()
-        for operation in message.operations:
+        for position, operation in enumerate(message.operations):
+            await pace(position)
             timeout_s = min(operation.timeout_ms / 1000, cap_s) if operation.timeout_ms else cap_s
             try:
                 checked = await self.check(operation, now + timeout_s, guard)
@@ -170,13 +195,13 @@ class BatchServer:
                 )
             else:
                 reads.append(checked)
-        # Every write reaches the Raft core before this task first yields (see the module
-        # docstring): the coroutines run to their first wait inside gather's tasks, which the
-        # loop starts one after another in its next turn, before the Ready loop's wake-up.
+        # Every write reaches the Raft core in the loop's next turn (see the module docstring):
+        # the coroutines run to their first wait inside gather's tasks, which the loop starts
+        # one after another, before the Ready loop's wake-up.
         pending = asyncio.gather(*(self.finish(w) for w in writes)) if writes else None
         self.answer(at_once)
         if reads:
-            self.answer(await self.read_all(reads))
+            await self.read_all(reads)
         if pending is not None:
             self.answer(list(await pending))
 
@@ -216,8 +241,9 @@ class BatchServer:
         getattr(answer, write.kind).CopyFrom(kind.answer(result, node))
         return answer
 
-    async def read_all(self, reads: list[_Operation]) -> list[kv_pb2.BatchResult]:
-        """One barrier for every linearizable read of the message, then their answers."""
+    async def read_all(self, reads: list[_Operation]) -> None:
+        """One barrier for every linearizable read of the message, then their answers, a
+        slice at a time (each slice its own answer message, the loop free in between)."""
         deadline = max(read.deadline for read in reads)
         try:
             await read_barrier(
@@ -225,10 +251,19 @@ class BatchServer:
             )
         except Exception as error:
             passed = self.loop.time() >= deadline
-            return [error_result(read.id, error, passed) for read in reads]
-        return [
-            kv_pb2.BatchResult(id=read.id, get=get_answer(read.key, self.node)) for read in reads
-        ]
+            self.answer([error_result(read.id, error, passed) for read in reads])
+            return
+        for start in range(0, len(reads), SLICE_OPERATIONS):
+            if start:
+                await asyncio.sleep(0)
+            # The applied state may move on between slices: each read still sees at least the
+            # barrier's index, which is all a linearizable read promises.
+            self.answer(
+                [
+                    kv_pb2.BatchResult(id=read.id, get=get_answer(read.key, self.node))
+                    for read in reads[start : start + SLICE_OPERATIONS]
+                ]
+            )
 
 
 def serve_batch(

@@ -31,7 +31,7 @@ from rallypoint.proto.v1 import rendezvous_pb2
 from .authz import OPERATION_COUNTER, OPERATION_GUARD, OperationGuard
 from .common import Context, read_barrier
 from .errors import InvalidArgument
-from .kv_batch import BatchServer, error_result, run_batch
+from .kv_batch import BatchServer, error_result, pace, run_batch
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -73,7 +73,8 @@ class _StoreBatchServer(BatchServer):
         at_once: list[rendezvous_pb2.StoreBatchResult] = []
         reads: list[tuple[int, CheckedMultiGet]] = []
         writes = []
-        for operation in message.operations:
+        for position, operation in enumerate(message.operations):
+            await pace(position)
             try:
                 kind = await self.admit(operation, guard)
                 if kind == "multi_get":

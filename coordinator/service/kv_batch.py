@@ -10,10 +10,11 @@ held behind an earlier one's commit:
   a refused operation is answered at once with the status the unary call would end with
   (:class:`~rallypoint.proto.v1.kv_pb2.BatchError`, from :func:`.errors.status_for`) and
   the others go on;
-- the message's writes are proposed one after another without yielding to the event loop, so
-  they reach the Raft core before the Ready loop runs again: one Ready, hence one log append
-  and fsync and one MsgApp per follower, carries them all (when the leader is not already busy
-  with an earlier Ready; then they ride in the next one). Each keeps its own session header,
+- the message's writes are proposed one after another without yielding to the event loop
+  (a slice of them at a time, see below), so they reach the Raft core before the Ready loop
+  runs again: one Ready, hence one log append and fsync and one MsgApp per follower, carries
+  them all (when the leader is not already busy with an earlier Ready; then they ride in the
+  next one). Each keeps its own session header,
   so a retried operation is answered from the session's cache, never applied twice;
 - the message's linearizable reads share one read barrier (ReadIndex), taken after the
   message arrived, so each sees every write acknowledged before the client sent it;
@@ -21,8 +22,8 @@ held behind an earlier one's commit:
 
 No message holds the member's event loop: one holds at most ``MAX_BATCH_OPERATIONS``
 operations (a longer one ends the stream with INVALID_ARGUMENT naming the bound), and its
-operations are checked, and its reads answered, ``SLICE_OPERATIONS`` at a time with the loop
-let in between, so ticks, heartbeats and other clients run while a large message is served.
+operations are checked, its writes proposed and its reads answered ``SLICE_OPERATIONS`` at a
+time with the loop let in between (one Ready then carries a slice's writes), so ticks, heartbeats and other clients run while a large message is served.
 
 Answers go out as groups complete (refusals and serializable reads, then the reads after the
 barrier, then the writes), several messages per request message, through one queue that the
@@ -90,8 +91,9 @@ _WRITES = {
 
 # A message's operations are checked, and its reads answered, this many at a time, with the
 # event loop let in between: 200,000 gets in one message held a leader's loop for 2 s, past
-# its election timeout (issue 33). One slice costs a few milliseconds.
-SLICE_OPERATIONS = 256
+# its election timeout (issue 33). One slice costs a few milliseconds; a message of the client
+# library's default size (512) is one slice, so its writes share one Ready.
+SLICE_OPERATIONS = 512
 
 
 async def pace(position: int) -> None:
@@ -195,15 +197,22 @@ class BatchServer:
                 )
             else:
                 reads.append(checked)
-        # Every write reaches the Raft core in the loop's next turn (see the module docstring):
-        # the coroutines run to their first wait inside gather's tasks, which the loop starts
-        # one after another, before the Ready loop's wake-up.
-        pending = asyncio.gather(*(self.finish(w) for w in writes)) if writes else None
+        # A slice's writes reach the Raft core in the loop's next turn (see the module
+        # docstring): the coroutines run to their first wait inside gather's tasks, which the
+        # loop starts one after another, before the Ready loop's wake-up. Later slices start
+        # a turn apart, so proposing 10,000 writes does not hold the loop in one turn.
+        pending = (
+            [asyncio.gather(*(self.finish(w) for w in writes[:SLICE_OPERATIONS]))] if writes else []
+        )
         self.answer(at_once)
+        for start in range(SLICE_OPERATIONS, len(writes), SLICE_OPERATIONS):
+            await asyncio.sleep(0)
+            part = writes[start : start + SLICE_OPERATIONS]
+            pending.append(asyncio.gather(*(self.finish(w) for w in part)))
         if reads:
             await self.read_all(reads)
-        if pending is not None:
-            self.answer(list(await pending))
+        for started in pending:
+            self.answer(list(await started))
 
     async def check(
         self, operation: kv_pb2.BatchOperation, deadline: float, guard: OperationGuard | None

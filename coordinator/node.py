@@ -605,8 +605,22 @@ class Node:
         self._verified_snapshot = (b"", None)
         if decoded is not None and verified_data is snapshot.data:
             self._sm.adopt(decoded)
+            log.info(
+                "member %d: installed the leader's snapshot at %d (%d keys, decoded off the "
+                "event loop)",
+                self.config.member_id,
+                snapshot.metadata.index,
+                len(self._sm.kv),
+            )
         else:
             self._sm.restore(state)
+            if self._snapshots is not None:  # None while starting from the stored snapshot
+                log.info(
+                    "member %d: installed the leader's snapshot at %d (%d keys)",
+                    self.config.member_id,
+                    snapshot.metadata.index,
+                    len(self._sm.kv),
+                )
         # The snapshot's state is as of its index even if no entry at it touched the state.
         self._sm.applied_index = max(self._sm.applied_index, snapshot.metadata.index)
         self._membership.restore(members, snapshot.metadata.conf_state)

@@ -23,7 +23,8 @@ held behind an earlier one's commit:
 No message holds the member's event loop: one holds at most ``MAX_BATCH_OPERATIONS``
 operations (a longer one ends the stream with INVALID_ARGUMENT naming the bound), and its
 operations are checked, its writes proposed and its reads answered ``SLICE_OPERATIONS`` at a
-time with the loop let in between (one Ready then carries a slice's writes), so ticks, heartbeats and other clients run while a large message is served.
+time with the loop let in between (one Ready then carries a slice's writes), so ticks,
+heartbeats and other clients run while a large message is served.
 
 Answers go out as groups complete (refusals and serializable reads, then the reads after the
 barrier, then the writes), several messages per request message, through one queue that the

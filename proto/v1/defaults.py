@@ -65,11 +65,12 @@ MAX_SESSION_TTL_MS = 7 * 24 * 3600 * 1000
 #: size of the answer, not the loop's stall; the client library sends 512 by default.
 MAX_BATCH_OPERATIONS = 10_000
 #: The most keys one prefix delete may remove. A member applies a delete in one step of its
-#: event loop (the state machine is applied in log order, and the same on every member), and
-#: 100,000 keys take about 0.2 s there; 1,000,000 took 2-3 s, past the election timeout. A
-#: larger prefix is refused (INVALID_ARGUMENT naming this bound): delete it by narrower
-#: prefixes.
-MAX_DELETE_KEYS = 100_000
+#: event loop (the state machine applies entries in log order, the same on every member): 50,000
+#: keys take about 0.1 s of CPU there, and on a 3-member cluster sharing 2 loaded cores no
+#: member's loop ran more than 0.5 s late; 100,000 made loops 0.6-1.1 s late; 1,000,000 took
+#: 2-3 s of CPU, past the election timeout. A larger prefix is refused (INVALID_ARGUMENT naming
+#: this bound): delete it by narrower prefixes.
+MAX_DELETE_KEYS = 50_000
 #: The most keys one lease may hold: its expiry or revoke deletes them all in one step, as a
 #: prefix delete does. A put that would attach one more is refused.
-MAX_LEASE_KEYS = 100_000
+MAX_LEASE_KEYS = 50_000

@@ -31,10 +31,11 @@ def positive_seconds(
     most ``most_s``)."""
     if not _is_number(value):
         raise InvalidValueError(f"{name} must be a number of seconds, got {value!r}")
-    if not math.isfinite(value) or value <= 0 or value < least_s or value > most_s:
+    if math.isfinite(value) and most_s < value <= MAX_SECONDS:
+        raise InvalidValueError(f"{name} must be at most {most_s:g} seconds, got {_shown(value)}")
+    if not math.isfinite(value) or value <= 0 or value < least_s or value > MAX_SECONDS:
         floor = f"at least {least_s:g}" if least_s else "above 0"
-        ceiling = f" and at most {most_s:g}" if most_s < MAX_SECONDS else ""
-        raise InvalidValueError(f"{name} must be {floor}{ceiling} seconds, got {_shown(value)}")
+        raise InvalidValueError(f"{name} must be {floor} seconds, got {_shown(value)}")
     return value
 
 

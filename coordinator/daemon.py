@@ -327,13 +327,8 @@ def _refuse_shared_address(
 ) -> None:
     """Two members cannot listen on one address: a message meant for one would reach the
     other (or neither could start), and a member's peer port cannot be another's client
-    port."""
+    port. (A member's own two addresses are checked against each other as its listeners.)"""
     mine = (("peer", address.peer_address), ("client", address.client_address))
-    if same_listener(address.peer_address, address.client_address):
-        raise SettingsError(
-            f"initial cluster: member {member_id}'s peer and client addresses are both "
-            f"{address.peer_address}: each needs its own port"
-        )
     for other_id, other in members.items():
         theirs = (("peer", other.peer_address), ("client", other.client_address))
         for (kind, own), (other_kind, other_address) in itertools.product(mine, theirs):

@@ -63,6 +63,14 @@ def delete_command(
                 f"{key[:64]!r} covers {covered} keys, more than the {MAX_DELETE_KEYS} one "
                 "delete may remove: delete it by narrower prefixes",
             )
+        most = node.state.limits.max_answer_keys
+        if request.prev_kv and covered > most:
+            # The answer would list every one (and the session caches it until acknowledged).
+            raise InvalidArgument(
+                "prev_kv",
+                f"{key[:64]!r} covers {covered} keys, more than the {most} an answer may list: "
+                "read them with Range first, or delete without prev_kv",
+            )
     command = Delete(
         key=key,
         prefix=request.prefix,

@@ -222,3 +222,27 @@ async def test_a_keep_alive_of_a_lease_that_does_not_exist_answers_not_found(
     assert isinstance(alive, lease_pb2.LeaseKeepAliveResponse)
     assert (alive.ttl_ms, alive.HasField("error")) == (3_000, False)
     await call.done_writing()
+
+
+async def test_a_prefix_delete_that_would_list_more_keys_than_an_answer_holds_is_refused(
+    channel: tuple[FakeNode, grpc.aio.Channel, int],
+) -> None:
+    node, conn, session_id = channel
+    kv = kv_pb2_grpc.KVStub(conn)
+    most = node.state.limits.max_answer_keys
+    for sequence in range(1, most + 2):
+        node.state.kv.put(b"p/%06d" % sequence, b"v", sequence, 0)
+    proposed = len(node.proposals)
+
+    failure = await fails(
+        kv.Delete(
+            kv_pb2.DeleteRequest(header=header(session_id, 1), key=b"p/", prefix=True, prev_kv=True)
+        )
+    )
+
+    assert failure.code == Code.INVALID_ARGUMENT
+    assert failure.details == (
+        f"prev_kv: b'p/' covers {most + 1} keys, more than the {most} an answer may list: "
+        "read them with Range first, or delete without prev_kv"
+    )
+    assert len(node.proposals) == proposed

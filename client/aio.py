@@ -25,7 +25,7 @@ import random
 import weakref
 from collections.abc import AsyncIterator, Sequence
 
-from rallypoint.proto.v1 import cluster_pb2, common_pb2, kv_pb2, lease_pb2
+from rallypoint.proto.v1 import cluster_pb2, common_pb2, defaults, kv_pb2, lease_pb2
 
 from . import arguments
 from . import jobs as _jobs
@@ -400,7 +400,9 @@ class Client:
     ) -> Lease:
         """A new lease, kept alive in the background until revoked or lost. ``ttl_s`` is at
         least 0.001 (the wire counts milliseconds)."""
-        arguments.positive_seconds(ttl_s, "ttl_s", least_s=0.001)
+        arguments.positive_seconds(
+            ttl_s, "ttl_s", least_s=0.001, most_s=defaults.MAX_LEASE_TTL_MS / 1000
+        )
         keeper = self._lease_keeper()
         loop = asyncio.get_running_loop()
         # The leader starts the TTL no earlier than this: measuring from here is pessimistic.

@@ -24,10 +24,15 @@ def _is_number(value: object) -> bool:
     return not isinstance(value, bool) and isinstance(value, int | float)
 
 
-def positive_seconds(value: float, name: str, *, least_s: float = 0.0) -> float:
-    """``value`` if it is a finite number of seconds above 0 (and at least ``least_s``)."""
+def positive_seconds(
+    value: float, name: str, *, least_s: float = 0.0, most_s: float = MAX_SECONDS
+) -> float:
+    """``value`` if it is a finite number of seconds above 0 (and at least ``least_s``, at
+    most ``most_s``)."""
     if not _is_number(value):
         raise InvalidValueError(f"{name} must be a number of seconds, got {value!r}")
+    if math.isfinite(value) and most_s < value <= MAX_SECONDS:
+        raise InvalidValueError(f"{name} must be at most {most_s:g} seconds, got {_shown(value)}")
     if not math.isfinite(value) or value <= 0 or value < least_s or value > MAX_SECONDS:
         floor = f"at least {least_s:g}" if least_s else "above 0"
         raise InvalidValueError(f"{name} must be {floor} seconds, got {_shown(value)}")

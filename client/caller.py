@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 
 from rallypoint.proto.v1 import cluster_pb2, common_pb2
+from rallypoint.proto.v1.defaults import MAX_SESSION_TTL_MS
 
 from .arguments import count, positive_seconds
 from .backoff import Backoff
@@ -81,7 +82,9 @@ class Caller:
         # KV calls (kv_read, kv_write) in progress, for kv_batching "concurrent".
         self._kv_calls = 0
         self.timeout_s = positive_seconds(timeout_s, "timeout_s")
-        self._session_ttl_s = positive_seconds(session_ttl_s, "session_ttl_s", least_s=0.001)
+        self._session_ttl_s = positive_seconds(
+            session_ttl_s, "session_ttl_s", least_s=0.001, most_s=MAX_SESSION_TTL_MS / 1000
+        )
         self._max_inflight_writes = count(max_inflight_writes, "max_inflight_writes")
         # Invariant: both None, or both made on the loop that uses them (start).
         self._sessions: SessionKeeper | None = None

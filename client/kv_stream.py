@@ -37,9 +37,10 @@ import grpc
 import grpc.aio
 
 from rallypoint.proto.v1 import kv_pb2
+from rallypoint.proto.v1.defaults import MAX_BATCH_OPERATIONS
 
 from .arguments import count
-from .errors import LEADER_KEY, REASON_KEY, RallypointError, map_rpc_error
+from .errors import LEADER_KEY, REASON_KEY, InvalidValueError, RallypointError, map_rpc_error
 from .tasks import cancel_and_wait
 from .transport import Deadline, Method, Transport
 
@@ -224,6 +225,11 @@ class BatchStreams:
         self._request_type = request_type
         self._window = count(max_messages_in_flight, "max_messages_in_flight")
         self._max_operations = count(max_operations_per_message, "max_operations_per_message")
+        if self._max_operations > MAX_BATCH_OPERATIONS:
+            raise InvalidValueError(
+                f"max_operations_per_message must be at most {MAX_BATCH_OPERATIONS} (the most "
+                f"a member accepts in one message), got {self._max_operations}"
+            )
         # Invariant: at most one stream per member; a broken one is replaced on next use.
         self.streams: dict[str, _Stream] = {}
         # Members that answered the stream UNIMPLEMENTED: served by unary calls.

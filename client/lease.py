@@ -181,7 +181,7 @@ class LeaseKeeper:
         if lease is None:
             return
         sent_at = lease.unanswered_sends.popleft() if lease.unanswered_sends else None
-        if response.ttl_ms <= 0:
+        if response.ttl_ms <= 0 or response.HasField("error"):
             lease.mark_lost(f"lease {lease.lease_id} expired or was revoked on the server")
         elif sent_at is not None:
             lease.expire_at(sent_at + response.ttl_ms / 1000.0)
@@ -241,7 +241,7 @@ async def keep_alive_once(caller: Caller, lease_id: int, timeout_s: float | None
             response = await call.read()
             if isinstance(response, lease_pb2.LeaseKeepAliveResponse):
                 transport.note_success(address)
-                if response.ttl_ms <= 0:
+                if response.ttl_ms <= 0 or response.HasField("error"):
                     raise LeaseNotFoundError(
                         f"lease {lease_id} does not exist (expired or revoked)",
                         reason="LEASE_NOT_FOUND",

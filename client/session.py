@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from rallypoint.proto.v1 import common_pb2, session_pb2
+from rallypoint.proto.v1.defaults import MAX_SESSION_TTL_MS
 
 from .arguments import positive_seconds
 from .errors import (
@@ -76,7 +77,7 @@ class SessionKeeper:
     """Opens the session on demand, keeps it alive, replaces it when it expires."""
 
     def __init__(self, transport: Transport, ttl_s: float, *, open_timeout_s: float) -> None:
-        positive_seconds(ttl_s, "session ttl_s", least_s=0.001)
+        positive_seconds(ttl_s, "session ttl_s", least_s=0.001, most_s=MAX_SESSION_TTL_MS / 1000)
         self._transport = transport
         self._ttl_s = ttl_s
         self._open_timeout_s = open_timeout_s

@@ -317,8 +317,27 @@ def parse_initial_cluster(text: str) -> dict[int, MemberAddress]:
         split_address(
             address.client_address, f"initial_cluster member {member_id}'s client address"
         )
+        _refuse_shared_address(members, member_id, address)
         members[member_id] = address
     return members
+
+
+def _refuse_shared_address(
+    members: dict[int, MemberAddress], member_id: int, address: MemberAddress
+) -> None:
+    """Two members cannot listen on one address: a message meant for one would reach the
+    other (or neither could start), and a member's peer port cannot be another's client
+    port. (A member's own two addresses are checked against each other as its listeners.)"""
+    mine = (("peer", address.peer_address), ("client", address.client_address))
+    for other_id, other in members.items():
+        theirs = (("peer", other.peer_address), ("client", other.client_address))
+        for (kind, own), (other_kind, other_address) in itertools.product(mine, theirs):
+            if same_listener(own, other_address):
+                raise SettingsError(
+                    f"initial cluster: member {other_id}'s {other_kind} address {other_address} "
+                    f"and member {member_id}'s {kind} address {own} are the same: each member "
+                    "needs its own"
+                )
 
 
 class Reloads:

@@ -53,11 +53,16 @@ def _number(text: str, what: str) -> float:
     return value
 
 
-def seconds(*, least_s: float = 0.0, allow_zero: bool = False) -> Callable[[str], float]:
-    """A ``type=`` for a duration in seconds: above 0 (or 0 and more), at least ``least_s``."""
+def seconds(
+    *, least_s: float = 0.0, allow_zero: bool = False, most_s: float | None = None
+) -> Callable[[str], float]:
+    """A ``type=`` for a duration in seconds: above 0 (or 0 and more), at least ``least_s``
+    (and at most ``most_s``, when given)."""
 
     def parse(text: str) -> float:
         value = _number(text, "a number of seconds")
+        if most_s is not None and most_s < value:
+            raise argparse.ArgumentTypeError(f"must be at most {most_s:g} seconds, got {text}")
         low = value < least_s if least_s else (value < 0 if allow_zero else value <= 0)
         if low or value > _MAX_SECONDS:
             if least_s:

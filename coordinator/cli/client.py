@@ -39,6 +39,7 @@ from rallypoint.client import (
     WatchEvent,
 )
 from rallypoint.client.transport import parse_endpoints
+from rallypoint.proto.v1.defaults import MAX_LEASE_TTL_MS
 
 from .args import Parser, add_version, integer, seconds
 
@@ -666,7 +667,9 @@ def register(subparsers: SubParsers) -> None:
     lease = _group(subparsers, "lease", "grant, keep alive, revoke and list leases")
     grant = _leaf(lease, "grant", "grant a lease", _lease_grant, common)
     grant.add_argument(
-        "ttl", type=seconds(least_s=0.001), help="time to live in seconds (at least 0.001)"
+        "ttl",
+        type=seconds(least_s=0.001, most_s=MAX_LEASE_TTL_MS / 1000),
+        help="time to live in seconds (at least 0.001, at most 604800: 7 days)",
     )
     keep = _leaf(lease, "keep-alive", "keep a lease alive until Ctrl-C", _lease_keep_alive, common)
     keep.add_argument("lease_id", type=integer(least=1))

@@ -290,7 +290,9 @@ class RendezvousSupervisor:
                     # Ticks, heartbeats and peers' messages waited as long: a member that
                     # seems slow to elect or to answer often shows this first.
                     log.warning(
-                        "this member's event loop ran %.1f s late (CPU starved, or blocked)",
+                        "member %d: this member's event loop ran %.1f s late (CPU starved, "
+                        "or blocked)",
+                        self.member_id,
                         stall_s,
                     )
             self.step()

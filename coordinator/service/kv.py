@@ -19,6 +19,7 @@ from .kv_ops import (
     delete_answer,
     delete_command,
     get_answer,
+    lease_with_room,
     put_answer,
     put_command,
 )
@@ -78,7 +79,7 @@ class KVServicer(kv_pb2_grpc.KVServicer):
         command = Add(
             key=validate.key(request.key, self.node.state.limits),
             delta=request.delta,
-            lease_id=validate.optional_lease_id(request.lease_id),
+            lease_id=lease_with_room(request.lease_id, self.node),
             fence=validate.fence(request.HasField("fence"), request.fence),
         )
         result = await propose(self.node, command, context, AddResult, header)

@@ -10,14 +10,21 @@ held behind an earlier one's commit:
   a refused operation is answered at once with the status the unary call would end with
   (:class:`~rallypoint.proto.v1.kv_pb2.BatchError`, from :func:`.errors.status_for`) and
   the others go on;
-- the message's writes are proposed one after another without yielding to the event loop, so
-  they reach the Raft core before the Ready loop runs again: one Ready, hence one log append
-  and fsync and one MsgApp per follower, carries them all (when the leader is not already busy
-  with an earlier Ready; then they ride in the next one). Each keeps its own session header,
+- the message's writes are proposed one after another without yielding to the event loop
+  (a slice of them at a time, see below), so they reach the Raft core before the Ready loop
+  runs again: one Ready, hence one log append and fsync and one MsgApp per follower, carries
+  them all (when the leader is not already busy with an earlier Ready; then they ride in the
+  next one). Each keeps its own session header,
   so a retried operation is answered from the session's cache, never applied twice;
 - the message's linearizable reads share one read barrier (ReadIndex), taken after the
   message arrived, so each sees every write acknowledged before the client sent it;
   serializable reads are answered at once from the applied state.
+
+No message holds the member's event loop: one holds at most ``MAX_BATCH_OPERATIONS``
+operations (a longer one ends the stream with INVALID_ARGUMENT naming the bound), and its
+operations are checked, its writes proposed and its reads answered ``SLICE_OPERATIONS`` at a
+time with the loop let in between (one Ready then carries a slice's writes), so ticks,
+heartbeats and other clients run while a large message is served.
 
 Answers go out as groups complete (refusals and serializable reads, then the reads after the
 barrier, then the writes), several messages per request message, through one queue that the
@@ -39,6 +46,7 @@ from typing import Any
 from google.protobuf.message import Message
 
 from rallypoint.proto.v1 import common_pb2, kv_pb2
+from rallypoint.proto.v1.defaults import MAX_BATCH_OPERATIONS
 
 from ..node_api import ServerNode
 from ..state.commands import Command
@@ -81,6 +89,19 @@ _WRITES = {
     "delete": _Write(delete_command, DeleteResult, delete_answer),
     "compare_and_set": _Write(compare_and_set_command, CompareAndSetResult, compare_and_set_answer),
 }
+
+# A message's operations are checked, and its reads answered, this many at a time, with the
+# event loop let in between: 200,000 gets in one message held a leader's loop for 2 s, past
+# its election timeout (issue 33). One slice costs a few milliseconds; a message of the client
+# library's default size (512) is one slice, so its writes share one Ready.
+SLICE_OPERATIONS = 512
+
+
+async def pace(position: int) -> None:
+    """Let the event loop in before the operation at ``position`` starts a new slice."""
+    if position and position % SLICE_OPERATIONS == 0:
+        await asyncio.sleep(0)
+
 
 # What the response queue carries: an answer, the error that ends the stream, or the end.
 _Item = Message | BaseException | None
@@ -138,6 +159,12 @@ class BatchServer:
         and end the response stream (or end it with the error that broke the intake)."""
         try:
             async for message in requests:
+                if len(message.operations) > MAX_BATCH_OPERATIONS:
+                    raise InvalidArgument(
+                        "operations",
+                        f"a batch message holds at most {MAX_BATCH_OPERATIONS} operations, "
+                        f"got {len(message.operations)}: send more messages",
+                    )
                 task = asyncio.create_task(self.serve(message))
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)
@@ -155,7 +182,8 @@ class BatchServer:
         reads: list[_Operation] = []
         writes: list[_Operation] = []
         guard = OPERATION_GUARD.get()
-        for operation in message.operations:
+        for position, operation in enumerate(message.operations):
+            await pace(position)
             timeout_s = min(operation.timeout_ms / 1000, cap_s) if operation.timeout_ms else cap_s
             try:
                 checked = await self.check(operation, now + timeout_s, guard)
@@ -170,15 +198,22 @@ class BatchServer:
                 )
             else:
                 reads.append(checked)
-        # Every write reaches the Raft core before this task first yields (see the module
+        # A slice's writes reach the Raft core in the loop's next turn (see the module
         # docstring): the coroutines run to their first wait inside gather's tasks, which the
-        # loop starts one after another in its next turn, before the Ready loop's wake-up.
-        pending = asyncio.gather(*(self.finish(w) for w in writes)) if writes else None
+        # loop starts one after another, before the Ready loop's wake-up. Later slices start
+        # a turn apart, so proposing 10,000 writes does not hold the loop in one turn.
+        pending = (
+            [asyncio.gather(*(self.finish(w) for w in writes[:SLICE_OPERATIONS]))] if writes else []
+        )
         self.answer(at_once)
+        for start in range(SLICE_OPERATIONS, len(writes), SLICE_OPERATIONS):
+            await asyncio.sleep(0)
+            part = writes[start : start + SLICE_OPERATIONS]
+            pending.append(asyncio.gather(*(self.finish(w) for w in part)))
         if reads:
-            self.answer(await self.read_all(reads))
-        if pending is not None:
-            self.answer(list(await pending))
+            await self.read_all(reads)
+        for started in pending:
+            self.answer(list(await started))
 
     async def check(
         self, operation: kv_pb2.BatchOperation, deadline: float, guard: OperationGuard | None
@@ -216,8 +251,9 @@ class BatchServer:
         getattr(answer, write.kind).CopyFrom(kind.answer(result, node))
         return answer
 
-    async def read_all(self, reads: list[_Operation]) -> list[kv_pb2.BatchResult]:
-        """One barrier for every linearizable read of the message, then their answers."""
+    async def read_all(self, reads: list[_Operation]) -> None:
+        """One barrier for every linearizable read of the message, then their answers, a
+        slice at a time (each slice its own answer message, the loop free in between)."""
         deadline = max(read.deadline for read in reads)
         try:
             await read_barrier(
@@ -225,10 +261,19 @@ class BatchServer:
             )
         except Exception as error:
             passed = self.loop.time() >= deadline
-            return [error_result(read.id, error, passed) for read in reads]
-        return [
-            kv_pb2.BatchResult(id=read.id, get=get_answer(read.key, self.node)) for read in reads
-        ]
+            self.answer([error_result(read.id, error, passed) for read in reads])
+            return
+        for start in range(0, len(reads), SLICE_OPERATIONS):
+            if start:
+                await asyncio.sleep(0)
+            # The applied state may move on between slices: each read still sees at least the
+            # barrier's index, which is all a linearizable read promises.
+            self.answer(
+                [
+                    kv_pb2.BatchResult(id=read.id, get=get_answer(read.key, self.node))
+                    for read in reads[start : start + SLICE_OPERATIONS]
+                ]
+            )
 
 
 def serve_batch(

@@ -4,6 +4,7 @@ operation of a batch is checked and answered exactly as its unary RPC."""
 from __future__ import annotations
 
 from rallypoint.proto.v1 import common_pb2, kv_pb2
+from rallypoint.proto.v1.defaults import MAX_DELETE_KEYS, MAX_LEASE_KEYS
 
 from ..node_api import ServerNode
 from ..state.commands import CompareAndSet, Delete, Put
@@ -22,7 +23,7 @@ def put_command(
     command = Put(
         key=validate.key(request.key, limits),
         value=validate.value(request.value, limits),
-        lease_id=validate.optional_lease_id(request.lease_id),
+        lease_id=lease_with_room(request.lease_id, node),
         fence=validate.fence(request.HasField("fence"), request.fence),
         return_prev=request.prev_kv,
     )
@@ -51,8 +52,27 @@ def delete_command(
     header = validate.session_header(request.HasField("header"), request.header)
     if not request.key and not request.prefix:
         raise InvalidArgument("key", "must not be empty (set prefix to delete every key)")
+    key = validate.key(request.key, node.state.limits, allow_empty=True)
+    if request.prefix:
+        # Checked against this member's applied state, before proposing: keys written while
+        # the delete is in flight may take it a little past the bound, never far.
+        covered = node.state.count_prefix(key)
+        if covered > MAX_DELETE_KEYS:
+            raise InvalidArgument(
+                "prefix",
+                f"{key[:64]!r} covers {covered} keys, more than the {MAX_DELETE_KEYS} one "
+                "delete may remove: delete it by narrower prefixes",
+            )
+        most = node.state.limits.max_answer_keys
+        if request.prev_kv and covered > most:
+            # The answer would list every one (and the session caches it until acknowledged).
+            raise InvalidArgument(
+                "prev_kv",
+                f"{key[:64]!r} covers {covered} keys, more than the {most} an answer may list: "
+                "read them with Range first, or delete without prev_kv",
+            )
     command = Delete(
-        key=validate.key(request.key, node.state.limits, allow_empty=True),
+        key=key,
         prefix=request.prefix,
         fence=validate.fence(request.HasField("fence"), request.fence),
         return_prev=request.prev_kv,
@@ -93,10 +113,23 @@ def compare_and_set_command(
             request.mod_revision_equals if comparison == "mod_revision_equals" else None
         ),
         must_not_exist=comparison == "must_not_exist",
-        lease_id=validate.optional_lease_id(request.lease_id),
+        lease_id=lease_with_room(request.lease_id, node),
         fence=validate.fence(request.HasField("fence"), request.fence),
     )
     return header, command
+
+
+def lease_with_room(lease_id: int, node: ServerNode) -> int:
+    """``lease_id`` (0: none), checked, if the lease may hold one more key: its expiry
+    deletes every key it holds in one step, so it holds at most ``MAX_LEASE_KEYS``."""
+    lease_id = validate.optional_lease_id(lease_id)
+    if lease_id and node.state.lease_key_count(lease_id) >= MAX_LEASE_KEYS:
+        raise InvalidArgument(
+            "lease_id",
+            f"lease {lease_id} holds {MAX_LEASE_KEYS} keys, the most one lease may hold: "
+            "attach the key to another lease",
+        )
+    return lease_id
 
 
 def compare_and_set_answer(

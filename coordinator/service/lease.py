@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from rallypoint.proto.v1 import lease_pb2, lease_pb2_grpc
+from rallypoint.proto.v1.defaults import MAX_LEASE_TTL_MS
 
 from ..node_api import ServerNode
 from ..state.commands import LeaseGrant, LeaseRevoke
@@ -15,6 +16,7 @@ from ..state.results import LeaseEndResult, LeaseGrantResult
 from . import validate
 from .common import Context, header_pb, propose, read_barrier
 from .errors import RequestFailed
+from .kv_batch import error_result
 
 
 class LeaseServicer(lease_pb2_grpc.LeaseServicer):
@@ -25,7 +27,11 @@ class LeaseServicer(lease_pb2_grpc.LeaseServicer):
         self, request: lease_pb2.LeaseGrantRequest, context: Context
     ) -> lease_pb2.LeaseGrantResponse:
         header = validate.session_header(request.HasField("header"), request.header)
-        command = LeaseGrant(ttl_ms=validate.positive(request.ttl_ms, "ttl_ms"))
+        command = LeaseGrant(
+            ttl_ms=validate.bounded(
+                request.ttl_ms, "ttl_ms", MAX_LEASE_TTL_MS, "7 days, the longest lease TTL"
+            )
+        )
         result = await propose(self.node, command, context, LeaseGrantResult, header)
         return lease_pb2.LeaseGrantResponse(
             header=header_pb(self.node.header()),
@@ -42,11 +48,17 @@ class LeaseServicer(lease_pb2_grpc.LeaseServicer):
         async for request in request_iterator:
             lease_id = validate.lease_id(request.lease_id)
             ttl_ms = self.node.lease_keep_alive(lease_id)
-            yield lease_pb2.LeaseKeepAliveResponse(
+            response = lease_pb2.LeaseKeepAliveResponse(
                 header=header_pb(self.node.header()),
                 lease_id=lease_id,
                 ttl_ms=0 if ttl_ms is None else ttl_ms,
             )
+            if ttl_ms is None:
+                # Answered on the stream, not by ending it: it carries the caller's other
+                # leases too. The status is the one Revoke or TimeToLive would end with.
+                not_found = error_result(lease_id, RequestFailed(LeaseNotFound(lease_id)), False)
+                response.error.CopyFrom(not_found.error)
+            yield response
 
     async def Revoke(
         self, request: lease_pb2.LeaseRevokeRequest, context: Context

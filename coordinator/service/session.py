@@ -6,6 +6,7 @@ alone may use it afterwards (``authz.py``)."""
 from __future__ import annotations
 
 from rallypoint.proto.v1 import session_pb2, session_pb2_grpc
+from rallypoint.proto.v1.defaults import MAX_SESSION_TTL_MS
 
 from ..node_api import ServerNode
 from ..state.commands import OwnedSessionOpen, SessionClose, SessionKeepAlive, SessionOpen
@@ -22,7 +23,9 @@ class SessionServicer(session_pb2_grpc.SessionServicer):
     async def Open(
         self, request: session_pb2.SessionOpenRequest, context: Context
     ) -> session_pb2.SessionOpenResponse:
-        ttl_ms = validate.positive(request.ttl_ms, "ttl_ms")
+        ttl_ms = validate.bounded(
+            request.ttl_ms, "ttl_ms", MAX_SESSION_TTL_MS, "7 days, the longest session TTL"
+        )
         caller = CALLER.get()
         command = SessionOpen(ttl_ms) if caller is None else OwnedSessionOpen(ttl_ms, caller.name)
         result = await propose(self.node, command, context, SessionOpenResult)

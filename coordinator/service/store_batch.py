@@ -31,7 +31,7 @@ from rallypoint.proto.v1 import rendezvous_pb2
 from .authz import OPERATION_COUNTER, OPERATION_GUARD, OperationGuard
 from .common import Context, read_barrier
 from .errors import InvalidArgument
-from .kv_batch import BatchServer, error_result, run_batch
+from .kv_batch import SLICE_OPERATIONS, BatchServer, error_result, pace, run_batch
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -72,25 +72,37 @@ class _StoreBatchServer(BatchServer):
         guard = OPERATION_GUARD.get()
         at_once: list[rendezvous_pb2.StoreBatchResult] = []
         reads: list[tuple[int, CheckedMultiGet]] = []
-        writes = []
-        for operation in message.operations:
+        # (id, kind, request): coroutines are made as their slice starts, so none is left
+        # unawaited if the stream is cancelled in between.
+        writes: list[tuple[int, str, Any]] = []
+        for position, operation in enumerate(message.operations):
+            await pace(position)
             try:
                 kind = await self.admit(operation, guard)
                 if kind == "multi_get":
                     reads.append((operation.id, self.servicer.check_multi_get(operation.multi_get)))
                 else:
-                    writes.append(self.write(operation.id, kind, getattr(operation, kind)))
+                    writes.append((operation.id, kind, getattr(operation, kind)))
             except Exception as error:
                 self.count(operation.WhichOneof("operation"), error)
                 at_once.append(_error(operation.id, error))
-        # The writes' tasks start (validate, propose) in the loop's next turn, together, and
-        # are answered when applied: never held by a read of the same message, which may
-        # wait for a key the caller sets only once one of these writes is answered.
-        work = [self.answer_writes(asyncio.gather(*writes))] if writes else []
+        # The writes' tasks start (validate, propose) in the loop's next turn, a slice of
+        # them together, and are answered when applied: never held by a read of the same
+        # message, which may wait for a key the caller sets only once one of these writes is
+        # answered. Later slices start a loop turn apart (kv_batch.SLICE_OPERATIONS).
+        started = [self.start_writes(writes[:SLICE_OPERATIONS])] if writes else []
         self.answer(at_once)
+        for start in range(SLICE_OPERATIONS, len(writes), SLICE_OPERATIONS):
+            await asyncio.sleep(0)
+            started.append(self.start_writes(writes[start : start + SLICE_OPERATIONS]))
+        work = [self.answer_writes(pending) for pending in started]
         if reads:
             work.append(self.read_store(reads))
         await asyncio.gather(*work)
+
+    def start_writes(self, writes: list[tuple[int, str, Any]]) -> asyncio.Future[list[Any]]:
+        """Run ``writes`` (id, kind, request) as tasks, from the loop's next turn."""
+        return asyncio.gather(*(self.write(*write) for write in writes))
 
     async def answer_writes(self, pending: asyncio.Future[list[Any]]) -> None:
         self.answer(list(await pending))

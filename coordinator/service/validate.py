@@ -85,6 +85,15 @@ def positive(amount: int, field: str) -> int:
     return amount
 
 
+def bounded(amount: int, field: str, most: int, why: str) -> int:
+    """``amount`` if it is in 1..``most``; otherwise InvalidArgument naming the bound."""
+    if amount <= 0:
+        raise InvalidArgument(field, f"must be > 0, got {amount}")
+    if amount > most:
+        raise InvalidArgument(field, f"must be at most {most} ({why}), got {amount}")
+    return amount
+
+
 def non_negative(amount: int, field: str) -> int:
     if amount < 0:
         raise InvalidArgument(field, f"must be >= 0, got {amount}")

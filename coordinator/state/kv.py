@@ -14,6 +14,10 @@ from collections.abc import Iterator
 
 from .values import KeyValue
 
+# Up to this many keys scattered through the index are removed one bisect at a time (each
+# moves the tail of the list, a memmove); more, and one pass rebuilding the list costs less.
+_SCATTERED_ONE_BY_ONE = 64
+
 
 def prefix_end(prefix: bytes) -> bytes | None:
     """The smallest key greater than every key starting with ``prefix`` (None: no bound)."""
@@ -54,12 +58,35 @@ class KeyValueStore:
         return kv
 
     def delete(self, key: bytes) -> KeyValue:
-        kv = self._kvs.pop(key)
-        position = bisect.bisect_left(self._sorted_keys, key)
-        if self._sorted_keys[position] != key:
-            raise AssertionError(f"key {key!r} missing from the sorted index")
-        del self._sorted_keys[position]
-        return kv
+        return self.delete_many([key])[0]
+
+    def delete_many(self, keys: list[bytes]) -> list[KeyValue]:
+        """Remove ``keys`` (ascending, no repeats, all present); their last values, in order.
+
+        O(n + k log n) for k keys among n, never O(n * k): a run of keys that is contiguous in
+        the index (a prefix) goes as one slice deletion, and keys scattered through it (a
+        lease's) by one pass that keeps the rest, once there are more than a few. Removing one
+        key at a time from the list moved the tail every time: 300,000 keys took 9 s.
+        """
+        if not keys:
+            return []
+        removed = [self._kvs.pop(key) for key in keys]
+        index = self._sorted_keys
+        first = bisect.bisect_left(index, keys[0])
+        if index[first : first + len(keys)] == keys:
+            del index[first : first + len(keys)]
+        elif len(keys) <= _SCATTERED_ONE_BY_ONE:
+            for key in keys:
+                position = bisect.bisect_left(index, key)
+                if position == len(index) or index[position] != key:
+                    raise AssertionError(f"key {key!r} missing from the sorted index")
+                del index[position]
+        else:
+            kvs = self._kvs
+            self._sorted_keys = [key for key in index if key in kvs]
+        if len(self._sorted_keys) != len(self._kvs):
+            raise AssertionError("the sorted index and the map disagree after a delete")
+        return removed
 
     def scan(self, prefix: bytes, start_after: bytes = b"") -> Iterator[KeyValue]:
         """Keys starting with ``prefix``, ascending, strictly after ``start_after``."""
@@ -68,10 +95,33 @@ class KeyValueStore:
         else:
             position = bisect.bisect_left(self._sorted_keys, prefix)
         end = prefix_end(prefix)
-        for key in self._sorted_keys[position:]:
+        index, kvs = self._sorted_keys, self._kvs
+        # By position, not over a slice: a slice would copy the rest of the index first.
+        while position < len(index):
+            key = index[position]
             if end is not None and key >= end:
                 return
-            yield self._kvs[key]
+            yield kvs[key]
+            position += 1
+
+    def prefix_keys(self, prefix: bytes, limit: int = 0) -> list[bytes]:
+        """Keys starting with ``prefix``, ascending, at most ``limit`` (0: all); one bisect
+        per bound and a slice, no Python step per key."""
+        index = self._sorted_keys
+        first = bisect.bisect_left(index, prefix)
+        end = prefix_end(prefix)
+        last = len(index) if end is None else bisect.bisect_left(index, end, first)
+        if limit:
+            last = min(last, first + limit)
+        return index[first:last]
+
+    def count_prefix(self, prefix: bytes) -> int:
+        """How many keys start with ``prefix``, in O(log n)."""
+        index = self._sorted_keys
+        first = bisect.bisect_left(index, prefix)
+        end = prefix_end(prefix)
+        last = len(index) if end is None else bisect.bisect_left(index, end, first)
+        return last - first
 
     def range(
         self,

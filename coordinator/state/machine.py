@@ -341,16 +341,18 @@ class StateMachine:
 
     def _delete_keys(self, index: int, keys: list[bytes]) -> list[KeyValue]:
         """Delete existing ``keys`` (sorted) at revision ``index``, as one revision."""
-        deleted = []
-        events = []
-        for key in keys:
-            previous = self.kv.delete(key)
-            self.leases.detach(previous.lease_id, key)
-            deleted.append(previous)
-            events.append(Event(EventType.DELETE, KeyValue(key, b"", 0, index, 0), previous))
-        if events:
-            self.revision = index
-            self.history.append(events)
+        deleted = self.kv.delete_many(keys)
+        if not deleted:
+            return deleted
+        detach = self.leases.detach
+        for previous in deleted:
+            if previous.lease_id:
+                detach(previous.lease_id, previous.key)
+        delete = EventType.DELETE
+        self.revision = index
+        self.history.append(
+            [Event(delete, KeyValue(kv.key, b"", 0, index, 0), kv) for kv in deleted]
+        )
         return deleted
 
     def _put(self, index: int, command: Put) -> Result:
@@ -368,7 +370,7 @@ class StateMachine:
         if len(command.key) > self.limits.max_key_bytes:
             return KeyTooLarge(len(command.key), self.limits.max_key_bytes)
         if command.prefix:
-            keys = [kv.key for kv in self.kv.scan(command.key)]
+            keys = self.kv.prefix_keys(command.key)
         else:
             keys = [command.key] if self.kv.get(command.key) is not None else []
         failure = self._check_fence(command.fence, keys or [command.key])
@@ -450,6 +452,15 @@ class StateMachine:
             raise ValueError(f"limit must be >= 0, got {limit}")
         return self.kv.range(prefix, limit, start_after, max_bytes, count_values)
 
+    def count_prefix(self, prefix: bytes) -> int:
+        """How many keys start with ``prefix`` (O(log n))."""
+        return self.kv.count_prefix(prefix)
+
+    def lease_key_count(self, lease_id: int) -> int:
+        """How many keys the lease holds (0 when it does not exist)."""
+        lease = self.leases.get(lease_id)
+        return 0 if lease is None else len(lease.keys)
+
     def lease_list(self) -> tuple[LeaseInfo, ...]:
         return tuple(self.leases.info(lease, with_keys=False) for lease in self.leases.in_order())
 
@@ -522,6 +533,15 @@ class StateMachine:
                 self.rendezvous.to_obj(),
             ]
         )
+
+    def adopt(self, other: StateMachine) -> None:
+        """Take ``other``'s state (a machine restored off the event loop from the snapshot
+        being installed): as ``restore`` would, without decoding on the loop. ``other`` must
+        not be used afterwards."""
+        if other.limits != self.limits:
+            raise AssertionError("adopting a state decoded under other limits")
+        for name in _FIELDS - {"limits"}:
+            setattr(self, name, getattr(other, name))
 
     def restore(self, data: bytes) -> None:
         """Replace the state with a snapshot's. Raises StateCodecError on malformed data."""

@@ -59,8 +59,24 @@ class WatchHistory:
 
     def append(self, events: list[Event]) -> None:
         """Add the events of one revision (all sharing it), then enforce the bounds."""
-        for event in events:
-            self._add(event)
+        if not events:
+            return
+        revision = events[0].revision
+        if any(event.revision != revision for event in events):
+            raise AssertionError("one append holds events of several revisions")
+        if self._revisions and revision < self._revisions[-1]:
+            raise AssertionError(f"event revision {revision} goes backwards")
+        # One pass in C-speed steps where it can: a prefix delete appends every key it removed.
+        size_bytes = sum(map(_event_size_bytes, events))
+        self._events.extend(events)
+        self._revisions.extend([revision] * len(events))
+        self._size_bytes += size_bytes
+        newest = self._per_revision[-1] if self._per_revision else None
+        if newest is not None and newest.revision == revision:
+            newest.events += len(events)
+            newest.size_bytes += size_bytes
+        else:
+            self._per_revision.append(_RevisionSize(revision, len(events), size_bytes))
         self._trim()
 
     def _add(self, event: Event) -> None:

@@ -50,3 +50,27 @@ JOB_CONFIG_REQUIRED = ("min_nodes", "max_nodes")
 def milli(factor: float) -> int:
     """A factor in thousandths, as the state machine keeps it (8.0 -> 8000)."""
     return round(factor * 1000)
+
+
+# Bounds on what one request may ask of a member. A member refuses a request past one with
+# INVALID_ARGUMENT naming the bound; the client library checks the same numbers first.
+
+#: The longest lease TTL a grant may ask for (7 days). A lease outlives its holder by its TTL,
+#: so a TTL of 2^63-1 ms would keep a lock (and its keys) forever after the holder died.
+MAX_LEASE_TTL_MS = 7 * 24 * 3600 * 1000
+#: The longest session TTL (7 days): a session's cached answers stay until it expires.
+MAX_SESSION_TTL_MS = 7 * 24 * 3600 * 1000
+#: The most operations one ``KV/Batch`` or ``RoundStore/Batch`` message may hold. A member
+#: serves a message in slices that yield to its event loop, so this bounds memory and the
+#: size of the answer, not the loop's stall; the client library sends 512 by default.
+MAX_BATCH_OPERATIONS = 10_000
+#: The most keys one prefix delete may remove. A member applies a delete in one step of its
+#: event loop (the state machine applies entries in log order, the same on every member): 50,000
+#: keys take about 0.1 s of CPU there, and on a 3-member cluster sharing 2 loaded cores no
+#: member's loop ran more than 0.5 s late; 100,000 made loops 0.6-1.1 s late; 1,000,000 took
+#: 2-3 s of CPU, past the election timeout. A larger prefix is refused (INVALID_ARGUMENT naming
+#: this bound): delete it by narrower prefixes.
+MAX_DELETE_KEYS = 50_000
+#: The most keys one lease may hold: its expiry or revoke deletes them all in one step, as a
+#: prefix delete does. A put that would attach one more is refused.
+MAX_LEASE_KEYS = 50_000

@@ -23,37 +23,38 @@ _sym_db = _symbol_database.Default()
 
 
 from rallypoint.proto.v1 import common_pb2 as rallypoint_dot_proto_dot_v1_dot_common__pb2
+from rallypoint.proto.v1 import kv_pb2 as rallypoint_dot_proto_dot_v1_dot_kv__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1frallypoint/proto/v1/lease.proto\x12\rrallypoint.v1\x1a rallypoint/proto/v1/common.proto\"Q\n\x11LeaseGrantRequest\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.rallypoint.v1.RequestHeader\x12\x0e\n\x06ttl_ms\x18\x02 \x01(\x03\"|\n\x12LeaseGrantResponse\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1d.rallypoint.v1.ResponseHeader\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\x12\x15\n\rfencing_token\x18\x03 \x01(\x04\x12\x0e\n\x06ttl_ms\x18\x04 \x01(\x03\")\n\x15LeaseKeepAliveRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\x03\"i\n\x16LeaseKeepAliveResponse\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1d.rallypoint.v1.ResponseHeader\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\x03\"T\n\x12LeaseRevokeRequest\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.rallypoint.v1.RequestHeader\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\"Z\n\x13LeaseRevokeResponse\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1d.rallypoint.v1.ResponseHeader\x12\x14\n\x0c\x64\x65leted_keys\x18\x02 \x03(\x0c\"(\n\x10LeaseListRequest\x12\x14\n\x0cserializable\x18\x01 \x01(\x08\"N\n\x0bLeaseStatus\x12\x10\n\x08lease_id\x18\x01 \x01(\x03\x12\x15\n\rfencing_token\x18\x02 \x01(\x04\x12\x16\n\x0egranted_ttl_ms\x18\x03 \x01(\x03\"n\n\x11LeaseListResponse\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1d.rallypoint.v1.ResponseHeader\x12*\n\x06leases\x18\x02 \x03(\x0b\x32\x1a.rallypoint.v1.LeaseStatus\"8\n\x16LeaseTimeToLiveRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\x03\x12\x0c\n\x04keys\x18\x02 \x01(\x08\"\xb1\x01\n\x17LeaseTimeToLiveResponse\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1d.rallypoint.v1.ResponseHeader\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\x12\x15\n\rfencing_token\x18\x03 \x01(\x04\x12\x16\n\x0egranted_ttl_ms\x18\x04 \x01(\x03\x12\x18\n\x10remaining_ttl_ms\x18\x05 \x01(\x03\x12\x0c\n\x04keys\x18\x06 \x03(\x0c\x32\xac\x03\n\x05Lease\x12L\n\x05Grant\x12 .rallypoint.v1.LeaseGrantRequest\x1a!.rallypoint.v1.LeaseGrantResponse\x12\\\n\tKeepAlive\x12$.rallypoint.v1.LeaseKeepAliveRequest\x1a%.rallypoint.v1.LeaseKeepAliveResponse(\x01\x30\x01\x12O\n\x06Revoke\x12!.rallypoint.v1.LeaseRevokeRequest\x1a\".rallypoint.v1.LeaseRevokeResponse\x12I\n\x04List\x12\x1f.rallypoint.v1.LeaseListRequest\x1a .rallypoint.v1.LeaseListResponse\x12[\n\nTimeToLive\x12%.rallypoint.v1.LeaseTimeToLiveRequest\x1a&.rallypoint.v1.LeaseTimeToLiveResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1frallypoint/proto/v1/lease.proto\x12\rrallypoint.v1\x1a rallypoint/proto/v1/common.proto\x1a\x1crallypoint/proto/v1/kv.proto\"Q\n\x11LeaseGrantRequest\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.rallypoint.v1.RequestHeader\x12\x0e\n\x06ttl_ms\x18\x02 \x01(\x03\"|\n\x12LeaseGrantResponse\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1d.rallypoint.v1.ResponseHeader\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\x12\x15\n\rfencing_token\x18\x03 \x01(\x04\x12\x0e\n\x06ttl_ms\x18\x04 \x01(\x03\")\n\x15LeaseKeepAliveRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\x03\"\x93\x01\n\x16LeaseKeepAliveResponse\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1d.rallypoint.v1.ResponseHeader\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\x03\x12(\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x19.rallypoint.v1.BatchError\"T\n\x12LeaseRevokeRequest\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.rallypoint.v1.RequestHeader\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\"Z\n\x13LeaseRevokeResponse\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1d.rallypoint.v1.ResponseHeader\x12\x14\n\x0c\x64\x65leted_keys\x18\x02 \x03(\x0c\"(\n\x10LeaseListRequest\x12\x14\n\x0cserializable\x18\x01 \x01(\x08\"N\n\x0bLeaseStatus\x12\x10\n\x08lease_id\x18\x01 \x01(\x03\x12\x15\n\rfencing_token\x18\x02 \x01(\x04\x12\x16\n\x0egranted_ttl_ms\x18\x03 \x01(\x03\"n\n\x11LeaseListResponse\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1d.rallypoint.v1.ResponseHeader\x12*\n\x06leases\x18\x02 \x03(\x0b\x32\x1a.rallypoint.v1.LeaseStatus\"8\n\x16LeaseTimeToLiveRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\x03\x12\x0c\n\x04keys\x18\x02 \x01(\x08\"\xb1\x01\n\x17LeaseTimeToLiveResponse\x12-\n\x06header\x18\x01 \x01(\x0b\x32\x1d.rallypoint.v1.ResponseHeader\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\x12\x15\n\rfencing_token\x18\x03 \x01(\x04\x12\x16\n\x0egranted_ttl_ms\x18\x04 \x01(\x03\x12\x18\n\x10remaining_ttl_ms\x18\x05 \x01(\x03\x12\x0c\n\x04keys\x18\x06 \x03(\x0c\x32\xac\x03\n\x05Lease\x12L\n\x05Grant\x12 .rallypoint.v1.LeaseGrantRequest\x1a!.rallypoint.v1.LeaseGrantResponse\x12\\\n\tKeepAlive\x12$.rallypoint.v1.LeaseKeepAliveRequest\x1a%.rallypoint.v1.LeaseKeepAliveResponse(\x01\x30\x01\x12O\n\x06Revoke\x12!.rallypoint.v1.LeaseRevokeRequest\x1a\".rallypoint.v1.LeaseRevokeResponse\x12I\n\x04List\x12\x1f.rallypoint.v1.LeaseListRequest\x1a .rallypoint.v1.LeaseListResponse\x12[\n\nTimeToLive\x12%.rallypoint.v1.LeaseTimeToLiveRequest\x1a&.rallypoint.v1.LeaseTimeToLiveResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rallypoint.proto.v1.lease_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_LEASEGRANTREQUEST']._serialized_start=84
-  _globals['_LEASEGRANTREQUEST']._serialized_end=165
-  _globals['_LEASEGRANTRESPONSE']._serialized_start=167
-  _globals['_LEASEGRANTRESPONSE']._serialized_end=291
-  _globals['_LEASEKEEPALIVEREQUEST']._serialized_start=293
-  _globals['_LEASEKEEPALIVEREQUEST']._serialized_end=334
-  _globals['_LEASEKEEPALIVERESPONSE']._serialized_start=336
-  _globals['_LEASEKEEPALIVERESPONSE']._serialized_end=441
-  _globals['_LEASEREVOKEREQUEST']._serialized_start=443
-  _globals['_LEASEREVOKEREQUEST']._serialized_end=527
-  _globals['_LEASEREVOKERESPONSE']._serialized_start=529
-  _globals['_LEASEREVOKERESPONSE']._serialized_end=619
-  _globals['_LEASELISTREQUEST']._serialized_start=621
-  _globals['_LEASELISTREQUEST']._serialized_end=661
-  _globals['_LEASESTATUS']._serialized_start=663
-  _globals['_LEASESTATUS']._serialized_end=741
-  _globals['_LEASELISTRESPONSE']._serialized_start=743
-  _globals['_LEASELISTRESPONSE']._serialized_end=853
-  _globals['_LEASETIMETOLIVEREQUEST']._serialized_start=855
-  _globals['_LEASETIMETOLIVEREQUEST']._serialized_end=911
-  _globals['_LEASETIMETOLIVERESPONSE']._serialized_start=914
-  _globals['_LEASETIMETOLIVERESPONSE']._serialized_end=1091
-  _globals['_LEASE']._serialized_start=1094
-  _globals['_LEASE']._serialized_end=1522
+  _globals['_LEASEGRANTREQUEST']._serialized_start=114
+  _globals['_LEASEGRANTREQUEST']._serialized_end=195
+  _globals['_LEASEGRANTRESPONSE']._serialized_start=197
+  _globals['_LEASEGRANTRESPONSE']._serialized_end=321
+  _globals['_LEASEKEEPALIVEREQUEST']._serialized_start=323
+  _globals['_LEASEKEEPALIVEREQUEST']._serialized_end=364
+  _globals['_LEASEKEEPALIVERESPONSE']._serialized_start=367
+  _globals['_LEASEKEEPALIVERESPONSE']._serialized_end=514
+  _globals['_LEASEREVOKEREQUEST']._serialized_start=516
+  _globals['_LEASEREVOKEREQUEST']._serialized_end=600
+  _globals['_LEASEREVOKERESPONSE']._serialized_start=602
+  _globals['_LEASEREVOKERESPONSE']._serialized_end=692
+  _globals['_LEASELISTREQUEST']._serialized_start=694
+  _globals['_LEASELISTREQUEST']._serialized_end=734
+  _globals['_LEASESTATUS']._serialized_start=736
+  _globals['_LEASESTATUS']._serialized_end=814
+  _globals['_LEASELISTRESPONSE']._serialized_start=816
+  _globals['_LEASELISTRESPONSE']._serialized_end=926
+  _globals['_LEASETIMETOLIVEREQUEST']._serialized_start=928
+  _globals['_LEASETIMETOLIVEREQUEST']._serialized_end=984
+  _globals['_LEASETIMETOLIVERESPONSE']._serialized_start=987
+  _globals['_LEASETIMETOLIVERESPONSE']._serialized_end=1164
+  _globals['_LEASE']._serialized_start=1167
+  _globals['_LEASE']._serialized_end=1595
 # @@protoc_insertion_point(module_scope)

@@ -1,4 +1,5 @@
 from rallypoint.proto.v1 import common_pb2 as _common_pb2
+from rallypoint.proto.v1 import kv_pb2 as _kv_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -34,14 +35,16 @@ class LeaseKeepAliveRequest(_message.Message):
     def __init__(self, lease_id: _Optional[int] = ...) -> None: ...
 
 class LeaseKeepAliveResponse(_message.Message):
-    __slots__ = ("header", "lease_id", "ttl_ms")
+    __slots__ = ("header", "lease_id", "ttl_ms", "error")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.ResponseHeader
     lease_id: int
     ttl_ms: int
-    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., lease_id: _Optional[int] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+    error: _kv_pb2.BatchError
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., lease_id: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., error: _Optional[_Union[_kv_pb2.BatchError, _Mapping]] = ...) -> None: ...
 
 class LeaseRevokeRequest(_message.Message):
     __slots__ = ("header", "lease_id")

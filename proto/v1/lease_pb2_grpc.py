@@ -73,8 +73,8 @@ class LeaseServicer:
 
     def KeepAlive(self, request_iterator, context):
         """Each request extends the lease to a full TTL from now and is answered on the stream. A
-        lease that no longer exists is answered with ttl_ms = 0 (the stream stays open for other
-        leases). Keep-alives are served by the leader only; a follower ends the stream with
+        lease that no longer exists is answered with ttl_ms = 0 and `error` set to NOT_FOUND
+        (reason LEASE_NOT_FOUND); the stream stays open for other leases. Keep-alives are served by the leader only; a follower ends the stream with
         UNAVAILABLE and the `rallypoint-leader` hint.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

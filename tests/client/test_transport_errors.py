@@ -298,6 +298,8 @@ async def test_numbers_out_of_range_are_refused_before_anything_is_sent(
         ("ttl_s must be at least 0.001 seconds, got -5", lambda: client.grant_lease(-5)),
         ("ttl_s must be at least 0.001 seconds, got 0", lambda: client.grant_lease(0)),
         ("ttl_s must be at least 0.001 seconds, got nan", lambda: client.grant_lease(math.nan)),
+        # A member refuses a TTL above 7 days (defaults.MAX_LEASE_TTL_MS): checked here first.
+        ("ttl_s must be at most 604800 seconds, got 604801", lambda: client.grant_lease(604_801)),
         ("timeout_s must be above 0 seconds, got -1", lambda: client.get("k", timeout_s=-1)),
         ("limit must be an integer of at least 0, got -1", lambda: client.range("k", limit=-1)),
         ("lease_id must be an integer of at least 1, got 0", lambda: client.revoke_lease(0)),
@@ -311,7 +313,12 @@ async def test_numbers_out_of_range_are_refused_before_anything_is_sent(
                 await result
     with pytest.raises(InvalidValueError, match="start_revision"):
         client.watch("k", start_revision=-1)
-    for options in ({"timeout_s": 0}, {"attempt_timeout_s": -1}, {"session_ttl_s": 0}):
+    for options in (
+        {"timeout_s": 0},
+        {"attempt_timeout_s": -1},
+        {"session_ttl_s": 0},
+        {"session_ttl_s": 604_801},
+    ):
         with pytest.raises(InvalidValueError):
             Client(cluster.addresses, **options)  # type: ignore[arg-type]
     assert sum(sum(m.calls.values()) for m in cluster.members) == calls_before

@@ -204,6 +204,14 @@ ROWS = [
         "",
     ),
     (
+        # 2^63-1 ms was granted before; a member refuses more than 7 days (defaults.py).
+        ["lease", "grant", "9223372036854775807", "--endpoints", "{client}"],
+        2,
+        "rallypoint lease grant: error: argument ttl: must be at most 604800 seconds, got "
+        "9223372036854775807",
+        "",
+    ),
+    (
         ["lease", "grant", "ten", "--endpoints", "{client}"],
         2,
         "rallypoint lease grant: error: argument ttl: 'ten' is not a number of seconds",
@@ -286,6 +294,7 @@ ROWS = [
         "a missing port",
         "a port out of range",
         "a negative TTL",
+        "a TTL past 7 days",
         "a TTL that is no number",
         "a zero timeout",
         "a negative limit",

@@ -61,6 +61,51 @@ def test_initial_cluster_parsing() -> None:
             parse_initial_cluster(bad)
 
 
+@pytest.mark.parametrize(
+    ("initial_cluster", "message"),
+    [
+        (
+            "1=10.0.0.1:2380@10.0.0.1:2379,2=10.0.0.1:2380@10.0.0.2:2379",
+            "initial cluster: member 1's peer address 10.0.0.1:2380 and member 2's peer "
+            "address 10.0.0.1:2380 are the same: each member needs its own",
+        ),
+        (
+            "1=10.0.0.1:2380@10.0.0.1:2379,2=10.0.0.2:2380@10.0.0.1:2379",
+            "initial cluster: member 1's client address 10.0.0.1:2379 and member 2's client "
+            "address 10.0.0.1:2379 are the same: each member needs its own",
+        ),
+        (
+            "1=h1:2380@h1:2379,3=H1:2379@h3:2379",
+            "initial cluster: member 1's client address h1:2379 and member 3's peer "
+            "address H1:2379 are the same: each member needs its own",
+        ),
+    ],
+)
+def test_initial_cluster_refuses_two_members_on_one_address(
+    initial_cluster: str, message: str
+) -> None:
+    with pytest.raises(SettingsError) as refused:
+        parse_initial_cluster(initial_cluster)
+    assert str(refused.value) == message
+
+
+def test_serve_refuses_two_members_with_one_peer_address_in_one_line(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "rallypoint.coordinator", "serve", "--member-id", "1",
+         "--data-dir", str(tmp_path), "--peer-address", "127.0.0.1:27290",
+         "--client-address", "127.0.0.1:27291",
+         "--initial-cluster", "1=127.0.0.1:27290@127.0.0.1:27291,2=127.0.0.1:27290@127.0.0.1:27293",
+         "--peer-secret", "0123456789abcdef0123"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "member 1's peer address 127.0.0.1:27290 and member 2's peer address" in lines[0]
+
+
 def test_serve_refuses_bad_settings_with_a_clear_message(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "rallypoint.coordinator", "serve", "--member-id", "4",

@@ -36,12 +36,19 @@ ends that next round). Three steps, each abandonable or bounded:
   to connect.
 - Init: ``init_process_group`` through the round store, with gloo's timeout set to
   ``FORMATION_CONNECT_S`` (then raised to ``collective_timeout_s`` for the round's
-  collectives). A rank that publishes its gloo address and then gives up (its round store
-  refused a read: the round ended mid-init) leaves a peer that read that address, and is
-  the listening side of their pair, waiting in gloo's connect for about five times gloo's
-  timeout (measured with torch 2.13: 25 s for 5 s, 40 s for 8 s); at ``collective_timeout_s``
-  the recovery benchmark's workers sat there for minutes and nothing could end it. Every
-  rank has arrived, so connecting takes milliseconds; the short timeout bounds that case.
+  collectives). A round can end mid-init (a scale-up the instant a worker joins after the
+  round closed, as at a fresh launch with ``last_call_s=0``). gloo writes each rank's address,
+  then reads every rank's, then connects; the coordinator keeps an ended round's store
+  readable, frozen, by its members (coordinator/state/roundstore.py, "Ended, read-only"),
+  so either every rank wrote its address before the end and every rank connects in
+  milliseconds (the gate below then sends them on), or one did not and every rank's read of
+  its key is refused before anyone connects. Before that rule a rank whose read was refused
+  gave up and left a peer that had read its address, and was the listening side of their
+  pair, waiting in gloo's connect for about five times gloo's timeout (measured with torch
+  2.13: 25 s for 5 s, 40 s for 8 s); at ``collective_timeout_s`` the recovery benchmark's
+  workers sat there for minutes. The short timeout still bounds what the rule cannot help:
+  a peer killed mid-init, or a coordinator member restored from a snapshot since the round
+  ended (which does not keep the ended store).
   The in-memory snapshots' two gloo groups connect through the round store as well, so
   they are made in this step too (``MemorySnapshots.make_groups``), with the same connect
   timeout. Made after the gate, in ``attach``, a round that ended while they connected made

@@ -13,12 +13,7 @@ On top of the demo program's JSON lines it prints:
   (``checkpoint_refused``);
 - with ``--pause-snapshot-file``: the same when rank 0 is about to register an in-memory
   snapshot every rank protected (``pausing`` with ``at: snapshot``); once resumed and told it
-  was declared failed, its registration proceeds and is refused (``snapshot_refused``);
-- with ``--hold-init-file PATH``: in round 1's ``init_process_group``, after gloo wrote this
-  rank's address to the round store and before its first read of the others', the worker
-  creates PATH (``holding``) and holds that read until the coordinator says round 1 ended,
-  then makes it (``released``, with ``read``: ``answered`` or ``refused: ...``): a round that
-  ends while its ranks are inside the init, its peers having read this rank's address.
+  was declared failed, its registration proceeds and is refused (``snapshot_refused``).
 """
 
 from __future__ import annotations
@@ -46,14 +41,12 @@ from rallypoint.worker.demo_train import (
 )
 from rallypoint.worker.elastic import ElasticRound, ElasticRun
 from rallypoint.worker.memory import SnapshotId, SnapshotPlacement
-from rallypoint.worker.store import CoordinatorStore, StaleStoreRoundError
 
 
 def main() -> None:
     probe = argparse.ArgumentParser(add_help=False)
     probe.add_argument("--pause-file", type=Path, default=None)
     probe.add_argument("--pause-snapshot-file", type=Path, default=None)
-    probe.add_argument("--hold-init-file", type=Path, default=None)
     probe_args, rest = probe.parse_known_args()
     args = parse_args(rest)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -101,35 +94,6 @@ def main() -> None:
         return register(round_, snapshot, world_size, placement)
 
     ElasticRound._register_snapshot = pausing_register  # type: ignore[method-assign,assignment]
-
-    wait = CoordinatorStore.wait
-    held = False
-
-    def holding_wait(store: CoordinatorStore, keys: Any, timeout: Any = None) -> None:
-        # gloo's first read (a wait, then a get) follows its write of this rank's address;
-        # the formation's own keys are rallypoint/...
-        nonlocal held
-        hold_file = probe_args.hold_init_file
-        gloo_read = not any(str(key).startswith("rallypoint/") for key in keys)
-        if not held and hold_file is not None and store.round_number == 1 and gloo_read:
-            held = True
-            assert run is not None
-            emit("holding", {"t": time.time(), "round": 1, "keys": [str(k) for k in keys]})
-            hold_file.touch()
-            deadline = time.monotonic() + 120
-            while run.participant.round.round == 1 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            fields = {"t": time.time(), "round": run.participant.round.round}
-            try:
-                wait(store, keys, timeout)
-            except StaleStoreRoundError as error:
-                emit("released", {**fields, "read": f"refused: {error}"})
-                raise
-            emit("released", {**fields, "read": "answered"})
-            return
-        wait(store, keys, timeout)
-
-    CoordinatorStore.wait = holding_wait  # type: ignore[method-assign,assignment]
 
     def after_formed(formed: ElasticRun) -> None:
         assert formed.current is not None and formed.current.formation is not None

@@ -1388,8 +1388,9 @@ class ElasticRun:
         ]
 
     def held_groups(self) -> int:
-        """Process groups of past rounds this run still holds because collectives were still
-        pending on them ("Teardown"); 0 after a run whose every collective completed."""
+        """Process groups of past rounds this run still holds because a collective is still
+        pending on them (destroying one would block until that collective times out); 0
+        once the run is left after every collective completed."""
         return sum(
             isinstance(item, dist.ProcessGroup) for _, held in self._abandoned for item in held
         )

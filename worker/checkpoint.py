@@ -406,6 +406,12 @@ class Checkpointer:
         # saves' collectives on one group from two writer threads could interleave.
         self._pending: PendingCheckpoint | None = None
 
+    @property
+    def busy(self) -> bool:
+        """A save is in flight (its writer thread may be inside a collective on the group)."""
+        pending = self._pending
+        return pending is not None and not pending.done()
+
     def save_async(
         self,
         step: int,

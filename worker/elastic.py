@@ -36,12 +36,19 @@ ends that next round). Three steps, each abandonable or bounded:
   to connect.
 - Init: ``init_process_group`` through the round store, with gloo's timeout set to
   ``FORMATION_CONNECT_S`` (then raised to ``collective_timeout_s`` for the round's
-  collectives). A rank that publishes its gloo address and then gives up (its round store
-  refused a read: the round ended mid-init) leaves a peer that read that address, and is
-  the listening side of their pair, waiting in gloo's connect for about five times gloo's
-  timeout (measured with torch 2.13: 25 s for 5 s, 40 s for 8 s); at ``collective_timeout_s``
-  the recovery benchmark's workers sat there for minutes and nothing could end it. Every
-  rank has arrived, so connecting takes milliseconds; the short timeout bounds that case.
+  collectives). A round can end mid-init (a scale-up the instant a worker joins after the
+  round closed, as at a fresh launch with ``last_call_s=0``). gloo writes each rank's address,
+  then reads every rank's, then connects; the coordinator keeps an ended round's store
+  readable, frozen, by its members (coordinator/state/roundstore.py, "Ended, read-only"),
+  so either every rank wrote its address before the end and every rank connects in
+  milliseconds (the gate below then sends them on), or one did not and every rank's read of
+  its key is refused before anyone connects. Before that rule a rank whose read was refused
+  gave up and left a peer that had read its address, and was the listening side of their
+  pair, waiting in gloo's connect for about five times gloo's timeout (measured with torch
+  2.13: 25 s for 5 s, 40 s for 8 s); at ``collective_timeout_s`` the recovery benchmark's
+  workers sat there for minutes. The short timeout still bounds what the rule cannot help:
+  a peer killed mid-init, or a coordinator member restored from a snapshot since the round
+  ended (which does not keep the ended store).
   The in-memory snapshots' two gloo groups connect through the round store as well, so
   they are made in this step too (``MemorySnapshots.make_groups``), with the same connect
   timeout. Made after the gate, in ``attach``, a round that ended while they connected made
@@ -67,12 +74,20 @@ and ``step_done`` does not count the step.
 
 Teardown. ``destroy_process_group`` does not wait for pending gloo work (measured: it returns
 in microseconds with an all-reduce stuck on a stopped peer), but the C++ process group's
-destructor would: it joins gloo's worker threads. So the loop keeps a reference to the
-abandoned group, its store and its in-flight work in ``_abandoned`` until the group's own
-timeout (``collective_timeout_s``) has surely ended that work, then drops them. Leak bound:
-one group (its gloo threads and sockets) per round abandoned in the last
-``collective_timeout_s`` seconds. The next group always bootstraps in the next round's store
-namespace, so nothing of the old group can be mistaken for the new one.
+destructor would: it joins gloo's worker threads. So the loop moves the group, its store,
+its checkpointer and its in-flight work from the round to ``_abandoned`` and drops them as
+soon as nothing of theirs can be inside gloo (every work completed, no checkpoint being
+written), or once the group's own timeout (``collective_timeout_s``) has surely ended that
+work. Leak bound: one group (its gloo threads and sockets) per round abandoned in the last
+``collective_timeout_s`` seconds with work still pending. The next group always bootstraps
+in the next round's store namespace, so nothing of the old group can be mistaken for the
+new one. Leaving the run (``__exit__``) drops every group that is quiet, so a run that
+finished leaves none for the interpreter's exit to destroy (its gloo threads and sockets
+torn down while the process ends, peers closing theirs meanwhile); only a group with a
+collective still stuck on a peer stays, since destroying it would block until that work
+times out. (``ProcessGroupGloo.abort()`` and ``shutdown()`` do not help: measured with torch
+2.13, neither ends a pending work nor closes the group, and a group shut down made its
+process abort at exit with "terminate called without an active exception".)
 
 Restore. At each formation every rank calls ``restore_state`` with what it holds: a worker
 that trained in the previous round (and did not lose its participant) is a *survivor* at its
@@ -643,9 +658,10 @@ class ElasticRound:
             if self.checkpointer is None:
                 # Collective (DCP's own gloo group); made on first use so that forming a
                 # round does not wait for it. Its connect goes through the round store: if
-                # the round ends meanwhile, a rank whose read is refused gives up, and a peer
-                # that read its address waits in gloo's connect for about five times the
-                # group's timeout. Bounded as the formation's connects are, then widened.
+                # the round ends meanwhile, the ended round's store stays readable by its
+                # members, so every rank connects or every rank fails ("Formation"); what
+                # that cannot help (a peer killed mid-connect) is bounded as the
+                # formation's connects are, then widened.
                 # A peer whose connect went through would then wait in DCP's synchronous
                 # collectives on it for the whole collective timeout: every rank passes a
                 # gate first, given up when the round ends.
@@ -1025,6 +1041,9 @@ class ElasticRun:
         try:
             if self.current is not None:
                 self._teardown(self.current, finished=exc_info[0] is None)
+            # Destroy every group that can be destroyed without blocking now, not at the
+            # interpreter's exit ("Teardown").
+            self._drop_abandoned(expired_after_s=0.0)
             if self._participant is not None and not self._participant.lost.is_set():
                 outcome, detail = self._outcome(exc_info[1])
                 with contextlib.suppress(RallypointError):
@@ -1350,10 +1369,42 @@ class ElasticRun:
         if dist.is_initialized():
             round_.in_flight.append(dist.group.WORLD)
             dist.destroy_process_group()
-        self._abandoned = [
-            (at, held) for at, held in self._abandoned if now - at < self.collective_timeout_s + 5
-        ]
+        # The run holds them from now on, not the round (the user's loop variable may keep
+        # the round object alive for as long as the program runs).
         self._abandoned.append((now, [round_.checkpointer, *round_.in_flight]))
+        round_.in_flight = []
+        round_.checkpointer = None
+        self._drop_abandoned(expired_after_s=self.collective_timeout_s + 5)
+
+    def _drop_abandoned(self, *, expired_after_s: float) -> None:
+        """Let go of abandoned groups (and what came with them) that are quiet, or whose
+        group's timeout has surely ended their work (abandoned over ``expired_after_s``
+        ago; 0: only the quiet ones). Their destructors run here: none can block."""
+        now = time.monotonic()
+        self._abandoned = [
+            (at, held)
+            for at, held in self._abandoned
+            if not _quiet(held) and not (expired_after_s and now - at >= expired_after_s)
+        ]
+
+    def held_groups(self) -> int:
+        """Process groups of past rounds this run still holds because a collective is still
+        pending on them (destroying one would block until that collective times out); 0
+        once the run is left after every collective completed."""
+        return sum(
+            isinstance(item, dist.ProcessGroup) for _, held in self._abandoned for item in held
+        )
+
+
+def _quiet(held: Sequence[object]) -> bool:
+    """Nothing in ``held`` (a round's group, store, checkpointer, works) can be inside gloo:
+    every work completed and no checkpoint being written, so destroying them cannot block."""
+    for item in held:
+        if isinstance(item, dist.Work) and not item.is_completed():
+            return False
+        if isinstance(item, Checkpointer) and item.busy:
+            return False
+    return True
 
 
 def _poll(work: dist.Work, woken: threading.Event, slice_s: float) -> bool:

@@ -5,11 +5,15 @@ Theory of operation. torch's process groups bootstrap through a ``torch.distribu
 one, ``TCPStore``, lives in rank 0's process: it is a single point of failure, and one that a
 restarted group may read stale addresses from. :class:`CoordinatorStore` is the round store
 of one (job, round, participant) instead (rendezvous.proto, service RoundStore): replicated
-by the coordinator cluster, created empty when the round closes, and dropped when it ends.
-So every round starts from a clean namespace, nothing depends on one host staying up, and a
-zombie (a worker of a round that ended) is refused: every call raises
-:class:`StaleStoreRoundError` naming the round, and its ``init_process_group`` fails at once
-instead of waiting for peers that will never come.
+by the coordinator cluster, created empty when the round closes, and closed to writes when
+it ends. So every round starts from a clean namespace, nothing depends on one host staying
+up, and a worker of a round that ended is refused: every write, and every read of a key the
+store lacks, raises :class:`StaleStoreRoundError` naming the round, so its
+``init_process_group`` fails at once instead of waiting for peers that will never come. Reads
+of keys it holds are answered to the round's members until the next round ends, so ranks
+inside ``init_process_group`` when their round ended all see the same store and all connect
+(or all fail) at once (coordinator/state/roundstore.py, "Ended, read-only"); a zombie (a
+member declared failed) is no longer a participant and is refused every call.
 
 Threads. torch calls a store from several threads (the caller, gloo's and the watchdog's).
 The calls go through one :class:`SyncClient`, which is thread-safe: each call is a coroutine

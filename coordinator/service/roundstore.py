@@ -4,14 +4,18 @@ Theory of operation. Writes (Set, Add, CompareSet, Delete) are replicated comman
 state machine's ``Rendezvous.member_store`` refuses them with STALE_ROUND unless the round is
 the job's current ACTIVE round and the participant one of its members. Reads (Get, Wait,
 NumKeys, Check) are answered from this member's applied state after a read barrier (so they
-see every write acknowledged before they started), and go through the same
-``member_store`` check: a zombie cannot even read a world it has left.
+see every write acknowledged before they started), and go through the same check
+(``readable_store``), with one exception: the round that ended last stays readable, frozen,
+by its members until the next round ends (state/roundstore.py, "Ended, read-only"), so ranks
+that were inside ``init_process_group`` when it ended all get the same answers. A read of a
+key that frozen store lacks is refused with STALE_ROUND at once (it can never appear).
 
 Waiting (Get with ``timeout_ms``, Wait) re-checks after every batch of applied entries
 (``node.wait_for_apply``) until the keys exist or the deadline passes: the check and the
 call that starts waiting run with no await between them, so no applied entry is missed.
 The membership check is part of each re-check, so a round that ends during the wait ends
-it with STALE_ROUND rather than leaving the worker waiting on a world that is gone. The
+it with STALE_ROUND (if the keys are still missing) rather than leaving the worker waiting on
+a world that is gone. The
 deadline is ``timeout_ms``, bounded by the client's own deadline.
 
 MultiGet serves many reads (groups of keys, each answered all or nothing) behind one read
@@ -81,8 +85,9 @@ class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
     # ----------------------------------------------------------------- reads
 
     def _store(self, scope: validate.Scope) -> RoundStoreView:
-        """The scope's store if its participant may use it now; else the fencing failure."""
-        store = self.node.state.rendezvous.member_store(
+        """The scope's store if its participant may read it now (an ended round's,
+        read-only, included); else the fencing failure."""
+        store = self.node.state.rendezvous.readable_store(
             scope.job, scope.round, scope.participant_id
         )
         if isinstance(store, Failure):
@@ -114,6 +119,11 @@ class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
             if answer is not None:
                 return answer
             left_s = deadline_s - loop.time()
+            if store.ended is not None:
+                # An ended round's store: what it lacks will never be written.
+                if at_deadline is not None:
+                    return at_deadline(store)
+                raise RequestFailed(store.ended)
             if left_s <= 0:
                 if at_deadline is not None:
                     return at_deadline(store)
@@ -188,9 +198,11 @@ class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
             at_deadline=read if checked.partial else None,
             barrier=barrier,
         )
-        # No await since the values were read: a lease granted now covers them.
+        # No await since the values were read: a lease granted now covers them (none for an
+        # ended round's store: its reads are for a formation that is over).
+        live = self._store(checked.scope).ended is None
         leases = [
-            self.cache.grant(checked.scope, keys) if wanted and values is not None else 0
+            self.cache.grant(checked.scope, keys) if live and wanted and values is not None else 0
             for keys, values, wanted in zip(groups, answer, checked.cache, strict=True)
         ]
         size = sum(len(value) for values in answer if values is not None for value in values)

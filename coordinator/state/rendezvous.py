@@ -17,7 +17,9 @@ followers never decide from their own clocks and a stale proposal changes nothin
 Ending. An ACTIVE round ends when a member fails (``MemberFailed`` from the leader's
 detector, or its session ends), leaves, or is evicted; for a scale-up (``scale_up`` set, a
 participant waiting, fewer than max_nodes members); or when the job closes. The ended round
-goes to the bounded history; its store is dropped and its pending checkpoints with it. The
+goes to the bounded history; its store is dropped and its pending checkpoints with it (the
+store stays readable, frozen, by the round's members until the next round ends: see
+``roundstore.py``, "Ended, read-only"; a cache beside the state, never in it). The
 next round opens at once, JOINING, with the surviving members carried over (they are alive
 by the detector's account; they need not join again) plus waiting participants in join
 order, up to max_nodes; it may close in the same apply. A member removed from a JOINING
@@ -172,7 +174,7 @@ from .results import (
     Result,
     RoundTrainedResult,
 )
-from .roundstore import RoundStore
+from .roundstore import EndedRoundStore, RoundStore
 from .view import JobView
 
 
@@ -209,6 +211,12 @@ class Job:
     # `_ranked is round.members`; rebuilt on the first query after the tuple is replaced.
     _ranked: tuple[Seat, ...] | None = field(default=None, compare=False, repr=False)
     _ranks: dict[int, int] = field(default_factory=dict, compare=False, repr=False)
+    # Cache, not state (roundstore.py, "Ended, read-only"): the store of the last round that
+    # ended ACTIVE, with that round's number and members, kept read-only until the next
+    # round ends or the job ends. Never written (nothing but `store` is), so copies share it.
+    _ended_store: tuple[int, frozenset[int], RoundStore] | None = field(
+        default=None, compare=False, repr=False
+    )
 
     @property
     def state(self) -> JobState:
@@ -272,7 +280,7 @@ _JOB_FIELDS = frozenset(
     {
         "job_id", "config", "round", "revision", "closed", "participants", "names", "waiting",
         "history", "store", "checkpoints", "outcome", "ended_ms", "end_detail", "failure",
-        "_ranked", "_ranks",
+        "_ranked", "_ranks", "_ended_store",
     }
 )  # fmt: skip
 
@@ -718,6 +726,7 @@ class Rendezvous:
         job.waiting.clear()
         job.reopen()
         job.closed, job.ended_ms = True, now_ms
+        job._ended_store = None  # nobody is left to read it
         self._touch(index, job)
         self._retain_ended(index, now_ms)
         return CloseJobResult(job.job_id, ended)
@@ -731,6 +740,7 @@ class Rendezvous:
         job.outcome = JobState.FAILED if failed else JobState.FINISHED
         job.ended_ms = now_ms
         job.end_detail = job.failure if failed else (detail or "the last participant finished")
+        job._ended_store = None  # nobody is left to read it
         self._touch(index, job)
         self._retain_ended(index, now_ms)
 
@@ -802,6 +812,11 @@ class Rendezvous:
             )
         )  # fmt: skip
         del job.history[: max(0, len(job.history) - self.limits.max_round_history)]
+        job._ended_store = (
+            None
+            if job.store is None
+            else (r.number, frozenset(seat.participant_id for seat in r.members), job.store)
+        )
         job.store = None
         job.checkpoints.drop_pending()
         self._touch(index, job)
@@ -849,6 +864,29 @@ class Rendezvous:
             return StaleRound(job_id, round_number, job.round.number, detail)
         assert job.store is not None
         return job.store
+
+    def readable_store(
+        self, job_id: str, round_number: int, pid: int
+    ) -> RoundStore | EndedRoundStore | Failure:
+        """The store ``pid`` may read for (job, round): the round's store if ``member_store``
+        allows it; else, if that round is the one that ended last and ``pid`` was one of its
+        members and is still a participant, its store read-only (roundstore.py, "Ended,
+        read-only"); else the fencing failure."""
+        store = self.member_store(job_id, round_number, pid)
+        if not isinstance(store, StaleRound):
+            return store
+        job = self.jobs[job_id]
+        ended = job._ended_store
+        if ended is None or ended[0] != round_number:
+            return store
+        number, members, frozen = ended
+        if pid not in members or pid not in job.participants:
+            return store
+        detail = (
+            f"round {number} has ended; its store is read-only and lacks the key "
+            "(nothing can be written to it any more)"
+        )
+        return EndedRoundStore(frozen, replace(store, detail=detail))
 
     def fenced_job(self, job_id: str, round_number: int, token: int) -> Job | Failure:
         """The job if (round, token) are its current ACTIVE round's (checkpoint commands)."""

@@ -8,11 +8,32 @@ job and no key of an old world leaks into a new one.
 Only members of the round may use it, and only while it is ACTIVE (the rendezvous checks
 this before calling in here: see ``Rendezvous.member_store``). Not while JOINING: the
 bootstrap needs the rank and world size, which exist only once the round closes, and a
-JOINING round's membership may still change. Not after it ends: a straggler or a zombie
-(paused past its failure detection, then resumed) gets ``StaleRound`` for every read and
-write, including a blocked wait, instead of writing into, or waiting on, a world that no
-longer exists. The previous round's store is not kept for stragglers: nothing in it is of
-use to a new round, and a clear "your round ended" is what a straggler needs.
+JOINING round's membership may still change. Not written after it ends: a straggler or a
+zombie (paused past its failure detection, then resumed) gets ``StaleRound`` for every write,
+and for every read of a key the store lacks (a blocked wait included, the moment the round
+ends), instead of writing into, or waiting on, a world that no longer exists.
+
+Ended, read-only. The store of the round that ended last stays readable, frozen, by that
+round's members that are still participants of the job, until the next round ends (or the
+job does): a read of a key it holds is answered, a read of a key it lacks is refused at once
+(nothing can be written to it any more), every write is refused (``EndedRoundStore``). Why:
+a round can end while its ranks are inside ``init_process_group`` (a scale-up the instant a
+worker joins after the round closed). gloo's full mesh has each rank write its address and
+then read every rank's before it connects, so a store that refused every read from the
+moment the round ended split the ranks: one whose read was refused gave up, and a peer that
+had read its address already sat in gloo's connect for five times its timeout (25 s) while
+the next round waited for it. Frozen, the store gives every rank the same answer: either
+every rank wrote its address before the end, and every rank reads them all and connects in
+milliseconds (then sees the round ended and moves on), or one did not, and every rank's read
+of that key is refused before anyone connects. The previous round's store is of no use to a
+new round (it is never the new round's: stores are per round) and is never written again.
+
+Not state: the ended store is kept beside the replicated state as a cache of the log (like
+the rendezvous' rank index), not in snapshots and not compared between replicas. Reads do
+not change the state, so replaying a log still gives the same bytes, old logs included, and
+no format or command version is involved. A member restored from a snapshot taken after the
+round ended (or restarted since) does not have it and refuses those reads as before the
+rule existed: slower in that rare case, never wrong.
 
 Writes are commands (applied in log order on every replica); reads (get, wait, num_keys,
 check) are answered from the applied state by the servicer, which also implements waiting
@@ -22,6 +43,7 @@ a decimal integer like the KV store's Add.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from . import codec
@@ -32,6 +54,7 @@ from .errors import (
     KeyTooLarge,
     LimitExceeded,
     NotAnInteger,
+    StaleRound,
     ValueTooLarge,
 )
 from .jobs import RendezvousLimits
@@ -52,6 +75,9 @@ def _decimal(value: bytes) -> int | None:
 
 
 class RoundStore:
+    # A live store: a read of a missing key may wait for a write (EndedRoundStore's is set).
+    ended: StaleRound | None = None
+
     def __init__(self) -> None:
         # Iterated only through sorted() (bytes hash with the process's seed).
         self.values: dict[bytes, bytes] = {}
@@ -144,3 +170,21 @@ class RoundStore:
             store.values[key] = value
             store.size_bytes += len(key) + len(value)
         return store
+
+
+@dataclass(frozen=True, slots=True)
+class EndedRoundStore:
+    """The store of a round that ended, read-only (see "Ended, read-only" above): ``ended``
+    is the refusal of a read of a key it lacks, which no write will ever add."""
+
+    store: RoundStore
+    ended: StaleRound
+
+    def get(self, key: bytes) -> bytes | None:
+        return self.store.get(key)
+
+    def num_keys(self) -> int:
+        return self.store.num_keys()
+
+    def check(self, keys: list[bytes]) -> bool:
+        return self.store.check(keys)

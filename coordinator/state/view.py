@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from .errors import Compacted, Failure
+from .errors import Compacted, Failure, StaleRound
 from .jobs import (
     CheckpointInfo,
     JobConfig,
@@ -51,7 +51,14 @@ class CheckpointsView(Protocol):
 
 
 class RoundStoreView(Protocol):
-    """The queries of one round's c10d store (``roundstore.RoundStore``)."""
+    """The queries of one round's c10d store (``roundstore.RoundStore``, or an ended
+    round's, read-only: ``roundstore.EndedRoundStore``)."""
+
+    @property
+    def ended(self) -> StaleRound | None:
+        """None for a live store; for an ended round's, the refusal of a read of a key it
+        lacks (no write will ever add one)."""
+        ...
 
     def get(self, key: bytes) -> bytes | None: ...
 
@@ -136,6 +143,10 @@ class RendezvousView(Protocol):
     def closes_due(self, now_ms: int) -> list[tuple[str, int]]: ...
 
     def member_store(
+        self, job_id: str, round_number: int, pid: int
+    ) -> RoundStoreView | Failure: ...
+
+    def readable_store(
         self, job_id: str, round_number: int, pid: int
     ) -> RoundStoreView | Failure: ...
 

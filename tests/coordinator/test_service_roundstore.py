@@ -241,21 +241,75 @@ async def test_the_round_ending_during_a_wait_ends_it_with_stale_round(client: C
     get = asyncio.ensure_future(
         client.store.Get(pb.StoreGetRequest(scope=client.scope(), key=b"k", timeout_ms=30_000))
     )
+    wait = asyncio.ensure_future(
+        client.store.Wait(pb.StoreWaitRequest(scope=client.scope(), keys=[b"k"], timeout_ms=30_000))
+    )
     many = asyncio.ensure_future(
+        client.store.MultiGet(
+            pb.StoreMultiGetRequest(scope=client.scope(), groups=groups([b"k"]), timeout_ms=30_000)
+        )
+    )
+    partial = asyncio.ensure_future(
         client.store.MultiGet(
             pb.StoreMultiGetRequest(
                 scope=client.scope(), groups=groups([b"k"]), timeout_ms=30_000, partial=True
             )
         )
     )
-    await until(lambda: client.node.apply_waits >= 2)
+    await until(lambda: client.node.apply_waits >= 4)
     await client.rendezvous.Leave(
         pb.LeaveRequest(header=client.headers(), job="j", participant_id=client.members[1])
     )
-    for call in (get, many):
+    for call in (get, wait, many):
         failure = await fails(call)
         assert (failure.code, failure.reason) == (Code.FAILED_PRECONDITION, "STALE_ROUND")
         assert "round 1 has ended" in failure.details
+    # A partial MultiGet answers at its deadline with the groups complete; the ended round's
+    # store will never change, so its deadline is now (the key is missing).
+    answer = await partial
+    assert [group.complete for group in answer.groups] == [False]
+
+
+async def test_an_ended_rounds_store_stays_readable_by_its_members_and_is_never_written(
+    client: Client,
+) -> None:
+    """The rule that keeps ranks forming a round that ended symmetric (state/roundstore.py,
+    "Ended, read-only"): keys written before the end are read, missing ones are refused at
+    once, writes are refused, until the next round ends."""
+    store, h = client.store, client.headers
+    await client.set(b"addr0", b"10.0.0.1")
+    await client.set(b"addr1", b"10.0.0.2", member=1)
+    # Rank 1 leaves: round 1 ends (round 2 joins with rank 0 alone).
+    await client.rendezvous.Leave(
+        pb.LeaveRequest(header=h(), job="j", participant_id=client.members[1])
+    )
+    ended = client.scope(0)
+    got = await store.Get(pb.StoreGetRequest(scope=ended, key=b"addr0", timeout_ms=30_000))
+    assert got.value == b"10.0.0.1"
+    await store.Wait(pb.StoreWaitRequest(scope=ended, keys=[b"addr0", b"addr1"]))
+    assert (await store.NumKeys(pb.StoreNumKeysRequest(scope=ended))).num_keys == 2
+    assert (await store.Check(pb.StoreCheckRequest(scope=ended, keys=[b"addr0"]))).all_exist
+    many = await store.MultiGet(
+        pb.StoreMultiGetRequest(scope=ended, groups=[pb.StoreKeyGroup(keys=[b"addr0"], cache=True)])
+    )
+    assert [(g.complete, list(g.values), g.cache_ms) for g in many.groups] == [
+        (True, [b"10.0.0.1"], 0)  # no cache lease on an ended round's values
+    ]
+    missing = await fails(
+        store.Get(pb.StoreGetRequest(scope=ended, key=b"addr2", timeout_ms=30_000))
+    )
+    assert (missing.code, missing.reason) == (Code.FAILED_PRECONDITION, "STALE_ROUND")
+    assert "read-only" in missing.details
+    for write in (
+        store.Set(pb.StoreSetRequest(header=h(), scope=ended, key=b"addr2", value=b"x")),
+        store.Add(pb.StoreAddRequest(header=h(), scope=ended, key=b"n", delta=1)),
+        store.Delete(pb.StoreDeleteRequest(header=h(), scope=ended, key=b"addr0")),
+    ):
+        refused = await fails(write)
+        assert refused.reason == "STALE_ROUND" and "round 1 has ended" in refused.details
+    # Not for a member that is no longer a participant (it left; or failed: a zombie).
+    refused = await fails(store.Get(pb.StoreGetRequest(scope=client.scope(1), key=b"addr0")))
+    assert refused.reason == "STALE_ROUND" and "read-only" not in refused.details
 
 
 async def test_only_members_of_the_active_round_may_read_or_write(client: Client) -> None:
@@ -289,8 +343,10 @@ async def test_only_members_of_the_active_round_may_read_or_write(client: Client
     )
     zombie = await fails(client.set(b"k", b"v2", member=1))
     assert (zombie.code, zombie.reason) == (Code.FAILED_PRECONDITION, "STALE_ROUND")
-    stale = await fails(client.store.Get(pb.StoreGetRequest(scope=client.scope(), key=b"k")))
+    stale = await fails(client.store.Get(pb.StoreGetRequest(scope=client.scope(1), key=b"k")))
     assert stale.reason == "STALE_ROUND"
+    # (Rank 0, still a participant, may read what round 1's store holds: see
+    # test_an_ended_rounds_store_stays_readable_by_its_members_and_is_never_written.)
     unknown = pb.StoreScope(job="nope", round=1, participant_id=1)
     missing = await fails(client.store.NumKeys(pb.StoreNumKeysRequest(scope=unknown)))
     assert (missing.code, missing.reason) == (Code.NOT_FOUND, "JOB_NOT_FOUND")

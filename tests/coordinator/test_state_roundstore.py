@@ -29,7 +29,7 @@ from rallypoint.coordinator.state.results import (
     StoreDeleteResult,
     StoreSetResult,
 )
-from rallypoint.coordinator.state.roundstore import RoundStore
+from rallypoint.coordinator.state.roundstore import EndedRoundStore, RoundStore
 
 from .job_replica import CONFIG, JobReplica
 
@@ -140,3 +140,67 @@ def test_keys_values_and_totals_are_bounded() -> None:
         "keys in one round's store", 2
     )
     assert r.do(s, StoreSet("j", 1, a, b"k1", b"2")) == StoreSetResult()  # overwrite fits
+
+
+def test_an_ended_rounds_store_is_read_only_for_its_members_until_the_next_round_ends() -> None:
+    """roundstore.py, "Ended, read-only": a scale-up ends round 1 while its ranks may be
+    inside init_process_group; the keys they wrote stay readable (every rank gets the same
+    answers), nothing can be written, and a key it lacks is refused at once."""
+    config = replace(CONFIG, last_call_ms=0, scale_up=True)
+    r = JobReplica()
+    s = r.open()
+    a, b = r.workers(2, config)
+    assert r.do(s, StoreSet("j", 1, a, b"0", b"addr of rank 0")) == StoreSetResult()
+    assert r.do(s, StoreSet("j", 1, b, b"1", b"addr of rank 1")) == StoreSetResult()
+    c = r.join(r.open(), "late", config).participant_id  # scale-up: round 1 ends
+    assert r.job().round.number == 2
+    for pid in (a, b):
+        ended = r.sm.rendezvous.readable_store("j", 1, pid)
+        assert isinstance(ended, EndedRoundStore)
+        assert ended.get(b"0") == b"addr of rank 0" and ended.get(b"1") == b"addr of rank 1"
+        assert ended.check([b"0", b"1"]) and ended.num_keys() == 2
+        assert ended.get(b"2") is None
+        assert isinstance(ended.ended, StaleRound) and "read-only" in ended.ended.message
+    # Writes stay refused, in every form.
+    for command in [
+        StoreSet("j", 1, a, b"2", b"x"),
+        StoreAdd("j", 1, a, b"n", 1),
+        StoreCompareSet("j", 1, a, b"0", b"addr of rank 0", b"x"),
+        StoreDelete("j", 1, a, b"0"),
+    ]:
+        assert isinstance(r.do(s, command), StaleRound)
+    assert isinstance(r.sm.rendezvous.member_store("j", 1, a), StaleRound)
+    # Never for one that was not a member of round 1.
+    assert isinstance(r.sm.rendezvous.readable_store("j", 1, c), StaleRound)
+    # The live round's store is the live one (a read of a missing key there may wait).
+    live = r.sm.rendezvous.readable_store("j", 2, c)
+    assert isinstance(live, RoundStore) and live.ended is None and live.num_keys() == 0
+    # Round 2 ends (b fails): round 1's store is gone, round 2's is the read-only one now,
+    # and a participant removed as failed (a zombie) reads neither.
+    r.fail(b)
+    assert isinstance(r.sm.rendezvous.readable_store("j", 1, a), StaleRound)
+    assert isinstance(r.sm.rendezvous.readable_store("j", 2, a), EndedRoundStore)
+    assert isinstance(r.sm.rendezvous.readable_store("j", 2, b), StaleRound)
+
+
+def test_an_ended_rounds_store_is_not_state() -> None:
+    """Kept beside the state, not in it: snapshots are the bytes they were without the rule
+    (so replaying any log, old ones included, gives the same bytes), and a replica restored
+    from a snapshot refuses the reads, as every replica did before the rule existed."""
+    config = replace(CONFIG, last_call_ms=0, scale_up=True)
+    r = JobReplica()
+    s = r.open()
+    a, _ = r.workers(2, config)
+    r.do(s, StoreSet("j", 1, a, b"0", b"addr"))
+    before_end = r.sm.snapshot()
+    r.join(r.open(), "late", config)
+    assert isinstance(r.sm.rendezvous.readable_store("j", 1, a), EndedRoundStore)
+    # The snapshot holds no round-1 key: only round 2's (empty) store is in it.
+    data = r.sm.snapshot()
+    assert b"addr" in before_end and b"addr" not in data
+    restored = JobReplica()
+    restored.sm.restore(data)
+    assert restored.sm.snapshot() == data
+    assert isinstance(restored.sm.rendezvous.readable_store("j", 1, a), StaleRound)
+    # A frozen copy (what a snapshot is written from) keeps the read-only store.
+    assert isinstance(r.sm.frozen_copy().rendezvous.readable_store("j", 1, a), EndedRoundStore)

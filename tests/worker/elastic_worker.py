@@ -13,7 +13,10 @@ On top of the demo program's JSON lines it prints:
   (``checkpoint_refused``);
 - with ``--pause-snapshot-file``: the same when rank 0 is about to register an in-memory
   snapshot every rank protected (``pausing`` with ``at: snapshot``); once resumed and told it
-  was declared failed, its registration proceeds and is refused (``snapshot_refused``).
+  was declared failed, its registration proceeds and is refused (``snapshot_refused``);
+- ``groups_alive`` once the run is left: how many of the process groups made in this
+  process (``init_process_group``, ``new_group``) are still alive, and how many of them the
+  run says it holds on purpose (``held``: a collective still pending on them).
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ import os
 import signal
 import sys
 import time
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from rallypoint.client import StaleRoundError
 from rallypoint.worker.demo_train import (
@@ -112,6 +117,22 @@ def main() -> None:
             },
         )
 
+    # Every process group this process makes, weakly: alive at the end means not destroyed.
+    groups: list[weakref.ref[Any]] = []
+    real_init, real_new_group = dist.init_process_group, dist.new_group
+
+    def init_noting(*init_args: Any, **init_kwargs: Any) -> None:
+        real_init(*init_args, **init_kwargs)
+        groups.append(weakref.ref(dist.group.WORLD))
+
+    def new_group_noting(*group_args: Any, **group_kwargs: Any) -> Any:
+        group = real_new_group(*group_args, **group_kwargs)
+        groups.append(weakref.ref(group))
+        return group
+
+    dist.init_process_group = init_noting
+    dist.new_group = new_group_noting
+
     with open_run(args, state, on_event) as opened:
         run = opened
         train(
@@ -120,6 +141,10 @@ def main() -> None:
             step_sleep_s=args.step_sleep_s,
             after_formed=after_formed,
         )
+    assert run is not None
+    alive = sum(ref() is not None for ref in groups)
+    emit("groups_alive", {"t": time.time(), "made": len(groups), "alive": alive,
+                          "held": run.held_groups()})  # fmt: skip
     emit(
         "final_state",
         {

@@ -7,18 +7,20 @@ the formation of its first round.
                               and its connections held) until the round has ended; then go
                               on, as a worker that learns of the end right after its init does
     --hold-after-publish      inside the init, once this rank's gloo address is in the round
-                              store, stay until the round has ended; the init's next store
-                              read is then refused and it gives up half-way, as when a round
-                              ends mid-init
+                              store, stay until the round has ended, as when a round ends
+                              mid-init; then the init's next store read goes on (answered
+                              from the ended round's read-only store, or refused)
     --hold-in-snapshot-group  the same inside the making of the in-memory snapshots' first
                               gloo group (give --snapshot-every), as when a round ends while
                               those groups connect
     --hold-in-checkpoint-group  the same inside the making of the disk checkpoints' gloo
                               group at the round's first checkpoint (give --checkpoint-every)
 
-Either way the worker prints ``holding`` (JSON, with the round) when it starts holding, and
-the demo's lines (``step``, ``round_formed``, ``round_ended`` ...) otherwise. The hold is
-bounded (``HOLD_S``) so a broken test never leaves it behind for long.
+Either way the worker prints ``holding`` (JSON, with the round) when it starts holding,
+``released`` with ``read`` (``answered`` or ``refused: ...``) when the group's next store
+read after a hold inside a group's connect returns, and the demo's lines (``step``,
+``round_formed``, ``round_ended`` ...) otherwise. The hold is bounded (``HOLD_S``) so a
+broken test never leaves it behind for long.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import torch.distributed as dist
 
 from rallypoint.worker.demo_train import emit, make_state, open_run, parse_args, train
 from rallypoint.worker.elastic import ElasticRun
-from rallypoint.worker.store import CoordinatorStore
+from rallypoint.worker.store import CoordinatorStore, StaleStoreRoundError
 
 HOLD_S = 120.0
 
@@ -65,6 +67,25 @@ def main() -> None:
         while not round_.ended and time.monotonic() < deadline:
             time.sleep(0.01)
 
+    # After a hold inside a group's connect: report how the next store read went.
+    real_wait = CoordinatorStore.wait
+    report_next_read = False
+
+    def wait_reporting(store: CoordinatorStore, keys: Any, timeout: Any = None) -> None:
+        nonlocal report_next_read
+        if not report_next_read:
+            return real_wait(store, keys, timeout)
+        report_next_read = False
+        fields = {"t": time.time(), "name": args.name, "round": store.round_number}
+        try:
+            real_wait(store, keys, timeout)
+        except StaleStoreRoundError as error:
+            emit("released", {**fields, "read": f"refused: {error}"})
+            raise
+        emit("released", {**fields, "read": "answered"})
+
+    CoordinatorStore.wait = wait_reporting  # type: ignore[method-assign,assignment]
+
     if fault.hold_after_init:
         real_init = dist.init_process_group
 
@@ -85,6 +106,8 @@ def main() -> None:
             if not held and not key.startswith("rallypoint/"):
                 held.append(key)
                 hold_until_the_round_ends("after publishing its address")
+                nonlocal report_next_read
+                report_next_read = True
 
         CoordinatorStore.set = set_then_hold  # type: ignore[method-assign,assignment]
 
@@ -115,6 +138,8 @@ def main() -> None:
             if in_group and not held and not key.startswith("rallypoint/"):
                 held.append(key)
                 hold_until_the_round_ends(where)
+                nonlocal report_next_read
+                report_next_read = True
 
         CoordinatorStore.set = set_then_hold_in_group  # type: ignore[method-assign,assignment]
 

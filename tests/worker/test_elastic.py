@@ -3,7 +3,7 @@
 Claims:
 - two workers form a group through the coordinator, train, checkpoint every N steps with a
   fenced commit, keep only the last K checkpoints, finish with identical replicas, and the
-  loss falls;
+  loss falls; once they leave the run, no process group they made is alive;
 - a worker whose only credential is its job's token (``job:<id>``, from
   ``RALLYPOINT_TOKEN``) trains and commits checkpoints against members that require tokens;
   an explicit token of another job wins over the environment and is refused;
@@ -228,6 +228,11 @@ def test_two_workers_train_commit_and_retain(cluster: ProcessCluster, tmp_path: 
     assert checkpoint_digest(committed_path(job, 60)) == finals[0]["digest"]
     losses = [e["loss"] for e in workers[0].select("step")]
     assert sum(losses[-10:]) < sum(losses[:10])
+    # Leaving the run destroyed every group it made (the world's, the checkpoints'): none
+    # is left for the interpreter's exit to tear down while peers close theirs.
+    for worker in workers:
+        (groups,) = worker.select("groups_alive")
+        assert groups["made"] >= 2 and groups["alive"] == 0 and groups["held"] == 0, groups
 
 
 def final_lineage(workers: list[Worker]) -> dict[int, Event]:

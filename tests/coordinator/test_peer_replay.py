@@ -12,8 +12,6 @@ made for another stream's challenge, a copy on its own stream repeats a number.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import grpc
 import grpc.aio
@@ -27,19 +25,10 @@ from rallypoint.raft.codec import decode_message
 from rallypoint.raft.types import MessageType
 
 from .test_node import Cluster, wait_until
+from .test_node import cluster as cluster  # the fixture: three in-process members
 from .test_node import open_session as open_client_session
 
 SEND = "/rallypoint.peer.v1.Raft/Send"
-
-
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    c = Cluster(tmp_path, 3)
-    await c.start_all()
-    yield c
-    for member_id in list(c.nodes):
-        await c.stop(member_id)
-    assert not c.fatal
 
 
 async def forwarded_proposal(

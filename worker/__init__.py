@@ -47,6 +47,7 @@ if TYPE_CHECKING:
         TrainState,
         elastic_training,
     )
+    from .errors import WorkerError
     from .memory import (
         MemorySnapshots,
         PendingSnapshot,
@@ -59,7 +60,6 @@ if TYPE_CHECKING:
         erasure_protectors,
         protectors,
     )
-    from .errors import WorkerError
     from .patience import CoordinatorUnreachableError
     from .sampler import ElasticSampler, GlobalStep, epoch_permutation, global_step_size, rank_slice
     from .store import (

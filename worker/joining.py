@@ -40,6 +40,7 @@ from rallypoint.client import (
     JobConfig,
     ParticipantLostError,
     RoundInfo,
+    RoundState,
     SyncClient,
     SyncParticipant,
 )
@@ -49,6 +50,12 @@ from .patience import Patience
 # What the caller does when its participant was lost or its wait ran out: raise, or return
 # the participant to wait with from now on (one joined again).
 Rejoin = Callable[[SyncParticipant, Exception], SyncParticipant]
+
+
+def is_live(view: RoundInfo, round_number: int) -> bool:
+    """Whether ``view`` (a participant's latest view of its job) shows round ``round_number``
+    still ACTIVE: the round this worker formed, or runs in, goes on."""
+    return view.round == round_number and view.state is RoundState.ACTIVE
 
 
 def join(

@@ -13,7 +13,6 @@ first use, through the module's ``__getattr__``.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 from torch._C._distributed_c10d import Store
@@ -32,20 +31,14 @@ if TYPE_CHECKING:
     # ``set_custom_reduce_scatter`` take their instances): worker/elastic/collectives.py.
     from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
-# Name -> the private module it loads from on first use (see the module docstring).
-_LAZY: dict[str, str] = {
-    "AllGather": "torch.distributed.fsdp._fully_shard._fsdp_api",
-    "ReduceScatter": "torch.distributed.fsdp._fully_shard._fsdp_api",
-}
-
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
+    # FSDP2's interfaces load on first use (see the module docstring).
+    if name not in ("AllGather", "ReduceScatter"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    from torch.distributed.fsdp._fully_shard import _fsdp_api
+
+    return getattr(_fsdp_api, name)
 
 
 def reset_group_count() -> None:

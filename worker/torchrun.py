@@ -85,7 +85,6 @@ from rallypoint.client import (
     LeaveOutcome,
     RallypointError,
     RoundInfo,
-    RoundState,
     SyncClient,
     SyncParticipant,
     TlsConfig,
@@ -93,7 +92,7 @@ from rallypoint.client import (
     parse_endpoints,
     token_or_environment,
 )
-from rallypoint.proto.v1.defaults import JOB_CONFIG, TORCHRUN
+from rallypoint.proto.v1.defaults import TORCHRUN_AGENT, TORCHRUN_JOB
 
 from . import joining
 from .errors import WorkerError
@@ -188,7 +187,8 @@ def _seconds(config: Mapping[str, Any], key: str, default: float) -> float:
 @dataclass(frozen=True, slots=True)
 class RendezvousSettings:
     """The handler's settings, from torchrun's rendezvous parameters. Every default comes
-    from ``rallypoint.proto.v1.defaults`` (``TORCHRUN``, else ``JOB_CONFIG``)."""
+    from ``rallypoint.proto.v1.defaults``: ``TORCHRUN_JOB`` (the job's, in seconds here) and
+    ``TORCHRUN_AGENT``."""
 
     endpoints: tuple[str, ...]
     job: str
@@ -196,19 +196,19 @@ class RendezvousSettings:
     max_nodes: int
     # How this node names itself to the coordinator (``--local-addr`` or the host name).
     node_name: str
-    join_timeout_s: float = TORCHRUN.join_timeout_s
+    join_timeout_s: float = TORCHRUN_JOB.join_timeout_ms / 1000
     # How long the agent keeps trying while no coordinator member can serve it (the
     # rendezvous timeout unless set): see patience.py.
-    connect_timeout_s: float = TORCHRUN.join_timeout_s
-    last_call_s: float = TORCHRUN.last_call_s
-    heartbeat_interval_s: float = JOB_CONFIG.heartbeat_interval_ms / 1000
-    phi_threshold: float = JOB_CONFIG.phi_threshold
-    acceptable_pause_s: float = TORCHRUN.acceptable_pause_s
-    client_timeout_s: float = TORCHRUN.client_timeout_s
-    store_timeout_s: float = TORCHRUN.store_timeout_s
+    connect_timeout_s: float = TORCHRUN_JOB.join_timeout_ms / 1000
+    last_call_s: float = TORCHRUN_JOB.last_call_ms / 1000
+    heartbeat_interval_s: float = TORCHRUN_JOB.heartbeat_interval_ms / 1000
+    phi_threshold: float = TORCHRUN_JOB.phi_threshold
+    acceptable_pause_s: float = TORCHRUN_JOB.acceptable_pause_ms / 1000
+    client_timeout_s: float = TORCHRUN_AGENT.client_timeout_s
+    store_timeout_s: float = TORCHRUN_AGENT.store_timeout_s
     token: str | None = None
     tls: TlsConfig | None = None
-    bridge_host: str = TORCHRUN.bridge_host
+    bridge_host: str = TORCHRUN_AGENT.bridge_host
     # The ports the workers' store (MASTER_PORT) may listen on, inclusive; None: any free one.
     master_port_range: PortRange | None = None
 
@@ -238,7 +238,7 @@ class RendezvousSettings:
         tls_files = [config.get(key) for key in ("tls_ca", "tls_cert", "tls_key")]
         tls = TlsConfig.from_files(*tls_files) if any(tls_files) else None
         timeout_key = "join_timeout" if "join_timeout" in config else "timeout"
-        join_timeout_s = _positive_seconds(config, timeout_key, TORCHRUN.join_timeout_s)
+        join_timeout_s = _positive_seconds(config, timeout_key, TORCHRUN_JOB.join_timeout_ms / 1000)
         port_range = config.get("master_port_range")
         return RendezvousSettings(
             endpoints=endpoints,
@@ -248,17 +248,19 @@ class RendezvousSettings:
             node_name=params.local_addr or socket.getfqdn(),
             join_timeout_s=join_timeout_s,
             connect_timeout_s=_positive_seconds(config, "connect_timeout", join_timeout_s),
-            last_call_s=_seconds(config, "last_call_timeout", TORCHRUN.last_call_s),
+            last_call_s=_seconds(config, "last_call_timeout", TORCHRUN_JOB.last_call_ms / 1000),
             heartbeat_interval_s=_seconds(
-                config, "heartbeat_interval", JOB_CONFIG.heartbeat_interval_ms / 1000
+                config, "heartbeat_interval", TORCHRUN_JOB.heartbeat_interval_ms / 1000
             ),
-            phi_threshold=_seconds(config, "phi_threshold", JOB_CONFIG.phi_threshold),
-            acceptable_pause_s=_seconds(config, "acceptable_pause", TORCHRUN.acceptable_pause_s),
-            client_timeout_s=_seconds(config, "client_timeout", TORCHRUN.client_timeout_s),
-            store_timeout_s=_seconds(config, "store_timeout", TORCHRUN.store_timeout_s),
+            phi_threshold=_seconds(config, "phi_threshold", TORCHRUN_JOB.phi_threshold),
+            acceptable_pause_s=_seconds(
+                config, "acceptable_pause", TORCHRUN_JOB.acceptable_pause_ms / 1000
+            ),
+            client_timeout_s=_seconds(config, "client_timeout", TORCHRUN_AGENT.client_timeout_s),
+            store_timeout_s=_seconds(config, "store_timeout", TORCHRUN_AGENT.store_timeout_s),
             token=token_or_environment(config.get("token")),
             tls=tls,
-            bridge_host=str(config.get("bridge_host", TORCHRUN.bridge_host)),
+            bridge_host=str(config.get("bridge_host", TORCHRUN_AGENT.bridge_host)),
             master_port_range=(
                 None
                 if port_range is None
@@ -382,7 +384,7 @@ class RallypointRendezvousHandler(RendezvousHandler):
             # The round ended during the rank assignment: the watch may not have said so yet.
             return 1
         view = participant.round
-        if view.round == current.round and view.state is RoundState.ACTIVE:
+        if joining.is_live(view, current.round):
             return 0
         ours = {m.participant_id for m in current.members}
         newcomers = [m for m in (*view.members, *view.waiting) if m.participant_id not in ours]
@@ -496,7 +498,7 @@ class RallypointRendezvousHandler(RendezvousHandler):
         if store is not None and store.round_over is not None:
             return False
         view = participant.round
-        return view.round == current.round and view.state is RoundState.ACTIVE
+        return joining.is_live(view, current.round)
 
     def _claim_restart(self) -> bool:
         """Whether this agent is the one to end its live round. When a worker dies, every

@@ -56,8 +56,8 @@ def milli(factor: float) -> int:
 # The workers' own settings. They are not on the wire, but they are defaults users see, so
 # they live here too: worker/elastic/config.py (ElasticConfig, the arguments of
 # ``elastic_training``) and worker/torchrun.py (``--rdzv-conf``) take every default from this
-# module and type none of their own. A JobConfig field a worker sets defaults to JOB_CONFIG's,
-# in the worker's units, unless the table below says otherwise (and why).
+# module and type none of their own. A JobConfig field the elastic loop sets defaults to
+# JOB_CONFIG's, in the loop's units; the torchrun backend's, to TORCHRUN_JOB's.
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,24 +75,25 @@ class ElasticDefaults:
 ELASTIC = ElasticDefaults()
 
 
-@dataclass(frozen=True, slots=True)
-class TorchrunDefaults:
-    """The torchrun backend's ``--rdzv-conf`` settings (worker/torchrun.py), in seconds, where
-    they are not JOB_CONFIG's: torchrun restarts every node's workers for a membership change,
-    so its defaults follow torch's own rendezvous rather than the elastic loop's."""
+#: The job a torchrun agent (worker/torchrun.py, ``--rdzv-conf``) creates: JOB_CONFIG but where
+#: torch's own rendezvous sets the user's expectations. Its timeout (``timeout``) defaults to
+#: 900 s; a round with min_nodes present waits a second for more (torch's c10d waits 30 s).
+TORCHRUN_JOB = JobConfigDefaults(
+    join_timeout_ms=900_000, last_call_ms=1000, acceptable_pause_ms=500
+)
 
-    # torch's rendezvous timeout (``timeout``) defaults to 900 s.
-    join_timeout_s: float = 900.0
-    # A round with min_nodes present waits this long for more (torch's c10d waits 30 s).
-    last_call_s: float = 1.0
-    acceptable_pause_s: float = 0.5
+
+@dataclass(frozen=True, slots=True)
+class TorchrunAgentDefaults:
+    """The torchrun agent's own ``--rdzv-conf`` settings (worker/torchrun.py), in seconds."""
+
     client_timeout_s: float = 10.0
     store_timeout_s: float = 300.0
     # Where the workers' store listens: each agent serves its own node's workers.
     bridge_host: str = "127.0.0.1"
 
 
-TORCHRUN = TorchrunDefaults()
+TORCHRUN_AGENT = TorchrunAgentDefaults()
 
 
 # Bounds on what one request may ask of a member. A member refuses a request past one with

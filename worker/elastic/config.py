@@ -10,6 +10,7 @@ from ``ELASTIC``. ``None`` means "derived" (say so on the field) or "none".
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -92,25 +93,22 @@ class ElasticConfig:
         return self.join_timeout_s if self.connect_timeout_s is None else self.connect_timeout_s
 
     def job_config(self) -> JobConfig:
-        """The job's configuration, as the worker's join creates the job with it. Jobs of
-        the elastic loop scale up: a waiting worker ends a round smaller than max_nodes."""
-        return JobConfig(
-            min_nodes=self.min_nodes,
-            max_nodes=self.max_nodes,
-            last_call_ms=int(self.last_call_s * 1000),
-            join_timeout_ms=int(self.join_timeout_s * 1000),
-            heartbeat_interval_ms=self.heartbeat_interval_ms,
-            phi_threshold=self.phi_threshold,
-            acceptable_pause_ms=self.acceptable_pause_ms,
-            scale_up=True,
-            keep_checkpoints=self.keep_checkpoints,
-            hang_factor=self.hang_factor,
-            hang_floor_ms=int(self.hang_floor_s * 1000),
-            startup_timeout_ms=int(self.startup_timeout_s * 1000),
-            straggler_factor=self.straggler_factor,
-            straggler_windows=self.straggler_windows,
-            straggler_window_ms=int(self.straggler_window_s * 1000),
-        )
+        """The job's configuration, as the worker's join creates the job with it: every
+        JobConfig field this config has a setting for (``x_ms`` from ``x_s``, in whole
+        milliseconds), the others JobConfig's defaults. Jobs of the elastic loop scale up: a
+        waiting worker ends a round smaller than max_nodes."""
+        values: dict[str, Any] = {"scale_up": True}
+        for job_field in dataclasses.fields(JobConfig):
+            name = job_field.name
+            seconds = f"{name.removesuffix('_ms')}_s"
+            if name in _SETTINGS:
+                values[name] = getattr(self, name)
+            elif name.endswith("_ms") and seconds in _SETTINGS:
+                values[name] = int(getattr(self, seconds) * 1000)
+        return JobConfig(**values)
+
+
+_SETTINGS = frozenset(f.name for f in dataclasses.fields(ElasticConfig))
 
 
 def event_handler(on_event: EventHandler | None) -> EventHandler | None:

@@ -37,6 +37,8 @@ class Former:
     def __init__(self, run: RunView, backend: str) -> None:
         self._run = run
         self._backend = backend
+        # The run's in-memory snapshots (None: off).
+        self._memory = run.memory
         # The model and optimizer hold a state that the world trained (not a fresh process's
         # initial state, nor one from before this participant was lost).
         self.survivor = False
@@ -69,10 +71,10 @@ class Former:
             assert group is not None
             round_.collectives.hold(group)
             group.set_timeout(timedelta(seconds=collective_timeout_s))
-            if run.memory is not None:
+            if self._memory is not None:
                 # The snapshots' groups connect through the round store too: made now,
                 # bounded as the init is, before the gate ("Formation").
-                run.memory.make_groups(connect_timeout=group_connect)
+                self._memory.make_groups(connect_timeout=group_connect)
         init_s = time.monotonic() - started
         if round_.ended or not round_.collectives.gate():
             raise RoundGone(round_.end_reason)
@@ -90,10 +92,10 @@ class Former:
         latest = run.client.latest_checkpoint(run.job)
         checkpoint = Path(latest.uri) if latest is not None else None
         memory_snapshot = None
-        if run.memory is not None:
+        if self._memory is not None:
             # Collective: the new world's token and placement, before a restore that
             # may read from the peers' snapshot servers.
-            run.memory.attach(
+            self._memory.attach(
                 info.round,
                 on_complete=round_.commits.register_snapshot,
                 timeout=timedelta(seconds=collective_timeout_s),
@@ -144,7 +146,7 @@ class Former:
             survivor_step=survivor_step,
             extra=state.extra,
             sampler=state.sampler,
-            memory=run.memory,
+            memory=self._memory,
             memory_snapshot=memory_snapshot,
         )
         if result.source is RestoreSource.FRESH:

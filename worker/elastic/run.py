@@ -29,7 +29,6 @@ from rallypoint.client import (
     LeaveOutcome,
     RallypointError,
     RoundInfo,
-    RoundState,
     SyncClient,
     SyncParticipant,
     UnauthenticatedError,
@@ -370,7 +369,7 @@ class ElasticRun:
         current = self.current
         if current is None:
             return
-        if info.round != current.number or info.state is not RoundState.ACTIVE:
+        if not joining.is_live(info, current.number):
             current.end(f"round {info.round} is {info.state.value}: {info.reason}")
 
     # -------------------------------------------------------------- rounds
@@ -455,7 +454,7 @@ class ElasticRun:
         round_ = ElasticRound(self, info, rank)
         self.current = round_
         latest_view = self.participant.round
-        if latest_view.round != info.round or latest_view.state is not RoundState.ACTIVE:
+        if not joining.is_live(latest_view, info.round):
             round_.end(f"round {latest_view.round} is {latest_view.state.value}")
         try:
             formation = self._former.form(round_, started)

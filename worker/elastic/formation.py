@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from ..checkpoint import RestoreResult, RestoreSource, broadcast_state, restore_state
+from ..errors import WorkerError
 from ..memory import RegisteredSnapshot, forget_previous_world
 from ..store import CoordinatorStore
 from ..torch_compat import reset_group_count
@@ -27,7 +28,7 @@ from .state import Formation, RunView
 ARRIVED_KEY = "rallypoint/formation/arrived/{rank}"
 
 
-class RoundGone(Exception):
+class RoundGone(WorkerError):
     """The round ended while it was being formed."""
 
 

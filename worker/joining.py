@@ -13,10 +13,10 @@ participant. Both callers use both; what differs is their policy, and why:
 - Order. The torchrun agent comes to ``next_rendezvous`` after its workers stopped; if they
   failed while the round is still ACTIVE, the other nodes' workers must restart too, so one
   agent ends that round itself by joining again in its participant's place, *before* it
-  waits. The elastic loop never ends a live round itself: its processes re-form in place,
-  and rounds end by the coordinator (its failure detection and push), so it waits first
-  and joins again only when its participant was lost, or when a collective broke and the
-  coordinator ended nothing within ``reform_timeout_s``.
+  waits. The elastic loop's processes re-form in place, and it leaves ending rounds to the
+  coordinator (its failure detection and push), so it waits first. It joins again only
+  when its participant was lost, or when a collective broke and the coordinator ended
+  nothing within ``reform_timeout_s`` (it then leaves, which ends that round, and joins).
 - Names. An agent names every join attempt anew (``node/pid/count``): an attempt whose
   answer was lost may have joined, and the next must not take its name. An elastic worker
   joins as the name its user gave (unique in the job; its events and ``rallypoint rounds``

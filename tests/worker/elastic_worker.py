@@ -99,7 +99,7 @@ def main() -> None:
             run.participant.lost.wait(timeout=30)
         return register(commits, snapshot, world_size, placement)
 
-    RoundCommits.register_snapshot = pausing_register  # type: ignore[method-assign]
+    RoundCommits.register_snapshot = pausing_register  # type: ignore[method-assign,assignment]
 
     def after_formed(formed: ElasticRun) -> None:
         assert formed.current is not None and formed.current.formation is not None

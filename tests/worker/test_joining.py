@@ -65,7 +65,8 @@ def test_a_round_at_once_is_returned_with_the_same_participant() -> None:
     participant, info = joining.next_round(
         as_participant(first), timeout_s=lambda: 7.0, on_lost=refuse, on_timeout=refuse
     )
-    assert participant is first and info.round == 3 and first.timeouts == [7.0]
+    assert participant is as_participant(first)
+    assert info.round == 3 and first.timeouts == [7.0]
 
 
 def test_a_lost_participant_is_replaced_by_the_one_the_policy_joined_as() -> None:
@@ -85,7 +86,7 @@ def test_a_lost_participant_is_replaced_by_the_one_the_policy_joined_as() -> Non
     participant, info = joining.next_round(
         as_participant(first), timeout_s=lambda: next(timeouts), on_lost=lost, on_timeout=timed_out
     )
-    assert participant is second and info.round == 5
+    assert participant is as_participant(second) and info.round == 5
     assert asked == [("lost", 1, "declared failed"), ("timeout", 2, "no round yet")]
     # Each wait asked for its timeout anew.
     assert first.timeouts == [10.0] and second.timeouts == [20.0, 30.0]

@@ -12,6 +12,7 @@ finished.
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -63,6 +64,15 @@ def test_the_pages_have_the_blocks_this_test_knows() -> None:
         assert "RALLYPOINT_ENDPOINTS" in block or "Client(" not in block, where
 
 
+def calls_elastic_training(block: str) -> bool:
+    """Whether the block trains (a comment that shows the call, as the FSDP example's does,
+    is not training)."""
+    return any(
+        isinstance(node, ast.Call) and getattr(node.func, "id", None) == "elastic_training"
+        for node in ast.walk(ast.parse(block))
+    )
+
+
 def run_copies(block: str, copies: int, cwd: Path, endpoints: list[str]) -> list[str]:
     """Run ``copies`` of the block in ``cwd`` at once; each one's standard output."""
     cwd.mkdir(parents=True, exist_ok=True)
@@ -100,7 +110,7 @@ def test_a_python_block_runs_as_written(
     cluster: ProcessCluster, tmp_path: Path, number: int
 ) -> None:
     block = python_blocks()[number]
-    training = "elastic_training(" in block
+    training = calls_elastic_training(block)
     copies = 1
     if training:
         found = re.search(r"min_nodes=(\d+)", block)

@@ -3,30 +3,5 @@ bridge is the package ``worker/tcpstore/`` (see its ``__init__``)."""
 
 from __future__ import annotations
 
-from .tcpstore import (
-    PREFETCH_BYTES,
-    PREFETCH_KEYS,
-    VALIDATION_MAGIC,
-    CheckResponse,
-    NoFreePortError,
-    PortRange,
-    ProtocolError,
-    Query,
-    StoreBridge,
-    TCPStoreBridge,
-    WaitResponse,
-)
-
-__all__ = [
-    "PREFETCH_BYTES",
-    "PREFETCH_KEYS",
-    "VALIDATION_MAGIC",
-    "CheckResponse",
-    "NoFreePortError",
-    "PortRange",
-    "ProtocolError",
-    "Query",
-    "StoreBridge",
-    "TCPStoreBridge",
-    "WaitResponse",
-]
+from .tcpstore import *  # noqa: F403
+from .tcpstore import __all__ as __all__

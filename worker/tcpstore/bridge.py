@@ -49,12 +49,10 @@ class TCPStoreBridge:
             open_session_on_connect=False,
         )
         self._bridge = StoreBridge(self._client, host=host, port_range=port_range)
+        # The address the workers connect to (the port changes with each round).
+        self.host = host
         self._closed = False
         self._run(self._client.connect())
-
-    @property
-    def host(self) -> str:
-        return self._bridge.host
 
     @property
     def port(self) -> int:
@@ -63,6 +61,7 @@ class TCPStoreBridge:
 
     @property
     def round_number(self) -> int:
+        """The round served now (0 before the first)."""
         return self._bridge.round_number
 
     def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:

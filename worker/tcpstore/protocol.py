@@ -27,6 +27,7 @@ import enum
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 VALIDATION_MAGIC = 0x3C85F7CE
 
@@ -72,24 +73,38 @@ class ProtocolError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Validate:
-    """The first request of a connection; its magic number is checked by the parser."""
+    """A connection's first request, so that a client that reached some other server
+    fails at once: the parser checks its magic number. No answer."""
 
+    query: ClassVar[Query] = Query.VALIDATE
     magic: int
 
 
 @dataclass(frozen=True, slots=True)
 class Ping:
+    """Answered with its own nonce (:func:`encode_pong`)."""
+
+    query: ClassVar[Query] = Query.PING
     nonce: int
 
 
 @dataclass(frozen=True, slots=True)
 class Set:
+    """No answer: the client goes on once it is sent, and expects a later request of its
+    own (or of another client it told) to see the value."""
+
+    query: ClassVar[Query] = Query.SET
     key: bytes
     value: bytes
 
 
 @dataclass(frozen=True, slots=True)
 class CompareSet:
+    """Set ``desired`` if the key holds ``expected``, or is absent and ``expected`` is
+    empty. Answered with the value the key holds after it (:func:`encode_value`), and for an
+    absent key with a non-empty expectation, with the expectation."""
+
+    query: ClassVar[Query] = Query.COMPARE_SET
     key: bytes
     expected: bytes
     desired: bytes
@@ -97,54 +112,89 @@ class CompareSet:
 
 @dataclass(frozen=True, slots=True)
 class Get:
+    """Answered with the value (:func:`encode_value`); the client sent a WAIT on the key
+    first, so it exists."""
+
+    query: ClassVar[Query] = Query.GET
     key: bytes
 
 
 @dataclass(frozen=True, slots=True)
 class Add:
+    """Add ``delta`` to the counter at ``key`` (missing: 0); answered with the sum
+    (:func:`encode_integer`). ``delta`` 0 reads a counter (a store-based barrier's)."""
+
+    query: ClassVar[Query] = Query.ADD
     key: bytes
     delta: int
 
 
 @dataclass(frozen=True, slots=True)
 class Check:
+    """Answered READY if every key exists, else NOT_READY (:func:`encode_check`), at once."""
+
+    query: ClassVar[Query] = Query.CHECK
     keys: tuple[bytes, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class Wait:
+    """Answered STOP_WAITING once every key exists (:func:`encode_wait`); meanwhile the
+    client may only send CANCEL_WAIT."""
+
+    query: ClassVar[Query] = Query.WAIT
     keys: tuple[bytes, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class GetNumKeys:
-    pass
+    """Answered with how many keys the store holds (:func:`encode_integer`)."""
+
+    query: ClassVar[Query] = Query.GETNUMKEYS
 
 
 @dataclass(frozen=True, slots=True)
 class DeleteKey:
+    """Answered 1 if the key existed, else 0 (:func:`encode_integer`): deleting a missing
+    key is no error."""
+
+    query: ClassVar[Query] = Query.DELETE_KEY
     key: bytes
 
 
 @dataclass(frozen=True, slots=True)
 class Append:
+    """Append ``value`` to the key's (a missing key counts as empty). No answer, as with
+    SET; the store has no append of its own (the bridge calls ``RoundStore.append``)."""
+
+    query: ClassVar[Query] = Query.APPEND
     key: bytes
     value: bytes
 
 
 @dataclass(frozen=True, slots=True)
 class MultiGet:
+    """Answered with every key's value in order (:func:`encode_values`), none for no keys;
+    the client waited for them first."""
+
+    query: ClassVar[Query] = Query.MULTI_GET
     keys: tuple[bytes, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class MultiSet:
+    """Set every (key, value). No answer, as SET."""
+
+    query: ClassVar[Query] = Query.MULTI_SET
     items: tuple[tuple[bytes, bytes], ...]
 
 
 @dataclass(frozen=True, slots=True)
 class CancelWait:
-    pass
+    """The client's own timeout passed during a WAIT: answered WAIT_CANCELED
+    (:func:`encode_wait`), possibly after a STOP_WAITING that crossed it."""
+
+    query: ClassVar[Query] = Query.CANCEL_WAIT
 
 
 Request = (
@@ -315,32 +365,23 @@ def encode_pong(nonce: int) -> bytes:
 # --------------------------------------------------------------------------- the client's side
 
 
-def _keys(keys: Sequence[bytes]) -> bytes:
-    return _U64.pack(len(keys)) + encode_values(keys)
-
-
 def encode_request(request: Request) -> bytes:
     """The bytes torch's client sends for ``request``."""
-    if isinstance(request, Validate):
-        return _U8.pack(Query.VALIDATE) + _U32.pack(request.magic)
-    if isinstance(request, Ping):
-        return _U8.pack(Query.PING) + _U32.pack(request.nonce)
-    if isinstance(request, Set | Append):
-        query = Query.SET if isinstance(request, Set) else Query.APPEND
-        return _U8.pack(query) + encode_value(request.key) + encode_value(request.value)
-    if isinstance(request, CompareSet):
-        fields = (request.key, request.expected, request.desired)
-        return _U8.pack(Query.COMPARE_SET) + encode_values(fields)
-    if isinstance(request, Get | DeleteKey):
-        query = Query.GET if isinstance(request, Get) else Query.DELETE_KEY
-        return _U8.pack(query) + encode_value(request.key)
-    if isinstance(request, Add):
-        return _U8.pack(Query.ADD) + encode_value(request.key) + _I64.pack(request.delta)
-    if isinstance(request, Check | Wait | MultiGet):
-        query = {Check: Query.CHECK, Wait: Query.WAIT, MultiGet: Query.MULTI_GET}[type(request)]
-        return _U8.pack(query) + _keys(request.keys)
-    if isinstance(request, MultiSet):
+    if isinstance(request, Validate | Ping):
+        fields = _U32.pack(request.magic if isinstance(request, Validate) else request.nonce)
+    elif isinstance(request, Set | Append):
+        fields = encode_values((request.key, request.value))
+    elif isinstance(request, CompareSet):
+        fields = encode_values((request.key, request.expected, request.desired))
+    elif isinstance(request, Get | DeleteKey):
+        fields = encode_value(request.key)
+    elif isinstance(request, Add):
+        fields = encode_value(request.key) + _I64.pack(request.delta)
+    elif isinstance(request, Check | Wait | MultiGet):
+        fields = _U64.pack(len(request.keys)) + encode_values(request.keys)
+    elif isinstance(request, MultiSet):
         flat = [part for item in request.items for part in item]
-        return _U8.pack(Query.MULTI_SET) + _U64.pack(len(request.items)) + encode_values(flat)
-    query = Query.GETNUMKEYS if isinstance(request, GetNumKeys) else Query.CANCEL_WAIT
-    return _U8.pack(query)
+        fields = _U64.pack(len(request.items)) + encode_values(flat)
+    else:
+        fields = b""  # GETNUMKEYS, CANCEL_WAIT
+    return _U8.pack(request.query) + fields

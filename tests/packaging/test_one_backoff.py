@@ -33,6 +33,9 @@ def test_each_retry_loop_keeps_its_parameters() -> None:
     from rallypoint.coordinator import transport
     from rallypoint.worker import patience
 
-    assert transport.RECONNECT_BACKOFF == Backoff(base_s=0.05, cap_s=0.5)
-    assert transport.SNAPSHOT_BACKOFF == Backoff(base_s=0.1, cap_s=1.0)
-    assert patience.ATTEMPT_PACING == Backoff(base_s=1.0, cap_s=1.0, jitter=False)
+    in_use = [transport.RECONNECT_BACKOFF, transport.SNAPSHOT_BACKOFF, patience.ATTEMPT_PACING]
+    assert in_use == [
+        Backoff(base_s=0.05, cap_s=0.5),
+        Backoff(base_s=0.1, cap_s=1.0),
+        Backoff(base_s=1.0, cap_s=1.0, jitter=False),
+    ]

@@ -56,7 +56,7 @@ from bench.rendezvous_load import LoopLag, command_lines, emit, run_load_process
 from rallypoint.client import Backoff, Client, RoundStore
 from rallypoint.client.caller import Caller
 from rallypoint.client.transport import Transport
-from rallypoint.worker.tcpstore_bridge import (
+from rallypoint.worker.tcpstore import (
     VALIDATION_MAGIC,
     Query,
     StoreBridge,

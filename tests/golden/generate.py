@@ -220,7 +220,7 @@ SETUP: list[tuple[int, int, int, Command]] = [
     (48, 3, 14, CheckpointShardDone("resnet", 3, 44, 45, 1)),
     (49, 3, 15, CheckpointShardDone("resnet", 3, 44, 45, 3)),
 ]
-ROUND_3_CLOSE = 44  # CloseRound's sample closes round 3 itself: its state stops before
+ROUND_3_CLOSE = 44  # CloseRound's sample closes round 3 itself, at the same index
 
 
 def setup_time_ms(index: int) -> int:
@@ -229,24 +229,24 @@ def setup_time_ms(index: int) -> int:
     return LEADER_TIME_MS - 30_000 + 250 * index
 
 
-def setup_for(command: Command) -> list[tuple[int, int, int, Command]]:
-    """SETUP, cut or extended so that ``command`` (of any format version) is valid next."""
+def setup_for(command: Command) -> tuple[list[tuple[int, int, int, Command]], int]:
+    """SETUP, cut or extended so that ``command`` (of any format version) is valid next, and
+    the index it is applied at."""
     if isinstance(command, CloseRound):
-        return [step for step in SETUP if step[0] < ROUND_3_CLOSE]
+        return [step for step in SETUP if step[0] < ROUND_3_CLOSE], ROUND_3_CLOSE
     if isinstance(command, CheckpointCommit):
-        return [*SETUP, (50, 3, 16, CheckpointShardDone("resnet", 3, 44, 45, 2))]
-    return SETUP
+        return [*SETUP, (50, 3, 16, CheckpointShardDone("resnet", 3, 44, 45, 2))], 51
+    return SETUP, SETUP[-1][0] + 1
 
 
 def machine_for(command: Command) -> tuple[StateMachine, int]:
     """A state machine in which ``command`` is valid, and the index to apply it at: every
     entry of ``setup_for(command)`` applied (empty entries between), each checked to be
     applied or answered, so a change that makes SETUP itself refused fails here, by index."""
-    steps = setup_for(command)
+    steps, at = setup_for(command)
     machine = StateMachine()
     by_index = {index: (session, sequence, step) for index, session, sequence, step in steps}
-    last = steps[-1][0]
-    for index in range(1, last + 1):
+    for index in range(1, at):
         if index not in by_index:
             machine.apply(index, b"")
             continue
@@ -255,7 +255,7 @@ def machine_for(command: Command) -> tuple[StateMachine, int]:
         problem = not_applied(machine.apply(index, encode_envelope(envelope)))
         if problem is not None:
             raise AssertionError(f"SETUP entry {index} ({step!r}): {problem}")
-    return machine, last + 1
+    return machine, at
 
 
 # ------------------------------------------------------------------ raft messages

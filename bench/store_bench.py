@@ -8,7 +8,7 @@ patterns torch 2.13 makes, over the real protocols, against three stores:
 - ``tcpstore`` (the anchor): torch's C++ TCPStore server (libuv backend) in a process of its
   own; each rank has its own connection and speaks the TCPStore wire protocol.
 - ``rallypoint`` (the torchrun path): the same ranks and wire protocol against the agent's
-  TCPStore bridge (rallypoint/worker/tcpstore_bridge.py), one bridge per simulated node of
+  TCPStore bridge (rallypoint/worker/tcpstore/), one bridge per simulated node of
   ``--per-node`` ranks, each serving the round store of an ACTIVE round as its node's
   participant, forwarding to a 3-member cluster. Bridges run in the load process of their
   ranks, each with its own coordinator client (its own channels, session and batch streams,

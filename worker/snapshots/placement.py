@@ -176,7 +176,7 @@ def erasure_protectors(
 ) -> SnapshotPlacement:
     """The erasure-coded placement of a world whose rank r runs on ``hosts[r]``: groups of
     ``data_shares`` ranks, each with ``parity_shares`` parity shares (the rule:
-    worker/erasure.py)."""
+    worker/snapshots/erasure.py)."""
     validate_erasure((data_shares, parity_shares))
     groups = erasure_groups(hosts, data_shares)
     return SnapshotPlacement(

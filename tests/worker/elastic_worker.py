@@ -46,7 +46,7 @@ from rallypoint.worker.demo_train import (
 )
 from rallypoint.worker.elastic import ElasticRun
 from rallypoint.worker.elastic.commit import RoundCommits
-from rallypoint.worker.memory import SnapshotId, SnapshotPlacement
+from rallypoint.worker.snapshots import SnapshotId, SnapshotPlacement
 
 
 def main() -> None:

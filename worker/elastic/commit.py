@@ -30,7 +30,7 @@ from rallypoint.client import (
 )
 
 from ..checkpoint import Checkpointer, PendingCheckpoint, delete_checkpoints, describe_layout
-from ..memory import SnapshotId, SnapshotPlacement
+from ..snapshots import SnapshotId, SnapshotPlacement
 from .state import RunView
 
 # Round-store keys of the commit protocol (the store is the round's own: no clash with c10d's).

@@ -64,7 +64,7 @@ class ElasticConfig:
     straggler_windows: int = JOB_CONFIG.straggler_windows
     straggler_window_s: float = JOB_CONFIG.straggler_window_ms / 1000
     snapshot_every: int = ELASTIC.snapshot_every
-    # None: the snapshots' own default (memory.py).
+    # None: the snapshots' own default (worker/snapshots/).
     snapshot_copies: int | None = None
     snapshot_erasure: tuple[int, int] | None = None
     # None: the machine's host name.

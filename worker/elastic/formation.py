@@ -17,9 +17,9 @@ from torch.distributed.tensor import DTensor
 
 from ..checkpoint import RestoreResult, RestoreSource, broadcast_state, restore_state
 from ..errors import WorkerError
-from ..memory import RegisteredSnapshot, forget_previous_world
+from ..snapshots import RegisteredSnapshot
 from ..store import CoordinatorStore
-from ..torch_compat import reset_group_count
+from ..torch_compat import forget_previous_world, reset_group_count
 from .collectives import abandonable_fsdp, connect_timeout
 from .round import ElasticRound
 from .state import Formation, RunView
@@ -85,7 +85,7 @@ class Former:
         if state.build is not None:
             # A sharded model is laid out for one world: a new one for this world, its
             # state restored below (what this process held is no longer in place). torch
-            # would hand its DTensors the previous world's mesh (memory.py says why).
+            # would hand its DTensors the previous world's mesh (torch_compat.py says why).
             forget_previous_world()
             state.model, state.optimizer = state.build()
             abandonable_fsdp(state.model, round_.wait, lambda: round_.end_reason)

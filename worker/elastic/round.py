@@ -21,7 +21,7 @@ from torch.distributed.tensor import DTensor
 from rallypoint.client import RoundInfo, SyncCheckpointRegistry, SyncRoundStore
 
 from ..checkpoint import Checkpointer, PendingCheckpoint
-from ..memory import PendingSnapshot, SnapshotError
+from ..snapshots import PendingSnapshot, SnapshotError
 from .collectives import (
     FORMATION_CONNECT_S,
     Collectives,

@@ -37,8 +37,8 @@ from rallypoint.client import (
 
 from .. import joining
 from ..errors import WorkerError
-from ..memory import MemorySnapshots, SnapshotError
 from ..patience import Patience, one_line_at_exit
+from ..snapshots import MemorySnapshots, SnapshotError
 from .config import ElasticConfig, EventHandler, event_handler
 from .formation import Former, RoundGone
 from .round import ElasticRound
@@ -152,7 +152,7 @@ class ElasticRun:
         straggler_windows: ... for this many windows in a row ...
         straggler_window_s: ... of this many seconds.
         snapshot_every: take an in-memory snapshot every this many steps (0: none), kept
-            in this process's memory and protected on peers (worker/memory.py); every
+            in this process's memory and protected on peers (worker/snapshots/); every
             worker of the job gives the same. After a failure the world restores the
             newest registered one from the survivors' memory (source ``memory``) when
             nothing newer is on disk, losing at most ``snapshot_every`` steps.
@@ -162,7 +162,8 @@ class ElasticRun:
         snapshot_erasure: ``(k, m)`` protects snapshots by erasure coding instead of copies:
             the ranks form groups of k, each with m parity shares kept on other hosts where
             the world allows; up to m losses per group come back from memory, at (k+m)/k
-            of the state held (worker/erasure.py). Give it or ``snapshot_copies``, not both.
+            of the state held (worker/snapshots/erasure.py). Give it or ``snapshot_copies``,
+            not both.
         host: the failure domain this worker runs on (default: the machine's host name);
             snapshot copies go to workers of other hosts.
         snapshot_address: the address other workers reach this worker's snapshot server

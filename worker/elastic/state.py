@@ -13,8 +13,8 @@ import torch
 from rallypoint.client import JobConfig, SyncClient, SyncParticipant
 
 from ..checkpoint import RestoreResult
-from ..memory import MemorySnapshots
 from ..sampler import ElasticSampler
+from ..snapshots import MemorySnapshots
 from .config import ElasticConfig
 
 

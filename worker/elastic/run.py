@@ -238,8 +238,8 @@ class ElasticRun:
             )
         self.config = settings.job_config()
         self._on_event = event_handler(arguments.on_event)
-        # The job's token (a "job:<id>" role is enough: README, "Security"), else the one
-        # in client_options, else $RALLYPOINT_TOKEN.
+        # The job's token, else the one in client_options, else $RALLYPOINT_TOKEN (a
+        # "job:<id>" role is enough: docs/security.md, "Client tokens and roles").
         self._client_options = dict(settings.client_options or {})
         self._client_options["token"] = token_or_environment(
             settings.token or self._client_options.get("token")

@@ -112,8 +112,8 @@ no member of answers, or that has no leader, for ``connect_timeout_s`` (``join_t
 unless set), with a line in the log after each attempt ("waiting for the coordinator: no
 member answered for 40 s; retrying ..."); a formed round is waited for ``join_timeout_s``.
 Either running out ends the worker with one line saying what to check, not a traceback:
-``CoordinatorUnreachableError`` and ``JoinTimeoutError`` (patience.py), which a program may
-catch.
+``CoordinatorUnreachableError`` (patience.py) and ``JoinTimeoutError`` (run.py), which a
+program may catch.
 
 Events. ``on_event(kind, fields)`` is called (from the training or the commit thread) for
 each event :class:`ElasticRun` lists, with its fields in a dict; every event carries ``t``

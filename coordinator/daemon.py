@@ -34,9 +34,9 @@ import grpc.aio
 from rallypoint.raft.storage.fileutil import DataCorruptionError
 
 from .identity import IdentityError
-from .members import MemberAddress
+from .member_table import MemberAddress
 from .node import Node, NodeConfig
-from .node_api import NodeStartError
+from .node.api import NodeStartError
 from .peer_auth import PeerSecretError, check_secret, read_secret_file
 from .preflight import (
     MAX_WAL_SEGMENT_BYTES,

@@ -13,7 +13,7 @@ from importlib import metadata
 
 from rallypoint.proto.v1 import cluster_pb2, cluster_pb2_grpc
 
-from ..node_api import Member, MemberNotFoundError, NodeStatus, ServerNode
+from ..node.api import Member, MemberNotFoundError, NodeStatus, ServerNode
 from . import validate
 from .common import Context, header_pb, read_barrier, wait_s
 from .errors import InvalidArgument, PreconditionFailed

@@ -8,11 +8,12 @@ import grpc
 
 from rallypoint.proto.v1 import common_pb2
 
-from ..node_api import Header, ServerNode
+from ..node.api import Header, ServerNode
 from ..state.commands import Command
-from ..state.errors import Failure
+from ..state.errors import Failure, JobNotFound
 from ..state.results import Success
 from ..state.values import KeyValue
+from ..state.view import JobView
 from .errors import PreconditionFailed, RequestFailed
 
 # The longest a servicer waits for a proposal or a read barrier, whatever the client's
@@ -30,6 +31,14 @@ def header_pb(header: Header) -> common_pb2.ResponseHeader:
         leader_id=header.leader_id,
         member_id=header.member_id,
     )
+
+
+def job_view(node: ServerNode, job_id: str) -> JobView:
+    """The job as this member has applied it; NOT_FOUND if it has none by that id."""
+    job = node.state.rendezvous.jobs.get(job_id)
+    if job is None:
+        raise RequestFailed(JobNotFound(job_id))
+    return job
 
 
 def kv_pb(kv: KeyValue, keys_only: bool = False) -> common_pb2.KeyValue:

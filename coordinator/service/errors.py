@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from ..node_api import (
+from ..node.api import (
     CompactedWatchError,
     LearnerNotReadyError,
     MemberNotFoundError,

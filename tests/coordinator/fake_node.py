@@ -26,9 +26,9 @@ from typing import Any, cast
 import grpc
 
 from rallypoint.coordinator.leader.lessor import Lessor
-from rallypoint.coordinator.leader.progress import ProgressReport
 from rallypoint.coordinator.liveness.local import StreamClock
-from rallypoint.coordinator.node_api import (
+from rallypoint.coordinator.liveness.progress import ProgressReport
+from rallypoint.coordinator.node.api import (
     CompactedWatchError,
     CutOffError,
     Header,

@@ -8,8 +8,6 @@ import asyncio
 import msgpack
 import pytest
 
-from rallypoint.coordinator.leader.phi import DetectorSettings
-from rallypoint.coordinator.leader.progress import ProgressReport
 from rallypoint.coordinator.liveness import report as report_module
 from rallypoint.coordinator.liveness.coverage import (
     MEMBER_SILENT_MS,
@@ -21,6 +19,8 @@ from rallypoint.coordinator.liveness.local import (
     MemberDetection,
     StreamClock,
 )
+from rallypoint.coordinator.liveness.phi import DetectorSettings
+from rallypoint.coordinator.liveness.progress import ProgressReport
 from rallypoint.coordinator.liveness.report import (
     BadReport,
     LivenessReport,

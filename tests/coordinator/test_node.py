@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 
-from rallypoint.coordinator import node as node_module
-from rallypoint.coordinator import node_snapshots
-from rallypoint.coordinator.members import MemberAddress, decode_app_snapshot
-from rallypoint.coordinator.node import Node, NodeConfig, _unwrap, _wrap
-from rallypoint.coordinator.node_api import LearnerNotReadyError, NotLeaderError
+from rallypoint.coordinator.member_table import MemberAddress, decode_app_snapshot
+from rallypoint.coordinator.node import Node, NodeConfig
+from rallypoint.coordinator.node import driver as node_driver
+from rallypoint.coordinator.node import snapshots as node_snapshots
+from rallypoint.coordinator.node.api import LearnerNotReadyError, NotLeaderError
+from rallypoint.coordinator.node.proposals import unwrap, wrap
 from rallypoint.coordinator.state import machine
 from rallypoint.coordinator.state.commands import (
     Add,
@@ -288,13 +289,13 @@ async def test_entries_a_follower_already_holds_are_not_checked_again(
     held = tuple(storage.entries(storage.first_index(), Index(storage.last_index() + 1)))
     assert len(held) >= 6
     checked: list[tuple[Entry, ...]] = []
-    real = node_module.validate_entries
+    real = node_driver.validate_entries
 
     def recording(entries: tuple[Entry, ...]) -> Any:
         checked.append(entries)
         return real(entries)
 
-    monkeypatch.setattr(node_module, "validate_entries", recording)
+    monkeypatch.setattr(node_driver, "validate_entries", recording)
     registry = follower.metrics.registry
 
     def received(held: str) -> float:
@@ -357,7 +358,7 @@ def proposal_ids_in_log(node: Node, proposer: int) -> list[int]:
     storage = node._storage
     assert storage is not None
     entries = storage.entries(storage.first_index(), Index(storage.last_index() + 1))
-    found = [_unwrap(e.data) for e in entries if e.type is EntryType.NORMAL and e.data]
+    found = [unwrap(e.data) for e in entries if e.type is EntryType.NORMAL and e.data]
     return [proposal_id for who, proposal_id, _ in found if who == proposer]
 
 
@@ -476,7 +477,7 @@ async def test_a_proposal_forwarded_twice_reaches_the_leader(cluster: Cluster) -
     leader = await cluster.leader()
     first, second = (n for n in cluster.nodes.values() if n is not leader)
     envelope = Envelope(0, 0, 0, 0, LeaseExpire(424242))
-    data = _wrap(first.member_id, 99, encode_envelope(envelope))
+    data = wrap(first.member_id, 99, encode_envelope(envelope))
     proposal = Message(
         type=MessageType.MsgProp,
         to=NodeId(second.member_id),

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from rallypoint.coordinator.node_api import ProposalDroppedError
-from rallypoint.coordinator.node_proposals import MAX_ENTRIES_PER_PROPOSAL, Proposals, Waiters
+from rallypoint.coordinator.node.api import ProposalDroppedError
+from rallypoint.coordinator.node.proposals import MAX_ENTRIES_PER_PROPOSAL, Proposals, Waiters
 from rallypoint.coordinator.state.commands import Put
 from rallypoint.coordinator.state.results import PutResult
 from rallypoint.raft import ProposalDroppedError as RaftProposalDroppedError

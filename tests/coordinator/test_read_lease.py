@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from rallypoint.coordinator.node import Node
-from rallypoint.coordinator.node_reads import (
+from rallypoint.coordinator.node.reads import (
     LeaderLease,
     ReadIndexBatcher,
     lease_clock_s,

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from rallypoint.coordinator.leader import supervisor as supervisor_module
-from rallypoint.coordinator.leader.progress import ProgressReport
 from rallypoint.coordinator.leader.supervisor import PHI_SAMPLE_SIZE, RendezvousSupervisor
+from rallypoint.coordinator.liveness.progress import ProgressReport
 from rallypoint.coordinator.metrics import NodeMetrics
 from rallypoint.coordinator.state.commands import Command, MemberFailed, RoundTrained
 from rallypoint.coordinator.state.jobs import JobConfig

@@ -39,7 +39,7 @@ import google_crc32c
 import msgpack
 from hypothesis import strategies as st
 
-from rallypoint.coordinator.members import ConfChangeContext, decode_app_snapshot
+from rallypoint.coordinator.member_table import ConfChangeContext, decode_app_snapshot
 from rallypoint.coordinator.state.commands import decode_envelope
 from rallypoint.coordinator.state.machine import Limits, StateMachine
 from rallypoint.raft.codec import decode_conf_change

@@ -40,14 +40,14 @@ from rallypoint.raft.types import (
     Term,
 )
 
-from .bootstrap_rule import Decision
-from .identity import Identity
-from .members import MemberTable, encode_app_snapshot
-from .node_api import NodeStartError
-from .node_config import NodeConfig
-from .peer_auth import PeerKey
-from .peer_hello import ask_peers
-from .state.machine import StateMachine
+from ..bootstrap_rule import Decision
+from ..identity import Identity
+from ..member_table import MemberTable, encode_app_snapshot
+from ..peer_auth import PeerKey
+from ..peer_hello import ask_peers
+from ..state.machine import StateMachine
+from .api import NodeStartError
+from .config import NodeConfig
 
 __all__ = ["begin_from_empty_storage", "bootstrap", "is_blank", "is_fresh"]
 

@@ -93,18 +93,27 @@ from rallypoint.raft.types import (
     Term,
 )
 
-from . import identity as identity_file
-from .identity import Identity
-from .leader.lessor import Lessor
-from .leader.phi import DetectorSettings
-from .leader.progress import ProgressReport
-from .leader.supervisor import RendezvousSupervisor
-from .liveness.local import StreamClock
-from .members import decode_app_snapshot
-from .metrics import NodeMetrics
-from .node_api import (
+from .. import identity as identity_file
+from ..identity import Identity
+from ..leader.lessor import Lessor
+from ..leader.supervisor import RendezvousSupervisor
+from ..liveness.port import LivenessPort
+from ..member_table import decode_app_snapshot
+from ..metrics import NodeMetrics
+from ..peer_auth import PeerKey
+from ..peer_service import add_peer_service, remove_partial_snapshots
+from ..preflight import SERVER_OPTIONS
+from ..role_log import ROLE_NAMES, RoleLog
+from ..round_metrics import RoundObserver
+from ..state.commands import Command, Envelope, LeaseExpire, encode_envelope
+from ..state.errors import Compacted
+from ..state.machine import StateMachine
+from ..state.results import LeaseEndResult, LeaseGrantResult, Result
+from ..state.values import Event
+from ..state.view import StateView
+from ..transport import GRPC_OPTIONS, Transport
+from .api import (
     CompactedWatchError,
-    CutOffError,
     Header,
     Member,
     NodeError,
@@ -114,10 +123,10 @@ from .node_api import (
     PeerProgress,
     ProposalTimeoutError,
 )
-from .node_bootstrap import begin_from_empty_storage, is_blank, is_fresh
-from .node_config import NodeConfig, PeerTls
-from .node_membership import Membership
-from .node_proposals import (
+from .bootstrap import begin_from_empty_storage, is_blank, is_fresh
+from .config import NodeConfig, PeerTls
+from .membership import Membership
+from .proposals import (
     DecodedEntries,
     ProposalIds,
     Proposals,
@@ -126,21 +135,8 @@ from .node_proposals import (
     validate_entries,
     wrap,
 )
-from .node_reads import LeaderLease, ReadIndexBatcher, lease_clock_s, lease_duration_s
-from .node_snapshots import Capture, LeaderSnapshots, Snapshots, capture
-from .peer_auth import PeerKey
-from .peer_service import add_peer_service, remove_partial_snapshots
-from .preflight import SERVER_OPTIONS
-from .role_log import ROLE_NAMES, RoleLog
-from .round_metrics import RoundObserver
-from .state.commands import Command, Envelope, LeaseExpire, encode_envelope
-from .state.errors import Compacted
-from .state.jobs import JobConfig
-from .state.machine import StateMachine
-from .state.results import LeaseEndResult, LeaseGrantResult, Result
-from .state.values import Event
-from .state.view import StateView
-from .transport import GRPC_OPTIONS, Transport
+from .reads import LeaderLease, ReadIndexBatcher, lease_clock_s, lease_duration_s
+from .snapshots import Capture, LeaderSnapshots, Snapshots, capture
 
 __all__ = ["UNSAFE_STALE_READS", "Node", "NodeConfig", "PeerTls", "wall_clock_ms"]
 
@@ -151,9 +147,6 @@ __all__ = ["UNSAFE_STALE_READS", "Node", "NodeConfig", "PeerTls", "wall_clock_ms
 UNSAFE_STALE_READS = os.environ.get("RALLYPOINT_UNSAFE_STALE_READS") == "1"
 
 log = logging.getLogger("rallypoint.node")
-
-# The entry framing's old private names, kept for callers that imported them from here.
-_wrap, _unwrap = wrap, unwrap
 
 # Vote requests and answers: what a peer that abstains must not have counted.
 _VOTE_TRAFFIC = frozenset(
@@ -253,7 +246,7 @@ class Node:
         self._transport = Transport(self, self._rng, channel_factory)
         self.supervisor = RendezvousSupervisor(
             self._sm,
-            lambda command: self.propose(command, timeout_s=5.0),
+            self._propose_verdict,
             wall_clock_ms,
             grace_ms=config.detector_grace_ms,
             metrics=self.metrics,
@@ -702,6 +695,12 @@ class Node:
             for lease_id in self._lessor.expired():
                 self._spawn(self._expire_lease(lease_id))
 
+    async def _propose_verdict(self, command: Command) -> None:
+        """The supervisor's proposals: one that fails as expected (no leader, dropped, timed
+        out) is proposed again by a later pass if still due."""
+        with contextlib.suppress(NodeError):
+            await self.propose(command, timeout_s=5.0)
+
     async def _expire_lease(self, lease_id: int) -> None:
         with contextlib.suppress(NodeError):
             await self.propose(LeaseExpire(lease_id), timeout_s=5.0)
@@ -1051,61 +1050,9 @@ class Node:
         self.require_leader()
         return self._lessor.remaining_ms(lease_id)
 
-    def heartbeat(
-        self, job: str, participant_id: int, progress: ProgressReport | None = None
-    ) -> bool:
-        self.serves_heartbeats()
-        return self.supervisor.heartbeat(job, participant_id, progress)
-
-    def carry(self, job: str, participant_id: int) -> bool:
-        return self.supervisor.carry(job, participant_id)
-
-    def open_group(self, job: str, now_ms: int) -> int:
-        found = self.state.rendezvous.jobs.get(job)
-        config = found.config if found is not None else JobConfig(1, 1)
-        return self.supervisor.local.open_group(DetectorSettings.of_job(config), now_ms)
-
-    def group_update(self, group: int, members: set[tuple[str, int]], now_ms: int) -> None:
-        self.supervisor.local.group_update(group, members, now_ms)
-
-    def group_beat(self, group: int, now_ms: int) -> None:
-        self.supervisor.local.group_beat(group, now_ms)
-
-    def group_release(self, group: int, job: str, participant_id: int) -> None:
-        self.supervisor.local.group_release(group, (job, participant_id))
-
-    def close_group(self, group: int, now_ms: int, *, closed: bool) -> None:
-        self.supervisor.local.close_group(group, now_ms, closed=closed)
-
-    def report_progress(
-        self, job: str, participant_id: int, progress: ProgressReport, now_ms: int
-    ) -> None:
-        self.supervisor.report_progress(job, participant_id, progress, now_ms)
-
-    def heartbeat_released(self, job: str, participant_id: int) -> None:
-        self.supervisor.release(job, participant_id)
-
-    def request_lag(self, clock: StreamClock, now_ms: int, sent_ms: int) -> None:
-        self.supervisor.local.request_lag(clock, now_ms, sent_ms)
-
-    def serves_heartbeats(self) -> None:
-        if not self.supervisor.serves_heartbeats():
-            raise CutOffError(self.member_id)
-
-    def liveness_report(self, from_id: int, payload: bytes) -> bool:
-        return self.supervisor.take_report(from_id, payload)
-
-    def progress_of(self, job: str, participant_id: int) -> tuple[int, float, float] | None:
-        return self.supervisor.progress_of(job, participant_id) if self.is_leader() else None
-
-    def heartbeat_stream_closed(self, job: str, participant_id: int) -> None:
-        self.supervisor.stream_closed(job, participant_id)
-
-    def phi(self, job: str, participant_id: int) -> float | None:
-        return self.supervisor.phi(job, participant_id)
-
-    def heartbeat_age_ms(self, job: str, participant_id: int) -> int | None:
-        return self.supervisor.heartbeat_age_ms(job, participant_id)
+    @property
+    def liveness(self) -> LivenessPort:
+        return self.supervisor
 
     def leader_clock_ms(self) -> int:
         return wall_clock_ms()

@@ -57,8 +57,8 @@ from rallypoint.raft.types import (
     Term,
 )
 
-from .members import MemberTable, encode_app_snapshot
-from .state.machine import StateMachine
+from ..member_table import MemberTable, encode_app_snapshot
+from ..state.machine import StateMachine
 
 __all__ = ["Capture", "LeaderSnapshots", "Snapshots"]
 

@@ -15,9 +15,9 @@ from typing import Protocol
 
 import grpc
 
-from .members import MemberAddress
-from .peer_auth import cluster_id_for
-from .state.machine import Limits
+from ..member_table import MemberAddress
+from ..peer_auth import cluster_id_for
+from ..state.machine import Limits
 
 __all__ = ["NodeConfig", "PeerTls"]
 

@@ -36,8 +36,8 @@ from rallypoint.raft.types import (
     NodeId,
 )
 
-from .members import ConfChangeContext, MemberAddress, MemberTable
-from .node_api import (
+from ..member_table import ConfChangeContext, MemberAddress, MemberTable
+from .api import (
     PROMOTE_READY_PERCENT,
     LearnerNotReadyError,
     Member,

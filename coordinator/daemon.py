@@ -35,8 +35,9 @@ from rallypoint.raft.storage.fileutil import DataCorruptionError
 
 from .identity import IdentityError
 from .member_table import MemberAddress
-from .node import Node, NodeConfig
 from .node.api import NodeStartError
+from .node.config import NodeConfig
+from .node.driver import Node
 from .peer_auth import PeerSecretError, check_secret, read_secret_file
 from .preflight import (
     MAX_WAL_SEGMENT_BYTES,

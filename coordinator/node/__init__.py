@@ -22,11 +22,7 @@ The parts, each a module (etcd's ``etcdserver/raft.go`` beside ``raft/rawnode.go
 The clock-driven soft state lives beside this package: ``coordinator/leader`` (lease expiry
 and the rendezvous duties only the leader performs) and ``coordinator/liveness`` (the
 failure detectors every member runs for the heartbeat streams it serves).
+
+Nothing is imported here: the servicers import ``api`` (the contract) without loading the
+driver and everything it runs; the daemon imports ``driver.Node`` and ``config.NodeConfig``.
 """
-
-from __future__ import annotations
-
-from .config import NodeConfig, PeerTls
-from .driver import UNSAFE_STALE_READS, Node, wall_clock_ms
-
-__all__ = ["UNSAFE_STALE_READS", "Node", "NodeConfig", "PeerTls", "wall_clock_ms"]

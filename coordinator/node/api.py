@@ -143,6 +143,26 @@ class Header:
     member_id: int
 
 
+class MembershipChanges(Protocol):
+    """Membership changes, on the leader (``node/membership.py``). Raise NotLeaderError,
+    MemberNotFoundError, LearnerNotReadyError, ProposalDroppedError, ProposalTimeoutError."""
+
+    async def add(
+        self, peer_address: str, client_address: str, as_learner: bool, timeout_s: float = 10.0
+    ) -> Member: ...
+
+    async def remove(self, member_id: int, timeout_s: float = 10.0) -> None: ...
+
+    async def promote(self, member_id: int, timeout_s: float = 10.0) -> Member:
+        """Learner to voter, once the learner's log has caught up."""
+        ...
+
+    async def transfer_leader(self, target_id: int, timeout_s: float = 10.0) -> int:
+        """Hand leadership to ``target_id`` (0: the most up-to-date voter); return the new
+        leader's id."""
+        ...
+
+
 class ServerNode(Protocol):
     """A running member, as the servicers see it. All methods are called on the event loop."""
 
@@ -230,17 +250,9 @@ class ServerNode(Protocol):
         round store and job watches re-check their condition after each return."""
         ...
 
-    async def member_add(
-        self, peer_address: str, client_address: str, as_learner: bool, timeout_s: float = 10.0
-    ) -> Member: ...
-
-    async def member_remove(self, member_id: int, timeout_s: float = 10.0) -> None: ...
-
-    async def member_promote(self, member_id: int, timeout_s: float = 10.0) -> Member: ...
-
-    async def transfer_leader(self, target_id: int, timeout_s: float = 10.0) -> int:
-        """Hand leadership to ``target_id`` (0: the most up-to-date voter); return the new
-        leader's id."""
+    @property
+    def membership(self) -> MembershipChanges:
+        """The configuration changes an operator asks for (``node/membership.py``)."""
         ...
 
     async def snapshot_now(self) -> int:

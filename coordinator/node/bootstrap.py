@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 import grpc.aio
 
+from rallypoint.raft.log_storage import CompactedError, UnavailableError
 from rallypoint.raft.storage.disk_storage import DiskStorage, PersistRequest
 from rallypoint.raft.types import (
     NONE,
@@ -40,6 +41,7 @@ from rallypoint.raft.types import (
     Term,
 )
 
+from .. import identity as identity_file
 from ..bootstrap_rule import Decision
 from ..identity import Identity
 from ..member_table import MemberTable, encode_app_snapshot
@@ -49,7 +51,14 @@ from ..state.machine import StateMachine
 from .api import NodeStartError
 from .config import NodeConfig
 
-__all__ = ["begin_from_empty_storage", "bootstrap", "is_blank", "is_fresh"]
+__all__ = [
+    "begin_from_empty_storage",
+    "bootstrap",
+    "has_caught_up",
+    "is_blank",
+    "is_fresh",
+    "settle_identity",
+]
 
 log = logging.getLogger("rallypoint.node")
 
@@ -69,6 +78,47 @@ def is_blank(storage: DiskStorage) -> bool:
         and storage.snapshot().is_empty()
         and storage.hard_state.is_empty()
     )
+
+
+async def settle_identity(
+    config: NodeConfig,
+    peer_key: PeerKey,
+    channel: Callable[[str], grpc.aio.Channel],
+    storage: DiskStorage,
+    found: Identity | None,
+    disk: concurrent.futures.Executor,
+) -> Identity:
+    """This start's identity (``found``: the one on disk, already checked against the
+    flags), saved before the member serves Raft."""
+    # Storage that holds the creation (not blank) under an identity that votes is an
+    # intact disk: this member got every initial member's "fresh" once and has neither
+    # voted nor appended since, which Raft handles like any other state; asking again
+    # would only make it wait for members that may be down (bootstrap_rule.py).
+    intact_creation = found is not None and not found.abstaining and not is_blank(storage)
+    if is_fresh(storage) and not intact_creation:
+        identity = await begin_from_empty_storage(config, peer_key, channel, storage, found, disk)
+    elif found is None:
+        # A data directory from before identities were recorded: it is trusted as is.
+        identity = Identity.new(config.cluster_id, config.member_id, abstaining=False)
+    else:
+        identity = found
+    identity = identity.started()
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(disk, identity_file.save, config.data_dir, identity)
+    return identity
+
+
+def has_caught_up(storage: DiskStorage, commit: Index, term: Term, leader: NodeId) -> bool:
+    """Whether a member that lost its data may vote again: its log holds, at the commit
+    index, an entry of the current term from the leader it follows. That leader's own entry
+    is committed, so every entry committed before it is in this log too (the Leader
+    Completeness property, thesis 3.6.3)."""
+    if leader == NONE or commit == 0:
+        return False
+    try:
+        return storage.term(commit) == term
+    except (CompactedError, UnavailableError):
+        return False
 
 
 async def begin_from_empty_storage(
@@ -127,7 +177,7 @@ async def bootstrap(
     rejoining: bool = False,
 ) -> None:
     """Create the cluster: every initial member writes the same snapshot at index 1,
-    holding the configuration and the address book, so all start from one state. A member
+    holding the configuration and the member table, so all start from one state. A member
     rejoining after losing its data writes it too (the same bytes its peers hold), so it
     knows the configuration before the leader reaches it."""
     voters = tuple(sorted(NodeId(i) for i in config.initial_members))

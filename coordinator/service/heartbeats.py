@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from typing import Any
 
 from rallypoint.proto.v1 import rendezvous_pb2
@@ -108,7 +108,7 @@ class HeartbeatStreams:
 
     async def per_participant(
         self, request_iterator: AsyncIterator[rendezvous_pb2.HeartbeatRequest]
-    ) -> AsyncIterator[rendezvous_pb2.HeartbeatResponse]:
+    ) -> AsyncGenerator[rendezvous_pb2.HeartbeatResponse, None]:
         """A ``Heartbeat`` stream: a group of one per participant it names."""
         liveness = self.liveness
         # Per participant this stream has fed: its group, and the (round, state) it last
@@ -175,7 +175,7 @@ class HeartbeatStreams:
 
     async def batch(
         self, request_iterator: AsyncIterator[rendezvous_pb2.HeartbeatBatchRequest]
-    ) -> AsyncIterator[rendezvous_pb2.HeartbeatBatchResponse]:
+    ) -> AsyncGenerator[rendezvous_pb2.HeartbeatBatchResponse, None]:
         """A ``HeartbeatBatch`` stream: one group per job it carries participants of."""
         # Per job this stream carries participants of: their group detector and what the
         # stream last told each.

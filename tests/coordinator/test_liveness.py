@@ -35,7 +35,28 @@ from .job_replica import JobReplica
 SETTINGS = DetectorSettings(100, 8.0, 100, 50, 0)
 
 
-def beat(detection: MemberDetection, keys: list[tuple[str, int]], start_ms: int, count: int) -> int:
+class StreamedDetection(MemberDetection):
+    """A member's detection with each key on a per-participant stream of its own, fed as
+    ``service/heartbeats.py`` feeds it (a group of one per participant)."""
+
+    def __init__(self, metrics: NodeMetrics | None = None) -> None:
+        super().__init__(metrics)
+        self.streams: dict[tuple[str, int], int] = {}
+
+    def carry(self, key: tuple[str, int], settings: DetectorSettings, now_ms: int) -> None:
+        group = self.streams[key] = self.open_group(settings, now_ms, readings=True)
+        self.group_update(group, {key}, now_ms)
+
+    def heartbeat(self, key: tuple[str, int], now_ms: int) -> None:
+        self.group_beat(self.streams[key], now_ms)
+
+    def uncarry(self, key: tuple[str, int], now_ms: int, *, closed: bool) -> None:
+        self.close_group(self.streams.pop(key), now_ms, closed=closed)
+
+
+def beat(
+    detection: StreamedDetection, keys: list[tuple[str, int]], start_ms: int, count: int
+) -> int:
     """``count`` regular heartbeats of ``keys`` from ``start_ms``; the time after them."""
     now = start_ms
     for _ in range(count):
@@ -94,7 +115,7 @@ def test_garbage_and_oversized_reports_are_refused(monkeypatch: pytest.MonkeyPat
 
 
 def test_a_member_reports_what_it_starts_and_stops_carrying() -> None:
-    detection = MemberDetection()
+    detection = StreamedDetection()
     detection.carry(("j", 1), SETTINGS, 0)
     detection.carry(("j", 2), SETTINGS, 0)
     first = detection.take_report([])
@@ -115,7 +136,7 @@ def test_a_member_reports_what_it_starts_and_stops_carrying() -> None:
 
 
 def test_a_closed_stream_is_suspected_and_then_left_to_the_leader() -> None:
-    detection = MemberDetection()
+    detection = StreamedDetection()
     keys = [("j", 1), ("j", 2)]
     for key in keys:
         detection.carry(key, SETTINGS, 0)
@@ -130,7 +151,7 @@ def test_a_closed_stream_is_suspected_and_then_left_to_the_leader() -> None:
 
 
 def test_a_closed_stream_that_comes_back_in_time_is_not_suspected() -> None:
-    detection = MemberDetection()
+    detection = StreamedDetection()
     detection.carry(("j", 1), SETTINGS, 0)
     now = beat(detection, [("j", 1)], 0, 10)
     detection.uncarry(("j", 1), now, closed=True)
@@ -140,7 +161,7 @@ def test_a_closed_stream_that_comes_back_in_time_is_not_suspected() -> None:
 
 
 def test_a_member_whose_intake_lags_suspects_nobody() -> None:
-    detection = MemberDetection()
+    detection = StreamedDetection()
     keys = [("j", i) for i in range(1, 5)]
     for key in keys:
         detection.carry(key, SETTINGS, 0)
@@ -170,7 +191,7 @@ def test_a_member_whose_intake_lags_suspects_nobody() -> None:
 
 
 def test_phi_against_most_of_what_a_member_carries_waits_before_it_is_believed() -> None:
-    detection = MemberDetection(NodeMetrics(1))
+    detection = StreamedDetection(NodeMetrics(1))
     keys = [("j", i) for i in range(1, 5)]
     for key in keys:
         detection.carry(key, SETTINGS, 0)
@@ -184,7 +205,7 @@ def test_phi_against_most_of_what_a_member_carries_waits_before_it_is_believed()
 def test_a_young_detector_is_not_judged_by_phi_on_two_samples() -> None:
     """The first heartbeats after a join or a move are often late (the worker is busy
     joining): a detector with little history waits startup_ms before phi counts."""
-    detection = MemberDetection()
+    detection = StreamedDetection()
     detection.carry(("j", 1), SETTINGS, 0)
     detection.heartbeat(("j", 1), 100)
     detection.heartbeat(("j", 1), 200)

@@ -443,3 +443,33 @@ def test_the_leader_shows_the_phi_of_workers_whose_streams_other_members_serve(
     # Stale after two report periods: no reading rather than an old one.
     now[0] += 1_000
     assert sup.phi("j", pid) is None
+
+
+def test_only_groups_of_one_by_one_streams_report_readings() -> None:
+    """A per-participant stream's group (``readings=True``) gives the leader its member's
+    phi and heartbeat age, as a per-participant detector did; a batch stream's does not."""
+    detection = MemberDetection()
+    single = detection.open_group(SETTINGS, 0, readings=True)
+    detection.group_update(single, {("j", 1)}, 0)
+    batch = detection.open_group(SETTINGS, 0)
+    detection.group_update(batch, {("j", 2), ("j", 3)}, 0)
+    for now in (100, 200):
+        detection.group_beat(single, now)
+        detection.group_beat(batch, now)
+    ((key, _, age_ms),) = detection.readings(250)
+    assert (key, age_ms) == (("j", 1), 50)
+
+
+def test_a_closed_stream_reopened_here_in_time_is_counted_and_keeps_its_history() -> None:
+    metrics = NodeMetrics(1)
+    detection = StreamedDetection(metrics)
+    detection.carry(("j", 1), SETTINGS, 0)
+    now = beat(detection, [("j", 1)], 0, 10)
+    detection.uncarry(("j", 1), now, closed=True)
+    detection.carry(("j", 1), SETTINGS, now + 50)  # the worker's new stream, to this member
+    assert detection.detectors.streams_reopened == 1
+    # The new group goes on from the participant's history (ten regular heartbeats), not
+    # from a young detector: 1.5 s of silence is suspected by phi at once.
+    group = detection.streams[("j", 1)]
+    assert detection.detectors.last_heartbeat_ms(("\x00group", group)) == now
+    assert [s.key for s in detection.suspects(now + 1_500)] == [("j", 1)]

@@ -44,7 +44,7 @@ $(STAMP): pyproject.toml constraints.txt
 setup: $(STAMP) .pkgview/rallypoint
 
 # mypy cannot follow setuptools' editable-install path mapping, so it checks a view of the
-# import package made of symlinks to the top-level folders (see README, "Layout").
+# import package made of symlinks to the top-level folders (see docs/architecture.md, "How the package is built").
 .pkgview/rallypoint:
 	mkdir -p .pkgview/rallypoint
 	for pkg in raft coordinator client worker proto; do ln -sfn ../../$$pkg .pkgview/rallypoint/$$pkg; done

@@ -424,7 +424,7 @@ def register(subparsers: SubParsers) -> None:
         help="remove ended jobs (finished, failed, closed) and their history",
         description="Remove ended jobs (finished, failed, closed) and their history; open "
         "jobs are never removed. Members also drop ended jobs by themselves, oldest first, "
-        "beyond a count and after an age (README, 'Operating members'). Admin only.",
+        "beyond a count and after an age (docs/operations.md, 'Job lifecycle'). Admin only.",
         parents=[_common(nested=True)],
     )
     prune.add_argument("job", nargs="*", help="only these jobs (default: every ended job)")

@@ -65,7 +65,7 @@ _SERVE_HELP = {
     "with KiB, MiB or GiB (e.g. 8MiB); 1MiB..1GiB. The data dir needs this much free to start",
     "auth_token": "require 'authorization: Bearer TOKEN' on client calls (an admin token)",
     "tokens_file": "TOML file of client tokens (SHA-256) and their roles: admin, read, "
-    "job:<id>; reloaded on SIGHUP (README, 'Security')",
+    "job:<id>; reloaded on SIGHUP (docs/security.md, 'Client tokens and roles')",
     "tls_cert_file": "PEM certificate for mutual TLS on both ports (the client port's "
     "certificate, key and CA are re-read on SIGHUP)",
     "tls_key_file": "PEM private key for mutual TLS",

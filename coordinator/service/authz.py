@@ -187,8 +187,9 @@ _RDZV = "/rallypoint.v1.Rendezvous/"
 _STORE = "/rallypoint.v1.RoundStore/"
 _CKPT = "/rallypoint.v1.CheckpointRegistry/"
 
-# Every method of every public service, by its full gRPC name. The README's role table is
-# this table (README, "Security"); a test checks that every method has an entry.
+# Every method of every public service, by its full gRPC name. The role table of
+# docs/security.md is this table (docs/security.md, "Client tokens and roles"); a test checks
+# that they agree and that every method has an entry.
 RULES: dict[str, Rule] = {
     _KV + "Put": Rule(P.WRITE, session=_header_session),
     _KV + "Get": Rule(P.READ),

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
 from typing import TypeVar
 
 from rallypoint.proto.v1 import common_pb2, rendezvous_pb2, rendezvous_pb2_grpc
@@ -55,7 +54,9 @@ from ..state.view import RoundStoreView
 from . import validate
 from .common import Context, SuccessT, header_pb, propose, read_barrier
 from .errors import InvalidArgument, RequestFailed, WaitTimedOut
+from .store_batch import serve_store_batch
 from .store_cache import StoreCacheLeases
+from .validate import CheckedMultiGet
 
 T = TypeVar("T")
 
@@ -63,18 +64,6 @@ T = TypeVar("T")
 # may hold 64 MiB; an answer that large would stall the member's event loop while encoded).
 MAX_MULTI_GET_KEYS = 65_536
 MAX_MULTI_GET_ANSWER_BYTES = 32 * 1024 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class CheckedMultiGet:
-    """A MultiGet request past its checks."""
-
-    scope: validate.Scope
-    groups: list[list[bytes]]
-    timeout_ms: int
-    partial: bool
-    # The groups that ask for a cache lease (by position).
-    cache: list[bool]
 
 
 class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
@@ -243,8 +232,6 @@ class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
         request_iterator: AsyncIterator[rendezvous_pb2.StoreBatchRequest],
         context: Context,
     ) -> AsyncIterator[rendezvous_pb2.StoreBatchResponse]:
-        from .store_batch import serve_store_batch
-
         return serve_store_batch(self, request_iterator, context)
 
     # ----------------------------------------------------------------- writes

@@ -24,19 +24,17 @@ before it runs; a refused one is answered alone. Each is counted as its unary ca
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
 
 from rallypoint.proto.v1 import rendezvous_pb2
 
+from ..node_api import ServerNode
 from .authz import OPERATION_COUNTER, OPERATION_GUARD, OperationGuard
 from .common import Context, read_barrier
 from .errors import InvalidArgument
 from .kv_batch import SLICE_OPERATIONS, BatchServer, error_result, pace, run_batch
-
-if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
-
-    from .roundstore import CheckedMultiGet, RoundStoreServicer
+from .validate import CheckedMultiGet
 
 _STORE = "/rallypoint.v1.RoundStore/"
 # Each kind of operation: the unary method it stands for (its rule and its servicer method).
@@ -55,10 +53,27 @@ def _error(operation_id: int, error: Exception) -> rendezvous_pb2.StoreBatchResu
     )
 
 
+class StoreOperations(Protocol):
+    """What the stream runs its operations with: the round-store service (roundstore.py).
+    Writes are run by their unary method's name (``Set``, ``Add``, ...)."""
+
+    node: ServerNode
+
+    def check_multi_get(self, request: rendezvous_pb2.StoreMultiGetRequest) -> CheckedMultiGet:
+        """The MultiGet request past its checks (raises what the call is refused with)."""
+        ...
+
+    async def multi_get(
+        self, checked: CheckedMultiGet, context: Context, barrier: bool = True
+    ) -> rendezvous_pb2.StoreMultiGetResponse:
+        """A checked MultiGet's answer (``barrier=False``: the caller took the barrier)."""
+        ...
+
+
 class _StoreBatchServer(BatchServer):
     response_type = rendezvous_pb2.StoreBatchResponse
 
-    def __init__(self, servicer: RoundStoreServicer, context: Context) -> None:
+    def __init__(self, servicer: StoreOperations, context: Context) -> None:
         super().__init__(servicer.node, context)
         self.servicer = servicer
         self._counter = OPERATION_COUNTER.get()
@@ -167,7 +182,7 @@ class _StoreBatchServer(BatchServer):
 
 
 def serve_store_batch(
-    servicer: RoundStoreServicer,
+    servicer: StoreOperations,
     requests: AsyncIterator[rendezvous_pb2.StoreBatchRequest],
     context: Context,
 ) -> AsyncIterator[rendezvous_pb2.StoreBatchResponse]:

@@ -260,3 +260,15 @@ def store_value(data: bytes, limits: RendezvousLimits) -> bytes:
     if len(data) > limits.max_store_value_bytes:
         raise RequestFailed(ValueTooLarge(len(data), limits.max_store_value_bytes))
     return data
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedMultiGet:
+    """A MultiGet request past its checks."""
+
+    scope: Scope
+    groups: list[list[bytes]]
+    timeout_ms: int
+    partial: bool
+    # The groups that ask for a cache lease (by position).
+    cache: list[bool]

@@ -6,7 +6,9 @@ for the rules.
 """
 
 from .commands import Envelope, decode_envelope, encode_envelope
-from .machine import Limits, SessionInfo, StateMachine
+from .limits import Limits
+from .machine import StateMachine
+from .sessions import SessionInfo
 
 __all__ = [
     "Envelope",

@@ -28,7 +28,6 @@ from __future__ import annotations
 import copy
 import os
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
 from . import codec
@@ -69,9 +68,9 @@ from .errors import (
     TooManyOutstanding,
     ValueTooLarge,
 )
-from .jobs import RendezvousLimits
 from .kv import KeyValueStore
 from .leases import LeaseInfo, LeaseTable
+from .limits import Limits as Limits
 from .rendezvous import Rendezvous
 from .results import (
     AddResult,
@@ -86,7 +85,7 @@ from .results import (
     SessionKeepAliveResult,
     SessionOpenResult,
 )
-from .sessions import Session, SessionTable
+from .sessions import Session, SessionInfo, SessionTable
 from .values import Event, EventType, Fence, KeyValue
 from .watch import WatchHistory
 
@@ -113,36 +112,6 @@ SNAPSHOT_FORMAT = 6
 _SNAPSHOT_FORMATS = {2: 5, 3: 6, 4: 6, 5: 6, 6: 6}  # format -> fields per session
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _DECIMAL = re.compile(rb"-?[0-9]+")
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """Cluster-wide limits. Every member must use the same values: they decide outcomes."""
-
-    max_key_bytes: int = 4 * 1024
-    max_value_bytes: int = 1024 * 1024
-    max_history_events: int = 10_000
-    max_history_bytes: int = 64 * 1024 * 1024
-    max_outstanding_answers: int = 1024
-    # The most key-values, and bytes of keys and values, in one answer: a Range page (cut
-    # short, with `more` set) or one WatchResponse (a larger revision is split into several).
-    # These bound what one reply costs a member; they decide no replicated outcome. gRPC
-    # clients refuse messages over 4 MiB by default: 3 MiB plus the framing of at most
-    # max_answer_keys entries stays below that.
-    max_answer_keys: int = 10_000
-    max_answer_bytes: int = 3 * 1024 * 1024
-    rendezvous: RendezvousLimits = field(default_factory=RendezvousLimits)
-
-
-@dataclass(frozen=True, slots=True)
-class SessionInfo:
-    session_id: int
-    ttl_ms: int
-    last_activity_ms: int
-    first_unacked: int
-    outstanding_answers: int
-    # The role that opened the session ("" when the cluster required no credentials).
-    owner: str
 
 
 # What frozen_copy copies: the immutable limits and counters shallowly, the rest as it says.

@@ -95,3 +95,14 @@ class SessionTable:
 
     def in_order(self) -> list[Session]:
         return [self.sessions[sid] for sid in sorted(self.sessions)]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    session_id: int
+    ttl_ms: int
+    last_activity_ms: int
+    first_unacked: int
+    outstanding_answers: int
+    # The role that opened the session ("" when the cluster required no credentials).
+    owner: str

@@ -38,8 +38,9 @@ from .jobs import (
 from .leases import LeaseInfo
 from .values import Event, KeyValue
 
-if TYPE_CHECKING:  # machine.py imports rendezvous.py, which takes a JobView
-    from .machine import Limits, SessionInfo
+if TYPE_CHECKING:
+    from .limits import Limits
+    from .sessions import SessionInfo
 
 __all__ = ["CheckpointsView", "JobView", "RendezvousView", "RoundStoreView", "StateView"]
 

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Make the Secrets the StatefulSet (statefulset.yaml) and a training job (training/) mount:
 # a peer secret, a CA with one certificate per member and one for the job's workers, and the
-# client tokens, then create them with kubectl. README, "Deployment".
+# client tokens, then create them with kubectl. docs/deployment.md, "Deployment".
 #
 #     deploy/kubernetes/make-secrets.sh -n NAMESPACE -j JOB DIR
 #

@@ -1,7 +1,7 @@
 """The Grafana dashboard in ``deploy/grafana/rallypoint.json`` is a dashboard model Grafana
 loads, and cannot drift from the metrics: every series its PromQL names is one a member
-exports, with the labels the expression selects or groups by. The README's table of series
-is the registry's too."""
+exports, with the labels the expression selects or groups by. The table of series in
+docs/operations.md is the registry's too."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from rallypoint.coordinator.metrics import NodeMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "rallypoint.json"
-# The series the README names in prose, before its table of the others.
+# The series docs/operations.md names in prose, before its table of the others.
 RAFT_SERIES = {
     "rallypoint_raft_term",
     "rallypoint_is_leader",
@@ -150,9 +150,9 @@ def test_a_renamed_series_or_label_is_caught() -> None:
     assert drift(load(), relabelled)
 
 
-def test_the_readme_table_lists_every_other_series_with_its_labels() -> None:
+def test_the_documented_table_lists_every_other_series_with_its_labels() -> None:
     rows = {}
-    for line in (ROOT / "README.md").read_text().splitlines():
+    for line in (ROOT / "docs" / "operations.md").read_text().splitlines():
         cells = [cell.strip().strip("`") for cell in line.strip().strip("|").split("|")]
         if line.strip().startswith("| `rallypoint_"):
             rows[cells[0]] = {label.strip() for label in cells[1].split(",") if label.strip()}

@@ -43,7 +43,7 @@ MODULES: tuple[ModuleType, ...] = (
     cluster_pb2,
     rendezvous_pb2,
 )
-README = Path(__file__).resolve().parents[2] / "README.md"
+SECURITY_PAGE = Path(__file__).resolve().parents[2] / "docs" / "security.md"
 # token -> role
 TOKENS = {"adm1n-token": "admin", "r3ad-token": "read", "job-a-token": "job:A", "job-b": "job:B"}
 
@@ -143,9 +143,9 @@ def test_what_each_role_may_do() -> None:
     assert {p for p in Permission if job.allows(p, "B")} == {Permission.STATUS, Permission.SESSION}
 
 
-def readme_role_table() -> dict[str, tuple[str, str, str]]:
-    """method -> (admin, read, job) cells of the README's table, e.g. "KV/Put"."""
-    text = README.read_text()
+def documented_role_table() -> dict[str, tuple[str, str, str]]:
+    """method -> (admin, read, job) cells of docs/security.md's table, e.g. "KV/Put"."""
+    text = SECURITY_PAGE.read_text()
     start = text.index("| method | admin | read | job:ID |")
     rows: dict[str, tuple[str, str, str]] = {}
     for line in text[start:].splitlines()[2:]:
@@ -157,7 +157,7 @@ def readme_role_table() -> dict[str, tuple[str, str, str]]:
     return rows
 
 
-def test_the_readme_role_table_is_the_rule_table() -> None:
+def test_the_documented_role_table_is_the_rule_table() -> None:
     def cell(role: Role, rule: authz.Rule) -> str:
         if rule.job is None:
             return "yes" if role.allows(rule.permission, None) else "no"
@@ -171,7 +171,7 @@ def test_the_readme_role_table_is_the_rule_table() -> None:
         )
         for method, rule in RULES.items()
     }
-    assert readme_role_table() == expected
+    assert documented_role_table() == expected
 
 
 # ------------------------------------------------------------------------ tokens files

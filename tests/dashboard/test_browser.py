@@ -5,8 +5,8 @@ the dashboard of a 3-member cluster whose job has 3 elastic training workers. Th
 show the leader, the job and its round; then one worker is SIGKILLed and, without a reload,
 the page must show that round's end with its cause (member_failed, by that worker), the
 next round with the two survivors, and the recovery's restore source as the workers reported
-it. A screenshot of that page is saved (PNG); with
-``RALLYPOINT_UPDATE_SCREENSHOT=1`` it replaces ``docs/dashboard.png``, the README's.
+it. A screenshot of that page is saved (PNG); with ``RALLYPOINT_UPDATE_SCREENSHOT=1`` it
+replaces ``docs/dashboard.png``, the one docs/operations.md shows.
 
 ``make test-browser`` installs what it needs and runs this alone; ``make test`` runs it too.
 As root (CI) a missing browser is installed here with apt, and a failure to install fails

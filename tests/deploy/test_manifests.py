@@ -472,18 +472,16 @@ def test_the_example_environment_file_is_settings_the_daemon_accepts(tmp_path: P
     assert settings.member_id == 1
 
 
-# ---------------------------------------------------------------------------- the README
+# ---------------------------------------------------------------- docs/deployment.md
 
 
-def readme_deployment_section() -> str:
-    text = (ROOT / "README.md").read_text()
-    start = text.index("## Deployment\n")
-    return text[start : text.index("\n## ", start + 1)]
+def deployment_page() -> str:
+    return (ROOT / "docs" / "deployment.md").read_text()
 
 
-def test_the_readme_links_every_deployment_file_and_shows_the_jobs_command() -> None:
-    section = readme_deployment_section()
-    linked = {ROOT / link for link in re.findall(r"\]\((deploy/[^)]+)\)", section)}
+def test_the_deployment_page_links_every_deployment_file_and_shows_the_jobs_command() -> None:
+    section = deployment_page()
+    linked = {ROOT / link for link in re.findall(r"\]\(\.\./(deploy/[^)]+)\)", section)}
     assert all(path.exists() for path in linked), linked
     files = {path for path in DEPLOY.rglob("*") if path.is_file()}
     assert files == linked

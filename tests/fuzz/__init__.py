@@ -4,7 +4,7 @@ Every RPC of the public API and of the peer service is fed generated and mutated
 in three modes: outsiders (no token, no secret: all refused), clients with the token (only
 statuses a client can act on), and an insider that signs with the cluster's secret but sends
 only malformed content. Raft does not defend against a member that lies in well-formed
-messages, and neither does rallypoint (README, "Security"): the insider never sends one.
+messages, and neither does rallypoint (docs/security.md, "Security"): the insider never sends one.
 Afterwards the cluster must be whole: members running, a leader taking writes, members
 agreeing, before and after each restarts from its own disk.
 

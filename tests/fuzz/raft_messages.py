@@ -4,7 +4,7 @@ Theory of operation. An authenticated peer is trusted to be a member, not to be 
 member's bug or corrupted memory must not kill or wedge another member, and nothing it sends
 may be persisted unless it is valid. Raft itself does not defend against a member that lies
 in well-formed messages (a valid MsgTimeoutNow, a valid MsgApp at the current term), and
-neither does rallypoint (README, "Security"), so the fuzzer never sends one as an insider.
+neither does rallypoint (docs/security.md, "Security"), so the fuzzer never sends one as an insider.
 
 Each message starts from a plausible one built from the cluster's current view (its term,
 its last index, the member it is sent to and a member it claims to come from), then takes

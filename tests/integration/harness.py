@@ -162,8 +162,8 @@ def no_process_outlives(what: str) -> Iterator[None]:
 
 
 def write_tokens_file(path: Path, roles: dict[str, str]) -> Path:
-    """A tokens file (README, "Security") giving each token (key) its role (value), named
-    after the role: ``rallypoint serve --tokens-file PATH``."""
+    """A tokens file (docs/security.md, "Client tokens and roles") giving each token (key) its
+    role (value), named after the role: ``rallypoint serve --tokens-file PATH``."""
     path.write_text(
         "".join(
             f'[[token]]\nname = "{role}"\nrole = "{role}"\n'

@@ -1,14 +1,18 @@
-"""Every Python block of README.md runs as written, against a real cluster.
+"""Every Python block of README.md and of the pages in docs/ runs as written, against a real
+cluster.
 
-The blocks read the cluster's endpoints from ``RALLYPOINT_ENDPOINTS`` (default: the local
-cluster of ``rallypoint cluster up``), which the test sets to its own cluster's. A block that
-trains with ``elastic_training`` runs as ``min_nodes`` processes, as the README says to run
-it: the second one named as the README says (``name="worker-2"``). Each block must exit 0;
-a training block must leave its job finished.
+A block is a fenced ```` ```python ```` block starting at the margin (an indented one is part
+of a list item, and is not picked out). The blocks read the cluster's endpoints from
+``RALLYPOINT_ENDPOINTS`` (default: the local cluster of ``rallypoint cluster up``), which the
+test sets to its own cluster's. A block that trains with ``elastic_training`` runs as
+``min_nodes`` processes, as the README says to run it: the second one named as the README
+says (``name="worker-2"``). Each block must exit 0; a training block must leave its job
+finished.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -24,12 +28,24 @@ from .harness import ProcessCluster, running_cluster
 
 pytestmark = pytest.mark.integration
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 
+def page_blocks() -> list[tuple[str, str]]:
+    """(where, block) for every Python block of the README and the docs pages, in order;
+    ``where`` is the page and the block's number in it, e.g. ``docs/elastic.md:1``."""
+    return [
+        (f"{page.relative_to(ROOT)}:{number}", block)
+        for page in PAGES
+        for number, block in enumerate(BLOCK.findall(page.read_text()), 1)
+    ]
+
+
 def python_blocks() -> list[str]:
-    return BLOCK.findall(README.read_text())
+    return [block for _, block in page_blocks()]
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +54,23 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessCluster
         yield running
 
 
-def test_the_readme_has_the_blocks_this_test_knows() -> None:
-    blocks = python_blocks()
-    assert len(blocks) >= 2
-    for block in blocks:
-        compile(block, "README.md", "exec")  # each one is a whole program
-        assert "RALLYPOINT_ENDPOINTS" in block or "Client(" not in block
+def test_the_pages_have_the_blocks_this_test_knows() -> None:
+    blocks = page_blocks()
+    assert len(BLOCK.findall(README.read_text())) >= 2
+    # The docs pages' blocks are run too: the FSDP example, the API reference's.
+    assert any(where.startswith("docs/") for where, _ in blocks)
+    for where, block in blocks:
+        compile(block, where, "exec")  # each one is a whole program
+        assert "RALLYPOINT_ENDPOINTS" in block or "Client(" not in block, where
+
+
+def calls_elastic_training(block: str) -> bool:
+    """Whether the block trains (a comment that shows the call, as the FSDP example's does,
+    is not training)."""
+    return any(
+        isinstance(node, ast.Call) and getattr(node.func, "id", None) == "elastic_training"
+        for node in ast.walk(ast.parse(block))
+    )
 
 
 def run_copies(block: str, copies: int, cwd: Path, endpoints: list[str]) -> list[str]:
@@ -78,12 +105,12 @@ def run_copies(block: str, copies: int, cwd: Path, endpoints: list[str]) -> list
     return outputs
 
 
-@pytest.mark.parametrize("number", range(len(python_blocks())))
+@pytest.mark.parametrize("number", range(len(page_blocks())), ids=[w for w, _ in page_blocks()])
 def test_a_python_block_runs_as_written(
     cluster: ProcessCluster, tmp_path: Path, number: int
 ) -> None:
     block = python_blocks()[number]
-    training = "elastic_training(" in block
+    training = calls_elastic_training(block)
     copies = 1
     if training:
         found = re.search(r"min_nodes=(\d+)", block)
@@ -102,10 +129,10 @@ def test_a_python_block_runs_as_written(
 def test_the_training_example_runs_twice_from_two_directories(
     cluster: ProcessCluster, tmp_path: Path
 ) -> None:
-    """The README's example hard-codes its job id: running it again is a new run (README,
-    "Running a job again"), from any directory. It once restored the first run's last
-    checkpoint by a path relative to the first run's directory (every worker crashed), or,
-    from the same directory, finished at once without training."""
+    """The README's example hard-codes its job id: running it again is a new run
+    (docs/elastic.md, "Running a job again"), from any directory. It once restored the first
+    run's last checkpoint by a path relative to the first run's directory (every worker
+    crashed), or, from the same directory, finished at once without training."""
     block = next(b for b in python_blocks() if 'job="demo"' in b and "max_steps=300" in b)
     for run in ("first", "second"):
         outputs = run_copies(block, 2, tmp_path / run, cluster.endpoints)

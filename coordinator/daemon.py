@@ -121,7 +121,7 @@ class Settings:
     tick_ms: int = 100
     election_ticks: int = 10
     heartbeat_ticks: int = 1
-    # Linearizable reads answered by the leader under its lease (node_reads.py); every
+    # Linearizable reads answered by the leader under its lease (node/reads.py); every
     # member of a cluster must use the same setting (RALLYPOINT_LEASE_READS=0 turns it off).
     lease_reads: bool = True
     snapshot_entries: int = 100_000

@@ -65,7 +65,7 @@ class NodeConfig:
     pre_vote: bool = True
     check_quorum: bool = True
     # A leader answers linearizable reads under a lease, without a heartbeat round, while a
-    # quorum confirmed it recently (node_reads.py). Needs check_quorum; every member of a
+    # quorum confirmed it recently (node/reads.py). Needs check_quorum; every member of a
     # cluster must run with the same setting.
     lease_reads: bool = True
     # After becoming leader, no worker is declared failed for this long: heartbeats need a

@@ -131,7 +131,7 @@ def wall_clock_ms() -> int:
 
 
 class Node:
-    """A member of a rallypoint cluster; implements ``node_api.ServerNode``."""
+    """A member of a rallypoint cluster; implements ``api.ServerNode``."""
 
     def __init__(
         self,
@@ -551,7 +551,7 @@ class Node:
         self._applied_signal = asyncio.Event()
 
     def _capture(self) -> Capture:
-        """The state to snapshot, taken between applies (see node_snapshots)."""
+        """The state to snapshot, taken between applies (see snapshots.py)."""
         membership = self.membership
         return capture(self._sm, membership.table, membership.conf_state)
 

@@ -203,7 +203,7 @@ class Membership:
                 return self.member(member_id)
         known = set(self.table.ids()) | set(self.conf_state.voters)
         known |= set(self.conf_state.learners)
-        # Never an id used before, even one since removed (see members.py).
+        # Never an id used before, even one since removed (see member_table.py).
         new_id = max(max(known, default=0) + 1, self.table.next_id())
         kind = ConfChangeType.ADD_LEARNER_NODE if as_learner else ConfChangeType.ADD_NODE
         context = ConfChangeContext(

@@ -271,7 +271,7 @@ class PeerFace:
 
     def validate_entries(self, entries: tuple[Entry, ...]) -> None:
         """Raise ValueError unless every entry a peer sent would apply (see
-        ``node_proposals.validate_entries``); keep what was decoded for their apply. The
+        ``proposals.validate_entries``); keep what was decoded for their apply. The
         leading entries this member's log already holds exactly (index, term, type and data)
         were checked when they first came (or were proposed here) and are not decoded again
         (a leader resends entries when messages may have been lost); both kinds are counted

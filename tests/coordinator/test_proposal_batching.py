@@ -1,4 +1,4 @@
-"""Proposals made together reach the Raft core together (coordinator/node_proposals.py,
+"""Proposals made together reach the Raft core together (coordinator/node/proposals.py,
 ``Proposals``): the callers of one loop turn are one MsgProp of many entries, so a follower
 gets them in one append instead of one MsgApp each; every caller still gets its own result,
 and a batch the core refuses fails each of its callers with ProposalDroppedError."""

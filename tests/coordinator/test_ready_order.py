@@ -1,4 +1,4 @@
-"""The Ready loop's order (coordinator/node.py): committed entries already durable apply
+"""The Ready loop's order (coordinator/node/driver.py): committed entries already durable apply
 before the Ready that announced their commit is written, so a caller's answer never waits
 for the write of a commit index."""
 

@@ -49,7 +49,7 @@ from rallypoint.raft.types import EntryType, MessageType
 from .wire import weighted
 
 MAX_VALUE = 2**62 - 1  # every term, index and id a peer sends is at most this (codec.py)
-ENTRY_HEADER = struct.Struct(">BQQ")  # version, proposer id, proposal id (coordinator/node/proposals.py)
+ENTRY_HEADER = struct.Struct(">BQQ")  # version, proposer, proposal id (node/proposals.py)
 ENTRY_VERSION = 1
 
 OUT_OF_RANGE = (2**62, 2**62 + 1, 2**63 - 1, 2**63, 2**64 - 2, 2**64 - 1, -1, -(2**63))

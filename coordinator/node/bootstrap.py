@@ -96,7 +96,10 @@ async def settle_identity(
     # would only make it wait for members that may be down (bootstrap_rule.py).
     intact_creation = found is not None and not found.abstaining and not is_blank(storage)
     if is_fresh(storage) and not intact_creation:
-        identity = await begin_from_empty_storage(config, peer_key, channel, storage, found, disk)
+        boots = 0 if found is None else found.boots
+        identity, create = await begin_from_empty_storage(config, peer_key, channel, boots)
+        if create and is_blank(storage):
+            await bootstrap(config, storage, disk, rejoining=identity.abstaining)
     elif found is None:
         # A data directory from before identities were recorded: it is trusted as is.
         identity = Identity.new(config.cluster_id, config.member_id, abstaining=False)
@@ -122,24 +125,19 @@ def has_caught_up(storage: DiskStorage, commit: Index, term: Term, leader: NodeI
 
 
 async def begin_from_empty_storage(
-    config: NodeConfig,
-    peer_key: PeerKey,
-    channel: Callable[[str], grpc.aio.Channel],
-    storage: DiskStorage,
-    found: Identity | None,
-    disk: concurrent.futures.Executor,
-) -> Identity:
+    config: NodeConfig, peer_key: PeerKey, channel: Callable[[str], grpc.aio.Channel], boots: int
+) -> tuple[Identity, bool]:
     """A new incarnation for a member whose storage holds nothing of a cluster yet: it
     creates the cluster with the other initial members, or (the cluster exists) it lost
-    its data or is joining, and abstains until caught up."""
+    its data or is joining, and abstains until caught up. The second value: whether it
+    writes the cluster's creation (not when it joins an existing cluster)."""
     cluster_id = config.cluster_id
-    boots = 0 if found is None else found.boots
     if config.join_existing:
         log.info(
             "member %d joins an existing cluster: it does not vote until it has caught up",
             config.member_id,
         )
-        return Identity.new(cluster_id, config.member_id, abstaining=True, boots=boots)
+        return Identity.new(cluster_id, config.member_id, abstaining=True, boots=boots), False
     if not config.initial_members:
         raise NodeStartError(
             f"{config.data_dir} holds no cluster state: give the initial members to "
@@ -163,10 +161,7 @@ async def begin_from_empty_storage(
             config.member_id,
             verdict.answered_by,
         )
-    identity = Identity.new(cluster_id, config.member_id, abstaining=established, boots=boots)
-    if is_blank(storage):
-        await bootstrap(config, storage, disk, rejoining=established)
-    return identity
+    return Identity.new(cluster_id, config.member_id, abstaining=established, boots=boots), True
 
 
 async def bootstrap(

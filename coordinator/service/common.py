@@ -6,11 +6,12 @@ from typing import Any, TypeVar
 
 import grpc
 
-from rallypoint.proto.v1 import common_pb2
+from rallypoint.proto.v1 import common_pb2, rendezvous_pb2
 
 from ..node.api import Header, ServerNode
 from ..state.commands import Command
 from ..state.errors import Failure, JobNotFound
+from ..state.jobs import RoundState
 from ..state.results import Success
 from ..state.values import KeyValue
 from ..state.view import JobView
@@ -22,6 +23,14 @@ MAX_WAIT_S = 10.0
 
 SuccessT = TypeVar("SuccessT", bound=Success)
 Context = grpc.aio.ServicerContext[Any, Any]
+
+
+# A round's state on the wire (the Rendezvous service and its heartbeat streams).
+ROUND_STATES = {
+    RoundState.JOINING: rendezvous_pb2.ROUND_STATE_JOINING,
+    RoundState.ACTIVE: rendezvous_pb2.ROUND_STATE_ACTIVE,
+    RoundState.ENDED: rendezvous_pb2.ROUND_STATE_ENDED,
+}
 
 
 def header_pb(header: Header) -> common_pb2.ResponseHeader:

@@ -52,13 +52,12 @@ from ..state.errors import ParticipantNotFound
 from ..state.jobs import JobState, RoundState
 from ..state.view import JobView
 from . import validate
-from .common import header_pb, job_view
+from .common import ROUND_STATES, header_pb, job_view
 from .errors import InvalidArgument, RequestFailed
 
 __all__ = [
     "HEARTBEAT_ANSWER_EVERY",
     "MAX_BATCH_PARTICIPANTS",
-    "ROUND_STATES",
     "WATCH_RECHECK_S",
     "HeartbeatStreams",
     "job_position",
@@ -75,12 +74,6 @@ WATCH_RECHECK_S = 5.0
 # A heartbeat's restore source is a word ("broadcast"); it ends up in the replicated round
 # record, so a longer one is cut here rather than refused (a heartbeat must not fail on it).
 MAX_RESTORE_CHARS = 32
-
-ROUND_STATES = {
-    RoundState.JOINING: rendezvous_pb2.ROUND_STATE_JOINING,
-    RoundState.ACTIVE: rendezvous_pb2.ROUND_STATE_ACTIVE,
-    RoundState.ENDED: rendezvous_pb2.ROUND_STATE_ENDED,
-}
 
 
 class HeartbeatStreams:

@@ -62,9 +62,9 @@ from ..state.results import (
 from ..state.view import JobView
 from . import validate
 from .checkpoint import checkpoint_pb, memory_snapshot_pb
-from .common import Context, header_pb, job_view, propose, read_barrier
+from .common import ROUND_STATES, Context, header_pb, job_view, propose, read_barrier
 from .errors import InvalidArgument, RequestFailed
-from .heartbeats import ROUND_STATES, WATCH_RECHECK_S, HeartbeatStreams, job_position
+from .heartbeats import WATCH_RECHECK_S, HeartbeatStreams, job_position
 
 # The least time between two WatchJob messages about the same round in the same state.
 WATCH_COALESCE_S = 0.2

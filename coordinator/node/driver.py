@@ -142,10 +142,12 @@ class Node:
     ) -> None:
         config.validate()
         self.config = config
-        # Settled in start(); see identity.py.
+        # Settled in start() (see identity.py); replaced only when the member stops
+        # abstaining. Read by the peer face (its incarnation).
         self.identity: Identity | None = None
         self._on_fatal = on_fatal or _exit_on_fatal
         self._rng = random.Random(int.from_bytes(os.urandom(8), "big"))
+        # Opened in start(); its files are written on the disk thread (self._disk) only.
         self.storage: DiskStorage | None = None
         self._snapshots: Snapshots | None = None
         self._raw: RawNode | None = None
@@ -170,9 +172,9 @@ class Node:
         self.membership = Membership(
             self, self._proposal_ids, self._waiters, config.initial_members, config.join_existing
         )
-        # Entries proposed since the Ready loop last ran: it submits them together.
         # (term, time.monotonic()) when this member last saw itself become leader.
         self._led_since: tuple[int, float] | None = None
+        # Entries proposed since the Ready loop last ran: it submits them together.
         self._proposals = Proposals(self._waiters)
         self._reads = LinearizableReads(
             lambda: self.raw,

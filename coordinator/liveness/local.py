@@ -167,6 +167,7 @@ class MemberDetection:
             return
         for key in group.members - members:
             self._leave_group(key, group, now_ms, closed=False, evidence=True)
+        # A group's settings are its job's now: a history taken under others is not kept.
         inherit = not group.members and len(members) == 1
         for key in members - group.members:
             other = self._group_of.get(key)
@@ -174,7 +175,7 @@ class MemberDetection:
                 self._groups[other].members.discard(key)
             elif key in self.detectors:
                 self.detectors.reopen(key, now_ms)
-                if inherit:
+                if inherit and self.detectors.settings(key) == self.detectors.settings(group.key):
                     self.detectors.adopt(group.key, key, now_ms, closed=False)
                 self.detectors.forget(key)
             else:

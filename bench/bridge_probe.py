@@ -133,7 +133,7 @@ def ranks_main(args: argparse.Namespace) -> None:
 
 
 def bridges_main(args: argparse.Namespace) -> None:
-    from rallypoint.worker.tcpstore_bridge import PortRange, TCPStoreBridge
+    from rallypoint.worker.tcpstore import PortRange, TCPStoreBridge
 
     endpoints = args.endpoints.split(",")
     port_range = PortRange(args.port_base, args.port_base + 19)

@@ -1,5 +1,6 @@
 """Helpers shared by the benchmarks: machine and version facts for the JSON, latency
-percentiles, CPU accounting of processes from /proc, and free loopback ports.
+percentiles, CPU accounting of processes from /proc, free loopback ports, and a run's frame
+(its data folder, its targets judged and printed, its JSON and plot written).
 
 Every benchmark writes the machine it ran on and the versions it measured beside its numbers,
 because a figure without them cannot be compared with another run.
@@ -17,14 +18,16 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tests.integration.harness import kill_processes_mentioning
+
+T = TypeVar("T")
 
 # Linux reports process times in clock ticks of this many per second.
 _CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -139,6 +142,20 @@ def median_of(trials: Sequence[dict[str, Any]], field: str) -> float:
     """The median of one numeric field over trials, ignoring trials that lack it."""
     values = [float(t[field]) for t in trials if t.get(field) is not None]
     return statistics.median(values) if values else math.nan
+
+
+def median(values: Sequence[float]) -> float:
+    """The median of ``values``; NaN when there are none (nothing was measured)."""
+    return statistics.median(values) if values else math.nan
+
+
+def fmt_s(value: float | None) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.3f} s"
+
+
+def sizes_arg(text: str) -> list[int]:
+    """A comma-separated list of sizes, as ``--sizes`` takes it."""
+    return [int(part) for part in text.split(",") if part.strip()]
 
 
 def process_cpu_s(pid: int) -> float:
@@ -270,3 +287,62 @@ class TorchrunAgents:
                 os.killpg(agent.pid, signal.SIGKILL)
             agent.wait()
         kill_processes_mentioning(f"--out={self.out}")
+
+
+# --- a run's frame: its data folder, its targets -------------------------------------------------
+
+
+def run_in_data_dir(
+    data_dir: str | None, prefix: str, run: Callable[[Path], Coroutine[Any, Any, T]]
+) -> T:
+    """``run(folder)`` on uvloop, in ``data_dir`` (kept) or, when it is None, in a temporary
+    folder named ``prefix...`` that is removed afterwards, whatever happened."""
+    import uvloop
+
+    temporary = data_dir is None
+    folder = Path(tempfile.mkdtemp(prefix=prefix) if data_dir is None else data_dir)
+    try:
+        return uvloop.run(run(folder))
+    finally:
+        if temporary:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def target_value(top: dict[str, Any], name: str) -> Any:
+    """The figure a target names: ``top[name]``, or ``top[base][size]`` for ``base[size]``;
+    None when it was not measured (absent or NaN)."""
+    if name.endswith("]"):
+        base, size = name[:-1].split("[")
+        value = top[base].get(size)
+    else:
+        value = top[name]
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
+
+
+def verdicts(
+    top: dict[str, Any], targets: dict[str, tuple[str, float]]
+) -> dict[str, dict[str, Any]]:
+    """Each target (name -> (direction, target)) judged on its figure in ``top``: PASS, MISS,
+    or "not measured"."""
+    out = {}
+    for name, (direction, target) in targets.items():
+        value = target_value(top, name)
+        if value is None:
+            verdict = "not measured"
+        else:
+            met = value >= target if direction == ">=" else value <= target
+            verdict = "PASS" if met else "MISS"
+        out[name] = {"value": value, "direction": direction, "target": target, "verdict": verdict}
+    return out
+
+
+def print_targets(checked: dict[str, dict[str, Any]], name_width: int, value_width: int) -> None:
+    """The judged targets, one line each: name, value, target, verdict."""
+    print("\ntargets:")
+    for name, check in checked.items():
+        value = check["value"]
+        shown = "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+        print(
+            f"  {name:<{name_width}}{shown:>{value_width}}  target {check['direction']} "
+            f"{check['target']:<8g}{check['verdict']}"
+        )

@@ -43,10 +43,7 @@ import contextlib
 import enum
 import math
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -54,26 +51,23 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
-import uvloop
 
+from bench.cluster import Cluster, RallypointCluster
 from bench.common import (
     CpuSample,
-    child_pids,
     command_version,
     cpu_share,
     latency_summary_ms,
     machine_info,
     median_of,
     package_versions,
+    run_in_data_dir,
     write_results,
 )
 from bench.etcd.api import load as load_etcd_api
 from bench.etcd.cluster import EtcdCluster
 from rallypoint.client import Client, RallypointError
-from rallypoint.coordinator.cli.main import local_cluster_addresses
 from rallypoint.proto.v1 import (
-    cluster_pb2,
-    cluster_pb2_grpc,
     common_pb2,
     kv_pb2,
     kv_pb2_grpc,
@@ -83,7 +77,6 @@ from rallypoint.proto.v1 import (
     session_pb2_grpc,
 )
 from rallypoint.worker.process_tree import run_reaped
-from tests.integration.harness import free_port_block
 
 VALUE_BYTES = 256
 RPC_TIMEOUT_S = 10.0
@@ -236,96 +229,7 @@ class EtcdClient:
         await self.channel.close(grace=None)
 
 
-# --- the systems' clusters -----------------------------------------------------------------
-
-
-class Cluster(Protocol):
-    @property
-    def name(self) -> str: ...
-
-    def start(self) -> None: ...
-
-    async def wait_ready(self, timeout_s: float = 30.0) -> None: ...
-
-    async def leader_address(self) -> str: ...
-
-    def server_pids(self) -> list[int]: ...
-
-    def stop(self) -> None: ...
-
-
-class RallypointCluster:
-    """``rallypoint cluster up --nodes N`` with its output in ``cluster.log`` under data_dir."""
-
-    def __init__(self, data_dir: Path, members: int = 3) -> None:
-        self.data_dir = data_dir
-        self.members = members
-        self.base_port = free_port_block(2 * members)
-        self.addresses = {
-            member: client
-            for member, (_, client) in local_cluster_addresses(members, self.base_port).items()
-        }
-        self.log_path = data_dir / "cluster.log"
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def name(self) -> str:
-        return "rallypoint"
-
-    def start(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "wb") as log:
-            self._proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "rallypoint.coordinator",
-                    "cluster",
-                    "up",
-                    f"--nodes={self.members}",
-                    f"--data-dir={self.data_dir}",
-                    f"--base-port={self.base_port}",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    async def wait_ready(self, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._proc is None or self._proc.poll() is not None:
-                raise RuntimeError(f"rallypoint cluster exited; see {self.log_path}")
-            if "members up" in self.log_path.read_text(errors="replace"):
-                return
-            await asyncio.sleep(0.2)
-        raise TimeoutError(
-            f"rallypoint cluster not up within {timeout_s:.0f}s; see {self.log_path}"
-        )
-
-    async def leader_address(self) -> str:
-        for address in self.addresses.values():
-            async with grpc.aio.insecure_channel(address) as channel:
-                stub = cluster_pb2_grpc.ClusterStub(channel)
-                with contextlib.suppress(grpc.aio.AioRpcError):
-                    status = await stub.Status(cluster_pb2.StatusRequest(), timeout=1.0)
-                    if status.leader_id in self.addresses:
-                        return self.addresses[status.leader_id]
-        raise RuntimeError("rallypoint has no leader")
-
-    def server_pids(self) -> list[int]:
-        # The members are the children of `cluster up`, which itself only waits.
-        return [] if self._proc is None else child_pids(self._proc.pid)
-
-    def stop(self) -> None:
-        if self._proc is None:
-            return
-        if self._proc.poll() is None:
-            self._proc.terminate()
-        try:
-            self._proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+# --- how a trial's clients reach the leader (the clusters: bench/cluster.py) -------------------
 
 
 CLIENT_OPENERS: dict[str, Callable[[str], Awaitable[BenchClient]]] = {
@@ -771,13 +675,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    temporary = args.data_dir is None
-    data_dir = Path(tempfile.mkdtemp(prefix="kv-bench-") if temporary else args.data_dir)
-    try:
-        results = uvloop.run(run(args, data_dir))
-    finally:
-        if temporary:
-            shutil.rmtree(data_dir, ignore_errors=True)
+    results = run_in_data_dir(args.data_dir, "kv-bench-", lambda data_dir: run(args, data_dir))
     measured = ratios(results)
     versions = package_versions(["rallypoint", "grpcio", "protobuf", "uvloop"])
     if "etcd" in results:

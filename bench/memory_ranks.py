@@ -36,7 +36,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from rallypoint.worker import Checkpointer, MemorySnapshots, SnapshotId
-from rallypoint.worker.memory import forget_previous_world, holding, restore_from_memory
+from rallypoint.worker.snapshots import holding, restore_from_memory
+from rallypoint.worker.torch_compat import forget_previous_world
 
 # How many ranks (one per simulated host) and how their snapshots are protected: copies=2 by
 # default, or erasure-coded (MEMORY_ERASURE=K+M, e.g. 4+2 with MEMORY_WORLD=4).

@@ -43,6 +43,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from bench.cluster import RallypointCluster
 from bench.common import (
     TorchrunAgents,
     json_safe,
@@ -50,7 +51,6 @@ from bench.common import (
     package_versions,
     scratch_root,
 )
-from bench.kv_bench import RallypointCluster
 from rallypoint.worker.process_tree import run_reaped
 from tests.integration.harness import free_port_block
 

@@ -13,9 +13,10 @@ wall-clock times (one machine, so times from different processes compare).
   here, N agents (threads in the same number of load processes) calling ``next_rendezvous()``
   at once; the figure is from the last agent's call to every agent's return. Sizes beyond one
   that did not finish in time are skipped, and the JSON says why.
-- Detection: real worker processes heartbeating every 100 ms form one job; each trial kills
-  (SIGKILL) or stops (SIGSTOP) one and times the first survivor's notice of the round change.
-  The job is reconfigured to the survivors between trials.
+- Detection (this phase and the next are in bench/rendezvous_detection.py): real worker
+  processes heartbeating every 100 ms form one job; each trial kills (SIGKILL) or stops
+  (SIGSTOP) one and times the first survivor's notice of the round change. The job is
+  reconfigured to the survivors between trials.
 - False positives: N simulated workers at 100 ms heartbeats for a fixed time; every
   participant the leader declares failed is one. Unexpected failures during the other phases
   count too.
@@ -39,248 +40,33 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 import argparse
 import asyncio
 import contextlib
-import functools
-import json
 import math
-import shutil
-import signal
-import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import uvloop
-
+from bench.cluster import RallypointCluster
 from bench.common import (
     CpuSample,
     cpu_share,
+    fmt_s,
     machine_info,
+    median,
     package_versions,
+    print_targets,
+    run_in_data_dir,
+    sizes_arg,
+    verdicts,
     write_results,
 )
-from bench.kv_bench import RallypointCluster
-from rallypoint.client import Client, EndReason, JobConfig, RallypointError
+from bench.load_process import Bench, LoadProcess, LoadProcessError, run_phases, split, stop_all
+from bench.rendezvous_detection import bench_detection, bench_false_positives
+from rallypoint.client import Client, JobConfig, RallypointError
 from rallypoint.worker.process_tree import run_reaped
 
-T = TypeVar("T")
-
-REPOSITORY = Path(__file__).resolve().parents[1]
-# Events carry lists of one number per simulated worker.
-EVENT_LINE_LIMIT_BYTES = 64 * 1024 * 1024
 ROUND_HEARTBEAT_MS = 1000
-DETECTION_HEARTBEAT_MS = 100
-
-
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else math.nan
-
-
-# --- load processes ------------------------------------------------------------------------------
-
-
-class LoadProcessError(RuntimeError):
-    pass
-
-
-@dataclass
-class LoadProcess:
-    """A bench/rendezvous_load.py process: commands on stdin, events from stdout."""
-
-    name: str
-    proc: asyncio.subprocess.Process
-    log_path: Path
-    events: list[dict[str, Any]] = field(default_factory=list)
-    # Set, and replaced, whenever an event arrives or the process exits.
-    arrived: asyncio.Event = field(default_factory=asyncio.Event)
-    reader: asyncio.Task[None] | None = None
-
-    @staticmethod
-    async def start(
-        name: str,
-        role: str,
-        arguments: list[str],
-        log_dir: Path,
-        module: str = "bench.rendezvous_load",
-    ) -> LoadProcess:
-        """``module`` (bench/rendezvous_load.py unless given) run as ``role``."""
-        log_path = log_dir / f"{name}.log"
-        with open(log_path, "ab") as log:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                module,
-                role,
-                *arguments,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=log,
-                cwd=REPOSITORY,
-                limit=EVENT_LINE_LIMIT_BYTES,
-            )
-        process = LoadProcess(name, proc, log_path)
-        process.reader = asyncio.create_task(process._read())
-        return process
-
-    async def _read(self) -> None:
-        assert self.proc.stdout is not None
-        while line := await self.proc.stdout.readline():
-            self.events.append(json.loads(line))
-            self._wake()
-        await self.proc.wait()
-        self._wake()
-
-    def _wake(self) -> None:
-        self.arrived.set()
-        self.arrived = asyncio.Event()
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def send(self, line: str) -> None:
-        if self.proc.stdin is not None and self.proc.returncode is None:
-            self.proc.stdin.write(line.encode() + b"\n")
-
-    def log_tail(self) -> str:
-        with contextlib.suppress(OSError):
-            return self.log_path.read_text(errors="replace")[-1500:]
-        return ""
-
-    async def expect(self, event: str, timeout_s: float, since: int = 0) -> dict[str, Any]:
-        """The first ``event`` at or after index ``since`` of the events, waiting for it."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            for item in self.events[since:]:
-                if item["event"] == event:
-                    return item
-                if item["event"] == "failed":
-                    raise LoadProcessError(f"{self.name} failed: {item['error']}")
-            if self.proc.returncode is not None:
-                raise LoadProcessError(
-                    f"{self.name} exited ({self.proc.returncode}) before {event!r}; "
-                    f"log tail:\n{self.log_tail()}"
-                )
-            remaining_s = deadline - time.monotonic()
-            if remaining_s <= 0:
-                raise TimeoutError(f"{self.name}: no {event!r} within {timeout_s:.0f} s")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.arrived.wait(), remaining_s)
-
-    async def request(self, command: str, event: str, timeout_s: float) -> dict[str, Any]:
-        since = len(self.events)
-        self.send(command)
-        return await self.expect(event, timeout_s, since)
-
-    async def stop(self, timeout_s: float = 30.0) -> None:
-        if self.proc.returncode is None:
-            self.send("close")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.proc.wait(), timeout_s)
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
-            await self.proc.wait()
-        if self.reader is not None:
-            await self.reader
-
-
-async def stop_all(processes: Sequence[LoadProcess], timeout_s: float = 60.0) -> None:
-    await asyncio.gather(*(p.stop(timeout_s) for p in processes))
-
-
-def split(total: int, parts: int) -> list[int]:
-    """``total`` in ``parts`` near-equal counts, none empty."""
-    parts = max(1, min(parts, total))
-    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
-
-
-def config_json(config: JobConfig) -> str:
-    return json.dumps(
-        {name: getattr(config, name) for name in JobConfig.__dataclass_fields__},
-    )
-
-
-# --- the bench context: cluster, admin client, leader CPU --------------------------------------
-
-
-@dataclass
-class Bench:
-    args: argparse.Namespace
-    cluster: RallypointCluster
-    admin: Client
-    log_dir: Path
-    # Participants declared failed that were alive, per phase.
-    unexpected_failures: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def endpoints(self) -> str:
-        return ",".join(self.cluster.addresses.values())
-
-    async def leader_pid(self) -> int | None:
-        """The process id of the member that leads now (for its CPU)."""
-        address = await self.cluster.leader_address()
-        for pid in self.cluster.server_pids():
-            with contextlib.suppress(OSError):
-                command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-                if f"--client-address={address}".encode() in command:
-                    return pid
-        return None
-
-    async def spread(
-        self, role: str, job: str, total: int, arguments: list[str], active_timeout_s: float
-    ) -> list[LoadProcess]:
-        """``total`` simulated workers of ``role`` spread over the load processes, each of
-        which has reported ready."""
-        processes = []
-        first = 0
-        try:
-            for index, count in enumerate(split(total, self.args.load_processes)):
-                own = [f"--first={first}", f"--count={count}"]
-                processes.append(
-                    await LoadProcess.start(
-                        f"{job}-load{index}",
-                        role,
-                        [
-                            f"--job={job}",
-                            *own,
-                            f"--active-timeout-s={active_timeout_s}",
-                            *arguments,
-                        ],
-                        self.log_dir,
-                    )
-                )
-                first += count
-            await asyncio.gather(*(p.expect("ready", self.args.phase_timeout_s) for p in processes))
-        except BaseException:
-            await stop_all(processes)
-            raise
-        return processes
-
-    async def participants(
-        self, job: str, total: int, config: JobConfig, label: str
-    ) -> list[LoadProcess]:
-        arguments = [
-            f"--endpoints={self.endpoints}",
-            f"--name-prefix={label}-",
-            f"--config={config_json(config)}",
-        ]
-        # Half the phase's timeout: the process reports what it saw before the driver gives up.
-        return await self.spread(
-            "participants", job, total, arguments, self.args.phase_timeout_s / 2
-        )
-
-    async def failed_in_history(self, job: str, expected: frozenset[int] = frozenset()) -> int:
-        """Rounds of ``job`` that ended because a participant not in ``expected`` failed."""
-        status = await self.admin.get_job(job)
-        return sum(
-            1
-            for record in status.history
-            if record.end_reason is EndReason.MEMBER_FAILED and record.ended_by not in expected
-        )
 
 
 # --- rounds --------------------------------------------------------------------------------------
@@ -413,10 +199,6 @@ async def bench_rounds(bench: Bench) -> dict[str, Any]:
     return out
 
 
-def fmt_s(value: float | None) -> str:
-    return "-" if value is None or math.isnan(value) else f"{value:.3f} s"
-
-
 # --- torchrun ------------------------------------------------------------------------------------
 
 
@@ -487,199 +269,6 @@ async def bench_torchrun(bench: Bench) -> dict[str, Any]:
         complete = [t["round_s"] for t in trials if t["complete"]]
         out[str(size)] = {"round_s": median(complete), "trials": trials}
     return out
-
-
-# --- failure detection ---------------------------------------------------------------------------
-
-
-def latest_round(process: LoadProcess) -> tuple[int, str] | None:
-    rounds = [e for e in process.events if e["event"] == "round"]
-    return (rounds[-1]["round"], rounds[-1]["state"]) if rounds else None
-
-
-def first_round_after(process: LoadProcess, round_number: int) -> float | None:
-    """When the worker first learnt of a round after ``round_number`` (None: not yet)."""
-    return next(
-        (e["t"] for e in process.events if e["event"] == "round" and e["round"] > round_number),
-        None,
-    )
-
-
-def common_active_round(workers: Sequence[LoadProcess]) -> int | None:
-    """The round every worker last saw, if it is one round and ACTIVE for all of them."""
-    views = {latest_round(w) for w in workers}
-    view = views.pop() if len(views) == 1 else None
-    return view[0] if view is not None and view[1] == "active" else None
-
-
-def notice_times(workers: Sequence[LoadProcess], round_number: int) -> list[float] | None:
-    """When each worker learnt of a round after ``round_number``; None until all have."""
-    times = [first_round_after(w, round_number) for w in workers]
-    return [t for t in times if t is not None] if None not in times else None
-
-
-async def wait_until(condition: Callable[[], T | None], timeout_s: float, what: str) -> T:
-    """Poll a condition of the events already read; the times compared are the events'."""
-    deadline = time.monotonic() + timeout_s
-    while (value := condition()) is None or value is False:
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        await asyncio.sleep(0.01)
-    return value
-
-
-async def bench_detection(bench: Bench) -> dict[str, Any]:
-    """Real worker processes; each trial kills or stops one and times the survivors' notice."""
-    args = bench.args
-    # Alternating, so a drift in the machine's load hits both kinds alike.
-    kinds: list[signal.Signals] = []
-    for index in range(max(args.kill_trials, args.stop_trials)):
-        kinds += [signal.SIGKILL] if index < args.kill_trials else []
-        kinds += [signal.SIGSTOP] if index < args.stop_trials else []
-    size = len(kinds) + 2
-    job = "detection"
-    config = JobConfig(min_nodes=size, max_nodes=size, heartbeat_interval_ms=DETECTION_HEARTBEAT_MS)
-    workers = [
-        await LoadProcess.start(
-            f"worker{i}",
-            "worker",
-            [
-                f"--endpoints={bench.endpoints}",
-                f"--job={job}",
-                f"--name-prefix=worker{i}",
-                f"--config={config_json(config)}",
-            ],
-            bench.log_dir,
-        )
-        for i in range(size)
-    ]
-    trials: list[dict[str, Any]] = []
-    victims: set[int] = set()
-    try:
-        await asyncio.gather(*(w.expect("ready", args.phase_timeout_s) for w in workers))
-        for worker in workers:
-            worker.send("join")
-        joined = await asyncio.gather(*(w.expect("joined", args.phase_timeout_s) for w in workers))
-        participant_ids = {
-            w.name: e["participant_id"] for w, e in zip(workers, joined, strict=True)
-        }
-        alive = list(workers)
-        for trial, kind in enumerate(kinds, start=1):
-            round_number = await wait_until(
-                functools.partial(common_active_round, alive),
-                args.phase_timeout_s,
-                "every worker in one ACTIVE round",
-            )
-            # Let the detectors learn the heartbeats' rhythm before the fault.
-            await asyncio.sleep(args.detection_settle_s)
-            victim = alive.pop()
-            victims.add(participant_ids[victim.name])
-            signalled_at = time.time()
-            os.kill(victim.pid, kind)
-            noticed = await wait_until(
-                functools.partial(notice_times, alive, round_number),
-                args.phase_timeout_s,
-                f"the survivors to notice {kind.name} of {victim.name}",
-            )
-            trials.append(
-                {
-                    "trial": trial,
-                    "signal": kind.name,
-                    "victim": victim.name,
-                    "first_survivor_s": min(noticed) - signalled_at,
-                    "last_survivor_s": max(noticed) - signalled_at,
-                }
-            )
-            print(
-                f"detect  {kind.name:<7} trial {trial}: first survivor noticed after "
-                f"{fmt_s(min(noticed) - signalled_at)}, last {fmt_s(max(noticed) - signalled_at)}",
-                flush=True,
-            )
-            if kind is signal.SIGSTOP:
-                victim.proc.kill()  # a stopped process dies of SIGKILL too
-            # The next round holds the survivors: lowering min closes it at once.
-            await bench.admin.configure(
-                job,
-                JobConfig(
-                    min_nodes=len(alive),
-                    max_nodes=size,
-                    heartbeat_interval_ms=DETECTION_HEARTBEAT_MS,
-                ),
-            )
-        unexpected = await bench.failed_in_history(job, frozenset(victims))
-        reports = await asyncio.gather(*(w.request("report", "report", 30) for w in alive))
-    finally:
-        with contextlib.suppress(RallypointError):
-            await bench.admin.close_job(job)
-        await stop_all(workers)
-    bench.unexpected_failures["detection"] = unexpected
-    by_kind = {
-        name: [t["first_survivor_s"] for t in trials if t["signal"] == name]
-        for name in ("SIGKILL", "SIGSTOP")
-    }
-    return {
-        "workers": size,
-        "heartbeat_interval_ms": DETECTION_HEARTBEAT_MS,
-        "sigkill_s": median(by_kind["SIGKILL"]),
-        "sigstop_s": median(by_kind["SIGSTOP"]),
-        "sigkill_max_s": max(by_kind["SIGKILL"], default=math.nan),
-        "sigstop_max_s": max(by_kind["SIGSTOP"], default=math.nan),
-        "unexpected_member_failed_rounds": unexpected,
-        "worker_loop_lag_max_ms": max(r["loop_lag"]["max_ms"] or 0.0 for r in reports),
-        "trials": trials,
-    }
-
-
-# --- false positives -----------------------------------------------------------------------------
-
-
-async def bench_false_positives(bench: Bench) -> dict[str, Any]:
-    """N simulated workers heartbeating every 100 ms for a fixed time: nobody may be failed."""
-    args = bench.args
-    size = args.fp_participants
-    job = "false-positives"
-    config = JobConfig(min_nodes=size, max_nodes=size, heartbeat_interval_ms=DETECTION_HEARTBEAT_MS)
-    processes = await bench.participants(job, size, config, "fp")
-    try:
-        for process in processes:
-            process.send("join")
-        await asyncio.gather(*(p.expect("active", args.phase_timeout_s) for p in processes))
-        # Reset the load processes' lag statistics: the window starts now.
-        await asyncio.gather(*(p.request("report", "report", 30) for p in processes))
-        leader = await bench.leader_pid()
-        before = CpuSample.take([leader] if leader else [], time.perf_counter())
-        await asyncio.sleep(args.fp_duration_s)
-        after = CpuSample.take([leader] if leader else [], time.perf_counter())
-        reports = await asyncio.gather(*(p.request("report", "report", 30) for p in processes))
-        status = await bench.admin.get_job(job)
-        failed_rounds = await bench.failed_in_history(job)
-    finally:
-        with contextlib.suppress(RallypointError):
-            await bench.admin.close_job(job)
-        await stop_all(processes)
-    lost = sum(r["lost"] for r in reports)
-    # Each participant declared failed is one false positive; a failure the load process did
-    # not notice still ended a round.
-    false_positives = max(lost, failed_rounds)
-    bench.unexpected_failures["false_positive_run"] = false_positives
-    print(
-        f"false positives: {false_positives} among {size} workers at "
-        f"{DETECTION_HEARTBEAT_MS} ms heartbeats over {args.fp_duration_s:g} s",
-        flush=True,
-    )
-    return {
-        "participants": size,
-        "heartbeat_interval_ms": DETECTION_HEARTBEAT_MS,
-        "duration_s": args.fp_duration_s,
-        "false_positives": false_positives,
-        "participants_lost": lost,
-        "member_failed_rounds": failed_rounds,
-        "final_round": status.round.round,
-        "lost_reasons": [reason for r in reports for reason in r["lost_reasons"]][:5],
-        "load_loop_lag_max_ms": max(r["loop_lag"]["max_ms"] or 0.0 for r in reports),
-        "load_loop_lag_p99_ms": max(r["loop_lag"]["p99_ms"] or 0.0 for r in reports),
-        "leader_cpu": cpu_share(before, after),
-    }
 
 
 # --- leader capacity -----------------------------------------------------------------------------
@@ -847,41 +436,12 @@ def figures(results: dict[str, Any], false_positives: int) -> dict[str, Any]:
     }
 
 
-def target_value(top: dict[str, Any], name: str) -> float | None:
-    if name.endswith("]"):
-        base, size = name[:-1].split("[")
-        value = top[base].get(size)
-    else:
-        value = top[name]
-    return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
-
-
-def verdicts(top: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    out = {}
-    for name, (direction, target) in TARGETS.items():
-        value = target_value(top, name)
-        if value is None:
-            verdict = "not measured"
-        else:
-            met = value >= target if direction == ">=" else value <= target
-            verdict = "PASS" if met else "MISS"
-        out[name] = {"value": value, "direction": direction, "target": target, "verdict": verdict}
-    return out
-
-
 def print_report(top: dict[str, Any], checked: dict[str, dict[str, Any]]) -> None:
     print("\nround close after the last join (every worker saw ACTIVE), medians:")
     for size, value in top["round_close_after_last_join_s"].items():
         theirs = top["torchrun_round_s"].get(size)
         print(f"  N={size:<6} rallypoint {fmt_s(value):>10}   torchrun {fmt_s(theirs):>10}")
-    print("\ntargets:")
-    for name, check in checked.items():
-        value = check["value"]
-        shown = "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
-        print(
-            f"  {name:<38}{shown:>10}  target {check['direction']} {check['target']:<8g}"
-            f"{check['verdict']}"
-        )
+    print_targets(checked, 38, 10)
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
@@ -927,10 +487,6 @@ def plot(results: dict[str, Any], path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
-
-
-def sizes_arg(text: str) -> list[int]:
-    return [int(part) for part in text.split(",") if part.strip()]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1006,15 +562,7 @@ async def run(args: argparse.Namespace, data_dir: Path) -> tuple[dict[str, Any],
         await cluster.wait_ready()
         async with Client(",".join(cluster.addresses.values()), timeout_s=60) as admin:
             bench = Bench(args, cluster, admin, log_dir)
-            for phase in args.phases.split(","):
-                started = time.perf_counter()
-                try:
-                    results[phase] = await PHASES[phase](bench)
-                except (TimeoutError, LoadProcessError, RallypointError) as error:
-                    # The other phases still run; this one reports why it has no figures.
-                    print(f"{phase}: failed: {error}", flush=True)
-                    results[phase] = {**EMPTY_RESULTS[phase], "error": str(error)[:2000]}
-                results["phase_wall_s"][phase] = time.perf_counter() - started
+            await run_phases(bench, args.phases, PHASES, EMPTY_RESULTS, results)
             return results, bench.unexpected_failures
     finally:
         cluster.stop()
@@ -1027,15 +575,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    temporary = args.data_dir is None
-    data_dir = Path(tempfile.mkdtemp(prefix="rendezvous-bench-") if temporary else args.data_dir)
-    try:
-        results, unexpected = uvloop.run(run(args, data_dir))
-    finally:
-        if temporary:
-            shutil.rmtree(data_dir, ignore_errors=True)
+    results, unexpected = run_in_data_dir(
+        args.data_dir, "rendezvous-bench-", lambda data_dir: run(args, data_dir)
+    )
     top = figures(results, sum(unexpected.values()))
-    checked = verdicts(top)
+    checked = verdicts(top, TARGETS)
     document = {
         "benchmark": "rendezvous",
         **top,

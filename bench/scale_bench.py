@@ -47,28 +47,39 @@ import contextlib
 import functools
 import json
 import math
-import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import uvloop
-
-from bench.common import CpuSample, cpu_share, machine_info, package_versions, write_results
-from bench.kv_bench import RallypointCluster
-from bench.rendezvous_bench import (
+from bench.cluster import RallypointCluster
+from bench.common import (
+    CpuSample,
+    cpu_share,
+    fmt_s,
+    machine_info,
+    median,
+    package_versions,
+    print_targets,
+    run_in_data_dir,
+    sizes_arg,
+    verdicts,
+    write_results,
+)
+from bench.load_process import (
     LoadProcess,
     LoadProcessError,
+    by_signal,
     config_json,
-    fmt_s,
-    median,
-    sizes_arg,
+    inject_fault,
+    join_workers,
+    reform_without,
+    run_phases,
     split,
+    start_workers,
     stop_all,
     wait_until,
 )
@@ -343,45 +354,32 @@ async def bench_detection(bench: ScaleBench) -> dict[str, Any]:
     size = len(kinds) + 1
     job = "detect"
     config = JobConfig(min_nodes=size, max_nodes=size, heartbeat_interval_ms=DETECTION_HEARTBEAT_MS)
-    workers = [
-        await LoadProcess.start(
-            f"worker{i}",
-            "worker",
-            [
-                f"--endpoints={bench.endpoints}",
-                f"--job={job}",
-                f"--name-prefix=worker{i}",
-                f"--config={config_json(config)}",
-                f"--interval-s={DETECTION_HEARTBEAT_MS / 1000}",
-                f"--first-host={i}",
-            ],
-            bench.log_dir,
-            module=LOAD_MODULE,
-        )
-        for i in range(size)
-    ]
+    workers = await start_workers(
+        size,
+        job,
+        bench.endpoints,
+        config,
+        bench.log_dir,
+        module=LOAD_MODULE,
+        extra=lambda i: [f"--interval-s={DETECTION_HEARTBEAT_MS / 1000}", f"--first-host={i}"],
+    )
     trials: list[dict[str, Any]] = []
     victims: set[int] = set()
     try:
-        await asyncio.gather(*(w.expect("ready", args.phase_timeout_s) for w in workers))
-        for worker in workers:
-            worker.send("join")
-        joined = await asyncio.gather(*(w.expect("joined", args.phase_timeout_s) for w in workers))
-        ids = {w.name: e["participant_id"] for w, e in zip(workers, joined, strict=True)}
+        ids = await join_workers(workers, args.phase_timeout_s)
         observer, alive = workers[0], list(workers)
         await bench.report()  # the window of the load processes' figures starts here
+        ready = functools.partial(active_round, observer)
+        waits_for = "the observer in an ACTIVE round"
+        settle_s, timeout_s = args.detection_settle_s, args.phase_timeout_s
         for kind in kinds:
-            round_number = await wait_until(
-                functools.partial(active_round, observer),
-                args.phase_timeout_s,
-                "the observer in an ACTIVE round",
+            fault = await inject_fault(alive, kind, ready, waits_for, settle_s, timeout_s)
+            round_number, victim, signalled_at = (
+                fault.round_number,
+                fault.victim,
+                fault.signalled_at,
             )
-            # Let the detectors learn the heartbeats' rhythm before the fault.
-            await asyncio.sleep(args.detection_settle_s)
-            victim = alive.pop()
             victims.add(ids[victim.name])
-            signalled_at = time.time()
-            os.kill(victim.pid, kind)
             noticed = await wait_until(
                 functools.partial(noticed_after, observer, round_number),
                 args.phase_timeout_s,
@@ -403,10 +401,11 @@ async def bench_detection(bench: ScaleBench) -> dict[str, Any]:
                 f"detect   {kind.name:<7} survivor noticed after {fmt_s(noticed - signalled_at)}",
                 flush=True,
             )
-            if kind is signal.SIGSTOP:
-                victim.proc.kill()
-            await bench.admin.configure(
+            await reform_without(
+                bench.admin,
                 job,
+                fault,
+                kind,
                 JobConfig(
                     min_nodes=len(alive),
                     max_nodes=size,
@@ -425,10 +424,7 @@ async def bench_detection(bench: ScaleBench) -> dict[str, Any]:
             await bench.close_job(background)
         await stop_all(workers)
     bench.count("detection", unexpected + background_failed + background_gone)
-    by_kind = {
-        name: [t["survivor_noticed_s"] for t in trials if t["signal"] == name]
-        for name in ("SIGKILL", "SIGSTOP")
-    }
+    by_kind = by_signal(trials, "survivor_noticed_s")
     return {
         "workers": size,
         "heartbeat_interval_ms": DETECTION_HEARTBEAT_MS,
@@ -590,26 +586,6 @@ def figures(results: dict[str, Any], false_positives: int) -> dict[str, Any]:
     }
 
 
-def target_value(top: dict[str, Any], name: str) -> Any:
-    if name.endswith("]"):
-        base, size = name[:-1].split("[")
-        return top[base].get(size)
-    return top[name]
-
-
-def verdicts(top: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    out = {}
-    for name, (direction, target) in TARGETS.items():
-        value = target_value(top, name)
-        if value is None:
-            verdict = "not measured"
-        else:
-            met = value >= target if direction == ">=" else value <= target
-            verdict = "PASS" if met else "MISS"
-        out[name] = {"value": value, "direction": direction, "target": target, "verdict": verdict}
-    return out
-
-
 def torchrun_entry() -> dict[str, Any]:
     """Why torchrun's c10d rendezvous is not run here, with what bench-rendezvous measured."""
     measured: dict[str, Any] = {}
@@ -764,14 +740,7 @@ async def run(args: argparse.Namespace, data_dir: Path) -> tuple[dict[str, Any],
         async with Client(",".join(cluster.addresses.values()), timeout_s=60) as admin:
             bench = ScaleBench(args, cluster, admin, log_dir)
             await bench.start_hosts()
-            for phase in args.phases.split(","):
-                started = time.perf_counter()
-                try:
-                    results[phase] = await PHASES[phase](bench)
-                except (TimeoutError, LoadProcessError, RallypointError) as error:
-                    print(f"{phase}: failed: {error}", flush=True)
-                    results[phase] = {**EMPTY_RESULTS[phase], "error": str(error)[:2000]}
-                results["phase_wall_s"][phase] = time.perf_counter() - started
+            await run_phases(bench, args.phases, PHASES, EMPTY_RESULTS, results)
             return results, bench.false_positives
     finally:
         if bench is not None:
@@ -786,15 +755,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    temporary = args.data_dir is None
-    data_dir = Path(tempfile.mkdtemp(prefix="scale-bench-") if temporary else args.data_dir)
-    try:
-        results, false_positives = uvloop.run(run(args, data_dir))
-    finally:
-        if temporary:
-            shutil.rmtree(data_dir, ignore_errors=True)
+    results, false_positives = run_in_data_dir(
+        args.data_dir, "scale-bench-", lambda data_dir: run(args, data_dir)
+    )
     top = figures(results, sum(false_positives.values()))
-    checked = verdicts(top)
+    checked = verdicts(top, TARGETS)
     document = {
         "benchmark": "scale",
         **top,
@@ -809,14 +774,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "results": results,
         "wall_time_s": time.perf_counter() - started,
     }
-    print("\ntargets:")
-    for name, check in checked.items():
-        value = check["value"]
-        shown = "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
-        print(
-            f"  {name:<44}{shown:>12}  target {check['direction']} {check['target']:<8g}"
-            f"{check['verdict']}"
-        )
+    print_targets(checked, 44, 12)
     write_results(out, document, None if args.no_plot else lambda path: plot(results, path))
     return 0
 

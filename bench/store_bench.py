@@ -8,7 +8,7 @@ patterns torch 2.13 makes, over the real protocols, against three stores:
 - ``tcpstore`` (the anchor): torch's C++ TCPStore server (libuv backend) in a process of its
   own; each rank has its own connection and speaks the TCPStore wire protocol.
 - ``rallypoint`` (the torchrun path): the same ranks and wire protocol against the agent's
-  TCPStore bridge (rallypoint/worker/tcpstore_bridge.py), one bridge per simulated node of
+  TCPStore bridge (rallypoint/worker/tcpstore/), one bridge per simulated node of
   ``--per-node`` ranks, each serving the round store of an ACTIVE round as its node's
   participant, forwarding to a 3-member cluster. Bridges run in the load process of their
   ranks, each with its own coordinator client (its own channels, session and batch streams,
@@ -80,33 +80,29 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import argparse
 import asyncio
-import collections
 import contextlib
 import math
-import shutil
 import socket
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import uvloop
-
-from bench.common import CpuSample, cpu_share, machine_info, package_versions, write_results
-from bench.kv_bench import RallypointCluster
-from bench.rendezvous_bench import (
-    Bench,
-    LoadProcess,
-    LoadProcessError,
-    config_json,
+from bench.cluster import RallypointCluster
+from bench.common import (
+    CpuSample,
+    cpu_share,
+    machine_info,
+    package_versions,
+    run_in_data_dir,
     sizes_arg,
-    split,
-    stop_all,
+    write_results,
 )
+from bench.load_process import LoadProcess, LoadProcessError, config_json, split, stop_all
+from bench.profiling import PROFILE_RATE, find_py_spy, record
 from bench.store_load import gloo_value_bytes
 from rallypoint.client import Client, JobConfig, RallypointError, RoundState
 from rallypoint.worker.process_tree import run_reaped
@@ -125,8 +121,6 @@ RATIO_KEYS = {
     "gloo_1024": ("gloo", "1024"),
     "nccl_1024": ("nccl", "1024"),
 }
-PY_SPY_CANDIDATES = ("py-spy", "/tmp/pyspy/bin/py-spy")
-PROFILE_RATE = 100
 # How long a load process gets to close (its bridges) before it is killed.
 LOAD_STOP_S = 15.0
 
@@ -220,8 +214,8 @@ class StoreBench:
         return self.cluster.server_pids() if self.cluster is not None else []
 
     async def leader_pid(self) -> int | None:
-        assert self.cluster is not None and self.admin is not None
-        return await Bench(self.args, self.cluster, self.admin, self.log_dir).leader_pid()
+        assert self.cluster is not None
+        return await self.cluster.leader_pid()
 
     async def close(self) -> None:
         processes = [p for p in (self.hosts, self.tcpstore) if p is not None]
@@ -359,7 +353,7 @@ async def profiled(
 ) -> dict[str, Any]:
     """A trial with py-spy recording the first load process (its bridges) and every member,
     sampling only the thread holding the GIL (``--gil``): Python's busy time, not its waits."""
-    py_spy = next((p for p in PY_SPY_CANDIDATES if shutil.which(p)), None)
+    py_spy = find_py_spy()
     if py_spy is None:
         bench.profile["error"] = "py-spy not found"
         return await trial(bench, store, processes, pattern, prefix)
@@ -368,36 +362,10 @@ async def profiled(
     for pid in bench.server_pids(store):
         targets["leader" if pid == leader else f"follower_{pid}"] = pid
     out_dir = Path(bench.args.profile_dir or bench.log_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     seconds = int(bench.args.profile_s)
-    recorders = {}
-    for name, pid in targets.items():
-        recorders[name] = await asyncio.create_subprocess_exec(
-            py_spy,
-            "record",
-            "--pid",
-            str(pid),
-            "--duration",
-            str(seconds),
-            "--rate",
-            str(PROFILE_RATE),
-            "--format",
-            "raw",
-            "--gil",
-            "--nonblocking",
-            "-o",
-            str(out_dir / f"{name}.txt"),
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
-    result = await trial(bench, store, processes, pattern, prefix)
-    for name, recorder in recorders.items():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(recorder.wait(), seconds + 30)
-        functions = top_functions(out_dir / f"{name}.txt")
-        # Samples with the GIL held over samples taken: the share of time Python ran.
-        functions["gil_busy"] = functions["samples"] / (PROFILE_RATE * seconds)
-        bench.profile[name] = functions
+    async with record(py_spy, targets, out_dir, seconds) as profiles:
+        result = await trial(bench, store, processes, pattern, prefix)
+    bench.profile.update(profiles)
     bench.profile["recorded"] = {
         "store": store,
         "pattern": pattern,
@@ -406,30 +374,6 @@ async def profiled(
         "how": "py-spy record --gil --nonblocking from the trial's start; shares of samples",
     }
     return result
-
-
-def top_functions(path: Path, count: int = 25) -> dict[str, Any]:
-    """The functions with the most samples (self and inclusive) in a py-spy raw profile."""
-    own: collections.Counter[str] = collections.Counter()
-    inclusive: collections.Counter[str] = collections.Counter()
-    total = 0
-    with contextlib.suppress(OSError):
-        for line in path.read_text().splitlines():
-            stack, _, samples = line.rpartition(" ")
-            if not samples.isdigit():
-                continue
-            weight = int(samples)
-            frames = [frame for frame in stack.split(";") if frame and "thread" not in frame[:12]]
-            total += weight
-            if frames:
-                own[frames[-1]] += weight
-            for frame in set(frames):
-                inclusive[frame] += weight
-    return {
-        "samples": total,
-        "self": [[frame, n / total] for frame, n in own.most_common(count)] if total else [],
-        "inclusive": [[f, n / total] for f, n in inclusive.most_common(count)] if total else [],
-    }
 
 
 async def bench_store(bench: StoreBench, store: str, results: dict[str, Any]) -> None:
@@ -815,13 +759,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    temporary = args.data_dir is None
-    data_dir = Path(tempfile.mkdtemp(prefix="store-bench-") if temporary else args.data_dir)
-    try:
-        results, extra = uvloop.run(run(args, data_dir))
-    finally:
-        if temporary:
-            shutil.rmtree(data_dir, ignore_errors=True)
+    results, extra = run_in_data_dir(
+        args.data_dir, "store-bench-", lambda data_dir: run(args, data_dir)
+    )
     top = {
         "nccl_1024_s": seconds_of(results, "rallypoint", "nccl", "1024"),
         "ratios": ratios(results),

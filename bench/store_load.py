@@ -6,10 +6,10 @@ the patterns and where they come from) without torch, over the real protocols:
 
 - ``--store=tcpstore``: every rank has its own TCP connection to torch's C++ TCPStore server
   and speaks the TCPStore wire protocol as torch's C++ client does (:class:`TCPStoreClient`;
-  the format is documented in rallypoint/worker/tcpstore_bridge.py). A c10d ``get`` is a
+  the format is documented in rallypoint/worker/tcpstore/protocol.py). A c10d ``get`` is a
   WAIT then a GET on the wire, as in torch's ``TCPStore::get``.
 - ``--store=rallypoint``: the same ranks and the same wire protocol, against the bridge of
-  their node (rallypoint/worker/tcpstore_bridge.py): one bridge per ``--per-node`` ranks,
+  their node (rallypoint/worker/tcpstore/): one bridge per ``--per-node`` ranks,
   made here with its own coordinator client and serving the round store as the node's
   participant; all on this process's event loop (``--bridge-loop shared``: a
   ``StoreBridge``), or each a ``TCPStoreBridge`` with its own thread and loop as in a
@@ -56,7 +56,7 @@ from bench.rendezvous_load import LoopLag, command_lines, emit, run_load_process
 from rallypoint.client import Backoff, Client, RoundStore
 from rallypoint.client.caller import Caller
 from rallypoint.client.transport import Transport
-from rallypoint.worker.tcpstore_bridge import (
+from rallypoint.worker.tcpstore import (
     VALIDATION_MAGIC,
     Query,
     StoreBridge,

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.cluster import RallypointCluster
 from bench.common import (
     TorchrunAgents,
     json_safe,
@@ -44,7 +45,6 @@ from bench.common import (
     package_versions,
     scratch_root,
 )
-from bench.kv_bench import RallypointCluster
 from rallypoint.client import SyncClient
 from rallypoint.worker.process_tree import run_reaped
 from tests.integration.harness import free_port_block

@@ -25,14 +25,15 @@ import random
 import weakref
 from collections.abc import AsyncIterator, Sequence
 
-from rallypoint.proto.v1 import cluster_pb2, common_pb2, defaults, kv_pb2, lease_pb2
+from rallypoint.proto.v1 import common_pb2, defaults, kv_pb2, lease_pb2
 
 from . import arguments
+from . import cluster as _cluster
 from . import jobs as _jobs
 from .backoff import DEFAULT_BACKOFF, Backoff
 from .caller import Caller
 from .checkpoints import CheckpointRegistry
-from .errors import TOKEN_OPTIONS, LeaseNotFoundError, RallypointError
+from .errors import TOKEN_OPTIONS, LeaseNotFoundError
 from .heartbeats import AssignmentCallback, HeartbeatBatcher
 from .job_watch import watch_job as _watch_job
 from .lease import Lease, LeaseKeeper, keep_alive_once
@@ -544,69 +545,38 @@ class Client:
     ) -> tuple[Member, list[Member]]:
         """Add a member (a learner by default: promote it once caught up); the new member and
         the resulting membership."""
-        arguments.count(member_id, "member_id", least=0)
-        response = await self._caller.read(
-            lambda s: s.cluster.MemberAdd,
-            cluster_pb2.MemberAddRequest(
-                id=member_id,
-                name=name,
-                peer_address=peer_address,
-                client_address=client_address,
-                as_learner=as_learner,
-            ),
-            timeout_s,
+        return await _cluster.member_add(
+            self._caller,
+            peer_address,
+            client_address,
+            member_id=member_id,
+            name=name,
+            as_learner=as_learner,
+            timeout_s=timeout_s,
         )
-        return Member.from_proto(response.member), self._caller.learn_members(response.members)
 
     async def member_remove(
         self, member_id: int, *, timeout_s: float | None = None
     ) -> list[Member]:
-        arguments.count(member_id, "member_id")
-        response = await self._caller.read(
-            lambda s: s.cluster.MemberRemove,
-            cluster_pb2.MemberRemoveRequest(id=member_id),
-            timeout_s,
-        )
-        return self._caller.learn_members(response.members)
+        return await _cluster.member_remove(self._caller, member_id, timeout_s)
 
     async def member_promote(
         self, member_id: int, *, timeout_s: float | None = None
     ) -> list[Member]:
-        arguments.count(member_id, "member_id")
-        response = await self._caller.read(
-            lambda s: s.cluster.MemberPromote,
-            cluster_pb2.MemberPromoteRequest(id=member_id),
-            timeout_s,
-        )
-        return self._caller.learn_members(response.members)
+        return await _cluster.member_promote(self._caller, member_id, timeout_s)
 
     async def transfer_leader(self, target_id: int, *, timeout_s: float | None = None) -> Header:
-        arguments.count(target_id, "target_id", least=0)
-        response = await self._caller.read(
-            lambda s: s.cluster.TransferLeader,
-            cluster_pb2.TransferLeaderRequest(target_id=target_id),
-            timeout_s,
-        )
-        return Header.from_proto(response.header)
+        return await _cluster.transfer_leader(self._caller, target_id, timeout_s)
 
     async def snapshot(
         self, *, endpoint: str | None = None, timeout_s: float | None = None
     ) -> SnapshotInfo:
         """Have one member (``endpoint``, else whichever answers) write a snapshot now."""
-        address = endpoint if endpoint is not None else self._transport.pick()
-        response = await self._caller.ask(
-            address, lambda s: s.cluster.Snapshot, cluster_pb2.SnapshotRequest(), timeout_s
-        )
-        return SnapshotInfo(
-            address, response.header.member_id, response.index, response.term, response.size_bytes
-        )
+        return await _cluster.snapshot(self._caller, endpoint, timeout_s)
 
     async def member_status(self, endpoint: str, *, timeout_s: float | None = None) -> MemberStatus:
         """The Status of the member at ``endpoint`` (no redirect: its own view)."""
-        response = await self._caller.ask(
-            endpoint, lambda s: s.cluster.Status, cluster_pb2.StatusRequest(), timeout_s
-        )
-        return MemberStatus.from_proto(response)
+        return await _cluster.member_status(self._caller, endpoint, timeout_s)
 
     async def status(
         self, endpoints: Sequence[str] | None = None, *, timeout_s: float | None = None
@@ -614,16 +584,7 @@ class Client:
         """Every endpoint's own status, asked concurrently; an endpoint that fails is reported
         with its error instead."""
         targets = list(endpoints) if endpoints is not None else self.endpoints
-
-        async def one(endpoint: str) -> EndpointStatus:
-            try:
-                status = await self.member_status(endpoint, timeout_s=timeout_s)
-            except RallypointError as error:
-                failure = error.failure.value if error.failure is not None else ""
-                return EndpointStatus(endpoint, None, str(error), failure)
-            return EndpointStatus(endpoint, status, None)
-
-        return list(await asyncio.gather(*(one(endpoint) for endpoint in targets)))
+        return await _cluster.status(self._caller, targets, timeout_s)
 
     # ------------------------------------------------------------------ rendezvous
 

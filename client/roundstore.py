@@ -193,6 +193,18 @@ class RoundStore:
         value = response.value if response.HasField("value") else None
         return CompareSetResult(response.swapped, value)
 
+    async def append(self, key: Bytes, value: Bytes, *, timeout_s: float | None = None) -> None:
+        """Append ``value`` to the value at ``key`` (a missing key counts as empty), by
+        compare-and-set retried until no other writer came in between (c10d's ``append``;
+        the store has no append of its own)."""
+        suffix = _bytes(value)
+        current = b""
+        while True:
+            result = await self.compare_set(key, current, current + suffix, timeout_s=timeout_s)
+            if result.swapped:
+                return
+            current = result.value or b""
+
     async def delete(self, key: Bytes, *, timeout_s: float | None = None) -> bool:
         """Delete ``key``; whether it existed."""
         response = await refined(

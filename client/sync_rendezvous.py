@@ -26,6 +26,7 @@ class SyncRoundStore(Blocking[RoundStore]):
     get = blocking(RoundStore.get)
     add = blocking(RoundStore.add)
     compare_set = blocking(RoundStore.compare_set)
+    append = blocking(RoundStore.append)
     wait = blocking(RoundStore.wait)
     delete = blocking(RoundStore.delete)
     num_keys = blocking(RoundStore.num_keys)

@@ -7,8 +7,9 @@ and writes everything queued as one ``MessageBatch``. Raft tolerates loss but mu
 it: the outbox is bounded and drops the oldest messages when full, and a broken stream
 costs the messages in flight; either way the sender reports the peer unreachable (so its
 progress goes back to probing), and it reconnects after an exponential backoff with full
-jitter. A stream is opened only when there is something to send. Each failure of a run of
-them is logged once, and the recovery with how long it took.
+jitter (the client's policy, ``client/backoff.py``). A stream is opened only when there is
+something to send. Each failure of a run of them is logged once, and the recovery with how
+long it took.
 
 Every stream is a session (peer_session.py): the receiver opens it with a fresh challenge in
 its initial metadata, and the sender waits for it before writing, then stamps each request
@@ -38,6 +39,7 @@ import google_crc32c
 import grpc
 import grpc.aio
 
+from rallypoint.client.backoff import Backoff
 from rallypoint.proto.peer.v1 import peer_pb2, peer_pb2_grpc
 from rallypoint.raft.codec import encode_message
 from rallypoint.raft.storage.snapshotter import encode_snapshot_file
@@ -57,12 +59,15 @@ from .peer_session import ChallengeError, OutboundSession, challenge_from_metada
 log = logging.getLogger("rallypoint.transport")
 
 SNAPSHOT_CHUNK_BYTES = 1024 * 1024
-# Streams one snapshot transfer may open (resuming where the last stopped) before it gives up.
+# Streams one snapshot transfer may open (resuming where the last stopped) before it gives up,
+# and the wait before each after an unreachable peer.
 SNAPSHOT_ATTEMPTS = 8
+SNAPSHOT_BACKOFF = Backoff(base_s=0.1, cap_s=1.0)
 OUTBOX_LIMIT = 4096
 # The longest wait between attempts to reach a peer that is down: a restarted member is
 # reached within about this (plus gRPC's own reconnect backoff, capped below as well).
 RECONNECT_CAP_S = 0.5
+RECONNECT_BACKOFF = Backoff(base_s=0.05, cap_s=RECONNECT_CAP_S)
 # How long a sender waits for the receiver's session challenge once a stream is open.
 CHALLENGE_TIMEOUT_S = 5.0
 # gRPC's default 4 MiB cap is too small for a batch of large entries.
@@ -142,11 +147,6 @@ async def open_session(
             "version 1: upgrade it)"
         )
     return OutboundSession(key, challenge)
-
-
-def full_jitter_backoff_s(attempt: int, base_s: float, cap_s: float, rng: random.Random) -> float:
-    """AWS-style full jitter: uniform in [0, min(cap, base * 2**attempt)]."""
-    return rng.uniform(0.0, min(cap_s, base_s * (2 ** min(attempt, 30))))
 
 
 class PeerSender:
@@ -265,7 +265,7 @@ class PeerSender:
             self.streams_broken += 1
             self._note_failure(reason, address)
             attempt = 0 if opened else attempt + 1
-            await asyncio.sleep(full_jitter_backoff_s(attempt, 0.05, RECONNECT_CAP_S, self._rng))
+            await asyncio.sleep(RECONNECT_BACKOFF.delay_s(attempt, self._rng))
 
     async def _stream(self, channel: grpc.aio.Channel, address: str) -> tuple[bool, str]:
         """Write batches to one ``Send`` stream until it ends; return whether it ever
@@ -384,7 +384,7 @@ class PeerSender:
                         raise
                     if attempt == SNAPSHOT_ATTEMPTS - 1:
                         raise
-                    await asyncio.sleep(full_jitter_backoff_s(attempt, 0.1, 1.0, self._rng))
+                    await asyncio.sleep(SNAPSHOT_BACKOFF.delay_s(attempt, self._rng))
                     continue
                 if ack.complete:
                     ok = True

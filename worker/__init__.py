@@ -46,7 +46,9 @@ if TYPE_CHECKING:
         TrainState,
         elastic_training,
     )
-    from .memory import (
+    from .patience import CoordinatorUnreachableError
+    from .sampler import ElasticSampler, GlobalStep, epoch_permutation, global_step_size, rank_slice
+    from .snapshots import (
         MemorySnapshots,
         PendingSnapshot,
         RegisteredSnapshot,
@@ -58,8 +60,6 @@ if TYPE_CHECKING:
         erasure_protectors,
         protectors,
     )
-    from .patience import CoordinatorUnreachableError
-    from .sampler import ElasticSampler, GlobalStep, epoch_permutation, global_step_size, rank_slice
     from .store import (
         CoordinatorStore,
         CoordinatorStoreError,
@@ -82,23 +82,23 @@ _EXPORTS: dict[str, str] = {
     "Formation": "elastic",
     "GlobalStep": "sampler",
     "JoinTimeoutError": "elastic",
-    "MemorySnapshots": "memory",
+    "MemorySnapshots": "snapshots",
     "ParamLayout": "checkpoint",
     "PeerState": "checkpoint",
     "PendingCheckpoint": "checkpoint",
-    "PendingSnapshot": "memory",
+    "PendingSnapshot": "snapshots",
     "Placement": "checkpoint",
-    "RegisteredSnapshot": "memory",
+    "RegisteredSnapshot": "snapshots",
     "RestoreDecision": "checkpoint",
     "RestorePolicy": "checkpoint",
     "RestoreResult": "checkpoint",
     "RestoreSource": "checkpoint",
     "SavedCheckpoint": "checkpoint",
-    "SnapshotError": "memory",
-    "SnapshotId": "memory",
-    "SnapshotPlacement": "memory",
-    "SnapshotServer": "memory",
-    "SnapshotTaken": "memory",
+    "SnapshotError": "snapshots",
+    "SnapshotId": "snapshots",
+    "SnapshotPlacement": "snapshots",
+    "SnapshotServer": "snapshots",
+    "SnapshotTaken": "snapshots",
     "StaleStoreRoundError": "store",
     "StoreTimeoutError": "store",
     "TrainState": "elastic",
@@ -109,9 +109,9 @@ _EXPORTS: dict[str, str] = {
     "describe_layout": "checkpoint",
     "elastic_training": "elastic",
     "epoch_permutation": "sampler",
-    "erasure_protectors": "memory",
+    "erasure_protectors": "snapshots",
     "global_step_size": "sampler",
-    "protectors": "memory",
+    "protectors": "snapshots",
     "rank_slice": "sampler",
     "read_metadata": "checkpoint",
     "restore_checkpoint": "checkpoint",

@@ -34,15 +34,13 @@ disk or fresh start) and says which it took and why.
 Retention: the coordinator's registry keeps the last K committed checkpoints and returns the
 ones it retired; ``delete_checkpoints`` removes their directories.
 
-Step, sampler state and extra state travel as one opaque blob (``torch.save`` of a dict)
-saved once (DCP deduplicates identical non-tensor items), so the extra state must be the same
-on every rank (e.g. a learning-rate schedule), and, as with any checkpoint, trusted.
+What is saved and loaded (model, optimizer, and step, sampler and extra state as one blob)
+is worker/state_io.py's, shared with the memory snapshots (worker/snapshots/).
 """
 
 from __future__ import annotations
 
 import enum
-import io
 import json
 import os
 import shutil
@@ -59,14 +57,13 @@ from urllib.parse import urlparse
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.filesystem import FileSystemReader
-from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.tensor import DTensor, Shard
 from torch.nn.parallel import DistributedDataParallel
 
-from .memory import (
+from .sampler import ElasticSampler
+from .snapshots import (
     MemoryHolding,
     MemorySnapshots,
     RegisteredSnapshot,
@@ -75,17 +72,11 @@ from .memory import (
     memory_blocker,
     restore_from_memory,
 )
-from .sampler import ElasticSampler
+from .state_io import CheckpointError as CheckpointError
+from .state_io import capture, install, targets
 
 METADATA_FILE = "rallypoint-checkpoint.json"
 METADATA_FORMAT = 1
-# DCP state dict keys. The progress blob holds step, sampler state and extra state.
-MODEL_KEY, OPTIMIZER_KEY, PROGRESS_KEY = "model", "optimizer", "progress"
-
-
-class CheckpointError(Exception):
-    """A checkpoint directory is missing, incomplete or not one of ours."""
-
 
 # -- layout ---------------------------------------------------------------------------------
 
@@ -241,119 +232,6 @@ def _write_atomically(path: Path, data: bytes) -> None:
         os.close(directory)
 
 
-# -- progress: step, sampler and extra state --------------------------------------------------
-
-
-def _pack_progress(step: int, sampler: ElasticSampler | None, extra: Any) -> bytes:
-    buffer = io.BytesIO()
-    sampler_state = sampler.state_dict() if sampler is not None else None
-    torch.save({"step": step, "sampler": sampler_state, "extra": extra}, buffer)
-    return buffer.getvalue()
-
-
-def _capture(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    step: int,
-    sampler: ElasticSampler | None,
-    extra: Any,
-) -> dict[str, Any]:
-    """The state to save or send: this rank's view (its shards, for a sharded model)."""
-    model_state, optimizer_state = get_state_dict(model, optimizer)
-    return {
-        MODEL_KEY: model_state,
-        OPTIMIZER_KEY: optimizer_state,
-        PROGRESS_KEY: _pack_progress(step, sampler, extra),
-    }
-
-
-def _presize_optimizer_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, metadata: Metadata
-) -> bool:
-    """Give a fresh optimizer empty state tensors shaped as a stored state says (DCP's
-    ``metadata``), so that ``get_state_dict`` need not create them by running a step of the
-    optimizer on zero gradients (for AdamW at 64 MB of parameters a third of a restore here).
-    Each parameter's state is laid out as the parameter itself (a DTensor sharded alike) when
-    the stored tensor has its shape, a plain tensor when it is a scalar (a step count).
-    Whether it did: nothing is touched unless the optimizer holds no state yet and every
-    stored optimizer-state item of every parameter fits one of those two shapes (anything
-    else is left to ``get_state_dict``'s own way)."""
-    if optimizer.state:
-        return False
-    items = metadata.state_dict_metadata
-    prefix = f"{OPTIMIZER_KEY}.state."
-    stored: dict[str, dict[str, TensorStorageMetadata]] = {}
-    names: dict[str, torch.Tensor] = dict(model.named_parameters())
-    for key, item in items.items():
-        if not key.startswith(prefix):
-            continue
-        name, _, field = key[len(prefix) :].rpartition(".")
-        if name not in names or not isinstance(item, TensorStorageMetadata):
-            return False
-        stored.setdefault(name, {})[field] = item
-    if not stored:
-        return False
-    wanted: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
-    # Optimizers keep step counts on the CPU, but on the parameter's device when capturable
-    # or fused (torch.optim's Adam family).
-    on_device = any(g.get("capturable") or g.get("fused") for g in optimizer.param_groups)
-
-    def scalar_device(parameter: torch.Tensor) -> torch.device:
-        return parameter.device if on_device else torch.device("cpu")
-
-    in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    for name, fields in stored.items():
-        parameter = names[name]
-        if id(parameter) not in in_optimizer:
-            return False
-        state: dict[str, torch.Tensor] = {}
-        for field, item in fields.items():
-            dtype = item.properties.dtype
-            if tuple(item.size) == tuple(parameter.shape):
-                state[field] = torch.empty_like(parameter, dtype=dtype, requires_grad=False)
-            elif len(item.size) == 0:
-                state[field] = torch.zeros((), dtype=dtype, device=scalar_device(parameter))
-            else:
-                return False
-        wanted[parameter] = state
-    for parameter, state in wanted.items():
-        optimizer.state[parameter] = state
-    return True
-
-
-def _targets(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, metadata: Metadata | None
-) -> dict[str, Any]:
-    """The state dict a restore loads into: this rank's view of the model and optimizer
-    (the optimizer's state presized from ``metadata`` where it can be)."""
-    if metadata is not None:
-        _presize_optimizer_state(model, optimizer, metadata)
-    model_state, optimizer_state = get_state_dict(model, optimizer)
-    return {MODEL_KEY: model_state, OPTIMIZER_KEY: optimizer_state, PROGRESS_KEY: b""}
-
-
-def _install(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    state: dict[str, Any],
-    sampler: ElasticSampler | None,
-) -> tuple[int, Any]:
-    """Load a loaded or received state into the model, optimizer and sampler; returns the
-    step and the extra state."""
-    set_state_dict(
-        model,
-        optimizer,
-        model_state_dict=state[MODEL_KEY],
-        optim_state_dict=state[OPTIMIZER_KEY],
-    )
-    progress: dict[str, Any] = torch.load(io.BytesIO(state[PROGRESS_KEY]), weights_only=False)
-    if sampler is not None:
-        if progress["sampler"] is None:
-            raise CheckpointError("the checkpoint holds no sampler state")
-        sampler.load_state_dict(progress["sampler"])
-    return int(progress["step"]), progress["extra"]
-
-
 # -- saving ---------------------------------------------------------------------------------
 
 
@@ -439,7 +317,7 @@ class Checkpointer:
                 (path / METADATA_FILE).unlink(missing_ok=True)
             world_size = dist.get_world_size()
             layout = describe_layout(model, world_size)
-            state = _capture(model, optimizer, step, sampler, extra)
+            state = capture(model, optimizer, step, sampler, extra)
             upload = dcp_async_save(state, checkpoint_id=str(path), process_group=self._group)
             if not isinstance(upload, Future):
                 raise AssertionError(f"dcp.async_save returned {type(upload).__name__}")
@@ -522,9 +400,9 @@ def restore_checkpoint(
     started = time.monotonic()
     metadata = read_metadata(path)
     reader = _CountingReader(path)
-    state = _targets(model, optimizer, reader.read_metadata())
+    state = targets(model, optimizer, reader.read_metadata())
     dcp_load(state, storage_reader=reader, process_group=process_group)
-    step, extra = _install(model, optimizer, state, sampler)
+    step, extra = install(model, optimizer, state, sampler)
     if step != metadata.step:
         raise CheckpointError(f"{path}: metadata says step {metadata.step}, state says {step}")
     return RestoreResult(
@@ -595,7 +473,7 @@ def broadcast_state(
     structure: list[Any] = [None]
     buffers: dict[torch.dtype, list[torch.Tensor]] = {}
     if dist.get_rank() == src:
-        skeleton = _split_tensors(_capture(model, optimizer, step, sampler, extra), buffers)
+        skeleton = _split_tensors(capture(model, optimizer, step, sampler, extra), buffers)
         sizes = {dtype: sum(part.numel() for part in parts) for dtype, parts in buffers.items()}
         structure = [(skeleton, sizes)]
     dist.broadcast_object_list(structure, src=src, group=process_group)
@@ -611,7 +489,7 @@ def broadcast_state(
         dist.broadcast(buffer, src=src, group=process_group)
         flat[dtype] = buffer
         bytes_moved += buffer.numel() * buffer.element_size()
-    received_step, received_extra = _install(
+    received_step, received_extra = install(
         model, optimizer, _join_tensors(skeleton, flat), sampler
     )
     return RestoreResult(

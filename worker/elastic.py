@@ -191,18 +191,18 @@ from .checkpoint import (
     describe_layout,
     restore_state,
 )
-from .memory import (
+from .patience import Patience, one_line_at_exit
+from .sampler import ElasticSampler
+from .snapshots import (
     MemorySnapshots,
     PendingSnapshot,
     RegisteredSnapshot,
     SnapshotError,
     SnapshotId,
     SnapshotPlacement,
-    forget_previous_world,
 )
-from .patience import Patience, one_line_at_exit
-from .sampler import ElasticSampler
 from .store import CoordinatorStore
+from .torch_compat import forget_previous_world
 
 log = logging.getLogger("rallypoint.worker.elastic")
 

@@ -13,8 +13,9 @@ after one deadline would end a job that torchrun (``timeout``, 900 s) or the job
   or members answered without a leader; DeadlineExceededError: nobody answered in time) is
   made again: at once when it took its whole deadline (the client backed off inside it),
   else once ``MIN_ATTEMPT_INTERVAL_S`` has passed since it started, so a failure that comes
-  at once cannot spin; a line in the log says for how long the coordinator has been silent,
-  at most every ``LOG_EVERY_S``;
+  at once cannot spin (the client's backoff policy, ``ATTEMPT_PACING``: a fixed interval,
+  no jitter, since each attempt backs off with jitter inside it); a line in the log says
+  for how long the coordinator has been silent, at most every ``LOG_EVERY_S``;
 - any other failure (a refused token, a closed job, a config conflict) is the answer: it is
   raised at once;
 - when the patience is spent, :class:`CoordinatorUnreachableError`: one line saying what
@@ -25,19 +26,21 @@ after one deadline would end a job that torchrun (``timeout``, 900 s) or the job
 from __future__ import annotations
 
 import logging
+import random
 import sys
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TypeVar
 
-from rallypoint.client import DeadlineExceededError, RallypointError, UnavailableError
+from rallypoint.client import Backoff, DeadlineExceededError, RallypointError, UnavailableError
 
 T = TypeVar("T")
 
 # Attempts start at least this far apart, and progress is logged at most this often.
 MIN_ATTEMPT_INTERVAL_S = 1.0
 LOG_EVERY_S = 10.0
+ATTEMPT_PACING = Backoff(base_s=MIN_ATTEMPT_INTERVAL_S, cap_s=MIN_ATTEMPT_INTERVAL_S, jitter=False)
 
 # The server's reasons for "I answer, but there is no leader to serve you" (common.proto).
 _NO_LEADER_REASONS = frozenset({"NO_LEADER", "NOT_LEADER"})
@@ -84,7 +87,8 @@ def one_line_at_exit(*classes: type[BaseException]) -> None:
 class Patience:
     """Retries a call while no coordinator member can serve it, up to ``timeout_s``; see the
     module docstring. ``who`` names the caller in messages (``job 'x'``), ``attempt_s`` is
-    the client's own deadline for one call."""
+    the client's own deadline for one call, ``pacing`` how far apart attempts start (from
+    one's start to the next's)."""
 
     def __init__(
         self,
@@ -96,6 +100,7 @@ class Patience:
         log: logging.Logger,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        pacing: Backoff = ATTEMPT_PACING,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"the coordinator connect timeout must be positive, got {timeout_s}")
@@ -106,6 +111,8 @@ class Patience:
         self._log = log
         self._clock = clock
         self._sleep = sleep
+        self._pacing = pacing
+        self._rng = random.Random()
 
     def call(self, doing: str, attempt: Callable[[float], T]) -> T:
         """``attempt(timeout_s)`` until it returns, fails otherwise than by the coordinator
@@ -114,6 +121,7 @@ class Patience:
         started = self._clock()
         deadline = started + self.timeout_s
         logged_at = started
+        retry = 0
         while True:
             attempt_started = self._clock()
             try:
@@ -133,7 +141,8 @@ class Patience:
                         now - started,
                         deadline - now,
                     )
-                pause_s = attempt_started + MIN_ATTEMPT_INTERVAL_S - now
+                pause_s = self._pacing.delay_s(retry, self._rng) - (now - attempt_started)
+                retry += 1
                 if pause_s > 0:
                     self._sleep(min(pause_s, deadline - now))
 

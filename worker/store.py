@@ -33,7 +33,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from functools import partial
 from typing import TypeVar
 
 import torch.distributed as dist
@@ -229,15 +228,7 @@ class CoordinatorStore(Store):
     def append(self, key: str, value: bytes | str) -> None:
         """Append to the value at ``key`` (a missing key counts as empty), by compare-and-set
         retried until no other writer came in between."""
-        suffix = value.encode() if isinstance(value, str) else value
-        current = b""
-        while True:
-            result = self._call(
-                "append", partial(self._store.compare_set, key, current, current + suffix)
-            )
-            if result.swapped:
-                return
-            current = result.value or b""
+        self._call("append", lambda: self._store.append(key, value))
 
     def check(self, keys: Sequence[str]) -> bool:
         return self._call("check", lambda: self._store.check(list(keys)))

@@ -98,7 +98,7 @@ from rallypoint.client import (
 
 from .patience import CoordinatorUnreachableError, Patience, one_line_at_exit
 from .store import CoordinatorStoreError
-from .tcpstore_bridge import NoFreePortError, PortRange, TCPStoreBridge
+from .tcpstore import NoFreePortError, PortRange, TCPStoreBridge
 from .torchrun_store import AgentRoundStore
 
 log = logging.getLogger("rallypoint.worker.torchrun")

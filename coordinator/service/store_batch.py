@@ -1,6 +1,6 @@
 """The round-store batch stream (``RoundStore/Batch``): many store operations per message.
 
-Theory of operation. The TCPStore bridge (``worker/tcpstore_bridge.py``) coalesces its
+Theory of operation. The TCPStore bridge (``worker/tcpstore/coalescing.py``) coalesces its
 connections' reads into one MultiGet at a time; as unary calls each costs the member (and the
 bridge) a gRPC call's CPU, which bounded process-group bootstrap. On one stream per member
 the same reads cost a message each. The stream is KV/Batch's (``kv_batch.BatchServer``: a

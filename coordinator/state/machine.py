@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 from typing import Any
+
+from rallypoint.proto.v1.counters import fits_int64, parse_counter
 
 from . import codec
 from .commands import (
@@ -110,8 +111,6 @@ UNSAFE_ACCEPT_STALE_FENCE = os.environ.get("RALLYPOINT_UNSAFE_ACCEPT_STALE_FENCE
 # format that holds the state).
 SNAPSHOT_FORMAT = 6
 _SNAPSHOT_FORMATS = {2: 5, 3: 6, 4: 6, 5: 6, 6: 6}  # format -> fields per session
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-_DECIMAL = re.compile(rb"-?[0-9]+")
 
 
 # What frozen_copy copies: the immutable limits and counters shallowly, the rest as it says.
@@ -379,14 +378,11 @@ class StateMachine:
         if failure is not None:
             return failure
         current = self.kv.get(command.key)
-        if current is None:
-            base = 0
-        elif _DECIMAL.fullmatch(current.value):
-            base = int(current.value)
-        else:
+        base = 0 if current is None else parse_counter(current.value)
+        if base is None:
             return NotAnInteger(command.key)
         total = base + command.delta
-        if not INT64_MIN <= total <= INT64_MAX:
+        if not fits_int64(total):
             return AddOverflow(command.key)
         value = str(total).encode("ascii")
         kv, _ = self._write(index, command.key, value, command.lease_id, command.fence)

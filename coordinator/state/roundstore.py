@@ -46,6 +46,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rallypoint.proto.v1.counters import fits_int64, parse_counter
+
 from . import codec
 from .commands import StoreAdd, StoreCommand, StoreCompareSet, StoreDelete, StoreSet
 from .errors import (
@@ -65,13 +67,6 @@ from .results import (
     StoreDeleteResult,
     StoreSetResult,
 )
-
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-
-
-def _decimal(value: bytes) -> int | None:
-    text = value[1:] if value.startswith(b"-") else value
-    return int(value) if text and text.isdigit() and text.isascii() else None
 
 
 class RoundStore:
@@ -129,11 +124,11 @@ class RoundStore:
 
     def _add(self, key: bytes, delta: int, limits: RendezvousLimits) -> Result:
         current = self.values.get(key)
-        base = 0 if current is None else _decimal(current)
+        base = 0 if current is None else parse_counter(current)
         if base is None:
             return NotAnInteger(key)
         total = base + delta
-        if not INT64_MIN <= total <= INT64_MAX:
+        if not fits_int64(total):
             return AddOverflow(key)
         return self._write(key, str(total).encode("ascii"), limits) or StoreAddResult(total)
 

@@ -36,3 +36,15 @@ def test_nonsense_parameters_are_refused() -> None:
         Backoff(base_s=0)
     with pytest.raises(ValueError):
         Backoff(base_s=2, cap_s=1)
+
+
+def test_without_jitter_the_delay_is_the_ceiling_and_needs_no_rng() -> None:
+    pacing = Backoff(base_s=1.0, cap_s=1.0, jitter=False)
+    assert [pacing.delay_s(n) for n in range(4)] == [1.0, 1.0, 1.0, 1.0]
+    growing = Backoff(base_s=0.1, cap_s=0.3, jitter=False)
+    assert [growing.delay_s(n) for n in range(3)] == pytest.approx([0.1, 0.2, 0.3])
+
+
+def test_jitter_needs_the_callers_rng() -> None:
+    with pytest.raises(TypeError, match="needs an rng"):
+        Backoff().delay_s(0)

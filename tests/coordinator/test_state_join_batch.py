@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from rallypoint.coordinator.state import codec, rendezvous
+from rallypoint.coordinator.state import codec, joins, rendezvous, rounds
 from rallypoint.coordinator.state.commands import (
     CloseJob,
     CloseRound,
@@ -346,7 +346,7 @@ class SeatCounter:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.seats_built = 0
         self.seats_written = 0
-        real_seat, real_replace = rendezvous.Seat, rendezvous.replace
+        real_seat, real_replace = rounds.Seat, rounds.replace
 
         def seat(*args: Any) -> Any:
             self.seats_built += 1
@@ -357,8 +357,11 @@ class SeatCounter:
                 self.seats_written += len(changes["members"])
             return real_replace(obj, **changes)
 
-        monkeypatch.setattr(rendezvous, "Seat", seat)
-        monkeypatch.setattr(rendezvous, "replace", replace_)
+        # Wherever the rendezvous's rules build rounds (rendezvous.py, joins.py, rounds.py).
+        for module in (rendezvous, joins, rounds):
+            if hasattr(module, "Seat"):
+                monkeypatch.setattr(module, "Seat", seat)
+            monkeypatch.setattr(module, "replace", replace_)
 
 
 def test_a_batch_costs_its_size_plus_the_round_not_their_product(

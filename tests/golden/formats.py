@@ -20,9 +20,24 @@ from pathlib import Path
 from typing import Any
 
 from rallypoint.coordinator.state import codec
+from rallypoint.coordinator.state.errors import Failure
+from rallypoint.coordinator.state.results import (
+    CloseJobResult,
+    CloseRoundResult,
+    CompareAndSetResult,
+    DeleteResult,
+    NoOp,
+    RemoveResult,
+    RoundTrainedResult,
+    StoreCompareSetResult,
+    StoreDeleteResult,
+    Success,
+)
 
 GOLDEN = Path(__file__).resolve().parent
 COMMANDS = GOLDEN / "commands"  # <tag>-<Name>-v<version>.msgpack/.json: an encoded Envelope
+# The same, for commands valid in no state (an earlier generator's samples): decoded, refused
+REFUSED = COMMANDS / "refused"
 RAFT = GOLDEN / "raft"  # <type>-<MsgName>.msgpack/.json: raft/codec.py's encode_message
 PEER = GOLDEN / "peer"  # <Message>.binpb/.json: proto/peer/v1 messages
 # v2/<Message>.binpb/.json: peer format version 2 (coordinator/peer_session.py), stamped
@@ -119,6 +134,34 @@ def assert_matches(value: Any, expected: Any, where: str = "value") -> None:
         assert type(value) is type(expected) and value == expected, (
             f"{where}: expected {expected!r}, got {value!r}"
         )
+
+
+# Answers that can mean "answered, but nothing changed": a leader's proposal gone stale, a
+# comparison that did not hold, a delete or a close of nothing. A golden command's state must
+# be one in which it changes what it names (generate.py, ``machine_for``).
+_CHANGED: dict[type[Success], Any] = {
+    CompareAndSetResult: lambda r: r.succeeded,
+    DeleteResult: lambda r: r.deleted > 0,
+    RemoveResult: lambda r: r.removed,
+    CloseRoundResult: lambda r: r.closed,
+    CloseJobResult: lambda r: r.ended_round > 0,
+    RoundTrainedResult: lambda r: r.recorded,
+    StoreCompareSetResult: lambda r: r.swapped,
+    StoreDeleteResult: lambda r: r.existed,
+}
+
+
+def not_applied(result: Any) -> str | None:
+    """Why ``result`` (of ``StateMachine.apply``) is not a command applied or answered, or
+    None: a typed failure is a refusal; an answer that says nothing changed is not applied."""
+    if isinstance(result, Failure):
+        return f"refused: {type(result).__name__}: {result.message}"
+    if not isinstance(result, Success) or isinstance(result, NoOp):
+        return f"not an answer to a command: {result!r}"
+    changed = _CHANGED.get(type(result))
+    if changed is not None and not changed(result):
+        return f"answered, but nothing changed: {result!r}"
+    return None
 
 
 # Peer format version 2: the stamped messages, with what their MAC covers. The golden files

@@ -110,6 +110,7 @@ from .formats import (
     SNAPSHOTS,
     command_file,
     describe,
+    not_applied,
     peer_v2_formats,
 )
 
@@ -135,11 +136,17 @@ CONFIG = JobConfig(
     straggler_windows=4,
     straggler_window_ms=15_000,
 )
-FENCE = Fence(lease_id=7, token=12)
+# A lease's fencing token is its id (leases.py): a fence of lease 7 holds token 7, or the
+# write is refused (StaleFence).
+FENCE = Fence(lease_id=7, token=7)
+# Each sample is applied in the state SETUP builds for it (``machine_for``) and must be
+# applied or answered there, not refused (test_golden.py): ids name what SETUP made
+# (session 5, lease 7, participant 17, round 3 with fencing token 44, checkpoint 45).
 SAMPLES: list[Command] = [
     Put(b"golden/key", b"\x00value\xff", 7, FENCE, True),
     Delete(b"golden/", True, FENCE, True),
-    CompareAndSet(b"golden/cas", b"new", b"old", 41, True, 7, FENCE),
+    # Exactly one comparison (more is InvalidCommand), so two fields hold their defaults.
+    CompareAndSet(b"golden/cas", b"new", b"old", None, False, 7, FENCE),
     Add(b"golden/counter", -3, 7, FENCE),
     LeaseGrant(30_000),
     LeaseRevoke(7),
@@ -177,6 +184,78 @@ def envelope_of(command: Command) -> Envelope:
     if isinstance(command, SessionOpen):
         return Envelope(0, 0, 0, LEADER_TIME_MS, command)
     return Envelope(5, 0, 0, LEADER_TIME_MS, command)
+
+
+# ------------------------------------------------------------------ a state for each command
+
+# (index, session, sequence, command) of a log in which every sample is valid. Sessions are
+# the indexes of their SessionOpen (3: the workers', 5: the samples'), the lease is 7,
+# participant ids are join indexes. Job "resnet" runs CONFIG (min 2, max 8, last call 1.5 s,
+# scale-up): round 1 (12, 13, 17) closes at 20 and ends by a scale-up when 30 joins; round 2
+# closes at 36 and ends when 13 fails; round 3 (12, 17, 30, 39) closes at 44 (the samples'
+# fencing token) and begins checkpoint 45 (the samples'), ranks 0, 1 and 3 done. Leader
+# commands (CloseRound, MemberFailed) carry no session. The indexes between are empty
+# entries, so the log has every index; entry i is applied at leader time
+# ``setup_time_ms(i)``, within every session's TTL of the samples' LEADER_TIME_MS.
+SETUP: list[tuple[int, int, int, Command]] = [
+    (3, 0, 0, SessionOpen(60_000)),
+    (5, 0, 0, SessionOpen(60_000)),
+    (7, 3, 1, LeaseGrant(30_000)),
+    (8, 3, 2, Put(b"golden/key", b"old value", lease_id=7)),
+    (9, 3, 3, Put(b"golden/cas", b"old")),
+    (10, 3, 4, Put(b"golden/counter", b"10")),
+    (11, 3, 5, Configure("resnet", CONFIG)),
+    (12, 3, 6, Join("resnet", "worker-a", b"")),
+    (13, 3, 7, Join("resnet", "worker-b", b"")),
+    (17, 3, 8, Join("resnet", "worker-c", b"")),
+    (20, 0, 0, CloseRound("resnet", 1)),
+    (30, 3, 9, Join("resnet", "worker-d", b"")),
+    (36, 0, 0, CloseRound("resnet", 2)),
+    (37, 0, 0, MemberFailed("resnet", 13, 2, "phi 12.0 over 9.5")),
+    (39, 3, 10, Join("resnet", "worker-e", b"")),
+    (44, 0, 0, CloseRound("resnet", 3)),
+    (45, 3, 11, CheckpointBegin("resnet", 3, 44, 900, 4, b"layout", "s3://bucket/ckpt/900")),
+    (46, 3, 12, StoreSet("resnet", 3, 17, b"store/key", b"store value")),
+    (47, 3, 13, CheckpointShardDone("resnet", 3, 44, 45, 0)),
+    (48, 3, 14, CheckpointShardDone("resnet", 3, 44, 45, 1)),
+    (49, 3, 15, CheckpointShardDone("resnet", 3, 44, 45, 3)),
+]
+ROUND_3_CLOSE = 44  # CloseRound's sample closes round 3 itself, at the same index
+
+
+def setup_time_ms(index: int) -> int:
+    """Leader time of SETUP's entry ``index``: 250 ms apart (a last call of 1.5 s is six
+    entries), the last a few seconds before LEADER_TIME_MS."""
+    return LEADER_TIME_MS - 30_000 + 250 * index
+
+
+def setup_for(command: Command) -> tuple[list[tuple[int, int, int, Command]], int]:
+    """SETUP, cut or extended so that ``command`` (of any format version) is valid next, and
+    the index it is applied at."""
+    if isinstance(command, CloseRound):
+        return [step for step in SETUP if step[0] < ROUND_3_CLOSE], ROUND_3_CLOSE
+    if isinstance(command, CheckpointCommit):
+        return [*SETUP, (50, 3, 16, CheckpointShardDone("resnet", 3, 44, 45, 2))], 51
+    return SETUP, SETUP[-1][0] + 1
+
+
+def machine_for(command: Command) -> tuple[StateMachine, int]:
+    """A state machine in which ``command`` is valid, and the index to apply it at: every
+    entry of ``setup_for(command)`` applied (empty entries between), each checked to be
+    applied or answered, so a change that makes SETUP itself refused fails here, by index."""
+    steps, at = setup_for(command)
+    machine = StateMachine()
+    by_index = {index: (session, sequence, step) for index, session, sequence, step in steps}
+    for index in range(1, at):
+        if index not in by_index:
+            machine.apply(index, b"")
+            continue
+        session, sequence, step = by_index[index]
+        envelope = Envelope(session, sequence, 0, setup_time_ms(index), step)
+        problem = not_applied(machine.apply(index, encode_envelope(envelope)))
+        if problem is not None:
+            raise AssertionError(f"SETUP entry {index} ({step!r}): {problem}")
+    return machine, at
 
 
 # ------------------------------------------------------------------ raft messages
@@ -414,6 +493,11 @@ def main() -> int:
     for command in SAMPLES:
         fmt = codec.record_format(type(command))
         envelope = envelope_of(command)
+        machine, index = machine_for(command)
+        problem = not_applied(machine.apply(index, encode_envelope(envelope)))
+        if problem is not None:
+            print(f"{fmt.name}: {problem}; change SAMPLES or SETUP", file=sys.stderr)
+            return 1
         write_new(
             command_file(fmt.tag, fmt.name, fmt.version),
             encode_envelope(envelope),

@@ -1,5 +1,5 @@
 """Cache leases on round-store values, end to end on a real 3-member cluster: reads through
-the TCPStore bridge's coalescer (``worker/tcpstore_bridge._Reads``) are answered from leases
+the TCPStore bridge's coalescer (``worker/tcpstore/coalescing.Reads``) are answered from leases
 without a call, and never return a value older than a write that completed before the read
 began, while another client keeps overwriting the keys. The negative control starts the
 members with the lease wait of writes switched off (RALLYPOINT_UNSAFE_STORE_CACHE=1) and
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rallypoint.client import Client, JobConfig
-from rallypoint.worker.tcpstore_bridge import _Reads
+from rallypoint.worker.tcpstore.coalescing import Reads
 
 from .harness import running_cluster
 
@@ -65,7 +65,7 @@ async def workload(endpoints: list[str]) -> tuple[list[Op], list[Op], int]:
             # As every c10d bootstrap begins: a write, which finds the leader (only the
             # leader grants leases; a write elsewhere is redirected to it).
             await store.set(f"reader-{id(client)}", b"here")
-            coalescer = _Reads(store, lambda: 1)
+            coalescer = Reads(store, lambda: 1)
             rng = random.Random(id(client))
             try:
                 while time.monotonic() < stop:

@@ -410,17 +410,17 @@ async def store_owner(ctx: Context, held: StoreRound) -> None:
 
 async def store_client(ctx: Context, held: StoreRound, keys: int = 3) -> None:
     """Writes (round-store sets of small integers) and reads through a TCPStore bridge's
-    coalescer (``worker/tcpstore_bridge._Reads``: answered from cache leases when it holds
+    coalescer (``worker/tcpstore/coalescing.Reads``: answered from cache leases when it holds
     them) on the current round's keys, each key a register ``store/<round>/<k>``. A read
     of a key never set reads None."""
-    from rallypoint.worker.tcpstore_bridge import _Reads
+    from rallypoint.worker.tcpstore.coalescing import Reads
 
     async with contextlib.AsyncExitStack() as stack:
         client = await connect(ctx, stack)
         if client is None:
             return
         process = Process(ctx)
-        reads: _Reads | None = None
+        reads: Reads | None = None
         scope: tuple[int, int] | None = None
         try:
             while ctx.running():
@@ -433,12 +433,12 @@ async def store_client(ctx: Context, held: StoreRound, keys: int = 3) -> None:
                 if current != scope:
                     if reads is not None:
                         reads.close()
-                    reads, scope = _Reads(store, lambda: 1), current
+                    reads, scope = Reads(store, lambda: 1), current
                 key = f"{ctx.rng.randrange(keys)}"
                 name = f"store/{round_number}/{key}"
                 if ctx.rng.random() < 0.6:
 
-                    async def read(key: str = key, reads: _Reads = reads) -> int | None:
+                    async def read(key: str = key, reads: Reads = reads) -> int | None:
                         values = await reads.read([key.encode()])
                         return None if values is None else int(values[0])
 

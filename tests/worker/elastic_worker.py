@@ -45,7 +45,7 @@ from rallypoint.worker.demo_train import (
     train,
 )
 from rallypoint.worker.elastic import ElasticRound, ElasticRun
-from rallypoint.worker.memory import SnapshotId, SnapshotPlacement
+from rallypoint.worker.snapshots import SnapshotId, SnapshotPlacement
 
 
 def main() -> None:

@@ -145,7 +145,9 @@ def main() -> None:
 
     if fault.hold_in_snapshot_group:
         # The snapshots' first group (on gloo the only one: the protection thread's).
-        hold_in_group_of(("rallypoint.worker.memory",), "after publishing a snapshot group address")
+        hold_in_group_of(
+            ("rallypoint.worker.snapshots.lifecycle",), "after publishing a snapshot group address"
+        )
     if fault.hold_in_checkpoint_group:
         # The group the disk checkpoints' writes use, made at the round's first checkpoint
         # (by the elastic loop, or by the Checkpointer itself when not given one).

@@ -72,8 +72,8 @@ from rallypoint.worker import (
     SnapshotPlacement,
     restore_state,
 )
-from rallypoint.worker import memory as memory_module
-from rallypoint.worker.memory import forget_previous_world
+from rallypoint.worker.snapshots import storage as snapshot_storage
+from rallypoint.worker.torch_compat import forget_previous_world
 
 HOSTS = ("host-a", "host-a", "host-b", "host-b")
 SCENARIOS: dict[str, tuple[int | None, tuple[int, ...], tuple[int, int] | None]] = {
@@ -244,7 +244,7 @@ def main() -> None:
         def failing(self: Any, plan: Any, planner: Any) -> Any:
             raise OSError("injected: this rank's reads from memory fail")
 
-        memory_module._PeerReader.read_data = failing  # type: ignore[method-assign]
+        snapshot_storage.PeerReader.read_data = failing  # type: ignore[method-assign]
     if scenario == "read-fails":
         try:
             restore()

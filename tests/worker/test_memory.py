@@ -33,8 +33,9 @@ from rallypoint.worker import (
     erasure_protectors,
     protectors,
 )
-from rallypoint.worker.erasure import decode_blobs, encode_parity
-from rallypoint.worker.memory import MemoryHolding, _request, memory_blocker, rebuild_plan
+from rallypoint.worker.snapshots import MemoryHolding, memory_blocker, rebuild_plan
+from rallypoint.worker.snapshots.erasure import decode_blobs, encode_parity
+from rallypoint.worker.snapshots.protocol import request
 from tests.integration.harness import free_ports
 from tests.worker.test_checkpoint import wait_ranks
 
@@ -229,30 +230,30 @@ def test_the_server_refuses_a_stale_or_missing_token_and_bad_ranges() -> None:
         server.set_token(b"current-world")
         server.put(SnapshotId(2, 9), 0, b"0123456789")
         header = {"op": "read", "round": 2, "step": 9, "rank": 0, "ranges": [(2, 3)]}
-        got = _request(server.address, {**header, "token": b"current-world"}, answer_bytes=3)
+        got = request(server.address, {**header, "token": b"current-world"}, answer_bytes=3)
         assert bytes(got) == b"234"
         for token in (b"old-world", b"", None):
             with pytest.raises(SnapshotError, match="not a member of the current world"):
-                _request(server.address, {**header, "token": token}, answer_bytes=3)
+                request(server.address, {**header, "token": token}, answer_bytes=3)
         with pytest.raises(SnapshotError, match="outside the blob"):
-            _request(
+            request(
                 server.address,
                 {**header, "token": b"current-world", "ranges": [(8, 5)]},
                 answer_bytes=5,
             )
         with pytest.raises(SnapshotError, match="holds no blob of rank 1"):
-            _request(
+            request(
                 server.address, {**header, "token": b"current-world", "rank": 1}, answer_bytes=3
             )
         # A new world's token replaces the old one: the old world's members are refused.
         server.set_token(b"next-world")
         with pytest.raises(SnapshotError, match="not a member"):
-            _request(server.address, {**header, "token": b"current-world"}, answer_bytes=3)
+            request(server.address, {**header, "token": b"current-world"}, answer_bytes=3)
         # Garbage on the port is logged and dropped; the server keeps serving.
         host, _, port = server.address.rpartition(":")
         with socket.create_connection((host, int(port))) as sock:
             sock.sendall(b"\xff\xff\xff\xff" + msgpack.packb([1, 2]))
-        got = _request(server.address, {**header, "token": b"next-world"}, answer_bytes=3)
+        got = request(server.address, {**header, "token": b"next-world"}, answer_bytes=3)
         assert bytes(got) == b"234"
     finally:
         server.close()

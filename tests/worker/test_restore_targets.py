@@ -61,8 +61,9 @@ def scenario(tmp: Path) -> None:
     import torch.distributed as dist
 
     from rallypoint.worker import Checkpointer, MemorySnapshots
-    from rallypoint.worker.checkpoint import _presize_optimizer_state, restore_checkpoint
-    from rallypoint.worker.memory import holding, restore_from_memory
+    from rallypoint.worker.checkpoint import restore_checkpoint
+    from rallypoint.worker.snapshots import holding, restore_from_memory
+    from rallypoint.worker.state_io import presize_optimizer_state
 
     dist.init_process_group("gloo", init_method=f"file://{tmp / 'store'}", rank=0, world_size=1)
     trained = _trained()
@@ -90,11 +91,11 @@ def scenario(tmp: Path) -> None:
     metadata = memory.server.metadata(taken.snapshot)
     assert metadata is not None
     model, optimizer = _fresh(steps)
-    assert _presize_optimizer_state(model, optimizer, metadata)
+    assert presize_optimizer_state(model, optimizer, metadata)
     model, _ = _fresh(steps)
     model[0].weight = torch.nn.Parameter(torch.zeros(8, 4))
     optimizer = torch.optim.AdamW(model.parameters())
-    assert not _presize_optimizer_state(model, optimizer, metadata)
+    assert not presize_optimizer_state(model, optimizer, metadata)
     assert not optimizer.state
     print("ok")
 

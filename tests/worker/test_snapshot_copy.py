@@ -40,7 +40,7 @@ def _snapshot_state(model: Any, optimizer: Any) -> dict[str, Any]:
 
 def _restored(memory: Any, taken: Any) -> dict[str, Any]:
     """The snapshot loaded into a fresh model and optimizer."""
-    from rallypoint.worker.memory import holding, restore_from_memory
+    from rallypoint.worker.snapshots import holding, restore_from_memory
 
     model, optimizer = _model_and_optimizer()
     step, _, _ = restore_from_memory(
@@ -75,7 +75,7 @@ def _world(tmp: Path) -> Any:
 def scenario_overlap(tmp: Path) -> None:
     import torch
 
-    from rallypoint.worker import snapshot_copy
+    from rallypoint.worker.snapshots import staging as snapshot_copy
 
     memory = _world(tmp)
     model, optimizer = _model_and_optimizer()
@@ -162,7 +162,7 @@ def scenario_plan(tmp: Path) -> None:
     path, the snapshot restores bit for bit, the scheduler's learning rate included."""
     import torch
 
-    from rallypoint.worker.memory import holding, restore_from_memory
+    from rallypoint.worker.snapshots import holding, restore_from_memory
     from tests.worker.dist_ranks import assert_bit_equal, full_state
 
     memory = _world(tmp)
@@ -215,7 +215,7 @@ def scenario_plan_plain_state(tmp: Path) -> None:
     by every snapshot the plan stages."""
     import torch
 
-    from rallypoint.worker.memory import holding, restore_from_memory
+    from rallypoint.worker.snapshots import holding, restore_from_memory
 
     class Counting(torch.optim.SGD):
         def step(self, closure: Any = None) -> Any:
@@ -253,7 +253,7 @@ def scenario_plan_ties_and_state_dicts(tmp: Path) -> None:
     (the old one left as it was): the plan notices both."""
     import torch
 
-    from rallypoint.worker.memory import holding, restore_from_memory
+    from rallypoint.worker.snapshots import holding, restore_from_memory
     from tests.worker.dist_ranks import assert_bit_equal, full_state
 
     def made(tied: bool) -> tuple[Any, Any]:

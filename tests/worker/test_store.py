@@ -2,7 +2,7 @@
 
 Claims: gloo process groups of 2 and 4 worker processes bootstrap through the store (each
 worker joins the job, builds the store of its round and all-reduces); the store keeps c10d's
-semantics (blocking get, add, torch's compare_set, wait with a timeout, check, delete,
+semantics (blocking get, add, append, torch's compare_set, wait with a timeout, check, delete,
 num_keys) from several threads at once over one client; a worker whose round ended (a
 zombie) has its ``init_process_group`` refused at once with an error naming the round.
 
@@ -167,6 +167,22 @@ def test_c10d_semantics_from_many_threads(endpoints: list[str]) -> None:
             thread.join(timeout=60)
         assert store.get("counter") == b"40"
         assert store.add("counter", 2) == 42
+
+        # Appends from 4 threads at once (compare-and-set retried on a race): none is lost,
+        # and each thread's own appends stay in its order.
+        def append_five(letter: str) -> None:
+            for index in range(5):
+                store.append("log", f"{letter}{index},")
+
+        appenders = [threading.Thread(target=append_five, args=(c,)) for c in "abcd"]
+        for thread in appenders:
+            thread.start()
+        for thread in appenders:
+            thread.join(timeout=60)
+        entries = store.get("log").decode().rstrip(",").split(",")
+        assert sorted(entries) == sorted(f"{c}{i}" for c in "abcd" for i in range(5))
+        for letter in "abcd":
+            assert [e for e in entries if e[0] == letter] == [f"{letter}{i}" for i in range(5)]
 
         # torch's compare_set: absent + empty expected sets; absent + other expected answers
         # the expected value; a mismatch answers the current value.

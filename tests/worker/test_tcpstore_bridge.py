@@ -23,19 +23,10 @@ from rallypoint.client import (
     RoundStore,
 )
 from rallypoint.client.rendezvous_errors import StaleRoundError
-from rallypoint.worker.tcpstore_bridge import (
-    PREFETCH_BYTES,
-    PREFETCH_KEYS,
-    ProtocolError,
-    Query,
-    TCPStoreBridge,
-    _Adds,
-    _Connection,
-    _parse,
-    _Reads,
-    _Short,
-    _Writes,
-)
+from rallypoint.worker.tcpstore import PREFETCH_BYTES, PREFETCH_KEYS, TCPStoreBridge
+from rallypoint.worker.tcpstore.coalescing import Adds, Reads, Writes
+from rallypoint.worker.tcpstore.protocol import Add, Check, Get, MultiGet, Query, Set, Wait
+from rallypoint.worker.tcpstore.server import Connection
 from tests.coordinator.fake_node import FakeNode, join_round, open_session, served_at, serving
 
 
@@ -98,11 +89,11 @@ class GatedStore:
         return [[self.data[key] for key in keys]]
 
 
-def reads_of(store: GatedStore, connections: int = 1) -> _Reads:
-    return _Reads(cast(RoundStore, store), lambda: connections)
+def reads_of(store: GatedStore, connections: int = 1) -> Reads:
+    return Reads(cast(RoundStore, store), lambda: connections)
 
 
-def leasing(data: dict[bytes, bytes], lease_s: float) -> tuple[GatedStore, _Reads]:
+def leasing(data: dict[bytes, bytes], lease_s: float) -> tuple[GatedStore, Reads]:
     """A store holding ``data`` that grants ``lease_s`` leases, and one connection's reads."""
     store = GatedStore()
     store.data = dict(data)
@@ -145,7 +136,7 @@ async def test_a_leased_value_answers_reads_without_a_call_until_its_lease_ends(
     assert await reads.read([b"a"]) == [b"new"]
     assert len(store.calls) == 3
     reads.close()
-    assert reads.leased([b"a"]) is None
+    assert reads.cache.leased([b"a"]) is None
 
 
 async def test_reads_arriving_during_a_leased_call_are_answered_by_its_lease() -> None:
@@ -169,11 +160,11 @@ async def test_a_lease_counts_from_before_its_call_and_a_counter_read_asks_for_n
     await asyncio.sleep(0.25)  # the answer comes after its whole lease went by
     store.gate.set()
     assert await held == [b"1"]
-    assert reads.leased([b"a"]) is None  # ended before it arrived: nothing kept
+    assert reads.cache.leased([b"a"]) is None  # ended before it arrived: nothing kept
     # An ADD of 0 (a barrier's count) asks no lease: its key's adds would wait for it.
     counted = reads.read([b"count"], lease=False)
     assert await counted == [b"4"]
-    assert store.leases_asked[-1] == [False] and reads.leased([b"count"]) is None
+    assert store.leases_asked[-1] == [False] and reads.cache.leased([b"count"]) is None
     # The same group asked by a get and a counter in one call: one group, leased.
     store.gate.clear()
     first = reads.read([b"x"])
@@ -204,7 +195,7 @@ async def test_a_read_of_a_numbered_key_prefetches_the_keys_after_it() -> None:
     # The next miss prefetches what follows it; keys that do not exist are not kept.
     assert await reads.read([b"p/34"]) == [b"v34"]
     assert store.calls[2][0] == (b"p/34",) and len(store.calls[2]) == PREFETCH_KEYS + 1
-    assert reads.leased([b"p/39"]) == [b"v39"] and reads.leased([b"p/40"]) is None
+    assert reads.cache.leased([b"p/39"]) == [b"v39"] and reads.cache.leased([b"p/40"]) is None
     # No prefetch after a key whose number has a leading zero, a group of several keys, a
     # read asking no lease (a counter), or a key read out of sequence.
     store.data.update({b"q/00": b"a", b"q/01": b"a", b"q/2": b"b", b"c0": b"7", b"c1": b"7"})
@@ -357,11 +348,9 @@ class _Sink:
         return None
 
 
-def connected(
-    store: object, reads: _Reads, adds: _Adds, writes: _Writes, sink: _Sink
-) -> _Connection:
+def connected(store: object, reads: Reads, adds: Adds, writes: Writes, sink: _Sink) -> Connection:
     """A connection of the bridge answering into ``sink``."""
-    connection = _Connection(cast(RoundStore, store), reads, adds, writes)
+    connection = Connection(cast(RoundStore, store), reads, adds, writes)
     connection.connection_made(cast(Any, sink))
     return connection
 
@@ -379,15 +368,15 @@ async def test_a_read_waits_for_the_writes_the_bridge_took_before_it() -> None:
         store.data[key] = value
 
     store.set = gated_set  # type: ignore[attr-defined]
-    reads, adds, writes = reads_of(store, 2), _Adds(cast(RoundStore, store)), _Writes()
+    reads, adds, writes = reads_of(store, 2), Adds(cast(RoundStore, store)), Writes()
 
-    def connection(sink: _Sink) -> _Connection:
+    def connection(sink: _Sink) -> Connection:
         return connected(store, reads, adds, writes, sink)
 
     reader = _Sink()
-    setting = asyncio.create_task(connection(_Sink()).answer(Query.SET, (b"k", b"new")))
+    setting = asyncio.create_task(connection(_Sink()).answer(Set(b"k", b"new")))
     await asyncio.sleep(0)  # the bridge took the SET
-    getting = asyncio.create_task(connection(reader).answer(Query.GET, (b"k",)))
+    getting = asyncio.create_task(connection(reader).answer(Get(b"k")))
     await asyncio.sleep(0.05)
     assert not getting.done() and not store.calls  # the read waits for the write
     set_gate.set()
@@ -399,37 +388,37 @@ async def test_leased_reads_are_answered_at_once_unless_a_write_of_the_bridge_is
     None
 ):
     store, reads = leasing({b"a": b"1", b"n": b"7"}, 30.0)
-    writes = _Writes()
+    writes = Writes()
     sink = _Sink()
-    connection = connected(store, reads, _Adds(cast(RoundStore, store)), writes, sink)
-    assert not connection.answer_leased(Query.GET, (b"a",))  # nothing leased yet
+    connection = connected(store, reads, Adds(cast(RoundStore, store)), writes, sink)
+    assert not connection.answer_leased(Get(b"a"))  # nothing leased yet
     assert await reads.read([b"a", b"n"]) == [b"1", b"7"]
     calls = len(store.calls)
 
     def u64(number: int) -> bytes:
         return number.to_bytes(8, "little")
 
-    for query, arguments, answer in (
-        (Query.GET, (b"a",), u64(1) + b"1"),
-        (Query.WAIT, ([b"a", b"n"],), bytes([0])),  # STOP_WAITING
-        (Query.CHECK, ([b"n"],), bytes([0])),  # READY
-        (Query.MULTI_GET, ([b"n", b"a"],), u64(1) + b"7" + u64(1) + b"1"),
-        (Query.ADD, (b"n", 0), u64(7)),
+    for request, answer in (
+        (Get(b"a"), u64(1) + b"1"),
+        (Wait((b"a", b"n")), bytes([0])),  # STOP_WAITING
+        (Check((b"n",)), bytes([0])),  # READY
+        (MultiGet((b"n", b"a")), u64(1) + b"7" + u64(1) + b"1"),
+        (Add(b"n", 0), u64(7)),
     ):
         sink.data.clear()
-        assert connection.answer_leased(query, arguments), query
-        assert bytes(sink.data) == answer, query
+        assert connection.answer_leased(request), request
+        assert bytes(sink.data) == answer, request
     assert len(store.calls) == calls  # no call made
     # Not from a lease: an ADD that adds, a key not leased, a write of the bridge in flight.
-    assert not connection.answer_leased(Query.ADD, (b"n", 1))
-    assert not connection.answer_leased(Query.GET, (b"other",))
+    assert not connection.answer_leased(Add(b"n", 1))
+    assert not connection.answer_leased(Get(b"other"))
     gate = asyncio.Event()
     writing = asyncio.create_task(writes.run(gate.wait()))
     await asyncio.sleep(0)
-    assert not connection.answer_leased(Query.GET, (b"a",))
+    assert not connection.answer_leased(Get(b"a"))
     gate.set()
     await writing
-    assert connection.answer_leased(Query.GET, (b"a",))
+    assert connection.answer_leased(Get(b"a"))
 
 
 class CountingStore:
@@ -453,7 +442,7 @@ class CountingStore:
 
 async def test_concurrent_adds_combine_into_one_call_with_running_sums() -> None:
     store = CountingStore()
-    adds = _Adds(cast(RoundStore, store))
+    adds = Adds(cast(RoundStore, store))
     first = asyncio.ensure_future(adds.add(b"n", 1))
     await asyncio.sleep(0)
     later = [asyncio.ensure_future(adds.add(b"n", delta)) for delta in (2, 3, 4)]
@@ -470,7 +459,7 @@ async def test_concurrent_adds_combine_into_one_call_with_running_sums() -> None
 async def test_a_combined_add_that_fails_is_retried_part_by_part() -> None:
     store = CountingStore(limit=10)
     store.counters[b"n"] = 5
-    adds = _Adds(cast(RoundStore, store))
+    adds = Adds(cast(RoundStore, store))
     first = asyncio.ensure_future(adds.add(b"n", 0))
     await asyncio.sleep(0)
     parts = [asyncio.ensure_future(adds.add(b"n", delta)) for delta in (4, 3)]
@@ -515,7 +504,7 @@ async def test_queries_are_answered_in_the_order_they_came_leased_or_not() -> No
     store, reads = leasing({b"a": b"1", b"b": b"2"}, 30.0)
     assert await reads.read([b"b"]) == [b"2"]  # b is leased, a is not
     sink = _Sink()
-    connection = connected(store, reads, _Adds(cast(RoundStore, store)), _Writes(), sink)
+    connection = connected(store, reads, Adds(cast(RoundStore, store)), Writes(), sink)
     store.gate.clear()
     connection.data_received(
         get(b"a") + get(b"b") + bytes([Query.PING]) + (7).to_bytes(4, "little")
@@ -550,12 +539,12 @@ async def test_an_add_of_zero_is_a_read_unless_the_key_holds_no_integer() -> Non
     coordinator says."""
     store = ReadAddStore()
     store.data = {b"count": b"7", b"neg": b"-3", b"text": b"abc"}
-    reads, adds, writes = reads_of(store, 1), _Adds(cast(RoundStore, store)), _Writes()
+    reads, adds, writes = reads_of(store, 1), Adds(cast(RoundStore, store)), Writes()
 
     async def add(key: bytes, delta: int) -> bytes:
         sink = _Sink()
         connection = connected(store, reads, adds, writes, sink)
-        await connection.answer(Query.ADD, (key, delta))
+        await connection.answer(Add(key, delta))
         return bytes(sink.data)
 
     def i64(value: int) -> bytes:
@@ -571,23 +560,6 @@ async def test_an_add_of_zero_is_a_read_unless_the_key_holds_no_integer() -> Non
     with pytest.raises(InvalidArgumentError):
         await add(b"text", 0)
     assert store.adds == [(b"count", 2), (b"missing", 0), (b"text", 0)]
-
-
-def test_a_query_is_parsed_whole_from_the_buffer_or_not_at_all() -> None:
-    def data(value: bytes) -> bytes:
-        return len(value).to_bytes(8, "little") + value
-
-    set_query = bytes([Query.SET]) + data(b"key") + data(b"value")
-    wait_query = bytes([Query.WAIT]) + (2).to_bytes(8, "little") + data(b"a") + data(b"bc")
-    stream = bytearray(set_query + wait_query)
-    for cut in range(len(set_query)):
-        with pytest.raises(_Short):
-            _parse(bytearray(stream[:cut]))
-    assert _parse(stream) == (Query.SET, (b"key", b"value"), len(set_query))
-    del stream[: len(set_query)]
-    assert _parse(stream) == (Query.WAIT, ([b"a", b"bc"],), len(wait_query))
-    with pytest.raises(ProtocolError, match="query type 42 is not served"):
-        _parse(bytearray([42]))
 
 
 # --------------------------------------------------------- torch's clients, end to end

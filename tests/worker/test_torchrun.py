@@ -35,7 +35,7 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 from rallypoint.client import JobConfig, SyncClient
-from rallypoint.worker.tcpstore_bridge import NoFreePortError, PortRange, TCPStoreBridge
+from rallypoint.worker.tcpstore import NoFreePortError, PortRange, TCPStoreBridge
 from rallypoint.worker.torchrun import (
     RallypointRendezvousHandler,
     RendezvousSettings,

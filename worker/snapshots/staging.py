@@ -42,6 +42,8 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
+from ..torch_compat import local_tensor, module_registries
+
 # (staging buffer, what to copy into it)
 Copy = tuple[torch.Tensor, torch.Tensor]
 
@@ -263,15 +265,7 @@ def _layout(tensor: torch.Tensor) -> _Layout:
     )
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    # The local shard, without to_local()'s autograd function: for a check run every step.
-    local = getattr(tensor, "_local_tensor", None) if isinstance(tensor, DTensor) else tensor
-    if not isinstance(local, torch.Tensor):
-        raise TypeError("a DTensor without a local tensor")
-    return local
-
-
-# Where a tensor is registered: ``owner[name]`` (a module's ``_parameters`` or ``_buffers``,
+# Where a tensor is registered: ``owner[name]`` (a module's parameters or buffers dict,
 # or a parameter's optimizer state) holds ``tensor``.
 _Registration = tuple[Mapping[Any, Any], Any, torch.Tensor]
 
@@ -290,7 +284,7 @@ class _Source:
         for owner, name, registered in self.registrations:
             if owner.get(name) is not registered:
                 return False
-        return _layout(_local(self.registrations[0][2])) == self.layout
+        return _layout(local_tensor(self.registrations[0][2])) == self.layout
 
 
 @dataclass(slots=True)
@@ -305,26 +299,27 @@ class _ModuleShape:
 
     @classmethod
     def of(cls, module: torch.nn.Module) -> _ModuleShape:
+        parameters, buffers, children, non_persistent = module_registries(module)
         return cls(
             module,
-            tuple(module._modules.values()),  # type: ignore[arg-type]
-            module._parameters,
-            module._buffers,
-            len(module._parameters),
-            len(module._buffers),
-            len(module._non_persistent_buffers_set),
+            tuple(children.values()),
+            parameters,
+            buffers,
+            len(parameters),
+            len(buffers),
+            len(non_persistent),
         )
 
     def holds(self) -> bool:
-        module = self.module
+        parameters, buffers, children, non_persistent = module_registries(self.module)
         return (
-            module._parameters is self.parameters_dict
-            and module._buffers is self.buffers_dict
-            and len(module._parameters) == self.parameters
-            and len(module._buffers) == self.buffers
-            and len(module._non_persistent_buffers_set) == self.non_persistent
-            and len(module._modules) == len(self.children)
-            and all(a is b for a, b in zip(module._modules.values(), self.children, strict=True))
+            parameters is self.parameters_dict
+            and buffers is self.buffers_dict
+            and len(parameters) == self.parameters
+            and len(buffers) == self.buffers
+            and len(non_persistent) == self.non_persistent
+            and len(children) == len(self.children)
+            and all(a is b for a, b in zip(children.values(), self.children, strict=True))
         )
 
 
@@ -392,10 +387,10 @@ class StatePlan:
         ) -> _Source | None:
             if not isinstance(staged, torch.Tensor):
                 return None
-            found = copy_of.get(_layout(_local(staged)))
+            found = copy_of.get(_layout(local_tensor(staged)))
             if found is None:
                 return None
-            layout = _layout(_local(registrations[0][2]))
+            layout = _layout(local_tensor(registrations[0][2]))
             if _layout(found[1]) != layout:
                 return None
             return _Source(registrations, layout, found, later)
@@ -403,16 +398,16 @@ class StatePlan:
         modules = [_ModuleShape.of(module) for module in model.modules()]
         registered: dict[_Layout, list[_Registration]] = {}
         for shape in modules:
-            for owner in (shape.module._parameters, shape.module._buffers):
+            for owner in (shape.parameters_dict, shape.buffers_dict):
                 for name, tensor in owner.items():
                     if tensor is not None:
-                        layout = _layout(_local(tensor))
+                        layout = _layout(local_tensor(tensor))
                         registered.setdefault(layout, []).append((owner, name, tensor))
         sources: list[_Source] = []
         for key, value in model_state.items():
             if not isinstance(value, torch.Tensor) or key not in staged_model:
                 return None
-            found = registered.get(_layout(_local(value)))
+            found = registered.get(_layout(local_tensor(value)))
             if found is None:
                 return None
             made = source(tuple(found), staged_model[key], in_step(found[0][2]))

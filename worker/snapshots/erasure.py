@@ -1,6 +1,6 @@
 """Reed-Solomon erasure coding of in-memory snapshot blobs: where a group's parity shares go,
-and the coding itself (zfec). Pure: no IO, no clock, no process group; worker/memory.py moves
-the bytes.
+and the coding itself (zfec). Pure: no IO, no clock, no process group; the rest of
+worker/snapshots/ moves the bytes.
 
 Theory of operation. The world's ranks are split into *groups* of k data ranks (the last group
 may be smaller; it then codes with its own size as k). A group's k blobs, zero-padded to the

@@ -1,0 +1,285 @@
+"""Who enters a job: ``Configure`` creating or changing one, ``Join`` (and its
+``replaces``), ``JoinBatch``; participant ids. Part of the deterministic state machine; the
+rules are told in :mod:`.rendezvous`'s theory of operation ("Participant ids",
+"Replacing", "Batches", "Runs").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from .commands import Configure, Join, JoinBatch
+from .errors import (
+    ConfigConflict,
+    Failure,
+    InvalidCommand,
+    JobClosed,
+    JobNotFound,
+    LimitExceeded,
+    NameTaken,
+)
+from .jobs import EndReason, JobConfig, Participant, RoundState, Seat
+from .results import ConfigureResult, JoinBatchResult, JoinResult, Result
+from .rounds import Job, RoundRules, joining_round
+
+
+class JoinRules(RoundRules):
+    """Jobs created and configured, participants admitted (see :mod:`.rounds`, "Layers")."""
+
+    def _new_job(self, index: int, now_ms: int, job_id: str, config: JobConfig) -> Failure | Job:
+        if len(self.jobs) >= self.limits.max_jobs:
+            ended = sorted((j.ended_ms, j.job_id) for j in self.jobs.values() if j.ended)
+            if not ended:
+                return LimitExceeded("jobs", self.limits.max_jobs)
+            del self.jobs[ended[0][1]]
+        job = Job(job_id, config, joining_round(1, [], (), now_ms), index)
+        self.jobs[job_id] = job
+        return job
+
+    def _configure(self, index: int, now_ms: int, command: Configure) -> Result:
+        problem = command.config.problem(self.limits)
+        if problem:
+            return InvalidCommand(f"job {command.job!r}: {problem}")
+        job = self.jobs.get(command.job)
+        if job is None:
+            created = self._new_job(index, now_ms, command.job, command.config)
+            if isinstance(created, Failure):
+                return created
+            self._touch(index, created)
+            return ConfigureResult(command.job, True)
+        if job.closed:
+            job.config = command.config
+            job.reopen()
+            job.round = joining_round(job.round.number + 1, [], (), now_ms)
+            self._touch(index, job)
+            return ConfigureResult(command.job, True)
+        if job.ended:
+            # Finished or failed: a new run; its round (JOINING, empty) takes joins again.
+            job.reopen()
+            self._touch(index, job)
+        present = len(job.round.members)
+        if command.config.max_nodes < present:
+            detail = f"max_nodes {command.config.max_nodes} is below the round's {present} members"
+            return ConfigConflict(command.job, detail)
+        if command.config != job.config:
+            job.config = command.config
+            self._after_change(index, now_ms, job)
+        return ConfigureResult(command.job, False)
+
+    def _join_refusal(self, job_id: str, config: JobConfig | None) -> Failure | None:
+        """Why a join (or batch) to ``job_id`` with ``config`` is refused before its names are
+        looked at, or None; changes nothing (see :meth:`_join_job`)."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            if config is None:
+                return JobNotFound(job_id)
+            problem = config.problem(self.limits)
+            if problem:
+                return InvalidCommand(f"job {job_id!r}: {problem}")
+            full = len(self.jobs) >= self.limits.max_jobs
+            if full and not any(j.ended for j in self.jobs.values()):
+                return LimitExceeded("jobs", self.limits.max_jobs)
+            return None
+        if job.closed:
+            return JobClosed(job.job_id)
+        if job.ended:
+            if config is not None and config != job.config:
+                problem = config.problem(self.limits)
+                if problem:
+                    return InvalidCommand(f"job {job_id!r}: {problem}")
+            return None
+        if config is not None and config != job.config:
+            return ConfigConflict(job.job_id, config.differences(job.config))
+        return None
+
+    def _join_job(
+        self, index: int, now_ms: int, job_id: str, config: JobConfig | None, resume: bool
+    ) -> Job:
+        """The job a join goes to, once :meth:`_join_refusal` said None: created with
+        ``config`` if absent, or, finished or failed, started again (a new run takes the new
+        run's config, and the old run's checkpoints only if ``resume``)."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            assert config is not None
+            created = self._new_job(index, now_ms, job_id, config)
+            if isinstance(created, Failure):
+                raise AssertionError(f"job {job_id!r} not created after the check: {created}")
+            return created
+        if job.ended:
+            if config is not None:
+                job.config = config
+            job.reopen()
+            if not resume:
+                job.checkpoints.forget()
+        return job
+
+    def _take_ids(self, index: int, count: int) -> int:
+        """Hand out ``count`` consecutive participant ids for a join at ``index``: the first."""
+        first = max(index, self.next_participant_id)
+        last = first + count - 1
+        self.next_participant_id = last + 1 if last > index else 0
+        return first
+
+    def _join(self, index: int, session_id: int, now_ms: int, command: Join) -> Result:
+        if not 1 <= len(command.name) <= self.limits.max_name_chars:
+            return InvalidCommand(f"name must be 1..{self.limits.max_name_chars} characters")
+        if len(command.metadata) > self.limits.max_metadata_bytes:
+            return LimitExceeded("participant metadata bytes", self.limits.max_metadata_bytes)
+        refusal = self._join_refusal(command.job, command.config)
+        if refusal is not None:
+            return refusal
+        if command.replaces < 0:
+            return InvalidCommand(f"replaces must be a participant id or 0, not {command.replaces}")
+        job = self._join_job(index, now_ms, command.job, command.config, command.resume)
+        existing = job.names.get(command.name)
+        if existing is not None:
+            if job.participants[existing].session_id != session_id:
+                return NameTaken(job.job_id, command.name, existing)
+            return JoinResult(job.job_id, existing, job.round.number, existing in job.waiting)
+        replaced = job.participants.get(command.replaces)
+        if replaced is not None and replaced.session_id != session_id:
+            return InvalidCommand(
+                f"participant {command.replaces} of job {job.job_id!r} belongs to another "
+                "session: a join replaces only a participant of its own session"
+            )
+        if replaced is not None:
+            return self._replace(index, now_ms, job, replaced, command, session_id)
+        if job.round.state is RoundState.ACTIVE and len(job.waiting) >= self.limits.max_waiting:
+            return LimitExceeded("waiting participants per job", self.limits.max_waiting)
+        pid = self._take_ids(index, 1)
+        job.participants[pid] = Participant(pid, command.name, command.metadata, session_id)
+        job.names[command.name] = pid
+        if job.round.state is RoundState.JOINING:
+            members = (*job.round.members, Seat(pid, -1))
+            job.round = replace(job.round, members=members)
+        else:
+            job.waiting.append(pid)
+        self._after_change(index, now_ms, job)
+        # The round may have closed or ended (scale-up) and its successor taken the joiner.
+        return JoinResult(job.job_id, pid, job.round.number, pid in job.waiting)
+
+    def _replace(
+        self, index: int, now_ms: int, job: Job, old: Participant, command: Join, session_id: int
+    ) -> Result:
+        """Join ``command``'s participant in ``old``'s place, in one apply (see "Replacing")."""
+        pid = self._take_ids(index, 1)
+        r = job.round
+        old_id = old.participant_id
+        if old_id not in job.waiting and r.state is RoundState.ACTIVE:
+            # Recorded while the old participant is still there to be named.
+            detail = f"rejoined as participant {pid}"
+            self._end_round(index, now_ms, job, EndReason.MEMBER_LEFT, old_id, detail)
+        del job.names[job.participants.pop(old_id).name]
+        job.participants[pid] = Participant(pid, command.name, command.metadata, session_id)
+        job.names[command.name] = pid
+        if old_id in job.waiting:
+            job.waiting[job.waiting.index(old_id)] = pid
+            self._after_change(index, now_ms, job)
+        elif r.state is RoundState.JOINING:
+            seats = tuple(s for s in r.members if s.participant_id != old_id)
+            # Ids grow in join order, so appending keeps the seats in id order.
+            job.round = replace(r, members=(*seats, Seat(pid, -1)))
+            self._after_change(index, now_ms, job)
+        else:
+            # The new participant takes the old one's place ahead of any waiter: the round
+            # that opens is the one the old participant's departure alone would have opened,
+            # with the same process back in it.
+            job.waiting.insert(0, pid)
+            survivors = tuple(s for s in r.members if s.participant_id != old_id)
+            self._open_next(index, now_ms, job, survivors)
+        return JoinResult(job.job_id, pid, job.round.number, pid in job.waiting)
+
+    def _batch_problem(self, command: JoinBatch) -> Failure | None:
+        """What is wrong with the batch's entries themselves, naming the first bad one."""
+        limits = self.limits
+        names, metadata = command.names, command.metadata
+        if not 1 <= len(names) <= limits.max_batch_joins:
+            return InvalidCommand(
+                f"a batch joins 1..{limits.max_batch_joins} participants, got {len(names)}"
+            )
+        if metadata and len(metadata) != len(names):
+            return InvalidCommand(
+                f"metadata must be empty or one per name: {len(metadata)} for {len(names)} names"
+            )
+        first: dict[str, int] = {}
+        for entry, name in enumerate(names):
+            if not 1 <= len(name) <= limits.max_name_chars:
+                return InvalidCommand(
+                    f"entry {entry}: name must be 1..{limits.max_name_chars} characters"
+                )
+            if first.setdefault(name, entry) != entry:
+                return InvalidCommand(f"entry {entry}: name {name!r} repeats entry {first[name]}")
+        for entry, data in enumerate(metadata):
+            if len(data) > limits.max_metadata_bytes:
+                what = f"participant metadata bytes (entry {entry})"
+                return LimitExceeded(what, limits.max_metadata_bytes)
+        if batch_bytes(names, metadata) > limits.max_batch_bytes:
+            return LimitExceeded("bytes of names and metadata in one batch", limits.max_batch_bytes)
+        return None
+
+    def _join_batch(self, index: int, session_id: int, now_ms: int, command: JoinBatch) -> Result:
+        """Join every entry, or none (see "Batches" above)."""
+        refusal = self._batch_problem(command) or self._join_refusal(command.job, command.config)
+        if refusal is not None:
+            return refusal
+        job = self.jobs.get(command.job)
+        fresh = job is None or job.ended  # no participants; its round JOINING and empty
+        new: list[int] = []  # entries that add a participant, in request order
+        for entry, name in enumerate(command.names):
+            existing = None if fresh or job is None else job.names.get(name)
+            if existing is None:
+                new.append(entry)
+            elif job is not None and job.participants[existing].session_id != session_id:
+                return NameTaken(job.job_id, name, existing)
+        if fresh or job is None:
+            config = command.config or (job.config if job is not None else None)
+            assert config is not None  # _join_refusal: a new job needs a config
+            present, joining, waiting = 0, True, 0
+        else:
+            config, present = job.config, len(job.round.members)
+            joining, waiting = job.round.state is RoundState.JOINING, len(job.waiting)
+        # Who waits once the batch is in: a JOINING round (or a scale-up's next round) seats
+        # joiners up to max_nodes; an ACTIVE round that does not scale up seats none.
+        places = config.max_nodes - present if joining or config.scale_up else 0
+        left_waiting = max(0, waiting + len(new) - places)
+        if left_waiting > self.limits.max_waiting:
+            return LimitExceeded("waiting participants per job", self.limits.max_waiting)
+        # Checked: from here on nothing refuses.
+        job = self._join_job(index, now_ms, command.job, command.config, command.resume)
+        if new:
+            first = self._take_ids(index, len(new))
+            pids = range(first, first + len(new))
+            metadata = command.metadata
+            for pid, entry in zip(pids, new, strict=True):
+                name = command.names[entry]
+                data = metadata[entry] if metadata else b""
+                job.participants[pid] = Participant(pid, name, data, session_id)
+                job.names[name] = pid
+            r = job.round
+            if r.state is RoundState.JOINING:
+                room = job.config.max_nodes - len(r.members)
+                seats = tuple(Seat(pid, -1) for pid in pids[:room])
+                job.round = replace(r, members=r.members + seats)
+                if len(new) > room:
+                    self._after_change(index, now_ms, job)  # full: the round closes
+                    assert job.round.state is RoundState.ACTIVE, job.round
+                    job.waiting.extend(pids[room:])
+            else:
+                job.waiting.extend(pids)
+            self._after_change(index, now_ms, job)
+        in_waiting = set(job.waiting)
+        ids = tuple(job.names[name] for name in command.names)
+        return JoinBatchResult(
+            job.job_id,
+            ids,
+            tuple(pid in in_waiting for pid in ids),
+            job.round.number,
+            job.round.state,
+        )
+
+
+def batch_bytes(names: Sequence[str], metadata: Sequence[bytes]) -> int:
+    """What a JoinBatch's entries weigh against ``max_batch_bytes``: the UTF-8 bytes of its
+    names and the bytes of its metadata."""
+    return sum(len(name.encode()) for name in names) + sum(len(data) for data in metadata)

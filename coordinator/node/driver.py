@@ -142,6 +142,8 @@ class Node:
     ) -> None:
         config.validate()
         self.config = config
+        self.member_id = config.member_id
+        self.cluster_id = config.cluster_id
         # Settled in start() (see identity.py); replaced only when the member stops
         # abstaining. Read by the peer face (its incarnation).
         self.identity: Identity | None = None
@@ -590,15 +592,7 @@ class Node:
         with contextlib.suppress(NodeError):
             await self.propose(command, timeout_s=5.0)
 
-    # ---------------------------------------------------------------- identity
-
-    @property
-    def member_id(self) -> int:
-        return self.config.member_id
-
-    @property
-    def cluster_id(self) -> int:
-        return self.config.cluster_id
+    # ---------------------------------------------------------------- for the parts
 
     @property
     def core(self) -> RawNode | None:

@@ -69,7 +69,10 @@ class PeerFace:
         self._node = node
         self.config = config
         self._peer_tls = peer_tls
-        self._peer_key = PeerKey(config.peer_secret)
+        # Fixed for the member's life (``transport.PeerEnd``).
+        self.member_id = config.member_id
+        self.cluster_id = config.cluster_id
+        self.peer_key = PeerKey(config.peer_secret)
         self._metrics = metrics
         self._on_fatal = on_fatal
         # The incarnation each peer last sent with (in memory: for the log line when a peer
@@ -90,18 +93,6 @@ class PeerFace:
         received = metrics.peer_entries_received
         self._entries_held = received.labels(held="true")
         self._entries_new = received.labels(held="false")
-
-    @property
-    def member_id(self) -> int:
-        return self._node.member_id
-
-    @property
-    def cluster_id(self) -> int:
-        return self._node.cluster_id
-
-    @property
-    def peer_key(self) -> PeerKey:
-        return self._peer_key
 
     @property
     def incarnation(self) -> int:

@@ -11,8 +11,8 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from rallypoint.coordinator.members import MemberAddress, decode_app_snapshot
-from rallypoint.coordinator.node import _unwrap
+from rallypoint.coordinator.member_table import MemberAddress, decode_app_snapshot
+from rallypoint.coordinator.node.proposals import unwrap
 from rallypoint.coordinator.state.codec import StateCodecError
 from rallypoint.coordinator.state.jobs import JobConfig, MemorySnapshotInfo, RoundState
 from rallypoint.coordinator.state.machine import SNAPSHOT_FORMAT, StateMachine
@@ -44,7 +44,7 @@ def apply_entries(machine: StateMachine, entries: list[Entry]) -> None:
         elif not entry.data:
             machine.apply(entry.index, b"")
         else:
-            proposer_id, proposal_id, payload = _unwrap(entry.data)
+            proposer_id, proposal_id, payload = unwrap(entry.data)
             assert (proposer_id, proposal_id) == (1, entry.index)
             machine.apply(entry.index, payload)
 

@@ -5,7 +5,8 @@ peers, snapshot outcomes) and ``peer_service.PeerReceiver`` (the receiving side:
 authenticated messages into Raft, Hello answers, and the checks a peer's entries and
 snapshots pass before anything of them is persisted). It keeps what only the peer path
 needs (the incarnations peers sent, refusal logs, entries and a snapshot already decoded
-for their apply) and reads the running member (``driver.Node``) for the rest.
+for their apply) and reads the running member (``RunningMember``: the driver's ``Node``)
+for the rest.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
 import grpc.aio
@@ -40,7 +41,45 @@ from .config import NodeConfig, PeerTls
 from .proposals import DecodedEntries, validate_entries
 
 if TYPE_CHECKING:
-    from .driver import Node
+    from rallypoint.raft import RawNode
+    from rallypoint.raft.storage.disk_storage import DiskStorage
+
+    from ..identity import Identity
+    from ..state.view import StateView
+    from .membership import Membership
+
+
+class ReportSink(Protocol):
+    """Where a peer's liveness report goes (the leader's supervisor)."""
+
+    def take_report(self, member: int, payload: bytes) -> bool: ...
+
+
+class RunningMember(Protocol):
+    """What the peer face reads of the running member (the driver's ``Node``): declared here
+    so this module does not import the driver that builds it."""
+
+    identity: Identity | None
+    storage: DiskStorage | None
+    membership: Membership
+
+    @property
+    def supervisor(self) -> ReportSink: ...
+
+    @property
+    def core(self) -> RawNode | None: ...
+
+    @property
+    def raw(self) -> RawNode: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+    @property
+    def state(self) -> StateView: ...
+
+    def wake(self) -> None: ...
+
 
 __all__ = ["PeerFace"]
 
@@ -60,7 +99,7 @@ _VOTE_TRAFFIC = frozenset(
 class PeerFace:
     def __init__(
         self,
-        node: Node,
+        node: RunningMember,
         config: NodeConfig,
         peer_tls: PeerTls | None,
         metrics: NodeMetrics,

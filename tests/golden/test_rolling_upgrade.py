@@ -36,7 +36,7 @@ def data_dir(tmp_path: Path) -> Path:
 
 
 def apply_entries(machine: StateMachine, entries: list[Entry]) -> None:
-    """What a member's apply loop does with committed entries (coordinator/node.py)."""
+    """What a member's apply loop does with committed entries (coordinator/node/driver.py)."""
     for entry in entries:
         if entry.type is EntryType.CONF_CHANGE:
             change = decode_conf_change(entry.data)

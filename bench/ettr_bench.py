@@ -64,6 +64,38 @@ DESCRIPTIONS = {
     "memory snapshots every N steps, N by Young's formula",
 }
 
+# How each system's stall for each kind of event is summed, in input names (``derived`` names
+# full_restart_s = job_relaunch_s + process_start_s + pg_init_s + checkpoint read, and
+# memory_restore_s = state_bytes_per_gpu / memory_restore_bytes_per_s).
+COMPOSITION = {
+    "torchrun": {
+        "host_lost, process_crash, job_wide": "torchrun_restart_s + full_restart_s; "
+        "redo since the disk checkpoint",
+        "hang": "nccl_timeout_s + torchrun_restart_s + full_restart_s; redo since the disk "
+        "checkpoint",
+        "drain, planned_restart": "torchrun_restart_s + checkpoint write + full_restart_s",
+    },
+    "torchft": {
+        "host_lost, process_crash, hang": "torchft_kill_stall_s for every GPU, the step in "
+        "flight dropped; then hosts / replica_groups of the job missing for process_start_s + "
+        "torchft_rejoin_s + memory_restore_s (the heal from a peer)",
+        "drain": "one replica group missing for the same replacement time, no stall",
+        "job_wide": "torchrun_restart_s + full_restart_s; redo since the disk checkpoint",
+        "planned_restart": "torchrun_restart_s + checkpoint write + full_restart_s",
+    },
+    "rallypoint": {
+        "host_lost": "rallypoint_memory_recovery_s + (detect_silent_s - detect_sigkill_s) + "
+        "round_close_s + pg_init_s + memory_restore_s; redo since the memory snapshot",
+        "process_crash": "rallypoint_memory_recovery_s + round_close_s + pg_init_s + "
+        "memory_restore_s; redo since the memory snapshot",
+        "hang": "max(hang_factor x step_s, hang_floor_s) + hang_recovery_s + round_close_s + "
+        "pg_init_s + memory_restore_s; redo since the memory snapshot",
+        "drain": "round_close_s + pg_init_s + memory_restore_s, nothing redone",
+        "job_wide": "rallypoint_restart_s + full_restart_s; redo since the disk checkpoint",
+        "planned_restart": "rallypoint_restart_s + checkpoint write + full_restart_s",
+    },
+}
+
 
 def derived(values: Mapping[str, float]) -> dict[str, float]:
     """Costs every system shares, computed from the inputs."""
@@ -238,6 +270,7 @@ def summarise(
         "lost_hours_by_cause": dict(sorted(by_cause.items(), key=lambda item: -item[1])),
         "interruptions_mean": statistics.fmean(o.events for o in outcomes),
         "recovery_by_kind": recovery,
+        "composition": COMPOSITION[name],
     }
     if name == "rallypoint":
         summary["snapshot_every_steps"] = int(d["snapshot_every_steps"])
@@ -275,8 +308,9 @@ def limits(summary: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> lis
     ]
     top = list(summary["lost_hours_by_cause"].items())[:4]
     lines.append("by cause: " + "; ".join(f"{cause} {hours:.1f} h" for cause, hours in top))
+    # window_days is the interruption rate's inverse: it would only repeat that row.
     swings = sorted(
-        rows,
+        (row for row in rows if row["input"] != "window_days"),
         key=lambda row: (
             -abs(row["halved"]["ettr"]["rallypoint"] - row["doubled"]["ettr"]["rallypoint"])
         ),
@@ -389,7 +423,9 @@ def plot(document: Mapping[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (ettr_axis, lost_axis, tornado) = plt.subplots(1, 3, figsize=(18, 5.5))
+    figure, (ettr_axis, lost_axis, tornado) = plt.subplots(
+        1, 3, figsize=(18, 6), gridspec_kw={"width_ratios": [1, 1, 1.4]}
+    )
     systems = document["systems"]
     colors = {"torchrun": "tab:red", "torchft": "tab:orange", "rallypoint": "tab:green"}
     ettrs = [systems[name]["ettr"] for name in SYSTEMS]
@@ -399,7 +435,7 @@ def plot(document: Mapping[str, Any], path: Path) -> None:
     ettr_axis.axhline(0.99, color="black", linestyle="--", linewidth=1, label="target 0.99")
     ettr_axis.set_ylim(min(ettrs) - 0.02, 1.0)
     ettr_axis.set_ylabel("ETTR (productive / wall time)")
-    ettr_axis.set_title("16,384 GPUs, 54 days, Llama 3's 466 interruptions")
+    ettr_axis.set_title("16,384 GPUs, 54 days,\nLlama 3's 466 interruptions (mean)")
     ettr_axis.legend(loc="lower right")
 
     bottom = [0.0] * len(SYSTEMS)
@@ -408,28 +444,34 @@ def plot(document: Mapping[str, Any], path: Path) -> None:
         if any(hours):
             lost_axis.bar(SYSTEMS, hours, bottom=bottom, label=kind)
             bottom = [b + h for b, h in zip(bottom, hours, strict=True)]
+    for index, total in enumerate(bottom):
+        lost_axis.text(index, total, f"{total:.1f} h", ha="center", va="bottom")
     lost_axis.set_ylabel("hours of the whole job lost (mean)")
     lost_axis.set_title("time lost, by how")
     lost_axis.legend()
 
-    base = systems["rallypoint"]["ettr"]
+    base = document["sensitivity"]["base_ettr"]["rallypoint"]
     rows = sorted(
-        document["sensitivity"]["rows"],
+        (row for row in document["sensitivity"]["rows"] if row["input"] != "window_days"),
         key=lambda row: (
             -max(abs(row[label]["ettr"]["rallypoint"] - base) for label in ("halved", "doubled"))
         ),
     )[:12]
-    names = [row["input"] for row in rows][::-1]
+    names = [_short(row["input"]) for row in rows][::-1]
     for label, color in (("halved", "tab:blue"), ("doubled", "tab:purple")):
         deltas = [row[label]["ettr"]["rallypoint"] - base for row in rows][::-1]
         tornado.barh(names, deltas, color=color, alpha=0.7, label=label)
     tornado.axvline(0.0, color="black", linewidth=1)
     tornado.set_xlabel(f"rallypoint ETTR change from {base:.4f}")
-    tornado.set_title("sensitivity: the 12 inputs that move it most")
+    tornado.set_title("rallypoint: the 12 inputs that move it most, halved and doubled")
     tornado.tick_params(axis="y", labelsize=8)
     tornado.legend()
     figure.tight_layout()
     figure.savefig(path)
+
+
+def _short(name: str, width: int = 34) -> str:
+    return name if len(name) <= width else name[: width - 3] + "...]"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,7 +1,8 @@
 """The inputs of the effective-training-time model, each with where it came from: a published
 source (by id in ``SOURCES``, with section or table), a figure this repository measured (the
-results file and the field it was read from), a derivation from other inputs, or an
-assumption (no source known: named as such, and varied in the sensitivity table).
+results file and the field it was read from), a derivation from other inputs, a setting (a default
+of this repository, or the comparison's choice), or an assumption (no source known: named as
+such). Every input, whatever its kind, is halved and doubled in the sensitivity table.
 
 Measured figures are read from ``bench/results/*.json`` when the model runs, so the model
 follows the latest committed runs; a missing file or field stops it with the make target that
@@ -105,9 +106,10 @@ SOURCES: dict[str, dict[str, str]] = {
 
 @dataclass(frozen=True, slots=True)
 class Input:
-    """One number the model uses. ``kind`` is published, measured, derived or assumption;
-    ``ref`` a SOURCES id (published), a results file and field (measured), the inputs it is
-    computed from (derived), or why this value (assumption)."""
+    """One number the model uses. ``kind`` is published, measured, derived, setting (a
+    default of this repository or the comparison's choice) or assumption; ``ref`` a SOURCES
+    id (published), a results file and field (measured), the inputs it is computed from
+    (derived), where the setting lives, or why this value (assumption)."""
 
     value: float
     unit: str
@@ -300,9 +302,9 @@ def build_inputs() -> dict[str, Input]:
         "disk_checkpoint_interval_s": Input(
             1800.0,
             "s",
-            "assumption",
-            "the comparison's setting: a disk checkpoint every "
-            "30 minutes of training (all three systems)",
+            "setting",
+            "issue 37's comparison: a disk checkpoint every 30 minutes of training (all three "
+            "systems keep it: a job-wide fault has no memory to restore from)",
         ),
         # ------------------------------------------------------------ interruptions
         "interruption_rate_multiplier": Input(
@@ -415,14 +417,14 @@ def build_inputs() -> dict[str, Input]:
         "hang_factor": Input(
             JOB_CONFIG.hang_factor,
             "x step",
-            "measured",
+            "setting",
             "proto/v1/defaults.py: JOB_CONFIG.hang_factor",
             "the default a hang verdict waits, in median steps",
         ),
         "hang_floor_s": Input(
             JOB_CONFIG.hang_floor_ms / 1000.0,
             "s",
-            "measured",
+            "setting",
             "proto/v1/defaults.py: JOB_CONFIG.hang_floor_ms",
         ),
         "rallypoint_step_overhead_s": Input(

@@ -61,8 +61,9 @@ PER_SYSTEM = (
     "lost_hours_by_cause",
     "interruptions_mean",
     "recovery_by_kind",
+    "composition",
 )
-KINDS = ("published", "measured", "derived", "assumption")
+KINDS = ("published", "measured", "derived", "setting", "assumption")
 
 
 @pytest.fixture(scope="module")

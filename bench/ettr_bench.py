@@ -21,7 +21,7 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -173,7 +173,7 @@ def make_systems(values: Mapping[str, float]) -> dict[str, System]:
 
     def system(
         name: str,
-        respond: Any,
+        respond: Callable[[Event], Response],
         snapshot_interval_s: float,
         snapshot_fraction: float,
         per_step_s: float,

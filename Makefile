@@ -144,7 +144,7 @@ bench-torchrun: setup
 	$(PY) -m bench.torchrun_bench --out bench/results/torchrun.json
 
 # A seeded simulation of a 16,384-GPU job over 54 days with Llama 3's interruptions, each
-# system's recovery built from bench/results/*.json and cited figures; seconds, no processes.
+# system's recovery built from bench/results/*.json and cited figures; < 1 min, no processes.
 bench-ettr: setup
 	$(PY) -m bench.ettr_bench --out bench/results/ettr.json
 

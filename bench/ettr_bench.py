@@ -4,7 +4,7 @@ heals) and rallypoint (in-process re-formation, memory snapshots, spare hosts), 
 54 days and 466 interruptions Llama 3 reported, each system's recovery composed from figures
 this repository measured and published figures where a cost grows with scale.
 
-    .venv/bin/python -m bench.ettr_bench [--out bench/results/ettr.json]   # seconds
+    .venv/bin/python -m bench.ettr_bench [--out bench/results/ettr.json]   # < 1 minute
     .venv/bin/python -m bench.ettr_bench --replicates 20 --sensitivity-replicates 5 \\
         --out /tmp/ettr.json --no-plot                                     # quicker
 

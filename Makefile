@@ -12,7 +12,7 @@ RUNS  ?= 20
 TIME  ?= 60
 LANES ?= 1
 
-.PHONY: help setup lint format typecheck pytest test test-browser sim crash-test fuzz bench-wal bench-kv bench-failover bench-recovery bench-scale bench-store bench-transport demo proto clean jepsen jepsen-long
+.PHONY: help setup lint format typecheck pytest test test-browser sim crash-test fuzz bench-wal bench-kv bench-failover bench-recovery bench-scale bench-store bench-transport bench-ettr demo proto clean jepsen jepsen-long
 
 help:
 	@echo "make demo             start a local cluster and elastic workers, kill things, watch recovery"
@@ -30,6 +30,7 @@ help:
 	@echo "make bench-scale      100k participants, batched heartbeats: rounds, bytes, detection, capacity -> bench/results/scale.json (.png)"
 	@echo "make bench-transport  one message through grpc.aio (unary, peer-style stream) vs plain TCP -> bench/results/transport.json (.png)"
 	@echo "make bench-store      gloo/NCCL bootstrap of 64/256/1024 ranks: bridge, CoordinatorStore vs TCPStore -> bench/results/store.json (.png)"
+	@echo "make bench-ettr       effective training time at 16,384 GPUs (Llama 3's interruptions), modelled -> bench/results/ettr.json (.png)"
 	@echo "make proto            regenerate the Python code for proto/**/*.proto"
 	@echo "make jepsen           fault-injection runs: every workload under every nemesis, short (root)"
 	@echo "make jepsen-long RUNS=N TIME=S [LANES=L]  N runs of S s per fault mix, L at once -> store/jepsen/"
@@ -141,6 +142,11 @@ bench-transport: setup
 # that does not recover waits 120 s).
 bench-torchrun: setup
 	$(PY) -m bench.torchrun_bench --out bench/results/torchrun.json
+
+# A seeded simulation of a 16,384-GPU job over 54 days with Llama 3's interruptions, each
+# system's recovery built from bench/results/*.json and cited figures; < 1 min, no processes.
+bench-ettr: setup
+	$(PY) -m bench.ettr_bench --out bench/results/ettr.json
 
 # Regenerate the Python code for proto/**/*.proto (tests/proto checks it is fresh).
 proto: setup

@@ -1,0 +1,59 @@
+"""One error base class for the worker: ``except WorkerError`` catches each error the
+worker side raises of its own, and each keeps the base it had, so ``except`` clauses
+written for those still work."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+from torch.distributed.elastic.rendezvous.api import (
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousTimeoutError,
+)
+
+from rallypoint.client import DeadlineExceededError
+from rallypoint.worker import (
+    CoordinatorStoreError,
+    JoinTimeoutError,
+    StaleStoreRoundError,
+    StoreTimeoutError,
+    WorkerError,
+)
+from rallypoint.worker.elastic import CollectiveAbandoned
+from rallypoint.worker.torchrun import (
+    CoordinatorUnreachableRendezvousError,
+    RendezvousSettingsError,
+    RoundTimeoutError,
+    TokenRefusedRendezvousError,
+    WorkersStorePortError,
+)
+
+
+@pytest.mark.parametrize(
+    ("error", "kept"),
+    [
+        (CoordinatorStoreError, dist.DistStoreError),
+        (StoreTimeoutError, CoordinatorStoreError),
+        (StaleStoreRoundError, CoordinatorStoreError),
+        (JoinTimeoutError, DeadlineExceededError),
+        (CollectiveAbandoned, RuntimeError),
+        (RendezvousSettingsError, RendezvousError),
+        (RendezvousSettingsError, ValueError),
+        (CoordinatorUnreachableRendezvousError, RendezvousConnectionError),
+        (TokenRefusedRendezvousError, RendezvousConnectionError),
+        (RoundTimeoutError, RendezvousTimeoutError),
+        (WorkersStorePortError, RendezvousError),
+    ],
+)
+def test_each_worker_error_is_a_worker_error_and_keeps_its_base(
+    error: type[Exception], kept: type[Exception]
+) -> None:
+    assert issubclass(error, WorkerError)
+    assert issubclass(error, kept)
+
+
+def test_a_store_error_is_caught_both_ways() -> None:
+    for catch in (WorkerError, dist.DistStoreError, RuntimeError):
+        with pytest.raises(catch):
+            raise StaleStoreRoundError("round 3 is over", job="j", round_number=3)

@@ -93,9 +93,13 @@ without an active exception".)
 Restore. At each formation every rank calls ``restore_state`` with what it holds: a worker
 that trained in the previous round (and did not lose its participant) is a *survivor* at its
 step. The same decision is made on every rank: KEEP (every rank is a survivor at one step),
-BROADCAST from a survivor (replicated state, newcomers present), DISK (the latest committed
-checkpoint, resharded by DCP to this world size) or FRESH (nothing to restore: rank 0's
-initial replica is broadcast so every rank starts equal). ``restore="checkpoint"`` makes
+BROADCAST from a survivor (replicated state, newcomers present, or survivors a step apart:
+from the lowest-ranked at the highest step, checkpoint.py's ``choose_restore_source`` says
+why that is consistent), MEMORY, DISK (the latest committed checkpoint, resharded by DCP to
+this world size) or FRESH (nothing to restore: rank 0's replica is broadcast with its step
+and sampler position, so every rank starts equal; a sharded model starts from ``build()``
+at step 0, its sampler rewound). Every source restores the step and the sampler's position
+with the parameters. ``restore="checkpoint"`` makes
 every formation read the latest committed checkpoint when there is one (the classic
 semantics: the state after a change is the last committed one). The sampler is
 repartitioned for the new (rank, world size) and resumes at the restored global position.

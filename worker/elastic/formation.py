@@ -82,6 +82,9 @@ class Former:
         state = run.state
         if state.sampler is not None:
             state.sampler.set_world(rank, info.world_size)
+        # The step this process trained to in the previous world (None: it did not train
+        # in it), said to the restore even when a sharded model's shards are replaced below.
+        trained_step = state.step if self.survivor else None
         if state.build is not None:
             # A sharded model is laid out for one world: a new one for this world, its
             # state restored below (what this process held is no longer in place). torch
@@ -106,7 +109,7 @@ class Former:
                 memory_snapshot = RegisteredSnapshot(
                     registered.round, registered.step, registered.world_size
                 )
-        restored = self._restore(checkpoint, round_, memory_snapshot)
+        restored = self._restore(checkpoint, round_, memory_snapshot, trained_step)
         self.survivor = True
         state.step = restored.step
         return Formation(
@@ -135,9 +138,12 @@ class Former:
         checkpoint: Path | None,
         round_: ElasticRound,
         memory_snapshot: RegisteredSnapshot | None,
+        survivor_step: int | None,
     ) -> RestoreResult:
+        """Every rank to the same state, and every part of it from the same source: the
+        parameters, the optimizer state, the step, the sampler's position and the extra
+        state (the invariant of ``TrainState.step``)."""
         run, state = self._run, self._run.state
-        survivor_step: int | None = state.step if self.survivor else None
         if run.settings.restore == "checkpoint" and checkpoint is not None:
             survivor_step, memory_snapshot = None, None
         result = restore_state(
@@ -152,18 +158,43 @@ class Former:
         )
         if result.source is RestoreSource.FRESH:
             replicated = not any(isinstance(p, DTensor) for p in state.model.parameters())
-            if replicated and round_.world_size > 1:
-                # Every rank starts from rank 0's initial replica.
+            if not replicated:
+                # build() made the model and optimizer afresh: the sampler starts over with
+                # them (it may hold a position the world trained to before; step 0 with
+                # that position would skip the data before it).
+                if state.sampler is not None:
+                    state.sampler.load_state_dict(
+                        {**state.sampler.state_dict(), "epoch": 0, "position": 0}
+                    )
+            elif round_.world_size > 1:
+                # Every rank starts from rank 0's replica, with rank 0's step, sampler
+                # position and extra state (a new world's: its initial ones). Sending rank
+                # 0's parameters with step 0 instead is how a world whose survivors
+                # disagreed once went from step 343 to 0 keeping its parameters.
                 fresh = broadcast_state(
-                    state.model, state.optimizer, src=0, step=0, sampler=state.sampler
+                    state.model,
+                    state.optimizer,
+                    src=0,
+                    step=state.step,
+                    extra=state.extra,
+                    sampler=state.sampler,
                 )
                 result = RestoreResult(
                     RestoreSource.FRESH,
-                    "no checkpoint and no survivor: rank 0's initial state, broadcast",
-                    0,
+                    f"{result.reason}: rank 0's state, broadcast",
+                    fresh.step,
                     fresh.extra,
                     fresh.bytes_moved,
                     result.duration_s + fresh.duration_s,
+                )
+            else:
+                result = RestoreResult(
+                    RestoreSource.FRESH,
+                    result.reason,
+                    state.step,
+                    state.extra,
+                    0,
+                    result.duration_s,
                 )
         if result.source is not RestoreSource.KEEP:
             state.extra = result.extra

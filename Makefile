@@ -12,7 +12,7 @@ RUNS  ?= 20
 TIME  ?= 60
 LANES ?= 1
 
-.PHONY: help setup lint format typecheck pytest test test-browser sim crash-test fuzz bench-wal bench-kv bench-failover bench-recovery bench-scale bench-store bench-transport demo proto clean jepsen jepsen-long
+.PHONY: help setup lint format typecheck pytest test test-browser sim crash-test fuzz bench-wal bench-kv bench-failover bench-recovery bench-scale bench-store bench-transport bench-peers demo proto clean jepsen jepsen-long
 
 help:
 	@echo "make demo             start a local cluster and elastic workers, kill things, watch recovery"
@@ -30,6 +30,7 @@ help:
 	@echo "make bench-scale      100k participants, batched heartbeats: rounds, bytes, detection, capacity -> bench/results/scale.json (.png)"
 	@echo "make bench-transport  one message through grpc.aio (unary, peer-style stream) vs plain TCP -> bench/results/transport.json (.png)"
 	@echo "make bench-store      gloo/NCCL bootstrap of 64/256/1024 ranks: bridge, CoordinatorStore vs TCPStore -> bench/results/store.json (.png)"
+	@echo "make bench-peers      plain DDP, torchft 0.2.0 and rallypoint: steady step, kill stall, rejoin -> bench/results/peers.json (.png)"
 	@echo "make proto            regenerate the Python code for proto/**/*.proto"
 	@echo "make jepsen           fault-injection runs: every workload under every nemesis, short (root)"
 	@echo "make jepsen-long RUNS=N TIME=S [LANES=L]  N runs of S s per fault mix, L at once -> store/jepsen/"
@@ -141,6 +142,10 @@ bench-transport: setup
 # that does not recover waits 120 s).
 bench-torchrun: setup
 	$(PY) -m bench.torchrun_bench --out bench/results/torchrun.json
+
+# The same 4-process MLP under plain DDP, torchft 0.2.0 (default and 1 s heartbeat) and rallypoint, trials alternating; ~15 min.
+bench-peers: setup
+	$(PY) -m bench.peers_bench --out bench/results/peers.json
 
 # Regenerate the Python code for proto/**/*.proto (tests/proto checks it is fresh).
 proto: setup

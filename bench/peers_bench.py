@@ -329,13 +329,23 @@ def kill_trial(trial: Trial, args: argparse.Namespace) -> Event:
     time.sleep(args.after_s)
     figures.update(trial.stop_and_checksum(live, args.stop_ahead, args.timeout_s))
 
-    stalls, resumed_first, rolled_back = [], [], []
+    spawned_t = replacement.started_t
+    stalls, first_gaps, resumed_t, rolled_back = [], [], [], []
     resets: list[Event] = []
     for worker in survivors:
         before = step_times(worker, 0.0, killed_t)
         after = step_times(worker, killed_t, float("inf"))
-        stalls.append(after[0] - before[-1] - steady)
-        resumed_first.append(after[0])
+        first_gaps.append(after[0] - before[-1] - steady)
+        # The step in flight at the kill can still complete on a survivor (torchft: its
+        # all-reduce had finished, and a replica group of one commits alone), so the first
+        # gap after the kill may be an ordinary step and the stall the next one. The stall
+        # is the longest gap from the last step before the kill to the first step after
+        # the replacement started (a stall still going on then is measured whole).
+        window = [before[-1], *(t for t in after if t <= spawned_t)]
+        window += [t for t in after if t > spawned_t][:1]
+        gap, resumed = max((b - a, b) for a, b in itertools.pairwise(window))
+        stalls.append(gap - steady)
+        resumed_t.append(resumed)
         steps = [e["step"] for e in worker.of("step") if e["t"] > before[-1] - 1e-9]
         rolled_back.append(sum(max(0, a - b + 1) for a, b in itertools.pairwise(steps)))
         resets += [
@@ -343,12 +353,13 @@ def kill_trial(trial: Trial, args: argparse.Namespace) -> Event:
             for a, b in itertools.pairwise(steps)
             if b <= a
         ]
-    spawned_t = replacement.started_t
     imported, joined = replacement.first("imported"), replacement.first("joined")
     figures.update(
         {
             "killed_t": killed_t,
             "kill_stall_s": stalls,
+            # The literal figure: first step after the kill - last before - steady step.
+            "kill_first_gap_s": first_gaps,
             "first_world_after_kill": sorted(
                 {
                     next(e["world_size"] for e in w.of("step") if e["t"] > killed_t)
@@ -375,7 +386,7 @@ def kill_trial(trial: Trial, args: argparse.Namespace) -> Event:
     )
     # The survivors' stall while the replacement joins: only meaningful once they trained
     # again after the kill before it started (else the kill's stall and the join's overlap).
-    if max(resumed_first) < spawned_t:
+    if max(resumed_t) < spawned_t:
         window_end = first["t"] + 0.5
         gaps = []
         for worker in survivors:
@@ -432,6 +443,7 @@ def summarize(trials: Sequence[Event]) -> dict[str, Any]:
     figures: dict[str, Any] = {
         "steady_step_s": {},
         "kill_stall_s": {},
+        "kill_first_gap_s": {},
         "rejoin_first_step_s": {},
         "rejoin_parts_s": {},
         "rejoin_stall_s": {},
@@ -447,6 +459,7 @@ def summarize(trials: Sequence[Event]) -> dict[str, Any]:
         if system == "plain":
             continue
         figures["kill_stall_s"][system] = spread([s for t in ok for s in t["kill_stall_s"]])
+        figures["kill_first_gap_s"][system] = spread([s for t in ok for s in t["kill_first_gap_s"]])
         figures["rejoin_first_step_s"][system] = spread([t["rejoin_first_step_s"] for t in ok])
         figures["rejoin_parts_s"][system] = {
             part: spread([t["rejoin_parts_s"][part] for t in ok])

@@ -17,6 +17,10 @@ import pytest
 from tests.integration.harness import assert_left_nothing, no_process_outlives
 
 REPOSITORY = Path(__file__).resolve().parents[2]
+# bench/ is a folder of scripts run from the repository (python -m bench.peers_bench), not an
+# installed package: the test imports it the same way.
+if str(REPOSITORY) not in sys.path:
+    sys.path.insert(0, str(REPOSITORY))
 SYSTEMS = ("plain", "torchft_default", "torchft_hb1s", "rallypoint")
 
 

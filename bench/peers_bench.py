@@ -373,8 +373,12 @@ def kill_trial(trial: Trial, args: argparse.Namespace) -> Event:
                 "joined_to_first_step": first["t"] - joined["t"] if joined else None,
             },
             "rejoin_first_step": first["step"],
+            # In sync: the survivors counted the same step number after it started (with
+            # the world's step counter, however that was restored).
             "rejoin_in_sync": any(
-                e["step"] == first["step"] for w in survivors for e in w.of("step")
+                e["step"] == first["step"] and e["t"] > spawned_t
+                for w in survivors
+                for e in w.of("step")
             ),
             "steps_rolled_back": max(rolled_back),
             "step_counter_went_back": resets,
@@ -448,6 +452,7 @@ def summarize(trials: Sequence[Event]) -> dict[str, Any]:
         "rejoin_parts_s": {},
         "rejoin_stall_s": {},
         "steps_rolled_back": {},
+        "rejoin_in_sync": {},
         "bit_identical": {},
         "trials_ok": {},
     }
@@ -467,6 +472,8 @@ def summarize(trials: Sequence[Event]) -> dict[str, Any]:
         }
         figures["rejoin_stall_s"][system] = spread([t.get("rejoin_stall_s") for t in ok])
         figures["steps_rolled_back"][system] = spread([t["steps_rolled_back"] for t in ok])
+        synced = sum(bool(t["rejoin_in_sync"]) for t in ok)
+        figures["rejoin_in_sync"][system] = f"{synced}/{len(ok)}"
     return figures
 
 

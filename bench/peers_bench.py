@@ -499,7 +499,7 @@ def plot(top: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+    figure, (left, right) = plt.subplots(1, 2, figsize=(14, 4.8))
     colors = {
         "plain": "tab:gray",
         "torchft_default": "tab:red",
@@ -527,15 +527,13 @@ def plot(top: dict[str, Any], path: Path) -> None:
     bars(left, "steady_step_s", shown, 0.0, 0.6)
     left.set_xticks(range(len(shown)), shown)
     left.set_ylabel("seconds per step (median, range)")
-    left.set_title("steady step, 4 processes, 1.3 M-parameter MLP")
+    left.set_title("steady step: 4 processes, 1.3 M-parameter MLP, gloo")
     elastic = [s for s in SYSTEMS if s != "plain" and s in top["kill_stall_s"]]
     bars(right, "kill_stall_s", elastic, -0.2, 0.4)
     bars(right, "rejoin_first_step_s", elastic, 0.2, 0.4)
     right.set_xticks(range(len(elastic)), elastic)
     right.set_ylabel("seconds (median, range)")
-    right.set_title(
-        "survivors' stall on a SIGKILL (solid); replacement start -> first step (light)"
-    )
+    right.set_title("SIGKILL: survivors' stall (solid), replacement start -> first step (light)")
     figure.tight_layout()
     figure.savefig(path)
 

@@ -346,7 +346,7 @@ def kill_trial(trial: Trial, args: argparse.Namespace) -> Event:
         gap, resumed = max((b - a, b) for a, b in itertools.pairwise(window))
         stalls.append(gap - steady)
         resumed_t.append(resumed)
-        steps = [e["step"] for e in worker.of("step") if e["t"] > before[-1] - 1e-9]
+        steps = [e["step"] for e in worker.of("step") if e["t"] >= before[-1]]
         rolled_back.append(sum(max(0, a - b + 1) for a, b in itertools.pairwise(steps)))
         resets += [
             {"name": worker.name, "from_step": a, "to_step": b}

@@ -172,7 +172,7 @@ class Participant:
     def report_progress(self, progress: TrainingProgress) -> None:
         """Tell the coordinator, with every heartbeat from now on, how training goes: the
         leader declares a rank that stops while its peers wait for it hung, and finds
-        stragglers (coordinator/leader/progress.py), and keeps the round's restore source
+        stragglers (coordinator/liveness/progress.py), and keeps the round's restore source
         (``TrainingProgress.restore``) in its record. Safe to call from any thread: it only
         swaps a reference to a frozen value."""
         self._progress = progress

@@ -34,9 +34,10 @@ import grpc.aio
 from rallypoint.raft.storage.fileutil import DataCorruptionError
 
 from .identity import IdentityError
-from .members import MemberAddress
-from .node import Node, NodeConfig
-from .node_api import NodeStartError
+from .member_table import MemberAddress
+from .node.api import NodeStartError
+from .node.config import NodeConfig
+from .node.driver import Node
 from .peer_auth import PeerSecretError, check_secret, read_secret_file
 from .preflight import (
     MAX_WAL_SEGMENT_BYTES,
@@ -120,7 +121,7 @@ class Settings:
     tick_ms: int = 100
     election_ticks: int = 10
     heartbeat_ticks: int = 1
-    # Linearizable reads answered by the leader under its lease (node_reads.py); every
+    # Linearizable reads answered by the leader under its lease (node/reads.py); every
     # member of a cluster must use the same setting (RALLYPOINT_LEASE_READS=0 turns it off).
     lease_reads: bool = True
     snapshot_entries: int = 100_000

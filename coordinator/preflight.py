@@ -45,7 +45,7 @@ from .transport import GRPC_OPTIONS
 SERVER_OPTIONS = [*GRPC_OPTIONS, ("grpc.so_reuseport", 0)]
 
 LOCK_FILE_NAME = "rallypoint.lock"
-# Where node.py and DiskStorage keep the write-ahead log inside a data dir.
+# Where node/driver.py and DiskStorage keep the write-ahead log inside a data dir.
 WAL_SUBDIR = os.path.join("raft", "wal")
 # Room beyond the WAL segment for the first snapshot and the lock file.
 _HEADROOM_BYTES = 1024 * 1024

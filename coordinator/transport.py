@@ -471,7 +471,7 @@ class PeerSender:
 
 
 class Transport:
-    """All of a member's peer senders, created on demand from the address book."""
+    """All of a member's peer senders, created on demand from the member table."""
 
     def __init__(
         self,

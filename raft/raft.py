@@ -134,7 +134,7 @@ class Config:
     pre_vote: bool = True
     read_only_option: ReadOnlyOption = ReadOnlyOption.SAFE
     # The application serves reads under a leader lease timed on its own monotonic clock
-    # (coordinator/node_reads.py, whose docstring holds the safety argument). The core's part:
+    # (coordinator/node/reads.py, whose docstring holds the safety argument). The core's part:
     # a node refuses (pre-)votes for an election timeout after it starts, as if it had just
     # heard from a leader (it may have acknowledged one just before it restarted), and
     # ``lease_read_index`` says when a leader may serve a read without a round trip.
@@ -1465,7 +1465,7 @@ class Raft:
         with leader_lease on, that committed an entry of its term (thesis 6.4), is not
         transferring leadership and has not sent MsgTimeoutNow in this term. The application
         still checks its clock: the lease is its acknowledged rounds' send time plus less than
-        an election timeout (coordinator/node_reads.py)."""
+        an election timeout (coordinator/node/reads.py)."""
         if (
             self.state is not StateType.LEADER
             or not self.leader_lease

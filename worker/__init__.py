@@ -39,6 +39,7 @@ if TYPE_CHECKING:
         retired_beyond,
     )
     from .elastic import (
+        ElasticConfig,
         ElasticRound,
         ElasticRun,
         Formation,
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
         TrainState,
         elastic_training,
     )
+    from .errors import WorkerError
     from .patience import CoordinatorUnreachableError
     from .sampler import ElasticSampler, GlobalStep, epoch_permutation, global_step_size, rank_slice
     from .snapshots import (
@@ -76,6 +78,7 @@ _EXPORTS: dict[str, str] = {
     "CoordinatorStore": "store",
     "CoordinatorStoreError": "store",
     "CoordinatorUnreachableError": "patience",
+    "ElasticConfig": "elastic",
     "ElasticRound": "elastic",
     "ElasticRun": "elastic",
     "ElasticSampler": "sampler",
@@ -102,6 +105,7 @@ _EXPORTS: dict[str, str] = {
     "StaleStoreRoundError": "store",
     "StoreTimeoutError": "store",
     "TrainState": "elastic",
+    "WorkerError": "errors",
     "broadcast_state": "checkpoint",
     "checkpoint_path": "checkpoint",
     "choose_restore_source": "checkpoint",
@@ -137,6 +141,7 @@ __all__ = [
     "CoordinatorStore",
     "CoordinatorStoreError",
     "CoordinatorUnreachableError",
+    "ElasticConfig",
     "ElasticRound",
     "ElasticRun",
     "ElasticSampler",
@@ -163,6 +168,7 @@ __all__ = [
     "StaleStoreRoundError",
     "StoreTimeoutError",
     "TrainState",
+    "WorkerError",
     "broadcast_state",
     "checkpoint_path",
     "choose_restore_source",

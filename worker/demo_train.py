@@ -35,6 +35,8 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
+from rallypoint.proto.v1.defaults import JOB_CONFIG
+
 from .elastic import ElasticRun, EventHandler, RestoreMode, TrainState, elastic_training
 from .sampler import ElasticSampler
 
@@ -184,10 +186,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-nodes", type=int, default=4)
     parser.add_argument("--max-steps", type=int, default=None)
     parser.add_argument("--checkpoint-every", type=int, default=20)
-    parser.add_argument("--keep-checkpoints", type=int, default=3)
+    parser.add_argument("--keep-checkpoints", type=int, default=JOB_CONFIG.keep_checkpoints)
     parser.add_argument("--restore", choices=["auto", "checkpoint"], default="auto")
     parser.add_argument("--step-sleep-s", type=float, default=0.0)
-    parser.add_argument("--heartbeat-interval-ms", type=int, default=100)
+    parser.add_argument(
+        "--heartbeat-interval-ms", type=int, default=JOB_CONFIG.heartbeat_interval_ms
+    )
     # A pause the failure detector forgives: CPU-bound workers sharing a few cores with the
     # coordinator see heartbeats delayed by scheduling alone.
     parser.add_argument("--acceptable-pause-ms", type=int, default=1000)
@@ -196,7 +200,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # How long joining waits for a coordinator that cannot be reached (default: the join
     # timeout), and for a round to form.
     parser.add_argument("--connect-timeout-s", type=float, default=None)
-    parser.add_argument("--join-timeout-s", type=float, default=600.0)
+    parser.add_argument("--join-timeout-s", type=float, default=JOB_CONFIG.join_timeout_ms / 1000)
     parser.add_argument("--fsdp", action="store_true", help="shard the model with FSDP2")
     parser.add_argument("--snapshot-every", type=int, default=0)
     parser.add_argument("--snapshot-copies", type=int, default=None, help="(default 2)")

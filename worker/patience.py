@@ -35,6 +35,8 @@ from typing import TypeVar
 
 from rallypoint.client import Backoff, DeadlineExceededError, RallypointError, UnavailableError
 
+from .errors import WorkerError
+
 T = TypeVar("T")
 
 # Attempts start at least this far apart, and progress is logged at most this often.
@@ -46,7 +48,7 @@ ATTEMPT_PACING = Backoff(base_s=MIN_ATTEMPT_INTERVAL_S, cap_s=MIN_ATTEMPT_INTERV
 _NO_LEADER_REASONS = frozenset({"NO_LEADER", "NOT_LEADER"})
 
 
-class CoordinatorUnreachableError(UnavailableError):
+class CoordinatorUnreachableError(UnavailableError, WorkerError):
     """No coordinator member could serve the worker for as long as its patience allowed.
     The message is one line: what was tried, for how long, and what to check; the client's
     last error is kept in ``last_error`` (and in the debug log)."""

@@ -20,13 +20,14 @@ import torch
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from .errors import WorkerError
 from .sampler import ElasticSampler
 
 # DCP state dict keys. The progress blob holds step, sampler state and extra state.
 MODEL_KEY, OPTIMIZER_KEY, PROGRESS_KEY = "model", "optimizer", "progress"
 
 
-class CheckpointError(Exception):
+class CheckpointError(WorkerError):
     """A checkpoint directory is missing, incomplete or not one of ours."""
 
 

@@ -36,7 +36,6 @@ from datetime import timedelta
 from typing import TypeVar
 
 import torch.distributed as dist
-from torch._C._distributed_c10d import Store
 
 from rallypoint.client import (
     DeadlineExceededError,
@@ -50,12 +49,15 @@ from rallypoint.client import (
     TlsConfig,
 )
 
+from .errors import WorkerError
+from .torch_compat import Store
+
 T = TypeVar("T")
 
 DEFAULT_TIMEOUT = timedelta(seconds=300)
 
 
-class CoordinatorStoreError(dist.DistStoreError):
+class CoordinatorStoreError(dist.DistStoreError, WorkerError):
     """The coordinator could not serve a store call (see the message and the cause)."""
 
 

@@ -78,16 +78,13 @@ from torch.distributed.elastic.rendezvous.api import (
 )
 
 from rallypoint.client import (
-    DeadlineExceededError,
     InvalidValueError,
     JobClosedError,
     JobConfig,
     JobNotFoundError,
     LeaveOutcome,
-    ParticipantLostError,
     RallypointError,
     RoundInfo,
-    RoundState,
     SyncClient,
     SyncParticipant,
     TlsConfig,
@@ -95,7 +92,10 @@ from rallypoint.client import (
     parse_endpoints,
     token_or_environment,
 )
+from rallypoint.proto.v1.defaults import TORCHRUN_AGENT, TORCHRUN_JOB
 
+from . import joining
+from .errors import WorkerError
 from .patience import CoordinatorUnreachableError, Patience, one_line_at_exit
 from .store import CoordinatorStoreError
 from .tcpstore import NoFreePortError, PortRange, TCPStoreBridge
@@ -134,25 +134,25 @@ _OUR_KEYS = frozenset(
 )
 
 
-class RendezvousSettingsError(RendezvousError, ValueError):
+class RendezvousSettingsError(RendezvousError, ValueError, WorkerError):
     """A ``--rdzv-endpoint``, ``--rdzv-id`` or ``--rdzv-conf`` value the backend cannot use."""
 
 
-class CoordinatorUnreachableRendezvousError(RendezvousConnectionError):
+class CoordinatorUnreachableRendezvousError(RendezvousConnectionError, WorkerError):
     """No coordinator member could serve the agent for its connect timeout (one line: what
     was tried and what to check)."""
 
 
-class TokenRefusedRendezvousError(RendezvousConnectionError):
+class TokenRefusedRendezvousError(RendezvousConnectionError, WorkerError):
     """The coordinator requires a token and the agent sent none, or one it does not know
     (one line: which member, and ``--rdzv-conf token=`` or ``$RALLYPOINT_TOKEN``)."""
 
 
-class RoundTimeoutError(RendezvousTimeoutError):
+class RoundTimeoutError(RendezvousTimeoutError, WorkerError):
     """No round formed with this agent within the rendezvous timeout."""
 
 
-class WorkersStorePortError(RendezvousError):
+class WorkersStorePortError(RendezvousError, WorkerError):
     """No port of ``master_port_range`` was free for the workers' store."""
 
 
@@ -186,7 +186,9 @@ def _seconds(config: Mapping[str, Any], key: str, default: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class RendezvousSettings:
-    """The handler's settings, from torchrun's rendezvous parameters."""
+    """The handler's settings, from torchrun's rendezvous parameters. Every default comes
+    from ``rallypoint.proto.v1.defaults``: ``TORCHRUN_JOB`` (the job's, in seconds here) and
+    ``TORCHRUN_AGENT``."""
 
     endpoints: tuple[str, ...]
     job: str
@@ -194,20 +196,19 @@ class RendezvousSettings:
     max_nodes: int
     # How this node names itself to the coordinator (``--local-addr`` or the host name).
     node_name: str
-    join_timeout_s: float = 900.0
+    join_timeout_s: float = TORCHRUN_JOB.join_timeout_ms / 1000
     # How long the agent keeps trying while no coordinator member can serve it (the
     # rendezvous timeout unless set): see patience.py.
-    connect_timeout_s: float = 900.0
-    # A round with min_nodes present waits this long for more (torch's c10d waits 30 s).
-    last_call_s: float = 1.0
-    heartbeat_interval_s: float = 0.1
-    phi_threshold: float = 8.0
-    acceptable_pause_s: float = 0.5
-    client_timeout_s: float = 10.0
-    store_timeout_s: float = 300.0
+    connect_timeout_s: float = TORCHRUN_JOB.join_timeout_ms / 1000
+    last_call_s: float = TORCHRUN_JOB.last_call_ms / 1000
+    heartbeat_interval_s: float = TORCHRUN_JOB.heartbeat_interval_ms / 1000
+    phi_threshold: float = TORCHRUN_JOB.phi_threshold
+    acceptable_pause_s: float = TORCHRUN_JOB.acceptable_pause_ms / 1000
+    client_timeout_s: float = TORCHRUN_AGENT.client_timeout_s
+    store_timeout_s: float = TORCHRUN_AGENT.store_timeout_s
     token: str | None = None
     tls: TlsConfig | None = None
-    bridge_host: str = "127.0.0.1"
+    bridge_host: str = TORCHRUN_AGENT.bridge_host
     # The ports the workers' store (MASTER_PORT) may listen on, inclusive; None: any free one.
     master_port_range: PortRange | None = None
 
@@ -237,7 +238,7 @@ class RendezvousSettings:
         tls_files = [config.get(key) for key in ("tls_ca", "tls_cert", "tls_key")]
         tls = TlsConfig.from_files(*tls_files) if any(tls_files) else None
         timeout_key = "join_timeout" if "join_timeout" in config else "timeout"
-        join_timeout_s = _positive_seconds(config, timeout_key, 900.0)
+        join_timeout_s = _positive_seconds(config, timeout_key, TORCHRUN_JOB.join_timeout_ms / 1000)
         port_range = config.get("master_port_range")
         return RendezvousSettings(
             endpoints=endpoints,
@@ -247,15 +248,19 @@ class RendezvousSettings:
             node_name=params.local_addr or socket.getfqdn(),
             join_timeout_s=join_timeout_s,
             connect_timeout_s=_positive_seconds(config, "connect_timeout", join_timeout_s),
-            last_call_s=_seconds(config, "last_call_timeout", 1.0),
-            heartbeat_interval_s=_seconds(config, "heartbeat_interval", 0.1),
-            phi_threshold=_seconds(config, "phi_threshold", 8.0),
-            acceptable_pause_s=_seconds(config, "acceptable_pause", 0.5),
-            client_timeout_s=_seconds(config, "client_timeout", 10.0),
-            store_timeout_s=_seconds(config, "store_timeout", 300.0),
+            last_call_s=_seconds(config, "last_call_timeout", TORCHRUN_JOB.last_call_ms / 1000),
+            heartbeat_interval_s=_seconds(
+                config, "heartbeat_interval", TORCHRUN_JOB.heartbeat_interval_ms / 1000
+            ),
+            phi_threshold=_seconds(config, "phi_threshold", TORCHRUN_JOB.phi_threshold),
+            acceptable_pause_s=_seconds(
+                config, "acceptable_pause", TORCHRUN_JOB.acceptable_pause_ms / 1000
+            ),
+            client_timeout_s=_seconds(config, "client_timeout", TORCHRUN_AGENT.client_timeout_s),
+            store_timeout_s=_seconds(config, "store_timeout", TORCHRUN_AGENT.store_timeout_s),
             token=token_or_environment(config.get("token")),
             tls=tls,
-            bridge_host=str(config.get("bridge_host", "127.0.0.1")),
+            bridge_host=str(config.get("bridge_host", TORCHRUN_AGENT.bridge_host)),
             master_port_range=(
                 None
                 if port_range is None
@@ -316,6 +321,8 @@ class RallypointRendezvousHandler(RendezvousHandler):
         try:
             client = self._connect()
             participant = self._participant
+            # Joins again first (ending a live round whose workers failed), then waits: the
+            # opposite order of the elastic loop's; worker/joining.py says why.
             if (
                 participant is None
                 or participant.lost.is_set()
@@ -377,7 +384,7 @@ class RallypointRendezvousHandler(RendezvousHandler):
             # The round ended during the rank assignment: the watch may not have said so yet.
             return 1
         view = participant.round
-        if view.round == current.round and view.state is RoundState.ACTIVE:
+        if joining.is_live(view, current.round):
             return 0
         ours = {m.participant_id for m in current.members}
         newcomers = [m for m in (*view.members, *view.waiting) if m.participant_id not in ours]
@@ -491,7 +498,7 @@ class RallypointRendezvousHandler(RendezvousHandler):
         if store is not None and store.round_over is not None:
             return False
         view = participant.round
-        return view.round == current.round and view.state is RoundState.ACTIVE
+        return joining.is_live(view, current.round)
 
     def _claim_restart(self) -> bool:
         """Whether this agent is the one to end its live round. When a worker dies, every
@@ -514,25 +521,27 @@ class RallypointRendezvousHandler(RendezvousHandler):
     ) -> SyncParticipant:
         """Join as a new participant in the old one's place, in one command (the old one, if
         still in the job, leaves in the same round change; see the module docstring). Waits
-        for an unreachable coordinator as the patience allows."""
+        for an unreachable coordinator as the patience allows. How this differs from the
+        elastic loop's join, and why: worker/joining.py."""
         settings = self.settings
         # Ids are never reused, so naming a participant already gone (lost, evicted, or
         # replaced by an attempt whose answer was lost) makes a plain join.
         replaces = 0 if old is None else old.participant_id
 
-        def join(timeout_s: float) -> SyncParticipant:
+        def name() -> str:
             # A new name for each attempt: one whose answer was lost may have joined.
             self._joins += 1
-            return client.join(
-                settings.job,
-                f"{settings.node_name}/{os.getpid()}/{self._joins}",
-                config=settings.job_config(),
-                metadata=settings.node_name.encode(),
-                replaces=replaces,
-                timeout_s=timeout_s,
-            )
+            return f"{settings.node_name}/{os.getpid()}/{self._joins}"
 
-        new = self._patience(deadline).call("joining", join)
+        new = joining.join(
+            client,
+            settings.job,
+            name,
+            config=settings.job_config(),
+            metadata=settings.node_name.encode(),
+            patience=self._patience(deadline),
+            replaces=replaces,
+        )
         self._participant = new
         if old is not None:
             # Already out of the job: stop its heartbeats, no Leave (it would only be refused).
@@ -544,26 +553,32 @@ class RallypointRendezvousHandler(RendezvousHandler):
     ) -> tuple[SyncParticipant, RoundInfo]:
         """The next ACTIVE round with this agent, and the participant it includes: ``participant``
         or, if that was lost while waiting, the one this agent joined again as."""
-        while True:
-            try:
-                remaining_s = max(0.0, deadline - time.monotonic())
-                return participant, participant.wait_for_round(timeout_s=remaining_s)
-            except DeadlineExceededError as error:
-                raise _one_line(
-                    RoundTimeoutError(
-                        f"job {self.settings.job!r}: no round within the rendezvous timeout "
-                        f"({self.settings.join_timeout_s:g} s): {error}"
-                    )
-                ) from error
-            except ParticipantLostError:
-                if participant.round.job_closed:
-                    raise RendezvousClosedError(f"job {self.settings.job!r} was closed") from None
-                log.warning(
-                    "participant %d of job %s was lost while waiting; joining again",
-                    participant.participant_id,
-                    self.settings.job,
+        settings = self.settings
+
+        def remaining_s() -> float:
+            return max(0.0, deadline - time.monotonic())
+
+        def timed_out(_: SyncParticipant, error: Exception) -> SyncParticipant:
+            raise _one_line(
+                RoundTimeoutError(
+                    f"job {settings.job!r}: no round within the rendezvous timeout "
+                    f"({settings.join_timeout_s:g} s): {error}"
                 )
-                participant = self._join_again(client, participant, deadline)
+            ) from error
+
+        def lost(participant: SyncParticipant, _: Exception) -> SyncParticipant:
+            if participant.round.job_closed:
+                raise RendezvousClosedError(f"job {settings.job!r} was closed") from None
+            log.warning(
+                "participant %d of job %s was lost while waiting; joining again",
+                participant.participant_id,
+                settings.job,
+            )
+            return self._join_again(client, participant, deadline)
+
+        return joining.next_round(
+            participant, timeout_s=remaining_s, on_lost=lost, on_timeout=timed_out
+        )
 
 
 def _agent_outcome(node: str, error: BaseException | None) -> tuple[LeaveOutcome, str]:

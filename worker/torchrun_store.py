@@ -25,11 +25,10 @@ import logging
 from collections.abc import Sequence
 from datetime import timedelta
 
-from torch.distributed.elastic.agent.server.api import _RoleInstanceInfo
-
 from rallypoint.client import RoundInfo, SyncClient
 
 from .store import CoordinatorStore, StaleStoreRoundError
+from .torch_compat import role_local_world_size
 
 log = logging.getLogger("rallypoint.worker.torchrun")
 
@@ -114,7 +113,7 @@ class AgentRoundStore(CoordinatorStore):
         if own is not None and key.startswith(ROLE_INFO_PREFIX):
             return own
         if own is not None and key == f"{ASSIGNED_RANKS_PREFIX}{self.group_rank}":
-            local = int(_RoleInstanceInfo.deserialize(own).local_world_size)
+            local = role_local_world_size(own)
             base, world = self.group_rank * local, self.group_world_size * local
             return json.dumps([base, world, base, world]).encode()
         raise self.round_over

@@ -1,5 +1,9 @@
 """Rendezvous duties that depend on time: every member's detection pass, and the leader's.
 
+It sits in ``leader/`` for its leader half (verdicts, closing rounds, progress judgement);
+its member half, run on every member, drives ``coordinator/liveness`` and is what the
+heartbeat servicers reach through ``liveness.port.LivenessPort``, which it implements.
+
 Theory of operation. The replicated state machine never reads a clock, so decisions that
 depend on time are proposed:
 
@@ -10,10 +14,10 @@ depend on time are proposed:
   (``coordinator/liveness``): each member runs the detectors of the participants whose
   heartbeat streams it serves (``MemberDetection``) and reports to the leader; the leader's
   ``Coverage`` turns suspicions into verdicts unless the participant moved to another member,
-  and declares those no member hears. The leader is a member too: its own streams (the
-  per-participant ``Heartbeat``, served by the leader only) are reported in-process;
+  and declares those no member hears. The leader is a member too: its own streams are
+  reported in-process;
 - declaring a worker hung, or evicting a straggler, from the training progress its
-  heartbeats report (``progress.py``, the leader's; members forward the progress their
+  heartbeats report (``liveness/progress.py``, the leader's; members forward the progress their
   streams carry);
 - noting when an ACTIVE round trains: the first step a worker reports done in it
   (``RoundTrained``), with where the round's state came from as its workers reported it.
@@ -35,7 +39,6 @@ computed for everyone: once a second the next ``PHI_SAMPLE_SIZE`` carried partic
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import os
@@ -43,7 +46,9 @@ import time
 from collections.abc import Awaitable, Callable
 
 from ..liveness.coverage import ATTACH_REPORT_MS, Coverage, Verdict
-from ..liveness.local import MemberDetection
+from ..liveness.local import MemberDetection, StreamClock
+from ..liveness.phi import DetectorSettings
+from ..liveness.progress import ProgressReport, ProgressTracker
 from ..liveness.report import (
     MAX_READINGS,
     PHI_INFINITE_MILLI,
@@ -54,12 +59,9 @@ from ..liveness.report import (
 from ..liveness.report import decode as decode_report
 from ..liveness.report import encode as encode_report
 from ..metrics import NodeMetrics
-from ..node_api import NodeError
 from ..state.commands import CloseRound, Command, MemberFailed, RoundTrained
-from ..state.jobs import EndReason, RoundState
+from ..state.jobs import EndReason, JobConfig, RoundState
 from ..state.view import StateView
-from .phi import DetectorSettings
-from .progress import ProgressReport, ProgressTracker
 
 log = logging.getLogger("rallypoint.supervisor")
 
@@ -168,31 +170,27 @@ class RendezvousSupervisor:
         self._close_proposed_ms.clear()
         self.local.report_lost()
 
-    # -------------------------------------------------------------- inputs
+    # -------------------------------------------------------------- inputs (liveness.port)
 
-    def carry(self, job: str, participant_id: int) -> bool:
-        """A heartbeat stream on this member starts carrying the participant; False if it
-        is not (yet) a participant of ``job``."""
+    def open_group(self, job: str, now_ms: int, *, readings: bool = False) -> int:
         found = self._state.rendezvous.jobs.get(job)
-        if found is None or participant_id not in found.participants:
-            return False
-        key = (job, participant_id)
-        self.local.carry(key, DetectorSettings.of_job(found.config), monotonic_ms())
-        return True
+        config = found.config if found is not None else JobConfig(1, 1)
+        return self.local.open_group(DetectorSettings.of_job(config), now_ms, readings=readings)
 
-    def heartbeat(
-        self, job: str, participant_id: int, progress: ProgressReport | None = None
-    ) -> bool:
-        """Record a heartbeat (and the progress it reports); False if the participant is
-        unknown. A participant not carried yet is carried from now on."""
-        key = (job, participant_id)
-        now_ms = monotonic_ms()
-        if not self.local.carries(key) and not self.carry(job, participant_id):
-            return False
-        self.local.heartbeat(key, now_ms)
-        if progress is not None:
-            self.report_progress(job, participant_id, progress, now_ms)
-        return True
+    def group_update(self, group: int, members: set[Key], now_ms: int) -> None:
+        self.local.group_update(group, members, now_ms)
+
+    def group_beat(self, group: int, now_ms: int) -> None:
+        self.local.group_beat(group, now_ms)
+
+    def group_release(self, group: int, job: str, participant_id: int) -> None:
+        self.local.group_release(group, (job, participant_id))
+
+    def close_group(self, group: int, now_ms: int, *, closed: bool) -> None:
+        self.local.close_group(group, now_ms, closed=closed)
+
+    def request_lag(self, clock: StreamClock, now_ms: int, sent_ms: int) -> None:
+        self.local.request_lag(clock, now_ms, sent_ms)
 
     def report_progress(
         self, job: str, participant_id: int, progress: ProgressReport, now_ms: int
@@ -203,17 +201,9 @@ class RendezvousSupervisor:
             self.local.progress((job, participant_id), progress)
 
     def progress_of(self, job: str, participant_id: int) -> tuple[int, float, float] | None:
-        """(last step, ms per step outside collectives, ratio to the job's median)."""
-        return self.progress.view(job, participant_id)
-
-    def stream_closed(self, job: str, participant_id: int) -> None:
-        """A stream carrying the participant ended abnormally (evidence of failure)."""
-        self.local.uncarry((job, participant_id), monotonic_ms(), closed=True)
-
-    def release(self, job: str, participant_id: int) -> None:
-        """A stream stops carrying the participant without evidence (released, or the
-        stream ended because this member is not the leader a per-participant stream needs)."""
-        self.local.uncarry((job, participant_id), monotonic_ms(), closed=False)
+        """(last step, ms per step outside collectives, ratio to the job's median), on the
+        leader; None on a follower (its tracker is not fed)."""
+        return self.progress.view(job, participant_id) if self.is_leader else None
 
     def _reading(self, key: Key, now_ms: int) -> tuple[int, int, int] | None:
         """The latest reading another member reported of ``key`` (leader only, and only
@@ -525,5 +515,6 @@ class RendezvousSupervisor:
         task.add_done_callback(self._in_flight.discard)
 
     async def _submit(self, command: Command) -> None:
-        with contextlib.suppress(NodeError):
-            await self._propose(command)
+        # ``propose`` answers the expected failures (no leader, dropped, timed out) itself:
+        # a verdict that did not commit is proposed again by a later pass if still due.
+        await self._propose(command)

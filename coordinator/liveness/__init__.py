@@ -1,11 +1,13 @@
 """Failure detection spread over the members.
 
 Theory of operation. Workers heartbeat to whichever member serves their stream: any member
-for ``HeartbeatBatch`` (many participants per message), the leader for the older
-per-participant ``Heartbeat``. Each member runs the detectors of the participants whose
-streams it serves (``local.MemberDetection``): phi accrual per participant, a closed stream
-as evidence, and the guards that keep a member that is itself behind from suspecting anyone
-(loop stall, intake lag, mass suspicion). Its suspicions, the participants it starts or stops
+serves both ``HeartbeatBatch`` (many participants per message) and the older per-participant
+``Heartbeat``, through one path (``service/heartbeats.py``). Each member runs the detectors
+of the participants whose streams it serves (``local.MemberDetection``): phi accrual
+(``phi.py``) per stream and job, a closed stream as evidence, and the guards that keep a
+member that is itself behind from suspecting anyone (loop stall, intake lag, mass
+suspicion). The servicers reach it through ``port.LivenessPort``; the training progress
+heartbeats carry is ``progress.py``'s. Its suspicions, the participants it starts or stops
 carrying, and the training progress they report reach the leader in a ``LivenessReport``
 (``report.py``, over the peer port) a few times a second, or at once when it suspects someone.
 

@@ -32,8 +32,8 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..leader.phi import DetectorSettings
 from ..state.view import JobView, StateView
+from .phi import DetectorSettings
 from .report import Key, LivenessReport, Suspicion
 
 log = logging.getLogger("rallypoint.coverage")

@@ -1,11 +1,15 @@
 """The failure detectors of one member: for the participants whose heartbeat streams it serves.
 
 Theory of operation. Every member, leader or not, runs one :class:`MemberDetection`. A
-heartbeat stream that names a participant makes this member *carry* it: its detector starts
-(young: see ``phi.YOUNG_SAMPLES``) and the leader hears of it in the next report. Each
-heartbeat feeds the detector; a stream that ends abnormally marks its participants closed
-(confirmed unless a heartbeat arrives on another stream within two heartbeat intervals); a
-stream that releases a participant, or a participant that left its job, is forgotten quietly.
+heartbeat stream that names a participant makes this member *carry* it, in a *group*: the
+participants one stream carries for one job arrive in the same requests, so they share one
+detector (young at first: see ``phi.YOUNG_SAMPLES``), fed once per request however many it
+names. A ``HeartbeatBatch`` stream opens one group per job; the older per-participant
+``Heartbeat`` stream one per participant. The leader hears of a newly carried participant in
+the next report. A stream that ends abnormally leaves each of its participants alone with a
+copy of the group's history, marked closed (confirmed unless it is heard again within two
+heartbeat intervals); a stream that releases a participant, or a participant that left its
+job, is forgotten quietly.
 
 ``suspects`` turns the detectors' verdicts into :class:`~.report.Suspicion` s, unless this
 member cannot trust its own view:
@@ -34,9 +38,9 @@ import math
 from collections import deque
 from collections.abc import Callable
 
-from ..leader.phi import DetectorSet, DetectorSettings
-from ..leader.progress import ProgressReport
 from ..metrics import NodeMetrics
+from .phi import DetectorSet, DetectorSettings
+from .progress import ProgressReport
 from .report import (
     MAX_READINGS,
     PHI_INFINITE_MILLI,
@@ -58,11 +62,13 @@ GROUP_JOB = "\x00group"
 class _Group:
     """The participants one batch stream carries for one job, beating together."""
 
-    __slots__ = ("key", "members")
+    __slots__ = ("key", "members", "readings")
 
-    def __init__(self, key: Key) -> None:
+    def __init__(self, key: Key, readings: bool) -> None:
         self.key = key
         self.members: set[Key] = set()
+        # Whether the leader is sent its members' readings (see ``readings``).
+        self.readings = readings
 
 
 class StreamClock:
@@ -111,8 +117,6 @@ class MemberDetection:
             for cause in ("phi", "stream_closed")
         }
         self.detectors = DetectorSet(retry_ms=retry_ms)
-        # Open streams carrying each key (a participant may be on two while it moves).
-        self._streams: dict[Key, int] = {}
         # What the next report says (see report.py); keys in insertion order.
         self._attach: dict[Key, None] = {}
         self._detach: dict[Key, None] = {}
@@ -132,28 +136,14 @@ class MemberDetection:
 
     # ---------------------------------------------------------------- streams
 
-    def carry(self, key: Key, settings: DetectorSettings, now_ms: int) -> None:
-        """A stream starts carrying ``key`` (its first heartbeat on that stream follows)."""
-        self._streams[key] = self._streams.get(key, 0) + 1
-        if key not in self.detectors:
-            self.detectors.track(key, settings, now_ms)
-            self._attach[key] = None
-            self._detach.pop(key, None)
-
-    def heartbeat(self, key: Key, now_ms: int) -> bool:
-        """One heartbeat of a carried key; False if this member does not carry it."""
-        self._heartbeats_received.inc()
-        return self.detectors.heartbeat(key, now_ms)
-
-    # ---------------------------------------------------------------- batch streams
-
-    def open_group(self, settings: DetectorSettings, now_ms: int) -> int:
-        """A batch stream starts carrying participants of one job: one detector for all of
-        them (they arrive in the same requests, so they share arrival times), fed once per
-        request however many it names."""
+    def open_group(self, settings: DetectorSettings, now_ms: int, *, readings: bool = False) -> int:
+        """A stream starts carrying participants of one job: one detector for all of them
+        (they arrive in the same requests, so they share arrival times), fed once per request
+        however many it names. ``readings``: report its members' phi and heartbeat age to
+        the leader (a per-participant stream's group of one)."""
         self._next_group += 1
         gid = self._next_group
-        group = self._groups[gid] = _Group((GROUP_JOB, gid))
+        group = self._groups[gid] = _Group((GROUP_JOB, gid), readings)
         self.detectors.track(group.key, settings, now_ms)
         return gid
 
@@ -168,19 +158,26 @@ class MemberDetection:
     def group_update(self, gid: int, members: set[Key], now_ms: int) -> None:
         """The group's participants are now ``members``. One that is no longer named (and
         was not released) goes on alone from the group's history: its silence counts. One
-        that joins leaves its own detector or another group (it moved here)."""
+        that joins leaves its own detector or another group (it moved here); a new group's
+        first and only participant brings its own detector's history along (a worker's
+        per-participant stream reconnecting here), and one whose stream had closed within
+        the confirmation window counts as a stream reopened."""
         group = self._groups.get(gid)
         if group is None or members == group.members:
             return
         for key in group.members - members:
             self._leave_group(key, group, now_ms, closed=False, evidence=True)
+        # A group's settings are its job's now: a history taken under others is not kept.
+        inherit = not group.members and len(members) == 1
         for key in members - group.members:
             other = self._group_of.get(key)
             if other is not None and other in self._groups:
                 self._groups[other].members.discard(key)
             elif key in self.detectors:
+                self.detectors.reopen(key, now_ms)
+                if inherit and self.detectors.settings(key) == self.detectors.settings(group.key):
+                    self.detectors.adopt(group.key, key, now_ms, closed=False)
                 self.detectors.forget(key)
-                self._streams.pop(key, None)
             else:
                 self._attach[key] = None
                 self._detach.pop(key, None)
@@ -222,19 +219,6 @@ class MemberDetection:
         """The latest progress ``key`` reported (goes to the leader with the next report)."""
         self._progress[key] = report
 
-    def uncarry(self, key: Key, now_ms: int, *, closed: bool) -> None:
-        """A stream stops carrying ``key``: it ended abnormally (``closed``: evidence,
-        confirmed unless the key is heard again in time) or released it (forgotten)."""
-        left = self._streams.get(key, 0) - 1
-        if left > 0:
-            self._streams[key] = left
-            return
-        self._streams.pop(key, None)
-        if closed:
-            self.detectors.stream_closed(key, now_ms)
-        else:
-            self.forget(key)
-
     def forget(self, key: Key) -> None:
         """Stop watching ``key`` without suspicion (released, or no longer a participant)."""
         gid = self._group_of.pop(key, None)
@@ -244,7 +228,6 @@ class MemberDetection:
             self.detectors.forget(key)
             if self._attach.pop(key, False) is False:
                 self._detach[key] = None
-        self._streams.pop(key, None)
         self._progress.pop(key, None)
         self._timed.pop(key, None)
 
@@ -345,7 +328,7 @@ class MemberDetection:
                 self._timed[key] = last_ms
                 self._detection[kind].observe(silent_ms / 1000)
             out.append(Suspicion(key[0], key[1], kind, cause, silent_ms))
-            if key not in self._streams and key not in self._group_of:
+            if key not in self._group_of:
                 # Nobody carries it here any more: the leader decides from this report.
                 self.detectors.forget(key)
                 self._attach.pop(key, None)
@@ -356,13 +339,20 @@ class MemberDetection:
 
     def readings(self, now_ms: int) -> list[tuple[Key, int, int]]:
         """(key, phi in thousandths, heartbeat age ms) of the participants watched one by
-        one (per-participant streams), at most MAX_READINGS."""
+        one (per-participant streams' groups, and those left alone by a stream), at most
+        MAX_READINGS, in key order."""
+        alone = [k for k in self.detectors.tracked() if k[0] != GROUP_JOB]
+        one_by_one = [
+            key
+            for group in self._groups.values()
+            if group.readings
+            for key in group.members
+            if self._group_of.get(key) == group.key[1]
+        ]
         out = []
-        for key in self.detectors.tracked():
-            if key[0] == GROUP_JOB:
-                continue
-            phi = self.detectors.phi(key, now_ms)
-            age = self.detectors.heartbeat_age_ms(key, now_ms)
+        for key in sorted([*alone, *one_by_one]):
+            phi = self.phi(key, now_ms)
+            age = self.heartbeat_age_ms(key, now_ms)
             if phi is None or age is None:
                 continue
             milli = PHI_INFINITE_MILLI if math.isinf(phi) else int(phi * 1000)

@@ -25,7 +25,7 @@ from typing import Any
 
 import msgpack
 
-from ..leader.progress import ProgressReport
+from .progress import ProgressReport
 
 VERSION = 1
 # A report larger than this many participants in all is refused (a full report of a member

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from rallypoint.proto.v1 import rendezvous_pb2, rendezvous_pb2_grpc
 
-from ..node_api import ServerNode
+from ..node.api import ServerNode
 from ..state.commands import (
     CheckpointAbort,
     CheckpointBegin,

@@ -13,7 +13,7 @@ from importlib import metadata
 
 from rallypoint.proto.v1 import cluster_pb2, cluster_pb2_grpc
 
-from ..node_api import Member, MemberNotFoundError, NodeStatus, ServerNode
+from ..node.api import Member, MemberNotFoundError, NodeStatus, ServerNode
 from . import validate
 from .common import Context, header_pb, read_barrier, wait_s
 from .errors import InvalidArgument, PreconditionFailed
@@ -92,7 +92,7 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServicer):
                 )
             added = existing
         else:
-            added = await self.node.member_add(
+            added = await self.node.membership.add(
                 peer_address, client_address, request.as_learner, timeout_s=wait_s(context)
             )
         return cluster_pb2.MemberAddResponse(
@@ -110,7 +110,7 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServicer):
         voters = [m for m in status.members if not m.is_learner]
         if not member.is_learner and len(voters) == 1:
             raise PreconditionFailed(f"member {member_id} is the last voter; add another first")
-        await self.node.member_remove(member_id, timeout_s=wait_s(context))
+        await self.node.membership.remove(member_id, timeout_s=wait_s(context))
         return cluster_pb2.MemberRemoveResponse(
             header=header_pb(self.node.header()), members=self._members()
         )
@@ -121,7 +121,7 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServicer):
         member_id = validate.member_id(request.id)
         if not _find(self.node.status(), member_id).is_learner:
             raise PreconditionFailed(f"member {member_id} is already a voter")
-        await self.node.member_promote(member_id, timeout_s=wait_s(context))
+        await self.node.membership.promote(member_id, timeout_s=wait_s(context))
         return cluster_pb2.MemberPromoteResponse(
             header=header_pb(self.node.header()), members=self._members()
         )
@@ -134,7 +134,7 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServicer):
             raise PreconditionFailed(
                 f"member {request.target_id} is a learner and cannot lead; promote it first"
             )
-        await self.node.transfer_leader(request.target_id, timeout_s=wait_s(context))
+        await self.node.membership.transfer_leader(request.target_id, timeout_s=wait_s(context))
         return cluster_pb2.TransferLeaderResponse(header=header_pb(self.node.header()))
 
     async def Snapshot(

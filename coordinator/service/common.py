@@ -6,13 +6,15 @@ from typing import Any, TypeVar
 
 import grpc
 
-from rallypoint.proto.v1 import common_pb2
+from rallypoint.proto.v1 import common_pb2, rendezvous_pb2
 
-from ..node_api import Header, ServerNode
+from ..node.api import Header, ServerNode
 from ..state.commands import Command
-from ..state.errors import Failure
+from ..state.errors import Failure, JobNotFound
+from ..state.jobs import RoundState
 from ..state.results import Success
 from ..state.values import KeyValue
+from ..state.view import JobView
 from .errors import PreconditionFailed, RequestFailed
 
 # The longest a servicer waits for a proposal or a read barrier, whatever the client's
@@ -23,6 +25,14 @@ SuccessT = TypeVar("SuccessT", bound=Success)
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
+# A round's state on the wire (the Rendezvous service and its heartbeat streams).
+ROUND_STATES = {
+    RoundState.JOINING: rendezvous_pb2.ROUND_STATE_JOINING,
+    RoundState.ACTIVE: rendezvous_pb2.ROUND_STATE_ACTIVE,
+    RoundState.ENDED: rendezvous_pb2.ROUND_STATE_ENDED,
+}
+
+
 def header_pb(header: Header) -> common_pb2.ResponseHeader:
     return common_pb2.ResponseHeader(
         revision=header.revision,
@@ -30,6 +40,14 @@ def header_pb(header: Header) -> common_pb2.ResponseHeader:
         leader_id=header.leader_id,
         member_id=header.member_id,
     )
+
+
+def job_view(node: ServerNode, job_id: str) -> JobView:
+    """The job as this member has applied it; NOT_FOUND if it has none by that id."""
+    job = node.state.rendezvous.jobs.get(job_id)
+    if job is None:
+        raise RequestFailed(JobNotFound(job_id))
+    return job
 
 
 def kv_pb(kv: KeyValue, keys_only: bool = False) -> common_pb2.KeyValue:

@@ -5,7 +5,7 @@ without a known token, :class:`PermissionDenied` for a call its role does not al
 :class:`InvalidArgument` for a malformed request, :class:`RequestFailed` for a
 state-machine :class:`~..state.errors.Failure`, :class:`PreconditionFailed` for a
 well-formed request the current state forbids, :class:`WaitTimedOut` for a round-store wait
-that reached its timeout, or let a member's :class:`~..node_api.NodeError` propagate. The
+that reached its timeout, or let a member's :class:`~..node.api.NodeError` propagate. The
 handler wrapper installed by ``add_services`` catches whatever escapes a handler and calls
 :func:`status_for`, which decides the code, the message and the trailing metadata
 (``rallypoint-error-reason``, the name of an ``ErrorReason`` value, and ``rallypoint-leader``
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from ..node_api import (
+from ..node.api import (
     CompactedWatchError,
     LearnerNotReadyError,
     MemberNotFoundError,

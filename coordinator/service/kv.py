@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 from rallypoint.proto.v1 import kv_pb2, kv_pb2_grpc
 
-from ..node_api import ServerNode
+from ..node.api import ServerNode
 from ..state.commands import Add
 from ..state.results import AddResult, CompareAndSetResult, DeleteResult, PutResult
 from . import validate

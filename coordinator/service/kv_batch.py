@@ -48,7 +48,7 @@ from google.protobuf.message import Message
 from rallypoint.proto.v1 import common_pb2, kv_pb2
 from rallypoint.proto.v1.defaults import MAX_BATCH_OPERATIONS
 
-from ..node_api import ServerNode
+from ..node.api import ServerNode
 from ..state.commands import Command
 from ..state.results import CompareAndSetResult, DeleteResult, PutResult, Success
 from . import validate

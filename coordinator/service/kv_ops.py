@@ -6,7 +6,7 @@ from __future__ import annotations
 from rallypoint.proto.v1 import common_pb2, kv_pb2
 from rallypoint.proto.v1.defaults import MAX_DELETE_KEYS, MAX_LEASE_KEYS
 
-from ..node_api import ServerNode
+from ..node.api import ServerNode
 from ..state.commands import CompareAndSet, Delete, Put
 from ..state.results import CompareAndSetResult, DeleteResult, PutResult
 from . import validate

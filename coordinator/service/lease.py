@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from rallypoint.proto.v1 import lease_pb2, lease_pb2_grpc
 from rallypoint.proto.v1.defaults import MAX_LEASE_TTL_MS
 
-from ..node_api import ServerNode
+from ..node.api import ServerNode
 from ..state.commands import LeaseGrant, LeaseRevoke
 from ..state.errors import LeaseNotFound
 from ..state.results import LeaseEndResult, LeaseGrantResult

@@ -11,36 +11,13 @@ The reason string is computed here, from the state and ``node.leader_clock_ms()`
 machine holds no clock, and the reason is only a description, never a decision.
 
 Phi is soft state of the member that serves a participant's heartbeat stream
-(``coordinator/liveness``): GetJob reports each member's phi as the answering member's
-detectors see it, and 0 (as rendezvous.proto documents) for a participant whose stream
-another member serves. A suspicion that is certain (a closed stream confirmed) is +inf.
+(``coordinator/liveness``, reached through ``liveness.port.LivenessPort``): GetJob reports
+each member's phi as the answering member's detectors see it, and 0 (as rendezvous.proto
+documents) for a participant whose stream another member serves. A suspicion that is
+certain (a closed stream confirmed) is +inf.
 
-Heartbeat is a bidirectional stream of one participant per message, served by every member
-(as HeartbeatBatch is): the member that serves it runs the participant's detector and tells
-the leader (``coordinator/liveness``). A member cut off from the leader (none of its reports
-taken lately) ends the stream with UNAVAILABLE, so the worker moves to another member; the
-participants it had carried are released, not suspected. Each request feeds the detector of
-its (job, participant). The stream answers when the job's current round (number or state)
-differs from what the worker said or from what this stream last told it, and every
-``HEARTBEAT_ANSWER_EVERY`` heartbeats otherwise, so a worker learns of a change without a
-watch and knows the stream is alive.
-
-HeartbeatBatch is served by every member: each request beats for many participants of one
-job and is answered (same ``seq``) with an ``Assignment`` for each participant whose round
-changed since this stream last told it, and ``gone`` for one no longer in the job; a round
-change is also pushed at once, unasked (``seq`` 0; ``RoundSignals``: one watcher per job on
-this member). Each assignment is the state machine's O(1) ``rendezvous.assignment``, so a
-round change costs each participant its own few dozen bytes. A request's ``sent_ms``
-measures this member's intake lag (``liveness/local.py``); ``released`` participants are let
-go without suspicion.
-
-When a stream ends, every participant it carried that is still in its job is reported
-(``node.heartbeat_stream_closed``): a dead process's stream closing is immediate evidence,
-confirmed unless a new stream arrives within two heartbeat intervals. A worker that leaves
-does so before closing its stream, so it is no longer a participant when the stream ends
-and nothing is reported. The end itself cannot tell the two apart: gRPC hands the handler
-a client's cancellation (or a broken connection) as the same end of requests as a clean
-half-close, and only sometimes cancels the handler afterwards.
+Heartbeat and HeartbeatBatch are served by ``heartbeats.HeartbeatStreams``, one path for
+both (see there).
 
 WatchJob sends the job's current RoundInfo after a read barrier, then a fresh one whenever
 the job's revision moves (intermediate states may be coalesced; the latest never is),
@@ -56,18 +33,14 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import math
-from collections.abc import AsyncIterator, Iterable
-from typing import Any
+import contextlib
+from collections.abc import AsyncIterator
 
 from rallypoint.proto.v1 import rendezvous_pb2, rendezvous_pb2_grpc
 
-from ..leader.progress import ProgressReport
-from ..leader.supervisor import monotonic_ms
-from ..liveness.local import StreamClock
-from ..node_api import NotLeaderError, ServerNode
+from ..node.api import ServerNode
 from ..state.commands import CloseJob, Configure, Evict, Join, JoinBatch, Leave, PruneJobs
-from ..state.errors import JobNotFound, LimitExceeded, ParticipantNotFound
+from ..state.errors import JobNotFound, LimitExceeded
 from ..state.jobs import (
     EndReason,
     JobConfig,
@@ -89,32 +62,16 @@ from ..state.results import (
 from ..state.view import JobView
 from . import validate
 from .checkpoint import checkpoint_pb, memory_snapshot_pb
-from .common import Context, header_pb, propose, read_barrier
+from .common import ROUND_STATES, Context, header_pb, job_view, propose, read_barrier
 from .errors import InvalidArgument, RequestFailed
+from .heartbeats import WATCH_RECHECK_S, HeartbeatStreams, job_position
 
-# A HeartbeatBatch request names at most this many participants.
-MAX_BATCH_PARTICIPANTS = 100_000
-_ABSENT: object = object()
-# A heartbeat stream answers at least once per this many heartbeats.
-HEARTBEAT_ANSWER_EVERY = 10
-# How long WatchJob waits for an apply before re-checking anyway (a bound, not a poll: an
-# apply wakes it at once).
-WATCH_RECHECK_S = 5.0
 # The least time between two WatchJob messages about the same round in the same state.
 WATCH_COALESCE_S = 0.2
 # ListMembers' page size when the request says 0, and the most a request may ask for.
 LIST_MEMBERS_DEFAULT = 1_000
 LIST_MEMBERS_MAX = 10_000
-# A heartbeat's restore source is a word ("broadcast"); it ends up in the replicated round
-# record, so a longer one is cut here rather than refused (a heartbeat must not fail on it).
-MAX_RESTORE_CHARS = 32
 
-
-_ROUND_STATES = {
-    RoundState.JOINING: rendezvous_pb2.ROUND_STATE_JOINING,
-    RoundState.ACTIVE: rendezvous_pb2.ROUND_STATE_ACTIVE,
-    RoundState.ENDED: rendezvous_pb2.ROUND_STATE_ENDED,
-}
 _JOB_STATES = {
     JobState.OPEN: rendezvous_pb2.JOB_STATE_OPEN,
     JobState.FINISHED: rendezvous_pb2.JOB_STATE_FINISHED,
@@ -184,30 +141,13 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         # watcher of a job gets the same message, built once per change (a round of N workers
         # has N watchers, so building it per watcher costs N^2).
         self._pushed: dict[str, tuple[int, rendezvous_pb2.RoundInfo]] = {}
-        # Round-change signals for batch heartbeat streams (one watcher per job).
-        self._signals = RoundSignals()
+        self.liveness = node.liveness
+        self._heartbeats = HeartbeatStreams(node, node.liveness)
 
     # ----------------------------------------------------------------- reading jobs
 
-    async def _applied_through(self, pid: int, timeout_s: float = 2.0) -> None:
-        """Wait (bounded) until this member has applied the join that handed out participant
-        id ``pid``: until its applied index reaches ``pid``, or a batch it applied handed out
-        ids beyond it. A participant id is at least, not exactly, its join's raft index: a
-        JoinBatch hands out ids above its own, which a quiet cluster may never reach."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        state = self.node.state
-        while not state.rendezvous.participant_id_known(pid, state.applied_index):
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return
-            await self.node.wait_for_apply(remaining)
-
     def _job(self, job_id: str) -> JobView:
-        job = self.node.state.rendezvous.jobs.get(job_id)
-        if job is None:
-            raise RequestFailed(JobNotFound(job_id))
-        return job
+        return job_view(self.node, job_id)
 
     def _member_pb(
         self, job: JobView, pid: int, rank: int, with_phi: bool, names: dict[int, str]
@@ -220,10 +160,10 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         else:
             member.name = names.get(pid, "")
         if with_phi:
-            phi = self.node.phi(job.job_id, pid)
+            phi = self.liveness.phi(job.job_id, pid)
             member.phi = 0.0 if phi is None else phi
-            member.heartbeat_age_ms = self.node.heartbeat_age_ms(job.job_id, pid) or 0
-            progress = self.node.progress_of(job.job_id, pid)
+            member.heartbeat_age_ms = self.liveness.heartbeat_age_ms(job.job_id, pid) or 0
+            progress = self.liveness.progress_of(job.job_id, pid)
             if progress is not None:
                 member.step, member.step_ms, member.step_ratio = progress
         return member
@@ -234,7 +174,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         return rendezvous_pb2.RoundInfo(
             job=job.job_id,
             round=r.number,
-            state=_ROUND_STATES[r.state],
+            state=ROUND_STATES[r.state],
             members=[
                 self._member_pb(job, s.participant_id, s.rank, with_phi, names) for s in r.members
             ],
@@ -299,7 +239,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         return rendezvous_pb2.ListMembersResponse(
             header=header_pb(self.node.header()),
             round=r.number,
-            state=_ROUND_STATES[r.state],
+            state=ROUND_STATES[r.state],
             members=[self._member_pb(job, pid, rank, False, names) for pid, rank in page],
             more=start + limit < total,
         )
@@ -322,7 +262,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         loop = asyncio.get_running_loop()
         while True:
             job = self._job(job_id)
-            revision, position = job.revision, _position(job)
+            revision, position = job.revision, job_position(job)
             yield rendezvous_pb2.WatchJobResponse(
                 header=header_pb(self.node.header()), round=self._round_info_to_push(job)
             )
@@ -332,7 +272,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
                 await self.node.wait_for_apply(WATCH_RECHECK_S)
             # Changed. Within the same round and state, gather more changes for a moment.
             while (remaining := hold_until - loop.time()) > 0 and (
-                _position(self._job(job_id)) == position
+                job_position(self._job(job_id)) == position
             ):
                 await self.node.wait_for_apply(remaining)
 
@@ -359,245 +299,19 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         request_iterator: AsyncIterator[rendezvous_pb2.HeartbeatRequest],
         context: Context,
     ) -> AsyncIterator[rendezvous_pb2.HeartbeatResponse]:
-        # The participants this stream has fed, and the (round, state) it last told each.
-        carried: dict[tuple[str, int], tuple[int, RoundState] | None] = {}
-        heartbeats = 0
-        clock = StreamClock()
-        try:
-            async for request in request_iterator:
-                if request.sent_ms:
-                    self.node.request_lag(clock, monotonic_ms(), request.sent_ms)
-                job_id = validate.job_id(request.job)
-                pid = validate.positive(request.participant_id, "participant_id")
-                # The participant id is the raft index of its Join. A member that answered the
-                # Join may have applied it before this leader did (the leader's own write can
-                # finish after a quorum of followers acknowledged): wait for the apply rather
-                # than call a live participant unknown.
-                await self._applied_through(pid)
-                progress = None
-                if request.reports_progress:
-                    progress = _progress(request)
-                key = (job_id, pid)
-                if key not in carried:
-                    if not self.node.carry(job_id, pid):
-                        self._job(job_id)
-                        raise RequestFailed(ParticipantNotFound(job_id, pid))
-                    carried[key] = None
-                if not self.node.heartbeat(job_id, pid, progress):
-                    self._job(job_id)
-                    raise RequestFailed(ParticipantNotFound(job_id, pid))
-                told = carried[key]
-                heartbeats += 1
-                r = self._job(job_id).round
-                current = (r.number, r.state)
-                if (
-                    request.round != r.number
-                    or told != current
-                    or (heartbeats % HEARTBEAT_ANSWER_EVERY == 0)
-                ):
-                    carried[key] = current
-                    yield rendezvous_pb2.HeartbeatResponse(
-                        header=header_pb(self.node.header()),
-                        current_round=r.number,
-                        state=_ROUND_STATES[r.state],
-                    )
-        except NotLeaderError:
-            # This member is cut off from the leader: the worker moves to another member,
-            # which watches it afresh; this member's silence about it is no evidence.
-            for job_id, pid in sorted(carried):
-                self.node.heartbeat_released(job_id, pid)
-            carried.clear()
-            raise
-        finally:
-            jobs = self.node.state.rendezvous.jobs
-            for job_id, pid in sorted(carried):
-                job = jobs.get(job_id)
-                if job is not None and pid in job.participants:
-                    self.node.heartbeat_stream_closed(job_id, pid)
-                else:
-                    self.node.heartbeat_released(job_id, pid)
+        # aclosing: the stream's end (and its evidence) runs when gRPC closes this handler.
+        async with contextlib.aclosing(self._heartbeats.per_participant(request_iterator)) as it:
+            async for response in it:
+                yield response
 
     async def HeartbeatBatch(
         self,
         request_iterator: AsyncIterator[rendezvous_pb2.HeartbeatBatchRequest],
         context: Context,
     ) -> AsyncIterator[rendezvous_pb2.HeartbeatBatchResponse]:
-        # Per job this stream carries participants of: their group detector and what the
-        # stream last told each.
-        stream_jobs: dict[str, _StreamJob] = {}
-        clock = StreamClock()
-        requests = aiter(request_iterator)
-        next_request: asyncio.Future[rendezvous_pb2.HeartbeatBatchRequest] = asyncio.ensure_future(
-            anext(requests)
-        )
-        # The jobs this stream carries participants of, each with its round-change signal.
-        signals: dict[str, _JobSignal] = {}
-        changed: asyncio.Task[bool] | None = None
-        try:
-            while True:
-                if changed is None and signals:
-                    changed = asyncio.ensure_future(_first_set(signals.values()))
-                waiting: set[asyncio.Future[Any]] = {next_request}
-                if changed is not None:
-                    waiting.add(changed)
-                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                if changed is not None and changed in done:
-                    changed = None
-                    for job_id, signal in list(signals.items()):
-                        if signal.fired():
-                            signals[job_id] = self._signals.renew(job_id, signal)
-                            push = self._push(job_id, stream_jobs[job_id])
-                            if push is not None:
-                                yield push
-                if next_request not in done:
-                    continue
-                try:
-                    request = next_request.result()
-                except StopAsyncIteration:
-                    break
-                next_request = asyncio.ensure_future(anext(requests))
-                now_ms = monotonic_ms()
-                job_id = validate.job_id(request.job)
-                pids = list(request.participant_ids)
-                if len(pids) > MAX_BATCH_PARTICIPANTS:
-                    raise InvalidArgument(
-                        "participant_ids",
-                        f"a heartbeat batch names at most {MAX_BATCH_PARTICIPANTS} "
-                        f"participants, this one {len(pids)}",
-                    )
-                if len(request.rounds) not in (0, len(pids)):
-                    raise InvalidArgument(
-                        "rounds",
-                        f"{len(request.rounds)} entries for {len(pids)} participant_ids: give "
-                        "one per participant, or none",
-                    )
-                self.node.request_lag(clock, now_ms, request.sent_ms)
-                self.node.serves_heartbeats()
-                if request.known_index > self.node.state.applied_index:
-                    await self._applied_through(request.known_index)
-                answer = self._beat(job_id, pids, request, stream_jobs, now_ms)
-                if job_id not in signals:
-                    signals[job_id] = self._signals.subscribe(job_id, self.node)
-                    if changed is not None:
-                        changed.cancel()
-                        changed = None
-                yield answer
-        finally:
-            next_request.cancel()
-            if changed is not None:
-                changed.cancel()
-            for job_id in signals:
-                self._signals.unsubscribe(job_id)
-            now_ms = monotonic_ms()
-            for carried in stream_jobs.values():
-                self.node.close_group(carried.group, now_ms, closed=True)
-
-    def _push(
-        self, job_id: str, carried: _StreamJob
-    ) -> rendezvous_pb2.HeartbeatBatchResponse | None:
-        """An unsolicited answer (seq 0): the assignments of this stream's participants of
-        ``job_id`` whose round moved since the stream last told them; None if none did."""
-        job = self.node.state.rendezvous.jobs.get(job_id)
-        answer = rendezvous_pb2.HeartbeatBatchResponse(header=header_pb(self.node.header()))
-        told = carried.told
-        participants = job.participants if job is not None else {}
-        current = (job.round.number, job.round.state) if job is not None else None
-        stale = []
-        for pid in list(told):
-            if pid not in participants:
-                del told[pid]
-                self.node.group_release(carried.group, job_id, pid)
-                answer.assignments.add(participant_id=pid, gone=True)
-            elif told[pid] != current:
-                told[pid] = current
-                stale.append(pid)
-        if job is not None:
-            self._assign(job, stale, answer)
-        return answer if answer.assignments else None
-
-    def _assign(
-        self, job: JobView, pids: list[int], answer: rendezvous_pb2.HeartbeatBatchResponse
-    ) -> None:
-        """Add the assignment of each of ``pids`` (participants of ``job``) to ``answer``."""
-        if not pids:
-            return
-        namespace = f"{job.job_id}/{job.round.number}"
-        assignment = self.node.state.rendezvous.assignment
-        add = answer.assignments.add
-        for pid in pids:
-            seat = assignment(job.job_id, pid)
-            if seat is None:
-                add(participant_id=pid, gone=True)
-                continue
-            add(
-                participant_id=pid,
-                round=seat.round,
-                state=_ROUND_STATES[seat.state],
-                rank=seat.rank,
-                world_size=seat.world_size,
-                fencing_token=seat.fencing_token,
-                store_namespace=namespace,
-                waiting=seat.waiting,
-            )
-
-    def _beat(
-        self,
-        job_id: str,
-        pids: list[int],
-        request: rendezvous_pb2.HeartbeatBatchRequest,
-        stream_jobs: dict[str, _StreamJob],
-        now_ms: int,
-    ) -> rendezvous_pb2.HeartbeatBatchResponse:
-        """Feed the detectors for one batch request and answer it. A request that names
-        the same participants as the last one, with the job unchanged since, costs one
-        detector update whatever its size (the fast path: a stream's steady state)."""
-        job = self._job(job_id)
-        carried = stream_jobs.get(job_id)
-        if carried is None:
-            carried = stream_jobs[job_id] = _StreamJob(self.node.open_group(job_id, now_ms))
-        answer = rendezvous_pb2.HeartbeatBatchResponse(
-            header=header_pb(self.node.header()), seq=request.seq
-        )
-        told = carried.told
-        for pid in request.released:
-            if told.pop(pid, _ABSENT) is not _ABSENT:
-                self.node.group_release(carried.group, job_id, pid)
-                carried.last_pids = None
-        if pids != carried.last_pids or job.revision != carried.revision:
-            r = job.round
-            current = (r.number, r.state)
-            participants = job.participants
-            members: set[tuple[str, int]] = set()
-            stale: list[int] = []
-            for pid in pids:
-                if pid not in participants:
-                    if told.pop(pid, _ABSENT) is not _ABSENT:
-                        self.node.group_release(carried.group, job_id, pid)
-                    answer.assignments.add(participant_id=pid, gone=True)
-                    continue
-                members.add((job_id, pid))
-                if told.get(pid) != current:
-                    told[pid] = current
-                    stale.append(pid)
-            if len(told) > len(members):
-                named = {pid for _, pid in members}
-                for pid in [p for p in told if p not in named]:
-                    del told[pid]  # no longer named: silent from now (group_update)
-            self.node.group_update(carried.group, members, now_ms)
-            self._assign(job, stale, answer)
-            carried.last_pids = pids
-            carried.revision = job.revision
-        self.node.group_beat(carried.group, now_ms)
-        for entry in request.progress:
-            if entry.participant_id not in told:
-                continue
-            self.node.report_progress(
-                job_id,
-                entry.participant_id,
-                _progress(entry),
-                now_ms,
-            )
-        return answer
+        async with contextlib.aclosing(self._heartbeats.batch(request_iterator)) as it:
+            async for response in it:
+                yield response
 
     # ----------------------------------------------------------------- commands
 
@@ -689,7 +403,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
             participant_ids=list(result.participant_ids),
             waiting=list(result.waiting),
             round=result.round,
-            state=_ROUND_STATES[result.state],
+            state=ROUND_STATES[result.state],
         )
 
     async def Leave(
@@ -760,108 +474,3 @@ def _ended_names(job: JobView) -> dict[int, str]:
 
 def _participant_id(seat: Seat) -> int:
     return seat.participant_id
-
-
-def _progress(
-    message: rendezvous_pb2.HeartbeatRequest | rendezvous_pb2.ProgressReport,
-) -> ProgressReport:
-    """The progress fields a heartbeat (of either stream) reports, as the leader keeps them."""
-    return ProgressReport(
-        round=message.round,
-        step=message.step,
-        step_age_ms=message.step_age_ms,
-        step_ms=message.step_ms if math.isfinite(message.step_ms) else 0.0,
-        collectives_entered=message.collectives_entered,
-        waiting_in=message.waiting_in,
-        waiting_ms=message.waiting_ms,
-        restore=message.restore[:MAX_RESTORE_CHARS],
-    )
-
-
-def _position(job: JobView) -> tuple[int, RoundState, JobState]:
-    """What a watcher is told at once when it changes: round number, round state, job state."""
-    return job.round.number, job.round.state, job.state
-
-
-class _StreamJob:
-    """What one batch stream keeps for one job: its participants' group detector, what it
-    last told each (round, state), and the request and job revision last seen in full."""
-
-    __slots__ = ("group", "last_pids", "revision", "told")
-
-    def __init__(self, group: int) -> None:
-        self.group = group
-        self.told: dict[int, tuple[int, RoundState] | None] = {}
-        self.last_pids: list[int] | None = None
-        self.revision = -1
-
-
-class _JobSignal:
-    """Fires (its event is set) when a job's round number or state, or the job's state,
-    moves; ``RoundSignals.renew`` gives the next one."""
-
-    def __init__(self, position: tuple[int, RoundState, JobState] | None) -> None:
-        self.position = position
-        self.event = asyncio.Event()
-        self.users = 0
-        self.task: asyncio.Task[None] | None = None
-
-    def fired(self) -> bool:
-        return self.event.is_set()
-
-
-class RoundSignals:
-    """One watcher per job with batch heartbeat streams on this member (not one per stream):
-    it wakes on every apply, and fires the job's signal when its position moves."""
-
-    def __init__(self) -> None:
-        self._jobs: dict[str, _JobSignal] = {}
-
-    def subscribe(self, job_id: str, node: ServerNode) -> _JobSignal:
-        signal = self._jobs.get(job_id)
-        if signal is None:
-            job = node.state.rendezvous.jobs.get(job_id)
-            signal = self._jobs[job_id] = _JobSignal(None if job is None else _position(job))
-            signal.task = asyncio.get_running_loop().create_task(self._watch(job_id, node))
-        signal.users += 1
-        return signal
-
-    def renew(self, job_id: str, fired: _JobSignal) -> _JobSignal:
-        """The job's current signal (a fired one is replaced once, for every stream)."""
-        current = self._jobs.get(job_id)
-        return current if current is not None and current is not fired else fired
-
-    def unsubscribe(self, job_id: str) -> None:
-        signal = self._jobs.get(job_id)
-        if signal is None:
-            return
-        signal.users -= 1
-        if signal.users <= 0:
-            del self._jobs[job_id]
-            if signal.task is not None:
-                signal.task.cancel()
-
-    async def _watch(self, job_id: str, node: ServerNode) -> None:
-        while True:
-            await node.wait_for_apply(WATCH_RECHECK_S)
-            signal = self._jobs.get(job_id)
-            if signal is None:
-                return
-            job = node.state.rendezvous.jobs.get(job_id)
-            position = None if job is None else _position(job)
-            if position != signal.position:
-                fresh = _JobSignal(position)
-                fresh.users, fresh.task = signal.users, signal.task
-                self._jobs[job_id] = fresh
-                signal.event.set()
-
-
-async def _first_set(signals: Iterable[_JobSignal]) -> bool:
-    """Wait until one of ``signals`` fires."""
-    waits = [asyncio.ensure_future(s.event.wait()) for s in signals]
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for wait in waits:
-            wait.cancel()
-    return True

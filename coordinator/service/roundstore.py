@@ -40,7 +40,7 @@ from typing import TypeVar
 
 from rallypoint.proto.v1 import common_pb2, rendezvous_pb2, rendezvous_pb2_grpc
 
-from ..node_api import ServerNode
+from ..node.api import ServerNode
 from ..state.commands import StoreAdd, StoreCompareSet, StoreDelete, StoreSet
 from ..state.errors import Failure, LimitExceeded
 from ..state.jobs import RendezvousLimits

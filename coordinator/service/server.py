@@ -40,7 +40,7 @@ from rallypoint.proto.v1 import (
 
 from ..grpc_handlers import Parse, Recorder, parse_or_refuse, parsed_stream, taking_bytes
 from ..metrics import NodeMetrics
-from ..node_api import ProposalTimeoutError, ServerNode
+from ..node.api import ProposalTimeoutError, ServerNode
 from .authz import (
     CALLER,
     OPERATION_COUNTER,

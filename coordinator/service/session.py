@@ -8,7 +8,7 @@ from __future__ import annotations
 from rallypoint.proto.v1 import session_pb2, session_pb2_grpc
 from rallypoint.proto.v1.defaults import MAX_SESSION_TTL_MS
 
-from ..node_api import ServerNode
+from ..node.api import ServerNode
 from ..state.commands import OwnedSessionOpen, SessionClose, SessionKeepAlive, SessionOpen
 from ..state.results import SessionCloseResult, SessionKeepAliveResult, SessionOpenResult
 from . import validate

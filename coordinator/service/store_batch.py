@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from rallypoint.proto.v1 import rendezvous_pb2
 
-from ..node_api import ServerNode
+from ..node.api import ServerNode
 from .authz import OPERATION_COUNTER, OPERATION_GUARD, OperationGuard
 from .common import Context, read_barrier
 from .errors import InvalidArgument

@@ -57,7 +57,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from ..node_api import ProposalDroppedError, ServerNode
+from ..node.api import ProposalDroppedError, ServerNode
 from . import validate
 
 T = TypeVar("T")

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 
 from rallypoint.proto.v1 import watch_pb2, watch_pb2_grpc
 
-from ..node_api import CompactedWatchError, ServerNode
+from ..node.api import CompactedWatchError, ServerNode
 from ..state.values import Event, EventType
 from . import validate
 from .common import Context, header_pb, kv_pb

@@ -74,7 +74,7 @@ class JobConfig:
     acceptable_pause_ms: int = JOB_CONFIG.acceptable_pause_ms
     scale_up: bool = JOB_CONFIG.scale_up
     keep_checkpoints: int = JOB_CONFIG.keep_checkpoints
-    # Hang detection (coordinator/leader/progress.py); factors in thousandths, as the phi threshold.
+    # Hang detection (liveness/progress.py); factors in thousandths, as the phi threshold.
     hang_factor_milli: int = milli(JOB_CONFIG.hang_factor)
     hang_floor_ms: int = JOB_CONFIG.hang_floor_ms
     startup_timeout_ms: int = JOB_CONFIG.startup_timeout_ms

@@ -10,7 +10,7 @@ defaults are also what log entries written before a field existed read as (see
 ``coordinator/state/codec.py``), so ``tests/golden/records.json`` pins them: those never
 change, and a new behaviour gets a new field.
 
-This module imports nothing: it is part of the wire contract, below the client and the
+This module imports nothing of ours: it is part of the wire contract, below the client and the
 coordinator alike. Units are the wire's: ``phi_threshold``, ``hang_factor`` and
 ``straggler_factor`` are plain numbers.
 """
@@ -18,6 +18,7 @@ coordinator alike. Units are the wire's: ``phi_threshold``, ``hang_factor`` and
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,49 @@ JOB_CONFIG_REQUIRED = ("min_nodes", "max_nodes")
 def milli(factor: float) -> int:
     """A factor in thousandths, as the state machine keeps it (8.0 -> 8000)."""
     return round(factor * 1000)
+
+
+# The workers' own settings. They are not on the wire, but they are defaults users see, so
+# they live here too: worker/elastic/config.py (ElasticConfig, the arguments of
+# ``elastic_training``) and worker/torchrun.py (``--rdzv-conf``) take every default from this
+# module and type none of their own. A JobConfig field the elastic loop sets defaults to
+# JOB_CONFIG's, in the loop's units; the torchrun backend's, to TORCHRUN_JOB's.
+
+
+@dataclass(frozen=True, slots=True)
+class ElasticDefaults:
+    """``elastic_training``'s settings that are not JobConfig fields (worker/elastic/)."""
+
+    resume: bool = False
+    restore: Literal["auto", "checkpoint"] = "auto"
+    collective_timeout_s: float = 30.0
+    reform_timeout_s: float = 10.0
+    rejoin: bool = True
+    snapshot_every: int = 0
+
+
+ELASTIC = ElasticDefaults()
+
+
+#: The job a torchrun agent (worker/torchrun.py, ``--rdzv-conf``) creates: JOB_CONFIG but where
+#: torch's own rendezvous sets the user's expectations. Its timeout (``timeout``) defaults to
+#: 900 s; a round with min_nodes present waits a second for more (torch's c10d waits 30 s).
+TORCHRUN_JOB = JobConfigDefaults(
+    join_timeout_ms=900_000, last_call_ms=1000, acceptable_pause_ms=500
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TorchrunAgentDefaults:
+    """The torchrun agent's own ``--rdzv-conf`` settings (worker/torchrun.py), in seconds."""
+
+    client_timeout_s: float = 10.0
+    store_timeout_s: float = 300.0
+    # Where the workers' store listens: each agent serves its own node's workers.
+    bridge_host: str = "127.0.0.1"
+
+
+TORCHRUN_AGENT = TorchrunAgentDefaults()
 
 
 # Bounds on what one request may ask of a member. A member refuses a request past one with

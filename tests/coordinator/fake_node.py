@@ -8,10 +8,10 @@ raises the given member error), ``raise_next`` (an unexpected exception). Compac
 build it with small ``Limits`` and the watch history drops old revisions. The lessor's clock
 is ``clock_ms``, set by hand; it is also the leader clock (``leader_clock_ms``).
 
-Rendezvous: ``heartbeat`` knows every participant the state machine has (and raises like a
-follower under ``not_leader``); ``phis`` sets the suspicion reported for a (job,
-participant), leader only; ``heartbeats``, ``closed_streams`` and ``apply_waits`` record what
-the servicers did.
+Rendezvous: the fake is its own ``liveness`` (``liveness.port.LivenessPort``): ``cut_off``
+makes it refuse to serve heartbeats; ``phis`` sets the suspicion reported for a (job,
+participant), leader only; ``heartbeats``, ``carried``, ``released``, ``closed_streams`` and
+``apply_waits`` record what the servicers did.
 """
 
 from __future__ import annotations
@@ -26,11 +26,10 @@ from typing import Any, cast
 import grpc
 
 from rallypoint.coordinator.leader.lessor import Lessor
-from rallypoint.coordinator.leader.progress import ProgressReport
 from rallypoint.coordinator.liveness.local import StreamClock
-from rallypoint.coordinator.node_api import (
+from rallypoint.coordinator.liveness.progress import ProgressReport
+from rallypoint.coordinator.node.api import (
     CompactedWatchError,
-    CutOffError,
     Header,
     Member,
     MemberNotFoundError,
@@ -204,30 +203,13 @@ class FakeNode:
         self._check_serving()
         return self.lessor.remaining_ms(lease_id)
 
-    def heartbeat(
-        self, job: str, participant_id: int, progress: ProgressReport | None = None
-    ) -> bool:
-        # Any member serves heartbeats (unless cut off from the leader).
-        if self.raise_next is not None:
-            error, self.raise_next = self.raise_next, None
-            raise error
-        self.serves_heartbeats()
-        if progress is not None:
-            self.progress_reports.append((job, participant_id, progress))
-        found = self._state.rendezvous.jobs.get(job)
-        if found is None or participant_id not in found.participants:
-            return False
-        self.heartbeats.append((job, participant_id))
-        return True
+    # ------------------------------------------------------------------ LivenessPort
 
-    def carry(self, job: str, participant_id: int) -> bool:
-        found = self._state.rendezvous.jobs.get(job)
-        if found is None or participant_id not in found.participants:
-            return False
-        self.carried.append((job, participant_id))
-        return True
+    @property
+    def liveness(self) -> FakeNode:
+        return self
 
-    def open_group(self, job: str, now_ms: int) -> int:
+    def open_group(self, job: str, now_ms: int, *, readings: bool = False) -> int:
         self._groups.append(set())
         return len(self._groups) - 1
 
@@ -236,6 +218,9 @@ class FakeNode:
         self._groups[group] = set(members)
 
     def group_beat(self, group: int, now_ms: int) -> None:
+        if self.raise_next is not None:
+            error, self.raise_next = self.raise_next, None
+            raise error
         self.heartbeats.extend(sorted(self._groups[group]))
 
     def group_release(self, group: int, job: str, participant_id: int) -> None:
@@ -244,29 +229,23 @@ class FakeNode:
 
     def close_group(self, group: int, now_ms: int, *, closed: bool) -> None:
         members, self._groups[group] = self._groups[group], set()
-        if closed:
-            for job, pid in sorted(members):
-                found = self._state.rendezvous.jobs.get(job)
-                if found is not None and pid in found.participants:
-                    self.closed_streams.append((job, pid))
+        for job, pid in sorted(members):
+            found = self._state.rendezvous.jobs.get(job)
+            if closed and found is not None and pid in found.participants:
+                self.closed_streams.append((job, pid))
+            elif not closed:
+                self.released.append((job, pid))
 
     def report_progress(
         self, job: str, participant_id: int, progress: ProgressReport, now_ms: int
     ) -> None:
         self.progress_reports.append((job, participant_id, progress))
 
-    def serves_heartbeats(self) -> None:
-        if self.cut_off:
-            raise CutOffError(MEMBER_ID)
-
-    def heartbeat_released(self, job: str, participant_id: int) -> None:
-        self.released.append((job, participant_id))
+    def serves_heartbeats(self) -> bool:
+        return not self.cut_off
 
     def request_lag(self, clock: StreamClock, now_ms: int, sent_ms: int) -> None:
         self.lags.append(clock.lag_ms(now_ms, sent_ms))
-
-    def heartbeat_stream_closed(self, job: str, participant_id: int) -> None:
-        self.closed_streams.append((job, participant_id))
 
     def phi(self, job: str, participant_id: int) -> float | None:
         if self.leader_id != MEMBER_ID:
@@ -317,7 +296,11 @@ class FakeNode:
                 return member
         raise MemberNotFoundError(member_id)
 
-    async def member_add(
+    @property
+    def membership(self) -> FakeNode:
+        return self
+
+    async def add(
         self, peer_address: str, client_address: str, as_learner: bool, timeout_s: float = 10.0
     ) -> Member:
         self._check_serving()
@@ -327,11 +310,11 @@ class FakeNode:
         self.members.append(member)
         return member
 
-    async def member_remove(self, member_id: int, timeout_s: float = 10.0) -> None:
+    async def remove(self, member_id: int, timeout_s: float = 10.0) -> None:
         self._check_serving()
         self.members.remove(self._member(member_id))
 
-    async def member_promote(self, member_id: int, timeout_s: float = 10.0) -> Member:
+    async def promote(self, member_id: int, timeout_s: float = 10.0) -> Member:
         self._check_serving()
         member = self._member(member_id)
         promoted = Member(member_id, member.peer_address, member.client_address, False)

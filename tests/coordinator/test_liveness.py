@@ -8,8 +8,6 @@ import asyncio
 import msgpack
 import pytest
 
-from rallypoint.coordinator.leader.phi import DetectorSettings
-from rallypoint.coordinator.leader.progress import ProgressReport
 from rallypoint.coordinator.liveness import report as report_module
 from rallypoint.coordinator.liveness.coverage import (
     MEMBER_SILENT_MS,
@@ -21,6 +19,8 @@ from rallypoint.coordinator.liveness.local import (
     MemberDetection,
     StreamClock,
 )
+from rallypoint.coordinator.liveness.phi import DetectorSettings
+from rallypoint.coordinator.liveness.progress import ProgressReport
 from rallypoint.coordinator.liveness.report import (
     BadReport,
     LivenessReport,
@@ -35,7 +35,28 @@ from .job_replica import JobReplica
 SETTINGS = DetectorSettings(100, 8.0, 100, 50, 0)
 
 
-def beat(detection: MemberDetection, keys: list[tuple[str, int]], start_ms: int, count: int) -> int:
+class StreamedDetection(MemberDetection):
+    """A member's detection with each key on a per-participant stream of its own, fed as
+    ``service/heartbeats.py`` feeds it (a group of one per participant)."""
+
+    def __init__(self, metrics: NodeMetrics | None = None) -> None:
+        super().__init__(metrics)
+        self.streams: dict[tuple[str, int], int] = {}
+
+    def carry(self, key: tuple[str, int], settings: DetectorSettings, now_ms: int) -> None:
+        group = self.streams[key] = self.open_group(settings, now_ms, readings=True)
+        self.group_update(group, {key}, now_ms)
+
+    def heartbeat(self, key: tuple[str, int], now_ms: int) -> None:
+        self.group_beat(self.streams[key], now_ms)
+
+    def uncarry(self, key: tuple[str, int], now_ms: int, *, closed: bool) -> None:
+        self.close_group(self.streams.pop(key), now_ms, closed=closed)
+
+
+def beat(
+    detection: StreamedDetection, keys: list[tuple[str, int]], start_ms: int, count: int
+) -> int:
     """``count`` regular heartbeats of ``keys`` from ``start_ms``; the time after them."""
     now = start_ms
     for _ in range(count):
@@ -94,7 +115,7 @@ def test_garbage_and_oversized_reports_are_refused(monkeypatch: pytest.MonkeyPat
 
 
 def test_a_member_reports_what_it_starts_and_stops_carrying() -> None:
-    detection = MemberDetection()
+    detection = StreamedDetection()
     detection.carry(("j", 1), SETTINGS, 0)
     detection.carry(("j", 2), SETTINGS, 0)
     first = detection.take_report([])
@@ -115,7 +136,7 @@ def test_a_member_reports_what_it_starts_and_stops_carrying() -> None:
 
 
 def test_a_closed_stream_is_suspected_and_then_left_to_the_leader() -> None:
-    detection = MemberDetection()
+    detection = StreamedDetection()
     keys = [("j", 1), ("j", 2)]
     for key in keys:
         detection.carry(key, SETTINGS, 0)
@@ -130,7 +151,7 @@ def test_a_closed_stream_is_suspected_and_then_left_to_the_leader() -> None:
 
 
 def test_a_closed_stream_that_comes_back_in_time_is_not_suspected() -> None:
-    detection = MemberDetection()
+    detection = StreamedDetection()
     detection.carry(("j", 1), SETTINGS, 0)
     now = beat(detection, [("j", 1)], 0, 10)
     detection.uncarry(("j", 1), now, closed=True)
@@ -140,7 +161,7 @@ def test_a_closed_stream_that_comes_back_in_time_is_not_suspected() -> None:
 
 
 def test_a_member_whose_intake_lags_suspects_nobody() -> None:
-    detection = MemberDetection()
+    detection = StreamedDetection()
     keys = [("j", i) for i in range(1, 5)]
     for key in keys:
         detection.carry(key, SETTINGS, 0)
@@ -170,7 +191,7 @@ def test_a_member_whose_intake_lags_suspects_nobody() -> None:
 
 
 def test_phi_against_most_of_what_a_member_carries_waits_before_it_is_believed() -> None:
-    detection = MemberDetection(NodeMetrics(1))
+    detection = StreamedDetection(NodeMetrics(1))
     keys = [("j", i) for i in range(1, 5)]
     for key in keys:
         detection.carry(key, SETTINGS, 0)
@@ -184,7 +205,7 @@ def test_phi_against_most_of_what_a_member_carries_waits_before_it_is_believed()
 def test_a_young_detector_is_not_judged_by_phi_on_two_samples() -> None:
     """The first heartbeats after a join or a move are often late (the worker is busy
     joining): a detector with little history waits startup_ms before phi counts."""
-    detection = MemberDetection()
+    detection = StreamedDetection()
     detection.carry(("j", 1), SETTINGS, 0)
     detection.heartbeat(("j", 1), 100)
     detection.heartbeat(("j", 1), 200)
@@ -422,3 +443,33 @@ def test_the_leader_shows_the_phi_of_workers_whose_streams_other_members_serve(
     # Stale after two report periods: no reading rather than an old one.
     now[0] += 1_000
     assert sup.phi("j", pid) is None
+
+
+def test_only_groups_of_one_by_one_streams_report_readings() -> None:
+    """A per-participant stream's group (``readings=True``) gives the leader its member's
+    phi and heartbeat age, as a per-participant detector did; a batch stream's does not."""
+    detection = MemberDetection()
+    single = detection.open_group(SETTINGS, 0, readings=True)
+    detection.group_update(single, {("j", 1)}, 0)
+    batch = detection.open_group(SETTINGS, 0)
+    detection.group_update(batch, {("j", 2), ("j", 3)}, 0)
+    for now in (100, 200):
+        detection.group_beat(single, now)
+        detection.group_beat(batch, now)
+    ((key, _, age_ms),) = detection.readings(250)
+    assert (key, age_ms) == (("j", 1), 50)
+
+
+def test_a_closed_stream_reopened_here_in_time_is_counted_and_keeps_its_history() -> None:
+    metrics = NodeMetrics(1)
+    detection = StreamedDetection(metrics)
+    detection.carry(("j", 1), SETTINGS, 0)
+    now = beat(detection, [("j", 1)], 0, 10)
+    detection.uncarry(("j", 1), now, closed=True)
+    detection.carry(("j", 1), SETTINGS, now + 50)  # the worker's new stream, to this member
+    assert detection.detectors.streams_reopened == 1
+    # The new group goes on from the participant's history (ten regular heartbeats), not
+    # from a young detector: 1.5 s of silence is suspected by phi at once.
+    group = detection.streams[("j", 1)]
+    assert detection.detectors.last_heartbeat_ms(("\x00group", group)) == now
+    assert [s.key for s in detection.suspects(now + 1_500)] == [("j", 1)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from rallypoint.coordinator.members import (
+from rallypoint.coordinator.member_table import (
     APP_SNAPSHOT_FORMAT,
     ConfChangeContext,
     MemberAddress,

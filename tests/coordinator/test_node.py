@@ -13,11 +13,13 @@ from typing import Any
 
 import pytest
 
-from rallypoint.coordinator import node as node_module
-from rallypoint.coordinator import node_snapshots
-from rallypoint.coordinator.members import MemberAddress, decode_app_snapshot
-from rallypoint.coordinator.node import Node, NodeConfig, _unwrap, _wrap
-from rallypoint.coordinator.node_api import LearnerNotReadyError, NotLeaderError
+from rallypoint.coordinator.member_table import MemberAddress, decode_app_snapshot
+from rallypoint.coordinator.node import peer_face as node_peer_face
+from rallypoint.coordinator.node import snapshots as node_snapshots
+from rallypoint.coordinator.node.api import LearnerNotReadyError, NotLeaderError
+from rallypoint.coordinator.node.config import NodeConfig
+from rallypoint.coordinator.node.driver import Node
+from rallypoint.coordinator.node.proposals import unwrap, wrap
 from rallypoint.coordinator.state import machine
 from rallypoint.coordinator.state.commands import (
     Add,
@@ -283,18 +285,18 @@ async def test_entries_a_follower_already_holds_are_not_checked_again(
         await leader.propose(Put(b"k%d" % seq, b"v"), session_id=session, sequence=seq)
     await wait_applied(list(cluster.nodes.values()), leader.state.applied_index)
     follower = next(n for n in cluster.nodes.values() if not n.is_leader())
-    storage = follower._storage
+    storage = follower.storage
     assert storage is not None
     held = tuple(storage.entries(storage.first_index(), Index(storage.last_index() + 1)))
     assert len(held) >= 6
     checked: list[tuple[Entry, ...]] = []
-    real = node_module.validate_entries
+    real = node_peer_face.validate_entries
 
     def recording(entries: tuple[Entry, ...]) -> Any:
         checked.append(entries)
         return real(entries)
 
-    monkeypatch.setattr(node_module, "validate_entries", recording)
+    monkeypatch.setattr(node_peer_face, "validate_entries", recording)
     registry = follower.metrics.registry
 
     def received(held: str) -> float:
@@ -302,35 +304,35 @@ async def test_entries_a_follower_already_holds_are_not_checked_again(
         return registry.get_sample_value(name, {"held": held}) or 0.0
 
     before = received("true"), received("false")
-    follower.validate_entries(held)
+    follower.peers.validate_entries(held)
     assert checked == []
     assert (received("true"), received("false")) == (before[0] + len(held), before[1])
     last = held[-1]
     new = Entry(last.term, Index(last.index + 1), EntryType.NORMAL, b"\x01not an envelope")
     with pytest.raises(ValueError):
-        follower.validate_entries((*held, new))
+        follower.peers.validate_entries((*held, new))
     assert checked == [(new,)]
     # The same index and term as a held entry, other data: checked from there on.
     forged = dataclasses.replace(held[-2], data=b"\x01not an envelope")
     checked.clear()
     with pytest.raises(ValueError):
-        follower.validate_entries((*held[:-2], forged, held[-1]))
+        follower.peers.validate_entries((*held[:-2], forged, held[-1]))
     assert checked == [(forged, held[-1])]
 
 
 async def test_a_removed_members_id_is_never_given_again(cluster: Cluster) -> None:
     leader = await cluster.leader()
-    first = await leader.member_add("127.0.0.1:1", "127.0.0.1:2", as_learner=True)
+    first = await leader.membership.add("127.0.0.1:1", "127.0.0.1:2", as_learner=True)
     assert first.member_id == 4
-    await leader.member_remove(4)
+    await leader.membership.remove(4)
     # The highest id is gone from the configuration, yet a new member gets a fresh id: a
     # still-running process of the removed member 4 must never pass for the new one.
-    second = await leader.member_add("127.0.0.1:3", "127.0.0.1:4", as_learner=True)
+    second = await leader.membership.add("127.0.0.1:3", "127.0.0.1:4", as_learner=True)
     assert second.member_id == 5
 
     # Every member learned it by applying the changes, so any next leader agrees.
     async def learned(node: Node) -> None:
-        while node._membership.table.next_id() != 6:
+        while node.membership.table.next_id() != 6:
             await asyncio.sleep(0.01)
 
     await asyncio.wait_for(asyncio.gather(*(learned(n) for n in cluster.nodes.values())), 10)
@@ -342,22 +344,22 @@ async def test_a_learner_that_has_not_caught_up_is_not_promoted(cluster: Cluster
     for seq in range(1, 21):
         await leader.propose(Put(b"k%d" % seq, b"v"), session_id=session, sequence=seq)
     # Nothing runs at this address: the learner's log stays empty.
-    learner = await leader.member_add("127.0.0.1:1", "127.0.0.1:2", as_learner=True)
+    learner = await leader.membership.add("127.0.0.1:1", "127.0.0.1:2", as_learner=True)
     with pytest.raises(LearnerNotReadyError, match=r"not ready to be promoted.*needs 90%"):
-        await leader.member_promote(learner.member_id)
+        await leader.membership.promote(learner.member_id)
     follower = next(n for n in cluster.nodes.values() if n is not leader)
     with pytest.raises(NotLeaderError):
-        await follower.member_promote(learner.member_id)
+        await follower.membership.promote(learner.member_id)
     status = leader.status()
     assert next(m for m in status.members if m.member_id == learner.member_id).is_learner
 
 
 def proposal_ids_in_log(node: Node, proposer: int) -> list[int]:
     """The proposal ids of ``proposer``'s normal entries in ``node``'s log."""
-    storage = node._storage
+    storage = node.storage
     assert storage is not None
     entries = storage.entries(storage.first_index(), Index(storage.last_index() + 1))
-    found = [_unwrap(e.data) for e in entries if e.type is EntryType.NORMAL and e.data]
+    found = [unwrap(e.data) for e in entries if e.type is EntryType.NORMAL and e.data]
     return [proposal_id for who, proposal_id, _ in found if who == proposer]
 
 
@@ -403,7 +405,7 @@ async def test_an_invariant_broken_while_stepping_a_peer_message_stops_the_membe
     )
     try:
         with pytest.raises(AssertionError):
-            follower.deliver([heartbeat])
+            follower.peers.deliver([heartbeat])
     finally:
         follower.raw.step = original  # type: ignore[method-assign]
     # (In a daemon, on_fatal ends the process; here the peers' traffic may hit it too.)
@@ -428,7 +430,7 @@ async def test_a_peer_message_at_a_term_no_election_reaches_is_refused_and_logge
             term=Term(2**62 - 1),
         )
         with caplog.at_level(logging.ERROR, logger="rallypoint.node"):
-            follower.deliver([decode_message(encode_message(heartbeat))] * 3)
+            follower.peers.deliver([decode_message(encode_message(heartbeat))] * 3)
     assert [n.status().term for n in cluster.nodes.values()] == [term] * len(cluster.nodes)
     for follower in followers:
         refused = follower.metrics.peer_refusals.labels("term_out_of_range")
@@ -465,7 +467,7 @@ async def test_a_forwarded_proposal_without_a_leader_is_dropped_not_fatal(
         term=Term(0),
         entries=(Entry(Term(0), Index(0), EntryType.NORMAL, b""),),
     )
-    survivor.deliver([proposal])
+    survivor.peers.deliver([proposal])
     assert not cluster.fatal
 
 
@@ -476,15 +478,15 @@ async def test_a_proposal_forwarded_twice_reaches_the_leader(cluster: Cluster) -
     leader = await cluster.leader()
     first, second = (n for n in cluster.nodes.values() if n is not leader)
     envelope = Envelope(0, 0, 0, 0, LeaseExpire(424242))
-    data = _wrap(first.member_id, 99, encode_envelope(envelope))
+    data = wrap(first.member_id, 99, encode_envelope(envelope))
     proposal = Message(
         type=MessageType.MsgProp,
         to=NodeId(second.member_id),
         from_=NodeId(first.member_id),
         entries=(Entry(Term(0), Index(0), EntryType.NORMAL, data),),
     )
-    second.deliver([proposal])
-    storage = leader._storage
+    second.peers.deliver([proposal])
+    storage = leader.storage
     assert storage is not None
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 10
@@ -537,7 +539,7 @@ async def test_applies_continue_while_a_snapshot_is_encoded(
         assert not snapshot.done()
         release.set()
         assert await asyncio.wait_for(snapshot, 10) == index_at_request
-        storage = node._storage
+        storage = node.storage
         assert storage is not None
         stored = storage.snapshot()
         assert stored.metadata.index == index_at_request
@@ -566,8 +568,8 @@ async def test_votes_and_acks_leave_only_after_what_they_vouch_for_is_persisted(
     for _ in range(50):
         lasts = {}
         for member_id, node in cluster.nodes.items():
-            assert node._storage is not None
-            lasts[member_id] = int(node._storage.last_index())
+            assert node.storage is not None
+            lasts[member_id] = int(node.storage.last_index())
         if len(set(lasts.values())) == 1 and lasts == durable_last:
             break
         durable_last = lasts
@@ -576,7 +578,7 @@ async def test_votes_and_acks_leave_only_after_what_they_vouch_for_is_persisted(
         raise AssertionError(f"the members' logs never settled: {durable_last}")
     events: list[tuple[str, int, object]] = []  # appended from the disk thread and the loop
     for node in cluster.nodes.values():
-        storage = node._storage
+        storage = node.storage
         assert storage is not None
         write_batch = storage.write_batch
 
@@ -604,7 +606,7 @@ async def test_votes_and_acks_leave_only_after_what_they_vouch_for_is_persisted(
     for seq in range(1, 6):
         await leader.propose(Put(b"k%d" % seq, b"v"), session_id=session, sequence=seq)
     target = next(i for i in cluster.nodes if i != leader.member_id)
-    await leader.transfer_leader(target)  # an election: votes
+    await leader.membership.transfer_leader(target)  # an election: votes
     leader = await cluster.leader()
     await leader.propose(Put(b"after", b"v"), session_id=session, sequence=6)
 
@@ -644,11 +646,11 @@ async def test_a_member_added_after_compaction_gets_a_snapshot_naming_it(
         session = await open_session(leader)
         for seq in range(1, 151):
             await leader.propose(Put(b"k%03d" % seq, b"v"), session_id=session, sequence=seq)
-        storage = leader._storage
+        storage = leader.storage
         assert storage is not None
         await wait_until(lambda: storage.first_index() > 2, "the leader never compacted")
         peer_port, client_port = free_ports(2)
-        added = await leader.member_add(
+        added = await leader.membership.add(
             f"127.0.0.1:{peer_port}", f"127.0.0.1:{client_port}", as_learner=True
         )
         config = dataclasses.replace(
@@ -708,7 +710,7 @@ async def test_a_follower_slow_to_persist_is_not_sent_its_entries_again_and_agai
             leader_send(messages)
 
         leader._transport.send = recording  # type: ignore[method-assign]
-        leader.report_unreachable(follower.member_id)  # as after a broken stream: PROBE
+        leader.peers.report_unreachable(follower.member_id)  # as after a broken stream: PROBE
         puts = 40
         for seq in range(1, puts + 1):
             await leader.propose(Put(b"k%d" % seq, b"v" * 64), session_id=session, sequence=seq)

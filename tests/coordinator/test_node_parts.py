@@ -7,9 +7,9 @@ import gc
 
 import pytest
 
-from rallypoint.coordinator.node_api import ProposalDroppedError, ProposalTimeoutError
-from rallypoint.coordinator.node_proposals import ProposalIds, Waiters, unwrap, wrap
-from rallypoint.coordinator.node_reads import ReadIndexBatcher
+from rallypoint.coordinator.node.api import ProposalDroppedError, ProposalTimeoutError
+from rallypoint.coordinator.node.proposals import ProposalIds, Waiters, unwrap, wrap
+from rallypoint.coordinator.node.reads import ReadIndexBatcher
 from rallypoint.raft import ProposalDroppedError as RaftProposalDroppedError
 from rallypoint.raft.types import Index, ReadState
 

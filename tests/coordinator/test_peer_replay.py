@@ -17,7 +17,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from rallypoint.coordinator.node import Node
+from rallypoint.coordinator.node.driver import Node
 from rallypoint.coordinator.peer_auth import BATCH_TAG, batch_fields
 from rallypoint.coordinator.transport import PeerSender, open_session
 from rallypoint.proto.peer.v1 import peer_pb2
@@ -109,7 +109,7 @@ async def test_a_forwarded_proposal_replayed_on_its_own_connection_is_refused(
             request_serializer=peer_pb2.MessageBatch.SerializeToString,
             response_deserializer=peer_pb2.SendAck.FromString,
         )()
-        session = await open_session(call, follower.peer_key)
+        session = await open_session(call, follower.peers.peer_key)
         stamp = session.stamp(BATCH_TAG, batch_fields(batch))
         batch.challenge, batch.counter, batch.mac = stamp.challenge, stamp.counter, stamp.mac
         await call.write(batch)

@@ -9,7 +9,7 @@ from statistics import NormalDist
 
 import pytest
 
-from rallypoint.coordinator.leader.phi import (
+from rallypoint.coordinator.liveness.phi import (
     YOUNG_SAMPLES,
     DetectorSet,
     DetectorSettings,

@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rallypoint.coordinator.leader.progress import ProgressReport, ProgressTracker, Verdict
+from rallypoint.coordinator.liveness.progress import ProgressReport, ProgressTracker, Verdict
 from rallypoint.coordinator.state.jobs import JobConfig
 
 JOB = "job"

@@ -1,4 +1,4 @@
-"""Proposals made together reach the Raft core together (coordinator/node_proposals.py,
+"""Proposals made together reach the Raft core together (coordinator/node/proposals.py,
 ``Proposals``): the callers of one loop turn are one MsgProp of many entries, so a follower
 gets them in one append instead of one MsgApp each; every caller still gets its own result,
 and a batch the core refuses fails each of its callers with ProposalDroppedError."""
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from rallypoint.coordinator.node_api import ProposalDroppedError
-from rallypoint.coordinator.node_proposals import MAX_ENTRIES_PER_PROPOSAL, Proposals, Waiters
+from rallypoint.coordinator.node.api import ProposalDroppedError
+from rallypoint.coordinator.node.proposals import MAX_ENTRIES_PER_PROPOSAL, Proposals, Waiters
 from rallypoint.coordinator.state.commands import Put
 from rallypoint.coordinator.state.results import PutResult
 from rallypoint.raft import ProposalDroppedError as RaftProposalDroppedError

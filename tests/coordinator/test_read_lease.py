@@ -1,4 +1,4 @@
-"""Leader leases (coordinator/node_reads.py): the lease's clock on its own, the batcher
+"""Leader leases (coordinator/node/reads.py): the lease's clock on its own, the batcher
 renewing it, and members in one process answering reads under it, or by ReadIndex when it
 does not hold (after a pause, during a transfer, on a follower)."""
 
@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from rallypoint.coordinator.node import Node
-from rallypoint.coordinator.node_reads import (
+from rallypoint.coordinator.node.driver import Node
+from rallypoint.coordinator.node.reads import (
     LeaderLease,
     ReadIndexBatcher,
     lease_clock_s,
@@ -96,7 +96,7 @@ def count_read_index(node: Node) -> list[bytes]:
 async def held_lease(leader: Node) -> None:
     def held() -> bool:
         found = leader.raw.lease_read_index()
-        return found is not None and leader._lease.held(int(found[0]))
+        return found is not None and leader._reads.lease.held(int(found[0]))
 
     await wait_until(held, "the leader never held its lease")
 
@@ -125,7 +125,7 @@ async def test_a_leader_that_was_paused_falls_back_to_read_index(cluster: Cluste
     real_clock = lease_clock_s()
     # As if the process had been stopped for 5 s: its lease clock jumped past the lease
     # (the renewal that the tick loop then asks for starts after the pause).
-    leader._lease._clock_s = lambda: real_clock() + 5.0
+    leader._reads.lease._clock_s = lambda: real_clock() + 5.0
     asked = count_read_index(leader)
     await leader.read_barrier()
     assert len(asked) >= 1  # confirmed by a heartbeat round, not the stale lease
@@ -135,7 +135,9 @@ async def test_no_leased_read_once_a_transfer_begins(cluster: Cluster) -> None:
     leader = await cluster.leader()
     await held_lease(leader)
     target = next(n for n in cluster.nodes.values() if n is not leader)
-    transfer = asyncio.ensure_future(leader.transfer_leader(target.member_id, timeout_s=5.0))
+    transfer = asyncio.ensure_future(
+        leader.membership.transfer_leader(target.member_id, timeout_s=5.0)
+    )
     await asyncio.sleep(0)  # the core sent MsgTimeoutNow (or is catching the target up)
     assert leader.raw.lease_read_index() is None
     await transfer

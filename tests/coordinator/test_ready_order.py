@@ -1,4 +1,4 @@
-"""The Ready loop's order (coordinator/node.py): committed entries already durable apply
+"""The Ready loop's order (coordinator/node/driver.py): committed entries already durable apply
 before the Ready that announced their commit is written, so a caller's answer never waits
 for the write of a commit index."""
 
@@ -24,7 +24,7 @@ async def test_an_answer_does_not_wait_for_the_write_of_its_commit_index(
     first = await leader.propose(Put(b"a", b"1"), session_id=session, sequence=1)
     assert isinstance(first, PutResult)
     await wait_applied(list(cluster.nodes.values()), first.kv.mod_revision)
-    storage = leader._storage
+    storage = leader.storage
     assert storage is not None
     write_batch = storage.write_batch
     released = threading.Event()

@@ -23,7 +23,8 @@ from typing import cast
 import grpc
 import pytest
 
-from rallypoint.coordinator.node import Node, NodeConfig
+from rallypoint.coordinator.node.config import NodeConfig
+from rallypoint.coordinator.node.driver import Node
 from rallypoint.coordinator.service import add_services
 from rallypoint.proto.v1 import rendezvous_pb2 as pb
 from rallypoint.proto.v1 import rendezvous_pb2_grpc, session_pb2, session_pb2_grpc

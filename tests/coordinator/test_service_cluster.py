@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from rallypoint.coordinator.node_api import Member
+from rallypoint.coordinator.node.api import Member
 from rallypoint.proto.v1 import cluster_pb2, cluster_pb2_grpc
 
 from .fake_node import MEMBER_ID, TERM, FakeNode, fails, serving

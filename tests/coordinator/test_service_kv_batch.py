@@ -19,7 +19,7 @@ from rallypoint.client import (
     InvalidValueError,
 )
 from rallypoint.client import Client as RallypointClient
-from rallypoint.coordinator.node_api import NotLeaderError, ProposalTimeoutError
+from rallypoint.coordinator.node.api import NotLeaderError, ProposalTimeoutError
 from rallypoint.coordinator.service.tokens import ClientTokens
 from rallypoint.coordinator.state import Limits
 from rallypoint.coordinator.state.commands import Put

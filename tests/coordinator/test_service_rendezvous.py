@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from rallypoint.coordinator.service import rendezvous as rendezvous_service
-from rallypoint.coordinator.service.rendezvous import HEARTBEAT_ANSWER_EVERY
+from rallypoint.coordinator.service.heartbeats import HEARTBEAT_ANSWER_EVERY
 from rallypoint.coordinator.state import Limits
 from rallypoint.coordinator.state.jobs import RendezvousLimits
 from rallypoint.proto.v1 import common_pb2, rendezvous_pb2_grpc

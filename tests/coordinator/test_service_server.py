@@ -10,7 +10,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rallypoint.coordinator.node_api import (
+from rallypoint.coordinator.node.api import (
     CompactedWatchError,
     MemberNotFoundError,
     ProposalDroppedError,

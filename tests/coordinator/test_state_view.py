@@ -13,7 +13,7 @@ from pathlib import Path
 from mypy import api as mypy_api
 
 _HEADER = """
-from rallypoint.coordinator.node_api import ServerNode
+from rallypoint.coordinator.node.api import ServerNode
 from rallypoint.coordinator.state.commands import Put
 from rallypoint.coordinator.state.jobs import JobState
 from rallypoint.coordinator.state.view import StateView

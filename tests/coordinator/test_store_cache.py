@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from rallypoint.coordinator.node_api import (
+from rallypoint.coordinator.node.api import (
     NoLeaderError,
     NotLeaderError,
     ProposalDroppedError,

@@ -1,15 +1,16 @@
-"""The leader's rendezvous duties: who gets declared failed, and when not to believe phi;
+"""The supervisor's rendezvous duties: who gets declared failed, and when not to believe phi;
 the metrics it keeps of both; and when a round trains, with the restore its workers report."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 from rallypoint.coordinator.leader import supervisor as supervisor_module
-from rallypoint.coordinator.leader.progress import ProgressReport
 from rallypoint.coordinator.leader.supervisor import PHI_SAMPLE_SIZE, RendezvousSupervisor
+from rallypoint.coordinator.liveness.progress import ProgressReport
 from rallypoint.coordinator.metrics import NodeMetrics
 from rallypoint.coordinator.state.commands import Command, MemberFailed, RoundTrained
 from rallypoint.coordinator.state.jobs import JobConfig
@@ -33,15 +34,39 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     return clock
 
 
+class StreamedSupervisor(RendezvousSupervisor):
+    """The supervisor with each worker on a per-participant heartbeat stream to it, fed
+    through the liveness port as ``service/heartbeats.py`` does (a group of one each)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.streams: dict[tuple[str, int], int] = {}
+
+    def heartbeat(self, job: str, pid: int, progress: ProgressReport | None = None) -> None:
+        now_ms = supervisor_module.monotonic_ms()
+        key = (job, pid)
+        group = self.streams.get(key)
+        if group is None:
+            group = self.streams[key] = self.open_group(job, now_ms, readings=True)
+            self.group_update(group, {key}, now_ms)
+        self.group_beat(group, now_ms)
+        if progress is not None:
+            self.report_progress(job, pid, progress, now_ms)
+
+    def stream_closed(self, job: str, pid: int) -> None:
+        group = self.streams.pop((job, pid))
+        self.close_group(group, supervisor_module.monotonic_ms(), closed=True)
+
+
 async def _supervise(
     replica: JobReplica, clock: Clock, metrics: NodeMetrics | None = None
-) -> tuple[RendezvousSupervisor, list]:
+) -> tuple[StreamedSupervisor, list]:
     proposed: list[Command] = []
 
     async def propose(command: Command) -> None:
         proposed.append(command)
 
-    sup = RendezvousSupervisor(replica.sm, propose, clock, grace_ms=0, metrics=metrics)
+    sup = StreamedSupervisor(replica.sm, propose, clock, grace_ms=0, metrics=metrics)
     sup.promote()
     return sup, proposed
 
@@ -248,7 +273,7 @@ async def test_a_hang_is_timed_from_the_last_step_the_worker_completed(clock: Cl
 
 
 def _reported(
-    clock: Clock, sup: RendezvousSupervisor, number: int, reports: list[tuple[int, int, str]]
+    clock: Clock, sup: StreamedSupervisor, number: int, reports: list[tuple[int, int, str]]
 ) -> None:
     """Heartbeats carrying progress in round ``number``: (participant, step, restore) each."""
     for pid, step, restore in reports:

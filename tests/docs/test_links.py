@@ -148,11 +148,9 @@ def pointer_sources() -> list[Path]:
     ]
 
 
-# Pointers in files another branch is splitting up at the same time (worker/elastic.py
-# becomes the package worker/elastic/): fixed where the comment lands, then removed from here.
-# The pointer is a comment: "README, 'Security'" is now docs/security.md's "Client tokens and
-# roles".
-PENDING = {("worker/elastic.py", 'README, "Security"')}
+# Pointers in files another branch is splitting up at the same time: fixed where the comment
+# lands, then removed from here.
+PENDING: set[tuple[str, str]] = set()
 
 
 def names_a_heading(section: str, page: Path) -> bool:

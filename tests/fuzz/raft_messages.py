@@ -39,7 +39,7 @@ import google_crc32c
 import msgpack
 from hypothesis import strategies as st
 
-from rallypoint.coordinator.members import ConfChangeContext, decode_app_snapshot
+from rallypoint.coordinator.member_table import ConfChangeContext, decode_app_snapshot
 from rallypoint.coordinator.state.commands import decode_envelope
 from rallypoint.coordinator.state.machine import Limits, StateMachine
 from rallypoint.raft.codec import decode_conf_change
@@ -49,7 +49,7 @@ from rallypoint.raft.types import EntryType, MessageType
 from .wire import weighted
 
 MAX_VALUE = 2**62 - 1  # every term, index and id a peer sends is at most this (codec.py)
-ENTRY_HEADER = struct.Struct(">BQQ")  # version, proposer id, proposal id (coordinator/node.py)
+ENTRY_HEADER = struct.Struct(">BQQ")  # version, proposer, proposal id (node/proposals.py)
 ENTRY_VERSION = 1
 
 OUT_OF_RANGE = (2**62, 2**62 + 1, 2**63 - 1, 2**63, 2**64 - 2, 2**64 - 1, -1, -(2**63))

@@ -25,7 +25,7 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from rallypoint.coordinator.members import ConfChangeContext
+from rallypoint.coordinator.member_table import ConfChangeContext
 from rallypoint.coordinator.service import SERVICE_NAMES
 from rallypoint.coordinator.state.commands import Envelope, Put, encode_envelope
 from rallypoint.proto.v1 import kv_pb2, rendezvous_pb2

@@ -49,7 +49,7 @@ SNAPSHOTS = GOLDEN / "snapshots"  # format<N>-snapshot.msgpack: StateMachine.sna
 REQUIRED = {"required": True}
 DATA_SEGMENT_SIZE_BYTES = 4096  # the WAL segment size data/ was written with
 
-# The entry data a member writes (coordinator/node.py): version 1, proposing member, proposal
+# The entry data a member writes (coordinator/node/driver.py): version 1, proposing member, proposal
 # id, then the encoded Envelope. The generator writes it as the format it is; the tests read
 # it with the member's own code.
 ENTRY_HEADER = struct.Struct(">BQQ")

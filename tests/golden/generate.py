@@ -24,7 +24,7 @@ from typing import Any
 from google.protobuf import json_format
 from google.protobuf.message import Message as ProtoMessage
 
-from rallypoint.coordinator.members import (
+from rallypoint.coordinator.member_table import (
     ConfChangeContext,
     MemberAddress,
     MemberTable,

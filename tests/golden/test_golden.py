@@ -170,7 +170,7 @@ def test_raft_messages_decode_field_by_field_and_encode_the_same(path: Path) -> 
 
 
 def test_the_conf_change_decodes_field_by_field_and_encodes_the_same() -> None:
-    from rallypoint.coordinator.members import ConfChangeContext
+    from rallypoint.coordinator.member_table import ConfChangeContext
 
     data, expected = golden(RAFT / "conf-change.msgpack")
     change = decode_conf_change(data)

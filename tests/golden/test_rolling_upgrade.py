@@ -11,8 +11,8 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from rallypoint.coordinator.members import MemberAddress, decode_app_snapshot
-from rallypoint.coordinator.node import _unwrap
+from rallypoint.coordinator.member_table import MemberAddress, decode_app_snapshot
+from rallypoint.coordinator.node.proposals import unwrap
 from rallypoint.coordinator.state.codec import StateCodecError
 from rallypoint.coordinator.state.jobs import JobConfig, MemorySnapshotInfo, RoundState
 from rallypoint.coordinator.state.machine import SNAPSHOT_FORMAT, StateMachine
@@ -36,7 +36,7 @@ def data_dir(tmp_path: Path) -> Path:
 
 
 def apply_entries(machine: StateMachine, entries: list[Entry]) -> None:
-    """What a member's apply loop does with committed entries (coordinator/node.py)."""
+    """What a member's apply loop does with committed entries (coordinator/node/driver.py)."""
     for entry in entries:
         if entry.type is EntryType.CONF_CHANGE:
             change = decode_conf_change(entry.data)
@@ -44,7 +44,7 @@ def apply_entries(machine: StateMachine, entries: list[Entry]) -> None:
         elif not entry.data:
             machine.apply(entry.index, b"")
         else:
-            proposer_id, proposal_id, payload = _unwrap(entry.data)
+            proposer_id, proposal_id, payload = unwrap(entry.data)
             assert (proposer_id, proposal_id) == (1, entry.index)
             machine.apply(entry.index, payload)
 

@@ -1,5 +1,5 @@
 """The core's part of leader leases (``Config.leader_lease``; the clock half and the safety
-argument are in coordinator/node_reads.py): when ``lease_read_index`` lets a leader serve a
+argument are in coordinator/node/reads.py): when ``lease_read_index`` lets a leader serve a
 read without a round trip, and the votes a member refuses so that no other leader can be
 elected while a lease holds."""
 

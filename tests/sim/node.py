@@ -364,7 +364,7 @@ class SimNode:
 
     def install_creation(self, creation: Snapshot, abstaining: bool) -> None:
         """Write the cluster's creation to an empty disk (both bootstrap-rule outcomes do:
-        the coordinator's ``node_bootstrap``), then start."""
+        the coordinator's ``node/bootstrap.py``), then start."""
         assert self.empty
         self.storage.apply_snapshot(creation)
         self.storage.set_hard_state(HardState(Term(GENESIS_TERM), NONE, Index(GENESIS_INDEX)))

@@ -44,7 +44,8 @@ from rallypoint.worker.demo_train import (
     state_digest,
     train,
 )
-from rallypoint.worker.elastic import ElasticRound, ElasticRun
+from rallypoint.worker.elastic import ElasticRun
+from rallypoint.worker.elastic.commit import RoundCommits
 from rallypoint.worker.snapshots import SnapshotId, SnapshotPlacement
 
 
@@ -81,24 +82,24 @@ def main() -> None:
             outcome = f"refused: {error}"
         emit("zombie_store", {"t": time.time(), "round": round_.number, "outcome": outcome})
 
-    register = ElasticRound._register_snapshot
+    register = RoundCommits.register_snapshot
     snapshot_paused = False
 
     def pausing_register(
-        round_: ElasticRound, snapshot: SnapshotId, world_size: int, placement: SnapshotPlacement
+        commits: RoundCommits, snapshot: SnapshotId, world_size: int, placement: SnapshotPlacement
     ) -> bool:
         nonlocal snapshot_paused
         pause_file = probe_args.pause_snapshot_file
         if not snapshot_paused and pause_file is not None and pause_file.exists():
             snapshot_paused = True
-            fields = {"round": round_.number, "step": snapshot.step, "at": "snapshot"}
+            fields = {"round": commits.info.round, "step": snapshot.step, "at": "snapshot"}
             emit("pausing", {"t": time.time(), **fields})
             os.kill(os.getpid(), signal.SIGSTOP)
             assert run is not None
             run.participant.lost.wait(timeout=30)
-        return register(round_, snapshot, world_size, placement)
+        return register(commits, snapshot, world_size, placement)
 
-    ElasticRound._register_snapshot = pausing_register  # type: ignore[method-assign,assignment]
+    RoundCommits.register_snapshot = pausing_register  # type: ignore[method-assign,assignment]
 
     def after_formed(formed: ElasticRun) -> None:
         assert formed.current is not None and formed.current.formation is not None

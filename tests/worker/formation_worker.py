@@ -151,7 +151,7 @@ def main() -> None:
     if fault.hold_in_checkpoint_group:
         # The group the disk checkpoints' writes use, made at the round's first checkpoint
         # (by the elastic loop, or by the Checkpointer itself when not given one).
-        modules = ("rallypoint.worker.elastic", "rallypoint.worker.checkpoint")
+        modules = ("rallypoint.worker.elastic.round", "rallypoint.worker.checkpoint")
         hold_in_group_of(modules, "after publishing a checkpoint group address")
 
     with open_run(args, state, collective_timeout_s=fault.collective_timeout_s) as opened:

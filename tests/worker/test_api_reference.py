@@ -1,5 +1,5 @@
 """docs/api.md, the reference of ``elastic_training``, its events, rounds and TrainState, is
-generated from worker/elastic.py and kept true: fresh, every argument described, every
+generated from worker/elastic/ and kept true: fresh, every argument described, every
 event the code emits described with exactly the fields it carries. And ``on_event`` with the
 wrong signature is refused when the run is made, not at the worker's join."""
 
@@ -42,11 +42,12 @@ def test_every_argument_is_described_and_nothing_else() -> None:
 
 
 def emitted_events() -> dict[str, set[str]]:
-    """kind -> field names of every ``emit("kind", ...)`` in worker/elastic.py, following
+    """kind -> field names of every ``emit("kind", ...)`` in worker/elastic/, following
     ``**fields`` to the dict literal the same function builds."""
-    tree = ast.parse(Path(elastic.__file__).read_text())
+    package = Path(elastic.__file__).parent
+    trees = [ast.parse(module.read_text()) for module in sorted(package.glob("*.py"))]
     events: dict[str, set[str]] = {}
-    for function in ast.walk(tree):
+    for function in (node for tree in trees for node in ast.walk(tree)):
         if not isinstance(function, ast.FunctionDef):
             continue
         dicts = {

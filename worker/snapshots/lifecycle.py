@@ -159,7 +159,7 @@ class MemorySnapshots:
         already read its address waits in gloo's connect for about five times the group's
         timeout. The elastic loop therefore makes these groups while it makes its own process
         group, with the same short connect timeout and before the gate that every rank must
-        pass before any synchronous collective (worker/elastic.py, "Formation")."""
+        pass before any synchronous collective (worker/elastic/, "Formation")."""
         ranks = dist.get_process_group_ranks(process_group) if process_group else None
         made, self._made = self._made, None
         # Made for a world whose formation stopped before its attach.

@@ -11,10 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import WorkerError
 from .erasure import MAX_SHARES, erasure_groups, parity_holders
 
 
-class SnapshotError(Exception):
+class SnapshotError(WorkerError):
     """A snapshot could not be taken, protected or restored (the message says why)."""
 
 

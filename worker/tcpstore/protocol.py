@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..errors import WorkerError
+
 VALIDATION_MAGIC = 0x3C85F7CE
 
 _U8 = struct.Struct("<B")
@@ -64,7 +66,7 @@ class WaitResponse(enum.IntEnum):
     WAIT_CANCELED = 1
 
 
-class ProtocolError(Exception):
+class ProtocolError(WorkerError):
     """The peer sent something this bridge does not serve."""
 
 

@@ -42,6 +42,7 @@ from rallypoint.client import Client, DeadlineExceededError, RallypointError, Ro
 from rallypoint.client.tasks import cancel_and_wait
 from rallypoint.proto.v1.counters import fits_int64, parse_counter
 
+from ..errors import WorkerError
 from .coalescing import Adds, Reads, Writes, resolve
 from .protocol import (
     Add,
@@ -386,7 +387,7 @@ class PortRange:
         return ports
 
 
-class NoFreePortError(OSError):
+class NoFreePortError(OSError, WorkerError):
     """Every port of the range was in use."""
 
 

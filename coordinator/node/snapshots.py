@@ -2,12 +2,12 @@
 
 Theory of operation (Raft thesis 5.1, 5.3; etcd's ``etcdserver`` snapshot/compact and
 ``raft.ErrSnapshotTemporarilyUnavailable``). A snapshot is the application state (the
-state machine and the member address book) at an applied index, with the configuration at
+state machine and the member table) at an applied index, with the configuration at
 that index. Encoding a large state takes a while, so it never runs on the event loop, and
 the Ready loop keeps persisting, sending and applying while it runs:
 
 1. *capture*, on the event loop, between two applies: the applied index, the configuration,
-   a copy of the address book and a frozen copy of the state machine
+   a copy of the member table and a frozen copy of the state machine
    (``StateMachine.frozen_copy``, which later applies do not change);
 2. *encode* the capture on the encoder thread (not the disk thread, which must stay free for
    the WAL writes of the Readies that continue meanwhile);
@@ -57,8 +57,8 @@ from rallypoint.raft.types import (
     Term,
 )
 
-from .members import MemberTable, encode_app_snapshot
-from .state.machine import StateMachine
+from ..member_table import MemberTable, encode_app_snapshot
+from ..state.machine import StateMachine
 
 __all__ = ["Capture", "LeaderSnapshots", "Snapshots"]
 

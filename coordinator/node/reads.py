@@ -69,6 +69,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rallypoint.raft import RawNode, StateType
 from rallypoint.raft.types import ReadState
 
 __all__ = [
@@ -255,3 +256,53 @@ def _resolve(futures: list[asyncio.Future[None]]) -> None:
     for future in futures:
         if not future.done():
             future.set_result(None)
+
+
+class LinearizableReads(ReadIndexBatcher):
+    """The ReadIndex batcher of a running member, with its leader lease: what a linearizable
+    read waits on (``wait``), and the lease renewal the tick loop asks for."""
+
+    def __init__(
+        self,
+        raw: Callable[[], RawNode],
+        wake: Callable[[], None],
+        *,
+        lease_reads: bool,
+        tick_ms: int,
+        election_ticks: int,
+    ) -> None:
+        clock_s = lease_clock_s()
+        self.lease = LeaderLease(lease_duration_s(tick_ms, election_ticks), clock_s)
+        self._raw = raw
+        self._lease_reads = lease_reads
+        super().__init__(
+            lambda context: raw().read_index(context),
+            wake,
+            clock_s,
+            leader_term=self._leading_term,
+            on_confirmed=self.lease.confirmed,
+        )
+
+    def _leading_term(self) -> int:
+        """The term this member's core leads in, or 0 (a ReadIndex request is issued under
+        it: only a request issued while leading renews the lease)."""
+        status = self._raw().basic_status()
+        leading = status.soft_state.raft_state is StateType.LEADER
+        return int(status.hard_state.term) if leading else 0
+
+    def wait(self, applied_index: int) -> asyncio.Future[None]:
+        """A read's wait: under this leader's lease, for the state applied up to its commit
+        index (done at once if applied); otherwise a ReadIndex request's."""
+        if self._lease_reads:
+            found = self._raw().lease_read_index()
+            if found is not None and self.lease.held(int(found[0])):
+                return self.wait_applied(int(found[1]), applied_index)
+        return self.enqueue()
+
+    def renew_lease(self) -> None:
+        """A leader whose lease is half gone asks a quorum again."""
+        if not self._lease_reads:
+            return
+        found = self._raw().lease_read_index()
+        if found is not None and self.lease.wants_renewal(int(found[0])):
+            self.renew()

@@ -5,8 +5,9 @@ thread keeps beating while the training thread is stuck in a data loader, a dead
 collective a peer never entered. Workers that report progress (the elastic loop) add to each
 heartbeat the last step they completed (and how long ago), their recent time per step spent
 outside collectives, how many collectives they entered in the round, and the one they wait
-in (and for how long). The leader keeps this as soft state beside its failure detectors,
-restarted on every leader change (reports refill it within a heartbeat interval).
+in (and for how long). Every member passes on the progress its heartbeat streams carry
+(``ProgressReport``, in its liveness reports); the leader keeps it (``ProgressTracker``) as
+soft state, restarted on every leader change (reports refill it within a heartbeat interval).
 
 Hangs. In a synchronous job a hung rank stops everyone: the others finish their step and
 wait in the next collective. So silence alone cannot name the culprit; the collective can.

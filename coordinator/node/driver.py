@@ -28,21 +28,12 @@ never sorts messages by type, and it reads the core only through ``basic_status(
 servicers read it through ``StateView``.
 
 Everything else (ticks, messages from peers, proposals from the servicers) only calls into
-the core and wakes the loop. The parts live in modules of their own, by seam (etcd's
-``etcdserver/raft.go``, ``pkg/wait``, ``server.go``):
-
-- ``node_config``: what a member runs with;
-- ``node_bootstrap``: a member's first start (create the cluster, or abstain until caught up);
-- ``node_proposals``: entry framing, proposal ids unique per boot, and the waiters that
-  answer a caller when its entry applies;
-- ``node_reads``: the ReadIndex batcher and the leader lease behind linearizable reads;
-- ``node_membership``: the address book, the configuration, and membership changes;
-- ``node_snapshots``: periodic snapshots and snapshots for followers, encoded off the loop;
-- ``leader/``: the leader's clock-driven soft state (lease deadlines, failure detectors).
-
-This module holds the lifecycle (start, stop), the Ready loop and the apply path,
-the timers, and the two faces the rest of the daemon sees: ``PeerHost`` for the peer
-service and ``node_api.ServerNode`` for the servicers. The state machine never reads a
+the core and wakes the loop. This module holds the lifecycle (start, stop), the Ready loop
+and the apply path, the timers, and the face the servicers see (``api.ServerNode``); the
+other parts of the member are modules of this package (see ``__init__``), and callers reach
+them directly: ``Node.peers`` (``peer_face.PeerFace``) for the peer transport and service,
+``Node.membership`` for configuration changes, ``Node.liveness`` (the supervisor, as
+``liveness.port.LivenessPort``) for the heartbeat streams. The state machine never reads a
 clock: the proposing member stamps each command with its wall-clock time
 (``Envelope.leader_time_ms``).
 """
@@ -68,45 +59,41 @@ from rallypoint.raft import (
     Config,
     RawNode,
     Ready,
-    SnapshotStatus,
     SoftState,
     StateType,
 )
-from rallypoint.raft import ProposalDroppedError as RaftProposalDroppedError
 from rallypoint.raft.codec import decode_conf_change
-from rallypoint.raft.errors import (
-    StepLocalMsgError,
-    StepPeerNotFoundError,
-    TermOutOfRangeError,
-)
-from rallypoint.raft.log_storage import CompactedError, UnavailableError
 from rallypoint.raft.storage.disk_storage import DiskStorage, PersistRequest, SnapshotPolicy
 from rallypoint.raft.types import (
     NONE,
     Entry,
     EntryType,
     Index,
-    Message,
-    MessageType,
     NodeId,
     Snapshot,
     Term,
 )
 
-from . import identity as identity_file
-from .identity import Identity
-from .leader.lessor import Lessor
-from .leader.phi import DetectorSettings
-from .leader.progress import ProgressReport
-from .leader.supervisor import RendezvousSupervisor
-from .liveness.local import StreamClock
-from .members import decode_app_snapshot
-from .metrics import NodeMetrics
-from .node_api import (
+from .. import identity as identity_file
+from ..identity import Identity
+from ..leader.lessor import Lessor
+from ..leader.supervisor import RendezvousSupervisor
+from ..liveness.port import LivenessPort
+from ..member_table import decode_app_snapshot
+from ..metrics import NodeMetrics
+from ..peer_service import remove_partial_snapshots
+from ..role_log import ROLE_NAMES, RoleLog
+from ..round_metrics import RoundObserver
+from ..state.commands import Command, Envelope, LeaseExpire, encode_envelope
+from ..state.errors import Compacted
+from ..state.machine import StateMachine
+from ..state.results import LeaseEndResult, LeaseGrantResult, Result
+from ..state.values import Event
+from ..state.view import StateView
+from ..transport import Transport
+from .api import (
     CompactedWatchError,
-    CutOffError,
     Header,
-    Member,
     NodeError,
     NodeStatus,
     NoLeaderError,
@@ -114,35 +101,21 @@ from .node_api import (
     PeerProgress,
     ProposalTimeoutError,
 )
-from .node_bootstrap import begin_from_empty_storage, is_blank, is_fresh
-from .node_config import NodeConfig, PeerTls
-from .node_membership import Membership
-from .node_proposals import (
-    DecodedEntries,
+from .bootstrap import has_caught_up, settle_identity
+from .config import NodeConfig, PeerTls
+from .membership import Membership
+from .peer_face import PeerFace
+from .proposals import (
     ProposalIds,
     Proposals,
     Waiters,
     unwrap,
-    validate_entries,
     wrap,
 )
-from .node_reads import LeaderLease, ReadIndexBatcher, lease_clock_s, lease_duration_s
-from .node_snapshots import Capture, LeaderSnapshots, Snapshots, capture
-from .peer_auth import PeerKey
-from .peer_service import add_peer_service, remove_partial_snapshots
-from .preflight import SERVER_OPTIONS
-from .role_log import ROLE_NAMES, RoleLog
-from .round_metrics import RoundObserver
-from .state.commands import Command, Envelope, LeaseExpire, encode_envelope
-from .state.errors import Compacted
-from .state.jobs import JobConfig
-from .state.machine import StateMachine
-from .state.results import LeaseEndResult, LeaseGrantResult, Result
-from .state.values import Event
-from .state.view import StateView
-from .transport import GRPC_OPTIONS, Transport
+from .reads import LinearizableReads
+from .snapshots import Capture, LeaderSnapshots, Snapshots, capture
 
-__all__ = ["UNSAFE_STALE_READS", "Node", "NodeConfig", "PeerTls", "wall_clock_ms"]
+__all__ = ["UNSAFE_STALE_READS", "Node", "wall_clock_ms"]
 
 # Test-only: breaks linearizability/fencing on purpose for the fault-injection suite's negative
 # controls (tests/jepsen). With RALLYPOINT_UNSAFE_STALE_READS=1 in a member's environment when it
@@ -152,26 +125,13 @@ UNSAFE_STALE_READS = os.environ.get("RALLYPOINT_UNSAFE_STALE_READS") == "1"
 
 log = logging.getLogger("rallypoint.node")
 
-# The entry framing's old private names, kept for callers that imported them from here.
-_wrap, _unwrap = wrap, unwrap
-
-# Vote requests and answers: what a peer that abstains must not have counted.
-_VOTE_TRAFFIC = frozenset(
-    {
-        MessageType.MsgVote,
-        MessageType.MsgVoteResp,
-        MessageType.MsgPreVote,
-        MessageType.MsgPreVoteResp,
-    }
-)
-
 
 def wall_clock_ms() -> int:
     return int(time.time() * 1000)
 
 
 class Node:
-    """A member of a rallypoint cluster; implements ``node_api.ServerNode``."""
+    """A member of a rallypoint cluster; implements ``api.ServerNode``."""
 
     def __init__(
         self,
@@ -181,40 +141,24 @@ class Node:
         peer_tls: PeerTls | None = None,
     ) -> None:
         config.validate()
-        self._peer_tls = peer_tls
         self.config = config
-        self._peer_key = PeerKey(config.peer_secret)
-        self._cluster_id = config.cluster_id
-        # Settled in start(); see identity.py.
-        self._identity: Identity | None = None
-        # The incarnation each peer last sent with (in memory: for the log line when a peer
-        # comes back with a new data directory).
-        self._peer_incarnations: dict[int, int] = {}
-        # Per peer, the last term refused as out of range that was logged at error level (a
-        # peer stuck at such a term repeats it at heartbeat rate: one line per new term).
-        self._refused_terms: dict[int, int] = {}
-        # Per reason of a refused peer message: when it was last logged, and how many were
-        # refused since without a line (note_peer_refusal).
-        self._refusals_logged: dict[str, tuple[float, int]] = {}
+        self.member_id = config.member_id
+        self.cluster_id = config.cluster_id
+        # Settled in start() (see identity.py); replaced only when the member stops
+        # abstaining. Read by the peer face (its incarnation).
+        self.identity: Identity | None = None
         self._on_fatal = on_fatal or _exit_on_fatal
         self._rng = random.Random(int.from_bytes(os.urandom(8), "big"))
-        self._storage: DiskStorage | None = None
+        # Opened in start(); its files are written on the disk thread (self._disk) only.
+        self.storage: DiskStorage | None = None
         self._snapshots: Snapshots | None = None
-        # Envelopes decoded when a leader's entries were validated, for their apply.
-        self._decoded = DecodedEntries()
         self._raw: RawNode | None = None
         # Invariant: mutated only by the apply path (_apply, _install_snapshot).
         self._sm = StateMachine(config.limits)
-        # The last snapshot a peer sent, decoded off the loop by verify_snapshot: its bytes
-        # and the state they restore, for _install_snapshot to swap in.
-        self._verified_snapshot: tuple[bytes, StateMachine | None] = (b"", None)
-        self._membership = Membership(config.initial_members, config.join_existing)
         self._lessor = Lessor(lambda: int(time.monotonic() * 1000))
         self.metrics = NodeMetrics(config.member_id)
-        # Bound once: every append a follower receives counts here (validate_entries).
-        received = self.metrics.peer_entries_received
-        self._entries_held = received.labels(held="true")
-        self._entries_new = received.labels(held="false")
+        # What the peer transport and the peer service see of this member.
+        self.peers = PeerFace(self, config, peer_tls, self.metrics, self._on_fatal)
         self._round_metrics = RoundObserver(self.metrics)
         self._soft_state = SoftState(NONE, StateType.FOLLOWER)
         self._role_log = RoleLog(config.member_id, time.monotonic, log, pre_vote=config.pre_vote)
@@ -227,33 +171,26 @@ class Node:
         self._background: set[asyncio.Task[Any]] = set()
         self._proposal_ids = ProposalIds()
         self._waiters = Waiters()
-        # Entries proposed since the Ready loop last ran: it submits them together.
+        self.membership = Membership(
+            self, self._proposal_ids, self._waiters, config.initial_members, config.join_existing
+        )
         # (term, time.monotonic()) when this member last saw itself become leader.
         self._led_since: tuple[int, float] | None = None
+        # Entries proposed since the Ready loop last ran: it submits them together.
         self._proposals = Proposals(self._waiters)
-        lease_clock = lease_clock_s()
-        self._lease = LeaderLease(
-            lease_duration_s(config.tick_ms, config.election_ticks), lease_clock
-        )
-        self._reads = ReadIndexBatcher(
-            lambda context: self.raw.read_index(context),
+        self._reads = LinearizableReads(
+            lambda: self.raw,
             self.wake,
-            lease_clock,
-            leader_term=self._leader_term,
-            on_confirmed=self._lease.confirmed,
+            lease_reads=config.lease_reads,
+            tick_ms=config.tick_ms,
+            election_ticks=config.election_ticks,
         )
         self._applied_signal = asyncio.Event()
         self._leader_signal = asyncio.Event()
-        channel_factory = None
-        if peer_tls is not None:
-            credentials = peer_tls.channel_credentials()
-            channel_factory = lambda address: grpc.aio.secure_channel(  # noqa: E731
-                address, credentials, options=GRPC_OPTIONS
-            )
-        self._transport = Transport(self, self._rng, channel_factory)
+        self._transport = Transport(self.peers, self._rng, self.peers.channel_factory())
         self.supervisor = RendezvousSupervisor(
             self._sm,
-            lambda command: self.propose(command, timeout_s=5.0),
+            self._propose_quietly,
             wall_clock_ms,
             grace_ms=config.detector_grace_ms,
             metrics=self.metrics,
@@ -281,11 +218,11 @@ class Node:
             lambda: DiskStorage.open(
                 os.path.join(config.data_dir, "raft"),
                 segment_size_bytes=config.wal_segment_size_bytes,
-                policy=SnapshotPolicy(entries_per_snapshot=self._snapshot_interval()),
+                policy=SnapshotPolicy(entries_per_snapshot=config.snapshot_interval()),
             ),
         )
-        self._storage = storage
-        incoming = self.incoming_snapshot_dir()
+        self.storage = storage
+        incoming = self.peers.incoming_snapshot_dir()
         removed = await loop.run_in_executor(self._disk, remove_partial_snapshots, incoming)
         if removed:
             log.info(
@@ -293,24 +230,11 @@ class Node:
             )
         # Serve the peer port first: members asking Hello need an answer while this one
         # may itself be asking them (every member of a new cluster starts at once).
-        await self._start_peer_server()
-        # Storage that holds the creation (not blank) under an identity that votes is an
-        # intact disk: this member got every initial member's "fresh" once and has neither
-        # voted nor appended since, which Raft handles like any other state; asking again
-        # would only make it wait for members that may be down (bootstrap_rule.py).
-        intact_creation = found is not None and not found.abstaining and not is_blank(storage)
-        if is_fresh(storage) and not intact_creation:
-            identity = await begin_from_empty_storage(
-                config, self._peer_key, self._transport.channel, storage, found, self._disk
-            )
-        elif found is None:
-            # A data directory from before identities were recorded: it is trusted as is.
-            identity = Identity.new(self.cluster_id, config.member_id, abstaining=False)
-        else:
-            identity = found
-        identity = identity.started()
-        await loop.run_in_executor(self._disk, identity_file.save, config.data_dir, identity)
-        self._identity = identity
+        self._peer_server = await self.peers.serve()
+        identity = await settle_identity(
+            config, self.peers.peer_key, self._transport.channel, storage, found, self._disk
+        )
+        self.identity = identity
         # Unique across restarts: a committed entry of an earlier life never resolves a
         # waiter of this one (both key on the id).
         self._proposal_ids.start_boot(identity.boots)
@@ -335,7 +259,7 @@ class Node:
             Config(
                 id=NodeId(config.member_id),
                 storage=LeaderSnapshots(
-                    storage, lambda: snapshots.for_follower(self._membership.conf_state)
+                    storage, lambda: snapshots.for_follower(self.membership.conf_state)
                 ),
                 rng=self._rng,
                 election_tick=config.election_ticks,
@@ -369,29 +293,13 @@ class Node:
             " (not voting until caught up)" if identity.abstaining else "",
         )
 
-    async def _start_peer_server(self) -> None:
-        server = grpc.aio.server(options=SERVER_OPTIONS)
-        add_peer_service(server, self)
-        if self._peer_tls is not None:
-            server.add_secure_port(self.config.peer_address, self._peer_tls.server_credentials())
-        else:
-            server.add_insecure_port(self.config.peer_address)
-        await server.start()
-        self._peer_server = server
-
-    def _snapshot_interval(self) -> int:
-        """Entries between this member's snapshots: the configured count, stretched by up to
-        30% depending on the member id, so members do not all pause to snapshot at once."""
-        entries = self.config.snapshot_entries
-        return entries + entries * ((self.config.member_id - 1) % 4) // 10
-
     async def stop(self, *, transfer_leadership: bool = True) -> None:
         """Stop serving; a leader first hands leadership to the most up-to-date voter."""
         if self._stopping:
             return
         if transfer_leadership and self._raw is not None and self.is_leader():
             with contextlib.suppress(NodeError, asyncio.TimeoutError):
-                await self.transfer_leader(0, timeout_s=3.0)
+                await self.membership.transfer_leader(0, timeout_s=3.0)
         self._stopping = True
         await cancel_and_wait(*self._tasks)
         if self._snapshots is not None:
@@ -400,8 +308,8 @@ class Node:
         if self._peer_server is not None:
             await self._peer_server.stop(grace=0.5)
         self._fail_waiters(NodeError("this member is shutting down"))
-        if self._storage is not None:
-            storage = self._storage
+        if self.storage is not None:
+            storage = self.storage
             await asyncio.get_running_loop().run_in_executor(self._disk, storage.close)
         self._disk.shutdown(wait=True)
         log.info("member %d stopped", self.config.member_id)
@@ -459,7 +367,7 @@ class Node:
             self._proposals.submit(self.raw.propose_many, self.raw.leader_term())
 
     async def _handle_ready(self, rd: Ready) -> None:
-        storage = self._storage
+        storage = self.storage
         assert storage is not None and self._snapshots is not None
         raw = self.raw
         if rd.soft_state is not None:
@@ -513,7 +421,7 @@ class Node:
         """How many of ``rd``'s committed entries are durable in this member's log before
         ``rd`` is written: those at or below the persisted last index that ``rd``'s own
         entries do not overwrite. None with a snapshot (it replaces the state first)."""
-        storage = self._storage
+        storage = self.storage
         assert storage is not None
         if not rd.snapshot.is_empty() or not rd.committed_entries:
             return 0
@@ -528,25 +436,17 @@ class Node:
         return count
 
     async def _maybe_stop_abstaining(self) -> None:
-        """A member that lost its data votes again once its log holds, at the commit index,
-        an entry of the current term from the leader it follows: that leader's own entry is
-        committed, so every entry committed before it is in this log too (the Leader
-        Completeness property, thesis 3.6.3). The flag is cleared on disk first."""
-        storage = self._storage
-        assert storage is not None and self._identity is not None
+        """A member that lost its data votes again once it has caught up
+        (``bootstrap.has_caught_up``). The flag is cleared on disk first."""
+        storage = self.storage
+        assert storage is not None and self.identity is not None
         commit = self._commit_index
-        if self._soft_state.lead == NONE or commit == 0:
+        if not has_caught_up(storage, commit, self._term, self._soft_state.lead):
             return
-        try:
-            committed_term = storage.term(commit)
-        except (CompactedError, UnavailableError):
-            return
-        if committed_term != self._term:
-            return
-        identity = dataclasses.replace(self._identity, abstaining=False)
+        identity = dataclasses.replace(self.identity, abstaining=False)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._disk, identity_file.save, self.config.data_dir, identity)
-        self._identity = identity
+        self.identity = identity
         self.raw.set_abstain(False)
         log.warning(
             "member %d has caught up (commit %d of term %d from leader %d): it votes again",
@@ -559,7 +459,7 @@ class Node:
     def _on_soft_state(self, soft: SoftState) -> None:
         old = self._soft_state
         self._soft_state = soft
-        membership = self._membership
+        membership = self.membership
         term = self.raw.basic_status().hard_state.term
         self._role_log.observe(soft, term, membership.transfer_target)
         if soft.raft_state is not StateType.LEADER:
@@ -594,7 +494,7 @@ class Node:
             self._sm.apply(entry.index, b"")
             return
         proposer_id, proposal_id, payload = unwrap(entry.data)
-        result = self._sm.apply(entry.index, payload, self._decoded.take(entry))
+        result = self._sm.apply(entry.index, payload, self.peers.decoded.take(entry))
         if isinstance(result, LeaseGrantResult):
             self._lessor.grant(result.lease_id, result.ttl_ms)
         elif isinstance(result, LeaseEndResult):
@@ -605,7 +505,7 @@ class Node:
     def _apply_conf_change(self, entry: Entry) -> None:
         cc = decode_conf_change(entry.data)
         conf_state = self.raw.apply_conf_change(cc)
-        context, removed = self._membership.apply(cc, conf_state)
+        context, removed = self.membership.apply(cc, conf_state)
         for member_id in removed:
             self._spawn(self._transport.remove_peer(NodeId(member_id)))
             if member_id == self.config.member_id:
@@ -616,9 +516,8 @@ class Node:
 
     def _install_snapshot(self, snapshot: Snapshot) -> None:
         members, state = decode_app_snapshot(snapshot.data)
-        verified_data, decoded = self._verified_snapshot
-        self._verified_snapshot = (b"", None)
-        if decoded is not None and verified_data is snapshot.data:
+        decoded = self.peers.take_verified(snapshot.data)
+        if decoded is not None:
             self._sm.adopt(decoded)
             log.info(
                 "member %d: installed the leader's snapshot at %d (%d keys, decoded off the "
@@ -638,9 +537,9 @@ class Node:
                 )
         # The snapshot's state is as of its index even if no entry at it touched the state.
         self._sm.applied_index = max(self._sm.applied_index, snapshot.metadata.index)
-        self._membership.restore(members, snapshot.metadata.conf_state)
+        self.membership.restore(members, snapshot.metadata.conf_state)
         self._lessor.sync(self._sm.lease_list())
-        self._decoded.clear()
+        self.peers.decoded.clear()
         if self._snapshots is not None:  # None while starting from the stored snapshot
             self._snapshots.installed()
 
@@ -656,8 +555,8 @@ class Node:
         self._applied_signal = asyncio.Event()
 
     def _capture(self) -> Capture:
-        """The state to snapshot, taken between applies (see node_snapshots)."""
-        membership = self._membership
+        """The state to snapshot, taken between applies (see snapshots.py)."""
+        membership = self.membership
         return capture(self._sm, membership.table, membership.conf_state)
 
     def _fail_waiters(self, error: Exception) -> None:
@@ -678,252 +577,31 @@ class Node:
             self._role_log.check_leaderless()
             # A ReadIndex request unanswered for an election timeout was lost: ask again.
             self._reads.retry_if_lost(election_s, leader_known=self.leader_id != NONE)
-            self._renew_lease()
+            self._reads.renew_lease()
             self._wakeup.set()
-
-    def _leader_term(self) -> int:
-        """The term this member's core leads in, or 0 (a ReadIndex request is issued under
-        it: only a request issued while leading renews the lease)."""
-        status = self.raw.basic_status()
-        leading = status.soft_state.raft_state is StateType.LEADER
-        return int(status.hard_state.term) if leading else 0
-
-    def _renew_lease(self) -> None:
-        """A leader whose lease is half gone asks a quorum again (node_reads.py)."""
-        if not self.config.lease_reads:
-            return
-        found = self.raw.lease_read_index()
-        if found is not None and self._lease.wants_renewal(int(found[0])):
-            self._reads.renew()
 
     async def _lease_loop(self) -> None:
         while True:
             await asyncio.sleep(min(0.1, self.config.tick_ms / 1000))
             for lease_id in self._lessor.expired():
-                self._spawn(self._expire_lease(lease_id))
+                self._spawn(self._propose_quietly(LeaseExpire(lease_id)))
 
-    async def _expire_lease(self, lease_id: int) -> None:
+    async def _propose_quietly(self, command: Command) -> None:
+        """Lease expiries and the supervisor's verdicts: one that fails as expected (no
+        leader, dropped, timed out) is proposed again later if still due."""
         with contextlib.suppress(NodeError):
-            await self.propose(LeaseExpire(lease_id), timeout_s=5.0)
+            await self.propose(command, timeout_s=5.0)
 
-    # ---------------------------------------------------------------- PeerHost
-
-    @property
-    def member_id(self) -> int:
-        return self.config.member_id
+    # ---------------------------------------------------------------- for the parts
 
     @property
-    def cluster_id(self) -> int:
-        return self._cluster_id
-
-    @property
-    def peer_key(self) -> PeerKey:
-        return self._peer_key
-
-    @property
-    def incarnation(self) -> int:
-        return 0 if self._identity is None else self._identity.incarnation
-
-    @property
-    def abstaining(self) -> bool:
-        return self._raw is None or self._raw.abstaining
-
-    @property
-    def accepts_traffic(self) -> bool:
-        """False until the Raft node runs (while this member asks Hello, say), and once it
-        stops."""
-        return self._raw is not None and not self._stopping
+    def core(self) -> RawNode | None:
+        """The Raft core, or None before start (``raw`` asserts it is started)."""
+        return self._raw
 
     @property
     def stopping(self) -> bool:
         return self._stopping
-
-    @property
-    def peer_names_required(self) -> bool:
-        """With TLS on the peer port, a peer's certificate must name it (peer_auth.py)."""
-        return self._peer_tls is not None
-
-    def hello_answer(self, from_id: int) -> tuple[bool, bool, int, int]:
-        """(established, knows the asker, term, last index) for peer_hello.py. Only a member
-        with empty storage asks, so an established member says so in its own log: the asker
-        lost its data (or never ran since the cluster was created)."""
-        storage = self._storage
-        if storage is None:
-            return False, False, 0, 0
-        established = not is_fresh(storage)
-        knows = self._membership.knows(from_id)
-        if established:
-            log.warning(
-                "member %d: member %d started with empty storage and asked whether the "
-                "cluster exists: it lost its data (or never ran since the cluster was "
-                "created); told it exists, so %s",
-                self.member_id,
-                from_id,
-                "it rejoins without voting until it has caught up"
-                if knows
-                else "it refuses to start (it is not in the configuration)",
-            )
-        return established, knows, int(storage.hard_state.term), int(storage.last_index())
-
-    def deliver(
-        self, messages: list[Message], incarnation: int = 0, abstaining: bool = False
-    ) -> None:
-        """Step authenticated messages from one peer into Raft. The votes of a peer that
-        says it abstains (it lost its data and has not caught up) are dropped here too, in
-        case its Raft node sent them anyway. A message the core refuses as expected (from a
-        peer it does not know, a local type, or a proposal forwarded to this member after it
-        stopped leading, which the proposer's timeout covers) is dropped; anything else it
-        raises is a broken invariant and stops the member."""
-        raw = self.raw
-        if messages and incarnation:
-            peer_id = int(messages[0].from_)
-            if self._note_incarnation(peer_id, incarnation, abstaining) and abstaining:
-                # What a leader recorded this peer holds is void (raft: peer_lost_data).
-                raw.report_lost_data(NodeId(peer_id))
-        for message in messages:
-            if abstaining and message.type in _VOTE_TRAFFIC:
-                log.debug(
-                    "member %d: dropped %s from abstaining member %d",
-                    self.member_id,
-                    message.type.name,
-                    message.from_,
-                )
-                continue
-            try:
-                raw.step(message)
-            except (StepPeerNotFoundError, StepLocalMsgError, RaftProposalDroppedError) as exc:
-                log.debug("member %d dropped %s: %s", self.member_id, message.type.name, exc)
-            except TermOutOfRangeError as exc:
-                self._note_refused_term(message, exc)
-            except BaseException as exc:
-                log.critical(
-                    "member %d: fatal error stepping %s from member %d: %r",
-                    self.member_id,
-                    message.type.name,
-                    message.from_,
-                    exc,
-                    exc_info=exc,
-                )
-                self._on_fatal(exc)
-                raise
-        self._wakeup.set()
-
-    def _note_refused_term(self, message: Message, exc: TermOutOfRangeError) -> None:
-        """A message Raft refused for its term (raft/types.py MAX_TERM): a bug or corrupted
-        state at the sender. Counted, and logged as an error once per peer and term."""
-        self.metrics.peer_refusals.labels("term_out_of_range").inc()
-        peer = int(message.from_)
-        if self._refused_terms.get(peer) == message.term:
-            log.debug("member %d: %s", self.member_id, exc)
-            return
-        self._refused_terms[peer] = int(message.term)
-        log.error(
-            "member %d refused a message from member %d: %s; that member's state is "
-            "corrupt or it has a bug (its messages at this term are dropped)",
-            self.member_id,
-            peer,
-            exc,
-        )
-
-    def _note_incarnation(self, peer_id: int, incarnation: int, abstaining: bool) -> bool:
-        """Whether ``incarnation`` is new to this run. Warns once per new incarnation of a
-        peer: one this member saw change, or (this member restarted since) one that says it
-        abstains, which only a member that started from empty storage into an existing
-        cluster does."""
-        previous = self._peer_incarnations.get(peer_id)
-        self._peer_incarnations[peer_id] = incarnation
-        if previous == incarnation:
-            return False
-        if previous is None and not abstaining:
-            return True
-        log.warning(
-            "member %d: member %d came back with a new data directory (incarnation %016x, "
-            "was %s)%s",
-            self.member_id,
-            peer_id,
-            incarnation,
-            "not seen by this run" if previous is None else f"{previous:016x}",
-            ": it lost its data and does not vote until it has caught up" if abstaining else "",
-        )
-        return True
-
-    def peer_address(self, member_id: int) -> str | None:
-        address = self._membership.table.get(member_id)
-        return None if address is None else address.peer_address
-
-    def report_unreachable(self, member_id: int) -> None:
-        self.raw.report_unreachable(NodeId(member_id))
-        self._wakeup.set()
-
-    def report_snapshot(self, member_id: int, ok: bool) -> None:
-        status = SnapshotStatus.FINISH if ok else SnapshotStatus.FAILURE
-        self.raw.report_snapshot(NodeId(member_id), status)
-        self._wakeup.set()
-
-    def note_peer_refusal(self, reason: str, from_id: int, detail: str) -> None:
-        """Count refused traffic of a member and log it: a warning per reason at most once a
-        second (a replaying proxy can open streams as fast as it likes), saying how many
-        more were refused meanwhile."""
-        self.metrics.peer_refusals.labels(reason).inc()
-        now = time.monotonic()
-        logged_at, suppressed = self._refusals_logged.get(reason, (-1.0, 0))
-        if now - logged_at < 1.0 and logged_at >= 0:
-            self._refusals_logged[reason] = (logged_at, suppressed + 1)
-            log.debug("member %d: %s", self.member_id, detail)
-            return
-        self._refusals_logged[reason] = (now, 0)
-        log.warning(
-            "member %d: %s%s",
-            self.member_id,
-            detail,
-            f" ({suppressed} more refused for this reason since the last line)"
-            if suppressed
-            else "",
-        )
-
-    def incoming_snapshot_dir(self) -> str:
-        return os.path.join(self.config.data_dir, "incoming")
-
-    def validate_entries(self, entries: tuple[Entry, ...]) -> None:
-        """Raise ValueError unless every entry a peer sent would apply (see
-        ``node_proposals.validate_entries``); keep what was decoded for their apply. The
-        leading entries this member's log already holds exactly (index, term, type and data)
-        were checked when they first came (or were proposed here) and are not decoded again
-        (a leader resends entries when messages may have been lost); both kinds are counted
-        in ``rallypoint_peer_entries_received``."""
-        if self._raw is not None:
-            held = self._raw.held_prefix(entries)
-            if held:
-                self._entries_held.inc(held)
-                entries = entries[held:]
-            if not entries:
-                return
-        self._entries_new.inc(len(entries))
-        envelopes = validate_entries(entries)
-        self._decoded.keep(entries, envelopes, self._sm.applied_index)
-
-    @property
-    def max_snapshot_bytes(self) -> int:
-        return self.config.max_snapshot_bytes
-
-    def verify_snapshot(self, snapshot: Snapshot) -> None:
-        """Raise ValueError unless a received snapshot decodes and names a sane
-        configuration (run off the event loop: decoding a large state takes a while)."""
-        conf = snapshot.metadata.conf_state
-        if snapshot.metadata.index < 1 or snapshot.metadata.term < 1:
-            raise ValueError("a snapshot's index and term start at 1")
-        if not conf.voters:
-            raise ValueError("its configuration has no voter")
-        members, state = decode_app_snapshot(snapshot.data)
-        decoded = StateMachine(self.config.limits)
-        decoded.restore(state)  # raises StateCodecError if malformed
-        missing = [v for v in conf.voters if members.get(v) is None]
-        if missing:
-            raise ValueError(f"its member table lacks the addresses of voters {missing}")
-        # Kept for the install, which then swaps it in instead of decoding again on the event
-        # loop (a state of 1,000,000 keys takes seconds to decode). One reference assignment,
-        # so the loop sees the old or the new pair, never half of one.
-        self._verified_snapshot = (snapshot.data, decoded)
 
     # ---------------------------------------------------------------- ServerNode
 
@@ -957,20 +635,12 @@ class Node:
     def _not_leader_error(self, lead: int) -> NotLeaderError:
         if lead == NONE:
             return NoLeaderError()
-        address = self._membership.table.get(lead)
+        address = self.membership.table.get(lead)
         return NotLeaderError(lead, None if address is None else address.client_address)
 
     def require_leader(self) -> None:
         if not self.is_leader():
             raise self._not_leader_error(self.leader_id)
-
-    def next_proposal_id(self) -> int:
-        return self._proposal_ids.next()
-
-    async def propose_and_wait(
-        self, proposal_id: int, submit: Callable[[], None], timeout_s: float
-    ) -> Any:
-        return await self._waiters.propose_and_wait(proposal_id, submit, timeout_s, self.wake)
 
     async def propose(
         self,
@@ -985,11 +655,12 @@ class Node:
         if self.leader_id == NONE:
             raise NoLeaderError()
         envelope = Envelope(session_id, sequence, first_unacked, wall_clock_ms(), command)
-        proposal_id = self.next_proposal_id()
+        proposal_id = self._proposal_ids.next()
         data = wrap(self.member_id, proposal_id, encode_envelope(envelope))
         started = time.monotonic()
-        result: Result = await self.propose_and_wait(
-            proposal_id, lambda: self._proposals.queue(proposal_id, data, term), timeout_s
+        queue = lambda: self._proposals.queue(proposal_id, data, term)  # noqa: E731
+        result: Result = await self._waiters.propose_and_wait(
+            proposal_id, queue, timeout_s, self.wake
         )
         self.metrics.proposal_seconds.observe(time.monotonic() - started)
         return result
@@ -999,7 +670,7 @@ class Node:
             return
         if self.leader_id == NONE:
             raise NoLeaderError()
-        future = self._leased_read() or self._reads.enqueue()
+        future = self._reads.wait(self._sm.applied_index)
         if future.done():
             return  # a leased read of applied state: no turn of the loop to wait for
         try:
@@ -1009,16 +680,6 @@ class Node:
             raise ProposalTimeoutError(
                 f"linearizable read not confirmed within {timeout_s:.1f}s"
             ) from None
-
-    def _leased_read(self) -> asyncio.Future[None] | None:
-        """The wait of a read served under this leader's lease (for the state applied up to
-        its commit index), or None when it holds none (node_reads.py)."""
-        if not self.config.lease_reads:
-            return None
-        found = self.raw.lease_read_index()
-        if found is None or not self._lease.held(int(found[0])):
-            return None
-        return self._reads.wait_applied(int(found[1]), self._sm.applied_index)
 
     async def watch(
         self, start_revision: int, key: bytes, prefix: bool
@@ -1051,61 +712,9 @@ class Node:
         self.require_leader()
         return self._lessor.remaining_ms(lease_id)
 
-    def heartbeat(
-        self, job: str, participant_id: int, progress: ProgressReport | None = None
-    ) -> bool:
-        self.serves_heartbeats()
-        return self.supervisor.heartbeat(job, participant_id, progress)
-
-    def carry(self, job: str, participant_id: int) -> bool:
-        return self.supervisor.carry(job, participant_id)
-
-    def open_group(self, job: str, now_ms: int) -> int:
-        found = self.state.rendezvous.jobs.get(job)
-        config = found.config if found is not None else JobConfig(1, 1)
-        return self.supervisor.local.open_group(DetectorSettings.of_job(config), now_ms)
-
-    def group_update(self, group: int, members: set[tuple[str, int]], now_ms: int) -> None:
-        self.supervisor.local.group_update(group, members, now_ms)
-
-    def group_beat(self, group: int, now_ms: int) -> None:
-        self.supervisor.local.group_beat(group, now_ms)
-
-    def group_release(self, group: int, job: str, participant_id: int) -> None:
-        self.supervisor.local.group_release(group, (job, participant_id))
-
-    def close_group(self, group: int, now_ms: int, *, closed: bool) -> None:
-        self.supervisor.local.close_group(group, now_ms, closed=closed)
-
-    def report_progress(
-        self, job: str, participant_id: int, progress: ProgressReport, now_ms: int
-    ) -> None:
-        self.supervisor.report_progress(job, participant_id, progress, now_ms)
-
-    def heartbeat_released(self, job: str, participant_id: int) -> None:
-        self.supervisor.release(job, participant_id)
-
-    def request_lag(self, clock: StreamClock, now_ms: int, sent_ms: int) -> None:
-        self.supervisor.local.request_lag(clock, now_ms, sent_ms)
-
-    def serves_heartbeats(self) -> None:
-        if not self.supervisor.serves_heartbeats():
-            raise CutOffError(self.member_id)
-
-    def liveness_report(self, from_id: int, payload: bytes) -> bool:
-        return self.supervisor.take_report(from_id, payload)
-
-    def progress_of(self, job: str, participant_id: int) -> tuple[int, float, float] | None:
-        return self.supervisor.progress_of(job, participant_id) if self.is_leader() else None
-
-    def heartbeat_stream_closed(self, job: str, participant_id: int) -> None:
-        self.supervisor.stream_closed(job, participant_id)
-
-    def phi(self, job: str, participant_id: int) -> float | None:
-        return self.supervisor.phi(job, participant_id)
-
-    def heartbeat_age_ms(self, job: str, participant_id: int) -> int | None:
-        return self.supervisor.heartbeat_age_ms(job, participant_id)
+    @property
+    def liveness(self) -> LivenessPort:
+        return self.supervisor
 
     def leader_clock_ms(self) -> int:
         return wall_clock_ms()
@@ -1131,7 +740,7 @@ class Node:
             )
             for peer_id, pr in sorted(raw_status.progress.items())
         )
-        storage = self._storage
+        storage = self.storage
         assert storage is not None
         return NodeStatus(
             member_id=self.member_id,
@@ -1142,27 +751,12 @@ class Node:
             commit_index=int(raw_status.hard_state.commit),
             applied_index=int(raw_status.applied),
             snapshot_index=int(storage.snapshot().metadata.index),
-            members=self._membership.members(),
+            members=self.membership.members(),
             progress=progress,
             abstaining=self.raw.abstaining,
         )
 
     # ---------------------------------------------------------------- membership
-
-    async def member_add(
-        self, peer_address: str, client_address: str, as_learner: bool, timeout_s: float = 10.0
-    ) -> Member:
-        return await self._membership.add(self, peer_address, client_address, as_learner, timeout_s)
-
-    async def member_remove(self, member_id: int, timeout_s: float = 10.0) -> None:
-        await self._membership.remove(self, member_id, timeout_s)
-
-    async def member_promote(self, member_id: int, timeout_s: float = 10.0) -> Member:
-        """Learner to voter, on the leader, once the learner's log has caught up."""
-        return await self._membership.promote(self, member_id, timeout_s)
-
-    async def transfer_leader(self, target_id: int, timeout_s: float = 10.0) -> int:
-        return await self._membership.transfer_leader(self, target_id, timeout_s)
 
     async def wait_for_leader_change(self, timeout_s: float) -> None:
         with contextlib.suppress(TimeoutError):

@@ -37,9 +37,9 @@ from rallypoint.raft import ProposalDroppedError as RaftProposalDroppedError
 from rallypoint.raft.codec import decode_conf_change
 from rallypoint.raft.types import Entry, EntryType
 
-from .members import ConfChangeContext
-from .node_api import ProposalDroppedError, ProposalTimeoutError
-from .state.commands import Envelope, decode_envelope
+from ..member_table import ConfChangeContext
+from ..state.commands import Envelope, decode_envelope
+from .api import ProposalDroppedError, ProposalTimeoutError
 
 __all__ = [
     "ENTRY_HEADER",

@@ -15,9 +15,9 @@ from typing import Protocol
 
 import grpc
 
-from .members import MemberAddress
-from .peer_auth import cluster_id_for
-from .state.machine import Limits
+from ..member_table import MemberAddress
+from ..peer_auth import cluster_id_for
+from ..state.machine import Limits
 
 __all__ = ["NodeConfig", "PeerTls"]
 
@@ -39,7 +39,7 @@ class NodeConfig:
     peer_address: str  # host:port this member's peers reach it at (and it listens on)
     client_address: str  # host:port clients reach it at
     # The cluster's members when it was created (bootstrap) or, for a member joining an
-    # existing cluster, the address book to reach the others until a snapshot arrives.
+    # existing cluster, the member table to reach the others until a snapshot arrives.
     initial_members: dict[int, MemberAddress] = field(default_factory=dict)
     join_existing: bool = False
     # The secret every member holds (peer_auth.py); at least 16 bytes. Required: the peer
@@ -65,7 +65,7 @@ class NodeConfig:
     pre_vote: bool = True
     check_quorum: bool = True
     # A leader answers linearizable reads under a lease, without a heartbeat round, while a
-    # quorum confirmed it recently (node_reads.py). Needs check_quorum; every member of a
+    # quorum confirmed it recently (node/reads.py). Needs check_quorum; every member of a
     # cluster must run with the same setting.
     lease_reads: bool = True
     # After becoming leader, no worker is declared failed for this long: heartbeats need a
@@ -75,6 +75,12 @@ class NodeConfig:
     @property
     def cluster_id(self) -> int:
         return cluster_id_for(self.peer_secret, self.cluster_name)
+
+    def snapshot_interval(self) -> int:
+        """Entries between this member's snapshots: the configured count, stretched by up to
+        30% depending on the member id, so members do not all pause to snapshot at once."""
+        entries = self.snapshot_entries
+        return entries + entries * ((self.member_id - 1) % 4) // 10
 
     def validate(self) -> None:
         if len(self.peer_secret) < 16:

@@ -1,13 +1,14 @@
-"""Membership: the address book, the Raft configuration, and the changes an operator asks for.
+"""Membership changes: the Raft configuration, and the changes an operator asks for.
 
 Theory of operation (Raft thesis 4.1, 4.2.1, 4.3; etcd's ``server.go`` AddMember, RemoveMember,
 PromoteMember, TransferLeadership). The configuration (``ConfState``: voters, learners) is
-Raft's; the addresses at which members are reached are ours (``MemberTable``). Both change
-only when a configuration-change entry applies, on every member in log order, and both are
+Raft's; the addresses at which members are reached are ours (``MemberTable``, in
+``coordinator/member_table.py``, kept in step with the configuration here). Both change only
+when a configuration-change entry applies, on every member in log order, and both are
 restored together from a snapshot, so every member agrees on them at every index.
 
 A change is proposed on the leader with a ``ConfChangeContext`` that carries the new
-member's addresses and the proposal id of the caller's waiter (``node_proposals``). Raft
+member's addresses and the proposal id of the caller's waiter (``proposals``). Raft
 accepts one change at a time: the leader first waits, bounded by the caller's deadline, for
 the previous change (or a new leader's no-op) to be applied, rather than refuse a caller who
 made two changes in a row. New members join as learners and are promoted to voters only once
@@ -23,8 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from rallypoint.raft import RawNode
 from rallypoint.raft.types import (
@@ -36,8 +36,8 @@ from rallypoint.raft.types import (
     NodeId,
 )
 
-from .members import ConfChangeContext, MemberAddress, MemberTable
-from .node_api import (
+from ..member_table import ConfChangeContext, MemberAddress, MemberTable
+from .api import (
     PROMOTE_READY_PERCENT,
     LearnerNotReadyError,
     Member,
@@ -45,6 +45,7 @@ from .node_api import (
     ProposalDroppedError,
     ProposalTimeoutError,
 )
+from .proposals import ProposalIds, Waiters
 
 __all__ = ["Membership", "MembershipHost"]
 
@@ -65,15 +66,9 @@ class MembershipHost(Protocol):
         """Raise NotLeaderError unless this member leads."""
         ...
 
-    def next_proposal_id(self) -> int: ...
-
     def wake(self) -> None:
         """Let the Ready loop run: the core has work."""
         ...
-
-    async def propose_and_wait(
-        self, proposal_id: int, submit: Callable[[], None], timeout_s: float
-    ) -> Any: ...
 
     async def wait_for_apply(self, timeout_s: float) -> bool: ...
 
@@ -83,7 +78,21 @@ class MembershipHost(Protocol):
 
 
 class Membership:
-    def __init__(self, initial_members: dict[int, MemberAddress], join_existing: bool) -> None:
+    """The configuration and its changes, on ``host``; callers of the changes (``add``,
+    ``remove``, ``promote``, ``transfer_leader``) reach this object directly
+    (``api.ServerNode.membership``)."""
+
+    def __init__(
+        self,
+        host: MembershipHost,
+        proposal_ids: ProposalIds,
+        waiters: Waiters,
+        initial_members: dict[int, MemberAddress],
+        join_existing: bool,
+    ) -> None:
+        self._host = host
+        self._proposal_ids = proposal_ids
+        self._waiters = waiters
         self._initial_members = dict(initial_members)
         self._join_existing = join_existing
         self.table = MemberTable(dict(initial_members))
@@ -113,7 +122,7 @@ class Membership:
         )
 
     def knows(self, member_id: int) -> bool:
-        """In the configuration or the address book (for peer_hello.py)."""
+        """In the configuration or the member table (for peer_hello.py)."""
         conf = self.conf_state
         in_conf = member_id in set(conf.voters) | set(conf.learners) | set(conf.voters_outgoing)
         return in_conf or self.table.get(member_id) is not None
@@ -138,7 +147,7 @@ class Membership:
         return context, removed
 
     def restore(self, table: MemberTable, conf_state: ConfState) -> None:
-        """A snapshot was installed: its address book and configuration replace ours."""
+        """A snapshot was installed: its member table and configuration replace ours."""
         table.note_id(self.table.highest_id)  # a snapshot never lowers it
         self.table = table
         if self._join_existing:
@@ -152,11 +161,11 @@ class Membership:
 
     async def _propose(
         self,
-        host: MembershipHost,
         changes: tuple[ConfChangeSingle, ...],
         context: ConfChangeContext,
         timeout_s: float,
     ) -> ConfState:
+        host = self._host
         host.require_leader()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
@@ -171,21 +180,18 @@ class Membership:
             await host.wait_for_apply(min(remaining, 0.05))
             host.require_leader()
         cc = ConfChange(changes, context=context.encode())
-        state: ConfState = await host.propose_and_wait(
+        state: ConfState = await self._waiters.propose_and_wait(
             context.proposal_id,
             lambda: host.raw.propose_conf_change(cc),
             max(0.0, deadline - loop.time()),
+            host.wake,
         )
         return state
 
     async def add(
-        self,
-        host: MembershipHost,
-        peer_address: str,
-        client_address: str,
-        as_learner: bool,
-        timeout_s: float,
+        self, peer_address: str, client_address: str, as_learner: bool, timeout_s: float = 10.0
     ) -> Member:
+        host = self._host
         host.require_leader()
         for member_id, address in self.table.items():
             if address.peer_address == peer_address:
@@ -197,28 +203,28 @@ class Membership:
                 return self.member(member_id)
         known = set(self.table.ids()) | set(self.conf_state.voters)
         known |= set(self.conf_state.learners)
-        # Never an id used before, even one since removed (see members.py).
+        # Never an id used before, even one since removed (see member_table.py).
         new_id = max(max(known, default=0) + 1, self.table.next_id())
         kind = ConfChangeType.ADD_LEARNER_NODE if as_learner else ConfChangeType.ADD_NODE
         context = ConfChangeContext(
-            peer_address, client_address, host.member_id, host.next_proposal_id()
+            peer_address, client_address, host.member_id, self._proposal_ids.next()
         )
-        await self._propose(host, (ConfChangeSingle(kind, NodeId(new_id)),), context, timeout_s)
+        await self._propose((ConfChangeSingle(kind, NodeId(new_id)),), context, timeout_s)
         return self.member(new_id)
 
-    async def remove(self, host: MembershipHost, member_id: int, timeout_s: float) -> None:
+    async def remove(self, member_id: int, timeout_s: float = 10.0) -> None:
         self.member(member_id)
-        context = ConfChangeContext(proposer_id=host.member_id, proposal_id=host.next_proposal_id())
+        context = self._context()
         await self._propose(
-            host,
             (ConfChangeSingle(ConfChangeType.REMOVE_NODE, NodeId(member_id)),),
             context,
             timeout_s,
         )
 
-    async def promote(self, host: MembershipHost, member_id: int, timeout_s: float) -> Member:
+    async def promote(self, member_id: int, timeout_s: float = 10.0) -> Member:
         """Learner to voter, on the leader, once the learner's log has caught up (a lagging
         new voter would weaken the quorum until it did)."""
+        host = self._host
         host.require_leader()
         member = self.member(member_id)
         if not member.is_learner:
@@ -229,17 +235,24 @@ class Membership:
         match = int(learner.match) if learner is not None else 0
         if match * 100 < leader_last * PROMOTE_READY_PERCENT:
             raise LearnerNotReadyError(member_id, match, leader_last)
-        context = ConfChangeContext(proposer_id=host.member_id, proposal_id=host.next_proposal_id())
+        context = self._context()
         await self._propose(
-            host,
             (ConfChangeSingle(ConfChangeType.ADD_NODE, NodeId(member_id)),),
             context,
             timeout_s,
         )
         return self.member(member_id)
 
-    async def transfer_leader(self, host: MembershipHost, target_id: int, timeout_s: float) -> int:
-        """Hand leadership to ``target_id`` (0: the most up-to-date other voter)."""
+    def _context(self) -> ConfChangeContext:
+        """The context of a change that adds no addresses: who proposed it, for its waiter."""
+        return ConfChangeContext(
+            proposer_id=self._host.member_id, proposal_id=self._proposal_ids.next()
+        )
+
+    async def transfer_leader(self, target_id: int, timeout_s: float = 10.0) -> int:
+        """Hand leadership to ``target_id`` (0: the most up-to-date other voter); return the
+        new leader's id."""
+        host = self._host
         host.require_leader()
         voters = self.conf_state.voters
         if target_id == 0:

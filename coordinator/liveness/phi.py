@@ -17,10 +17,12 @@ Before the first heartbeat the window is seeded with two samples around
 ``first_heartbeat_estimate_ms`` (mean +- a quarter), as Akka does, so a worker that stops
 right after its first heartbeat is still detected.
 
-:class:`DetectorSet` is the leader's soft state: one detector per (job, participant id).
-Nothing here is replicated and nothing reads a clock: every call takes ``now_ms`` from the
-caller. The leader calls :meth:`DetectorSet.suspects` periodically and proposes
-``MemberFailed`` for each key; the state machine ignores stale proposals.
+:class:`DetectorSet` is a member's soft state (``local.MemberDetection`` keeps one on every
+member, for the heartbeat streams it serves): one detector per key (a stream's group, or a
+participant left alone by its stream). Nothing here is replicated and nothing reads a clock:
+every call takes ``now_ms`` from the caller. The member calls :meth:`DetectorSet.suspects`
+periodically and reports each key to the leader, which proposes ``MemberFailed``; the state
+machine ignores stale proposals.
 
 - ``track`` starts monitoring a participant as if it had just sent a heartbeat, so a worker
   that joins and dies before its first heartbeat is detected too.
@@ -28,17 +30,17 @@ caller. The leader calls :meth:`DetectorSet.suspects` periodically and proposes
   may also reconnect (to a new leader, after a transient network error). ``stream_closed``
   therefore starts a confirmation window of two heartbeat intervals: if no heartbeat
   arrives within it the participant is suspected whatever its phi.
-- After a leader change the new leader knows nothing of the old one's heartbeat history:
-  ``start_grace`` restarts every detector from now, and nobody is suspected for ``grace_ms``,
-  so no worker is declared dead because the leader moved.
+- ``start_grace`` restarts every detector from now, and nobody is suspected for
+  ``grace_ms`` (a detector set whose history cannot be trusted starts over rather than
+  declare anyone dead).
 - A young detector (fewer than ``YOUNG_SAMPLES`` heartbeats since it was tracked) is not
   judged by phi before ``DetectorSettings.startup_ms``: two or three intervals, often the
   late first ones of a worker still busy joining, are no history to suspect anyone on.
 - A suspect is reported once per ``retry_ms`` (its proposal may be dropped by a leader change
   or a full queue, so it is reported again later if still tracked).
 
-Cost. The leader asks for suspects every few tens of milliseconds, and a leader carries tens
-of thousands of participants, so :meth:`DetectorSet.suspects` must not look at each of them.
+Cost. A member asks for suspects every few tens of milliseconds, and it may carry tens of
+thousands of keys, so :meth:`DetectorSet.suspects` must not look at each of them.
 phi grows with the time since the last heartbeat, so the moment it will reach the threshold
 is known when the heartbeat arrives: mean + pause + y * std after it, where y solves the
 threshold equation (:func:`threshold_deviations`, a cubic, solved once per threshold). Each
@@ -249,7 +251,8 @@ class _Tracked:
 
 
 class DetectorSet:
-    """The leader's detectors, keyed by (job, participant id). Soft state, never replicated."""
+    """One member's detectors, keyed by (job, participant id) or a group's key. Soft state,
+    never replicated."""
 
     def __init__(self, retry_ms: int = 1000) -> None:
         self.retry_ms = retry_ms
@@ -357,8 +360,17 @@ class DetectorSet:
             tracked.stream_closed_ms = now_ms
             self._schedule(key, tracked)
 
+    def reopen(self, key: Key, now_ms: int) -> None:
+        """A new stream carries ``key`` (it joins a group, which feeds it from now): counted
+        in ``streams_reopened`` if its stream had closed within the confirmation window."""
+        tracked = self._tracked.get(key)
+        if tracked is None or tracked.stream_closed_ms is None:
+            return
+        if now_ms - tracked.stream_closed_ms < tracked.settings.confirm_closed_ms:
+            self.streams_reopened += 1
+
     def start_grace(self, now_ms: int, grace_ms: int) -> None:
-        """Became leader: every detector starts over from now; no suspicion for grace_ms."""
+        """Every detector starts over from now; no suspicion for grace_ms."""
         self._due = []
         for key, tracked in self._tracked.items():
             tracked.detector = tracked.settings.new_detector()

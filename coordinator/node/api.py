@@ -1,7 +1,7 @@
 """What the gRPC servicers need from a running member: the seam between the two.
 
 The servicers (``coordinator/service``) validate requests, turn them into state-machine
-commands, and map outcomes to gRPC statuses. The member (``coordinator/node.py``) runs Raft:
+commands, and map outcomes to gRPC statuses. The member (``node/driver.py``) runs Raft:
 it proposes, waits for the entry to apply, and answers reads. This module is the contract
 between them, so each side can be tested with a double of the other.
 """
@@ -12,12 +12,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from .leader.progress import ProgressReport
-from .liveness.local import StreamClock
-from .state.commands import Command
-from .state.results import Result
-from .state.values import Event
-from .state.view import StateView
+from ..liveness.port import LivenessPort
+from ..state.commands import Command
+from ..state.results import Result
+from ..state.values import Event
+from ..state.view import StateView
 
 
 class NodeError(Exception):
@@ -144,6 +143,26 @@ class Header:
     member_id: int
 
 
+class MembershipChanges(Protocol):
+    """Membership changes, on the leader (``node/membership.py``). Raise NotLeaderError,
+    MemberNotFoundError, LearnerNotReadyError, ProposalDroppedError, ProposalTimeoutError."""
+
+    async def add(
+        self, peer_address: str, client_address: str, as_learner: bool, timeout_s: float = 10.0
+    ) -> Member: ...
+
+    async def remove(self, member_id: int, timeout_s: float = 10.0) -> None: ...
+
+    async def promote(self, member_id: int, timeout_s: float = 10.0) -> Member:
+        """Learner to voter, once the learner's log has caught up."""
+        ...
+
+    async def transfer_leader(self, target_id: int, timeout_s: float = 10.0) -> int:
+        """Hand leadership to ``target_id`` (0: the most up-to-date voter); return the new
+        leader's id."""
+        ...
+
+
 class ServerNode(Protocol):
     """A running member, as the servicers see it. All methods are called on the event loop."""
 
@@ -215,82 +234,11 @@ class ServerNode(Protocol):
 
     def status(self) -> NodeStatus: ...
 
-    # -- rendezvous: the leader's failure detector and time ------------------------------
+    # -- rendezvous: failure detection and time ----------------------------------------
 
-    def heartbeat(
-        self, job: str, participant_id: int, progress: ProgressReport | None = None
-    ) -> bool:
-        """Any member: record a heartbeat (and the training progress it reports); False
-        if the participant is unknown. Raises CutOffError on a member that cannot pass on
-        what it hears (no leader took its reports lately)."""
-        ...
-
-    def carry(self, job: str, participant_id: int) -> bool:
-        """Any member: a heartbeat stream here starts carrying the participant (its detector
-        starts; the leader hears of it); False if it is not a participant of ``job``."""
-        ...
-
-    def open_group(self, job: str, now_ms: int) -> int:
-        """Any member: a batch stream starts carrying participants of ``job``; the id of
-        their group detector (one for all of them: they beat in the same requests)."""
-        ...
-
-    def group_update(self, group: int, members: set[tuple[str, int]], now_ms: int) -> None:
-        """The group's participants are now ``members`` (participants of its job): new ones
-        are carried from now; one no longer named goes on alone, its silence counting."""
-        ...
-
-    def group_beat(self, group: int, now_ms: int) -> None:
-        """One request of the group's stream: a heartbeat for each of its participants."""
-        ...
-
-    def group_release(self, group: int, job: str, participant_id: int) -> None:
-        """The group's stream lets the participant go without evidence."""
-        ...
-
-    def close_group(self, group: int, now_ms: int, *, closed: bool) -> None:
-        """The group's stream ended: abnormally (``closed``: evidence for each of its
-        participants) or with nothing to say of them."""
-        ...
-
-    def report_progress(
-        self, job: str, participant_id: int, progress: ProgressReport, now_ms: int
-    ) -> None:
-        """Any member: training progress a carried participant reported (the leader judges
-        it; a member forwards it)."""
-        ...
-
-    def serves_heartbeats(self) -> None:
-        """Raise CutOffError when this member cannot pass on what its batch heartbeat
-        streams tell it (no leader took its reports lately): workers should move."""
-        ...
-
-    def heartbeat_released(self, job: str, participant_id: int) -> None:
-        """A stream stops carrying the participant without evidence of failure."""
-        ...
-
-    def request_lag(self, clock: StreamClock, now_ms: int, sent_ms: int) -> None:
-        """A batch request stamped ``sent_ms`` by its sender arrived on the stream whose
-        arrival delays ``clock`` keeps (this member's intake lag)."""
-        ...
-
-    def heartbeat_stream_closed(self, job: str, participant_id: int) -> None:
-        """A worker's heartbeat stream ended abnormally (evidence it died)."""
-        ...
-
-    def phi(self, job: str, participant_id: int) -> float | None:
-        """This member's current suspicion of a worker whose heartbeats it receives (inf
-        once a closed stream is confirmed); None for one it does not receive."""
-        ...
-
-    def heartbeat_age_ms(self, job: str, participant_id: int) -> int | None:
-        """Milliseconds since this member last heard a worker's heartbeat (or began watching
-        it); None for a worker whose heartbeats it does not receive."""
-        ...
-
-    def progress_of(self, job: str, participant_id: int) -> tuple[int, float, float] | None:
-        """The leader's view of a worker's progress: (last step, ms per step outside
-        collectives, ratio to the job's median); None on a follower or when not reported."""
+    @property
+    def liveness(self) -> LivenessPort:
+        """This member's failure detection, as the heartbeat streams and GetJob use it."""
         ...
 
     def leader_clock_ms(self) -> int:
@@ -302,17 +250,9 @@ class ServerNode(Protocol):
         round store and job watches re-check their condition after each return."""
         ...
 
-    async def member_add(
-        self, peer_address: str, client_address: str, as_learner: bool, timeout_s: float = 10.0
-    ) -> Member: ...
-
-    async def member_remove(self, member_id: int, timeout_s: float = 10.0) -> None: ...
-
-    async def member_promote(self, member_id: int, timeout_s: float = 10.0) -> Member: ...
-
-    async def transfer_leader(self, target_id: int, timeout_s: float = 10.0) -> int:
-        """Hand leadership to ``target_id`` (0: the most up-to-date voter); return the new
-        leader's id."""
+    @property
+    def membership(self) -> MembershipChanges:
+        """The configuration changes an operator asks for (``node/membership.py``)."""
         ...
 
     async def snapshot_now(self) -> int:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 import grpc.aio
 
+from rallypoint.raft.log_storage import CompactedError, UnavailableError
 from rallypoint.raft.storage.disk_storage import DiskStorage, PersistRequest
 from rallypoint.raft.types import (
     NONE,
@@ -40,16 +41,24 @@ from rallypoint.raft.types import (
     Term,
 )
 
-from .bootstrap_rule import Decision
-from .identity import Identity
-from .members import MemberTable, encode_app_snapshot
-from .node_api import NodeStartError
-from .node_config import NodeConfig
-from .peer_auth import PeerKey
-from .peer_hello import ask_peers
-from .state.machine import StateMachine
+from .. import identity as identity_file
+from ..bootstrap_rule import Decision
+from ..identity import Identity
+from ..member_table import MemberTable, encode_app_snapshot
+from ..peer_auth import PeerKey
+from ..peer_hello import ask_peers
+from ..state.machine import StateMachine
+from .api import NodeStartError
+from .config import NodeConfig
 
-__all__ = ["begin_from_empty_storage", "bootstrap", "is_blank", "is_fresh"]
+__all__ = [
+    "begin_from_empty_storage",
+    "bootstrap",
+    "has_caught_up",
+    "is_blank",
+    "is_fresh",
+    "settle_identity",
+]
 
 log = logging.getLogger("rallypoint.node")
 
@@ -71,7 +80,7 @@ def is_blank(storage: DiskStorage) -> bool:
     )
 
 
-async def begin_from_empty_storage(
+async def settle_identity(
     config: NodeConfig,
     peer_key: PeerKey,
     channel: Callable[[str], grpc.aio.Channel],
@@ -79,17 +88,56 @@ async def begin_from_empty_storage(
     found: Identity | None,
     disk: concurrent.futures.Executor,
 ) -> Identity:
+    """This start's identity (``found``: the one on disk, already checked against the
+    flags), saved before the member serves Raft."""
+    # Storage that holds the creation (not blank) under an identity that votes is an
+    # intact disk: this member got every initial member's "fresh" once and has neither
+    # voted nor appended since, which Raft handles like any other state; asking again
+    # would only make it wait for members that may be down (bootstrap_rule.py).
+    intact_creation = found is not None and not found.abstaining and not is_blank(storage)
+    if is_fresh(storage) and not intact_creation:
+        boots = 0 if found is None else found.boots
+        identity, create = await begin_from_empty_storage(config, peer_key, channel, boots)
+        if create and is_blank(storage):
+            await bootstrap(config, storage, disk, rejoining=identity.abstaining)
+    elif found is None:
+        # A data directory from before identities were recorded: it is trusted as is.
+        identity = Identity.new(config.cluster_id, config.member_id, abstaining=False)
+    else:
+        identity = found
+    identity = identity.started()
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(disk, identity_file.save, config.data_dir, identity)
+    return identity
+
+
+def has_caught_up(storage: DiskStorage, commit: Index, term: Term, leader: NodeId) -> bool:
+    """Whether a member that lost its data may vote again: its log holds, at the commit
+    index, an entry of the current term from the leader it follows. That leader's own entry
+    is committed, so every entry committed before it is in this log too (the Leader
+    Completeness property, thesis 3.6.3)."""
+    if leader == NONE or commit == 0:
+        return False
+    try:
+        return storage.term(commit) == term
+    except (CompactedError, UnavailableError):
+        return False
+
+
+async def begin_from_empty_storage(
+    config: NodeConfig, peer_key: PeerKey, channel: Callable[[str], grpc.aio.Channel], boots: int
+) -> tuple[Identity, bool]:
     """A new incarnation for a member whose storage holds nothing of a cluster yet: it
     creates the cluster with the other initial members, or (the cluster exists) it lost
-    its data or is joining, and abstains until caught up."""
+    its data or is joining, and abstains until caught up. The second value: whether it
+    writes the cluster's creation (not when it joins an existing cluster)."""
     cluster_id = config.cluster_id
-    boots = 0 if found is None else found.boots
     if config.join_existing:
         log.info(
             "member %d joins an existing cluster: it does not vote until it has caught up",
             config.member_id,
         )
-        return Identity.new(cluster_id, config.member_id, abstaining=True, boots=boots)
+        return Identity.new(cluster_id, config.member_id, abstaining=True, boots=boots), False
     if not config.initial_members:
         raise NodeStartError(
             f"{config.data_dir} holds no cluster state: give the initial members to "
@@ -113,10 +161,7 @@ async def begin_from_empty_storage(
             config.member_id,
             verdict.answered_by,
         )
-    identity = Identity.new(cluster_id, config.member_id, abstaining=established, boots=boots)
-    if is_blank(storage):
-        await bootstrap(config, storage, disk, rejoining=established)
-    return identity
+    return Identity.new(cluster_id, config.member_id, abstaining=established, boots=boots), True
 
 
 async def bootstrap(
@@ -127,7 +172,7 @@ async def bootstrap(
     rejoining: bool = False,
 ) -> None:
     """Create the cluster: every initial member writes the same snapshot at index 1,
-    holding the configuration and the address book, so all start from one state. A member
+    holding the configuration and the member table, so all start from one state. A member
     rejoining after losing its data writes it too (the same bytes its peers hold), so it
     knows the configuration before the leader reaches it."""
     voters = tuple(sorted(NodeId(i) for i in config.initial_members))

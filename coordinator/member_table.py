@@ -1,4 +1,4 @@
-"""The member address book and the replicated parts of it.
+"""The member table: where each member is reached, replicated with the log and in snapshots.
 
 Raft's configuration says which ids vote; it does not say where they live. The addresses of
 each member travel in the ``context`` of the configuration change that added it and are kept

@@ -1,0 +1,162 @@
+"""The elastic training loop: rounds of a process group that re-form in the same process.
+
+Typical use (one process per worker; every worker runs the same code)::
+
+    state = TrainState(model, optimizer, sampler)
+    with elastic_training(endpoints, job="demo", name=name, min_nodes=2, max_nodes=4,
+                          checkpoint_dir=root, state=state, max_steps=500) as run:
+        for round in run.rounds():                 # each a formed group, state restored
+            for batch in round.batches():          # ends early when the world changes
+                loss = loss_fn(model(x[batch]), y[batch])
+                loss.backward()
+                round.all_reduce_gradients(model)  # abandoned (grads cleared) on a change
+                optimizer.step()
+                optimizer.zero_grad()
+                round.step_done(checkpoint_every=50)
+
+Theory of operation.
+
+Rounds. The worker joins the job (``Participant``) once. ``rounds()`` waits for the next
+ACTIVE round that includes it, then forms the round: the round store becomes a c10d store
+(:class:`CoordinatorStore`), ``init_process_group`` (gloo on CPU, nccl on GPU) bootstraps
+through it, and the state is restored (below). The round object is handed to the user's
+loop. The round *ends* when any of these happen: the coordinator pushes a new (round, state)
+(``on_round_change``: a member failed, left, was evicted, a worker waits to scale up), the
+participant is lost, or a collective fails or passes its deadline. An ended round's
+``batches()`` stops, so the user's loop falls back to ``rounds()``, which tears the group
+down and forms the next round. No process restarts; the user's code has no try/except.
+
+Formation (formation.py). Forming a round must be given up as soon as the round ends, or
+the worker misses the next round while the others wait for it there (and since its
+heartbeat goes on, nothing ends that next round). Three steps, each abandonable or bounded:
+
+- Arrival: every rank sets ``ARRIVED_KEY`` in the round store and waits for every rank's.
+  The wait is held by the coordinator and refused with StaleRoundError the moment the round
+  ends, so a rank whose peers never come leaves at once, before it has told anyone where
+  to connect.
+- Init: ``init_process_group`` through the round store, with gloo's timeout set to
+  ``FORMATION_CONNECT_S`` (then raised to ``collective_timeout_s`` for the round's
+  collectives). A round can end mid-init (a scale-up the instant a worker joins after the
+  round closed, as at a fresh launch with ``last_call_s=0``). gloo writes each rank's address,
+  then reads every rank's, then connects; the coordinator keeps an ended round's store
+  readable, frozen, by its members (coordinator/state/roundstore.py, "Ended, read-only"),
+  so either every rank wrote its address before the end and every rank connects in
+  milliseconds (the gate below then sends them on), or one did not and every rank's read of
+  its key is refused before anyone connects. Before that rule a rank whose read was refused
+  gave up and left a peer that had read its address, and was the listening side of their
+  pair, waiting in gloo's connect for about five times gloo's timeout (measured with torch
+  2.13: 25 s for 5 s, 40 s for 8 s); at ``collective_timeout_s`` the recovery benchmark's
+  workers sat there for minutes. The short timeout still bounds what the rule cannot help:
+  a peer killed mid-init, or a coordinator member restored from a snapshot since the round
+  ended (which does not keep the ended store).
+  The in-memory snapshots' two gloo groups connect through the round store as well, so
+  they are made in this step too (``MemorySnapshots.make_groups``), with the same connect
+  timeout. Made after the gate, in ``attach``, a round that ended while they connected made
+  the rank whose store read was refused give up and left a peer in gloo's connect for five
+  times ``collective_timeout_s`` (or, when its connect went through, in the restore's
+  synchronous collectives for ``collective_timeout_s``) while the next round waited for it:
+  FSDP2 jobs scaling up 2 -> 3 -> 4 at start-up sat for minutes without training. Nothing
+  of the formation after the gate uses the round store.
+- Gate: one all-reduce, issued with ``async_op=True`` and waited for like the loop's
+  collectives, before the restore. The restore's collectives are synchronous (object
+  gathers, broadcasts, DCP's load), and a peer that saw the round end just after init skips
+  them: without the gate this rank would wait in them for ``collective_timeout_s``.
+
+Abandonable collectives (collectives.py). Collectives that the loop issues (``all_reduce``,
+``all_reduce_gradients``) run with ``async_op=True``; the training thread waits on the
+work's future in slices of ``WAIT_SLICE_S`` and gives up as soon as the round ended (a
+round-change callback also wakes the waiter at once) or the collective deadline passed. A
+SIGKILLed peer usually makes gloo fail its neighbours' collectives within milliseconds; a
+SIGSTOPped one does not, and there the coordinator's phi-accrual detector and its push end
+the wait. An abandoned collective leaves the state as it was before the step: its gradients
+are cleared (``p.grad = None``), so the ``optimizer.step()`` that follows changes nothing,
+and ``step_done`` does not count the step.
+
+Teardown (teardown.py). ``destroy_process_group`` does not wait for pending gloo work
+(measured: it returns in microseconds with an all-reduce stuck on a stopped peer), but the
+C++ process group's destructor would: it joins gloo's worker threads. So the loop moves the
+group, its store, its checkpointer and its in-flight work from the round to the run's
+``Abandoned`` and drops them as soon as nothing of theirs can be inside gloo (every work
+completed, no checkpoint being written), or once the group's own timeout
+(``collective_timeout_s``) has surely ended that work. Leak bound: one group (its gloo
+threads and sockets) per round abandoned in the last ``collective_timeout_s`` seconds with
+work still pending. The next group always bootstraps in the next round's store namespace, so
+nothing of the old group can be mistaken for the new one. Leaving the run (``__exit__``)
+drops every group that is quiet, so a run that finished leaves none for the interpreter's
+exit to destroy (its gloo threads and sockets torn down while the process ends, peers
+closing theirs meanwhile); only a group with a collective still stuck on a peer stays, since
+destroying it would block until that work times out. (``ProcessGroupGloo.abort()`` and
+``shutdown()`` do not help: measured with torch 2.13, neither ends a pending work nor closes
+the group, and a group shut down made its process abort at exit with "terminate called
+without an active exception".)
+
+Restore. At each formation every rank calls ``restore_state`` with what it holds: a worker
+that trained in the previous round (and did not lose its participant) is a *survivor* at its
+step. The same decision is made on every rank: KEEP (every rank is a survivor at one step),
+BROADCAST from a survivor (replicated state, newcomers present), DISK (the latest committed
+checkpoint, resharded by DCP to this world size) or FRESH (nothing to restore: rank 0's
+initial replica is broadcast so every rank starts equal). ``restore="checkpoint"`` makes
+every formation read the latest committed checkpoint when there is one (the classic
+semantics: the state after a change is the last committed one). The sampler is
+repartitioned for the new (rank, world size) and resumes at the restored global position.
+
+Checkpoints. ``step_done(checkpoint_every=N)`` starts an asynchronous checkpoint every N
+steps; a per-round commit thread commits it through the coordinator, fenced by the round, so
+a zombie's commit is refused (commit.py has the protocol).
+
+Progress. Every heartbeat carries this rank's progress, from which the leader names a rank
+that hangs or straggles (progress.py).
+
+Waiting. Joining (at ``with`` and when the worker joins again) waits for a coordinator that
+no member of answers, or that has no leader, for ``connect_timeout_s`` (``join_timeout_s``
+unless set), with a line in the log after each attempt ("waiting for the coordinator: no
+member answered for 40 s; retrying ..."); a formed round is waited for ``join_timeout_s``.
+Either running out ends the worker with one line saying what to check, not a traceback:
+``CoordinatorUnreachableError`` (patience.py) and ``JoinTimeoutError`` (run.py), which a
+program may catch.
+
+Events. ``on_event(kind, fields)`` is called (from the training or the commit thread) for
+each event :class:`ElasticRun` lists, with its fields in a dict; every event carries ``t``
+(wall clock, seconds) and ``name`` (the worker's). A callable that cannot take those two
+arguments is refused when the run is made, not at its first event.
+
+The arguments, events and public members are listed in ``docs/api.md``, generated from the
+docstrings of this package (``docs/generate.py``; a test keeps it fresh and checks every
+argument and every event is described).
+
+The modules, one job each:
+
+- ``config.py``: :class:`ElasticConfig`, the run's settings (defaults from
+  ``rallypoint.proto.v1.defaults``), and the event handler's check;
+- ``state.py``: :class:`TrainState`, :class:`Formation` and what a round needs of its run;
+- ``run.py``: :class:`ElasticRun`: joining, the rounds one after the other, joining again
+  (worker/joining.py, shared with the torchrun backend), events;
+- ``formation.py``: forming a round (arrival, init, gate, build, restore);
+- ``round.py``: :class:`ElasticRound`, the user's loop's view of a round;
+- ``collectives.py``: abandonable collectives, the gate, FSDP2's collectives;
+- ``commit.py``: the checkpoint and snapshot commit protocol;
+- ``progress.py``: the progress each heartbeat carries;
+- ``teardown.py``: leaving a round's group without blocking.
+"""
+
+from __future__ import annotations
+
+from .collectives import CollectiveAbandoned
+from .config import ElasticConfig, EventHandler, RestoreMode
+from .round import ElasticRound
+from .run import ElasticRun, JoinTimeoutError, RunArguments, elastic_training
+from .state import Formation, TrainState
+
+__all__ = [
+    "CollectiveAbandoned",
+    "ElasticConfig",
+    "ElasticRound",
+    "ElasticRun",
+    "EventHandler",
+    "Formation",
+    "JoinTimeoutError",
+    "RestoreMode",
+    "RunArguments",
+    "TrainState",
+    "elastic_training",
+]

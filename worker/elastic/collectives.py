@@ -1,0 +1,243 @@
+"""Abandonable collectives: waiting for gloo work that the round's end must be able to cut
+short, the formation's gate, and FSDP2's collectives waited for the same way.
+
+Theory of operation (the package docstring has the whole loop). Collectives the loop issues
+run with ``async_op=True``; the training thread waits on the work's future in slices of
+``WAIT_SLICE_S`` and gives up as soon as the round ended (the round's end also wakes the
+waiter at once) or the collective deadline passed. An abandoned work is not destroyed: it
+stays in ``in_flight``, and the run keeps it (teardown.py) until gloo is surely done with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+
+from ..errors import WorkerError
+from ..torch_compat import AllGather, ReduceScatter
+
+# How long the training thread sleeps at most between two looks at "has the round ended?".
+WAIT_SLICE_S = 0.05
+# gloo's timeout while a group connects (at most collective_timeout_s); see "Formation".
+FORMATION_CONNECT_S = 5.0
+
+# wait(work, what) -> False if the round ended (or the deadline passed) first.
+Waiter = Callable[[dist.Work, str], bool]
+
+
+def connect_timeout(collective_timeout_s: float) -> timedelta:
+    """How long a gloo group's connect may take (every group connects through the round's
+    store, which stops answering once the round ended)."""
+    return timedelta(seconds=min(FORMATION_CONNECT_S, collective_timeout_s))
+
+
+class RoundEnd:
+    """Why a round ended; set once."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.reason = ""
+        # A collective failed while the coordinator still had the round ACTIVE.
+        self.broken = False
+        self._lock = threading.Lock()
+
+    def set(self, reason: str, *, broken: bool = False) -> bool:
+        """End it, if not yet ended; whether this call did."""
+        with self._lock:
+            if self.event.is_set():
+                return False
+            self.reason, self.broken = reason, broken
+            self.event.set()
+            return True
+
+    def is_set(self) -> bool:
+        return self.event.is_set()
+
+
+class Collectives:
+    """One round's waits on gloo work. ``end(reason, broken=True)`` ends the round (a
+    collective failed or passed its deadline); ``ended`` is the round's end."""
+
+    def __init__(
+        self, ended: RoundEnd, end: Callable[..., None], collective_timeout_s: float
+    ) -> None:
+        self._ended = ended
+        self._end = end
+        self._timeout_s = collective_timeout_s
+        # The waiter to wake when the round ends (the training thread's current collective).
+        self._waiter: threading.Event | None = None
+        # Work handed to gloo and not known complete (and the groups and stores it runs
+        # in): kept alive past an abandon, until the run lets go of it (teardown.py).
+        self.in_flight: list[object] = []
+
+    def hold(self, item: object) -> None:
+        """Keep ``item`` (a group, a store, a work) alive with the round's other gloo work."""
+        self.in_flight.append(item)
+
+    def release(self) -> list[object]:
+        """Everything held, handed to the caller (the run's teardown), and forgotten here."""
+        held, self.in_flight = self.in_flight, []
+        return held
+
+    def wake(self) -> None:
+        """The round ended: wake the training thread's current wait, if any."""
+        waiter = self._waiter
+        if waiter is not None:
+            waiter.set()
+
+    def gate(self, what: str = "the formation's gate") -> bool:
+        """The formation's gate (package docstring, "Formation"): an all-reduce every rank
+        must reach before the restore's synchronous collectives; False if the round ended
+        (or the deadline passed) first. Not reported as progress: the round is not formed.
+        (The first checkpoint of a round passes one too, after making its group.)"""
+        if self._ended.is_set():
+            return False
+        # nccl reduces CUDA tensors only.
+        cuda = dist.get_backend() == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        try:
+            work = dist.all_reduce(torch.ones(1, device=device), async_op=True)
+        except (RuntimeError, ValueError) as error:
+            self._end(f"{what} failed to start: {error}", broken=True)
+            return False
+        assert work is not None
+        return self.wait(work, what, time.monotonic())
+
+    def wait(self, work: dist.Work, what: str, started: float) -> bool:
+        """The wait itself: in slices, abandoned when the round ends or at the deadline."""
+        self.in_flight.append(work)
+        done = threading.Event()
+        self._waiter = done
+        wait_slice: Callable[[float], bool] = done.wait
+        try:
+            work.get_future().add_done_callback(lambda _: done.set())
+        except RuntimeError:
+            # gloo's all_gather_into_tensor (FSDP2's) has no future: look at the work
+            # itself, often at first (it takes milliseconds).
+            wait_slice = functools.partial(_poll, work, done)
+        deadline = started + self._timeout_s
+        try:
+            while not wait_slice(WAIT_SLICE_S):
+                if self._ended.is_set():
+                    return False
+                if time.monotonic() >= deadline:
+                    self._end(f"{what} passed its {self._timeout_s:g} s deadline", broken=True)
+                    return False
+            if self._ended.is_set() and not work.is_completed():
+                return False
+            try:
+                work.wait()
+            except RuntimeError as error:  # gloo's failures (DistBackendError among them)
+                self._end(f"{what} failed: {str(error).splitlines()[0][:200]}", broken=True)
+                return False
+        finally:
+            self._waiter = None
+        self.in_flight.remove(work)
+        return True
+
+
+def _poll(work: dist.Work, woken: threading.Event, slice_s: float) -> bool:
+    """Up to ``slice_s``: True once ``work`` completed or ``woken`` is set (the round
+    ended), looking after 0.1 ms, then twice as long each time, at most every 2 ms."""
+    end = time.monotonic() + slice_s
+    pause = 0.0001
+    while not (work.is_completed() or woken.is_set()):
+        remaining = end - time.monotonic()
+        if remaining <= 0:
+            return False
+        woken.wait(min(pause, remaining))
+        pause = min(pause * 2, 0.002)
+    return True
+
+
+class CollectiveAbandoned(RuntimeError, WorkerError):
+    """A collective inside a step (FSDP2's) was given up: the round ended under it."""
+
+
+class _RoundComm:
+    """What FSDP2's custom collectives below share: how they wait (the round's ``wait``),
+    why the round ended, and plain allocation."""
+
+    def __init__(self, wait: Waiter, end_reason: Callable[[], str]) -> None:
+        self.wait = wait
+        self.end_reason = end_reason
+
+    def allocate(
+        self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def waited(self, work: dist.Work | None, what: str, async_op: bool) -> dist.Work | None:
+        if work is None:
+            raise AssertionError(f"{what}: an async collective returned no work")
+        if not self.wait(work, what):
+            raise CollectiveAbandoned(f"{what} was given up: {self.end_reason()}")
+        return work if async_op else None
+
+
+class _AbandonableAllGather(_RoundComm, AllGather):
+    """FSDP2's all-gather, waited for as the loop's own collectives are (``round.wait``): in
+    slices, given up as soon as the round ends (the coordinator's push), counted as progress
+    for hang detection. gloo cannot interrupt a collective that waits on a peer that is gone;
+    this lets the training thread leave it (the work is kept alive until it times out)."""
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        async_op: bool = False,
+    ) -> dist.Work | None:
+        work = dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=True)
+        return self.waited(work, "FSDP's all-gather", async_op)
+
+
+class _AbandonableReduceScatter(_RoundComm, ReduceScatter):
+    """FSDP2's reduce-scatter, waited for abandonably (see _AbandonableAllGather)."""
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        op: Any,
+        async_op: bool = False,
+    ) -> dist.Work | None:
+        # gloo's asynchronous reduce-scatter only runs once waited for (it never completes
+        # on its own, measured with torch 2.13), so it cannot be waited for abandonably: an
+        # all-reduce of the whole input (twice the traffic) and this rank's part of it.
+        work = dist.all_reduce(input_tensor, op=op, group=group, async_op=True)
+        self.waited(work, "FSDP's reduce-scatter (an all-reduce)", True)
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
+        output_tensor.copy_(input_tensor.view(world, -1)[rank].view_as(output_tensor))
+        return None
+
+
+def abandonable_fsdp(model: torch.nn.Module, wait: Waiter, end_reason: Callable[[], str]) -> None:
+    """Give every FSDP2 module of ``model`` the loop's abandonable all-gather and
+    reduce-scatter, waited for by ``wait`` (the round's; gloo only: NCCL keeps FSDP's own)."""
+    if dist.get_backend() != "gloo":
+        return
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            with contextlib.suppress(ValueError):  # several parameter groups: FSDP's own
+                module.set_custom_all_gather(_AbandonableAllGather(wait, end_reason))
+                module.set_custom_reduce_scatter(_AbandonableReduceScatter(wait, end_reason))
+
+
+def collective_failure(error: RuntimeError) -> bool:
+    """Whether ``error`` is a collective's failure (torch's distributed errors, gloo's and
+    NCCL's transport errors, one given up), not the training code's."""
+    if isinstance(error, dist.DistError | CollectiveAbandoned):
+        return True
+    text = str(error)
+    return any(mark in text for mark in ("gloo", "NCCL", "ProcessGroup", "c10d"))

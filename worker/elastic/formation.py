@@ -1,0 +1,170 @@
+"""Forming a round: arrival, the process group's init, the gate, the model's build and the
+restore (the package docstring's "Formation" and "Restore" say why each step is there).
+
+Every step of a formation is abandonable or bounded: a round that ends while it forms raises
+:class:`RoundGone` (or the store's, the client's, the snapshots' error) to the run, which
+tears the half-formed round down and waits for the next.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from ..checkpoint import RestoreResult, RestoreSource, broadcast_state, restore_state
+from ..errors import WorkerError
+from ..snapshots import RegisteredSnapshot
+from ..store import CoordinatorStore
+from ..torch_compat import forget_previous_world, reset_group_count
+from .collectives import abandonable_fsdp, connect_timeout
+from .round import ElasticRound
+from .state import Formation, RunView
+
+# Set by each rank as it starts forming the round; init waits for every rank's (Formation).
+ARRIVED_KEY = "rallypoint/formation/arrived/{rank}"
+
+
+class RoundGone(WorkerError):
+    """The round ended while it was being formed."""
+
+
+class Former:
+    """Forms the rounds of one run, and remembers what its process holds between them."""
+
+    def __init__(self, run: RunView, backend: str) -> None:
+        self._run = run
+        self._backend = backend
+        # The run's in-memory snapshots (None: off).
+        self._memory = run.memory
+        # The model and optimizer hold a state that the world trained (not a fresh process's
+        # initial state, nor one from before this participant was lost).
+        self.survivor = False
+
+    def form(self, round_: ElasticRound, started: float) -> Formation:
+        """Init the process group and restore (module docstring); the round's formation.
+        ``started``: when the round's ACTIVE notice came (monotonic)."""
+        run, info, rank = self._run, round_.info, round_.rank
+        collective_timeout_s = run.settings.collective_timeout_s
+        store = CoordinatorStore.for_round(
+            run.client,
+            info,
+            run.participant.participant_id,
+            timeout=timedelta(seconds=collective_timeout_s),
+        )
+        round_.collectives.hold(store)
+        if not round_.ended:
+            self._arrive(round_, store)
+            # Every round starts torch's group names from zero on every rank (torch_compat).
+            reset_group_count()
+            group_connect = connect_timeout(collective_timeout_s)
+            dist.init_process_group(
+                self._backend,
+                store=store,
+                rank=rank,
+                world_size=info.world_size,
+                timeout=group_connect,
+            )
+            group = dist.group.WORLD
+            assert group is not None
+            round_.collectives.hold(group)
+            group.set_timeout(timedelta(seconds=collective_timeout_s))
+            if self._memory is not None:
+                # The snapshots' groups connect through the round store too: made now,
+                # bounded as the init is, before the gate ("Formation").
+                self._memory.make_groups(connect_timeout=group_connect)
+        init_s = time.monotonic() - started
+        if round_.ended or not round_.collectives.gate():
+            raise RoundGone(round_.end_reason)
+        state = run.state
+        if state.sampler is not None:
+            state.sampler.set_world(rank, info.world_size)
+        if state.build is not None:
+            # A sharded model is laid out for one world: a new one for this world, its
+            # state restored below (what this process held is no longer in place). torch
+            # would hand its DTensors the previous world's mesh (torch_compat.py says why).
+            forget_previous_world()
+            state.model, state.optimizer = state.build()
+            abandonable_fsdp(state.model, round_.wait, lambda: round_.end_reason)
+            self.survivor = False
+        latest = run.client.latest_checkpoint(run.job)
+        checkpoint = Path(latest.uri) if latest is not None else None
+        memory_snapshot = None
+        if self._memory is not None:
+            # Collective: the new world's token and placement, before a restore that
+            # may read from the peers' snapshot servers.
+            self._memory.attach(
+                info.round,
+                on_complete=round_.commits.register_snapshot,
+                timeout=timedelta(seconds=collective_timeout_s),
+            )
+            registered = run.client.latest_memory_snapshot(run.job)
+            if registered is not None:
+                memory_snapshot = RegisteredSnapshot(
+                    registered.round, registered.step, registered.world_size
+                )
+        restored = self._restore(checkpoint, round_, memory_snapshot)
+        self.survivor = True
+        state.step = restored.step
+        return Formation(
+            round_number=info.round,
+            rank=rank,
+            world_size=info.world_size,
+            fencing_token=info.fencing_token,
+            init_s=init_s,
+            restore=restored,
+            formed_s=time.monotonic() - started,
+            checkpoint=str(checkpoint) if checkpoint is not None else None,
+        )
+
+    def _arrive(self, round_: ElasticRound, store: CoordinatorStore) -> None:
+        """Say this rank is forming ``round_`` and wait until every rank is (package
+        docstring, "Formation"). Raises StaleStoreRoundError the moment the round ends, and
+        StoreTimeoutError after ``collective_timeout_s``."""
+        store.set(ARRIVED_KEY.format(rank=round_.rank), b"1")
+        store.wait(
+            [ARRIVED_KEY.format(rank=rank) for rank in range(round_.world_size)],
+            timedelta(seconds=self._run.settings.collective_timeout_s),
+        )
+
+    def _restore(
+        self,
+        checkpoint: Path | None,
+        round_: ElasticRound,
+        memory_snapshot: RegisteredSnapshot | None,
+    ) -> RestoreResult:
+        run, state = self._run, self._run.state
+        survivor_step: int | None = state.step if self.survivor else None
+        if run.settings.restore == "checkpoint" and checkpoint is not None:
+            survivor_step, memory_snapshot = None, None
+        result = restore_state(
+            state.model,
+            state.optimizer,
+            checkpoint=checkpoint,
+            survivor_step=survivor_step,
+            extra=state.extra,
+            sampler=state.sampler,
+            memory=self._memory,
+            memory_snapshot=memory_snapshot,
+        )
+        if result.source is RestoreSource.FRESH:
+            replicated = not any(isinstance(p, DTensor) for p in state.model.parameters())
+            if replicated and round_.world_size > 1:
+                # Every rank starts from rank 0's initial replica.
+                fresh = broadcast_state(
+                    state.model, state.optimizer, src=0, step=0, sampler=state.sampler
+                )
+                result = RestoreResult(
+                    RestoreSource.FRESH,
+                    "no checkpoint and no survivor: rank 0's initial state, broadcast",
+                    0,
+                    fresh.extra,
+                    fresh.bytes_moved,
+                    result.duration_s + fresh.duration_s,
+                )
+        if result.source is not RestoreSource.KEEP:
+            state.extra = result.extra
+        return result

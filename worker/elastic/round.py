@@ -1,0 +1,339 @@
+"""One formed round, as the user's loop sees it (:class:`ElasticRound`): its batches, its
+abandonable collectives, its step accounting, its checkpoints and snapshots.
+
+The round is made of parts the run drives through their own methods, never through the
+round's private state: ``ending`` (why it ended, collectives.py), ``collectives`` (its gloo
+work, collectives.py), ``progress`` (progress.py) and ``commits`` (commit.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterable, Iterator
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from rallypoint.client import RoundInfo, SyncCheckpointRegistry, SyncRoundStore
+
+from ..checkpoint import Checkpointer, PendingCheckpoint
+from ..snapshots import PendingSnapshot, SnapshotError
+from .collectives import (
+    FORMATION_CONNECT_S,
+    Collectives,
+    RoundEnd,
+    collective_failure,
+    connect_timeout,
+)
+from .commit import RoundCommits, round_registry, round_store
+from .progress import Progress
+from .state import Formation, RunView
+
+T = TypeVar("T")
+
+
+class ElasticRound:
+    """One formed round: a process group at (rank, world size) with the state restored.
+    ``run.rounds()`` yields them; the loop's body trains on ``round.batches()``.
+
+    Attributes:
+        rank: this worker's rank in the round (stable: a survivor keeps its rank).
+        world_size: the number of workers in the round.
+        number: the round's number (increases with every re-formation).
+        fencing_token: the round's fencing token (checkpoint commits carry it).
+        formation: how the round was formed (a ``Formation``: restore source, timings).
+        info: the coordinator's ``RoundInfo`` of the round (members, ranks, reason).
+        steps_trained: steps this worker counted in this round.
+    """
+
+    def __init__(self, run: RunView, info: RoundInfo, rank: int) -> None:
+        self.run = run
+        self.info = info
+        self.rank = rank
+        self.world_size = info.world_size
+        self.number = info.round
+        self.fencing_token = info.fencing_token
+        self.formation: Formation | None = None
+        self.ending = RoundEnd()
+        self.collectives = Collectives(self.ending, self.end, run.settings.collective_timeout_s)
+        self.progress = Progress(run, info.round)
+        self.commits = RoundCommits(run, info, rank)
+        # Per step of the user's loop: None (no collective yet), True (the gradients were
+        # reduced), False (a collective was abandoned: the step must not count).
+        self._step_reduced: bool | None = None
+        self._awaiting_step_done = False
+        self.steps_trained = 0
+        # The default group's collective timeout as step() last set it (sharded models).
+        self._step_timeout_s = 0.0
+
+    def __repr__(self) -> str:
+        return (
+            f"ElasticRound({self.run.job}/{self.number}, rank={self.rank}/{self.world_size}"
+            f"{', ended: ' + self.end_reason if self.ended else ''})"
+        )
+
+    def report_progress(self) -> None:
+        """Hand the heartbeat this rank's progress as of now (see TrainingProgress)."""
+        self.progress.report()
+
+    # -------------------------------------------------------------- state
+
+    @property
+    def ended(self) -> bool:
+        """The round is over for this worker: its ``batches()`` stops."""
+        return self.ending.is_set()
+
+    @property
+    def end_reason(self) -> str:
+        """Why the round ended ("" while it goes on)."""
+        return self.ending.reason
+
+    def end(self, reason: str, *, broken: bool = False) -> None:
+        """End the round locally (the loop stops at the next batch); idempotent."""
+        if self.ending.set(reason, broken=broken):
+            self.run.emit("round_ended", round=self.number, rank=self.rank, reason=reason)
+            self.collectives.wake()
+
+    @property
+    def store(self) -> SyncRoundStore:
+        """The round's store (refused once the round is over)."""
+        return round_store(self.run, self.info)
+
+    @property
+    def checkpoints(self) -> SyncCheckpointRegistry:
+        """The checkpoint registry fenced by this round and its token."""
+        return round_registry(self.run, self.info)
+
+    # -------------------------------------------------------------- the loop
+
+    def batches(self, loader: Iterable[T] | None = None) -> Iterator[Any]:
+        """This rank's batches from the restored position until the round ends or the run
+        reaches ``max_steps``; epochs roll over. Without ``loader``, the batches are the
+        sampler's lists of dataset indices; a ``loader`` (e.g. ``DataLoader(dataset,
+        batch_sampler=state.sampler)``) is iterated instead, once per epoch."""
+        state = self.run.state
+        sampler = state.sampler
+        if sampler is None and loader is None:
+            raise ValueError("batches() needs a loader or a TrainState with a sampler")
+        while not self.ended and not self.run.reached_max_steps():
+            if sampler is not None and sampler.epoch_done():
+                sampler.set_epoch(sampler.epoch + 1)
+            source: Iterable[Any] = loader if loader is not None else sampler  # type: ignore[assignment]
+            produced = False
+            for batch in source:
+                if self.ended or self.run.reached_max_steps():
+                    return
+                produced = True
+                self._step_reduced = None
+                self._awaiting_step_done = True
+                yield batch
+                if self._awaiting_step_done:
+                    raise RuntimeError("call round.step_done() once after each batch")
+            if not produced and sampler is None:
+                return  # a loader with no sampler of ours: its end is the end
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        """Wrap a step whose model runs collectives of its own (FSDP2's all-gathers in the
+        forward pass and reduce-scatters in the backward pass): when one of them fails (a
+        peer was lost) the round ends and the step does not count, instead of the error
+        ending the program; the loop moves to the next round. Errors that are not a
+        collective's are raised as they are. On gloo, a model built by ``TrainState.build``
+        has its FSDP2 all-gathers and reduce-scatters replaced by the loop's, waited for as
+        the loop's own collectives are: given up as soon as the round ends (the
+        coordinator's push), since gloo cannot interrupt a collective that waits on a peer
+        that is gone. As a safety net for collectives outside them, each collective of a
+        sharded model's step is also bounded by the job's hang verdict (hang_factor x the
+        step time, at least hang_floor_s).
+
+        ::
+
+            for batch in round.batches():
+                with round.step():
+                    loss_fn(model(x[batch]), y[batch]).backward()
+                    optimizer.step()
+                    optimizer.zero_grad()
+                round.step_done()
+        """
+        sharded = self.run.state.build is not None
+        if sharded and dist.is_initialized():
+            # The step's collectives are synchronous and gloo cannot be interrupted: bound
+            # each by the coordinator's own hang verdict (hang_factor x the step time, at
+            # least hang_floor_s; startup_timeout_s before the round's first step), so a
+            # rank waiting on a peer that is gone leaves within that bound (the first step:
+            # at most FORMATION_CONNECT_S, unless hang_floor_s is longer).
+            config = self.run.config
+            if self.steps_trained == 0:
+                # Not the whole startup_timeout_s: a round that changes during its first
+                # step (a scale-up as workers arrive) would hold every rank that long.
+                bound_s = min(
+                    config.startup_timeout_ms / 1000,
+                    max(config.hang_floor_ms / 1000, FORMATION_CONNECT_S),
+                )
+            else:
+                bound_s = max(
+                    config.hang_floor_ms / 1000,
+                    config.hang_factor * self.progress.compute_ms / 1000,
+                )
+            bound_s = min(bound_s, self.run.settings.collective_timeout_s)
+            if bound_s != self._step_timeout_s:
+                group = dist.group.WORLD
+                assert group is not None
+                group.set_timeout(timedelta(seconds=bound_s))
+                self._step_timeout_s = bound_s
+        try:
+            yield
+        except RuntimeError as error:
+            if not collective_failure(error):
+                raise
+            self.end(f"a collective of the step failed: {str(error).splitlines()[0][:200]}")
+            self._step_reduced = False
+            self._awaiting_step_done = False
+            for param in self.run.state.model.parameters():
+                param.grad = None
+
+    def all_reduce(
+        self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
+    ) -> bool:
+        """All-reduce ``tensor`` in place; False if the round ended first (``tensor`` is then
+        unspecified)."""
+        if self.ended:
+            return False
+        try:
+            work = dist.all_reduce(tensor, op=op, async_op=True)
+        except (RuntimeError, ValueError) as error:
+            self.end(f"all_reduce failed to start: {error}", broken=True)
+            return False
+        assert work is not None
+        return self.wait(work, "all_reduce")
+
+    def all_reduce_gradients(self, model: torch.nn.Module) -> bool:
+        """Average the gradients of a replicated model over the world (one flat all-reduce).
+        False if the round ended first: the gradients are then cleared, so the following
+        ``optimizer.step()`` leaves the parameters and the optimizer state as they were."""
+        params = [p for p in model.parameters() if p.requires_grad]
+        if any(isinstance(p, DTensor) for p in params):
+            raise ValueError("all_reduce_gradients is for replicated models, not DTensors")
+        grads = [
+            p.grad
+            if p.grad is not None
+            else torch.zeros_like(p, memory_format=torch.contiguous_format)
+            for p in params
+        ]
+        flat = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(0)
+        reduced = self.all_reduce(flat)
+        if not reduced:
+            for p in params:
+                p.grad = None
+            self._step_reduced = False
+            return False
+        flat /= self.world_size
+        offset = 0
+        for p, g in zip(params, grads, strict=True):
+            numel = g.numel()
+            p.grad = flat[offset : offset + numel].view_as(p).clone()
+            offset += numel
+        if self._step_reduced is None:
+            self._step_reduced = True
+        return True
+
+    def step_done(self, *, checkpoint_every: int = 0, loss: float | None = None) -> bool:
+        """Count the step (every rank has trained on this batch): the step and the sampler
+        advance, and every ``checkpoint_every`` steps a checkpoint starts. False when the
+        step's collective was abandoned (nothing counts; the loop moves to the next round)."""
+        self._awaiting_step_done = False
+        if self._step_reduced is False:
+            return False
+        state = self.run.state
+        state.step += 1
+        if state.sampler is not None:
+            state.sampler.advance()
+        self.steps_trained += 1
+        self.progress.step_counted()
+        if self.steps_trained == 1:
+            self.run.emit("trained", round=self.number, rank=self.rank, step=state.step)
+        if loss is not None:
+            self.run.last_loss = loss
+        if checkpoint_every > 0 and state.step % checkpoint_every == 0 and not self.ended:
+            self.checkpoint()
+        every = self.run.settings.snapshot_every
+        if every > 0 and state.step % every == 0 and not self.ended:
+            self.snapshot()
+        return True
+
+    def wait(self, work: dist.Work, what: str) -> bool:
+        """Wait for ``work`` until it completes, the round ends or the deadline passes."""
+        started = time.monotonic()
+        self.progress.entered_collective(started)
+        try:
+            return self.collectives.wait(work, what, started)
+        finally:
+            self.progress.left_collective(started)
+
+    # -------------------------------------------------------------- checkpoints
+
+    def checkpoint(self) -> PendingCheckpoint | None:
+        """Start an asynchronous checkpoint of the state at its current step (every rank at
+        the same step); its commit follows on the commit thread."""
+        state, commits = self.run.state, self.commits
+        timeout_s = self.run.settings.collective_timeout_s
+        try:
+            if commits.checkpointer is None:
+                # Collective (DCP's own gloo group); made on first use so that forming a
+                # round does not wait for it. Its connect goes through the round store: if
+                # the round ends meanwhile, the ended round's store stays readable by its
+                # members, so every rank connects or every rank fails ("Formation"); what
+                # that cannot help (a peer killed mid-connect) is bounded as the
+                # formation's connects are, then widened.
+                # A peer whose connect went through would then wait in DCP's synchronous
+                # collectives on it for the whole collective timeout: every rank passes a
+                # gate first, given up when the round ends.
+                group = dist.new_group(backend="gloo", timeout=connect_timeout(timeout_s))
+                self.collectives.hold(group)
+                group.set_timeout(timedelta(seconds=timeout_s))
+                if not self.collectives.gate("the checkpoint group's gate"):
+                    return None
+                commits.checkpointer = Checkpointer(self.run.checkpoint_dir, process_group=group)
+            pending = commits.checkpointer.save_async(
+                state.step,
+                state.model,
+                state.optimizer,
+                sampler=state.sampler,
+                extra=state.extra,
+                round_number=self.number,
+            )
+        except RuntimeError as error:
+            self.end(f"checkpoint at step {state.step} failed to start: {error}", broken=True)
+            return None
+        # The commit thread waits for the save itself (in order, one save after another).
+        commits.submit(pending)
+        return pending
+
+    def snapshot(self) -> PendingSnapshot | None:
+        """Take an in-memory snapshot of the state at its current step (every rank at the
+        same step): training is held only while the state is copied; protecting it on peers
+        and registering it follow in the background. None when skipped (the previous one is
+        still being protected) or when the round ended."""
+        memory, state = self.run.memory, self.run.state
+        if memory is None:
+            raise RuntimeError("in-memory snapshots are off: give elastic_training snapshot_every")
+        try:
+            return memory.take(
+                state.step,
+                state.model,
+                state.optimizer,
+                sampler=state.sampler,
+                extra=state.extra,
+                wait_collective=lambda work: self.wait(work, "the snapshot's agreement"),
+            )
+        except (RuntimeError, SnapshotError) as error:
+            self.end(f"snapshot at step {state.step} failed to start: {error}", broken=True)
+            return None
+
+    def wait_for_commits(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for this round's checkpoint reports (a normal finish)."""
+        self.commits.wait(timeout_s)

@@ -1,0 +1,106 @@
+"""Joining a job, and waiting for a round while joining again when the participant is lost:
+the one routine the elastic loop (worker/elastic/run.py) and the torchrun backend
+(worker/torchrun.py) share.
+
+Theory of operation. A worker (an elastic training process, or a torchrun agent for its
+node) is one participant of its job. :func:`join` makes one: a ``Join``, tried again while no
+coordinator member can serve it, for as long as the caller's :class:`Patience` allows.
+:func:`next_round` waits for the next ACTIVE round that includes the participant; when the
+participant is lost (declared failed: it was paused past its detection) or the wait runs
+out, the caller's policy either raises or joins again, and the wait goes on with the new
+participant. Both callers use both; what differs is their policy, and why:
+
+- Order. The torchrun agent comes to ``next_rendezvous`` after its workers stopped; if they
+  failed while the round is still ACTIVE, the other nodes' workers must restart too, so one
+  agent ends that round itself by joining again in its participant's place, *before* it
+  waits. The elastic loop's processes re-form in place, and it leaves ending rounds to the
+  coordinator (its failure detection and push), so it waits first. It joins again only
+  when its participant was lost, or when a collective broke and the coordinator ended
+  nothing within ``reform_timeout_s`` (it then leaves, which ends that round, and joins).
+- Names. An agent names every join attempt anew (``node/pid/count``): an attempt whose
+  answer was lost may have joined, and the next must not take its name. An elastic worker
+  joins as the name its user gave (unique in the job; its events and ``rallypoint rounds``
+  show it).
+- Replacing. An agent joins in its old participant's place (``Join.replaces``: one round
+  change, where joining and then leaving made two). An elastic worker whose participant was
+  lost joins plainly: the old one is already out of the job. After a broken collective it
+  leaves, then joins.
+- Giving up. An elastic worker with ``rejoin=False`` raises ParticipantLostError; its wait
+  for a round is bounded by ``join_timeout_s`` (JoinTimeoutError). An agent joins again
+  unless the job was closed (RendezvousClosedError), within torch's rendezvous timeout
+  (RoundTimeoutError).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rallypoint.client import (
+    DeadlineExceededError,
+    JobConfig,
+    ParticipantLostError,
+    RoundInfo,
+    RoundState,
+    SyncClient,
+    SyncParticipant,
+)
+
+from .patience import Patience
+
+# What the caller does when its participant was lost or its wait ran out: raise, or return
+# the participant to wait with from now on (one joined again).
+Rejoin = Callable[[SyncParticipant, Exception], SyncParticipant]
+
+
+def is_live(view: RoundInfo, round_number: int) -> bool:
+    """Whether ``view`` (a participant's latest view of its job) shows round ``round_number``
+    still ACTIVE: the round this worker formed, or runs in, goes on."""
+    return view.round == round_number and view.state is RoundState.ACTIVE
+
+
+def join(
+    client: SyncClient,
+    job: str,
+    name: Callable[[], str],
+    *,
+    config: JobConfig,
+    metadata: bytes,
+    patience: Patience,
+    resume: bool = False,
+    replaces: int = 0,
+) -> SyncParticipant:
+    """Join ``job`` as a participant named ``name()`` (called for each attempt), creating
+    the job with ``config`` if absent; tried again while no member can serve it, as the
+    ``patience`` allows (then CoordinatorUnreachableError). ``replaces``: a participant
+    the new one takes the place of, in one round change (0: none)."""
+    return patience.call(
+        "joining",
+        lambda timeout_s: client.join(
+            job,
+            name(),
+            config=config,
+            metadata=metadata,
+            resume=resume,
+            replaces=replaces,
+            timeout_s=timeout_s,
+        ),
+    )
+
+
+def next_round(
+    participant: SyncParticipant,
+    *,
+    timeout_s: Callable[[], float],
+    on_lost: Rejoin,
+    on_timeout: Rejoin,
+) -> tuple[SyncParticipant, RoundInfo]:
+    """The next ACTIVE round with this worker, and the participant it includes:
+    ``participant``, or the one ``on_lost`` or ``on_timeout`` joined again as. Each wait is
+    bounded by ``timeout_s()``, asked anew before it."""
+    while True:
+        try:
+            return participant, participant.wait_for_round(timeout_s=timeout_s())
+        except ParticipantLostError as error:
+            participant = on_lost(participant, error)
+        except DeadlineExceededError as error:
+            participant = on_timeout(participant, error)

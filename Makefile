@@ -12,7 +12,7 @@ RUNS  ?= 20
 TIME  ?= 60
 LANES ?= 1
 
-.PHONY: help setup lint format typecheck pytest test test-browser sim crash-test fuzz bench-wal bench-kv bench-failover bench-recovery bench-scale bench-store bench-transport bench-ettr demo proto clean jepsen jepsen-long
+.PHONY: help setup lint format typecheck pytest test test-browser sim crash-test fuzz bench-wal bench-kv bench-failover bench-recovery bench-scale bench-store bench-transport bench-ettr bench-peers demo proto clean jepsen jepsen-long
 
 help:
 	@echo "make demo             start a local cluster and elastic workers, kill things, watch recovery"
@@ -31,6 +31,7 @@ help:
 	@echo "make bench-transport  one message through grpc.aio (unary, peer-style stream) vs plain TCP -> bench/results/transport.json (.png)"
 	@echo "make bench-store      gloo/NCCL bootstrap of 64/256/1024 ranks: bridge, CoordinatorStore vs TCPStore -> bench/results/store.json (.png)"
 	@echo "make bench-ettr       effective training time at 16,384 GPUs (Llama 3's interruptions), modelled -> bench/results/ettr.json (.png)"
+	@echo "make bench-peers      plain DDP, torchft 0.2.0 and rallypoint: steady step, kill stall, rejoin -> bench/results/peers.json (.png)"
 	@echo "make proto            regenerate the Python code for proto/**/*.proto"
 	@echo "make jepsen           fault-injection runs: every workload under every nemesis, short (root)"
 	@echo "make jepsen-long RUNS=N TIME=S [LANES=L]  N runs of S s per fault mix, L at once -> store/jepsen/"
@@ -147,6 +148,10 @@ bench-torchrun: setup
 # system's recovery built from bench/results/*.json and cited figures; < 1 min, no processes.
 bench-ettr: setup
 	$(PY) -m bench.ettr_bench --out bench/results/ettr.json
+
+# The same 4-process MLP under plain DDP, torchft 0.2.0 (default and 1 s heartbeat) and rallypoint, trials alternating; ~8-12 min.
+bench-peers: setup
+	$(PY) -m bench.peers_bench --out bench/results/peers.json
 
 # Regenerate the Python code for proto/**/*.proto (tests/proto checks it is fresh).
 proto: setup

@@ -1,0 +1,659 @@
+"""Beside the live peer: one data-parallel workload under plain DDP, torchft 0.2.0 and
+rallypoint, trial by trial on the same machine: the steady step, the survivors' stall when a
+process is SIGKILLed, a replacement's path to its first step in sync, and whether every rank
+holds the same bits afterwards.
+
+    .venv/bin/python -m bench.peers_bench [--trials 3] [--out bench/results/peers.json]
+    .venv/bin/python -m bench.peers_bench --quick --out /tmp/peers.json   # one short trial each
+
+The workload (bench/peers_worker.py): a 1.3 M-parameter MLP, 4 data-parallel processes, gloo,
+one thread each, AdamW; at least 3 must keep training. Systems, in an order that rotates from
+trial to trial, one after another (never two at once), the machine's load read before and
+after each:
+
+- ``plain``: torch.distributed's DistributedDataParallel over a static world of 4 (nothing
+  survives a kill, so only its steady step is measured).
+- ``torchft_default`` and ``torchft_hb1s``: torchft 0.2.0, each process a replica group of
+  one with its Manager, torchft's DDP and optimizer wrappers, ProcessGroupGloo, a lighthouse
+  (``torchft_lighthouse --min_replicas 3``) per trial at its default heartbeat timeout (5 s)
+  or at 1 s. The gloo and Manager timeouts are those of torchft's own example (train_ddp.py:
+  5 s and 30 s; its defaults of 60 s would hold a survivor a minute). torchft's stock DDP
+  wrapper dies in ``backward()`` when a peer is killed mid all-reduce (an assertion on the
+  failed work's future); bench/peers_worker.py wraps its comm hook minimally, and the JSON
+  says so (``torchft_ddp_wrapper``).
+- ``rallypoint``: ``elastic_training`` (min 3, max 4 workers) against a 3-member cluster
+  started once for the run.
+
+A kill trial: start 4 processes, wait until all 4 train together, let them run
+``--steady-s`` (the steady step: each process's median time between steps, the median over
+processes), SIGKILL one, start a replacement ``--rejoin-after-s`` later, wait for its first
+step, let the 4 run ``--after-s``, then ask every process to stop at one step a little
+ahead and print a checksum of its parameters and optimizer state there.
+
+Figures (medians with ranges over trials; per-survivor figures pooled over survivors and
+trials): ``kill_stall_s`` (for each survivor, the gap between its last step before the kill
+and its first after, less the steady step), ``rejoin_first_step_s`` (the replacement's
+process start to its first step) and its parts (start -> imported -> joined -> first step),
+``rejoin_stall_s`` (the survivors' longest gap while the replacement joins, less the steady
+step; only when they had resumed before it started), ``steps_rolled_back`` and
+``bit_identical``. Ports: 24700-24799 only (the cluster 24700-24705; lighthouse, torchft's
+stores and Managers, plain DDP's store from 24706 up, in turn).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.cluster import RallypointCluster
+from bench.common import (
+    machine_info,
+    package_versions,
+    print_targets,
+    scratch_root,
+    verdicts,
+    write_results,
+)
+from rallypoint.worker.process_tree import run_reaped
+from tests.integration.harness import port_is_free
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+WORKERS, MIN_WORKERS = 4, 3
+FIRST_PORT, LAST_PORT = 24700, 24799
+CLUSTER_PORTS = 6  # 3 members x (peer, client)
+SYSTEMS = ("plain", "torchft_default", "torchft_hb1s", "rallypoint")
+# torchft's lighthouse heartbeat timeout per setting (None: its default, 5000 ms).
+TORCHFT_HEARTBEAT_MS = {"torchft_default": None, "torchft_hb1s": 1000}
+TARGETS = {
+    "ratios[overhead_vs_plain]": ("<=", 1.02),
+    "ratios[kill_stall_vs_torchft]": ("<=", 0.1),
+    "ratios[rejoin_vs_torchft]": ("<=", 0.8),
+}
+TORCHFT_DDP_WRAPPER = (
+    "torchft 0.2.0's DistributedDataParallel comm hook asserts that a failed all-reduce's "
+    "future exists, so a survivor of a peer killed mid all-reduce dies in backward(); the "
+    "bench's subclass (bench/peers_worker.py, surviving_ddp) returns the bucket unchanged "
+    "when the manager's all-reduce failed: the manager has recorded the error and "
+    "should_commit refuses the step on every replica"
+)
+Event = dict[str, Any]
+
+
+class Ports:
+    """Hands out blocks of consecutive free ports from 24706-24799 in turn, so a port a trial
+    just closed (TIME_WAIT, a lingering listener) is not asked for again at once."""
+
+    def __init__(self) -> None:
+        self.first = FIRST_PORT + CLUSTER_PORTS
+        self.cursor = self.first
+
+    def take(self, count: int) -> list[int]:
+        for _ in range(LAST_PORT - self.first + 1):
+            if self.cursor + count - 1 > LAST_PORT:
+                self.cursor = self.first
+            block = list(range(self.cursor, self.cursor + count))
+            self.cursor += count
+            if all(port_is_free(port) for port in block):
+                return block
+        raise RuntimeError(f"no {count} consecutive free ports in {self.first}-{LAST_PORT}")
+
+
+class Worker:
+    """One process of bench/peers_worker.py and the JSON events it prints."""
+
+    def __init__(self, index: int, system: str, args: Sequence[str], logs: Path) -> None:
+        self.index = index
+        self.name = f"w{index}"
+        self.events: list[Event] = []
+        self.lock = threading.Lock()
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+        command = [sys.executable, "-m", "bench.peers_worker", f"--system={system}"]
+        self.started_t = time.time()
+        with open(logs / f"{self.name}.err", "w") as stderr:
+            self.proc = subprocess.Popen(
+                [*command, f"--index={index}", *args],
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                env=env,
+                cwd=REPOSITORY,
+                start_new_session=True,
+            )
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            with self.lock:
+                self.events.append(event)
+
+    def of(self, kind: str) -> list[Event]:
+        with self.lock:
+            return [e for e in self.events if e["event"] == kind]
+
+    def first(self, kind: str) -> Event | None:
+        found = self.of(kind)
+        return found[0] if found else None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+def wait_for(what: str, ready: Callable[[], Any], timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = ready()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise TimeoutError(f"no {what} within {timeout_s:g} s")
+
+
+def load_now() -> dict[str, Any]:
+    one, five, fifteen = os.getloadavg()
+    return {"t": time.time(), "load_1m": one, "load_5m": five, "load_15m": fifteen}
+
+
+def step_times(worker: Worker, after_t: float, before_t: float) -> list[float]:
+    return [e["t"] for e in worker.of("step") if after_t < e["t"] <= before_t]
+
+
+def median_interval(times: Sequence[float]) -> float | None:
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    return statistics.median(gaps) if gaps else None
+
+
+class Trial:
+    """One system's trial: its workers, their stop file, and the system's own servers."""
+
+    def __init__(self, system: str, number: int, root: Path, ports: Ports, endpoints: str):
+        self.system = system
+        self.dir = root / f"{system}-{number}"
+        self.dir.mkdir(parents=True)
+        self.stop_file = self.dir / "stop"
+        self.workers: list[Worker] = []
+        self.lighthouse: subprocess.Popen[bytes] | None = None
+        self.common = [f"--stop-file={self.stop_file}", f"--world={WORKERS}"]
+        self.common.append(f"--min-world={MIN_WORKERS}")
+        self.ports = ports
+        if system == "plain":
+            self.common.append(f"--master-port={ports.take(1)[0]}")
+        elif system == "rallypoint":
+            job = f"peers-{number}-{os.getpid()}-{int(time.time())}"
+            self.common += [f"--endpoints={endpoints}", f"--job={job}"]
+            self.common.append(f"--checkpoint-dir={self.dir / 'checkpoints'}")
+        else:
+            self.start_lighthouse(TORCHFT_HEARTBEAT_MS[system])
+
+    def start_lighthouse(self, heartbeat_ms: int | None) -> None:
+        self.lighthouse_port = self.ports.take(1)[0]
+        command = [
+            str(Path(sys.executable).parent / "torchft_lighthouse"),
+            f"--min_replicas={MIN_WORKERS}",
+            f"--bind=127.0.0.1:{self.lighthouse_port}",
+        ]
+        if heartbeat_ms is not None:
+            command.append(f"--heartbeat_timeout_ms={heartbeat_ms}")
+        with open(self.dir / "lighthouse.log", "wb") as log:
+            self.lighthouse = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+
+    def spawn(self, index: int) -> Worker:
+        extra = list(self.common)
+        if self.system.startswith("torchft"):
+            store, manager = self.ports.take(2)
+            extra += [
+                f"--store-port={store}",
+                f"--manager-port={manager}",
+                f"--lighthouse-port={self.lighthouse_port}",
+            ]
+        worker = Worker(
+            index, "torchft" if "torchft" in self.system else self.system, extra, self.dir
+        )
+        self.workers.append(worker)
+        return worker
+
+    def stop_all(self) -> None:
+        for worker in self.workers:
+            worker.kill()
+            worker.reader.join(timeout=5.0)
+            with open(self.dir / f"{worker.name}.jsonl", "w") as events:
+                events.writelines(json.dumps(e) + "\n" for e in worker.events)
+        if self.lighthouse is not None:
+            self.lighthouse.kill()
+            self.lighthouse.wait()
+
+    def check_alive(self, workers: Sequence[Worker]) -> None:
+        for worker in workers:
+            if worker.proc.poll() is not None and worker.first("checksum") is None:
+                tail = (self.dir / f"{worker.name}.err").read_text(errors="replace")[-400:]
+                raise RuntimeError(f"{worker.name} exited ({worker.proc.returncode}): {tail}")
+
+    def training_together(self, workers: Sequence[Worker]) -> float | None:
+        """When every one of ``workers`` has counted a step at world size 4, else None."""
+        self.check_alive(workers)
+        firsts = []
+        for worker in workers:
+            full = [e["t"] for e in worker.of("step") if e["world_size"] == WORKERS]
+            if not full:
+                return None
+            firsts.append(full[0])
+        return max(firsts)
+
+    def stop_and_checksum(self, workers: Sequence[Worker], ahead: int, timeout_s: float) -> Event:
+        """Ask every process to stop ``ahead`` steps past the furthest, and compare the
+        checksums they print there."""
+        furthest = max(e["step"] for w in workers for e in w.of("step"))
+        stop_step = furthest + ahead
+        scratch = self.stop_file.with_suffix(".tmp")
+        scratch.write_text(str(stop_step))
+        scratch.rename(self.stop_file)  # whole or absent: never a half-written number
+
+        def all_summed() -> bool:
+            self.check_alive(workers)
+            return all(w.first("checksum") is not None for w in workers)
+
+        wait_for("a checksum from every process", all_summed, timeout_s)
+        sums = {w.name: w.first("checksum") for w in workers}
+        return {
+            "stop_step": stop_step,
+            "checksum_steps": sorted({e["step"] for e in sums.values() if e}),
+            "bit_identical": len({e["checksum"] for e in sums.values() if e}) == 1
+            and all(e is not None and e["step"] == stop_step for e in sums.values()),
+        }
+
+
+def steady_figures(workers: Sequence[Worker], since_t: float, until_t: float) -> Event:
+    per_worker = {w.name: median_interval(step_times(w, since_t, until_t)) for w in workers}
+    measured = [v for v in per_worker.values() if v is not None]
+    return {
+        "steady_step_s": statistics.median(measured) if measured else None,
+        "steady_step_s_by_worker": per_worker,
+        "steady_steps": sum(len(step_times(w, since_t, until_t)) for w in workers),
+    }
+
+
+def plain_trial(trial: Trial, args: argparse.Namespace) -> Event:
+    workers = [trial.spawn(index) for index in range(WORKERS)]
+    together = wait_for(
+        "4 processes training", lambda: trial.training_together(workers), args.timeout_s
+    )
+    time.sleep(args.warm_s + args.steady_s)
+    measured_until = time.time()
+    figures = steady_figures(workers, together + args.warm_s, measured_until)
+    return {**figures, **trial.stop_and_checksum(workers, args.stop_ahead, args.timeout_s)}
+
+
+def kill_trial(trial: Trial, args: argparse.Namespace) -> Event:
+    workers = [trial.spawn(index) for index in range(WORKERS)]
+    together = wait_for(
+        "4 processes training", lambda: trial.training_together(workers), args.timeout_s
+    )
+    time.sleep(args.warm_s + args.steady_s)
+    victim, survivors = workers[-1], workers[:-1]
+    killed_t = time.time()
+    victim.kill()
+    figures: Event = steady_figures(workers, together + args.warm_s, killed_t)
+    steady = figures["steady_step_s"]
+    time.sleep(args.rejoin_after_s)
+    replacement = trial.spawn(WORKERS)
+    live = [*survivors, replacement]
+
+    def replacement_stepped() -> Event | None:
+        trial.check_alive(live)
+        return replacement.first("step")
+
+    first = wait_for("the replacement's first step", replacement_stepped, args.timeout_s)
+    wait_for(
+        "every survivor's first step after the kill",
+        lambda: all(step_times(w, killed_t, float("inf")) for w in survivors),
+        args.timeout_s,
+    )
+    time.sleep(args.after_s)
+    figures.update(trial.stop_and_checksum(live, args.stop_ahead, args.timeout_s))
+
+    spawned_t = replacement.started_t
+    stalls, first_gaps, resumed_t, rolled_back = [], [], [], []
+    resets: list[Event] = []
+    for worker in survivors:
+        before = step_times(worker, 0.0, killed_t)
+        after = step_times(worker, killed_t, float("inf"))
+        first_gaps.append(after[0] - before[-1] - steady)
+        # The step in flight at the kill can still complete on a survivor (torchft: its
+        # all-reduce had finished, and a replica group of one commits alone), so the first
+        # gap after the kill may be an ordinary step and the stall the next one. The stall
+        # is the longest gap from the last step before the kill to the first step after
+        # the replacement started (a stall still going on then is measured whole).
+        window = [before[-1], *(t for t in after if t <= spawned_t)]
+        window += [t for t in after if t > spawned_t][:1]
+        gap, resumed = max((b - a, b) for a, b in itertools.pairwise(window))
+        stalls.append(gap - steady)
+        resumed_t.append(resumed)
+        steps = [e["step"] for e in worker.of("step") if e["t"] >= before[-1]]
+        rolled_back.append(sum(max(0, a - b + 1) for a, b in itertools.pairwise(steps)))
+        resets += [
+            {"name": worker.name, "from_step": a, "to_step": b}
+            for a, b in itertools.pairwise(steps)
+            if b <= a
+        ]
+    imported, joined = replacement.first("imported"), replacement.first("joined")
+    figures.update(
+        {
+            "killed_t": killed_t,
+            "kill_stall_s": stalls,
+            # The literal figure: first step after the kill - last before - steady step.
+            "kill_first_gap_s": first_gaps,
+            "first_world_after_kill": sorted(
+                {
+                    next(e["world_size"] for e in w.of("step") if e["t"] > killed_t)
+                    for w in survivors
+                }
+            ),
+            "rejoin_first_step_s": first["t"] - spawned_t,
+            "rejoin_parts_s": {
+                "start_to_imported": imported["t"] - spawned_t if imported else None,
+                "imported_to_joined": joined["t"] - imported["t"] if joined and imported else None,
+                "joined_to_first_step": first["t"] - joined["t"] if joined else None,
+            },
+            "rejoin_first_step": first["step"],
+            # In sync: the survivors counted the same step number after it started (with
+            # the world's step counter, however that was restored).
+            "rejoin_in_sync": any(
+                e["step"] == first["step"] and e["t"] > spawned_t
+                for w in survivors
+                for e in w.of("step")
+            ),
+            "steps_rolled_back": max(rolled_back),
+            "step_counter_went_back": resets,
+            # rallypoint says where each round's state came from (keep, broadcast, fresh...).
+            "restore_sources": sorted(
+                {e["source"] for w in live for e in w.of("round_formed") if e["t"] > killed_t}
+            ),
+        }
+    )
+    # The survivors' stall while the replacement joins: only meaningful once they trained
+    # again after the kill before it started (else the kill's stall and the join's overlap).
+    if max(resumed_t) < spawned_t:
+        window_end = first["t"] + 0.5
+        gaps = []
+        for worker in survivors:
+            times = [t for t in step_times(worker, 0.0, window_end) if t >= spawned_t]
+            last_before = max(step_times(worker, 0.0, spawned_t))
+            times = [last_before, *times]
+            gaps.append(max(b - a for a, b in itertools.pairwise(times)) - steady)
+        figures["rejoin_stall_s"] = statistics.median(gaps)
+    else:
+        figures["rejoin_stall_s"] = None
+        figures["rejoin_stall_reason"] = (
+            "the survivors had not trained again after the kill when the replacement started"
+        )
+    return figures
+
+
+def run_trial(
+    system: str, number: int, root: Path, ports: Ports, endpoints: str, args: argparse.Namespace
+) -> Event:
+    load_before = load_now()
+    trial = Trial(system, number, root, ports, endpoints)
+    try:
+        figures = plain_trial(trial, args) if system == "plain" else kill_trial(trial, args)
+        figures["ok"] = True
+    except (TimeoutError, RuntimeError) as error:
+        figures = {"ok": False, "error": str(error)[:600]}
+    finally:
+        trial.stop_all()
+    return {
+        "system": system,
+        "trial": number,
+        **figures,
+        "load_before": load_before,
+        "load_after": load_now(),
+        "cpu_count": os.cpu_count(),
+    }
+
+
+# ------------------------------------------------------------------ summary
+
+
+def spread(values: Sequence[float | None]) -> dict[str, Any]:
+    """Median, range and count of the values measured (None: not measured)."""
+    kept = [float(v) for v in values if v is not None]
+    if not kept:
+        return {"median": None, "min": None, "max": None, "n": 0}
+    return {"median": statistics.median(kept), "min": min(kept), "max": max(kept), "n": len(kept)}
+
+
+def summarize(trials: Sequence[Event]) -> dict[str, Any]:
+    by_system: dict[str, list[Event]] = {}
+    for trial in trials:
+        by_system.setdefault(trial["system"], []).append(trial)
+    figures: dict[str, Any] = {
+        "steady_step_s": {},
+        "kill_stall_s": {},
+        "kill_first_gap_s": {},
+        "rejoin_first_step_s": {},
+        "rejoin_parts_s": {},
+        "rejoin_stall_s": {},
+        "steps_rolled_back": {},
+        "rejoin_in_sync": {},
+        "bit_identical": {},
+        "trials_ok": {},
+    }
+    for system, runs in by_system.items():
+        ok = [t for t in runs if t["ok"]]
+        figures["trials_ok"][system] = f"{len(ok)}/{len(runs)}"
+        figures["steady_step_s"][system] = spread([t["steady_step_s"] for t in ok])
+        figures["bit_identical"][system] = bool(ok) and all(t["bit_identical"] for t in ok)
+        if system == "plain":
+            continue
+        figures["kill_stall_s"][system] = spread([s for t in ok for s in t["kill_stall_s"]])
+        figures["kill_first_gap_s"][system] = spread([s for t in ok for s in t["kill_first_gap_s"]])
+        figures["rejoin_first_step_s"][system] = spread([t["rejoin_first_step_s"] for t in ok])
+        figures["rejoin_parts_s"][system] = {
+            part: spread([t["rejoin_parts_s"][part] for t in ok])
+            for part in ("start_to_imported", "imported_to_joined", "joined_to_first_step")
+        }
+        figures["rejoin_stall_s"][system] = spread([t.get("rejoin_stall_s") for t in ok])
+        figures["steps_rolled_back"][system] = spread([t["steps_rolled_back"] for t in ok])
+        synced = sum(bool(t["rejoin_in_sync"]) for t in ok)
+        figures["rejoin_in_sync"][system] = f"{synced}/{len(ok)}"
+    return figures
+
+
+def ratio(top: dict[str, Any], field: str, ours: str, theirs: str) -> float | None:
+    mine, other = top[field].get(ours, {}), top[field].get(theirs, {})
+    if mine.get("median") is None or not other.get("median"):
+        return None
+    return float(mine["median"]) / float(other["median"])
+
+
+def ratios(top: dict[str, Any]) -> dict[str, float | None]:
+    return {
+        "overhead_vs_plain": ratio(top, "steady_step_s", "rallypoint", "plain"),
+        # Against torchft at a 1 s heartbeat timeout, its fastest setting measured here.
+        "kill_stall_vs_torchft": ratio(top, "kill_stall_s", "rallypoint", "torchft_hb1s"),
+        "rejoin_vs_torchft": ratio(top, "rejoin_first_step_s", "rallypoint", "torchft_hb1s"),
+    }
+
+
+def plot(top: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(14, 4.8))
+    colors = {
+        "plain": "tab:gray",
+        "torchft_default": "tab:red",
+        "torchft_hb1s": "tab:orange",
+        "rallypoint": "tab:green",
+    }
+
+    def bars(axis: Any, field: str, systems: Sequence[str], offset: float, width: float) -> None:
+        for position, system in enumerate(systems):
+            entry = top[field].get(system) or {}
+            if entry.get("median") is None:
+                continue
+            low, high = entry["median"] - entry["min"], entry["max"] - entry["median"]
+            axis.bar(
+                position + offset,
+                entry["median"],
+                width,
+                yerr=[[low], [high]],
+                capsize=3,
+                color=colors[system],
+                alpha=1.0 if offset <= 0 else 0.55,
+            )
+
+    shown = [s for s in SYSTEMS if s in top["steady_step_s"]]
+    bars(left, "steady_step_s", shown, 0.0, 0.6)
+    left.set_xticks(range(len(shown)), shown)
+    left.set_ylabel("seconds per step (median, range)")
+    left.set_title("steady step: 4 processes, 1.3 M-parameter MLP, gloo")
+    elastic = [s for s in SYSTEMS if s != "plain" and s in top["kill_stall_s"]]
+    bars(right, "kill_stall_s", elastic, -0.2, 0.4)
+    bars(right, "rejoin_first_step_s", elastic, 0.2, 0.4)
+    right.set_xticks(range(len(elastic)), elastic)
+    right.set_ylabel("seconds (median, range)")
+    right.set_title("SIGKILL: survivors' stall (solid), replacement start -> first step (light)")
+    figure.tight_layout()
+    figure.savefig(path)
+
+
+# ------------------------------------------------------------------ run
+
+
+def run(args: argparse.Namespace) -> list[Event]:
+    trials: list[Event] = []
+    ports = Ports()
+    with scratch_root("peers-bench-", args.data_dir) as root:
+        cluster = None
+        endpoints = ""
+        if "rallypoint" in args.systems:
+            cluster = RallypointCluster(root / "cluster", base_port=FIRST_PORT)
+        try:
+            if cluster is not None:
+                cluster.start()
+                import asyncio
+
+                asyncio.run(cluster.wait_ready())
+                endpoints = ",".join(cluster.addresses.values())
+            for number in range(args.trials):
+                # Rotate the order, so no system always runs first after another's teardown.
+                order = (
+                    args.systems[number % len(args.systems) :]
+                    + args.systems[: number % len(args.systems)]
+                )
+                for system in order:
+                    result = run_trial(system, number, root, ports, endpoints, args)
+                    trials.append(result)
+                    shown = {
+                        k: result.get(k)
+                        for k in (
+                            "ok",
+                            "error",
+                            "steady_step_s",
+                            "kill_stall_s",
+                            "rejoin_first_step_s",
+                            "rejoin_stall_s",
+                            "steps_rolled_back",
+                            "bit_identical",
+                        )
+                        if k in result
+                    }
+                    load = result["load_before"]["load_1m"]
+                    print(f"{system:<16} trial {number}: load {load:.2f} {shown}", flush=True)
+        finally:
+            if cluster is not None:
+                cluster.stop()
+    return trials
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench/results/peers.json")
+    parser.add_argument("--trials", type=int, default=3, help="per system")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated")
+    parser.add_argument("--steady-s", type=float, default=5.0, help="steady window per trial")
+    parser.add_argument("--warm-s", type=float, default=1.0, help="after all 4 train, before it")
+    parser.add_argument("--rejoin-after-s", type=float, default=2.0)
+    parser.add_argument("--after-s", type=float, default=2.0, help="training after the rejoin")
+    parser.add_argument("--stop-ahead", type=int, default=20, help="steps before the checksum")
+    parser.add_argument("--timeout-s", type=float, default=90.0, help="per phase of a trial")
+    parser.add_argument("--data-dir", help="keep the trials' logs here (default: removed)")
+    parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="checks it runs: one short trial per system; figures not comparable",
+    )
+    args = parser.parse_args(argv)
+    args.systems = [s for s in args.systems.split(",") if s]
+    unknown = sorted(set(args.systems) - set(SYSTEMS))
+    if unknown:
+        parser.error(f"unknown system(s) {unknown}: choose from {', '.join(SYSTEMS)}")
+    if args.quick:
+        args.trials, args.steady_s, args.warm_s, args.after_s = 1, 1.5, 0.5, 1.0
+    started = time.perf_counter()
+    trials = run(args)
+    top = summarize(trials)
+    top["ratios"] = ratios(top)
+    checked = verdicts(top, TARGETS)
+    for check in checked.values():
+        check["met"] = check["verdict"] == "PASS"
+    loads = [t["load_before"]["load_1m"] for t in trials] + [
+        t["load_after"]["load_1m"] for t in trials
+    ]
+    document = {
+        "benchmark": "peers",
+        **top,
+        "targets": checked,
+        "quick": args.quick,
+        "machine": {**machine_info(), "load_1m_during": spread(loads)},
+        "versions": package_versions(["torch", "torchft", "rallypoint", "grpcio"]),
+        "parameters": {
+            "workers": WORKERS,
+            "min_workers": MIN_WORKERS,
+            "model": "MLP 512-1024-512-512 (1,312,768 parameters), AdamW, batch 32 per process",
+            "backend": "gloo, one torch thread per process",
+            "fault": "SIGKILL of one of 4 processes after the steady window; a replacement "
+            f"started {args.rejoin_after_s:g} s later",
+            "torchft": "0.2.0; each process a replica group of one; lighthouse --min_replicas "
+            f"{MIN_WORKERS}, heartbeat timeout 5 s (default) or 1 s; ProcessGroupGloo timeout "
+            "5 s and Manager timeout 30 s (torchft's train_ddp.py); PGTransport for healing",
+            "torchft_ddp_wrapper": TORCHFT_DDP_WRAPPER,
+            "rallypoint": "elastic_training, min_nodes 3, max_nodes 4, defaults otherwise; a "
+            "3-member cluster (rallypoint cluster up) on loopback",
+            "plain": "torch DistributedDataParallel, static world of 4, TCPStore",
+            **{k: v for k, v in vars(args).items() if k not in ("out", "data_dir")},
+        },
+        "trials": trials,
+        "wall_time_s": time.perf_counter() - started,
+    }
+    print_targets(checked, 32, 8)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_results(out, document, None if args.no_plot else lambda path: plot(top, path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_reaped(main))

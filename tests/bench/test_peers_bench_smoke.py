@@ -1,0 +1,104 @@
+"""The peers benchmark runs end to end in its quick form (one short trial of plain DDP, of
+torchft at both heartbeat settings and of rallypoint) and writes the JSON shape `make
+bench-peers` promises, leaving no process running; and its bit-identical check can fail: the
+checksum tells apart states that differ in one parameter bit or one optimizer state value.
+Speed is not checked."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.harness import assert_left_nothing, no_process_outlives
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+# bench/ is a folder of scripts run from the repository (python -m bench.peers_bench), not an
+# installed package: the test imports it the same way.
+if str(REPOSITORY) not in sys.path:
+    sys.path.insert(0, str(REPOSITORY))
+SYSTEMS = ("plain", "torchft_default", "torchft_hb1s", "rallypoint")
+
+
+def test_checksum_tells_apart_states_that_differ_in_one_bit_or_in_optimizer_state() -> None:
+    torch = pytest.importorskip("torch")
+    from bench.peers_worker import make_model, state_checksum
+
+    def trained() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        model = make_model()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        model(torch.ones(2, 512)).sum().backward()
+        optimizer.step()
+        return model, optimizer
+
+    model, optimizer = trained()
+    twin, twin_optimizer = trained()
+    assert state_checksum(model, optimizer) == state_checksum(twin, twin_optimizer)
+
+    # One bit of one parameter.
+    with torch.no_grad():
+        weight = next(twin.parameters())
+        weight.view(-1).view(torch.int32)[0] ^= 1
+    assert state_checksum(model, optimizer) != state_checksum(twin, twin_optimizer)
+
+    # Parameters equal, optimizer state not: the step counter (a 0-d tensor) and a moment.
+    twin, twin_optimizer = trained()
+    first = next(twin.parameters())
+    twin_optimizer.state[first]["step"] += 1
+    assert state_checksum(model, optimizer) != state_checksum(twin, twin_optimizer)
+    twin, twin_optimizer = trained()
+    twin_optimizer.state[next(twin.parameters())]["exp_avg_sq"].view(-1)[0] += 1.0
+    assert state_checksum(model, optimizer) != state_checksum(twin, twin_optimizer)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_quick_run_writes_results_and_leaves_no_process(tmp_path: Path) -> None:
+    pytest.importorskip("torchft")
+    out = tmp_path / "peers.json"
+    scratch = tmp_path / "tmpdir"
+    scratch.mkdir()
+    with no_process_outlives("the peers benchmark"):
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.peers_bench", "--quick", f"--out={out}"],
+            cwd=REPOSITORY,
+            env={**os.environ, "TMPDIR": str(scratch)},
+            capture_output=True,
+            text=True,
+            timeout=880,
+            check=False,
+        )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == f"wrote {out} and {out.with_suffix('.png')}"
+    assert_left_nothing(scratch, "the benchmark")
+    report = json.loads(out.read_text())
+    assert report["quick"] is True
+    assert report["trials_ok"] == dict.fromkeys(SYSTEMS, "1/1"), report["trials"]
+    for system in SYSTEMS:
+        assert report["steady_step_s"][system]["median"] > 0, system
+        assert report["bit_identical"][system] is True, system
+    for system in SYSTEMS[1:]:
+        assert report["kill_stall_s"][system]["n"] == 3, system  # one per survivor
+        assert report["rejoin_first_step_s"][system]["median"] > 0, system
+        assert set(report["rejoin_parts_s"][system]) == {
+            "start_to_imported",
+            "imported_to_joined",
+            "joined_to_first_step",
+        }
+        assert report["steps_rolled_back"][system]["n"] == 1, system
+    assert set(report["ratios"]) == {
+        "overhead_vs_plain",
+        "kill_stall_vs_torchft",
+        "rejoin_vs_torchft",
+    }
+    for name, check in report["targets"].items():
+        assert name.startswith("ratios[")
+        assert isinstance(check["met"], bool) and check["value"] is not None, (name, check)
+    for trial in report["trials"]:
+        assert trial["cpu_count"] == os.cpu_count()
+        assert {"load_1m", "load_5m", "load_15m"} <= set(trial["load_before"])
+    assert "torchft_ddp_wrapper" in report["parameters"]

@@ -37,10 +37,11 @@ class Cluster(Protocol):
 class RallypointCluster:
     """``rallypoint cluster up --nodes N`` with its output in ``cluster.log`` under data_dir."""
 
-    def __init__(self, data_dir: Path, members: int = 3) -> None:
+    def __init__(self, data_dir: Path, members: int = 3, base_port: int | None = None) -> None:
         self.data_dir = data_dir
         self.members = members
-        self.base_port = free_port_block(2 * members)
+        # A given base port (a range set aside for the run) or the first free block.
+        self.base_port = free_port_block(2 * members) if base_port is None else base_port
         self.addresses = {
             member: client
             for member, (_, client) in local_cluster_addresses(members, self.base_port).items()

@@ -25,6 +25,11 @@ replacement's phases, in seconds, each from the end of the one before:
 - ``restore``: the state restored (a broadcast from a survivor);
 - ``first_step``: to the replacement's first step counted at world size 3.
 
+The floor: after each round of trials, a plain torch process (no rallypoint, no process
+group) makes the same model and optimizer and takes one step, timed alike (``floor``):
+``import torch`` and the optimizer's first use (which imports ``torch._dynamo``) are most
+of any replacement's way in.
+
 ``start_to_joined_s`` and ``start_to_first_step_s`` are the totals the peers comparison
 uses. Every figure is a median over trials with its range; the machine's load is recorded
 per trial. With ``--python`` given more than once, the trials alternate between the
@@ -68,6 +73,32 @@ PHASES = (
     "first_step",
 )
 Event = dict[str, Any]
+
+# The floor: the same model, optimizer and first step in a plain torch process (no
+# rallypoint, no process group), timed alike. Whatever a replacement takes beyond it is
+# what joining costs.
+FLOOR_PROGRAM = """
+import json, time
+started = time.time()
+import torch
+imported = time.time()
+torch.set_num_threads(1)
+torch.manual_seed(7)
+model = torch.nn.Sequential(
+    torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+    torch.nn.Linear(64, 1),
+)
+optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+made = time.time()
+inputs, targets = torch.randn(32, 16), torch.randn(32, 1)
+torch.nn.functional.mse_loss(model(inputs), targets).backward()
+optimizer.step()
+optimizer.zero_grad()
+stepped = time.time()
+print(json.dumps({"interpreter": started, "torch": imported, "model": made,
+                  "first_step": stepped}))
+"""
+FLOOR_PHASES = ("spawn", "torch", "model", "first_step")
 
 
 class Workers:
@@ -214,21 +245,46 @@ def trial(
         marks = wait_for(
             "the replacement's first step", lambda: phase_marks(workers, "r"), timeout_s
         )
-        return {"python": python, "load_1m": load, "phases": durations(marks)}
+        formed = workers.first("r", "round_formed")
+        assert formed is not None
+        return {
+            "python": python,
+            "load_1m": load,
+            "phases": durations(marks),
+            # Where the replacement's state came from (broadcast: a survivor's).
+            "restore_source": formed["source"],
+        }
     finally:
         workers.stop()
+
+
+def floor_trial(python: str) -> dict[str, float]:
+    """The floor's phases (FLOOR_PROGRAM), each from the end of the one before."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    spawned_t = time.time()
+    done = subprocess.run(
+        [python, "-c", FLOOR_PROGRAM], capture_output=True, text=True, env=env, check=True
+    )
+    marks = json.loads(done.stdout.strip().splitlines()[-1])
+    ends = {"spawn": marks["interpreter"], **{p: marks[p] for p in FLOOR_PHASES[1:]}}
+    out: dict[str, float] = {}
+    previous = spawned_t
+    for phase in FLOOR_PHASES:
+        out[phase] = ends[phase] - previous
+        previous = ends[phase]
+    out["start_to_first_step_s"] = marks["first_step"] - spawned_t
+    return out
+
+
+def median_range(values: Sequence[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def summarise(trials: Sequence[Event]) -> dict[str, Any]:
     keys = [*PHASES, "start_to_joined_s", "start_to_first_step_s"]
     figures: dict[str, Any] = {}
     for key in keys:
-        values = [t["phases"][key] for t in trials]
-        figures[key] = {
-            "median": statistics.median(values),
-            "min": min(values),
-            "max": max(values),
-        }
+        figures[key] = median_range([t["phases"][key] for t in trials])
     figures["load_1m"] = [t["load_1m"] for t in trials]
     return figures
 
@@ -243,6 +299,7 @@ def run_in(args: argparse.Namespace, pythons: list[str], root: Path) -> dict[str
     cluster = RallypointCluster(root / "cluster", base_port=args.base_port)
     cluster.start()
     trials: list[Event] = []
+    floors: list[dict[str, float]] = []
     try:
         asyncio.run(cluster.wait_ready(timeout_s=60))
         endpoints = ",".join(cluster.addresses.values())
@@ -251,6 +308,9 @@ def run_in(args: argparse.Namespace, pythons: list[str], root: Path) -> dict[str
             result = trial(python, endpoints, f"rejoin{index}", root, args.delay_s, args.timeout_s)
             print(json.dumps(result), file=sys.stderr, flush=True)
             trials.append(result)
+            if index % len(pythons) == len(pythons) - 1:
+                floors.append(floor_trial(pythons[0]))
+                print(json.dumps({"floor": floors[-1]}), file=sys.stderr, flush=True)
     finally:
         cluster.stop()
     return {
@@ -260,7 +320,12 @@ def run_in(args: argparse.Namespace, pythons: list[str], root: Path) -> dict[str
         "delay_s": args.delay_s,
         "phases": list(PHASES),
         "by_python": {p: summarise([t for t in trials if t["python"] == p]) for p in pythons},
+        "floor": {
+            key: median_range([f[key] for f in floors])
+            for key in [*FLOOR_PHASES, "start_to_first_step_s"]
+        },
         "trials": trials,
+        "floor_trials": floors,
     }
 
 
@@ -287,6 +352,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f = figures[key]
             print(f"  {key:24s} {f['median']:7.3f} s ({f['min']:.3f}-{f['max']:.3f})")
         print(f"  load (1 min) {figures['load_1m']}")
+    print("floor (plain torch: same model, optimizer, first step)")
+    for key, f in report["floor"].items():
+        print(f"  {key:24s} {f['median']:7.3f} s ({f['min']:.3f}-{f['max']:.3f})")
     return 0
 
 

@@ -80,10 +80,7 @@ def main() -> None:
     state = demo_train.make_state()
     mark("model")
 
-    def on_event(kind: str, fields: dict[str, Any]) -> None:
-        demo_train.emit(kind, fields)
-
-    with demo_train.open_run(args, state, on_event=on_event) as run:
+    with demo_train.open_run(args, state) as run:
         demo_train.train(
             run, checkpoint_every=args.checkpoint_every, step_sleep_s=args.step_sleep_s
         )

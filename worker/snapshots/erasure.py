@@ -33,8 +33,8 @@ order starting at the group's first rank.
 
 from __future__ import annotations
 
-from collections import Counter
 import importlib
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from types import ModuleType
 

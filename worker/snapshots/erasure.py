@@ -33,13 +33,20 @@ order starting at the group's first rank.
 
 from __future__ import annotations
 
+import importlib
 from collections import Counter
 from collections.abc import Mapping, Sequence
-
-import zfec
+from types import ModuleType
 
 # zfec codes at most 256 shares per group (GF(2^8)).
 MAX_SHARES = 256
+
+
+def _zfec() -> ModuleType:
+    """zfec, imported when a share is first coded: the elastic loop imports this package
+    whether or not the job erasure-codes its snapshots, and a replacement worker's every
+    import before its join is on its way into training (bench/rejoin_phases.py)."""
+    return importlib.import_module("zfec")
 
 
 def erasure_groups(hosts: Sequence[str], data_shares: int) -> tuple[tuple[int, ...], ...]:
@@ -124,7 +131,7 @@ def encode_parity(
     length = max(len(blob) for blob in blobs)
     if length == 0:
         return [b"" for _ in wanted]
-    encoder = zfec.Encoder(k, k + parity_shares)
+    encoder = _zfec().Encoder(k, k + parity_shares)
     shares = encoder.encode([_padded(blob, length) for blob in blobs], [k + j for j in wanted])
     return [bytes(share) for share in shares]
 
@@ -146,6 +153,6 @@ def decode_blobs(
     if length == 0:
         return [b"" for _ in lengths]
     numbers = sorted(shares)[:k]
-    decoder = zfec.Decoder(k, k + parity_shares)
+    decoder = _zfec().Decoder(k, k + parity_shares)
     blocks = decoder.decode([_padded(shares[n], length) for n in numbers], numbers)
     return [bytes(block)[:size] for block, size in zip(blocks, lengths, strict=True)]

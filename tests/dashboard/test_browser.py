@@ -38,7 +38,7 @@ APT_PACKAGES = ["chromium", "chromium-driver"]
 JOB = "browser"
 START_S = 180.0
 CHANGE_S = 60.0
-# Where a round's state can come from (worker/checkpoint.py's RestoreSource).
+# Where a round's state can come from (worker/restore_choice.py's RestoreSource).
 RESTORE_SOURCES = {"keep", "broadcast", "disk", "fresh"}
 
 

@@ -15,8 +15,9 @@ from pathlib import Path
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from ..checkpoint import RestoreResult, RestoreSource, broadcast_state, restore_state
+from ..checkpoint import RestoreResult, broadcast_state, restore_state
 from ..errors import WorkerError
+from ..restore_choice import RestoreSource
 from ..snapshots import RegisteredSnapshot
 from ..store import CoordinatorStore
 from ..torch_compat import forget_previous_world, reset_group_count

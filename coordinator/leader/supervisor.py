@@ -43,7 +43,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from ..liveness.coverage import ATTACH_REPORT_MS, Coverage, Verdict
 from ..liveness.local import MemberDetection, StreamClock
@@ -191,6 +191,12 @@ class RendezvousSupervisor:
 
     def request_lag(self, clock: StreamClock, now_ms: int, sent_ms: int) -> None:
         self.local.request_lag(clock, now_ms, sent_ms)
+
+    def collective_failed(
+        self, job: str, peers: Sequence[int], report: str, now_ms: int
+    ) -> list[int]:
+        # The supervisor's next pass reports the confirmed verdicts at once.
+        return self.local.collective_failed(job, peers, report, now_ms)
 
     def report_progress(
         self, job: str, participant_id: int, progress: ProgressReport, now_ms: int

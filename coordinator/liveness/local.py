@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ..metrics import NodeMetrics
 from .phi import DetectorSet, DetectorSettings
@@ -129,6 +129,8 @@ class MemberDetection:
         self._streams_reopened = 0
         # The last heartbeat of each verdict timed (a verdict reported again is timed once).
         self._timed: dict[Key, float] = {}
+        # Closed streams confirmed early by a peer's failed collective: what it said.
+        self._corroborated: dict[Key, str] = {}
         # Batch streams' group detectors, and the group each of their participants is in.
         self._groups: dict[int, _Group] = {}
         self._group_of: dict[Key, int] = {}
@@ -215,6 +217,26 @@ class MemberDetection:
         self._progress.pop(key, None)
         self._timed.pop(key, None)
 
+    def collective_failed(
+        self, job: str, peers: Sequence[int], report: str, now_ms: int
+    ) -> list[int]:
+        """A member of a job's current round reports that a collective of that round failed
+        (the servicer checked who may say so: ``ReportCollectiveFailure``); ``peers`` are
+        the round's other members. Each of them whose heartbeat stream this member saw
+        close, and that no heartbeat reached since, is confirmed failed now instead of at
+        the end of its confirmation window (two heartbeat intervals): the closed stream and
+        the broken collective are two observations of one death. The participants so
+        confirmed; nobody else is touched, so a report alone ends no round."""
+        confirmed = []
+        for pid in peers:
+            key = (job, pid)
+            if key in self._group_of:
+                continue  # carried by an open stream here: alive as far as we know
+            if self.detectors.confirm_closed(key, now_ms):
+                self._corroborated.setdefault(key, report)
+                confirmed.append(pid)
+        return confirmed
+
     def progress(self, key: Key, report: ProgressReport) -> None:
         """The latest progress ``key`` reported (goes to the leader with the next report)."""
         self._progress[key] = report
@@ -230,6 +252,7 @@ class MemberDetection:
                 self._detach[key] = None
         self._progress.pop(key, None)
         self._timed.pop(key, None)
+        self._corroborated.pop(key, None)
 
     def retain(self, is_participant: Callable[[Key], bool]) -> None:
         """Forget every key for which ``is_participant(key)`` is false (they left their
@@ -320,6 +343,9 @@ class MemberDetection:
             tracked_settings = self.detectors.settings(detector_key)
             if value is not None and math.isinf(value):
                 kind, cause = "stream_closed", "heartbeat stream closed and not reopened"
+                corroboration = self._corroborated.pop(key, None)
+                if corroboration is not None:
+                    cause = f"heartbeat stream closed, confirmed at once: {corroboration}"
             else:
                 threshold = tracked_settings.phi_threshold if tracked_settings else 0.0
                 kind = "phi"

@@ -131,6 +131,10 @@ class MemberDetection:
         self._timed: dict[Key, float] = {}
         # Closed streams confirmed early by a peer's failed collective: what it said.
         self._corroborated: dict[Key, str] = {}
+        # Per job, the last collective failure reported here: (the reporter's peers, what it
+        # said, when): a peer's stream that closes within its confirmation window after the
+        # report (the report won the race) is confirmed as it closes.
+        self._reports: dict[str, tuple[frozenset[int], str, int]] = {}
         # Batch streams' group detectors, and the group each of their participants is in.
         self._groups: dict[int, _Group] = {}
         self._group_of: dict[Key, int] = {}
@@ -211,6 +215,8 @@ class MemberDetection:
         del self._group_of[key]
         if evidence:
             self.detectors.adopt(key, group.key, now_ms, closed=closed)
+            if closed:
+                self._reported_before(key, now_ms)
             return
         if self._attach.pop(key, False) is False:
             self._detach[key] = None
@@ -225,17 +231,35 @@ class MemberDetection:
         the round's other members. Each of them whose heartbeat stream this member saw
         close, and that no heartbeat reached since, is confirmed failed now instead of at
         the end of its confirmation window (two heartbeat intervals): the closed stream and
-        the broken collective are two observations of one death. The participants so
-        confirmed; nobody else is touched, so a report alone ends no round."""
-        confirmed = []
-        for pid in peers:
-            key = (job, pid)
-            if key in self._group_of:
-                continue  # carried by an open stream here: alive as far as we know
-            if self.detectors.confirm_closed(key, now_ms):
-                self._corroborated.setdefault(key, report)
-                confirmed.append(pid)
-        return confirmed
+        the broken collective are two observations of one death. The report is held for
+        that window too: a peer's stream that closes after it (the gloo error reached the
+        survivor before the stream's end reached this member) is confirmed as it closes.
+        The participants confirmed now; nobody else is touched, so a report alone ends no
+        round."""
+        self._reports[job] = (frozenset(peers), report, now_ms)
+        return [pid for pid in peers if self._corroborate((job, pid), report, now_ms)]
+
+    def _corroborate(self, key: Key, report: str, now_ms: int) -> bool:
+        """Confirm ``key``'s closed stream now, on the strength of ``report``."""
+        if key in self._group_of:
+            return False  # carried by an open stream here: alive as far as we know
+        if not self.detectors.confirm_closed(key, now_ms):
+            return False
+        self._corroborated.setdefault(key, report)
+        return True
+
+    def _reported_before(self, key: Key, now_ms: int) -> None:
+        """``key``'s stream just closed: if a peer of its round reported a failed
+        collective within the confirmation window before, confirm it now."""
+        held = self._reports.get(key[0])
+        settings = self.detectors.settings(key)
+        if held is None or settings is None:
+            return
+        peers, report, reported_ms = held
+        if now_ms - reported_ms >= settings.confirm_closed_ms:
+            del self._reports[key[0]]
+        elif key[1] in peers:
+            self._corroborate(key, report, now_ms)
 
     def progress(self, key: Key, report: ProgressReport) -> None:
         """The latest progress ``key`` reported (goes to the leader with the next report)."""

@@ -160,6 +160,48 @@ def test_a_closed_stream_that_comes_back_in_time_is_not_suspected() -> None:
     assert detection.suspects(now + 300) == []
 
 
+def test_a_peers_failed_collective_confirms_a_closed_stream_at_once() -> None:
+    detection = StreamedDetection()
+    keys = [("j", 1), ("j", 2), ("j", 3)]
+    for key in keys:
+        detection.carry(key, SETTINGS, 0)
+    now = beat(detection, keys, 0, 10)
+    detection.uncarry(("j", 3), now, closed=True)
+    # Participant 1 reports; 2's stream is open (alive as far as this member knows).
+    confirmed = detection.collective_failed("j", [2, 3], "rank 0 reported it", now + 5)
+    assert confirmed == [3]
+    (suspicion,) = detection.suspects(now + 5)  # not two intervals later
+    assert (suspicion.key, suspicion.kind) == (("j", 3), "stream_closed")
+    assert suspicion.cause == "heartbeat stream closed, confirmed at once: rank 0 reported it"
+
+
+def test_a_failed_collective_alone_confirms_nobody() -> None:
+    detection = StreamedDetection()
+    keys = [("j", 1), ("j", 2)]
+    for key in keys:
+        detection.carry(key, SETTINGS, 0)
+    now = beat(detection, keys, 0, 10)
+    assert detection.collective_failed("j", [2], "rank 0 reported it", now) == []
+    assert detection.collective_failed("j", [7], "not carried here", now) == []
+    assert detection.suspects(now + 50) == []
+
+
+def test_a_stream_closing_just_after_a_report_is_confirmed_as_it_closes() -> None:
+    detection = StreamedDetection()
+    keys = [("j", 1), ("j", 2), ("j", 3)]
+    for key in keys:
+        detection.carry(key, SETTINGS, 0)
+    now = beat(detection, keys, 0, 10)
+    # The survivor's gloo error won the race with the dead peer's stream end.
+    assert detection.collective_failed("j", [2, 3], "rank 0 reported it", now) == []
+    detection.uncarry(("j", 3), now + 10, closed=True)
+    (suspicion,) = detection.suspects(now + 10)
+    assert suspicion.key == ("j", 3) and "rank 0 reported it" in suspicion.cause
+    # A stream that closes after the report's window waits out its own window.
+    detection.uncarry(("j", 2), now + 10 + SETTINGS.confirm_closed_ms, closed=True)
+    assert detection.suspects(now + 10 + SETTINGS.confirm_closed_ms) == []
+
+
 def test_a_member_whose_intake_lags_suspects_nobody() -> None:
     detection = StreamedDetection()
     keys = [("j", i) for i in range(1, 5)]

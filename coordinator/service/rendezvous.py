@@ -38,9 +38,9 @@ from collections.abc import AsyncIterator
 
 from rallypoint.proto.v1 import rendezvous_pb2, rendezvous_pb2_grpc
 
+from ..leader.supervisor import monotonic_ms
 from ..node.api import ServerNode
 from ..state.commands import CloseJob, Configure, Evict, Join, JoinBatch, Leave, PruneJobs
-from ..leader.supervisor import monotonic_ms
 from ..state.errors import Failure, JobNotFound, LimitExceeded
 from ..state.jobs import (
     EndReason,

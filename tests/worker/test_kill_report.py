@@ -37,7 +37,8 @@ def test_a_survivors_report_ends_the_round_of_a_killed_peer(
     cluster: ProcessCluster, tmp_path: Path
 ) -> None:
     job = Job(cluster, tmp_path, "kill-report", "--min-nodes=2", "--max-nodes=3",
-              "--step-sleep-s=0.02", "--checkpoint-every=0", "--heartbeat-interval-ms=1500")  # fmt: skip
+              "--step-sleep-s=0.02", "--checkpoint-every=0",
+              "--heartbeat-interval-ms=1500")  # fmt: skip
     try:
         for name in NAMES:
             job.spawn(name)

@@ -116,11 +116,13 @@ class ElasticRound:
             try:
                 confirmed = future.result()
             except (RallypointError, concurrent.futures.CancelledError) as error:
-                log.debug("round %d: the collective failure report was not taken: %s",
-                          self.number, error)
+                log.debug(
+                    "round %d: the collective failure report was not taken: %s", self.number, error
+                )
                 return
-            log.debug("round %d: the report confirmed participants %s failed", self.number,
-                      confirmed)
+            log.debug(
+                "round %d: the report confirmed participants %s failed", self.number, confirmed
+            )
 
         self.run.participant.report_collective_failure(self.number, detail).add_done_callback(
             answered

@@ -8,8 +8,10 @@ names. A ``HeartbeatBatch`` stream opens one group per job; the older per-partic
 ``Heartbeat`` stream one per participant. The leader hears of a newly carried participant in
 the next report. A stream that ends abnormally leaves each of its participants alone with a
 copy of the group's history, marked closed (confirmed unless it is heard again within two
-heartbeat intervals); a stream that releases a participant, or a participant that left its
-job, is forgotten quietly.
+heartbeat intervals, or at once when a member of its round reports that a collective of
+that round failed: ``collective_failed``, the closed stream and the broken collective being
+two observations of one death); a stream that releases a participant, or a participant that
+left its job, is forgotten quietly.
 
 ``suspects`` turns the detectors' verdicts into :class:`~.report.Suspicion` s, unless this
 member cannot trust its own view:

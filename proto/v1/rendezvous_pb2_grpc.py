@@ -149,7 +149,8 @@ class RendezvousServicer:
         (at least when the job's current round changes) with the current round number, so a
         worker learns of a change even without a watch. A stream that ends abnormally counts as
         evidence of failure: unless a new stream arrives within two heartbeat intervals, the
-        participant is declared failed. A member that cannot reach the leader ends the stream
+        participant is declared failed (at once if a member of its round reports a failed
+        collective: ReportCollectiveFailure). A member that cannot reach the leader ends the stream
         with UNAVAILABLE (the worker moves to another member). Errors: NOT_FOUND (job,
         participant), UNAVAILABLE.
         """

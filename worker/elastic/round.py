@@ -64,7 +64,7 @@ class ElasticRound:
         self.formation: Formation | None = None
         self.ending = RoundEnd()
         self.collectives = Collectives(
-            self.ending, self.end, run.settings.collective_timeout_s, self.report_failure
+            self.ending, self.end, run.settings.collective_timeout_s, self._report_failure
         )
         self.progress = Progress(run, info.round)
         self.commits = RoundCommits(run, info, rank)
@@ -104,7 +104,7 @@ class ElasticRound:
             self.run.emit("round_ended", round=self.number, rank=self.rank, reason=reason)
             self.collectives.wake()
 
-    def report_failure(self, detail: str) -> None:
+    def _report_failure(self, detail: str) -> None:
         """A collective of this round failed under this rank (gloo: a peer vanished) while the
         coordinator still had the round going: report it (``ReportCollectiveFailure``), so
         the member that saw the dead peer's heartbeat stream close confirms it at once and

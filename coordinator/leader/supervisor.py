@@ -118,7 +118,7 @@ class RendezvousSupervisor:
         self._leader_grace = metrics.suspicion_guards.labels("leader_grace")
         self._detection_hang = metrics.detection_seconds.labels("hang")
         # This member's detectors (every member), and the leader's view of all members'.
-        self.local = MemberDetection(metrics)
+        self.local = MemberDetection(metrics, round_of=self._round_of)
         self.coverage = Coverage(member_id, report_every_ms=REPORT_EVERY_MS)
         # Phi sampling: where the next sample starts, and when the last one was taken.
         self._sample_cursor = 0
@@ -193,10 +193,14 @@ class RendezvousSupervisor:
         self.local.request_lag(clock, now_ms, sent_ms)
 
     def collective_failed(
-        self, job: str, peers: Sequence[int], report: str, now_ms: int
+        self, job: str, round_number: int, peers: Sequence[int], report: str, now_ms: int
     ) -> list[int]:
         # The supervisor's next pass reports the confirmed verdicts at once.
-        return self.local.collective_failed(job, peers, report, now_ms)
+        return self.local.collective_failed(job, round_number, peers, report, now_ms)
+
+    def _round_of(self, job: str) -> int:
+        found = self._state.rendezvous.jobs.get(job)
+        return found.round.number if found is not None else 0
 
     def report_progress(
         self, job: str, participant_id: int, progress: ProgressReport, now_ms: int

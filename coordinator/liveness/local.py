@@ -107,7 +107,16 @@ class IntakeLag:
 class MemberDetection:
     """This member's detectors, what it tells the leader, and its guards against itself."""
 
-    def __init__(self, metrics: NodeMetrics | None = None, *, retry_ms: int = 1000) -> None:
+    def __init__(
+        self,
+        metrics: NodeMetrics | None = None,
+        *,
+        retry_ms: int = 1000,
+        round_of: Callable[[str], int] | None = None,
+    ) -> None:
+        # The job's current round as this member applied it (0: none); a held collective
+        # failure report counts only while its round is current.
+        self._round_of = round_of if round_of is not None else (lambda job: 0)
         self._metrics = metrics if metrics is not None else NodeMetrics(0)
         self._heartbeats_received = self._metrics.heartbeats_received
         self._guards = {
@@ -133,10 +142,11 @@ class MemberDetection:
         self._timed: dict[Key, float] = {}
         # Closed streams confirmed early by a peer's failed collective: what it said.
         self._corroborated: dict[Key, str] = {}
-        # Per job, the last collective failure reported here: (the reporter's peers, what it
-        # said, when): a peer's stream that closes within its confirmation window after the
-        # report (the report won the race) is confirmed as it closes.
-        self._reports: dict[str, tuple[frozenset[int], str, int]] = {}
+        # Per job, the last collective failure reported here: (its round, the reporter's
+        # peers, what it said, when): a peer's stream that closes within its confirmation
+        # window after the report, while that round is current (the report won the race),
+        # is confirmed as it closes.
+        self._reports: dict[str, tuple[int, frozenset[int], str, int]] = {}
         # Batch streams' group detectors, and the group each of their participants is in.
         self._groups: dict[int, _Group] = {}
         self._group_of: dict[Key, int] = {}
@@ -226,11 +236,11 @@ class MemberDetection:
         self._timed.pop(key, None)
 
     def collective_failed(
-        self, job: str, peers: Sequence[int], report: str, now_ms: int
+        self, job: str, round_number: int, peers: Sequence[int], report: str, now_ms: int
     ) -> list[int]:
-        """A member of a job's current round reports that a collective of that round failed
-        (the servicer checked who may say so: ``ReportCollectiveFailure``); ``peers`` are
-        the round's other members. Each of them whose heartbeat stream this member saw
+        """A member of a job's current round ``round_number`` reports that a collective of
+        that round failed (the servicer checked who may say so: ``ReportCollectiveFailure``);
+        ``peers`` are the round's other members. Each of them whose heartbeat stream this member saw
         close, and that no heartbeat reached since, is confirmed failed now instead of at
         the end of its confirmation window (two heartbeat intervals): the closed stream and
         the broken collective are two observations of one death. The report is held for
@@ -238,7 +248,7 @@ class MemberDetection:
         survivor before the stream's end reached this member) is confirmed as it closes.
         The participants confirmed now; nobody else is touched, so a report alone ends no
         round."""
-        self._reports[job] = (frozenset(peers), report, now_ms)
+        self._reports[job] = (round_number, frozenset(peers), report, now_ms)
         return [pid for pid in peers if self._corroborate((job, pid), report, now_ms)]
 
     def _corroborate(self, key: Key, report: str, now_ms: int) -> bool:
@@ -257,8 +267,9 @@ class MemberDetection:
         settings = self.detectors.settings(key)
         if held is None or settings is None:
             return
-        peers, report, reported_ms = held
-        if now_ms - reported_ms >= settings.confirm_closed_ms:
+        round_number, peers, report, reported_ms = held
+        stale = self._round_of(key[0]) != round_number
+        if stale or now_ms - reported_ms >= settings.confirm_closed_ms:
             del self._reports[key[0]]
         elif key[1] in peers:
             self._corroborate(key, report, now_ms)

@@ -58,12 +58,12 @@ class LivenessPort(Protocol):
         ...
 
     def collective_failed(
-        self, job: str, peers: Sequence[int], report: str, now_ms: int
+        self, job: str, round_number: int, peers: Sequence[int], report: str, now_ms: int
     ) -> list[int]:
-        """A member of the job's current round says a collective of it failed (checked by
-        the caller); ``peers``: the round's other members. Those whose heartbeat stream
-        closed on this member are confirmed failed at once (``local.MemberDetection.
-        collective_failed``); which ones."""
+        """A member of the job's current round ``round_number`` says a collective of it
+        failed (checked by the caller); ``peers``: the round's other members. Those whose
+        heartbeat stream closed on this member are confirmed failed at once
+        (``local.MemberDetection.collective_failed``); which ones."""
         ...
 
     def request_lag(self, clock: StreamClock, now_ms: int, sent_ms: int) -> None:

@@ -455,7 +455,9 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
             f"rank {rank} (participant {pid}) reported a failed collective in round "
             f"{round_number}: {detail}"
         )
-        confirmed = self.liveness.collective_failed(job_id, peers, report, monotonic_ms())
+        confirmed = self.liveness.collective_failed(
+            job_id, round_number, peers, report, monotonic_ms()
+        )
         return rendezvous_pb2.ReportCollectiveFailureResponse(
             header=header_pb(self.node.header()), confirmed=confirmed
         )

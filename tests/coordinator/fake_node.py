@@ -243,7 +243,7 @@ class FakeNode:
         self.progress_reports.append((job, participant_id, progress))
 
     def collective_failed(
-        self, job: str, peers: Sequence[int], report: str, now_ms: int
+        self, job: str, round_number: int, peers: Sequence[int], report: str, now_ms: int
     ) -> list[int]:
         confirmed = [pid for pid in peers if (job, pid) in self.closed_streams]
         self.collective_reports.append((job, tuple(peers), report))

@@ -131,6 +131,8 @@ class Participant:
         self.closed = False
         # What the training loop last reported (report_progress); sent with every heartbeat.
         self._progress: TrainingProgress | None = None
+        # The member the heartbeat stream goes (or last went) to; "" before the first.
+        self._heartbeat_address = ""
         # The (round, state) last handed to iterators and callbacks.
         self._delivered = (joined.round.round, joined.round.state)
         # The round number wait_for_round returned last (0: none yet).
@@ -176,6 +178,34 @@ class Participant:
         (``TrainingProgress.restore``) in its record. Safe to call from any thread: it only
         swaps a reference to a frozen value."""
         self._progress = progress
+
+    async def report_collective_failure(
+        self, round_number: int, detail: str, *, timeout_s: float | None = None
+    ) -> list[int]:
+        """Tell the coordinator that a collective of round ``round_number`` failed under
+        this participant (a peer vanished): the member this participant heartbeats to
+        confirms at once the failure of the round's members whose heartbeat stream it saw
+        close, instead of waiting out two heartbeat intervals, and the round ends sooner for
+        every survivor. Returns the participant ids so confirmed (none: nothing was
+        hastened; the detectors decide as before). A report for a round that is not the
+        job's current ACTIVE one, or from a participant not in it, is refused
+        (:class:`StaleRoundError`) and confirms nothing."""
+        address = self._heartbeat_address or self.caller.transport.pick()
+        request = rendezvous_pb2.ReportCollectiveFailureRequest(
+            job=self.job,
+            participant_id=self.participant_id,
+            round=round_number,
+            detail=detail[:1024],
+        )
+        response = await refined(
+            self.caller.ask(
+                address,
+                lambda s: services(s).rendezvous.ReportCollectiveFailure,
+                request,
+                timeout_s,
+            )
+        )
+        return list(response.confirmed)
 
     def on_round_change(self, callback: RoundCallback) -> None:
         """Call ``callback(round_info)`` on the loop for each new (round, state)."""
@@ -395,6 +425,8 @@ class Participant:
         self, transport: Transport, address: str, retrier: Retrier
     ) -> RallypointError:
         """Heartbeat over one stream until it fails; the failure."""
+        # Where this participant's detector runs: a collective failure is reported there.
+        self._heartbeat_address = address
         try:
             call = services(transport.stubs(address)).rendezvous.Heartbeat(
                 None, metadata=transport.metadata

@@ -9,6 +9,7 @@ back into the SyncClient; iterate ``rounds()`` or wait on ``lost`` from another 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Callable, Iterator
 
@@ -115,6 +116,16 @@ class SyncParticipant(Blocking[Participant]):
     def report_progress(self, progress: TrainingProgress) -> None:
         """See :meth:`Participant.report_progress` (a reference swap: no loop hop)."""
         self._target.report_progress(progress)
+
+    def report_collective_failure(
+        self, round_number: int, detail: str, *, timeout_s: float = 2.0
+    ) -> concurrent.futures.Future[list[int]]:
+        """See :meth:`Participant.report_collective_failure`. Returns at once, so a training
+        thread leaving a broken collective is not held: the future has the answer."""
+        return asyncio.run_coroutine_threadsafe(
+            self._target.report_collective_failure(round_number, detail, timeout_s=timeout_s),
+            self._runner.loop,
+        )
 
     @property
     def participant_id(self) -> int:

@@ -43,7 +43,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from ..liveness.coverage import ATTACH_REPORT_MS, Coverage, Verdict
 from ..liveness.local import MemberDetection, StreamClock
@@ -118,7 +118,7 @@ class RendezvousSupervisor:
         self._leader_grace = metrics.suspicion_guards.labels("leader_grace")
         self._detection_hang = metrics.detection_seconds.labels("hang")
         # This member's detectors (every member), and the leader's view of all members'.
-        self.local = MemberDetection(metrics)
+        self.local = MemberDetection(metrics, round_of=self._round_of)
         self.coverage = Coverage(member_id, report_every_ms=REPORT_EVERY_MS)
         # Phi sampling: where the next sample starts, and when the last one was taken.
         self._sample_cursor = 0
@@ -191,6 +191,16 @@ class RendezvousSupervisor:
 
     def request_lag(self, clock: StreamClock, now_ms: int, sent_ms: int) -> None:
         self.local.request_lag(clock, now_ms, sent_ms)
+
+    def collective_failed(
+        self, job: str, round_number: int, peers: Sequence[int], report: str, now_ms: int
+    ) -> list[int]:
+        # The supervisor's next pass reports the confirmed verdicts at once.
+        return self.local.collective_failed(job, round_number, peers, report, now_ms)
+
+    def _round_of(self, job: str) -> int:
+        found = self._state.rendezvous.jobs.get(job)
+        return found.round.number if found is not None else 0
 
     def report_progress(
         self, job: str, participant_id: int, progress: ProgressReport, now_ms: int

@@ -8,8 +8,10 @@ names. A ``HeartbeatBatch`` stream opens one group per job; the older per-partic
 ``Heartbeat`` stream one per participant. The leader hears of a newly carried participant in
 the next report. A stream that ends abnormally leaves each of its participants alone with a
 copy of the group's history, marked closed (confirmed unless it is heard again within two
-heartbeat intervals); a stream that releases a participant, or a participant that left its
-job, is forgotten quietly.
+heartbeat intervals, or at once when a member of its round reports that a collective of
+that round failed: ``collective_failed``, the closed stream and the broken collective being
+two observations of one death); a stream that releases a participant, or a participant that
+left its job, is forgotten quietly.
 
 ``suspects`` turns the detectors' verdicts into :class:`~.report.Suspicion` s, unless this
 member cannot trust its own view:
@@ -36,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ..metrics import NodeMetrics
 from .phi import DetectorSet, DetectorSettings
@@ -105,7 +107,16 @@ class IntakeLag:
 class MemberDetection:
     """This member's detectors, what it tells the leader, and its guards against itself."""
 
-    def __init__(self, metrics: NodeMetrics | None = None, *, retry_ms: int = 1000) -> None:
+    def __init__(
+        self,
+        metrics: NodeMetrics | None = None,
+        *,
+        retry_ms: int = 1000,
+        round_of: Callable[[str], int] | None = None,
+    ) -> None:
+        # The job's current round as this member applied it (0: none); a held collective
+        # failure report counts only while its round is current.
+        self._round_of = round_of if round_of is not None else (lambda job: 0)
         self._metrics = metrics if metrics is not None else NodeMetrics(0)
         self._heartbeats_received = self._metrics.heartbeats_received
         self._guards = {
@@ -129,6 +140,13 @@ class MemberDetection:
         self._streams_reopened = 0
         # The last heartbeat of each verdict timed (a verdict reported again is timed once).
         self._timed: dict[Key, float] = {}
+        # Closed streams confirmed early by a peer's failed collective: what it said.
+        self._corroborated: dict[Key, str] = {}
+        # Per job, the last collective failure reported here: (its round, the reporter's
+        # peers, what it said, when): a peer's stream that closes within its confirmation
+        # window after the report, while that round is current (the report won the race),
+        # is confirmed as it closes.
+        self._reports: dict[str, tuple[int, frozenset[int], str, int]] = {}
         # Batch streams' group detectors, and the group each of their participants is in.
         self._groups: dict[int, _Group] = {}
         self._group_of: dict[Key, int] = {}
@@ -209,11 +227,52 @@ class MemberDetection:
         del self._group_of[key]
         if evidence:
             self.detectors.adopt(key, group.key, now_ms, closed=closed)
+            if closed:
+                self._reported_before(key, now_ms)
             return
         if self._attach.pop(key, False) is False:
             self._detach[key] = None
         self._progress.pop(key, None)
         self._timed.pop(key, None)
+
+    def collective_failed(
+        self, job: str, round_number: int, peers: Sequence[int], report: str, now_ms: int
+    ) -> list[int]:
+        """A member of a job's current round ``round_number`` reports that a collective of
+        that round failed (the servicer checked who may say so: ``ReportCollectiveFailure``);
+        ``peers`` are the round's other members. Each of them whose heartbeat stream this member saw
+        close, and that no heartbeat reached since, is confirmed failed now instead of at
+        the end of its confirmation window (two heartbeat intervals): the closed stream and
+        the broken collective are two observations of one death. The report is held for
+        that window too: a peer's stream that closes after it (the gloo error reached the
+        survivor before the stream's end reached this member) is confirmed as it closes.
+        The participants confirmed now; nobody else is touched, so a report alone ends no
+        round."""
+        self._reports[job] = (round_number, frozenset(peers), report, now_ms)
+        return [pid for pid in peers if self._corroborate((job, pid), report, now_ms)]
+
+    def _corroborate(self, key: Key, report: str, now_ms: int) -> bool:
+        """Confirm ``key``'s closed stream now, on the strength of ``report``."""
+        if key in self._group_of:
+            return False  # carried by an open stream here: alive as far as we know
+        if not self.detectors.confirm_closed(key, now_ms):
+            return False
+        self._corroborated.setdefault(key, report)
+        return True
+
+    def _reported_before(self, key: Key, now_ms: int) -> None:
+        """``key``'s stream just closed: if a peer of its round reported a failed
+        collective within the confirmation window before, confirm it now."""
+        held = self._reports.get(key[0])
+        settings = self.detectors.settings(key)
+        if held is None or settings is None:
+            return
+        round_number, peers, report, reported_ms = held
+        stale = self._round_of(key[0]) != round_number
+        if stale or now_ms - reported_ms >= settings.confirm_closed_ms:
+            del self._reports[key[0]]
+        elif key[1] in peers:
+            self._corroborate(key, report, now_ms)
 
     def progress(self, key: Key, report: ProgressReport) -> None:
         """The latest progress ``key`` reported (goes to the leader with the next report)."""
@@ -230,6 +289,7 @@ class MemberDetection:
                 self._detach[key] = None
         self._progress.pop(key, None)
         self._timed.pop(key, None)
+        self._corroborated.pop(key, None)
 
     def retain(self, is_participant: Callable[[Key], bool]) -> None:
         """Forget every key for which ``is_participant(key)`` is false (they left their
@@ -320,6 +380,9 @@ class MemberDetection:
             tracked_settings = self.detectors.settings(detector_key)
             if value is not None and math.isinf(value):
                 kind, cause = "stream_closed", "heartbeat stream closed and not reopened"
+                corroboration = self._corroborated.pop(key, None)
+                if corroboration is not None:
+                    cause = f"heartbeat stream closed, confirmed at once: {corroboration}"
             else:
                 threshold = tracked_settings.phi_threshold if tracked_settings else 0.0
                 kind = "phi"

@@ -360,6 +360,19 @@ class DetectorSet:
             tracked.stream_closed_ms = now_ms
             self._schedule(key, tracked)
 
+    def confirm_closed(self, key: Key, now_ms: int) -> bool:
+        """Confirm the closed stream of ``key`` now, without waiting out the window (another
+        participant's collective failed: ``local.MemberDetection.collective_failed``);
+        False if its stream is not closed (a heartbeat came since, or it is not tracked)."""
+        tracked = self._tracked.get(key)
+        if tracked is None or tracked.stream_closed_ms is None:
+            return False
+        tracked.stream_closed_ms = min(
+            tracked.stream_closed_ms, now_ms - tracked.settings.confirm_closed_ms
+        )
+        self._schedule(key, tracked)
+        return True
+
     def reopen(self, key: Key, now_ms: int) -> None:
         """A new stream carries ``key`` (it joins a group, which feeds it from now): counted
         in ``streams_reopened`` if its stream had closed within the confirmation window."""

@@ -13,6 +13,7 @@ Every method is called on the event loop, with ``now_ms`` from ``time.monotonic(
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from .local import StreamClock
@@ -54,6 +55,15 @@ class LivenessPort(Protocol):
     ) -> None:
         """Training progress a carried participant reported (the leader judges it; a member
         forwards it)."""
+        ...
+
+    def collective_failed(
+        self, job: str, round_number: int, peers: Sequence[int], report: str, now_ms: int
+    ) -> list[int]:
+        """A member of the job's current round ``round_number`` says a collective of it
+        failed (checked by the caller); ``peers``: the round's other members. Those whose
+        heartbeat stream closed on this member are confirmed failed at once
+        (``local.MemberDetection.collective_failed``); which ones."""
         ...
 
     def request_lag(self, clock: StreamClock, now_ms: int, sent_ms: int) -> None:

@@ -221,6 +221,7 @@ RULES: dict[str, Rule] = {
     _RDZV + "Leave": Rule(P.JOB_WORK, _job, _header_session),
     _RDZV + "Heartbeat": Rule(P.JOB_WORK, _job),
     _RDZV + "HeartbeatBatch": Rule(P.JOB_WORK, _job),
+    _RDZV + "ReportCollectiveFailure": Rule(P.JOB_WORK, _job),
     _RDZV + "JoinBatch": Rule(P.JOB_WORK, _job, _header_session),
     _RDZV + "ListMembers": Rule(P.JOB_READ, _job),
     _RDZV + "WatchJob": Rule(P.JOB_READ, _job),

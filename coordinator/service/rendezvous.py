@@ -38,9 +38,10 @@ from collections.abc import AsyncIterator
 
 from rallypoint.proto.v1 import rendezvous_pb2, rendezvous_pb2_grpc
 
+from ..leader.supervisor import monotonic_ms
 from ..node.api import ServerNode
 from ..state.commands import CloseJob, Configure, Evict, Join, JoinBatch, Leave, PruneJobs
-from ..state.errors import JobNotFound, LimitExceeded
+from ..state.errors import Failure, JobNotFound, LimitExceeded
 from ..state.jobs import (
     EndReason,
     JobConfig,
@@ -425,6 +426,40 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         result = await propose(self.node, command, context, RemoveResult, header)
         return rendezvous_pb2.LeaveResponse(
             header=header_pb(self.node.header()), ended_round=result.ended_round
+        )
+
+    async def ReportCollectiveFailure(
+        self, request: rendezvous_pb2.ReportCollectiveFailureRequest, context: Context
+    ) -> rendezvous_pb2.ReportCollectiveFailureResponse:
+        """A survivor's word that its collective failed: hastens the verdict on the round's
+        members whose heartbeat stream closed on this member (rendezvous.proto). Fenced as a
+        round-store write is (``member_store``): only a member of the job's current ACTIVE
+        round, for that round, so a confused or stale rank is refused and confirms nothing.
+        Read from this member's applied state, with no barrier: a member behind refuses a
+        report for a round it has not applied yet, and the verdict it hastens is re-checked
+        when MemberFailed applies (same round, still a participant)."""
+        job_id = validate.job_id(request.job)
+        pid = validate.positive(request.participant_id, "participant_id")
+        round_number = validate.positive(request.round, "round")
+        limit = self.node.state.limits.rendezvous.max_leave_detail_chars
+        if len(request.detail) > limit:
+            raise InvalidArgument("detail", f"at most {limit} characters")
+        fenced = self.node.state.rendezvous.member_store(job_id, round_number, pid)
+        if isinstance(fenced, Failure):
+            raise RequestFailed(fenced)
+        job = self._job(job_id)
+        rank = job.rank_of(pid)
+        peers = [seat.participant_id for seat in job.round.members if seat.participant_id != pid]
+        detail = request.detail.splitlines()[0][:200] if request.detail else "no detail"
+        report = (
+            f"rank {rank} (participant {pid}) reported a failed collective in round "
+            f"{round_number}: {detail}"
+        )
+        confirmed = self.liveness.collective_failed(
+            job_id, round_number, peers, report, monotonic_ms()
+        )
+        return rendezvous_pb2.ReportCollectiveFailureResponse(
+            header=header_pb(self.node.header()), confirmed=confirmed
         )
 
     async def Evict(

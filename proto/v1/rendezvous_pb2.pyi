@@ -293,6 +293,26 @@ class LeaveResponse(_message.Message):
     ended_round: int
     def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., ended_round: _Optional[int] = ...) -> None: ...
 
+class ReportCollectiveFailureRequest(_message.Message):
+    __slots__ = ("job", "participant_id", "round", "detail")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    participant_id: int
+    round: int
+    detail: str
+    def __init__(self, job: _Optional[str] = ..., participant_id: _Optional[int] = ..., round: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class ReportCollectiveFailureResponse(_message.Message):
+    __slots__ = ("header", "confirmed")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CONFIRMED_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    confirmed: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., confirmed: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class HeartbeatRequest(_message.Message):
     __slots__ = ("job", "participant_id", "round", "reports_progress", "step", "step_age_ms", "step_ms", "collectives_entered", "waiting_in", "waiting_ms", "restore", "sent_ms")
     JOB_FIELD_NUMBER: _ClassVar[int]

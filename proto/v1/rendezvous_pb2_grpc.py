@@ -99,6 +99,11 @@ class RendezvousStub:
                 request_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.PruneJobsRequest.SerializeToString,
                 response_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.PruneJobsResponse.FromString,
                 _registered_method=True)
+        self.ReportCollectiveFailure = channel.unary_unary(
+                '/rallypoint.v1.Rendezvous/ReportCollectiveFailure',
+                request_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.ReportCollectiveFailureRequest.SerializeToString,
+                response_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.ReportCollectiveFailureResponse.FromString,
+                _registered_method=True)
 
 
 class RendezvousServicer:
@@ -144,7 +149,8 @@ class RendezvousServicer:
         (at least when the job's current round changes) with the current round number, so a
         worker learns of a change even without a watch. A stream that ends abnormally counts as
         evidence of failure: unless a new stream arrives within two heartbeat intervals, the
-        participant is declared failed. A member that cannot reach the leader ends the stream
+        participant is declared failed (at once if a member of its round reports a failed
+        collective: ReportCollectiveFailure). A member that cannot reach the leader ends the stream
         with UNAVAILABLE (the worker moves to another member). Errors: NOT_FOUND (job,
         participant), UNAVAILABLE.
         """
@@ -244,6 +250,21 @@ class RendezvousServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportCollectiveFailure(self, request, context):
+        """A member of the job's current ACTIVE round says a collective of that round failed (a
+        peer vanished), sent to the member its heartbeat stream goes to. That member confirms at
+        once the failure of every other member of the round whose heartbeat stream it saw close
+        and that no heartbeat reached since (instead of after two heartbeat intervals); the
+        leader then proposes MemberFailed as for any confirmed closed stream, with a cause that
+        names the report. A report alone ends no round: it only hastens the verdict on a stream
+        that already closed. Not a write: nothing is replicated for the report itself. Errors:
+        NOT_FOUND (job), FAILED_PRECONDITION / STALE_ROUND (the round is not the job's current
+        ACTIVE round, or the participant is not one of its members), INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RendezvousServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -311,6 +332,11 @@ def add_RendezvousServicer_to_server(servicer, server):
                     servicer.PruneJobs,
                     request_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.PruneJobsRequest.FromString,
                     response_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.PruneJobsResponse.SerializeToString,
+            ),
+            'ReportCollectiveFailure': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportCollectiveFailure,
+                    request_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.ReportCollectiveFailureRequest.FromString,
+                    response_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.ReportCollectiveFailureResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -664,6 +690,33 @@ class Rendezvous:
             '/rallypoint.v1.Rendezvous/PruneJobs',
             rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.PruneJobsRequest.SerializeToString,
             rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.PruneJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportCollectiveFailure(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rallypoint.v1.Rendezvous/ReportCollectiveFailure',
+            rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.ReportCollectiveFailureRequest.SerializeToString,
+            rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.ReportCollectiveFailureResponse.FromString,
             options,
             channel_credentials,
             insecure,

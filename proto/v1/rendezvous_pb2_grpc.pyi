@@ -47,6 +47,10 @@ class RendezvousStub:
     PruneJobs: grpc.aio.UnaryUnaryMultiCallable[
         _rendezvous_pb2.PruneJobsRequest, _rendezvous_pb2.PruneJobsResponse
     ]
+    ReportCollectiveFailure: grpc.aio.UnaryUnaryMultiCallable[
+        _rendezvous_pb2.ReportCollectiveFailureRequest,
+        _rendezvous_pb2.ReportCollectiveFailureResponse,
+    ]
 
 class RendezvousServicer:
     async def Configure(
@@ -140,6 +144,14 @@ class RendezvousServicer:
             _rendezvous_pb2.PruneJobsRequest, _rendezvous_pb2.PruneJobsResponse
         ],
     ) -> _rendezvous_pb2.PruneJobsResponse: ...
+    async def ReportCollectiveFailure(
+        self,
+        request: _rendezvous_pb2.ReportCollectiveFailureRequest,
+        context: grpc.aio.ServicerContext[
+            _rendezvous_pb2.ReportCollectiveFailureRequest,
+            _rendezvous_pb2.ReportCollectiveFailureResponse,
+        ],
+    ) -> _rendezvous_pb2.ReportCollectiveFailureResponse: ...
 
 def add_RendezvousServicer_to_server(
     servicer: RendezvousServicer, server: grpc.aio.Server

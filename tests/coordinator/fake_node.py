@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -85,6 +85,7 @@ class FakeNode:
         self.progress_views: dict[tuple[str, int], tuple[int, float, float]] = {}
         self.heartbeats: list[tuple[str, int]] = []
         self.closed_streams: list[tuple[str, int]] = []
+        self.collective_reports: list[tuple[str, tuple[int, ...], str]] = []
         self.carried: list[tuple[str, int]] = []
         self.released: list[tuple[str, int]] = []
         self.lags: list[int] = []
@@ -240,6 +241,13 @@ class FakeNode:
         self, job: str, participant_id: int, progress: ProgressReport, now_ms: int
     ) -> None:
         self.progress_reports.append((job, participant_id, progress))
+
+    def collective_failed(
+        self, job: str, round_number: int, peers: Sequence[int], report: str, now_ms: int
+    ) -> list[int]:
+        confirmed = [pid for pid in peers if (job, pid) in self.closed_streams]
+        self.collective_reports.append((job, tuple(peers), report))
+        return confirmed
 
     def serves_heartbeats(self) -> bool:
         return not self.cut_off

@@ -4,6 +4,7 @@ it sends the leader, and the leader's coverage (moved participants, the backstop
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import msgpack
 import pytest
@@ -39,8 +40,10 @@ class StreamedDetection(MemberDetection):
     """A member's detection with each key on a per-participant stream of its own, fed as
     ``service/heartbeats.py`` feeds it (a group of one per participant)."""
 
-    def __init__(self, metrics: NodeMetrics | None = None) -> None:
-        super().__init__(metrics)
+    def __init__(
+        self, metrics: NodeMetrics | None = None, round_of: Callable[[str], int] | None = None
+    ) -> None:
+        super().__init__(metrics, round_of=round_of)
         self.streams: dict[tuple[str, int], int] = {}
 
     def carry(self, key: tuple[str, int], settings: DetectorSettings, now_ms: int) -> None:
@@ -158,6 +161,57 @@ def test_a_closed_stream_that_comes_back_in_time_is_not_suspected() -> None:
     detection.carry(("j", 1), SETTINGS, now + 50)  # a new stream, here
     detection.heartbeat(("j", 1), now + 50)
     assert detection.suspects(now + 300) == []
+
+
+def test_a_peers_failed_collective_confirms_a_closed_stream_at_once() -> None:
+    detection = StreamedDetection()
+    keys = [("j", 1), ("j", 2), ("j", 3)]
+    for key in keys:
+        detection.carry(key, SETTINGS, 0)
+    now = beat(detection, keys, 0, 10)
+    detection.uncarry(("j", 3), now, closed=True)
+    # Participant 1 reports; 2's stream is open (alive as far as this member knows).
+    confirmed = detection.collective_failed("j", 1, [2, 3], "rank 0 reported it", now + 5)
+    assert confirmed == [3]
+    (suspicion,) = detection.suspects(now + 5)  # not two intervals later
+    assert (suspicion.key, suspicion.kind) == (("j", 3), "stream_closed")
+    assert suspicion.cause == "heartbeat stream closed, confirmed at once: rank 0 reported it"
+
+
+def test_a_failed_collective_alone_confirms_nobody() -> None:
+    detection = StreamedDetection()
+    keys = [("j", 1), ("j", 2)]
+    for key in keys:
+        detection.carry(key, SETTINGS, 0)
+    now = beat(detection, keys, 0, 10)
+    assert detection.collective_failed("j", 1, [2], "rank 0 reported it", now) == []
+    assert detection.collective_failed("j", 1, [7], "not carried here", now) == []
+    assert detection.suspects(now + 50) == []
+
+
+def test_a_stream_closing_just_after_a_report_is_confirmed_as_it_closes() -> None:
+    rounds = {"j": 1}
+    detection = StreamedDetection(round_of=rounds.__getitem__)
+    keys = [("j", 1), ("j", 2), ("j", 3), ("j", 4)]
+    for key in keys:
+        detection.carry(key, SETTINGS, 0)
+    now = beat(detection, keys, 0, 10)
+    # The survivor's gloo error won the race with the dead peer's stream end.
+    assert detection.collective_failed("j", 1, [2, 3, 4], "rank 0 reported it", now) == []
+    detection.uncarry(("j", 3), now + 10, closed=True)
+    (suspicion,) = detection.suspects(now + 10)
+    assert suspicion.key == ("j", 3) and "rank 0 reported it" in suspicion.cause
+    # Once the round changed, the held report counts for nothing: the next close waits out
+    # its own window.
+    rounds["j"] = 2
+    detection.uncarry(("j", 4), now + 20, closed=True)
+    assert detection.suspects(now + 20) == []
+    # So does a stream that closes after the report's window.
+    rounds["j"] = 1
+    detection.collective_failed("j", 1, [2], "rank 0 reported it", now + 30)
+    late = now + 30 + SETTINGS.confirm_closed_ms
+    detection.uncarry(("j", 2), late, closed=True)
+    assert [s.key for s in detection.suspects(late)] == [("j", 4)]  # 4's own window is over
 
 
 def test_a_member_whose_intake_lags_suspects_nobody() -> None:

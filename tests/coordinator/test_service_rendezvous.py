@@ -515,3 +515,52 @@ async def test_a_config_from_a_client_that_predates_hang_detection_gets_its_defa
         client.stub.Configure(pb.ConfigureRequest(header=client.headers(), job="k", config=bad))
     )
     assert refused.code is Code.INVALID_ARGUMENT and "hang_factor" in refused.details
+
+
+# ------------------------------------------------------------ collective failure reports
+
+
+def _report(job: str, pid: int, round_number: int) -> pb.ReportCollectiveFailureRequest:
+    return pb.ReportCollectiveFailureRequest(
+        job=job, participant_id=pid, round=round_number, detail="gloo: Connection reset"
+    )
+
+
+async def test_a_collective_failure_report_is_taken_only_from_a_current_member_for_its_round(
+    client: Client,
+) -> None:
+    """The fence of ReportCollectiveFailure: a waiter (no member of the round), a round
+    that has not begun, an ended round and an unknown job are refused, hasten nothing and end
+    nothing; a member of the current round, for that round, is taken and names the round's
+    other members to this member's detection."""
+    a = await client.join("j", "a")
+    b = await client.join("j", "b")
+    waiter = await client.join("j", "c")
+    assert b.round.state == pb.ROUND_STATE_ACTIVE and waiter.waiting
+    refusals = [
+        _report("j", waiter.participant_id, 1),  # not a member of round 1
+        _report("j", a.participant_id, 2),  # round 2 does not exist yet
+        _report("j", 12345, 1),  # no such participant
+    ]
+    for request in refusals:
+        failure = await fails(client.stub.ReportCollectiveFailure(request))
+        assert (failure.code, failure.reason) == (Code.FAILED_PRECONDITION, "STALE_ROUND")
+    missing = await fails(client.stub.ReportCollectiveFailure(_report("nope", 1, 1)))
+    assert missing.code == Code.NOT_FOUND
+    assert client.node.collective_reports == []
+    job = await client.stub.GetJob(pb.GetJobRequest(job="j"))
+    assert (job.round.round, job.round.state) == (1, pb.ROUND_STATE_ACTIVE)
+    # b leaves: round 2 is a and the former waiter; a report for round 1 is now stale.
+    await client.stub.Leave(
+        pb.LeaveRequest(header=client.headers(), job="j", participant_id=b.participant_id)
+    )
+    stale = await fails(client.stub.ReportCollectiveFailure(_report("j", a.participant_id, 1)))
+    assert (stale.code, stale.reason) == (Code.FAILED_PRECONDITION, "STALE_ROUND")
+    assert client.node.collective_reports == []
+    taken = await client.stub.ReportCollectiveFailure(_report("j", a.participant_id, 2))
+    assert list(taken.confirmed) == []  # no stream of the peer closed here
+    ((job_id, peers, report),) = client.node.collective_reports
+    assert (job_id, peers) == ("j", (waiter.participant_id,))
+    assert report.startswith(f"rank 0 (participant {a.participant_id}) reported a failed")
+    job = await client.stub.GetJob(pb.GetJobRequest(job="j"))
+    assert (job.round.round, job.round.state) == (2, pb.ROUND_STATE_ACTIVE)

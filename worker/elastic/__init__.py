@@ -66,9 +66,13 @@ Abandonable collectives (collectives.py). Collectives that the loop issues (``al
 ``all_reduce_gradients``) run with ``async_op=True``; the training thread waits on the
 work's future in slices of ``WAIT_SLICE_S`` and gives up as soon as the round ended (a
 round-change callback also wakes the waiter at once) or the collective deadline passed. A
-SIGKILLed peer usually makes gloo fail its neighbours' collectives within milliseconds; a
-SIGSTOPped one does not, and there the coordinator's phi-accrual detector and its push end
-the wait. An abandoned collective leaves the state as it was before the step: its gradients
+SIGKILLed peer usually makes gloo fail its neighbours' collectives within milliseconds:
+such a rank reports it to the coordinator at once (``ElasticRound._report_failure``), which
+then confirms the dead peer's closed heartbeat stream without waiting out its window, so the
+round ends, and its push releases the ranks whose collective did not fail, tens of
+milliseconds after the kill (docs/elastic.md, "When a peer vanishes"). A SIGSTOPped peer
+fails no collective, and there the coordinator's phi-accrual detector and its push end the
+wait. An abandoned collective leaves the state as it was before the step: its gradients
 are cleared (``p.grad = None``), so the ``optimizer.step()`` that follows changes nothing,
 and ``step_done`` does not count the step.
 

@@ -68,10 +68,16 @@ class Collectives:
     collective failed or passed its deadline); ``ended`` is the round's end."""
 
     def __init__(
-        self, ended: RoundEnd, end: Callable[..., None], collective_timeout_s: float
+        self,
+        ended: RoundEnd,
+        end: Callable[..., None],
+        collective_timeout_s: float,
+        report: Callable[[str], None] | None = None,
     ) -> None:
         self._ended = ended
         self._end = end
+        # Tells the coordinator a collective failed while the round went on (round.py).
+        self._report = report
         self._timeout_s = collective_timeout_s
         # The waiter to wake when the round ends (the training thread's current collective).
         self._waiter: threading.Event | None = None
@@ -137,7 +143,13 @@ class Collectives:
             try:
                 work.wait()
             except RuntimeError as error:  # gloo's failures (DistBackendError among them)
-                self._end(f"{what} failed: {str(error).splitlines()[0][:200]}", broken=True)
+                detail = f"{what} failed: {str(error).splitlines()[0][:200]}"
+                # The round still goes on here, so the coordinator has not seen the loss
+                # yet: tell it at once (a peer whose stream closed is then confirmed failed
+                # without waiting out its window), and leave the collective.
+                if not self._ended.is_set() and self._report is not None:
+                    self._report(detail)
+                self._end(detail, broken=True)
                 return False
         finally:
             self._waiter = None

@@ -8,7 +8,9 @@ work, collectives.py), ``progress`` (progress.py) and ``commits`` (commit.py).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import logging
 import time
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
@@ -18,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from rallypoint.client import RoundInfo, SyncCheckpointRegistry, SyncRoundStore
+from rallypoint.client import RallypointError, RoundInfo, SyncCheckpointRegistry, SyncRoundStore
 
 from ..checkpoint import Checkpointer, PendingCheckpoint
 from ..snapshots import PendingSnapshot, SnapshotError
@@ -34,6 +36,8 @@ from .progress import Progress
 from .state import Formation, RunView
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 class ElasticRound:
@@ -59,7 +63,9 @@ class ElasticRound:
         self.fencing_token = info.fencing_token
         self.formation: Formation | None = None
         self.ending = RoundEnd()
-        self.collectives = Collectives(self.ending, self.end, run.settings.collective_timeout_s)
+        self.collectives = Collectives(
+            self.ending, self.end, run.settings.collective_timeout_s, self._report_failure
+        )
         self.progress = Progress(run, info.round)
         self.commits = RoundCommits(run, info, rank)
         # Per step of the user's loop: None (no collective yet), True (the gradients were
@@ -97,6 +103,30 @@ class ElasticRound:
         if self.ending.set(reason, broken=broken):
             self.run.emit("round_ended", round=self.number, rank=self.rank, reason=reason)
             self.collectives.wake()
+
+    def _report_failure(self, detail: str) -> None:
+        """A collective of this round failed under this rank (gloo: a peer vanished) while the
+        coordinator still had the round going: report it (``ReportCollectiveFailure``), so
+        the member that saw the dead peer's heartbeat stream close confirms it at once and
+        the round ends for every survivor, instead of two heartbeat intervals later. Sent
+        from the client's thread: the training thread goes on leaving the collective. A
+        refused or lost report changes nothing: the detectors decide as before."""
+
+        def answered(future: concurrent.futures.Future[list[int]]) -> None:
+            try:
+                confirmed = future.result()
+            except (RallypointError, concurrent.futures.CancelledError) as error:
+                log.debug(
+                    "round %d: the collective failure report was not taken: %s", self.number, error
+                )
+                return
+            log.debug(
+                "round %d: the report confirmed participants %s failed", self.number, confirmed
+            )
+
+        self.run.participant.report_collective_failure(self.number, detail).add_done_callback(
+            answered
+        )
 
     @property
     def store(self) -> SyncRoundStore:

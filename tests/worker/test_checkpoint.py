@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,7 @@ def run_world(scenario: str, world_size: int, workdir: Path) -> list[dict[str, A
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
+        "PYTHONFAULTHANDLER": "1",
         "GLOO_SOCKET_IFNAME": "lo",
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port),
@@ -71,20 +74,39 @@ def run_world(scenario: str, world_size: int, workdir: Path) -> list[dict[str, A
 
 def wait_ranks(ranks: list[subprocess.Popen[str]], expected: list[int], timeout_s: float) -> None:
     """Wait for every rank's process; fail with the stderr of each that did not exit with
-    its expected code (all of them are killed if one hangs)."""
+    its expected code. A rank still running after ``timeout_s`` is sent SIGABRT (started
+    with PYTHONFAULTHANDLER=1, it prints every thread's stack: where it hung), then killed;
+    every rank's pipes are read to the end either way."""
+    deadline = time.monotonic() + timeout_s
+    stderrs: dict[int, str] = {}
+    hung = []
+    for rank, process in enumerate(ranks):
+        try:
+            remaining_s = max(0.1, deadline - time.monotonic())
+            stderrs[rank] = process.communicate(timeout=remaining_s)[1]
+        except subprocess.TimeoutExpired:
+            hung.append(rank)
+    for rank in hung:
+        ranks[rank].send_signal(signal.SIGABRT)
+    for rank in hung:
+        try:
+            stderrs[rank] = ranks[rank].communicate(timeout=10)[1]
+        except subprocess.TimeoutExpired:
+            ranks[rank].kill()
+            stderrs[rank] = ranks[rank].communicate()[1]
     failures = []
-    try:
-        for rank, process in enumerate(ranks):
-            _, stderr = process.communicate(timeout=timeout_s)
-            if process.returncode != expected[rank]:
-                # Torch's warnings can fill the tail: keep the first lines too.
-                shown = stderr if len(stderr) <= 6000 else f"{stderr[:3000]}\n...\n{stderr[-3000:]}"
-                failures.append(f"rank {rank} exited {process.returncode}:\n{shown}")
-    finally:
-        for process in ranks:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+    for rank, process in enumerate(ranks):
+        if rank in hung:
+            failures.append(f"rank {rank} still running after {timeout_s:g} s:")
+        elif process.returncode != expected[rank]:
+            failures.append(f"rank {rank} exited {process.returncode}:")
+        else:
+            continue
+        stderr = stderrs[rank] or ""
+        # Torch's warnings can fill the tail: keep the first lines too.
+        failures.append(
+            stderr if len(stderr) <= 6000 else f"{stderr[:3000]}\n...\n{stderr[-3000:]}"
+        )
     assert not failures, "\n".join(failures)
 
 
@@ -238,3 +260,23 @@ def test_retention_keeps_the_last_k_and_deletes_only_checkpoints(tmp_path: Path)
         delete_checkpoints(tmp_path, [str(tmp_path.parent)])
     with pytest.raises(ValueError, match="refusing"):
         delete_checkpoints(tmp_path / "step-000030", [str(tmp_path / "step-000040")])
+
+
+def test_a_hung_rank_is_reported_with_where_it_waits() -> None:
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for code in ("pass", "import time\ndef waits_here():\n    time.sleep(60)\nwaits_here()")
+    ]
+    with pytest.raises(AssertionError) as failed:
+        wait_ranks(ranks, [0, 0], timeout_s=2.0)
+    report = str(failed.value)
+    assert "rank 1 still running after 2 s" in report and "rank 0" not in report
+    assert "waits_here" in report  # faulthandler's dump of the hung rank's stack
+    assert all(process.stdout is not None and process.stdout.closed for process in ranks)

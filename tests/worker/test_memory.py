@@ -52,6 +52,7 @@ def run_scenario(
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
+        "PYTHONFAULTHANDLER": "1",
         "GLOO_SOCKET_IFNAME": "lo",
         "MASTER_PORT": str(master_port),
         "SECOND_PORT": str(second_port),

@@ -137,6 +137,8 @@ def test_a_domain_shows_in_list_members_and_in_rallypoint_rounds(
     first = admin.join("shown", "a0", config=PAIR, domain="rack1-host-a")
     batch = admin.join_batch("shown", ["b0"], domains=["rack1-host-b"], config=PAIR)
     assert len(batch.participant_ids) == 1
+    # a0 alone may form a round first (min 1); b0 then joins it by scale-up.
+    active_round(admin, "shown", {"a0", "b0"}, "both workers in a round")
     page = admin.list_members("shown")
     assert {m.name: m.domain for m in page.members} == {
         "a0": "rack1-host-a",

@@ -58,10 +58,9 @@ class JoinRules(RoundRules):
             # Finished or failed: a new run; its round (JOINING, empty) takes joins again.
             job.reopen()
             self._touch(index, job)
-        present = len(job.round.members)
-        if command.config.max_nodes < present:
-            detail = f"max_nodes {command.config.max_nodes} is below the round's {present} members"
-            return ConfigConflict(command.job, detail)
+        conflict = _config_conflict(job, command.config)
+        if conflict:
+            return ConfigConflict(command.job, conflict)
         if command.config != job.config:
             job.config = command.config
             self._after_change(index, now_ms, job)
@@ -345,3 +344,25 @@ def _domain_full(job: Job, adding: dict[str, int], replaced: Participant | None)
 
 def _crowded(job_id: str, domain: str, size: int) -> Failure:
     return LimitExceeded(f"participants in domain {domain!r} of job {job_id!r}", size)
+
+
+def _config_conflict(job: Job, config: JobConfig) -> str | None:
+    """Why ``config`` cannot replace the open job's now, or None: the round holds more
+    members than its max_nodes (a shaped job's JOINING round may: its close seats at most
+    max_nodes), an ACTIVE round's world is not a multiple of its unit_size, or a domain
+    holds more participants than its domain_size."""
+    r = job.round
+    present = len(r.members)
+    joining_shaped = r.state is RoundState.JOINING and job.shaped
+    if config.max_nodes < present and not joining_shaped:
+        return f"max_nodes {config.max_nodes} is below the round's {present} members"
+    if r.state is RoundState.ACTIVE and present % config.unit_size:
+        return f"unit_size {config.unit_size} does not divide the active round's {present} members"
+    if config.domain_size:
+        for domain, count in sorted(job.domain_counts.items()):
+            if count > config.domain_size:
+                return (
+                    f"domain {domain!r} holds {count} participants, more than domain_size "
+                    f"{config.domain_size}"
+                )
+    return None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from .checkpoints import CheckpointRegistry
@@ -282,26 +282,50 @@ class RoundRules:
         participant is a member) and the next removal would not close it, none of the rest
         would either (the count only falls; while it stays at least min_nodes,
         ``min_reached_ms`` does not move, and below min_nodes nothing closes), and they all
-        leave it in one step, with the same state as one by one."""
-        # Per failure domain, how many of its participants are still to be removed here: a
-        # domain all of whose participants go is not held for (nobody is left to wait for).
-        doomed: dict[str, int] = {}
-        for pid in pids:
-            domain = job.participants[pid].domain
-            doomed[domain] = doomed.get(domain, 0) + 1
+        leave it in one step, with the same state as one by one.
+
+        A shaped job's participants of the ended session leave together: they fail together
+        (one process, one host), so they end at most one round (``_remove_together``)."""
+        if job.shaped:
+            self._remove_together(index, now_ms, job, pids)
+            self._end_if_failed(index, now_ms, job)
+            return
         for position, pid in enumerate(pids):
             r = job.round
             if r.state is RoundState.JOINING and not self._closes_on_removal(job, now_ms):
                 self._leave_joining(index, now_ms, job, pids[position:])
                 break
-            participant = job.participants[pid]
-            cause = f"session {participant.session_id} ended"
-            domain = participant.domain
-            hold = job.in_domain(domain) > doomed[domain]
-            self._remove(index, now_ms, job, pid, EndReason.MEMBER_FAILED, cause, hold)
-            doomed[domain] -= 1
+            session_id = job.participants[pid].session_id
+            cause = f"session {session_id} ended"
+            self._remove(index, now_ms, job, pid, EndReason.MEMBER_FAILED, cause)
             self._end_if_failed(index, now_ms, job)
         self._end_if_failed(index, now_ms, job)
+
+    def _remove_together(self, index: int, now_ms: int, job: Job, pids: list[int]) -> None:
+        """Remove ``pids`` (id order, one session's) from a shaped job as failed, at once: an
+        ACTIVE round with one of them as a member ends once (ended by the first, in id
+        order), and the next opens without any of them; a JOINING round loses them with no
+        round change. Domains of theirs with participants left are held for (``_hold``).
+        O(N + removed)."""
+        r = job.round
+        gone = set(pids)
+        first = next((s.participant_id for s in r.members if s.participant_id in gone), 0)
+        ended = r.state is RoundState.ACTIVE and first != 0
+        if ended:
+            cause = f"session {job.participants[first].session_id} ended"
+            self._end_round(index, now_ms, job, EndReason.MEMBER_FAILED, first, cause)
+        if job.waiting:
+            job.waiting = [pid for pid in job.waiting if pid not in gone]
+        domains = sorted({job.drop(pid).domain for pid in pids})
+        members = tuple(seat for seat in r.members if seat.participant_id not in gone)
+        if ended:
+            self._open_next(index, now_ms, job, members, domains)
+            return
+        if r.state is RoundState.JOINING:
+            job.round = replace(r, members=members)
+            for domain in domains:
+                self._hold(now_ms, job, domain)
+        self._after_change(index, now_ms, job)
 
     def _closes_on_removal(self, job: Job, now_ms: int) -> bool:
         """Whether removing one member of the JOINING round would close it (``_after_change``
@@ -484,12 +508,12 @@ class RoundRules:
         now_ms: int,
         job: Job,
         survivors: tuple[Seat, ...],
-        failed_domain: str = "",
+        failed_domains: Sequence[str] = (),
     ) -> None:
         """Open the next round, JOINING, with the survivors (their ranks kept as its
         ``previous``) and waiters up to max_nodes; a shaped job's with every participant
-        (its close places them, ``shapes.py``), held if a member of ``failed_domain`` was
-        removed as failed and others of that domain remain."""
+        (its close places them, ``shapes.py``), held if members of ``failed_domains`` were
+        removed as failed and others of those domains remain."""
         if job.shaped:
             members = list(job.participants)
             job.waiting = []
@@ -498,7 +522,8 @@ class RoundRules:
             newcomers, job.waiting = job.waiting[:room], job.waiting[room:]
             members = [seat.participant_id for seat in survivors] + newcomers
         job.round = joining_round(job.round.number + 1, members, survivors, now_ms)
-        self._hold(now_ms, job, failed_domain)
+        for domain in failed_domains:
+            self._hold(now_ms, job, domain)
         self._after_change(index, now_ms, job)
 
     def _remove(
@@ -509,11 +534,10 @@ class RoundRules:
         pid: int,
         reason: EndReason,
         detail: str,
-        hold: bool = True,
     ) -> Result:
         """Remove participant ``pid``: a waiter leaves the wait list, a member of a JOINING
-        round the round, a member of an ACTIVE round ends it. Removed as failed (``hold``),
-        a participant of a failure domain holds the JOINING round for the domain's others
+        round the round, a member of an ACTIVE round ends it. Removed as failed, a
+        participant of a failure domain holds the JOINING round for the domain's others
         (``_hold``)."""
         ended_round = 0
         r = job.round
@@ -526,11 +550,10 @@ class RoundRules:
             self._end_round(index, now_ms, job, reason, pid, detail)
         participant = job.drop(pid)
         # A failure domain fails as one (a host): its other participants are held for.
-        failed = hold and reason is EndReason.MEMBER_FAILED
-        failed_domain = participant.domain if failed else ""
+        failed_domain = participant.domain if reason is EndReason.MEMBER_FAILED else ""
         if ended_round:
             survivors = tuple(s for s in r.members if s.participant_id != pid)
-            self._open_next(index, now_ms, job, survivors, failed_domain)
+            self._open_next(index, now_ms, job, survivors, (failed_domain,))
         else:
             if r.state is RoundState.JOINING:
                 self._hold(now_ms, job, failed_domain)

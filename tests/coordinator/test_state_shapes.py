@@ -456,6 +456,13 @@ def test_a_drain_touches_only_jobs_with_a_member_in_the_domain() -> None:
     r.host("b", 2, job="k")
     assert r.drain("a") == DrainResult("a", True, (("j", 1),))
     assert r.job("k").round.number == 1 and r.job("k").history == []
+    # The answer is cached in the drainer's session, so snapshots carry it: it decodes.
+    image = r.sm.snapshot()
+    restored = StateMachine()
+    restored.restore(image)
+    assert restored.snapshot() == image
+    ended = DrainResult("a", True, (("j", 1), ("k", 2)))
+    assert codec.decode(codec.encode(ended), DrainResult) == ended
 
 
 # ------------------------------------------------------------------ snapshots

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from rallypoint.client import (
     DeadlineExceededError,
     JobConfig,
+    JobState,
     ParticipantLostError,
     RoundInfo,
     RoundState,
@@ -56,6 +57,20 @@ def is_live(view: RoundInfo, round_number: int) -> bool:
     """Whether ``view`` (a participant's latest view of its job) shows round ``round_number``
     still ACTIVE: the round this worker formed, or runs in, goes on."""
     return view.round == round_number and view.state is RoundState.ACTIVE
+
+
+def is_planned(view: RoundInfo, current: RoundInfo) -> bool:
+    """Whether ``view``, a round after ``current`` (the round this worker trains in), came
+    from a planned change: every member of ``current`` is still in the job (a member or a
+    waiter of ``view``), so nobody the step in flight waits for is gone (a drain moved some
+    to the wait list, a scale-up added newcomers). A member missing from ``view`` failed,
+    left or was evicted: not planned. A view past several changes is planned only if no
+    member went missing across them all, which errs towards ending at once."""
+    if view.round <= current.round or view.job_closed or view.job_state is not JobState.OPEN:
+        return False
+    present = {m.participant_id for m in view.members}
+    present.update(m.participant_id for m in view.waiting)
+    return all(m.participant_id in present for m in current.members)
 
 
 def join(

@@ -184,6 +184,9 @@ class ElasticRun:
             ``formed_s`` are the seconds from the round's start to the group's init and to
             the restore's end; ``checkpoint`` the latest committed checkpoint's path (or None).
         trained: round, rank, step. The round's first step is done: training again.
+        round_ending: round, rank, reason. A planned change (a drain, a scale-up: every
+            member is still in the job) was seen: the round ends after the next step every
+            rank agrees on, so no step is lost.
         round_ended: round, rank, reason. The round ended for this worker (a member failed,
             left or joined; a collective failed; the run finished) and why.
         checkpoint_saved: round, rank, step, path, bytes. This rank's shard is written.
@@ -370,8 +373,15 @@ class ElasticRun:
         current = self.current
         if current is None:
             return
-        if not joining.is_live(info, current.number):
-            current.end(f"round {info.round} is {info.state.value}: {info.reason}")
+        if joining.is_live(info, current.number):
+            return
+        reason = f"round {info.round} is {info.state.value}: {info.reason}"
+        if joining.is_planned(info, current.info):
+            # Nobody of the round left the job (a drain, a scale-up): every rank finishes
+            # the step in flight and stops after the same one ("Planned changes").
+            current.end_at_step_boundary(f"planned change: {reason}")
+        else:
+            current.end(reason)
 
     # -------------------------------------------------------------- rounds
 

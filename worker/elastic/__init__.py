@@ -157,6 +157,7 @@ The modules, one job each:
 - ``collectives.py``: abandonable collectives, the gate, FSDP2's collectives;
 - ``commit.py``: the checkpoint and snapshot commit protocol;
 - ``progress.py``: the progress each heartbeat carries;
+- ``health.py``: pre-admission health checks (the built-in collective probe);
 - ``teardown.py``: leaving a round's group without blocking.
 """
 
@@ -164,17 +165,20 @@ from __future__ import annotations
 
 from .collectives import CollectiveAbandoned
 from .config import ElasticConfig, EventHandler, RestoreMode
+from .health import CollectiveProbe, HealthCheck
 from .round import ElasticRound
 from .run import ElasticRun, JoinTimeoutError, RunArguments, elastic_training
 from .state import Formation, TrainState
 
 __all__ = [
     "CollectiveAbandoned",
+    "CollectiveProbe",
     "ElasticConfig",
     "ElasticRound",
     "ElasticRun",
     "EventHandler",
     "Formation",
+    "HealthCheck",
     "JoinTimeoutError",
     "RestoreMode",
     "RunArguments",

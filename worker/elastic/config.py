@@ -71,6 +71,10 @@ class ElasticConfig:
     host: str | None = None
     # None: the address the host name resolves to.
     snapshot_address: str | None = None
+    # Called on every rank of a forming round before the restore: why this rank's domain
+    # should be drained, or None (health.py; HealthCheck, typed loosely here because the
+    # check takes the round, whose module imports this one).
+    health_check: Callable[[Any], str | None] | None = None
 
     def __post_init__(self) -> None:
         for setting, seconds in (
@@ -82,6 +86,11 @@ class ElasticConfig:
         if self.snapshot_every < 0:
             raise ValueError(
                 f"elastic_training(snapshot_every={self.snapshot_every!r}): must be >= 0"
+            )
+        if self.health_check is not None and not callable(self.health_check):
+            raise TypeError(
+                "elastic_training(health_check=...): must be a callable "
+                f"check(round) -> str | None, got {type(self.health_check).__name__}"
             )
         if self.snapshot_copies is not None and self.snapshot_erasure is not None:
             raise ValueError("elastic_training: give snapshot_copies or snapshot_erasure, not both")

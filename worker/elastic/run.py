@@ -169,6 +169,12 @@ class ElasticRun:
         snapshot_address: the address other workers reach this worker's snapshot server
             at (default: the address the host name resolves to); the server listens on
             every interface unless this is a loopback address.
+        health_check: a pre-admission check, ``check(round) -> str | None``, run on every
+            rank of a forming round before the state is restored (it may run collectives
+            on the round's group): a reason drains this worker's host (its failure domain)
+            and the round forms again without it. ``CollectiveProbe()`` (health.py) is the
+            built-in one: a ring exchange that names a rank whose links are far slower
+            than its peers'. None: no check.
         state: what is trained and checkpointed (a ``TrainState``).
         on_event: called as ``on_event(kind, fields)`` for each event below.
 
@@ -205,6 +211,8 @@ class ElasticRun:
         snapshot_failed: round, rank, step, error. The snapshot was not protected or not
             registered (a peer was lost under it, the coordinator was not reached).
         rejoined: reason, participant_id. The worker joined again, as a newcomer.
+        health_drained: round, rank, reason. This worker's health check failed: it drained
+            its host, and the round forms again without it.
         finished: step, round. The run reached its end.
 
     Attributes:

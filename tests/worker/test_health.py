@@ -74,7 +74,7 @@ def test_bad_settings_are_refused_in_one_line() -> None:
         CollectiveProbe(factor=0.5)
     with pytest.raises(ValueError, match="exchanges and size_bytes"):
         CollectiveProbe(exchanges=0)
-    with pytest.raises(TypeError, match="health_check=...\\): must be a callable"):
+    with pytest.raises(TypeError, match=r"health_check=\.\.\.\): must be a callable"):
         ElasticConfig(
             "127.0.0.1:1", job="j", name="n", checkpoint_dir="/tmp", min_nodes=1, max_nodes=1,
             health_check="probe",  # type: ignore[arg-type]

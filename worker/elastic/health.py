@@ -19,8 +19,8 @@ all-reduce before it), and records how long the receive from its left neighbour 
 link from rank r-1 to r). A slow rank slows both links it is on, its left one and its right
 one; a healthy rank next to it slows only one. So a rank is blamed when both of its links
 are over ``factor`` times the median of the other links and over it by at least ``floor_s``
-(timer noise on a quiet machine). With fewer than three ranks every link has both ranks on it and nobody
-can be blamed: the probe then says nothing.
+(timer noise on a quiet machine). With fewer than three ranks every link has both ranks on
+it and nobody can be blamed: the probe then says nothing.
 """
 
 from __future__ import annotations

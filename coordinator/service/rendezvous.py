@@ -55,13 +55,14 @@ from ..state.rendezvous import batch_bytes, round_reason
 from ..state.results import (
     CloseJobResult,
     ConfigureResult,
+    DrainResult,
     JoinBatchResult,
     JoinResult,
     PruneJobsResult,
     RemoveResult,
 )
 from ..state.view import JobView
-from . import validate
+from . import domains, validate
 from .checkpoint import checkpoint_pb, memory_snapshot_pb
 from .common import ROUND_STATES, Context, header_pb, job_view, propose, read_barrier
 from .errors import InvalidArgument, RequestFailed
@@ -91,6 +92,7 @@ _END_REASONS = {
     EndReason.SCALE_UP: rendezvous_pb2.ROUND_END_REASON_SCALE_UP,
     EndReason.JOB_CLOSED: rendezvous_pb2.ROUND_END_REASON_JOB_CLOSED,
     EndReason.STRAGGLER: rendezvous_pb2.ROUND_END_REASON_STRAGGLER,
+    EndReason.DRAINED: rendezvous_pb2.ROUND_END_REASON_DRAINED,
 }
 
 
@@ -113,6 +115,9 @@ def config_pb(config: JobConfig) -> rendezvous_pb2.JobConfig:
         straggler_factor=config.straggler_factor_milli / 1000,
         straggler_windows=config.straggler_windows,
         straggler_window_ms=config.straggler_window_ms,
+        unit_size=config.unit_size,
+        domain_size=config.domain_size,
+        units_within_domains=config.units_within_domains,
     )
 
 
@@ -158,6 +163,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         participant = job.participants.get(pid)
         if participant is not None:
             member.name, member.metadata = participant.name, participant.metadata
+            member.domain = participant.domain
         else:
             member.name = names.get(pid, "")
         if with_phi:
@@ -193,6 +199,10 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
             job_end_detail=job.end_detail,
             trained_ms=r.trained_ms,
             restore=r.restore,
+            spares=domains.spares(
+                self.node.state.rendezvous,
+                [_domain_of(job, pid) for pid in job.waiting],
+            ),
         )
 
     async def GetJob(
@@ -349,6 +359,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
             config=config,
             resume=request.resume,
             replaces=request.replaces,
+            domain=domains.domain(request.domain, limits),
         )
         result = await propose(self.node, command, context, JoinResult, header)
         return rendezvous_pb2.JoinResponse(
@@ -388,6 +399,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
             if len(data) > limits.max_metadata_bytes:
                 what = f"participant metadata bytes (metadata[{entry}])"
                 raise RequestFailed(LimitExceeded(what, limits.max_metadata_bytes))
+        hosts = domains.join_domains(list(request.domains), len(names), limits)
         if batch_bytes(names, metadata) > limits.max_batch_bytes:
             what = "bytes of names and metadata in one batch"
             raise RequestFailed(LimitExceeded(what, limits.max_batch_bytes))
@@ -397,6 +409,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
             metadata=tuple(metadata),
             config=config,
             resume=request.resume,
+            domains=hosts,
         )
         result = await propose(self.node, command, context, JoinBatchResult, header)
         return rendezvous_pb2.JoinBatchResponse(
@@ -485,6 +498,35 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
             header=header_pb(self.node.header()), ended_round=result.ended_round
         )
 
+    # ----------------------------------------------------------------- failure domains
+
+    async def Drain(
+        self, request: rendezvous_pb2.DrainRequest, context: Context
+    ) -> rendezvous_pb2.DrainResponse:
+        limits = self.node.state.limits.rendezvous
+        header = validate.session_header(request.HasField("header"), request.header)
+        command = domains.drain_command(request, limits, limits.max_leave_detail_chars)
+        domains.check_may_drain(self.node.state.rendezvous, header, command.domain)
+        result = await propose(self.node, command, context, DrainResult, header)
+        return domains.drain_pb(result, header_pb(self.node.header()))
+
+    async def Undrain(
+        self, request: rendezvous_pb2.UndrainRequest, context: Context
+    ) -> rendezvous_pb2.UndrainResponse:
+        limits = self.node.state.limits.rendezvous
+        header = validate.session_header(request.HasField("header"), request.header)
+        command = domains.drain_command(request, limits, limits.max_leave_detail_chars)
+        result = await propose(self.node, command, context, DrainResult, header)
+        return rendezvous_pb2.UndrainResponse(
+            header=header_pb(self.node.header()), changed=result.changed
+        )
+
+    async def ListDrained(
+        self, request: rendezvous_pb2.ListDrainedRequest, context: Context
+    ) -> rendezvous_pb2.ListDrainedResponse:
+        await read_barrier(self.node, context, request.serializable)
+        return domains.drained_pb(self.node.state.rendezvous, header_pb(self.node.header()))
+
     async def PruneJobs(
         self, request: rendezvous_pb2.PruneJobsRequest, context: Context
     ) -> rendezvous_pb2.PruneJobsResponse:
@@ -505,6 +547,11 @@ def _ended_names(job: JobView) -> dict[int, str]:
     if job.history and job.history[-1].number == job.round.number:
         return {m.participant_id: m.name for m in job.history[-1].members}
     return {}
+
+
+def _domain_of(job: JobView, pid: int) -> str:
+    participant = job.participants.get(pid)
+    return participant.domain if participant is not None else ""
 
 
 def _participant_id(seat: Seat) -> int:

@@ -470,10 +470,15 @@ def _from_obj(obj: Any, hint: Any) -> Any:
                 return from_obj(obj, member)
         raise StateCodecError(f"{obj!r} matches no member of {hint}"[:300])
     if origin is tuple:
-        item_hint = typing.get_args(hint)[0]
+        args = typing.get_args(hint)
         if not isinstance(obj, list):
             raise StateCodecError(f"expected an array, got {obj!r}"[:300])
-        return tuple(from_obj(item, item_hint) for item in obj)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(from_obj(item, args[0]) for item in obj)
+        # A fixed-length tuple (``tuple[str, int]``): one item per annotation.
+        if len(obj) != len(args):
+            raise StateCodecError(f"expected {len(args)} items, got {obj!r}"[:300])
+        return tuple(from_obj(item, arg) for item, arg in zip(obj, args, strict=True))
     supertype = getattr(hint, "__supertype__", None)
     if supertype is not None:
         return from_obj(obj, supertype)

@@ -53,6 +53,8 @@ class RendezvousLimits:
     # written to every member's log, and 10,000 entries of the largest metadata would be 40 MiB.
     max_batch_joins: int = 10_000
     max_batch_bytes: int = 4 * 1024 * 1024
+    # A failure domain's name (a host): on every participant, and in a Drain.
+    max_domain_chars: int = 256
 
 
 @record(340)
@@ -82,6 +84,13 @@ class JobConfig:
     straggler_factor_milli: int = milli(JOB_CONFIG.straggler_factor)
     straggler_windows: int = JOB_CONFIG.straggler_windows
     straggler_window_ms: int = JOB_CONFIG.straggler_window_ms
+    # Shaped jobs (rendezvous.py, "Units", "Failure domains"): every closed round's world
+    # size is a multiple of ``unit_size``; ``domain_size`` is how many participants a full
+    # domain holds (0: not declared); with ``units_within_domains`` a unit never straddles
+    # two domains. The defaults are the flat job of before.
+    unit_size: int = since(2, 1)
+    domain_size: int = since(2, 0)
+    units_within_domains: bool = since(2, False)
 
     def problem(self, limits: RendezvousLimits) -> str | None:
         """What makes this config invalid, or None."""
@@ -150,6 +159,8 @@ class EndReason(enum.IntEnum):
     SCALE_UP = 4
     JOB_CLOSED = 5
     STRAGGLER = 6
+    # An operator (or a worker's health hook) drained a failure domain of a member.
+    DRAINED = 7
 
 
 @record(341)
@@ -163,6 +174,8 @@ class Participant:
     name: str
     metadata: bytes
     session_id: int
+    # Its failure domain (a host): participants of one domain fail together ("": none).
+    domain: str = since(2, "")
 
 
 @record(342)
@@ -197,6 +210,10 @@ class Round:
     fencing_token: int
     trained_ms: int = 0
     restore: str = since(2, "")
+    # JOINING only: the round does not close before this machine time (0: no hold), so
+    # the domain-mates of a failed member are removed or readmitted in it first
+    # (rendezvous.py, "Failure domains").
+    hold_until_ms: int = since(3, 0)
 
     @property
     def member_ids(self) -> list[int]:
@@ -283,6 +300,17 @@ class MemorySnapshotInfo:
     layout: bytes
     placement: bytes
     committed_ms: int
+
+
+@record(348)
+@dataclass(frozen=True, slots=True)
+class DrainedDomain:
+    """A failure domain an operator drained: its participants are admitted to no round
+    until it is undrained. ``since_ms`` is the machine time of the drain."""
+
+    domain: str
+    reason: str
+    since_ms: int
 
 
 def assign_ranks(previous: Mapping[int, int], members: Sequence[int]) -> dict[int, int]:

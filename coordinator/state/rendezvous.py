@@ -123,6 +123,7 @@ from .commands import (
     CloseJob,
     CloseRound,
     Configure,
+    Drain,
     Evict,
     JobCommand,
     Join,
@@ -141,6 +142,7 @@ from .errors import (
     StaleToken,
 )
 from .jobs import (
+    DrainedDomain,
     EndReason,
     JobConfig,
     JobState,
@@ -153,7 +155,14 @@ from .jobs import (
     job_id_problem,
 )
 from .joins import JoinRules, batch_bytes
-from .results import CloseRoundResult, PruneJobsResult, RemoveResult, Result, RoundTrainedResult
+from .results import (
+    CloseRoundResult,
+    DrainResult,
+    PruneJobsResult,
+    RemoveResult,
+    Result,
+    RoundTrainedResult,
+)
 from .rounds import Job
 from .roundstore import EndedRoundStore, RoundStore
 from .view import JobView
@@ -246,6 +255,24 @@ class Rendezvous(JoinRules):
             self.revision = index
         return PruneJobsResult(tuple(pruned))
 
+    def drain(self, index: int, now_ms: int, command: Drain) -> Result:
+        """Drain or undrain a failure domain (see "Drain" above)."""
+        limit = self.limits.max_domain_chars
+        if not 1 <= len(command.domain) <= limit:
+            return InvalidCommand(f"a drained domain's name must be 1..{limit} characters")
+        limit = self.limits.max_leave_detail_chars
+        if len(command.reason) > limit:
+            return InvalidCommand(f"a drain's reason must be at most {limit} characters")
+        domain = command.domain
+        if command.drain == (domain in self.drained):
+            return DrainResult(domain, False, ())
+        if command.drain:
+            self.drained[domain] = DrainedDomain(domain, command.reason, now_ms)
+        else:
+            del self.drained[domain]
+        self.revision = index
+        return DrainResult(domain, True, ())
+
     def close_round(self, index: int, now_ms: int, command: CloseRound) -> Result:
         job = self.jobs.get(command.job)
         if job is None or job.round.number != command.round or not job.close_due(now_ms):
@@ -335,6 +362,10 @@ class Rendezvous(JoinRules):
             if self.jobs[job_id].close_due(now_ms)
         ]
 
+    def drained_domains(self) -> list[DrainedDomain]:
+        """The drained failure domains, in name order."""
+        return [self.drained[domain] for domain in sorted(self.drained)]
+
     def participant_keys(self) -> list[tuple[str, int]]:
         """(job, participant id) of every participant, for the leader's failure detector."""
         return [
@@ -378,9 +409,12 @@ class Rendezvous(JoinRules):
 
     def snapshot_format(self) -> int:
         """The oldest machine snapshot format that can hold this state (``machine.py``):
-        6 while a job holds a memory snapshot, else 5 while ``next_participant_id`` is set,
-        else 4. So a cluster that uses neither writes the bytes it always wrote, and an
-        older member refuses only a snapshot it cannot read."""
+        7 while a domain is drained, else 6 while a job holds a memory snapshot, else 5
+        while ``next_participant_id`` is set, else 4. So a cluster that uses none of them
+        writes the bytes it always wrote, and an older member refuses only a snapshot it
+        cannot read."""
+        if self.drained:
+            return 7
         if any(job.checkpoints.memory is not None for job in self.jobs.values()):
             return 6
         return 5 if self.next_participant_id else 4
@@ -407,12 +441,19 @@ class Rendezvous(JoinRules):
                     job.failure,
                 ]
             )
-        # next_participant_id only in formats 5 and later (see snapshot_format): without
-        # batches or memory snapshots the bytes are those of format 4.
+        # next_participant_id only in formats 5 and later, the drained domains only in 7
+        # (see snapshot_format): without batches, memory snapshots or drains the bytes are
+        # those of format 4.
+        snapshot_format = self.snapshot_format()
         return [
             self.revision,
             jobs,
-            *([self.next_participant_id] if self.snapshot_format() >= 5 else []),
+            *([self.next_participant_id] if snapshot_format >= 5 else []),
+            *(
+                [[codec.to_obj(self.drained[domain]) for domain in sorted(self.drained)]]
+                if snapshot_format >= 7
+                else []
+            ),
         ]
 
     def copy(self) -> Rendezvous:
@@ -421,6 +462,7 @@ class Rendezvous(JoinRules):
         clone = Rendezvous(self.limits)
         clone.jobs = {job_id: job.copy() for job_id, job in self.jobs.items()}
         clone.revision, clone.next_participant_id = self.revision, self.next_participant_id
+        clone.drained = dict(self.drained)
         return clone
 
     def restore(
@@ -430,13 +472,15 @@ class Rendezvous(JoinRules):
         lifecycle: bool = True,
         high_water: bool = False,
         memory_snapshots: bool = False,
+        drained: bool = False,
     ) -> None:
         """Restore from :meth:`to_obj`'s form; ``lifecycle`` False reads a snapshot written
         before jobs had a lifecycle (10 fields per job: a closed job ended when its last
         round did); ``high_water`` True one that carries ``next_participant_id``;
         ``memory_snapshots`` True one whose checkpoint registries may carry a memory
-        snapshot (format 6)."""
-        length = 3 if high_water else 2
+        snapshot (format 6); ``drained`` True one that carries the drained domains
+        (format 7)."""
+        length = (4 if drained else 3) if high_water else 2
         if not (isinstance(obj, list) and len(obj) == length and isinstance(obj[1], list)):
             raise codec.StateCodecError(f"malformed rendezvous state: {obj!r}"[:200])
         jobs: dict[str, Job] = {}
@@ -470,6 +514,12 @@ class Rendezvous(JoinRules):
             jobs[job.job_id] = job
         self.revision = codec.from_obj(obj[0], int)
         self.next_participant_id = codec.from_obj(obj[2], int) if high_water else 0
+        self.drained = {}
+        if drained:
+            for record in codec.from_obj(obj[3], tuple[DrainedDomain, ...]):
+                if record.domain in self.drained:
+                    raise codec.StateCodecError(f"domain {record.domain!r} drained twice")
+                self.drained[record.domain] = record
         self.jobs = jobs
 
 

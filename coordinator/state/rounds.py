@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from .checkpoints import CheckpointRegistry
 from .jobs import (
+    DrainedDomain,
     EndReason,
     JobConfig,
     JobState,
@@ -174,6 +175,9 @@ class RoundRules:
         # the log; 0 otherwise ("Participant ids" above). Invariant: every participant id
         # ever handed out is below max(next_participant_id, applied index + 1).
         self.next_participant_id = 0
+        # Drained failure domains by name (rendezvous.py, "Drain"). Iterated only through
+        # sorted(), like `jobs`.
+        self.drained: dict[str, DrainedDomain] = {}
 
     # ----------------------------------------------------------------- removals
 

@@ -45,6 +45,7 @@ from rallypoint.coordinator.state.commands import (
     CompareAndSet,
     Configure,
     Delete,
+    Drain,
     Envelope,
     Evict,
     Join,
@@ -156,8 +157,10 @@ SAMPLES: list[Command] = [
     SessionKeepAlive(),
     SessionClose(),
     Configure("resnet", CONFIG),
-    Join("resnet", "worker-0", b"\x01meta", CONFIG),
-    JoinBatch("resnet", ("worker-1", "worker-2"), (b"\x01m1", b""), CONFIG),
+    Join("resnet", "worker-0", b"\x01meta", CONFIG, False, 0, "host-a"),
+    JoinBatch(
+        "resnet", ("worker-1", "worker-2"), (b"\x01m1", b""), CONFIG, False, ("host-a", "host-b")
+    ),
     Leave("resnet", 17, LeaveOutcome.FAILED, "out of memory"),
     Evict("resnet", 17),
     CloseJob("resnet"),
@@ -165,6 +168,7 @@ SAMPLES: list[Command] = [
     MemberFailed("resnet", 17, 3, "phi 9.1 over 8.0", EndReason.STRAGGLER),
     RoundTrained("resnet", 3, "disk"),
     PruneJobs(86_400_000, 2, ("old-a", "old-b")),
+    Drain("host-a", True, "ecc errors"),
     StoreSet("resnet", 3, 17, b"store/key", b"store value"),
     StoreAdd("resnet", 3, 17, b"store/counter", 5),
     StoreCompareSet("resnet", 3, 17, b"store/key", b"store value", b"next value"),

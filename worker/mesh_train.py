@@ -40,7 +40,6 @@ as 2 x 2, loaded as 1 x 2 and 3 x 2, bit for bit).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import faulthandler
 import logging
 import os
@@ -66,7 +65,7 @@ from .demo_train import (
     parse_args,
     train,
 )
-from .elastic import ElasticConfig, ElasticRun, TrainState
+from .elastic import ElasticRun, TrainState
 from .sampler import ElasticSampler
 
 # The tensor-parallel degree: the ranks of one unit, on one host.
@@ -120,13 +119,7 @@ def shape_settings(tp: int, host: str) -> dict[str, Any]:
     """``elastic_training``'s settings that declare the job's shape: units of ``tp`` ranks
     and this worker's failure domain (its host, where its unit lives). Every worker of the
     job gives the same ``tp``."""
-    settings: dict[str, Any] = {"host": host}
-    known = {f.name for f in dataclasses.fields(ElasticConfig)}
-    if "unit_size" in known:
-        settings["unit_size"] = tp
-    if "domain" in known:
-        settings["domain"] = host
-    return settings
+    return {"host": host, "unit_size": tp}
 
 
 class MeshSampler(ElasticSampler):

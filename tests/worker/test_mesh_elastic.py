@@ -79,8 +79,7 @@ def start_mesh_job(cluster: ProcessCluster, tmp_path: Path, job_id: str) -> Mesh
     names = list(HOSTS)
     four_t = job.wait(lambda: job.training_at(names, 4, 0.0), START_S, "dp=2 x tp=2 training")
     job.wait(
-        lambda: sum(len(w.select("snapshot_committed", four_t)) for w in job.workers.values())
-        >= 2,
+        lambda: sum(len(w.select("snapshot_committed", four_t)) for w in job.workers.values()) >= 2,
         CHANGE_S,
         "2 snapshots registered at world 4",
     )
@@ -102,7 +101,10 @@ def assert_units_on_hosts(formed: list[dict[str, Any]], tp: int) -> None:
 
 def registered_before(job: MeshJob, t: float) -> int:
     return max(
-        e["step"] for w in job.workers.values() for e in w.select("snapshot_committed") if e["t"] <= t
+        e["step"]
+        for w in job.workers.values()
+        for e in w.select("snapshot_committed")
+        if e["t"] <= t
     )
 
 

@@ -67,8 +67,9 @@ class ElasticConfig:
     # None: the snapshots' own default (worker/snapshots/).
     snapshot_copies: int | None = None
     snapshot_erasure: tuple[int, int] | None = None
-    # None: the machine's host name.
+    # None: the machine's host name. Also the participant's failure domain.
     host: str | None = None
+    unit_size: int = JOB_CONFIG.unit_size
     # None: the address the host name resolves to.
     snapshot_address: str | None = None
 
@@ -83,6 +84,8 @@ class ElasticConfig:
             raise ValueError(
                 f"elastic_training(snapshot_every={self.snapshot_every!r}): must be >= 0"
             )
+        if self.unit_size < 1:
+            raise ValueError(f"elastic_training(unit_size={self.unit_size!r}): must be >= 1")
         if self.snapshot_copies is not None and self.snapshot_erasure is not None:
             raise ValueError("elastic_training: give snapshot_copies or snapshot_erasure, not both")
 

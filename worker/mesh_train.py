@@ -116,10 +116,10 @@ def mesh_shape(world_size: int, tp: int) -> MeshShape:
 
 
 def shape_settings(tp: int, host: str) -> dict[str, Any]:
-    """``elastic_training``'s settings that declare the job's shape: units of ``tp`` ranks
-    and this worker's failure domain (its host, where its unit lives). Every worker of the
-    job gives the same ``tp``."""
-    return {"host": host, "unit_size": tp}
+    """``elastic_training``'s settings that declare the job's shape: units of ``tp`` ranks,
+    never straddling two hosts, and this worker's failure domain (its host, where its unit
+    lives). Every worker of the job gives the same ``tp``."""
+    return {"host": host, "unit_size": tp, "units_within_domains": True}
 
 
 class MeshSampler(ElasticSampler):

@@ -173,6 +173,11 @@ class ElasticRun:
             room (e.g. the tensor-parallel degree); when a rank dies its unit's other ranks
             leave the world with it (docs/elastic.md, "Mesh jobs"). min_nodes and max_nodes
             must be multiples of it; every worker of the job gives the same.
+        domain_size: how many workers a full host holds (0: not declared); a host's
+            waiting workers are readmitted together once that many wait.
+        units_within_domains: True never lets a unit straddle two hosts (a tensor-parallel
+            group needs its host's interconnect); False lets leftovers of several hosts
+            make a unit when no host has a whole one.
         snapshot_address: the address other workers reach this worker's snapshot server
             at (default: the address the host name resolves to); the server listens on
             every interface unless this is a loopback address.

@@ -232,7 +232,7 @@ def spare_trial(endpoints: str, job: str, root: Path, timeout_s: float) -> Event
             spare_sources=sorted({e["source"] for e in formed}),
         )
         time.sleep(1.0)
-        with SyncClient(trial.endpoints) as client:
+        with SyncClient(trial.endpoints.split(",")) as client:
             drained_at = time.time()
             client.drain(host_a, reason="bench: drain while training")
             try:

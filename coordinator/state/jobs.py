@@ -113,7 +113,32 @@ class JobConfig:
             (self.straggler_window_ms > 0, "straggler_window_ms must be > 0"),
         ]
         failed = [message for holds, message in checks if not holds]
+        shape = self.shape_problem()
+        if shape:
+            failed.append(shape)
         return "; ".join(failed) if failed else None
+
+    def shape_problem(self) -> str | None:
+        """What makes the units and domains of this config invalid, in one line, or None
+        (rendezvous.py, "Units")."""
+        unit, domain = self.unit_size, self.domain_size
+        if unit < 1:
+            return f"unit_size must be >= 1, got {unit}"
+        if domain < 0:
+            return f"domain_size must be >= 0, got {domain}"
+        if self.min_nodes % unit or self.max_nodes % unit:
+            return (
+                f"unit_size {unit} must divide min_nodes {self.min_nodes} and max_nodes "
+                f"{self.max_nodes}: every round's world size is a multiple of the unit"
+            )
+        if self.units_within_domains and domain % unit:
+            units = domain // unit
+            return (
+                f"a domain of {domain} holds {units} unit{'' if units == 1 else 's'} of {unit} "
+                f"and strands {domain % unit} rank{'' if domain % unit == 1 else 's'} "
+                "(units_within_domains: domain_size must be a multiple of unit_size)"
+            )
+        return None
 
     def differences(self, other: JobConfig) -> str:
         """``field this != other`` for each field that differs, for error messages."""

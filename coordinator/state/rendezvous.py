@@ -266,16 +266,37 @@ class Rendezvous(JoinRules):
         domain = command.domain
         if command.drain == (domain in self.drained):
             return DrainResult(domain, False, ())
-        if command.drain:
-            self.drained[domain] = DrainedDomain(domain, command.reason, now_ms)
-        else:
-            del self.drained[domain]
         self.revision = index
-        return DrainResult(domain, True, ())
+        # Only jobs with a participant in the domain are touched, in job order.
+        touched = [job for _, job in sorted(self.jobs.items()) if job.in_domain(domain)]
+        if not command.drain:
+            del self.drained[domain]
+            for job in touched:
+                # Its waiters may be seated now: a JOINING round may close, an ACTIVE one
+                # scale up (shapes.py).
+                self._after_change(index, now_ms, job)
+            return DrainResult(domain, True, ())
+        self.drained[domain] = DrainedDomain(domain, command.reason, now_ms)
+        detail = f"domain {domain!r} drained" + (f": {command.reason}" if command.reason else "")
+        ended: list[tuple[str, int]] = []
+        for job in touched:
+            r = job.round
+            if r.state is not RoundState.ACTIVE or not any(
+                job.participants[seat.participant_id].domain == domain for seat in r.members
+            ):
+                continue  # a JOINING round leaves them out at its close
+            self._end_round(index, now_ms, job, EndReason.DRAINED, 0, detail)
+            ended.append((job.job_id, r.number))
+            self._open_next(index, now_ms, job, survivors=r.members)
+        return DrainResult(domain, True, tuple(ended))
 
     def close_round(self, index: int, now_ms: int, command: CloseRound) -> Result:
         job = self.jobs.get(command.job)
-        if job is None or job.round.number != command.round or not job.close_due(now_ms):
+        if (
+            job is None
+            or job.round.number != command.round
+            or not job.close_due(now_ms, self.drained)
+        ):
             return CloseRoundResult(command.job, command.round, False)
         self._close(index, now_ms, job)
         return CloseRoundResult(command.job, command.round, True)
@@ -283,7 +304,19 @@ class Rendezvous(JoinRules):
     def member_failed(self, index: int, now_ms: int, command: MemberFailed) -> Result:
         job = self.jobs.get(command.job)
         pid = command.participant_id
-        if job is None or job.round.number != command.round or pid not in job.participants:
+        if job is None or pid not in job.participants:
+            return RemoveResult(command.job, pid, False, 0)
+        r = job.round
+        # A failure domain's members fail together, and the detector judges them together:
+        # a verdict on the round that a domain-mate's failure just ended lands in the held
+        # successor ("Failure domains"), with no further round change.
+        held = (
+            r.number == command.round + 1
+            and r.state is RoundState.JOINING
+            and now_ms < r.hold_until_ms
+            and job.participants[pid].domain != ""
+        )
+        if r.number != command.round and not held:
             return RemoveResult(command.job, pid, False, 0)
         reason = (
             command.reason
@@ -359,7 +392,7 @@ class Rendezvous(JoinRules):
         return [
             (job_id, self.jobs[job_id].round.number)
             for job_id in sorted(self.jobs)
-            if self.jobs[job_id].close_due(now_ms)
+            if self.jobs[job_id].close_due(now_ms, self.drained)
         ]
 
     def drained_domains(self) -> list[DrainedDomain]:
@@ -496,8 +529,7 @@ class Rendezvous(JoinRules):
                 codec.from_obj(item[4], bool),
             )
             for participant in codec.from_obj(item[5], tuple[Participant, ...]):
-                job.participants[participant.participant_id] = participant
-                job.names[participant.name] = participant.participant_id
+                job.add(participant)
             job.waiting = list(codec.from_obj(item[6], tuple[int, ...]))
             job.history = list(codec.from_obj(item[7], tuple[RoundRecord, ...]))
             job.store = None if item[8] is None else RoundStore.from_obj(item[8])
@@ -555,6 +587,11 @@ def round_reason(job: JobView, now_ms: int) -> str:
             f"(fencing token {r.fencing_token}){waiting}"
         )
     present = len(r.members)
+    if now_ms < r.hold_until_ms:
+        return (
+            f"{present} present; held until leader time {r.hold_until_ms} ms for the "
+            "participants of a failed member's domain"
+        )
     joining_s = max(0, now_ms - r.opened_ms) / 1000
     timeout_s = config.join_timeout_ms / 1000
     head = f"{present} of min {config.min_nodes} joined"

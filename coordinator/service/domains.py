@@ -10,7 +10,8 @@ cannot state by itself, since a DrainRequest names no job: a job's worker role
 session joined is in that domain (a worker's health check drains its own host, and nobody
 else's). The guard has already checked that the session is the caller's own
 (``authz.Rule.session``); this module checks the participant, against this member's applied
-state. The check and the apply are not one step: a participant that leaves between them does
+state after a read barrier (the worker's join may have been applied on the leader only). The
+check and the apply are not one step: a participant that leaves between them does
 not undo a drain its own worker asked for, which is the intent anyway. Admin may drain any
 domain (and only admin may undrain one: a drained host comes back when an operator says so);
 a read-only role holds neither permission and is refused by the guard.
@@ -70,11 +71,19 @@ def drain_command(
     return Drain(domain=name, drain=True, reason=request.reason)
 
 
+def checks_participants() -> bool:
+    """Whether the caller's drain depends on its participants: a job's worker role (admin,
+    and a member that requires no credentials, may drain any domain)."""
+    role = CALLER.get()
+    return role is not None and role.kind is RoleKind.JOB
+
+
 def check_may_drain(
     rendezvous: RendezvousView, header: common_pb2.RequestHeader, name: str
 ) -> None:
     """Refuse (PermissionDenied) a job's worker role that drains a domain none of its own
-    session's participants is in; admin, and a member that requires no credentials, pass."""
+    session's participants is in; admin, and a member that requires no credentials, pass.
+    Read after a read barrier: the worker's join is then applied here."""
     role = CALLER.get()
     if role is None or role.kind is not RoleKind.JOB:
         return

@@ -506,7 +506,10 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         limits = self.node.state.limits.rendezvous
         header = validate.session_header(request.HasField("header"), request.header)
         command = domains.drain_command(request, limits, limits.max_leave_detail_chars)
-        domains.check_may_drain(self.node.state.rendezvous, header, command.domain)
+        if domains.checks_participants():
+            # The worker's own join may not have reached this member yet: read it.
+            await read_barrier(self.node, context, serializable=False)
+            domains.check_may_drain(self.node.state.rendezvous, header, command.domain)
         result = await propose(self.node, command, context, DrainResult, header)
         return domains.drain_pb(result, header_pb(self.node.header()))
 

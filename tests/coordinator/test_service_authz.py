@@ -134,13 +134,20 @@ def test_what_each_role_may_do() -> None:
         Permission.READ,
         Permission.JOB_READ,
     }
+    # DRAIN: only a domain of its own session's participants (the servicer checks that).
     assert {p for p in Permission if job.allows(p, "A")} == {
         Permission.STATUS,
         Permission.SESSION,
         Permission.JOB_READ,
         Permission.JOB_WORK,
+        Permission.DRAIN,
     }
-    assert {p for p in Permission if job.allows(p, "B")} == {Permission.STATUS, Permission.SESSION}
+    # DRAIN names no job: a domain of its own participants, whatever the job (servicer).
+    assert {p for p in Permission if job.allows(p, "B")} == {
+        Permission.STATUS,
+        Permission.SESSION,
+        Permission.DRAIN,
+    }
 
 
 def documented_role_table() -> dict[str, tuple[str, str, str]]:

@@ -275,9 +275,7 @@ def test_bad_domains_and_shapes_are_refused_with_one_line(
     assert one_line(refused.value).startswith("unit_size 4 does not divide min_nodes 6")
     with pytest.raises(InvalidValueError) as refused:
         JobConfig(min_nodes=4, max_nodes=8, unit_size=4, domain_size=6, units_within_domains=True)
-    assert one_line(refused.value).startswith(
-        "a domain of 6 holds 1 unit of 4 and strands 2 ranks"
-    )
+    assert one_line(refused.value).startswith("a domain of 6 holds 1 unit of 4 and strands 2 ranks")
     with pytest.raises(InvalidValueError) as refused:
         admin.join_batch("bad", ["n1", "n2"], domains=["h1"], config=SOLO)
     assert one_line(refused.value) == "domains must hold one entry per name: 1 for 2 names"

@@ -83,11 +83,13 @@ def join(
     patience: Patience,
     resume: bool = False,
     replaces: int = 0,
+    domain: str = "",
 ) -> SyncParticipant:
     """Join ``job`` as a participant named ``name()`` (called for each attempt), creating
     the job with ``config`` if absent; tried again while no member can serve it, as the
     ``patience`` allows (then CoordinatorUnreachableError). ``replaces``: a participant
-    the new one takes the place of, in one round change (0: none)."""
+    the new one takes the place of, in one round change (0: none). ``domain``: its failure
+    domain (its host; "": none)."""
     return patience.call(
         "joining",
         lambda timeout_s: client.join(
@@ -97,6 +99,7 @@ def join(
             metadata=metadata,
             resume=resume,
             replaces=replaces,
+            domain=domain,
             timeout_s=timeout_s,
         ),
     )

@@ -164,8 +164,20 @@ class ElasticRun:
             the world allows; up to m losses per group come back from memory, at (k+m)/k
             of the state held (worker/snapshots/erasure.py). Give it or ``snapshot_copies``,
             not both.
-        host: the failure domain this worker runs on (default: the machine's host name);
-            snapshot copies go to workers of other hosts.
+        host: the failure domain this worker runs on (default: the machine's host name):
+            the participant joins with it as its domain (a domain's participants are
+            removed and readmitted together, a unit kept inside one), and snapshot copies
+            go to workers of other hosts.
+        unit_size: every round's world size is a multiple of it, and ranks
+            ``[k*unit_size, (k+1)*unit_size)`` form unit k, kept on one host where it has
+            room (e.g. the tensor-parallel degree); when a rank dies its unit's other ranks
+            leave the world with it (docs/elastic.md, "Mesh jobs"). min_nodes and max_nodes
+            must be multiples of it; every worker of the job gives the same.
+        domain_size: how many workers a full host holds (0: not declared); a host's
+            waiting workers are readmitted together once that many wait.
+        units_within_domains: True never lets a unit straddle two hosts (a tensor-parallel
+            group needs its host's interconnect); False lets leftovers of several hosts
+            make a unit when no host has a whole one.
         snapshot_address: the address other workers reach this worker's snapshot server
             at (default: the address the host name resolves to); the server listens on
             every interface unless this is a loopback address.
@@ -360,6 +372,7 @@ class ElasticRun:
             metadata=f"{socket.gethostname()} pid {os.getpid()}".encode(),
             patience=patience,
             resume=self.settings.resume,
+            domain=self.host,
         )
         participant.on_round_change(self._on_round_change)
         self._participant = participant

@@ -6,6 +6,8 @@ Claims:
   link with it, is not blamed; with fewer than three ranks nobody is;
 - the built-in ``CollectiveProbe`` over real gloo (4 processes) names the one rank that
   delivers late and only it; with no slow rank it names nobody;
+- a worker whose health check fails drains its own host before its round trains (a job
+  token is enough); the others form again without it and train on, and it never trains;
 - a bad probe setting or a health_check that is not callable is refused in one line.
 """
 
@@ -18,8 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from rallypoint.client import SyncClient
 from rallypoint.worker.elastic import CollectiveProbe, ElasticConfig
 from rallypoint.worker.elastic.health import slow_ranks
+from tests.integration.harness import running_cluster_with_tokens
+from tests.worker.test_elastic import CHANGE_S, START_S, Job
 
 SCRIPT = Path(__file__).with_name("probe_ranks.py")
 
@@ -79,3 +84,38 @@ def test_bad_settings_are_refused_in_one_line() -> None:
             "127.0.0.1:1", job="j", name="n", checkpoint_dir="/tmp", min_nodes=1, max_nodes=1,
             health_check="probe",  # type: ignore[arg-type]
         )  # fmt: skip
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(400)
+def test_a_failing_health_check_drains_its_own_host(tmp_path: Path) -> None:
+    """A worker whose health check fails drains its host (with its job's token only) before
+    the round trains; the others form again without it and train; it trains in no round."""
+    tokens = {"admin-secret": "admin", "health-secret": "job:health"}
+    with running_cluster_with_tokens(tmp_path / "cluster", tokens, size=1) as cluster:
+        job = Job(
+            cluster,
+            tmp_path,
+            "health",
+            "--min-nodes=2",
+            "--max-nodes=3",
+            "--checkpoint-every=0",
+            "--max-steps=2000",
+        )
+        client = SyncClient(cluster.endpoints, token="admin-secret")
+        env = {"RALLYPOINT_TOKEN": "health-secret"}
+        try:
+            job.spawn("h0", "--host=host-0", env=env)
+            job.spawn("h1", "--host=host-1", env=env)
+            sick = job.spawn("h2", "--host=host-2", "--fail-health-check", env=env)
+            job.wait(lambda: sick.select("health_drained"), START_S, "the sick worker's drain")
+            drained_t = sick.select("health_drained")[0]["t"]
+            job.wait(
+                lambda: job.training_at(["h0", "h1"], 2, drained_t), CHANGE_S, "h0, h1 at world 2"
+            )
+            (drained,) = client.drained()
+            assert drained.domain == "host-2" and "on purpose" in drained.reason, drained
+            assert not sick.select("step"), "the sick worker trained"
+        finally:
+            client.close()
+            job.stop_all()

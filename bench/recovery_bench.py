@@ -19,6 +19,10 @@ shared with the workers (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: every restart
 store); *default*: torch's defaults. A configuration that never recovers is reported as null
 with the reason. All three run in the same invocation, alternating trial by trial.
 
+Shaped jobs (bench/shaped_recovery.py): a dp=4 x tp=2 mesh job losing a process, then a host;
+with a spare host, losing a host, then draining one (``--shaped-only`` runs only these and
+updates their fields in ``--out``).
+
 Restore: one process saves a ~``--restore-mb`` MB model and AdamW state with the
 Checkpointer, then alternately restores it with ``restore_checkpoint`` (what the elastic loop
 does: metadata, state dicts for this world, DCP load, install, sampler) and with a raw
@@ -51,6 +55,7 @@ from bench.common import (
     package_versions,
     scratch_root,
 )
+from bench.shaped_recovery import SHAPED_FIELDS, shaped_figures, shrink_trial, spare_trial
 from rallypoint.worker.process_tree import run_reaped
 from tests.integration.harness import free_port_block
 
@@ -497,11 +502,17 @@ def run_in(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     hangs: list[Event] = []
     memory_trials: list[Event] = []
     host_trials: list[Event] = []
+    shaped: list[Event] = []
     try:
         cluster.start()
         asyncio.run(cluster.wait_ready())
         endpoints = ",".join(cluster.addresses.values())
-        for trial in range(args.trials):
+        for trial in range(0 if args.skip_shaped else args.trials):
+            for name, shaped_trial in (("shrink", shrink_trial), ("spare", spare_trial)):
+                figures = shaped_trial(endpoints, f"{name}-{trial}", root, args.timeout_s)
+                shaped.append(figures)
+                print(f"shaped ({name}) trial {trial}: {figures}", flush=True)
+        for trial in range(0 if args.shaped_only else args.trials):
             figures = memory_trial(endpoints, f"memory-{trial}", root, args.timeout_s, ["w3"])
             memory_trials.append(figures)
             print(f"memory (w3)      trial {trial}: {figures}", flush=True)
@@ -511,7 +522,7 @@ def run_in(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 )
                 host_trials.append(figures)
                 print(f"memory (host-b)  trial {trial}: {figures}", flush=True)
-        for trial in range(0 if args.memory_only else args.trials):
+        for trial in range(0 if args.memory_only or args.shaped_only else args.trials):
             figures = elastic_trial(endpoints, f"bench-{trial}", root, args.timeout_s)
             trials["rallypoint"].append(figures)
             print(f"rallypoint       trial {trial}: {figures}", flush=True)
@@ -521,12 +532,15 @@ def run_in(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 figures = torchrun_trial(tuned, f"{key}-{trial}", out, args.timeout_s)
                 trials[key].append(figures)
                 print(f"{key:<16} trial {trial}: {figures}", flush=True)
-        for trial in range(0 if args.smoke or args.memory_only else args.trials):
+        skip_hangs = args.smoke or args.memory_only or args.shaped_only
+        for trial in range(0 if skip_hangs else args.trials):
             figures = hang_trial(endpoints, f"hang-{trial}", root, args.timeout_s)
             hangs.append(figures)
             print(f"hang             trial {trial}: {figures}", flush=True)
     finally:
         cluster.stop()
+    if args.shaped_only:
+        return _with_shaped(_previous_report(Path(args.out)), shaped)
     restore = restore_figures(root, args.restore_mb, args.restore_repeats)
     print(f"restore: {restore}", flush=True)
     memory = memory_figures(root, args.restore_mb, args.restore_repeats, args.timeout_s * 3)
@@ -592,11 +606,36 @@ def run_in(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             },
         },
     }
+    report = _with_shaped(report, [] if args.skip_shaped else shaped)
     for key in ("torchrun_tuned", "torchrun_default"):
         if summaries[key]["median_s"] is None:
             report[f"{key}_reason"] = summaries[key]["reason"]
     if report["recovery_s"] and report["torchrun_tuned_s"]:
         report["speedup_vs_tuned_torchrun"] = report["torchrun_tuned_s"] / report["recovery_s"]
+    return report
+
+
+def _previous_report(path: Path) -> dict[str, Any]:
+    """The report at ``path`` (a ``--shaped-only`` run updates its shaped-job fields)."""
+    if not path.exists():
+        raise SystemExit(f"--shaped-only updates an existing report: {path} does not exist")
+    report: dict[str, Any] = json.loads(path.read_text())
+    return report
+
+
+def _with_shaped(report: dict[str, Any], shaped: Sequence[Event]) -> dict[str, Any]:
+    """``report`` with the shaped-job fields (bench/shaped_recovery.py) and their trials."""
+    if not shaped:
+        return report
+    report.update(shaped_figures(shaped))
+    report["parameters"]["shaped"] = (
+        "rallypoint.worker.mesh_train, dp=4 x tp=2 (unit_size 2) on hosts of 4 processes, a "
+        "memory snapshot every step: SIGKILL of one process (shaped_recovery_s: until the 6 "
+        "survivors trained at dp=3), then of a whole host (host_loss_rounds); with a spare "
+        "host waiting, SIGKILL of a host (spare_recovery_s: until 8 trained again), then a "
+        "drain of a host while training (drain_steps_lost); bench/shaped_recovery.py"
+    )
+    report["details"]["shaped"] = {"machine": machine_info(), "trials": list(shaped)}
     return report
 
 
@@ -667,6 +706,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="only the in-memory snapshot trials and figures (no torchrun, no hang trials)",
     )
     parser.add_argument(
+        "--shaped-only",
+        action="store_true",
+        help=f"only the shaped-job trials; updates {', '.join(SHAPED_FIELDS)} in --out",
+    )
+    parser.add_argument("--skip-shaped", action="store_true", help="no shaped-job trials")
+    parser.add_argument(
         "--smoke",
         action="store_true",
         help="checks it runs: one rallypoint and one tuned torchrun trial, no hang trials, "
@@ -675,11 +720,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.smoke:
         args.trials, args.restore_mb, args.restore_repeats = 1, 1.0, 1
+        args.skip_shaped = args.skip_shaped or not args.shaped_only
     report = run(args)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(json_safe(report), indent=2) + "\n")
-    plot(report, out.with_suffix(".png"))
+    if not args.shaped_only:
+        plot(report, out.with_suffix(".png"))
     print(json.dumps({k: v for k, v in report.items() if k != "details"}, indent=2, default=str))
     return 0
 

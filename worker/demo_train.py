@@ -172,6 +172,18 @@ def train(
                         "loss": loss_value,
                     },
                 )
+            else:
+                # The step's collective was given up (the round ended under it): its work
+                # is lost, nothing of it counts.
+                emit(
+                    "step_abandoned",
+                    {
+                        "t": time.time(),
+                        "name": run.name,
+                        "round": round_.number,
+                        "step": state.step,
+                    },
+                )
             if step_sleep_s > 0:
                 time.sleep(step_sleep_s)
 

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from rallypoint.client import (
     DeadlineExceededError,
     JobConfig,
+    JobState,
     ParticipantLostError,
     RoundInfo,
     RoundState,
@@ -58,6 +59,20 @@ def is_live(view: RoundInfo, round_number: int) -> bool:
     return view.round == round_number and view.state is RoundState.ACTIVE
 
 
+def is_planned(view: RoundInfo, current: RoundInfo) -> bool:
+    """Whether ``view``, a round after ``current`` (the round this worker trains in), came
+    from a planned change: every member of ``current`` is still in the job (a member or a
+    waiter of ``view``), so nobody the step in flight waits for is gone (a drain moved some
+    to the wait list, a scale-up added newcomers). A member missing from ``view`` failed,
+    left or was evicted: not planned. A view past several changes is planned only if no
+    member went missing across them all, which errs towards ending at once."""
+    if view.round <= current.round or view.job_closed or view.job_state is not JobState.OPEN:
+        return False
+    present = {m.participant_id for m in view.members}
+    present.update(m.participant_id for m in view.waiting)
+    return all(m.participant_id in present for m in current.members)
+
+
 def join(
     client: SyncClient,
     job: str,
@@ -68,11 +83,13 @@ def join(
     patience: Patience,
     resume: bool = False,
     replaces: int = 0,
+    domain: str = "",
 ) -> SyncParticipant:
     """Join ``job`` as a participant named ``name()`` (called for each attempt), creating
     the job with ``config`` if absent; tried again while no member can serve it, as the
     ``patience`` allows (then CoordinatorUnreachableError). ``replaces``: a participant
-    the new one takes the place of, in one round change (0: none)."""
+    the new one takes the place of, in one round change (0: none). ``domain``: its failure
+    domain (its host; "": none)."""
     return patience.call(
         "joining",
         lambda timeout_s: client.join(
@@ -82,6 +99,7 @@ def join(
             metadata=metadata,
             resume=resume,
             replaces=replaces,
+            domain=domain,
             timeout_s=timeout_s,
         ),
     )

@@ -14,6 +14,8 @@ On top of the demo program's JSON lines it prints:
 - with ``--pause-snapshot-file``: the same when rank 0 is about to register an in-memory
   snapshot every rank protected (``pausing`` with ``at: snapshot``); once resumed and told it
   was declared failed, its registration proceeds and is refused (``snapshot_refused``);
+- with ``--fail-health-check``: its pre-admission health check fails in every round, so it
+  drains its own host;
 - ``groups_alive`` once the run is left: how many of the process groups made in this
   process (``init_process_group``, ``new_group``) are still alive, and how many of them the
   run says it holds on purpose (``held``: a collective still pending on them).
@@ -53,6 +55,7 @@ def main() -> None:
     probe = argparse.ArgumentParser(add_help=False)
     probe.add_argument("--pause-file", type=Path, default=None)
     probe.add_argument("--pause-snapshot-file", type=Path, default=None)
+    probe.add_argument("--fail-health-check", action="store_true")
     probe_args, rest = probe.parse_known_args()
     args = parse_args(rest)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -134,7 +137,10 @@ def main() -> None:
     dist.init_process_group = init_noting
     dist.new_group = new_group_noting
 
-    with open_run(args, state, on_event) as opened:
+    options: dict[str, Any] = {}
+    if probe_args.fail_health_check:
+        options["health_check"] = lambda round_: "failing its health check on purpose"
+    with open_run(args, state, on_event, **options) as opened:
         run = opened
         train(
             opened,

@@ -26,6 +26,19 @@ participant is lost, or a collective fails or passes its deadline. An ended roun
 ``batches()`` stops, so the user's loop falls back to ``rounds()``, which tears the group
 down and forms the next round. No process restarts; the user's code has no try/except.
 
+Planned changes. A round the coordinator ended while every one of its members is still in
+the job (an operator drained a host, a waiting worker scaled the job up) costs no step: the
+workers are all alive, so the step in flight completes, and the round ends at a step boundary
+every rank agrees on (``ElasticRound.end_at_step_boundary``; ``joining.is_planned`` tells a
+planned change from a loss by the next round's members and waiters). Each step carries an
+agreement: the flat gradient all-reduce (``all_reduce_gradients``) carries one more element,
+each rank's vote (1 once it saw the planned change), and a step without it (a sharded model's
+``round.step()``, a loop reducing its own gradients) makes one one-element all-reduce in
+``step_done``. The reduced vote is the same on every rank, so every rank stops after the same
+step, counts it, and the next round restores by KEEP. A round that reaches no agreed boundary
+within the hang bound (hang_factor x the step time, at least hang_floor_s) ends at once. A
+loss (a member failed, left or was evicted) ends the round at once, as below.
+
 Formation (formation.py). Forming a round must be given up as soon as the round ends, or
 the worker misses the next round while the others wait for it there (and since its
 heartbeat goes on, nothing ends that next round). Three steps, each abandonable or bounded:
@@ -144,6 +157,7 @@ The modules, one job each:
 - ``collectives.py``: abandonable collectives, the gate, FSDP2's collectives;
 - ``commit.py``: the checkpoint and snapshot commit protocol;
 - ``progress.py``: the progress each heartbeat carries;
+- ``health.py``: pre-admission health checks (the built-in collective probe);
 - ``teardown.py``: leaving a round's group without blocking.
 """
 
@@ -151,17 +165,20 @@ from __future__ import annotations
 
 from .collectives import CollectiveAbandoned
 from .config import ElasticConfig, EventHandler, RestoreMode
+from .health import CollectiveProbe, HealthCheck
 from .round import ElasticRound
 from .run import ElasticRun, JoinTimeoutError, RunArguments, elastic_training
 from .state import Formation, TrainState
 
 __all__ = [
     "CollectiveAbandoned",
+    "CollectiveProbe",
     "ElasticConfig",
     "ElasticRound",
     "ElasticRun",
     "EventHandler",
     "Formation",
+    "HealthCheck",
     "JoinTimeoutError",
     "RestoreMode",
     "RunArguments",

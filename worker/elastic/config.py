@@ -67,10 +67,17 @@ class ElasticConfig:
     # None: the snapshots' own default (worker/snapshots/).
     snapshot_copies: int | None = None
     snapshot_erasure: tuple[int, int] | None = None
-    # None: the machine's host name.
+    # None: the machine's host name. Also the participant's failure domain.
     host: str | None = None
+    unit_size: int = JOB_CONFIG.unit_size
+    domain_size: int = JOB_CONFIG.domain_size
+    units_within_domains: bool = JOB_CONFIG.units_within_domains
     # None: the address the host name resolves to.
     snapshot_address: str | None = None
+    # Called on every rank of a forming round before the restore: why this rank's domain
+    # should be drained, or None (health.py; HealthCheck, typed loosely here because the
+    # check takes the round, whose module imports this one).
+    health_check: Callable[[Any], str | None] | None = None
 
     def __post_init__(self) -> None:
         for setting, seconds in (
@@ -83,6 +90,15 @@ class ElasticConfig:
             raise ValueError(
                 f"elastic_training(snapshot_every={self.snapshot_every!r}): must be >= 0"
             )
+        if self.health_check is not None and not callable(self.health_check):
+            raise TypeError(
+                "elastic_training(health_check=...): must be a callable "
+                f"check(round) -> str | None, got {type(self.health_check).__name__}"
+            )
+        if self.unit_size < 1:
+            raise ValueError(f"elastic_training(unit_size={self.unit_size!r}): must be >= 1")
+        if self.domain_size < 0:
+            raise ValueError(f"elastic_training(domain_size={self.domain_size!r}): must be >= 0")
         if self.snapshot_copies is not None and self.snapshot_erasure is not None:
             raise ValueError("elastic_training: give snapshot_copies or snapshot_erasure, not both")
 

@@ -12,6 +12,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
@@ -80,6 +81,7 @@ class Former:
         init_s = time.monotonic() - started
         if round_.ended or not round_.collectives.gate():
             raise RoundGone(round_.end_reason)
+        self._check_health(round_)
         state = run.state
         if state.sampler is not None:
             state.sampler.set_world(rank, info.world_size)
@@ -123,6 +125,27 @@ class Former:
             formed_s=time.monotonic() - started,
             checkpoint=str(checkpoint) if checkpoint is not None else None,
         )
+
+    def _check_health(self, round_: ElasticRound) -> None:
+        """Run the pre-admission health check (health.py) on every rank; when any rank's
+        says its domain should be drained, that rank drains it and every rank gives the
+        round up before restoring anything (the drain ends it at the coordinator)."""
+        run = self._run
+        check = run.settings.health_check
+        if check is None:
+            return
+        reason = check(round_)
+        if reason is not None:
+            detail = f"{run.name}: {reason}"[:1024]
+            run.client.drain(run.host, reason=detail)
+            run.emit("health_drained", round=round_.number, rank=round_.rank, reason=detail)
+        votes = torch.tensor([1.0 if reason is not None else 0.0])
+        if not round_.all_reduce(votes):
+            raise RoundGone(round_.end_reason)
+        if votes.item() > 0:
+            # Not broken: the coordinator ends the round for the drain.
+            round_.end(f"a rank's pre-admission health check drained its domain ({votes.item():g})")
+            raise RoundGone(round_.end_reason)
 
     def _arrive(self, round_: ElasticRound, store: CoordinatorStore) -> None:
         """Say this rank is forming ``round_`` and wait until every rank is (package

@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
@@ -75,6 +76,14 @@ class ElasticRound:
         self.steps_trained = 0
         # The default group's collective timeout as step() last set it (sharded models).
         self._step_timeout_s = 0.0
+        # A planned change (a drain, a scale-up: nobody left the job) this rank has seen:
+        # why, "" while none. The round then ends at a step boundary every rank agrees on
+        # ("Planned changes" in __init__.py), not at once.
+        self._planned = ""
+        self._planned_lock = threading.Lock()
+        # A rank of the round saw a planned change by the time of this step's agreement:
+        # every rank stops after the same step.
+        self._stop_agreed = False
 
     def __repr__(self) -> str:
         return (
@@ -103,6 +112,42 @@ class ElasticRound:
         if self.ending.set(reason, broken=broken):
             self.run.emit("round_ended", round=self.number, rank=self.rank, reason=reason)
             self.collectives.wake()
+
+    def end_at_step_boundary(self, reason: str) -> None:
+        """End the round after the step every rank agrees on, for a planned change (the
+        coordinator ended the round while every member is still in the job: a drain, a
+        scale-up). The step in flight completes (nobody it waits for is gone) and counts;
+        the next step's agreement carries this rank's flag to the others ("Planned changes"
+        in __init__.py). Bounded: a round that reaches no agreed boundary within the hang
+        bound (hang_factor x the step time, at least hang_floor_s) ends at once, as an
+        unplanned change does. Idempotent; called from the client's thread."""
+        with self._planned_lock:
+            if self._planned or self.ended:
+                return
+            self._planned = reason
+        config = self.run.config
+        bound_s = max(
+            config.hang_floor_ms / 1000, config.hang_factor * self.progress.compute_ms / 1000
+        )
+        timer = threading.Timer(
+            bound_s, self.end, (f"{reason} (no agreed step boundary within {bound_s:.1f} s)",)
+        )
+        timer.daemon = True
+        timer.start()
+        self.run.emit("round_ending", round=self.number, rank=self.rank, reason=reason)
+
+    def _stop_flag(self) -> float:
+        """This rank's vote in a step's agreement: 1.0 once it saw a planned change."""
+        return 1.0 if self._planned else 0.0
+
+    def _agree_to_stop(self) -> None:
+        """The agreement of a step whose gradients did not carry the flag (a sharded model's
+        step, or a loop that reduces its gradients itself): one one-element all-reduce."""
+        if not dist.is_initialized() or self.ended:
+            return
+        flag = torch.tensor([self._stop_flag()])
+        if self.all_reduce(flag) and flag.item() > 0:
+            self._stop_agreed = True
 
     def _report_failure(self, detail: str) -> None:
         """A collective of this round failed under this rank (gloo: a peer vanished) while the
@@ -254,13 +299,21 @@ class ElasticRound:
             else torch.zeros_like(p, memory_format=torch.contiguous_format)
             for p in params
         ]
-        flat = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(0)
+        dtype = grads[0].dtype if grads else torch.float32
+        # The last element is this rank's vote in the step's agreement on a planned change
+        # ("Planned changes" in __init__.py): no collective of its own for it.
+        flat = torch.cat(
+            [*(g.reshape(-1) for g in grads), torch.tensor([self._stop_flag()], dtype=dtype)]
+        )
         reduced = self.all_reduce(flat)
         if not reduced:
             for p in params:
                 p.grad = None
             self._step_reduced = False
             return False
+        if flat[-1].item() > 0:
+            self._stop_agreed = True
+        flat = flat[:-1]
         flat /= self.world_size
         offset = 0
         for p, g in zip(params, grads, strict=True):
@@ -288,6 +341,13 @@ class ElasticRound:
             self.run.emit("trained", round=self.number, rank=self.rank, step=state.step)
         if loss is not None:
             self.run.last_loss = loss
+        if self._step_reduced is None:
+            # No gradient all-reduce of ours carried this step's vote.
+            self._agree_to_stop()
+        if self._stop_agreed:
+            # Every rank agreed to stop after this step: it counts on all of them.
+            self.end(self._planned or "a planned round change (seen by a peer first)")
+            return True
         if checkpoint_every > 0 and state.step % checkpoint_every == 0 and not self.ended:
             self.checkpoint()
         every = self.run.settings.snapshot_every

@@ -164,11 +164,29 @@ class ElasticRun:
             the world allows; up to m losses per group come back from memory, at (k+m)/k
             of the state held (worker/snapshots/erasure.py). Give it or ``snapshot_copies``,
             not both.
-        host: the failure domain this worker runs on (default: the machine's host name);
-            snapshot copies go to workers of other hosts.
+        host: the failure domain this worker runs on (default: the machine's host name):
+            the participant joins with it as its domain (a domain's participants are
+            removed and readmitted together, a unit kept inside one), and snapshot copies
+            go to workers of other hosts.
+        unit_size: every round's world size is a multiple of it, and ranks
+            ``[k*unit_size, (k+1)*unit_size)`` form unit k, kept on one host where it has
+            room (e.g. the tensor-parallel degree); when a rank dies its unit's other ranks
+            leave the world with it (docs/elastic.md, "Mesh jobs"). min_nodes and max_nodes
+            must be multiples of it; every worker of the job gives the same.
+        domain_size: how many workers a full host holds (0: not declared); a host's
+            waiting workers are readmitted together once that many wait.
+        units_within_domains: True never lets a unit straddle two hosts (a tensor-parallel
+            group needs its host's interconnect); False lets leftovers of several hosts
+            make a unit when no host has a whole one.
         snapshot_address: the address other workers reach this worker's snapshot server
             at (default: the address the host name resolves to); the server listens on
             every interface unless this is a loopback address.
+        health_check: a pre-admission check, ``check(round) -> str | None``, run on every
+            rank of a forming round before the state is restored (it may run collectives
+            on the round's group): a reason drains this worker's host (its failure domain)
+            and the round forms again without it. ``CollectiveProbe()`` (health.py) is the
+            built-in one: a ring exchange that names a rank whose links are far slower
+            than its peers'. None: no check.
         state: what is trained and checkpointed (a ``TrainState``).
         on_event: called as ``on_event(kind, fields)`` for each event below.
 
@@ -184,6 +202,9 @@ class ElasticRun:
             ``formed_s`` are the seconds from the round's start to the group's init and to
             the restore's end; ``checkpoint`` the latest committed checkpoint's path (or None).
         trained: round, rank, step. The round's first step is done: training again.
+        round_ending: round, rank, reason. A planned change (a drain, a scale-up: every
+            member is still in the job) was seen: the round ends after the next step every
+            rank agrees on, so no step is lost.
         round_ended: round, rank, reason. The round ended for this worker (a member failed,
             left or joined; a collective failed; the run finished) and why.
         checkpoint_saved: round, rank, step, path, bytes. This rank's shard is written.
@@ -202,6 +223,8 @@ class ElasticRun:
         snapshot_failed: round, rank, step, error. The snapshot was not protected or not
             registered (a peer was lost under it, the coordinator was not reached).
         rejoined: reason, participant_id. The worker joined again, as a newcomer.
+        health_drained: round, rank, reason. This worker's health check failed: it drained
+            its host, and the round forms again without it.
         finished: step, round. The run reached its end.
 
     Attributes:
@@ -349,6 +372,7 @@ class ElasticRun:
             metadata=f"{socket.gethostname()} pid {os.getpid()}".encode(),
             patience=patience,
             resume=self.settings.resume,
+            domain=self.host,
         )
         participant.on_round_change(self._on_round_change)
         self._participant = participant
@@ -370,8 +394,15 @@ class ElasticRun:
         current = self.current
         if current is None:
             return
-        if not joining.is_live(info, current.number):
-            current.end(f"round {info.round} is {info.state.value}: {info.reason}")
+        if joining.is_live(info, current.number):
+            return
+        reason = f"round {info.round} is {info.state.value}: {info.reason}"
+        if joining.is_planned(info, current.info):
+            # Nobody of the round left the job (a drain, a scale-up): every rank finishes
+            # the step in flight and stops after the same one ("Planned changes").
+            current.end_at_step_boundary(f"planned change: {reason}")
+        else:
+            current.end(reason)
 
     # -------------------------------------------------------------- rounds
 

@@ -88,6 +88,9 @@ class RunView(Protocol):
     run's: the run imports them."""
 
     job: str
+    # This worker's name and failure domain (its host).
+    name: str
+    host: str
     state: TrainState
     # Where checkpoints are written, absolute.
     checkpoint_dir: Path

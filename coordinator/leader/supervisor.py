@@ -27,9 +27,9 @@ own event loop (a late loop holds its suspicions), collects its suspicions, and 
 leader a ``LivenessReport`` every ``REPORT_EVERY_MS``, or sooner when it suspects someone,
 starts carrying someone, or hears a worker report a new step or collective wait
 (``coverage.ATTACH_REPORT_MS``: the hang rules compare ranks' steps, and ranks the leader
-carries itself must not look ahead of the ones a follower carries). A member that is leader hands its
-report to its own coverage and runs the leader's duties. After a leader change the members'
-detectors carry on; the new leader's coverage and progress start over with a grace period.
+carries itself must not look ahead of the ones a follower carries). A member that is leader
+hands its report to its own coverage and runs the leader's duties. After a leader change the
+members' detectors carry on; the new leader's coverage and progress start over with a grace period.
 
 Metrics (``metrics.py``). Each heartbeat adds one to an unlabelled counter. Each verdict is
 timed once from the worker's last sign of life to the pass that suspects it. Each guard that

@@ -22,11 +22,16 @@ over the members and the leader's load stays Raft and proposals.
   so a member that has not yet applied a join waits for it instead of calling the
   participant unknown.
 - ``release`` stops carrying a participant and names it in the next request's ``released``:
-  its silence on this stream is then not evidence of failure.
+  its silence on this stream is then not evidence of failure. ``drop`` stops carrying it
+  unannounced: its silence counts, as a dead process's would (a participant closed without
+  leaving).
 - ``report_progress`` attaches a participant's training progress (the elastic loop's
   :class:`TrainingProgress`) to every request from then on, as ``ProgressReport`` entries
   with times turned into durations at the moment of sending; the members forward it to the
-  leader, which judges hangs and stragglers.
+  leader, which judges hangs and stragglers. ``follow_progress`` reads it instead from a
+  callable at every request, so a training thread reports by swapping a reference.
+- The shipped client's participants (``client.join``) ride one batcher per client and job:
+  see process_heartbeats.py.
 - Failover. A stream that fails (an error, the end of the stream, or no answer to a request
   within ``answer_patience_s``) is abandoned, and the batcher reconnects to the NEXT endpoint
   in rotation (every member serves the RPC: another one is as good, and the one that failed

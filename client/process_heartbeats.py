@@ -101,9 +101,9 @@ class ProcessHeartbeats:
         )
         # Invariant: exactly the participants the batcher carries (and not gone).
         self._carried: dict[int, Carried] = {}
+        # The read in flight; it reads again until no view is behind (a read that began
+        # before an assignment arrived may miss it: its participant is then still behind).
         self._refresh: asyncio.Task[None] | None = None
-        # An assignment arrived while a read was in flight: read again after it.
-        self._refresh_again = False
         # Participants the member called gone, to be told once a view was read (or not).
         self._gone: list[Carried] = []
         self._stop_watch: asyncio.Task[None] | None = None
@@ -187,7 +187,6 @@ class ProcessHeartbeats:
         if gone is not None:
             self._gone.append(gone)
         if self._refresh is not None and not self._refresh.done():
-            self._refresh_again = True
             return
         self._refresh = asyncio.create_task(self._read_views(), name=f"round read {self.job}")
 
@@ -198,7 +197,6 @@ class ProcessHeartbeats:
         backoff = reconnect_backoff(self.batcher.heartbeat_interval_s, transport.backoff)
         attempt = 0
         while True:
-            self._refresh_again = False
             try:
                 status = await get_job(self.caller, self.job)
             except JobNotFoundError as error:
@@ -214,7 +212,6 @@ class ProcessHeartbeats:
                 await asyncio.sleep(backoff.delay_s(attempt, transport.rng))
                 attempt += 1
                 continue
-            attempt = 0
             for carried in [*self._carried.values(), *self._gone]:
                 carried.observe(status.round)
             for carried in self._take_gone():
@@ -223,8 +220,12 @@ class ProcessHeartbeats:
                 carried.heartbeat_stopped(
                     f"the member its heartbeat goes to says it is gone (round {status.round.round})"
                 )
-            if not self._refresh_again and not any(c.behind() for c in self._carried.values()):
+            if not self._gone and not any(c.behind() for c in self._carried.values()):
                 return
+            # Still behind: the read began before the change it was for was applied where
+            # it was served. Read again, not at once.
+            await asyncio.sleep(backoff.delay_s(attempt, transport.rng))
+            attempt += 1
 
     def _take_gone(self) -> list[Carried]:
         gone, self._gone = self._gone, []

@@ -52,6 +52,8 @@ from .rendezvous_errors import (
 from .rendezvous_values import (
     CheckpointInfo,
     CommitResult,
+    DrainedDomain,
+    DrainResult,
     EndReason,
     JobConfig,
     JobState,
@@ -111,6 +113,8 @@ __all__ = [
     "ConfigConflictError",
     "DeadlineExceededError",
     "DeleteResult",
+    "DrainResult",
+    "DrainedDomain",
     "EndReason",
     "EndpointStatus",
     "EventType",

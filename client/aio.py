@@ -35,17 +35,15 @@ from .caller import Caller
 from .checkpoints import CheckpointRegistry
 from .errors import TOKEN_OPTIONS, LeaseNotFoundError
 from .heartbeats import AssignmentCallback, HeartbeatBatcher
+from .job_admin import JobAdmin
 from .job_watch import watch_job as _watch_job
 from .lease import Lease, LeaseKeeper, keep_alive_once
 from .rendezvous import Participant
 from .rendezvous import join as _join
 from .rendezvous_values import (
-    CheckpointInfo,
     JobConfig,
-    JobStatus,
     JoinBatchResult,
     MembersPage,
-    MemorySnapshotInfo,
     RoundInfo,
     RoundMember,
 )
@@ -90,7 +88,7 @@ def _fence(fence: Fence | None) -> common_pb2.Fence | None:
     return fence.to_proto() if fence is not None else None
 
 
-class Client:
+class Client(JobAdmin):
     """See the module docstring. Not thread-safe: use it from one event loop (or
     :class:`rallypoint.client.SyncClient` from threads).
 
@@ -597,13 +595,16 @@ class Client:
         metadata: bytes = b"",
         resume: bool = False,
         replaces: int = 0,
+        domain: str = "",
         timeout_s: float | None = None,
     ) -> Participant:
         """Join ``job`` as ``name``; the participant heartbeats and follows the rounds until
         it leaves (see rendezvous.py). ``config`` creates the job when absent. A join that
         starts an ended job again begins a new run: it sees the old run's checkpoints only
         with ``resume``. ``replaces``: a participant of this client that the new one takes
-        the place of, in one round change (close the old handle after)."""
+        the place of, in one round change (close the old handle after). ``domain``: the
+        participant's failure domain, e.g. its host name (docs/client.md, "Domains and
+        units"); "" for none."""
         participant = await _join(
             self._caller,
             job,
@@ -612,6 +613,7 @@ class Client:
             metadata=metadata,
             resume=resume,
             replaces=replaces,
+            domain=domain,
             timeout_s=timeout_s,
         )
         self._participants.add(participant)
@@ -623,18 +625,21 @@ class Client:
         names: Sequence[str],
         *,
         metadata: Sequence[bytes] | None = None,
+        domains: Sequence[str] | None = None,
         config: JobConfig | None = None,
         resume: bool = False,
         timeout_s: float | None = None,
     ) -> JoinBatchResult:
         """Join one participant per name in one replicated command (at most 10,000), all
         tied to this client's session, all or none; ids and waiting flags in name order.
+        ``domains``: each one's failure domain, one per name (None: none declared).
         Unlike ``join`` nothing heartbeats them: the caller does (HeartbeatBatch)."""
         return await _jobs.join_batch(
             self._caller,
             job,
             names,
             metadata=metadata,
+            domains=domains,
             config=config,
             resume=resume,
             timeout_s=timeout_s,
@@ -681,76 +686,10 @@ class Client:
             timeout_s=timeout_s,
         )
 
-    async def configure(
-        self, job: str, config: JobConfig, *, timeout_s: float | None = None
-    ) -> tuple[bool, RoundInfo]:
-        """Create, reconfigure or reopen ``job``; (created, current round)."""
-        return await _jobs.configure(self._caller, job, config, timeout_s=timeout_s)
-
-    async def get_job(
-        self, job: str, *, serializable: bool = False, timeout_s: float | None = None
-    ) -> JobStatus:
-        return await _jobs.get_job(
-            self._caller, job, serializable=serializable, timeout_s=timeout_s
-        )
-
-    async def list_jobs(
-        self, *, serializable: bool = False, timeout_s: float | None = None
-    ) -> list[RoundInfo]:
-        """Every job's current round, in job-id order (members' phi reads 0 here)."""
-        return await _jobs.list_jobs(self._caller, serializable=serializable, timeout_s=timeout_s)
-
-    async def job_statuses(
-        self, *, serializable: bool = False, timeout_s: float | None = None
-    ) -> list[JobStatus]:
-        """Every job's full status: each member's phi, history, latest checkpoint."""
-        return await _jobs.job_statuses(
-            self._caller, serializable=serializable, timeout_s=timeout_s
-        )
-
     def watch_job(self, job: str) -> AsyncIterator[RoundInfo]:
         """The job's current round now and after every change, until the job is gone
         (:class:`JobNotFoundError`); reconnects by itself (see job_watch.py)."""
         return _watch_job(self._caller, job)
-
-    async def evict(self, job: str, participant_id: int, *, timeout_s: float | None = None) -> int:
-        """Remove a participant; the round that ended because of it (0: none)."""
-        arguments.count(participant_id, "participant_id")
-        return await _jobs.evict(self._caller, job, participant_id, timeout_s=timeout_s)
-
-    async def close_job(self, job: str, *, timeout_s: float | None = None) -> int:
-        """End the job; the round that ended (0: it was already closed)."""
-        return await _jobs.close_job(self._caller, job, timeout_s=timeout_s)
-
-    async def prune_jobs(
-        self,
-        *,
-        older_than_s: float = 0.0,
-        keep: int = 0,
-        jobs: Sequence[str] = (),
-        timeout_s: float | None = None,
-    ) -> list[str]:
-        """Remove ended jobs (finished, failed, closed) that ended at least ``older_than_s``
-        ago, keeping the ``keep`` that ended last (among ``jobs``, or every job); the jobs
-        removed. An admin call."""
-        return await _jobs.prune_jobs(
-            self._caller, older_than_s=older_than_s, keep=keep, jobs=jobs, timeout_s=timeout_s
-        )
-
-    async def latest_checkpoint(
-        self, job: str, *, serializable: bool = False, timeout_s: float | None = None
-    ) -> CheckpointInfo | None:
-        return await _jobs.latest_checkpoint(
-            self._caller, job, serializable=serializable, timeout_s=timeout_s
-        )
-
-    async def latest_memory_snapshot(
-        self, job: str, *, serializable: bool = False, timeout_s: float | None = None
-    ) -> MemorySnapshotInfo | None:
-        """The job's latest complete in-memory snapshot (any round); None when none."""
-        return await _jobs.latest_memory_snapshot(
-            self._caller, job, serializable=serializable, timeout_s=timeout_s
-        )
 
     def round_store(self, job: str, round_number: int, participant_id: int) -> RoundStore:
         """The store of one round, used as ``participant_id`` (see roundstore.py)."""

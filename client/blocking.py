@@ -21,6 +21,9 @@ from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar
 P = ParamSpec("P")
 T = TypeVar("T")
 Target = TypeVar("Target")
+# A view of a subclass is a view of its base: SyncClient (a view of Client) takes the methods
+# Client inherits (``blocking(Client.get_job)`` is typed by the base that defines it).
+Target_co = TypeVar("Target_co", covariant=True)
 
 
 class Runner(Protocol):
@@ -68,10 +71,10 @@ class LoopThread:
         self.loop.close()
 
 
-class Blocking(Generic[Target]):
+class Blocking(Generic[Target_co]):
     """A blocking view of ``target``, whose coroutines run on ``runner``."""
 
-    def __init__(self, target: Target, runner: Runner) -> None:
+    def __init__(self, target: Target_co, runner: Runner) -> None:
         self._target = target
         self._runner = runner
 

@@ -1,4 +1,5 @@
-"""Job administration (rendezvous.proto, service Rendezvous): configure, inspect, evict, close.
+"""Job administration (rendezvous.proto, service Rendezvous): configure, inspect, evict, close;
+and the failure domains drained cluster-wide (drain, undrain, drained).
 
 These are plain calls through the client's :class:`Caller` (leader following, retries,
 deadlines; a retried command applies once); their failures are the typed errors of
@@ -22,6 +23,8 @@ from .errors import InvalidValueError, RallypointError
 from .rendezvous_errors import JobNotFoundError, refined
 from .rendezvous_values import (
     CheckpointInfo,
+    DrainedDomain,
+    DrainResult,
     JobConfig,
     JobStatus,
     JoinBatchResult,
@@ -86,19 +89,28 @@ async def join_batch(
     names: Sequence[str],
     *,
     metadata: Sequence[bytes] | None = None,
+    domains: Sequence[str] | None = None,
     config: JobConfig | None = None,
     resume: bool = False,
     timeout_s: float | None = None,
 ) -> JoinBatchResult:
     """Join many participants of ``job`` in one replicated command, all tied to this client's
     session, all or none (one refused name refuses the batch). ``metadata``: one per name,
-    or None. Nothing heartbeats them: that is the caller's (a batched heartbeater's) work.
+    or None; ``domains``: each one's failure domain (its host), one per name, or None (none
+    declared). Nothing heartbeats them: that is the caller's (a batched heartbeater's) work.
     ``resume``: as :func:`rallypoint.client.rendezvous.join`'s."""
     names = list(names)
     data = list(metadata) if metadata is not None else []
     if metadata is not None and len(data) != len(names):
         raise InvalidValueError(
             f"metadata must hold one entry per name: {len(data)} for {len(names)} names"
+        )
+    if isinstance(domains, str):
+        raise InvalidValueError("domains must be a sequence of domain names, one per name")
+    hosts = list(domains) if domains is not None else []
+    if domains is not None and len(hosts) != len(names):
+        raise InvalidValueError(
+            f"domains must hold one entry per name: {len(hosts)} for {len(names)} names"
         )
     request_config = config.to_proto() if config is not None else None
     response = await refined(
@@ -111,6 +123,7 @@ async def join_batch(
                 metadata=data,
                 config=request_config,
                 resume=resume,
+                domains=hosts,
             ),
             timeout_s,
         )
@@ -317,3 +330,56 @@ async def latest_memory_snapshot(
     if not response.HasField("snapshot"):
         return None
     return MemorySnapshotInfo.from_proto(response.snapshot)
+
+
+# ---------------------------------------------------------------- failure domains
+
+
+def _domain(domain: str) -> str:
+    if not isinstance(domain, str) or not domain:
+        raise InvalidValueError(f"domain must be a non-empty string, got {domain!r}")
+    return domain
+
+
+async def drain(
+    caller: Caller, domain: str, *, reason: str = "", timeout_s: float | None = None
+) -> DrainResult:
+    """Drain a failure domain cluster-wide: every ACTIVE round with a member in it ends
+    (reason DRAINED) and re-forms without the domain's participants, who wait until it is
+    undrained. Admin, or a job's worker for a domain its own session has a participant in."""
+    _domain(domain)
+    response = await refined(
+        caller.write(
+            lambda s: services(s).rendezvous.Drain,
+            lambda header: rendezvous_pb2.DrainRequest(header=header, domain=domain, reason=reason),
+            timeout_s,
+        )
+    )
+    return DrainResult.from_proto(domain, response)
+
+
+async def undrain(caller: Caller, domain: str, *, timeout_s: float | None = None) -> bool:
+    """Admit a drained domain's participants again; False when it was not drained. Admin."""
+    _domain(domain)
+    response = await refined(
+        caller.write(
+            lambda s: services(s).rendezvous.Undrain,
+            lambda header: rendezvous_pb2.UndrainRequest(header=header, domain=domain),
+            timeout_s,
+        )
+    )
+    return bool(response.changed)
+
+
+async def drained(
+    caller: Caller, *, serializable: bool = False, timeout_s: float | None = None
+) -> list[DrainedDomain]:
+    """The drained failure domains, in domain order."""
+    response = await refined(
+        caller.read(
+            lambda s: services(s).rendezvous.ListDrained,
+            rendezvous_pb2.ListDrainedRequest(serializable=serializable),
+            timeout_s,
+        )
+    )
+    return [DrainedDomain.from_proto(d) for d in response.domains]

@@ -47,6 +47,7 @@ from .caller import Caller
 from .checkpoints import CheckpointRegistry
 from .errors import (
     DeadlineExceededError,
+    InvalidValueError,
     RallypointError,
     UnavailableError,
 )
@@ -457,6 +458,7 @@ async def join(
     metadata: bytes = b"",
     resume: bool = False,
     replaces: int = 0,
+    domain: str = "",
     timeout_s: float | None = None,
 ) -> Participant:
     """Join ``job`` as ``name`` (unique in the job) and start heartbeating.
@@ -468,7 +470,11 @@ async def join(
     ``replaces``: a participant id of this client's session that the new participant takes
     the place of in the same round change (rendezvous.proto, ``JoinRequest.replaces``); the
     caller closes that participant's handle.
+    ``domain``: the participant's failure domain, e.g. its host name ("": none); a domain's
+    participants are removed and readmitted together, and the job's units kept inside one.
     """
+    if not isinstance(domain, str):
+        raise InvalidValueError(f"domain must be a string (e.g. the host name), got {domain!r}")
     request_config = config.to_proto() if config is not None else None
     response = await refined(
         caller.write(
@@ -481,6 +487,7 @@ async def join(
                 config=request_config,
                 resume=resume,
                 replaces=replaces,
+                domain=domain,
             ),
             timeout_s,
         )

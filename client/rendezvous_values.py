@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from rallypoint.proto.v1 import rendezvous_pb2
 from rallypoint.proto.v1.defaults import JOB_CONFIG
 
+from .errors import InvalidValueError
+
 
 @dataclass(frozen=True, slots=True)
 class JobConfig:
@@ -38,6 +40,27 @@ class JobConfig:
     straggler_factor: float = JOB_CONFIG.straggler_factor
     straggler_windows: int = JOB_CONFIG.straggler_windows
     straggler_window_ms: int = JOB_CONFIG.straggler_window_ms
+    # Shape (docs/client.md, "Domains and units"): world sizes are multiples of unit_size,
+    # ranks [k*unit_size, (k+1)*unit_size) form unit k, kept inside one failure domain where
+    # it has room; domain_size: how many participants a full domain holds (0: not said);
+    # units_within_domains: a unit never straddles two domains.
+    unit_size: int = JOB_CONFIG.unit_size
+    domain_size: int = JOB_CONFIG.domain_size
+    units_within_domains: bool = JOB_CONFIG.units_within_domains
+
+    def __post_init__(self) -> None:
+        # The shape is checked here, before anything is sent: a unit that cannot tile the
+        # world is a mistake in the caller's config. (The other fields are the server's to
+        # judge; it names each bound.)
+        problem = shape_problem(
+            self.min_nodes,
+            self.max_nodes,
+            self.unit_size,
+            self.domain_size,
+            self.units_within_domains,
+        )
+        if problem is not None:
+            raise InvalidValueError(problem)
 
     def to_proto(self) -> rendezvous_pb2.JobConfig:
         return rendezvous_pb2.JobConfig(
@@ -58,6 +81,9 @@ class JobConfig:
             straggler_factor=self.straggler_factor,
             straggler_windows=self.straggler_windows,
             straggler_window_ms=self.straggler_window_ms,
+            unit_size=self.unit_size,
+            domain_size=self.domain_size,
+            units_within_domains=self.units_within_domains,
         )
 
     @staticmethod
@@ -80,7 +106,38 @@ class JobConfig:
             straggler_factor=config.straggler_factor,
             straggler_windows=config.straggler_windows,
             straggler_window_ms=config.straggler_window_ms,
+            # A member that predates shapes sends 0: the flat job it runs.
+            unit_size=config.unit_size or JOB_CONFIG.unit_size,
+            domain_size=config.domain_size,
+            units_within_domains=config.units_within_domains,
         )
+
+
+def shape_problem(
+    min_nodes: int, max_nodes: int, unit_size: int, domain_size: int, units_within_domains: bool
+) -> str | None:
+    """Why a job's shape cannot work, in one line, or None. Sizes that are wrong on their own
+    (min_nodes < 1, ...) are left to the server's checks."""
+    if isinstance(unit_size, bool) or not isinstance(unit_size, int) or unit_size < 1:
+        return f"unit_size must be an integer of at least 1, got {unit_size!r}"
+    if isinstance(domain_size, bool) or not isinstance(domain_size, int) or domain_size < 0:
+        return (
+            f"domain_size must be an integer of at least 0 (0: not declared), got {domain_size!r}"
+        )
+    for name, nodes in (("min_nodes", min_nodes), ("max_nodes", max_nodes)):
+        if isinstance(nodes, int) and nodes >= 1 and nodes % unit_size:
+            return (
+                f"unit_size {unit_size} does not divide {name} {nodes}: every world size "
+                f"must be a whole number of units"
+            )
+    if units_within_domains and domain_size and domain_size % unit_size:
+        units, stranded = divmod(domain_size, unit_size)
+        return (
+            f"a domain of {domain_size} holds {units} unit{'s' if units != 1 else ''} of "
+            f"{unit_size} and strands {stranded} rank{'s' if stranded != 1 else ''} "
+            f"(units_within_domains: domain_size must be a multiple of unit_size)"
+        )
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +194,8 @@ class EndReason(enum.Enum):
     SCALE_UP = "scale_up"
     JOB_CLOSED = "job_closed"
     STRAGGLER = "straggler"
+    # A failure domain of a member was drained (Client.drain).
+    DRAINED = "drained"
 
 
 _ROUND_STATES = {
@@ -161,6 +220,7 @@ _END_REASONS = {
     rendezvous_pb2.ROUND_END_REASON_SCALE_UP: EndReason.SCALE_UP,
     rendezvous_pb2.ROUND_END_REASON_JOB_CLOSED: EndReason.JOB_CLOSED,
     rendezvous_pb2.ROUND_END_REASON_STRAGGLER: EndReason.STRAGGLER,
+    rendezvous_pb2.ROUND_END_REASON_DRAINED: EndReason.DRAINED,
 }
 
 
@@ -189,6 +249,8 @@ class RoundMember:
     # Milliseconds since the leader last heard the participant's heartbeat, or began watching
     # it (its join; the leader's election). GetJob from the leader only; 0 otherwise.
     heartbeat_age_ms: int = 0
+    # Its failure domain ("": none declared).
+    domain: str = ""
 
     @staticmethod
     def from_proto(member: rendezvous_pb2.RoundMember) -> RoundMember:
@@ -203,6 +265,7 @@ class RoundMember:
             member.step_ms,
             member.step_ratio,
             member.heartbeat_age_ms,
+            member.domain,
         )
 
 
@@ -238,6 +301,9 @@ class RoundInfo:
     # Where the round's state came from, as its workers reported it with that first step
     # ("keep", "broadcast", "disk", "fresh"; "": not known).
     restore: str = ""
+    # Waiting participants a round could admit (not in a drained domain): the spares a loss
+    # is filled from.
+    spares: int = 0
 
     @staticmethod
     def from_proto(info: rendezvous_pb2.RoundInfo) -> RoundInfo:
@@ -262,6 +328,7 @@ class RoundInfo:
             job_end_detail=info.job_end_detail,
             trained_ms=info.trained_ms,
             restore=info.restore,
+            spares=info.spares,
         )
 
     def member(self, participant_id: int) -> RoundMember | None:
@@ -473,3 +540,35 @@ class CommitResult:
     checkpoint: CheckpointInfo
     # Committed checkpoints beyond keep_checkpoints, dropped by this commit: delete their files.
     retired: tuple[CheckpointInfo, ...] = field(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class DrainedDomain:
+    """A drained failure domain (``Client.drained``): its participants are admitted to no
+    round until it is undrained."""
+
+    domain: str
+    reason: str
+    # Leader time (Unix epoch ms) it was drained at.
+    since_ms: int
+
+    @staticmethod
+    def from_proto(drained: rendezvous_pb2.DrainedDomain) -> DrainedDomain:
+        return DrainedDomain(drained.domain, drained.reason, drained.since_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class DrainResult:
+    """What a drain did (``Client.drain``)."""
+
+    domain: str
+    # False: the domain was drained already; nothing changed.
+    changed: bool
+    # (job, round) of each ACTIVE round the drain ended, in job order.
+    ended: tuple[tuple[str, int], ...]
+
+    @staticmethod
+    def from_proto(domain: str, response: rendezvous_pb2.DrainResponse) -> DrainResult:
+        return DrainResult(
+            domain, response.changed, tuple((r.job, r.round) for r in response.ended)
+        )

@@ -174,6 +174,9 @@ class SyncClient(Blocking[Client]):
     prune_jobs = blocking(Client.prune_jobs)
     latest_checkpoint = blocking(Client.latest_checkpoint)
     latest_memory_snapshot = blocking(Client.latest_memory_snapshot)
+    drain = blocking(Client.drain)
+    undrain = blocking(Client.undrain)
+    drained = blocking(Client.drained)
 
     def range_pages(self, prefix: bytes | str = b"", **options: Any) -> Iterator[KeyValue]:
         """Every key under ``prefix``, a page at a time (see ``Client.range_pages``)."""

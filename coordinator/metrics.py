@@ -147,6 +147,17 @@ class NodeMetrics:
             ["job", "state"],
             registry=self.registry,
         )
+        self.spares = Gauge(
+            "rallypoint_spares",
+            "Per job, waiting participants a round could admit (not in a drained failure "
+            "domain): the spares a loss is filled from.",
+            ["job"],
+            registry=self.registry,
+        )
+        self.drained_domains = gauge(
+            "rallypoint_drained_domains",
+            "Failure domains drained (rallypoint drain): their participants join no round.",
+        )
         self.rounds_opened = Counter(
             "rallypoint_rounds_opened",
             "Rounds opened (JOINING), per job, as this member applied them.",
@@ -162,7 +173,7 @@ class NodeMetrics:
         self.rounds_ended = Counter(
             "rallypoint_rounds_ended",
             "Rounds ended, per job and cause (member_failed, member_left, member_evicted, "
-            "scale_up, job_closed, straggler).",
+            "scale_up, job_closed, straggler, drained).",
             ["job", "cause"],
             registry=self.registry,
         )
@@ -262,6 +273,7 @@ class NodeMetrics:
             (self.rounds_opened, (label,)),
             (self.rounds_closed, (label,)),
             (self.step_ratio_max, (label,)),
+            (self.spares, (label,)),
         ]
         series += [(self.rounds_ended, (label, cause)) for cause in END_CAUSES.values()]
         series += [(self.participants, (label, state)) for state in PARTICIPANT_STATES]

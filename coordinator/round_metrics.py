@@ -1,5 +1,5 @@
-"""Rendezvous series drawn from the applied log: participants, rounds opened, closed and
-ended, and how long rounds took to close.
+"""Rendezvous series drawn from the applied log: participants, spares, drained domains, rounds
+opened, closed and ended, and how long rounds took to close.
 
 Theory of operation. The state machine holds no metrics (it may not import them, and it
 must stay a pure function of the log), so the member looks at it after each batch of
@@ -19,6 +19,10 @@ those the history still holds.
 The first look (when the member starts) takes its marks without counting: the counters
 count what this member applies from then on. Round close durations are the log's own
 leader-stamped times (``closed_ms - opened_ms``), so every member observes the same values.
+
+Spares are a job's waiting participants outside the drained domains, so they depend on the
+drained set as well as on the job: a look that finds the drained set changed looks at every
+job again (a drain is rare; a look that finds it unchanged costs one comparison).
 """
 
 from __future__ import annotations
@@ -93,6 +97,18 @@ def round_changes(before: Mark | None, job: JobView) -> RoundChanges:
     return RoundChanges(opened, tuple(close_seconds), tuple(ended))
 
 
+def spare_count(job: JobView, drained: frozenset[str]) -> int:
+    """The job's waiting participants that are not in a drained domain."""
+    if not drained:
+        return len(job.waiting)
+    participants = job.participants
+    return sum(
+        1
+        for pid in job.waiting
+        if (participant := participants.get(pid)) is None or participant.domain not in drained
+    )
+
+
 def participant_counts(job: JobView) -> tuple[int, int, int]:
     """(joining, active, waiting): ``PARTICIPANT_STATES`` in order."""
     members = len(job.round.members)
@@ -112,16 +128,24 @@ class RoundObserver:
         self._marks: dict[str, Mark] = {}
         # The rendezvous revision of the last look; None before the first.
         self._revision: int | None = None
-        # Participant counts of every job, to sum those sharing OTHER_JOBS.
+        # Participant and spare counts of every job, to sum those sharing OTHER_JOBS.
         self._counts: dict[str, tuple[int, int, int]] = {}
+        self._spares: dict[str, int] = {}
+        # The drained domains at the last look.
+        self._drained: frozenset[str] = frozenset()
 
     def observe(self, rendezvous: RendezvousView) -> None:
         revision = rendezvous.revision
-        if revision == self._revision:
+        drained = frozenset(d.domain for d in rendezvous.drained_domains())
+        drained_changed = drained != self._drained
+        if revision == self._revision and not drained_changed:
             return
+        self._drained = drained
+        self._metrics.drained_domains.set(len(drained))
         jobs = rendezvous.jobs
         first_look = self._revision is None
-        since = self._revision or 0
+        # A changed drained set changes spares of jobs whose revision did not move.
+        since = -1 if drained_changed else (self._revision or 0)
         self._revision = revision
         others_changed = False
         for job_id in [j for j in self._marks if j not in jobs]:
@@ -135,13 +159,21 @@ class RoundObserver:
             if not first_look:
                 self._count(label, round_changes(before, job))
             counts = participant_counts(job)
+            spares = spare_count(job, drained)
             if label == OTHER_JOBS:
                 others_changed |= self._counts.get(job_id) != counts
+                others_changed |= self._spares.get(job_id) != spares
             else:
                 self._set_participants(label, counts)
+                self._metrics.spares.labels(label).set(spares)
             self._counts[job_id] = counts
+            self._spares[job_id] = spares
         if others_changed:
             self._set_participants(OTHER_JOBS, self._other_counts())
+            labels = self._metrics.job_labels
+            self._metrics.spares.labels(OTHER_JOBS).set(
+                sum(n for j, n in self._spares.items() if labels.get(j) == OTHER_JOBS)
+            )
 
     def _count(self, label: str, changes: RoundChanges) -> None:
         metrics = self._metrics
@@ -172,6 +204,7 @@ class RoundObserver:
         OTHER_JOBS."""
         self._marks.pop(job_id, None)
         self._counts.pop(job_id, None)
+        self._spares.pop(job_id, None)
         shared = self._metrics.job_labels.get(job_id) == OTHER_JOBS
         self._metrics.forget_job(job_id)
         return shared

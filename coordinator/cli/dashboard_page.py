@@ -81,7 +81,8 @@ PAGE = """<!doctype html>
     <div id="job-summary" class="dim">no job selected</div>
     <h3>Participants</h3>
     <table id="participants"><thead><tr>
-      <th>rank</th><th>name</th><th>participant</th><th>host / metadata</th><th>phi</th>
+      <th>rank</th><th>name</th><th>domain</th><th>participant</th><th>host / metadata</th>
+      <th>phi</th>
       <th>phi, last minute</th><th>heartbeat age</th><th>step</th><th>ms/step</th>
       <th>vs median</th></tr></thead>
       <tbody></tbody></table>
@@ -230,6 +231,8 @@ function renderJob() {
     el("span", "round "), el("b", info.round, "num"), el("span", " " + jobState(info) +
       ", world size " + info.world_size + ", fencing token " + info.fencing_token + ". "),
     el("span", info.reason),
+    el("div", "unit size " + (doc.shape ? doc.shape.unit_size : 1) + "; " + (info.spares || 0) +
+      " spare" + (info.spares === 1 ? "" : "s") + " waiting", "dim shape"),
     ...(doc.error ? [el("div", "last refresh failed: " + doc.error, "banner")] : []));
   summary.className = "";
   summary.dataset.round = info.round;
@@ -240,7 +243,7 @@ function renderJob() {
   fill("participants", members.map(([m, waiting]) => {
     const phi = phiValue(m.phi);
     const tr = row([td(m.rank >= 0 ? m.rank : (waiting ? "waiting" : "-")), td(m.name),
-      td(m.participant_id, "num"), td(m.metadata),
+      td(m.domain || ""), td(m.participant_id, "num"), td(m.metadata),
       td(phiText(m.phi), "num " + (phi >= threshold ? "bad" : phi >= threshold / 2 ? "warn" : "")),
       td(sparkline(history[String(m.participant_id)] || [], threshold)),
       td(m.heartbeat_age_ms ? m.heartbeat_age_ms + " ms" : "", "num"),

@@ -1,5 +1,5 @@
 """The rendezvous commands of ``rallypoint``: ``jobs``, ``jobs prune``, ``rounds JOB``, ``evict
-JOB NODE`` and ``close-job JOB``.
+JOB NODE`` and ``close-job JOB`` (the failure-domain commands are ``cli.domains``).
 
 A job's state is its lifecycle once it ended (finished, failed, closed), else its round's
 (joining, active). ``rounds JOB`` adds each recovery's phases from the round history: the
@@ -53,6 +53,7 @@ def _member_document(member: RoundMember) -> dict[str, Any]:
         "step_ratio": member.step_ratio,
         "heartbeat_age_ms": member.heartbeat_age_ms,
         "metadata": text(member.metadata),
+        "domain": member.domain,
     }
 
 
@@ -79,6 +80,7 @@ def _round_document(info: RoundInfo) -> dict[str, Any]:
         "job_end_detail": info.job_end_detail,
         "trained_ms": info.trained_ms,
         "restore": info.restore,
+        "spares": info.spares,
     }
 
 
@@ -192,8 +194,14 @@ def job_document(status: JobStatus) -> dict[str, Any]:
     """``rallypoint rounds JOB --json`` (the dashboard's /api/jobs/JOB too)."""
     latest = status.latest_checkpoint
     memory = status.latest_memory_snapshot
+    config = status.config
     return {
         "round": _round_document(status.round),
+        "shape": {
+            "unit_size": config.unit_size,
+            "domain_size": config.domain_size,
+            "units_within_domains": config.units_within_domains,
+        },
         "history": [_record_document(r) for r in status.history],
         "recoveries": recoveries(status),
         "latest_checkpoint": None
@@ -262,10 +270,10 @@ def _members_table(title: str, members: tuple[RoundMember, ...], with_phi: bool)
     table = Table(title=title)
     # phi and progress come from the leader: columns of each member's live readings.
     live = ["phi", "heartbeat age", "step", "ms/step", "vs median"] if with_phi else []
-    for column in ["rank", "participant", "name", *live]:
+    for column in ["rank", "participant", "name", "domain", *live]:
         table.add_column(column)
     for m in members:
-        row = ["" if m.rank < 0 else str(m.rank), str(m.participant_id), m.name]
+        row = ["" if m.rank < 0 else str(m.rank), str(m.participant_id), m.name, m.domain]
         readings = [
             f"{m.phi:.2f}",
             f"{m.heartbeat_age_ms} ms" if m.heartbeat_age_ms else "",
@@ -329,6 +337,21 @@ def _recoveries_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
+def _shape_line(status: JobStatus) -> str:
+    """The job's shape and spares: "unit size 2 (units within domains, 4 per domain); 3
+    spares waiting"."""
+    config, info = status.config, status.round
+    notes = []
+    if config.units_within_domains:
+        notes.append("units within domains")
+    if config.domain_size:
+        notes.append(f"{config.domain_size} per domain")
+    shape = f"unit size {config.unit_size}" + (f" ({', '.join(notes)})" if notes else "")
+    held = len(info.waiting) - info.spares
+    drained = f", {held} more in drained domains" if held > 0 else ""
+    return f"{shape}; {info.spares} spare{'s' if info.spares != 1 else ''} waiting{drained}"
+
+
 async def _rounds(args: argparse.Namespace, client: Client, out: Output) -> int:
     status: JobStatus = await client.get_job(args.job)
     info = status.round
@@ -342,6 +365,7 @@ async def _rounds(args: argparse.Namespace, client: Client, out: Output) -> int:
     if info.job_state is not JobState.OPEN and not info.job_closed:
         out.line(f"job {info.job_state.value} at {local_time(info.job_ended_ms)}")
     out.line(f"reason: {human_times(info.reason)}")
+    out.line(_shape_line(status))
     out.table(_members_table(f"round {info.round} members", info.members, with_phi=True))
     if info.waiting:
         out.table(_members_table("waiting for the next round", info.waiting, with_phi=True))
@@ -444,7 +468,8 @@ def register(subparsers: SubParsers) -> None:
     rounds = _leaf(
         subparsers,
         "rounds",
-        "a job's current round (members, ranks, phi, reason, wait list) and its history",
+        "a job's current round (members with ranks, domains and phi; reason; unit size and "
+        "spares; wait list) and its history",
         _rounds,
         common,
     )

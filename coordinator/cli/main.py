@@ -318,9 +318,11 @@ def build_parser() -> argparse.ArgumentParser:
     else:
         register(subparsers)
         from .dashboard import register as register_dashboard
+        from .domains import register as register_domains
         from .jobs import register as register_jobs
 
         register_jobs(subparsers)
+        register_domains(subparsers)
         register_dashboard(subparsers)
     return parser
 

@@ -22,8 +22,10 @@ admin | every method
 read  | cluster status and members; sessions of its own; reads of keys, leases, watches, jobs,
       | round stores and checkpoints; no write of any kind
 job:J | cluster status and members; sessions of its own; join, heartbeat, leave, watch, get
-      | and close job J; J's round store and checkpoint registry. Nothing of another job, no
-      | key-value or lease call, no configure or evict, no membership change
+      | and close job J; J's round store and checkpoint registry; drain a failure domain
+      | one of its own session's participants of J is in (``domains.py``). Nothing of
+      | another job, no key-value or lease call, no configure or evict, no undrain, no
+      | membership change
 
 A batch stream carries operations of several methods: opening it needs only READ
 (``KV/Batch``) or STATUS (``RoundStore/Batch``, whose operations name their jobs), and
@@ -59,6 +61,10 @@ class Permission(enum.Enum):
     JOB_READ = "read job {job!r}"
     JOB_WORK = "take part in job {job!r}"
     JOB_ADMIN = "configure job {job!r} or evict its workers"
+    # A job's worker role drains only a domain its own session has a participant in; the
+    # servicer checks that part (``domains.check_may_drain``): a DrainRequest names no job.
+    DRAIN = "drain failure domains"
+    UNDRAIN = "undrain failure domains"
 
     def describe(self, job: str | None) -> str:
         return self.value.format(job=job)
@@ -77,7 +83,13 @@ _GRANTS: dict[RoleKind, frozenset[Permission]] = {
     ),
     # For its own job only (Role.allows).
     RoleKind.JOB: frozenset(
-        {Permission.STATUS, Permission.SESSION, Permission.JOB_READ, Permission.JOB_WORK}
+        {
+            Permission.STATUS,
+            Permission.SESSION,
+            Permission.JOB_READ,
+            Permission.JOB_WORK,
+            Permission.DRAIN,
+        }
     ),
 }
 
@@ -231,6 +243,10 @@ RULES: dict[str, Rule] = {
     # torchrun's RendezvousHandler.set_closed closes its own job.
     _RDZV + "CloseJob": Rule(P.JOB_WORK, _job, _header_session),
     _RDZV + "PruneJobs": Rule(P.ADMIN, session=_header_session),
+    # A job's worker: only a domain its own session has a participant in (domains.py).
+    _RDZV + "Drain": Rule(P.DRAIN, session=_header_session),
+    _RDZV + "Undrain": Rule(P.UNDRAIN, session=_header_session),
+    _RDZV + "ListDrained": Rule(P.STATUS),
     _STORE + "Set": Rule(P.JOB_WORK, _scope_job, _header_session),
     _STORE + "Get": Rule(P.JOB_READ, _scope_job),
     _STORE + "Add": Rule(P.JOB_WORK, _scope_job, _header_session),

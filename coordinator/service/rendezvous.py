@@ -55,13 +55,14 @@ from ..state.rendezvous import batch_bytes, round_reason
 from ..state.results import (
     CloseJobResult,
     ConfigureResult,
+    DrainResult,
     JoinBatchResult,
     JoinResult,
     PruneJobsResult,
     RemoveResult,
 )
 from ..state.view import JobView
-from . import validate
+from . import domains, validate
 from .checkpoint import checkpoint_pb, memory_snapshot_pb
 from .common import ROUND_STATES, Context, header_pb, job_view, propose, read_barrier
 from .errors import InvalidArgument, RequestFailed
@@ -91,6 +92,7 @@ _END_REASONS = {
     EndReason.SCALE_UP: rendezvous_pb2.ROUND_END_REASON_SCALE_UP,
     EndReason.JOB_CLOSED: rendezvous_pb2.ROUND_END_REASON_JOB_CLOSED,
     EndReason.STRAGGLER: rendezvous_pb2.ROUND_END_REASON_STRAGGLER,
+    EndReason.DRAINED: rendezvous_pb2.ROUND_END_REASON_DRAINED,
 }
 
 
@@ -113,6 +115,9 @@ def config_pb(config: JobConfig) -> rendezvous_pb2.JobConfig:
         straggler_factor=config.straggler_factor_milli / 1000,
         straggler_windows=config.straggler_windows,
         straggler_window_ms=config.straggler_window_ms,
+        unit_size=config.unit_size,
+        domain_size=config.domain_size,
+        units_within_domains=config.units_within_domains,
     )
 
 
@@ -141,7 +146,9 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         # Per job, the RoundInfo last pushed to watchers and the job revision it shows: every
         # watcher of a job gets the same message, built once per change (a round of N workers
         # has N watchers, so building it per watcher costs N^2).
-        self._pushed: dict[str, tuple[int, rendezvous_pb2.RoundInfo]] = {}
+        # Keyed by the drained domains too: a drain can change a job's spares without a
+        # change to the job.
+        self._pushed: dict[str, tuple[int, tuple[str, ...], rendezvous_pb2.RoundInfo]] = {}
         self.liveness = node.liveness
         self._heartbeats = HeartbeatStreams(node, node.liveness)
 
@@ -158,6 +165,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         participant = job.participants.get(pid)
         if participant is not None:
             member.name, member.metadata = participant.name, participant.metadata
+            member.domain = participant.domain
         else:
             member.name = names.get(pid, "")
         if with_phi:
@@ -193,6 +201,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
             job_end_detail=job.end_detail,
             trained_ms=r.trained_ms,
             restore=r.restore,
+            spares=self._spares_of(job),
         )
 
     async def GetJob(
@@ -264,12 +273,20 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         while True:
             job = self._job(job_id)
             revision, position = job.revision, job_position(job)
+            drained = self._drained_names()
+            pushed = self._round_info_to_push(job, drained)
             yield rendezvous_pb2.WatchJobResponse(
-                header=header_pb(self.node.header()), round=self._round_info_to_push(job)
+                header=header_pb(self.node.header()), round=pushed
             )
             hold_until = loop.time() + WATCH_COALESCE_S
             # No await between a check and the wait that follows it: no apply is missed.
             while not self._changed_since(job_id, revision):
+                # A drain or undrain may change the job's spares without changing the job
+                # (only its waiters are in the domain): counted once per drained-set change.
+                if (now := self._drained_names()) != drained:
+                    drained = now
+                    if self._spares_of(self._job(job_id)) != pushed.spares:
+                        break
                 await self.node.wait_for_apply(WATCH_RECHECK_S)
             # Changed. Within the same round and state, gather more changes for a moment.
             while (remaining := hold_until - loop.time()) > 0 and (
@@ -277,15 +294,24 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
             ):
                 await self.node.wait_for_apply(remaining)
 
-    def _round_info_to_push(self, job: JobView) -> rendezvous_pb2.RoundInfo:
+    def _round_info_to_push(
+        self, job: JobView, drained: tuple[str, ...]
+    ) -> rendezvous_pb2.RoundInfo:
         pushed = self._pushed.get(job.job_id)
-        if pushed is not None and pushed[0] == job.revision:
-            return pushed[1]
+        if pushed is not None and pushed[:2] == (job.revision, drained):
+            return pushed[2]
         info = self.round_info(job)
         if len(self._pushed) > 1024:
             self._pushed.clear()
-        self._pushed[job.job_id] = (job.revision, info)
+        self._pushed[job.job_id] = (job.revision, drained, info)
         return info
+
+    def _drained_names(self) -> tuple[str, ...]:
+        return tuple(d.domain for d in self.node.state.rendezvous.drained_domains())
+
+    def _spares_of(self, job: JobView) -> int:
+        waiting = [_domain_of(job, pid) for pid in job.waiting]
+        return domains.spares(self.node.state.rendezvous, waiting)
 
     def _changed_since(self, job_id: str, revision: int) -> bool:
         changed = self.node.state.rendezvous.job_changed_since(job_id, revision)
@@ -349,6 +375,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
             config=config,
             resume=request.resume,
             replaces=request.replaces,
+            domain=domains.domain(request.domain, limits),
         )
         result = await propose(self.node, command, context, JoinResult, header)
         return rendezvous_pb2.JoinResponse(
@@ -388,6 +415,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
             if len(data) > limits.max_metadata_bytes:
                 what = f"participant metadata bytes (metadata[{entry}])"
                 raise RequestFailed(LimitExceeded(what, limits.max_metadata_bytes))
+        hosts = domains.join_domains(list(request.domains), len(names), limits)
         if batch_bytes(names, metadata) > limits.max_batch_bytes:
             what = "bytes of names and metadata in one batch"
             raise RequestFailed(LimitExceeded(what, limits.max_batch_bytes))
@@ -397,6 +425,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
             metadata=tuple(metadata),
             config=config,
             resume=request.resume,
+            domains=hosts,
         )
         result = await propose(self.node, command, context, JoinBatchResult, header)
         return rendezvous_pb2.JoinBatchResponse(
@@ -485,6 +514,38 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
             header=header_pb(self.node.header()), ended_round=result.ended_round
         )
 
+    # ----------------------------------------------------------------- failure domains
+
+    async def Drain(
+        self, request: rendezvous_pb2.DrainRequest, context: Context
+    ) -> rendezvous_pb2.DrainResponse:
+        limits = self.node.state.limits.rendezvous
+        header = validate.session_header(request.HasField("header"), request.header)
+        command = domains.drain_command(request, limits, limits.max_leave_detail_chars)
+        if domains.checks_participants():
+            # The worker's own join may not have reached this member yet: read it.
+            await read_barrier(self.node, context, serializable=False)
+            domains.check_may_drain(self.node.state.rendezvous, header, command.domain)
+        result = await propose(self.node, command, context, DrainResult, header)
+        return domains.drain_pb(result, header_pb(self.node.header()))
+
+    async def Undrain(
+        self, request: rendezvous_pb2.UndrainRequest, context: Context
+    ) -> rendezvous_pb2.UndrainResponse:
+        limits = self.node.state.limits.rendezvous
+        header = validate.session_header(request.HasField("header"), request.header)
+        command = domains.drain_command(request, limits, limits.max_leave_detail_chars)
+        result = await propose(self.node, command, context, DrainResult, header)
+        return rendezvous_pb2.UndrainResponse(
+            header=header_pb(self.node.header()), changed=result.changed
+        )
+
+    async def ListDrained(
+        self, request: rendezvous_pb2.ListDrainedRequest, context: Context
+    ) -> rendezvous_pb2.ListDrainedResponse:
+        await read_barrier(self.node, context, request.serializable)
+        return domains.drained_pb(self.node.state.rendezvous, header_pb(self.node.header()))
+
     async def PruneJobs(
         self, request: rendezvous_pb2.PruneJobsRequest, context: Context
     ) -> rendezvous_pb2.PruneJobsResponse:
@@ -505,6 +566,11 @@ def _ended_names(job: JobView) -> dict[int, str]:
     if job.history and job.history[-1].number == job.round.number:
         return {m.participant_id: m.name for m in job.history[-1].members}
     return {}
+
+
+def _domain_of(job: JobView, pid: int) -> str:
+    participant = job.participants.get(pid)
+    return participant.domain if participant is not None else ""
 
 
 def _participant_id(seat: Seat) -> int:

@@ -173,6 +173,8 @@ def job_config(
     straggler_factor_milli = _milli(config.straggler_factor, f"{field}.straggler_factor")
     for name in ("hang_floor_ms", "startup_timeout_ms", "straggler_windows", "straggler_window_ms"):
         non_negative(getattr(config, name), f"{field}.{name}")
+    unit_size = non_negative(config.unit_size, f"{field}.unit_size") or defaults.unit_size
+    _shape(config, unit_size, field)
     return JobConfig(
         min_nodes=config.min_nodes,
         max_nodes=config.max_nodes,
@@ -191,7 +193,32 @@ def job_config(
         straggler_factor_milli=straggler_factor_milli,
         straggler_windows=config.straggler_windows or defaults.straggler_windows,
         straggler_window_ms=config.straggler_window_ms or defaults.straggler_window_ms,
+        unit_size=unit_size,
+        domain_size=config.domain_size,
+        units_within_domains=config.units_within_domains,
     )
+
+
+def _shape(config: rendezvous_pb2.JobConfig, unit_size: int, field: str) -> None:
+    """A world of whole units: unit_size divides min_nodes and max_nodes, and a domain that
+    must hold whole units holds a multiple of it (rendezvous.proto, JobConfig)."""
+    for name in ("min_nodes", "max_nodes"):
+        nodes = getattr(config, name)
+        if nodes % unit_size:
+            raise InvalidArgument(
+                f"{field}.unit_size",
+                f"unit_size {unit_size} does not divide {name} {nodes}: every world size "
+                "must be a whole number of units",
+            )
+    non_negative(config.domain_size, f"{field}.domain_size")
+    if config.units_within_domains and config.domain_size % unit_size:
+        units, stranded = divmod(config.domain_size, unit_size)
+        raise InvalidArgument(
+            f"{field}.domain_size",
+            f"a domain of {config.domain_size} holds {units} unit{'s' * (units != 1)} of "
+            f"{unit_size} and strands {stranded} rank{'s' * (stranded != 1)} "
+            "(units_within_domains: domain_size must be a multiple of unit_size)",
+        )
 
 
 def _milli(value: float, field: str, *, allow_zero: bool = True) -> int:

@@ -172,6 +172,9 @@ class Join(JobCommand):
     config: JobConfig | None = None
     resume: bool = since(2, True)
     replaces: int = since(2, 0)
+    # The participant's failure domain (its host; "": none). See :mod:`.rendezvous`,
+    # "Failure domains".
+    domain: str = since(3, "")
 
 
 @record(42)
@@ -254,7 +257,7 @@ class PruneJobs(SessionCommand):
 class JoinBatch(JobCommand):
     """Add one participant per name, in order, all tied to the envelope's session: each as a
     Join would be, all or nothing (one refusal refuses the whole batch and changes nothing).
-    ``metadata`` is parallel to ``names``, or empty (no metadata for anyone). The new
+    ``metadata`` (and ``domains``) is parallel to ``names``, or empty (none for anyone). The new
     participants take consecutive ids from the first free one at or above this entry's raft
     index (:mod:`.rendezvous`, "Participant ids"). ``resume`` as Join's."""
 
@@ -262,6 +265,21 @@ class JoinBatch(JobCommand):
     metadata: tuple[bytes, ...] = ()
     config: JobConfig | None = None
     resume: bool = since(2, True)
+    # Parallel to ``names``, or empty (no domain for anyone), as ``metadata``.
+    domains: tuple[str, ...] = since(3, ())
+
+
+@record(60)
+@dataclass(frozen=True, slots=True)
+class Drain(SessionCommand):
+    """An operator (or a worker's health hook) drains failure domain ``domain`` (``drain``
+    True) or undrains it (False). A drained domain's participants are admitted to no
+    round; an ACTIVE round with a member in it ends (DRAINED) at once. See
+    :mod:`.rendezvous`, "Drain"."""
+
+    domain: str
+    drain: bool
+    reason: str = ""
 
 
 # ---------------------------------------------------------------- round store (tags 50-54)
@@ -404,6 +422,7 @@ __all__ = [
     "CompareAndSet",
     "Configure",
     "Delete",
+    "Drain",
     "Envelope",
     "Evict",
     "JobCommand",

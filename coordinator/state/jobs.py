@@ -53,6 +53,8 @@ class RendezvousLimits:
     # written to every member's log, and 10,000 entries of the largest metadata would be 40 MiB.
     max_batch_joins: int = 10_000
     max_batch_bytes: int = 4 * 1024 * 1024
+    # A failure domain's name (a host): on every participant, and in a Drain.
+    max_domain_chars: int = 256
 
 
 @record(340)
@@ -82,6 +84,13 @@ class JobConfig:
     straggler_factor_milli: int = milli(JOB_CONFIG.straggler_factor)
     straggler_windows: int = JOB_CONFIG.straggler_windows
     straggler_window_ms: int = JOB_CONFIG.straggler_window_ms
+    # Shaped jobs (rendezvous.py, "Units", "Failure domains"): every closed round's world
+    # size is a multiple of ``unit_size``; ``domain_size`` is how many participants a full
+    # domain holds (0: not declared); with ``units_within_domains`` a unit never straddles
+    # two domains. The defaults are the flat job of before.
+    unit_size: int = since(2, 1)
+    domain_size: int = since(2, 0)
+    units_within_domains: bool = since(2, False)
 
     def problem(self, limits: RendezvousLimits) -> str | None:
         """What makes this config invalid, or None."""
@@ -104,7 +113,32 @@ class JobConfig:
             (self.straggler_window_ms > 0, "straggler_window_ms must be > 0"),
         ]
         failed = [message for holds, message in checks if not holds]
+        shape = self.shape_problem()
+        if shape:
+            failed.append(shape)
         return "; ".join(failed) if failed else None
+
+    def shape_problem(self) -> str | None:
+        """What makes the units and domains of this config invalid, in one line, or None
+        (rendezvous.py, "Units")."""
+        unit, domain = self.unit_size, self.domain_size
+        if unit < 1:
+            return f"unit_size must be >= 1, got {unit}"
+        if domain < 0:
+            return f"domain_size must be >= 0, got {domain}"
+        if self.min_nodes % unit or self.max_nodes % unit:
+            return (
+                f"unit_size {unit} must divide min_nodes {self.min_nodes} and max_nodes "
+                f"{self.max_nodes}: every round's world size is a multiple of the unit"
+            )
+        if self.units_within_domains and domain % unit:
+            units = domain // unit
+            return (
+                f"a domain of {domain} holds {units} unit{'' if units == 1 else 's'} of {unit} "
+                f"and strands {domain % unit} rank{'' if domain % unit == 1 else 's'} "
+                "(units_within_domains: domain_size must be a multiple of unit_size)"
+            )
+        return None
 
     def differences(self, other: JobConfig) -> str:
         """``field this != other`` for each field that differs, for error messages."""
@@ -150,6 +184,8 @@ class EndReason(enum.IntEnum):
     SCALE_UP = 4
     JOB_CLOSED = 5
     STRAGGLER = 6
+    # An operator (or a worker's health hook) drained a failure domain of a member.
+    DRAINED = 7
 
 
 @record(341)
@@ -163,6 +199,8 @@ class Participant:
     name: str
     metadata: bytes
     session_id: int
+    # Its failure domain (a host): participants of one domain fail together ("": none).
+    domain: str = since(2, "")
 
 
 @record(342)
@@ -178,14 +216,15 @@ class Seat:
 @dataclass(frozen=True, slots=True)
 class Round:
     """A job's current round. Invariants: ``members`` in participant-id order; JOINING: every
-    rank is -1, ``closed_ms`` and ``fencing_token`` are 0, fewer than max_nodes members, and
-    ``min_reached_ms`` is set exactly when at least min_nodes are present; ACTIVE: the ranks
-    are a permutation of range(len(members)) and ``fencing_token`` is the raft index of the
-    close. ``previous`` holds the ranks the carried-over survivors had in the round before.
-    ``trained_ms``: when the leader heard the round's first training step was done (0:
-    not yet, or its workers report no progress); set once, while ACTIVE, together with
-    ``restore``: where the round's state came from, as its workers reported it ("" when
-    they did not say)."""
+    rank is -1, ``closed_ms`` and ``fencing_token`` are 0, fewer than max_nodes members (a
+    shaped job's may hold more, rendezvous.py "Shaped jobs"), and ``min_reached_ms`` is set
+    exactly when at least min_nodes are present; ACTIVE: the ranks are a permutation of
+    range(len(members)), a multiple of the job's unit_size, ``hold_until_ms`` is 0, and
+    ``fencing_token`` is the raft index of the close. ``previous`` holds the ranks the
+    carried-over survivors had in the round before. ``trained_ms``: when the leader heard
+    the round's first training step was done (0: not yet, or its workers report no
+    progress); set once, while ACTIVE, together with ``restore``: where the round's state
+    came from, as its workers reported it ("" when they did not say)."""
 
     number: int
     state: RoundState
@@ -197,6 +236,10 @@ class Round:
     fencing_token: int
     trained_ms: int = 0
     restore: str = since(2, "")
+    # JOINING only: the round does not close before this machine time (0: no hold), so
+    # the domain-mates of a failed member are removed or readmitted in it first
+    # (rendezvous.py, "Failure domains").
+    hold_until_ms: int = since(3, 0)
 
     @property
     def member_ids(self) -> list[int]:
@@ -283,6 +326,17 @@ class MemorySnapshotInfo:
     layout: bytes
     placement: bytes
     committed_ms: int
+
+
+@record(348)
+@dataclass(frozen=True, slots=True)
+class DrainedDomain:
+    """A failure domain an operator drained: its participants are admitted to no round
+    until it is undrained. ``since_ms`` is the machine time of the drain."""
+
+    domain: str
+    reason: str
+    since_ms: int
 
 
 def assign_ranks(previous: Mapping[int, int], members: Sequence[int]) -> dict[int, int]:

@@ -58,10 +58,9 @@ class JoinRules(RoundRules):
             # Finished or failed: a new run; its round (JOINING, empty) takes joins again.
             job.reopen()
             self._touch(index, job)
-        present = len(job.round.members)
-        if command.config.max_nodes < present:
-            detail = f"max_nodes {command.config.max_nodes} is below the round's {present} members"
-            return ConfigConflict(command.job, detail)
+        conflict = _config_conflict(job, command.config)
+        if conflict:
+            return ConfigConflict(command.job, conflict)
         if command.config != job.config:
             job.config = command.config
             self._after_change(index, now_ms, job)
@@ -126,6 +125,9 @@ class JoinRules(RoundRules):
             return InvalidCommand(f"name must be 1..{self.limits.max_name_chars} characters")
         if len(command.metadata) > self.limits.max_metadata_bytes:
             return LimitExceeded("participant metadata bytes", self.limits.max_metadata_bytes)
+        if len(command.domain) > self.limits.max_domain_chars:
+            limit = self.limits.max_domain_chars
+            return InvalidCommand(f"a domain must be at most {limit} characters")
         refusal = self._join_refusal(command.job, command.config)
         if refusal is not None:
             return refusal
@@ -143,13 +145,22 @@ class JoinRules(RoundRules):
                 f"participant {command.replaces} of job {job.job_id!r} belongs to another "
                 "session: a join replaces only a participant of its own session"
             )
+        full = _domain_full(job, {command.domain: 1}, replaced)
+        if full is not None:
+            return full
         if replaced is not None:
             return self._replace(index, now_ms, job, replaced, command, session_id)
         if job.round.state is RoundState.ACTIVE and len(job.waiting) >= self.limits.max_waiting:
             return LimitExceeded("waiting participants per job", self.limits.max_waiting)
+        # A shaped job's JOINING round holds every joiner (its close leaves the rest waiting),
+        # bounded as the wait list is.
+        if (
+            job.round.state is RoundState.JOINING
+            and len(job.round.members) >= job.config.max_nodes + self.limits.max_waiting
+        ):
+            return LimitExceeded("waiting participants per job", self.limits.max_waiting)
         pid = self._take_ids(index, 1)
-        job.participants[pid] = Participant(pid, command.name, command.metadata, session_id)
-        job.names[command.name] = pid
+        job.add(Participant(pid, command.name, command.metadata, session_id, command.domain))
         if job.round.state is RoundState.JOINING:
             members = (*job.round.members, Seat(pid, -1))
             job.round = replace(job.round, members=members)
@@ -170,9 +181,8 @@ class JoinRules(RoundRules):
             # Recorded while the old participant is still there to be named.
             detail = f"rejoined as participant {pid}"
             self._end_round(index, now_ms, job, EndReason.MEMBER_LEFT, old_id, detail)
-        del job.names[job.participants.pop(old_id).name]
-        job.participants[pid] = Participant(pid, command.name, command.metadata, session_id)
-        job.names[command.name] = pid
+        job.drop(old_id)
+        job.add(Participant(pid, command.name, command.metadata, session_id, command.domain))
         if old_id in job.waiting:
             job.waiting[job.waiting.index(old_id)] = pid
             self._after_change(index, now_ms, job)
@@ -202,6 +212,16 @@ class JoinRules(RoundRules):
             return InvalidCommand(
                 f"metadata must be empty or one per name: {len(metadata)} for {len(names)} names"
             )
+        domains = command.domains
+        if domains and len(domains) != len(names):
+            return InvalidCommand(
+                f"domains must be empty or one per name: {len(domains)} for {len(names)} names"
+            )
+        for entry, domain in enumerate(domains):
+            if len(domain) > limits.max_domain_chars:
+                return InvalidCommand(
+                    f"entry {entry}: a domain must be at most {limits.max_domain_chars} characters"
+                )
         first: dict[str, int] = {}
         for entry, name in enumerate(names):
             if not 1 <= len(name) <= limits.max_name_chars:
@@ -245,20 +265,39 @@ class JoinRules(RoundRules):
         left_waiting = max(0, waiting + len(new) - places)
         if left_waiting > self.limits.max_waiting:
             return LimitExceeded("waiting participants per job", self.limits.max_waiting)
+        if command.domains and not fresh and job is not None:
+            adding: dict[str, int] = {}
+            for entry in new:
+                domain = command.domains[entry]
+                adding[domain] = adding.get(domain, 0) + 1
+            full = _domain_full(job, adding, None)
+            if full is not None:
+                return full
+        if command.domains and config.domain_size:
+            # A new run or a new job: its domains are empty, but the batch may overfill one.
+            counts: dict[str, int] = {}
+            for entry in new:
+                domain = command.domains[entry]
+                counts[domain] = counts.get(domain, 0) + 1
+            crowded = sorted(d for d, n in counts.items() if d and n > config.domain_size)
+            if crowded:
+                return _crowded(command.job, crowded[0], config.domain_size)
         # Checked: from here on nothing refuses.
         job = self._join_job(index, now_ms, command.job, command.config, command.resume)
         if new:
             first = self._take_ids(index, len(new))
             pids = range(first, first + len(new))
-            metadata = command.metadata
+            metadata, domains = command.metadata, command.domains
             for pid, entry in zip(pids, new, strict=True):
                 name = command.names[entry]
                 data = metadata[entry] if metadata else b""
-                job.participants[pid] = Participant(pid, name, data, session_id)
-                job.names[name] = pid
+                domain = domains[entry] if domains else ""
+                job.add(Participant(pid, name, data, session_id, domain))
             r = job.round
             if r.state is RoundState.JOINING:
-                room = job.config.max_nodes - len(r.members)
+                # A shaped job's JOINING round takes every joiner (its close leaves the rest
+                # waiting, shapes.py); a flat one's up to max_nodes.
+                room = len(new) if job.shaped else job.config.max_nodes - len(r.members)
                 seats = tuple(Seat(pid, -1) for pid in pids[:room])
                 job.round = replace(r, members=r.members + seats)
                 if len(new) > room:
@@ -283,3 +322,47 @@ def batch_bytes(names: Sequence[str], metadata: Sequence[bytes]) -> int:
     """What a JoinBatch's entries weigh against ``max_batch_bytes``: the UTF-8 bytes of its
     names and the bytes of its metadata."""
     return sum(len(name.encode()) for name in names) + sum(len(data) for data in metadata)
+
+
+def _domain_full(job: Job, adding: dict[str, int], replaced: Participant | None) -> Failure | None:
+    """The refusal of a join that would put more than the job's ``domain_size``
+    participants in one domain (``adding``: joiners per domain; ``replaced``: a participant
+    the join takes the place of), or None."""
+    size = job.config.domain_size
+    if not size:
+        return None
+    for domain in sorted(adding):
+        if not domain:
+            continue
+        present = job.in_domain(domain)
+        if replaced is not None and replaced.domain == domain:
+            present -= 1
+        if present + adding[domain] > size:
+            return _crowded(job.job_id, domain, size)
+    return None
+
+
+def _crowded(job_id: str, domain: str, size: int) -> Failure:
+    return LimitExceeded(f"participants in domain {domain!r} of job {job_id!r}", size)
+
+
+def _config_conflict(job: Job, config: JobConfig) -> str | None:
+    """Why ``config`` cannot replace the open job's now, or None: the round holds more
+    members than its max_nodes (a shaped job's JOINING round may: its close seats at most
+    max_nodes), an ACTIVE round's world is not a multiple of its unit_size, or a domain
+    holds more participants than its domain_size."""
+    r = job.round
+    present = len(r.members)
+    joining_shaped = r.state is RoundState.JOINING and job.shaped
+    if config.max_nodes < present and not joining_shaped:
+        return f"max_nodes {config.max_nodes} is below the round's {present} members"
+    if r.state is RoundState.ACTIVE and present % config.unit_size:
+        return f"unit_size {config.unit_size} does not divide the active round's {present} members"
+    if config.domain_size:
+        for domain, count in sorted(job.domain_counts.items()):
+            if count > config.domain_size:
+                return (
+                    f"domain {domain!r} holds {count} participants, more than domain_size "
+                    f"{config.domain_size}"
+                )
+    return None

@@ -38,6 +38,7 @@ from .commands import (
     CloseRound,
     CompareAndSet,
     Delete,
+    Drain,
     Envelope,
     JobCommand,
     LeaseExpire,
@@ -109,8 +110,10 @@ UNSAFE_ACCEPT_STALE_FENCE = os.environ.get("RALLYPOINT_UNSAFE_ACCEPT_STALE_FENCE
 # the rendezvous state carries ``next_participant_id`` as in 5 (0 when unset); written only
 # while some job holds a memory snapshot (``Rendezvous.snapshot_format`` picks the oldest
 # format that holds the state).
-SNAPSHOT_FORMAT = 6
-_SNAPSHOT_FORMATS = {2: 5, 3: 6, 4: 6, 5: 6, 6: 6}  # format -> fields per session
+# 7: the rendezvous state carries the drained failure domains after
+# ``next_participant_id``; written only while a domain is drained.
+SNAPSHOT_FORMAT = 7
+_SNAPSHOT_FORMATS = {2: 5, 3: 6, 4: 6, 5: 6, 6: 6, 7: 6}  # format -> fields per session
 
 
 # What frozen_copy copies: the immutable limits and counters shallowly, the rest as it says.
@@ -233,6 +236,8 @@ class StateMachine:
             return self.rendezvous.execute(index, session_id, self.now_ms, command)
         if isinstance(command, PruneJobs):
             return self.rendezvous.prune(index, self.now_ms, command)
+        if isinstance(command, Drain):
+            return self.rendezvous.drain(index, self.now_ms, command)
         if isinstance(command, StoreCommand):
             store = self.rendezvous.member_store(command.job, command.round, command.participant_id)
             if isinstance(store, Failure):
@@ -553,7 +558,11 @@ class StateMachine:
         history.restore(_int(obj[8]), [codec.from_obj(item, Event) for item in _list(obj[9])])
         rendezvous = Rendezvous(self.limits.rendezvous)
         rendezvous.restore(
-            obj[10], lifecycle=obj[0] >= 4, high_water=obj[0] >= 5, memory_snapshots=obj[0] >= 6
+            obj[10],
+            lifecycle=obj[0] >= 4,
+            high_water=obj[0] >= 5,
+            memory_snapshots=obj[0] >= 6,
+            drained=obj[0] >= 7,
         )
 
         self.applied_index, self.now_ms, self.revision = applied_index, now_ms, revision

@@ -105,6 +105,47 @@ reports its first step done (``supervisor.py``); the round's ``trained_ms`` reco
 keep, broadcast, disk, fresh, as the workers reported it; "" when they did not say), kept
 beside ``trained_ms``: set once, by the first ``RoundTrained`` applied.
 
+Shaped jobs (the rules in detail: :mod:`.shapes`). A job whose ``unit_size`` is above 1 or
+one of whose participants declared a failure domain (``Join.domain``, its host) is shaped;
+the rules above hold for it with these differences, and a job with neither keeps exactly
+the rules above (and writes the bytes it always wrote).
+
+- Units. Every closed round's world size is a multiple of ``unit_size`` u; ranks
+  [k*u, (k+1)*u) are unit k. u must divide min_nodes and max_nodes, and with
+  ``units_within_domains`` a declared ``domain_size`` (else Configure or Join is refused,
+  one line saying which numbers); a join that would put more than ``domain_size``
+  participants in a domain is refused. A shaped job's JOINING round holds every
+  participant (it may hold more than max_nodes); its close seats K whole units
+  (``shapes.place``: intact units of the previous round keep their index and ranks,
+  new units form per domain then, unless ``units_within_domains``, across domains; spare
+  hosts first, then the longest waiting) and everyone else waits: the spares. It closes
+  when K*u is max_nodes, or when the last call is over and K*u is at least min_nodes.
+- A rank dies. Its round ends as any; the next round holds everyone, so its unit is no
+  longer intact: the survivors are re-formed into units with the spares, or wait (they
+  are alive and hold state other units need). A spare unit takes the free index, so the
+  world keeps its size.
+- Failure domains. When a member of domain D ("" never counts) is removed as failed and
+  other participants of D remain, the JOINING round (the one the removal opens, or the one
+  it leaves) gets ``hold_until_ms`` = now + 2 * heartbeat_interval_ms (later removals of
+  D's participants push it on) and does not close before then, full or not: a domain-mate
+  that died too is removed while the round is JOINING (no round change), one that is alive
+  is seated in it. ``closes_due`` honours the hold, so the leader proposes the close after
+  it. A detector's verdict on the round a domain failure just ended (``MemberFailed.round``
+  one below the current) still lands while the successor is held, for a participant with a
+  domain: the verdicts on a host's participants are made together. The participants of an
+  ended session leave a shaped job together (one round change, no hold for a domain none
+  of whose participants remain). So a host loss ends exactly one round.
+- Spares and scale-up. With ``scale_up``, an ACTIVE round with room for one more unit
+  ends for the waiters only once the eligible ones make a whole unit, and a domain's
+  waiters count only once the domain holds ``domain_size`` participants (when declared):
+  a returning host is readmitted together, in one round change.
+- Drain. ``Drain(D)`` records D in ``drained`` (machine snapshot format 7 while any is).
+  Every job whose ACTIVE round has a member in D ends that round (DRAINED, detail naming D
+  and the reason) and opens the next; D's participants are not eligible: they wait while
+  D is drained (a JOINING round leaves them out at its close). ``Drain(D, drain=False)``
+  forgets D and runs the close and scale-up rules of every job with a participant in D.
+  Nobody died: the workers finish the step in flight before re-forming.
+
 ``join_timeout_ms`` is enforced by the client (how long a worker waits for its round to
 close); ``reason`` reports how long a round has been joining.
 
@@ -123,6 +164,7 @@ from .commands import (
     CloseJob,
     CloseRound,
     Configure,
+    Drain,
     Evict,
     JobCommand,
     Join,
@@ -141,6 +183,7 @@ from .errors import (
     StaleToken,
 )
 from .jobs import (
+    DrainedDomain,
     EndReason,
     JobConfig,
     JobState,
@@ -153,7 +196,14 @@ from .jobs import (
     job_id_problem,
 )
 from .joins import JoinRules, batch_bytes
-from .results import CloseRoundResult, PruneJobsResult, RemoveResult, Result, RoundTrainedResult
+from .results import (
+    CloseRoundResult,
+    DrainResult,
+    PruneJobsResult,
+    RemoveResult,
+    Result,
+    RoundTrainedResult,
+)
 from .rounds import Job
 from .roundstore import EndedRoundStore, RoundStore
 from .view import JobView
@@ -246,9 +296,48 @@ class Rendezvous(JoinRules):
             self.revision = index
         return PruneJobsResult(tuple(pruned))
 
+    def drain(self, index: int, now_ms: int, command: Drain) -> Result:
+        """Drain or undrain a failure domain (see "Drain" above)."""
+        limit = self.limits.max_domain_chars
+        if not 1 <= len(command.domain) <= limit:
+            return InvalidCommand(f"a drained domain's name must be 1..{limit} characters")
+        limit = self.limits.max_leave_detail_chars
+        if len(command.reason) > limit:
+            return InvalidCommand(f"a drain's reason must be at most {limit} characters")
+        domain = command.domain
+        if command.drain == (domain in self.drained):
+            return DrainResult(domain, False, ())
+        self.revision = index
+        # Only jobs with a participant in the domain are touched, in job order.
+        touched = [job for _, job in sorted(self.jobs.items()) if job.in_domain(domain)]
+        if not command.drain:
+            del self.drained[domain]
+            for job in touched:
+                # Its waiters may be seated now: a JOINING round may close, an ACTIVE one
+                # scale up (shapes.py).
+                self._after_change(index, now_ms, job)
+            return DrainResult(domain, True, ())
+        self.drained[domain] = DrainedDomain(domain, command.reason, now_ms)
+        detail = f"domain {domain!r} drained" + (f": {command.reason}" if command.reason else "")
+        ended: list[tuple[str, int]] = []
+        for job in touched:
+            r = job.round
+            if r.state is not RoundState.ACTIVE or not any(
+                job.participants[seat.participant_id].domain == domain for seat in r.members
+            ):
+                continue  # a JOINING round leaves them out at its close
+            self._end_round(index, now_ms, job, EndReason.DRAINED, 0, detail)
+            ended.append((job.job_id, r.number))
+            self._open_next(index, now_ms, job, survivors=r.members)
+        return DrainResult(domain, True, tuple(ended))
+
     def close_round(self, index: int, now_ms: int, command: CloseRound) -> Result:
         job = self.jobs.get(command.job)
-        if job is None or job.round.number != command.round or not job.close_due(now_ms):
+        if (
+            job is None
+            or job.round.number != command.round
+            or not job.close_due(now_ms, self.drained)
+        ):
             return CloseRoundResult(command.job, command.round, False)
         self._close(index, now_ms, job)
         return CloseRoundResult(command.job, command.round, True)
@@ -256,7 +345,19 @@ class Rendezvous(JoinRules):
     def member_failed(self, index: int, now_ms: int, command: MemberFailed) -> Result:
         job = self.jobs.get(command.job)
         pid = command.participant_id
-        if job is None or job.round.number != command.round or pid not in job.participants:
+        if job is None or pid not in job.participants:
+            return RemoveResult(command.job, pid, False, 0)
+        r = job.round
+        # A failure domain's members fail together, and the detector judges them together:
+        # a verdict on the round that a domain-mate's failure just ended lands in the held
+        # successor ("Failure domains"), with no further round change.
+        held = (
+            r.number == command.round + 1
+            and r.state is RoundState.JOINING
+            and now_ms < r.hold_until_ms
+            and job.participants[pid].domain != ""
+        )
+        if r.number != command.round and not held:
             return RemoveResult(command.job, pid, False, 0)
         reason = (
             command.reason
@@ -332,8 +433,12 @@ class Rendezvous(JoinRules):
         return [
             (job_id, self.jobs[job_id].round.number)
             for job_id in sorted(self.jobs)
-            if self.jobs[job_id].close_due(now_ms)
+            if self.jobs[job_id].close_due(now_ms, self.drained)
         ]
+
+    def drained_domains(self) -> list[DrainedDomain]:
+        """The drained failure domains, in name order."""
+        return [self.drained[domain] for domain in sorted(self.drained)]
 
     def participant_keys(self) -> list[tuple[str, int]]:
         """(job, participant id) of every participant, for the leader's failure detector."""
@@ -378,9 +483,12 @@ class Rendezvous(JoinRules):
 
     def snapshot_format(self) -> int:
         """The oldest machine snapshot format that can hold this state (``machine.py``):
-        6 while a job holds a memory snapshot, else 5 while ``next_participant_id`` is set,
-        else 4. So a cluster that uses neither writes the bytes it always wrote, and an
-        older member refuses only a snapshot it cannot read."""
+        7 while a domain is drained, else 6 while a job holds a memory snapshot, else 5
+        while ``next_participant_id`` is set, else 4. So a cluster that uses none of them
+        writes the bytes it always wrote, and an older member refuses only a snapshot it
+        cannot read."""
+        if self.drained:
+            return 7
         if any(job.checkpoints.memory is not None for job in self.jobs.values()):
             return 6
         return 5 if self.next_participant_id else 4
@@ -407,12 +515,19 @@ class Rendezvous(JoinRules):
                     job.failure,
                 ]
             )
-        # next_participant_id only in formats 5 and later (see snapshot_format): without
-        # batches or memory snapshots the bytes are those of format 4.
+        # next_participant_id only in formats 5 and later, the drained domains only in 7
+        # (see snapshot_format): without batches, memory snapshots or drains the bytes are
+        # those of format 4.
+        snapshot_format = self.snapshot_format()
         return [
             self.revision,
             jobs,
-            *([self.next_participant_id] if self.snapshot_format() >= 5 else []),
+            *([self.next_participant_id] if snapshot_format >= 5 else []),
+            *(
+                [[codec.to_obj(self.drained[domain]) for domain in sorted(self.drained)]]
+                if snapshot_format >= 7
+                else []
+            ),
         ]
 
     def copy(self) -> Rendezvous:
@@ -421,6 +536,7 @@ class Rendezvous(JoinRules):
         clone = Rendezvous(self.limits)
         clone.jobs = {job_id: job.copy() for job_id, job in self.jobs.items()}
         clone.revision, clone.next_participant_id = self.revision, self.next_participant_id
+        clone.drained = dict(self.drained)
         return clone
 
     def restore(
@@ -430,13 +546,15 @@ class Rendezvous(JoinRules):
         lifecycle: bool = True,
         high_water: bool = False,
         memory_snapshots: bool = False,
+        drained: bool = False,
     ) -> None:
         """Restore from :meth:`to_obj`'s form; ``lifecycle`` False reads a snapshot written
         before jobs had a lifecycle (10 fields per job: a closed job ended when its last
         round did); ``high_water`` True one that carries ``next_participant_id``;
         ``memory_snapshots`` True one whose checkpoint registries may carry a memory
-        snapshot (format 6)."""
-        length = 3 if high_water else 2
+        snapshot (format 6); ``drained`` True one that carries the drained domains
+        (format 7)."""
+        length = (4 if drained else 3) if high_water else 2
         if not (isinstance(obj, list) and len(obj) == length and isinstance(obj[1], list)):
             raise codec.StateCodecError(f"malformed rendezvous state: {obj!r}"[:200])
         jobs: dict[str, Job] = {}
@@ -452,8 +570,7 @@ class Rendezvous(JoinRules):
                 codec.from_obj(item[4], bool),
             )
             for participant in codec.from_obj(item[5], tuple[Participant, ...]):
-                job.participants[participant.participant_id] = participant
-                job.names[participant.name] = participant.participant_id
+                job.add(participant)
             job.waiting = list(codec.from_obj(item[6], tuple[int, ...]))
             job.history = list(codec.from_obj(item[7], tuple[RoundRecord, ...]))
             job.store = None if item[8] is None else RoundStore.from_obj(item[8])
@@ -470,6 +587,12 @@ class Rendezvous(JoinRules):
             jobs[job.job_id] = job
         self.revision = codec.from_obj(obj[0], int)
         self.next_participant_id = codec.from_obj(obj[2], int) if high_water else 0
+        self.drained = {}
+        if drained:
+            for record in codec.from_obj(obj[3], tuple[DrainedDomain, ...]):
+                if record.domain in self.drained:
+                    raise codec.StateCodecError(f"domain {record.domain!r} drained twice")
+                self.drained[record.domain] = record
         self.jobs = jobs
 
 
@@ -505,6 +628,11 @@ def round_reason(job: JobView, now_ms: int) -> str:
             f"(fencing token {r.fencing_token}){waiting}"
         )
     present = len(r.members)
+    if now_ms < r.hold_until_ms:
+        return (
+            f"{present} present; held until leader time {r.hold_until_ms} ms for the "
+            "participants of a failed member's domain"
+        )
     joining_s = max(0, now_ms - r.opened_ms) / 1000
     timeout_s = config.join_timeout_ms / 1000
     head = f"{present} of min {config.min_nodes} joined"

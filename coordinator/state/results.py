@@ -128,6 +128,17 @@ class JoinBatchResult(Success):
     state: RoundState
 
 
+@record(148)
+@dataclass(frozen=True, slots=True)
+class DrainResult(Success):
+    """A Drain applied: ``changed`` is False when the domain already was (or was not)
+    drained; ``ended`` the (job, round) pairs whose ACTIVE round it ended, in job order."""
+
+    domain: str
+    changed: bool
+    ended: tuple[tuple[str, int], ...]
+
+
 @record(142)
 @dataclass(frozen=True, slots=True)
 class RemoveResult(Success):

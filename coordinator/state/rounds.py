@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from .checkpoints import CheckpointRegistry
 from .jobs import (
+    DrainedDomain,
     EndReason,
     JobConfig,
     JobState,
@@ -32,6 +33,7 @@ from .jobs import (
 )
 from .results import CloseJobResult, RemoveResult, Result
 from .roundstore import RoundStore
+from .shapes import Placement, admits_waiters, place
 
 
 @dataclass(slots=True)
@@ -73,6 +75,16 @@ class Job:
     _ended_store: tuple[int, frozenset[int], RoundStore] | None = field(
         default=None, compare=False, repr=False
     )
+    # Cache, not state: {domain: participants of the job in it}, "" left out (a shaped
+    # job's rules, shapes.py). Invariant: equal to the count over `participants`; kept by
+    # `add` and `drop`, rebuilt by `recount` after a restore.
+    _domain_counts: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+    # Cache, not state: the placement of the JOINING round (shapes.place) and what it was
+    # computed from: (members tuple, previous tuple, drained domains, config, placement).
+    # Valid while the tuples are the round's (by identity) and the rest compare equal.
+    _placement: (
+        tuple[tuple[Seat, ...], tuple[Seat, ...], tuple[str, ...], JobConfig, Placement] | None
+    ) = field(default=None, compare=False, repr=False)
 
     @property
     def state(self) -> JobState:
@@ -86,6 +98,73 @@ class Job:
         """An ended job starts again: a new run under the same id."""
         self.closed, self.outcome = False, JobState.OPEN
         self.ended_ms, self.end_detail, self.failure = 0, "", ""
+
+    def add(self, participant: Participant) -> None:
+        """Enter ``participant`` (its id unused) in ``participants``, ``names`` and the
+        domain counts."""
+        self.participants[participant.participant_id] = participant
+        self.names[participant.name] = participant.participant_id
+        if participant.domain:
+            counts = self._domain_counts
+            counts[participant.domain] = counts.get(participant.domain, 0) + 1
+
+    def drop(self, participant_id: int) -> Participant:
+        """Remove a participant from ``participants``, ``names`` and the domain counts."""
+        participant = self.participants.pop(participant_id)
+        del self.names[participant.name]
+        domain = participant.domain
+        if domain:
+            left = self._domain_counts[domain] - 1
+            if left:
+                self._domain_counts[domain] = left
+            else:
+                del self._domain_counts[domain]
+        return participant
+
+    def recount(self) -> None:
+        """Rebuild the domain counts from ``participants`` (after a restore)."""
+        self._domain_counts = {}
+        for pid in sorted(self.participants):
+            domain = self.participants[pid].domain
+            if domain:
+                self._domain_counts[domain] = self._domain_counts.get(domain, 0) + 1
+
+    def in_domain(self, domain: str) -> int:
+        """How many participants of the job declared ``domain`` (not "")."""
+        return self._domain_counts.get(domain, 0)
+
+    @property
+    def domain_counts(self) -> Mapping[str, int]:
+        return self._domain_counts
+
+    @property
+    def shaped(self) -> bool:
+        """Whether the job's rounds follow the shaped rules (:mod:`.shapes`): units above 1,
+        a participant with a domain, or a JOINING round that holds more than max_nodes
+        (left by such rules when the last domain went)."""
+        return (
+            self.config.unit_size > 1
+            or bool(self._domain_counts)
+            or len(self.round.members) > self.config.max_nodes
+        )
+
+    def placement(self, drained: Mapping[str, object]) -> Placement:
+        """Where the JOINING round's close would seat its members (:func:`.shapes.place`),
+        computed once per members tuple, previous tuple, drained set and config."""
+        r, config = self.round, self.config
+        names = tuple(sorted(drained))
+        cached = self._placement
+        if (
+            cached is not None
+            and cached[0] is r.members
+            and cached[1] is r.previous
+            and cached[2] == names
+            and cached[3] == config
+        ):
+            return cached[4]
+        placement = place(config, self.participants, r.member_ids, r.previous, drained)
+        self._placement = (r.members, r.previous, names, config, placement)
+        return placement
 
     def ranks(self) -> Mapping[int, int]:
         """{participant id: rank} of the current round's members (-1 while JOINING): built
@@ -128,18 +207,29 @@ class Job:
         clone.store = copy.deepcopy(self.store)
         clone.checkpoints = copy.deepcopy(self.checkpoints)
         clone._ranks = dict(self._ranks)
+        clone._domain_counts = dict(self._domain_counts)
         return clone
 
-    def close_due(self, now_ms: int) -> bool:
-        """The current round is JOINING and may close at leader time ``now_ms``."""
-        r = self.round
-        if r.state is not RoundState.JOINING:
+    def close_due(self, now_ms: int, drained: Mapping[str, object]) -> bool:
+        """The current round is JOINING and may close at leader time ``now_ms``, with
+        ``drained`` the drained domains: not before its hold; a flat job's when max_nodes
+        are present or the last call is over; a shaped job's when its placement is full or,
+        the last call over, at least min_nodes (:mod:`.shapes`, "Closing")."""
+        r, config = self.round, self.config
+        if r.state is not RoundState.JOINING or now_ms < r.hold_until_ms:
             return False
-        if len(r.members) >= self.config.max_nodes:
-            return True
-        return (
-            r.min_reached_ms is not None and now_ms - r.min_reached_ms >= self.config.last_call_ms
+        present = len(r.members)
+        call_over = (
+            r.min_reached_ms is not None and now_ms - r.min_reached_ms >= config.last_call_ms
         )
+        if not self.shaped:
+            return present >= config.max_nodes or call_over
+        # A placement seats at most the members present: below min_nodes, or not full and
+        # the last call not over, it cannot close, and the O(N) placement is not computed.
+        if present < config.min_nodes or not (call_over or present >= config.max_nodes):
+            return False
+        seated = self.placement(drained).units * config.unit_size
+        return seated == config.max_nodes or (call_over and seated >= config.min_nodes)
 
 
 # Job's fields, as Job.copy copies them: the immutable ones (and frozen records) by
@@ -148,7 +238,7 @@ _JOB_FIELDS = frozenset(
     {
         "job_id", "config", "round", "revision", "closed", "participants", "names", "waiting",
         "history", "store", "checkpoints", "outcome", "ended_ms", "end_detail", "failure",
-        "_ranked", "_ranks", "_ended_store",
+        "_ranked", "_ranks", "_ended_store", "_domain_counts", "_placement",
     }
 )  # fmt: skip
 
@@ -174,6 +264,9 @@ class RoundRules:
         # the log; 0 otherwise ("Participant ids" above). Invariant: every participant id
         # ever handed out is below max(next_participant_id, applied index + 1).
         self.next_participant_id = 0
+        # Drained failure domains by name (rendezvous.py, "Drain"). Iterated only through
+        # sorted(), like `jobs`.
+        self.drained: dict[str, DrainedDomain] = {}
 
     # ----------------------------------------------------------------- removals
 
@@ -189,11 +282,18 @@ class RoundRules:
         participant is a member) and the next removal would not close it, none of the rest
         would either (the count only falls; while it stays at least min_nodes,
         ``min_reached_ms`` does not move, and below min_nodes nothing closes), and they all
-        leave it in one step, with the same state as one by one."""
+        leave it in one step, with the same state as one by one.
+
+        A shaped job's participants of the ended session leave together: they fail together
+        (one process, one host), so they end at most one round (``_remove_together``)."""
+        if job.shaped:
+            self._remove_together(index, now_ms, job, pids)
+            self._end_if_failed(index, now_ms, job)
+            return
         for position, pid in enumerate(pids):
             r = job.round
             if r.state is RoundState.JOINING and not self._closes_on_removal(job, now_ms):
-                self._leave_joining(index, job, pids[position:])
+                self._leave_joining(index, now_ms, job, pids[position:])
                 break
             session_id = job.participants[pid].session_id
             cause = f"session {session_id} ended"
@@ -201,17 +301,49 @@ class RoundRules:
             self._end_if_failed(index, now_ms, job)
         self._end_if_failed(index, now_ms, job)
 
+    def _remove_together(self, index: int, now_ms: int, job: Job, pids: list[int]) -> None:
+        """Remove ``pids`` (id order, one session's) from a shaped job as failed, at once: an
+        ACTIVE round with one of them as a member ends once (ended by the first, in id
+        order), and the next opens without any of them; a JOINING round loses them with no
+        round change. Domains of theirs with participants left are held for (``_hold``).
+        O(N + removed)."""
+        r = job.round
+        gone = set(pids)
+        first = next((s.participant_id for s in r.members if s.participant_id in gone), 0)
+        ended = r.state is RoundState.ACTIVE and first != 0
+        if ended:
+            cause = f"session {job.participants[first].session_id} ended"
+            self._end_round(index, now_ms, job, EndReason.MEMBER_FAILED, first, cause)
+        if job.waiting:
+            job.waiting = [pid for pid in job.waiting if pid not in gone]
+        domains = sorted({job.drop(pid).domain for pid in pids})
+        members = tuple(seat for seat in r.members if seat.participant_id not in gone)
+        if ended:
+            self._open_next(index, now_ms, job, members, domains)
+            return
+        if r.state is RoundState.JOINING:
+            job.round = replace(r, members=members)
+            for domain in domains:
+                self._hold(now_ms, job, domain)
+        self._after_change(index, now_ms, job)
+
     def _closes_on_removal(self, job: Job, now_ms: int) -> bool:
         """Whether removing one member of the JOINING round would close it (``_after_change``
-        after ``_remove``): still at least min_nodes, with the last call over."""
+        after ``_remove``): still at least min_nodes, with the last call over; not while the
+        round is held. A shaped job's only if it may close now: a removal never adds a unit
+        to its placement, nor turns its last call on."""
         r, config = job.round, job.config
+        if now_ms < r.hold_until_ms:
+            return False
+        if job.shaped:
+            return job.close_due(now_ms, self.drained)
         return (
             len(r.members) - 1 >= config.min_nodes
             and r.min_reached_ms is not None
             and now_ms - r.min_reached_ms >= config.last_call_ms
         )
 
-    def _leave_joining(self, index: int, job: Job, pids: list[int]) -> None:
+    def _leave_joining(self, index: int, now_ms: int, job: Job, pids: list[int]) -> None:
         """Remove members of the JOINING round at once (see ``_remove_failed``)."""
         gone = set(pids)
         r = job.round
@@ -220,8 +352,9 @@ class RoundRules:
             raise AssertionError(f"job {job.job_id!r}: removing non-members of a JOINING round")
         min_reached_ms = r.min_reached_ms if len(members) >= job.config.min_nodes else None
         job.round = replace(r, members=members, min_reached_ms=min_reached_ms)
-        for pid in pids:
-            del job.names[job.participants.pop(pid).name]
+        domains = [job.drop(pid).domain for pid in pids]
+        for domain in sorted(set(domains)):
+            self._hold(now_ms, job, domain)
         self._touch(index, job)
 
     def _close_job(self, index: int, now_ms: int, job: Job) -> Result:
@@ -232,6 +365,7 @@ class RoundRules:
         job.round = replace(job.round, state=RoundState.ENDED)
         job.participants.clear()
         job.names.clear()
+        job.recount()
         job.waiting.clear()
         job.reopen()
         job.closed, job.ended_ms = True, now_ms
@@ -287,15 +421,53 @@ class RoundRules:
             reached = len(r.members) >= job.config.min_nodes
             if reached != (r.min_reached_ms is not None):
                 job.round = replace(r, min_reached_ms=now_ms if reached else None)
-            if job.close_due(now_ms):
+            if job.close_due(now_ms, self.drained):
                 self._close(index, now_ms, job)
-        elif job.config.scale_up and job.waiting and len(r.members) < job.config.max_nodes:
+        elif self._scales_up(job):
             self._end_round(index, now_ms, job, EndReason.SCALE_UP, 0, "")
             self._open_next(index, now_ms, job, survivors=r.members)
         self._touch(index, job)
 
+    def _scales_up(self, job: Job) -> bool:
+        """Whether the ACTIVE round ends for a scale-up: a waiter and room for it; in a
+        shaped job, room for a unit and eligible waiters that make one (``shapes.py``)."""
+        config, members = job.config, len(job.round.members)
+        if not (config.scale_up and job.waiting):
+            return False
+        if not job.shaped:
+            return members < config.max_nodes
+        return members + config.unit_size <= config.max_nodes and admits_waiters(
+            config, job.participants, job.waiting, self.drained, job.domain_counts
+        )
+
+    def _hold(self, now_ms: int, job: Job, domain: str) -> None:
+        """A member of ``domain`` was removed as failed: while other participants of the
+        domain remain, the JOINING round does not close for two heartbeat intervals, so
+        that their fate (dead too, or alive) is known before it does (rendezvous.py,
+        "Failure domains")."""
+        r = job.round
+        if not domain or not job.in_domain(domain) or r.state is not RoundState.JOINING:
+            return
+        until_ms = now_ms + 2 * job.config.heartbeat_interval_ms
+        if until_ms > r.hold_until_ms:
+            job.round = replace(r, hold_until_ms=until_ms)
+
     def _close(self, index: int, now_ms: int, job: Job) -> None:
         r = job.round
+        if job.shaped:
+            placement = job.placement(self.drained)
+            job.round = replace(
+                r,
+                state=RoundState.ACTIVE,
+                members=placement.seats,
+                closed_ms=now_ms,
+                fencing_token=index,
+                hold_until_ms=0,
+            )
+            job.waiting = list(placement.waiting)
+            job.store = RoundStore()
+            self._touch(index, job)
+            return
         previous = {seat.participant_id: seat.rank for seat in r.previous}
         ranks = assign_ranks(previous, r.member_ids)
         members = tuple(Seat(pid, ranks[pid]) for pid in r.member_ids)
@@ -330,16 +502,43 @@ class RoundRules:
         job.checkpoints.drop_pending()
         self._touch(index, job)
 
-    def _open_next(self, index: int, now_ms: int, job: Job, survivors: tuple[Seat, ...]) -> None:
-        room = job.config.max_nodes - len(survivors)
-        newcomers, job.waiting = job.waiting[:room], job.waiting[room:]
-        members = [seat.participant_id for seat in survivors] + newcomers
+    def _open_next(
+        self,
+        index: int,
+        now_ms: int,
+        job: Job,
+        survivors: tuple[Seat, ...],
+        failed_domains: Sequence[str] = (),
+    ) -> None:
+        """Open the next round, JOINING, with the survivors (their ranks kept as its
+        ``previous``) and waiters up to max_nodes; a shaped job's with every participant
+        (its close places them, ``shapes.py``), held if members of ``failed_domains`` were
+        removed as failed and others of those domains remain."""
+        if job.shaped:
+            members = list(job.participants)
+            job.waiting = []
+        else:
+            room = job.config.max_nodes - len(survivors)
+            newcomers, job.waiting = job.waiting[:room], job.waiting[room:]
+            members = [seat.participant_id for seat in survivors] + newcomers
         job.round = joining_round(job.round.number + 1, members, survivors, now_ms)
+        for domain in failed_domains:
+            self._hold(now_ms, job, domain)
         self._after_change(index, now_ms, job)
 
     def _remove(
-        self, index: int, now_ms: int, job: Job, pid: int, reason: EndReason, detail: str
+        self,
+        index: int,
+        now_ms: int,
+        job: Job,
+        pid: int,
+        reason: EndReason,
+        detail: str,
     ) -> Result:
+        """Remove participant ``pid``: a waiter leaves the wait list, a member of a JOINING
+        round the round, a member of an ACTIVE round ends it. Removed as failed, a
+        participant of a failure domain holds the JOINING round for the domain's others
+        (``_hold``)."""
         ended_round = 0
         r = job.round
         if pid in job.waiting:
@@ -349,11 +548,14 @@ class RoundRules:
         else:
             ended_round = r.number
             self._end_round(index, now_ms, job, reason, pid, detail)
-        participant = job.participants.pop(pid)
-        del job.names[participant.name]
+        participant = job.drop(pid)
+        # A failure domain fails as one (a host): its other participants are held for.
+        failed_domain = participant.domain if reason is EndReason.MEMBER_FAILED else ""
         if ended_round:
             survivors = tuple(s for s in r.members if s.participant_id != pid)
-            self._open_next(index, now_ms, job, survivors)
+            self._open_next(index, now_ms, job, survivors, (failed_domain,))
         else:
+            if r.state is RoundState.JOINING:
+                self._hold(now_ms, job, failed_domain)
             self._after_change(index, now_ms, job)
         return RemoveResult(job.job_id, pid, True, ended_round)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 from .errors import Compacted, Failure, StaleRound
 from .jobs import (
     CheckpointInfo,
+    DrainedDomain,
     JobConfig,
     JobState,
     MemorySnapshotInfo,
@@ -131,6 +132,10 @@ class RendezvousView(Protocol):
         ...
 
     def participant_keys(self) -> list[tuple[str, int]]: ...
+
+    def drained_domains(self) -> list[DrainedDomain]:
+        """The drained failure domains, in name order."""
+        ...
 
     def assignment(self, job_id: str, pid: int) -> ParticipantAssignment | None:
         """The participant's round, state, rank, world size, token and waiting flag, in O(1);

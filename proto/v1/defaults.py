@@ -40,6 +40,11 @@ class JobConfigDefaults:
     straggler_factor: float = 0.0
     straggler_windows: int = 3
     straggler_window_ms: int = 10_000
+    # Shape: ranks per unit (world sizes are multiples of it), participants a full failure
+    # domain holds (0: not declared), and whether a unit may straddle domains.
+    unit_size: int = 1
+    domain_size: int = 0
+    units_within_domains: bool = False
 
 
 JOB_CONFIG = JobConfigDefaults()

@@ -39,6 +39,7 @@ class RoundEndReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROUND_END_REASON_SCALE_UP: _ClassVar[RoundEndReason]
     ROUND_END_REASON_JOB_CLOSED: _ClassVar[RoundEndReason]
     ROUND_END_REASON_STRAGGLER: _ClassVar[RoundEndReason]
+    ROUND_END_REASON_DRAINED: _ClassVar[RoundEndReason]
 JOB_STATE_UNSPECIFIED: JobState
 JOB_STATE_OPEN: JobState
 JOB_STATE_FINISHED: JobState
@@ -58,9 +59,10 @@ ROUND_END_REASON_MEMBER_EVICTED: RoundEndReason
 ROUND_END_REASON_SCALE_UP: RoundEndReason
 ROUND_END_REASON_JOB_CLOSED: RoundEndReason
 ROUND_END_REASON_STRAGGLER: RoundEndReason
+ROUND_END_REASON_DRAINED: RoundEndReason
 
 class JobConfig(_message.Message):
-    __slots__ = ("min_nodes", "max_nodes", "last_call_ms", "join_timeout_ms", "heartbeat_interval_ms", "phi_threshold", "phi_window", "min_std_ms", "acceptable_pause_ms", "scale_up", "keep_checkpoints", "hang_factor", "hang_floor_ms", "startup_timeout_ms", "straggler_factor", "straggler_windows", "straggler_window_ms")
+    __slots__ = ("min_nodes", "max_nodes", "last_call_ms", "join_timeout_ms", "heartbeat_interval_ms", "phi_threshold", "phi_window", "min_std_ms", "acceptable_pause_ms", "scale_up", "keep_checkpoints", "hang_factor", "hang_floor_ms", "startup_timeout_ms", "straggler_factor", "straggler_windows", "straggler_window_ms", "unit_size", "domain_size", "units_within_domains")
     MIN_NODES_FIELD_NUMBER: _ClassVar[int]
     MAX_NODES_FIELD_NUMBER: _ClassVar[int]
     LAST_CALL_MS_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +80,9 @@ class JobConfig(_message.Message):
     STRAGGLER_FACTOR_FIELD_NUMBER: _ClassVar[int]
     STRAGGLER_WINDOWS_FIELD_NUMBER: _ClassVar[int]
     STRAGGLER_WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
+    UNIT_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DOMAIN_SIZE_FIELD_NUMBER: _ClassVar[int]
+    UNITS_WITHIN_DOMAINS_FIELD_NUMBER: _ClassVar[int]
     min_nodes: int
     max_nodes: int
     last_call_ms: int
@@ -95,10 +100,13 @@ class JobConfig(_message.Message):
     straggler_factor: float
     straggler_windows: int
     straggler_window_ms: int
-    def __init__(self, min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., last_call_ms: _Optional[int] = ..., join_timeout_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., phi_threshold: _Optional[float] = ..., phi_window: _Optional[int] = ..., min_std_ms: _Optional[int] = ..., acceptable_pause_ms: _Optional[int] = ..., scale_up: _Optional[bool] = ..., keep_checkpoints: _Optional[int] = ..., hang_factor: _Optional[float] = ..., hang_floor_ms: _Optional[int] = ..., startup_timeout_ms: _Optional[int] = ..., straggler_factor: _Optional[float] = ..., straggler_windows: _Optional[int] = ..., straggler_window_ms: _Optional[int] = ...) -> None: ...
+    unit_size: int
+    domain_size: int
+    units_within_domains: bool
+    def __init__(self, min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., last_call_ms: _Optional[int] = ..., join_timeout_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., phi_threshold: _Optional[float] = ..., phi_window: _Optional[int] = ..., min_std_ms: _Optional[int] = ..., acceptable_pause_ms: _Optional[int] = ..., scale_up: _Optional[bool] = ..., keep_checkpoints: _Optional[int] = ..., hang_factor: _Optional[float] = ..., hang_floor_ms: _Optional[int] = ..., startup_timeout_ms: _Optional[int] = ..., straggler_factor: _Optional[float] = ..., straggler_windows: _Optional[int] = ..., straggler_window_ms: _Optional[int] = ..., unit_size: _Optional[int] = ..., domain_size: _Optional[int] = ..., units_within_domains: _Optional[bool] = ...) -> None: ...
 
 class RoundMember(_message.Message):
-    __slots__ = ("participant_id", "name", "rank", "metadata", "phi", "step", "step_ms", "step_ratio", "heartbeat_age_ms")
+    __slots__ = ("participant_id", "name", "rank", "metadata", "phi", "step", "step_ms", "step_ratio", "heartbeat_age_ms", "domain")
     PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +116,7 @@ class RoundMember(_message.Message):
     STEP_MS_FIELD_NUMBER: _ClassVar[int]
     STEP_RATIO_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    DOMAIN_FIELD_NUMBER: _ClassVar[int]
     participant_id: int
     name: str
     rank: int
@@ -117,10 +126,11 @@ class RoundMember(_message.Message):
     step_ms: float
     step_ratio: float
     heartbeat_age_ms: int
-    def __init__(self, participant_id: _Optional[int] = ..., name: _Optional[str] = ..., rank: _Optional[int] = ..., metadata: _Optional[bytes] = ..., phi: _Optional[float] = ..., step: _Optional[int] = ..., step_ms: _Optional[float] = ..., step_ratio: _Optional[float] = ..., heartbeat_age_ms: _Optional[int] = ...) -> None: ...
+    domain: str
+    def __init__(self, participant_id: _Optional[int] = ..., name: _Optional[str] = ..., rank: _Optional[int] = ..., metadata: _Optional[bytes] = ..., phi: _Optional[float] = ..., step: _Optional[int] = ..., step_ms: _Optional[float] = ..., step_ratio: _Optional[float] = ..., heartbeat_age_ms: _Optional[int] = ..., domain: _Optional[str] = ...) -> None: ...
 
 class RoundInfo(_message.Message):
-    __slots__ = ("job", "round", "state", "members", "world_size", "fencing_token", "store_namespace", "reason", "waiting", "opened_ms", "closed_ms", "job_closed", "job_revision", "job_state", "job_ended_ms", "job_end_detail", "trained_ms", "restore")
+    __slots__ = ("job", "round", "state", "members", "world_size", "fencing_token", "store_namespace", "reason", "waiting", "opened_ms", "closed_ms", "job_closed", "job_revision", "job_state", "job_ended_ms", "job_end_detail", "trained_ms", "restore", "spares")
     JOB_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +149,7 @@ class RoundInfo(_message.Message):
     JOB_END_DETAIL_FIELD_NUMBER: _ClassVar[int]
     TRAINED_MS_FIELD_NUMBER: _ClassVar[int]
     RESTORE_FIELD_NUMBER: _ClassVar[int]
+    SPARES_FIELD_NUMBER: _ClassVar[int]
     job: str
     round: int
     state: RoundState
@@ -157,7 +168,8 @@ class RoundInfo(_message.Message):
     job_end_detail: str
     trained_ms: int
     restore: str
-    def __init__(self, job: _Optional[str] = ..., round: _Optional[int] = ..., state: _Optional[_Union[RoundState, str]] = ..., members: _Optional[_Iterable[_Union[RoundMember, _Mapping]]] = ..., world_size: _Optional[int] = ..., fencing_token: _Optional[int] = ..., store_namespace: _Optional[str] = ..., reason: _Optional[str] = ..., waiting: _Optional[_Iterable[_Union[RoundMember, _Mapping]]] = ..., opened_ms: _Optional[int] = ..., closed_ms: _Optional[int] = ..., job_closed: _Optional[bool] = ..., job_revision: _Optional[int] = ..., job_state: _Optional[_Union[JobState, str]] = ..., job_ended_ms: _Optional[int] = ..., job_end_detail: _Optional[str] = ..., trained_ms: _Optional[int] = ..., restore: _Optional[str] = ...) -> None: ...
+    spares: int
+    def __init__(self, job: _Optional[str] = ..., round: _Optional[int] = ..., state: _Optional[_Union[RoundState, str]] = ..., members: _Optional[_Iterable[_Union[RoundMember, _Mapping]]] = ..., world_size: _Optional[int] = ..., fencing_token: _Optional[int] = ..., store_namespace: _Optional[str] = ..., reason: _Optional[str] = ..., waiting: _Optional[_Iterable[_Union[RoundMember, _Mapping]]] = ..., opened_ms: _Optional[int] = ..., closed_ms: _Optional[int] = ..., job_closed: _Optional[bool] = ..., job_revision: _Optional[int] = ..., job_state: _Optional[_Union[JobState, str]] = ..., job_ended_ms: _Optional[int] = ..., job_end_detail: _Optional[str] = ..., trained_ms: _Optional[int] = ..., restore: _Optional[str] = ..., spares: _Optional[int] = ...) -> None: ...
 
 class RoundRecord(_message.Message):
     __slots__ = ("round", "members", "fencing_token", "opened_ms", "closed_ms", "ended_ms", "end_reason", "ended_by", "detail", "trained_ms", "restore")
@@ -242,7 +254,7 @@ class ConfigureResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., created: _Optional[bool] = ..., round: _Optional[_Union[RoundInfo, _Mapping]] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("header", "job", "name", "metadata", "config", "resume", "replaces")
+    __slots__ = ("header", "job", "name", "metadata", "config", "resume", "replaces", "domain")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -250,6 +262,7 @@ class JoinRequest(_message.Message):
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
     REPLACES_FIELD_NUMBER: _ClassVar[int]
+    DOMAIN_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.RequestHeader
     job: str
     name: str
@@ -257,7 +270,8 @@ class JoinRequest(_message.Message):
     config: JobConfig
     resume: bool
     replaces: int
-    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., job: _Optional[str] = ..., name: _Optional[str] = ..., metadata: _Optional[bytes] = ..., config: _Optional[_Union[JobConfig, _Mapping]] = ..., resume: _Optional[bool] = ..., replaces: _Optional[int] = ...) -> None: ...
+    domain: str
+    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., job: _Optional[str] = ..., name: _Optional[str] = ..., metadata: _Optional[bytes] = ..., config: _Optional[_Union[JobConfig, _Mapping]] = ..., resume: _Optional[bool] = ..., replaces: _Optional[int] = ..., domain: _Optional[str] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
     __slots__ = ("header", "participant_id", "waiting", "round")
@@ -426,20 +440,22 @@ class HeartbeatBatchResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., seq: _Optional[int] = ..., assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ...) -> None: ...
 
 class JoinBatchRequest(_message.Message):
-    __slots__ = ("header", "job", "names", "metadata", "config", "resume")
+    __slots__ = ("header", "job", "names", "metadata", "config", "resume", "domains")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     NAMES_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
+    DOMAINS_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.RequestHeader
     job: str
     names: _containers.RepeatedScalarFieldContainer[str]
     metadata: _containers.RepeatedScalarFieldContainer[bytes]
     config: JobConfig
     resume: bool
-    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., job: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., metadata: _Optional[_Iterable[bytes]] = ..., config: _Optional[_Union[JobConfig, _Mapping]] = ..., resume: _Optional[bool] = ...) -> None: ...
+    domains: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., job: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., metadata: _Optional[_Iterable[bytes]] = ..., config: _Optional[_Union[JobConfig, _Mapping]] = ..., resume: _Optional[bool] = ..., domains: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JoinBatchResponse(_message.Message):
     __slots__ = ("header", "participant_ids", "waiting", "round", "state")
@@ -520,6 +536,74 @@ class GetJobResponse(_message.Message):
     latest_checkpoint: CheckpointInfo
     latest_memory_snapshot: MemorySnapshotInfo
     def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., config: _Optional[_Union[JobConfig, _Mapping]] = ..., round: _Optional[_Union[RoundInfo, _Mapping]] = ..., history: _Optional[_Iterable[_Union[RoundRecord, _Mapping]]] = ..., latest_checkpoint: _Optional[_Union[CheckpointInfo, _Mapping]] = ..., latest_memory_snapshot: _Optional[_Union[MemorySnapshotInfo, _Mapping]] = ...) -> None: ...
+
+class DrainRequest(_message.Message):
+    __slots__ = ("header", "domain", "reason")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DOMAIN_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.RequestHeader
+    domain: str
+    reason: str
+    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., domain: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class DrainedRound(_message.Message):
+    __slots__ = ("job", "round")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    round: int
+    def __init__(self, job: _Optional[str] = ..., round: _Optional[int] = ...) -> None: ...
+
+class DrainResponse(_message.Message):
+    __slots__ = ("header", "changed", "ended")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    changed: bool
+    ended: _containers.RepeatedCompositeFieldContainer[DrainedRound]
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., changed: _Optional[bool] = ..., ended: _Optional[_Iterable[_Union[DrainedRound, _Mapping]]] = ...) -> None: ...
+
+class UndrainRequest(_message.Message):
+    __slots__ = ("header", "domain")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DOMAIN_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.RequestHeader
+    domain: str
+    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., domain: _Optional[str] = ...) -> None: ...
+
+class UndrainResponse(_message.Message):
+    __slots__ = ("header", "changed")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    changed: bool
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., changed: _Optional[bool] = ...) -> None: ...
+
+class ListDrainedRequest(_message.Message):
+    __slots__ = ("serializable",)
+    SERIALIZABLE_FIELD_NUMBER: _ClassVar[int]
+    serializable: bool
+    def __init__(self, serializable: _Optional[bool] = ...) -> None: ...
+
+class DrainedDomain(_message.Message):
+    __slots__ = ("domain", "reason", "since_ms")
+    DOMAIN_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    domain: str
+    reason: str
+    since_ms: int
+    def __init__(self, domain: _Optional[str] = ..., reason: _Optional[str] = ..., since_ms: _Optional[int] = ...) -> None: ...
+
+class ListDrainedResponse(_message.Message):
+    __slots__ = ("header", "domains")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DOMAINS_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.ResponseHeader
+    domains: _containers.RepeatedCompositeFieldContainer[DrainedDomain]
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., domains: _Optional[_Iterable[_Union[DrainedDomain, _Mapping]]] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
     __slots__ = ("serializable",)

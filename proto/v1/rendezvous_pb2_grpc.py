@@ -104,6 +104,21 @@ class RendezvousStub:
                 request_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.ReportCollectiveFailureRequest.SerializeToString,
                 response_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.ReportCollectiveFailureResponse.FromString,
                 _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/rallypoint.v1.Rendezvous/Drain',
+                request_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.DrainRequest.SerializeToString,
+                response_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.DrainResponse.FromString,
+                _registered_method=True)
+        self.Undrain = channel.unary_unary(
+                '/rallypoint.v1.Rendezvous/Undrain',
+                request_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.UndrainRequest.SerializeToString,
+                response_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.UndrainResponse.FromString,
+                _registered_method=True)
+        self.ListDrained = channel.unary_unary(
+                '/rallypoint.v1.Rendezvous/ListDrained',
+                request_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.ListDrainedRequest.SerializeToString,
+                response_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.ListDrainedResponse.FromString,
+                _registered_method=True)
 
 
 class RendezvousServicer:
@@ -265,6 +280,37 @@ class RendezvousServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Drain(self, request, context):
+        """Drains a failure domain (a host), cluster-wide, through Raft: every job whose ACTIVE
+        round has a member in the domain ends that round (reason DRAINED, the detail names the
+        domain and the reason) and opens the next without the domain's participants; they wait,
+        and are not admitted again until the domain is undrained. A JOINING round leaves them
+        out when it closes. Draining a drained domain changes nothing (changed = false). Admin may
+        drain any domain; a job's worker role only a domain in which a participant of the
+        request's own session is (a worker's health check drains its own host); read-only roles
+        are refused. Errors: INVALID_ARGUMENT (domain empty or longer than 256 characters, reason
+        longer than 1024), PERMISSION_DENIED, NOT_FOUND (session), UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Undrain(self, request, context):
+        """Undrains a domain: its participants are eligible again (jobs with waiters in it admit
+        them by their scale-up and spare rules). Undraining a domain that is not drained changes
+        nothing. Admin only. Errors: as Drain.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListDrained(self, request, context):
+        """The drained domains, in domain order. Errors: UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RendezvousServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -337,6 +383,21 @@ def add_RendezvousServicer_to_server(servicer, server):
                     servicer.ReportCollectiveFailure,
                     request_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.ReportCollectiveFailureRequest.FromString,
                     response_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.ReportCollectiveFailureResponse.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.DrainRequest.FromString,
+                    response_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.DrainResponse.SerializeToString,
+            ),
+            'Undrain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Undrain,
+                    request_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.UndrainRequest.FromString,
+                    response_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.UndrainResponse.SerializeToString,
+            ),
+            'ListDrained': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDrained,
+                    request_deserializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.ListDrainedRequest.FromString,
+                    response_serializer=rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.ListDrainedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -717,6 +778,87 @@ class Rendezvous:
             '/rallypoint.v1.Rendezvous/ReportCollectiveFailure',
             rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.ReportCollectiveFailureRequest.SerializeToString,
             rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.ReportCollectiveFailureResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rallypoint.v1.Rendezvous/Drain',
+            rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.DrainRequest.SerializeToString,
+            rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.DrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Undrain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rallypoint.v1.Rendezvous/Undrain',
+            rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.UndrainRequest.SerializeToString,
+            rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.UndrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDrained(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rallypoint.v1.Rendezvous/ListDrained',
+            rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.ListDrainedRequest.SerializeToString,
+            rallypoint_dot_proto_dot_v1_dot_rendezvous__pb2.ListDrainedResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -51,6 +51,15 @@ class RendezvousStub:
         _rendezvous_pb2.ReportCollectiveFailureRequest,
         _rendezvous_pb2.ReportCollectiveFailureResponse,
     ]
+    Drain: grpc.aio.UnaryUnaryMultiCallable[
+        _rendezvous_pb2.DrainRequest, _rendezvous_pb2.DrainResponse
+    ]
+    Undrain: grpc.aio.UnaryUnaryMultiCallable[
+        _rendezvous_pb2.UndrainRequest, _rendezvous_pb2.UndrainResponse
+    ]
+    ListDrained: grpc.aio.UnaryUnaryMultiCallable[
+        _rendezvous_pb2.ListDrainedRequest, _rendezvous_pb2.ListDrainedResponse
+    ]
 
 class RendezvousServicer:
     async def Configure(
@@ -152,6 +161,27 @@ class RendezvousServicer:
             _rendezvous_pb2.ReportCollectiveFailureResponse,
         ],
     ) -> _rendezvous_pb2.ReportCollectiveFailureResponse: ...
+    async def Drain(
+        self,
+        request: _rendezvous_pb2.DrainRequest,
+        context: grpc.aio.ServicerContext[
+            _rendezvous_pb2.DrainRequest, _rendezvous_pb2.DrainResponse
+        ],
+    ) -> _rendezvous_pb2.DrainResponse: ...
+    async def Undrain(
+        self,
+        request: _rendezvous_pb2.UndrainRequest,
+        context: grpc.aio.ServicerContext[
+            _rendezvous_pb2.UndrainRequest, _rendezvous_pb2.UndrainResponse
+        ],
+    ) -> _rendezvous_pb2.UndrainResponse: ...
+    async def ListDrained(
+        self,
+        request: _rendezvous_pb2.ListDrainedRequest,
+        context: grpc.aio.ServicerContext[
+            _rendezvous_pb2.ListDrainedRequest, _rendezvous_pb2.ListDrainedResponse
+        ],
+    ) -> _rendezvous_pb2.ListDrainedResponse: ...
 
 def add_RendezvousServicer_to_server(
     servicer: RendezvousServicer, server: grpc.aio.Server

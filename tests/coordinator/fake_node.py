@@ -446,6 +446,9 @@ def job_config(min_nodes: int, max_nodes: int, **fields: Any) -> rendezvous_pb2.
         "straggler_factor": defaults.straggler_factor_milli / 1000,
         "straggler_windows": defaults.straggler_windows,
         "straggler_window_ms": defaults.straggler_window_ms,
+        "unit_size": defaults.unit_size,
+        "domain_size": defaults.domain_size,
+        "units_within_domains": defaults.units_within_domains,
     }
     values.update(fields)
     return rendezvous_pb2.JobConfig(**values)

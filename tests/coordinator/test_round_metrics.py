@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from rallypoint.coordinator.metrics import OTHER_JOBS, NodeMetrics
 from rallypoint.coordinator.round_metrics import RoundObserver, mark_of, round_changes
-from rallypoint.coordinator.state.commands import CloseJob, Leave, PruneJobs
+from rallypoint.coordinator.state.commands import CloseJob, Drain, Join, Leave, PruneJobs
 from rallypoint.coordinator.state.jobs import JobConfig
+from rallypoint.coordinator.state.results import JoinResult
 
 from .job_replica import JobReplica
 
@@ -105,3 +106,29 @@ def test_jobs_past_the_cap_share_one_label_and_a_dropped_job_takes_its_series() 
     observer.observe(replica.sm.rendezvous)
     assert metrics.job_labels["d"] == "d"
     assert sample(metrics, "rallypoint_participants", job="d", state="active") == 2
+
+
+def test_spares_leave_out_drained_domains_and_the_drained_count_follows_drains() -> None:
+    """A drain that ends no round (its domain's only participant waits) moves no job's
+    revision, yet changes the job's spares and the drained count."""
+    replica = JobReplica()
+    metrics = NodeMetrics(1)
+    observer = RoundObserver(metrics)
+    pair = JobConfig(min_nodes=2, max_nodes=2, last_call_ms=0)
+    for name, domain in (("a0", "host-a"), ("b0", "host-b"), ("c0", "host-c")):
+        assert isinstance(
+            replica.do(replica.open(), Join("j", name, b"", pair, domain=domain)), JoinResult
+        )
+    observer.observe(replica.sm.rendezvous)
+    assert sample(metrics, "rallypoint_spares", job="j") == 1  # c0 waits
+    assert sample(metrics, "rallypoint_drained_domains") == 0
+    operator = replica.open()
+    replica.do(operator, Drain("host-c", drain=True, reason="ECC errors"))
+    observer.observe(replica.sm.rendezvous)
+    assert sample(metrics, "rallypoint_spares", job="j") == 0
+    assert sample(metrics, "rallypoint_participants", job="j", state="waiting") == 1
+    assert sample(metrics, "rallypoint_drained_domains") == 1
+    replica.do(operator, Drain("host-c", drain=False))
+    observer.observe(replica.sm.rendezvous)
+    assert sample(metrics, "rallypoint_spares", job="j") == 1
+    assert sample(metrics, "rallypoint_drained_domains") == 0

@@ -72,7 +72,7 @@ def job_fields(request: Any) -> list[str]:
 
 def test_every_method_of_every_public_service_has_exactly_one_rule() -> None:
     methods = [name for name, _ in public_methods()]
-    assert len(methods) == len(set(methods)) == 54
+    assert len(methods) == len(set(methods)) == 57
     assert sorted(RULES) == sorted(methods)
 
 
@@ -134,13 +134,20 @@ def test_what_each_role_may_do() -> None:
         Permission.READ,
         Permission.JOB_READ,
     }
+    # DRAIN: only a domain of its own session's participants (the servicer checks that).
     assert {p for p in Permission if job.allows(p, "A")} == {
         Permission.STATUS,
         Permission.SESSION,
         Permission.JOB_READ,
         Permission.JOB_WORK,
+        Permission.DRAIN,
     }
-    assert {p for p in Permission if job.allows(p, "B")} == {Permission.STATUS, Permission.SESSION}
+    # DRAIN names no job: a domain of its own participants, whatever the job (servicer).
+    assert {p for p in Permission if job.allows(p, "B")} == {
+        Permission.STATUS,
+        Permission.SESSION,
+        Permission.DRAIN,
+    }
 
 
 def documented_role_table() -> dict[str, tuple[str, str, str]]:
@@ -159,6 +166,9 @@ def documented_role_table() -> dict[str, tuple[str, str, str]]:
 
 def test_the_documented_role_table_is_the_rule_table() -> None:
     def cell(role: Role, rule: authz.Rule) -> str:
+        if rule.permission is authz.Permission.DRAIN and role.kind is RoleKind.JOB:
+            # The servicer narrows it to the domains of the caller's own participants.
+            return "own domain"
         if rule.job is None:
             return "yes" if role.allows(rule.permission, None) else "no"
         if role.kind is RoleKind.JOB:

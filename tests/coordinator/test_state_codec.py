@@ -142,8 +142,13 @@ def test_records_gain_trailing_fields_with_defaults_and_refuse_newer_ones() -> N
     )
     older = full[: 1 + required]  # as a version that knew only the required fields wrote it
     assert codec.from_obj(older, JobConfig) == config
+    # Every field this build knows (trailing ones at their default are not written), then one
+    # more: a newer version's.
+    names = codec.record_format(JobConfig).field_names
+    complete = [*full, *(getattr(config, name) for name in names[len(full) - 1 :])]
+    assert codec.from_obj(complete, JobConfig) == config
     with pytest.raises(codec.StateCodecError, match="written by a newer version"):
-        codec.from_obj([*full, 7], JobConfig)
+        codec.from_obj([*complete, 7], JobConfig)
     with pytest.raises(codec.StateCodecError, match="expected"):
         codec.from_obj(full[:2], JobConfig)
 

@@ -79,7 +79,7 @@ def shared_heartbeats(caller: Caller, job: str, heartbeat_interval_s: float) -> 
     used."""
     streams = _SHARED.setdefault(caller, {})
     shared = streams.get(job)
-    if shared is None or shared.closing:
+    if shared is None or shared.closing or shared.batcher.stopped.is_set():
         shared = streams[job] = ProcessHeartbeats(caller, job, heartbeat_interval_s)
     return shared
 
@@ -202,6 +202,7 @@ class ProcessHeartbeats:
             except JobNotFoundError as error:
                 for carried in [*self._carried.values(), *self._take_gone()]:
                     carried.heartbeat_stopped(f"its job is gone ({error})")
+                self._close_if_empty()
                 return
             except RallypointError as error:
                 log.debug("reading job %s after a round change failed: %s", self.job, error)
@@ -221,11 +222,18 @@ class ProcessHeartbeats:
                     f"the member its heartbeat goes to says it is gone (round {status.round.round})"
                 )
             if not self._gone and not any(c.behind() for c in self._carried.values()):
+                self._close_if_empty()
                 return
             # Still behind: the read began before the change it was for was applied where
             # it was served. Read again, not at once.
             await asyncio.sleep(backoff.delay_s(attempt, transport.rng))
             attempt += 1
+
+    def _close_if_empty(self) -> None:
+        """Close the stream once the member's ``gone`` took its last participant (one that
+        leaves or is closed closes it through ``detach``)."""
+        if not self._carried:
+            self._close()
 
     def _take_gone(self) -> list[Carried]:
         gone, self._gone = self._gone, []

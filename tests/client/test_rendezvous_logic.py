@@ -267,4 +267,13 @@ async def test_a_round_change_pushed_to_a_process_is_read_once_for_all_its_parti
     assert "no longer in job" in (mine.lost_reason or "")
     assert list(shared._carried) == [OTHER]
     assert reads == ["job", "job"]
+    assert not shared.closing
+    # The last one gone: the stream closes, and the client's next join gets a new one.
+    now = info(6, 2, RoundState.JOINING, members=())
+    shared._assigned(assignment(OTHER, 2, None))
+    await asyncio.wait_for(other.lost.wait(), 5)
+    async with asyncio.timeout(5):
+        while not shared.closing:
+            await asyncio.sleep(0.01)
+    await shared._close()
     await caller.close()

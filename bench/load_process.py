@@ -266,14 +266,21 @@ class Bench:
         return await self.cluster.leader_pid()
 
     async def spread(
-        self, role: str, job: str, total: int, arguments: list[str], active_timeout_s: float
+        self,
+        role: str,
+        job: str,
+        total: int,
+        arguments: list[str],
+        active_timeout_s: float,
+        processes_wanted: int | None = None,
     ) -> list[LoadProcess]:
-        """``total`` simulated workers of ``role`` spread over the load processes, each of
-        which has reported ready."""
+        """``total`` simulated workers of ``role`` spread over ``processes_wanted`` load
+        processes (default: ``--load-processes``), each of which has reported ready."""
         processes = []
         first = 0
+        wanted = self.args.load_processes if processes_wanted is None else processes_wanted
         try:
-            for index, count in enumerate(split(total, self.args.load_processes)):
+            for index, count in enumerate(split(total, wanted)):
                 own = [f"--first={first}", f"--count={count}"]
                 processes.append(
                     await LoadProcess.start(
@@ -298,14 +305,17 @@ class Bench:
     async def participants(
         self, job: str, total: int, config: JobConfig, label: str
     ) -> list[LoadProcess]:
+        """``total`` participants, one load process per simulated host of
+        ``--participants-per-process`` participants (one client each, as shipped)."""
         arguments = [
             f"--endpoints={self.endpoints}",
             f"--name-prefix={label}-",
             f"--config={config_json(config)}",
         ]
+        hosts = -(-total // self.args.participants_per_process)
         # Half the phase's timeout: the process reports what it saw before the driver gives up.
         return await self.spread(
-            "participants", job, total, arguments, self.args.phase_timeout_s / 2
+            "participants", job, total, arguments, self.args.phase_timeout_s / 2, hosts
         )
 
     async def failed_in_history(self, job: str, expected: frozenset[int] = frozenset()) -> int:

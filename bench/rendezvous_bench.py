@@ -5,10 +5,12 @@ One 3-member cluster (``rallypoint cluster up``) on loopback serves every phase;
 drives load processes (bench/rendezvous_load.py) and reads their JSON-line events, which carry
 wall-clock times (one machine, so times from different processes compare).
 
-- Rounds: N simulated workers (full client library: a session, a heartbeat stream and a round
-  watch each) spread over a few load processes join a job with min = max = N at once. The
-  figure is the time every worker has seen the round ACTIVE minus the time the last join was
-  acknowledged. Also a min < max job with last_call, where the close waits for the last call.
+- Rounds: N simulated workers join a job with min = max = N at once, with the client as
+  shipped: one load process per simulated host of ``--participants-per-process`` (32: 1,024
+  workers are 32 processes), one client (session) per process, ``client.join`` per worker,
+  and the process's one HeartbeatBatch stream carrying them all. The figure is the time
+  every worker has seen the round ACTIVE minus the time the last join was acknowledged.
+  Also a min < max job with last_call, where the close waits for the last call.
 - torchrun: ``DynamicRendezvousHandler`` over ``C10dRendezvousBackend`` with a TCPStore hosted
   here, N agents (threads in the same number of load processes) calling ``next_rendezvous()``
   at once; the figure is from the last agent's call to every agent's return. Sizes beyond one
@@ -501,7 +503,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--torchrun-timeout-s", type=float, default=90.0, help="per round; larger sizes skipped"
     )
-    parser.add_argument("--load-processes", type=int, default=2)
+    parser.add_argument(
+        "--load-processes", type=int, default=2, help="torchrun agents' and capacity processes"
+    )
+    parser.add_argument(
+        "--participants-per-process",
+        type=int,
+        default=32,
+        help="participants of one simulated host (one load process, one client)",
+    )
     parser.add_argument("--kill-trials", type=int, default=7)
     parser.add_argument("--stop-trials", type=int, default=7)
     parser.add_argument("--detection-settle-s", type=float, default=1.0)

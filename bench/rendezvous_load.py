@@ -5,13 +5,12 @@ the wall-clock time ``t`` it was emitted (every process of the benchmark runs on
 so wall-clock times from different processes compare). Roles:
 
 ``participants``
-    Many simulated workers on one event loop: one :class:`Client` (its own session and
-    channel objects; gRPC shares the TCP connection between channels to the same address)
-    and one :class:`Participant` each, heartbeat stream and round watch included, exactly
-    as a training process would run them. Commands: ``join`` (every participant joins at
-    once; ``joined`` reports the time each join was acknowledged, ``active`` the time each
-    participant first saw its round ACTIVE), ``report`` (participants lost so far, event-loop
-    lag), ``close``.
+    One simulated host: many workers on one event loop and one :class:`Client` (one
+    session), a :class:`Participant` each from ``client.join``, all heartbeated on the
+    client's one HeartbeatBatch stream, exactly as the shipped client runs a process's
+    participants. Commands: ``join`` (every participant joins at once; ``joined`` reports the
+    time each join was acknowledged, ``active`` the time each participant first saw its round
+    ACTIVE), ``report`` (participants lost so far, event-loop lag), ``close``.
 ``worker``
     One participant in its own process, heartbeating every 100 ms: what the benchmark kills
     or stops. Emits ``ready``, joins on ``join``, then emits ``joined`` and one ``round``
@@ -134,7 +133,6 @@ class LoopLag:
 
 @dataclass(slots=True)
 class Simulated:
-    client: Client
     participant: Participant | None = None
     joined_at: float = 0.0
     # Wall-clock time this participant first saw its first round ACTIVE (0: not yet).
@@ -144,11 +142,9 @@ class Simulated:
 async def run_participants(args: argparse.Namespace, lag: LoopLag) -> None:
     config = JobConfig(**json.loads(args.config))
     names = [f"{args.name_prefix}{args.first + i}" for i in range(args.count)]
-    workers = [
-        Simulated(Client(args.endpoints, timeout_s=CLIENT_TIMEOUT_S, session_ttl_s=SESSION_TTL_S))
-        for _ in names
-    ]
-    await bounded_gather([w.client.connect for w in workers], CONCURRENCY)
+    client = Client(args.endpoints, timeout_s=CLIENT_TIMEOUT_S, session_ttl_s=SESSION_TTL_S)
+    await client.connect()
+    workers = [Simulated() for _ in names]
     emit("ready", count=len(workers))
 
     def watch(worker: Simulated, participant: Participant) -> None:
@@ -168,7 +164,7 @@ async def run_participants(args: argparse.Namespace, lag: LoopLag) -> None:
         )
 
     async def join(worker: Simulated, name: str) -> None:
-        participant = await worker.client.join(args.job, name, config=config)
+        participant = await client.join(args.job, name, config=config)
         worker.joined_at = time.time()
         worker.participant = participant
         # No await since join returned: no round change can have been delivered unseen.
@@ -205,7 +201,7 @@ async def run_participants(args: argparse.Namespace, lag: LoopLag) -> None:
             emit("report", lost=len(lost), lost_reasons=lost[:5], loop_lag=lag.take())
         elif line == "close":
             break
-    await bounded_gather([w.client.close for w in workers], CONCURRENCY)
+    await client.close()
     emit("closed")
 
 

@@ -22,11 +22,16 @@ over the members and the leader's load stays Raft and proposals.
   so a member that has not yet applied a join waits for it instead of calling the
   participant unknown.
 - ``release`` stops carrying a participant and names it in the next request's ``released``:
-  its silence on this stream is then not evidence of failure.
+  its silence on this stream is then not evidence of failure. ``drop`` stops carrying it
+  unannounced: its silence counts, as a dead process's would (a participant closed without
+  leaving).
 - ``report_progress`` attaches a participant's training progress (the elastic loop's
   :class:`TrainingProgress`) to every request from then on, as ``ProgressReport`` entries
   with times turned into durations at the moment of sending; the members forward it to the
-  leader, which judges hangs and stragglers.
+  leader, which judges hangs and stragglers. ``follow_progress`` reads it instead from a
+  callable at every request, so a training thread reports by swapping a reference.
+- The shipped client's participants (``client.join``) ride one batcher per client and job:
+  see process_heartbeats.py.
 - Failover. A stream that fails (an error, the end of the stream, or no answer to a request
   within ``answer_patience_s``) is abandoned, and the batcher reconnects to the NEXT endpoint
   in rotation (every member serves the RPC: another one is as good, and the one that failed
@@ -69,6 +74,7 @@ import grpc.aio
 from rallypoint.proto.v1 import rendezvous_pb2
 
 from .arguments import positive_seconds
+from .backoff import Backoff
 from .caller import Caller
 from .errors import (
     DeadlineExceededError,
@@ -80,7 +86,6 @@ from .errors import (
     map_rpc_error,
 )
 from .jobs import services
-from .rendezvous import reconnect_backoff
 from .rendezvous_errors import refine
 from .rendezvous_values import RoundState, TrainingProgress, round_state
 from .tasks import cancel_and_wait
@@ -102,6 +107,14 @@ SAMPLES_KEPT = 4096
 
 AssignmentCallback = Callable[["Assignment"], object]
 ResponseObserver = Callable[[rendezvous_pb2.HeartbeatBatchResponse, float], object]
+# A participant's latest progress, read at every request (see follow_progress).
+ProgressSource = Callable[[], TrainingProgress | None]
+
+
+def reconnect_backoff(heartbeat_interval_s: float, backoff: Backoff) -> Backoff:
+    """The heartbeat's reconnect backoff: the client's, capped at two heartbeat intervals."""
+    cap_s = max(min(backoff.cap_s, 2 * heartbeat_interval_s), min(backoff.base_s, 0.001))
+    return Backoff(base_s=min(backoff.base_s, cap_s), cap_s=cap_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +206,8 @@ class HeartbeatBatcher:
         self._released: list[int] = []
         # What the participants that report progress reported last (carried ones only).
         self._progress: dict[int, TrainingProgress] = {}
+        # Where the participants that follow_progress read theirs (carried ones only).
+        self._progress_sources: dict[int, ProgressSource] = {}
         self._known_index = 0
         # The latest assignment of each participant (gone ones included).
         self._assignments: dict[int, Assignment] = {}
@@ -251,8 +266,20 @@ class HeartbeatBatcher:
         evidence). Releasing one that is not carried does nothing."""
         if self._rounds.pop(participant_id, None) is not None:
             self._released.append(participant_id)
-            self._progress.pop(participant_id, None)
+            self._forget_progress(participant_id)
             self._dirty = True
+
+    def drop(self, participant_id: int) -> None:
+        """Stop carrying ``participant_id`` WITHOUT telling the member: its silence from the
+        next request on is evidence against it, as a dead process's would be (a participant
+        closed without leaving). Dropping one that is not carried does nothing."""
+        if self._rounds.pop(participant_id, None) is not None:
+            self._forget_progress(participant_id)
+            self._dirty = True
+
+    def _forget_progress(self, participant_id: int) -> None:
+        self._progress.pop(participant_id, None)
+        self._progress_sources.pop(participant_id, None)
 
     def set_round(self, participant_id: int, round_number: int) -> None:
         """The round ``participant_id`` believes current (learnt elsewhere, e.g. a watch)."""
@@ -268,6 +295,15 @@ class HeartbeatBatcher:
         if participant_id not in self._rounds:
             raise InvalidValueError(f"participant {participant_id} is not carried")
         self._progress[participant_id] = progress
+
+    def follow_progress(self, participant_id: int, source: ProgressSource) -> None:
+        """Read ``participant_id``'s progress from ``source()`` at every request (None: it
+        reported none yet) instead of :meth:`report_progress`: a training thread then only
+        swaps the reference ``source`` returns, with no hop to this loop. ``source`` must be
+        cheap and must not block."""
+        if participant_id not in self._rounds:
+            raise InvalidValueError(f"participant {participant_id} is not carried")
+        self._progress_sources[participant_id] = source
 
     def note_known_index(self, index: int) -> None:
         """A join revision the caller knows of (e.g. JoinBatch's participant ids)."""
@@ -493,6 +529,14 @@ class HeartbeatBatcher:
             self._dirty = False
         released, self._released = self._released, []
         now_s = time.monotonic()
+        progress = [
+            progress_report(participant_id, reported, now_s)
+            for participant_id, reported in self._progress.items()
+        ]
+        for participant_id, source in self._progress_sources.items():
+            followed = source()
+            if followed is not None:
+                progress.append(progress_report(participant_id, followed, now_s))
         return rendezvous_pb2.HeartbeatBatchRequest(
             job=self.job,
             participant_ids=self._ids,
@@ -501,10 +545,7 @@ class HeartbeatBatcher:
             sent_ms=int(now_s * 1000),
             released=released,
             known_index=self._known_index,
-            progress=[
-                progress_report(participant_id, progress, now_s)
-                for participant_id, progress in self._progress.items()
-            ],
+            progress=progress,
         )
 
     async def _send(
@@ -599,7 +640,7 @@ class HeartbeatBatcher:
             return
         if assignment.gone:
             self._gone.add(participant_id)
-            self._progress.pop(participant_id, None)
+            self._forget_progress(participant_id)
             if self._rounds.pop(participant_id, None) is not None:
                 self._dirty = True
         elif participant_id in self._rounds:

@@ -1,36 +1,35 @@
 """Joining a job and staying in it: a participant's heartbeat, its view of the rounds, leaving.
 
 Theory of operation (rendezvous.proto). ``join`` adds a participant, tied to the client's
-session, and returns a :class:`Participant` that runs two background tasks until it leaves,
-is lost, or the client closes. It calls the cluster through the client's :class:`Caller`
-(writes stamped by the session; both streams reconnect under its one retry policy):
+session, and returns a :class:`Participant` that is heartbeated until it leaves, is lost, or
+the client closes. It calls the cluster through the client's :class:`Caller` (writes stamped
+by the session).
 
-- The heartbeat: one bidirectional ``Heartbeat`` stream to the leader, a request every
-  ``heartbeat_interval_ms`` naming the round the participant believes current. A follower
-  ends the stream with UNAVAILABLE and the leader's address; the participant reconnects there
-  at once, otherwise after a full-jitter backoff capped at two heartbeat intervals
-  (:func:`reconnect_backoff`): after a leader change the new leader suspects nobody for a
-  grace period, and the participant must reach it well within that. The leader answers at
-  least every few heartbeats and whenever the job's round differs from the one the request
-  named; an answer ahead of the participant's view triggers a linearizable GetJob, so a
-  round change is learnt from the heartbeat even when the watch is stuck on a paused member.
-  A stream with no answer for ``ANSWER_PATIENCE_BEATS`` intervals is abandoned for another
-  member.
-- The watch: ``WatchJob`` sends the job's RoundInfo at once and after every change. It is
-  reopened after any failure; the first message of a new stream is the current state, so a
-  reconnect misses no change for good (intermediate states may be coalesced, by the server
-  as by the reconnect, but the latest never is).
+- The heartbeat: every participant a client joins to one job rides the client's one
+  ``HeartbeatBatch`` stream for that job (process_heartbeats.py over heartbeats.py): a
+  request every ``heartbeat_interval_ms`` names them all, each with the round it believes
+  current and the training progress it reported (``report_progress``). The stream goes to
+  any member (the processes of a job spread over them), fails over to the next one when its
+  member stops answering, and hands its participants off without their silence counting.
+  The per-participant ``Heartbeat`` RPC is kept on the server for older clients only.
+- Round changes: the member pushes each participant its :class:`Assignment` when its round
+  moves. An assignment ahead of the view is followed by one linearizable GetJob for every
+  participant of the process that is behind, so each learns the round with its members
+  (the member lists are read on request, not pushed to every participant). A view is thus
+  refreshed on round changes, not on every join: while a round is JOINING, ``round`` may
+  not list the latest joiners.
 
-Both feed :meth:`Participant._observe`, which keeps the newest RoundInfo by ``job_revision``
-(never going back), hands each new (round, state) to ``rounds()`` iterators and
-``on_round_change`` callbacks once, and wakes ``wait_for_round``. A RoundInfo that no longer
-lists the participant as a member or as waiting means the coordinator removed it (declared
-failed, evicted, session ended, job closed): ``lost`` is set and stays set. So is it when the
-heartbeat is refused with NOT_FOUND (the participant or the job is gone): a worker that was
-paused past its failure detection finds out as soon as it runs again.
+The views feed :meth:`Participant._observe`, which keeps the newest RoundInfo by
+``job_revision`` (never going back), hands each new (round, state) to ``rounds()`` iterators
+and ``on_round_change`` callbacks once, and wakes ``wait_for_round``. A RoundInfo that no
+longer lists the participant as a member or as waiting means the coordinator removed it
+(declared failed, evicted, session ended, job closed): ``lost`` is set and stays set. So is
+it when the member says the participant is ``gone`` or refuses the stream (the job is gone):
+a worker that was paused past its failure detection finds out as soon as it runs again.
 
-``leave`` sends Leave *before* closing the streams: the leader then no longer counts the
-participant, and the stream's end is not taken for a death.
+``leave`` sends Leave *before* the participant is released from the stream: the leader then
+no longer counts it, and its silence is not taken for a death. ``close`` drops it from the
+stream unannounced: its silence then counts, as a dead process's would.
 """
 
 from __future__ import annotations
@@ -41,30 +40,24 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
-import grpc
-import grpc.aio
-
 from rallypoint.proto.v1 import rendezvous_pb2
 
 from .arguments import non_negative_seconds
-from .backoff import Backoff
 from .caller import Caller
 from .checkpoints import CheckpointRegistry
 from .errors import (
     DeadlineExceededError,
-    InternalError,
     InvalidValueError,
-    NotFoundError,
     RallypointError,
     UnavailableError,
-    map_rpc_error,
 )
+from .heartbeats import Assignment, reconnect_backoff
 from .jobs import get_job, services
+from .process_heartbeats import ProcessHeartbeats, shared_heartbeats
 from .rendezvous_errors import (
     JobNotFoundError,
     ParticipantLostError,
     ParticipantNotFoundError,
-    refine,
     refined,
 )
 from .rendezvous_values import (
@@ -75,19 +68,11 @@ from .rendezvous_values import (
     RoundInfo,
     RoundState,
     TrainingProgress,
-    round_state,
 )
 from .roundstore import RoundStore
-from .tasks import cancel_and_wait
-from .transport import Retrier, Transport
 
 log = logging.getLogger("rallypoint.client.rendezvous")
 
-# The leader answers at least every ten heartbeats (rendezvous.proto: "now and then"); a
-# stream silent for this many intervals is taken as a member that stopped answering.
-ANSWER_PATIENCE_BEATS = 30
-# ... but never less than this, so a short interval does not make a slow leader look dead.
-MIN_ANSWER_PATIENCE_S = 2.0
 # How long wait_for_round, out of time, waits for a fresh account of the round it names.
 _DESCRIBE_TIMEOUT_S = 5.0
 
@@ -95,11 +80,7 @@ _STATE_ORDER = {RoundState.JOINING: 0, RoundState.ACTIVE: 1, RoundState.ENDED: 2
 
 RoundCallback = Callable[[RoundInfo], object]
 
-
-def reconnect_backoff(heartbeat_interval_s: float, backoff: Backoff) -> Backoff:
-    """The heartbeat's reconnect backoff: the client's, capped at two heartbeat intervals."""
-    cap_s = max(min(backoff.cap_s, 2 * heartbeat_interval_s), min(backoff.base_s, 0.001))
-    return Backoff(base_s=min(backoff.base_s, cap_s), cap_s=cap_s)
+__all__ = ["Participant", "join", "reconnect_backoff", "round_position"]
 
 
 def round_position(round_number: int, state: RoundState) -> tuple[int, int]:
@@ -110,7 +91,14 @@ def round_position(round_number: int, state: RoundState) -> tuple[int, int]:
 class Participant:
     """A participant of a job; see the module docstring. Use it from the client's loop."""
 
-    def __init__(self, caller: Caller, name: str, joined: JoinResult, config: JobConfig) -> None:
+    def __init__(
+        self,
+        caller: Caller,
+        name: str,
+        joined: JoinResult,
+        config: JobConfig,
+        heartbeats: ProcessHeartbeats | None = None,
+    ) -> None:
         self.caller = caller
         self.job = joined.round.job
         self.name = name
@@ -132,8 +120,11 @@ class Participant:
         self.closed = False
         # What the training loop last reported (report_progress); sent with every heartbeat.
         self._progress: TrainingProgress | None = None
-        # The member the heartbeat stream goes (or last went) to; "" before the first.
-        self._heartbeat_address = ""
+        # The stream that heartbeats this participant (shared by the client's participants
+        # of this job); None before start().
+        self._heartbeats: ProcessHeartbeats | None = heartbeats
+        # The latest assignment the member pushed to it; None before the first.
+        self._assignment: Assignment | None = None
         # The (round, state) last handed to iterators and callbacks.
         self._delivered = (joined.round.round, joined.round.state)
         # The round number wait_for_round returned last (0: none yet).
@@ -142,16 +133,8 @@ class Participant:
         self._callbacks: list[RoundCallback] = []
         # Set (and replaced) on every change of view, lost or left.
         self._changed = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
-        self._refresh: asyncio.Task[None] | None = None
-        # The watch stream in use, so a refresh that finds it behind can restart it.
-        self._watch_call: (
-            grpc.aio.UnaryStreamCall[
-                rendezvous_pb2.WatchJobRequest, rendezvous_pb2.WatchJobResponse
-            ]
-            | None
-        ) = None
-        self._watch_restart = False
+        # start() ran: the participant is carried (until detached).
+        self._started = False
         self._observe(joined.round)
 
     def __repr__(self) -> str:
@@ -184,29 +167,49 @@ class Participant:
         self, round_number: int, detail: str, *, timeout_s: float | None = None
     ) -> list[int]:
         """Tell the coordinator that a collective of round ``round_number`` failed under
-        this participant (a peer vanished): the member this participant heartbeats to
-        confirms at once the failure of the round's members whose heartbeat stream it saw
+        this participant (a peer vanished): the member that carried a dead peer's heartbeat
+        stream confirms at once the failure of the round's members whose stream it saw
         close, instead of waiting out two heartbeat intervals, and the round ends sooner for
-        every survivor. Returns the participant ids so confirmed (none: nothing was
-        hastened; the detectors decide as before). A report for a round that is not the
-        job's current ACTIVE one, or from a participant not in it, is refused
-        (:class:`StaleRoundError`) and confirms nothing."""
-        address = self._heartbeat_address or self.caller.transport.pick()
+        every survivor. Each process's stream may go to another member, so the report goes
+        to every member at once (a member that carried none of them confirms nothing).
+        Returns the participant ids so confirmed (none: nothing was hastened; the detectors
+        decide as before). A report for a round that is not the job's current ACTIVE one,
+        or from a participant not in it, is refused (:class:`StaleRoundError`) and confirms
+        nothing; it is raised when no member took the report."""
         request = rendezvous_pb2.ReportCollectiveFailureRequest(
             job=self.job,
             participant_id=self.participant_id,
             round=round_number,
             detail=detail[:1024],
         )
-        response = await refined(
-            self.caller.ask(
-                address,
-                lambda s: services(s).rendezvous.ReportCollectiveFailure,
-                request,
-                timeout_s,
+
+        async def report(address: str) -> list[int]:
+            response = await refined(
+                self.caller.ask(
+                    address,
+                    lambda s: services(s).rendezvous.ReportCollectiveFailure,
+                    request,
+                    timeout_s,
+                )
             )
+            return list(response.confirmed)
+
+        answers = await asyncio.gather(
+            *(report(address) for address in self.caller.transport.endpoints),
+            return_exceptions=True,
         )
-        return list(response.confirmed)
+        taken = [answer for answer in answers if isinstance(answer, list)]
+        if not taken:
+            errors = [answer for answer in answers if isinstance(answer, RallypointError)]
+            # A refusal (stale round) says more than a member that could not be reached.
+            refusals = [
+                e for e in errors if not isinstance(e, UnavailableError | DeadlineExceededError)
+            ]
+            for answer in answers:
+                if isinstance(answer, BaseException) and not isinstance(answer, RallypointError):
+                    raise answer
+            raise (refusals or errors)[0]
+        return sorted({pid for answer in taken for pid in answer})
 
     def on_round_change(self, callback: RoundCallback) -> None:
         """Call ``callback(round_info)`` on the loop for each new (round, state)."""
@@ -324,33 +327,33 @@ class Participant:
         self.lost_reason = reason
         self.lost.set()
         self._end_iterators()
-        self._cancel_tasks()
+        # Carried no more: it is not a participant, so its silence says nothing. The stream's
+        # closing (if it was the last) finishes on its own.
+        self._detach(evidence=False)
 
     # -------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
-        """Start the heartbeat and the watch (``join`` does)."""
-        if self._tasks or not self._running():
+        """Start heartbeating (``join`` does): on the client's shared stream for this job
+        unless one was given."""
+        if self._started or not self._running():
             return
-        tag = f"{self.job}/{self.participant_id}"
-        self._tasks = [
-            asyncio.create_task(self._heartbeat_forever(), name=f"heartbeat {tag}"),
-            asyncio.create_task(self._watch_forever(), name=f"round watch {tag}"),
-        ]
+        self._started = True
+        if self._heartbeats is None:
+            self._heartbeats = shared_heartbeats(self.caller, self.job, self.heartbeat_interval_s)
+        self._heartbeats.carry(self, self.round.round, self._progress_now)
 
-    def _cancel_tasks(self) -> list[asyncio.Task[None]]:
-        current = asyncio.current_task()
-        tasks = [t for t in [*self._tasks, self._refresh] if t is not None and t is not current]
-        for task in tasks:
-            task.cancel()
-        return tasks
+    def _detach(self, *, evidence: bool) -> asyncio.Task[None] | None:
+        """Stop being heartbeated (see ProcessHeartbeats.detach); the stream's closing, if
+        this was its last participant."""
+        if not self._started or self._heartbeats is None:
+            return None
+        return self._heartbeats.detach(self.participant_id, evidence=evidence)
 
-    async def _stop(self) -> None:
-        tasks = self._cancel_tasks()
-        try:
-            await cancel_and_wait(*tasks)
-        finally:
-            self._tasks = []
+    async def _stop(self, *, evidence: bool) -> None:
+        closing = self._detach(evidence=evidence)
+        if closing is not None:
+            await asyncio.shield(closing)
 
     async def leave(
         self,
@@ -388,7 +391,8 @@ class Participant:
                         )
                     )
         finally:
-            await self._stop()
+            # Released after Leave: the member is told it moved on, not that it died.
+            await self._stop(evidence=False)
             self._end_iterators()
 
     async def close(self) -> None:
@@ -396,7 +400,8 @@ class Participant:
         (what a process that dies does). The client's close does this."""
         self.closed = True
         self._end_iterators()
-        await self._stop()
+        # Dropped unannounced: its silence is evidence, as a dead process's would be.
+        await self._stop(evidence=True)
 
     async def __aenter__(self) -> Participant:
         return self
@@ -409,162 +414,39 @@ class Participant:
     def _running(self) -> bool:
         return not (self.lost.is_set() or self.leaving or self.closed)
 
-    async def _heartbeat_forever(self) -> None:
-        transport = self.caller.transport
-        retrier = self.caller.retrier(
-            reconnect_backoff(self.heartbeat_interval_s, transport.backoff)
+    def assigned(self, assignment: Assignment) -> None:
+        """The member pushed this participant its round (process_heartbeats.py): kept, so
+        ``behind`` can tell whether the view must be read."""
+        self._assignment = assignment
+
+    def behind(self) -> bool:
+        """Whether the latest assignment is ahead of the view (or says the participant is
+        gone while the view has it in): a read of the job should follow."""
+        assignment = self._assignment
+        if assignment is None or not self._running():
+            return False
+        if assignment.gone or assignment.state is None:
+            return True
+        return round_position(assignment.round, assignment.state) > round_position(
+            self.round.round, self.round.state
         )
-        while self._running():
-            address = transport.pick()
-            error = await self._heartbeat_stream(transport, address, retrier)
-            if self._gone(error, "heartbeat"):
-                return
-            log.debug("heartbeat stream to %s ended: %s", address, error)
-            await retrier.after_failure(address, error)
 
-    async def _heartbeat_stream(
-        self, transport: Transport, address: str, retrier: Retrier
-    ) -> RallypointError:
-        """Heartbeat over one stream until it fails; the failure."""
-        # Where this participant's detector runs: a collective failure is reported there.
-        self._heartbeat_address = address
-        try:
-            call = services(transport.stubs(address)).rendezvous.Heartbeat(
-                None, metadata=transport.metadata
-            )
-        except UnavailableError as closed:  # the client was closed
-            return closed
-        sender = asyncio.create_task(self._send_heartbeats(call), name="heartbeat-send")
-        patience_s = max(MIN_ANSWER_PATIENCE_S, ANSWER_PATIENCE_BEATS * self.heartbeat_interval_s)
-        try:
-            while True:
-                try:
-                    async with asyncio.timeout(patience_s):
-                        response = await call.read()
-                except TimeoutError:
-                    return UnavailableError(f"{address} answered no heartbeat in {patience_s:g} s")
-                if not isinstance(response, rendezvous_pb2.HeartbeatResponse):  # grpc.aio.EOF
-                    return UnavailableError(f"{address} ended the heartbeat stream")
-                retrier.answered()
-                transport.note_success(address)
-                self._on_heartbeat_answer(response)
-        except grpc.aio.AioRpcError as rpc_error:
-            return refine(map_rpc_error(rpc_error, address))
-        finally:
-            try:
-                await cancel_and_wait(sender)
-            finally:
-                call.cancel()
+    def observe(self, info: RoundInfo) -> bool:
+        """Take a view of the job's round read elsewhere (process_heartbeats.py); True if
+        it was newer than the view."""
+        return self._observe(info)
 
-    async def _send_heartbeats(
-        self,
-        call: grpc.aio.StreamStreamCall[
-            rendezvous_pb2.HeartbeatRequest, rendezvous_pb2.HeartbeatResponse
-        ],
-    ) -> None:
-        loop = asyncio.get_running_loop()
-        next_at = loop.time()
-        while True:
-            request = rendezvous_pb2.HeartbeatRequest(
-                job=self.job,
-                participant_id=self.participant_id,
-                round=self.round.round,
-                sent_ms=int(time.monotonic() * 1000),
-            )
-            progress = self._progress
-            if progress is not None:
-                _add_progress(request, progress, time.monotonic())
-            try:
-                await call.write(request)
-            except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                return  # the stream ended; the reader reports why
-            # A fixed schedule, not sleep(interval) after each write: the detector learns the
-            # intervals, and drift would read as lateness.
-            next_at = max(next_at + self.heartbeat_interval_s, loop.time())
-            await asyncio.sleep(next_at - loop.time())
-
-    def _on_heartbeat_answer(self, response: rendezvous_pb2.HeartbeatResponse) -> None:
-        answered = round_position(response.current_round, round_state(response.state))
-        if answered > round_position(self.round.round, self.round.state):
-            self._refresh_soon()
-
-    def _refresh_soon(self) -> None:
-        if self._refresh is None or self._refresh.done():
-            self._refresh = asyncio.create_task(self._refresh_view(), name="round refresh")
-
-    async def _refresh_view(self) -> None:
-        """Read the job linearizably; if that shows the watch was behind, restart it."""
-        try:
-            status = await get_job(self.caller, self.job)
-        except JobNotFoundError as error:
-            self._gone(error, "refresh")
-            return
-        except RallypointError as error:
-            log.debug("refreshing job %s failed: %s", self.job, error)
-            return
-        if self._observe(status.round) and self._watch_call is not None:
-            self._watch_restart = True
-            self._watch_call.cancel()
-
-    def _gone(self, error: RallypointError, source: str) -> bool:
-        """Whether ``error`` ends the participant's background work (marking it lost when the
-        coordinator no longer knows it)."""
-        if not self._running():
-            return True
-        if isinstance(error, NotFoundError) and error.reason in (
-            "PARTICIPANT_NOT_FOUND",
-            "JOB_NOT_FOUND",
-        ):
+    def heartbeat_stopped(self, reason: str) -> None:
+        """Nothing heartbeats this participant any more (process_heartbeats.py): unless it
+        left or was closed, it is lost."""
+        if self._running():
             self._mark_lost(
-                f"participant {self.participant_id} ({self.name}) of job {self.job!r} is gone "
-                f"({source} refused: {error})"
+                f"participant {self.participant_id} ({self.name}) of job {self.job!r} is "
+                f"gone: {reason}"
             )
-            return True
-        # INTERNAL comes from gRPC's core when a stream breaks mid-flight (e.g. its member was
-        # killed): a transport failure like UNAVAILABLE, not a verdict on the participant.
-        if not isinstance(error, UnavailableError | DeadlineExceededError | InternalError):
-            # Nothing else is expected of these streams: stop acting rather than guess.
-            self._mark_lost(f"the {source} of participant {self.participant_id} failed: {error}")
-            return True
-        return False
 
-    # -------------------------------------------------------------- watch
-
-    async def _watch_forever(self) -> None:
-        transport = self.caller.transport
-        retrier = self.caller.retrier()
-        request = rendezvous_pb2.WatchJobRequest(job=self.job)
-        while self._running():
-            address = transport.pick()
-            try:
-                call = services(transport.stubs(address)).rendezvous.WatchJob(
-                    request, metadata=transport.metadata
-                )
-            except UnavailableError:  # the client was closed
-                return
-            self._watch_call = call
-            error: RallypointError
-            try:
-                async for response in call:
-                    retrier.answered()
-                    self._observe(RoundInfo.from_proto(response.round))
-                error = UnavailableError(f"{address} ended the round watch")
-            except grpc.aio.AioRpcError as rpc_error:
-                error = refine(map_rpc_error(rpc_error, address))
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if not self._watch_restart or (task is not None and task.cancelling()):
-                    raise
-                error = UnavailableError("restarted: the watch was behind")
-            finally:
-                self._watch_call = None
-                call.cancel()
-            if self._watch_restart:
-                self._watch_restart = False
-                continue
-            if self._gone(error, "round watch"):
-                return
-            await retrier.after_failure(address, error)
+    def _progress_now(self) -> TrainingProgress | None:
+        return self._progress
 
 
 async def join(
@@ -618,19 +500,3 @@ async def join(
     participant = Participant(caller, name, joined, config)
     participant.start()
     return participant
-
-
-def _add_progress(
-    request: rendezvous_pb2.HeartbeatRequest, progress: TrainingProgress, now_s: float
-) -> None:
-    """The progress fields of a heartbeat: times become durations before ``now_s``."""
-    request.reports_progress = True
-    request.round = progress.round
-    request.step = progress.step
-    request.step_age_ms = int((now_s - progress.step_done_s) * 1000) if progress.step else 0
-    request.step_ms = progress.step_ms
-    request.collectives_entered = progress.collectives_entered
-    request.waiting_in = progress.waiting_in
-    if progress.waiting_in:
-        request.waiting_ms = int((now_s - progress.waiting_since_s) * 1000)
-    request.restore = progress.restore

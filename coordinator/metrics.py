@@ -229,6 +229,14 @@ class NodeMetrics:
             ["op", "outcome"],
             registry=self.registry,
         )
+        self.streams_opened = Counter(
+            "rallypoint_streams_opened",
+            "Streaming calls this member accepted, by method (heartbeat_batch, heartbeat, "
+            "watch_job, watch, ...): how many streams its clients keep open, e.g. one "
+            "heartbeat_batch per training process and job.",
+            ["method"],
+            registry=self.registry,
+        )
         self.checkpoint_operations = Counter(
             "rallypoint_checkpoint_operations",
             "Checkpoint-registry requests this member answered, by operation and outcome "

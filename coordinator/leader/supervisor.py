@@ -24,10 +24,12 @@ depend on time are proposed:
 
 Every member runs :meth:`RendezvousSupervisor.run`: a pass every ``interval_s`` that probes its
 own event loop (a late loop holds its suspicions), collects its suspicions, and sends the
-leader a ``LivenessReport`` every ``REPORT_EVERY_MS``, or sooner when it suspects someone or
-starts carrying someone (``coverage.ATTACH_REPORT_MS``). A member that is leader hands its
-report to its own coverage and runs the leader's duties. After a leader change the members'
-detectors carry on; the new leader's coverage and progress start over with a grace period.
+leader a ``LivenessReport`` every ``REPORT_EVERY_MS``, or sooner when it suspects someone,
+starts carrying someone, or hears a worker report a new step or collective wait
+(``coverage.ATTACH_REPORT_MS``: the hang rules compare ranks' steps, and ranks the leader
+carries itself must not look ahead of the ones a follower carries). A member that is leader
+hands its report to its own coverage and runs the leader's duties. After a leader change the
+members' detectors carry on; the new leader's coverage and progress start over with a grace period.
 
 Metrics (``metrics.py``). Each heartbeat adds one to an unlabelled counter. Each verdict is
 timed once from the worker's last sign of life to the pass that suspects it. Each guard that
@@ -208,7 +210,7 @@ class RendezvousSupervisor:
         if self.is_leader:
             self.progress.report(job, participant_id, progress, now_ms)
         else:
-            self.local.progress((job, participant_id), progress)
+            self.local.progress((job, participant_id), progress, now_ms)
 
     def progress_of(self, job: str, participant_id: int) -> tuple[int, float, float] | None:
         """(last step, ms per step outside collectives, ratio to the job's median), on the

@@ -36,6 +36,7 @@ a participant nobody carries.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -132,6 +133,12 @@ class MemberDetection:
         self._attach: dict[Key, None] = {}
         self._detach: dict[Key, None] = {}
         self._progress: dict[Key, ProgressReport] = {}
+        # When each progress in _progress was heard (this member's ms; 0: not said).
+        self._progress_ms: dict[Key, int] = {}
+        # Per carried key, the (round, step, collective waited in) last heard: a change is
+        # news the leader's hang rules need at once (see has_news).
+        self._progress_seen: dict[Key, tuple[int, int, int]] = {}
+        self._progress_news = False
         # The next report must list everything carried (new leader, or a report was lost).
         self.full_needed = True
         self.intake = IntakeLag()
@@ -233,6 +240,8 @@ class MemberDetection:
         if self._attach.pop(key, False) is False:
             self._detach[key] = None
         self._progress.pop(key, None)
+        self._progress_ms.pop(key, None)
+        self._progress_seen.pop(key, None)
         self._timed.pop(key, None)
 
     def collective_failed(
@@ -274,9 +283,15 @@ class MemberDetection:
         elif key[1] in peers:
             self._corroborate(key, report, now_ms)
 
-    def progress(self, key: Key, report: ProgressReport) -> None:
-        """The latest progress ``key`` reported (goes to the leader with the next report)."""
+    def progress(self, key: Key, report: ProgressReport, now_ms: int = 0) -> None:
+        """The latest progress ``key`` reported, heard at ``now_ms`` (goes to the leader with
+        the next report, its ages grown by the time it waited here)."""
         self._progress[key] = report
+        self._progress_ms[key] = now_ms
+        position = (report.round, report.step, report.waiting_in)
+        if self._progress_seen.get(key) != position:
+            self._progress_seen[key] = position
+            self._progress_news = True
 
     def forget(self, key: Key) -> None:
         """Stop watching ``key`` without suspicion (released, or no longer a participant)."""
@@ -288,6 +303,8 @@ class MemberDetection:
             if self._attach.pop(key, False) is False:
                 self._detach[key] = None
         self._progress.pop(key, None)
+        self._progress_ms.pop(key, None)
+        self._progress_seen.pop(key, None)
         self._timed.pop(key, None)
         self._corroborated.pop(key, None)
 
@@ -396,6 +413,8 @@ class MemberDetection:
                 self.detectors.forget(key)
                 self._attach.pop(key, None)
                 self._progress.pop(key, None)
+                self._progress_ms.pop(key, None)
+                self._progress_seen.pop(key, None)
         return out
 
     # ---------------------------------------------------------------- reports
@@ -433,18 +452,26 @@ class MemberDetection:
             attach=self.carried() if full else list(self._attach),
             detach=[] if full else list(self._detach),
             suspicions=suspicions,
-            progress=list(self._progress.items()),
+            progress=[
+                (key, _aged(report, now_ms, self._progress_ms.get(key, 0)))
+                for key, report in self._progress.items()
+            ],
             intake_lag_ms=self.intake.current_ms(),
             readings=self.readings(now_ms) if now_ms is not None else [],
         )
         self._attach.clear()
         self._detach.clear()
         self._progress.clear()
+        self._progress_ms.clear()
+        self._progress_news = False
         return report
 
     def has_news(self) -> bool:
-        """Participants started or stopped being carried since the last report."""
-        return bool(self._attach or self._detach)
+        """Participants started or stopped being carried since the last report, or one
+        reported a step, round or collective wait it had not: the leader judges hangs by
+        comparing ranks' steps, and a rank whose news waited here for the report period
+        would look behind the ranks the leader carries itself."""
+        return bool(self._attach or self._detach or self._progress_news)
 
     def report_lost(self) -> None:
         """A report did not reach a leader: the next one says everything again."""
@@ -461,3 +488,19 @@ class MemberDetection:
 
     def heartbeat_age_ms(self, key: Key, now_ms: int) -> int | None:
         return self.detectors.heartbeat_age_ms(self._detector_key(key), now_ms)
+
+
+def _aged(report: ProgressReport, now_ms: int | None, heard_ms: int) -> ProgressReport:
+    """``report`` as of ``now_ms``: its ages (the worker's durations at sending) grown by
+    the time it was held here since ``heard_ms``. The leader dates a report by its receipt,
+    and a member forwards only every report period: unaged, a rank carried by a follower
+    would look up to a period behind the ranks the leader carries itself, and a healthy one
+    two short steps behind (the progress rule's hang)."""
+    if now_ms is None or not heard_ms or now_ms <= heard_ms:
+        return report
+    held_ms = now_ms - heard_ms
+    return dataclasses.replace(
+        report,
+        step_age_ms=report.step_age_ms + held_ms if report.step else report.step_age_ms,
+        waiting_ms=report.waiting_ms + held_ms if report.waiting_in else report.waiting_ms,
+    )

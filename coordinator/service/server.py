@@ -11,8 +11,8 @@ call against the method's rule in :data:`.authz.RULES` (a method without a rule 
 registered), runs the servicer, and turns any exception into a status through
 :func:`.errors.status_for`. Round-store and checkpoint-registry calls are counted there
 too, by method and outcome (``rallypoint_store_operations``,
-``rallypoint_checkpoint_operations``; counters looked up once per method and outcome).
-The standard health
+``rallypoint_checkpoint_operations``; counters looked up once per method and outcome),
+and every stream it accepts, by method (``rallypoint_streams_opened``). The standard health
 service is registered unwrapped: health probes (load balancers, Kubernetes) rarely carry
 credentials, and health reveals nothing but "serving".
 """
@@ -97,7 +97,7 @@ class _Outcomes:
     def __init__(self, counter: Counter, method: str) -> None:
         self._counter = counter
         # "/rallypoint.v1.RoundStore/CompareSet" -> "compare_set"
-        self._op = re.sub(r"(?<!^)(?=[A-Z])", "_", method.rsplit("/", 1)[1]).lower()
+        self._op = _snake(method)
         self.ok = counter.labels(self._op, "ok")
         self._failed: dict[str, Counter] = {}
 
@@ -107,6 +107,11 @@ class _Outcomes:
         if child is None:
             child = self._failed[outcome] = self._counter.labels(self._op, outcome)
         child.inc()
+
+
+def _snake(method: str) -> str:
+    """A method's label: "/rallypoint.v1.Rendezvous/HeartbeatBatch" -> "heartbeat_batch"."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", method.rsplit("/", 1)[1]).lower()
 
 
 def _outcomes(metrics: NodeMetrics | None, method: str) -> _Outcomes | None:
@@ -270,7 +275,15 @@ class _Guard:
         parse: Parse,
         streaming: bool,
     ) -> _Behaviour:
+        opened = (
+            self._metrics.streams_opened.labels(_snake(method))
+            if self._metrics is not None
+            else None
+        )
+
         async def guarded(data: Any, context: Context) -> AsyncIterator[Any]:
+            if opened is not None:
+                opened.inc()
             try:
                 role = self._role(context)
                 request = await self._request(data, parse, streaming)

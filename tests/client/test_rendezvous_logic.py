@@ -27,9 +27,12 @@ from rallypoint.client import (
     RoundState,
     StaleRoundError,
     UnavailableError,
+    process_heartbeats,
     rendezvous,
 )
 from rallypoint.client.caller import Caller
+from rallypoint.client.heartbeats import Assignment
+from rallypoint.client.process_heartbeats import ProcessHeartbeats
 from rallypoint.client.rendezvous import reconnect_backoff, round_position
 from rallypoint.client.rendezvous_errors import refine
 from rallypoint.client.rendezvous_values import JoinResult
@@ -217,3 +220,60 @@ async def test_wait_for_round_out_of_time_says_how_the_round_stands_now(
     # The last known reason, with its age and why it is not fresher.
     assert "s ago: 1 of min 2 joined; joining for 600.1 s" in str(raised.value)
     assert "did not answer since: no member answered" in str(raised.value)
+
+
+# ---------------------------------------------------------------------------- one stream
+
+
+def assignment(pid: int, round_number: int, state: RoundState | None, rank: int = -1) -> Assignment:
+    gone = state is None
+    return Assignment(pid, round_number, state, rank, 0, 0, "", waiting=False, gone=gone)
+
+
+async def test_a_round_change_pushed_to_a_process_is_read_once_for_all_its_participants(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    caller = Caller(
+        Transport(["127.0.0.1:1"]), timeout_s=1.0, session_ttl_s=30.0, max_inflight_writes=1
+    )
+    shared = ProcessHeartbeats(caller, "job", 0.1)
+    joining = info(1, 1, RoundState.JOINING)
+    mine = Participant(caller, "w7", JoinResult(ME, False, joining), JobConfig(2, 2), shared)
+    other = Participant(caller, "w9", JoinResult(OTHER, False, joining), JobConfig(2, 2), shared)
+    # Registered as carry() does, without starting the stream: no server here.
+    shared._carried = {ME: mine, OTHER: other}
+    reads: list[str] = []
+    now = info(3, 1, RoundState.ACTIVE)
+
+    async def get_job(caller: Caller, job: str, **options: object) -> SimpleNamespace:
+        reads.append(job)
+        return SimpleNamespace(round=now)
+
+    monkeypatch.setattr(process_heartbeats, "get_job", get_job)
+    # The member pushes both assignments in one answer: one read serves both.
+    shared._assigned(assignment(ME, 1, RoundState.ACTIVE, 0))
+    shared._assigned(assignment(OTHER, 1, RoundState.ACTIVE, 1))
+    assert mine.behind() and other.behind()
+    assert (await mine.wait_for_round(timeout_s=5)).rank_of(ME) == 0
+    assert (await other.wait_for_round(timeout_s=5)).rank_of(OTHER) == 1
+    assert reads == ["job"]
+    # An assignment the view already has costs nothing.
+    shared._assigned(assignment(ME, 1, RoundState.ACTIVE, 0))
+    assert not mine.behind()
+    # Gone: the fresh view without it says why, and it is no longer carried.
+    now = info(5, 2, RoundState.JOINING, members=(OTHER,))
+    shared._assigned(assignment(ME, 1, None))
+    await asyncio.wait_for(mine.lost.wait(), 5)
+    assert "no longer in job" in (mine.lost_reason or "")
+    assert list(shared._carried) == [OTHER]
+    assert reads == ["job", "job"]
+    assert not shared.closing
+    # The last one gone: the stream closes, and the client's next join gets a new one.
+    now = info(6, 2, RoundState.JOINING, members=())
+    shared._assigned(assignment(OTHER, 2, None))
+    await asyncio.wait_for(other.lost.wait(), 5)
+    async with asyncio.timeout(5):
+        while not shared.closing:
+            await asyncio.sleep(0.01)
+    await shared._close()
+    await caller.close()

@@ -527,3 +527,40 @@ def test_a_closed_stream_reopened_here_in_time_is_counted_and_keeps_its_history(
     group = detection.streams[("j", 1)]
     assert detection.detectors.last_heartbeat_ms(("\x00group", group)) == now
     assert [s.key for s in detection.suspects(now + 1_500)] == [("j", 1)]
+
+
+def test_progress_held_for_the_next_report_is_aged_by_the_time_it_waited() -> None:
+    # A follower forwards progress once a report period: the leader dates each report by its
+    # receipt, so what the follower held must have aged meanwhile, or its ranks would look
+    # a period behind those the leader carries itself (a healthy rank "two steps behind").
+    detection = StreamedDetection()
+    stepping = ProgressReport(3, 10, 5, 12.5, 7, 0, 0)
+    waiting = ProgressReport(3, 10, 40, 12.5, 8, 8, 20)
+    fresh = ProgressReport(3, 0, 0, 0.0, 0, 0, 0)
+    detection.progress(("j", 1), stepping, 1_000)
+    detection.progress(("j", 2), waiting, 1_100)
+    detection.progress(("j", 3), fresh, 1_000)
+    report = dict(detection.take_report([], 1_250).progress)
+    assert report[("j", 1)].step_age_ms == 5 + 250
+    assert report[("j", 1)].waiting_ms == 0
+    assert (report[("j", 2)].step_age_ms, report[("j", 2)].waiting_ms) == (40 + 150, 20 + 150)
+    # No step yet: no age to grow.
+    assert report[("j", 3)] == fresh
+
+
+def test_a_new_step_is_news_for_the_leader_at_once_and_the_same_step_again_is_not() -> None:
+    # The supervisor reports news within ATTACH_REPORT_MS instead of the report period: a
+    # rank carried by a follower must not look steps behind the ranks the leader carries.
+    detection = StreamedDetection()
+    detection.take_report([])
+    assert not detection.has_news()
+    detection.progress(("j", 1), ProgressReport(3, 10, 5, 12.5, 7, 0, 0), 1_000)
+    assert detection.has_news()
+    detection.take_report([], 1_050)
+    detection.progress(("j", 1), ProgressReport(3, 10, 105, 12.5, 7, 0, 0), 1_100)
+    assert not detection.has_news()  # the same step, older: the period will do
+    detection.progress(("j", 1), ProgressReport(3, 10, 5, 12.5, 8, 8, 3), 1_150)
+    assert detection.has_news()  # now waiting in a collective
+    detection.take_report([], 1_200)
+    detection.progress(("j", 1), ProgressReport(3, 11, 5, 12.5, 8, 0, 0), 1_250)
+    assert detection.has_news()

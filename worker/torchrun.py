@@ -45,7 +45,9 @@ rendezvous timeout, also ``join_timeout``), ``connect_timeout``, ``last_call_tim
 ``heartbeat_interval``, ``phi_threshold``, ``acceptable_pause``, ``client_timeout``,
 ``store_timeout``, ``token`` (else ``$RALLYPOINT_TOKEN``; a ``job:<id>`` token of this job is
 enough), ``tls_ca``, ``tls_cert``, ``tls_key``, ``bridge_host``, ``master_port_range``
-(``LOW-HIGH``: the ports the workers' store, their ``MASTER_PORT``, may listen on). Keys of
+(``LOW-HIGH``: the ports the workers' store, their ``MASTER_PORT``, may listen on), ``domain``
+(the node's failure domain, its host: ``--local-addr`` or the host name unless set; "" for
+none). Keys of
 torch's own backends (such as ``read_timeout``) are accepted and ignored with a warning, so a
 command line written for ``c10d`` runs unchanged. A setting that cannot be used ends the
 agent with one line naming it.
@@ -111,6 +113,8 @@ _ALL_DONE_KEY = "rallypoint/torchrun/all-done"
 # The key of a round's store whose first writer ends the round for a restart (_claim_restart).
 _RESTART_KEY = "rallypoint/torchrun/restart"
 SETTLE_TIMEOUT_S = 30.0
+# The longest failure domain the coordinator takes (RendezvousLimits.max_domain_chars).
+_MAX_DOMAIN_CHARS = 256
 # How an agent's user passes a token, as a refused one's message says.
 TOKEN_HINT = "--rdzv-conf token=... or $RALLYPOINT_TOKEN"
 _OUR_KEYS = frozenset(
@@ -130,6 +134,7 @@ _OUR_KEYS = frozenset(
         "tls_key",
         "bridge_host",
         "master_port_range",
+        "domain",
     }
 )
 
@@ -196,6 +201,10 @@ class RendezvousSettings:
     max_nodes: int
     # How this node names itself to the coordinator (``--local-addr`` or the host name).
     node_name: str
+    # The node's failure domain (its host): ``--rdzv-conf domain=...``, else node_name. A
+    # domain's participants are removed and readmitted together (docs/elastic.md, "Mesh
+    # jobs"); "" declares none.
+    domain: str = ""
     join_timeout_s: float = TORCHRUN_JOB.join_timeout_ms / 1000
     # How long the agent keeps trying while no coordinator member can serve it (the
     # rendezvous timeout unless set): see patience.py.
@@ -240,12 +249,20 @@ class RendezvousSettings:
         timeout_key = "join_timeout" if "join_timeout" in config else "timeout"
         join_timeout_s = _positive_seconds(config, timeout_key, TORCHRUN_JOB.join_timeout_ms / 1000)
         port_range = config.get("master_port_range")
+        node_name = params.local_addr or socket.getfqdn()
+        domain = str(config.get("domain", node_name))
+        if len(domain) > _MAX_DOMAIN_CHARS:
+            raise ValueError(
+                f"--rdzv-conf domain={domain[:40]}...: a failure domain is at most "
+                f"{_MAX_DOMAIN_CHARS} characters"
+            )
         return RendezvousSettings(
             endpoints=endpoints,
             job=params.run_id,
             min_nodes=params.min_nodes,
             max_nodes=params.max_nodes,
-            node_name=params.local_addr or socket.getfqdn(),
+            node_name=node_name,
+            domain=domain,
             join_timeout_s=join_timeout_s,
             connect_timeout_s=_positive_seconds(config, "connect_timeout", join_timeout_s),
             last_call_s=_seconds(config, "last_call_timeout", TORCHRUN_JOB.last_call_ms / 1000),
@@ -541,6 +558,7 @@ class RallypointRendezvousHandler(RendezvousHandler):
             metadata=settings.node_name.encode(),
             patience=self._patience(deadline),
             replaces=replaces,
+            domain=settings.domain,
         )
         self._participant = new
         if old is not None:

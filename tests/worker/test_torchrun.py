@@ -573,6 +573,14 @@ def test_torchrun_finds_the_backend_and_reads_its_settings(
     assert (config.min_nodes, config.max_nodes, config.heartbeat_interval_ms) == (1, 4, 200)
     assert config.scale_up is True
     assert settings.token is None
+    # The node's failure domain: its --local-addr (or host name) unless --rdzv-conf says.
+    assert settings.domain == "node-7"
+    racked = RendezvousParameters("rallypoint", "a:1", "j", 1, 1, domain="rack-3/host-9")
+    assert RendezvousSettings.from_parameters(racked).domain == "rack-3/host-9"
+    with pytest.raises(ValueError, match="at most 256 characters"):
+        RendezvousSettings.from_parameters(
+            RendezvousParameters("rallypoint", "a:1", "j", 1, 1, domain="h" * 257)
+        )
     with_token = RendezvousParameters("rallypoint", "a:1", "j", 1, 1, token="job-secret")
     assert RendezvousSettings.from_parameters(with_token).token == "job-secret"
     with pytest.raises(ValueError, match="job id"):

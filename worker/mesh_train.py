@@ -54,6 +54,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rallypoint.proto.v1.defaults import ELASTIC
+
 from .demo_train import (
     BATCH_SIZE,
     IN_FEATURES,
@@ -163,8 +165,9 @@ def mesh_builder(
 
         shape = mesh_shape(dist.get_world_size(), tp)
         mesh = init_device_mesh("cpu", (shape.dp, shape.tp), mesh_dim_names=("dp", "tp"))
-        # The sub-meshes' groups are new groups of their own: bound their collectives as
-        # the world's are (a rank waiting on a lost peer gives up, the round re-forms).
+        # The sub-meshes' groups are new groups of their own (gloo's default timeout is
+        # 30 minutes): bound their collectives as the world's are; within a step the loop
+        # bounds them tighter (ElasticRound.step).
         for dim in ("dp", "tp"):
             mesh.get_group(dim).set_timeout(timedelta(seconds=collective_timeout_s))
         model = make_model()
@@ -181,7 +184,9 @@ def mesh_builder(
     return build
 
 
-def make_state(tp: int = TP, collective_timeout_s: float = 60.0) -> TrainState:
+def make_state(
+    tp: int = TP, collective_timeout_s: float = ELASTIC.collective_timeout_s
+) -> TrainState:
     """A ``dp x tp`` job's state: the model is built for each round's mesh (the one made
     here is a placeholder the first formation replaces)."""
     model = make_model()

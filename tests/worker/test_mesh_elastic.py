@@ -11,7 +11,13 @@ Claims:
   training goes on;
 - spare host: the same job with a third host waiting; one process SIGKILLed: the next round
   takes the spare host's unit in place of the broken one, dp stays 2, every unit lives on
-  one host, and training goes on at world 4 with the state restored from memory.
+  one host, and training goes on at world 4 with the state restored from memory;
+- host loss: both processes of a host SIGKILLed at once: the other host's unit re-forms at
+  dp=1, restored from memory;
+- in every round, the collectives of a step on the mesh's "dp" and "tp" groups are bounded
+  as the default group's are (the hang verdict): a tensor-parallel collective cannot be
+  given up on gloo, and a rank left in one by its partner (whose own collective failed on
+  the lost peer) would otherwise wait out the whole collective timeout.
 
 Both need the job's shape (unit_size, domains): on a rendezvous without units the first
 re-forms at an odd world size, which no 2-D mesh fits, and the second pairs a survivor with a
@@ -99,6 +105,19 @@ def assert_units_on_hosts(formed: list[dict[str, Any]], tp: int) -> None:
     assert all(len(hosts) == 1 for hosts in hosts_of_unit.values()), hosts_of_unit
 
 
+def assert_steps_bounded(job: MeshJob, names: list[str], after_t: float) -> None:
+    """Each named worker's rounds since ``after_t`` bounded the mesh's groups as the default
+    group (``step_bounds``: the timeouts a step left them with)."""
+    for name in names:
+        bounds = job.wait(
+            lambda name=name: job.workers[name].select("step_bounds", after_t),  # type: ignore[misc]
+            CHANGE_S,
+            f"{name}'s step bounds",
+        )
+        for bound in bounds:
+            assert bound["dp_s"] == bound["tp_s"] == bound["world_s"], bound
+
+
 def registered_before(job: MeshJob, t: float) -> int:
     return max(
         e["step"]
@@ -134,6 +153,7 @@ def test_a_killed_rank_shrinks_dp_and_keeps_tp(cluster: ProcessCluster, tmp_path
             CHANGE_S,
             "5 steps at dp=1",
         )
+        assert_steps_bounded(job, survivors, 0.0)
         assert job.workers["b0"].proc.poll() is None, job.workers["b0"].stderr_tail()
     finally:
         job.stop_all()
@@ -170,6 +190,7 @@ def test_a_spare_host_keeps_dp(cluster: ProcessCluster, tmp_path: Path) -> None:
             CHANGE_S,
             "5 steps with the spare host",
         )
+        assert_steps_bounded(job, world, killed_t)
     finally:
         job.stop_all()
 

@@ -75,6 +75,8 @@ class ElasticRound:
         self.steps_trained = 0
         # The default group's collective timeout as step() last set it (sharded models).
         self._step_timeout_s = 0.0
+        # The model whose step groups were found, and those groups (_step_groups).
+        self._mesh_groups: tuple[torch.nn.Module, list[dist.ProcessGroup]] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -211,9 +213,8 @@ class ElasticRound:
                 )
             bound_s = min(bound_s, self.run.settings.collective_timeout_s)
             if bound_s != self._step_timeout_s:
-                group = dist.group.WORLD
-                assert group is not None
-                group.set_timeout(timedelta(seconds=bound_s))
+                for group in self._step_groups():
+                    group.set_timeout(timedelta(seconds=bound_s))
                 self._step_timeout_s = bound_s
         try:
             yield
@@ -225,6 +226,31 @@ class ElasticRound:
             self._awaiting_step_done = False
             for param in self.run.state.model.parameters():
                 param.grad = None
+
+    def _step_groups(self) -> list[dist.ProcessGroup]:
+        """The groups a sharded model's step runs collectives on: the default group and
+        every group of its parameters' device meshes (a 2-D mesh's "dp" and "tp" groups).
+        Tensor-parallel collectives (DTensor's redistributions) cannot be given up on gloo
+        as FSDP2's are: a rank inside one whose partner left the step (its own collective
+        failed on a lost peer) waits out the group's timeout, so each is bounded as the
+        default group's are (measured: a 2 x 2 mesh losing a host held the surviving unit's
+        other rank for two collective timeouts)."""
+        model = self.run.state.model
+        if self._mesh_groups is None or self._mesh_groups[0] is not model:
+            world = dist.group.WORLD
+            assert world is not None
+            groups: dict[int, dist.ProcessGroup] = {id(world): world}
+            meshes = {
+                id(p.device_mesh): p.device_mesh
+                for p in model.parameters()
+                if isinstance(p, DTensor)
+            }
+            for mesh in meshes.values():
+                for dim in range(mesh.ndim):
+                    group = mesh.get_group(dim)
+                    groups.setdefault(id(group), group)
+            self._mesh_groups = (model, list(groups.values()))
+        return self._mesh_groups[1]
 
     def all_reduce(
         self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM

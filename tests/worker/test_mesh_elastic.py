@@ -12,8 +12,8 @@ Claims:
 - spare host: the same job with a third host waiting; one process SIGKILLed: the next round
   takes the spare host's unit in place of the broken one, dp stays 2, every unit lives on
   one host, and training goes on at world 4 with the state restored from memory;
-- host loss: both processes of a host SIGKILLed at once: the other host's unit re-forms at
-  dp=1, restored from memory;
+- host loss: then both processes of the spare host SIGKILLed at once: exactly one round
+  ends, and host-a's unit re-forms at dp=1, restored from memory;
 - in every round, the collectives of a step on the mesh's "dp" and "tp" groups are bounded
   as the default group's are (the hang verdict): a tensor-parallel collective cannot be
   given up on gloo, and a rank left in one by its partner (whose own collective failed on
@@ -159,7 +159,9 @@ def test_a_killed_rank_shrinks_dp_and_keeps_tp(cluster: ProcessCluster, tmp_path
         job.stop_all()
 
 
-def test_a_spare_host_keeps_dp(cluster: ProcessCluster, tmp_path: Path) -> None:
+def test_a_spare_host_keeps_dp_and_a_lost_host_ends_one_round(
+    cluster: ProcessCluster, tmp_path: Path
+) -> None:
     job = start_mesh_job(cluster, tmp_path, "mesh-spare")
     try:
         for name, host in SPARES.items():
@@ -191,31 +193,33 @@ def test_a_spare_host_keeps_dp(cluster: ProcessCluster, tmp_path: Path) -> None:
             "5 steps with the spare host",
         )
         assert_steps_bounded(job, world, killed_t)
-    finally:
-        job.stop_all()
 
-
-def test_a_lost_host_shrinks_dp(cluster: ProcessCluster, tmp_path: Path) -> None:
-    job = start_mesh_job(cluster, tmp_path, "mesh-host")
-    try:
+        # Then the spare host is lost, both processes at once: one round ends, and host-a's
+        # unit goes on at dp=1 (b0 still waits: alone it is no unit).
+        job.wait(
+            lambda: (
+                sum(len(job.workers[n].select("snapshot_committed", back_t)) for n in world) >= 2
+            ),
+            CHANGE_S,
+            "2 snapshots registered with the spare host",
+        )
         killed_t = time.time()
-        for name in ("b0", "b1"):
+        for name in SPARES:
             job.workers[name].kill()
         survivors = ["a0", "a1"]
         back_t = job.wait(
             lambda: job.training_at(survivors, 2, killed_t), CHANGE_S, "dp=1 x tp=2 training"
         )
-        print(f"SIGKILL host-b -> dp=1 x tp=2 training: {back_t - killed_t:.3f} s")
+        print(f"SIGKILL host-c -> dp=1 x tp=2 training: {back_t - killed_t:.3f} s")
         formed = job.mesh_at(survivors, 2, killed_t)
         assert [(e["dp"], e["tp"]) for e in formed] == [(1, 2), (1, 2)], formed
         assert_units_on_hosts(formed, 2)
+        ended = {
+            e["round"] for n in survivors for e in job.workers[n].select("round_ended", killed_t)
+        }
+        assert len(ended) == 1, f"the host loss ended rounds {sorted(ended)}"
         states = [job.workers[n].select("formed_state", killed_t)[0] for n in survivors]
         assert {s["source"] for s in states} == {"memory"}, states
         assert len({s["digest"] for s in states}) == 1, states
-        job.wait(
-            lambda: len(job.workers["a0"].select("step", back_t)) >= 5,
-            CHANGE_S,
-            "5 steps at dp=1",
-        )
     finally:
         job.stop_all()

@@ -146,7 +146,9 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         # Per job, the RoundInfo last pushed to watchers and the job revision it shows: every
         # watcher of a job gets the same message, built once per change (a round of N workers
         # has N watchers, so building it per watcher costs N^2).
-        self._pushed: dict[str, tuple[int, rendezvous_pb2.RoundInfo]] = {}
+        # Keyed by the drained domains too: a drain can change a job's spares without a
+        # change to the job.
+        self._pushed: dict[str, tuple[int, tuple[str, ...], rendezvous_pb2.RoundInfo]] = {}
         self.liveness = node.liveness
         self._heartbeats = HeartbeatStreams(node, node.liveness)
 
@@ -199,10 +201,7 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
             job_end_detail=job.end_detail,
             trained_ms=r.trained_ms,
             restore=r.restore,
-            spares=domains.spares(
-                self.node.state.rendezvous,
-                [_domain_of(job, pid) for pid in job.waiting],
-            ),
+            spares=self._spares_of(job),
         )
 
     async def GetJob(
@@ -274,12 +273,20 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
         while True:
             job = self._job(job_id)
             revision, position = job.revision, job_position(job)
+            drained = self._drained_names()
+            pushed = self._round_info_to_push(job, drained)
             yield rendezvous_pb2.WatchJobResponse(
-                header=header_pb(self.node.header()), round=self._round_info_to_push(job)
+                header=header_pb(self.node.header()), round=pushed
             )
             hold_until = loop.time() + WATCH_COALESCE_S
             # No await between a check and the wait that follows it: no apply is missed.
             while not self._changed_since(job_id, revision):
+                # A drain or undrain may change the job's spares without changing the job
+                # (only its waiters are in the domain): counted once per drained-set change.
+                if (now := self._drained_names()) != drained:
+                    drained = now
+                    if self._spares_of(self._job(job_id)) != pushed.spares:
+                        break
                 await self.node.wait_for_apply(WATCH_RECHECK_S)
             # Changed. Within the same round and state, gather more changes for a moment.
             while (remaining := hold_until - loop.time()) > 0 and (
@@ -287,15 +294,24 @@ class RendezvousServicer(rendezvous_pb2_grpc.RendezvousServicer):
             ):
                 await self.node.wait_for_apply(remaining)
 
-    def _round_info_to_push(self, job: JobView) -> rendezvous_pb2.RoundInfo:
+    def _round_info_to_push(
+        self, job: JobView, drained: tuple[str, ...]
+    ) -> rendezvous_pb2.RoundInfo:
         pushed = self._pushed.get(job.job_id)
-        if pushed is not None and pushed[0] == job.revision:
-            return pushed[1]
+        if pushed is not None and pushed[:2] == (job.revision, drained):
+            return pushed[2]
         info = self.round_info(job)
         if len(self._pushed) > 1024:
             self._pushed.clear()
-        self._pushed[job.job_id] = (job.revision, info)
+        self._pushed[job.job_id] = (job.revision, drained, info)
         return info
+
+    def _drained_names(self) -> tuple[str, ...]:
+        return tuple(d.domain for d in self.node.state.rendezvous.drained_domains())
+
+    def _spares_of(self, job: JobView) -> int:
+        waiting = [_domain_of(job, pid) for pid in job.waiting]
+        return domains.spares(self.node.state.rendezvous, waiting)
 
     def _changed_since(self, job_id: str, revision: int) -> bool:
         changed = self.node.state.rendezvous.job_changed_since(job_id, revision)

@@ -237,9 +237,9 @@ def _compile_encoder(cls: type[Any]) -> Callable[[Any], list[Any]]:
     tag = fmt.tag
     if not fmt.field_names:
         return lambda value: [tag]
-    if fmt.version > 1:
-        return lambda value: [tag, *(to_obj(field) for field in _record_fields(value, fmt))]
     convert = [_field_encoder(hint) for _, hint in _hints(cls)]
+    if fmt.version > 1:
+        return _compile_versioned_encoder(cls, fmt, convert)
     if len(convert) == 1:
         name = fmt.field_names[0]
         one = convert[0] or (lambda field: field)
@@ -251,6 +251,44 @@ def _compile_encoder(cls: type[Any]) -> Callable[[Any], list[Any]]:
         tag,
         *(f if c is None else c(f) for c, f in zip(convert, fields(value), strict=True)),
     ]
+
+
+def _compile_versioned_encoder(
+    cls: type[Any], fmt: RecordFormat, convert: list[Callable[[Any], Any] | None]
+) -> Callable[[Any], list[Any]]:
+    """``to_obj`` for a record class with fields of version 2 or later: ``_record_fields``'s
+    rule (trailing such fields that hold their default are not written) in one compiled
+    step per field. A snapshot holds one Participant (a versioned record) per participant."""
+    tag = fmt.tag
+    names = fmt.field_names
+    first_versioned = fmt.field_versions.index(next(v for v in fmt.field_versions if v > 1))
+    defaults = [
+        f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+        for f in dataclasses.fields(cls)
+    ]
+    if not any(convert):
+        # Every field written as it is (a Participant): one C-speed step for all of them.
+        getter = operator.attrgetter(*names) if len(names) > 1 else None
+        if getter is not None:
+
+            def encode_plain(value: Any) -> list[Any]:
+                fields = getter(value)
+                count = len(fields)
+                while count > first_versioned and fields[count - 1] == defaults[count - 1]:
+                    count -= 1
+                return [tag, *fields[:count]]
+
+            return encode_plain
+    steps = [c or (lambda field: field) for c in convert]
+
+    def encode(value: Any) -> list[Any]:
+        fields = [getattr(value, name) for name in names]
+        count = len(fields)
+        while count > first_versioned and fields[count - 1] == defaults[count - 1]:
+            count -= 1
+        return [tag, *(steps[i](fields[i]) for i in range(count))]
+
+    return encode
 
 
 def to_obj(value: Any) -> Any:

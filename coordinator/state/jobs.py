@@ -216,14 +216,15 @@ class Seat:
 @dataclass(frozen=True, slots=True)
 class Round:
     """A job's current round. Invariants: ``members`` in participant-id order; JOINING: every
-    rank is -1, ``closed_ms`` and ``fencing_token`` are 0, fewer than max_nodes members, and
-    ``min_reached_ms`` is set exactly when at least min_nodes are present; ACTIVE: the ranks
-    are a permutation of range(len(members)) and ``fencing_token`` is the raft index of the
-    close. ``previous`` holds the ranks the carried-over survivors had in the round before.
-    ``trained_ms``: when the leader heard the round's first training step was done (0:
-    not yet, or its workers report no progress); set once, while ACTIVE, together with
-    ``restore``: where the round's state came from, as its workers reported it ("" when
-    they did not say)."""
+    rank is -1, ``closed_ms`` and ``fencing_token`` are 0, fewer than max_nodes members (a
+    shaped job's may hold more, rendezvous.py "Shaped jobs"), and ``min_reached_ms`` is set
+    exactly when at least min_nodes are present; ACTIVE: the ranks are a permutation of
+    range(len(members)), a multiple of the job's unit_size, ``hold_until_ms`` is 0, and
+    ``fencing_token`` is the raft index of the close. ``previous`` holds the ranks the
+    carried-over survivors had in the round before. ``trained_ms``: when the leader heard
+    the round's first training step was done (0: not yet, or its workers report no
+    progress); set once, while ACTIVE, together with ``restore``: where the round's state
+    came from, as its workers reported it ("" when they did not say)."""
 
     number: int
     state: RoundState

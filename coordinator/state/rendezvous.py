@@ -105,6 +105,47 @@ reports its first step done (``supervisor.py``); the round's ``trained_ms`` reco
 keep, broadcast, disk, fresh, as the workers reported it; "" when they did not say), kept
 beside ``trained_ms``: set once, by the first ``RoundTrained`` applied.
 
+Shaped jobs (the rules in detail: :mod:`.shapes`). A job whose ``unit_size`` is above 1 or
+one of whose participants declared a failure domain (``Join.domain``, its host) is shaped;
+the rules above hold for it with these differences, and a job with neither keeps exactly
+the rules above (and writes the bytes it always wrote).
+
+- Units. Every closed round's world size is a multiple of ``unit_size`` u; ranks
+  [k*u, (k+1)*u) are unit k. u must divide min_nodes and max_nodes, and with
+  ``units_within_domains`` a declared ``domain_size`` (else Configure or Join is refused,
+  one line saying which numbers); a join that would put more than ``domain_size``
+  participants in a domain is refused. A shaped job's JOINING round holds every
+  participant (it may hold more than max_nodes); its close seats K whole units
+  (``shapes.place``: intact units of the previous round keep their index and ranks,
+  new units form per domain then, unless ``units_within_domains``, across domains; spare
+  hosts first, then the longest waiting) and everyone else waits: the spares. It closes
+  when K*u is max_nodes, or when the last call is over and K*u is at least min_nodes.
+- A rank dies. Its round ends as any; the next round holds everyone, so its unit is no
+  longer intact: the survivors are re-formed into units with the spares, or wait (they
+  are alive and hold state other units need). A spare unit takes the free index, so the
+  world keeps its size.
+- Failure domains. When a member of domain D ("" never counts) is removed as failed and
+  other participants of D remain, the JOINING round (the one the removal opens, or the one
+  it leaves) gets ``hold_until_ms`` = now + 2 * heartbeat_interval_ms (later removals of
+  D's participants push it on) and does not close before then, full or not: a domain-mate
+  that died too is removed while the round is JOINING (no round change), one that is alive
+  is seated in it. ``closes_due`` honours the hold, so the leader proposes the close after
+  it. A detector's verdict on the round a domain failure just ended (``MemberFailed.round``
+  one below the current) still lands while the successor is held, for a participant with a
+  domain: the verdicts on a host's participants are made together. The participants of an
+  ended session leave a shaped job together (one round change, no hold for a domain none
+  of whose participants remain). So a host loss ends exactly one round.
+- Spares and scale-up. With ``scale_up``, an ACTIVE round with room for one more unit
+  ends for the waiters only once the eligible ones make a whole unit, and a domain's
+  waiters count only once the domain holds ``domain_size`` participants (when declared):
+  a returning host is readmitted together, in one round change.
+- Drain. ``Drain(D)`` records D in ``drained`` (machine snapshot format 7 while any is).
+  Every job whose ACTIVE round has a member in D ends that round (DRAINED, detail naming D
+  and the reason) and opens the next; D's participants are not eligible: they wait while
+  D is drained (a JOINING round leaves them out at its close). ``Drain(D, drain=False)``
+  forgets D and runs the close and scale-up rules of every job with a participant in D.
+  Nobody died: the workers finish the step in flight before re-forming.
+
 ``join_timeout_ms`` is enforced by the client (how long a worker waits for its round to
 close); ``reason`` reports how long a round has been joining.
 

@@ -6,6 +6,7 @@ the real cluster: tests/integration/test_domains.py.)"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
@@ -14,7 +15,7 @@ import pytest
 from rallypoint.proto.v1 import rendezvous_pb2 as pb
 from rallypoint.proto.v1 import rendezvous_pb2_grpc
 
-from .fake_node import FakeNode, Headers, fails, job_config, open_session, serving
+from .fake_node import FakeNode, Headers, fails, job_config, open_session, serving, until
 
 Code = grpc.StatusCode
 
@@ -145,3 +146,27 @@ async def test_bad_domains_and_shapes_are_invalid_arguments_naming_the_field(
         assert refused.code is Code.INVALID_ARGUMENT, (said, refused)
         assert said in refused.details and "\n" not in refused.details, refused.details
     assert node.state.applied_index == applied  # nothing was proposed
+
+
+async def test_a_watch_hears_a_drain_that_changes_only_the_spares(
+    service: tuple[FakeNode, Headers, rendezvous_pb2_grpc.RendezvousStub],
+) -> None:
+    """Draining the domain of a job's only waiter ends no round and changes nothing else of
+    the job, but its spares: the watch still says so, and again when it is undrained."""
+    node, headers, stub = service
+    solo = job_config(1, 1)
+    await stub.Join(pb.JoinRequest(header=headers(), job="j", name="a0", config=solo, domain="h1"))
+    await stub.Join(pb.JoinRequest(header=headers(), job="j", name="b0", config=solo, domain="h2"))
+    call = stub.WatchJob(pb.WatchJobRequest(job="j"))
+    first = await call.read()
+    assert isinstance(first, pb.WatchJobResponse)
+    assert [m.name for m in first.round.waiting] == ["b0"] and first.round.spares == 1
+    await until(lambda: node.apply_waits > 0)
+    await stub.Drain(pb.DrainRequest(header=headers(), domain="h2"))
+    drained = await asyncio.wait_for(call.read(), 10)
+    assert isinstance(drained, pb.WatchJobResponse)
+    assert drained.round.spares == 0 and drained.round.job_revision == first.round.job_revision
+    await stub.Undrain(pb.UndrainRequest(header=headers(), domain="h2"))
+    undrained = await asyncio.wait_for(call.read(), 10)
+    assert isinstance(undrained, pb.WatchJobResponse) and undrained.round.spares == 1
+    call.cancel()

@@ -401,6 +401,41 @@ def format6_snapshot() -> bytes:
     return image
 
 
+# (session, sequence, command) applied at indexes 1, 2, ...: a shaped job (units of 2,
+# hosts of 2, units inside a host) whose hosts a and b are seated and c waits; a's first
+# participant fails, so round 2 is JOINING and held for a's other one; then host c is
+# drained, which makes the snapshot format 7 (its fields: a JobConfig of format 2,
+# Participants with a domain, a Round with a hold, a DrainedDomain).
+SHAPED_CONFIG = JobConfig(
+    min_nodes=2,
+    max_nodes=4,
+    scale_up=True,
+    unit_size=2,
+    domain_size=2,
+    units_within_domains=True,
+)
+FORMAT7_LOG: list[tuple[int, int, Command]] = [
+    (0, 0, SessionOpen(60_000)),
+    (1, 1, Configure("llm", SHAPED_CONFIG)),
+    (1, 2, JoinBatch("llm", ("a-0", "a-1", "b-0", "b-1"), (), None, True, ("a", "a", "b", "b"))),
+    (1, 3, JoinBatch("llm", ("c-0", "c-1"), (b"c0", b"c1"), None, True, ("c", "c"))),
+    (0, 0, MemberFailed("llm", 3, 1, "phi 9.1 over 8.0")),
+    (1, 4, Drain("c", True, "ecc errors")),
+]
+
+
+def format7_snapshot() -> bytes:
+    machine = StateMachine()
+    for index, (session, sequence, command) in enumerate(FORMAT7_LOG, 1):
+        envelope = Envelope(session, sequence, 0, LEADER_TIME_MS + 10 * index, command)
+        machine.apply(index, encode_envelope(envelope))
+    image = machine.snapshot()
+    assert codec.unpack(image)[0] == 7, "the drained domain makes it format 7"
+    job = machine.rendezvous.jobs["llm"]
+    assert job.round.number == 2 and job.round.hold_until_ms, job.round
+    return image
+
+
 def entry_data(index: int, session: int, sequence: int, command: Command) -> bytes:
     envelope = Envelope(session, sequence, 0, LEADER_TIME_MS + 100 * index, command)
     return ENTRY_HEADER.pack(1, 1, index) + encode_envelope(envelope)
@@ -530,6 +565,7 @@ def main() -> int:
             json_format.MessageToDict(stamped, preserving_proto_field_name=True),
         )
     write_new(SNAPSHOTS / "format6-snapshot.msgpack", format6_snapshot())
+    write_new(SNAPSHOTS / "format7-snapshot.msgpack", format7_snapshot())
     if not DATA.exists():
         write_data_dir(DATA)
         print(f"wrote {DATA.relative_to(GOLDEN)}")

@@ -14,7 +14,12 @@ import pytest
 from rallypoint.coordinator.member_table import MemberAddress, decode_app_snapshot
 from rallypoint.coordinator.node.proposals import unwrap
 from rallypoint.coordinator.state.codec import StateCodecError
-from rallypoint.coordinator.state.jobs import JobConfig, MemorySnapshotInfo, RoundState
+from rallypoint.coordinator.state.jobs import (
+    DrainedDomain,
+    JobConfig,
+    MemorySnapshotInfo,
+    RoundState,
+)
 from rallypoint.coordinator.state.machine import SNAPSHOT_FORMAT, StateMachine
 from rallypoint.raft.codec import decode_conf_change
 from rallypoint.raft.storage.disk_storage import DiskStorage
@@ -133,6 +138,31 @@ def test_a_format_6_snapshot_restores_its_memory_snapshot_and_encodes_the_same()
     assert registry.latest_memory_snapshot() == MemorySnapshotInfo(
         9, 101, 1, 2, b"dp2", b"\x01rank0@h1,rank1@h0", 1_764_000_000_900
     )
+    assert machine.snapshot() == data
+
+
+def test_a_format_7_snapshot_restores_its_drained_domain_and_shaped_job_and_encodes_the_same() -> (
+    None
+):
+    # generate.py's FORMAT7_LOG: a shaped job (units of 2, hosts a, b seated, c waiting),
+    # a-0 failed (round 2 JOINING, held), host c drained.
+    data = (SNAPSHOTS / "format7-snapshot.msgpack").read_bytes()
+    assert msgpack.unpackb(data)[0] == 7
+    machine = StateMachine()
+    machine.restore(data)
+    assert machine.applied_index == 6
+    assert machine.rendezvous.drained_domains() == [
+        DrainedDomain("c", "ecc errors", 1_764_000_000_060)
+    ]
+    job = machine.rendezvous.jobs["llm"]
+    assert (job.config.unit_size, job.config.domain_size, job.config.units_within_domains) == (
+        2, 2, True,
+    )  # fmt: skip
+    assert job.round.number == 2 and job.round.state is RoundState.JOINING
+    assert job.round.hold_until_ms == 1_764_000_000_050 + 2 * job.config.heartbeat_interval_ms
+    assert {p.name: p.domain for p in job.participants.values()} == {
+        "a-1": "a", "b-0": "b", "b-1": "b", "c-0": "c", "c-1": "c",
+    }  # fmt: skip
     assert machine.snapshot() == data
 
 

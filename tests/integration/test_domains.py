@@ -135,8 +135,18 @@ def test_a_domain_shows_in_list_members_and_in_rallypoint_rounds(
 ) -> None:
     admin = connect(ADMIN)
     first = admin.join("shown", "a0", config=PAIR, domain="rack1-host-a")
-    batch = admin.join_batch("shown", ["b0"], domains=["rack1-host-b"], config=PAIR)
-    assert len(batch.participant_ids) == 1
+    second = admin.join("shown", "b0", config=PAIR, domain="rack1-host-b")
+    # a0 alone may form a round first (min 1); b0 then joins it by scale-up.
+    active_round(admin, "shown", {"a0", "b0"}, "both workers in a round")
+    # A batch join's domains, read back at once (nothing heartbeats these: a round of five
+    # never forms, and they are removed as failed a few seconds later).
+    five = JobConfig(min_nodes=5, max_nodes=5)
+    batch = admin.join_batch("batched", ["x0", "x1"], domains=["rack2-h1", "rack2-h2"], config=five)
+    assert len(batch.participant_ids) == 2
+    assert {m.name: m.domain for m in admin.list_members("batched").members} == {
+        "x0": "rack2-h1",
+        "x1": "rack2-h2",
+    }
     page = admin.list_members("shown")
     assert {m.name: m.domain for m in page.members} == {
         "a0": "rack1-host-a",
@@ -158,6 +168,7 @@ def test_a_domain_shows_in_list_members_and_in_rallypoint_rounds(
     assert "domain" in out and "rack1-host-a" in out and "rack1-host-b" in out
     assert "unit size 1; 0 spares waiting" in out
     first.close()
+    second.close()
 
 
 def test_an_admin_drain_ends_the_round_and_the_domains_participant_waits_until_undrained(

@@ -17,7 +17,9 @@ Claims:
 - in every round, the collectives of a step on the mesh's "dp" and "tp" groups are bounded
   as the default group's are (the hang verdict): a tensor-parallel collective cannot be
   given up on gloo, and a rank left in one by its partner (whose own collective failed on
-  the lost peer) would otherwise wait out the whole collective timeout.
+  the lost peer) would otherwise wait out the whole collective timeout;
+- a rank that leaves a round closes its "tp" group at once (its partner, if waiting in a
+  tensor-parallel collective on it, then fails at once instead of at the step bound).
 
 Both need the job's shape (unit_size, domains): on a rendezvous without units the first
 re-forms at an odd world size, which no 2-D mesh fits, and the second pairs a survivor with a
@@ -154,6 +156,8 @@ def test_a_killed_rank_shrinks_dp_and_keeps_tp(cluster: ProcessCluster, tmp_path
             "5 steps at dp=1",
         )
         assert_steps_bounded(job, survivors, 0.0)
+        left = [e for n in survivors for e in job.workers[n].select("left_round", killed_t)]
+        assert left and not any(e["tp_alive"] for e in left), left
         assert job.workers["b0"].proc.poll() is None, job.workers["b0"].stderr_tail()
     finally:
         job.stop_all()

@@ -252,6 +252,28 @@ class ElasticRound:
             self._mesh_groups = (model, list(groups.values()))
         return self._mesh_groups[1]
 
+    def release_mesh_groups(self) -> None:
+        """Let go of the sharded model's mesh groups once the round's groups are destroyed
+        (``destroy_process_group``), so that they close now rather than when the model is
+        replaced at the next formation: a peer waiting in a tensor-parallel collective on
+        this rank (which left the step) then fails at once ("connection closed by peer",
+        measured) instead of at its step bound. torch keeps a device mesh's groups in the
+        mesh (``_pg_registry``), and its DTensor caches keep the meshes."""
+        self._mesh_groups = None
+        meshes = {
+            id(p.device_mesh): p.device_mesh
+            for p in self.run.state.model.parameters()
+            if isinstance(p, DTensor)
+        }
+        for mesh in meshes.values():
+            registry = getattr(mesh, "_pg_registry", None)
+            if isinstance(registry, dict):
+                registry.clear()
+            root = getattr(mesh, "_root_mesh", None)
+            registry = getattr(root, "_pg_registry", None)
+            if isinstance(registry, dict):
+                registry.clear()
+
     def all_reduce(
         self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
     ) -> bool:

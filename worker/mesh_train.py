@@ -35,8 +35,9 @@ What torch 2.13 on CPU/gloo supports here (measured): FSDP2 over the "dp" dimens
 resulting ``(_StridedShard(0), Shard(0))`` parameters (full state dicts: torch warns that it
 takes two all-gathers); DCP save and load of the 2-D state across dp changes (4 ranks saved
 as 2 x 2, loaded as 1 x 2 and 3 x 2: the full weights as saved). Not supported: giving up a
-TP collective (gloo cannot interrupt it, and DTensor's are not FSDP2's pluggable ones); the
-loop bounds the mesh's groups within a step instead (docs/elastic.md, "Mesh jobs").
+TP collective (gloo cannot interrupt it, and DTensor's are not FSDP2's pluggable ones): the
+loop closes a leaving rank's mesh groups at once, which fails its partner's pending TP
+collective, and bounds the mesh's groups within a step (docs/elastic.md, "Mesh jobs").
 """
 
 from __future__ import annotations

@@ -151,6 +151,16 @@ def _rounds_ended(trial: MeshTrial, names: Sequence[str], after_t: float, until_
     )
 
 
+def _ends(trial: MeshTrial, names: Sequence[str], after_t: float, until_t: float) -> list[str]:
+    """Each round the named workers saw end in ``(after_t, until_t]``, with the first
+    reason given for it: what a fault cost in round changes, for the report."""
+    first: dict[int, str] = {}
+    for event in trial.select("round_ended", after_t, until_t):
+        if event["name"] in names:
+            first.setdefault(event["round"], f"{event['name']}: {event['reason'][:120]}")
+    return [f"round {number}: {reason}" for number, reason in sorted(first.items())]
+
+
 def shrink_trial(endpoints: str, job: str, root: Path, timeout_s: float) -> Event:
     """dp=4 x tp=2 loses one process, then a whole host (module docstring)."""
     trial = MeshTrial(endpoints, job, root, max_nodes=2 * HOST_SIZE)
@@ -174,6 +184,7 @@ def shrink_trial(endpoints: str, job: str, root: Path, timeout_s: float) -> Even
         formed = [e for e in trial.select("mesh_formed", killed_at) if e["world_size"] == 6]
         figures.update(
             shaped_recovery_s=back - killed_at,
+            shaped_ends=_ends(trial, survivors, killed_at, back),
             shaped_sources=sorted({e["source"] for e in formed}),
             shaped_mesh=sorted({(e["dp"], e["tp"]) for e in formed}),
         )
@@ -190,6 +201,7 @@ def shrink_trial(endpoints: str, job: str, root: Path, timeout_s: float) -> Even
         )
         figures.update(
             host_loss_rounds=_rounds_ended(trial, left, killed_at, back),
+            host_loss_ends=_ends(trial, left, killed_at, back),
             host_loss_recovery_s=back - killed_at,
             host_loss_world=world,
         )
@@ -229,6 +241,7 @@ def spare_trial(endpoints: str, job: str, root: Path, timeout_s: float) -> Event
         figures.update(
             spare_recovery_s=back - killed_at,
             spare_rounds=_rounds_ended(trial, world, killed_at, back),
+            spare_ends=_ends(trial, world, killed_at, back),
             spare_sources=sorted({e["source"] for e in formed}),
         )
         time.sleep(1.0)
@@ -252,6 +265,7 @@ def spare_trial(endpoints: str, job: str, root: Path, timeout_s: float) -> Event
         )
         figures.update(
             drain_steps_lost=trained - restored,
+            drain_ends=_ends(trial, world, drained_at, back),
             drain_recovery_s=back - drained_at,
         )
         return {"recovered": True, **figures}

@@ -34,7 +34,10 @@ What torch 2.13 on CPU/gloo supports here (measured): FSDP2 over the "dp" dimens
 2-D mesh with TP on "tp", forward, backward and AdamW; DTensor redistribution of the
 resulting ``(_StridedShard(0), Shard(0))`` parameters (full state dicts: torch warns that it
 takes two all-gathers); DCP save and load of the 2-D state across dp changes (4 ranks saved
-as 2 x 2, loaded as 1 x 2 and 3 x 2, bit for bit).
+as 2 x 2, loaded as 1 x 2 and 3 x 2: the full weights as saved). Not supported: giving up a
+TP collective (gloo cannot interrupt it, and DTensor's are not FSDP2's pluggable ones): the
+loop closes a leaving rank's mesh groups at once, which fails its partner's pending TP
+collective, and bounds the mesh's groups within a step (docs/elastic.md, "Mesh jobs").
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from rallypoint.proto.v1.defaults import ELASTIC
 
 from .demo_train import (
     BATCH_SIZE,
@@ -163,8 +168,9 @@ def mesh_builder(
 
         shape = mesh_shape(dist.get_world_size(), tp)
         mesh = init_device_mesh("cpu", (shape.dp, shape.tp), mesh_dim_names=("dp", "tp"))
-        # The sub-meshes' groups are new groups of their own: bound their collectives as
-        # the world's are (a rank waiting on a lost peer gives up, the round re-forms).
+        # The sub-meshes' groups are new groups of their own (gloo's default timeout is
+        # 30 minutes): bound their collectives as the world's are; within a step the loop
+        # bounds them tighter (ElasticRound.step).
         for dim in ("dp", "tp"):
             mesh.get_group(dim).set_timeout(timedelta(seconds=collective_timeout_s))
         model = make_model()
@@ -181,7 +187,9 @@ def mesh_builder(
     return build
 
 
-def make_state(tp: int = TP, collective_timeout_s: float = 60.0) -> TrainState:
+def make_state(
+    tp: int = TP, collective_timeout_s: float = ELASTIC.collective_timeout_s
+) -> TrainState:
     """A ``dp x tp`` job's state: the model is built for each round's mesh (the one made
     here is a placeholder the first formation replaces)."""
     model = make_model()

@@ -11,7 +11,15 @@ Claims:
   training goes on;
 - spare host: the same job with a third host waiting; one process SIGKILLed: the next round
   takes the spare host's unit in place of the broken one, dp stays 2, every unit lives on
-  one host, and training goes on at world 4 with the state restored from memory.
+  one host, and training goes on at world 4 with the state restored from memory;
+- host loss: then both processes of the spare host SIGKILLed at once: exactly one round
+  ends, and host-a's unit re-forms at dp=1, restored from memory;
+- in every round, the collectives of a step on the mesh's "dp" and "tp" groups are bounded
+  as the default group's are (the hang verdict): a tensor-parallel collective cannot be
+  given up on gloo, and a rank left in one by its partner (whose own collective failed on
+  the lost peer) would otherwise wait out the whole collective timeout;
+- a rank that leaves a round closes its "tp" group at once (its partner, if waiting in a
+  tensor-parallel collective on it, then fails at once instead of at the step bound).
 
 Both need the job's shape (unit_size, domains): on a rendezvous without units the first
 re-forms at an odd world size, which no 2-D mesh fits, and the second pairs a survivor with a
@@ -99,6 +107,19 @@ def assert_units_on_hosts(formed: list[dict[str, Any]], tp: int) -> None:
     assert all(len(hosts) == 1 for hosts in hosts_of_unit.values()), hosts_of_unit
 
 
+def assert_steps_bounded(job: MeshJob, names: list[str], after_t: float) -> None:
+    """Each named worker's rounds since ``after_t`` bounded the mesh's groups as the default
+    group (``step_bounds``: the timeouts a step left them with)."""
+    for name in names:
+        bounds = job.wait(
+            lambda name=name: job.workers[name].select("step_bounds", after_t),  # type: ignore[misc]
+            CHANGE_S,
+            f"{name}'s step bounds",
+        )
+        for bound in bounds:
+            assert bound["dp_s"] == bound["tp_s"] == bound["world_s"], bound
+
+
 def registered_before(job: MeshJob, t: float) -> int:
     return max(
         e["step"]
@@ -134,12 +155,17 @@ def test_a_killed_rank_shrinks_dp_and_keeps_tp(cluster: ProcessCluster, tmp_path
             CHANGE_S,
             "5 steps at dp=1",
         )
+        assert_steps_bounded(job, survivors, 0.0)
+        left = [e for n in survivors for e in job.workers[n].select("left_round", killed_t)]
+        assert left and not any(e["tp_alive"] for e in left), left
         assert job.workers["b0"].proc.poll() is None, job.workers["b0"].stderr_tail()
     finally:
         job.stop_all()
 
 
-def test_a_spare_host_keeps_dp(cluster: ProcessCluster, tmp_path: Path) -> None:
+def test_a_spare_host_keeps_dp_and_a_lost_host_ends_one_round(
+    cluster: ProcessCluster, tmp_path: Path
+) -> None:
     job = start_mesh_job(cluster, tmp_path, "mesh-spare")
     try:
         for name, host in SPARES.items():
@@ -170,31 +196,34 @@ def test_a_spare_host_keeps_dp(cluster: ProcessCluster, tmp_path: Path) -> None:
             CHANGE_S,
             "5 steps with the spare host",
         )
-    finally:
-        job.stop_all()
+        assert_steps_bounded(job, world, killed_t)
 
-
-def test_a_lost_host_shrinks_dp(cluster: ProcessCluster, tmp_path: Path) -> None:
-    job = start_mesh_job(cluster, tmp_path, "mesh-host")
-    try:
+        # Then the spare host is lost, both processes at once: one round ends, and host-a's
+        # unit goes on at dp=1 (b0 still waits: alone it is no unit).
+        job.wait(
+            lambda: (
+                sum(len(job.workers[n].select("snapshot_committed", back_t)) for n in world) >= 2
+            ),
+            CHANGE_S,
+            "2 snapshots registered with the spare host",
+        )
         killed_t = time.time()
-        for name in ("b0", "b1"):
+        for name in SPARES:
             job.workers[name].kill()
         survivors = ["a0", "a1"]
         back_t = job.wait(
             lambda: job.training_at(survivors, 2, killed_t), CHANGE_S, "dp=1 x tp=2 training"
         )
-        print(f"SIGKILL host-b -> dp=1 x tp=2 training: {back_t - killed_t:.3f} s")
+        print(f"SIGKILL host-c -> dp=1 x tp=2 training: {back_t - killed_t:.3f} s")
         formed = job.mesh_at(survivors, 2, killed_t)
         assert [(e["dp"], e["tp"]) for e in formed] == [(1, 2), (1, 2)], formed
         assert_units_on_hosts(formed, 2)
+        ended = {
+            e["round"] for n in survivors for e in job.workers[n].select("round_ended", killed_t)
+        }
+        assert len(ended) == 1, f"the host loss ended rounds {sorted(ended)}"
         states = [job.workers[n].select("formed_state", killed_t)[0] for n in survivors]
         assert {s["source"] for s in states} == {"memory"}, states
         assert len({s["digest"] for s in states}) == 1, states
-        job.wait(
-            lambda: len(job.workers["a0"].select("step", back_t)) >= 5,
-            CHANGE_S,
-            "5 steps at dp=1",
-        )
     finally:
         job.stop_all()

@@ -84,6 +84,8 @@ class ElasticRound:
         # A rank of the round saw a planned change by the time of this step's agreement:
         # every rank stops after the same step.
         self._stop_agreed = False
+        # The model whose step groups were found, and those groups (_step_groups).
+        self._mesh_groups: tuple[torch.nn.Module, list[dist.ProcessGroup]] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -256,9 +258,8 @@ class ElasticRound:
                 )
             bound_s = min(bound_s, self.run.settings.collective_timeout_s)
             if bound_s != self._step_timeout_s:
-                group = dist.group.WORLD
-                assert group is not None
-                group.set_timeout(timedelta(seconds=bound_s))
+                for group in self._step_groups():
+                    group.set_timeout(timedelta(seconds=bound_s))
                 self._step_timeout_s = bound_s
         try:
             yield
@@ -270,6 +271,53 @@ class ElasticRound:
             self._awaiting_step_done = False
             for param in self.run.state.model.parameters():
                 param.grad = None
+
+    def _step_groups(self) -> list[dist.ProcessGroup]:
+        """The groups a sharded model's step runs collectives on: the default group and
+        every group of its parameters' device meshes (a 2-D mesh's "dp" and "tp" groups).
+        Tensor-parallel collectives (DTensor's redistributions) cannot be given up on gloo
+        as FSDP2's are: a rank inside one whose partner left the step (its own collective
+        failed on a lost peer) waits out the group's timeout, so each is bounded as the
+        default group's are (measured: a 2 x 2 mesh losing a host held the surviving unit's
+        other rank for two collective timeouts)."""
+        model = self.run.state.model
+        if self._mesh_groups is None or self._mesh_groups[0] is not model:
+            world = dist.group.WORLD
+            assert world is not None
+            groups: dict[int, dist.ProcessGroup] = {id(world): world}
+            meshes = {
+                id(p.device_mesh): p.device_mesh
+                for p in model.parameters()
+                if isinstance(p, DTensor)
+            }
+            for mesh in meshes.values():
+                for dim in range(mesh.ndim):
+                    group = mesh.get_group(dim)
+                    groups.setdefault(id(group), group)
+            self._mesh_groups = (model, list(groups.values()))
+        return self._mesh_groups[1]
+
+    def release_mesh_groups(self) -> None:
+        """Let go of the sharded model's mesh groups once the round's groups are destroyed
+        (``destroy_process_group``), so that they close now rather than when the model is
+        replaced at the next formation: a peer waiting in a tensor-parallel collective on
+        this rank (which left the step) then fails at once ("connection closed by peer",
+        measured) instead of at its step bound. torch keeps a device mesh's groups in the
+        mesh (``_pg_registry``), and its DTensor caches keep the meshes."""
+        self._mesh_groups = None
+        meshes = {
+            id(p.device_mesh): p.device_mesh
+            for p in self.run.state.model.parameters()
+            if isinstance(p, DTensor)
+        }
+        for mesh in meshes.values():
+            registry = getattr(mesh, "_pg_registry", None)
+            if isinstance(registry, dict):
+                registry.clear()
+            root = getattr(mesh, "_root_mesh", None)
+            registry = getattr(root, "_pg_registry", None)
+            if isinstance(registry, dict):
+                registry.clear()
 
     def all_reduce(
         self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM

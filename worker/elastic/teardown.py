@@ -64,6 +64,8 @@ def leave_round(
     if dist.is_initialized():
         round_.collectives.hold(dist.group.WORLD)
         dist.destroy_process_group()
+        if not finished and round_.run.state.build is not None:
+            round_.release_mesh_groups()
     # The run holds them from now on, not the round (the user's loop variable may keep
     # the round object alive for as long as the program runs).
     abandoned.add(now, [round_.commits.release_checkpointer(), *round_.collectives.release()])

@@ -12,11 +12,12 @@ RUNS  ?= 20
 TIME  ?= 60
 LANES ?= 1
 
-.PHONY: help setup lint format typecheck pytest test test-browser sim crash-test fuzz bench-wal bench-kv bench-failover bench-recovery bench-scale bench-store bench-transport bench-ettr bench-peers demo proto clean jepsen jepsen-long
+.PHONY: help setup lint format typecheck pytest pytest-long test test-browser sim crash-test fuzz bench-wal bench-kv bench-failover bench-recovery bench-scale bench-store bench-transport bench-ettr bench-peers demo proto clean jepsen jepsen-long
 
 help:
 	@echo "make demo             start a local cluster and elastic workers, kill things, watch recovery"
 	@echo "make test             lint (ruff, import layers), type-check (mypy), the tests (pytest), then make jepsen"
+	@echo "make pytest-long      the tests CI runs in a short form (marked slow), at full size (RALLYPOINT_SLOW=1)"
 	@echo "make test-browser     the dashboard in headless Chromium (installs chromium and chromium-driver, root)"
 	@echo "make sim SEEDS=N      run the seeded Raft cluster simulator over N seeds"
 	@echo "make crash-test ITER=N  SIGKILL a WAL writer N times and check nothing acknowledged is lost"
@@ -67,6 +68,12 @@ typecheck: setup
 
 pytest: setup
 	$(VENV)/bin/pytest -q
+
+# CI runs a short form of each test that would need minutes (fewer systems, seeds, kills or a
+# shorter window: the same claim); RALLYPOINT_SLOW=1 selects the long forms, which are marked
+# slow. The simulator, the crash loop and the fuzzer have their own targets for longer runs.
+pytest-long: setup
+	RALLYPOINT_SLOW=1 $(VENV)/bin/pytest -q -m slow
 
 # The fault-injection suite needs root (network namespaces, iptables); CI runs as root.
 test: lint typecheck pytest

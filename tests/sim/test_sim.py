@@ -24,8 +24,9 @@ from tests.sim.schedule import Profile
 
 REPO = Path(__file__).resolve().parents[2]
 
-#: The CI sweep: seeds 0..CI_SEEDS-1, split across the machine's cores.
-CI_SEEDS = 500
+#: The CI sweep: seeds 0..CI_SEEDS-1, split across the machine's cores. RALLYPOINT_SLOW=1
+#: (make pytest-long) sweeps 500, as ``make sim`` does by default; ``make sim SEEDS=N`` more.
+CI_SEEDS = 500 if os.environ.get("RALLYPOINT_SLOW") == "1" else 200
 
 
 def first_violation(seeds: range, profile: Profile | None = None) -> Outcome:

@@ -3,9 +3,10 @@
     python probe_ranks.py RANK WORLD_SIZE WORKDIR SLOW_RANK DELAY_S
 
 The ranks meet through a FileStore in WORKDIR (no coordinator, no port) and run the built-in
-``CollectiveProbe`` over real gloo; SLOW_RANK (-1: none) sleeps DELAY_S before each of its
-exchanges, as a rank behind a slow link would deliver late. Each rank writes what the probe
-said of it and the link times it measured to WORKDIR/rank<r>.json.
+``CollectiveProbe`` over real gloo twice in one process group (starting processes is the
+slow part): first with every rank alike, then with SLOW_RANK sleeping DELAY_S before each of
+its exchanges, as a rank behind a slow link would deliver late. Each rank writes what each
+probe said of it and the link times it measured to WORKDIR/rank<r>.json.
 """
 
 from __future__ import annotations
@@ -48,14 +49,17 @@ class SlowProbe(CollectiveProbe):
 def main() -> None:
     rank, world_size = int(sys.argv[1]), int(sys.argv[2])
     workdir = Path(sys.argv[3])
-    SlowProbe.slow_rank, SlowProbe.delay_s = int(sys.argv[4]), float(sys.argv[5])
     store = dist.FileStore(str(workdir / "store"), world_size)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
     probe = SlowProbe()
     round_ = Round(rank, world_size)
-    verdict = probe(round_)  # type: ignore[arg-type]
-    links = probe.measure(round_)  # type: ignore[arg-type]
-    (workdir / f"rank{rank}.json").write_text(json.dumps({"verdict": verdict, "links": links}))
+    said = {}
+    for case, slow_rank in (("alike", -1), ("slow", int(sys.argv[4]))):
+        SlowProbe.slow_rank, SlowProbe.delay_s = slow_rank, float(sys.argv[5])
+        verdict = probe(round_)  # type: ignore[arg-type]
+        links = probe.measure(round_)  # type: ignore[arg-type]
+        said[case] = {"verdict": verdict, "links": links}
+    (workdir / f"rank{rank}.json").write_text(json.dumps(said))
     dist.destroy_process_group()
 
 

@@ -71,6 +71,7 @@ from .demo_train import (
     train,
 )
 from .elastic import ElasticRun, TrainState
+from .errors import WorkerError
 from .sampler import ElasticSampler
 
 # The tensor-parallel degree: the ranks of one unit, on one host.
@@ -82,7 +83,7 @@ MODEL_SEED = 11
 TP_PLAN = {"0": "colwise", "2": "rowwise"}
 
 
-class MeshShapeError(ValueError):
+class MeshShapeError(WorkerError, ValueError):
     """A world size no ``dp x tp`` mesh fits."""
 
 

@@ -201,10 +201,10 @@ class RendezvousSettings:
     max_nodes: int
     # How this node names itself to the coordinator (``--local-addr`` or the host name).
     node_name: str
-    # The node's failure domain (its host): ``--rdzv-conf domain=...``, else node_name. A
+    # The node's failure domain (its host): ``--rdzv-conf domain=...``; None: node_name. A
     # domain's participants are removed and readmitted together (docs/elastic.md, "Mesh
     # jobs"); "" declares none.
-    domain: str = ""
+    domain: str | None = None
     join_timeout_s: float = TORCHRUN_JOB.join_timeout_ms / 1000
     # How long the agent keeps trying while no coordinator member can serve it (the
     # rendezvous timeout unless set): see patience.py.
@@ -250,8 +250,8 @@ class RendezvousSettings:
         join_timeout_s = _positive_seconds(config, timeout_key, TORCHRUN_JOB.join_timeout_ms / 1000)
         port_range = config.get("master_port_range")
         node_name = params.local_addr or socket.getfqdn()
-        domain = str(config.get("domain", node_name))
-        if len(domain) > _MAX_DOMAIN_CHARS:
+        domain = None if "domain" not in config else str(config["domain"])
+        if domain is not None and len(domain) > _MAX_DOMAIN_CHARS:
             raise ValueError(
                 f"--rdzv-conf domain={domain[:40]}...: a failure domain is at most "
                 f"{_MAX_DOMAIN_CHARS} characters"
@@ -284,6 +284,11 @@ class RendezvousSettings:
                 else PortRange.parse(str(port_range), "--rdzv-conf master_port_range")
             ),
         )
+
+    @property
+    def failure_domain(self) -> str:
+        """The domain the agent joins with: ``domain``, else the node's name."""
+        return self.node_name if self.domain is None else self.domain
 
     def job_config(self) -> JobConfig:
         return JobConfig(
@@ -558,7 +563,7 @@ class RallypointRendezvousHandler(RendezvousHandler):
             metadata=settings.node_name.encode(),
             patience=self._patience(deadline),
             replaces=replaces,
-            domain=settings.domain,
+            domain=settings.failure_domain,
         )
         self._participant = new
         if old is not None:

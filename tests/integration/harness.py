@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import random
 import re
 import shutil
 import signal
@@ -30,6 +31,30 @@ from rallypoint.proto.v1 import cluster_pb2, cluster_pb2_grpc
 from rallypoint.worker.process_tree import descendants, set_child_subreaper
 
 T = TypeVar("T")
+
+
+def listen_ports(count: int) -> list[int]:
+    """Ports free right now on 127.0.0.1, distinct, below the system's ephemeral range: for
+    a server a process starts later (a second world's TCPStore), after connections of its
+    own may have taken ephemeral ports. ``free_ports`` hands out ephemeral ports, and a
+    gloo connection made in between can take one (EADDRINUSE when the server starts)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    chosen: list[int] = []
+    candidates = list(range(max(1024, low - 12000), low))
+    random.Random().shuffle(candidates)
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        chosen.append(port)
+        if len(chosen) == count:
+            return chosen
+    raise RuntimeError(f"found no {count} free loopback ports below {low}")
 
 
 def free_ports(count: int, avoid: set[int] | None = None) -> list[int]:

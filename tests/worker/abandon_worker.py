@@ -4,11 +4,11 @@
     python abandon_worker.py DEMO_TRAIN_ARGS... --collective-timeout-s S --hang-floor-s H \\
         --abandon-at-step N --abandon-rank R --abandon-world W
 
-The interleaving of issue 37 (a newcomer arriving during an all-reduce), made deterministic:
+The interleaving of issue 37 (a round ending during an all-reduce), made deterministic:
 that rank's wait for the all-reduce of step N first lets the collective complete for real
 (its gradients reach its peers, which count step N and go on to step N + 1's all-reduce,
 where they wait for it), prints ``holding``, stays until the round has ended (the test
-starts a newcomer, whose arrival ends it), prints ``abandoned`` and returns False, as the
+SIGKILLs a peer, whose loss ends it), prints ``abandoned`` and returns False, as the
 round's wait does when it sees the round's end before the work's completion. The rank then
 clears its gradients and does not count step N, as the loop does with any abandoned step.
 

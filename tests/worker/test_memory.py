@@ -36,7 +36,7 @@ from rallypoint.worker import (
 from rallypoint.worker.snapshots import MemoryHolding, memory_blocker, rebuild_plan
 from rallypoint.worker.snapshots.erasure import decode_blobs, encode_parity
 from rallypoint.worker.snapshots.protocol import request
-from tests.integration.harness import free_ports
+from tests.integration.harness import listen_ports
 from tests.worker.test_checkpoint import wait_ranks
 
 RANKS_SCRIPT = Path(__file__).with_name("memory_ranks.py")
@@ -48,7 +48,9 @@ def run_scenario(
 ) -> list[dict[str, Any]]:
     """Run the scenario's 4 ranks; the survivors' figures. ``stopped``: the ``dying`` ranks
     stop themselves instead of dying, and are SIGKILLed once the survivors are done."""
-    master_port, second_port = free_ports(2)  # distinct
+    # Below the ephemeral range: the second world's store starts after the first world's
+    # gloo connections took ephemeral ports (one took the port: EADDRINUSE, a 180 s hang).
+    master_port, second_port = listen_ports(2)  # distinct
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",

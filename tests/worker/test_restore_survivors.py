@@ -12,11 +12,14 @@ the sampler went from 343 to 0, the parameters kept.
   world cannot be healed from its survivors: the memory snapshot, else the disk checkpoint,
   else a fresh start that says which steps it loses (``steps_rolled_back``, the reason).
 - End to end (real coordinator members, four worker processes, gloo): rank 0 of a world of
-  three abandons the all-reduce of step N after it completed (injected: tests/worker/
-  abandon_worker.py), the other two count step N and wait in step N + 1's all-reduce, a
-  newcomer arrives and ends the round; in the world of four every rank is at step N, at
-  the sampler position after step N, with bit-identical parameters and optimizer state,
-  and they train on to the end together from there.
+  four abandons the all-reduce of step N after it completed (injected: tests/worker/
+  abandon_worker.py), the other three count step N and wait in step N + 1's all-reduce,
+  one of them is SIGKILLed and the round ends; in the world of three every rank is at step
+  N, at the sampler position after step N, with bit-identical parameters and optimizer
+  state, and they train on to the end together from there. (Issue 37 saw it with a
+  newcomer's arrival ending the round; a planned change such as that one now ends at a step
+  boundary every rank agrees on, so no rank abandons a completed step there any more,
+  tests/worker/test_planned_change.py. A loss still ends the round at once.)
 """
 
 from __future__ import annotations
@@ -34,7 +37,6 @@ from rallypoint.worker import (
     RestoreSource,
     choose_restore_source,
 )
-from rallypoint.worker.demo_train import BATCH_SIZE
 from rallypoint.worker.snapshots import MemoryHolding
 from tests.integration.harness import ProcessCluster, running_cluster
 from tests.worker.test_elastic import CHANGE_S, START_S, Job
@@ -130,9 +132,9 @@ def test_sharded_survivors_with_nothing_saved_start_again_saying_what_is_lost() 
 # -- end to end: the interleaving of issue 37 -------------------------------------------------
 
 ABANDON_WORKER = Path(__file__).with_name("abandon_worker.py")
-# Step N: rank 0 of the world of three abandons its all-reduce after it completed.
+# Step N: rank 0 of the world of four abandons its all-reduce after it completed.
 ABANDON_AT_STEP = 6
-WORLD_BEFORE, WORLD_AFTER = 3, 4
+WORLD_BEFORE, WORLD_AFTER = 4, 3
 MAX_STEPS = ABANDON_AT_STEP + 10
 
 
@@ -153,13 +155,13 @@ def test_a_survivor_that_abandoned_a_completed_step_is_healed_not_reset(
 ) -> None:
     # No checkpoint and no snapshot: only the survivors hold the state. The hang floor and
     # collective timeout are far above the test's waits, so the only round change is the
-    # newcomer's arrival (not a hang verdict on the held rank, nor a deadline).
+    # victim's death (not a hang verdict on the held rank, nor a deadline).
     job = AbandonJob(cluster, tmp_path, "abandoned-step", "--min-nodes=3", "--max-nodes=4",
                      f"--max-steps={MAX_STEPS}", "--checkpoint-every=0", "--step-sleep-s=0.05",
                      "--collective-timeout-s=120", "--hang-floor-s=120",
                      f"--abandon-at-step={ABANDON_AT_STEP}", "--abandon-rank=0",
                      f"--abandon-world={WORLD_BEFORE}")  # fmt: skip
-    first = ["w0", "w1", "w2"]
+    first = ["w0", "w1", "w2", "w3"]
     try:
         for name in first:
             job.spawn(name)
@@ -181,14 +183,17 @@ def test_a_survivor_that_abandoned_a_completed_step_is_healed_not_reset(
 
         # The peers completed the collective the held rank is still in, and counted it.
         job.wait(lambda: all(counted(n) for n in others), CHANGE_S, "the others at step N")
-        job.spawn("w3")  # the newcomer, arriving during the all-reduce
+        # The sampler's position after step N, as the ranks that counted it say.
+        position = counted(others[0])[0]["end"]
+        victim = others[-1]
+        job.workers[victim].kill()  # a loss, while the held rank is in the all-reduce
         (abandoned,) = job.wait(
             lambda: holder.select("abandoned"), START_S, "the held rank's wait abandoned"
         )
         assert abandoned["completed"] and abandoned["ended"], abandoned
-        names = [*first, "w3"]
+        names = [n for n in first if n != victim]
 
-        def formed_at_4() -> dict[str, dict[str, Any]] | None:
+        def formed_after() -> dict[str, dict[str, Any]] | None:
             formed = {}
             for name in names:
                 events = [
@@ -201,17 +206,17 @@ def test_a_survivor_that_abandoned_a_completed_step_is_healed_not_reset(
                 formed[name] = events[0]
             return formed
 
-        formed = job.wait(formed_at_4, START_S, "the world of four formed")
-        for worker in job.workers.values():
+        formed = job.wait(formed_after, START_S, "the world of three formed")
+        for name in names:
+            worker = job.workers[name]
             assert worker.proc.wait(timeout=START_S) == 0, worker.stderr_tail()
     finally:
         job.stop_all()
-    # The interleaving happened: the held rank never counted step N in the world of three.
+    # The interleaving happened: the held rank never counted step N in the world of four.
     held_steps = [e["step"] for e in holder.select("step") if e["round"] == holding["round"]]
     assert max(held_steps) == ABANDON_AT_STEP - 1, held_steps
     # Every rank of the new world at the most advanced step, the sampler past it, and the
     # same bits: nothing reset, nothing lost.
-    position = ABANDON_AT_STEP * WORLD_BEFORE * BATCH_SIZE
     summary = {n: (e["step"], e["epoch"], e["position"], e["source"]) for n, e in formed.items()}
     assert set(summary.values()) == {(ABANDON_AT_STEP, 0, position, "broadcast")}, (
         summary,
@@ -219,12 +224,12 @@ def test_a_survivor_that_abandoned_a_completed_step_is_healed_not_reset(
     )
     assert len({e["digest"] for e in formed.values()}) == 1, formed
     assert "a step behind" in formed[holder.name]["reason"], formed[holder.name]
-    # They train on together from there: the first step at world 4 starts at that position,
+    # They train on together from there: the first step at world 3 starts at that position,
     # and every rank ends at the same step with the same bits.
-    first_at_4 = [
+    first_after = [
         next(e for e in job.workers[n].select("step") if e["world_size"] == WORLD_AFTER)
         for n in names
     ]
-    assert {(e["step"], e["start"]) for e in first_at_4} == {(ABANDON_AT_STEP + 1, position)}
+    assert {(e["step"], e["start"]) for e in first_after} == {(ABANDON_AT_STEP + 1, position)}
     finals = [job.workers[n].select("final_state")[0] for n in names]
     assert {(f["step"], f["digest"]) for f in finals} == {(MAX_STEPS, finals[0]["digest"])}

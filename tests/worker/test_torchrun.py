@@ -575,9 +575,11 @@ def test_torchrun_finds_the_backend_and_reads_its_settings(
     assert config.scale_up is True
     assert settings.token is None
     # The node's failure domain: its --local-addr (or host name) unless --rdzv-conf says.
-    assert settings.domain == "node-7"
+    assert settings.failure_domain == "node-7"
     racked = RendezvousParameters("rallypoint", "a:1", "j", 1, 1, domain="rack-3/host-9")
-    assert RendezvousSettings.from_parameters(racked).domain == "rack-3/host-9"
+    assert RendezvousSettings.from_parameters(racked).failure_domain == "rack-3/host-9"
+    none = RendezvousParameters("rallypoint", "a:1", "j", 1, 1, local_addr="n", domain="")
+    assert RendezvousSettings.from_parameters(none).failure_domain == ""
     with pytest.raises(ValueError, match="at most 256 characters"):
         RendezvousSettings.from_parameters(
             RendezvousParameters("rallypoint", "a:1", "j", 1, 1, domain="h" * 257)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..errors import WorkerError
 from .round import ElasticRound
 
 # What elastic_training(health_check=...) takes: why this rank's domain should be drained,
@@ -40,7 +41,7 @@ from .round import ElasticRound
 HealthCheck = Callable[[ElasticRound], "str | None"]
 
 
-class ProbeAbandoned(Exception):
+class ProbeAbandoned(WorkerError):
     """The round ended during the probe (raised inside the probe, never out of formation)."""
 
 

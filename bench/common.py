@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -346,3 +347,22 @@ def print_targets(checked: dict[str, dict[str, Any]], name_width: int, value_wid
             f"  {name:<{name_width}}{shown:>{value_width}}  target {check['direction']} "
             f"{check['target']:<8g}{check['verdict']}"
         )
+
+
+def follow_events(
+    proc: subprocess.Popen[str], events: list[dict[str, Any]], lock: threading.Lock
+) -> None:
+    """Append each JSON line the worker ``proc`` prints to ``events`` (under ``lock``), from a
+    daemon thread, until its stdout closes; other lines are skipped."""
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            with lock:
+                events.append(event)
+
+    threading.Thread(target=read, daemon=True).start()

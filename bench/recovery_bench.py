@@ -50,6 +50,7 @@ from typing import Any
 from bench.cluster import RallypointCluster
 from bench.common import (
     TorchrunAgents,
+    follow_events,
     json_safe,
     machine_info,
     package_versions,
@@ -109,17 +110,7 @@ class ElasticTrial:
                     start_new_session=True,
                 )
             self.procs[name] = proc
-            threading.Thread(target=self._read, args=(proc,), daemon=True).start()
-
-    def _read(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            with self.lock:
-                self.events.append(event)
+            follow_events(proc, self.events, self.lock)
 
     def training_at(self, names: Sequence[str], world_size: int, after_t: float) -> float | None:
         with self.lock:

@@ -53,7 +53,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.cluster import RallypointCluster
-from bench.common import json_safe, machine_info, package_versions, scratch_root
+from bench.common import (
+    follow_events,
+    json_safe,
+    machine_info,
+    package_versions,
+    scratch_root,
+)
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 WORKER = REPOSITORY / "bench" / "rejoin_worker.py"
@@ -136,17 +142,7 @@ class Workers:
                 start_new_session=True,
             )
         self.procs[name] = proc
-        threading.Thread(target=self._read, args=(proc,), daemon=True).start()
-
-    def _read(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            with self.lock:
-                self.events.append(event)
+        follow_events(proc, self.events, self.lock)
 
     def first(self, name: str, event: str, **match: Any) -> Event | None:
         with self.lock:

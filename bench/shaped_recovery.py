@@ -22,7 +22,6 @@ another host) and no disk checkpoint: a restore reads the peers' memory.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -33,6 +32,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.common import follow_events
 from rallypoint.client import SyncClient
 
 Event = dict[str, Any]
@@ -80,17 +80,7 @@ class MeshTrial:
                     start_new_session=True,
                 )
             self.procs[name] = proc
-            threading.Thread(target=self._read, args=(proc,), daemon=True).start()
-
-    def _read(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            with self.lock:
-                self.events.append(event)
+            follow_events(proc, self.events, self.lock)
 
     def select(self, kind: str, after_t: float = 0.0, until_t: float = float("inf")) -> list[Event]:
         with self.lock:

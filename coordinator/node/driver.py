@@ -235,9 +235,10 @@ class Node:
             config, self.peers.peer_key, self._transport.channel, storage, found, self._disk
         )
         self.identity = identity
-        # Unique across restarts: a committed entry of an earlier life never resolves a
-        # waiter of this one (both key on the id).
-        self._proposal_ids.start_boot(identity.boots)
+        # Unique across restarts, and across a lost data directory (the incarnation): a
+        # committed entry of an earlier life never resolves a waiter of this one (both key
+        # on the id; proposals.py).
+        self._proposal_ids.start_boot(identity.boots, identity.incarnation)
         snapshot = storage.snapshot()
         if not snapshot.is_empty():
             self._install_snapshot(snapshot)
@@ -499,8 +500,16 @@ class Node:
             self._lessor.grant(result.lease_id, result.ttl_ms)
         elif isinstance(result, LeaseEndResult):
             self._lessor.forget(result.lease_id)
-        if proposer_id == self.config.member_id:
-            self._waiters.trigger(proposal_id, result)
+        if proposer_id == self.config.member_id and not self._waiters.trigger(
+            proposal_id, result, entry.data
+        ):
+            log.warning(
+                "member %d: entry %d carries proposal id %x of an earlier life of this "
+                "member; it answers nobody now",
+                self.config.member_id,
+                entry.index,
+                proposal_id,
+            )
 
     def _apply_conf_change(self, entry: Entry) -> None:
         cc = decode_conf_change(entry.data)
@@ -511,8 +520,16 @@ class Node:
             if member_id == self.config.member_id:
                 self.removed = True
                 log.warning("member %d was removed from the cluster", member_id)
-        if context.proposer_id == self.config.member_id:
-            self._waiters.trigger(context.proposal_id, conf_state)
+        if context.proposer_id == self.config.member_id and not self._waiters.trigger(
+            context.proposal_id, conf_state, cc
+        ):
+            log.warning(
+                "member %d: configuration change %d carries proposal id %x of an earlier "
+                "life of this member; it answers nobody now",
+                self.config.member_id,
+                entry.index,
+                context.proposal_id,
+            )
 
     def _install_snapshot(self, snapshot: Snapshot) -> None:
         members, state = decode_app_snapshot(snapshot.data)
@@ -660,7 +677,7 @@ class Node:
         started = time.monotonic()
         queue = lambda: self._proposals.queue(proposal_id, data, term)  # noqa: E731
         result: Result = await self._waiters.propose_and_wait(
-            proposal_id, queue, timeout_s, self.wake
+            proposal_id, queue, timeout_s, self.wake, data
         )
         self.metrics.proposal_seconds.observe(time.monotonic() - started)
         return result

@@ -185,6 +185,7 @@ class Membership:
             lambda: host.raw.propose_conf_change(cc),
             max(0.0, deadline - loop.time()),
             host.wake,
+            cc,
         )
         return state
 

@@ -9,8 +9,14 @@ answer a caller gets is exactly what the replicated apply produced.
 
 Proposal ids must never repeat for one member, not even across restarts: a committed entry
 of an earlier life, applied again after a restart, would otherwise answer a waiter of this
-life. ``ProposalIds`` puts the member's boot count in the high bits (as etcd's idutil puts
-the boot time), so ids of different boots never meet.
+life with another request's result. ``ProposalIds`` puts the member's life in the high bits
+(as etcd's idutil puts the boot time): the boot count, kept in the data directory, offset by
+the incarnation, drawn at random whenever the member starts from empty storage. The boot
+count alone is not enough: a member that lost its data directory lost its boot count with
+it, and counted its lives from the start again, while the log it then replays holds the
+entries of its first life. And because two random offsets can still meet, a waiter also
+keeps the entry it proposed and is answered only by that very entry (``Waiters.trigger``):
+an entry of another life with the same id is not its answer, whatever the odds.
 
 A waiter ends in exactly one way: its entry applies (result), the caller's deadline passes
 (``ProposalTimeoutError``: it may still apply), the core drops the proposal
@@ -132,15 +138,17 @@ class DecodedEntries:
 
 
 class ProposalIds:
-    """Proposal ids unique across this member's restarts: the boot count (mod 2**23) in
-    the bits above 40, a counter below. Invariant: never hands out an id twice per boot."""
+    """Proposal ids unique across this member's lives: the life (the incarnation plus the
+    boot count, mod 2**23) in the bits above 40, a counter below. Invariant: never hands out
+    an id twice per boot; two boots of one incarnation never share an id."""
 
-    def __init__(self, boots: int = 0) -> None:
+    def __init__(self, boots: int = 0, incarnation: int = 0) -> None:
         self._ids: Iterator[int] = itertools.count(1)
-        self.start_boot(boots)
+        self.start_boot(boots, incarnation)
 
-    def start_boot(self, boots: int) -> None:
-        self._ids = itertools.count(((boots % (1 << 23)) << 40) + 1)
+    def start_boot(self, boots: int, incarnation: int = 0) -> None:
+        life = (incarnation + boots) % (1 << 23)
+        self._ids = itertools.count((life << 40) + 1)
 
     def next(self) -> int:
         return next(self._ids)
@@ -153,6 +161,9 @@ class Waiters:
 
     def __init__(self) -> None:
         self._futures: dict[int, asyncio.Future[Any]] = {}
+        # What each waiter proposed (the entry's data, or its configuration change), when
+        # given: only the entry carrying it answers the waiter.
+        self._proposed: dict[int, object] = {}
 
     def __len__(self) -> int:
         return len(self._futures)
@@ -163,11 +174,16 @@ class Waiters:
         submit: Callable[[], None],
         timeout_s: float,
         wake: Callable[[], None],
+        proposed: object = None,
     ) -> Any:
         """Register ``proposal_id``, ``submit`` the proposal to the core, ``wake`` the Ready
-        loop, and wait for the applied result."""
+        loop, and wait for the applied result. ``proposed``: what the entry carries (its
+        data, or its configuration change); an applied entry with this id that carries
+        anything else is not this proposal (see the module docstring)."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._futures[proposal_id] = future
+        if proposed is not None:
+            self._proposed[proposal_id] = proposed
         try:
             try:
                 submit()
@@ -185,20 +201,31 @@ class Waiters:
                 ) from None
         finally:
             self._futures.pop(proposal_id, None)
+            self._proposed.pop(proposal_id, None)
 
-    def trigger(self, proposal_id: int, value: Any) -> None:
-        """The entry ``proposal_id`` applied with ``value`` (no-op if nobody waits)."""
+    def trigger(self, proposal_id: int, value: Any, carried: object = None) -> bool:
+        """The entry ``proposal_id``, carrying ``carried``, applied with ``value``: answer its
+        waiter. Returns False, answering nobody, when the waiter proposed something else
+        (an entry of another life of this member with the same id); True otherwise, also
+        when nobody waits."""
+        proposed = self._proposed.get(proposal_id)
+        if proposed is not None and carried is not None and proposed != carried:
+            return False
+        self._proposed.pop(proposal_id, None)
         future = self._futures.pop(proposal_id, None)
         if future is not None and not future.done():
             future.set_result(value)
+        return True
 
     def fail(self, proposal_id: int, error: Exception) -> None:
         """The proposal ``proposal_id`` will not apply (no-op if nobody waits)."""
+        self._proposed.pop(proposal_id, None)
         future = self._futures.pop(proposal_id, None)
         if future is not None and not future.done():
             future.set_exception(error)
 
     def fail_all(self, error: Exception) -> None:
+        self._proposed = {}
         futures, self._futures = self._futures, {}
         for future in futures.values():
             if not future.done():

@@ -23,6 +23,29 @@ def test_proposal_ids_of_different_boots_never_meet() -> None:
     assert unwrap(wrap(3, first_boot.next(), b"payload"))[2] == b"payload"
 
 
+def test_proposal_ids_of_two_incarnations_never_meet() -> None:
+    """A member that lost its data directory counts its boots from the start again; its new
+    life's ids must not be its first life's, whose entries it replays from the log."""
+    first_life = ProposalIds(boots=1, incarnation=0x5F3A_91C2_0000_0001)
+    after_a_wipe = ProposalIds(boots=1, incarnation=0x1B77_04E9_0000_0003)
+    ids = {first_life.next() for _ in range(1000)}
+    assert ids.isdisjoint(after_a_wipe.next() for _ in range(1000))
+
+
+async def test_an_entry_of_an_earlier_life_does_not_answer_a_waiter_with_its_id() -> None:
+    """Under the wipe nemesis a put was answered with the result of another request that an
+    earlier life of its member had proposed under the same id."""
+    waiters = Waiters()
+    ours = wrap(2, 7, b"put mine")
+    wait = asyncio.ensure_future(waiters.propose_and_wait(7, lambda: None, 5.0, lambda: None, ours))
+    await asyncio.sleep(0)
+    assert waiters.trigger(7, "someone else's", wrap(2, 7, b"an earlier life's grant")) is False
+    assert not wait.done() and len(waiters) == 1
+    assert waiters.trigger(7, "mine", bytes(ours)) is True
+    assert await wait == "mine"
+    assert len(waiters) == 0
+
+
 async def test_a_waiter_is_answered_by_its_applied_entry_and_then_forgotten() -> None:
     waiters = Waiters()
     submitted: list[int] = []

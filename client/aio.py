@@ -28,9 +28,11 @@ from collections.abc import AsyncIterator, Sequence
 from rallypoint.proto.v1 import common_pb2, defaults, kv_pb2, lease_pb2
 
 from . import arguments
+from . import backup as _backup
 from . import cluster as _cluster
 from . import jobs as _jobs
 from .backoff import DEFAULT_BACKOFF, Backoff
+from .backup import SavedSnapshot
 from .caller import Caller
 from .checkpoints import CheckpointRegistry
 from .errors import TOKEN_OPTIONS, LeaseNotFoundError
@@ -571,6 +573,12 @@ class Client(JobAdmin):
     ) -> SnapshotInfo:
         """Have one member (``endpoint``, else whichever answers) write a snapshot now."""
         return await _cluster.snapshot(self._caller, endpoint, timeout_s)
+
+    async def snapshot_save(self, *, timeout_s: float | None = None) -> SavedSnapshot:
+        """A backup of the cluster's state, from the leader, after a linearizable read
+        barrier: the bytes of a backup file (``rallypoint snapshot save FILE`` writes them;
+        admin role only)."""
+        return await _backup.snapshot_save(self._caller, timeout_s)
 
     async def member_status(self, endpoint: str, *, timeout_s: float | None = None) -> MemberStatus:
         """The Status of the member at ``endpoint`` (no redirect: its own view)."""

@@ -59,7 +59,7 @@ from ..member_table import (
 from ..state.machine import Limits, StateMachine
 from .proposals import unwrap
 
-__all__ = ["ForcedCluster", "RecoveryError", "force_new_cluster", "restore"]
+__all__ = ["ForcedCluster", "RecoveryError", "force_new_cluster", "replay", "restore"]
 
 log = logging.getLogger("rallypoint.node")
 
@@ -145,9 +145,12 @@ class ForcedCluster:
     kept_old_storage: str
 
 
-def _replay(storage: DiskStorage, limits: Limits) -> tuple[MemberTable, StateMachine]:
-    """The member table and state machine after every entry of ``storage``'s log, applied
-    as a running member applies them (``driver.Node._apply``)."""
+def replay(
+    storage: DiskStorage, limits: Limits, up_to: Index | None = None
+) -> tuple[MemberTable, StateMachine]:
+    """The member table and state machine after every entry of ``storage``'s log (or up
+    to ``up_to``), applied as a running member applies them (``driver.Node._apply``: a
+    configuration change moves the member table, not the state machine's applied index)."""
     snapshot = storage.snapshot()
     machine = StateMachine(limits)
     table = MemberTable()
@@ -155,13 +158,12 @@ def _replay(storage: DiskStorage, limits: Limits) -> tuple[MemberTable, StateMac
         table, state = decode_app_snapshot(snapshot.data)
         machine.restore(state)
         machine.applied_index = max(machine.applied_index, int(snapshot.metadata.index))
-    first = Index(machine.applied_index + 1)
-    last = storage.last_index()
+    first = Index(int(snapshot.metadata.index) + 1)
+    last = storage.last_index() if up_to is None else min(up_to, storage.last_index())
     if last >= first:
         for entry in storage.entries(first, Index(last + 1)):
             if entry.type is EntryType.CONF_CHANGE:
                 apply_conf_change(table, decode_conf_change(entry.data))
-                machine.applied_index = int(entry.index)
             elif entry.data:
                 machine.apply(int(entry.index), unwrap(entry.data)[2])
             else:
@@ -202,7 +204,7 @@ def force_new_cluster(
         if storage.last_index() == 0 and storage.snapshot().is_empty():
             raise RecoveryError(f"data dir {data_dir} holds no cluster state: nothing to recover")
         previous = storage.snapshot().metadata.conf_state
-        table, machine = _replay(storage, limits)
+        table, machine = replay(storage, limits)
         index = Index(machine.applied_index)
         term = Term(max(hard_state.term, storage.term(index), 1))
     finally:

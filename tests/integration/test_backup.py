@@ -14,6 +14,7 @@ with the variables they name set to this test's paths and ports.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import subprocess
@@ -25,12 +26,21 @@ import pytest
 
 from rallypoint.client import JobConfig, LeaveOutcome, RallypointError, SyncClient
 from rallypoint.coordinator import backup_file
-from rallypoint.coordinator.node.recovery import replay
+from rallypoint.coordinator.member_table import MemberAddress, MemberTable, encode_app_snapshot
+from rallypoint.coordinator.node.recovery import replay, restore
+from rallypoint.coordinator.peer_auth import cluster_id_for
 from rallypoint.coordinator.state.machine import Limits, StateMachine
 from rallypoint.raft.storage.disk_storage import DiskStorage
 from rallypoint.raft.types import Index
 
-from .harness import MemberProcess, ProcessCluster, running_cluster, wait_until
+from .harness import (
+    SERVE_COMMAND,
+    MemberProcess,
+    ProcessCluster,
+    refused_to_start,
+    running_cluster,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -316,3 +326,56 @@ def test_a_survivor_forced_into_a_new_cluster_keeps_every_write_it_had_applied(
             assert served_keys(client) == expected
     finally:
         cluster.shutdown()
+
+
+def test_force_new_cluster_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text(os.urandom(32).hex())
+    data_dir = tmp_path / "member-1"
+
+    def serve(*flags: str, data_dir: Path = tmp_path / "empty") -> list[str]:
+        return [
+            *SERVE_COMMAND,
+            "--member-id=1",
+            f"--data-dir={data_dir}",
+            f"--peer-secret-file={secret}",
+            "--wal-segment-size=1MiB",
+            "--peer-address=127.0.0.1:1",
+            "--client-address=127.0.0.1:2",
+            "--force-new-cluster",
+            *flags,
+        ]
+
+    assert "cannot --join another" in refused_to_start(serve("--join"))
+    assert "holds no Raft storage: nothing to recover" in refused_to_start(serve())
+    # A data dir of the cluster these flags name already: forcing it again is refused.
+    members = {1: MemberAddress("127.0.0.1:1", "127.0.0.1:2")}
+    checked = backup_file.parse(
+        b"".join(backup_file.file_chunks(*backup_of_empty_state(), 1 << 20)), "b"
+    )
+    cluster_id = cluster_id_for(secret.read_text().strip().encode(), "same")
+    restore(checked, str(data_dir), 1, members, cluster_id, segment_size_bytes=1 << 20)
+    identity_before = (data_dir / "identity.json").read_bytes()
+    line = refused_to_start(serve("--cluster-token=same", data_dir=data_dir))
+    assert "--force-new-cluster needs a new cluster id" in line
+    # Nothing changed but the lock the member took.
+    assert sorted(os.listdir(data_dir)) == ["identity.json", "raft", "rallypoint.lock"]
+    assert (data_dir / "identity.json").read_bytes() == identity_before
+
+
+def backup_of_empty_state() -> tuple[backup_file.BackupHeader, bytes]:
+    machine = StateMachine()
+    machine.applied_index = 5
+    payload = encode_app_snapshot(MemberTable({1: MemberAddress("h:1", "h:2")}), machine.snapshot())
+    header = backup_file.BackupHeader(
+        index=5,
+        term=1,
+        cluster_id=1,
+        member_id=1,
+        voters=(1,),
+        learners=(),
+        size_bytes=len(payload),
+        sha256=hashlib.sha256(payload).digest(),
+        created_ms=0,
+    )
+    return header, payload

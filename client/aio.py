@@ -101,6 +101,10 @@ class Client(JobAdmin):
     (its lowest latency); ``"always"``: every one through the stream. Batched or not, each
     call has its own answer, errors, deadline and retries, and a write applies exactly once.
 
+    ``member_sync_s``: while the client is in use, it learns the cluster's membership this
+    often (one serializable ``MemberList``), so members added since it started become
+    endpoints and it outlives the replacement of every member it was given (0: never).
+
     ``token_hint`` names how this program's user passes a token (default
     ``"Client(..., token=...) or $RALLYPOINT_TOKEN"``; the CLI says ``--token``, torchrun
     ``--rdzv-conf token=``): an UnauthenticatedError's message ends with it."""
@@ -120,6 +124,7 @@ class Client(JobAdmin):
         rng: random.Random | None = None,
         kv_batching: str = "off",
         token_hint: str = TOKEN_OPTIONS,
+        member_sync_s: float = 5.0,
     ) -> None:
         self._transport = Transport(
             endpoints,
@@ -136,6 +141,7 @@ class Client(JobAdmin):
             session_ttl_s=session_ttl_s,
             max_inflight_writes=max_inflight_writes,
             kv_batching=kv_batching,
+            member_sync_s=member_sync_s,
         )
         self._open_session_on_connect = open_session_on_connect
         # Created on the running loop, never in __init__, so a Client may be built outside

@@ -33,12 +33,13 @@ import grpc.aio
 
 from rallypoint.raft.storage.fileutil import DataCorruptionError
 
-from .identity import IdentityError
+from .backup_file import Backup
+from .identity import Identity, IdentityError
 from .member_table import MemberAddress
 from .node.api import NodeStartError
 from .node.config import NodeConfig
 from .node.driver import Node
-from .node.recovery import RecoveryError, force_new_cluster
+from .node.recovery import RecoveryError, force_new_cluster, restore
 from .peer_auth import PeerSecretError, check_secret, read_secret_file
 from .preflight import (
     MAX_WAL_SEGMENT_BYTES,
@@ -59,7 +60,16 @@ from .preflight import (
 from .service.tokens import ClientTokens, TokensFileError
 from .tls_reload import ReloadableServerCredentials
 
-__all__ = ["Settings", "SettingsError", "TlsFiles", "parse_initial_cluster", "run", "serve"]
+__all__ = [
+    "RecoveryError",
+    "Settings",
+    "SettingsError",
+    "TlsFiles",
+    "parse_initial_cluster",
+    "restore_data_dir",
+    "run",
+    "serve",
+]
 
 log = logging.getLogger("rallypoint.daemon")
 
@@ -545,6 +555,21 @@ def run(settings: Settings) -> int:
     ) as exc:
         print(f"rallypoint serve: {exc}", file=sys.stderr)
         return 2
+
+
+def restore_data_dir(settings: Settings, backup: Backup) -> Identity:
+    """``rallypoint snapshot restore``: build ``settings``' data dir, a member of the new
+    cluster its flags describe, holding ``backup``'s state (node/recovery.py). Raises
+    SettingsError or RecoveryError, in one line, before anything is written."""
+    config = settings.node_config()
+    return restore(
+        backup,
+        config.data_dir,
+        config.member_id,
+        config.initial_members,
+        config.cluster_id,
+        segment_size_bytes=config.wal_segment_size_bytes,
+    )
 
 
 def default_environment() -> dict[str, str]:

@@ -29,8 +29,7 @@ from rich.table import Table
 from rallypoint.client import Client
 
 from ..backup_file import BackupError, BackupSummary, parse, read, summarize
-from ..daemon import Settings, SettingsError
-from ..node.recovery import RecoveryError, restore
+from ..daemon import RecoveryError, Settings, SettingsError, restore_data_dir
 from .client import Output, SubParsers, _common, _leaf
 
 __all__ = ["register"]
@@ -185,15 +184,8 @@ def _snapshot_restore(args: argparse.Namespace, out: Output) -> int:
     if own is None:
         raise _Refused(f"member {args.member_id} is not in --initial-cluster {sorted(members)}")
     settings.peer_address, settings.client_address = own.peer_address, own.client_address
+    identity = restore_data_dir(settings, backup)
     config = settings.node_config()
-    identity = restore(
-        backup,
-        config.data_dir,
-        config.member_id,
-        config.initial_members,
-        config.cluster_id,
-        segment_size_bytes=config.wal_segment_size_bytes,
-    )
     if out.as_json:
         out.json(
             {

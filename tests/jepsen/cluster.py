@@ -44,6 +44,10 @@ class NamespaceCluster(ProcessCluster):
         # Members started on a wiped data dir that have not caught up yet: they do not vote
         # (coordinator/identity.py, "abstaining"), so they do not count as up.
         self.recovering: set[int] = set()
+        # Members whose process was launched but has not answered yet (importing, opening
+        # its log: seconds on a loaded machine): not up either, whoever asks meanwhile (the
+        # run's health poller included).
+        self.starting: set[int] = set()
         # Called with the cluster's health after every change a fault makes (processes
         # started, killed, paused or resumed; membership; the network): see ``health``.
         self.on_change: Callable[[Health], None] | None = None
@@ -58,7 +62,7 @@ class NamespaceCluster(ProcessCluster):
         voters = tuple(sorted(self.active - self.learners))
         up = tuple(
             m
-            for m in sorted(self.active - self.recovering)
+            for m in sorted(self.active - self.recovering - self.starting)
             if self.members[m].running and not self.members[m].paused
         )
         return Health(
@@ -78,16 +82,21 @@ class NamespaceCluster(ProcessCluster):
     def start(self, member_id: int, *, join: bool = False, initial: str | None = None) -> None:
         """Start a member; while a run records health, return once it answers (or exits):
         a member counts as up only then."""
-        super().start(member_id, join=join, initial=initial)
         if self.on_change is None:
+            super().start(member_id, join=join, initial=initial)
             return
-        member = self.members[member_id]
-        with contextlib.suppress(TimeoutError):
-            wait_until(
-                lambda: not member.running or self.status(member_id) is not None,
-                20.0,
-                f"member {member_id} to answer",
-            )
+        self.starting.add(member_id)
+        try:
+            super().start(member_id, join=join, initial=initial)
+            member = self.members[member_id]
+            with contextlib.suppress(TimeoutError):
+                wait_until(
+                    lambda: not member.running or self.status(member_id) is not None,
+                    20.0,
+                    f"member {member_id} to answer",
+                )
+        finally:
+            self.starting.discard(member_id)
         self.note_change()
 
     def kill(self, member_id: int) -> None:

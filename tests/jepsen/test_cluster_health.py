@@ -6,6 +6,8 @@ for 2.)"""
 
 from __future__ import annotations
 
+import random
+import re
 import subprocess
 import threading
 from pathlib import Path
@@ -69,3 +71,39 @@ def test_a_started_member_is_up_only_once_it_answers(
         for process in processes:
             process.kill()
             process.wait()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_damaging_a_wal_changes_only_what_it_says_without_reading_the_segment_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    # Reading a preallocated segment whole held the interpreter lock for seconds and
+    # stopped the run's clients, which share the nemesis's process.
+    cluster = NamespaceCluster(tmp_path, FakeNetwork(), 1)  # type: ignore[arg-type]
+    wal = cluster.members[1].data_dir / "raft" / "wal"
+    wal.mkdir(parents=True)
+    segment = wal / "0000000000000000-0000000000000001.wal"
+    written = bytes(random.Random(seed).randrange(1, 256) for _ in range(50_000))
+    before = written + bytes(3 << 20)  # the rest of the preallocated segment
+    segment.write_bytes(before)
+
+    def whole(self: Path) -> bytes:
+        raise AssertionError(f"{self} read whole")
+
+    monkeypatch.setattr(Path, "read_bytes", whole)
+    what = cluster.damage_wal(1, random.Random(seed))
+    monkeypatch.undo()
+    after = segment.read_bytes()
+    assert len(after) == len(before)
+    assert after[: 50_000 - 4096] == before[: 50_000 - 4096] and after[50_000:] == before[50_000:]
+    changed = [i for i in range(50_000 - 4096, 50_000) if after[i] != before[i]]
+    torn = re.fullmatch(r".*: zeroed bytes (\d+)\.\.50000 \(a torn final record\)", what)
+    flipped = re.fullmatch(r".*: flipped bit (\d) of byte (\d+) \(of 50000 written\)", what)
+    if torn:
+        cut = int(torn.group(1))
+        assert after[cut:50_000] == bytes(50_000 - cut) and changed == list(range(cut, 50_000))
+    else:
+        assert flipped, what
+        offset = int(flipped.group(2))
+        assert changed == [offset]
+        assert after[offset] == before[offset] ^ (1 << int(flipped.group(1)))

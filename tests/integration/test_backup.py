@@ -359,7 +359,11 @@ def test_a_survivor_forced_into_a_new_cluster_keeps_every_write_it_had_applied(
         cluster.shutdown()
 
 
-def test_force_new_cluster_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
+def test_force_new_cluster_refuses_bad_input_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # (A data dir with no cluster state, or another member's: tests/coordinator/
+    # test_backup_file.py, on recovery.force_new_cluster itself.)
     secret = tmp_path / "secret"
     secret.write_text(os.urandom(32).hex())
     data_dir = tmp_path / "member-1"
@@ -377,8 +381,10 @@ def test_force_new_cluster_refuses_bad_input_in_one_line(tmp_path: Path) -> None
             *flags,
         ]
 
-    assert "cannot --join another" in refused_to_start(serve("--join"))
-    assert "holds no Raft storage: nothing to recover" in refused_to_start(serve())
+    # Refused with the settings, before anything is opened.
+    assert rallypoint_main(serve("--join")[len(SERVE_COMMAND) - 1 :]) == 2
+    refusal = capsys.readouterr().err.strip().splitlines()
+    assert len(refusal) == 1 and "cannot --join another" in refusal[0], refusal
     # A data dir of the cluster these flags name already: forcing it again is refused.
     members = {1: MemberAddress("127.0.0.1:1", "127.0.0.1:2")}
     checked = backup_file.parse(

@@ -22,6 +22,7 @@ import argparse
 import datetime
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from rich.table import Table
@@ -137,13 +138,14 @@ def summary_document(path: str, summary: BackupSummary) -> dict[str, Any]:
     }
 
 
-def _offline(body: Any) -> Any:
+def _offline(
+    body: Callable[[argparse.Namespace, Output], int],
+) -> Callable[[argparse.Namespace], int]:
     """A handler for a command that reads files only: a refusal is one line, exit 1."""
 
     def handler(args: argparse.Namespace) -> int:
         try:
-            code: int = body(args, Output(getattr(args, "json", False)))
-            return code
+            return body(args, Output(getattr(args, "json", False)))
         except (_Refused, BackupError, RecoveryError, SettingsError, OSError) as error:
             print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
             return 1
@@ -236,7 +238,7 @@ def register(subparsers: SubParsers) -> None:
         "print its index, term, size, keys, leases, sessions and jobs. Reads the file only. "
         "Exit code 1, with one line, if it cannot be used.",
     )
-    status.add_argument("file")
+    status.add_argument("file", help="the backup file (`rallypoint snapshot save FILE`)")
     status.add_argument("--json", action="store_true", help="print JSON instead of text")
     status.set_defaults(handler=_offline(_snapshot_status))
 
@@ -253,7 +255,7 @@ def register(subparsers: SubParsers) -> None:
         "with one line and exit code 1, for a damaged file, a data dir that is not empty, "
         "or a member id not in --initial-cluster.",
     )
-    restore_parser.add_argument("file")
+    restore_parser.add_argument("file", help="the backup file (`rallypoint snapshot save FILE`)")
     restore_parser.add_argument(
         "--data-dir", required=True, help="the new member's data dir (absent or empty)"
     )

@@ -28,9 +28,11 @@ from collections.abc import AsyncIterator, Sequence
 from rallypoint.proto.v1 import common_pb2, defaults, kv_pb2, lease_pb2
 
 from . import arguments
+from . import backup as _backup
 from . import cluster as _cluster
 from . import jobs as _jobs
 from .backoff import DEFAULT_BACKOFF, Backoff
+from .backup import SavedSnapshot
 from .caller import Caller
 from .checkpoints import CheckpointRegistry
 from .errors import TOKEN_OPTIONS, LeaseNotFoundError
@@ -99,6 +101,10 @@ class Client(JobAdmin):
     (its lowest latency); ``"always"``: every one through the stream. Batched or not, each
     call has its own answer, errors, deadline and retries, and a write applies exactly once.
 
+    ``member_sync_s``: while the client is in use, it learns the cluster's membership this
+    often (one serializable ``MemberList``), so members added since it started become
+    endpoints and it outlives the replacement of every member it was given (0: never).
+
     ``token_hint`` names how this program's user passes a token (default
     ``"Client(..., token=...) or $RALLYPOINT_TOKEN"``; the CLI says ``--token``, torchrun
     ``--rdzv-conf token=``): an UnauthenticatedError's message ends with it."""
@@ -118,6 +124,7 @@ class Client(JobAdmin):
         rng: random.Random | None = None,
         kv_batching: str = "off",
         token_hint: str = TOKEN_OPTIONS,
+        member_sync_s: float = 5.0,
     ) -> None:
         self._transport = Transport(
             endpoints,
@@ -134,6 +141,7 @@ class Client(JobAdmin):
             session_ttl_s=session_ttl_s,
             max_inflight_writes=max_inflight_writes,
             kv_batching=kv_batching,
+            member_sync_s=member_sync_s,
         )
         self._open_session_on_connect = open_session_on_connect
         # Created on the running loop, never in __init__, so a Client may be built outside
@@ -571,6 +579,12 @@ class Client(JobAdmin):
     ) -> SnapshotInfo:
         """Have one member (``endpoint``, else whichever answers) write a snapshot now."""
         return await _cluster.snapshot(self._caller, endpoint, timeout_s)
+
+    async def snapshot_save(self, *, timeout_s: float | None = None) -> SavedSnapshot:
+        """A backup of the cluster's state, from the leader, after a linearizable read
+        barrier: the bytes of a backup file (``rallypoint snapshot save FILE`` writes them;
+        admin role only)."""
+        return await _backup.snapshot_save(self._caller, timeout_s)
 
     async def member_status(self, endpoint: str, *, timeout_s: float | None = None) -> MemberStatus:
         """The Status of the member at ``endpoint`` (no redirect: its own view)."""

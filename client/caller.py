@@ -24,6 +24,14 @@ The caller offers what every call needs:
 - ``retrier``: the one retry policy (``transport.Retrier``) for the loops the parts run
   themselves (streams, reads the server holds).
 
+The caller also keeps the client's endpoints up with the cluster's membership: once every
+``member_sync_s`` while the client is in use (a call was answered), it asks one member for the
+member list in the background (``MemberList``, serializable) and learns every member's
+client address. A client given three members' addresses then still reaches the cluster after
+an operator replaced all three one at a time (remove, add, promote): it learned the new ones
+while the old ones served. An idle client asks nothing; a failed ask is tried at the next
+interval.
+
 The session and the write slots are made on the running loop (``start``), never in
 ``__init__``, so a client may be built outside the loop that uses it.
 """
@@ -31,6 +39,8 @@ The session and the write slots are made on the running loop (``start``), never 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 
@@ -42,6 +52,7 @@ from .backoff import Backoff
 from .errors import InvalidValueError, RallypointError
 from .kv_stream import BatchStreams, KVStream
 from .session import SessionKeeper
+from .tasks import cancel_and_wait
 from .transport import Deadline, Method, Retrier, Transport
 from .values import Member, members_from_proto
 
@@ -68,6 +79,7 @@ class Caller:
         session_ttl_s: float,
         max_inflight_writes: int,
         kv_batching: str = "off",
+        member_sync_s: float = 5.0,
     ) -> None:
         if kv_batching not in KV_BATCHING:
             raise InvalidValueError(
@@ -86,6 +98,13 @@ class Caller:
             session_ttl_s, "session_ttl_s", least_s=0.001, most_s=MAX_SESSION_TTL_MS / 1000
         )
         self._max_inflight_writes = count(max_inflight_writes, "max_inflight_writes")
+        # 0: never learn the membership by itself (module docstring).
+        if member_sync_s < 0 or not math.isfinite(member_sync_s):
+            raise InvalidValueError(f"member_sync_s must be 0 or more, got {member_sync_s!r}")
+        self._member_sync_s = member_sync_s
+        # Loop time of the last membership ask (or of the first answer); its task meanwhile.
+        self._synced_at: float | None = None
+        self._sync_task: asyncio.Task[None] | None = None
         # Invariant: both None, or both made on the loop that uses them (start).
         self._sessions: SessionKeeper | None = None
         self._write_slots: asyncio.Semaphore | None = None
@@ -111,6 +130,7 @@ class Caller:
 
     async def close(self) -> None:
         """End the session (best effort) and close the streams and channels."""
+        await cancel_and_wait(self._sync_task)
         if self._kv_stream is not None:
             await self._kv_stream.close()
         if self.store_streams is not None:
@@ -130,7 +150,30 @@ class Caller:
     async def read(
         self, method: Method[Request, Response], request: Request, timeout_s: float | None
     ) -> Response:
-        return await self.transport.unary(method, request, self.deadline(timeout_s))
+        response = await self.transport.unary(method, request, self.deadline(timeout_s))
+        self.answered()
+        return response
+
+    def answered(self) -> None:
+        """A call was answered: the client is in use and reaches the cluster. Learn the
+        membership if it was not learned for ``member_sync_s`` (module docstring)."""
+        if not self._member_sync_s or (self._sync_task and not self._sync_task.done()):
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self._synced_at is None:
+            # A client used once (a command line) asks nothing; one that lives on does.
+            self._synced_at = now
+            return
+        if now - self._synced_at < self._member_sync_s:
+            return
+        self._synced_at = now
+        self._sync_task = loop.create_task(self._sync_members())
+
+    async def _sync_members(self) -> None:
+        # Expected to fail at times (no member reachable, no leader): asked again later.
+        with contextlib.suppress(RallypointError):
+            await self.member_list(serializable=True, timeout_s=min(self.timeout_s, 5.0))
 
     async def kv_read(
         self, method: Method[Request, Response], request: Request, timeout_s: float | None
@@ -141,7 +184,9 @@ class Caller:
         try:
             if stream is None:
                 return await self.read(method, request, timeout_s)
-            return await stream.call("get", method, request, self.deadline(timeout_s))
+            response = await stream.call("get", method, request, self.deadline(timeout_s))
+            self.answered()
+            return response
         finally:
             self._kv_calls -= 1
 
@@ -229,7 +274,9 @@ class Caller:
         sessions, write_slots = self.start()
         deadline = self.deadline(timeout_s)
         async with write_slots:
-            return await sessions.write(send, deadline)
+            response = await sessions.write(send, deadline)
+        self.answered()
+        return response
 
     def learn_members(self, members: Iterable[cluster_pb2.Member]) -> list[Member]:
         """The membership in an answer; every member's client address becomes an endpoint

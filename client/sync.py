@@ -161,6 +161,7 @@ class SyncClient(Blocking[Client]):
     member_promote = blocking(Client.member_promote)
     transfer_leader = blocking(Client.transfer_leader)
     snapshot = blocking(Client.snapshot)
+    snapshot_save = blocking(Client.snapshot_save)
     member_status = blocking(Client.member_status)
     status = blocking(Client.status)
     configure = blocking(Client.configure)

@@ -33,11 +33,13 @@ import grpc.aio
 
 from rallypoint.raft.storage.fileutil import DataCorruptionError
 
-from .identity import IdentityError
+from .backup_file import Backup
+from .identity import Identity, IdentityError
 from .member_table import MemberAddress
 from .node.api import NodeStartError
 from .node.config import NodeConfig
 from .node.driver import Node
+from .node.recovery import RecoveryError, force_new_cluster, restore
 from .peer_auth import PeerSecretError, check_secret, read_secret_file
 from .preflight import (
     MAX_WAL_SEGMENT_BYTES,
@@ -58,7 +60,16 @@ from .preflight import (
 from .service.tokens import ClientTokens, TokensFileError
 from .tls_reload import ReloadableServerCredentials
 
-__all__ = ["Settings", "SettingsError", "TlsFiles", "parse_initial_cluster", "run", "serve"]
+__all__ = [
+    "RecoveryError",
+    "Settings",
+    "SettingsError",
+    "TlsFiles",
+    "parse_initial_cluster",
+    "restore_data_dir",
+    "run",
+    "serve",
+]
 
 log = logging.getLogger("rallypoint.daemon")
 
@@ -113,6 +124,9 @@ class Settings:
     # "1=peerhost:port@clienthost:port,2=..." (the members when the cluster was created).
     initial_cluster: str = ""
     join: bool = False
+    # Make this surviving member of a cluster that lost its majority the only member of a
+    # new cluster (a new --cluster-token) holding its data (node/recovery.py); once.
+    force_new_cluster: bool = False
     cluster_token: str = "rallypoint"
     # The cluster's peer secret (peer_auth.py): a file holding it, or (less safe: it shows in
     # the process's environment or command line) the secret itself.
@@ -274,6 +288,14 @@ class Settings:
         """The member's configuration, every setting checked (no side effects)."""
         members = self.members()
         self._check_addresses(members)
+        if self.force_new_cluster:
+            if self.join:
+                raise SettingsError(
+                    "--force-new-cluster makes a new cluster of this member alone; it cannot "
+                    "--join another"
+                )
+            # The members of the lost cluster are not the new one's.
+            members = {}
         if not members and not self.join:
             members = {self.member_id: MemberAddress(self.peer_address, self.client_address)}
         secret = self.secret()
@@ -505,6 +527,15 @@ def run(settings: Settings) -> int:
         with DataDirLock.acquire(config.data_dir):
             require_free_space(config.data_dir, config.wal_segment_size_bytes)
             probe_listeners(settings.listeners())
+            if settings.force_new_cluster:
+                force_new_cluster(
+                    config.data_dir,
+                    config.member_id,
+                    MemberAddress(config.peer_address, config.client_address),
+                    config.cluster_id,
+                    config.limits,
+                    segment_size_bytes=config.wal_segment_size_bytes,
+                )
             # The event loop shares the interpreter lock with the snapshot encoder and the
             # disk thread: at Python's default (5 ms), a loop woken from its poll waited up
             # to 5 ms for a busy encoder to hand the lock back, at every wakeup, for as long
@@ -515,9 +546,30 @@ def run(settings: Settings) -> int:
 
                 return int(uvloop.run(serve(settings)))
             return asyncio.run(serve(settings))
-    except (SettingsError, IdentityError, NodeStartError, DataCorruptionError) as exc:
+    except (
+        SettingsError,
+        IdentityError,
+        NodeStartError,
+        DataCorruptionError,
+        RecoveryError,
+    ) as exc:
         print(f"rallypoint serve: {exc}", file=sys.stderr)
         return 2
+
+
+def restore_data_dir(settings: Settings, backup: Backup) -> Identity:
+    """``rallypoint snapshot restore``: build ``settings``' data dir, a member of the new
+    cluster its flags describe, holding ``backup``'s state (node/recovery.py). Raises
+    SettingsError or RecoveryError, in one line, before anything is written."""
+    config = settings.node_config()
+    return restore(
+        backup,
+        config.data_dir,
+        config.member_id,
+        config.initial_members,
+        config.cluster_id,
+        segment_size_bytes=config.wal_segment_size_bytes,
+    )
 
 
 def default_environment() -> dict[str, str]:

@@ -24,6 +24,8 @@ from typing import Any
 
 import msgpack
 
+from rallypoint.raft.types import ConfChange, ConfChangeType
+
 APP_SNAPSHOT_FORMAT = 2
 
 
@@ -122,6 +124,24 @@ class MemberTable:
                 raise MemberTableError(f"malformed member entry {item!r}")
             table.set(member_id, MemberAddress(peer, str(client)))
         return table
+
+
+def apply_conf_change(table: MemberTable, cc: ConfChange) -> tuple[ConfChangeContext, list[int]]:
+    """A committed configuration change, applied to ``table``: the ids it names are never
+    given again, removed members leave, an added member's addresses (its context) are set.
+    The change's context and the ids it removed. The one rule for every path that applies a
+    change: a running member (``node/membership.py``) and a log replayed offline
+    (``node/recovery.py``)."""
+    context = ConfChangeContext.decode(cc.context)
+    removed = []
+    for change in cc.changes:
+        table.note_id(change.node_id)
+        if change.type is ConfChangeType.REMOVE_NODE:
+            table.remove(change.node_id)
+            removed.append(int(change.node_id))
+        elif context.peer_address:
+            table.set(change.node_id, MemberAddress(context.peer_address, context.client_address))
+    return context, removed
 
 
 def _bin_header(size: int) -> bytes:

@@ -1,7 +1,7 @@
 """The operator commands of ``rallypoint``: clients of a running cluster.
 
 ``register`` adds the command groups to the program's parser (``cli.py``): ``status``, ``kv``,
-``lease``, ``member``, ``transfer-leader`` and ``snapshot``. Every command takes
+``lease``, ``member`` and ``transfer-leader`` (``snapshot`` is ``backup.py``). Every command takes
 ``--endpoints`` (default ``$RALLYPOINT_ENDPOINTS``, else the local development cluster),
 ``--timeout``, ``--token`` (default ``$RALLYPOINT_TOKEN``), TLS files, and ``--json``. Human
 output is rich tables; ``--json`` prints one JSON document (``kv watch``: one per line).
@@ -593,36 +593,6 @@ async def _transfer_leader(args: argparse.Namespace, client: Client, out: Output
     return 0
 
 
-async def _snapshot_save(args: argparse.Namespace, client: Client, out: Output) -> int:
-    endpoints: list[str | None] = list(client.endpoints) if args.all else [args.endpoint]
-    infos = [await client.snapshot(endpoint=endpoint) for endpoint in endpoints]
-    if out.as_json:
-        out.json(
-            {
-                "snapshots": [
-                    {
-                        "endpoint": i.endpoint,
-                        "member_id": i.member_id,
-                        "index": i.index,
-                        "term": i.term,
-                        "size_bytes": i.size_bytes,
-                    }
-                    for i in infos
-                ]
-            }
-        )
-    else:
-        table = Table(title="snapshots")
-        for column in ("endpoint", "member", "index", "term", "size (bytes)"):
-            table.add_column(column)
-        for i in infos:
-            table.add_row(
-                i.endpoint, str(i.member_id), str(i.index), str(i.term), str(i.size_bytes)
-            )
-        out.table(table)
-    return 0
-
-
 # ---------------------------------------------------------------------------- registration
 
 
@@ -714,18 +684,6 @@ def register(subparsers: SubParsers) -> None:
         "whose log matches its own furthest, as it does itself before stopping on SIGTERM",
     )
 
-    snapshot = _group(subparsers, "snapshot", "snapshots of the state machine")
-    save = _leaf(
-        snapshot,
-        "save",
-        "have members write a snapshot now and compact their log",
-        _snapshot_save,
-        common,
-    )
-    where = save.add_mutually_exclusive_group()
-    where.add_argument("--endpoint", help="the member to snapshot (default: the first to answer)")
-    where.add_argument("--all", action="store_true", help="every endpoint")
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = Parser(
@@ -738,7 +696,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The client commands alone (``rallypoint``'s own main adds ``serve`` and ``cluster``)."""
+    """The client commands alone (``rallypoint``'s own main adds ``serve``, ``cluster`` and
+    the rest)."""
     args = build_parser().parse_args(argv)
     code: int = args.handler(args)
     return code

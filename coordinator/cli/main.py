@@ -43,6 +43,11 @@ _SERVE_HELP = {
     "only once every other one answers that none exists (leave out a member that will never "
     "start, and add it later)",
     "join": "join an existing cluster (after `rallypoint member add`) instead of creating one",
+    "force_new_cluster": "disaster recovery, once: make this surviving member of a cluster "
+    "that lost its majority for good the only member of a new cluster holding its data "
+    "(give a new --cluster-token; the old storage is kept in the data dir; what may have "
+    "been lost is logged), then add members with `rallypoint member add`; "
+    "docs/operations.md, 'Losing a majority'",
     "cluster_token": "the cluster's name, shared by its members; with the peer secret it makes "
     "the cluster id, and traffic from another cluster is refused",
     "peer_secret_file": "a file holding the secret every member shares (required: the peer port "
@@ -317,6 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         register(subparsers)
+        from .backup import register as register_backup
         from .dashboard import register as register_dashboard
         from .domains import register as register_domains
         from .jobs import register as register_jobs
@@ -324,6 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
         register_jobs(subparsers)
         register_domains(subparsers)
         register_dashboard(subparsers)
+        register_backup(subparsers)
     return parser
 
 

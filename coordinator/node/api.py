@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..backup_file import BackupHeader
 from ..liveness.port import LivenessPort
 from ..state.commands import Command
 from ..state.results import Result
@@ -257,4 +258,9 @@ class ServerNode(Protocol):
 
     async def snapshot_now(self) -> int:
         """Write a snapshot at the applied index and compact; return the snapshot's index."""
+        ...
+
+    async def backup(self) -> tuple[BackupHeader, bytes]:
+        """On the leader: the state at the applied index as a backup file's header and
+        payload (``backup_file.py``), encoded off the event loop. NotLeaderError elsewhere."""
         ...

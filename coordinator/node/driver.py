@@ -63,6 +63,7 @@ from rallypoint.raft import (
     StateType,
 )
 from rallypoint.raft.codec import decode_conf_change
+from rallypoint.raft.log_storage import CompactedError, UnavailableError
 from rallypoint.raft.storage.disk_storage import DiskStorage, PersistRequest, SnapshotPolicy
 from rallypoint.raft.types import (
     NONE,
@@ -75,6 +76,7 @@ from rallypoint.raft.types import (
 )
 
 from .. import identity as identity_file
+from ..backup_file import BackupHeader
 from ..identity import Identity
 from ..leader.lessor import Lessor
 from ..leader.supervisor import RendezvousSupervisor
@@ -783,6 +785,34 @@ class Node:
     async def snapshot_now(self) -> int:
         assert self._snapshots is not None, "the member is not started"
         return await self._snapshots.snapshot_now()
+
+    async def backup(self) -> tuple[BackupHeader, bytes]:
+        """The state at the applied index, for a backup file: captured on the loop between
+        applies, encoded and hashed on the encoder thread (snapshots.py). The caller made
+        the read linearizable first."""
+        snapshots, storage = self._snapshots, self.storage
+        assert snapshots is not None and storage is not None, "the member is not started"
+        self.require_leader()
+        captured = self._capture()
+        try:
+            term = int(storage.term(captured.index))
+        except (CompactedError, UnavailableError):
+            # Compacted since the capture: the term is only the file's description.
+            term = int(self._term)
+        payload, digest = await snapshots.encode_for_backup(captured)
+        conf = captured.conf_state
+        header = BackupHeader(
+            index=int(captured.index),
+            term=term,
+            cluster_id=self.cluster_id,
+            member_id=self.member_id,
+            voters=tuple(int(i) for i in conf.voters),
+            learners=tuple(int(i) for i in conf.learners),
+            size_bytes=len(payload),
+            sha256=digest,
+            created_ms=wall_clock_ms(),
+        )
+        return header, payload
 
     async def wait_for_leader(self, timeout_s: float) -> int:
         """Wait until some leader is known; return its id (for tools and tests)."""

@@ -36,7 +36,7 @@ from rallypoint.raft.types import (
     NodeId,
 )
 
-from ..member_table import ConfChangeContext, MemberAddress, MemberTable
+from ..member_table import ConfChangeContext, MemberAddress, MemberTable, apply_conf_change
 from .api import (
     PROMOTE_READY_PERCENT,
     LearnerNotReadyError,
@@ -133,18 +133,7 @@ class Membership:
         """A committed change applied by Raft, giving ``conf_state``: update the address
         book. Returns the change's context and the ids it removed."""
         self.conf_state = conf_state
-        context = ConfChangeContext.decode(cc.context)
-        removed = []
-        for change in cc.changes:
-            self.table.note_id(change.node_id)
-            if change.type is ConfChangeType.REMOVE_NODE:
-                self.table.remove(change.node_id)
-                removed.append(int(change.node_id))
-            elif context.peer_address:
-                self.table.set(
-                    change.node_id, MemberAddress(context.peer_address, context.client_address)
-                )
-        return context, removed
+        return apply_conf_change(self.table, cc)
 
     def restore(self, table: MemberTable, conf_state: ConfState) -> None:
         """A snapshot was installed: its member table and configuration replace ours."""

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hashlib
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -89,6 +90,11 @@ def capture(state: StateMachine, members: MemberTable, conf_state: ConfState) ->
 def encode(captured: Capture) -> bytes:
     """A capture's snapshot data (on the encoder thread)."""
     return encode_app_snapshot(captured.members, captured.state.snapshot())
+
+
+def _encode_and_hash(captured: Capture) -> tuple[bytes, bytes]:
+    data = encode(captured)
+    return data, hashlib.sha256(data).digest()
 
 
 class Snapshots:
@@ -233,6 +239,15 @@ class Snapshots:
             self._for_followers = Snapshot(data, metadata)
         finally:
             self._for_followers_task = None
+
+    # ------------------------------------------------------------- for backups
+
+    async def encode_for_backup(self, captured: Capture) -> tuple[bytes, bytes]:
+        """A capture's snapshot data and its SHA-256, made on the encoder thread (a backup
+        is streamed to a client, never stored here)."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self._encoder, _encode_and_hash, captured
+        )
 
     # ------------------------------------------------------------- lifecycle
 

@@ -266,6 +266,8 @@ RULES: dict[str, Rule] = {
     _CKPT + "Latest": Rule(P.JOB_READ, _job),
     _CKPT + "CommitMemorySnapshot": Rule(P.JOB_WORK, _fence_job, _header_session),
     _CKPT + "LatestMemorySnapshot": Rule(P.JOB_READ, _job),
+    # The whole state (every job's keys and records): admin only.
+    "/rallypoint.v1.Maintenance/SnapshotSave": Rule(P.ADMIN),
 }
 
 

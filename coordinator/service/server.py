@@ -33,6 +33,7 @@ from rallypoint.proto.v1 import (
     cluster_pb2_grpc,
     kv_pb2_grpc,
     lease_pb2_grpc,
+    maintenance_pb2_grpc,
     rendezvous_pb2_grpc,
     session_pb2_grpc,
     watch_pb2_grpc,
@@ -64,6 +65,7 @@ from .errors import (
 )
 from .kv import KVServicer
 from .lease import LeaseServicer
+from .maintenance import MaintenanceServicer
 from .rendezvous import RendezvousServicer
 from .roundstore import RoundStoreServicer
 from .session import SessionServicer
@@ -81,6 +83,7 @@ SERVICE_NAMES = (
     "rallypoint.v1.Rendezvous",
     "rallypoint.v1.RoundStore",
     "rallypoint.v1.CheckpointRegistry",
+    "rallypoint.v1.Maintenance",
 )
 
 Handler = Any  # grpc.RpcMethodHandler: a namedtuple whose behaviour fields we replace
@@ -365,6 +368,7 @@ def add_services(
     rendezvous_pb2_grpc.add_RendezvousServicer_to_server(RendezvousServicer(node), target)
     rendezvous_pb2_grpc.add_RoundStoreServicer_to_server(RoundStoreServicer(node), target)
     rendezvous_pb2_grpc.add_CheckpointRegistryServicer_to_server(CheckpointServicer(node), target)
+    maintenance_pb2_grpc.add_MaintenanceServicer_to_server(MaintenanceServicer(node), target)
     recorded = tuple(service for service, _ in recorder.services)
     if recorded != SERVICE_NAMES:
         raise AssertionError(f"generated code registered {recorded}, expected {SERVICE_NAMES}")

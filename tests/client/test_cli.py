@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from rallypoint.coordinator.cli.client import main
+from rallypoint.coordinator.cli.main import main
 
 from .fake_server import FakeCluster
 
@@ -141,10 +141,10 @@ async def test_status_reports_an_unreachable_endpoint(
     assert captured.err.startswith("error: 1 of 4 endpoints unhealthy: 127.0.0.1:1")
 
 
-async def test_snapshot_save(capsys: pytest.CaptureFixture[str], cluster: FakeCluster) -> None:
-    one = await run_json(capsys, cluster, "snapshot", "save")
+async def test_snapshot_compact(capsys: pytest.CaptureFixture[str], cluster: FakeCluster) -> None:
+    one = await run_json(capsys, cluster, "snapshot", "compact")
     assert len(one["snapshots"]) == 1
-    every = await run_json(capsys, cluster, "snapshot", "save", "--all")
+    every = await run_json(capsys, cluster, "snapshot", "compact", "--all")
     assert [s["member_id"] for s in every["snapshots"]] == [1, 2, 3]
 
 

@@ -23,6 +23,7 @@ from rallypoint.proto.v1 import (
     kv_pb2,
     kv_pb2_grpc,
     lease_pb2,
+    maintenance_pb2,
     rendezvous_pb2,
     rendezvous_pb2_grpc,
     session_pb2,
@@ -42,6 +43,7 @@ MODULES: tuple[ModuleType, ...] = (
     session_pb2,
     cluster_pb2,
     rendezvous_pb2,
+    maintenance_pb2,
 )
 SECURITY_PAGE = Path(__file__).resolve().parents[2] / "docs" / "security.md"
 # token -> role
@@ -72,7 +74,7 @@ def job_fields(request: Any) -> list[str]:
 
 def test_every_method_of_every_public_service_has_exactly_one_rule() -> None:
     methods = [name for name, _ in public_methods()]
-    assert len(methods) == len(set(methods)) == 57
+    assert len(methods) == len(set(methods)) == 58
     assert sorted(RULES) == sorted(methods)
 
 

@@ -6,8 +6,12 @@ Unavailability windows. A write that did not succeed promptly (its outcome unkno
 or an unavailable cluster; or acknowledged, but only after ``slow_s``, by default an election
 timeout: slower than that is an outage, not a slow call) opens a window at its
 invocation; the window closes at the first acknowledgement of a write invoked at or after
-that moment (by any client). Overlapping windows merge. A window still open when the history
-ends closes there, marked open.
+that moment (by any client). Overlapping windows merge. A window no write closed is marked
+open and ends when the last write stopped waiting for an answer (its timeout, or the end of
+the history for one never answered): after the clients stop writing, nobody asks the cluster
+for anything, so the time until the history ends (the nemesis's last heal, the final reads)
+says nothing about whether it would have answered. (Counting it once judged a run unavailable
+for the seconds after its clients had stopped, with a majority up the whole time.)
 
 Was the cluster owed an answer? The nemesis records the cluster's health after every change
 (``health`` events): the voters, which of them run and answer (not killed, not paused, not
@@ -113,6 +117,8 @@ class _Write:
     call_s: float
     return_s: float  # inf when the outcome is unknown
     ok: bool
+    # When the client stopped waiting: its answer, its timeout, or (never answered) inf.
+    done_s: float
 
 
 def _writes(events: Iterable[Event]) -> list[_Write]:
@@ -133,11 +139,11 @@ def _writes(events: Iterable[Event]) -> list[_Write]:
         if call is None:
             continue
         if event.type is EventType.OK:
-            writes.append(_Write(call.time_s, event.time_s, True))
+            writes.append(_Write(call.time_s, event.time_s, True, event.time_s))
         elif event.type is EventType.INFO:
-            writes.append(_Write(call.time_s, math.inf, False))
+            writes.append(_Write(call.time_s, math.inf, False, event.time_s))
         # FAIL: the cluster answered (a refused fence, say): it was available.
-    writes.extend(_Write(call.time_s, math.inf, False) for call in pending.values())
+    writes.extend(_Write(call.time_s, math.inf, False, math.inf) for call in pending.values())
     return writes
 
 
@@ -145,8 +151,11 @@ def unavailability_windows(events: Sequence[Event], slow_s: float = 0.5) -> list
     """The windows of ``events`` (module docstring), in time order, merged."""
     if not events:
         return []
-    end_of_history = max(e.time_s for e in events)
     writes = sorted(_writes(events), key=lambda w: w.call_s)
+    # The last moment a write waited for an answer: an open window ends there (module doc).
+    end_of_history = min(
+        max(e.time_s for e in events), max((w.done_s for w in writes), default=-math.inf)
+    )
     successes = sorted((w for w in writes if w.ok), key=lambda w: w.call_s)
     # first_ack_after[i]: the earliest acknowledgement among successes[i:].
     first_ack_after = [math.inf] * (len(successes) + 1)

@@ -44,6 +44,10 @@ class NamespaceCluster(ProcessCluster):
         # Members started on a wiped data dir that have not caught up yet: they do not vote
         # (coordinator/identity.py, "abstaining"), so they do not count as up.
         self.recovering: set[int] = set()
+        # Members whose process was launched but has not answered yet (importing, opening
+        # its log: seconds on a loaded machine): not up either, whoever asks meanwhile (the
+        # run's health poller included).
+        self.starting: set[int] = set()
         # Called with the cluster's health after every change a fault makes (processes
         # started, killed, paused or resumed; membership; the network): see ``health``.
         self.on_change: Callable[[Health], None] | None = None
@@ -58,7 +62,7 @@ class NamespaceCluster(ProcessCluster):
         voters = tuple(sorted(self.active - self.learners))
         up = tuple(
             m
-            for m in sorted(self.active - self.recovering)
+            for m in sorted(self.active - self.recovering - self.starting)
             if self.members[m].running and not self.members[m].paused
         )
         return Health(
@@ -78,16 +82,21 @@ class NamespaceCluster(ProcessCluster):
     def start(self, member_id: int, *, join: bool = False, initial: str | None = None) -> None:
         """Start a member; while a run records health, return once it answers (or exits):
         a member counts as up only then."""
-        super().start(member_id, join=join, initial=initial)
         if self.on_change is None:
+            super().start(member_id, join=join, initial=initial)
             return
-        member = self.members[member_id]
-        with contextlib.suppress(TimeoutError):
-            wait_until(
-                lambda: not member.running or self.status(member_id) is not None,
-                20.0,
-                f"member {member_id} to answer",
-            )
+        self.starting.add(member_id)
+        try:
+            super().start(member_id, join=join, initial=initial)
+            member = self.members[member_id]
+            with contextlib.suppress(TimeoutError):
+                wait_until(
+                    lambda: not member.running or self.status(member_id) is not None,
+                    20.0,
+                    f"member {member_id} to answer",
+                )
+        finally:
+            self.starting.discard(member_id)
         self.note_change()
 
     def kill(self, member_id: int) -> None:
@@ -156,28 +165,35 @@ class NamespaceCluster(ProcessCluster):
 
     def damage_wal(self, member_id: int, rng: random.Random) -> str:
         """On a stopped member: cut the last segment inside its final record (a torn write)
-        or flip one bit among its last records. What was done, for the report."""
+        or flip one bit among its last records. What was done, for the report.
+
+        In place, a block at a time: the segment is preallocated (64 MiB), and reading it
+        whole, stripping and rewriting it held the interpreter lock for seconds, which
+        stopped every client of the run (they share this process), so the cluster was
+        judged unavailable for time in which nobody asked it anything."""
         member = self.members[member_id]
         assert not member.running, "damage a stopped member only"
         segments = sorted(member.data_dir.glob("**/wal/*.wal"))
         if not segments:
             return "no WAL segment to damage"
         segment = segments[-1]
-        data = bytearray(segment.read_bytes())
-        end = len(data.rstrip(b"\0"))
-        if end <= 64:
-            return f"{segment.name}: too little data to damage"
-        if rng.random() < 0.5:
-            cut = end - rng.randint(1, min(48, end - 64))
-            # Keep the file's length (preallocated): zero the tail instead of shortening.
-            data[cut:end] = bytes(end - cut)
-            segment.write_bytes(bytes(data))
-            return f"{segment.name}: zeroed bytes {cut}..{end} (a torn final record)"
-        offset = rng.randint(max(64, end - 4096), end - 1)
-        bit = rng.randrange(8)
-        data[offset] ^= 1 << bit
-        segment.write_bytes(bytes(data))
-        return f"{segment.name}: flipped bit {bit} of byte {offset} (of {end} written)"
+        fd = os.open(segment, os.O_RDWR)
+        try:
+            end = _written_end(fd)
+            if end <= 64:
+                return f"{segment.name}: too little data to damage"
+            if rng.random() < 0.5:
+                cut = end - rng.randint(1, min(48, end - 64))
+                # Keep the file's length (preallocated): zero the tail instead of shortening.
+                os.pwrite(fd, bytes(end - cut), cut)
+                return f"{segment.name}: zeroed bytes {cut}..{end} (a torn final record)"
+            offset = rng.randint(max(64, end - 4096), end - 1)
+            bit = rng.randrange(8)
+            (byte,) = os.pread(fd, 1, offset)
+            os.pwrite(fd, bytes([byte ^ (1 << bit)]), offset)
+            return f"{segment.name}: flipped bit {bit} of byte {offset} (of {end} written)"
+        finally:
+            os.close(fd)
 
     def refused_to_start(self, member_id: int, within_s: float = 8.0) -> bool:
         """True when the member exited by itself soon after starting (corruption detected)."""
@@ -201,6 +217,19 @@ class NamespaceCluster(ProcessCluster):
         self.recovering.discard(member_id)
         self.member_env.pop(member_id, None)
         self.network.forget(member_id)  # reports the change
+
+
+def _written_end(fd: int, block_bytes: int = 1 << 20) -> int:
+    """The offset just past a segment's last non-zero byte (the rest is preallocation),
+    read backwards a block at a time."""
+    position = os.fstat(fd).st_size
+    while position > 0:
+        start = max(0, position - block_bytes)
+        written = len(os.pread(fd, position - start, start).rstrip(b"\0"))
+        if written:
+            return start + written
+        position = start
+    return 0
 
 
 def process_environment(unsafe: str | None) -> dict[str, str]:

@@ -128,6 +128,29 @@ def test_overlapping_windows_merge_and_refusals_open_none() -> None:
     ]
 
 
+def test_an_open_window_ends_when_the_clients_stop_writing() -> None:
+    # The clients' last writes time out at 12 s and they issue no more (the run's writing
+    # time is over); the history goes on to 20 s (the nemesis heals, final reads). A
+    # majority was up throughout, but only the 5 s in which writes were asked count.
+    h = History()
+    steady_writes(h, 0.0, 7.0)
+    h.health(7.0, up=[2, 3])
+    for i in range(3):
+        h.write(2 + i, 7.0 + i, 10.0 + i, status="info")
+    h.write(9, 9.0, 12.0, status="info")
+    h.health(16.0, up=[1, 2, 3])
+    h.fault(13.0, 20.0, "corrupt 1: replaced by 4")
+    result, windows = check_availability(h.sorted(), BOUND_S)
+    assert [(w.start_s, w.end_s, w.open_at_end) for w in windows] == [(7.0, 12.0, True)]
+    assert windows[0].majority_s == pytest.approx(5.0)
+    assert result.outcome is Outcome.INVALID  # 5 s asked, unanswered: still a violation
+    # A write never answered keeps the window open to the end of the history.
+    h.write(30, 11.5, 11.6, status="info")
+    h._add(31, EventType.INVOKE, "write", 1, 11.9)
+    windows = unavailability_windows(h.sorted())
+    assert [(w.start_s, w.end_s) for w in windows] == [(7.0, 20.0)]
+
+
 def test_a_write_acknowledged_late_closes_no_earlier_window() -> None:
     # A write invoked before the window opened and acknowledged inside it proves nothing
     # about a write issued then: the window closes at the first acknowledgement of a write

@@ -154,9 +154,12 @@ class RendezvousSupervisor:
         # Leader: other members' readings of the participants they watch one by one:
         # key -> (phi in thousandths, heartbeat age ms, when received).
         self._readings: dict[Key, tuple[int, int, int]] = {}
-        # The jobs whose JOINING round is held for a failed member's domain, as of the state
-        # revision ``_held_revision`` (every member: its reports say whom it hears in them).
+        # The jobs whose JOINING round is held for a failed member's domain, within the hold
+        # and the confirmation window after it (every member: its reports say whom it hears
+        # in them; ``_in_doubt``), and per job the wall time that window ends, as of the
+        # state revision ``_held_revision``.
         self._held: frozenset[str] = frozenset()
+        self._held_until: dict[str, int] = {}
         self._held_revision = -1
         # Leader: when each participant of a held job was last heard on an open stream, by
         # any member's word (this member's monotonic ms): ``_in_doubt``.
@@ -364,16 +367,21 @@ class RendezvousSupervisor:
         )
 
     def _note_held(self) -> None:
-        """Find the jobs whose JOINING round is held (on a state change)."""
+        """Find the jobs whose JOINING round is held (on a state change), and keep those
+        whose hold, with the confirmation window after it, is not over: a round that stays
+        JOINING long after its hold (below min_nodes) is no longer reported on."""
         rendezvous = self._state.rendezvous
-        if rendezvous.revision == self._held_revision:
+        if rendezvous.revision != self._held_revision:
+            self._held_revision = rendezvous.revision
+            self._held_until = {
+                job_id: job.round.hold_until_ms + 2 * job.config.heartbeat_interval_ms
+                for job_id, job in rendezvous.jobs.items()
+                if job.round.state is RoundState.JOINING and job.round.hold_until_ms
+            }
+        if not self._held_until and not self._held:
             return
-        self._held_revision = rendezvous.revision
-        held = frozenset(
-            job_id
-            for job_id, job in rendezvous.jobs.items()
-            if job.round.state is RoundState.JOINING and job.round.hold_until_ms
-        )
+        wall_ms = self._wall_clock_ms()
+        held = frozenset(job for job, until in self._held_until.items() if wall_ms < until)
         if held != self._held:
             self._held = held
             self._heard = {key: ms for key, ms in self._heard.items() if key[0] in held}

@@ -215,7 +215,7 @@ class ElasticRun:
             round's checkpoint (a zombie).
         checkpoint_failed: round, rank, step, error. The checkpoint was not committed (the
             round ended under it, or the coordinator was not reached in time).
-        snapshot_committed: round, rank, step, blocked_s. Rank 0 registered the world's
+        snapshot_committed: round, rank, step, blocked_s, final. Rank 0 registered the world's
             in-memory snapshot of ``step``: every rank's copy is protected on its peers
             (``blocked_s``: how long rank 0's training was held to copy its state; ``final``:
             the last snapshot of a round ended by plan, ``ElasticRound.final_snapshot``).

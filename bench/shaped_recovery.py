@@ -182,7 +182,9 @@ def _phases(
         e for e in trial.select("step", killed_at, back)
         if e["name"] in names and e["world_size"] == world_size
     ]  # fmt: skip
-    number = min(e["round"] for e in steps)
+    # The round they trained in again (a step of the old round at the same world size may
+    # have been counted after the kill, before the loss was noticed).
+    number = max(e["round"] for e in steps)
     history, current = _coordinator_rounds(trial.endpoints, trial.job)
     ended = [r for r in history if r.ended_ms / 1000 > killed_at]
     closed_ms = next(

@@ -11,6 +11,7 @@ import pytest
 from rallypoint.coordinator.leader import supervisor as supervisor_module
 from rallypoint.coordinator.leader.supervisor import PHI_SAMPLE_SIZE, RendezvousSupervisor
 from rallypoint.coordinator.liveness.progress import ProgressReport
+from rallypoint.coordinator.liveness.report import decode as decode_report
 from rallypoint.coordinator.metrics import NodeMetrics
 from rallypoint.coordinator.state.commands import (
     CloseRound,
@@ -448,3 +449,53 @@ async def test_a_member_never_heard_nor_removed_delays_the_close_only_to_the_bou
         clock.ms += 10
     await _step(sup)
     assert [c for c in proposed if isinstance(c, CloseRound)] == [CloseRound("j", 2)]
+
+
+async def test_a_member_says_whom_it_hears_in_a_held_job_only_until_the_bound(
+    clock: Clock,
+) -> None:
+    # A round held below min_nodes stays JOINING long after its hold: a member reports whom
+    # it hears in it (at once, and every ATTACH_REPORT_MS) within the hold and the two
+    # heartbeat intervals after it, then goes back to its usual period, saying nothing.
+    replica = JobReplica()
+    replica.time_ms = clock.ms
+    config = JobConfig(min_nodes=2, max_nodes=2, last_call_ms=0)
+    s = replica.open()
+    replica.do(s, JoinBatch("j", ("a0", "a1"), (), config, True, ("a", "a")))
+    a0, a1 = (seat.participant_id for seat in replica.job().round.members)
+    replica.fail(a0)
+    held = replica.job().round
+    assert held.state is RoundState.JOINING and held.hold_until_ms
+    sent: list[bytes] = []
+
+    async def send_report(leader: int, payload: bytes) -> bool:
+        sent.append(payload)
+        return True
+
+    follower = StreamedSupervisor(
+        replica.sm,
+        _never_proposed,
+        clock,
+        member_id=1,
+        leader_id=lambda: 2,
+        send_report=send_report,
+    )
+    heard: list[list[tuple[tuple[str, int], int]]] = []
+    while clock.ms < held.hold_until_ms + 200 + 500:
+        if clock.ms % 100 == 0:
+            follower.heartbeat("j", a1)
+        before = len(sent)
+        await _step(follower)
+        await asyncio.sleep(0)
+        heard += [decode_report(p).heard for p in sent[before:]]
+        clock.ms += 10
+    within = [h for h in heard if h]
+    assert within and all(h[0][0] == ("j", a1) for h in within)
+    # Within the window a report went every ATTACH_REPORT_MS (about 40 of them in 400 ms);
+    # after it, only the usual REPORT_EVERY_MS ones, naming nobody.
+    assert len(within) >= 6 and not heard[-1], heard[-3:]
+    assert len(heard) - len(within) <= 500 // supervisor_module.REPORT_EVERY_MS + 1
+
+
+async def _never_proposed(command: Command) -> None:
+    raise AssertionError(f"a follower proposed {command!r}")

@@ -7,7 +7,8 @@ Two jobs, one after the other, each trial (bench/recovery_bench.py runs them):
   SIGKILLed: ``shaped_recovery_s`` is from the kill until the 6 survivors (all but the victim
   and its unit's other rank, which waits) trained a step at world 6 (dp=3, tp=2). Then the
   4 processes of host-a are SIGKILLed at once: ``host_loss_rounds`` is how many rounds the
-  survivors saw end from the kill until they trained again (the target: 1).
+  coordinator ended by a failure from the kill until a second after the survivors trained
+  again (the target: 1; ``host_loss_rounds_seen``: how many of them the survivors saw end).
 - *spare*: 12 workers, dp=4 x tp=2 on host-a and host-b, host-c's 4 waiting as spares. The
   4 processes of host-b are SIGKILLed at once: ``spare_recovery_s`` is from the kill until
   the 8 workers of host-a and host-c trained a step at world 8 (dp kept at 4). Then host-a
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import follow_events
-from rallypoint.client import SyncClient
+from rallypoint.client import EndReason, SyncClient
 
 Event = dict[str, Any]
 TP = 2
@@ -151,6 +152,59 @@ def _ends(trial: MeshTrial, names: Sequence[str], after_t: float, until_t: float
     return [f"round {number}: {reason}" for number, reason in sorted(first.items())]
 
 
+def _coordinator_rounds(endpoints: str, job: str) -> tuple[list[Any], Any]:
+    """The job's ended rounds (history) and its current round, as the coordinator has them."""
+    with SyncClient(endpoints.split(",")) as client:
+        status = client.get_job(job)
+    return list(status.history), status.round
+
+
+def _failed_rounds(endpoints: str, job: str, after_t: float, until_t: float) -> list[int]:
+    """Rounds the coordinator ended by a failure in ``(after_t, until_t]``: what a fault
+    cost in round changes, whether or not a worker saw the round (one that ends while the
+    workers are forming it is seen by some, or none)."""
+    history, _ = _coordinator_rounds(endpoints, job)
+    return [
+        r.round
+        for r in history
+        if r.end_reason is EndReason.MEMBER_FAILED and after_t < r.ended_ms / 1000 <= until_t
+    ]
+
+
+def _phases(
+    trial: MeshTrial, names: Sequence[str], world_size: int, killed_at: float, back: float
+) -> Event:
+    """Where a recovery's time went, each from the kill: the coordinator ended the round
+    (``ended_s``: detection), closed the next (``closed_s``: after the hold), the named
+    workers formed it (``formed_s``: groups and restore; ``init_s`` and ``restore_s`` the
+    slowest rank's) and trained a step in it (``trained_s``)."""
+    steps = [
+        e for e in trial.select("step", killed_at, back)
+        if e["name"] in names and e["world_size"] == world_size
+    ]  # fmt: skip
+    # The round they trained in again (a step of the old round at the same world size may
+    # have been counted after the kill, before the loss was noticed).
+    number = max(e["round"] for e in steps)
+    history, current = _coordinator_rounds(trial.endpoints, trial.job)
+    ended = [r for r in history if r.ended_ms / 1000 > killed_at]
+    closed_ms = next(
+        (r.closed_ms for r in history if r.round == number),
+        current.closed_ms if current.round == number else 0,
+    )
+    formed = [
+        e for e in trial.select("round_formed", killed_at)
+        if e["name"] in names and e["round"] == number
+    ]  # fmt: skip
+    return {
+        "ended_s": ended[0].ended_ms / 1000 - killed_at if ended else None,
+        "closed_s": closed_ms / 1000 - killed_at if closed_ms else None,
+        "formed_s": max(e["t"] for e in formed) - killed_at if formed else None,
+        "init_s": max(e["init_s"] for e in formed) if formed else None,
+        "restore_s": max(e["restore_s"] for e in formed) if formed else None,
+        "trained_s": back - killed_at,
+    }
+
+
 def shrink_trial(endpoints: str, job: str, root: Path, timeout_s: float) -> Event:
     """dp=4 x tp=2 loses one process, then a whole host (module docstring)."""
     trial = MeshTrial(endpoints, job, root, max_nodes=2 * HOST_SIZE)
@@ -174,6 +228,7 @@ def shrink_trial(endpoints: str, job: str, root: Path, timeout_s: float) -> Even
         formed = [e for e in trial.select("mesh_formed", killed_at) if e["world_size"] == 6]
         figures.update(
             shaped_recovery_s=back - killed_at,
+            shaped_phases=_phases(trial, survivors, 6, killed_at, back),
             shaped_ends=_ends(trial, survivors, killed_at, back),
             shaped_sources=sorted({e["source"] for e in formed}),
             shaped_mesh=sorted({(e["dp"], e["tp"]) for e in formed}),
@@ -189,8 +244,15 @@ def shrink_trial(endpoints: str, job: str, root: Path, timeout_s: float) -> Even
             lambda: trial.training_at(left, world, killed_at),
             timeout_s,
         )
+        # Counted by the coordinator (a round that ends while its workers form it may be
+        # seen by none of them), and as the workers saw them; a verdict on a host-mate
+        # lands within the hold and the confirmation window (well under a second).
+        time.sleep(1.0)
+        failed = _failed_rounds(endpoints, job, killed_at, time.time())
         figures.update(
-            host_loss_rounds=_rounds_ended(trial, left, killed_at, back),
+            host_loss_rounds=len(failed),
+            host_loss_failed_rounds=failed,
+            host_loss_rounds_seen=_rounds_ended(trial, left, killed_at, back),
             host_loss_ends=_ends(trial, left, killed_at, back),
             host_loss_recovery_s=back - killed_at,
             host_loss_world=world,
@@ -230,7 +292,9 @@ def spare_trial(endpoints: str, job: str, root: Path, timeout_s: float) -> Event
         formed = [e for e in trial.select("mesh_formed", killed_at) if e["world_size"] == 8]
         figures.update(
             spare_recovery_s=back - killed_at,
-            spare_rounds=_rounds_ended(trial, world, killed_at, back),
+            spare_phases=_phases(trial, world, 8, killed_at, back),
+            spare_rounds=len(_failed_rounds(endpoints, job, killed_at, back)),
+            spare_rounds_seen=_rounds_ended(trial, world, killed_at, back),
             spare_ends=_ends(trial, world, killed_at, back),
             spare_sources=sorted({e["source"] for e in formed}),
         )

@@ -144,12 +144,17 @@ class CheckpointRegistry:
         layout: bytes = b"",
         placement: bytes = b"",
         *,
+        planned_end: bool = False,
         timeout_s: float | None = None,
     ) -> MemorySnapshotInfo:
         """Record the in-memory snapshot of ``step`` as complete (every rank's state is
         protected on peers), replacing the job's previous one; what was recorded.
         ``world_size`` defaults to the round's and must equal it (else InvalidArgumentError);
-        StaleRoundError or StaleTokenError once this round is over."""
+        StaleRoundError or StaleTokenError once this round is over. ``planned_end``: this
+        round is the one that ended last, by a planned change (a drain, a scale-up), and
+        this is its final snapshot, registered before its ranks form the next round;
+        refused (StaleRoundError) if the round ended otherwise or a later round has
+        registered one."""
         size = self.world_size if world_size is None else world_size
         response = await refined(
             self.caller.write(
@@ -161,6 +166,7 @@ class CheckpointRegistry:
                     world_size=size,
                     layout=layout,
                     placement=placement,
+                    planned_end=planned_end,
                 ),
                 timeout_s,
             )

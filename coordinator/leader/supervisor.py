@@ -154,6 +154,16 @@ class RendezvousSupervisor:
         # Leader: other members' readings of the participants they watch one by one:
         # key -> (phi in thousandths, heartbeat age ms, when received).
         self._readings: dict[Key, tuple[int, int, int]] = {}
+        # The jobs whose JOINING round is held for a failed member's domain, within the hold
+        # and the confirmation window after it (every member: its reports say whom it hears
+        # in them; ``_in_doubt``), and per job the wall time that window ends, as of the
+        # state revision ``_held_revision``.
+        self._held: frozenset[str] = frozenset()
+        self._held_until: dict[str, int] = {}
+        self._held_revision = -1
+        # Leader: when each participant of a held job was last heard on an open stream, by
+        # any member's word (this member's monotonic ms): ``_in_doubt``.
+        self._heard: dict[Key, int] = {}
 
     # -------------------------------------------------------------- leadership
 
@@ -267,6 +277,9 @@ class RendezvousSupervisor:
         return True
 
     def _take(self, member: int, report: LivenessReport, now_ms: int) -> None:
+        for key, age_ms in report.heard:
+            if key[0] in self._held:
+                self._heard[key] = max(self._heard.get(key, 0), now_ms - age_ms)
         if member != self.member_id:
             for key, phi_milli, age_ms in report.readings:
                 self._readings[key] = (phi_milli, age_ms, now_ms)
@@ -309,6 +322,7 @@ class RendezvousSupervisor:
         leads (public for tests)."""
         now_ms = monotonic_ms()
         self._retain(now_ms)
+        self._note_held()
         suspicions = self.local.suspects(now_ms)
         for suspicion in suspicions[:LOG_EACH]:
             log.info(
@@ -322,7 +336,9 @@ class RendezvousSupervisor:
         self._sample_phi(now_ms)
         if self.is_leader:
             self._unsent.clear()
-            self._take(self.member_id, self.local.take_report(suspicions), now_ms)
+            report = self.local.take_report(suspicions)
+            report.heard = self.local.heard(self._held, now_ms) if self._held else []
+            self._take(self.member_id, report, now_ms)
             self._lead(now_ms)
         else:
             self._unsent.extend(suspicions)
@@ -350,6 +366,26 @@ class RendezvousSupervisor:
             [(j, pid) for j in tracked for pid in tracked[j].ranks if present((j, pid))]
         )
 
+    def _note_held(self) -> None:
+        """Find the jobs whose JOINING round is held (on a state change), and keep those
+        whose hold, with the confirmation window after it, is not over: a round that stays
+        JOINING long after its hold (below min_nodes) is no longer reported on."""
+        rendezvous = self._state.rendezvous
+        if rendezvous.revision != self._held_revision:
+            self._held_revision = rendezvous.revision
+            self._held_until = {
+                job_id: job.round.hold_until_ms + 2 * job.config.heartbeat_interval_ms
+                for job_id, job in rendezvous.jobs.items()
+                if job.round.state is RoundState.JOINING and job.round.hold_until_ms
+            }
+        if not self._held_until and not self._held:
+            return
+        wall_ms = self._wall_clock_ms()
+        held = frozenset(job for job, until in self._held_until.items() if wall_ms < until)
+        if held != self._held:
+            self._held = held
+            self._heard = {key: ms for key, ms in self._heard.items() if key[0] in held}
+
     def _maybe_report(self, now_ms: int) -> None:
         """Send the leader a report when one is due (and none is in flight)."""
         if self._send_report is None or (self._sending and not self._sending.done()):
@@ -360,12 +396,14 @@ class RendezvousSupervisor:
         if leader != self._reported_to:
             self.local.report_lost()  # a new leader hears everything
         since = now_ms - self._reported_ms
-        urgent = bool(self._unsent) or (self.local.has_news() and since >= ATTACH_REPORT_MS)
+        # While a round is held, the leader waits for word of its members (``_in_doubt``).
+        news = self.local.has_news() or bool(self._held)
+        urgent = bool(self._unsent) or (news and since >= ATTACH_REPORT_MS)
         if not urgent and since < REPORT_EVERY_MS and not self.local.full_needed:
             return
         suspicions = list(self._unsent)
         self._unsent.clear()
-        report = self.local.take_report(suspicions, now_ms)
+        report = self.local.take_report(suspicions, now_ms, self._held)
         self._seq += 1
         report.boot, report.seq = self._boot, self._seq
         self._reported_ms = now_ms
@@ -406,6 +444,8 @@ class RendezvousSupervisor:
         wall_ms = self._wall_clock_ms()
         rendezvous = self._state.rendezvous
         for key in rendezvous.closes_due(wall_ms):
+            if self._in_doubt(key[0], wall_ms, now_ms):
+                continue
             last = self._close_proposed_ms.get(key)
             if last is not None and wall_ms - last < 1000:
                 continue
@@ -417,6 +457,38 @@ class RendezvousSupervisor:
         if now_ms >= self.coverage.grace_until_ms:
             self._judge_progress(now_ms)
         self._note_training(wall_ms)
+
+    def _in_doubt(self, job_id: str, wall_ms: int, now_ms: int) -> bool:
+        """Whether a held round whose hold ran out must not close yet: a member of a domain
+        is not known alive since the failure that held it. A failed member's host-mates
+        fail with it, but their streams' ends may be noticed later than its own (a peer's
+        failed collective confirms one at once, or one member's queue is behind): each one
+        is only confirmed two heartbeat intervals after its end. Closing at the end of the
+        hold would seat one of them, and its verdict would end the round just formed, a
+        second round for one host loss (rendezvous.py, "Failure domains"). So the round
+        waits until every member with a domain has been heard on an open stream at least a
+        heartbeat interval after the failure (a heartbeat read right after the failure may
+        have been sent before a death: it waited in a queue with the stream's end), by the
+        word of the member carrying it (``LivenessReport.heard``), or was removed; for at
+        most the confirmation window (two heartbeat intervals) past the hold, after which
+        the round closes as before."""
+        job = self._state.rendezvous.jobs.get(job_id)
+        if job is None or not job.round.hold_until_ms:
+            return False
+        r, interval_ms = job.round, job.config.heartbeat_interval_ms
+        if wall_ms >= r.hold_until_ms + 2 * interval_ms:
+            return False
+        # The latest failure that held the round (each pushes the hold to 2 intervals past
+        # it), on this member's monotonic clock.
+        failed_ms = now_ms - (wall_ms - (r.hold_until_ms - 2 * interval_ms))
+        participants = job.participants
+        for seat in r.members:
+            participant = participants.get(seat.participant_id)
+            if participant is None or not participant.domain:
+                continue
+            if self._heard.get((job_id, seat.participant_id), 0) < failed_ms + interval_ms:
+                return True
+        return False
 
     def _propose_all(self, verdicts: list[Verdict]) -> None:
         """Propose MemberFailed for each verdict (the backstop's are logged, LOG_EACH of them

@@ -443,8 +443,16 @@ class MemberDetection:
                 break
         return out
 
-    def take_report(self, suspicions: list[Suspicion], now_ms: int | None = None) -> LivenessReport:
-        """What the leader has not heard yet, with ``suspicions``; a full one if needed."""
+    def take_report(
+        self,
+        suspicions: list[Suspicion],
+        now_ms: int | None = None,
+        held: frozenset[str] = frozenset(),
+    ) -> LivenessReport:
+        """What the leader has not heard yet, with ``suspicions``; a full one if needed.
+        ``held``: the jobs whose JOINING round is held for a failed member's domain; the
+        report says how recently each of their participants carried on an open stream here
+        was heard (``heard``: the leader's word that they are alive, see report.py)."""
         full = self.full_needed
         self.full_needed = False
         report = LivenessReport(
@@ -458,6 +466,7 @@ class MemberDetection:
             ],
             intake_lag_ms=self.intake.current_ms(),
             readings=self.readings(now_ms) if now_ms is not None else [],
+            heard=self.heard(held, now_ms) if held and now_ms is not None else [],
         )
         self._attach.clear()
         self._detach.clear()
@@ -478,6 +487,18 @@ class MemberDetection:
         self.full_needed = True
 
     # ---------------------------------------------------------------- readings
+
+    def heard(self, jobs: frozenset[str], now_ms: int) -> list[tuple[Key, int]]:
+        """(key, ms since its stream's last request) of the participants of ``jobs`` that an
+        open stream carries here, in key order. One whose stream closed is not listed: its
+        last heartbeat may have been read after the failure that held the round, though it
+        was sent before its process died (both waited in this member's queue)."""
+        out = []
+        for key in sorted(k for k in self._group_of if k[0] in jobs):
+            age = self.detectors.heartbeat_age_ms((GROUP_JOB, self._group_of[key]), now_ms)
+            if age is not None:
+                out.append((key, age))
+        return out
 
     def _detector_key(self, key: Key) -> Key:
         gid = self._group_of.get(key)

@@ -80,6 +80,11 @@ class LivenessReport:
     # streams; at most MAX_READINGS): (key, phi in thousandths, ms since its last heartbeat),
     # so the leader's GetJob shows every worker's phi, not only its own streams'.
     readings: list[tuple[Key, int, int]] = field(default_factory=list)
+    # For the participants of jobs whose JOINING round is held for a failed member's domain
+    # (rendezvous.py, "Failure domains") that this member carries on an open stream: ms
+    # since their last heartbeat. The leader closes a held round only once every one of its
+    # members is known alive after the failure, or removed (supervisor.py, ``_in_doubt``).
+    heard: list[tuple[Key, int]] = field(default_factory=list)
 
     def empty(self) -> bool:
         return not (self.full or self.attach or self.detach or self.suspicions or self.progress)
@@ -118,6 +123,7 @@ def encode(report: LivenessReport) -> bytes:
         ],
         "lag": report.intake_lag_ms,
         "readings": [[job, pid, phi, age] for (job, pid), phi, age in report.readings],
+        "heard": [[job, pid, age] for (job, pid), age in report.heard],
         "boot": report.boot,
         "seq": report.seq,
     }
@@ -163,6 +169,21 @@ def _readings(value: Any) -> list[tuple[Key, int, int]]:
     return out
 
 
+def _heard(value: Any, budget: list[int]) -> list[tuple[Key, int]]:
+    if not isinstance(value, list):
+        raise BadReport("heard must be a list")
+    budget[0] -= len(value)
+    if budget[0] < 0:
+        raise BadReport(f"the report names more than {MAX_ENTRIES} participants")
+    out = []
+    for entry in value:
+        if not isinstance(entry, list) or len(entry) != 3:
+            raise BadReport("a heard entry must be [job, participant, age_ms]")
+        key = (_str(entry[0], "heard job id", 128), _int(entry[1], "heard participant", 1))
+        out.append((key, _int(entry[2], "heard age")))
+    return out
+
+
 def decode(payload: bytes) -> LivenessReport:
     try:
         body = msgpack.unpackb(payload, raw=False, strict_map_key=False)
@@ -183,6 +204,7 @@ def decode(payload: bytes) -> LivenessReport:
         boot=_int(body.get("boot", 0), "boot"),
         seq=_int(body.get("seq", 0), "seq"),
     )
+    report.heard = _heard(body.get("heard", []), budget)
     suspect = body.get("suspect", [])
     progress = body.get("progress", [])
     if not isinstance(suspect, list) or not isinstance(progress, list):

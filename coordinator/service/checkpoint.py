@@ -176,6 +176,7 @@ class CheckpointServicer(rendezvous_pb2_grpc.CheckpointRegistryServicer):
             world_size=validate.positive(request.world_size, "world_size"),
             layout=request.layout,
             placement=request.placement,
+            planned_end=request.planned_end,
         )
         result = await propose(self.node, command, context, MemorySnapshotCommitResult, header)
         return rendezvous_pb2.MemorySnapshotCommitResponse(

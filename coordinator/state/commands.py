@@ -380,6 +380,9 @@ class MemorySnapshotCommit(CheckpointCommand):
     world_size: int
     layout: bytes
     placement: bytes
+    # The fence names the job's last ended round, ended by plan (DRAINED, SCALE_UP), not
+    # the current ACTIVE one: that round's final snapshot (rendezvous.py, "Drain").
+    planned_end: bool = since(2, False)
 
 
 @record(20)

@@ -45,6 +45,7 @@ from .commands import (
     LeaseGrant,
     LeaseRevoke,
     MemberFailed,
+    MemorySnapshotCommit,
     OwnedSessionOpen,
     PruneJobs,
     Put,
@@ -245,13 +246,23 @@ class StateMachine:
             return store.execute(command, self.limits.rendezvous)
         if isinstance(command, CheckpointCommand):
             job = self.rendezvous.fenced_job(command.job, command.round, command.fencing_token)
+            world_size = 0 if isinstance(job, Failure) else len(job.round.members)
+            planned = isinstance(command, MemorySnapshotCommit) and command.planned_end
+            if isinstance(job, Failure) and planned:
+                # The final snapshot of the round that just ended by plan (rendezvous.py,
+                # "Drain"), fenced by that round.
+                job = self.rendezvous.planned_end_job(
+                    command.job, command.round, command.fencing_token
+                )
+                if not isinstance(job, Failure):
+                    world_size = len(job.history[-1].members)
             if isinstance(job, Failure):
                 return job
             return job.checkpoints.execute(
                 job.job_id,
                 index,
                 self.now_ms,
-                len(job.round.members),
+                world_size,
                 job.config.keep_checkpoints,
                 command,
                 self.limits.rendezvous,

@@ -130,7 +130,11 @@ the rules above (and writes the bytes it always wrote).
   D's participants push it on) and does not close before then, full or not: a domain-mate
   that died too is removed while the round is JOINING (no round change), one that is alive
   is seated in it. ``closes_due`` honours the hold, so the leader proposes the close after
-  it. A detector's verdict on the round a domain failure just ended (``MemberFailed.round``
+  it, and waits longer while a member of the held round is not known alive since the
+  failure (heard on an open stream a heartbeat interval after it, by the carrying member's
+  word), for at most two more heartbeat intervals: a host-mate whose stream's end was
+  noticed late is removed while the round is JOINING (``supervisor.py``, ``_in_doubt``).
+  A detector's verdict on the round a domain failure just ended (``MemberFailed.round``
   one below the current) still lands while the successor is held, for a participant with a
   domain: the verdicts on a host's participants are made together. The participants of an
   ended session leave a shaped job together (one round change, no hold for a domain none
@@ -144,7 +148,11 @@ the rules above (and writes the bytes it always wrote).
   and the reason) and opens the next; D's participants are not eligible: they wait while
   D is drained (a JOINING round leaves them out at its close). ``Drain(D, drain=False)``
   forgets D and runs the close and scale-up rules of every job with a participant in D.
-  Nobody died: the workers finish the step in flight before re-forming.
+  Nobody died: the workers finish the step in flight before re-forming. A sharded model
+  is restored from memory in the next world, so its ranks register a snapshot of that
+  step first: a ``MemorySnapshotCommit`` with ``planned_end`` is fenced by the job's last
+  ended round (round and token, its world size) if that round ended by plan (DRAINED,
+  SCALE_UP) and no later round has registered one (``planned_end_job``).
 
 ``join_timeout_ms`` is enforced by the client (how long a worker waits for its round to
 close); ``reason`` reports how long a round has been joining.
@@ -424,6 +432,29 @@ class Rendezvous(JoinRules):
             return failure
         if token != job.round.fencing_token:
             return StaleToken(job_id, round_number, token, job.round.fencing_token)
+        return job
+
+    def planned_end_job(self, job_id: str, round_number: int, token: int) -> Job | Failure:
+        """The job if (round, token) are its last ended round's, that round ended by plan
+        (DRAINED or SCALE_UP: every member still in the job) and no later round has
+        registered a memory snapshot: the one command fenced so, a ``MemorySnapshotCommit``
+        with ``planned_end``, records that round's final snapshot ("Drain" above)."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return JobNotFound(job_id)
+        last = job.history[-1] if job.history else None
+        if last is None or last.number != round_number or job.closed:
+            detail = f"round {round_number} is not the round that ended last"
+            return StaleRound(job_id, round_number, job.round.number, detail)
+        if last.end_reason not in (EndReason.DRAINED, EndReason.SCALE_UP):
+            detail = f"round {round_number} ended by {last.end_reason.name.lower()}, not by plan"
+            return StaleRound(job_id, round_number, job.round.number, detail)
+        if token != last.fencing_token:
+            return StaleToken(job_id, round_number, token, last.fencing_token)
+        memory = job.checkpoints.memory
+        if memory is not None and memory.round > round_number:
+            detail = f"round {memory.round} registered a memory snapshot since"
+            return StaleRound(job_id, round_number, job.round.number, detail)
         return job
 
     # ----------------------------------------------------------------- queries

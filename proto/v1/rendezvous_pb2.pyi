@@ -1020,20 +1020,22 @@ class CheckpointLatestResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointInfo, _Mapping]] = ...) -> None: ...
 
 class MemorySnapshotCommitRequest(_message.Message):
-    __slots__ = ("header", "fence", "step", "world_size", "layout", "placement")
+    __slots__ = ("header", "fence", "step", "world_size", "layout", "placement", "planned_end")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    PLANNED_END_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.RequestHeader
     fence: CheckpointFence
     step: int
     world_size: int
     layout: bytes
     placement: bytes
-    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., fence: _Optional[_Union[CheckpointFence, _Mapping]] = ..., step: _Optional[int] = ..., world_size: _Optional[int] = ..., layout: _Optional[bytes] = ..., placement: _Optional[bytes] = ...) -> None: ...
+    planned_end: bool
+    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., fence: _Optional[_Union[CheckpointFence, _Mapping]] = ..., step: _Optional[int] = ..., world_size: _Optional[int] = ..., layout: _Optional[bytes] = ..., placement: _Optional[bytes] = ..., planned_end: _Optional[bool] = ...) -> None: ...
 
 class MemorySnapshotCommitResponse(_message.Message):
     __slots__ = ("header", "snapshot")

@@ -83,6 +83,7 @@ def test_a_report_round_trips_and_groups_participants_by_job() -> None:
         intake_lag_ms=12,
         boot=77,
         seq=5,
+        heard=[(("a", 1), 40)],
     )
     payload = encode(report)
     assert msgpack.unpackb(payload)["attach"] == {"a": [1, 2], "b": [9]}
@@ -99,6 +100,7 @@ def test_a_report_round_trips_and_groups_participants_by_job() -> None:
         ({"v": 1, "suspect": [["j", 1]]}, "a suspicion must be"),
         ({"v": 1, "progress": [["j", 1, 1]]}, "a progress entry has 10 fields"),
         ({"v": 1, "lag": -1}, "lag must be an integer"),
+        ({"v": 1, "heard": [["j", 1]]}, "a heard entry must be"),
     ],
 )
 def test_a_report_that_cannot_be_read_is_refused_with_why(body: dict, complaint: str) -> None:
@@ -512,6 +514,23 @@ def test_only_groups_of_one_by_one_streams_report_readings() -> None:
         detection.group_beat(batch, now)
     ((key, _, age_ms),) = detection.readings(250)
     assert (key, age_ms) == (("j", 1), 50)
+
+
+def test_a_report_says_whom_of_a_held_job_an_open_stream_carries_and_how_recently() -> None:
+    """``heard``: only the held jobs' participants, and only on a stream still open (a
+    closed stream's last heartbeat may have been sent before its process died)."""
+    detection = MemberDetection()
+    batch = detection.open_group(SETTINGS, 0)
+    detection.group_update(batch, {("j", 1), ("j", 2), ("k", 3)}, 0)
+    closing = detection.open_group(SETTINGS, 0)
+    detection.group_update(closing, {("j", 4)}, 0)
+    for now in (100, 200):
+        detection.group_beat(batch, now)
+        detection.group_beat(closing, now)
+    detection.close_group(closing, 210, closed=True)
+    report = detection.take_report([], 250, frozenset({"j"}))
+    assert report.heard == [(("j", 1), 50), (("j", 2), 50)]
+    assert detection.take_report([], 260).heard == []
 
 
 def test_a_closed_stream_reopened_here_in_time_is_counted_and_keeps_its_history() -> None:

@@ -24,9 +24,16 @@ from rallypoint.coordinator.state.commands import (
     JoinBatch,
     Leave,
     MemberFailed,
+    MemorySnapshotCommit,
     SessionClose,
 )
-from rallypoint.coordinator.state.errors import ConfigConflict, InvalidCommand, LimitExceeded
+from rallypoint.coordinator.state.errors import (
+    ConfigConflict,
+    InvalidCommand,
+    LimitExceeded,
+    StaleRound,
+    StaleToken,
+)
 from rallypoint.coordinator.state.jobs import (
     DrainedDomain,
     EndReason,
@@ -40,6 +47,7 @@ from rallypoint.coordinator.state.results import (
     DrainResult,
     JoinBatchResult,
     JoinResult,
+    MemorySnapshotCommitResult,
     RemoveResult,
 )
 
@@ -680,3 +688,52 @@ def test_shaped_placement_does_not_depend_on_the_hash_seed() -> None:
         )
         outputs.add(done.stdout.strip())
     assert len(outputs) == 1
+
+
+# ------------------------------------------------------------------ a drained round's last snapshot
+
+
+def test_the_round_a_drain_ended_registers_its_final_snapshot_fenced_by_itself() -> None:
+    # A sharded job's workers finish the step in flight after a drain ended their round
+    # and register a memory snapshot of it before they form the next (rendezvous.py,
+    # "Drain"): fenced by the ended round, with its world size, and only while it is the
+    # last ended round, ended by plan, and no later round registered one.
+    r = ShapedReplica()
+    r.hosts(a=4, b=4)
+    drained = r.job().round
+    assert drained.state is RoundState.ACTIVE and len(drained.members) == 8
+    r.drain("b", reason="suspected NIC")
+    assert r.job().history[-1].end_reason is EndReason.DRAINED
+    s = r.open()
+
+    def commit(number: int, token: int, world: int, step: int, planned: bool = True) -> object:
+        return r.do(s, MemorySnapshotCommit("j", number, token, step, world, b"", b"", planned))
+
+    # Without the flag the ended round is stale, as for any write of an ended round.
+    unflagged = commit(drained.number, drained.fencing_token, 8, 11, planned=False)
+    assert isinstance(unflagged, StaleRound), unflagged
+    assert isinstance(commit(drained.number, drained.fencing_token + 1, 8, 11), StaleToken)
+    wrong_size = commit(drained.number, drained.fencing_token, 4, 11)
+    assert isinstance(wrong_size, InvalidCommand), wrong_size
+    result = commit(drained.number, drained.fencing_token, 8, 11)
+    assert isinstance(result, MemorySnapshotCommitResult), result
+    assert (result.snapshot.round, result.snapshot.step) == (drained.number, 11)
+    # The next round (host a alone) registers its own; the ended round's then comes late.
+    following = r.job().round
+    assert following.state is RoundState.ACTIVE and len(following.members) == 4
+    assert isinstance(
+        commit(following.number, following.fencing_token, 4, 12, False), MemorySnapshotCommitResult
+    )
+    late = commit(drained.number, drained.fencing_token, 8, 11)
+    assert isinstance(late, StaleRound) and "registered a memory snapshot since" in late.detail
+
+
+def test_a_round_ended_by_a_failure_registers_no_final_snapshot() -> None:
+    r = ShapedReplica()
+    a, _ = r.hosts(a=4, b=4)
+    failed = r.job().round
+    r.fail(a[0])
+    s = r.open()
+    command = MemorySnapshotCommit("j", failed.number, failed.fencing_token, 5, 8, b"", b"", True)
+    refused = r.do(s, command)
+    assert isinstance(refused, StaleRound) and "not by plan" in refused.detail, refused

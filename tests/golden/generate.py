@@ -177,7 +177,7 @@ SAMPLES: list[Command] = [
     CheckpointShardDone("resnet", 3, 44, 45, 2),
     CheckpointCommit("resnet", 3, 44, 45),
     CheckpointAbort("resnet", 3, 44, 45),
-    MemorySnapshotCommit("resnet", 3, 44, 1_001, 4, b"layout", b"\x01placement"),
+    MemorySnapshotCommit("resnet", 3, 44, 1_001, 4, b"layout", b"\x01placement", True),
 ]
 LEADER_TIME_MS = 1_764_000_000_000
 

@@ -2,11 +2,13 @@
 training process (or a torchrun agent) does, and prints one JSON line per thing it sees.
 
     python -m tests.integration.host_proc --endpoints A,B,C --job J --names a,b,c [--config JSON]
+        [--domain HOST]
 
 Events: ``joined`` (the participant ids, in name order), ``round`` (a participant's new
 (round, state), with its rank), ``lost`` (a participant and why), ``left``. Commands, one per
 stdin line: ``leave`` (every participant leaves), ``progress STEP`` (every participant
-reports training progress at STEP).
+reports training progress at STEP), ``collective ROUND`` (the first participant reports
+that a collective of ROUND failed; ``reported`` with the ids it confirmed).
 """
 
 from __future__ import annotations
@@ -51,11 +53,13 @@ async def main() -> None:
     parser.add_argument("--job", required=True)
     parser.add_argument("--names", required=True, help="comma-separated participant names")
     parser.add_argument("--config", help="JobConfig fields as JSON")
+    parser.add_argument("--domain", default="", help="every participant's failure domain")
     args = parser.parse_args()
     config = JobConfig(**json.loads(args.config)) if args.config else None
     async with Client(args.endpoints, timeout_s=30) as client:
         participants = [
-            await client.join(args.job, name, config=config) for name in args.names.split(",")
+            await client.join(args.job, name, config=config, domain=args.domain)
+            for name in args.names.split(",")
         ]
         emit("joined", participant_ids=[p.participant_id for p in participants])
         for participant in participants:
@@ -82,6 +86,11 @@ async def main() -> None:
                         )
                     )
                 emit("reported", step=int(words[1]))
+            elif words[0] == "collective":
+                confirmed = await participants[0].report_collective_failure(
+                    int(words[1]), "all_reduce failed: a peer vanished"
+                )
+                emit("collective", confirmed=confirmed)
         for task in lost:
             task.cancel()
 

@@ -7,15 +7,20 @@ Claims: two processes carrying three participants each (``host_proc.py``: one cl
 per-participant ``heartbeat`` stream or ``watch_job``, yet every participant sees the round
 ACTIVE with its rank and its progress reaches the leader; leaving ends the round MEMBER_LEFT,
 nobody declared failed; SIGKILL of the member that carries a process's stream moves the
-stream to another member with no participant declared failed and the round untouched.
+stream to another member with no participant declared failed and the round untouched. A
+host of four processes lost at once, one of whose stream ends is noticed late, ends exactly
+one round.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -23,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from rallypoint.client import EndReason, JobConfig, RoundState
+from rallypoint.client import EndReason, JobConfig, JobNotFoundError, RoundState
 
 from .harness import ProcessCluster, running_cluster, wait_until
 from .test_rendezvous import admin
@@ -49,7 +54,14 @@ CONFIG = JobConfig(
 class HostProcess:
     """One ``host_proc.py``: several participants on one client; its JSON lines collected."""
 
-    def __init__(self, endpoints: list[str], job: str, names: list[str], config: JobConfig):
+    def __init__(
+        self,
+        endpoints: list[str],
+        job: str,
+        names: list[str],
+        config: JobConfig,
+        domain: str = "",
+    ):
         self.events: list[Event] = []
         self.stderr: list[str] = []
         self._lock = threading.Lock()
@@ -61,6 +73,7 @@ class HostProcess:
                 f"--job={job}",
                 f"--names={','.join(names)}",
                 f"--config={json.dumps(asdict(config))}",
+                f"--domain={domain}",
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -264,3 +277,55 @@ def test_killing_the_member_carrying_the_stream_moves_it_without_a_false_failure
         assert not host.seen("lost")
     finally:
         cluster.start(carrying)
+
+
+def test_a_host_loss_whose_last_stream_end_is_noticed_late_ends_one_round(
+    cluster: ProcessCluster, hosts: list[HostProcess]
+) -> None:
+    # Host a: 4 processes of one participant each (a host's ranks); host b: one process of
+    # two. Host a dies: three of its processes at once (a peer's failed collective confirms
+    # them at once, and the round that opens is held two heartbeat intervals for host a),
+    # the fourth stopped with them but its stream's end reaching the member 0.5 s later, so
+    # its own verdict comes two intervals after that: past the hold. The held round must
+    # not close with it seated: one host loss, one round ended.
+    job = "host-loss"
+    config = JobConfig(
+        min_nodes=2,
+        max_nodes=6,
+        last_call_ms=300,
+        scale_up=True,
+        heartbeat_interval_ms=500,
+        acceptable_pause_ms=1000,
+        min_std_ms=100,
+        phi_threshold=16.0,
+    )
+    host_a = [HostProcess(cluster.endpoints, job, [f"a{i}"], config, "host-a") for i in range(4)]
+    host_b = HostProcess(cluster.endpoints, job, ["b0", "b1"], config, "host-b")
+    hosts += [*host_a, host_b]
+
+    def everyone_active() -> Any:
+        try:
+            r = admin(cluster, lambda c: c.get_job(job)).round
+        except JobNotFoundError:
+            return None  # nobody has joined yet
+        return r if r.state is RoundState.ACTIVE and len(r.members) == 6 else None
+
+    before = wait_until(everyone_active, 60, "the six participants ACTIVE in one round").round
+    for host in host_a[:3]:
+        host.proc.kill()
+    os.kill(host_a[3].proc.pid, signal.SIGSTOP)
+    host_b.send(f"collective {before}")
+    host_b.wait_for("the collective failure reported", lambda: host_b.seen("collective"))
+    # Staged, not waited out: the fourth process's stream ends a heartbeat interval later
+    # (its verdict then lands after the hold, 2 intervals past the first verdicts, and
+    # within the confirmation window past it).
+    time.sleep(0.5)
+    host_a[3].proc.kill()
+
+    def host_b_alone() -> Any:
+        r = admin(cluster, lambda c: c.get_job(job)).round
+        return r if r.state is RoundState.ACTIVE and len(r.members) == 2 else None
+
+    after = wait_until(host_b_alone, 30, "host b's two ACTIVE without host a")
+    ended = [r.round for r in failed_rounds(cluster, job) if r.round >= before]
+    assert ended == [before], (ended, after.round)

@@ -11,6 +11,9 @@ Claims:
   step in flight and stops after the same one (none abandons a step), the other host's two
   go on at world 2 restored by KEEP from that very step, the drained host's workers wait and
   train in no round until it is undrained, when the four train again;
+- the same drain of a sharded job (dp=2 x tp=2 mesh, FSDP2 and tensor parallel): its model
+  is rebuilt for the new mesh and restored from memory, from a final snapshot of the agreed
+  step that the drained round registers before its ranks leave it: no step lost;
 - ``joining.is_planned`` tells a planned change from a loss: a member missing from the next
   round (failed, left, evicted) is a loss; a member moved to the wait list, or newcomers, are
   not.
@@ -27,6 +30,7 @@ from rallypoint.client import JobState, RoundInfo, RoundMember, RoundState, Sync
 from rallypoint.worker.joining import is_planned
 from tests.integration.harness import ProcessCluster
 from tests.worker.test_elastic import CHANGE_S, START_S, Job, cluster
+from tests.worker.test_mesh_elastic import HOSTS, start_mesh_job
 
 __all__ = ["cluster"]
 
@@ -165,3 +169,40 @@ def test_a_drained_host_leaves_at_a_step_boundary(cluster: ProcessCluster, tmp_p
         e for e in job.workers["a1"].select("round_formed", drained_t) if e["world_size"] == 2
     ][:1]
     assert formed["source"] == "keep" and formed["step"] == last_at_four["a1"], formed
+
+
+def test_a_drained_host_of_a_sharded_job_loses_no_step(
+    cluster: ProcessCluster, tmp_path: Path
+) -> None:
+    # dp=2 x tp=2 (FSDP2 over dp, tensor parallel over tp), a unit per host, a memory
+    # snapshot every step. A drain of host-b: the job re-forms at dp=1 on host-a, and a
+    # sharded model is rebuilt for the new mesh and restored from the newest registered
+    # snapshot (it cannot keep what it held). Registration runs a step or two behind
+    # training, so the drained round registers a final snapshot of the step every rank
+    # agreed to stop after before anyone leaves it: host-a goes on from that very step.
+    job = start_mesh_job(cluster, tmp_path, "mesh-drain")
+    client = SyncClient(cluster.endpoints)
+    try:
+        names = list(HOSTS)
+        job.wait(
+            lambda: len(job.workers["a0"].select("step")) >= 10, CHANGE_S, "10 steps at world 4"
+        )
+        drained_t = time.time()
+        client.drain("host-b", reason="suspected NIC")
+        stay = ["a0", "a1"]
+        job.wait(lambda: job.training_at(stay, 2, drained_t), CHANGE_S, "dp=1 x tp=2 training")
+    finally:
+        client.close()
+        job.stop_all()
+    last_at_four = {
+        name: max(e["step"] for e in job.workers[name].select("step") if e["world_size"] == 4)
+        for name in names
+    }
+    for name in names:
+        abandoned = job.workers[name].select("step_abandoned")
+        assert not abandoned, (name, abandoned)
+    # Every rank stopped after the same step, and the new mesh went on from it.
+    assert len(set(last_at_four.values())) == 1, last_at_four
+    states = [job.workers[n].select("formed_state", drained_t)[0] for n in stay]
+    assert {s["source"] for s in states} == {"memory"}, states
+    assert {s["step"] for s in states} == set(last_at_four.values()), (states, last_at_four)

@@ -35,7 +35,11 @@ agreement: the flat gradient all-reduce (``all_reduce_gradients``) carries one m
 each rank's vote (1 once it saw the planned change), and a step without it (a sharded model's
 ``round.step()``, a loop reducing its own gradients) makes one one-element all-reduce in
 ``step_done``. The reduced vote is the same on every rank, so every rank stops after the same
-step, counts it, and the next round restores by KEEP. A round that reaches no agreed boundary
+step, counts it, and the next round restores by KEEP. A sharded model cannot keep (it is
+rebuilt for the next mesh and restored from the newest registered memory snapshot), so with
+in-memory snapshots on, its ranks take and register a snapshot of that agreed step before they
+leave the round (``ElasticRound.final_snapshot``: fenced by the round the coordinator ended by
+plan, ``planned_end``, and bounded like the agreement). A round that reaches no agreed boundary
 within the hang bound (hang_factor x the step time, at least hang_floor_s) ends at once. A
 loss (a member failed, left or was evicted) ends the round at once, as below.
 

@@ -64,6 +64,9 @@ class RoundCommits:
             1, thread_name_prefix=f"rallypoint-commit-r{info.round}"
         )
         self.pending: list[concurrent.futures.Future[None]] = []
+        # The round ended by plan at the coordinator and its final memory snapshot is being
+        # taken: registered fenced by this ended round (``ElasticRound.final_snapshot``).
+        self.planned_end = False
 
     def submit(self, pending: PendingCheckpoint) -> None:
         """Commit ``pending`` once it is saved, on the commit thread (in order, one save
@@ -142,6 +145,7 @@ class RoundCommits:
                 world_size,
                 layout=describe_layout(run.state.model, world_size).to_bytes(),
                 placement=placement.to_bytes(),
+                planned_end=self.planned_end,
             )
         except (StaleRoundError, StaleTokenError) as error:
             run.emit("snapshot_refused", **fields, error=f"{type(error).__name__}: {error}")
@@ -150,5 +154,5 @@ class RoundCommits:
             run.emit("snapshot_failed", **fields, error=f"{type(error).__name__}: {error}")
             return False
         blocked_s = run.memory.last_blocked_s if run.memory is not None else 0.0
-        run.emit("snapshot_committed", **fields, blocked_s=blocked_s)
+        run.emit("snapshot_committed", **fields, blocked_s=blocked_s, final=self.planned_end)
         return True

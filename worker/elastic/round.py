@@ -394,6 +394,7 @@ class ElasticRound:
             self._agree_to_stop()
         if self._stop_agreed:
             # Every rank agreed to stop after this step: it counts on all of them.
+            self.final_snapshot()
             self.end(self._planned or "a planned round change (seen by a peer first)")
             return True
         if checkpoint_every > 0 and state.step % checkpoint_every == 0 and not self.ended:
@@ -402,6 +403,51 @@ class ElasticRound:
         if every > 0 and state.step % every == 0 and not self.ended:
             self.snapshot()
         return True
+
+    def final_snapshot(self) -> None:
+        """A sharded model's round ending by plan: take and register a memory snapshot of
+        the step every rank agreed to stop after, before this rank leaves the round. The
+        next world rebuilds a sharded model for its mesh and restores it from the newest
+        registered snapshot; registration runs a step or two behind training, so without
+        this the steps since would be trained again ("Planned changes" in __init__.py).
+        The coordinator already ended the round: the registration is fenced by it as the
+        round that ended by plan (``planned_end``). Rank 0 registers and tells every rank
+        (the snapshot's last broadcast), so no rank forms the next world, where it reads
+        the newest registered snapshot, before the registration. Bounded by the hang bound;
+        when it fails, the next world restores from the snapshot registered before, and
+        ``final_snapshot_failed`` says why. A replicated model keeps its state: nothing to
+        do."""
+        run = self.run
+        memory = run.memory
+        if memory is None or run.state.build is None or self.ended:
+            return
+        config = run.config
+        bound_s = max(
+            config.hang_floor_ms / 1000, config.hang_factor * self.progress.compute_ms / 1000
+        )
+        started = time.monotonic()
+        step = run.state.step
+        fields = {"round": self.number, "rank": self.rank, "step": step}
+        # The snapshot in flight first: a new one is skipped while it is protected. Its
+        # outcome is not this one's (its own events say it).
+        with contextlib.suppress(TimeoutError, SnapshotError, RuntimeError):
+            memory.wait(bound_s)
+        self.commits.planned_end = True
+        try:
+            pending = self.snapshot()
+            if pending is None:
+                raise SnapshotError("skipped: the previous snapshot was still being protected")
+            remaining_s = max(0.0, bound_s - (time.monotonic() - started))
+            taken = pending.wait(remaining_s)
+        except (TimeoutError, SnapshotError, RuntimeError) as error:
+            run.emit("final_snapshot_failed", **fields, error=f"{type(error).__name__}: {error}")
+            return
+        run.emit(
+            "final_snapshot",
+            **fields,
+            committed=taken.committed,
+            s=round(time.monotonic() - started, 3),
+        )
 
     def wait(self, work: dist.Work, what: str) -> bool:
         """Wait for ``work`` until it completes, the round ends or the deadline passes."""

@@ -215,9 +215,15 @@ class ElasticRun:
             round's checkpoint (a zombie).
         checkpoint_failed: round, rank, step, error. The checkpoint was not committed (the
             round ended under it, or the coordinator was not reached in time).
-        snapshot_committed: round, rank, step, blocked_s. Rank 0 registered the world's
+        snapshot_committed: round, rank, step, blocked_s, final. Rank 0 registered the world's
             in-memory snapshot of ``step``: every rank's copy is protected on its peers
-            (``blocked_s``: how long rank 0's training was held to copy its state).
+            (``blocked_s``: how long rank 0's training was held to copy its state; ``final``:
+            the last snapshot of a round ended by plan, ``ElasticRound.final_snapshot``).
+        final_snapshot: round, rank, step, committed, s. A sharded model's round that ended
+            by plan took and registered a snapshot of the step every rank stopped after
+            (``committed``: registered; ``s``: what it took) before leaving the round.
+        final_snapshot_failed: round, rank, step, error. It could not, within the bound:
+            the next world restores from the newest snapshot registered before.
         snapshot_refused: round, rank, step, error. The coordinator refused a stale round's
             snapshot (a zombie's).
         snapshot_failed: round, rank, step, error. The snapshot was not protected or not

@@ -320,10 +320,11 @@ class MemorySnapshots:
         handle = optimizer.register_step_pre_hook(lambda *_: self.copied())
         self._hooked = (optimizer, handle)
 
-    def wait(self) -> SnapshotTaken | None:
-        """Wait for the snapshot in flight, if any; its outcome (re-raises its failure)."""
+    def wait(self, timeout_s: float | None = None) -> SnapshotTaken | None:
+        """Wait for the snapshot in flight, if any (up to ``timeout_s``: TimeoutError after
+        it); its outcome (re-raises its failure)."""
         pending = self._pending
-        return pending.wait() if pending is not None else None
+        return pending.wait(timeout_s) if pending is not None else None
 
     def _protect(
         self,

@@ -66,7 +66,7 @@ from .peer_auth import (
     liveness_fields,
     member_name,
 )
-from .peer_hello import hello_answer_fields, hello_request_fields
+from .peer_hello import advertise, hello_answer_fields, hello_request_fields
 from .peer_session import (
     FORMAT_VERSION,
     InboundSession,
@@ -484,6 +484,9 @@ class PeerServicer(peer_pb2_grpc.RaftServicer):
         )
         answer.mac = self._host.peer_key.sign(
             HELLO_ANSWER_TAG, hello_answer_fields(answer, request)
+        )
+        answer.record_version, answer.version_mac = advertise(
+            self._host.peer_key, request.nonce, self._host.member_id
         )
         return answer
 

@@ -131,6 +131,8 @@ class NodeStatus:
     progress: tuple[PeerProgress, ...]  # empty unless this member leads
     # True while this member lost its data and has not caught up: it does not vote.
     abstaining: bool = False
+    # The cluster version this member applied (coordinator/version.py).
+    cluster_version: int = 1
 
 
 @dataclass(frozen=True, slots=True)

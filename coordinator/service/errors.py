@@ -54,6 +54,7 @@ from ..state.errors import (
     TooManyOutstanding,
     ValueTooLarge,
 )
+from ..version import ClusterVersionError
 
 log = logging.getLogger(__name__)
 
@@ -209,4 +210,7 @@ def _expected_status(error: Exception, deadline_passed: bool) -> Status | None:
         return Status(Code.DEADLINE_EXCEEDED, str(error), UNSPECIFIED)
     if isinstance(error, NodeError):
         return node_error_status(error, deadline_passed)
+    if isinstance(error, ClusterVersionError):
+        # A retry does not help until every member is upgraded: not UNAVAILABLE.
+        return Status(Code.FAILED_PRECONDITION, str(error), "CLUSTER_VERSION")
     return None

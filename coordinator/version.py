@@ -66,10 +66,12 @@ class ClusterVersionError(Exception):
         self.cluster_version = cluster_version
 
 
-def startup_refusal(cluster_version: int, own: int = RECORD_VERSION) -> str | None:
+def startup_refusal(cluster_version: int, own: int | None = None) -> str | None:
     """The one line a member whose build is older than the persisted cluster version exits
-    with, or None when it may run. A cluster version never goes down, so this member would
-    write or misread records the others rely on."""
+    with, or None when it may run (``own``: this build's record version by default). A
+    cluster version never goes down, so this member would write or misread records the
+    others rely on."""
+    own = RECORD_VERSION if own is None else own
     if cluster_version <= own:
         return None
     return (

@@ -259,6 +259,8 @@ class Node:
         # entries after the snapshot are checked as they apply (``_check_cluster_version``).
         refusal = startup_refusal(self._sm.cluster_version)
         if refusal is not None:
+            await self._peer_server.stop(grace=None)
+            await loop.run_in_executor(self._disk, storage.close)
             raise NodeStartError(f"member {config.member_id}: {refusal}")
         hard_state, _ = storage.initial_state()
         self._term = hard_state.term

@@ -78,6 +78,7 @@ from .limits import Limits as Limits
 from .rendezvous import Rendezvous
 from .results import (
     AddResult,
+    ClusterVersionResult,
     CompareAndSetResult,
     DeleteResult,
     LeaseEndResult,
@@ -193,9 +194,11 @@ class StateMachine:
         if isinstance(command, LeaseExpire):
             return self._end_lease(index, command.lease_id)
         if isinstance(command, ClusterVersion):
-            # Never lowered: a stale proposal (a leader that had not seen a raise) is a no-op.
+            # Never lowered: a stale proposal (a leader that had not seen a raise) changes
+            # nothing.
+            raised = command.version > self.cluster_version
             self.cluster_version = max(self.cluster_version, command.version)
-            return NoOp()
+            return ClusterVersionResult(self.cluster_version, raised)
         if isinstance(command, CloseRound):
             return self.rendezvous.close_round(index, self.now_ms, command)
         if isinstance(command, MemberFailed):

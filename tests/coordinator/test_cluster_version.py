@@ -166,9 +166,7 @@ async def test_the_leader_raises_the_cluster_version_once_every_member_advertise
         assert {leader.versions.advertised[m] for m in others} == {BASELINE_RECORD_VERSION}
         assert all(n.state.cluster_version == 1 for n in cluster.nodes.values())
         with pytest.raises(ClusterVersionError) as refused:
-            await leader.propose(
-                Put(b"k", b"v", keep_lease=True), session_id=session, sequence=1
-            )
+            await leader.propose(Put(b"k", b"v", keep_lease=True), session_id=session, sequence=1)
         assert str(refused.value) == (
             "Put.keep_lease needs cluster version 2; the cluster is at version 1 (some "
             "member runs an older release): upgrade every member first"
@@ -205,9 +203,7 @@ async def test_a_member_older_than_the_persisted_cluster_version_refuses_to_star
         )
         node = cluster.nodes[3]
         # The raise is stored in a snapshot at once (so an older build reads it first).
-        await wait_until(
-            lambda: node.status().snapshot_index > 0, "a snapshot after the raise"
-        )
+        await wait_until(lambda: node.status().snapshot_index > 0, "a snapshot after the raise")
         await cluster.stop(3)
         # The same data directory opened by a build one record version older.
         monkeypatch.setattr(version_module, "RECORD_VERSION", RECORD_VERSION - 1)

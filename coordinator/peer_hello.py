@@ -71,21 +71,28 @@ def hello_answer_fields(
     ]
 
 
-def advertise(key: PeerKey, nonce: bytes, member_id: int) -> tuple[int, bytes]:
+def advertise(key: PeerKey, nonce: bytes, member_id: int, probe: bool = False) -> tuple[int, bytes]:
     """This member's record version and its MAC, for a hello (request or answer) of
     ``member_id`` (the sender) bound to ``nonce``: the one place the version goes on the
-    wire."""
-    return RECORD_VERSION, key.sign(HELLO_VERSION_TAG, [nonce, member_id, RECORD_VERSION])
+    wire. ``probe``: a request that only asks for the version (leader/versions.py)."""
+    fields: list[int | bytes] = [nonce, member_id, RECORD_VERSION, int(probe)]
+    return RECORD_VERSION, key.sign(HELLO_VERSION_TAG, fields)
 
 
 def advertised_version(
-    key: PeerKey, nonce: bytes, member_id: int, record_version: int, version_mac: bytes
+    key: PeerKey,
+    nonce: bytes,
+    member_id: int,
+    record_version: int,
+    version_mac: bytes,
+    probe: bool = False,
 ) -> int | None:
     """The record version a hello of ``member_id`` advertises: the baseline when it carries
     none (an older release), None when its MAC does not verify (a forged or altered one)."""
     if not record_version and not version_mac:
         return BASELINE_RECORD_VERSION
-    if not key.verify(HELLO_VERSION_TAG, [nonce, member_id, record_version], version_mac):
+    fields: list[int | bytes] = [nonce, member_id, record_version, int(probe)]
+    if not key.verify(HELLO_VERSION_TAG, fields, version_mac):
         return None
     return record_version
 
@@ -98,14 +105,19 @@ async def ask(
     key: PeerKey,
     channel_factory: Callable[[str], grpc.aio.Channel],
     timeout_s: float = 1.0,
+    *,
+    probe: bool = False,
 ) -> tuple[peer_pb2.HelloAnswer, int] | None:
     """Ask one member Hello: its authenticated answer and the record version it advertises;
-    None when it does not answer or its answer does not verify."""
+    None when it does not answer or its answer does not verify. ``probe``: only the version
+    is wanted (a member of this release then does not take the asker for one that lost its
+    data; one of the baseline does, and says so in its log)."""
     request = peer_pb2.HelloRequest(
         cluster_id=cluster_id, from_id=me, to_id=peer_id, nonce=os.urandom(16)
     )
     request.mac = key.sign(HELLO_TAG, hello_request_fields(request))
-    request.record_version, request.version_mac = advertise(key, request.nonce, me)
+    request.version_probe = probe
+    request.record_version, request.version_mac = advertise(key, request.nonce, me, probe)
     channel = channel_factory(address)
     try:
         answer: peer_pb2.HelloAnswer = await peer_pb2_grpc.RaftStub(channel).Hello(

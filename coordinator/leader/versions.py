@@ -11,7 +11,11 @@ proposed only when above the applied cluster version, which the state machine ne
 
 What a member advertised is soft state of this leadership: a member that restarts with
 another build answers the next probe with its new version; a member that does not answer
-keeps the cluster version where it is (it is not raised past a member nobody heard).
+keeps the cluster version where it is (it is not raised past a member nobody heard). Once
+the cluster version is this build's own record version nothing can rise further, and the
+leader stops asking. Probes say they are probes (``HelloRequest.version_probe``), so a member
+of this release does not log the asker as one that lost its data; a member of the baseline
+does (one warning per probe, until it is upgraded).
 """
 
 from __future__ import annotations
@@ -109,5 +113,7 @@ class VersionProbe:
             except TimeoutError:
                 pass
             self._changed.clear()
-            if self.is_leader:
+            # At this build's own version nothing can rise further (a leader never proposes
+            # above its own): no probes, so a settled cluster asks nobody anything.
+            if self.is_leader and self._cluster_version() < RECORD_VERSION:
                 await self.probe_once()

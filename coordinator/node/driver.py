@@ -654,6 +654,7 @@ class Node:
             self.cluster_id,
             self.peers.peer_key,
             self._transport.channel,
+            probe=True,
         )
         return None if answered is None else answered[1]
 

@@ -101,7 +101,7 @@ class SnapshotAck(_message.Message):
     def __init__(self, snapshot_index: _Optional[int] = ..., next_offset: _Optional[int] = ..., complete: _Optional[bool] = ...) -> None: ...
 
 class HelloRequest(_message.Message):
-    __slots__ = ("cluster_id", "from_id", "to_id", "incarnation", "nonce", "mac", "record_version", "version_mac")
+    __slots__ = ("cluster_id", "from_id", "to_id", "incarnation", "nonce", "mac", "record_version", "version_mac", "version_probe")
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     FROM_ID_FIELD_NUMBER: _ClassVar[int]
     TO_ID_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +110,7 @@ class HelloRequest(_message.Message):
     MAC_FIELD_NUMBER: _ClassVar[int]
     RECORD_VERSION_FIELD_NUMBER: _ClassVar[int]
     VERSION_MAC_FIELD_NUMBER: _ClassVar[int]
+    VERSION_PROBE_FIELD_NUMBER: _ClassVar[int]
     cluster_id: int
     from_id: int
     to_id: int
@@ -118,7 +119,8 @@ class HelloRequest(_message.Message):
     mac: bytes
     record_version: int
     version_mac: bytes
-    def __init__(self, cluster_id: _Optional[int] = ..., from_id: _Optional[int] = ..., to_id: _Optional[int] = ..., incarnation: _Optional[int] = ..., nonce: _Optional[bytes] = ..., mac: _Optional[bytes] = ..., record_version: _Optional[int] = ..., version_mac: _Optional[bytes] = ...) -> None: ...
+    version_probe: bool
+    def __init__(self, cluster_id: _Optional[int] = ..., from_id: _Optional[int] = ..., to_id: _Optional[int] = ..., incarnation: _Optional[int] = ..., nonce: _Optional[bytes] = ..., mac: _Optional[bytes] = ..., record_version: _Optional[int] = ..., version_mac: _Optional[bytes] = ..., version_probe: _Optional[bool] = ...) -> None: ...
 
 class HelloAnswer(_message.Message):
     __slots__ = ("member_id", "incarnation", "established", "knows_sender", "term", "last_index", "mac", "record_version", "version_mac")

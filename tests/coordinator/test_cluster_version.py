@@ -51,7 +51,9 @@ def test_every_record_format_is_in_the_baseline_or_says_which_version_introduced
         for entry in json.loads(BASELINE_RECORDS.read_text()).values()
         for version in entry["versions"]
     }
-    for fmt in codec.record_formats().values():
+    for tag, fmt in codec.record_formats().items():
+        if not codec.record_class(tag).__module__.startswith("rallypoint."):
+            continue  # a record another test registers
         for version in range(1, fmt.version + 1):
             pair = (fmt.name, version)
             assert pair in baseline or pair in INTRODUCED, (

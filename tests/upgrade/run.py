@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rallypoint.client import Client, ClusterVersionError
+from rallypoint.client import Client, ClusterVersionError, RallypointError
 from rallypoint.coordinator.version import RECORD_VERSION
 from tests.integration.harness import wait_until
 from tests.jepsen import availability, checkers, netns
@@ -198,9 +198,11 @@ def _reverse(outcome: Outcome, cluster: NamespaceCluster, build: previous.Build)
             endpoint = cluster.members[victim].client_address
             deadline = time.monotonic() + 30.0
             while True:
-                status = await client.member_status(endpoint)
-                if status.applied_index >= written.header.revision:
-                    break
+                # Unavailable while it starts (a namespace's member answers after a while).
+                with contextlib.suppress(RallypointError):
+                    status = await client.member_status(endpoint, timeout_s=2.0)
+                    if status.applied_index >= written.header.revision:
+                        break
                 if time.monotonic() > deadline:
                     outcome.violation(f"member {victim} did not catch up after the refusal")
                     return
@@ -216,7 +218,13 @@ def _reverse(outcome: Outcome, cluster: NamespaceCluster, build: previous.Build)
     asyncio.run(write_and_check())
 
 
-def run_upgrade(directory: Path, time_s: float, seed: int = 38, lane: int = 38) -> Outcome:
+def run_upgrade(
+    directory: Path,
+    time_s: float,
+    seed: int = 38,
+    lane: int = 38,
+    workloads: tuple[str, ...] = WORKLOADS,
+) -> Outcome:
     """One rolling upgrade and its reverse; the outcome (``last_line`` says it)."""
     if directory.exists():
         shutil.rmtree(directory)
@@ -228,7 +236,7 @@ def run_upgrade(directory: Path, time_s: float, seed: int = 38, lane: int = 38) 
     history = HistoryWriter(directory / "history.jsonl")
     cluster: NamespaceCluster | None = None
     crashes: dict[int, int] = {}
-    spec = RunSpec("upgrade", "upgrade", 3, time_s, seed, WORKLOADS, previous=build.name)
+    spec = RunSpec("upgrade", "upgrade", 3, time_s, seed, workloads, previous=build.name)
     try:
         network.setup()
         (directory / "data").mkdir()
@@ -251,12 +259,12 @@ def run_upgrade(directory: Path, time_s: float, seed: int = 38, lane: int = 38) 
         history.close()
         events = read_history(directory / "history.jsonl")
         ops = list(pair(events))
-        results = check(ops, WORKLOADS)
+        results = check(ops, workloads)
         results.append(checkers.check_members(crashes))
         for result in results:
-            outcome.log.append(f"{result.name}: {result.outcome.name} {result.summary}")
+            outcome.log.append(f"{result.checker}: {result.outcome.value}: {result.summary}")
             if result.outcome is not checkers.Outcome.VALID:
-                outcome.violation(f"{result.name}: {result.outcome.name}: {result.summary}")
+                outcome.violation(f"{result.checker}: {result.outcome.value}: {result.summary}")
         verdict, windows = availability.check_availability(events, STALL_S, slow_s=0.5)
         outcome.log.append(f"availability: {verdict.summary}")
         outcome.stalls = [
@@ -276,5 +284,6 @@ def run_upgrade(directory: Path, time_s: float, seed: int = 38, lane: int = 38) 
             cluster.shutdown()
         network.teardown()
         netns.set_lane(0)
-    (directory / "upgrade.log").write_text("\n".join([*outcome.log, outcome.last_line()]) + "\n")
+        report = [*outcome.log, outcome.last_line()]
+        (directory / "upgrade.log").write_text("\n".join(report) + "\n")
     return outcome

@@ -62,6 +62,17 @@ class ProposalTimeoutError(NodeError):
     """The proposal or read did not complete within the deadline; it may still apply."""
 
 
+class MemberStoppingError(NodeError):
+    """This member stopped while the request waited: a proposal may still apply through the
+    others (a retry with the same session and sequence is answered once, from the cache)."""
+
+    def __init__(self, member_id: int) -> None:
+        super().__init__(
+            f"member {member_id} is shutting down; the request may still apply: retry at "
+            "another member"
+        )
+
+
 class ProposalDroppedError(NodeError):
     """Raft refused the proposal (leadership transfer in progress, a pending conf change...)."""
 

@@ -99,6 +99,7 @@ from ..version import RECORD_VERSION, ClusterVersionError, startup_refusal
 from .api import (
     CompactedWatchError,
     Header,
+    MemberStoppingError,
     NodeError,
     NodeStartError,
     NodeStatus,
@@ -334,7 +335,7 @@ class Node:
         await self._transport.stop()
         if self._peer_server is not None:
             await self._peer_server.stop(grace=0.5)
-        self._fail_waiters(NodeError("this member is shutting down"))
+        self._fail_waiters(MemberStoppingError(self.config.member_id))
         if self.storage is not None:
             storage = self.storage
             await asyncio.get_running_loop().run_in_executor(self._disk, storage.close)

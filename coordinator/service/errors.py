@@ -24,6 +24,7 @@ from ..node.api import (
     CompactedWatchError,
     LearnerNotReadyError,
     MemberNotFoundError,
+    MemberStoppingError,
     NodeError,
     NoLeaderError,
     NotLeaderError,
@@ -166,6 +167,10 @@ def node_error_status(error: NodeError, deadline_passed: bool) -> Status:
         # The request may still apply; the client's own deadline decides which code it sees.
         code = Code.DEADLINE_EXCEEDED if deadline_passed else Code.UNAVAILABLE
         return Status(code, message or "the request timed out inside the cluster", UNSPECIFIED)
+    if isinstance(error, MemberStoppingError):
+        # Not INTERNAL: a graceful stop (a rolling upgrade) is expected, and the proposal may
+        # still commit; UNAVAILABLE makes the client retry elsewhere with the same sequence.
+        return Status(Code.UNAVAILABLE, message, UNSPECIFIED)
     if isinstance(error, ProposalDroppedError):
         return Status(Code.UNAVAILABLE, message or "the proposal was dropped; retry", UNSPECIFIED)
     if isinstance(error, CompactedWatchError):

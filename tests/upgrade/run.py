@@ -251,6 +251,10 @@ def run_upgrade(
         )
         cluster.builds = dict.fromkeys(cluster.members, build)
         cluster.start_all()
+        # Members of either build start in seconds; on a loaded machine (CI beside other
+        # jobs) a Python process with grpc takes far longer to import: wait here, not in the
+        # run's budget.
+        cluster.leader(timeout_s=120.0)
 
         async def schedule(*args):  # type: ignore[no-untyped-def]
             await _upgrade_schedule(outcome, *args)

@@ -141,7 +141,7 @@ class SequenceDiscardedError(FailedPreconditionError):
 class ClusterVersionError(FailedPreconditionError):
     """The request needs a feature newer than the cluster version: some member runs an older
     release. The message names the feature and the version it needs; upgrade every member
-    (README, "Upgrading") and the cluster version rises by itself."""
+    (docs/operations.md, "Upgrading") and the cluster version rises by itself."""
 
 
 class ResourceExhaustedError(RallypointError):

@@ -192,7 +192,8 @@ class MemberStatus:
     # It lost its data and has not caught up with a leader yet: it does not vote.
     catching_up: bool = False
     # The highest record version its build writes and reads, and the cluster version it
-    # applied (README, "Upgrading"); 0 from a release that does not say (the baseline, 1).
+    # applied (docs/operations.md, "Upgrading"); 0 from a release that does not say (the
+    # baseline, 1).
     record_version: int = 0
     cluster_version: int = 0
 

@@ -294,6 +294,8 @@ def run_one(spec: RunSpec, directory: Path) -> RunSummary:
     if cluster is not None:
         for member in cluster.members.values():
             shutil.rmtree(member.data_dir, ignore_errors=True)
+    if spec.previous is not None:
+        shutil.rmtree(previous.source_dir(spec.previous, directory), ignore_errors=True)
     return summary
 
 

@@ -39,9 +39,14 @@ class Build:
     env: tuple[tuple[str, str], ...]
 
 
+def source_dir(commit: str, scratch: Path) -> Path:
+    """Where ``extract`` puts the tree of ``commit`` under ``scratch``."""
+    return scratch / f"rallypoint-{commit}"
+
+
 def extract(commit: str, scratch: Path) -> Build:
     """The tree of ``commit`` under ``scratch``, ready to run (done once per scratch)."""
-    source = scratch / f"rallypoint-{commit}"
+    source = source_dir(commit, scratch)
     view = source / ".view"
     if not (view / "rallypoint").is_dir():
         source.mkdir(parents=True, exist_ok=True)

@@ -208,7 +208,7 @@ class Node:
         self.versions = VersionProbe(
             config.member_id,
             self._ask_version,
-            lambda: {m.member_id: m.peer_address for m in self.membership.members()},
+            self._version_members,
             lambda: self._sm.cluster_version,
             lambda version: self._propose_quietly(ClusterVersion(version)),
         )
@@ -646,8 +646,19 @@ class Node:
             for lease_id in self._lessor.expired():
                 self._spawn(self._propose_quietly(LeaseExpire(lease_id)))
 
+    def _version_members(self) -> dict[int, str]:
+        """Every voter and learner of the configuration (the cluster version is their
+        minimum), with its peer address ("" while the member table has none: unheard)."""
+        conf = self.membership.conf_state
+        ids = {*conf.voters, *conf.voters_outgoing, *conf.learners, *conf.learners_next}
+        table = self.membership.table
+        found = {int(m): table.get(int(m)) for m in ids}
+        return {m: address.peer_address if address else "" for m, address in found.items()}
+
     async def _ask_version(self, member_id: int, peer_address: str) -> int | None:
         """The record version a member advertises in its hello (None: no answer)."""
+        if not peer_address:
+            return None
         answered = await ask_hello(
             member_id,
             peer_address,

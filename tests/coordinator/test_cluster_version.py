@@ -11,6 +11,7 @@ import msgpack
 import pytest
 
 from rallypoint.coordinator import version as version_module
+from rallypoint.coordinator.leader.versions import VersionProbe
 from rallypoint.coordinator.node.api import NodeStartError
 from rallypoint.coordinator.node.driver import Node
 from rallypoint.coordinator.state import codec
@@ -218,3 +219,37 @@ async def test_a_member_older_than_the_persisted_cluster_version_refuses_to_star
     finally:
         for member_id in list(cluster.nodes):
             await cluster.stop(member_id)
+
+
+async def test_the_leaders_probe_proposes_the_minimum_once_and_never_past_an_unheard_member() -> (
+    None
+):
+    answers: dict[int, int | None] = {2: 2, 3: None, 4: 2}  # 4 a learner; 3 does not answer
+    proposed: list[int] = []
+    current = [1]
+
+    async def ask(member_id: int, address: str) -> int | None:
+        assert address == f"peer-{member_id}"
+        return answers[member_id]
+
+    async def propose(version: int) -> None:
+        proposed.append(version)
+        current[0] = version
+
+    probe = VersionProbe(
+        1,
+        ask,
+        lambda: {m: f"peer-{m}" for m in (1, 2, 3, 4)},
+        lambda: current[0],
+        propose,
+    )
+    assert await probe.probe_once() is None  # not the leader: nothing
+    probe.promote()
+    assert await probe.probe_once() is None and proposed == []  # member 3 unheard
+    answers[3] = 1
+    assert await probe.probe_once() is None and proposed == []  # member 3 is the baseline
+    answers[3] = 2
+    assert await probe.probe_once() == 2 and proposed == [2]
+    assert await probe.probe_once() is None and proposed == [2]  # never proposed twice
+    probe.demote()
+    assert probe.advertised == {}

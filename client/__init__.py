@@ -8,6 +8,7 @@ from .backoff import Backoff
 from .checkpoints import CheckpointRegistry
 from .errors import (
     AddOverflowError,
+    ClusterVersionError,
     CompactedError,
     DeadlineExceededError,
     FailedPreconditionError,
@@ -106,6 +107,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "CheckpointRegistry",
     "Client",
+    "ClusterVersionError",
     "CommitResult",
     "CompactedError",
     "CompareAndSetResult",

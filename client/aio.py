@@ -212,8 +212,11 @@ class Client(JobAdmin):
         lease: LeaseRef = None,
         fence: Fence | None = None,
         prev_kv: bool = False,
+        keep_lease: bool = False,
         timeout_s: float | None = None,
     ) -> PutResult:
+        """Set ``key``. ``keep_lease``: keep the key's current lease (``lease`` must be
+        None); needs cluster version 2, else ClusterVersionError."""
         response = await self._caller.kv_write(
             "put",
             lambda s: s.kv.Put,
@@ -224,6 +227,7 @@ class Client(JobAdmin):
                 lease_id=_lease_id(lease),
                 fence=_fence(fence),
                 prev_kv=prev_kv,
+                keep_lease=keep_lease,
             ),
             timeout_s,
         )

@@ -138,6 +138,12 @@ class SequenceDiscardedError(FailedPreconditionError):
     """The session already discarded this request's answer (a client bug if it happens)."""
 
 
+class ClusterVersionError(FailedPreconditionError):
+    """The request needs a feature newer than the cluster version: some member runs an older
+    release. The message names the feature and the version it needs; upgrade every member
+    (docs/operations.md, "Upgrading") and the cluster version rises by itself."""
+
+
 class ResourceExhaustedError(RallypointError):
     pass
 
@@ -223,6 +229,7 @@ _BY_REASON: dict[str, tuple[grpc.StatusCode, type[RallypointError]]] = {
     "STALE_FENCE": (_S.FAILED_PRECONDITION, StaleFenceError),
     "NOT_AN_INTEGER": (_S.FAILED_PRECONDITION, NotAnIntegerError),
     "SEQUENCE_DISCARDED": (_S.FAILED_PRECONDITION, SequenceDiscardedError),
+    "CLUSTER_VERSION": (_S.FAILED_PRECONDITION, ClusterVersionError),
     "KEY_TOO_LARGE": (_S.RESOURCE_EXHAUSTED, KeyTooLargeError),
     "VALUE_TOO_LARGE": (_S.RESOURCE_EXHAUSTED, ValueTooLargeError),
     "TOO_MANY_OUTSTANDING": (_S.RESOURCE_EXHAUSTED, TooManyOutstandingError),

@@ -191,6 +191,11 @@ class MemberStatus:
     version: str
     # It lost its data and has not caught up with a leader yet: it does not vote.
     catching_up: bool = False
+    # The highest record version its build writes and reads, and the cluster version it
+    # applied (docs/operations.md, "Upgrading"); 0 from a release that does not say (the
+    # baseline, 1).
+    record_version: int = 0
+    cluster_version: int = 0
 
     @staticmethod
     def from_proto(status: cluster_pb2.StatusResponse) -> MemberStatus:
@@ -204,6 +209,8 @@ class MemberStatus:
             status.snapshot_index,
             status.version,
             status.catching_up,
+            status.record_version,
+            status.cluster_version,
         )
 
 

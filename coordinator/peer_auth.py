@@ -120,6 +120,8 @@ PREVIOUS_LIVENESS_TAG = b"rallypoint/peer/liveness/v1"
 # Hello is a question that changes nothing; its answer is bound to the asker's nonce.
 HELLO_TAG = b"rallypoint/peer/hello/v1"
 HELLO_ANSWER_TAG = b"rallypoint/peer/hello-answer/v1"
+# A hello's record version (peer_hello.advertise), signed apart from the hello's own fields.
+HELLO_VERSION_TAG = b"rallypoint/peer/hello-version/v1"
 
 
 def batch_fields(batch: peer_pb2.MessageBatch) -> list[int | bytes]:

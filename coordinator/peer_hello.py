@@ -19,6 +19,13 @@ and ``bootstrap_rule.decide`` turns the answers into a decision:
 Until one of the two, the member waits and says so every few seconds, naming the members it
 waits for. Answers are authenticated over a random nonce, so a stale or forged answer cannot
 talk a member into creating a second cluster.
+
+The hello is also where members tell each other their record version (``version.py``): both
+the request and the answer carry it with a MAC of its own over the nonce
+(:func:`advertise`, :func:`advertised_version`), apart from the message's MAC so that a
+release that knows nothing of versions still verifies the rest. A message without one comes
+from the baseline. The leader asks every member this way (``leader/versions.py``) to decide
+the cluster version; a transport that replaces gRPC carries the same two fields.
 """
 
 from __future__ import annotations
@@ -35,7 +42,8 @@ import grpc.aio
 from rallypoint.proto.peer.v1 import peer_pb2, peer_pb2_grpc
 
 from .bootstrap_rule import Answer, Decision, Verdict, decide
-from .peer_auth import HELLO_ANSWER_TAG, HELLO_TAG, PeerKey
+from .peer_auth import HELLO_ANSWER_TAG, HELLO_TAG, HELLO_VERSION_TAG, PeerKey
+from .version import BASELINE_RECORD_VERSION, RECORD_VERSION
 
 log = logging.getLogger("rallypoint.node")
 
@@ -63,6 +71,78 @@ def hello_answer_fields(
     ]
 
 
+def advertise(key: PeerKey, nonce: bytes, member_id: int, probe: bool = False) -> tuple[int, bytes]:
+    """This member's record version and its MAC, for a hello (request or answer) of
+    ``member_id`` (the sender) bound to ``nonce``: the one place the version goes on the
+    wire. ``probe``: a request that only asks for the version (leader/versions.py)."""
+    fields: list[int | bytes] = [nonce, member_id, RECORD_VERSION, int(probe)]
+    return RECORD_VERSION, key.sign(HELLO_VERSION_TAG, fields)
+
+
+def advertised_version(
+    key: PeerKey,
+    nonce: bytes,
+    member_id: int,
+    record_version: int,
+    version_mac: bytes,
+    probe: bool = False,
+) -> int | None:
+    """The record version a hello of ``member_id`` advertises: the baseline when it carries
+    none (an older release), None when its MAC does not verify (a forged or altered one)."""
+    if not record_version and not version_mac:
+        return BASELINE_RECORD_VERSION
+    fields: list[int | bytes] = [nonce, member_id, record_version, int(probe)]
+    if not key.verify(HELLO_VERSION_TAG, fields, version_mac):
+        return None
+    return record_version
+
+
+async def ask(
+    peer_id: int,
+    address: str,
+    me: int,
+    cluster_id: int,
+    key: PeerKey,
+    channel_factory: Callable[[str], grpc.aio.Channel],
+    timeout_s: float = 1.0,
+    *,
+    probe: bool = False,
+) -> tuple[peer_pb2.HelloAnswer, int] | None:
+    """Ask one member Hello: its authenticated answer and the record version it advertises;
+    None when it does not answer or its answer does not verify. ``probe``: only the version
+    is wanted (a member of this release then does not take the asker for one that lost its
+    data; one of the baseline does, and says so in its log)."""
+    request = peer_pb2.HelloRequest(
+        cluster_id=cluster_id, from_id=me, to_id=peer_id, nonce=os.urandom(16)
+    )
+    request.mac = key.sign(HELLO_TAG, hello_request_fields(request))
+    request.version_probe = probe
+    request.record_version, request.version_mac = advertise(key, request.nonce, me, probe)
+    channel = channel_factory(address)
+    try:
+        answer: peer_pb2.HelloAnswer = await peer_pb2_grpc.RaftStub(channel).Hello(
+            request, timeout=timeout_s
+        )
+    except grpc.aio.AioRpcError as exc:
+        log.debug("member %d: no answer from member %d at %s: %s", me, peer_id, address, exc)
+        return None
+    finally:
+        await channel.close(grace=None)
+    version = advertised_version(
+        key, request.nonce, answer.member_id, answer.record_version, answer.version_mac
+    )
+    if (
+        answer.member_id != peer_id
+        or version is None
+        or not key.verify(HELLO_ANSWER_TAG, hello_answer_fields(answer, request), answer.mac)
+    ):
+        log.warning(
+            "member %d: member %d at %s gave an unauthenticated answer", me, peer_id, address
+        )
+        return None
+    return answer, version
+
+
 async def _ask(
     peer_id: int,
     address: str,
@@ -71,28 +151,8 @@ async def _ask(
     key: PeerKey,
     channel_factory: Callable[[str], grpc.aio.Channel],
 ) -> peer_pb2.HelloAnswer | None:
-    request = peer_pb2.HelloRequest(
-        cluster_id=cluster_id, from_id=me, to_id=peer_id, nonce=os.urandom(16)
-    )
-    request.mac = key.sign(HELLO_TAG, hello_request_fields(request))
-    channel = channel_factory(address)
-    try:
-        answer: peer_pb2.HelloAnswer = await peer_pb2_grpc.RaftStub(channel).Hello(
-            request, timeout=ANSWER_TIMEOUT_S
-        )
-    except grpc.aio.AioRpcError as exc:
-        log.debug("member %d: no answer from member %d at %s: %s", me, peer_id, address, exc)
-        return None
-    finally:
-        await channel.close(grace=None)
-    if answer.member_id != peer_id or not key.verify(
-        HELLO_ANSWER_TAG, hello_answer_fields(answer, request), answer.mac
-    ):
-        log.warning(
-            "member %d: member %d at %s gave an unauthenticated answer", me, peer_id, address
-        )
-        return None
-    return answer
+    answered = await ask(peer_id, address, me, cluster_id, key, channel_factory, ANSWER_TIMEOUT_S)
+    return None if answered is None else answered[0]
 
 
 async def ask_peers(

@@ -66,7 +66,7 @@ from .peer_auth import (
     liveness_fields,
     member_name,
 )
-from .peer_hello import hello_answer_fields, hello_request_fields
+from .peer_hello import advertise, advertised_version, hello_answer_fields, hello_request_fields
 from .peer_session import (
     FORMAT_VERSION,
     InboundSession,
@@ -104,7 +104,7 @@ class PeerReceiver(PeerEnd, Protocol):
 
     def deliver(self, messages: list[Message], incarnation: int, abstaining: bool) -> None: ...
 
-    def hello_answer(self, from_id: int) -> tuple[bool, bool, int, int]: ...
+    def hello_answer(self, from_id: int, probe: bool = False) -> tuple[bool, bool, int, int]: ...
 
     def liveness_report(self, from_id: int, payload: bytes) -> bool:
         """Take a member's liveness report; False if this member is not the leader. Raise
@@ -473,7 +473,18 @@ class PeerServicer(peer_pb2_grpc.RaftServicer):
             request.from_id,
             request.to_id,
         )
-        established, knows, term, last_index = self._host.hello_answer(request.from_id)
+        probe = request.version_probe and (
+            advertised_version(
+                self._host.peer_key,
+                request.nonce,
+                request.from_id,
+                request.record_version,
+                request.version_mac,
+                probe=True,
+            )
+            is not None
+        )
+        established, knows, term, last_index = self._host.hello_answer(request.from_id, probe)
         answer = peer_pb2.HelloAnswer(
             member_id=self._host.member_id,
             incarnation=self._host.incarnation,
@@ -484,6 +495,9 @@ class PeerServicer(peer_pb2_grpc.RaftServicer):
         )
         answer.mac = self._host.peer_key.sign(
             HELLO_ANSWER_TAG, hello_answer_fields(answer, request)
+        )
+        answer.record_version, answer.version_mac = advertise(
+            self._host.peer_key, request.nonce, self._host.member_id
         )
         return answer
 

@@ -41,6 +41,7 @@ from rallypoint.client import (
 from rallypoint.client.transport import parse_endpoints
 from rallypoint.proto.v1.defaults import MAX_LEASE_TTL_MS
 
+from ..version import BASELINE_RECORD_VERSION
 from .args import Parser, add_version, integer, seconds
 
 DEFAULT_ENDPOINTS = "127.0.0.1:2379,127.0.0.1:2381,127.0.0.1:2383"
@@ -318,6 +319,8 @@ def _status_row(endpoint: EndpointStatus | None, member: Member | None) -> dict[
         "term": status.term if status else None,
         "commit_index": status.commit_index if status else None,
         "applied_index": status.applied_index if status else None,
+        # A release before record versions answers 0: it runs the baseline.
+        "record_version": (status.record_version or BASELINE_RECORD_VERSION) if status else None,
         "health": _health(endpoint) if endpoint else "not among the endpoints",
         "error": endpoint.error if endpoint else None,
     }
@@ -332,10 +335,11 @@ async def _status(args: argparse.Namespace, client: Client, out: Output) -> int:
         except RallypointError as error:
             print(f"warning: no member list: {error}", file=sys.stderr)
     rows = status_document(statuses, members)
+    version = cluster_version(statuses)
     if out.as_json:
-        out.json({"members": rows})
+        out.json({"members": rows, "cluster_version": version})
     else:
-        out.table(_status_table(rows, statuses))
+        out.table(_status_table(rows, statuses, version))
     unhealthy = [s for s in statuses if not s.healthy]
     refused = [s for s in statuses if _health(s) == "refused"]
     if refused and len(refused) == len(statuses):
@@ -357,9 +361,22 @@ async def _status(args: argparse.Namespace, client: Client, out: Output) -> int:
     return 0
 
 
-def _status_table(rows: Sequence[dict[str, Any]], statuses: Sequence[EndpointStatus]) -> Table:
+def cluster_version(statuses: Sequence[EndpointStatus]) -> int | None:
+    """The cluster version as the members that answered applied it: the highest (a member
+    that has not applied the latest raise yet reports the one before; it never goes down);
+    None when nobody answered."""
+    answered = [s.status for s in statuses if s.status is not None]
+    if not answered:
+        return None
+    return max(s.cluster_version or BASELINE_RECORD_VERSION for s in answered)
+
+
+def _status_table(
+    rows: Sequence[dict[str, Any]], statuses: Sequence[EndpointStatus], version: int | None
+) -> Table:
     failures = {s.endpoint: s.failure for s in statuses if s.failure}
-    table = Table(title="cluster status")
+    title = "cluster status" if version is None else f"cluster status (cluster version {version})"
+    table = Table(title=title)
     for column in (
         "id",
         "name",
@@ -370,6 +387,7 @@ def _status_table(rows: Sequence[dict[str, Any]], statuses: Sequence[EndpointSta
         "term",
         "commit",
         "applied",
+        "version",
         "health",
     ):
         table.add_column(column)
@@ -386,6 +404,7 @@ def _status_table(rows: Sequence[dict[str, Any]], statuses: Sequence[EndpointSta
             "*" if row["is_leader"] else "",
             *("" if row[key] is None else str(row[key]) for key in ("term", "commit_index")),
             "" if row["applied_index"] is None else str(row["applied_index"]),
+            "" if row["record_version"] is None else str(row["record_version"]),
             health,
         )
     return table
@@ -417,7 +436,9 @@ async def _kv_get(args: argparse.Namespace, client: Client, out: Output) -> int:
 
 
 async def _kv_put(args: argparse.Namespace, client: Client, out: Output) -> int:
-    result = await client.put(args.key, args.value, lease=args.lease, prev_kv=args.prev_kv)
+    result = await client.put(
+        args.key, args.value, lease=args.lease, prev_kv=args.prev_kv, keep_lease=args.keep_lease
+    )
     if out.as_json:
         out.json(
             {
@@ -623,6 +644,11 @@ def register(subparsers: SubParsers) -> None:
     put.add_argument("value")
     put.add_argument("--lease", type=integer(), default=0, help="attach the key to this lease id")
     put.add_argument("--prev-kv", action="store_true", help="also print the previous value")
+    put.add_argument(
+        "--keep-lease",
+        action="store_true",
+        help="keep the key's current lease (needs cluster version 2: see 'rallypoint status')",
+    )
     delete = _leaf(kv, "del", "delete a key (or every key under a prefix)", _kv_del, common)
     delete.add_argument("key")
     delete.add_argument("--prefix", action="store_true", help="every key starting with KEY")

@@ -63,6 +63,17 @@ class ProposalTimeoutError(NodeError):
     """The proposal or read did not complete within the deadline; it may still apply."""
 
 
+class MemberStoppingError(NodeError):
+    """This member stopped while the request waited: a proposal may still apply through the
+    others (a retry with the same session and sequence is answered once, from the cache)."""
+
+    def __init__(self, member_id: int) -> None:
+        super().__init__(
+            f"member {member_id} is shutting down; the request may still apply: retry at "
+            "another member"
+        )
+
+
 class ProposalDroppedError(NodeError):
     """Raft refused the proposal (leadership transfer in progress, a pending conf change...)."""
 
@@ -132,6 +143,8 @@ class NodeStatus:
     progress: tuple[PeerProgress, ...]  # empty unless this member leads
     # True while this member lost its data and has not caught up: it does not vote.
     abstaining: bool = False
+    # The cluster version this member applied (coordinator/version.py).
+    cluster_version: int = 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,7 @@ import dataclasses
 import logging
 import os
 import random
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
@@ -80,23 +81,29 @@ from ..backup_file import BackupHeader
 from ..identity import Identity
 from ..leader.lessor import Lessor
 from ..leader.supervisor import RendezvousSupervisor
+from ..leader.versions import VersionProbe
 from ..liveness.port import LivenessPort
 from ..member_table import decode_app_snapshot
 from ..metrics import NodeMetrics
+from ..peer_hello import ask as ask_hello
 from ..peer_service import remove_partial_snapshots
 from ..role_log import ROLE_NAMES, RoleLog
 from ..round_metrics import RoundObserver
-from ..state.commands import Command, Envelope, LeaseExpire, encode_envelope
+from ..state.commands import ClusterVersion, Command, Envelope, LeaseExpire, encode_envelope
 from ..state.errors import Compacted
 from ..state.machine import StateMachine
 from ..state.results import LeaseEndResult, LeaseGrantResult, Result
 from ..state.values import Event
+from ..state.versions import required_version
 from ..state.view import StateView
 from ..transport import Transport
+from ..version import RECORD_VERSION, ClusterVersionError, startup_refusal
 from .api import (
     CompactedWatchError,
     Header,
+    MemberStoppingError,
     NodeError,
+    NodeStartError,
     NodeStatus,
     NoLeaderError,
     NotLeaderError,
@@ -200,6 +207,13 @@ class Node:
             leader_id=lambda: self.leader_id,
             send_report=self._transport.liveness,
         )
+        self.versions = VersionProbe(
+            config.member_id,
+            self._ask_version,
+            self._version_members,
+            lambda: self._sm.cluster_version,
+            lambda version: self._propose_quietly(ClusterVersion(version)),
+        )
         self._peer_server: grpc.aio.Server | None = None
         self._stopping = False
         self.removed = False
@@ -244,6 +258,14 @@ class Node:
         snapshot = storage.snapshot()
         if not snapshot.is_empty():
             self._install_snapshot(snapshot)
+        # A member older than the cluster version must not run: it would misread or refuse
+        # what the others write, and a cluster version never goes down (version.py). The
+        # entries after the snapshot are checked as they apply (``_check_cluster_version``).
+        refusal = startup_refusal(self._sm.cluster_version)
+        if refusal is not None:
+            await self._peer_server.stop(grace=None)
+            await loop.run_in_executor(self._disk, storage.close)
+            raise NodeStartError(f"member {config.member_id}: {refusal}")
         hard_state, _ = storage.initial_state()
         self._term = hard_state.term
         self._commit_index = hard_state.commit
@@ -281,7 +303,13 @@ class Node:
                 logger=logging.getLogger(f"rallypoint.raft.{config.member_id}"),
             )
         )
-        loops = (self._ready_loop(), self._tick_loop(), self._lease_loop(), self.supervisor.run())
+        loops = (
+            self._ready_loop(),
+            self._tick_loop(),
+            self._lease_loop(),
+            self.supervisor.run(),
+            self.versions.run(),
+        )
         for coro in loops:
             self._tasks.append(loop.create_task(self._guard(coro)))
         self._wakeup.set()
@@ -310,7 +338,7 @@ class Node:
         await self._transport.stop()
         if self._peer_server is not None:
             await self._peer_server.stop(grace=0.5)
-        self._fail_waiters(NodeError("this member is shutting down"))
+        self._fail_waiters(MemberStoppingError(self.config.member_id))
         if self.storage is not None:
             storage = self.storage
             await asyncio.get_running_loop().run_in_executor(self._disk, storage.close)
@@ -482,9 +510,11 @@ class Node:
             self._led_since = (int(term), time.monotonic())
             self._lessor.promote()
             self.supervisor.promote()
+            self.versions.promote()
         elif was_leader and not is_leader:
             self._lessor.demote()
             self.supervisor.demote()
+            self.versions.demote()
         self.metrics.is_leader.set(1 if is_leader else 0)
 
     # ---------------------------------------------------------------- the apply path
@@ -497,7 +527,10 @@ class Node:
             self._sm.apply(entry.index, b"")
             return
         proposer_id, proposal_id, payload = unwrap(entry.data)
+        cluster_version = self._sm.cluster_version
         result = self._sm.apply(entry.index, payload, self.peers.decoded.take(entry))
+        if self._sm.cluster_version != cluster_version:
+            self._cluster_version_raised(cluster_version)
         if isinstance(result, LeaseGrantResult):
             self._lessor.grant(result.lease_id, result.ttl_ms)
         elif isinstance(result, LeaseEndResult):
@@ -513,10 +546,37 @@ class Node:
                 proposal_id,
             )
 
+    def _cluster_version_raised(self, previous: int) -> None:
+        """A ClusterVersion entry raised the cluster version. Stored in a snapshot at once, so
+        an older build opening this data directory refuses it at its first read (a build of
+        the baseline: "snapshot format 8 is newer ..."); and if this build is older than the
+        new version (its data directory was opened by an older release than the one that
+        advertised it), it stops: it cannot read what the others will write."""
+        version = self._sm.cluster_version
+        log.warning(
+            "member %d: the cluster version is now %d (was %d); this build's record version is %d",
+            self.member_id,
+            version,
+            previous,
+            RECORD_VERSION,
+        )
+        refusal = startup_refusal(version)
+        if refusal is not None:
+            log.critical("member %d: %s", self.member_id, refusal)
+            print(f"rallypoint serve: member {self.member_id}: {refusal}", file=sys.stderr)
+            logging.shutdown()
+            os._exit(2)
+        if self._snapshots is not None:
+            self._spawn_guarded(self._snapshot_quietly())
+
+    async def _snapshot_quietly(self) -> None:
+        await self.snapshot_now()
+
     def _apply_conf_change(self, entry: Entry) -> None:
         cc = decode_conf_change(entry.data)
         conf_state = self.raw.apply_conf_change(cc)
         context, removed = self.membership.apply(cc, conf_state)
+        self.versions.membership_changed()
         for member_id in removed:
             self._spawn(self._transport.remove_peer(NodeId(member_id)))
             if member_id == self.config.member_id:
@@ -605,6 +665,30 @@ class Node:
             for lease_id in self._lessor.expired():
                 self._spawn(self._propose_quietly(LeaseExpire(lease_id)))
 
+    def _version_members(self) -> dict[int, str]:
+        """Every voter and learner of the configuration (the cluster version is their
+        minimum), with its peer address ("" while the member table has none: unheard)."""
+        conf = self.membership.conf_state
+        ids = {*conf.voters, *conf.voters_outgoing, *conf.learners, *conf.learners_next}
+        table = self.membership.table
+        found = {int(m): table.get(int(m)) for m in ids}
+        return {m: address.peer_address if address else "" for m, address in found.items()}
+
+    async def _ask_version(self, member_id: int, peer_address: str) -> int | None:
+        """The record version a member advertises in its hello (None: no answer)."""
+        if not peer_address:
+            return None
+        answered = await ask_hello(
+            member_id,
+            peer_address,
+            self.member_id,
+            self.cluster_id,
+            self.peers.peer_key,
+            self._transport.channel,
+            probe=True,
+        )
+        return None if answered is None else answered[1]
+
     async def _propose_quietly(self, command: Command) -> None:
         """Lease expiries and the supervisor's verdicts: one that fails as expected (no
         leader, dropped, timed out) is proposed again later if still due."""
@@ -673,6 +757,14 @@ class Node:
     ) -> Result:
         if self.leader_id == NONE:
             raise NoLeaderError()
+        cluster_version = self._sm.cluster_version
+        # Nothing above the cluster version is encoded (version.py). ClusterVersion itself is
+        # gated where it is decided: the leader proposes it only once every member advertises
+        # the version it raises to (leader/versions.py).
+        if cluster_version < RECORD_VERSION and not isinstance(command, ClusterVersion):
+            needed, feature = required_version(command)
+            if needed > cluster_version:
+                raise ClusterVersionError(feature, needed, cluster_version)
         envelope = Envelope(session_id, sequence, first_unacked, wall_clock_ms(), command)
         proposal_id = self._proposal_ids.next()
         data = wrap(self.member_id, proposal_id, encode_envelope(envelope))
@@ -773,6 +865,7 @@ class Node:
             members=self.membership.members(),
             progress=progress,
             abstaining=self.raw.abstaining,
+            cluster_version=self._sm.cluster_version,
         )
 
     # ---------------------------------------------------------------- membership

@@ -158,16 +158,17 @@ class PeerFace:
         """With TLS on the peer port, a peer's certificate must name it (peer_auth.py)."""
         return self._peer_tls is not None
 
-    def hello_answer(self, from_id: int) -> tuple[bool, bool, int, int]:
-        """(established, knows the asker, term, last index) for peer_hello.py. Only a member
-        with empty storage asks, so an established member says so in its own log: the asker
-        lost its data (or never ran since the cluster was created)."""
+    def hello_answer(self, from_id: int, probe: bool = False) -> tuple[bool, bool, int, int]:
+        """(established, knows the asker, term, last index) for peer_hello.py. Besides the
+        leader's version probes (``probe``), only a member with empty storage asks, so an
+        established member says so in its own log: the asker lost its data (or never ran
+        since the cluster was created)."""
         storage = self._node.storage
         if storage is None:
             return False, False, 0, 0
         established = not is_fresh(storage)
         knows = self._node.membership.knows(from_id)
-        if established:
+        if established and not probe:
             log.warning(
                 "member %d: member %d started with empty storage and asked whether the "
                 "cluster exists: it lost its data (or never ran since the cluster was "

@@ -14,6 +14,7 @@ from importlib import metadata
 from rallypoint.proto.v1 import cluster_pb2, cluster_pb2_grpc
 
 from ..node.api import Member, MemberNotFoundError, NodeStatus, ServerNode
+from ..version import RECORD_VERSION
 from . import validate
 from .common import Context, header_pb, read_barrier, wait_s
 from .errors import InvalidArgument, PreconditionFailed
@@ -173,4 +174,6 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServicer):
             ],
             version=self.version,
             catching_up=status.abstaining,
+            record_version=RECORD_VERSION,
+            cluster_version=status.cluster_version,
         )

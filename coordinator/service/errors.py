@@ -24,6 +24,7 @@ from ..node.api import (
     CompactedWatchError,
     LearnerNotReadyError,
     MemberNotFoundError,
+    MemberStoppingError,
     NodeError,
     NoLeaderError,
     NotLeaderError,
@@ -54,6 +55,7 @@ from ..state.errors import (
     TooManyOutstanding,
     ValueTooLarge,
 )
+from ..version import ClusterVersionError
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +167,10 @@ def node_error_status(error: NodeError, deadline_passed: bool) -> Status:
         # The request may still apply; the client's own deadline decides which code it sees.
         code = Code.DEADLINE_EXCEEDED if deadline_passed else Code.UNAVAILABLE
         return Status(code, message or "the request timed out inside the cluster", UNSPECIFIED)
+    if isinstance(error, MemberStoppingError):
+        # Not INTERNAL: a graceful stop (a rolling upgrade) is expected, and the proposal may
+        # still commit; UNAVAILABLE makes the client retry elsewhere with the same sequence.
+        return Status(Code.UNAVAILABLE, message, UNSPECIFIED)
     if isinstance(error, ProposalDroppedError):
         return Status(Code.UNAVAILABLE, message or "the proposal was dropped; retry", UNSPECIFIED)
     if isinstance(error, CompactedWatchError):
@@ -209,4 +215,7 @@ def _expected_status(error: Exception, deadline_passed: bool) -> Status | None:
         return Status(Code.DEADLINE_EXCEEDED, str(error), UNSPECIFIED)
     if isinstance(error, NodeError):
         return node_error_status(error, deadline_passed)
+    if isinstance(error, ClusterVersionError):
+        # A retry does not help until every member is upgraded: not UNAVAILABLE.
+        return Status(Code.FAILED_PRECONDITION, str(error), "CLUSTER_VERSION")
     return None

@@ -26,6 +26,7 @@ def put_command(
         lease_id=lease_with_room(request.lease_id, node),
         fence=validate.fence(request.HasField("fence"), request.fence),
         return_prev=request.prev_kv,
+        keep_lease=request.keep_lease,
     )
     return header, command
 

@@ -41,6 +41,9 @@ class Put(SessionCommand):
     lease_id: int = 0
     fence: Fence | None = None
     return_prev: bool = False
+    # Keep the key's current lease (``lease_id`` must be 0); a new key gets none. Record
+    # version 2 (coordinator/version.py): refused below cluster version 2.
+    keep_lease: bool = since(2, False)
 
 
 @record(2)
@@ -385,6 +388,17 @@ class MemorySnapshotCommit(CheckpointCommand):
     planned_end: bool = since(2, False)
 
 
+@record(349)
+@dataclass(frozen=True, slots=True)
+class ClusterVersion(Command):
+    """Proposed by the leader (no session) when the minimum record version over every voter
+    and learner rose (coordinator/version.py). Applied only if it raises the cluster
+    version, which never goes down. Record version 2: it exists from version 2 on, and the
+    leader proposes it only once every member advertises at least 2."""
+
+    version: int
+
+
 @record(20)
 @dataclass(frozen=True, slots=True)
 class Envelope:
@@ -421,6 +435,7 @@ __all__ = [
     "CheckpointShardDone",
     "CloseJob",
     "CloseRound",
+    "ClusterVersion",
     "Command",
     "CompareAndSet",
     "Configure",

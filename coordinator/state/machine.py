@@ -31,11 +31,13 @@ from typing import Any
 
 from rallypoint.proto.v1.counters import fits_int64, parse_counter
 
+from ..version import BASELINE_RECORD_VERSION
 from . import codec
 from .commands import (
     Add,
     CheckpointCommand,
     CloseRound,
+    ClusterVersion,
     CompareAndSet,
     Delete,
     Drain,
@@ -77,6 +79,7 @@ from .limits import Limits as Limits
 from .rendezvous import Rendezvous
 from .results import (
     AddResult,
+    ClusterVersionResult,
     CompareAndSetResult,
     DeleteResult,
     LeaseEndResult,
@@ -113,8 +116,17 @@ UNSAFE_ACCEPT_STALE_FENCE = os.environ.get("RALLYPOINT_UNSAFE_ACCEPT_STALE_FENCE
 # format that holds the state).
 # 7: the rendezvous state carries the drained failure domains after
 # ``next_participant_id``; written only while a domain is drained.
-SNAPSHOT_FORMAT = 7
-_SNAPSHOT_FORMATS = {2: 5, 3: 6, 4: 6, 5: 6, 6: 6, 7: 6}  # format -> fields per session
+# 8: the last element is [the format 4..7 the rendezvous state is in, that state, the cluster
+# version] (coordinator/version.py);
+# written exactly while the cluster version is 2 or more, so the snapshot format follows the
+# cluster version: a cluster some member of the baseline may still join writes format 7 or
+# older, and a member of the baseline opening a format-8 snapshot refuses it in one line
+# ("snapshot format 8 is newer ...": it is older than the cluster).
+SNAPSHOT_FORMAT = 8
+_SNAPSHOT_FORMATS = {2: 5, 3: 6, 4: 6, 5: 6, 6: 6, 7: 6, 8: 6}  # format -> fields per session
+# The snapshot format that carries the cluster version, and the first cluster version it may
+# be written at.
+_CLUSTER_VERSION_FORMAT = 8
 
 
 # What frozen_copy copies: the immutable limits and counters shallowly, the rest as it says.
@@ -129,6 +141,7 @@ _FIELDS = frozenset(
         "sessions",
         "history",
         "rendezvous",
+        "cluster_version",
     }
 )
 
@@ -147,6 +160,9 @@ class StateMachine:
         self.sessions = SessionTable()
         self.history = WatchHistory(self.limits.max_history_events, self.limits.max_history_bytes)
         self.rendezvous = Rendezvous(self.limits.rendezvous)
+        # The cluster version (coordinator/version.py) as committed by ClusterVersion
+        # commands. Invariant: >= BASELINE_RECORD_VERSION; only grows.
+        self.cluster_version = BASELINE_RECORD_VERSION
 
     # ----------------------------------------------------------------- applying entries
 
@@ -178,6 +194,12 @@ class StateMachine:
             return SessionOpenResult(index, command.ttl_ms)
         if isinstance(command, LeaseExpire):
             return self._end_lease(index, command.lease_id)
+        if isinstance(command, ClusterVersion):
+            # Never lowered: a stale proposal (a leader that had not seen a raise) changes
+            # nothing.
+            raised = command.version > self.cluster_version
+            self.cluster_version = max(self.cluster_version, command.version)
+            return ClusterVersionResult(self.cluster_version, raised)
         if isinstance(command, CloseRound):
             return self.rendezvous.close_round(index, self.now_ms, command)
         if isinstance(command, MemberFailed):
@@ -340,12 +362,16 @@ class StateMachine:
         return deleted
 
     def _put(self, index: int, command: Put) -> Result:
-        failure = self._check_write(command.key, command.value, command.lease_id, command.fence)
+        lease_id = command.lease_id
+        if command.keep_lease:
+            if lease_id:
+                return InvalidCommand("a put keeps the key's lease or sets lease_id, not both")
+            current = self.kv.get(command.key)
+            lease_id = current.lease_id if current is not None else 0
+        failure = self._check_write(command.key, command.value, lease_id, command.fence)
         if failure is not None:
             return failure
-        kv, previous = self._write(
-            index, command.key, command.value, command.lease_id, command.fence
-        )
+        kv, previous = self._write(index, command.key, command.value, lease_id, command.fence)
         return PutResult(kv, previous if command.return_prev else None)
 
     def _delete(self, index: int, command: Delete) -> Result:
@@ -499,9 +525,14 @@ class StateMachine:
             ]
             for s in self.sessions.in_order()
         ]
+        rendezvous = self.rendezvous.to_obj()
+        snapshot_format = self.rendezvous.snapshot_format()
+        if self.cluster_version > BASELINE_RECORD_VERSION:
+            snapshot_format = _CLUSTER_VERSION_FORMAT
+            rendezvous = [self.rendezvous.snapshot_format(), rendezvous, self.cluster_version]
         return codec.pack_sliced(
             [
-                self.rendezvous.snapshot_format(),
+                snapshot_format,
                 self.applied_index,
                 self.now_ms,
                 self.revision,
@@ -511,7 +542,7 @@ class StateMachine:
                 sessions,
                 self.history.compacted_revision,
                 [codec.to_obj(event) for event in self.history.in_order()],
-                self.rendezvous.to_obj(),
+                rendezvous,
             ]
         )
 
@@ -567,13 +598,26 @@ class StateMachine:
             sessions.add_restored(session)
         history = WatchHistory(self.limits.max_history_events, self.limits.max_history_bytes)
         history.restore(_int(obj[8]), [codec.from_obj(item, Event) for item in _list(obj[9])])
+        rendezvous_format, rendezvous_obj, cluster_version = (
+            obj[0],
+            obj[10],
+            BASELINE_RECORD_VERSION,
+        )
+        if obj[0] >= _CLUSTER_VERSION_FORMAT:
+            rendezvous_format, rendezvous_obj, cluster_version = _array(
+                obj[10], 3, "versioned rendezvous state"
+            )
+            if rendezvous_format not in (4, 5, 6, 7):
+                raise codec.StateCodecError(f"rendezvous format {rendezvous_format!r} in format 8")
+            if type(cluster_version) is not int or cluster_version <= BASELINE_RECORD_VERSION:
+                raise codec.StateCodecError(f"malformed cluster version {cluster_version!r}")
         rendezvous = Rendezvous(self.limits.rendezvous)
         rendezvous.restore(
-            obj[10],
-            lifecycle=obj[0] >= 4,
-            high_water=obj[0] >= 5,
-            memory_snapshots=obj[0] >= 6,
-            drained=obj[0] >= 7,
+            rendezvous_obj,
+            lifecycle=rendezvous_format >= 4,
+            high_water=rendezvous_format >= 5,
+            memory_snapshots=rendezvous_format >= 6,
+            drained=rendezvous_format >= 7,
         )
 
         self.applied_index, self.now_ms, self.revision = applied_index, now_ms, revision
@@ -581,6 +625,7 @@ class StateMachine:
         self.kv.restore(kvs, tokens)
         self.leases, self.sessions, self.history = leases, sessions, history
         self.rendezvous = rendezvous
+        self.cluster_version = cluster_version
 
 
 def _list(obj: Any) -> list[Any]:

@@ -21,6 +21,16 @@ class NoOp(Success):
     """An empty entry (the leader's no-op on election) was applied."""
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterVersionResult(Success):
+    """A ClusterVersion command was applied: the cluster version after it, and whether it
+    rose. Not a registered record: ClusterVersion carries no session, so its answer is never
+    cached (encoded) in one; it only reaches the leader's waiter."""
+
+    version: int
+    raised: bool
+
+
 @record(101)
 @dataclass(frozen=True, slots=True)
 class PutResult(Success):

@@ -161,7 +161,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("header", "member_id", "leader_id", "term", "role", "commit_index", "applied_index", "snapshot_index", "progress", "version", "catching_up")
+    __slots__ = ("header", "member_id", "leader_id", "term", "role", "commit_index", "applied_index", "snapshot_index", "progress", "version", "catching_up", "record_version", "cluster_version")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -173,6 +173,8 @@ class StatusResponse(_message.Message):
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CATCHING_UP_FIELD_NUMBER: _ClassVar[int]
+    RECORD_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_VERSION_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.ResponseHeader
     member_id: int
     leader_id: int
@@ -184,4 +186,6 @@ class StatusResponse(_message.Message):
     progress: _containers.RepeatedCompositeFieldContainer[PeerProgress]
     version: str
     catching_up: bool
-    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., member_id: _Optional[int] = ..., leader_id: _Optional[int] = ..., term: _Optional[int] = ..., role: _Optional[_Union[RaftRole, str]] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., snapshot_index: _Optional[int] = ..., progress: _Optional[_Iterable[_Union[PeerProgress, _Mapping]]] = ..., version: _Optional[str] = ..., catching_up: _Optional[bool] = ...) -> None: ...
+    record_version: int
+    cluster_version: int
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., member_id: _Optional[int] = ..., leader_id: _Optional[int] = ..., term: _Optional[int] = ..., role: _Optional[_Union[RaftRole, str]] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., snapshot_index: _Optional[int] = ..., progress: _Optional[_Iterable[_Union[PeerProgress, _Mapping]]] = ..., version: _Optional[str] = ..., catching_up: _Optional[bool] = ..., record_version: _Optional[int] = ..., cluster_version: _Optional[int] = ...) -> None: ...

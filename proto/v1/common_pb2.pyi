@@ -33,6 +33,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CHECKPOINT_NOT_FOUND: _ClassVar[ErrorReason]
     CHECKPOINT_INCOMPLETE: _ClassVar[ErrorReason]
     LIMIT_EXCEEDED: _ClassVar[ErrorReason]
+    CLUSTER_VERSION: _ClassVar[ErrorReason]
 ERROR_REASON_UNSPECIFIED: ErrorReason
 NOT_LEADER: ErrorReason
 NO_LEADER: ErrorReason
@@ -59,6 +60,7 @@ STALE_TOKEN: ErrorReason
 CHECKPOINT_NOT_FOUND: ErrorReason
 CHECKPOINT_INCOMPLETE: ErrorReason
 LIMIT_EXCEEDED: ErrorReason
+CLUSTER_VERSION: ErrorReason
 
 class RequestHeader(_message.Message):
     __slots__ = ("session_id", "sequence", "first_unacked")

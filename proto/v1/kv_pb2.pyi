@@ -64,20 +64,22 @@ class BatchError(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., reason: _Optional[str] = ..., leader: _Optional[str] = ...) -> None: ...
 
 class PutRequest(_message.Message):
-    __slots__ = ("header", "key", "value", "lease_id", "fence", "prev_kv")
+    __slots__ = ("header", "key", "value", "lease_id", "fence", "prev_kv", "keep_lease")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
     PREV_KV_FIELD_NUMBER: _ClassVar[int]
+    KEEP_LEASE_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.RequestHeader
     key: bytes
     value: bytes
     lease_id: int
     fence: _common_pb2.Fence
     prev_kv: bool
-    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., lease_id: _Optional[int] = ..., fence: _Optional[_Union[_common_pb2.Fence, _Mapping]] = ..., prev_kv: _Optional[bool] = ...) -> None: ...
+    keep_lease: bool
+    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., lease_id: _Optional[int] = ..., fence: _Optional[_Union[_common_pb2.Fence, _Mapping]] = ..., prev_kv: _Optional[bool] = ..., keep_lease: _Optional[bool] = ...) -> None: ...
 
 class PutResponse(_message.Message):
     __slots__ = ("header", "kv", "prev_kv")

@@ -36,6 +36,7 @@ from rallypoint.coordinator.state.results import (
     PutResult,
     SessionOpenResult,
 )
+from rallypoint.coordinator.version import RECORD_VERSION
 from rallypoint.raft.codec import decode_message, encode_message
 from rallypoint.raft.log_storage import UnavailableError
 from rallypoint.raft.storage.disk_storage import PersistRequest
@@ -96,6 +97,23 @@ class Cluster:
     async def stop(self, member_id: int, transfer: bool = False) -> None:
         node = self.nodes.pop(member_id)
         await node.stop(transfer_leadership=transfer)
+
+    async def settle(self, timeout_s: float = 10.0) -> None:
+        """Wait for the cluster version to reach this build's and each member's snapshot of
+        that raise (coordinator/version.py): a new cluster raises it within a probe or two,
+        and the snapshot compacts the log. Call on an idle cluster, before what a test
+        counts of snapshots or of the log."""
+        nodes = list(self.nodes.values())
+        await wait_until(
+            lambda: all(n.state.cluster_version == RECORD_VERSION for n in nodes),
+            "the cluster version raised",
+            timeout_s,
+        )
+        await wait_until(
+            lambda: all(n.status().snapshot_index >= n.state.applied_index for n in nodes),
+            "the snapshot of the raise",
+            timeout_s,
+        )
 
     async def leader(self, timeout_s: float = 10.0) -> Node:
         loop = asyncio.get_running_loop()
@@ -227,8 +245,9 @@ async def test_a_snapshot_is_made_once_the_applied_entries_hold_enough_bytes(
     await c.start_all()
     try:
         leader = await c.leader()
+        await c.settle()
         session = await open_session(leader)
-        # Each member's first snapshot, made when the cluster was created.
+        # Each member's last snapshot: of the cluster version's raise.
         first = {n.member_id: n.status().snapshot_index for n in c.nodes.values()}
         for seq in range(1, 41):
             await leader.propose(Put(b"small%03d" % seq, b"v"), session_id=session, sequence=seq)
@@ -369,6 +388,8 @@ async def test_proposal_ids_are_unique_across_restarts(tmp_path: Path) -> None:
     c = Cluster(tmp_path, 3)
     await c.start_all()
     try:
+        await c.leader()
+        await c.settle()  # its snapshot would compact the first life's entry away
         for _life in range(3):
             await c.leader()
             member = c.nodes[1]  # leader or not: a follower's proposal is forwarded

@@ -13,12 +13,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rallypoint.coordinator.node.api import (
     CompactedWatchError,
     MemberNotFoundError,
+    MemberStoppingError,
     ProposalDroppedError,
     ProposalTimeoutError,
 )
 from rallypoint.coordinator.service import SERVICE_NAMES
 from rallypoint.coordinator.service.errors import RequestFailed, failure_status, status_for
 from rallypoint.coordinator.state import errors as failures
+from rallypoint.coordinator.version import ClusterVersionError
 from rallypoint.proto.v1 import (
     common_pb2,
     kv_pb2,
@@ -103,6 +105,27 @@ def test_a_timeout_past_the_clients_deadline_is_deadline_exceeded() -> None:
     error = ProposalTimeoutError("the read barrier did not complete")
     assert status_for(error, deadline_passed=True).code == Code.DEADLINE_EXCEEDED
     assert status_for(error, deadline_passed=False).code == Code.UNAVAILABLE
+
+
+def test_a_request_its_member_stopped_waiting_for_is_unavailable_not_internal() -> None:
+    # A graceful stop (a rolling upgrade) fails the member's waiters; the proposal may still
+    # commit through the others, so the client must retry with the same sequence (answered
+    # from the session cache), not take it as a definite failure (INTERNAL did: the set
+    # workload read an element whose add had failed).
+    stopping = status_for(MemberStoppingError(3), deadline_passed=False)
+    assert stopping.code == Code.UNAVAILABLE
+    assert stopping.message == (
+        "member 3 is shutting down; the request may still apply: retry at another member"
+    )
+
+
+def test_a_feature_newer_than_the_cluster_version_is_a_failed_precondition() -> None:
+    refused = status_for(ClusterVersionError("Put.keep_lease", 2, 1), deadline_passed=False)
+    assert (refused.code, refused.reason) == (Code.FAILED_PRECONDITION, "CLUSTER_VERSION")
+    assert refused.message == (
+        "Put.keep_lease needs cluster version 2; the cluster is at version 1 (some member "
+        "runs an older release): upgrade every member first"
+    )
 
 
 def test_every_member_error_and_state_failure_has_its_documented_status() -> None:

@@ -207,8 +207,8 @@ def test_an_older_reader_refuses_a_newer_record_in_one_line_naming_both_versions
         "this member"
     )
     # The same for a command a future release extends, in an entry this build applies.
-    future_put = msgpack.packb([20, 1, 2, 0, 5, [1, b"k", b"v", 0, None, False, 9]])
-    with pytest.raises(codec.StateCodecError, match=r"Put record \(tag 1\) has 6 fields.*"):
+    future_put = msgpack.packb([20, 1, 2, 0, 5, [1, b"k", b"v", 0, None, False, False, 9]])
+    with pytest.raises(codec.StateCodecError, match=r"Put record \(tag 1\) has 7 fields.*"):
         StateMachine().apply(1, future_put)
 
 

@@ -74,7 +74,7 @@ class Host:
     def deliver(self, messages: list[Message], incarnation: int, abstaining: bool) -> None:
         self.delivered.extend(messages)
 
-    def hello_answer(self, from_id: int) -> tuple[bool, bool, int, int]:
+    def hello_answer(self, from_id: int, probe: bool = False) -> tuple[bool, bool, int, int]:
         return False, True, 1, 1
 
     def verify_snapshot(self, snapshot: Snapshot) -> None:

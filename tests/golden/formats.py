@@ -24,6 +24,7 @@ from rallypoint.coordinator.state.errors import Failure
 from rallypoint.coordinator.state.results import (
     CloseJobResult,
     CloseRoundResult,
+    ClusterVersionResult,
     CompareAndSetResult,
     DeleteResult,
     NoOp,
@@ -145,6 +146,7 @@ _CHANGED: dict[type[Success], Any] = {
     RemoveResult: lambda r: r.removed,
     CloseRoundResult: lambda r: r.closed,
     CloseJobResult: lambda r: r.ended_round > 0,
+    ClusterVersionResult: lambda r: r.raised,
     RoundTrainedResult: lambda r: r.recorded,
     StoreCompareSetResult: lambda r: r.swapped,
     StoreDeleteResult: lambda r: r.existed,

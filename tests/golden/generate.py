@@ -41,6 +41,7 @@ from rallypoint.coordinator.state.commands import (
     CheckpointShardDone,
     CloseJob,
     CloseRound,
+    ClusterVersion,
     Command,
     CompareAndSet,
     Configure,
@@ -144,7 +145,9 @@ FENCE = Fence(lease_id=7, token=7)
 # applied or answered there, not refused (test_golden.py): ids name what SETUP made
 # (session 5, lease 7, participant 17, round 3 with fencing token 44, checkpoint 45).
 SAMPLES: list[Command] = [
-    Put(b"golden/key", b"\x00value\xff", 7, FENCE, True),
+    # Format 2 (keep_lease); lease_id keeps its default, since a put that keeps the key's
+    # lease names none (format 1's file, 001-Put-v1, has lease 7).
+    Put(b"golden/key", b"\x00value\xff", 0, FENCE, True, True),
     Delete(b"golden/", True, FENCE, True),
     # Exactly one comparison (more is InvalidCommand), so two fields hold their defaults.
     CompareAndSet(b"golden/cas", b"new", b"old", None, False, 7, FENCE),
@@ -152,6 +155,7 @@ SAMPLES: list[Command] = [
     LeaseGrant(30_000),
     LeaseRevoke(7),
     LeaseExpire(7),
+    ClusterVersion(2),
     SessionOpen(60_000),
     OwnedSessionOpen(60_000, "job:resnet"),
     SessionKeepAlive(),

@@ -190,12 +190,12 @@ def test_an_older_member_refuses_an_entry_a_newer_one_wrote_naming_both_versions
 ) -> None:
     # A later release appends a field to Put and uses it: its leader writes the entry below
     # into every member's log. This (older) build must stop with a clear reason, never guess.
-    future_put = [1, b"k", b"v", 0, None, False, 3]
+    future_put = [1, b"k", b"v", 0, None, False, False, 3]
     append_entry(data_dir, [20, 3, 10, 0, 1_764_000_002_700, future_put])
     with pytest.raises(StateCodecError) as refused:
         open_and_replay(data_dir)
     assert str(refused.value) == (
-        "Envelope.command: Put record (tag 1) has 6 fields: it was written by a newer version "
-        "of rallypoint; this build reads Put up to format version 1 (5 fields); upgrade this "
+        "Envelope.command: Put record (tag 1) has 7 fields: it was written by a newer version "
+        "of rallypoint; this build reads Put up to format version 2 (6 fields); upgrade this "
         "member"
     )

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.integration.harness import MemberProcess, ProcessCluster, wait_until
+from tests.upgrade.previous import Build
 
 from . import netns
 from .availability import Health
@@ -37,6 +38,9 @@ class NamespaceCluster(ProcessCluster):
         self.network = network
         # Extra environment of one member's next start (clock skew).
         self.member_env: dict[int, dict[str, str]] = {}
+        # Members that start with another build (the previous release: tests/upgrade); the
+        # others run this checkout's code.
+        self.builds: dict[int, Build] = {}
         # The members of the cluster's configuration (described members may have left).
         self.active: set[int] = set(range(1, size + 1))
         # Active members added as learners and not yet promoted (they do not vote).
@@ -128,8 +132,15 @@ class NamespaceCluster(ProcessCluster):
         # `ip netns exec` and `env` both exec, so the Popen pid is the member's own (signals
         # reach it directly).
         extra = [f"{k}={v}" for k, v in sorted(self.member_env.get(member.member_id, {}).items())]
+        command = super()._command(member, initial, join)
+        build = self.builds.get(member.member_id)
+        if build is not None:
+            # [python, -m, rallypoint.coordinator, serve, ...]: the same subcommand and flags.
+            assert command[1:3] == ["-m", "rallypoint.coordinator"], command[:3]
+            command = [*build.interpreter, *command[3:]]
+            extra += [f"{k}={v}" for k, v in build.env]
         prefix = ["ip", "netns", "exec", netns.namespace(member.member_id), "env", *extra]
-        return prefix + super()._command(member, initial, join)
+        return prefix + command
 
     def initial_cluster(self, ids: list[int] | None = None) -> str:
         return super().initial_cluster(ids or sorted(self.active))

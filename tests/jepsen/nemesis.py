@@ -319,6 +319,39 @@ class Faults:
 
         return f"added member {added}", remove
 
+    # ------------------------------------------------------------------ upgrades
+
+    def upgrade(self) -> tuple[str, Heal]:
+        """Replace the lowest-numbered member still on another build (the previous release:
+        tests/upgrade) by this checkout's build, as an operator upgrades one (README,
+        "Upgrading"): a graceful stop (a leader hands leadership over first), then the same
+        data directory started with this build, held until it has caught up. Nothing to heal:
+        an upgrade stays; once every member runs this build the fault is not inflicted."""
+        cluster = self.cluster
+        older = [m for m in self._members() if m in cluster.builds and cluster.members[m].running]
+        if not older:
+            raise AssertionError("every running member runs this build already")
+        member = older[0]
+        build = cluster.builds.pop(member)
+        cluster.stop(member)
+        cluster.note_change()
+        cluster.start(member)
+
+        def caught_up() -> bool:
+            leader = cluster.leader_or_none(timeout_s=2.0)
+            if leader is None or not cluster.members[leader].running:
+                return False
+            ahead = cluster.status(leader)
+            status = cluster.status(member)
+            return (
+                ahead is not None
+                and status is not None
+                and status.applied_index >= ahead.commit_index
+            )
+
+        wait_until(caught_up, 30.0, f"member {member} to catch up after its upgrade")
+        return f"member {member}: {build.name} -> this build (caught up)", lambda: "upgraded"
+
 
 MIXES: dict[str, list[str]] = {
     "none": [],
@@ -330,6 +363,9 @@ MIXES: dict[str, list[str]] = {
     "corrupt": ["corrupt", "wipe"],
     "wipe": ["wipe"],
     "membership": ["membership"],
+    # A cluster started on the previous release (runner.RunSpec.previous), upgraded member
+    # by member while members are killed and the network partitions.
+    "upgrade": ["upgrade", "kill", "partition"],
     "mixed": [
         "partition",
         "slow_network",

@@ -20,6 +20,7 @@ from typing import Any
 
 from rallypoint.client import Client
 from rallypoint.worker.process_tree import kill_descendants
+from tests.upgrade import previous
 
 from . import availability, checkers, netns, workloads
 from .cluster import NamespaceCluster, process_environment
@@ -52,6 +53,9 @@ class RunSpec:
     # them over the KV/Batch stream, the register's writers sharing one client so that
     # concurrent operations ride in one message.
     kv_batching: str = "off"
+    # Start every member on this commit's build (the previous release, tests/upgrade); the
+    # ``upgrade`` fault replaces them by this checkout's one at a time.
+    previous: str | None = None
 
 
 def _select(ops: Sequence[Operation], predicate: Callable[[Operation], bool]) -> list[Operation]:
@@ -79,8 +83,17 @@ def check(ops: Sequence[Operation], chosen: Sequence[str]) -> list[checkers.Chec
     return results
 
 
+# A nemesis schedule: (faults, history, stop at, origin, log); ``run_schedule`` over the
+# run's mix unless a run brings its own (tests/upgrade's fixed order of upgrades).
+Schedule = Callable[[Faults, HistoryWriter, float, float, list[str]], Coroutine[Any, Any, Any]]
+
+
 async def _drive(
-    spec: RunSpec, cluster: NamespaceCluster, history: HistoryWriter, log: list[str]
+    spec: RunSpec,
+    cluster: NamespaceCluster,
+    history: HistoryWriter,
+    log: list[str],
+    schedule: Schedule | None = None,
 ) -> dict[int, int]:
     """Clients and nemesis for ``spec.time_s``, then heal and drain; the nemesis's doings
     are appended to ``log`` as they happen. Returns the members that exited on their own
@@ -160,7 +173,10 @@ async def _drive(
         client_tasks = [asyncio.create_task(t) for t in tasks]
         faults = Faults(cluster, random.Random(rng.random()), admin, asyncio.get_running_loop())
         origin_s = history.events[0].time_s if history.events else time.monotonic()
-        await run_schedule(faults, spec.nemesis, history, stop_at, origin_s, log=log)
+        if schedule is None:
+            await run_schedule(faults, spec.nemesis, history, stop_at, origin_s, log=log)
+        else:
+            await schedule(faults, history, stop_at, origin_s, log)
         healed = await asyncio.to_thread(heal_all, faults)
         log.append(f"{time.monotonic() - origin_s:8.3f} {healed}")
         await asyncio.sleep(max(0.0, stop_at - time.monotonic()))
@@ -248,6 +264,9 @@ def run_one(spec: RunSpec, directory: Path) -> RunSummary:
             election_ticks=ELECTION_TICKS,
             snapshot_entries=2000,
         )
+        if spec.previous is not None:
+            build = previous.extract(spec.previous, directory)
+            cluster.builds = dict.fromkeys(cluster.members, build)
         cluster.start_all()
         crashes = asyncio.run(_drive(spec, cluster, history, log))
     except Exception as error:  # reported as the run's error; the matrix goes on
@@ -275,6 +294,8 @@ def run_one(spec: RunSpec, directory: Path) -> RunSummary:
     if cluster is not None:
         for member in cluster.members.values():
             shutil.rmtree(member.data_dir, ignore_errors=True)
+    if spec.previous is not None:
+        shutil.rmtree(previous.source_dir(spec.previous, directory), ignore_errors=True)
     return summary
 
 
@@ -298,6 +319,7 @@ LONG_MIXES = (
     "wipe",
     "membership",
     "mixed",
+    "upgrade",
 )
 
 
@@ -420,6 +442,7 @@ def long_matrix(runs: int, time_s: float, seed: int, mixes: Sequence[str]) -> li
             3 if i % 2 == 0 else 5,
             time_s,
             seed + 1000 * LONG_MIXES.index(mix) + i,
+            previous=previous.PINNED_COMMIT if mix == "upgrade" else None,
         )
         for mix in mixes
         for i in range(runs)

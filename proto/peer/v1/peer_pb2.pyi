@@ -101,23 +101,29 @@ class SnapshotAck(_message.Message):
     def __init__(self, snapshot_index: _Optional[int] = ..., next_offset: _Optional[int] = ..., complete: _Optional[bool] = ...) -> None: ...
 
 class HelloRequest(_message.Message):
-    __slots__ = ("cluster_id", "from_id", "to_id", "incarnation", "nonce", "mac")
+    __slots__ = ("cluster_id", "from_id", "to_id", "incarnation", "nonce", "mac", "record_version", "version_mac", "version_probe")
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     FROM_ID_FIELD_NUMBER: _ClassVar[int]
     TO_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
     MAC_FIELD_NUMBER: _ClassVar[int]
+    RECORD_VERSION_FIELD_NUMBER: _ClassVar[int]
+    VERSION_MAC_FIELD_NUMBER: _ClassVar[int]
+    VERSION_PROBE_FIELD_NUMBER: _ClassVar[int]
     cluster_id: int
     from_id: int
     to_id: int
     incarnation: int
     nonce: bytes
     mac: bytes
-    def __init__(self, cluster_id: _Optional[int] = ..., from_id: _Optional[int] = ..., to_id: _Optional[int] = ..., incarnation: _Optional[int] = ..., nonce: _Optional[bytes] = ..., mac: _Optional[bytes] = ...) -> None: ...
+    record_version: int
+    version_mac: bytes
+    version_probe: bool
+    def __init__(self, cluster_id: _Optional[int] = ..., from_id: _Optional[int] = ..., to_id: _Optional[int] = ..., incarnation: _Optional[int] = ..., nonce: _Optional[bytes] = ..., mac: _Optional[bytes] = ..., record_version: _Optional[int] = ..., version_mac: _Optional[bytes] = ..., version_probe: _Optional[bool] = ...) -> None: ...
 
 class HelloAnswer(_message.Message):
-    __slots__ = ("member_id", "incarnation", "established", "knows_sender", "term", "last_index", "mac")
+    __slots__ = ("member_id", "incarnation", "established", "knows_sender", "term", "last_index", "mac", "record_version", "version_mac")
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     ESTABLISHED_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +131,8 @@ class HelloAnswer(_message.Message):
     TERM_FIELD_NUMBER: _ClassVar[int]
     LAST_INDEX_FIELD_NUMBER: _ClassVar[int]
     MAC_FIELD_NUMBER: _ClassVar[int]
+    RECORD_VERSION_FIELD_NUMBER: _ClassVar[int]
+    VERSION_MAC_FIELD_NUMBER: _ClassVar[int]
     member_id: int
     incarnation: int
     established: bool
@@ -132,4 +140,6 @@ class HelloAnswer(_message.Message):
     term: int
     last_index: int
     mac: bytes
-    def __init__(self, member_id: _Optional[int] = ..., incarnation: _Optional[int] = ..., established: _Optional[bool] = ..., knows_sender: _Optional[bool] = ..., term: _Optional[int] = ..., last_index: _Optional[int] = ..., mac: _Optional[bytes] = ...) -> None: ...
+    record_version: int
+    version_mac: bytes
+    def __init__(self, member_id: _Optional[int] = ..., incarnation: _Optional[int] = ..., established: _Optional[bool] = ..., knows_sender: _Optional[bool] = ..., term: _Optional[int] = ..., last_index: _Optional[int] = ..., mac: _Optional[bytes] = ..., record_version: _Optional[int] = ..., version_mac: _Optional[bytes] = ...) -> None: ...

@@ -46,8 +46,9 @@ VERSIONS: Final[dict[int, str]] = {
     ),
     2: (
         "the ClusterVersion command (tag 349); snapshot format 8 (carries the cluster "
-        "version); Put's keep_lease field (a put that keeps the key's lease); the peer hello "
-        "and Status advertise the record version"
+        "version); Put's keep_lease field (a put that keeps the key's lease); "
+        "MemorySnapshotCommit's planned_end field (a sharded job's final snapshot of a round "
+        "ended by plan); the peer hello and Status advertise the record version"
     ),
 }
 

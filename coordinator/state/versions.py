@@ -23,6 +23,7 @@ from . import codec
 INTRODUCED: Final[dict[tuple[str, int], int]] = {
     ("ClusterVersion", 1): 2,
     ("Put", 2): 2,
+    ("MemorySnapshotCommit", 2): 2,
 }
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from rallypoint.client import (
     Client,
     DeadlineExceededError,
+    InternalError,
     JobConfig,
     OutcomeUnknownError,
     RallypointError,
@@ -29,7 +30,12 @@ from rallypoint.client import (
 
 from .history import EventType, HistoryWriter
 
-UNKNOWN_ERRORS = (DeadlineExceededError, UnavailableError, OutcomeUnknownError)
+# Outcomes the client cannot know: a timeout, an unavailable cluster, a retried write whose
+# session ended, and a server failure the API does not describe (INTERNAL): the member did not
+# decide the request, so it may still apply. (A release before the cluster version answered
+# requests waiting on a member that was shutting down with INTERNAL, and they then committed
+# through the next leader: ``make upgrade-test`` runs such members.)
+UNKNOWN_ERRORS = (DeadlineExceededError, UnavailableError, OutcomeUnknownError, InternalError)
 
 # Per call: long enough to ride out a leader election, short enough that a partition makes
 # operations time out (unknown outcomes are what the checkers must handle).

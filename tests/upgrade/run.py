@@ -226,6 +226,8 @@ def run_upgrade(
     workloads: tuple[str, ...] = WORKLOADS,
 ) -> Outcome:
     """One rolling upgrade and its reverse; the outcome (``last_line`` says it)."""
+    # Absolute: the previous release's members import it from here, from their own cwd.
+    directory = directory.resolve()
     if directory.exists():
         shutil.rmtree(directory)
     directory.mkdir(parents=True)

@@ -265,6 +265,20 @@ class Raft:
         self.lease_fenced = False
         # Invariant: True only while this node lost its storage and has not caught up.
         self.abstain = config.abstain
+        # What this node knows of the current leader's log in the current term (follower
+        # side; both reset with the term and the leader, in reset()). They matter to a node
+        # that abstains, whose own records cannot be trusted by the leader's:
+        # - lead_match: the highest index up to which this log is known to equal the
+        #   leader's: an append from it was accepted up to there (maybe_append checked the
+        #   entry before it), or a snapshot from it installed. The leader's log only grows in
+        #   its term, so the prefix stays equal. Invariant: lead_match <= last index.
+        # - lead_commit: the highest commit index the leader reported in an append (its
+        #   m.commit as sent, not clipped to the entries received, unlike this node's commit
+        #   index; a heartbeat's is clipped by the leader, so it does not count). A node
+        #   that lost its data votes again only once its commit reaches it
+        #   (RawNode.set_abstain).
+        self.lead_match = _NO_INDEX
+        self.lead_commit = _NO_INDEX
         self.heartbeat_timeout = config.heartbeat_tick
         self.election_timeout = config.election_tick
         # In [election_timeout, 2 * election_timeout); redrawn on every role change.
@@ -488,6 +502,8 @@ class Raft:
             self.term = term
             self.vote = NONE
         self.lead = NONE
+        self.lead_match = _NO_INDEX
+        self.lead_commit = _NO_INDEX
         self.election_elapsed = 0
         self.heartbeat_elapsed = 0
         self.reset_randomized_election_timeout()
@@ -1024,8 +1040,9 @@ class Raft:
         pr.recent_active = True
         pr.msg_app_flow_paused = False
         # A throttled or probing follower gets a MsgApp (possibly empty) so that replication
-        # recovers even if every in-flight message was lost.
-        if pr.match < self.raft_log.last_index() or pr.state is ProgressState.PROBE:
+        # recovers even if every in-flight message was lost; so does one that could not
+        # take the heartbeat's commit (reject: it abstains, see handle_heartbeat).
+        if pr.match < self.raft_log.last_index() or pr.state is ProgressState.PROBE or m.reject:
             self.send_append(m.from_)
         if self.read_only.option is not ReadOnlyOption.SAFE or not m.context:
             return
@@ -1229,12 +1246,14 @@ class Raft:
 
     def handle_append_entries(self, m: Message) -> None:
         log = self.raft_log
+        self.lead_commit = Index(max(self.lead_commit, m.commit))
         if m.index < log.committed:
             # Everything up to committed is known to match; say so.
             self.send(Message(type=MT.MsgAppResp, to=m.from_, index=log.committed))
             return
         last_new, ok = log.maybe_append(m.index, m.log_term, m.commit, m.entries)
         if ok:
+            self.lead_match = Index(max(self.lead_match, last_new))
             self.send(Message(type=MT.MsgAppResp, to=m.from_, index=last_new))
             return
         self.logger.debug(
@@ -1265,16 +1284,25 @@ class Raft:
     def handle_heartbeat(self, m: Message) -> None:
         # A heartbeat's commit is bounded by what the leader recorded as this node's match.
         # A node that lost its data (abstaining) may hold less than that record, or other
-        # entries at those indexes, so it takes commits only from appends, whose log check
-        # proves the prefix they commit (maybe_append bounds the commit by it).
-        if not self.abstain:
-            self.raft_log.commit_to(m.commit)
-        self.send(Message(type=MT.MsgHeartbeatResp, to=m.from_, context=m.context))
+        # entries at those indexes, so it takes the commit only up to what an append or
+        # snapshot of this leader proved equal (lead_match). If that leaves its commit
+        # behind, the answer says so (reject) and the leader sends an append, whose log
+        # check proves the prefix: otherwise a leader that recorded the node as caught up
+        # sends it nothing but heartbeats until a new entry comes, and in a quiet cluster
+        # the node never applies what was committed, nor stops abstaining (the
+        # simulator's wipe seed 1014).
+        commit = m.commit if not self.abstain else min(m.commit, self.lead_match)
+        self.raft_log.commit_to(commit)
+        lagging = self.abstain and self.raft_log.committed < m.commit
+        self.send(
+            Message(type=MT.MsgHeartbeatResp, to=m.from_, context=m.context, reject=lagging)
+        )
 
     def handle_snapshot(self, m: Message) -> None:
         snap = m.snapshot if m.snapshot is not None else Snapshot()
         index, term = snap.metadata.index, snap.metadata.term
         if self.restore(snap):
+            self.lead_match = Index(max(self.lead_match, index))
             self.logger.info(
                 "%d [commit: %d] restored snapshot [index: %d, term: %d]",
                 self.id,

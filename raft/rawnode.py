@@ -122,6 +122,10 @@ class BasicStatus:
     pending_conf_index: Index
     """The index of the last configuration change proposed by this leader (0 if none).
     Invariant: a new change may be proposed only once ``applied >= pending_conf_index``."""
+    lead_commit: Index = Index(0)
+    """The highest commit index the current leader reported in an append of the current term
+    (0 before one arrived), as the leader sent it: not clipped to the entries this node
+    received, as its own commit index is. See ``RawNode.set_abstain``."""
 
     def conf_change_pending(self) -> bool:
         """True while a configuration change this leader proposed is not yet applied."""
@@ -232,8 +236,15 @@ class RawNode:
 
     def set_abstain(self, abstain: bool) -> None:
         """Stop (or resume) voting and campaigning: see ``Config.abstain``. The application
-        persists the flag and clears it once this node's log holds an entry of the current
-        leader's term at the commit index (everything committed before is then here too)."""
+        persists the flag and clears it once this node has caught up: its durable commit index
+        reaches the commit index the current leader reported (``BasicStatus.lead_commit``,
+        read with the Ready whose hard state holds that commit) and holds an entry of the
+        leader's term there. Everything the leader had committed is then here, the entries
+        the node acknowledged before it lost its data included. Its own commit index alone
+        is not enough: it is clipped to the entries received, so a node holding the first
+        few entries of the leader's term would pass while the leader's commit is far ahead,
+        and its vote could elect a node lacking entries committed with its lost
+        acknowledgements."""
         self._raft.abstain = abstain
 
     @property
@@ -393,6 +404,7 @@ class RawNode:
             applied=r.raft_log.applied,
             lead_transferee=r.lead_transferee,
             pending_conf_index=r.pending_conf_index,
+            lead_commit=r.lead_commit,
         )
 
     def status(self) -> Status:

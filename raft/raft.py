@@ -1294,9 +1294,7 @@ class Raft:
         commit = m.commit if not self.abstain else min(m.commit, self.lead_match)
         self.raft_log.commit_to(commit)
         lagging = self.abstain and self.raft_log.committed < m.commit
-        self.send(
-            Message(type=MT.MsgHeartbeatResp, to=m.from_, context=m.context, reject=lagging)
-        )
+        self.send(Message(type=MT.MsgHeartbeatResp, to=m.from_, context=m.context, reject=lagging))
 
     def handle_snapshot(self, m: Message) -> None:
         snap = m.snapshot if m.snapshot is not None else Snapshot()

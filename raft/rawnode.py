@@ -122,7 +122,7 @@ class BasicStatus:
     pending_conf_index: Index
     """The index of the last configuration change proposed by this leader (0 if none).
     Invariant: a new change may be proposed only once ``applied >= pending_conf_index``."""
-    lead_commit: Index = Index(0)
+    lead_commit: Index
     """The highest commit index the current leader reported in an append of the current term
     (0 before one arrived), as the leader sent it: not clipped to the entries this node
     received, as its own commit index is. See ``RawNode.set_abstain``."""

@@ -111,12 +111,20 @@ async def settle_identity(
     return identity
 
 
-def has_caught_up(storage: DiskStorage, commit: Index, term: Term, leader: NodeId) -> bool:
-    """Whether a member that lost its data may vote again: its log holds, at the commit
-    index, an entry of the current term from the leader it follows. That leader's own entry
-    is committed, so every entry committed before it is in this log too (the Leader
-    Completeness property, thesis 3.6.3)."""
-    if leader == NONE or commit == 0:
+def has_caught_up(
+    storage: DiskStorage, commit: Index, term: Term, leader: NodeId, lead_commit: Index
+) -> bool:
+    """Whether a member that lost its data may vote again: its durable ``commit`` reaches
+    ``lead_commit``, the commit index the leader it follows reported in its appends of the
+    current term (``BasicStatus.lead_commit``, read with the Ready that persisted ``commit``),
+    and its log holds an entry of the current term there. That leader's own entry is
+    committed, so every entry committed before it is in this log too (the Leader
+    Completeness property, thesis 3.6.3), and so is everything the leader had committed,
+    the entries this member acknowledged before it lost its data included. The member's
+    own commit index is clipped to the entries it received: alone, it would pass after the
+    first batch of a long log, and the member's vote could elect a member lacking entries
+    committed with its lost acknowledgements."""
+    if leader == NONE or commit == 0 or lead_commit == 0 or commit < lead_commit:
         return False
     try:
         return storage.term(commit) == term

@@ -1,0 +1,155 @@
+"""When a member that lost its data votes again (bootstrap.has_caught_up), driven as the
+Ready loop drives it: a RawNode that abstains over the member's DiskStorage, each Ready
+persisted, then the rule asked with the leader's commit read with that Ready.
+
+The member rejoined with the cluster's creation (index 1); leader 2 of term 2 holds a long
+log, committed up to 40 while the member's old life acknowledged it. Appends reach the
+member in batches, and its commit index is clipped to the last entry of each: after the
+first batch it holds an entry of term 2 at its commit index 6, which the old rule took as
+caught up ("member 3 has caught up (commit 6 of term 2 from leader 2)" in a real member's
+log), so its vote could elect a member lacking entries 7..40.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from rallypoint.coordinator.node.bootstrap import has_caught_up
+from rallypoint.raft import Config, RawNode
+from rallypoint.raft.storage.disk_storage import DiskStorage, PersistRequest
+from rallypoint.raft.types import (
+    NONE,
+    ConfState,
+    Entry,
+    HardState,
+    Index,
+    Message,
+    MessageType,
+    NodeId,
+    Snapshot,
+    SnapshotMetadata,
+    Term,
+)
+
+LEADER = NodeId(2)
+TERM = Term(2)
+LEADER_COMMIT = Index(40)
+
+
+class RejoinedMember:
+    """Member 3 after it lost its data: the creation on a new disk, abstaining."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.storage = DiskStorage.open(str(data_dir))
+        voters = ConfState(voters=(NodeId(1), NodeId(2), NodeId(3)))
+        creation = Snapshot(b"creation", SnapshotMetadata(voters, Index(1), Term(1)))
+        self._persist(PersistRequest(HardState(Term(1), NONE, Index(1)), (), creation))
+        config = Config(
+            id=NodeId(3),
+            storage=self.storage,
+            rng=random.Random(3),
+            election_tick=10,
+            heartbeat_tick=1,
+            applied=Index(1),
+            abstain=True,
+        )
+        self.raw = RawNode(config)
+        self.commit = Index(1)
+        self.caught_up = False
+        self.sent: list[Message] = []
+
+    def _persist(self, request: PersistRequest) -> None:
+        self.storage.write_batch([request])
+        self.storage.apply_batch([request])
+
+    def receive(self, m: Message) -> None:
+        """Step ``m``, then handle the Ready as the driver does and ask the rule."""
+        self.raw.step(m)
+        while self.raw.has_ready():
+            rd = self.raw.ready()
+            lead_commit = self.raw.basic_status().lead_commit
+            if not rd.hard_state.is_empty():
+                self.commit = rd.hard_state.commit
+            self._persist(PersistRequest(rd.hard_state, rd.entries, rd.snapshot))
+            self.sent.extend((*rd.messages, *rd.messages_after_persist))
+            self.raw.advance(rd)
+            status = self.raw.basic_status()
+            term, lead = status.hard_state.term, status.soft_state.lead
+            if has_caught_up(self.storage, self.commit, term, lead, lead_commit):
+                self.caught_up = True
+
+    def close(self) -> None:
+        self.storage.close()
+
+
+def append(prev: int, prev_term: int, first: int, last: int, commit: int) -> Message:
+    """Leader 2's MsgApp of entries first..last (term 2) after (prev, prev_term)."""
+    entries = tuple(Entry(TERM, Index(i), data=b"e%d" % i) for i in range(first, last + 1))
+    return Message(
+        type=MessageType.MsgApp,
+        to=NodeId(3),
+        from_=LEADER,
+        term=TERM,
+        index=Index(prev),
+        log_term=Term(prev_term),
+        entries=entries,
+        commit=Index(commit),
+    )
+
+
+def heartbeat(commit: int) -> Message:
+    return Message(
+        type=MessageType.MsgHeartbeat, to=NodeId(3), from_=LEADER, term=TERM, commit=Index(commit)
+    )
+
+
+def test_the_first_batch_of_a_long_log_is_not_caught_up(tmp_path: Path) -> None:
+    member = RejoinedMember(tmp_path)
+    try:
+        member.receive(append(1, 1, 2, 6, int(LEADER_COMMIT)))
+        assert member.commit == 6  # clipped to the entries received
+        assert member.storage.term(Index(6)) == TERM
+        assert not member.caught_up
+        member.receive(append(6, 2, 7, 39, int(LEADER_COMMIT)))
+        assert not member.caught_up  # commit 39, one short of the leader's
+        member.receive(append(39, 2, 40, 42, int(LEADER_COMMIT)))
+        assert member.commit == LEADER_COMMIT
+        assert member.caught_up
+    finally:
+        member.close()
+
+
+def test_caught_up_with_the_commit_the_leader_reported_and_heartbeats_carry_it_on(
+    tmp_path: Path,
+) -> None:
+    # Every entry arrived with the leader's commit as of then (30): the member holds all
+    # the leader had committed, so it is caught up. The append that carried the leader's
+    # next commit was lost: a heartbeat brings it, up to what the appends proved equal.
+    member = RejoinedMember(tmp_path)
+    try:
+        member.receive(append(1, 1, 2, 45, 30))
+        assert member.commit == 30
+        assert member.caught_up
+        member.receive(heartbeat(44))
+        assert member.commit == 44
+        member.receive(heartbeat(50))  # beyond what it holds: clipped (and asks for more)
+        assert member.commit == 45
+    finally:
+        member.close()
+
+
+def test_no_append_from_the_leader_no_vote(tmp_path: Path) -> None:
+    # Heartbeats alone report no commit of the leader's (theirs is clipped to what the
+    # leader recorded of the member): the member waits for an append, and asks for one.
+    member = RejoinedMember(tmp_path)
+    try:
+        member.receive(heartbeat(1))
+        assert not member.caught_up
+        member.receive(heartbeat(40))
+        assert member.commit == 1
+        assert not member.caught_up
+        asked = [m for m in member.sent if m.type is MessageType.MsgHeartbeatResp and m.reject]
+        assert asked, member.sent
+    finally:
+        member.close()

@@ -146,7 +146,9 @@ class Config:
     # The node lost its stable storage (its log and its vote) and has not yet caught up
     # with a leader: it neither grants votes nor campaigns, so it can neither vote twice in
     # a term nor help elect a leader lacking entries it acknowledged before the loss. It still
-    # appends and acknowledges entries, which is truthful. See RawNode.set_abstain.
+    # appends and acknowledges entries, which is truthful, but having forgotten its term it
+    # may acknowledge a deposed leader: peers count its acknowledgements toward no quorum
+    # (RawNode.report_abstaining). See RawNode.set_abstain.
     abstain: bool = False
     logger: Logger | None = None
 
@@ -279,6 +281,20 @@ class Raft:
         #   (RawNode.set_abstain).
         self.lead_match = _NO_INDEX
         self.lead_commit = _NO_INDEX
+        # - lead_commit_first: the commit index in the first append of this leader in this
+        #   term (in this life); None before one arrived. A rise above it, to an entry of
+        #   the leader's term, was counted while this node abstained (peers do not count an
+        #   abstaining node's acknowledgements: abstaining_peers), so a majority of the
+        #   other members accepted an append of this term after this node lost its data:
+        #   the term is not one that a majority (with this node's lost vote) had already
+        #   left behind. See RawNode.set_abstain.
+        self.lead_commit_first: Index | None = None
+        # Peers the application reports abstaining (RawNode.report_abstaining): they lost
+        # their data and have not caught up. They forgot the terms they knew, so they may
+        # acknowledge a deposed leader; their acknowledgements count toward no quorum
+        # (commit, ReadIndex, check-quorum) until they have caught up. Kept across role and
+        # term changes: the application reports the flag with every message it receives.
+        self.abstaining_peers: set[NodeId] = set()
         self.heartbeat_timeout = config.heartbeat_tick
         self.election_timeout = config.election_tick
         # In [election_timeout, 2 * election_timeout); redrawn on every role change.
@@ -493,7 +509,7 @@ class Raft:
 
     def maybe_commit(self) -> bool:
         """Advance commit to what a quorum matched (leader only); True if it moved."""
-        return self.raft_log.maybe_commit(self.trk.committed(), self.term)
+        return self.raft_log.maybe_commit(self.trk.committed(self.abstaining_peers), self.term)
 
     # -- role changes -------------------------------------------------------------------
 
@@ -504,6 +520,7 @@ class Raft:
         self.lead = NONE
         self.lead_match = _NO_INDEX
         self.lead_commit = _NO_INDEX
+        self.lead_commit_first = None
         self.election_elapsed = 0
         self.heartbeat_elapsed = 0
         self.reset_randomized_election_timeout()
@@ -855,7 +872,7 @@ class Raft:
             self.bcast_heartbeat()
             return
         if t is MT.MsgCheckQuorum:
-            if not self.trk.quorum_active():
+            if not self.trk.quorum_active(self.abstaining_peers):
                 self.logger.warning(
                     "%d stepped down to follower since quorum is not active", self.id
                 )
@@ -1046,6 +1063,11 @@ class Raft:
             self.send_append(m.from_)
         if self.read_only.option is not ReadOnlyOption.SAFE or not m.context:
             return
+        if m.from_ in self.abstaining_peers:
+            # It may have forgotten a newer term and be following this deposed leader: its
+            # acknowledgement proves nothing about who leads (the simulator's wipe seed
+            # 1845 answered a read with a deposed leader's commit index).
+            return
         acks = self.read_only.recv_ack(m.from_, m.context)
         if self.trk.config.voters.vote_result(acks) is not VoteResult.WON:
             return
@@ -1227,6 +1249,21 @@ class Raft:
         )
         self.send_append(node_id)
 
+    def peer_abstains(self, node_id: NodeId, abstaining: bool) -> None:
+        """Record whether ``node_id`` abstains (see ``abstaining_peers``). A leader whose
+        peer stopped abstaining counts its acknowledgements again at once."""
+        if not abstaining:
+            if node_id in self.abstaining_peers:
+                self.abstaining_peers.discard(node_id)
+                if self.state is StateType.LEADER and self.maybe_commit():
+                    self.bcast_append()
+            return
+        if node_id not in self.abstaining_peers and node_id != self.id:
+            self.logger.info(
+                "%d does not count the acknowledgements of %d: it abstains", self.id, node_id
+            )
+            self.abstaining_peers.add(node_id)
+
     def forget_leader(self) -> None:
         """Forget the current leader (follower only), so that votes are granted at once.
 
@@ -1247,6 +1284,8 @@ class Raft:
     def handle_append_entries(self, m: Message) -> None:
         log = self.raft_log
         self.lead_commit = Index(max(self.lead_commit, m.commit))
+        if self.lead_commit_first is None:
+            self.lead_commit_first = m.commit
         if m.index < log.committed:
             # Everything up to committed is known to match; say so.
             self.send(Message(type=MT.MsgAppResp, to=m.from_, index=log.committed))

@@ -126,6 +126,9 @@ class BasicStatus:
     """The highest commit index the current leader reported in an append of the current term
     (0 before one arrived), as the leader sent it: not clipped to the entries this node
     received, as its own commit index is. See ``RawNode.set_abstain``."""
+    lead_commit_first: Index
+    """The commit index in the first append of the current leader in the current term this
+    node received since it started (0 before one arrived)."""
 
     def conf_change_pending(self) -> bool:
         """True while a configuration change this leader proposed is not yet applied."""
@@ -238,9 +241,12 @@ class RawNode:
         """Stop (or resume) voting and campaigning: see ``Config.abstain``. The application
         persists the flag and clears it once this node has caught up: its durable commit index
         reaches the commit index the current leader reported (``BasicStatus.lead_commit``,
-        read with the Ready whose hard state holds that commit) and holds an entry of the
-        leader's term there. Everything the leader had committed is then here, the entries
-        the node acknowledged before it lost its data included. Its own commit index alone
+        read with the Ready whose hard state holds that commit), which rose above the first
+        one it reported (``lead_commit_first``), and holds an entry of the leader's term
+        there. The rise was counted without this node (peers do not count an abstaining
+        node's acknowledgements), so the leader's term is not one a majority had left behind
+        before the loss; and everything the leader had committed is here, the entries the
+        node acknowledged before it lost its data included. Its own commit index alone
         is not enough: it is clipped to the entries received, so a node holding the first
         few entries of the leader's term would pass while the leader's commit is far ahead,
         and its vote could elect a node lacking entries committed with its lost
@@ -250,6 +256,12 @@ class RawNode:
     @property
     def abstaining(self) -> bool:
         return self._raft.abstain
+
+    def report_abstaining(self, node_id: NodeId, abstaining: bool) -> None:
+        """Whether ``node_id`` says it abstains (lost its data, not caught up yet): report
+        it with every message received from it, before stepping them. Its acknowledgements
+        count toward no quorum while it does (``Raft.abstaining_peers``)."""
+        self._raft.peer_abstains(node_id, abstaining)
 
     def report_lost_data(self, node_id: NodeId) -> None:
         """``node_id`` came back without its data (a new incarnation that abstains): a
@@ -405,6 +417,7 @@ class RawNode:
             lead_transferee=r.lead_transferee,
             pending_conf_index=r.pending_conf_index,
             lead_commit=r.lead_commit,
+            lead_commit_first=r.lead_commit_first or Index(0),
         )
 
     def status(self) -> Status:

@@ -7,7 +7,8 @@ log, committed up to 40 while the member's old life acknowledged it. Appends rea
 member in batches, and its commit index is clipped to the last entry of each: after the
 first batch it holds an entry of term 2 at its commit index 6, which the old rule took as
 caught up ("member 3 has caught up (commit 6 of term 2 from leader 2)" in a real member's
-log), so its vote could elect a member lacking entries 7..40.
+log), so its vote could elect a member lacking entries 7..40. Nor is a member caught up with
+a leader that committed nothing while it listened: it may be one deposed before the loss.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class RejoinedMember:
         self.raw.step(m)
         while self.raw.has_ready():
             rd = self.raw.ready()
-            lead_commit = self.raw.basic_status().lead_commit
+            reported = self.raw.basic_status()  # with the Ready, as the driver reads it
             if not rd.hard_state.is_empty():
                 self.commit = rd.hard_state.commit
             self._persist(PersistRequest(rd.hard_state, rd.entries, rd.snapshot))
@@ -76,7 +77,8 @@ class RejoinedMember:
             self.raw.advance(rd)
             status = self.raw.basic_status()
             term, lead = status.hard_state.term, status.soft_state.lead
-            if has_caught_up(self.storage, self.commit, term, lead, lead_commit):
+            first = reported.lead_commit_first
+            if has_caught_up(self.storage, self.commit, term, lead, reported.lead_commit, first):
                 self.caught_up = True
 
     def close(self) -> None:
@@ -113,28 +115,33 @@ def test_the_first_batch_of_a_long_log_is_not_caught_up(tmp_path: Path) -> None:
         assert not member.caught_up
         member.receive(append(6, 2, 7, 39, int(LEADER_COMMIT)))
         assert not member.caught_up  # commit 39, one short of the leader's
-        member.receive(append(39, 2, 40, 42, int(LEADER_COMMIT)))
-        assert member.commit == LEADER_COMMIT
+        member.receive(append(39, 2, 40, 42, 41))  # the leader committed 41 meanwhile
+        assert member.commit == 41
         assert member.caught_up
     finally:
         member.close()
 
 
-def test_caught_up_with_the_commit_the_leader_reported_and_heartbeats_carry_it_on(
-    tmp_path: Path,
-) -> None:
-    # Every entry arrived with the leader's commit as of then (30): the member holds all
-    # the leader had committed, so it is caught up. The append that carried the leader's
-    # next commit was lost: a heartbeat brings it, up to what the appends proved equal.
+def test_caught_up_once_the_leader_commits_while_the_member_listens(tmp_path: Path) -> None:
+    # Every entry arrived with the leader's commit as of then (30), but a leader deposed
+    # before the member lost its data (which it follows as readily: it forgot the newer
+    # term) reports a commit index too. Only a commit made while the member abstains, hence
+    # without its acknowledgements, shows the leader's term is current. The append that
+    # carried the leader's next commit may be lost: a heartbeat brings the commit, up to
+    # what the appends proved equal.
     member = RejoinedMember(tmp_path)
     try:
         member.receive(append(1, 1, 2, 45, 30))
         assert member.commit == 30
-        assert member.caught_up
-        member.receive(heartbeat(44))
+        assert not member.caught_up
+        member.receive(heartbeat(30))
+        member.receive(append(45, 2, 46, 46, 30))
+        assert not member.caught_up  # the leader committed nothing since
+        member.receive(append(46, 2, 47, 47, 44))
         assert member.commit == 44
-        member.receive(heartbeat(50))  # beyond what it holds: clipped (and asks for more)
-        assert member.commit == 45
+        assert member.caught_up
+        member.receive(heartbeat(46))
+        assert member.commit == 46
     finally:
         member.close()
 

@@ -282,6 +282,44 @@ def test_a_node_records_the_commit_its_leader_reported_unclipped() -> None:
     assert nt.peer(3).node.basic_status().lead_commit == 0
 
 
+def test_an_abstaining_peers_acknowledgements_count_toward_no_quorum() -> None:
+    # Node 3 lost its data and forgot the terms it knew: it follows (and acknowledges) a
+    # leader that a majority, with its lost vote, may already have deposed. The simulator's
+    # wipe seed 1845: the deposed leader 1 answered a read with its old commit index, its
+    # heartbeat round confirmed by 3 alone. Its appends would commit as readily.
+    nt = Network.of_size(3)
+    nt.campaign(1)
+    nt.propose(1, b"before")
+    wipe_and_rejoin(nt, 3)
+    for node_id in (1, 2):
+        nt.peer(node_id).node.report_abstaining(NodeId(3), True)
+    nt.peer(1).node.report_lost_data(NodeId(3))
+    nt.deliver(1)
+    nt.isolate(2)  # deposed, as far as 1 can tell
+    commit = nt.raft(1).raft_log.committed
+    nt.propose(1, b"acknowledged by 3 only")
+    assert nt.raft(3).raft_log.last_index() == nt.raft(1).raft_log.last_index()
+    assert nt.raft(1).raft_log.committed == commit  # 3's acknowledgement not counted
+    nt.peer(1).node.read_index(b"read")
+    nt.deliver(1)
+    nt.tick(1)
+    assert not nt.peer(1).read_states  # 3's heartbeat acknowledgement not counted either
+    nt.recover()
+    nt.peer(1).node.report_abstaining(NodeId(3), False)  # caught up: counted again
+    nt.deliver(1)
+    assert nt.raft(1).raft_log.committed == nt.raft(1).raft_log.last_index()
+    assert nt.peer(3).applied_data()[-1] == b"acknowledged by 3 only"
+
+
+def test_check_quorum_does_not_count_an_abstaining_peer() -> None:
+    nt = Network.of_size(3, check_quorum=True)
+    nt.campaign(1)
+    nt.peer(1).node.report_abstaining(NodeId(3), True)
+    nt.isolate(2)
+    nt.tick(1, 2 * nt.raft(1).election_timeout)  # 3 answers every heartbeat
+    assert nt.raft(1).state is StateType.FOLLOWER
+
+
 def test_a_leader_told_a_peer_lost_its_data_sends_it_everything_again() -> None:
     # Without the report the leader's record (match 6) makes 3's rejections of appends at
     # index 6 look stale, and the two exchange the same append and rejection forever (the

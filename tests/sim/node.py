@@ -22,9 +22,9 @@ lost disk would. The server then holds nothing until the simulation's bootstrap 
 install the cluster's creation (``install_creation``): as a member of a new cluster, or as one
 that lost its data and *abstains* (neither votes nor campaigns) until its durable log holds,
 at its durable commit index, an entry of the term of a leader it follows, and that index
-reaches the commit index the leader reported (``caught_up``), as the coordinator does
-(``Node._maybe_stop_abstaining``). The abstaining flag survives crashes (the coordinator
-keeps it in ``identity.json``).
+reaches the commit index the leader reported, after that rose while the node listened
+(``caught_up``), as the coordinator does (``Node._maybe_stop_abstaining``). The abstaining
+flag survives crashes (the coordinator keeps it in ``identity.json``).
 
 The server mirrors its stored log twice (what was written, what was fsynced) as chain values
 per index, which is how the checker decides log matching in O(1) per entry.
@@ -99,14 +99,19 @@ def bootstrap_snapshot(voters: tuple[NodeId, ...]) -> Snapshot:
     return Snapshot(encode_state(GENESIS_INDEX, GENESIS_CHAIN), meta)
 
 
-def caught_up(commit: int, commit_term: int, term: int, lead_commit: int) -> bool:
+def caught_up(
+    commit: int, commit_term: int, term: int, lead_commit: int, lead_commit_first: int
+) -> bool:
     """Whether a node that lost its data may vote again, as ``bootstrap.has_caught_up``
     decides for the coordinator: its durable commit index reaches the commit index its
-    leader reported (unclipped), and the entry there is of the current term (that leader's:
-    everything committed before it is then in this log, by Leader Completeness). Its own
-    commit alone would pass after the first entries of the term (it is clipped to the
-    entries received), while entries it acknowledged in its lost life may lie beyond."""
-    return 0 < lead_commit <= commit and commit_term == term
+    leader reported (unclipped), which rose above the first one it reported (so it was
+    committed without this node, whose acknowledgements nobody counts while it abstains:
+    the leader is not one deposed before the loss), and the entry there is of the current
+    term (that leader's: everything committed before it is then in this log, by Leader
+    Completeness). Its own commit alone would pass after the first entries of the term (it
+    is clipped to the entries received), while entries it acknowledged in its lost life may
+    lie beyond."""
+    return lead_commit_first < lead_commit <= commit and commit_term == term
 
 
 class LogMirror:
@@ -292,6 +297,7 @@ class SimNode:
         self.ready_scheduled = False  # a Ready step event for this incarnation is queued
         # The leader's reported commit (BasicStatus.lead_commit) when the current Ready was made.
         self.ready_lead_commit = 0
+        self.ready_lead_commit_first = 0
         self.stopped = False  # shut down for good (removed from the configuration)
         # The state machine. Invariant: app_chain is the chain value of the log up to
         # app_applied, as applied in order.
@@ -396,7 +402,8 @@ class SimNode:
             return
         k = hs.commit - self.durable.base_index - 1
         commit_term = self.durable.terms[k] if 0 <= k < len(self.durable.terms) else 0
-        if caught_up(hs.commit, commit_term, hs.term, self.ready_lead_commit):
+        first = self.ready_lead_commit_first
+        if caught_up(hs.commit, commit_term, hs.term, self.ready_lead_commit, first):
             self.abstaining = False
             raw.set_abstain(False)
             self._logger.info(
@@ -416,7 +423,9 @@ class SimNode:
             fresh = raw.ready()
             self.ready = fresh
             # Read with the Ready, so it pairs with the commit index this Ready persists.
-            self.ready_lead_commit = int(raw.basic_status().lead_commit)
+            status = raw.basic_status()
+            self.ready_lead_commit = int(status.lead_commit)
+            self.ready_lead_commit_first = int(status.lead_commit_first)
             if not fresh.snapshot.is_empty():
                 self.written.restore(fresh.snapshot, decode_state(fresh.snapshot), self.id, checker)
             self.written.append(self.id, fresh.entries, checker)

@@ -304,6 +304,10 @@ class Simulation:
             return
         self._log(f"deliver {describe_message(m)}")
         sender = self.nodes.get(m.from_)
+        if sender is not None:
+            # As the coordinator does (PeerFace.deliver), with every message: an abstaining
+            # peer's acknowledgements count toward no quorum.
+            node.raw.report_abstaining(m.from_, sender.abstaining)
         # As the coordinator does (Node.deliver): the first message from a new data
         # directory that abstains tells a leader its record of the peer is void.
         if (

@@ -289,6 +289,10 @@ class Raft:
         #   the term is not one that a majority (with this node's lost vote) had already
         #   left behind. See RawNode.set_abstain.
         self.lead_commit_first: Index | None = None
+        # - asked_for_commit: this abstaining node proposed an empty entry to the leader in
+        #   this term, to see its commit rise (_maybe_ask_for_commit). At most once per term
+        #   and leader in a life, so a leader that cannot commit is not flooded.
+        self.asked_for_commit = False
         # Peers the application reports abstaining (RawNode.report_abstaining): they lost
         # their data and have not caught up. They forgot the terms they knew, so they may
         # acknowledge a deposed leader; their acknowledgements count toward no quorum
@@ -521,6 +525,7 @@ class Raft:
         self.lead_match = _NO_INDEX
         self.lead_commit = _NO_INDEX
         self.lead_commit_first = None
+        self.asked_for_commit = False
         self.election_elapsed = 0
         self.heartbeat_elapsed = 0
         self.reset_randomized_election_timeout()
@@ -1294,6 +1299,7 @@ class Raft:
         if ok:
             self.lead_match = Index(max(self.lead_match, last_new))
             self.send(Message(type=MT.MsgAppResp, to=m.from_, index=last_new))
+            self._maybe_ask_for_commit()
             return
         self.logger.debug(
             "%d [logterm: %d, index: %d] rejected MsgApp [logterm: %d, index: %d] from %d",
@@ -1334,6 +1340,33 @@ class Raft:
         self.raft_log.commit_to(commit)
         lagging = self.abstain and self.raft_log.committed < m.commit
         self.send(Message(type=MT.MsgHeartbeatResp, to=m.from_, context=m.context, reject=lagging))
+        self._maybe_ask_for_commit()
+
+    def _maybe_ask_for_commit(self) -> None:
+        """An abstaining node that holds everything its leader reported committed, but has
+        not seen that commit rise since the leader's first append (RawNode.set_abstain),
+        proposes an empty entry (like a new leader's): its commit is the rise, and a cluster
+        that writes nothing would otherwise keep the node abstaining until the next write."""
+        first = self.lead_commit_first
+        if (
+            not self.abstain
+            or self.asked_for_commit
+            or first is None
+            or self.lead_commit > first
+            or self.raft_log.committed < self.lead_commit
+            or self.lead == NONE
+            or self.disable_proposal_forwarding
+        ):
+            return
+        self.asked_for_commit = True
+        self.logger.info(
+            "%d proposes an empty entry to %d: caught up at commit %d, waiting for a commit "
+            "made while it abstains",
+            self.id,
+            self.lead,
+            self.raft_log.committed,
+        )
+        self.send(Message(type=MT.MsgProp, to=self.lead, entries=(Entry(Term(0), Index(0)),)))
 
     def handle_snapshot(self, m: Message) -> None:
         snap = m.snapshot if m.snapshot is not None else Snapshot()

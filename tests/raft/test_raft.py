@@ -246,7 +246,8 @@ def test_an_abstaining_node_that_restarted_asks_for_an_append_to_take_the_commit
     leader_commit = nt.raft(1).raft_log.committed
     assert nt.raft(3).raft_log.committed < leader_commit
     nt.tick(1)  # one heartbeat: answered "lagging", then an append
-    assert nt.raft(3).raft_log.committed == leader_commit
+    assert nt.raft(3).raft_log.committed >= leader_commit
+    assert nt.raft(3).raft_log.committed == nt.raft(1).raft_log.committed
     assert nt.peer(3).applied_data()[-1] == b"last"
 
 
@@ -309,6 +310,28 @@ def test_an_abstaining_peers_acknowledgements_count_toward_no_quorum() -> None:
     nt.deliver(1)
     assert nt.raft(1).raft_log.committed == nt.raft(1).raft_log.last_index()
     assert nt.peer(3).applied_data()[-1] == b"acknowledged by 3 only"
+
+
+def test_an_abstaining_node_in_a_quiet_cluster_asks_for_a_commit() -> None:
+    # It holds everything its leader reported committed, but saw no commit made while it
+    # abstained (RawNode.set_abstain): it proposes an empty entry, whose commit it sees.
+    nt = Network.of_size(3)
+    nt.campaign(1)
+    nt.propose(1, b"before")
+    wipe_and_rejoin(nt, 3)
+    for node_id in (1, 2):
+        nt.peer(node_id).node.report_abstaining(NodeId(3), True)
+    nt.peer(1).node.report_lost_data(NodeId(3))
+    first_commit = nt.raft(1).raft_log.committed
+    nt.deliver(1)
+    status = nt.peer(3).node.basic_status()
+    assert status.lead_commit_first == first_commit
+    assert status.lead_commit == first_commit + 1  # the empty entry it asked for
+    assert status.hard_state.commit == status.lead_commit
+    last = nt.peer(1).applied[-1]
+    assert last.data == b"" and last.term == nt.raft(1).term
+    nt.tick(1, 5)
+    assert nt.raft(1).raft_log.last_index() == first_commit + 1  # asked once
 
 
 def test_check_quorum_does_not_count_an_abstaining_peer() -> None:

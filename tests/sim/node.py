@@ -290,6 +290,7 @@ class SimNode:
         self.empty = False
         # Durable (survives crashes): lost its data and has not caught up; no votes.
         self.abstaining = False
+        self.just_caught_up = False  # stopped abstaining in the last event (reactive fault)
         self.disks = 0  # disks lost so far: which data directory (incarnation) this is
         self.incarnation = 0  # bumped on every crash, so stale events for the old life are void
         self.stage = Stage.IDLE
@@ -405,6 +406,7 @@ class SimNode:
         first = self.ready_lead_commit_first
         if caught_up(hs.commit, commit_term, hs.term, self.ready_lead_commit, first):
             self.abstaining = False
+            self.just_caught_up = True
             raw.set_abstain(False)
             self._logger.info(
                 "%d caught up at commit %d of term %d (leader's commit %d): votes again",

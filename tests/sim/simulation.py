@@ -175,6 +175,10 @@ class Simulation:
                         self._maybe_kill(node, self.params.kill_on_election_prob, TICK // 4)
                     elif node.seen_commit > committed:
                         self._maybe_kill(node, self.params.kill_on_commit_prob, TICK // 5)
+                if node.just_caught_up:
+                    node.just_caught_up = False
+                    if self._phase_faults and node.alive:
+                        self._kill_leader_of(node)
                 self._maybe_schedule_ready(node)
             if not self._phase_faults and self._probe_index:
                 self._check_probe_done()
@@ -482,6 +486,16 @@ class Simulation:
         ):
             delay = self._kill_rng.randint(0, max_delay)
             self._at(self.now + delay, self._on_kill, (node, node.incarnation))
+
+    def _kill_leader_of(self, node: SimNode) -> None:
+        """Wipe profile: ``node`` just voted again (caught up), so the leader it caught up
+        with may crash now and the next leader needs its vote; if it stopped abstaining
+        before holding everything committed, that leader may lack entries committed with
+        its lost acknowledgements (the leader completeness check catches it)."""
+        lead = node.rawnode().basic_status().soft_state.lead
+        leader = self.nodes.get(lead)
+        if leader is not None and leader.alive:
+            self._maybe_kill(leader, self.params.kill_on_caught_up_prob, TICK // 5)
 
     def _on_kill(self, arg: tuple[SimNode, int]) -> None:
         node, incarnation = arg

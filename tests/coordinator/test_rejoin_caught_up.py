@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import cast
 
 from rallypoint.coordinator.node.bootstrap import has_caught_up
-from rallypoint.raft import Config, RawNode
+from rallypoint.raft import Config, RawNode, StateType
 from rallypoint.raft.storage.disk_storage import DiskStorage, PersistRequest
 from rallypoint.raft.types import (
     NONE,
@@ -32,6 +33,7 @@ from rallypoint.raft.types import (
     SnapshotMetadata,
     Term,
 )
+from tests.raft.network import Network, new_peer
 
 LEADER = NodeId(2)
 TERM = Term(2)
@@ -160,3 +162,59 @@ def test_no_append_from_the_leader_no_vote(tmp_path: Path) -> None:
         assert asked, member.sent
     finally:
         member.close()
+
+
+# -- the whole story, three members over the raft test network --------------------------------
+
+
+def test_a_lagging_member_cannot_win_with_the_vote_of_one_that_saw_the_first_batch() -> None:
+    """Leader 1 and member 3 committed entries 2..20 of term 1 while member 2 lagged; 3
+    lost its disk and rejoined; 2 and 3 each received entries up to 6 (one entry per
+    append), then leader 1 crashed. 2's log is as long as 3's: with 3's vote it would win
+    and the committed entries 7..20 would be lost. 3 must still abstain."""
+    nt = Network.of_size(3, max_size_per_msg=1)
+    nt.campaign(1)
+    nt.isolate(2)
+    for i in range(19):
+        nt.propose(1, b"acknowledged %d" % i)
+    leader_commit = nt.raft(1).raft_log.committed
+    assert leader_commit == 20
+    nt.peers[NodeId(3)] = new_peer(3, range(1, 4), abstain=True, max_size_per_msg=1)
+    nt.raft(3).become_follower(Term(1), NONE)
+    for node_id in (1, 2):
+        nt.peer(node_id).node.report_abstaining(NodeId(3), True)
+
+    def beyond_6_lost(m: Message) -> Message | None:
+        if m.type is MessageType.MsgApp and m.entries and m.entries[-1].index > 6:
+            return None
+        return m
+
+    nt.recover()
+    nt.msg_hook = beyond_6_lost
+    nt.peer(1).node.report_lost_data(NodeId(3))
+    nt.tick(1)  # heartbeats: 2 answers and is probed too
+    member = nt.peer(3)
+    status = member.node.basic_status()
+    assert status.hard_state.commit == 6
+    assert member.storage.term(Index(6)) == status.hard_state.term == nt.raft(1).term
+    assert nt.raft(2).raft_log.last_index() == 6
+    assert status.lead_commit == leader_commit
+    storage = cast(DiskStorage, member.storage)  # has_caught_up reads only term()
+    caught_up = has_caught_up(
+        storage,
+        status.hard_state.commit,
+        status.hard_state.term,
+        status.soft_state.lead,
+        status.lead_commit,
+        status.lead_commit_first,
+    )
+    if caught_up:
+        member.node.set_abstain(False)  # as the driver does
+    # Leader 1 crashes; 2 campaigns, 3 still abstains: nobody wins.
+    nt.msg_hook = None
+    nt.isolate(1)
+    for node_id in (2, 3):
+        nt.raft(node_id).become_follower(nt.raft(node_id).term, NONE)
+    nt.campaign(2)
+    assert nt.raft(2).state is not StateType.LEADER, "2 won, lacking committed entries 7..20"
+    assert not caught_up

@@ -268,7 +268,7 @@ class Raft:
         # Invariant: True only while this node lost its storage and has not caught up.
         self.abstain = config.abstain
         # What this node knows of the current leader's log in the current term (follower
-        # side; both reset with the term and the leader, in reset()). They matter to a node
+        # side; all reset with the term and the leader, in reset()). They matter to a node
         # that abstains, whose own records cannot be trusted by the leader's:
         # - lead_match: the highest index up to which this log is known to equal the
         #   leader's: an append from it was accepted up to there (maybe_append checked the

@@ -250,8 +250,16 @@ class RawNode:
         is not enough: it is clipped to the entries received, so a node holding the first
         few entries of the leader's term would pass while the leader's commit is far ahead,
         and its vote could elect a node lacking entries committed with its lost
-        acknowledgements."""
-        self._raft.abstain = abstain
+        acknowledgements.
+
+        Stopping records a vote for the leader it follows, if it has none in this term: it
+        may have voted in this term before it lost its data, and, restarted, it would
+        otherwise grant another candidate of the term a second vote (persisted with the next
+        Ready, like any vote)."""
+        r = self._raft
+        if r.abstain and not abstain and r.vote == NONE and r.lead != NONE:
+            r.vote = r.lead
+        r.abstain = abstain
 
     @property
     def abstaining(self) -> bool:

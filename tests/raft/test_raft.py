@@ -334,6 +334,36 @@ def test_an_abstaining_node_in_a_quiet_cluster_asks_for_a_commit() -> None:
     assert nt.raft(1).raft_log.last_index() == first_commit + 1  # asked once
 
 
+def test_a_node_that_stops_abstaining_records_a_vote_for_its_leader() -> None:
+    # It may have voted in this term before it lost its data. Restarted with no vote (and no
+    # leader), it would grant another candidate of the same term a second one.
+    nt = Network.of_size(3)
+    nt.campaign(1)
+    nt.propose(1, b"before")
+    wipe_and_rejoin(nt, 3)
+    nt.peer(1).node.report_lost_data(NodeId(3))
+    nt.deliver(1)
+    term = nt.raft(1).term
+    assert nt.raft(3).term == term and nt.raft(3).vote == NONE
+    nt.peer(3).node.set_abstain(False)
+    nt.deliver(3)  # the Ready persists the vote
+    storage = nt.peer(3).storage
+    assert storage.hard_state.vote == 1
+    nt.peers[NodeId(3)] = Peer(RawNode(new_config(3, storage)), storage)  # restarted
+    nt.send(
+        Message(
+            type=MT.MsgVote,
+            from_=NodeId(2),
+            to=NodeId(3),
+            term=term,
+            index=nt.raft(1).raft_log.last_index(),
+            log_term=term,
+        )
+    )
+    answers = [m for m in nt.delivered if m.type is MT.MsgVoteResp and m.from_ == 3]
+    assert answers and answers[-1].reject
+
+
 def test_check_quorum_does_not_count_an_abstaining_peer() -> None:
     nt = Network.of_size(3, check_quorum=True)
     nt.campaign(1)

@@ -285,8 +285,12 @@ class Simulation:
             self._log(f"send {describe_message(m)} [{fate}]")
         if not delays:
             self._lost(m, cut=(m.from_, m.to) in self.network.blocked)
+        # Stamped as the coordinator's peer batches are: the sender's data directory and
+        # whether it abstains, as of sending (a message of a life before a wipe may arrive
+        # after the new life's first one).
+        sender = self.nodes[m.from_]
         for delay in delays:
-            self._at(self.now + delay, self._on_deliver, m)
+            self._at(self.now + delay, self._on_deliver, (m, sender.disks, sender.abstaining))
 
     def _lost(self, m: Message, cut: bool) -> None:
         sender = self.nodes.get(m.from_)
@@ -299,7 +303,8 @@ class Simulation:
             sender.raw.report_unreachable(m.to)
             self._touch(sender)
 
-    def _on_deliver(self, m: Message) -> None:
+    def _on_deliver(self, arg: tuple[Message, int, bool]) -> None:
+        m, disks, abstaining = arg
         node = self.nodes.get(m.to)
         link: Link = (m.from_, m.to)
         if node is None or node.raw is None or link in self.network.blocked:
@@ -307,19 +312,16 @@ class Simulation:
             self._lost(m, cut=True)
             return
         self._log(f"deliver {describe_message(m)}")
-        sender = self.nodes.get(m.from_)
-        if sender is not None:
-            # As the coordinator does (PeerFace.deliver), with every message: an abstaining
-            # peer's acknowledgements count toward no quorum.
-            node.raw.report_abstaining(m.from_, sender.abstaining)
-        # As the coordinator does (Node.deliver): the first message from a new data
-        # directory that abstains tells a leader its record of the peer is void.
-        if (
-            sender is not None
-            and sender.abstaining
-            and self._disks_seen.get((m.to, m.from_), 0) != sender.disks
-        ):
-            self._disks_seen[(m.to, m.from_)] = sender.disks
+        # As the coordinator does (PeerFace.deliver), with every message: an abstaining
+        # peer's acknowledgements count toward no quorum; and a message from another data
+        # directory than the last one heard from (PeerFace._note_incarnation) that abstains
+        # tells a leader its record of the peer is void. A late message of the life before
+        # is "another" too, so the next one of the new life resets the record again, after
+        # the late acknowledgement raised it (the simulator's wipe seed 3728).
+        node.raw.report_abstaining(m.from_, abstaining)
+        seen = self._disks_seen.get((m.to, m.from_), 0)
+        self._disks_seen[(m.to, m.from_)] = disks
+        if abstaining and seen != disks:
             node.raw.report_lost_data(m.from_)
         with contextlib.suppress(StepPeerNotFoundError, ProposalDroppedError):
             node.raw.step(m)

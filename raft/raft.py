@@ -146,7 +146,9 @@ class Config:
     # The node lost its stable storage (its log and its vote) and has not yet caught up
     # with a leader: it neither grants votes nor campaigns, so it can neither vote twice in
     # a term nor help elect a leader lacking entries it acknowledged before the loss. It still
-    # appends and acknowledges entries, which is truthful. See RawNode.set_abstain.
+    # appends and acknowledges entries, which is truthful, but having forgotten its term it
+    # may acknowledge a deposed leader: peers count its acknowledgements toward no quorum
+    # (RawNode.report_abstaining). See RawNode.set_abstain.
     abstain: bool = False
     logger: Logger | None = None
 
@@ -265,6 +267,38 @@ class Raft:
         self.lease_fenced = False
         # Invariant: True only while this node lost its storage and has not caught up.
         self.abstain = config.abstain
+        # What this node knows of the current leader's log in the current term (follower
+        # side; all reset with the term and the leader, in reset()). They matter to a node
+        # that abstains, whose own records cannot be trusted by the leader's:
+        # - lead_match: the highest index up to which this log is known to equal the
+        #   leader's: an append from it was accepted up to there (maybe_append checked the
+        #   entry before it), or a snapshot from it installed. The leader's log only grows in
+        #   its term, so the prefix stays equal. Invariant: lead_match <= last index.
+        # - lead_commit: the highest commit index the leader reported in an append (its
+        #   m.commit as sent, not clipped to the entries received, unlike this node's commit
+        #   index; a heartbeat's is clipped by the leader, so it does not count). A node
+        #   that lost its data votes again only once its commit reaches it
+        #   (RawNode.set_abstain).
+        self.lead_match = _NO_INDEX
+        self.lead_commit = _NO_INDEX
+        # - lead_commit_first: the commit index in the first append of this leader in this
+        #   term (in this life); None before one arrived. A rise above it, to an entry of
+        #   the leader's term, was counted while this node abstained (peers do not count an
+        #   abstaining node's acknowledgements: abstaining_peers), so a majority of the
+        #   other members accepted an append of this term after this node lost its data:
+        #   the term is not one that a majority (with this node's lost vote) had already
+        #   left behind. See RawNode.set_abstain.
+        self.lead_commit_first: Index | None = None
+        # - asked_for_commit: this abstaining node proposed an empty entry to the leader in
+        #   this term, to see its commit rise (_maybe_ask_for_commit). At most once per term
+        #   and leader in a life, so a leader that cannot commit is not flooded.
+        self.asked_for_commit = False
+        # Peers the application reports abstaining (RawNode.report_abstaining): they lost
+        # their data and have not caught up. They forgot the terms they knew, so they may
+        # acknowledge a deposed leader; their acknowledgements count toward no quorum
+        # (commit, ReadIndex, check-quorum) until they have caught up. Kept across role and
+        # term changes: the application reports the flag with every message it receives.
+        self.abstaining_peers: set[NodeId] = set()
         self.heartbeat_timeout = config.heartbeat_tick
         self.election_timeout = config.election_tick
         # In [election_timeout, 2 * election_timeout); redrawn on every role change.
@@ -479,7 +513,7 @@ class Raft:
 
     def maybe_commit(self) -> bool:
         """Advance commit to what a quorum matched (leader only); True if it moved."""
-        return self.raft_log.maybe_commit(self.trk.committed(), self.term)
+        return self.raft_log.maybe_commit(self.trk.committed(self.abstaining_peers), self.term)
 
     # -- role changes -------------------------------------------------------------------
 
@@ -488,6 +522,10 @@ class Raft:
             self.term = term
             self.vote = NONE
         self.lead = NONE
+        self.lead_match = _NO_INDEX
+        self.lead_commit = _NO_INDEX
+        self.lead_commit_first = None
+        self.asked_for_commit = False
         self.election_elapsed = 0
         self.heartbeat_elapsed = 0
         self.reset_randomized_election_timeout()
@@ -839,7 +877,7 @@ class Raft:
             self.bcast_heartbeat()
             return
         if t is MT.MsgCheckQuorum:
-            if not self.trk.quorum_active():
+            if not self.trk.quorum_active(self.abstaining_peers):
                 self.logger.warning(
                     "%d stepped down to follower since quorum is not active", self.id
                 )
@@ -1024,10 +1062,16 @@ class Raft:
         pr.recent_active = True
         pr.msg_app_flow_paused = False
         # A throttled or probing follower gets a MsgApp (possibly empty) so that replication
-        # recovers even if every in-flight message was lost.
-        if pr.match < self.raft_log.last_index() or pr.state is ProgressState.PROBE:
+        # recovers even if every in-flight message was lost; so does one that could not
+        # take the heartbeat's commit (reject: it abstains, see handle_heartbeat).
+        if pr.match < self.raft_log.last_index() or pr.state is ProgressState.PROBE or m.reject:
             self.send_append(m.from_)
         if self.read_only.option is not ReadOnlyOption.SAFE or not m.context:
+            return
+        if m.from_ in self.abstaining_peers:
+            # It may have forgotten a newer term and be following this deposed leader: its
+            # acknowledgement proves nothing about who leads (the simulator's wipe seed
+            # 1845 answered a read with a deposed leader's commit index).
             return
         acks = self.read_only.recv_ack(m.from_, m.context)
         if self.trk.config.voters.vote_result(acks) is not VoteResult.WON:
@@ -1210,6 +1254,21 @@ class Raft:
         )
         self.send_append(node_id)
 
+    def peer_abstains(self, node_id: NodeId, abstaining: bool) -> None:
+        """Record whether ``node_id`` abstains (see ``abstaining_peers``). A leader whose
+        peer stopped abstaining counts its acknowledgements again at once."""
+        if not abstaining:
+            if node_id in self.abstaining_peers:
+                self.abstaining_peers.discard(node_id)
+                if self.state is StateType.LEADER and self.maybe_commit():
+                    self.bcast_append()
+            return
+        if node_id not in self.abstaining_peers and node_id != self.id:
+            self.logger.info(
+                "%d does not count the acknowledgements of %d: it abstains", self.id, node_id
+            )
+            self.abstaining_peers.add(node_id)
+
     def forget_leader(self) -> None:
         """Forget the current leader (follower only), so that votes are granted at once.
 
@@ -1229,13 +1288,18 @@ class Raft:
 
     def handle_append_entries(self, m: Message) -> None:
         log = self.raft_log
+        self.lead_commit = Index(max(self.lead_commit, m.commit))
+        if self.lead_commit_first is None:
+            self.lead_commit_first = m.commit
         if m.index < log.committed:
             # Everything up to committed is known to match; say so.
             self.send(Message(type=MT.MsgAppResp, to=m.from_, index=log.committed))
             return
         last_new, ok = log.maybe_append(m.index, m.log_term, m.commit, m.entries)
         if ok:
+            self.lead_match = Index(max(self.lead_match, last_new))
             self.send(Message(type=MT.MsgAppResp, to=m.from_, index=last_new))
+            self._maybe_ask_for_commit()
             return
         self.logger.debug(
             "%d [logterm: %d, index: %d] rejected MsgApp [logterm: %d, index: %d] from %d",
@@ -1265,16 +1329,50 @@ class Raft:
     def handle_heartbeat(self, m: Message) -> None:
         # A heartbeat's commit is bounded by what the leader recorded as this node's match.
         # A node that lost its data (abstaining) may hold less than that record, or other
-        # entries at those indexes, so it takes commits only from appends, whose log check
-        # proves the prefix they commit (maybe_append bounds the commit by it).
-        if not self.abstain:
-            self.raft_log.commit_to(m.commit)
-        self.send(Message(type=MT.MsgHeartbeatResp, to=m.from_, context=m.context))
+        # entries at those indexes, so it takes the commit only up to what an append or
+        # snapshot of this leader proved equal (lead_match). If that leaves its commit
+        # behind, the answer says so (reject) and the leader sends an append, whose log
+        # check proves the prefix: otherwise a leader that recorded the node as caught up
+        # sends it nothing but heartbeats until a new entry comes, and in a quiet cluster
+        # the node never applies what was committed, nor stops abstaining (the
+        # simulator's wipe seed 1014).
+        commit = m.commit if not self.abstain else min(m.commit, self.lead_match)
+        self.raft_log.commit_to(commit)
+        lagging = self.abstain and self.raft_log.committed < m.commit
+        self.send(Message(type=MT.MsgHeartbeatResp, to=m.from_, context=m.context, reject=lagging))
+        self._maybe_ask_for_commit()
+
+    def _maybe_ask_for_commit(self) -> None:
+        """An abstaining node that holds everything its leader reported committed, but has
+        not seen that commit rise since the leader's first append (RawNode.set_abstain),
+        proposes an empty entry (like a new leader's): its commit is the rise, and a cluster
+        that writes nothing would otherwise keep the node abstaining until the next write."""
+        first = self.lead_commit_first
+        if (
+            not self.abstain
+            or self.asked_for_commit
+            or first is None
+            or self.lead_commit > first
+            or self.raft_log.committed < self.lead_commit
+            or self.lead == NONE
+            or self.disable_proposal_forwarding
+        ):
+            return
+        self.asked_for_commit = True
+        self.logger.info(
+            "%d proposes an empty entry to %d: caught up at commit %d, waiting for a commit "
+            "made while it abstains",
+            self.id,
+            self.lead,
+            self.raft_log.committed,
+        )
+        self.send(Message(type=MT.MsgProp, to=self.lead, entries=(Entry(Term(0), Index(0)),)))
 
     def handle_snapshot(self, m: Message) -> None:
         snap = m.snapshot if m.snapshot is not None else Snapshot()
         index, term = snap.metadata.index, snap.metadata.term
         if self.restore(snap):
+            self.lead_match = Index(max(self.lead_match, index))
             self.logger.info(
                 "%d [commit: %d] restored snapshot [index: %d, term: %d]",
                 self.id,

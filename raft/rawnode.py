@@ -122,6 +122,13 @@ class BasicStatus:
     pending_conf_index: Index
     """The index of the last configuration change proposed by this leader (0 if none).
     Invariant: a new change may be proposed only once ``applied >= pending_conf_index``."""
+    lead_commit: Index
+    """The highest commit index the current leader reported in an append of the current term
+    (0 before one arrived), as the leader sent it: not clipped to the entries this node
+    received, as its own commit index is. See ``RawNode.set_abstain``."""
+    lead_commit_first: Index
+    """The commit index in the first append of the current leader in the current term this
+    node received since it started (0 before one arrived)."""
 
     def conf_change_pending(self) -> bool:
         """True while a configuration change this leader proposed is not yet applied."""
@@ -232,13 +239,37 @@ class RawNode:
 
     def set_abstain(self, abstain: bool) -> None:
         """Stop (or resume) voting and campaigning: see ``Config.abstain``. The application
-        persists the flag and clears it once this node's log holds an entry of the current
-        leader's term at the commit index (everything committed before is then here too)."""
-        self._raft.abstain = abstain
+        persists the flag and clears it once this node has caught up: its durable commit index
+        reaches the commit index the current leader reported (``BasicStatus.lead_commit``,
+        read with the Ready whose hard state holds that commit), which rose above the first
+        one it reported (``lead_commit_first``), and holds an entry of the leader's term
+        there. The rise was counted without this node (peers do not count an abstaining
+        node's acknowledgements), so the leader's term is not one a majority had left behind
+        before the loss; and everything the leader had committed is here, the entries the
+        node acknowledged before it lost its data included. Its own commit index alone
+        is not enough: it is clipped to the entries received, so a node holding the first
+        few entries of the leader's term would pass while the leader's commit is far ahead,
+        and its vote could elect a node lacking entries committed with its lost
+        acknowledgements.
+
+        Stopping records a vote for the leader it follows, if it has none in this term: it
+        may have voted in this term before it lost its data, and, restarted, it would
+        otherwise grant another candidate of the term a second vote (persisted with the next
+        Ready, like any vote)."""
+        r = self._raft
+        if r.abstain and not abstain and r.vote == NONE and r.lead != NONE:
+            r.vote = r.lead
+        r.abstain = abstain
 
     @property
     def abstaining(self) -> bool:
         return self._raft.abstain
+
+    def report_abstaining(self, node_id: NodeId, abstaining: bool) -> None:
+        """Whether ``node_id`` says it abstains (lost its data, not caught up yet): report
+        it with every message received from it, before stepping them. Its acknowledgements
+        count toward no quorum while it does (``Raft.abstaining_peers``)."""
+        self._raft.peer_abstains(node_id, abstaining)
 
     def report_lost_data(self, node_id: NodeId) -> None:
         """``node_id`` came back without its data (a new incarnation that abstains): a
@@ -393,6 +424,8 @@ class RawNode:
             applied=r.raft_log.applied,
             lead_transferee=r.lead_transferee,
             pending_conf_index=r.pending_conf_index,
+            lead_commit=r.lead_commit,
+            lead_commit_first=r.lead_commit_first or Index(0),
         )
 
     def status(self) -> Status:

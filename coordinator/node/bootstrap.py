@@ -111,12 +111,33 @@ async def settle_identity(
     return identity
 
 
-def has_caught_up(storage: DiskStorage, commit: Index, term: Term, leader: NodeId) -> bool:
-    """Whether a member that lost its data may vote again: its log holds, at the commit
-    index, an entry of the current term from the leader it follows. That leader's own entry
-    is committed, so every entry committed before it is in this log too (the Leader
-    Completeness property, thesis 3.6.3)."""
-    if leader == NONE or commit == 0:
+def has_caught_up(
+    storage: DiskStorage,
+    commit: Index,
+    term: Term,
+    leader: NodeId,
+    lead_commit: Index,
+    lead_commit_first: Index,
+) -> bool:
+    """Whether a member that lost its data may vote again (and have its acknowledgements
+    counted): its durable ``commit`` reaches ``lead_commit``, the commit index the leader it
+    follows reported in its appends of the current term, which rose above
+    ``lead_commit_first``, the one in the first such append (``BasicStatus``, read with the
+    Ready that persisted ``commit``), and its log holds an entry of the current term there.
+
+    - The rise: the leader committed an entry of its term while this member abstained, so
+      without it (the others do not count an abstaining member's acknowledgements): a
+      majority of the others accepted an append of this term after the loss, so no majority
+      had moved to a later term before it, with this member's forgotten vote. A deposed
+      leader (which this member, having forgotten the newer term, follows as readily) cannot
+      pass this.
+    - The leader's own entry is committed, so every entry committed before it is in this
+      log too (the Leader Completeness property, thesis 3.6.3), and so is everything the
+      leader had committed, the entries this member acknowledged before the loss included.
+      The member's own commit index is clipped to the entries it received: alone, it would
+      pass after the first batch of a long log, and the member's vote could elect a member
+      lacking entries committed with its lost acknowledgements."""
+    if leader == NONE or commit == 0 or not lead_commit_first < lead_commit <= commit:
         return False
     try:
         return storage.term(commit) == term

@@ -401,6 +401,9 @@ class Node:
         storage = self.storage
         assert storage is not None and self._snapshots is not None
         raw = self.raw
+        # The leader's reported commit as of this Ready (no await since ready()), so that it
+        # pairs with the commit index this Ready persists (has_caught_up).
+        status = raw.basic_status() if raw.abstaining else None
         if rd.soft_state is not None:
             self._on_soft_state(rd.soft_state)
         if not rd.hard_state.is_empty():
@@ -442,7 +445,8 @@ class Node:
             self._apply(entry)
         raw.advance(rd)
         if raw.abstaining and (rd.committed_entries or not rd.hard_state.is_empty()):
-            await self._maybe_stop_abstaining()
+            assert status is not None
+            await self._maybe_stop_abstaining(status.lead_commit, status.lead_commit_first)
         if rd.committed_entries or not rd.snapshot.is_empty():
             self._after_apply()
             self._snapshots.applied(sum(len(entry.data) for entry in rd.committed_entries))
@@ -466,13 +470,15 @@ class Node:
             count += 1
         return count
 
-    async def _maybe_stop_abstaining(self) -> None:
+    async def _maybe_stop_abstaining(self, lead_commit: Index, lead_commit_first: Index) -> None:
         """A member that lost its data votes again once it has caught up
-        (``bootstrap.has_caught_up``). The flag is cleared on disk first."""
+        (``bootstrap.has_caught_up``) with ``lead_commit``, the commit index its leader had
+        reported when the Ready just persisted was made. The flag is cleared on disk first."""
         storage = self.storage
         assert storage is not None and self.identity is not None
         commit = self._commit_index
-        if not has_caught_up(storage, commit, self._term, self._soft_state.lead):
+        lead = self._soft_state.lead
+        if not has_caught_up(storage, commit, self._term, lead, lead_commit, lead_commit_first):
             return
         identity = dataclasses.replace(self.identity, abstaining=False)
         loop = asyncio.get_running_loop()
@@ -480,11 +486,13 @@ class Node:
         self.identity = identity
         self.raw.set_abstain(False)
         log.warning(
-            "member %d has caught up (commit %d of term %d from leader %d): it votes again",
+            "member %d has caught up (commit %d of term %d from leader %d, whose commit "
+            "was %d): it votes again",
             self.member_id,
             commit,
             self._term,
             self._soft_state.lead,
+            lead_commit,
         )
 
     def _on_soft_state(self, soft: SoftState) -> None:

@@ -191,6 +191,10 @@ class PeerFace:
         stopped leading, which the proposer's timeout covers) is dropped; anything else it
         raises is a broken invariant and stops the member."""
         raw = self._node.raw
+        if messages:
+            # Before its messages are stepped: the acknowledgements of a peer that abstains
+            # count toward no quorum (raft: abstaining_peers).
+            raw.report_abstaining(messages[0].from_, abstaining)
         if messages and incarnation:
             peer_id = int(messages[0].from_)
             if self._note_incarnation(peer_id, incarnation, abstaining) and abstaining:

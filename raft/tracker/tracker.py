@@ -9,7 +9,7 @@ elections are tallied over the same voters. Configurations are values: a change 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 
 from ..quorum import JointConfig, VoteResult
@@ -84,9 +84,16 @@ class ProgressTracker:
         pr = self.progress.get(node_id)
         return None if pr is None else pr.match
 
-    def committed(self) -> Index:
-        """The largest log index a (joint) quorum of voters has matched."""
-        return self.config.voters.committed_index(self._acked)
+    def committed(self, uncounted: Container[NodeId] = ()) -> Index:
+        """The largest log index a (joint) quorum of voters has matched, the ``uncounted``
+        ones' matches not counted."""
+        if not uncounted:
+            return self.config.voters.committed_index(self._acked)
+
+        def acked(node_id: NodeId) -> Index | None:
+            return Index(0) if node_id in uncounted else self._acked(node_id)
+
+        return self.config.voters.committed_index(acked)
 
     def visit(self, fn: Callable[[NodeId, Progress], None]) -> None:
         """Call ``fn`` for every peer in ascending id order (deterministic message order)."""
@@ -97,10 +104,13 @@ class ProgressTracker:
     def sorted_ids(self) -> list[NodeId]:
         return sorted(self.progress)
 
-    def quorum_active(self) -> bool:
-        """True if a quorum of voters was recently active (the leader counts itself)."""
+    def quorum_active(self, uncounted: Container[NodeId] = ()) -> bool:
+        """True if a quorum of voters was recently active (the leader counts itself), the
+        ``uncounted`` ones not counted."""
         votes = {
-            node_id: pr.recent_active for node_id, pr in self.progress.items() if not pr.is_learner
+            node_id: pr.recent_active and node_id not in uncounted
+            for node_id, pr in self.progress.items()
+            if not pr.is_learner
         }
         return self.config.voters.vote_result(votes) is VoteResult.WON
 

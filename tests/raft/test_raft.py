@@ -200,6 +200,179 @@ def test_an_abstaining_node_takes_no_commit_index_from_heartbeats() -> None:
     assert nt.raft(3).lead == 1
 
 
+def rejoined_and_caught_up(nt: Network) -> None:
+    """Node 3 lost its disk, rejoined abstaining and received every entry of leader 1."""
+    nt.campaign(1)
+    for i in range(3):
+        nt.propose(1, b"entry %d" % i)
+    wipe_and_rejoin(nt, 3)
+    nt.peer(1).node.report_lost_data(NodeId(3))
+    nt.deliver(1)
+    assert nt.raft(3).raft_log.committed == nt.raft(1).raft_log.committed
+
+
+def only_appends_with_entries_reach_3(m: Message) -> Message | None:
+    return None if m.type is MT.MsgApp and m.to == 3 and not m.entries else m
+
+
+def test_an_abstaining_node_takes_a_heartbeat_commit_up_to_what_appends_proved() -> None:
+    # The simulator's wipe seed 1014: the rejoined node received the last entries in an
+    # append whose commit was older, and the append that carried the new commit was lost.
+    # The leader records the node as caught up and sends it only heartbeats. The node
+    # ignored their commit, so in a quiet cluster it never applied the last entry.
+    nt = Network.of_size(3)
+    rejoined_and_caught_up(nt)
+    nt.msg_hook = only_appends_with_entries_reach_3
+    nt.propose(1, b"last")
+    leader_commit = nt.raft(1).raft_log.committed
+    assert nt.raft(3).raft_log.committed < leader_commit
+    nt.tick(1)  # one heartbeat
+    assert nt.raft(3).raft_log.committed == leader_commit
+    assert nt.peer(3).applied_data()[-1] == b"last"
+
+
+def test_an_abstaining_node_that_restarted_asks_for_an_append_to_take_the_commit() -> None:
+    # Restarted, the abstaining node has proved nothing in this life, so a heartbeat's
+    # commit stays out of reach; its answer says so and the leader sends an append, or in
+    # a quiet cluster the node would wait for the next proposal to apply what is committed.
+    nt = Network.of_size(3)
+    rejoined_and_caught_up(nt)
+    nt.msg_hook = only_appends_with_entries_reach_3
+    nt.propose(1, b"last")
+    nt.msg_hook = None
+    storage = nt.peer(3).storage
+    nt.peers[NodeId(3)] = Peer(RawNode(new_config(3, storage, abstain=True)), storage)
+    nt.raft(3).become_follower(nt.raft(1).term, NONE)
+    leader_commit = nt.raft(1).raft_log.committed
+    assert nt.raft(3).raft_log.committed < leader_commit
+    nt.tick(1)  # one heartbeat: answered "lagging", then an append
+    assert nt.raft(3).raft_log.committed >= leader_commit
+    assert nt.raft(3).raft_log.committed == nt.raft(1).raft_log.committed
+    assert nt.peer(3).applied_data()[-1] == b"last"
+
+
+def test_a_node_records_the_commit_its_leader_reported_unclipped() -> None:
+    # A node's commit index is clipped to the entries it received; the leader's own commit,
+    # as reported in its appends, is what a node that lost its data must reach before it
+    # votes again (RawNode.set_abstain).
+    nt = Network.of_size(3, max_size_per_msg=1)
+    nt.campaign(1)
+    for i in range(4):
+        nt.propose(1, b"entry %d" % i)
+    leader_commit = nt.raft(1).raft_log.committed
+    assert leader_commit == 5
+    wipe_and_rejoin(nt, 3)
+
+    probed: list[Message] = []
+
+    def entries_beyond_3_lost(m: Message) -> Message | None:
+        if m.type is not MT.MsgApp or m.to != 3:
+            return m
+        if not probed:  # the probe at the leader's last entry, rejected
+            probed.append(m)
+            return m
+        return None if m.entries and m.entries[-1].index > 3 else m
+
+    nt.msg_hook = entries_beyond_3_lost
+    nt.peer(1).node.report_lost_data(NodeId(3))
+    nt.deliver(1)
+    status = nt.peer(3).node.basic_status()
+    assert status.hard_state.commit == 3  # clipped to the entries received
+    assert status.lead_commit == leader_commit  # as the leader sent it
+    nt.raft(3).become_follower(Term(nt.raft(3).term + 1), NONE)  # a new term forgets it
+    assert nt.peer(3).node.basic_status().lead_commit == 0
+
+
+def test_an_abstaining_peers_acknowledgements_count_toward_no_quorum() -> None:
+    # Node 3 lost its data and forgot the terms it knew: it follows (and acknowledges) a
+    # leader that a majority, with its lost vote, may already have deposed. The simulator's
+    # wipe seed 1845: the deposed leader 1 answered a read with its old commit index, its
+    # heartbeat round confirmed by 3 alone. Its appends would commit as readily.
+    nt = Network.of_size(3)
+    nt.campaign(1)
+    nt.propose(1, b"before")
+    wipe_and_rejoin(nt, 3)
+    for node_id in (1, 2):
+        nt.peer(node_id).node.report_abstaining(NodeId(3), True)
+    nt.peer(1).node.report_lost_data(NodeId(3))
+    nt.deliver(1)
+    nt.isolate(2)  # deposed, as far as 1 can tell
+    commit = nt.raft(1).raft_log.committed
+    nt.propose(1, b"acknowledged by 3 only")
+    assert nt.raft(3).raft_log.last_index() == nt.raft(1).raft_log.last_index()
+    assert nt.raft(1).raft_log.committed == commit  # 3's acknowledgement not counted
+    nt.peer(1).node.read_index(b"read")
+    nt.deliver(1)
+    nt.tick(1)
+    assert not nt.peer(1).read_states  # 3's heartbeat acknowledgement not counted either
+    nt.recover()
+    nt.peer(1).node.report_abstaining(NodeId(3), False)  # caught up: counted again
+    nt.deliver(1)
+    assert nt.raft(1).raft_log.committed == nt.raft(1).raft_log.last_index()
+    assert nt.peer(3).applied_data()[-1] == b"acknowledged by 3 only"
+
+
+def test_an_abstaining_node_in_a_quiet_cluster_asks_for_a_commit() -> None:
+    # It holds everything its leader reported committed, but saw no commit made while it
+    # abstained (RawNode.set_abstain): it proposes an empty entry, whose commit it sees.
+    nt = Network.of_size(3)
+    nt.campaign(1)
+    nt.propose(1, b"before")
+    wipe_and_rejoin(nt, 3)
+    for node_id in (1, 2):
+        nt.peer(node_id).node.report_abstaining(NodeId(3), True)
+    nt.peer(1).node.report_lost_data(NodeId(3))
+    first_commit = nt.raft(1).raft_log.committed
+    nt.deliver(1)
+    status = nt.peer(3).node.basic_status()
+    assert status.lead_commit_first == first_commit
+    assert status.lead_commit == first_commit + 1  # the empty entry it asked for
+    assert status.hard_state.commit == status.lead_commit
+    last = nt.peer(1).applied[-1]
+    assert last.data == b"" and last.term == nt.raft(1).term
+    nt.tick(1, 5)
+    assert nt.raft(1).raft_log.last_index() == first_commit + 1  # asked once
+
+
+def test_a_node_that_stops_abstaining_records_a_vote_for_its_leader() -> None:
+    # It may have voted in this term before it lost its data. Restarted with no vote (and no
+    # leader), it would grant another candidate of the same term a second one.
+    nt = Network.of_size(3)
+    nt.campaign(1)
+    nt.propose(1, b"before")
+    wipe_and_rejoin(nt, 3)
+    nt.peer(1).node.report_lost_data(NodeId(3))
+    nt.deliver(1)
+    term = nt.raft(1).term
+    assert nt.raft(3).term == term and nt.raft(3).vote == NONE
+    nt.peer(3).node.set_abstain(False)
+    nt.deliver(3)  # the Ready persists the vote
+    storage = nt.peer(3).storage
+    assert storage.hard_state.vote == 1
+    nt.peers[NodeId(3)] = Peer(RawNode(new_config(3, storage)), storage)  # restarted
+    nt.send(
+        Message(
+            type=MT.MsgVote,
+            from_=NodeId(2),
+            to=NodeId(3),
+            term=term,
+            index=nt.raft(1).raft_log.last_index(),
+            log_term=term,
+        )
+    )
+    answers = [m for m in nt.delivered if m.type is MT.MsgVoteResp and m.from_ == 3]
+    assert answers and answers[-1].reject
+
+
+def test_check_quorum_does_not_count_an_abstaining_peer() -> None:
+    nt = Network.of_size(3, check_quorum=True)
+    nt.campaign(1)
+    nt.peer(1).node.report_abstaining(NodeId(3), True)
+    nt.isolate(2)
+    nt.tick(1, 2 * nt.raft(1).election_timeout)  # 3 answers every heartbeat
+    assert nt.raft(1).state is StateType.FOLLOWER
+
+
 def test_a_leader_told_a_peer_lost_its_data_sends_it_everything_again() -> None:
     # Without the report the leader's record (match 6) makes 3's rejections of appends at
     # index 6 look stale, and the two exchange the same append and rejection forever (the

@@ -21,9 +21,10 @@ A wipe (only of a server that is down) replaces the durable storage with an empt
 lost disk would. The server then holds nothing until the simulation's bootstrap rule lets it
 install the cluster's creation (``install_creation``): as a member of a new cluster, or as one
 that lost its data and *abstains* (neither votes nor campaigns) until its durable log holds,
-at its durable commit index, an entry of the term of a leader it follows, as the coordinator
-does (``Node._maybe_stop_abstaining``). The abstaining flag survives crashes (the coordinator
-keeps it in ``identity.json``).
+at its durable commit index, an entry of the term of a leader it follows, and that index
+reaches the commit index the leader reported, after that rose while the node listened
+(``caught_up``), as the coordinator does (``Node._maybe_stop_abstaining``). The abstaining
+flag survives crashes (the coordinator keeps it in ``identity.json``).
 
 The server mirrors its stored log twice (what was written, what was fsynced) as chain values
 per index, which is how the checker decides log matching in O(1) per entry.
@@ -96,6 +97,21 @@ def bootstrap_snapshot(voters: tuple[NodeId, ...]) -> Snapshot:
     """What every initial member starts from: the configuration at index 1, term 1."""
     meta = SnapshotMetadata(ConfState(voters=voters), Index(GENESIS_INDEX), Term(GENESIS_TERM))
     return Snapshot(encode_state(GENESIS_INDEX, GENESIS_CHAIN), meta)
+
+
+def caught_up(
+    commit: int, commit_term: int, term: int, lead_commit: int, lead_commit_first: int
+) -> bool:
+    """Whether a node that lost its data may vote again, as ``bootstrap.has_caught_up``
+    decides for the coordinator: its durable commit index reaches the commit index its
+    leader reported (unclipped), which rose above the first one it reported (so it was
+    committed without this node, whose acknowledgements nobody counts while it abstains:
+    the leader is not one deposed before the loss), and the entry there is of the current
+    term (that leader's: everything committed before it is then in this log, by Leader
+    Completeness). Its own commit alone would pass after the first entries of the term (it
+    is clipped to the entries received), while entries it acknowledged in its lost life may
+    lie beyond."""
+    return lead_commit_first < lead_commit <= commit and commit_term == term
 
 
 class LogMirror:
@@ -274,11 +290,15 @@ class SimNode:
         self.empty = False
         # Durable (survives crashes): lost its data and has not caught up; no votes.
         self.abstaining = False
+        self.just_caught_up = False  # stopped abstaining in the last event (reactive fault)
         self.disks = 0  # disks lost so far: which data directory (incarnation) this is
         self.incarnation = 0  # bumped on every crash, so stale events for the old life are void
         self.stage = Stage.IDLE
         self.ready: Ready | None = None  # Invariant: not None iff stage is not IDLE
         self.ready_scheduled = False  # a Ready step event for this incarnation is queued
+        # The leader's reported commit (BasicStatus.lead_commit) when the current Ready was made.
+        self.ready_lead_commit = 0
+        self.ready_lead_commit_first = 0
         self.stopped = False  # shut down for good (removed from the configuration)
         # The state machine. Invariant: app_chain is the chain value of the log up to
         # app_applied, as applied in order.
@@ -375,18 +395,25 @@ class SimNode:
         self.start()
 
     def _maybe_stop_abstaining(self, raw: RawNode) -> None:
-        """Vote again once the durable log holds, at the durable commit index, an entry of
-        the current term from a leader this node follows: that leader's entry is committed,
-        so everything committed before it is in this log (Leader Completeness)."""
+        """Vote again once caught up (``caught_up``, the coordinator's
+        ``bootstrap.has_caught_up``): the durable commit index reaches the commit index the
+        leader reported when this Ready was made, with an entry of the current term there."""
         hs = self.storage.hard_state
         if raw.basic_status().soft_state.lead == NONE or hs.commit <= GENESIS_INDEX:
             return
         k = hs.commit - self.durable.base_index - 1
-        if 0 <= k < len(self.durable.terms) and self.durable.terms[k] == hs.term:
+        commit_term = self.durable.terms[k] if 0 <= k < len(self.durable.terms) else 0
+        first = self.ready_lead_commit_first
+        if caught_up(hs.commit, commit_term, hs.term, self.ready_lead_commit, first):
             self.abstaining = False
+            self.just_caught_up = True
             raw.set_abstain(False)
             self._logger.info(
-                "%d caught up at commit %d of term %d: votes again", self.id, hs.commit, hs.term
+                "%d caught up at commit %d of term %d (leader's commit %d): votes again",
+                self.id,
+                hs.commit,
+                hs.term,
+                self.ready_lead_commit,
             )
 
     # -- Ready handling, one step per call -----------------------------------------------
@@ -397,6 +424,10 @@ class SimNode:
         if self.stage is Stage.IDLE:
             fresh = raw.ready()
             self.ready = fresh
+            # Read with the Ready, so it pairs with the commit index this Ready persists.
+            status = raw.basic_status()
+            self.ready_lead_commit = int(status.lead_commit)
+            self.ready_lead_commit_first = int(status.lead_commit_first)
             if not fresh.snapshot.is_empty():
                 self.written.restore(fresh.snapshot, decode_state(fresh.snapshot), self.id, checker)
             self.written.append(self.id, fresh.entries, checker)

@@ -127,6 +127,8 @@ class SimParams:
     op_gap: tuple[int, int]  # time between client operations (units)
     kill_on_election_prob: float  # chance a new leader is killed (KILL_LEADER)
     kill_on_commit_prob: float  # chance a leader is killed as its commit index advances
+    # Wipe profile: chance the leader is killed as a node that lost its data votes again.
+    kill_on_caught_up_prob: float
     faults: tuple[Fault, ...]
     # Wipe profile: an initial member down from the creation until ``late_until`` (units);
     # 0: none.
@@ -213,6 +215,7 @@ def params_for_seed(seed: int, fault_ticks: int = 120, profile: Profile | None =
         op_gap=(TICK // 10, TICK * 2 // 3),
         kill_on_election_prob=kill_on_election_prob,
         kill_on_commit_prob=kill_on_commit_prob,
+        kill_on_caught_up_prob=0.5 if wipe else 0.0,
         faults=make_faults(stream(seed, "faults"), profile, fault_ticks),
         late_member=late_member,
         late_until=late_until,

@@ -175,6 +175,10 @@ class Simulation:
                         self._maybe_kill(node, self.params.kill_on_election_prob, TICK // 4)
                     elif node.seen_commit > committed:
                         self._maybe_kill(node, self.params.kill_on_commit_prob, TICK // 5)
+                if node.just_caught_up:
+                    node.just_caught_up = False
+                    if self._phase_faults and node.alive:
+                        self._kill_leader_of(node)
                 self._maybe_schedule_ready(node)
             if not self._phase_faults and self._probe_index:
                 self._check_probe_done()
@@ -281,8 +285,12 @@ class Simulation:
             self._log(f"send {describe_message(m)} [{fate}]")
         if not delays:
             self._lost(m, cut=(m.from_, m.to) in self.network.blocked)
+        # Stamped as the coordinator's peer batches are: the sender's data directory and
+        # whether it abstains, as of sending (a message of a life before a wipe may arrive
+        # after the new life's first one).
+        sender = self.nodes[m.from_]
         for delay in delays:
-            self._at(self.now + delay, self._on_deliver, m)
+            self._at(self.now + delay, self._on_deliver, (m, sender.disks, sender.abstaining))
 
     def _lost(self, m: Message, cut: bool) -> None:
         sender = self.nodes.get(m.from_)
@@ -295,7 +303,8 @@ class Simulation:
             sender.raw.report_unreachable(m.to)
             self._touch(sender)
 
-    def _on_deliver(self, m: Message) -> None:
+    def _on_deliver(self, arg: tuple[Message, int, bool]) -> None:
+        m, disks, abstaining = arg
         node = self.nodes.get(m.to)
         link: Link = (m.from_, m.to)
         if node is None or node.raw is None or link in self.network.blocked:
@@ -303,15 +312,16 @@ class Simulation:
             self._lost(m, cut=True)
             return
         self._log(f"deliver {describe_message(m)}")
-        sender = self.nodes.get(m.from_)
-        # As the coordinator does (Node.deliver): the first message from a new data
-        # directory that abstains tells a leader its record of the peer is void.
-        if (
-            sender is not None
-            and sender.abstaining
-            and self._disks_seen.get((m.to, m.from_), 0) != sender.disks
-        ):
-            self._disks_seen[(m.to, m.from_)] = sender.disks
+        # As the coordinator does (PeerFace.deliver), with every message: an abstaining
+        # peer's acknowledgements count toward no quorum; and a message from another data
+        # directory than the last one heard from (PeerFace._note_incarnation) that abstains
+        # tells a leader its record of the peer is void. A late message of the life before
+        # is "another" too, so the next one of the new life resets the record again, after
+        # the late acknowledgement raised it (the simulator's wipe seed 3728).
+        node.raw.report_abstaining(m.from_, abstaining)
+        seen = self._disks_seen.get((m.to, m.from_), 0)
+        self._disks_seen[(m.to, m.from_)] = disks
+        if abstaining and seen != disks:
             node.raw.report_lost_data(m.from_)
         with contextlib.suppress(StepPeerNotFoundError, ProposalDroppedError):
             node.raw.step(m)
@@ -478,6 +488,16 @@ class Simulation:
         ):
             delay = self._kill_rng.randint(0, max_delay)
             self._at(self.now + delay, self._on_kill, (node, node.incarnation))
+
+    def _kill_leader_of(self, node: SimNode) -> None:
+        """Wipe profile: ``node`` just voted again (caught up), so the leader it caught up
+        with may crash now and the next leader needs its vote; if it stopped abstaining
+        before holding everything committed, that leader may lack entries committed with
+        its lost acknowledgements (the leader completeness check catches it)."""
+        lead = node.rawnode().basic_status().soft_state.lead
+        leader = self.nodes.get(lead)
+        if leader is not None and leader.alive:
+            self._maybe_kill(leader, self.params.kill_on_caught_up_prob, TICK // 5)
 
     def _on_kill(self, arg: tuple[SimNode, int]) -> None:
         node, incarnation = arg

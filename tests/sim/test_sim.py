@@ -133,6 +133,20 @@ def test_wiped_nodes_rejoin_without_violations() -> None:
     assert totals["rejoins"] >= 20, totals
 
 
+def test_wipe_seeds_that_failed_before_pass() -> None:
+    """1014 and 1561: a rejoined node took no heartbeat commit, and the leader, recording it
+    caught up, sent it nothing else (liveness). 1845: a deposed leader's read was confirmed
+    by the heartbeat of a rejoined node that forgot the newer term (linearizable read).
+    3728 (on this branch): a late acknowledgement of the life before the wipe raised the
+    leader's record again (messages now carry the sender's data directory as of sending).
+    The seeds' runs changed since (the wipe profile's reactive fault); the raft tests
+    test_an_abstaining_node_takes_a_heartbeat_commit_up_to_what_appends_proved and
+    test_an_abstaining_peers_acknowledgements_count_toward_no_quorum keep the scenarios."""
+    for seed in (1014, 1561, 1845, 3728):
+        outcome = run(Replay(seed, profile=Profile.WIPE))
+        assert outcome.invariant is None, (seed, outcome.invariant, outcome.detail)
+
+
 def test_the_old_bootstrap_rule_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """A wiped node and a node still down since the creation counted as a majority of
     "fresh" answers: they create the cluster again beside the one holding the data."""

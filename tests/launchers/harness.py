@@ -80,6 +80,7 @@ class Recovery:
     world_sizes: list[int]
     resumed_from: list[int]  # the step each new worker resumed from
     round_changes: int | None  # rallypoint only
+    victim: int  # the killed worker's pid
 
 
 class LauncherJob:
@@ -115,6 +116,9 @@ class LauncherJob:
 
     def log_text(self, index: int) -> str:
         return self.logs[index].read_text(errors="replace")
+
+    def all_logs(self) -> str:
+        return "\n".join(self.log_text(i) for i in range(len(self.nodes)))
 
     def check_running(self) -> None:
         for index, proc in enumerate(self.procs):
@@ -186,6 +190,7 @@ class LauncherJob:
             world_sizes=sorted({e["world_size"] for e in started}),
             resumed_from=sorted(e["resumed_from"] for e in started),
             round_changes=None if before is None or after is None else after - before,
+            victim=victim["pid"],
         )
 
     def finish(self, timeout_s: float) -> list[int]:

@@ -18,6 +18,7 @@ from .harness import (
     NODE_NAMES,
     REPOSITORY,
     SCRIPTS,
+    WORLD_SIZE,
     LauncherJob,
     Node,
     Recovery,
@@ -271,3 +272,17 @@ def run_kill_trial(
         return Outcome(job, recovery, codes, first_loss, final_loss)
     finally:
         job.kill_all()
+
+
+def check_recovered(outcome: Outcome, nodes: int) -> None:
+    """What every launcher's run must show: one new round at full size that went on from a
+    checkpoint, the loss below where it started, every node exiting 0, and torchrun's agent
+    naming the killed worker in the launcher's output."""
+    recovery = outcome.recovery
+    assert recovery.world_sizes == [WORLD_SIZE]
+    assert recovery.round_changes in (None, 1), f"{recovery.round_changes} round changes"
+    assert min(recovery.resumed_from) > 0, "the new round did not resume from a checkpoint"
+    assert outcome.exit_codes == [0] * nodes, outcome.job.all_logs()[-4000:]
+    assert outcome.final_loss < outcome.first_loss
+    logs = outcome.job.all_logs()
+    assert f"failed (exitcode: -9) local_rank: 1 (pid: {recovery.victim})" in logs, logs[-3000:]

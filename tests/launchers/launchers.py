@@ -6,6 +6,7 @@ as docs/launchers/NAME.md shows it. The tests (test_*.py) and measure.py start t
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -143,7 +144,16 @@ def torchx(target: Target, job: str, out: Path, steps: int) -> list[Node]:
         "--",
         *script_args(out, steps),
     ]
-    return [Node("torchx", command, {"LOGLEVEL": "INFO"}, cwd=out)]
+    path = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"  # the replicas run `torchrun`
+    return [Node("torchx", command, {"LOGLEVEL": "INFO", "PATH": path}, cwd=out)]
+
+
+def torchx_app_id(job: LauncherJob) -> str:
+    """dist.ddp's rendezvous id is the app id torchx made up (``--rdzv_id ${app_id}``), which
+    ``torchx run`` prints as ``local_cwd://SESSION/APP_ID``."""
+    found = re.search(r"^local_cwd://[^/\s]+/(\S+)$", job.log_text(0), re.MULTILINE)
+    assert found, job.log_text(0)[-2000:]
+    return found.group(1)
 
 
 def operator_environment(job: dict[str, Any]) -> dict[str, str]:
@@ -265,6 +275,8 @@ def run_kill_trial(
     job = LauncherJob(LAUNCHERS[launcher](target, job_id, out, steps), out)
     try:
         first = job.warm(kill_after_steps, timeout_s)
+        if launcher == "torchx":
+            job_id = torchx_app_id(job)
         rounds = round_counter(target.endpoints, job_id) if target.backend == "rallypoint" else None
         recovery = job.kill_and_recover(first, timeout_s, rounds)
         codes = job.finish(timeout_s)

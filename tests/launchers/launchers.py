@@ -31,6 +31,7 @@ from .harness import (
 BIN = Path(sys.executable).parent
 KUBEFLOW_JOB = REPOSITORY / "deploy" / "kubeflow" / "pytorchjob-elastic.yaml"
 SBATCH = REPOSITORY / "deploy" / "slurm" / "rallypoint-torchrun.sbatch"
+TORCHX_COMPONENT = REPOSITORY / "deploy" / "torchx" / "rallypoint_ddp.py"
 FAKE_SLURM = Path(__file__).resolve().parent / "fake_slurm"
 
 
@@ -148,6 +149,30 @@ def torchx(target: Target, job: str, out: Path, steps: int) -> list[Node]:
     return [Node("torchx", command, {"LOGLEVEL": "INFO", "PATH": path}, cwd=out)]
 
 
+def torchx_component(target: Target, job: str, out: Path, steps: int) -> list[Node]:
+    """``torchx run`` of deploy/torchx/rallypoint_ddp.py:ddp (dist.ddp with the members as
+    the endpoint and --max_restarts set): what works on schedulers of several hosts too."""
+    assert target.backend == "rallypoint", "the component is rallypoint's"
+    command = [
+        str(BIN / "torchx"),
+        "run",
+        "--scheduler=local_cwd",
+        f"{TORCHX_COMPONENT}:ddp",
+        "--endpoints",
+        target.endpoint,
+        "-j",
+        "2x2",
+        "--env",
+        "PET_MONITOR_INTERVAL=0.1",
+        "--script",
+        str(SCRIPTS / "plain_loop.py"),
+        "--",
+        *script_args(out, steps),
+    ]
+    path = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+    return [Node("torchx", command, {"LOGLEVEL": "INFO", "PATH": path}, cwd=out)]
+
+
 def torchx_app_id(job: LauncherJob) -> str:
     """dist.ddp's rendezvous id is the app id torchx made up (``--rdzv_id ${app_id}``), which
     ``torchx run`` prints as ``local_cwd://SESSION/APP_ID``."""
@@ -242,6 +267,7 @@ LAUNCHERS: dict[str, Builder] = {
     "lightning-fabric": lightning_fabric,
     "accelerate": accelerate,
     "torchx": torchx,
+    "torchx-component": torchx_component,
     "kubeflow": kubeflow,
     "slurm": slurm,
 }
@@ -275,7 +301,7 @@ def run_kill_trial(
     job = LauncherJob(LAUNCHERS[launcher](target, job_id, out, steps), out)
     try:
         first = job.warm(kill_after_steps, timeout_s)
-        if launcher == "torchx":
+        if launcher.startswith("torchx"):
             job_id = torchx_app_id(job)
         rounds = round_counter(target.endpoints, job_id) if target.backend == "rallypoint" else None
         recovery = job.kill_and_recover(first, timeout_s, rounds)

@@ -37,7 +37,7 @@ def trial(
     load = os.getloadavg()[0]
     try:
         first = job.warm(15, timeout_s)
-        if launcher == "torchx":
+        if launcher.startswith("torchx"):
             job_id = torchx_app_id(job)
         rounds = round_counter(target.endpoints, job_id) if target.backend == "rallypoint" else None
         try:

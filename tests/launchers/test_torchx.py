@@ -41,3 +41,34 @@ def test_torchx_dist_ddp_recovers_a_killed_worker(cluster: ProcessCluster, tmp_p
     check_recovered(outcome, nodes=1)
     # torchx's own report of the app: it succeeded.
     assert "SUCCEEDED" in outcome.job.all_logs()
+
+
+def test_the_component_points_torchrun_at_the_members() -> None:
+    import importlib.util
+
+    from .launchers import TORCHX_COMPONENT
+
+    spec = importlib.util.spec_from_file_location("rallypoint_ddp", TORCHX_COMPONENT)
+    assert spec is not None and spec.loader is not None
+    component = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(component)
+    for j, nodes in (("2x2", "2"), ("1:4x8", "1:4"), ("1x2", "1")):
+        app = component.ddp(script="train.py", endpoints="c1:2379,c2:2379,c3:2379", j=j)
+        (role,) = app.roles
+        command = role.args[1]
+        assert "--rdzv_backend rallypoint --rdzv_endpoint c1:2379,c2:2379,c3:2379" in command
+        assert "--max_restarts 3" in command
+        assert f"--nnodes {nodes} " in command
+    with pytest.raises(ValueError, match="host:port"):
+        component.ddp(script="train.py", endpoints="c1")
+
+
+@pytest.mark.launchers
+@pytest.mark.timeout(900)
+@real_job
+def test_torchx_component_recovers_a_killed_worker(cluster: ProcessCluster, tmp_path: Path) -> None:
+    target = Target("rallypoint", cluster.endpoints)
+    outcome = run_kill_trial("torchx-component", target, "torchx", tmp_path)
+    record("torchx-component", "rallypoint", outcome.recovery)
+    check_recovered(outcome, nodes=1)
+    assert "SUCCEEDED" in outcome.job.all_logs()

@@ -57,7 +57,8 @@ def coordinator(root: Path, host: str = "127.0.0.1") -> Iterator[ProcessCluster]
         member.client_address = f"{host}:{member.client_address.rpartition(':')[2]}"
     cluster.start_all()
     try:
-        cluster.leader()
+        # A minute: five engineers' jobs may share this machine's two cores while it elects.
+        cluster.leader(timeout_s=60.0)
         yield cluster
     finally:
         cluster.shutdown()

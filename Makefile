@@ -33,7 +33,7 @@ help:
 	@echo "make bench-store      gloo/NCCL bootstrap of 64/256/1024 ranks: bridge, CoordinatorStore vs TCPStore -> bench/results/store.json (.png)"
 	@echo "make bench-ettr       effective training time at 16,384 GPUs (Llama 3's interruptions), modelled -> bench/results/ettr.json (.png)"
 	@echo "make bench-peers      plain DDP, torchft 0.2.0 and rallypoint: steady step, kill stall, rejoin -> bench/results/peers.json (.png)"
-	@echo "make test-launchers   Lightning, Accelerate, TorchX, Kubeflow, Slurm jobs: a worker killed, recovered (~8 min)"
+	@echo "make test-launchers   Lightning, Accelerate, TorchX, Kubeflow, Slurm jobs: a worker killed, recovered (~6-11 min)"
 	@echo "make proto            regenerate the Python code for proto/**/*.proto"
 	@echo "make jepsen           fault-injection runs: every workload under every nemesis, short (root)"
 	@echo "make jepsen-long RUNS=N TIME=S [LANES=L]  N runs of S s per fault mix, L at once -> store/jepsen/"
@@ -83,7 +83,7 @@ test: lint typecheck pytest
 
 # Each launcher of docs/launchers/ runs a 2-node x 2-process job against a local cluster, a
 # worker is SIGKILLed and the job must recover through rallypoint (tests/launchers; make test
-# runs only their fast checks). Last line: launchers: N passed, M failed. ~8 minutes.
+# runs only their fast checks). Last line: launchers: N passed, M failed. ~6-11 minutes.
 test-launchers: setup
 	$(PY) -m tests.launchers.run
 

@@ -12,7 +12,7 @@ RUNS  ?= 20
 TIME  ?= 60
 LANES ?= 1
 
-.PHONY: help setup lint format typecheck pytest pytest-long test upgrade-test test-browser sim crash-test fuzz bench-wal bench-kv bench-failover bench-recovery bench-scale bench-store bench-transport bench-ettr bench-peers demo proto clean jepsen jepsen-long
+.PHONY: help setup lint format typecheck pytest pytest-long test upgrade-test test-launchers test-browser sim crash-test fuzz bench-wal bench-kv bench-failover bench-recovery bench-scale bench-store bench-transport bench-ettr bench-peers demo proto clean jepsen jepsen-long
 
 help:
 	@echo "make demo             start a local cluster and elastic workers, kill things, watch recovery"
@@ -33,6 +33,7 @@ help:
 	@echo "make bench-store      gloo/NCCL bootstrap of 64/256/1024 ranks: bridge, CoordinatorStore vs TCPStore -> bench/results/store.json (.png)"
 	@echo "make bench-ettr       effective training time at 16,384 GPUs (Llama 3's interruptions), modelled -> bench/results/ettr.json (.png)"
 	@echo "make bench-peers      plain DDP, torchft 0.2.0 and rallypoint: steady step, kill stall, rejoin -> bench/results/peers.json (.png)"
+	@echo "make test-launchers   Lightning, Accelerate, TorchX, Kubeflow, Slurm jobs: a worker killed, recovered (~6-11 min)"
 	@echo "make proto            regenerate the Python code for proto/**/*.proto"
 	@echo "make jepsen           fault-injection runs: every workload under every nemesis, short (root)"
 	@echo "make jepsen-long RUNS=N TIME=S [LANES=L]  N runs of S s per fault mix, L at once -> store/jepsen/"
@@ -80,6 +81,12 @@ pytest-long: setup
 test: lint typecheck pytest
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory jepsen; \
 	else echo "make test: the fault-injection suite needs root; run 'sudo make jepsen'"; fi
+
+# Each launcher of docs/launchers/ runs a 2-node x 2-process job against a local cluster, a
+# worker is SIGKILLed and the job must recover through rallypoint (tests/launchers; make test
+# runs only their fast checks). Last line: launchers: N passed, M failed. ~6-11 minutes.
+test-launchers: setup
+	$(PY) -m tests.launchers.run
 
 # The dashboard in headless Chromium against a real cluster and workers (make test runs it
 # too). Installs Debian's chromium and chromium-driver when missing (needs root).

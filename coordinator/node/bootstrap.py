@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 from collections.abc import Callable
 
@@ -58,6 +59,7 @@ __all__ = [
     "is_blank",
     "is_fresh",
     "settle_identity",
+    "stop_abstaining",
 ]
 
 log = logging.getLogger("rallypoint.node")
@@ -210,3 +212,33 @@ async def bootstrap(
         )
     else:
         log.info("member %d created a cluster of %s", config.member_id, list(voters))
+
+
+async def stop_abstaining(
+    config: NodeConfig,
+    disk: concurrent.futures.Executor,
+    storage: DiskStorage,
+    identity: Identity,
+    position: tuple[Index, Term, NodeId],
+    lead_commits: tuple[Index, Index],
+) -> Identity | None:
+    """The identity of a member that lost its data and has now caught up (``has_caught_up``
+    with its (commit, term, leader) ``position`` and its leader's reported commits), saved
+    with the flag cleared before it votes again; None while it has not caught up."""
+    commit, term, leader = position
+    lead_commit, lead_commit_first = lead_commits
+    if not has_caught_up(storage, commit, term, leader, lead_commit, lead_commit_first):
+        return None
+    caught_up = dataclasses.replace(identity, abstaining=False)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(disk, identity_file.save, config.data_dir, caught_up)
+    log.warning(
+        "member %d has caught up (commit %d of term %d from leader %d, whose commit was %d): "
+        "it votes again",
+        config.member_id,
+        commit,
+        term,
+        leader,
+        lead_commit,
+    )
+    return caught_up

@@ -43,11 +43,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import dataclasses
 import logging
 import os
 import random
-import sys
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
@@ -57,15 +55,13 @@ import grpc.aio
 
 from rallypoint.client.tasks import cancel_and_wait
 from rallypoint.raft import (
-    Config,
     RawNode,
     Ready,
     SoftState,
     StateType,
 )
 from rallypoint.raft.codec import decode_conf_change
-from rallypoint.raft.log_storage import CompactedError, UnavailableError
-from rallypoint.raft.storage.disk_storage import DiskStorage, PersistRequest, SnapshotPolicy
+from rallypoint.raft.storage.disk_storage import DiskStorage, PersistRequest
 from rallypoint.raft.types import (
     NONE,
     Entry,
@@ -76,7 +72,6 @@ from rallypoint.raft.types import (
     Term,
 )
 
-from .. import identity as identity_file
 from ..backup_file import BackupHeader
 from ..identity import Identity
 from ..leader.lessor import Lessor
@@ -85,9 +80,7 @@ from ..leader.versions import VersionProbe
 from ..liveness.port import LivenessPort
 from ..member_table import decode_app_snapshot
 from ..metrics import NodeMetrics
-from ..peer_hello import ask as ask_hello
-from ..peer_service import remove_partial_snapshots
-from ..role_log import ROLE_NAMES, RoleLog
+from ..role_log import RoleLog
 from ..round_metrics import RoundObserver
 from ..state.commands import ClusterVersion, Command, Envelope, LeaseExpire, encode_envelope
 from ..state.errors import Compacted
@@ -96,6 +89,7 @@ from ..state.results import LeaseEndResult, LeaseGrantResult, Result
 from ..state.values import Event
 from ..state.versions import required_version
 from ..state.view import StateView
+from ..state.watch import by_revision
 from ..transport import Transport
 from ..version import RECORD_VERSION, ClusterVersionError, startup_refusal
 from .api import (
@@ -107,10 +101,9 @@ from .api import (
     NodeStatus,
     NoLeaderError,
     NotLeaderError,
-    PeerProgress,
     ProposalTimeoutError,
 )
-from .bootstrap import has_caught_up, settle_identity
+from .bootstrap import settle_identity, stop_abstaining
 from .config import NodeConfig, PeerTls
 from .membership import Membership
 from .peer_face import PeerFace
@@ -123,6 +116,17 @@ from .proposals import (
 )
 from .reads import LinearizableReads
 from .snapshots import Capture, LeaderSnapshots, Snapshots, capture
+from .upkeep import (
+    durable_prefix,
+    node_status,
+    open_storage,
+    raft_config,
+    remove_unfinished_transfers,
+    stop_if_too_old,
+    take_backup,
+    version_asker,
+    version_members,
+)
 
 __all__ = ["UNSAFE_STALE_READS", "Node", "wall_clock_ms"]
 
@@ -209,8 +213,8 @@ class Node:
         )
         self.versions = VersionProbe(
             config.member_id,
-            self._ask_version,
-            self._version_members,
+            version_asker(self.member_id, self.cluster_id, self.peers, self._transport),
+            lambda: version_members(self.membership),
             lambda: self._sm.cluster_version,
             lambda version: self._propose_quietly(ClusterVersion(version)),
         )
@@ -226,24 +230,11 @@ class Node:
         loop = asyncio.get_running_loop()
         config = self.config
         os.makedirs(config.data_dir, exist_ok=True)
-        found = await loop.run_in_executor(self._disk, identity_file.load, config.data_dir)
-        if found is not None:
-            identity_file.check(found, self.cluster_id, config.member_id, config.data_dir)
-        storage = await loop.run_in_executor(
-            self._disk,
-            lambda: DiskStorage.open(
-                os.path.join(config.data_dir, "raft"),
-                segment_size_bytes=config.wal_segment_size_bytes,
-                policy=SnapshotPolicy(entries_per_snapshot=config.snapshot_interval()),
-            ),
-        )
+        found, storage = await open_storage(config, self._disk, self.cluster_id)
         self.storage = storage
-        incoming = self.peers.incoming_snapshot_dir()
-        removed = await loop.run_in_executor(self._disk, remove_partial_snapshots, incoming)
-        if removed:
-            log.info(
-                "member %d removed %d unfinished snapshot transfers", config.member_id, removed
-            )
+        await remove_unfinished_transfers(
+            config.member_id, self.peers.incoming_snapshot_dir(), self._disk
+        )
         # Serve the peer port first: members asking Hello need an answer while this one
         # may itself be asking them (every member of a new cluster starts at once).
         self._peer_server = await self.peers.serve()
@@ -280,27 +271,12 @@ class Node:
             config.snapshot_log_bytes,
         )
         self._snapshots = snapshots
+        leader_storage = LeaderSnapshots(
+            storage, lambda: snapshots.for_follower(self.membership.conf_state)
+        )
         self._raw = RawNode(
-            Config(
-                id=NodeId(config.member_id),
-                storage=LeaderSnapshots(
-                    storage, lambda: snapshots.for_follower(self.membership.conf_state)
-                ),
-                rng=self._rng,
-                election_tick=config.election_ticks,
-                heartbeat_tick=config.heartbeat_ticks,
-                applied=Index(snapshot.metadata.index),
-                check_quorum=config.check_quorum,
-                pre_vote=config.pre_vote,
-                leader_lease=config.lease_reads,
-                max_inflight_msgs=256,
-                max_uncommitted_entries_size=1 << 30,
-                # Committed entries handed out per Ready, so applied per event-loop turn: a
-                # member replaying or catching up on thousands of small entries still ticks
-                # and answers between chunks (one 1 MiB Ready of small entries took seconds).
-                max_committed_size_per_ready=64 * 1024,
-                abstain=identity.abstaining,
-                logger=logging.getLogger(f"rallypoint.raft.{config.member_id}"),
+            raft_config(
+                config, leader_storage, self._rng, snapshot.metadata.index, identity.abstaining
             )
         )
         loops = (
@@ -415,7 +391,7 @@ class Node:
         # written (as etcd's server does): their callers' answers wait neither for the write
         # of the commit index that announced them nor behind the peer senders.
         committed = rd.committed_entries
-        early = self._durable_prefix(rd)
+        early = durable_prefix(self.storage, rd)
         for entry in committed[:early]:
             self._apply(entry)
         committed = committed[early:]
@@ -452,48 +428,22 @@ class Node:
             self._snapshots.applied(sum(len(entry.data) for entry in rd.committed_entries))
             self._snapshots.maybe_start()
 
-    def _durable_prefix(self, rd: Ready) -> int:
-        """How many of ``rd``'s committed entries are durable in this member's log before
-        ``rd`` is written: those at or below the persisted last index that ``rd``'s own
-        entries do not overwrite. None with a snapshot (it replaces the state first)."""
-        storage = self.storage
-        assert storage is not None
-        if not rd.snapshot.is_empty() or not rd.committed_entries:
-            return 0
-        durable = int(storage.last_index())
-        if rd.entries:
-            durable = min(durable, int(rd.entries[0].index) - 1)
-        count = 0
-        for entry in rd.committed_entries:
-            if entry.index > durable:
-                break
-            count += 1
-        return count
-
     async def _maybe_stop_abstaining(self, lead_commit: Index, lead_commit_first: Index) -> None:
-        """A member that lost its data votes again once it has caught up
-        (``bootstrap.has_caught_up``) with ``lead_commit``, the commit index its leader had
-        reported when the Ready just persisted was made. The flag is cleared on disk first."""
-        storage = self.storage
-        assert storage is not None and self.identity is not None
-        commit = self._commit_index
-        lead = self._soft_state.lead
-        if not has_caught_up(storage, commit, self._term, lead, lead_commit, lead_commit_first):
-            return
-        identity = dataclasses.replace(self.identity, abstaining=False)
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._disk, identity_file.save, self.config.data_dir, identity)
-        self.identity = identity
-        self.raw.set_abstain(False)
-        log.warning(
-            "member %d has caught up (commit %d of term %d from leader %d, whose commit "
-            "was %d): it votes again",
-            self.member_id,
-            commit,
-            self._term,
-            self._soft_state.lead,
-            lead_commit,
+        """A member that lost its data votes again once it has caught up with
+        ``lead_commit``, the commit index its leader had reported when the Ready just
+        persisted was made (``bootstrap.stop_abstaining``)."""
+        assert self.storage is not None and self.identity is not None
+        identity = await stop_abstaining(
+            self.config,
+            self._disk,
+            self.storage,
+            self.identity,
+            (self._commit_index, self._term, self._soft_state.lead),
+            (lead_commit, lead_commit_first),
         )
+        if identity is not None:
+            self.identity = identity
+            self.raw.set_abstain(False)
 
     def _on_soft_state(self, soft: SoftState) -> None:
         old = self._soft_state
@@ -516,13 +466,11 @@ class Node:
         is_leader = soft.raft_state is StateType.LEADER
         if is_leader and not was_leader:
             self._led_since = (int(term), time.monotonic())
-            self._lessor.promote()
-            self.supervisor.promote()
-            self.versions.promote()
+            for part in (self._lessor, self.supervisor, self.versions):
+                part.promote()
         elif was_leader and not is_leader:
-            self._lessor.demote()
-            self.supervisor.demote()
-            self.versions.demote()
+            for part in (self._lessor, self.supervisor, self.versions):
+                part.demote()
         self.metrics.is_leader.set(1 if is_leader else 0)
 
     # ---------------------------------------------------------------- the apply path
@@ -546,39 +494,15 @@ class Node:
         if proposer_id == self.config.member_id and not self._waiters.trigger(
             proposal_id, result, entry.data
         ):
-            log.warning(
-                "member %d: entry %d carries proposal id %x of an earlier life of this "
-                "member; it answers nobody now",
-                self.config.member_id,
-                entry.index,
-                proposal_id,
-            )
+            self._earlier_life(entry, proposal_id)
 
     def _cluster_version_raised(self, previous: int) -> None:
-        """A ClusterVersion entry raised the cluster version. Stored in a snapshot at once, so
-        an older build opening this data directory refuses it at its first read (a build of
-        the baseline: "snapshot format 8 is newer ..."); and if this build is older than the
-        new version (its data directory was opened by an older release than the one that
-        advertised it), it stops: it cannot read what the others will write."""
-        version = self._sm.cluster_version
-        log.warning(
-            "member %d: the cluster version is now %d (was %d); this build's record version is %d",
-            self.member_id,
-            version,
-            previous,
-            RECORD_VERSION,
-        )
-        refusal = startup_refusal(version)
-        if refusal is not None:
-            log.critical("member %d: %s", self.member_id, refusal)
-            print(f"rallypoint serve: member {self.member_id}: {refusal}", file=sys.stderr)
-            logging.shutdown()
-            os._exit(2)
+        """A ClusterVersion entry raised the cluster version: this build stops if it is older
+        (``upkeep.stop_if_too_old``), and a snapshot stores the version at once, so an older
+        build opening this data directory refuses it at its first read."""
+        stop_if_too_old(self.member_id, self._sm.cluster_version, previous)
         if self._snapshots is not None:
-            self._spawn_guarded(self._snapshot_quietly())
-
-    async def _snapshot_quietly(self) -> None:
-        await self.snapshot_now()
+            self._spawn_guarded(self._snapshots.snapshot_quietly())
 
     def _apply_conf_change(self, entry: Entry) -> None:
         cc = decode_conf_change(entry.data)
@@ -593,13 +517,16 @@ class Node:
         if context.proposer_id == self.config.member_id and not self._waiters.trigger(
             context.proposal_id, conf_state, cc
         ):
-            log.warning(
-                "member %d: configuration change %d carries proposal id %x of an earlier "
-                "life of this member; it answers nobody now",
-                self.config.member_id,
-                entry.index,
-                context.proposal_id,
-            )
+            self._earlier_life(entry, context.proposal_id)
+
+    def _earlier_life(self, entry: Entry, proposal_id: int) -> None:
+        log.warning(
+            "member %d: entry %d carries proposal id %x of an earlier life of this member, "
+            "whose waiter proposed something else: it answers nobody",
+            self.config.member_id,
+            entry.index,
+            proposal_id,
+        )
 
     def _install_snapshot(self, snapshot: Snapshot) -> None:
         members, state = decode_app_snapshot(snapshot.data)
@@ -672,30 +599,6 @@ class Node:
             await asyncio.sleep(min(0.1, self.config.tick_ms / 1000))
             for lease_id in self._lessor.expired():
                 self._spawn(self._propose_quietly(LeaseExpire(lease_id)))
-
-    def _version_members(self) -> dict[int, str]:
-        """Every voter and learner of the configuration (the cluster version is their
-        minimum), with its peer address ("" while the member table has none: unheard)."""
-        conf = self.membership.conf_state
-        ids = {*conf.voters, *conf.voters_outgoing, *conf.learners, *conf.learners_next}
-        table = self.membership.table
-        found = {int(m): table.get(int(m)) for m in ids}
-        return {m: address.peer_address if address else "" for m, address in found.items()}
-
-    async def _ask_version(self, member_id: int, peer_address: str) -> int | None:
-        """The record version a member advertises in its hello (None: no answer)."""
-        if not peer_address:
-            return None
-        answered = await ask_hello(
-            member_id,
-            peer_address,
-            self.member_id,
-            self.cluster_id,
-            self.peers.peer_key,
-            self._transport.channel,
-            probe=True,
-        )
-        return None if answered is None else answered[1]
 
     async def _propose_quietly(self, command: Command) -> None:
         """Lease expiries and the supervisor's verdicts: one that fails as expected (no
@@ -810,13 +713,9 @@ class Node:
             if isinstance(found, Compacted):
                 raise CompactedWatchError(next_revision, found.first_available_revision)
             batch: list[Event] = []
-            for event in found:
-                if batch and event.revision != batch[-1].revision:
-                    yield batch
-                    batch = []
-                batch.append(event)
-            if batch:
+            for batch in by_revision(found):
                 yield batch
+            if batch:
                 next_revision = batch[-1].revision + 1
                 continue
             if self._stopping:
@@ -848,32 +747,15 @@ class Node:
         return True
 
     def status(self) -> NodeStatus:
-        raw_status = self.raw.status()
-        progress = tuple(
-            PeerProgress(
-                member_id=int(peer_id),
-                match_index=int(pr.match),
-                next_index=int(pr.next),
-                state=pr.state.name.lower(),
-                recent_active=bool(pr.recent_active),
-            )
-            for peer_id, pr in sorted(raw_status.progress.items())
-        )
         storage = self.storage
         assert storage is not None
-        return NodeStatus(
-            member_id=self.member_id,
-            cluster_id=self.cluster_id,
-            term=int(raw_status.hard_state.term),
-            leader_id=int(raw_status.soft_state.lead),
-            role=ROLE_NAMES[raw_status.soft_state.raft_state],
-            commit_index=int(raw_status.hard_state.commit),
-            applied_index=int(raw_status.applied),
-            snapshot_index=int(storage.snapshot().metadata.index),
-            members=self.membership.members(),
-            progress=progress,
-            abstaining=self.raw.abstaining,
-            cluster_version=self._sm.cluster_version,
+        return node_status(
+            self.member_id,
+            self.cluster_id,
+            self.raw,
+            storage,
+            self.membership.members(),
+            self._sm.cluster_version,
         )
 
     # ---------------------------------------------------------------- membership
@@ -888,32 +770,19 @@ class Node:
         return await self._snapshots.snapshot_now()
 
     async def backup(self) -> tuple[BackupHeader, bytes]:
-        """The state at the applied index, for a backup file: captured on the loop between
-        applies, encoded and hashed on the encoder thread (snapshots.py). The caller made
-        the read linearizable first."""
+        """The state at the applied index, for a backup file (``upkeep.take_backup``)."""
         snapshots, storage = self._snapshots, self.storage
         assert snapshots is not None and storage is not None, "the member is not started"
         self.require_leader()
-        captured = self._capture()
-        try:
-            term = int(storage.term(captured.index))
-        except (CompactedError, UnavailableError):
-            # Compacted since the capture: the term is only the file's description.
-            term = int(self._term)
-        payload, digest = await snapshots.encode_for_backup(captured)
-        conf = captured.conf_state
-        header = BackupHeader(
-            index=int(captured.index),
-            term=term,
-            cluster_id=self.cluster_id,
-            member_id=self.member_id,
-            voters=tuple(int(i) for i in conf.voters),
-            learners=tuple(int(i) for i in conf.learners),
-            size_bytes=len(payload),
-            sha256=digest,
-            created_ms=wall_clock_ms(),
+        return await take_backup(
+            self.member_id,
+            self.cluster_id,
+            snapshots,
+            storage,
+            self._capture(),
+            int(self._term),
+            wall_clock_ms(),
         )
-        return header, payload
 
     async def wait_for_leader(self, timeout_s: float) -> int:
         """Wait until some leader is known; return its id (for tools and tests)."""

@@ -163,6 +163,10 @@ class Snapshots:
         self.maybe_start()
         return await future
 
+    async def snapshot_quietly(self) -> None:
+        """``snapshot_now``, for a background task that needs no answer."""
+        await self.snapshot_now()
+
     async def _run(self) -> None:
         try:
             while True:

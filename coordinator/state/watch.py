@@ -18,10 +18,24 @@ from __future__ import annotations
 
 import bisect
 import collections
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from .errors import Compacted
 from .values import Event
+
+
+def by_revision(events: Iterable[Event]) -> Iterator[list[Event]]:
+    """``events`` (in revision order) as one list per revision: a watcher is sent a whole
+    revision at a time."""
+    batch: list[Event] = []
+    for event in events:
+        if batch and event.revision != batch[-1].revision:
+            yield batch
+            batch = []
+        batch.append(event)
+    if batch:
+        yield batch
 
 
 def _event_size_bytes(event: Event) -> int:

@@ -5,15 +5,17 @@ point, the snapshot format that follows it, and a member older than it refusing 
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
 
 from rallypoint.coordinator import version as version_module
 from rallypoint.coordinator.leader.versions import VersionProbe
+from rallypoint.coordinator.node import driver as node_driver
 from rallypoint.coordinator.node.api import NodeStartError
-from rallypoint.coordinator.node.driver import Node
 from rallypoint.coordinator.state import codec
 from rallypoint.coordinator.state.commands import (
     ClusterVersion,
@@ -150,15 +152,20 @@ async def test_the_leader_raises_the_cluster_version_once_every_member_advertise
     # version) until they are "upgraded": the cluster stays at the baseline, and a feature
     # of version 2 is refused at the proposal point, naming the version it needs.
     upgraded = False
-    real_ask = Node._ask_version
+    real_asker = node_driver.version_asker
 
-    async def ask(self: Node, member_id: int, address: str) -> int | None:
-        answered = await real_ask(self, member_id, address)
-        if not upgraded and answered is not None:
-            return BASELINE_RECORD_VERSION
-        return answered
+    def asker(*args: Any) -> Callable[[int, str], Awaitable[int | None]]:
+        real_ask = real_asker(*args)
 
-    monkeypatch.setattr(Node, "_ask_version", ask)
+        async def ask(member_id: int, address: str) -> int | None:
+            answered = await real_ask(member_id, address)
+            if not upgraded and answered is not None:
+                return BASELINE_RECORD_VERSION
+            return answered
+
+        return ask
+
+    monkeypatch.setattr(node_driver, "version_asker", asker)
     cluster = Cluster(tmp_path, 3)
     await cluster.start_all()
     try:

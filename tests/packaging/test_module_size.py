@@ -16,7 +16,8 @@ def modules() -> list[Path]:
     found = []
     for path in ROOT.rglob("*.py"):
         relative = path.relative_to(ROOT)
-        if relative.parts[0] in {"tests", ".venv", ".pkgview", "build"} or relative.parts[
+        # store/ holds runs' output (a previous release extracted by make upgrade-test).
+        if relative.parts[0] in {"tests", ".venv", ".pkgview", "build", "store"} or relative.parts[
             0
         ].startswith("."):
             continue

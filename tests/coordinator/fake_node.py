@@ -184,12 +184,15 @@ class FakeNode:
             while True:
                 async with self._applied:
                     await self._applied.wait_for(functools.partial(self._reached, next_revision))
+                # What was applied when the events were read: writes applied while a batch
+                # waits at the yield below are read on the next pass, not skipped.
+                read_up_to = self._state.revision
                 events = self._state.events_since(next_revision, key, prefix)
                 if isinstance(events, Compacted):
                     raise CompactedWatchError(next_revision, events.first_available_revision)
                 for revision in sorted({event.revision for event in events}):
                     yield [event for event in events if event.revision == revision]
-                next_revision = self._state.revision + 1
+                next_revision = read_up_to + 1
         finally:
             self.open_watches -= 1
 

@@ -67,6 +67,19 @@ async def writer(node: FakeNode) -> Writer:
     return writer
 
 
+async def test_the_fake_member_delivers_a_change_applied_while_a_batch_waits(
+    node: FakeNode, writer: Writer
+) -> None:
+    """The fake's watch (every test here stands on it) reads on from what it had read, not
+    from what is applied when its consumer comes back: a write in between is delivered."""
+    first = await writer.put(b"w/a", b"1")
+    batches = node.watch(first, b"w/", True)
+    assert [e.revision for e in await anext(batches)] == [first]
+    second = await writer.put(b"w/b", b"2")
+    assert [e.revision for e in await asyncio.wait_for(anext(batches), 5.0)] == [second]
+    await batches.aclose()
+
+
 async def test_history_then_live_changes_arrive_in_revision_order(
     node: FakeNode, stub: watch_pb2_grpc.WatchStub, writer: Writer
 ) -> None:

@@ -88,6 +88,21 @@ TORCHFT_DDP_WRAPPER = (
     "should_commit refuses the step on every replica"
 )
 Event = dict[str, Any]
+# A replacement's way in, in order (bench/peers_worker.py's docstring says what each marks);
+# connect and session are rallypoint's only.
+REJOIN_PHASES = (
+    "interpreter",
+    "torch",
+    "library",
+    "model",
+    "connect",
+    "session",
+    "join",
+    "round",
+    "group",
+    "restore",
+    "first_step",
+)
 
 
 class Ports:
@@ -372,6 +387,7 @@ def kill_trial(trial: Trial, args: argparse.Namespace) -> Event:
                 "imported_to_joined": joined["t"] - imported["t"] if joined and imported else None,
                 "joined_to_first_step": first["t"] - joined["t"] if joined else None,
             },
+            "rejoin_phases_s": rejoin_phases(replacement, first["t"]),
             "rejoin_first_step": first["step"],
             # In sync: the survivors counted the same step number after it started (with
             # the world's step counter, however that was restored).
@@ -405,6 +421,19 @@ def kill_trial(trial: Trial, args: argparse.Namespace) -> Event:
             "the survivors had not trained again after the kill when the replacement started"
         )
     return figures
+
+
+def rejoin_phases(replacement: Worker, first_step_t: float) -> dict[str, float]:
+    """Each phase of the replacement's way in, as the time since the phase before it ended
+    (the first: since the bench started the process); phases it did not print are left out."""
+    ended = {e["phase"]: e["t"] for e in replacement.of("phase")}
+    ended["first_step"] = first_step_t
+    phases, previous = {}, replacement.started_t
+    for name in REJOIN_PHASES:
+        if name in ended:
+            phases[name] = ended[name] - previous
+            previous = ended[name]
+    return phases
 
 
 def run_trial(
@@ -450,6 +479,7 @@ def summarize(trials: Sequence[Event]) -> dict[str, Any]:
         "kill_first_gap_s": {},
         "rejoin_first_step_s": {},
         "rejoin_parts_s": {},
+        "rejoin_phases_s": {},
         "rejoin_stall_s": {},
         "steps_rolled_back": {},
         "rejoin_in_sync": {},
@@ -469,6 +499,11 @@ def summarize(trials: Sequence[Event]) -> dict[str, Any]:
         figures["rejoin_parts_s"][system] = {
             part: spread([t["rejoin_parts_s"][part] for t in ok])
             for part in ("start_to_imported", "imported_to_joined", "joined_to_first_step")
+        }
+        figures["rejoin_phases_s"][system] = {
+            name: spread([t["rejoin_phases_s"].get(name) for t in ok])
+            for name in REJOIN_PHASES
+            if any(name in t["rejoin_phases_s"] for t in ok)
         }
         figures["rejoin_stall_s"][system] = spread([t.get("rejoin_stall_s") for t in ok])
         figures["steps_rolled_back"][system] = spread([t["steps_rolled_back"] for t in ok])

@@ -34,6 +34,12 @@ Figures (medians with ranges over trials; per-survivor figures pooled over survi
 trials): ``kill_stall_s`` (for each survivor, the gap between its last step before the kill
 and its first after, less the steady step), ``rejoin_first_step_s`` (the replacement's
 process start to its first step) and its parts (start -> imported -> joined -> first step),
+``rejoin_phases_s`` (the same path cut into the phases bench/peers_worker.py prints, for
+both elastic systems in the same run: each the time since the one before),
+``rejoin_after_torch_s`` (the path less the interpreter's start and ``import torch``, the
+code every system's replacement runs the same; its ratio is in ``diagnostic_ratios``, not a
+target), ``survivors_training_at_spawn`` (survivors training again when the replacement
+started: on 2 cores they compete with its imports, survivors still stalled leave it the CPU),
 ``rejoin_stall_s`` (the survivors' longest gap while the replacement joins, less the steady
 step; only when they had resumed before it started), ``steps_rolled_back`` and
 ``bit_identical``. Ports: 24700-24799 only (the cluster 24700-24705; lighthouse, torchft's
@@ -103,6 +109,8 @@ REJOIN_PHASES = (
     "restore",
     "first_step",
 )
+# The phases up to the end of `import torch`: the same code in every system's replacement.
+COMMON_PHASES = ("interpreter", "torch")
 
 
 class Ports:
@@ -369,6 +377,7 @@ def kill_trial(trial: Trial, args: argparse.Namespace) -> Event:
             if b <= a
         ]
     imported, joined = replacement.first("imported"), replacement.first("joined")
+    phases = rejoin_phases(replacement, first["t"])
     figures.update(
         {
             "killed_t": killed_t,
@@ -387,7 +396,15 @@ def kill_trial(trial: Trial, args: argparse.Namespace) -> Event:
                 "imported_to_joined": joined["t"] - imported["t"] if joined and imported else None,
                 "joined_to_first_step": first["t"] - joined["t"] if joined else None,
             },
-            "rejoin_phases_s": rejoin_phases(replacement, first["t"]),
+            "rejoin_phases_s": phases,
+            # Everything after `import torch` (the one phase whose code is the same in both).
+            "rejoin_after_torch_s": sum(v for k, v in phases.items() if k not in COMMON_PHASES),
+            # Survivors that were training again (a step since the kill) when the replacement
+            # started: on 2 cores they compete with its imports; survivors still stalled by
+            # the kill leave it the machine.
+            "survivors_training_at_spawn": sum(
+                bool(step_times(w, killed_t, spawned_t)) for w in survivors
+            ),
             "rejoin_first_step": first["step"],
             # In sync: the survivors counted the same step number after it started (with
             # the world's step counter, however that was restored).
@@ -480,6 +497,8 @@ def summarize(trials: Sequence[Event]) -> dict[str, Any]:
         "rejoin_first_step_s": {},
         "rejoin_parts_s": {},
         "rejoin_phases_s": {},
+        "rejoin_after_torch_s": {},
+        "survivors_training_at_spawn": {},
         "rejoin_stall_s": {},
         "steps_rolled_back": {},
         "rejoin_in_sync": {},
@@ -505,6 +524,10 @@ def summarize(trials: Sequence[Event]) -> dict[str, Any]:
             for name in REJOIN_PHASES
             if any(name in t["rejoin_phases_s"] for t in ok)
         }
+        figures["rejoin_after_torch_s"][system] = spread([t["rejoin_after_torch_s"] for t in ok])
+        figures["survivors_training_at_spawn"][system] = spread(
+            [t["survivors_training_at_spawn"] for t in ok]
+        )
         figures["rejoin_stall_s"][system] = spread([t.get("rejoin_stall_s") for t in ok])
         figures["steps_rolled_back"][system] = spread([t["steps_rolled_back"] for t in ok])
         synced = sum(bool(t["rejoin_in_sync"]) for t in ok)
@@ -525,6 +548,16 @@ def ratios(top: dict[str, Any]) -> dict[str, float | None]:
         # Against torchft at a 1 s heartbeat timeout, its fastest setting measured here.
         "kill_stall_vs_torchft": ratio(top, "kill_stall_s", "rallypoint", "torchft_hb1s"),
         "rejoin_vs_torchft": ratio(top, "rejoin_first_step_s", "rallypoint", "torchft_hb1s"),
+    }
+
+
+def diagnostic_ratios(top: dict[str, Any]) -> dict[str, float | None]:
+    """Not targets: where the rejoin ratio comes from. The replacement's time after its
+    `import torch` (identical code in both systems, and the part load moves most)."""
+    return {
+        "rejoin_after_torch_vs_torchft": ratio(
+            top, "rejoin_after_torch_s", "rallypoint", "torchft_hb1s"
+        ),
     }
 
 
@@ -608,6 +641,7 @@ def run(args: argparse.Namespace) -> list[Event]:
                             "steady_step_s",
                             "kill_stall_s",
                             "rejoin_first_step_s",
+                            "rejoin_after_torch_s",
                             "rejoin_stall_s",
                             "steps_rolled_back",
                             "bit_identical",
@@ -651,6 +685,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     trials = run(args)
     top = summarize(trials)
     top["ratios"] = ratios(top)
+    top["diagnostic_ratios"] = diagnostic_ratios(top)
     checked = verdicts(top, TARGETS)
     for check in checked.values():
         check["met"] = check["verdict"] == "PASS"

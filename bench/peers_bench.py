@@ -28,7 +28,11 @@ A kill trial: start 4 processes, wait until all 4 train together, let them run
 ``--steady-s`` (the steady step: each process's median time between steps, the median over
 processes), SIGKILL one, start a replacement ``--rejoin-after-s`` later, wait for its first
 step, let the 4 run ``--after-s``, then ask every process to stop at one step a little
-ahead and print a checksum of its parameters and optimizer state there.
+ahead and print a checksum of its parameters and optimizer state there. From just before
+the replacement starts until it has made its model and optimizer it has CPU 1 to itself and
+the survivors the rest (``--replacement-cpu``; bench/replacement_cpu.py says why: on 2
+cores, whether a system's survivors are training or still stalled would otherwise decide how
+fast its replacement imports torch); then everything shares every CPU again.
 
 Figures (medians with ranges over trials; per-survivor figures pooled over survivors and
 trials): ``kill_stall_s`` (for each survivor, the gap between its last step before the kill
@@ -71,6 +75,7 @@ from bench.common import (
     verdicts,
     write_results,
 )
+from bench.replacement_cpu import ReplacementCpu
 from rallypoint.worker.process_tree import run_reaped
 from tests.integration.harness import port_is_free
 
@@ -336,14 +341,22 @@ def kill_trial(trial: Trial, args: argparse.Namespace) -> Event:
     figures: Event = steady_figures(workers, together + args.warm_s, killed_t)
     steady = figures["steady_step_s"]
     time.sleep(args.rejoin_after_s)
+    own_cpu = ReplacementCpu(args.replacement_cpu)
+    own_cpu.before_start([w.proc.pid for w in survivors])
     replacement = trial.spawn(WORKERS)
+    own_cpu.started(replacement.proc.pid)
     live = [*survivors, replacement]
 
     def replacement_stepped() -> Event | None:
         trial.check_alive(live)
+        if any(e["phase"] == "model" for e in replacement.of("phase")):
+            own_cpu.release()
         return replacement.first("step")
 
-    first = wait_for("the replacement's first step", replacement_stepped, args.timeout_s)
+    try:
+        first = wait_for("the replacement's first step", replacement_stepped, args.timeout_s)
+    finally:
+        own_cpu.release()
     wait_for(
         "every survivor's first step after the kill",
         lambda: all(step_times(w, killed_t, float("inf")) for w in survivors),
@@ -396,6 +409,11 @@ def kill_trial(trial: Trial, args: argparse.Namespace) -> Event:
                 "imported_to_joined": joined["t"] - imported["t"] if joined and imported else None,
                 "joined_to_first_step": first["t"] - joined["t"] if joined else None,
             },
+            "replacement_cpu": own_cpu.cpu,
+            # The CPUs were shared again this long after the replacement started.
+            "replacement_cpu_released_after_s": (
+                own_cpu.released_t - spawned_t if own_cpu.released_t is not None else None
+            ),
             "rejoin_phases_s": phases,
             # Everything after `import torch` (the one phase whose code is the same in both).
             "rejoin_after_torch_s": sum(v for k, v in phases.items() if k not in COMMON_PHASES),
@@ -664,6 +682,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steady-s", type=float, default=5.0, help="steady window per trial")
     parser.add_argument("--warm-s", type=float, default=1.0, help="after all 4 train, before it")
     parser.add_argument("--rejoin-after-s", type=float, default=2.0)
+    parser.add_argument(
+        "--replacement-cpu",
+        type=int,
+        default=1,
+        help="the CPU the replacement starts on alone, the survivors on the others, until it "
+        "has made its model (ReplacementCpu); -1: every process shares every CPU",
+    )
     parser.add_argument("--after-s", type=float, default=2.0, help="training after the rejoin")
     parser.add_argument("--stop-ahead", type=int, default=20, help="steps before the checksum")
     parser.add_argument("--timeout-s", type=float, default=90.0, help="per phase of a trial")
@@ -676,6 +701,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     args.systems = [s for s in args.systems.split(",") if s]
+    if args.replacement_cpu < 0:
+        args.replacement_cpu = None
+    elif args.replacement_cpu not in os.sched_getaffinity(0):
+        parser.error(f"--replacement-cpu {args.replacement_cpu}: not one of this process's CPUs")
     unknown = sorted(set(args.systems) - set(SYSTEMS))
     if unknown:
         parser.error(f"unknown system(s) {unknown}: choose from {', '.join(SYSTEMS)}")
@@ -705,7 +734,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "model": "MLP 512-1024-512-512 (1,312,768 parameters), AdamW, batch 32 per process",
             "backend": "gloo, one torch thread per process",
             "fault": "SIGKILL of one of 4 processes after the steady window; a replacement "
-            f"started {args.rejoin_after_s:g} s later",
+            f"started {args.rejoin_after_s:g} s later"
+            + (
+                f", alone on CPU {args.replacement_cpu} (the survivors on the others) until "
+                "it has made its model and optimizer"
+                if args.replacement_cpu is not None
+                else ", every process sharing every CPU"
+            ),
             "torchft": "0.2.0; each process a replica group of one; lighthouse --min_replicas "
             f"{MIN_WORKERS}, heartbeat timeout 5 s (default) or 1 s; ProcessGroupGloo timeout "
             "5 s and Manager timeout 30 s (torchft's train_ddp.py); PGTransport for healing",

@@ -244,7 +244,7 @@ def run_torchft(args: argparse.Namespace, stop: StopFile) -> None:
         return {"model": model.state_dict(), "optim": inner.state_dict()}
 
     gloo = ProcessGroupGloo(timeout=timedelta(seconds=TORCHFT_GLOO_TIMEOUT_S))
-    gloo.configure = Once("group", gloo.configure)  # type: ignore[method-assign]
+    gloo.configure = Once("group", gloo.configure)
     manager = Manager(
         pg=gloo,
         min_replica_size=args.min_world,

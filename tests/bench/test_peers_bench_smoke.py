@@ -112,6 +112,34 @@ def test_worker_notes_a_phase_once_and_changes_no_result() -> None:
     assert [(e["event"], e["phase"]) for e in lines] == [("phase", "round")]
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_replacement_starts_alone_on_its_cpu_and_shares_all_after() -> None:
+    from bench.replacement_cpu import ReplacementCpu
+
+    every = os.sched_getaffinity(0)
+    cpu = max(every)
+    sleepers = [subprocess.Popen(["sleep", "30"]) for _ in range(2)]
+    try:
+        survivor, replacement = (p.pid for p in sleepers)
+        own = ReplacementCpu(cpu)
+        own.before_start([survivor])
+        own.started(replacement)
+        assert os.sched_getaffinity(replacement) == {cpu}
+        assert os.sched_getaffinity(survivor) == every - {cpu}
+        own.release()
+        assert own.released_t is not None
+        assert os.sched_getaffinity(replacement) == every
+        assert os.sched_getaffinity(survivor) == every
+        # Off: nobody is pinned.
+        off = ReplacementCpu(None)
+        off.before_start([survivor])
+        assert os.sched_getaffinity(survivor) == every
+    finally:
+        for sleeper in sleepers:
+            sleeper.kill()
+            sleeper.wait()
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(900)
@@ -165,6 +193,11 @@ def test_quick_run_writes_results_and_leaves_no_process(tmp_path: Path) -> None:
         assert sum(phases.values()) == pytest.approx(trial["rejoin_first_step_s"]), system
         assert 0 < trial["rejoin_after_torch_s"] < trial["rejoin_first_step_s"], system
         assert 0 <= trial["survivors_training_at_spawn"] <= 3, system
+        # The replacement had a CPU of its own until it made its model, then shared again.
+        if len(os.sched_getaffinity(0)) > 1:
+            assert trial["replacement_cpu"] == 1, system
+            released = trial["replacement_cpu_released_after_s"]
+            assert 0 < released < trial["rejoin_first_step_s"], system
     assert set(report["diagnostic_ratios"]) == {"rejoin_after_torch_vs_torchft"}
     assert set(report["ratios"]) == {
         "overhead_vs_plain",

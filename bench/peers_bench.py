@@ -29,10 +29,10 @@ A kill trial: start 4 processes, wait until all 4 train together, let them run
 processes), SIGKILL one, start a replacement ``--rejoin-after-s`` later, wait for its first
 step, let the 4 run ``--after-s``, then ask every process to stop at one step a little
 ahead and print a checksum of its parameters and optimizer state there. From just before
-the replacement starts until it has made its model and optimizer it has CPU 1 to itself and
-the survivors the rest (``--replacement-cpu``; bench/replacement_cpu.py says why: on 2
-cores, whether a system's survivors are training or still stalled would otherwise decide how
-fast its replacement imports torch); then everything shares every CPU again.
+the replacement starts until it has made its model and optimizer it has a CPU to itself
+(the highest) and the survivors the rest (``--replacement-cpu``; bench/replacement_cpu.py
+says why: on 2 cores, whether a system's survivors are training or still stalled would
+otherwise decide how fast its replacement imports torch); then all share every CPU again.
 
 Figures (medians with ranges over trials; per-survivor figures pooled over survivors and
 trials): ``kill_stall_s`` (for each survivor, the gap between its last step before the kill
@@ -685,9 +685,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--replacement-cpu",
         type=int,
-        default=1,
+        default=None,
         help="the CPU the replacement starts on alone, the survivors on the others, until it "
-        "has made its model (ReplacementCpu); -1: every process shares every CPU",
+        "has made its model (ReplacementCpu; default: this process's highest CPU, none with "
+        "one CPU); -1: every process shares every CPU",
     )
     parser.add_argument("--after-s", type=float, default=2.0, help="training after the rejoin")
     parser.add_argument("--stop-ahead", type=int, default=20, help="steps before the checksum")
@@ -701,9 +702,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     args.systems = [s for s in args.systems.split(",") if s]
-    if args.replacement_cpu < 0:
+    cpus = os.sched_getaffinity(0)
+    if args.replacement_cpu is None:
+        args.replacement_cpu = max(cpus) if len(cpus) > 1 else None
+    elif args.replacement_cpu < 0:
         args.replacement_cpu = None
-    elif args.replacement_cpu not in os.sched_getaffinity(0):
+    elif args.replacement_cpu not in cpus:
         parser.error(f"--replacement-cpu {args.replacement_cpu}: not one of this process's CPUs")
     unknown = sorted(set(args.systems) - set(SYSTEMS))
     if unknown:

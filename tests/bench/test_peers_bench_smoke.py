@@ -195,7 +195,7 @@ def test_quick_run_writes_results_and_leaves_no_process(tmp_path: Path) -> None:
         assert 0 <= trial["survivors_training_at_spawn"] <= 3, system
         # The replacement had a CPU of its own until it made its model, then shared again.
         if len(os.sched_getaffinity(0)) > 1:
-            assert trial["replacement_cpu"] == 1, system
+            assert trial["replacement_cpu"] == max(os.sched_getaffinity(0)), system
             released = trial["replacement_cpu_released_after_s"]
             assert 0 < released < trial["rejoin_first_step_s"], system
     assert set(report["diagnostic_ratios"]) == {"rejoin_after_torch_vs_torchft"}

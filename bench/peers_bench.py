@@ -28,12 +28,22 @@ A kill trial: start 4 processes, wait until all 4 train together, let them run
 ``--steady-s`` (the steady step: each process's median time between steps, the median over
 processes), SIGKILL one, start a replacement ``--rejoin-after-s`` later, wait for its first
 step, let the 4 run ``--after-s``, then ask every process to stop at one step a little
-ahead and print a checksum of its parameters and optimizer state there.
+ahead and print a checksum of its parameters and optimizer state there. From just before
+the replacement starts until it has made its model and optimizer it has a CPU to itself
+(the highest) and the survivors the rest (``--replacement-cpu``; bench/replacement_cpu.py
+says why: on 2 cores, whether a system's survivors are training or still stalled would
+otherwise decide how fast its replacement imports torch); then all share every CPU again.
 
 Figures (medians with ranges over trials; per-survivor figures pooled over survivors and
 trials): ``kill_stall_s`` (for each survivor, the gap between its last step before the kill
 and its first after, less the steady step), ``rejoin_first_step_s`` (the replacement's
 process start to its first step) and its parts (start -> imported -> joined -> first step),
+``rejoin_phases_s`` (the same path cut into the phases bench/peers_worker.py prints, for
+both elastic systems in the same run: each the time since the one before),
+``rejoin_after_torch_s`` (the path less the interpreter's start and ``import torch``, the
+code every system's replacement runs the same; its ratio is in ``diagnostic_ratios``, not a
+target), ``survivors_training_at_spawn`` (survivors training again when the replacement
+started: on 2 cores they compete with its imports, survivors still stalled leave it the CPU),
 ``rejoin_stall_s`` (the survivors' longest gap while the replacement joins, less the steady
 step; only when they had resumed before it started), ``steps_rolled_back`` and
 ``bit_identical``. Ports: 24700-24799 only (the cluster 24700-24705; lighthouse, torchft's
@@ -65,6 +75,7 @@ from bench.common import (
     verdicts,
     write_results,
 )
+from bench.replacement_cpu import ReplacementCpu
 from rallypoint.worker.process_tree import run_reaped
 from tests.integration.harness import port_is_free
 
@@ -88,6 +99,23 @@ TORCHFT_DDP_WRAPPER = (
     "should_commit refuses the step on every replica"
 )
 Event = dict[str, Any]
+# A replacement's way in, in order (bench/peers_worker.py's docstring says what each marks);
+# connect and session are rallypoint's only.
+REJOIN_PHASES = (
+    "interpreter",
+    "torch",
+    "library",
+    "model",
+    "connect",
+    "session",
+    "join",
+    "round",
+    "group",
+    "restore",
+    "first_step",
+)
+# The phases up to the end of `import torch`: the same code in every system's replacement.
+COMMON_PHASES = ("interpreter", "torch")
 
 
 class Ports:
@@ -313,14 +341,22 @@ def kill_trial(trial: Trial, args: argparse.Namespace) -> Event:
     figures: Event = steady_figures(workers, together + args.warm_s, killed_t)
     steady = figures["steady_step_s"]
     time.sleep(args.rejoin_after_s)
+    own_cpu = ReplacementCpu(args.replacement_cpu)
+    own_cpu.before_start([w.proc.pid for w in survivors])
     replacement = trial.spawn(WORKERS)
+    own_cpu.started(replacement.proc.pid)
     live = [*survivors, replacement]
 
     def replacement_stepped() -> Event | None:
         trial.check_alive(live)
+        if any(e["phase"] == "model" for e in replacement.of("phase")):
+            own_cpu.release()
         return replacement.first("step")
 
-    first = wait_for("the replacement's first step", replacement_stepped, args.timeout_s)
+    try:
+        first = wait_for("the replacement's first step", replacement_stepped, args.timeout_s)
+    finally:
+        own_cpu.release()
     wait_for(
         "every survivor's first step after the kill",
         lambda: all(step_times(w, killed_t, float("inf")) for w in survivors),
@@ -354,6 +390,7 @@ def kill_trial(trial: Trial, args: argparse.Namespace) -> Event:
             if b <= a
         ]
     imported, joined = replacement.first("imported"), replacement.first("joined")
+    phases = rejoin_phases(replacement, first["t"])
     figures.update(
         {
             "killed_t": killed_t,
@@ -372,6 +409,20 @@ def kill_trial(trial: Trial, args: argparse.Namespace) -> Event:
                 "imported_to_joined": joined["t"] - imported["t"] if joined and imported else None,
                 "joined_to_first_step": first["t"] - joined["t"] if joined else None,
             },
+            "replacement_cpu": own_cpu.cpu,
+            # The CPUs were shared again this long after the replacement started.
+            "replacement_cpu_released_after_s": (
+                own_cpu.released_t - spawned_t if own_cpu.released_t is not None else None
+            ),
+            "rejoin_phases_s": phases,
+            # Everything after `import torch` (the one phase whose code is the same in both).
+            "rejoin_after_torch_s": sum(v for k, v in phases.items() if k not in COMMON_PHASES),
+            # Survivors that were training again (a step since the kill) when the replacement
+            # started: on 2 cores they compete with its imports; survivors still stalled by
+            # the kill leave it the machine.
+            "survivors_training_at_spawn": sum(
+                bool(step_times(w, killed_t, spawned_t)) for w in survivors
+            ),
             "rejoin_first_step": first["step"],
             # In sync: the survivors counted the same step number after it started (with
             # the world's step counter, however that was restored).
@@ -405,6 +456,19 @@ def kill_trial(trial: Trial, args: argparse.Namespace) -> Event:
             "the survivors had not trained again after the kill when the replacement started"
         )
     return figures
+
+
+def rejoin_phases(replacement: Worker, first_step_t: float) -> dict[str, float]:
+    """Each phase of the replacement's way in, as the time since the phase before it ended
+    (the first: since the bench started the process); phases it did not print are left out."""
+    ended = {e["phase"]: e["t"] for e in replacement.of("phase")}
+    ended["first_step"] = first_step_t
+    phases, previous = {}, replacement.started_t
+    for name in REJOIN_PHASES:
+        if name in ended:
+            phases[name] = ended[name] - previous
+            previous = ended[name]
+    return phases
 
 
 def run_trial(
@@ -450,6 +514,9 @@ def summarize(trials: Sequence[Event]) -> dict[str, Any]:
         "kill_first_gap_s": {},
         "rejoin_first_step_s": {},
         "rejoin_parts_s": {},
+        "rejoin_phases_s": {},
+        "rejoin_after_torch_s": {},
+        "survivors_training_at_spawn": {},
         "rejoin_stall_s": {},
         "steps_rolled_back": {},
         "rejoin_in_sync": {},
@@ -470,6 +537,15 @@ def summarize(trials: Sequence[Event]) -> dict[str, Any]:
             part: spread([t["rejoin_parts_s"][part] for t in ok])
             for part in ("start_to_imported", "imported_to_joined", "joined_to_first_step")
         }
+        figures["rejoin_phases_s"][system] = {
+            name: spread([t["rejoin_phases_s"].get(name) for t in ok])
+            for name in REJOIN_PHASES
+            if any(name in t["rejoin_phases_s"] for t in ok)
+        }
+        figures["rejoin_after_torch_s"][system] = spread([t["rejoin_after_torch_s"] for t in ok])
+        figures["survivors_training_at_spawn"][system] = spread(
+            [t["survivors_training_at_spawn"] for t in ok]
+        )
         figures["rejoin_stall_s"][system] = spread([t.get("rejoin_stall_s") for t in ok])
         figures["steps_rolled_back"][system] = spread([t["steps_rolled_back"] for t in ok])
         synced = sum(bool(t["rejoin_in_sync"]) for t in ok)
@@ -490,6 +566,16 @@ def ratios(top: dict[str, Any]) -> dict[str, float | None]:
         # Against torchft at a 1 s heartbeat timeout, its fastest setting measured here.
         "kill_stall_vs_torchft": ratio(top, "kill_stall_s", "rallypoint", "torchft_hb1s"),
         "rejoin_vs_torchft": ratio(top, "rejoin_first_step_s", "rallypoint", "torchft_hb1s"),
+    }
+
+
+def diagnostic_ratios(top: dict[str, Any]) -> dict[str, float | None]:
+    """Not targets: where the rejoin ratio comes from. The replacement's time after its
+    `import torch` (identical code in both systems, and the part load moves most)."""
+    return {
+        "rejoin_after_torch_vs_torchft": ratio(
+            top, "rejoin_after_torch_s", "rallypoint", "torchft_hb1s"
+        ),
     }
 
 
@@ -573,6 +659,7 @@ def run(args: argparse.Namespace) -> list[Event]:
                             "steady_step_s",
                             "kill_stall_s",
                             "rejoin_first_step_s",
+                            "rejoin_after_torch_s",
                             "rejoin_stall_s",
                             "steps_rolled_back",
                             "bit_identical",
@@ -595,6 +682,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steady-s", type=float, default=5.0, help="steady window per trial")
     parser.add_argument("--warm-s", type=float, default=1.0, help="after all 4 train, before it")
     parser.add_argument("--rejoin-after-s", type=float, default=2.0)
+    parser.add_argument(
+        "--replacement-cpu",
+        type=int,
+        default=None,
+        help="the CPU the replacement starts on alone, the survivors on the others, until it "
+        "has made its model (ReplacementCpu; default: this process's highest CPU, none with "
+        "one CPU); -1: every process shares every CPU",
+    )
     parser.add_argument("--after-s", type=float, default=2.0, help="training after the rejoin")
     parser.add_argument("--stop-ahead", type=int, default=20, help="steps before the checksum")
     parser.add_argument("--timeout-s", type=float, default=90.0, help="per phase of a trial")
@@ -607,6 +702,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     args.systems = [s for s in args.systems.split(",") if s]
+    cpus = os.sched_getaffinity(0)
+    if args.replacement_cpu is None:
+        args.replacement_cpu = max(cpus) if len(cpus) > 1 else None
+    elif args.replacement_cpu < 0:
+        args.replacement_cpu = None
+    elif args.replacement_cpu not in cpus:
+        parser.error(f"--replacement-cpu {args.replacement_cpu}: not one of this process's CPUs")
     unknown = sorted(set(args.systems) - set(SYSTEMS))
     if unknown:
         parser.error(f"unknown system(s) {unknown}: choose from {', '.join(SYSTEMS)}")
@@ -616,6 +718,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     trials = run(args)
     top = summarize(trials)
     top["ratios"] = ratios(top)
+    top["diagnostic_ratios"] = diagnostic_ratios(top)
     checked = verdicts(top, TARGETS)
     for check in checked.values():
         check["met"] = check["verdict"] == "PASS"
@@ -635,7 +738,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "model": "MLP 512-1024-512-512 (1,312,768 parameters), AdamW, batch 32 per process",
             "backend": "gloo, one torch thread per process",
             "fault": "SIGKILL of one of 4 processes after the steady window; a replacement "
-            f"started {args.rejoin_after_s:g} s later",
+            f"started {args.rejoin_after_s:g} s later"
+            + (
+                f", alone on CPU {args.replacement_cpu} (the survivors on the others) until "
+                "it has made its model and optimizer"
+                if args.replacement_cpu is not None
+                else ", every process sharing every CPU"
+            ),
             "torchft": "0.2.0; each process a replica group of one; lighthouse --min_replicas "
             f"{MIN_WORKERS}, heartbeat timeout 5 s (default) or 1 s; ProcessGroupGloo timeout "
             "5 s and Manager timeout 30 s (torchft's train_ddp.py); PGTransport for healing",

@@ -17,20 +17,36 @@ peer lost mid all-reduce) are not counted and print nothing.
 
 Imports are timed: the module imports only the standard library at the top, so
 ``imported - start`` is what a replacement pays before it can talk to anyone.
+
+Its way in is also printed as ``phase`` events, each when that phase ends, the same names
+for both elastic systems where they mean the same thing: ``interpreter`` (this module
+starts running), ``torch`` (``import torch``), ``library`` (torchft's or rallypoint's
+imports), ``model`` (model and AdamW made; AdamW's first use imports ``torch._dynamo``),
+``connect`` and ``session`` (rallypoint only: its client's channel, its session opened),
+``join`` (rallypoint's Join answered; torchft's Manager made, heartbeating its lighthouse),
+``round`` (rallypoint: the round with this process ACTIVE; torchft: the lighthouse's quorum
+answered), ``group`` (the round's gloo group initialised; torchft: ``pg.configure``
+returned), ``restore`` (the world's state installed in this process) and the first
+``step``. rallypoint's client has no events for its channel, session and Join, and torchft's
+Manager none for its phases, so the worker wraps the methods that perform them to note when
+they return; the wrapping changes no argument and no result.
 """
 
 from __future__ import annotations
 
-import argparse
-import hashlib
-import json
-import os
-import sys
 import time
-from collections.abc import Callable, Iterator
-from datetime import timedelta
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+
+STARTED_T = time.time()  # before anything else: the interpreter's own start is a phase
+
+import argparse  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+from datetime import timedelta  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
 
 if TYPE_CHECKING:
     import torch
@@ -47,6 +63,36 @@ TORCHFT_MANAGER_TIMEOUT_S = 30.0
 
 def emit(event: str, **fields: Any) -> None:
     print(json.dumps({"event": event, "t": time.time(), **fields}), flush=True)
+
+
+def phase(name: str, t: float | None = None) -> None:
+    """Note that the phase ``name`` of this process's way in ended (at ``t``: now)."""
+    emit("phase", phase=name, **({} if t is None else {"t": t}))
+
+
+class Once:
+    """Notes a phase the first time the wrapped callable returns (later calls: nothing)."""
+
+    def __init__(self, name: str, call: Callable[..., Any]) -> None:
+        self.name, self.call, self.done = name, call, False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        result = self.call(*args, **kwargs)
+        if not self.done:
+            self.done = True
+            phase(self.name)
+        return result
+
+
+class Proxy:
+    """Forwards every attribute to ``inner`` but ``wrapped``'s (torchft's Rust client has no
+    settable attributes)."""
+
+    def __init__(self, inner: Any, **wrapped: Callable[..., Any]) -> None:
+        self._inner, self._wrapped = inner, wrapped
+
+    def __getattr__(self, name: str) -> Any:
+        return self._wrapped.get(name) or getattr(self._inner, name)
 
 
 def make_model() -> torch.nn.Module:
@@ -174,25 +220,31 @@ def surviving_ddp(stock: type[Any]) -> type[Any]:
 
 def run_torchft(args: argparse.Namespace, stop: StopFile) -> None:
     import torch
+
+    phase("torch")
     import torch.distributed as dist
     from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
     from torchft.checkpointing.pg_transport import PGTransport
 
+    phase("library")
     emit("imported")
     # Each process is a replica group of one; its group's store is its own (torchrun would
     # start it), which the other replicas reach through the quorum when this one leads it.
     store = dist.TCPStore("127.0.0.1", args.store_port, 1, is_master=True, wait_for_workers=False)
     model = make_model()
     inner = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
+    phase("model")
 
     def load_state_dict(state: dict[str, Any]) -> None:
         model.load_state_dict(state["model"])
         inner.load_state_dict(state["optim"])
+        phase("restore")
 
     def state_dict() -> dict[str, Any]:
         return {"model": model.state_dict(), "optim": inner.state_dict()}
 
     gloo = ProcessGroupGloo(timeout=timedelta(seconds=TORCHFT_GLOO_TIMEOUT_S))
+    gloo.configure = Once("group", gloo.configure)
     manager = Manager(
         pg=gloo,
         min_replica_size=args.min_world,
@@ -211,7 +263,9 @@ def run_torchft(args: argparse.Namespace, stop: StopFile) -> None:
             gloo, timeout=timedelta(seconds=10), device=torch.device("cpu")
         ),
     )
+    phase("join")
     emit("joined")
+    manager._client = Proxy(manager._client, _quorum=Once("round", manager._client._quorum))
     ddp = surviving_ddp(DistributedDataParallel)(manager, model)
     optimizer = Optimizer(manager, inner)
     for x, y in batches(args.index):
@@ -233,20 +287,32 @@ def run_torchft(args: argparse.Namespace, stop: StopFile) -> None:
 def run_rallypoint(args: argparse.Namespace, stop: StopFile) -> None:
     import torch
 
+    phase("torch")
     from rallypoint.worker import ElasticSampler, TrainState, elastic_training
 
+    phase("library")
     emit("imported")
+    instrument_rallypoint_client()
     model = make_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
+    phase("model")
     inputs, targets = make_data()
     sampler = ElasticSampler(NUM_SAMPLES, batch_size=BATCH_SIZE, rank=0, world_size=1)
     state = TrainState(model, optimizer, sampler)
+    formed = False
 
     def on_event(kind: str, fields: dict[str, Any]) -> None:
+        nonlocal formed
         if kind == "joined":
             emit("joined")
         elif kind == "round_formed":
             emit("round_formed", **{k: fields.get(k) for k in ("round", "step", "source")})
+            if not formed:
+                # formed_s runs from the round's ACTIVE notice; init_s is the group's part.
+                formed, noticed = True, fields["t"] - fields["formed_s"]
+                phase("round", noticed)
+                phase("group", noticed + fields["init_s"])
+                phase("restore", fields["t"])
 
     with elastic_training(
         args.endpoints,
@@ -276,6 +342,30 @@ def run_rallypoint(args: argparse.Namespace, stop: StopFile) -> None:
                 break
 
 
+def instrument_rallypoint_client() -> None:
+    """Note rallypoint's client connected, its first session opened and its first Join
+    answered (the module docstring says why and how)."""
+    from rallypoint.client import aio, session
+
+    def once(name: str, call: Callable[..., Any]) -> Callable[..., Any]:
+        noted = False
+
+        async def timed(*args: Any, **kwargs: Any) -> Any:
+            nonlocal noted
+            result = await call(*args, **kwargs)
+            if not noted:
+                noted = True
+                phase(name)
+            return result
+
+        return timed
+
+    aio.Client.connect = once("connect", aio.Client.connect)  # type: ignore[method-assign]
+    ensure = once("session", session.SessionKeeper.ensure)
+    session.SessionKeeper.ensure = ensure  # type: ignore[method-assign]
+    aio.Client.join = once("join", aio.Client.join)  # type: ignore[method-assign]
+
+
 RUNNERS: dict[str, Callable[[argparse.Namespace, StopFile], None]] = {
     "plain": run_plain,
     "torchft": run_torchft,
@@ -298,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job", default="peers", help="rallypoint: the job id")
     parser.add_argument("--checkpoint-dir", default="", help="rallypoint (never written)")
     args = parser.parse_args(argv)
+    phase("interpreter", STARTED_T)
     RUNNERS[args.system](args, StopFile(args.stop_file))
     return 0
 

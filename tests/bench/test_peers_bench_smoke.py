@@ -63,6 +63,83 @@ def test_checksum_tells_apart_states_that_differ_in_one_bit_or_in_optimizer_stat
     assert state_checksum(model, optimizer) != state_checksum(twin, twin_optimizer)
 
 
+class _Printed:
+    """What the bench reads of a worker: the events it printed and when it was started."""
+
+    def __init__(self, started_t: float, phases: dict[str, float]) -> None:
+        self.started_t = started_t
+        self.phases = [{"event": "phase", "phase": k, "t": t} for k, t in phases.items()]
+
+    def of(self, kind: str) -> list[dict[str, object]]:
+        return list(self.phases) if kind == "phase" else []
+
+
+def test_each_rejoin_phase_is_the_time_since_the_one_before_and_they_add_up() -> None:
+    from bench.peers_bench import REJOIN_PHASES, rejoin_phases
+
+    # Printed out of order, and without connect/session (torchft has neither).
+    printed = {"model": 104.0, "interpreter": 100.5, "torch": 102.0, "library": 103.0}
+    printed |= {"restore": 104.9, "join": 104.2, "round": 104.5, "group": 104.6}
+    phases = rejoin_phases(_Printed(100.0, printed), 105.0)  # type: ignore[arg-type]
+    assert list(phases) == [p for p in REJOIN_PHASES if p not in ("connect", "session")]
+    assert phases["interpreter"] == pytest.approx(0.5)
+    assert phases["torch"] == pytest.approx(1.5)
+    assert phases["join"] == pytest.approx(0.2)  # since model: connect/session are absent
+    assert phases["first_step"] == pytest.approx(0.1)
+    assert sum(phases.values()) == pytest.approx(5.0)
+
+
+def test_worker_notes_a_phase_once_and_changes_no_result() -> None:
+    import io
+    from contextlib import redirect_stdout
+
+    from bench.peers_worker import Once, Proxy
+
+    class Inner:
+        seen = "inner attribute"
+
+        def _quorum(self, value: int) -> int:
+            return value + 1
+
+    inner = Inner()
+    proxy = Proxy(inner, _quorum=Once("round", inner._quorum))
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert proxy._quorum(1) == 2
+        assert proxy._quorum(5) == 6
+    assert proxy.seen == "inner attribute"
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(e["event"], e["phase"]) for e in lines] == [("phase", "round")]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_replacement_starts_alone_on_its_cpu_and_shares_all_after() -> None:
+    from bench.replacement_cpu import ReplacementCpu
+
+    every = os.sched_getaffinity(0)
+    cpu = max(every)
+    sleepers = [subprocess.Popen(["sleep", "30"]) for _ in range(2)]
+    try:
+        survivor, replacement = (p.pid for p in sleepers)
+        own = ReplacementCpu(cpu)
+        own.before_start([survivor])
+        own.started(replacement)
+        assert os.sched_getaffinity(replacement) == {cpu}
+        assert os.sched_getaffinity(survivor) == every - {cpu}
+        own.release()
+        assert own.released_t is not None
+        assert os.sched_getaffinity(replacement) == every
+        assert os.sched_getaffinity(survivor) == every
+        # Off: nobody is pinned.
+        off = ReplacementCpu(None)
+        off.before_start([survivor])
+        assert os.sched_getaffinity(survivor) == every
+    finally:
+        for sleeper in sleepers:
+            sleeper.kill()
+            sleeper.wait()
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(900)
@@ -106,6 +183,22 @@ def test_quick_run_writes_results_and_leaves_no_process(tmp_path: Path) -> None:
             "joined_to_first_step",
         }
         assert report["steps_rolled_back"][system]["n"] == 1, system
+        # A replacement's way in, phase by phase, in the same run for both systems.
+        (trial,) = [t for t in report["trials"] if t["system"] == system]
+        phases = trial["rejoin_phases_s"]
+        own = {"connect", "session"} if system == "rallypoint" else set()
+        common = {"interpreter", "torch", "library", "model", "join", "round", "group"}
+        assert set(phases) == common | own | {"restore", "first_step"}, (system, phases)
+        assert min(phases.values()) >= 0, (system, phases)
+        assert sum(phases.values()) == pytest.approx(trial["rejoin_first_step_s"]), system
+        assert 0 < trial["rejoin_after_torch_s"] < trial["rejoin_first_step_s"], system
+        assert 0 <= trial["survivors_training_at_spawn"] <= 3, system
+        # The replacement had a CPU of its own until it made its model, then shared again.
+        if len(os.sched_getaffinity(0)) > 1:
+            assert trial["replacement_cpu"] == max(os.sched_getaffinity(0)), system
+            released = trial["replacement_cpu_released_after_s"]
+            assert 0 < released < trial["rejoin_first_step_s"], system
+    assert set(report["diagnostic_ratios"]) == {"rejoin_after_torch_vs_torchft"}
     assert set(report["ratios"]) == {
         "overhead_vs_plain",
         "kill_stall_vs_torchft",

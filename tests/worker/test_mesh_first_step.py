@@ -71,3 +71,16 @@ def test_the_first_optimizer_step_of_a_round_works_out_one_operation_for_all_par
     assert len(worked) <= parameters + 1
     # The optimizer made by make_state (before the first formation) is the same kind.
     assert mesh_train.make_state().optimizer.defaults["fused"] is True
+
+
+@pytest.mark.filterwarnings("ignore:FSDP2-wrapped module:UserWarning")
+@pytest.mark.usefixtures("fake_world")
+def test_a_restore_loaded_in_place_works_out_no_copy_of_the_parameters() -> None:
+    from rallypoint.worker.state_io import PROGRESS_KEY, install, pack_progress, targets
+
+    forget_previous_world()
+    model, optimizer = mesh_train.mesh_builder(2, 10.0)()
+    state = targets(model, optimizer, None)  # DCP loads into these, in place
+    state[PROGRESS_KEY] = pack_progress(3, None, None)
+    worked = worked_out(lambda: install(model, optimizer, state, None))
+    assert "aten.copy_.default" not in worked, worked

@@ -19,9 +19,11 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
 
 from .errors import WorkerError
 from .sampler import ElasticSampler
+from .torch_compat import local_tensor
 
 # DCP state dict keys. The progress blob holds step, sampler state and extra state.
 MODEL_KEY, OPTIMIZER_KEY, PROGRESS_KEY = "model", "optimizer", "progress"
@@ -119,6 +121,38 @@ def targets(
     return {MODEL_KEY: model_state, OPTIMIZER_KEY: optimizer_state, PROGRESS_KEY: b""}
 
 
+def _loaded_in_place(model: torch.nn.Module, loaded: dict[str, Any]) -> bool:
+    """Every item of ``loaded`` (a model state dict) is one of the model's own tensors: the
+    same memory, laid out alike (DCP loads into the state dict :func:`targets` made, and a
+    model's state dict holds its parameters and buffers themselves, detached). Loading it
+    then copies every tensor onto itself; for a DTensor that copy first works out its
+    sharding, which a formation has just forgotten (torch_compat.forget_previous_world):
+    most of a memory restore's own CPU time in a mesh job, measured."""
+    live = model.state_dict()
+    if live.keys() != loaded.keys():
+        return False
+    for key, tensor in live.items():
+        value = loaded[key]
+        if not isinstance(value, torch.Tensor) or type(value) is not type(tensor):
+            return False
+        if (
+            isinstance(tensor, DTensor)
+            and isinstance(value, DTensor)
+            and (value.device_mesh != tensor.device_mesh or value.placements != tensor.placements)
+        ):
+            return False
+        mine, theirs = local_tensor(tensor), local_tensor(value)
+        if not (
+            mine.untyped_storage().data_ptr() == theirs.untyped_storage().data_ptr()
+            and mine.storage_offset() == theirs.storage_offset()
+            and mine.shape == theirs.shape
+            and mine.stride() == theirs.stride()
+            and mine.dtype == theirs.dtype
+        ):
+            return False
+    return True
+
+
 def install(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -126,11 +160,16 @@ def install(
     sampler: ElasticSampler | None,
 ) -> tuple[int, Any]:
     """Load a loaded or received state into the model, optimizer and sampler; returns the
-    step and the extra state."""
+    step and the extra state. A model state loaded in place (into the model's own tensors)
+    is already installed: only the optimizer's (its hyperparameters are in the loaded
+    state, not in its tensors) and the progress are."""
+    model_state = state[MODEL_KEY]
+    if _loaded_in_place(model, model_state):
+        model_state = {}
     set_state_dict(
         model,
         optimizer,
-        model_state_dict=state[MODEL_KEY],
+        model_state_dict=model_state,
         optim_state_dict=state[OPTIMIZER_KEY],
     )
     progress: dict[str, Any] = torch.load(io.BytesIO(state[PROGRESS_KEY]), weights_only=False)

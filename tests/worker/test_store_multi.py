@@ -65,3 +65,40 @@ async def test_multi_get_is_one_read_and_waits_for_every_key(served: Served) -> 
             store.multi_set(["p", "q"], [b"1"])
 
     await asyncio.to_thread(run)
+
+
+async def test_a_get_right_after_a_wait_for_its_key_reads_nothing_again(served: Served) -> None:
+    """gloo connects a group by waiting for each peer's key and then reading it: one read."""
+    store, node = served.store, served.node
+
+    def run() -> None:
+        store.set("addr/1", b"one")
+        reads = node.read_barriers
+        store.wait(["addr/1"])
+        assert store.get("addr/1") == b"one"
+        assert node.read_barriers == reads + 1
+        # Only the next call, and only for that key: a second get, a get after another
+        # call, a get of another key read again (and see later writes).
+        store.set("addr/1", b"two")
+        assert store.get("addr/1") == b"two"
+        store.wait(["addr/1"])
+        store.set("addr/2", b"x")
+        store.set("addr/1", b"three")
+        assert store.get("addr/1") == b"three"
+        store.wait(["addr/1"])
+        assert store.get("addr/2") == b"x"
+        # A wait for several keys reads no values; a wait on another thread answers only
+        # that thread's get.
+        store.wait(["addr/1", "addr/2"])
+        other = threading.Thread(target=lambda: store.wait(["addr/2"]))
+        other.start()
+        other.join(timeout=30)
+        reads = node.read_barriers
+        assert store.get("addr/2") == b"x"
+        assert node.read_barriers == reads + 1
+        # A key that never comes still times out, naming it.
+        store.set_timeout(timedelta(seconds=0.3))
+        with pytest.raises(StoreTimeoutError, match=r"wait timed out .* never"):
+            store.wait(["never"])
+
+    await asyncio.to_thread(run)

@@ -21,6 +21,15 @@ from .protocol import REQUEST_TIMEOUT_S, SOCKET_BUFFER_BYTES, recv_exactly, recv
 log = logging.getLogger("rallypoint.worker.snapshots")
 
 
+# Connections the kernel queues before the server's thread accepts them (socketserver's
+# default is 5). A new world's ranks all fetch at once, several blobs each, and the accepting
+# thread of a CPU-starved process runs late: a connection beyond the queue is dropped and its
+# client's kernel sends it again only after its initial retransmission timeout, a second
+# (measured: two ranks of a spare host's restore held 1.0 s, every other rank waiting for
+# them at the restore's agreement).
+LISTEN_BACKLOG = 512
+
+
 def _key(round_number: int, step: int, rank: int) -> tuple[int, int, int]:
     return (round_number, step, rank)
 
@@ -51,6 +60,7 @@ class SnapshotServer:
         class Server(socketserver.ThreadingTCPServer):
             daemon_threads = True
             allow_reuse_address = True
+            request_queue_size = LISTEN_BACKLOG
 
         self._server = Server((bind, 0), Handler)
         self.address = f"{advertise or bind}:{self._server.server_address[1]}"

@@ -31,6 +31,7 @@ of the coordinator (no quorum within the client's timeout, a limit) is
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import TypeVar
@@ -77,6 +78,10 @@ class StaleStoreRoundError(CoordinatorStoreError):
 
 def _text(key: str | bytes) -> str:
     return key.decode() if isinstance(key, bytes) else key
+
+
+# How soon after a wait its value may answer a get of the same key (see ``wait``).
+_WAITED_VALUE_S = 0.01
 
 
 class CoordinatorStore(Store):
@@ -183,9 +188,13 @@ class CoordinatorStore(Store):
         """The value at ``key``, waiting up to the store's timeout for it to be set. Right
         after this thread waited for ``key`` alone (and made no other call since), the value
         that wait read: no call to the coordinator (``wait`` says why)."""
-        waited: tuple[str, bytes] | None = getattr(self._waited, "value", None)
-        if waited is not None and waited[0] == _text(key):
-            self._waited.value = None
+        waited: tuple[str, bytes, float] | None = getattr(self._waited, "value", None)
+        self._waited.value = None
+        if (
+            waited is not None
+            and waited[0] == _text(key)
+            and time.monotonic() - waited[2] <= _WAITED_VALUE_S
+        ):
             return waited[1]
         timeout_s = self._timeout_s(None)
         return self._call(
@@ -217,7 +226,9 @@ class CoordinatorStore(Store):
         two calls (and two read barriers) per peer of each group it connects, about 40% of
         its store calls. The ``get`` answers the value the ``wait`` read, as if it had run
         at that moment: between the two, only a write of this very key by another rank
-        could tell, and the keys waited for this way (gloo's addresses) are written once."""
+        could tell, and the keys waited for this way (gloo's addresses) are written once.
+        The value answers only a get that follows within ``_WAITED_VALUE_S`` (gloo's comes
+        back to back), so no slower exchange between ranks can fit between the two."""
         timeout_s = self._timeout_s(timeout)
         if len(keys) == 1:
             key = _text(keys[0])
@@ -227,7 +238,7 @@ class CoordinatorStore(Store):
                 key=key,
                 wait_s=timeout_s,
             )
-            self._waited.value = (key, value)
+            self._waited.value = (key, value, time.monotonic())
             return
         self._call(
             "wait",

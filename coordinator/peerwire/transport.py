@@ -294,7 +294,7 @@ class StreamSender:
         if self._failing_since is None:
             self._failing_since = self._clock()
             log.warning(
-                "member %d: lost the connection to member %d%s: %s; retrying",
+                "member %d: lost the stream to member %d%s: %s; retrying",
                 self._host.member_id,
                 self._peer_id,
                 f" at {address}" if address else "",
@@ -302,7 +302,7 @@ class StreamSender:
             )
         else:
             log.debug(
-                "member %d: connection to member %d: %s",
+                "member %d: stream to member %d: %s",
                 self._host.member_id,
                 self._peer_id,
                 reason,
@@ -311,8 +311,7 @@ class StreamSender:
     def _note_restored(self, address: str) -> None:
         if self._failing_since is not None:
             log.info(
-                "member %d: connection to member %d at %s restored after %.1f s "
-                "(%d failed connections)",
+                "member %d: stream to member %d at %s restored after %.1f s (%d failed streams)",
                 self._host.member_id,
                 self._peer_id,
                 address,

@@ -214,9 +214,9 @@ async def test_hello_and_liveness_reports_travel_on_the_stream_protocol(
 # -- the wire, by hand ------------------------------------------------------------------
 
 
-async def open_raw(address: str, kind: int = frames.KIND_RAFT, version: int = 1) -> tuple[
-    asyncio.StreamReader, asyncio.StreamWriter
-]:
+async def open_raw(
+    address: str, kind: int = frames.KIND_RAFT, version: int = 1
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     host, port = address.rsplit(":", 1)
     reader, writer = await asyncio.open_connection(host, int(port))
     writer.write(frames.preamble(kind, version))

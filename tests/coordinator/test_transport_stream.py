@@ -360,7 +360,7 @@ async def test_garbage_after_the_header_is_refused_as_unauthenticated(
     await peer.start()
     reader, writer, _ = await opened(peer.address)
     writer.write(frames.frame(frames.BATCH, b"\xc1garbage"))
-    kind, body = await read_frame(reader)
+    _kind, body = await read_frame(reader)
     assert frames.decode_error(body)[:2] == ("UNAUTHENTICATED", "peer authentication failed")
     writer.close()
     assert not receiver.delivered

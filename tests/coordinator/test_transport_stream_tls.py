@@ -7,6 +7,7 @@ the listener's certificate signed by the CA and naming the host it dialled.
 
 from __future__ import annotations
 
+import functools
 import random
 import shutil
 import ssl
@@ -69,9 +70,8 @@ async def test_members_talk_over_tls_and_a_certificate_must_name_its_member(
             context = tls_files(certs, cert).client_ssl_context()
             peer = PeerClient(f"127.0.0.1:{port}", b"transport-test-secret", ssl_context=context)
             peer.cluster_id = sender_host.cluster_id
-            code, details = await _in_thread(
-                lambda: peer.send([peer.batch(claimed, 2, [heartbeat(50)])])
-            )
+            batch = peer.batch(claimed, 2, [heartbeat(50)])
+            code, details = await _in_thread(functools.partial(peer.send, [batch]))
             assert code.name == "PERMISSION_DENIED", (cert, code, details)
             assert f"not rallypoint-member-{claimed}" in details
         # No certificate at all: the listener ends the handshake (with TLS 1.3 the dialer

@@ -23,10 +23,10 @@ from hypothesis import strategies as st
 from rallypoint.coordinator.peerwire import frames
 
 # Preamble fields worth drawing: the right ones often, the edges of each byte otherwise.
-_VERSIONS = st.sampled_from([frames.FRAME_VERSION, frames.FRAME_VERSION] + [0, 2, 255])
-_KINDS = st.sampled_from(sorted(frames.KINDS) + [0, 5, 255])
+_VERSIONS = st.sampled_from([frames.FRAME_VERSION, frames.FRAME_VERSION, 0, 2, 255])
+_KINDS = st.sampled_from([*sorted(frames.KINDS), 0, 5, 255])
 _MAGICS = st.sampled_from([frames.MAGIC, frames.MAGIC, frames.MAGIC, b"RPPX", b"PRI ", b"\0\0\0\0"])
-_TYPES = st.sampled_from(sorted(frames.FRAME_TYPES) + [0, 12, 255])
+_TYPES = st.sampled_from([*sorted(frames.FRAME_TYPES), 0, 12, 255])
 _LENGTHS = st.one_of(
     st.integers(0, 64),
     st.sampled_from(

@@ -77,7 +77,10 @@ def parse_preamble(data: bytes) -> int:
         )
     magic, version, kind, reserved = PREAMBLE.unpack(data)
     if magic != MAGIC:
-        raise VersionError(f"it does not speak the rallypoint peer protocol (first bytes {data!r})")
+        raise VersionError(
+            f"it does not speak the stream peer protocol (first bytes {data!r}): a member on "
+            "the gRPC peer transport, or not a member"
+        )
     if version != FRAME_VERSION:
         raise VersionError(
             f"it speaks peer frame version {version}; this member speaks {FRAME_VERSION} "

@@ -80,6 +80,7 @@ class PeerListener:
         self._ssl = ssl_context
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
         # Per kind of refused connection: when it was last logged, and how many since.
         self._logged: dict[str, tuple[float, int]] = {}
         self.refused = 0  # connections refused before their first frame (counted for tests)
@@ -92,8 +93,17 @@ class PeerListener:
     async def start(self, address: str) -> None:
         host, port = split_address(address)
         self._server = await asyncio.start_server(
-            self._accept, host or None, port, ssl=self._ssl, reuse_address=True
+            self._connected, host or None, port, ssl=self._ssl, reuse_address=True
         )
+
+    def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Each connection's writer is known from its first moment, so that stop() closes
+        it even if its task is cancelled before it ran."""
+        self._writers.add(writer)
+        task = asyncio.get_running_loop().create_task(self._accept(reader, writer))
+        self._conns.add(task)
+        task.add_done_callback(self._conns.discard)
+        task.add_done_callback(lambda _task: self._writers.discard(writer))
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop listening and end every connection (``grace``: accepted for the gRPC
@@ -106,20 +116,19 @@ class PeerListener:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        for writer in list(self._writers):
+            writer.close()
         if self._server is not None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(1.0):
                     await self._server.wait_closed()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
         conn = FrameConn(reader, writer)
-        if len(self._conns) >= MAX_CONNECTIONS:
+        if len(self._conns) > MAX_CONNECTIONS:
             self._note("too_many", f"over {MAX_CONNECTIONS} peer connections: one closed")
             await conn.aclose()
             return
-        self._conns.add(task)
         try:
             await self._serve(conn)
         except (ConnectionLost, ConnectionError, OSError) as exc:
@@ -129,7 +138,6 @@ class PeerListener:
             # cancellation as an error (Python 3.11).
             pass
         finally:
-            self._conns.discard(task)
             await conn.aclose()
 
     async def _serve(self, conn: FrameConn) -> None:

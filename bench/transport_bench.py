@@ -13,6 +13,12 @@ figures are the floor any design on this transport stands on:
   goes one way and the answer comes back on the other stream.
 - ``tcp_stream``: the same ping-pong over two plain TCP connections on uvloop with a
   4-byte length prefix per message: what a message costs without gRPC.
+- ``peer_grpc`` and ``peer_stream``: the same ping-pong through rallypoint's own peer
+  transports, end to end: a MsgApp carrying one 400-byte entry, sent by the member's sender
+  (encoded, batched, stamped under the session's MAC) and taken by its receiver (checked,
+  decoded, handed to a stand-in for Raft that answers at once), over gRPC
+  (``coordinator/transport.py``, ``peer_service.py``) and over the stream peer protocol
+  (``coordinator/peerwire/``).
 
 Every probe runs in fresh processes (both ends on uvloop, on the same machine as each other
 and as nothing else of this benchmark); the processes count their own CPU (all threads, from
@@ -23,9 +29,11 @@ Output (``--out``, default ``bench/results/transport.json``): ``machine``, ``ver
 trip: a call and its answer, or a message and its answer), ``cpu_per_message_us`` (the CPU
 both ends spent per message sent and received, over all threads) and, for ``grpc_unary``,
 ``client_cpu_per_call_us`` and ``server_cpu_per_call_us``, each with its ``trials``; and
-``ratios`` {``stream_cpu``, ``stream_p50``}: grpc_stream / tcp_stream. The plot
-(``transport.png``) shows the round trips and the CPU per message. The last line of stdout
-is ``transport: grpc_stream/tcp_stream cpu <x>x p50 <y>x; grpc_unary p50 <z> us``.
+``ratios`` {``stream_cpu``, ``stream_p50``}: grpc_stream / tcp_stream, and
+{``peer_cpu``, ``peer_p50``}: peer_grpc / peer_stream (what the stream peer protocol saves).
+The plot (``transport.png``) shows the round trips and the CPU per message. The last line of
+stdout is ``transport: grpc_stream/tcp_stream cpu <x>x p50 <y>x; grpc_unary p50 <z> us;
+peer_grpc/peer_stream cpu <u>x p50 <v>x``.
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ from typing import Any
 
 from bench.common import machine_info, package_versions, percentile, write_results
 
-PROBES = ("grpc_unary", "grpc_stream", "tcp_stream")
+PROBES = ("grpc_unary", "grpc_stream", "tcp_stream", "peer_grpc", "peer_stream")
 REQUEST = bytes(300)
 ANSWER = b"ok"
 MESSAGE = bytes(400)
@@ -156,7 +164,12 @@ async def _stream_end(
 
     loop = asyncio.get_running_loop()
     send: Callable[[bytes], Any]
-    if kind == "grpc":
+    closing: Callable[[], Any] | None = None
+    if kind == "peer":
+        send, closing = await _peer_end(initiator, on_message, pipe, grpc_peer=False)
+    elif kind == "peergrpc":
+        send, closing = await _peer_end(initiator, on_message, pipe, grpc_peer=True)
+    elif kind == "grpc":
         import grpc.aio
 
         server, port = await _grpc_server(on_message, unary=False)
@@ -183,7 +196,14 @@ async def _stream_end(
             transport.write(frame_header + message)
 
     pipe.send("connected")
-    pipe.recv()  # both ends are connected
+    # A peer probe's member must keep serving while it waits (keepalives, the last answer
+    # still queued in its sender): it waits off the event loop.
+    peer = kind in ("peer", "peergrpc")
+
+    async def wait_for_parent() -> Any:
+        return await loop.run_in_executor(None, pipe.recv) if peer else pipe.recv()
+
+    await wait_for_parent()  # both ends are connected
     latencies: list[float] = []
     if initiator:
         cpu_start = 0.0
@@ -202,14 +222,108 @@ async def _stream_end(
             await send(MESSAGE)
         cpu_used = counter.cpu_end_s - counter.cpu_start_s
     pipe.send({"latencies_s": latencies, "cpu_s": cpu_used})
-    pipe.recv()  # the other end has finished too: now the connections may close
-    if kind == "grpc":
+    await wait_for_parent()  # the other end has finished too: now connections may close
+    if closing is not None:
+        await closing()
+    elif kind == "grpc":
         call.cancel()
         await channel.close(None)
         await server.stop(0)
     else:
         transport.close()
         tcp_server.close()
+
+
+class _BenchMember:
+    """A stand-in member for the peer probes: both ends of the peer port's host protocols,
+    handing every message delivered to ``on_message`` and checking nothing of its own."""
+
+    def __init__(self, member_id: int, on_message: Callable[[bytes], Any]) -> None:
+        from rallypoint.coordinator.peer_auth import PeerKey
+
+        self.member_id = member_id
+        self.cluster_id = 0x62656E6368
+        self.peer_key = PeerKey(b"bench-peer-secret-0123456789")
+        self.incarnation = 1
+        self.abstaining = False
+        self.accepts_traffic = True
+        self.stopping = False
+        self.peer_names_required = False
+        self.max_snapshot_bytes = 1 << 20
+        self.addresses: dict[int, str] = {}
+        self._on_message = on_message
+
+    def deliver(self, messages: list[Any], incarnation: int, abstaining: bool) -> None:
+        for _ in messages:
+            self._on_message(b"")
+
+    def validate_entries(self, entries: Any) -> None:
+        pass
+
+    def peer_address(self, member_id: int) -> str | None:
+        return self.addresses.get(member_id)
+
+    def report_unreachable(self, member_id: int) -> None:
+        pass
+
+    def report_snapshot(self, member_id: int, ok: bool) -> None:
+        pass
+
+
+async def _peer_end(
+    initiator: bool,
+    on_message: Callable[[bytes], Any],
+    pipe: multiprocessing.connection.Connection,
+    grpc_peer: bool,
+) -> tuple[Callable[[bytes], Any], Callable[[], Any]]:
+    """One member's end of a peer probe: its receiver serving, its sender to the other."""
+    import random
+
+    from rallypoint.raft.types import Entry, Index, Message, MessageType, NodeId, Term
+
+    me, other_id = (1, 2) if initiator else (2, 1)
+    member = _BenchMember(me, on_message)
+    rng = random.Random(me)
+    if grpc_peer:
+        import grpc.aio
+
+        from rallypoint.coordinator.peer_service import add_peer_service
+        from rallypoint.coordinator.preflight import SERVER_OPTIONS
+        from rallypoint.coordinator.transport import Transport
+
+        # A member's options: its peers' keepalive pings are welcome.
+        server = grpc.aio.server(options=SERVER_OPTIONS)
+        add_peer_service(server, member)  # type: ignore[arg-type]
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        transport: Any = Transport(member, rng)  # type: ignore[arg-type]
+    else:
+        from rallypoint.coordinator.peerwire.server import PeerListener
+        from rallypoint.coordinator.peerwire.transport import StreamTransport
+
+        server = PeerListener(member)  # type: ignore[arg-type]
+        await server.start("127.0.0.1:0")
+        port = server.port
+        transport = StreamTransport(member, rng)  # type: ignore[arg-type]
+    pipe.send(port)
+    other = await asyncio.get_running_loop().run_in_executor(None, pipe.recv)
+    member.addresses[other_id] = f"127.0.0.1:{other}"
+    message = Message(
+        type=MessageType.MsgApp,
+        to=NodeId(other_id),
+        from_=NodeId(me),
+        term=Term(1),
+        entries=(Entry(index=Index(1), term=Term(1), data=MESSAGE),),
+    )
+
+    async def send(_payload: bytes) -> None:
+        transport.send([message])
+
+    async def close() -> None:
+        await transport.stop()
+        await server.stop(None)
+
+    return send, close
 
 
 async def _unary_server(measured: int, pipe: multiprocessing.connection.Connection) -> None:
@@ -298,7 +412,7 @@ def run_probe(probe: str, measured: int) -> dict[str, Any]:
             "client_cpu_per_call_us": client_result["cpu_s"] / measured * 1e6,
             "server_cpu_per_call_us": server_result["cpu_s"] / measured * 1e6,
         }
-    kind = probe.split("_")[0]
+    kind = {"peer_stream": "peer", "peer_grpc": "peergrpc"}.get(probe, probe.split("_")[0])
     responder, responder_pipe = _start(context, f"{kind}_responder", measured)
     initiator, initiator_pipe = _start(context, f"{kind}_initiator", measured)
     try:
@@ -351,7 +465,7 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
 
     figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     names = list(results)
-    colours = ["#4c72b0", "#dd8452", "#55a868"][: len(names)]
+    colours = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3"][: len(names)]
     left.bar(names, [results[name]["p50_us"] for name in names], color=colours)
     left.set_title("round trip, p50 (us)")
     right.bar(names, [results[name]["cpu_per_message_us"] for name in names], color=colours)
@@ -421,7 +535,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 flush=True,
             )
     results = {name: summarize(trials[name]) for name in probes}
-    ratios: dict[str, float | None] = {"stream_cpu": None, "stream_p50": None}
+    ratios: dict[str, float | None] = {
+        "stream_cpu": None,
+        "stream_p50": None,
+        "peer_cpu": None,
+        "peer_p50": None,
+    }
+    if "peer_grpc" in results and "peer_stream" in results:
+        peer_grpc, peer_stream = results["peer_grpc"], results["peer_stream"]
+        ratios["peer_cpu"] = ratio(
+            peer_grpc["cpu_per_message_us"], peer_stream["cpu_per_message_us"]
+        )
+        ratios["peer_p50"] = ratio(peer_grpc["p50_us"], peer_stream["p50_us"])
     if "grpc_stream" in results and "tcp_stream" in results:
         grpc_stream, tcp_stream = results["grpc_stream"], results["tcp_stream"]
         ratios["stream_cpu"] = ratio(
@@ -456,7 +581,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     unary_text = f"{unary['p50_us']:.0f} us" if unary else "n/a"
     print(
         f"transport: grpc_stream/tcp_stream cpu {shown(ratios['stream_cpu'])} "
-        f"p50 {shown(ratios['stream_p50'])}; grpc_unary p50 {unary_text}"
+        f"p50 {shown(ratios['stream_p50'])}; grpc_unary p50 {unary_text}; "
+        f"peer_grpc/peer_stream cpu {shown(ratios['peer_cpu'])} p50 {shown(ratios['peer_p50'])}"
     )
     return 0
 

@@ -21,7 +21,9 @@ import json
 import logging
 import os
 import signal
+import ssl
 import sys
+import tempfile
 import time
 import tomllib
 from collections.abc import Callable
@@ -74,6 +76,17 @@ __all__ = [
 log = logging.getLogger("rallypoint.daemon")
 
 
+def _load_chain(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
+    """``load_cert_chain`` takes files only: the PEM goes through a private temporary one."""
+    with tempfile.TemporaryDirectory() as folder:
+        cert_path, key_path = os.path.join(folder, "cert.pem"), os.path.join(folder, "key.pem")
+        for path, data in ((cert_path, cert), (key_path, key)):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        context.load_cert_chain(cert_path, key_path)
+
+
 @dataclass
 class TlsFiles:
     """PEM files for mutual TLS: this member's certificate and key, and the CA that signs
@@ -106,6 +119,24 @@ class TlsFiles:
             root_certificates=ca, private_key=key, certificate_chain=cert
         )
 
+    def server_ssl_context(self) -> ssl.SSLContext:
+        """The stream peer port's TLS, by the rules of ``server_credentials``: this member's
+        certificate, and a client certificate signed by the CA required."""
+        cert, key, ca = self.read()
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cadata=ca.decode())
+        context.verify_mode = ssl.CERT_REQUIRED
+        _load_chain(context, cert, key)
+        return context
+
+    def client_ssl_context(self) -> ssl.SSLContext:
+        """The stream peer dialer's TLS, by the rules of ``channel_credentials``: the
+        listener's certificate signed by the CA and naming the host dialled; this member's
+        certificate presented."""
+        cert, key, ca = self.read()
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=ca.decode())
+        _load_chain(context, cert, key)
+        return context
+
     def check(self) -> None:
         """Refuse files that are unreadable, not PEM, or a key that is not the
         certificate's, naming the file (before anything starts)."""
@@ -132,6 +163,7 @@ class Settings:
     # the process's environment or command line) the secret itself.
     peer_secret_file: str = ""
     peer_secret: str = ""
+    peer_transport: str = "grpc"
     tick_ms: int = 100
     election_ticks: int = 10
     heartbeat_ticks: int = 1
@@ -315,6 +347,7 @@ class Settings:
                 lease_reads=self.lease_reads,
                 snapshot_entries=self.snapshot_entries,
                 wal_segment_size_bytes=self.wal_segment_size_bytes(),
+                peer_transport=self.peer_transport,
             )
             config.validate()
         except ValueError as exc:

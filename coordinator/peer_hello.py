@@ -34,12 +34,9 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
-import grpc
-import grpc.aio
-
-from rallypoint.proto.peer.v1 import peer_pb2, peer_pb2_grpc
+from rallypoint.proto.peer.v1 import peer_pb2
 
 from .bootstrap_rule import Answer, Decision, Verdict, decide
 from .peer_auth import HELLO_ANSWER_TAG, HELLO_TAG, HELLO_VERSION_TAG, PeerKey
@@ -50,6 +47,10 @@ log = logging.getLogger("rallypoint.node")
 ANSWER_TIMEOUT_S = 1.0
 RETRY_S = 0.3
 REPORT_EVERY_S = 5.0
+
+# How a member asks another Hello over its peer transport: (address, request, timeout) ->
+# the answer as it came (verified here), or None when none came.
+HelloCall = Callable[[str, peer_pb2.HelloRequest, float], Awaitable[peer_pb2.HelloAnswer | None]]
 
 
 def hello_request_fields(request: peer_pb2.HelloRequest) -> list[int | bytes]:
@@ -103,7 +104,7 @@ async def ask(
     me: int,
     cluster_id: int,
     key: PeerKey,
-    channel_factory: Callable[[str], grpc.aio.Channel],
+    call: HelloCall,
     timeout_s: float = 1.0,
     *,
     probe: bool = False,
@@ -118,16 +119,10 @@ async def ask(
     request.mac = key.sign(HELLO_TAG, hello_request_fields(request))
     request.version_probe = probe
     request.record_version, request.version_mac = advertise(key, request.nonce, me, probe)
-    channel = channel_factory(address)
-    try:
-        answer: peer_pb2.HelloAnswer = await peer_pb2_grpc.RaftStub(channel).Hello(
-            request, timeout=timeout_s
-        )
-    except grpc.aio.AioRpcError as exc:
-        log.debug("member %d: no answer from member %d at %s: %s", me, peer_id, address, exc)
+    answer = await call(address, request, timeout_s)
+    if answer is None:
+        log.debug("member %d: no answer from member %d at %s", me, peer_id, address)
         return None
-    finally:
-        await channel.close(grace=None)
     version = advertised_version(
         key, request.nonce, answer.member_id, answer.record_version, answer.version_mac
     )
@@ -149,9 +144,9 @@ async def _ask(
     me: int,
     cluster_id: int,
     key: PeerKey,
-    channel_factory: Callable[[str], grpc.aio.Channel],
+    call: HelloCall,
 ) -> peer_pb2.HelloAnswer | None:
-    answered = await ask(peer_id, address, me, cluster_id, key, channel_factory, ANSWER_TIMEOUT_S)
+    answered = await ask(peer_id, address, me, cluster_id, key, call, ANSWER_TIMEOUT_S)
     return None if answered is None else answered[0]
 
 
@@ -160,7 +155,7 @@ async def ask_peers(
     cluster_id: int,
     key: PeerKey,
     peers: dict[int, str],
-    channel_factory: Callable[[str], grpc.aio.Channel],
+    call: HelloCall,
 ) -> Verdict:
     """Ask ``peers`` (the other initial members: id -> peer address) until
     ``bootstrap_rule.decide`` creates or rejoins (never returns WAIT)."""
@@ -173,7 +168,7 @@ async def ask_peers(
         # is creating the cluster alongside this one (bootstrap_rule, "at different times").
         pending = {i: a for i, a in peers.items() if i not in answers}
         replies = await asyncio.gather(
-            *(_ask(i, a, me, cluster_id, key, channel_factory) for i, a in pending.items())
+            *(_ask(i, a, me, cluster_id, key, call) for i, a in pending.items())
         )
         for peer_id, reply in zip(pending, replies, strict=True):
             if reply is not None:

@@ -149,6 +149,28 @@ async def open_session(
     return OutboundSession(key, challenge)
 
 
+class PeerTransport(Protocol):
+    """What the member needs of its peer transport (this module's, or ``peerwire``'s)."""
+
+    def send(self, messages: tuple[Message, ...] | list[Message]) -> None: ...
+
+    async def hello(
+        self, address: str, request: peer_pb2.HelloRequest, timeout_s: float
+    ) -> peer_pb2.HelloAnswer | None: ...
+
+    async def liveness(self, member_id: int, payload: bytes, timeout_s: float = 2.0) -> bool: ...
+
+    async def remove_peer(self, member_id: int) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class PeerServer(Protocol):
+    """A running peer port (a grpc server, or ``peerwire``'s listener)."""
+
+    async def stop(self, grace: float | None) -> None: ...
+
+
 class PeerSender:
     """Delivers messages to one peer over a long-lived stream; see the module docstring.
 
@@ -491,6 +513,22 @@ class Transport:
     def channel(self, address: str) -> grpc.aio.Channel:
         """A new channel to ``address`` (plain or TLS, as this member's peers use)."""
         return self._channel_factory(address)
+
+    async def hello(
+        self, address: str, request: peer_pb2.HelloRequest, timeout_s: float
+    ) -> peer_pb2.HelloAnswer | None:
+        """Ask ``address`` Hello (peer_hello.py); its answer, or None when none came."""
+        channel = self._channel_factory(address)
+        try:
+            answer: peer_pb2.HelloAnswer = await peer_pb2_grpc.RaftStub(channel).Hello(
+                request, timeout=timeout_s
+            )
+        except grpc.aio.AioRpcError as exc:
+            log.debug("no hello answer from %s: %s", address, exc)
+            return None
+        finally:
+            await channel.close(grace=None)
+        return answer
 
     def send(self, messages: tuple[Message, ...] | list[Message]) -> None:
         for message in messages:

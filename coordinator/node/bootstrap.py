@@ -25,9 +25,6 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import logging
-from collections.abc import Callable
-
-import grpc.aio
 
 from rallypoint.raft.log_storage import CompactedError, UnavailableError
 from rallypoint.raft.storage.disk_storage import DiskStorage, PersistRequest
@@ -47,7 +44,7 @@ from ..bootstrap_rule import Decision
 from ..identity import Identity
 from ..member_table import MemberTable, encode_app_snapshot
 from ..peer_auth import PeerKey
-from ..peer_hello import ask_peers
+from ..peer_hello import HelloCall, ask_peers
 from ..state.machine import StateMachine
 from .api import NodeStartError
 from .config import NodeConfig
@@ -85,7 +82,7 @@ def is_blank(storage: DiskStorage) -> bool:
 async def settle_identity(
     config: NodeConfig,
     peer_key: PeerKey,
-    channel: Callable[[str], grpc.aio.Channel],
+    hello: HelloCall,
     storage: DiskStorage,
     found: Identity | None,
     disk: concurrent.futures.Executor,
@@ -99,7 +96,7 @@ async def settle_identity(
     intact_creation = found is not None and not found.abstaining and not is_blank(storage)
     if is_fresh(storage) and not intact_creation:
         boots = 0 if found is None else found.boots
-        identity, create = await begin_from_empty_storage(config, peer_key, channel, boots)
+        identity, create = await begin_from_empty_storage(config, peer_key, hello, boots)
         if create and is_blank(storage):
             await bootstrap(config, storage, disk, rejoining=identity.abstaining)
     elif found is None:
@@ -148,7 +145,7 @@ def has_caught_up(
 
 
 async def begin_from_empty_storage(
-    config: NodeConfig, peer_key: PeerKey, channel: Callable[[str], grpc.aio.Channel], boots: int
+    config: NodeConfig, peer_key: PeerKey, hello: HelloCall, boots: int
 ) -> tuple[Identity, bool]:
     """A new incarnation for a member whose storage holds nothing of a cluster yet: it
     creates the cluster with the other initial members, or (the cluster exists) it lost
@@ -167,7 +164,7 @@ async def begin_from_empty_storage(
             "create a cluster, or join an existing one"
         )
     peers = {i: a.peer_address for i, a in config.initial_members.items() if i != config.member_id}
-    verdict = await ask_peers(config.member_id, cluster_id, peer_key, peers, channel)
+    verdict = await ask_peers(config.member_id, cluster_id, peer_key, peers, hello)
     if verdict.decision is Decision.REFUSED:
         raise NodeStartError(
             f"member {config.member_id} is not in the configuration of the running "

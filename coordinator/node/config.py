@@ -10,6 +10,7 @@ addresses still refuse each other.
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -19,7 +20,9 @@ from ..member_table import MemberAddress
 from ..peer_auth import cluster_id_for
 from ..state.machine import Limits
 
-__all__ = ["NodeConfig", "PeerTls"]
+__all__ = ["PEER_TRANSPORTS", "NodeConfig", "PeerTls"]
+
+PEER_TRANSPORTS = ("grpc", "stream")
 
 
 class PeerTls(Protocol):
@@ -28,6 +31,10 @@ class PeerTls(Protocol):
     def server_credentials(self) -> grpc.ServerCredentials: ...
 
     def channel_credentials(self) -> grpc.ChannelCredentials: ...
+
+    def server_ssl_context(self) -> ssl.SSLContext: ...
+
+    def client_ssl_context(self) -> ssl.SSLContext: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +78,10 @@ class NodeConfig:
     # After becoming leader, no worker is declared failed for this long: heartbeats need a
     # moment to find the new leader.
     detector_grace_ms: int = 2000
+    # How the peer port speaks: "grpc" (service rallypoint.peer.v1.Raft) or "stream" (the
+    # stream peer protocol, coordinator/peerwire/, docs/peer-protocol.md). Every member of a
+    # cluster must use the same.
+    peer_transport: str = "grpc"
 
     @property
     def cluster_id(self) -> int:
@@ -83,6 +94,10 @@ class NodeConfig:
         return entries + entries * ((self.member_id - 1) % 4) // 10
 
     def validate(self) -> None:
+        if self.peer_transport not in PEER_TRANSPORTS:
+            raise ValueError(
+                f"peer transport {self.peer_transport!r} is not one of {', '.join(PEER_TRANSPORTS)}"
+            )
         if len(self.peer_secret) < 16:
             raise ValueError(
                 "a peer secret of at least 16 bytes is required (make one with "

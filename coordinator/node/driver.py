@@ -50,9 +50,6 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
-import grpc
-import grpc.aio
-
 from rallypoint.client.tasks import cancel_and_wait
 from rallypoint.raft import (
     RawNode,
@@ -90,7 +87,7 @@ from ..state.values import Event
 from ..state.versions import required_version
 from ..state.view import StateView
 from ..state.watch import by_revision
-from ..transport import Transport
+from ..transport import PeerServer
 from ..version import RECORD_VERSION, ClusterVersionError, startup_refusal
 from .api import (
     CompactedWatchError,
@@ -200,7 +197,7 @@ class Node:
         )
         self._applied_signal = asyncio.Event()
         self._leader_signal = asyncio.Event()
-        self._transport = Transport(self.peers, self._rng, self.peers.channel_factory())
+        self._transport = self.peers.transport(self._rng)
         self.supervisor = RendezvousSupervisor(
             self._sm,
             self._propose_quietly,
@@ -218,7 +215,7 @@ class Node:
             lambda: self._sm.cluster_version,
             lambda version: self._propose_quietly(ClusterVersion(version)),
         )
-        self._peer_server: grpc.aio.Server | None = None
+        self._peer_server: PeerServer | None = None
         self._stopping = False
         self.removed = False
 
@@ -239,7 +236,7 @@ class Node:
         # may itself be asking them (every member of a new cluster starts at once).
         self._peer_server = await self.peers.serve()
         identity = await settle_identity(
-            config, self.peers.peer_key, self._transport.channel, storage, found, self._disk
+            config, self.peers.peer_key, self._transport.hello, storage, found, self._disk
         )
         self.identity = identity
         # Unique across restarts, and across a lost data directory (the incarnation): a

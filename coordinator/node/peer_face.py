@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
@@ -33,9 +34,11 @@ from ..member_table import decode_app_snapshot
 from ..metrics import NodeMetrics
 from ..peer_auth import PeerKey
 from ..peer_service import add_peer_service
+from ..peerwire.server import PeerListener
+from ..peerwire.transport import StreamTransport
 from ..preflight import SERVER_OPTIONS
 from ..state.machine import StateMachine
-from ..transport import GRPC_OPTIONS
+from ..transport import GRPC_OPTIONS, PeerServer, PeerTransport, Transport
 from .bootstrap import is_fresh
 from .config import NodeConfig, PeerTls
 from .proposals import DecodedEntries, validate_entries
@@ -346,8 +349,15 @@ class PeerFace:
         # so the loop sees the old or the new pair, never half of one.
         self._verified_snapshot = (snapshot.data, decoded)
 
-    async def serve(self) -> grpc.aio.Server:
-        """Start serving the peer port (``peer_service``), with TLS if configured."""
+    async def serve(self) -> PeerServer:
+        """Start serving the peer port (``peer_service`` over gRPC, or ``peerwire``'s
+        listener), with TLS if configured."""
+        if self.config.peer_transport == "stream":
+            listener = PeerListener(
+                self, None if self._peer_tls is None else self._peer_tls.server_ssl_context()
+            )
+            await listener.start(self.config.peer_address)
+            return listener
         server = grpc.aio.server(options=SERVER_OPTIONS)
         add_peer_service(server, self)
         if self._peer_tls is not None:
@@ -357,9 +367,17 @@ class PeerFace:
         await server.start()
         return server
 
+    def transport(self, rng: random.Random) -> PeerTransport:
+        """This member's peer transport, of the kind its peer port speaks, over TLS if
+        configured."""
+        tls = self._peer_tls
+        if self.config.peer_transport == "stream":
+            return StreamTransport(self, rng, None if tls is None else tls.client_ssl_context())
+        return Transport(self, rng, self.channel_factory())
+
     def channel_factory(self) -> Callable[[str], grpc.aio.Channel] | None:
-        """How the transport opens a channel to a peer: over TLS if configured (None: the
-        transport's default, insecure)."""
+        """How the gRPC transport opens a channel to a peer: over TLS if configured (None:
+        the transport's default, insecure)."""
         if self._peer_tls is None:
             return None
         credentials = self._peer_tls.channel_credentials()

@@ -25,7 +25,7 @@ from ..identity import Identity
 from ..peer_hello import ask as ask_hello
 from ..peer_service import remove_partial_snapshots
 from ..role_log import ROLE_NAMES
-from ..transport import Transport
+from ..transport import PeerTransport
 from ..version import RECORD_VERSION, startup_refusal
 from .api import Member, NodeStatus, PeerProgress
 from .config import NodeConfig
@@ -186,7 +186,7 @@ def version_members(membership: Membership) -> dict[int, str]:
 
 
 def version_asker(
-    own_id: int, cluster_id: int, peers: PeerFace, transport: Transport
+    own_id: int, cluster_id: int, peers: PeerFace, transport: PeerTransport
 ) -> Callable[[int, str], Awaitable[int | None]]:
     """How the leader asks a member the record version it advertises in its hello (None: no
     answer), given the member's id and peer address."""
@@ -200,7 +200,7 @@ def version_asker(
             own_id,
             cluster_id,
             peers.peer_key,
-            transport.channel,
+            transport.hello,
             probe=True,
         )
         return None if answered is None else answered[1]

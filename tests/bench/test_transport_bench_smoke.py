@@ -1,4 +1,4 @@
-"""The transport benchmark runs its three probes in fresh processes and writes the JSON
+"""The transport benchmark runs its five probes in fresh processes and writes the JSON
 `make bench-transport` promises; bad arguments get one-line errors."""
 
 from __future__ import annotations
@@ -38,17 +38,24 @@ def test_smoke_run_measures_every_probe(tmp_path: Path) -> None:
     assert document["benchmark"] == "transport"
     assert {"python", "grpcio", "uvloop"} <= set(document["versions"])
     assert document["parameters"]["messages"] == 200
-    assert set(document["results"]) == {"grpc_unary", "grpc_stream", "tcp_stream"}
+    assert set(document["results"]) == {
+        "grpc_unary",
+        "grpc_stream",
+        "tcp_stream",
+        "peer_grpc",
+        "peer_stream",
+    }
     for name, summary in document["results"].items():
         assert 0 < summary["p50_us"] <= summary["p99_us"], name
         assert summary["cpu_per_message_us"] > 0, name
         assert len(summary["trials"]) == 1, name
     unary = document["results"]["grpc_unary"]
     assert unary["client_cpu_per_call_us"] > 0 and unary["server_cpu_per_call_us"] > 0
-    assert set(document["ratios"]) == {"stream_cpu", "stream_p50"}
+    assert set(document["ratios"]) == {"stream_cpu", "stream_p50", "peer_cpu", "peer_p50"}
     assert all(value > 0 for value in document["ratios"].values())
     last = done.stdout.strip().splitlines()[-1]
     assert last.startswith("transport: grpc_stream/tcp_stream cpu "), last
+    assert "peer_grpc/peer_stream cpu " in last, last
     assert "GOAWAY" not in done.stderr
 
 

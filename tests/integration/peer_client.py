@@ -4,11 +4,19 @@ Tests play an outsider (no secret, or a wrong one) and a member gone wrong (the 
 malformed content) with it; the fuzzer builds on it. Requests on a stream are stamped as a
 member stamps them (coordinator/peer_session.py): the member's challenge arrives in the
 stream's initial metadata, then each request carries it and the next counter under its MAC.
+
+It speaks the member's peer transport: gRPC, or the stream protocol (coordinator/peerwire/)
+when ``RALLYPOINT_PEER_TRANSPORT=stream`` (as the members it is run against then do). On the
+stream protocol a refusal's status code is its ERROR frame's, and a connection the member
+ended without one (or a transfer it left unfinished) reads as OK, as the gRPC stream's end.
 """
 
 from __future__ import annotations
 
+import os
 import queue
+import socket
+import ssl
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -23,12 +31,14 @@ from rallypoint.coordinator.peer_auth import (
     cluster_id_for,
 )
 from rallypoint.coordinator.peer_session import OutboundSession, challenge_from_metadata
+from rallypoint.coordinator.peerwire import frames
 from rallypoint.proto.peer.v1 import peer_pb2
 from rallypoint.raft.codec import encode_message
 from rallypoint.raft.types import Message
 
 SEND = "/rallypoint.peer.v1.Raft/Send"
 INSTALL_SNAPSHOT = "/rallypoint.peer.v1.Raft/InstallSnapshot"
+LIVENESS = "/rallypoint.peer.v1.Raft/Liveness"
 # Builds a stream's requests (serialized) once its challenge is known (None: none came).
 Build = Callable[[bytes | None], Sequence[bytes]]
 
@@ -70,6 +80,84 @@ def stream_in_session(
     return grpc.StatusCode.OK, "", responses
 
 
+def stream_transport() -> bool:
+    """Whether the members under test speak the stream peer protocol."""
+    return os.environ.get("RALLYPOINT_PEER_TRANSPORT", "grpc") == "stream"
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes | None:
+    data = b""
+    while len(data) < n:
+        more = sock.recv(n - len(data))
+        if not more:
+            return None
+        data += more
+    return data
+
+
+def stream_frames_in_session(
+    address: str,
+    path: str,
+    build: Build,
+    timeout_s: float,
+    ssl_context: ssl.SSLContext | None = None,
+) -> tuple[grpc.StatusCode, str, list[bytes]]:
+    """``stream_in_session`` on the stream protocol: ``path`` picks the connection's kind
+    and frame type; the requests are record bodies (frames.encode_record)."""
+    kind, frame_type = {
+        SEND: (frames.KIND_RAFT, frames.BATCH),
+        INSTALL_SNAPSHOT: (frames.KIND_SNAPSHOT, frames.CHUNK),
+        LIVENESS: (frames.KIND_LIVENESS, frames.LIVENESS),
+    }[path]
+    host, port = address.rsplit(":", 1)
+    raw = socket.create_connection((host, int(port)), timeout=timeout_s)
+    sock = raw if ssl_context is None else ssl_context.wrap_socket(raw, server_hostname=host)
+    responses: list[bytes] = []
+    try:
+        sock.sendall(frames.preamble(kind))
+        theirs = _read_exactly(sock, frames.PREAMBLE.size)
+        if theirs is None:
+            return grpc.StatusCode.UNAVAILABLE, "closed at its start", responses
+        frames.parse_preamble(theirs)
+        challenge = None
+        header = _read_exactly(sock, frames.HEADER.size)
+        if header is not None:
+            length, got = frames.HEADER.unpack(header)
+            body = _read_exactly(sock, length) or b""
+            if got == frames.OPEN:
+                challenge = body
+        for payload in build(challenge):
+            try:
+                sock.sendall(frames.frame(frame_type, payload))
+            except OSError:
+                break  # the member ended the connection: what it said follows
+        if ssl_context is None:
+            sock.shutdown(socket.SHUT_WR)
+        else:
+            sock.sendall(frames.frame(frames.PING, b""))  # TLS: no half-close; a last ping
+        while True:
+            try:
+                header = _read_exactly(sock, frames.HEADER.size)
+            except (OSError, TimeoutError):
+                header = None
+            if header is None:
+                return grpc.StatusCode.OK, "", responses
+            length, got = frames.HEADER.unpack(header)
+            body = _read_exactly(sock, length) or b""
+            if got == frames.ERROR:
+                code, message, _reason = frames.decode_error(body)
+                return grpc.StatusCode[code], message, responses
+            if got == frames.PONG:
+                return grpc.StatusCode.OK, "", responses
+            responses.append(body)
+            if got == frames.SNAPSHOT_ACK:
+                return grpc.StatusCode.OK, "", responses
+    except ConnectionError:
+        return grpc.StatusCode.OK, "", responses
+    finally:
+        sock.close()
+
+
 class PeerClient:
     def __init__(
         self,
@@ -77,9 +165,12 @@ class PeerClient:
         secret: bytes | None,
         cluster_name: str = "rallypoint",
         credentials: grpc.ChannelCredentials | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.address = address
         self.credentials = credentials
+        self.ssl_context = ssl_context
+        self.stream = stream_transport()
         self.key = PeerKey(secret) if secret is not None else None
         self.cluster_id = cluster_id_for(secret, cluster_name) if secret is not None else 1
         # Every request sent, serialized as it went (tests replay them).
@@ -122,9 +213,22 @@ class PeerClient:
                 stamp = session.stamp(tag, fields(request))
                 request.challenge, request.counter = stamp.challenge, stamp.counter
                 request.mac = stamp.mac
-            out.append(request.SerializeToString())
+            if self.stream:
+                out.append(frames.encode_record(request))
+            else:
+                out.append(request.SerializeToString())
         self.sent.extend(out)
         return out
+
+    def _in_session(self, path: str, build: Build, timeout_s: float) -> tuple[grpc.StatusCode, str]:
+        if self.stream:
+            code, details, _ = stream_frames_in_session(
+                self.address, path, build, timeout_s, self.ssl_context
+            )
+            return code, details
+        with self.channel() as channel:
+            code, details, _ = stream_in_session(channel, path, build, timeout_s)
+        return code, details
 
     def send(
         self, batches: Iterable[peer_pb2.MessageBatch], timeout_s: float = 5.0
@@ -132,32 +236,24 @@ class PeerClient:
         """The status the member ends the stream with (OK when it took every batch), and
         its message."""
         batches = list(batches)
-        with self.channel() as channel:
-            code, details, _ = stream_in_session(
-                channel,
-                SEND,
-                lambda challenge: self._stamped(challenge, batches, BATCH_TAG, batch_fields),
-                timeout_s,
-            )
-        return code, details
+        return self._in_session(
+            SEND,
+            lambda challenge: self._stamped(challenge, batches, BATCH_TAG, batch_fields),
+            timeout_s,
+        )
 
     def send_raw(
         self, payloads: Sequence[bytes], path: str = SEND, timeout_s: float = 5.0
     ) -> tuple[grpc.StatusCode, str]:
         """Send serialized requests as they are (a replay) on a new stream."""
-        with self.channel() as channel:
-            code, details, _ = stream_in_session(channel, path, lambda _: payloads, timeout_s)
-        return code, details
+        return self._in_session(path, lambda _: payloads, timeout_s)
 
     def install(
         self, chunks: Iterable[peer_pb2.SnapshotChunk], timeout_s: float = 10.0
     ) -> tuple[grpc.StatusCode, str]:
         chunks = list(chunks)
-        with self.channel() as channel:
-            code, details, _ = stream_in_session(
-                channel,
-                INSTALL_SNAPSHOT,
-                lambda challenge: self._stamped(challenge, chunks, CHUNK_TAG, chunk_fields),
-                timeout_s,
-            )
-        return code, details
+        return self._in_session(
+            INSTALL_SNAPSHOT,
+            lambda challenge: self._stamped(challenge, chunks, CHUNK_TAG, chunk_fields),
+            timeout_s,
+        )

@@ -16,7 +16,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rallypoint.client import Client, TlsConfig, UnavailableError
-from rallypoint.coordinator.daemon import Reloads, Settings, SettingsError, parse_initial_cluster
+from rallypoint.coordinator.daemon import (
+    Reloads,
+    Settings,
+    SettingsError,
+    TlsFiles,
+    parse_initial_cluster,
+)
 from rallypoint.proto.v1 import kv_pb2, kv_pb2_grpc
 from rallypoint.raft.types import Message, MessageType, NodeId
 from tests.integration.harness import (
@@ -327,7 +333,11 @@ async def test_mutual_tls_on_both_ports(tmp_path: Path) -> None:
                 certs[f"{cert}.key"].read_bytes(),
                 certs[f"{cert}.pem"].read_bytes(),
             )
-            peer = PeerClient(peer_address, secret, credentials=credentials)
+            # The same certificate for a member on the stream peer transport.
+            context = TlsFiles(
+                str(certs[f"{cert}.pem"]), str(certs[f"{cert}.key"]), str(certs["ca.pem"])
+            ).client_ssl_context()
+            peer = PeerClient(peer_address, secret, credentials=credentials, ssl_context=context)
             heartbeat = Message(type=MessageType.MsgHeartbeat, to=NodeId(2), from_=NodeId(claimed))
             code, details = peer.send([peer.batch(claimed, 2, [heartbeat])])
             assert code is grpc.StatusCode.PERMISSION_DENIED, (cert, code, details)

@@ -254,4 +254,8 @@ def process_environment(unsafe: str | None) -> dict[str, str]:
         env["RALLYPOINT_UNSAFE_STORE_CACHE"] = "1"
     elif unsafe is not None:
         raise ValueError(f"unknown unsafe switch {unsafe!r}")
+    # The peer transport under test (RALLYPOINT_PEER_TRANSPORT=stream make jepsen).
+    transport = os.environ.get("RALLYPOINT_PEER_TRANSPORT")
+    if transport:
+        env["RALLYPOINT_PEER_TRANSPORT"] = transport
     return {**env, "PATH": os.environ.get("PATH", "")}

@@ -1,0 +1,465 @@
+"""The stream peer transport on loopback (coordinator/peerwire/).
+
+The same contract as the gRPC transport's (test_transport.py): every message handed to
+``send`` is delivered, or ``report_unreachable`` (``report_snapshot`` for snapshots) is
+called after it was handed over; plus what only this transport has to show: its frames'
+version, bounds and keepalives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import socket
+import struct
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from rallypoint.coordinator.peer_auth import BATCH_TAG, batch_fields
+from rallypoint.coordinator.peer_hello import ask
+from rallypoint.coordinator.peer_session import OutboundSession
+from rallypoint.coordinator.peerwire import conn as conn_module
+from rallypoint.coordinator.peerwire import frames
+from rallypoint.coordinator.peerwire.server import PeerListener
+from rallypoint.coordinator.peerwire.transport import (
+    KEEPALIVE_S,
+    StreamSender,
+    StreamTransport,
+)
+from rallypoint.coordinator.transport import OUTBOX_LIMIT
+from rallypoint.proto.peer.v1 import peer_pb2
+from rallypoint.raft.codec import encode_message
+from rallypoint.raft.types import Entry, Index, Message, MessageType, NodeId, Term
+from tests.coordinator.test_transport import (
+    CLUSTER_ID,
+    Host,
+    delivered_numbers,
+    free_port,
+    heartbeat,
+    snapshot_message,
+    wait_for,
+)
+
+
+class StreamPeer:
+    """Member 2's stream listener, which can be stopped and started again on its port."""
+
+    def __init__(self, host: Host, port: int) -> None:
+        self.host = host
+        self.port = port
+        self.address = f"127.0.0.1:{port}"
+        self.listener: PeerListener | None = None
+
+    async def start(self) -> None:
+        self.listener = PeerListener(self.host)
+        await self.listener.start(self.address)
+
+    async def stop(self) -> None:
+        if self.listener is not None:
+            await self.listener.stop(grace=None)
+            self.listener = None
+
+
+@pytest.fixture
+async def pair(tmp_path: Path) -> AsyncIterator[tuple[Host, Host, StreamPeer, StreamSender]]:
+    sender_host = Host(1, tmp_path / "1")
+    receiver_host = Host(2, tmp_path / "2")
+    (tmp_path / "2").mkdir()
+    peer = StreamPeer(receiver_host, free_port())
+    sender_host.addresses[2] = peer.address
+    sender = StreamSender(sender_host, 2, None, random.Random(7))
+    sender.start()
+    try:
+        yield sender_host, receiver_host, peer, sender
+    finally:
+        await sender.stop()
+        await peer.stop()
+
+
+async def send_and_account(sender: StreamSender, host: Host, receiver: Host, n: int) -> bool:
+    """Send heartbeat ``n``; wait until it is delivered (True) or Raft is told that
+    something may be lost (False). Neither within seconds is a silent loss."""
+    reports_before = host.unreachable
+    sender.send(heartbeat(n))
+    await wait_for(
+        lambda: n in delivered_numbers(receiver) or host.unreachable > reports_before,
+        5.0,
+        f"heartbeat {n} to arrive or be reported lost",
+    )
+    return n in delivered_numbers(receiver)
+
+
+async def test_messages_arrive_and_a_peer_down_is_reported(
+    pair: tuple[Host, Host, StreamPeer, StreamSender],
+) -> None:
+    host, receiver, peer, sender = pair
+    for n in range(1, 10):
+        sender.send(heartbeat(n))
+        await asyncio.sleep(0.02)
+    await wait_for(lambda: host.unreachable >= 1, 5.0, "the peer reported unreachable")
+    await peer.start()
+    outcomes = [await send_and_account(sender, host, receiver, n) for n in range(100, 140)]
+    assert all(outcomes[-20:]), outcomes
+
+
+async def test_a_connection_that_breaks_is_reported_and_reopened(
+    pair: tuple[Host, Host, StreamPeer, StreamSender],
+) -> None:
+    host, receiver, peer, sender = pair
+    await peer.start()
+    assert all([await send_and_account(sender, host, receiver, n) for n in range(1, 6)])
+    await peer.stop()
+    reports_before = host.unreachable
+    for n in range(10, 15):
+        await send_and_account(sender, host, receiver, n)
+    assert host.unreachable > reports_before
+    await peer.start()
+    outcomes = [await send_and_account(sender, host, receiver, n) for n in range(20, 50)]
+    assert all(outcomes[-10:]), outcomes
+    assert sender.streams_broken >= 1
+
+
+async def test_messages_queued_while_the_socket_is_busy_go_out_in_one_batch(
+    pair: tuple[Host, Host, StreamPeer, StreamSender],
+) -> None:
+    host, receiver, peer, sender = pair
+    await peer.start()
+    assert await send_and_account(sender, host, receiver, 0)
+    batches: list[int] = []
+    deliver = receiver.deliver
+
+    def counting(messages: list[Message], incarnation: int, abstaining: bool) -> None:
+        batches.append(len(messages))
+        deliver(messages, incarnation, abstaining)
+
+    receiver.deliver = counting  # type: ignore[method-assign]
+    for n in range(1, 201):
+        sender.send(heartbeat(n))  # all queued before the sender's task runs again
+    await wait_for(lambda: len(delivered_numbers(receiver)) == 201, 5.0, "every heartbeat")
+    assert len(batches) <= 3, batches
+
+
+async def test_a_full_outbox_drops_the_oldest_and_says_so(tmp_path: Path) -> None:
+    host = Host(1, tmp_path)
+    sender = StreamSender(host, 2, None, random.Random(1))  # not started
+    for n in range(OUTBOX_LIMIT + 3):
+        sender.send(heartbeat(n))
+    assert sender.dropped == 3
+    assert host.unreachable == 3
+
+
+async def test_the_outbox_is_bounded_in_bytes_too(tmp_path: Path) -> None:
+    host = Host(1, tmp_path)
+    sender = StreamSender(host, 2, None, random.Random(1))  # not started
+    sender.outbox_bytes_limit = 1_000_000
+    big = Entry(index=Index(1), term=Term(1), data=b"x" * 100_000)
+    for _ in range(30):
+        sender.send(
+            Message(
+                type=MessageType.MsgApp,
+                to=NodeId(2),
+                from_=NodeId(1),
+                term=Term(1),
+                entries=(big,),
+            )
+        )
+        assert sender.buffered_bytes <= 1_000_000
+    assert sender.dropped >= 20
+    assert host.unreachable >= 20
+
+
+async def test_messages_for_a_peer_without_an_address_are_reported(
+    pair: tuple[Host, Host, StreamPeer, StreamSender],
+) -> None:
+    host, receiver, _peer, sender = pair
+    del host.addresses[2]
+    assert not await send_and_account(sender, host, receiver, 1)
+
+
+async def test_snapshot_outcomes_are_reported_both_ways(
+    pair: tuple[Host, Host, StreamPeer, StreamSender],
+) -> None:
+    host, receiver, peer, sender = pair
+    snapshot = snapshot_message()
+    sender.send(snapshot)  # the peer is down
+    await wait_for(lambda: len(host.snapshot_reports) == 1, 15.0, "the failed snapshot's report")
+    assert host.snapshot_reports == [False]
+    await peer.start()
+    sender.send(snapshot)
+    await wait_for(lambda: len(host.snapshot_reports) == 2, 10.0, "the snapshot's report")
+    assert host.snapshot_reports == [False, True]
+    assert any(m.type is MessageType.MsgSnap for m in receiver.delivered)
+
+
+async def test_hello_and_liveness_reports_travel_on_the_stream_protocol(
+    pair: tuple[Host, Host, StreamPeer, StreamSender],
+) -> None:
+    host, receiver, peer, _sender = pair
+    await peer.start()
+    transport = StreamTransport(host, random.Random(3))
+    try:
+        answered = await ask(2, peer.address, 1, CLUSTER_ID, host.peer_key, transport.hello)
+        assert answered is not None
+        assert answered[0].member_id == 2 and answered[0].knows_sender
+        for n in range(3):
+            assert await transport.liveness(2, b"report-%d" % n)
+        assert receiver.reports == [b"report-0", b"report-1", b"report-2"]
+    finally:
+        await transport.stop()
+
+
+# -- the wire, by hand ------------------------------------------------------------------
+
+
+async def open_raw(
+    address: str, kind: int = frames.KIND_RAFT, version: int = 1
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = address.rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(frames.preamble(kind, version))
+    return reader, writer
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    async with asyncio.timeout(5.0):
+        length, kind = frames.HEADER.unpack(await reader.readexactly(frames.HEADER.size))
+        return kind, await reader.readexactly(length)
+
+
+async def opened(address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+    """A Raft connection past its preambles, and the listener's challenge."""
+    reader, writer = await open_raw(address)
+    async with asyncio.timeout(5.0):
+        frames.parse_preamble(await reader.readexactly(frames.PREAMBLE.size))
+    kind, challenge = await read_frame(reader)
+    assert kind == frames.OPEN
+    return reader, writer, challenge
+
+
+def stamped_batch(host: Host, session: OutboundSession, n: int) -> bytes:
+    batch = peer_pb2.MessageBatch(
+        cluster_id=CLUSTER_ID,
+        from_id=1,
+        to_id=2,
+        messages=[encode_message(heartbeat(n))],
+        incarnation=7,
+    )
+    stamp = session.stamp(BATCH_TAG, batch_fields(batch))
+    batch.challenge, batch.counter, batch.mac = stamp.challenge, stamp.counter, stamp.mac
+    return frames.frame(frames.BATCH, frames.encode_record(batch))
+
+
+async def test_a_peer_of_an_unknown_frame_version_is_refused_with_one_clear_line(
+    pair: tuple[Host, Host, StreamPeer, StreamSender], caplog: pytest.LogCaptureFixture
+) -> None:
+    _host, _receiver, peer, _sender = pair
+    await peer.start()
+    caplog.set_level(logging.WARNING, "rallypoint.transport")
+    reader, writer = await open_raw(peer.address, version=9)
+    async with asyncio.timeout(5.0):
+        assert await reader.read() == b""  # closed, nothing said in a version it may not read
+    writer.close()
+    lines = [r.getMessage() for r in caplog.records if "frame version 9" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "speaks peer frame version 9; this member speaks 1" in lines[0]
+
+
+async def test_a_sender_names_a_listener_of_another_version(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def newer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+        writer.write(frames.preamble(frames.KIND_RAFT, version=2))
+        await reader.read(100)
+        writer.close()
+
+    server = await asyncio.start_server(newer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    host = Host(1, tmp_path)
+    host.addresses[2] = f"127.0.0.1:{port}"
+    sender = StreamSender(host, 2, None, random.Random(1))
+    sender.start()
+    caplog.set_level(logging.ERROR, "rallypoint.transport")
+    try:
+        sender.send(heartbeat(1))
+        await wait_for(lambda: host.unreachable >= 1, 5.0, "the peer reported unreachable")
+        assert any("speaks peer frame version 2" in r.getMessage() for r in caplog.records)
+    finally:
+        await sender.stop()
+        for writer in accepted:
+            writer.close()
+        server.close()
+
+
+async def test_an_old_member_speaking_grpc_is_named(
+    pair: tuple[Host, Host, StreamPeer, StreamSender], caplog: pytest.LogCaptureFixture
+) -> None:
+    _host, _receiver, peer, _sender = pair
+    await peer.start()
+    caplog.set_level(logging.WARNING, "rallypoint.transport")
+    host, port = peer.address.rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+    async with asyncio.timeout(5.0):
+        assert await reader.read() == b""
+    writer.close()
+    assert any("speaks gRPC" in r.getMessage() for r in caplog.records)
+
+
+async def test_an_oversized_length_is_refused_from_the_header_alone(
+    pair: tuple[Host, Host, StreamPeer, StreamSender],
+) -> None:
+    _host, receiver, peer, _sender = pair
+    await peer.start()
+    reader, writer, _challenge = await opened(peer.address)
+    # The header only: a listener that meant to read 4 GiB would wait here for it.
+    writer.write(struct.pack(">IB", 0xFFFF_FFFF, frames.BATCH))
+    kind, body = await read_frame(reader)
+    assert kind == frames.ERROR
+    assert frames.decode_error(body)[0] == "UNAUTHENTICATED"
+    writer.close()
+    assert not receiver.delivered
+    with pytest.raises(frames.FrameError, match="over the limit"):
+        frames.parse_header(struct.pack(">IB", frames.MAX_FRAME_BYTES + 1, frames.BATCH))
+
+
+async def test_a_replayed_frame_is_refused(
+    pair: tuple[Host, Host, StreamPeer, StreamSender],
+) -> None:
+    host, receiver, peer, _sender = pair
+    await peer.start()
+    reader, writer, challenge = await opened(peer.address)
+    recorded = stamped_batch(host, OutboundSession(host.peer_key, challenge), 1)
+    writer.write(recorded)
+    await wait_for(lambda: 1 in delivered_numbers(receiver), 5.0, "the first batch")
+    writer.write(recorded)  # again, on its own connection
+    kind, body = await read_frame(reader)
+    assert kind == frames.ERROR
+    code, message, reason = frames.decode_error(body)
+    assert (code, reason) == ("PERMISSION_DENIED", "REPLAY"), message
+    writer.close()
+    # ... and on a new one.
+    reader, writer, _ = await opened(peer.address)
+    writer.write(recorded)
+    kind, body = await read_frame(reader)
+    assert frames.decode_error(body)[2] == "REPLAY"
+    writer.close()
+    assert [r for r, _ in receiver.refusals] == ["replay", "replay"]
+    assert len([m for m in receiver.delivered]) == 1
+
+
+async def test_garbage_after_the_header_is_refused_as_unauthenticated(
+    pair: tuple[Host, Host, StreamPeer, StreamSender],
+) -> None:
+    _host, receiver, peer, _sender = pair
+    await peer.start()
+    reader, writer, _ = await opened(peer.address)
+    writer.write(frames.frame(frames.BATCH, b"\xc1garbage"))
+    _kind, body = await read_frame(reader)
+    assert frames.decode_error(body)[:2] == ("UNAUTHENTICATED", "peer authentication failed")
+    writer.close()
+    assert not receiver.delivered
+
+
+async def test_a_slow_sender_of_bytes_is_cut_off(
+    pair: tuple[Host, Host, StreamPeer, StreamSender], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rallypoint.coordinator.peerwire import server as server_module
+
+    monkeypatch.setattr(server_module, "HANDSHAKE_TIMEOUT_S", 0.5)
+    _host, _receiver, peer, _sender = pair
+    await peer.start()
+    reader, writer, _ = await opened(peer.address)
+    writer.write(struct.pack(">IB", 100, frames.BATCH) + b"x")  # then nothing more
+    async with asyncio.timeout(5.0):
+        rest = await reader.read()  # closed by the listener, not by us
+    assert rest == b""
+    writer.close()
+
+
+async def test_a_peer_that_stops_reading_is_reported_and_its_buffer_stays_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(conn_module, "WRITE_STALL_S", 0.5)
+    monkeypatch.setattr(conn_module, "WRITE_BUFFER_BYTES", 256 * 1024)
+    stalled = asyncio.Event()
+
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def never_reads(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+        writer.write(frames.preamble(frames.KIND_RAFT))
+        writer.write(frames.frame(frames.OPEN, b"c" * 16))
+        await stalled.wait()
+        writer.close()
+
+    server = await asyncio.start_server(never_reads, "127.0.0.1", 0)
+    for sock in server.sockets:  # a small receive window, so the sender's buffer fills
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    host = Host(1, tmp_path)
+    host.addresses[2] = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    sender = StreamSender(host, 2, None, random.Random(1))
+    sender.outbox_bytes_limit = 2 * 1024 * 1024
+    sender.start()
+    big = Entry(index=Index(1), term=Term(1), data=b"x" * 64 * 1024)
+    peak = 0
+    try:
+        for _ in range(400):
+            sender.send(
+                Message(
+                    type=MessageType.MsgApp,
+                    to=NodeId(2),
+                    from_=NodeId(1),
+                    term=Term(1),
+                    entries=(big,),
+                )
+            )
+            peak = max(peak, sender.buffered_bytes)
+            await asyncio.sleep(0.005)
+            if sender.streams_broken:
+                break
+        await wait_for(lambda: sender.streams_broken >= 1, 10.0, "the stalled connection to end")
+    finally:
+        stalled.set()
+        await sender.stop()
+        for writer in accepted:
+            writer.close()
+        server.close()
+    assert host.unreachable >= 1
+    # The outbox's bound, plus the socket buffer's high-water mark and one batch at most.
+    assert peak <= 2 * 1024 * 1024 + 256 * 1024 + 8 * 1024 * 1024
+
+
+async def test_a_connection_that_answers_no_keepalive_is_taken_for_lost(tmp_path: Path) -> None:
+    silent = asyncio.Event()
+
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def deaf(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+        writer.write(frames.preamble(frames.KIND_RAFT))
+        writer.write(frames.frame(frames.OPEN, b"c" * 16))
+        while await reader.read(65536):  # reads everything, answers nothing
+            pass
+        await silent.wait()
+
+    server = await asyncio.start_server(deaf, "127.0.0.1", 0)
+    host = Host(1, tmp_path)
+    host.addresses[2] = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    sender = StreamSender(host, 2, None, random.Random(1))
+    sender.start()
+    try:
+        sender.send(heartbeat(1))
+        await wait_for(lambda: sender.streams_broken >= 1, 10 * KEEPALIVE_S, "a lost connection")
+        assert host.unreachable >= 1
+    finally:
+        silent.set()
+        await sender.stop()
+        for writer in accepted:
+            writer.close()
+        server.close()

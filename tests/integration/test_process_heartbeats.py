@@ -279,24 +279,29 @@ def test_killing_the_member_carrying_the_stream_moves_it_without_a_false_failure
         cluster.start(carrying)
 
 
+INTERVAL_MS = 1000
+
+
 def test_a_host_loss_whose_last_stream_end_is_noticed_late_ends_one_round(
     cluster: ProcessCluster, hosts: list[HostProcess]
 ) -> None:
     # Host a: 4 processes of one participant each (a host's ranks); host b: one process of
     # two. Host a dies: three of its processes at once (a peer's failed collective confirms
     # them at once, and the round that opens is held two heartbeat intervals for host a),
-    # the fourth stopped with them but its stream's end reaching the member 0.5 s later, so
-    # its own verdict comes two intervals after that: past the hold. The held round must
-    # not close with it seated: one host loss, one round ended.
+    # the fourth stopped with them but its stream's end reaching the member an interval
+    # later, so its own verdict comes two intervals after that: past the hold by one
+    # interval, and one short of the most a held round waits (two past the hold), a margin
+    # either side for a loaded machine. The held round must not close with it seated: one
+    # host loss, one round ended.
     job = "host-loss"
     config = JobConfig(
         min_nodes=2,
         max_nodes=6,
         last_call_ms=300,
         scale_up=True,
-        heartbeat_interval_ms=500,
-        acceptable_pause_ms=1000,
-        min_std_ms=100,
+        heartbeat_interval_ms=INTERVAL_MS,
+        acceptable_pause_ms=2 * INTERVAL_MS,
+        min_std_ms=200,
         phi_threshold=16.0,
     )
     host_a = [HostProcess(cluster.endpoints, job, [f"a{i}"], config, "host-a") for i in range(4)]
@@ -317,9 +322,9 @@ def test_a_host_loss_whose_last_stream_end_is_noticed_late_ends_one_round(
     host_b.send(f"collective {before}")
     host_b.wait_for("the collective failure reported", lambda: host_b.seen("collective"))
     # Staged, not waited out: the fourth process's stream ends a heartbeat interval later
-    # (its verdict then lands after the hold, 2 intervals past the first verdicts, and
+    # (its verdict then lands after the hold, 3 intervals past the first verdicts, and
     # within the confirmation window past it).
-    time.sleep(0.5)
+    time.sleep(INTERVAL_MS / 1000)
     host_a[3].proc.kill()
 
     def host_b_alone() -> Any:

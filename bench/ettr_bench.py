@@ -296,6 +296,39 @@ def sensitivity(inputs: Mapping[str, Input], seeds: Sequence[int]) -> list[dict[
     return rows
 
 
+def assumptions(
+    inputs: Mapping[str, Input], rows: Sequence[Mapping[str, Any]], seeds: Sequence[int]
+) -> list[dict[str, Any]]:
+    """Every input no source gives, with why it has its value and each system's ETTR with it
+    halved, doubled (from the sensitivity table) and at zero (the loss it carries, all of it),
+    largest rallypoint swing first. Empty without a sensitivity table."""
+    if not seeds:
+        return []
+    base = {name: item.value for name, item in inputs.items()}
+    by_input = {row["input"]: row for row in rows}
+    entries = []
+    for name, item in inputs.items():
+        if item.kind != "assumption":
+            continue
+        zeroed = run_model({**base, name: 0.0}, seeds)
+        row = by_input[name]
+        entries.append(
+            {
+                "input": name,
+                "value": item.value,
+                "unit": item.unit,
+                "reasoning": item.ref,
+                "ettr_halved": row["halved"]["ettr"],
+                "ettr_doubled": row["doubled"]["ettr"],
+                "ettr_zeroed": {system: mean_ettr(zeroed[system]) for system in SYSTEMS},
+                "rallypoint_swing": abs(
+                    row["halved"]["ettr"]["rallypoint"] - row["doubled"]["ettr"]["rallypoint"]
+                ),
+            }
+        )
+    return sorted(entries, key=lambda entry: -entry["rallypoint_swing"])
+
+
 def limits(summary: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """What rallypoint loses most to, in words, largest first, and the inputs that move its
     ETTR most."""
@@ -397,6 +430,12 @@ def build_document(args: argparse.Namespace) -> dict[str, Any]:
             "replicates": len(sensitivity_seeds),
             "base_ettr": {name: mean_ettr(runs) for name, runs in sensitivity_base.items()},
             "rows": rows,
+        },
+        "assumptions": {
+            "what": "the inputs no source gives (kind assumption), each with its reasoning and "
+            "every system's ETTR with it halved, doubled and at zero, on the sensitivity seeds "
+            "(base_ettr in sensitivity); largest rallypoint swing (halved to doubled) first",
+            "rows": assumptions(inputs, rows, sensitivity_seeds),
         },
         "limits": limits(systems["rallypoint"], rows),
         "cross_check": {

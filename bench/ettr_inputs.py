@@ -22,24 +22,51 @@ from bench.ettr_model import Cause, Scope, count_key
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
-# How far each source was checked in the session that wrote this model: "excerpt" means the
-# figure was read in a quoted excerpt of the source or of a report on it; "recalled" means it
-# is the source's figure as remembered, not re-read (check before quoting it elsewhere).
+# How far each source was checked: "excerpt" means the figure was read in a quoted excerpt of
+# the source or of a report on it (``read_at`` names where); "recalled" means it is the source's
+# figure as remembered, not re-read (check before quoting it elsewhere).
 SOURCES: dict[str, dict[str, str]] = {
     "llama3": {
         "title": "The Llama 3 Herd of Models",
         "authors": "Llama Team, AI @ Meta",
         "year": "2024",
         "where": "arXiv:2407.21783",
-        "checked": "excerpt (section 3.3.4 counts and shares, section 3.3.1 storage and "
-        "checkpoint sizes); recalled (Table 4)",
+        "checked": "excerpt: section 3.3.4 (466 interruptions in 54 days, 47 planned, 419 "
+        "unexpected; Faulty GPU 148 (30.1%), GPU HBM3 Memory 72 (17.2%), GPU SRAM Memory 19 "
+        "(4.5%), GPU System Processor 17 (4.1%), Network Switch/Cable 35 (8.4%), CPU 2; 'more "
+        "than 90% effective training time'; manual intervention three times) as quoted by "
+        "dcd_llama3; section 3.3.1 (8 GPUs per server; a 24K-GPU cluster, up to 16K used; "
+        "Tectonic 240 PB, 2 TB/s sustained, 7 TB/s peak; checkpoints of 1 MB to 4 GB per GPU) "
+        "as summarised by llama3_summary. Recalled, not re-read: the other rows of the "
+        "root-cause table, and Table 4 (16M tokens per step, 400 TFLOPs per GPU, TP 8 x PP 16 "
+        "x DP 128 at 16,384 GPUs)",
+    },
+    "dcd_llama3": {
+        "title": "Meta report details hundreds of GPU and HBM3 related interruptions to Llama 3 "
+        "training run",
+        "authors": "DatacenterDynamics",
+        "year": "2024",
+        "where": "datacenterdynamics.com/en/news/meta-report-details-hundreds-of-gpu-and-hbm3-"
+        "related-interruptions-to-llama-3-training-run: the root-cause table's largest rows and "
+        "the >90% effective training time, quoted from llama3",
+        "checked": "excerpt",
+    },
+    "llama3_summary": {
+        "title": "The Llama 3 Herd of Models (paper notes: compute setup)",
+        "authors": "ai-papers.xuzou.cn",
+        "year": "2025",
+        "where": "ai-papers.xuzou.cn/papers/llama3_2024: llama3 section 3.3.1's cluster, storage "
+        "and checkpoint figures",
+        "checked": "excerpt",
     },
     "zero": {
         "title": "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models",
         "authors": "Rajbhandari, Rasley, Ruwase, He",
         "year": "2020",
         "where": "SC 2020, section 3.1 (mixed-precision Adam: 2 + 2 + 12 bytes per parameter)",
-        "checked": "recalled",
+        "checked": "excerpt of a report (nn.labml.ai's annotated ZeRO-DP: '(2 + 2 + K) psi ... "
+        "K = 12 for Adam optimizer because it maintains a copy of parameters, and two moments "
+        "per parameter in fp32'); the paper itself recalled",
     },
     "kaplan": {
         "title": "Scaling Laws for Neural Language Models",
@@ -62,12 +89,14 @@ SOURCES: dict[str, dict[str, str]] = {
         "where": "arXiv:2410.21680 (HPCA 2025): the ETTR metric this model reports",
         "checked": "excerpt (abstract)",
     },
-    "torch_docs": {
-        "title": "torch.distributed.init_process_group (PyTorch documentation)",
-        "authors": "PyTorch",
-        "year": "2024",
-        "where": "parameter timeout: default 10 minutes for NCCL",
-        "checked": "recalled",
+    "pytorch_110947": {
+        "title": "Change ProcessGroupNCCL default timeout to 10 min",
+        "authors": "pytorch/pytorch pull request #110947",
+        "year": "2023",
+        "where": "github.com/pytorch/pytorch/pull/110947: the NCCL process group's default "
+        "timeout lowered from 30 to 10 minutes (other backends keep 30), 'motivated by trying "
+        "to save cluster time when encountering collective hangs'",
+        "checked": "excerpt",
     },
     "torchft_docs": {
         "title": "torchft documentation: Assumptions and Recommendations; Coordination",
@@ -89,17 +118,29 @@ SOURCES: dict[str, dict[str, str]] = {
         "title": "NCCL Fast Init - CPU Optimizations for NCCL Initialization Large Scale",
         "authors": "NVIDIA/nccl pull request #1789 (Meta)",
         "year": "2025",
-        "where": "ncclBuildRing and initTransportsRank: 'several dozens of seconds at 100K "
-        "scale'; context for pg_init_s, not used as a value",
+        "where": "github.com/NVIDIA/nccl/pull/1789: ncclBuildRing and initTransportsRank are "
+        "O(N^2), 'often several dozens of seconds at 100K scale'; the fix saves 26 s of CPU in "
+        "ncclBuildRing at 96K ranks and 11+ s in initTransportsRank at 48K; savings at those "
+        "sizes, not a total at 16K: context for pg_init_s, not used as a value",
         "checked": "excerpt",
     },
-    "issue37": {
-        "title": "rallypoint issue 37: torchft in the same run (table measured on this machine)",
-        "authors": "this repository",
-        "year": "2026",
-        "where": "issues show 37: 1.3 M-parameter MLP, 4 gloo processes; torchft 0.2.0 vs "
-        "rallypoint vs plain DDP (bench/results/peers.json not committed yet)",
-        "checked": "read",
+    "byterobust": {
+        "title": "Robust LLM Training Infrastructure at ByteDance",
+        "authors": "Wan, Liu et al. (HKU, ByteDance Seed)",
+        "year": "2025",
+        "where": "arXiv:2509.16293 (SOSP 2025), abstract: 97% ETTR for a three-month training "
+        "job on 9,600 GPUs, measured in production; a cross-check, not an input",
+        "checked": "excerpt (abstract)",
+    },
+    "l4": {
+        "title": "L4: Diagnosing Large-scale LLM Training Failures via Automated Log Analysis",
+        "authors": "Jiang et al. (CUHK, Huawei Cloud)",
+        "year": "2025",
+        "where": "arXiv:2503.20263 (FSE 2025): 428 LLM training failures on a production "
+        "platform; hardware and user faults predominate. It classes failures by symptom "
+        "(launch failure, training crash, abnormal behaviour), not by how many processes a "
+        "software fault takes down: context for job_wide_software_fraction, not used as a value",
+        "checked": "excerpt (abstract)",
     },
 }
 
@@ -234,6 +275,18 @@ def build_inputs() -> dict[str, Input]:
         value, ref = read_measured(name, path)
         return Input(value, unit, "measured", ref, note)
 
+    def step_overhead(system: str, note: str = "") -> Input:
+        # A difference of two measured medians, floored at 0: a system measured faster than
+        # plain DDP on this noisy machine is not credited with a gain.
+        steady, _ = read_measured("peers.json", f"steady_step_s.{system}.median")
+        plain, _ = read_measured("peers.json", "steady_step_s.plain.median")
+        ref = f"bench/results/peers.json: steady_step_s.{system}.median - "
+        ref += "steady_step_s.plain.median, floored at 0"
+        figures = f"{steady * 1000:.1f} ms against plain DDP's {plain * 1000:.1f} ms"
+        return Input(
+            max(0.0, steady - plain), "s", "derived", ref, figures + (f"; {note}" if note else "")
+        )
+
     gpus = 16_384.0
     tokens_per_step = 16.0 * 2**20
     step_s = 6.0 * 405e9 * tokens_per_step / (gpus * 400e12)
@@ -318,51 +371,61 @@ def build_inputs() -> dict[str, Input]:
             0.5,
             "share",
             "assumption",
-            "no source says how many software faults kill "
-            "every process (no in-process recovery for them)",
+            "assumption: llama3 counts 54 software-bug and 2 dependency interruptions but does "
+            "not say whether each crashed one process or every process; no public fault study "
+            "found splits software faults by how many processes they take down (l4 classes its "
+            "428 failures by symptom). 0.5 says nothing is known either way. It matters: a "
+            "job-wide fault leaves no memory to restore from, so it costs every system a restart "
+            "from the disk checkpoint",
         ),
         "planned_drainable_fraction": Input(
             0.5,
             "share",
             "assumption",
-            "no source splits the 47 planned interruptions into host drains and whole-job stops",
+            "assumption: llama3 section 3.3.4 names the 47 planned interruptions' kinds "
+            "(firmware upgrades; configuration or dataset updates) without counts; 0.5 splits "
+            "them evenly between host drains and whole-job stops",
         ),
         "hosts_per_network_fault": Input(
             1.0,
             "hosts",
             "assumption",
-            "no source says how many hosts a switch or cable fault took out",
+            "assumption: llama3 does not say how many hosts a switch or cable fault cut off; "
+            "1 (a host's link) is the smallest; a leaf switch would cut off every host under it",
         ),
         # ------------------------------------------------------------ costs that grow with scale
         "pg_init_s": Input(
             30.0,
             "s",
             "assumption",
-            "creating the NCCL process groups of 16,384 ranks (no published "
-            "figure at 16k found; nccl_1789 reports dozens of seconds at 100k "
-            "before its fix)",
+            "assumption: no published total for creating the NCCL process groups of 16,384 ranks "
+            "(world, TP, PP, DP) was found. nccl_1789 saved 26 s in one O(N^2) loop at 96K ranks "
+            "and 11+ s in another at 48K; scaled by (16/96)^2 that loop is ~0.7 s at 16K, but "
+            "bootstrap and connection setup are not in it. 30 s is a round guess of the order, "
+            "paid on every re-formation by rallypoint and on every restart by all three",
         ),
         "job_relaunch_s": Input(
             60.0,
             "s",
             "assumption",
-            "stopping and relaunching 2,048 hosts' processes and their "
-            "launcher rendezvous (ft_hsdp reports a 10 min synchronous "
-            "recovery stall at 100k GPUs)",
+            "assumption: stopping and relaunching 2,048 hosts' processes and their launcher "
+            "rendezvous; no published figure at 16K found (ft_hsdp reports a 10 min synchronous "
+            "recovery stall at O(100K) GPUs, the whole restart, not this part)",
         ),
         "process_start_s": Input(
             60.0,
             "s",
             "assumption",
-            "a fresh training process at this size: interpreter, imports, "
-            "CUDA context, building its model shard",
+            "assumption: a fresh training process at this size (interpreter, imports, CUDA "
+            "context, building its model shard); no published figure found",
         ),
         "nccl_timeout_s": Input(
             600.0,
             "s",
             "published",
-            "torch_docs",
-            "a hung collective is found by the NCCL watchdog's timeout",
+            "pytorch_110947",
+            "a hung collective is found by the NCCL watchdog's timeout: 10 minutes, the NCCL "
+            "process group's default since this change",
         ),
         # ------------------------------------------------------------ measured here
         "torchrun_restart_s": measured(
@@ -427,31 +490,23 @@ def build_inputs() -> dict[str, Input]:
             "setting",
             "proto/v1/defaults.py: JOB_CONFIG.hang_floor_ms",
         ),
-        "rallypoint_step_overhead_s": Input(
-            0.0,
-            "s",
-            "measured",
-            "issue37",
-            "steady step 35.9 ms against plain DDP's 37.8 ms: no cost measured",
+        "rallypoint_step_overhead_s": step_overhead("rallypoint"),
+        "torchft_step_overhead_s": step_overhead(
+            "torchft_default",
+            "the per-step quorum and commit (assumption: the same at 128 replica groups)",
         ),
-        "torchft_step_overhead_s": Input(
-            0.0505 - 0.0378,
+        "torchft_kill_stall_s": measured(
+            "peers.json",
+            "kill_stall_s.torchft_default.median",
             "s",
-            "measured",
-            "issue37",
-            "steady step 50.5 ms against plain DDP's 37.8 ms: the "
-            "per-step quorum and commit (assumption: the same at "
-            "128 replica groups)",
+            "survivors' stall after a SIGKILL, torchft at its defaults (a survivor blocked in "
+            "gloo waits out its 5 s timeout); kill_stall_s.torchft_hb1s is the 1 s heartbeat's",
         ),
-        "torchft_kill_stall_s": Input(
-            5.0, "s", "measured", "issue37", "survivors' stall after a SIGKILL, torchft's defaults"
-        ),
-        "torchft_rejoin_s": Input(
-            3.12,
+        "torchft_rejoin_s": measured(
+            "peers.json",
+            "rejoin_first_step_s.torchft_default.median",
             "s",
-            "measured",
-            "issue37",
-            "a replacement from process start to its first step in sync",
+            "a replacement from process start to its first step in sync, torchft's defaults",
         ),
     }
     for cause in CAUSES:

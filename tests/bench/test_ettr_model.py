@@ -45,6 +45,7 @@ DOCUMENTED = (
     "sources",
     "interruptions",
     "sensitivity",
+    "assumptions",
     "limits",
     "cross_check",
     "targets",
@@ -235,3 +236,39 @@ def test_the_same_seed_gives_the_same_figures(tmp_path: Path) -> None:
     first, second = report(tmp_path / "a"), report(tmp_path / "b")
     assert first["ettr"] == second["ettr"]
     assert first["sensitivity"]["rows"] == second["sensitivity"]["rows"]
+
+
+def test_every_assumption_is_named_with_its_reasoning_and_what_it_moves(tmp_path: Path) -> None:
+    document = report(tmp_path)
+    assumed = {
+        name for name, item in document["inputs"].items() if item["source"]["kind"] == "assumption"
+    }
+    assert {"job_wide_software_fraction", "pg_init_s"} <= assumed
+    entries = document["assumptions"]["rows"]
+    assert {entry["input"] for entry in entries} == assumed
+    rows = {row["input"]: row for row in document["sensitivity"]["rows"]}
+    for entry in entries:
+        name = entry["input"]
+        assert entry["reasoning"].startswith("assumption: "), name
+        assert entry["value"] == document["inputs"][name]["value"], name
+        assert entry["ettr_halved"] == rows[name]["halved"]["ettr"], name
+        assert entry["ettr_doubled"] == rows[name]["doubled"]["ettr"], name
+        for label in ("ettr_halved", "ettr_doubled", "ettr_zeroed"):
+            assert set(entry[label]) == set(ettr_bench.SYSTEMS), (name, label)
+    swings = [entry["rallypoint_swing"] for entry in entries]
+    assert swings == sorted(swings, reverse=True)
+    # A software fault that reaches every process costs rallypoint a restart from disk: with
+    # none of them, it can only do better.
+    software = next(e for e in entries if e["input"] == "job_wide_software_fraction")
+    base = document["sensitivity"]["base_ettr"]["rallypoint"]
+    assert software["ettr_zeroed"]["rallypoint"] > base
+
+
+def test_every_measured_input_is_read_from_a_committed_results_file() -> None:
+    for name, item in build_inputs().items():
+        if item.kind == "measured":
+            assert item.ref.startswith("bench/results/"), (name, item.ref)
+        if item.kind == "assumption":
+            assert item.ref.startswith("assumption: "), name
+    for key, entry in SOURCES.items():
+        assert entry.get("checked"), f"{key}: say how far the source was checked"

@@ -89,10 +89,19 @@ class Cluster:
         self.nodes[member_id] = node
         return node
 
-    async def start_all(self) -> None:
+    async def start_all(self, timeout_s: float = 30.0) -> None:
         """Start every member at once: a member creating the cluster waits for every other
-        initial member to answer (peer_hello.py, bootstrap_rule.py)."""
+        initial member to answer (peer_hello.py, bootstrap_rule.py). One whose start was
+        slow (a loaded machine) may find the cluster already created and is then taken for
+        a member that lost its data: it votes only once caught up. Return when every member
+        votes, so a test that stops one still leaves a voting majority."""
         await asyncio.gather(*(self.start(member_id) for member_id in self.members))
+        nodes = list(self.nodes.values())
+        await wait_until(
+            lambda: not any(n.status().abstaining for n in nodes),
+            "every member voting",
+            timeout_s,
+        )
 
     async def stop(self, member_id: int, transfer: bool = False) -> None:
         node = self.nodes.pop(member_id)

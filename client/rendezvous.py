@@ -116,6 +116,9 @@ class Participant:
         self.lost_reason: str | None = None
         # Leave was called (it may still be in flight): a view without us is then expected.
         self.leaving = False
+        # A Join of this client names this participant in ``replaces`` (expect_replacement):
+        # a view without us then means that join took our place, not that we failed.
+        self.replacing = False
         # close() was called: the background work stops without leaving.
         self.closed = False
         # What the training loop last reported (report_progress); sent with every heartbeat.
@@ -294,10 +297,16 @@ class Participant:
         if self.lost.is_set() or self.leaving:
             return newer
         if not info.includes(self.participant_id):
-            what = "the job was closed" if info.job_closed else "declared failed or evicted"
+            if info.job_closed:
+                what = "the job was closed"
+            elif self.replacing:
+                what = "replaced by a new participant of this client"
+            else:
+                what = "declared failed or evicted"
             self._mark_lost(
                 f"participant {self.participant_id} ({self.name}) is no longer in job "
-                f"{self.job!r} as of round {info.round} ({what})"
+                f"{self.job!r} as of round {info.round} ({what})",
+                expected=self.replacing and not info.job_closed,
             )
             return newer
         position = (info.round, info.state)
@@ -320,10 +329,16 @@ class Participant:
             queue.put_nowait(None)
         self._wake()
 
-    def _mark_lost(self, reason: str) -> None:
+    def expect_replacement(self, expected: bool = True) -> None:
+        """Say that a Join of this client is about to name this participant in ``replaces``
+        (False: that join failed): leaving the job then is the replacement, logged as such at
+        INFO, not a failure. ``lost`` is still set, as it must be."""
+        self.replacing = expected
+
+    def _mark_lost(self, reason: str, *, expected: bool = False) -> None:
         if self.lost.is_set():
             return
-        log.warning("%s", reason)
+        log.log(logging.INFO if expected else logging.WARNING, "%s", reason)
         self.lost_reason = reason
         self.lost.set()
         self._end_iterators()

@@ -113,6 +113,10 @@ class SyncParticipant(Blocking[Participant]):
     def participant(self) -> Participant:
         return self._target
 
+    def expect_replacement(self, expected: bool = True) -> None:
+        """See :meth:`Participant.expect_replacement` (a flag: no loop hop)."""
+        self._target.expect_replacement(expected)
+
     def report_progress(self, progress: TrainingProgress) -> None:
         """See :meth:`Participant.report_progress` (a reference swap: no loop hop)."""
         self._target.report_progress(progress)

@@ -555,16 +555,24 @@ class RallypointRendezvousHandler(RendezvousHandler):
             self._joins += 1
             return f"{settings.node_name}/{os.getpid()}/{self._joins}"
 
-        new = joining.join(
-            client,
-            settings.job,
-            name,
-            config=settings.job_config(),
-            metadata=settings.node_name.encode(),
-            patience=self._patience(deadline),
-            replaces=replaces,
-            domain=settings.failure_domain,
-        )
+        if old is not None:
+            # Its view will soon lack it: that is this join taking its place, not a failure.
+            old.expect_replacement()
+        try:
+            new = joining.join(
+                client,
+                settings.job,
+                name,
+                config=settings.job_config(),
+                metadata=settings.node_name.encode(),
+                patience=self._patience(deadline),
+                replaces=replaces,
+                domain=settings.failure_domain,
+            )
+        except BaseException:
+            if old is not None:
+                old.expect_replacement(False)
+            raise
         self._participant = new
         if old is not None:
             # Already out of the job: stop its heartbeats, no Leave (it would only be refused).

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
@@ -277,3 +278,31 @@ async def test_a_round_change_pushed_to_a_process_is_read_once_for_all_its_parti
             await asyncio.sleep(0.01)
     await shared._close()
     await caller.close()
+
+
+async def test_a_view_without_me_after_my_replacement_is_told_as_such(
+    participant: Participant, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A torchrun agent joins a new participant in this one's place (Join.replaces): the
+    # view without us is that join, not a failure, and is logged as what it is.
+    participant.expect_replacement()
+    with caplog.at_level(logging.INFO, logger="rallypoint"):
+        participant._observe(info(2, 2, RoundState.ACTIVE, members=(OTHER, 11)))
+    assert participant.lost.is_set()
+    assert "replaced by a new participant of this client" in (participant.lost_reason or "")
+    records = [r for r in caplog.records if "no longer in job" in r.getMessage()]
+    assert records and all(r.levelno == logging.INFO for r in records)
+
+
+async def test_a_failed_replacement_leaves_the_failure_reading(
+    participant: Participant, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The replacing join failed (expect_replacement(False)): a later view without us is a
+    # failure again, a warning.
+    participant.expect_replacement()
+    participant.expect_replacement(False)
+    with caplog.at_level(logging.INFO, logger="rallypoint"):
+        participant._observe(info(2, 2, RoundState.ACTIVE, members=(OTHER,)))
+    assert "declared failed or evicted" in (participant.lost_reason or "")
+    records = [r for r in caplog.records if "no longer in job" in r.getMessage()]
+    assert records and all(r.levelno == logging.WARNING for r in records)

@@ -36,6 +36,16 @@ timed once from the worker's last sign of life to the pass that suspects it. Eac
 holds suspicion back is counted when it engages: a loop stall, intake lag, the grace of a new
 leader, a mass suspicion, a closed stream that came back in time. Phi is sampled, not
 computed for everyone: once a second the next ``PHI_SAMPLE_SIZE`` carried participants.
+
+A failed collective (``collective_failed``) confirms at once the round's members whose
+heartbeat stream closed on the member it is reported to (``local.py``). On the leader it also
+confirms those whose stream closed on another member, by that member's word: its readings
+say the stream closed (phi infinite) and it still carries the participant (no other member
+attached it since), within the same confirmation window after the report (``_corroborate``).
+A host's workers spread their streams over the members, so without this a host loss
+confirmed at once only the host-mates whose streams the reported-to member carried; the
+others two heartbeat intervals later, and each such late removal pushed the held round's
+close two intervals further (rendezvous.py, "Failure domains").
 """
 
 from __future__ import annotations
@@ -164,6 +174,12 @@ class RendezvousSupervisor:
         # Leader: when each participant of a held job was last heard on an open stream, by
         # any member's word (this member's monotonic ms): ``_in_doubt``.
         self._heard: dict[Key, int] = {}
+        # Leader: the failed collective reported here last, per job, for the confirmation
+        # window after it: (round, its members not yet confirmed, the report, when).
+        self._collective: dict[str, tuple[int, frozenset[int], str, int]] = {}
+        # Leader: participants whose stream another member says closed (a reading of phi
+        # infinite): key -> (that member, when its report came).
+        self._closed_on: dict[Key, tuple[int, int]] = {}
 
     # -------------------------------------------------------------- leadership
 
@@ -175,6 +191,8 @@ class RendezvousSupervisor:
         # Its own carriage goes to its fresh coverage in full.
         self.local.report_lost()
         self._unsent.clear()
+        self._collective.clear()
+        self._closed_on.clear()
         self._leader_grace.inc()
 
     def demote(self) -> None:
@@ -207,8 +225,56 @@ class RendezvousSupervisor:
     def collective_failed(
         self, job: str, round_number: int, peers: Sequence[int], report: str, now_ms: int
     ) -> list[int]:
-        # The supervisor's next pass reports the confirmed verdicts at once.
-        return self.local.collective_failed(job, round_number, peers, report, now_ms)
+        # The supervisor's next pass reports the verdicts confirmed here at once.
+        confirmed = self.local.collective_failed(job, round_number, peers, report, now_ms)
+        if self.is_leader:
+            rest = frozenset(peers).difference(confirmed)
+            self._collective[job] = (round_number, rest, report, now_ms)
+            confirmed += self._corroborate(job, now_ms)
+        return confirmed
+
+    def _corroborate(self, job_id: str, now_ms: int) -> list[int]:
+        """The leader: the members of a round whose failed collective was reported here
+        within the confirmation window, and whose stream another member says closed, are
+        confirmed failed now (module docstring), as ``local.collective_failed`` confirms
+        the ones whose stream closed here: two observations of one death. Proposed at
+        once; a verdict that does not commit is made again by that member's own window."""
+        held = self._collective.get(job_id)
+        if held is None:
+            return []
+        round_number, peers, report, reported_ms = held
+        job = self._state.rendezvous.jobs.get(job_id)
+        window_ms = 2 * job.config.heartbeat_interval_ms if job is not None else 0
+        # The report's round, or the successor its end opened (a verdict on a host-mate
+        # lands while that one is held).
+        if (
+            job is None
+            or now_ms - reported_ms > window_ms
+            or job.round.number not in (round_number, round_number + 1)
+        ):
+            del self._collective[job_id]
+            return []
+        confirmed = []
+        for pid in sorted(peers):
+            key = (job_id, pid)
+            closed = self._closed_on.get(key)
+            if closed is None or pid not in job.participants:
+                continue
+            member, seen_ms = closed
+            if self.coverage.carrier.get(key) != member or reported_ms - seen_ms > window_ms:
+                continue  # it moved to another member since, or that word is old
+            confirmed.append(pid)
+            cause = f"heartbeat stream closed on member {member}, confirmed at once: {report}"
+            log.info("job %s: participant %d suspected: %s", job_id, pid, cause)
+            self._spawn(MemberFailed(job_id, pid, round_number, cause))
+        if confirmed:
+            self._collective[job_id] = (
+                round_number,
+                peers.difference(confirmed),
+                report,
+                reported_ms,
+            )
+        return confirmed
 
     def _round_of(self, job: str) -> int:
         found = self._state.rendezvous.jobs.get(job)
@@ -283,8 +349,16 @@ class RendezvousSupervisor:
         if member != self.member_id:
             for key, phi_milli, age_ms in report.readings:
                 self._readings[key] = (phi_milli, age_ms, now_ms)
+                if phi_milli >= PHI_INFINITE_MILLI:
+                    self._closed_on[key] = (member, now_ms)
+                else:
+                    self._closed_on.pop(key, None)
             if len(self._readings) > 4 * MAX_READINGS:
                 self._readings.clear()
+            if len(self._closed_on) > 4 * MAX_READINGS:
+                self._closed_on.clear()
+            for job_id in list(self._collective):
+                self._corroborate(job_id, now_ms)
         self._propose_all(self.coverage.take(member, report, self._state, now_ms))
         for (job, pid), progress in report.progress:
             self.progress.report(job, pid, progress, now_ms)

@@ -39,9 +39,10 @@ computed for everyone: once a second the next ``PHI_SAMPLE_SIZE`` carried partic
 
 A failed collective (``collective_failed``) confirms at once the round's members whose
 heartbeat stream closed on the member it is reported to (``local.py``). On the leader it also
-confirms those whose stream closed on another member, by that member's word: its readings
-say the stream closed (phi infinite) and it still carries the participant (no other member
-attached it since), within the same confirmation window after the report (``_corroborate``).
+confirms those whose stream closed on another member, by that member's word: its latest
+report lists them as closed and not heard since (``LivenessReport.closed``) and it still
+carries them (no other member attached them since), within the same confirmation window
+after the report (``_corroborate``).
 A host's workers spread their streams over the members, so without this a host loss
 confirmed at once only the host-mates whose streams the reported-to member carried; the
 others two heartbeat intervals later, and each such late removal pushed the held round's
@@ -177,9 +178,9 @@ class RendezvousSupervisor:
         # Leader: the failed collective reported here last, per job, for the confirmation
         # window after it: (round, its members not yet confirmed, the report, when).
         self._collective: dict[str, tuple[int, frozenset[int], str, int]] = {}
-        # Leader: participants whose stream another member says closed (a reading of phi
-        # infinite): key -> (that member, when its report came).
-        self._closed_on: dict[Key, tuple[int, int]] = {}
+        # Leader: per other member, the participants whose stream closed on it (not heard
+        # since, not confirmed yet) as its latest report said, and when that report came.
+        self._closed_on: dict[int, tuple[frozenset[Key], int]] = {}
 
     # -------------------------------------------------------------- leadership
 
@@ -257,12 +258,12 @@ class RendezvousSupervisor:
         confirmed = []
         for pid in sorted(peers):
             key = (job_id, pid)
-            closed = self._closed_on.get(key)
-            if closed is None or pid not in job.participants:
+            member = self.coverage.carrier.get(key)
+            if member is None or member == self.member_id or pid not in job.participants:
                 continue
-            member, seen_ms = closed
-            if self.coverage.carrier.get(key) != member or reported_ms - seen_ms > window_ms:
-                continue  # it moved to another member since, or that word is old
+            closed, said_ms = self._closed_on.get(member, (frozenset(), 0))
+            if key not in closed or reported_ms - said_ms > window_ms:
+                continue  # open, moved to another member since, or that word is old
             confirmed.append(pid)
             cause = f"heartbeat stream closed on member {member}, confirmed at once: {report}"
             log.info("job %s: participant %d suspected: %s", job_id, pid, cause)
@@ -349,14 +350,9 @@ class RendezvousSupervisor:
         if member != self.member_id:
             for key, phi_milli, age_ms in report.readings:
                 self._readings[key] = (phi_milli, age_ms, now_ms)
-                if phi_milli >= PHI_INFINITE_MILLI:
-                    self._closed_on[key] = (member, now_ms)
-                else:
-                    self._closed_on.pop(key, None)
             if len(self._readings) > 4 * MAX_READINGS:
                 self._readings.clear()
-            if len(self._closed_on) > 4 * MAX_READINGS:
-                self._closed_on.clear()
+            self._closed_on[member] = (frozenset(report.closed), now_ms)
             for job_id in list(self._collective):
                 self._corroborate(job_id, now_ms)
         self._propose_all(self.coverage.take(member, report, self._state, now_ms))

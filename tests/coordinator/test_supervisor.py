@@ -11,7 +11,7 @@ import pytest
 from rallypoint.coordinator.leader import supervisor as supervisor_module
 from rallypoint.coordinator.leader.supervisor import PHI_SAMPLE_SIZE, RendezvousSupervisor
 from rallypoint.coordinator.liveness.progress import ProgressReport
-from rallypoint.coordinator.liveness.report import PHI_INFINITE_MILLI, LivenessReport
+from rallypoint.coordinator.liveness.report import LivenessReport
 from rallypoint.coordinator.liveness.report import decode as decode_report
 from rallypoint.coordinator.liveness.report import encode as encode_report
 from rallypoint.coordinator.metrics import NodeMetrics
@@ -548,7 +548,7 @@ async def _host_loss_across_members(
         sup.collective_failed("j", 1, peers, "b0: all_reduce failed", clock.ms)
     await _step(sup)
     clock.ms += 30
-    member_report(2, LivenessReport(readings=[(a3, PHI_INFINITE_MILLI, 30)]))
+    member_report(2, LivenessReport(closed=[a3]))
     await _step(sup)
     return replica, pids, proposed
 

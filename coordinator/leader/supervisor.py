@@ -470,7 +470,12 @@ class RendezvousSupervisor:
         since = now_ms - self._reported_ms
         # While a round is held, the leader waits for word of its members (``_in_doubt``).
         news = self.local.has_news() or bool(self._held)
-        urgent = bool(self._unsent) or (news and since >= ATTACH_REPORT_MS)
+        # A stream that closed goes at once too: the leader may confirm it with a failed
+        # collective reported to it (``_corroborate``), and a host-mate's late removal
+        # pushes a held round's close on.
+        urgent = (
+            bool(self._unsent) or self.local.closed_news or (news and since >= ATTACH_REPORT_MS)
+        )
         if not urgent and since < REPORT_EVERY_MS and not self.local.full_needed:
             return
         suspicions = list(self._unsent)

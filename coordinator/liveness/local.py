@@ -139,8 +139,8 @@ class MemberDetection:
         # news the leader's hang rules need at once (see has_news).
         self._progress_seen: dict[Key, tuple[int, int, int]] = {}
         self._progress_news = False
-        # A stream closed since the last report (its participants' readings say so).
-        self._closed_news = False
+        # A stream closed since the last report: the next report goes at once (supervisor).
+        self.closed_news = False
         # The next report must list everything carried (new leader, or a report was lost).
         self.full_needed = True
         self.intake = IntakeLag()
@@ -237,7 +237,7 @@ class MemberDetection:
         if evidence:
             self.detectors.adopt(key, group.key, now_ms, closed=closed)
             if closed:
-                self._closed_news = True
+                self.closed_news = True
                 self._reported_before(key, now_ms)
             return
         if self._attach.pop(key, False) is False:
@@ -477,7 +477,7 @@ class MemberDetection:
         self._progress.clear()
         self._progress_ms.clear()
         self._progress_news = False
-        self._closed_news = False
+        self.closed_news = False
         return report
 
     def has_news(self) -> bool:
@@ -487,7 +487,7 @@ class MemberDetection:
         would look behind the ranks the leader carries itself. Or a stream closed: the
         leader confirms its participants at once when a peer of theirs reported a failed
         collective to it (supervisor.py, ``_corroborate``), from the report's ``closed``."""
-        return bool(self._attach or self._detach or self._progress_news or self._closed_news)
+        return bool(self._attach or self._detach or self._progress_news or self.closed_news)
 
     def report_lost(self) -> None:
         """A report did not reach a leader: the next one says everything again."""

@@ -581,3 +581,41 @@ async def test_another_member_s_closed_stream_alone_confirms_nothing(
     )
     assert pids["a3"] not in _failed(proposed)
     assert pids["a3"] in replica.job().participants
+
+
+async def test_a_follower_reports_a_stream_that_closed_at_its_next_pass(clock: Clock) -> None:
+    # The leader confirms it at once with a failed collective reported to it: the follower
+    # does not hold the news for ATTACH_REPORT_MS after its last report.
+    replica = JobReplica()
+    replica.time_ms = clock.ms
+    config = JobConfig(min_nodes=2, max_nodes=2, last_call_ms=0)
+    replica.do(replica.open(), JoinBatch("j", ("a0", "b0"), (), config, True, ("a", "b")))
+    a0, b0 = (seat.participant_id for seat in replica.job().round.members)
+    sent: list[bytes] = []
+
+    async def send_report(leader: int, payload: bytes) -> bool:
+        sent.append(payload)
+        return True
+
+    follower = StreamedSupervisor(
+        replica.sm, _never_proposed, clock, member_id=1, leader_id=lambda: 2,
+        send_report=send_report,
+    )  # fmt: skip
+
+    async def pass_() -> None:
+        if clock.ms % 100 == 0:
+            for pid in (a0, b0):
+                follower.heartbeat("j", pid)
+        await _step(follower)
+        await asyncio.sleep(0)
+        clock.ms += 10
+
+    while clock.ms < 1_000_000 + 1000:  # a second of heartbeats, then up to a report
+        await pass_()
+    before = len(sent)
+    while len(sent) == before:
+        await pass_()
+    before = len(sent)
+    follower.stream_closed("j", a0)
+    await pass_()
+    assert [decode_report(p).closed for p in sent[before:]] == [[("j", a0)]]

@@ -35,6 +35,7 @@ class SyncRoundStore(Blocking[RoundStore]):
     multi_get = blocking(RoundStore.multi_get)
     multi_set = blocking(RoundStore.multi_set)
     read_groups = blocking(RoundStore.read_groups)
+    read_leased = blocking(RoundStore.read_leased)
 
     @property
     def store(self) -> RoundStore:

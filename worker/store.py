@@ -30,6 +30,7 @@ of the coordinator (no quorum within the client's timeout, a limit) is
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -83,13 +84,38 @@ def _text(key: str | bytes) -> str:
 # How soon after a wait its value may answer a get of the same key (see ``wait``).
 _WAITED_VALUE_S = 0.01
 
+# A key one rank of a group publishes its address under: the group's prefix, "/", the rank
+# (gloo's full mesh: ``<prefix>/<rank>``; see "Exchanges" in ``CoordinatorStore``).
+_RANK_KEY = re.compile(r"(.*)/(0|[1-9][0-9]{0,8})")
+# How many keys one read ahead covers, times the world size: a gloo address value grows by
+# about 8 bytes per rank of its group (measured with torch 2.13: 162 bytes at 2 ranks, 186
+# at 4), so an answer stays near half a MiB at any world size.
+_READ_AHEAD_KEYS_X_RANKS = 65_536
+
 
 class CoordinatorStore(Store):
     """The round store of ``round_number`` of ``job``, used as ``participant_id``, as a c10d
     store. ``client`` is a :class:`SyncClient` (borrowed: closing the store leaves it open)
     or the coordinator's endpoints (a list, or one comma-separated string), for which the
     store opens a client of its own, with ``token`` and ``tls``, and closes it in
-    :meth:`close`."""
+    :meth:`close`. ``world_size``: the round's (``for_round`` and ``for_participant`` fill it
+    in); without it the store reads no address exchange ahead (below).
+
+    Exchanges. gloo connects a group of n ranks through the store: rank r sets
+    ``<prefix>/<r>`` to its addresses, then for every rank i of the group, in order, waits
+    for ``<prefix>/<i>`` and gets it. One call each made about 20 of a formation's calls to
+    the coordinator (the world's group, the snapshots' group, the mesh's), each a read
+    barrier. So when a thread that set ``<prefix>/<r>`` waits for ``<prefix>/<i>``, the
+    store reads, in one call and without waiting, every ``<prefix>/<j>`` for j below the
+    round's world size (no group is larger), asking the leader for cache leases on them, and
+    answers the thread's later waits and gets of those keys from what it read while their
+    leases last: a key that exists is answered at once, one still missing is waited for as
+    before. A lease is the coordinator's promise that no write changes the key before it
+    ends (coordinator/service/store_cache.py; a write of it is held until then), and the
+    store lets a value go a drift allowance before that, so every answer from it is what a
+    read at that moment would answer. A value read without a lease (another member than the
+    leader answered) answers only the wait that read it (``wait``).
+    """
 
     def __init__(
         self,
@@ -101,6 +127,7 @@ class CoordinatorStore(Store):
         timeout: timedelta = DEFAULT_TIMEOUT,
         token: str | None = None,
         tls: TlsConfig | None = None,
+        world_size: int | None = None,
     ) -> None:
         super().__init__()
         if isinstance(client, SyncClient):
@@ -110,9 +137,15 @@ class CoordinatorStore(Store):
             endpoints = client.split(",") if isinstance(client, str) else list(client)
             self._client = SyncClient(endpoints, token=token, tls=tls)
             round_store = self._client.round_store(job, round_number, participant_id)
-        self._init(round_store, participant_id, timeout)
+        self._init(round_store, participant_id, timeout, world_size)
 
-    def _init(self, round_store: SyncRoundStore, participant_id: int, timeout: timedelta) -> None:
+    def _init(
+        self,
+        round_store: SyncRoundStore,
+        participant_id: int,
+        timeout: timedelta,
+        world_size: int | None,
+    ) -> None:
         self._store = round_store
         self.job = round_store.store.job
         self.round_number = round_store.round
@@ -121,6 +154,12 @@ class CoordinatorStore(Store):
         # Per thread: the key the thread's last call waited for alone, and its value then
         # (``wait``, ``get``); any other call of the thread drops it.
         self._waited = threading.local()
+        # The largest group an exchange can have (None: no exchange is read ahead).
+        self._world_size = world_size
+        # Values read with a cache lease, and when (monotonic) the store stops trusting
+        # each: until then no write changes the key ("Exchanges").
+        self._leased: dict[str, tuple[bytes, float]] = {}
+        self._leased_lock = threading.Lock()
         self.set_timeout(timeout)
 
     @classmethod
@@ -139,7 +178,7 @@ class CoordinatorStore(Store):
         store: CoordinatorStore = cls.__new__(cls)
         Store.__init__(store)
         store._client = None
-        store._init(participant.store(), participant.participant_id, timeout)
+        store._init(participant.store(), participant.participant_id, timeout, info.world_size)
         return store
 
     @classmethod
@@ -159,7 +198,14 @@ class CoordinatorStore(Store):
                 job=info.job,
                 round_number=info.round,
             )
-        return cls(client, info.job, info.round, participant_id, timeout=timeout)
+        return cls(
+            client,
+            info.job,
+            info.round,
+            participant_id,
+            timeout=timeout,
+            world_size=info.world_size,
+        )
 
     def __repr__(self) -> str:
         return (
@@ -182,7 +228,11 @@ class CoordinatorStore(Store):
     # -------------------------------------------------------------- the c10d API
 
     def set(self, key: str, value: bytes | str) -> None:
+        self._forget([key])
         self._call("set", lambda: self._store.set(key, value))
+        # A rank's address in an exchange: this thread reads the others' next ("Exchanges").
+        rank_key = _RANK_KEY.fullmatch(_text(key))
+        self._waited.exchange = rank_key.group(1) if rank_key is not None else None
 
     def get(self, key: str) -> bytes:
         """The value at ``key``, waiting up to the store's timeout for it to be set. Right
@@ -190,6 +240,9 @@ class CoordinatorStore(Store):
         that wait read: no call to the coordinator (``wait`` says why)."""
         waited: tuple[str, bytes, float] | None = getattr(self._waited, "value", None)
         self._waited.value = None
+        leased = self._leased_value(_text(key))
+        if leased is not None:
+            return leased
         if (
             waited is not None
             and waited[0] == _text(key)
@@ -202,6 +255,7 @@ class CoordinatorStore(Store):
         )
 
     def add(self, key: str, value: int) -> int:
+        self._forget([key])
         return self._call("add", lambda: self._store.add(key, value))
 
     def compare_set(
@@ -210,6 +264,7 @@ class CoordinatorStore(Store):
         """torch's semantics (HashStore, TCPStore): set ``key`` to ``desired_value`` if it
         holds ``expected_value``, or is absent and ``expected_value`` is empty; answer what
         the key holds now, or ``expected_value`` when the key is absent."""
+        self._forget([key])
         result = self._call(
             "compare_set", lambda: self._store.compare_set(key, expected_value, desired_value)
         )
@@ -232,6 +287,11 @@ class CoordinatorStore(Store):
         timeout_s = self._timeout_s(timeout)
         if len(keys) == 1:
             key = _text(keys[0])
+            if self._leased_value(key) is not None:
+                self._waited.value = None  # a call like any other (``get`` reads the lease)
+                return
+            if self._read_exchange(key):
+                return
             (value,) = self._call(
                 "wait",
                 lambda: self._store.multi_get([key], timeout_s=timeout_s),
@@ -263,21 +323,81 @@ class CoordinatorStore(Store):
         if len(keys) != len(values):
             raise ValueError(f"multi_set: {len(keys)} keys but {len(values)} values")
         items = list(zip(keys, values, strict=True))
+        self._forget(keys)
         self._call("multi_set", lambda: self._store.multi_set(items))
 
     def append(self, key: str, value: bytes | str) -> None:
         """Append to the value at ``key`` (a missing key counts as empty), by compare-and-set
         retried until no other writer came in between."""
+        self._forget([key])
         self._call("append", lambda: self._store.append(key, value))
 
     def check(self, keys: Sequence[str]) -> bool:
         return self._call("check", lambda: self._store.check(list(keys)))
 
     def delete_key(self, key: str) -> bool:
+        self._forget([key])
         return self._call("delete_key", lambda: self._store.delete(key))
 
     def num_keys(self) -> int:
         return self._call("num_keys", self._store.num_keys)
+
+    # -------------------------------------------------------------- exchanges
+
+    def _leased_value(self, key: str) -> bytes | None:
+        """``key``'s value read under a lease that still lasts, else None."""
+        with self._leased_lock:
+            held = self._leased.get(key)
+            if held is None:
+                return None
+            if time.monotonic() < held[1]:
+                return held[0]
+            del self._leased[key]
+            return None
+
+    def _forget(self, keys: Sequence[str | bytes]) -> None:
+        """Drop what was read of ``keys`` before this store writes them. (Not needed for
+        the answers to stay right: the write is held until the leases ended, and the store
+        lets a value go before that.)"""
+        with self._leased_lock:
+            for key in keys:
+                self._leased.pop(_text(key), None)
+
+    def _read_exchange(self, key: str) -> bool:
+        """When ``key`` belongs to the exchange this thread published its address in: read
+        every key of the exchange that exists, with leases, in one call that does not wait
+        ("Exchanges"); whether ``key`` was among them (its value then answers this thread's
+        next get of it, as ``wait`` says)."""
+        rank_key = _RANK_KEY.fullmatch(key)
+        prefix = getattr(self._waited, "exchange", None)
+        world_size = self._world_size
+        if rank_key is None or world_size is None or rank_key.group(1) != prefix:
+            return False
+        first = int(rank_key.group(2))
+        if first >= world_size:
+            return False
+        # gloo reads the ranks in order: from this one on.
+        last = min(world_size, first + max(1, _READ_AHEAD_KEYS_X_RANKS // world_size))
+        wanted = [
+            exchange_key
+            for exchange_key in (f"{prefix}/{rank}" for rank in range(first, last))
+            if exchange_key == key or self._leased_value(exchange_key) is None
+        ]
+        sent = time.monotonic()
+        answer = self._call("wait", lambda: self._store.read_leased([[k] for k in wanted]), key=key)
+        found: bytes | None = None
+        with self._leased_lock:
+            for exchange_key, (values, lease_s) in zip(wanted, answer, strict=True):
+                if values is None:
+                    continue
+                if exchange_key == key:
+                    found = values[0]
+                if lease_s > 0:
+                    self._leased[exchange_key] = (values[0], sent + lease_s)
+        if found is None:
+            return False
+        self._waited.value = (key, found, time.monotonic())
+        return True
 
     # -------------------------------------------------------------- plumbing
 

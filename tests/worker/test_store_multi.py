@@ -5,13 +5,15 @@ missing at the timeout names the keys), and multi_set writes every pair."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
 import pytest
 
+from rallypoint.coordinator.service.store_cache import StoreCacheLeases
 from rallypoint.worker import CoordinatorStore, StoreTimeoutError
 from rallypoint.worker import store as store_module
 from tests.coordinator.fake_node import FakeNode, join_round, open_session, served_at, serving
@@ -111,5 +113,118 @@ async def test_a_get_right_after_a_wait_for_its_key_reads_nothing_again(
         store.set_timeout(timedelta(seconds=0.3))
         with pytest.raises(StoreTimeoutError, match=r"wait timed out .* never"):
             store.wait(["never"])
+
+    await asyncio.to_thread(run)
+
+
+@contextlib.contextmanager
+def _store_of(served: Served, world_size: int) -> Iterator[CoordinatorStore]:
+    """Another store of the fixture's round and participant (its own client), that reads
+    exchanges of up to ``world_size`` ranks ahead."""
+    address = served.store._store.store.caller.transport.endpoints[0]
+    store = CoordinatorStore(
+        [address],
+        "j",
+        1,
+        served.store.participant_id,
+        timeout=timedelta(seconds=20),
+        world_size=world_size,
+    )
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _connect(store: CoordinatorStore, prefix: str, rank: int, size: int) -> list[bytes]:
+    """What gloo's full-mesh connect does with the store: publish this rank's address,
+    then wait for and get every rank's, in order."""
+    store.set(f"{prefix}/{rank}", f"addr-{rank}")
+    values = []
+    for i in range(size):
+        store.wait([f"{prefix}/{i}"])
+        values.append(store.get(f"{prefix}/{i}"))
+    return values
+
+
+async def test_a_group_s_address_exchange_is_one_read_when_every_rank_published(
+    served: Served,
+) -> None:
+    """gloo's connect of an n-rank group waits for and gets n keys: one read, not n."""
+    node = served.node
+
+    def run() -> None:
+        with _store_of(served, world_size=8) as store:
+            # Ranks 0, 2, 3 published; this one is rank 1 of a 4-rank group in a world of 8.
+            store.multi_set(["g/0", "g/2", "g/3"], ["addr-0", "addr-2", "addr-3"])
+            reads = node.read_barriers
+            assert _connect(store, "g", 1, 4) == [b"addr-0", b"addr-1", b"addr-2", b"addr-3"]
+            assert node.read_barriers == reads + 1
+            # The next group (another prefix) is read afresh, once.
+            store.multi_set(["h/1"], ["addr-1"])
+            reads = node.read_barriers
+            assert _connect(store, "h", 0, 2) == [b"addr-0", b"addr-1"]
+            assert node.read_barriers == reads + 1
+
+    await asyncio.to_thread(run)
+
+
+async def test_an_exchange_key_still_missing_is_waited_for(served: Served) -> None:
+    def run() -> None:
+        with _store_of(served, world_size=4) as store, _store_of(served, 4) as peer:
+            peer.set("g/0", "addr-0")
+            got: list[list[bytes]] = []
+            connecting = threading.Thread(target=lambda: got.append(_connect(store, "g", 1, 3)))
+            connecting.start()
+            # Rank 2 publishes once rank 1 waits for it (or later: either way it connects).
+            peer.set("g/2", "addr-2")
+            connecting.join(timeout=30)
+            assert got == [[b"addr-0", b"addr-1", b"addr-2"]]
+
+    await asyncio.to_thread(run)
+
+
+async def test_a_value_read_ahead_never_answers_after_a_write_changed_it(served: Served) -> None:
+    """A rewrite of a key read ahead: once the write returned, reads answer the new value
+    (the write waited for the lease; the store let the value go before the lease ended)."""
+
+    def run() -> None:
+        with _store_of(served, world_size=4) as store, _store_of(served, 4) as writer:
+            writer.multi_set(["g/0", "g/2"], ["addr-0", "addr-2"])
+            assert _connect(store, "g", 1, 3) == [b"addr-0", b"addr-1", b"addr-2"]
+            writer.set("g/2", "moved")  # held by the coordinator until the lease ended
+            store.wait(["g/2"])
+            assert store.get("g/2") == b"moved"
+            # This store's own write of a key it read ahead is read afresh too.
+            _connect(store, "k", 0, 1)
+            store.set("g/0", "mine")
+            assert store.get("g/0") == b"mine"
+            # A counter read ahead: another rank's add is seen once it returned.
+            assert writer.add("c/1", 1) == 1
+            assert _connect(store, "c", 0, 2) == [b"addr-0", b"1"]
+            assert writer.add("c/1", 1) == 2
+            store.wait(["c/1"])
+            assert store.get("c/1") == b"2"
+
+    await asyncio.to_thread(run)
+
+
+async def test_without_leases_a_value_read_ahead_answers_only_its_own_wait(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member other than the leader grants no lease: nothing read ahead is kept, so a
+    rewrite is seen at once."""
+    monkeypatch.setattr(StoreCacheLeases, "grant", lambda self, scope, keys: 0)
+    node = served.node
+
+    def run() -> None:
+        with _store_of(served, world_size=4) as store, _store_of(served, 4) as writer:
+            writer.multi_set(["g/0", "g/2"], ["addr-0", "addr-2"])
+            reads = node.read_barriers
+            assert _connect(store, "g", 1, 3) == [b"addr-0", b"addr-1", b"addr-2"]
+            assert node.read_barriers == reads + 3
+            writer.set("g/2", "moved")
+            store.wait(["g/2"])
+            assert store.get("g/2") == b"moved"
 
     await asyncio.to_thread(run)

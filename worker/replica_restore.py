@@ -18,8 +18,8 @@ the same data.
 - :func:`restore_from_replicas` carries the plan out: the lowest-ranked survivor at that
   step broadcasts the step, sampler position, extra state and hyperparameters (one small
   object broadcast); every rank keeps what it holds itself and receives the rest from the
-  holders the plan names, one point-to-point message per sender, receiver and dtype (a
-  flat buffer of the pieces in the plan's order), bit for bit. The new optimizer's state
+  holders the plan names, one point-to-point message per piece, straight into the new
+  model's and optimizer's tensors, bit for bit. The new optimizer's state
   is made in the layout of its parameters before it is filled.
 """
 
@@ -168,7 +168,9 @@ def restore_from_replicas(
         raise AssertionError("restore_from_replicas needs a fresh optimizer")
     targets.update(_optimizer_pieces(model, optimizer, optimizer_keys))
 
-    # Messages: one per (sender, receiver, dtype), its pieces in the plan's (sorted) order.
+    # Messages: one per piece, between each sender and receiver in the plan's (sorted) order,
+    # tagged by its place in that order; sent from the held tensor and received into the new
+    # one where it is contiguous (no staging copy: half of a restore's time, measured).
     outgoing: dict[int, list[ShardKey]] = {}
     incoming: dict[int, list[ShardKey]] = {}
     for receiver, sender, key in plan.transfers:
@@ -179,29 +181,25 @@ def restore_from_replicas(
         if receiver == me:
             incoming.setdefault(sender, []).append(key)
 
-    def by_dtype(keys: list[ShardKey]) -> list[tuple[str, list[ShardKey]]]:
-        groups: dict[str, list[ShardKey]] = {}
-        for key in keys:
-            groups.setdefault(key[3], []).append(key)
-        return sorted(groups.items())
-
     works: list[dist.Work] = []
-    received: list[tuple[torch.Tensor, list[ShardKey]]] = []
+    staged: list[tuple[torch.Tensor, ShardKey]] = []
+    bytes_received = 0
     for peer in sorted(set(outgoing) | set(incoming)):
-        for tag, (_dtype_key, keys) in enumerate(by_dtype(outgoing.get(peer, []))):
+        for tag, key in enumerate(outgoing.get(peer, [])):
             if held is None:
                 raise AssertionError("a replica plan sends from a rank that holds nothing")
-            flat = torch.cat([held.pieces[key].reshape(-1) for key in keys])
-            work = dist.isend(flat, dst=peer, group=process_group, tag=tag)
+            work = dist.isend(held.pieces[key].contiguous(), dst=peer, group=process_group, tag=tag)
             assert work is not None
             works.append(work)
-        for tag, (dtype_key, keys) in enumerate(by_dtype(incoming.get(peer, []))):
-            numel = sum(_numel(key[2]) for key in keys)
-            flat = torch.empty(numel, dtype=_dtype(dtype_key))
-            work = dist.irecv(flat, src=peer, group=process_group, tag=tag)
+        for tag, key in enumerate(incoming.get(peer, [])):
+            target = targets[key]
+            if not target.is_contiguous():
+                target = torch.empty(key[2], dtype=_dtype(key[3]))
+                staged.append((target, key))
+            work = dist.irecv(target, src=peer, group=process_group, tag=tag)
             assert work is not None
             works.append(work)
-            received.append((flat, keys))
+            bytes_received += target.numel() * target.element_size()
     with torch.no_grad():
         for sender, key in mine:
             if sender == me:
@@ -210,14 +208,8 @@ def restore_from_replicas(
                 targets[key].copy_(held.pieces[key])
         for work in works:
             work.wait()
-        bytes_received = 0
-        for flat, keys in received:
-            offset = 0
-            for key in keys:
-                numel = _numel(key[2])
-                targets[key].copy_(flat[offset : offset + numel].view(key[2]))
-                offset += numel
-            bytes_received += flat.numel() * flat.element_size()
+        for buffer, key in staged:
+            targets[key].copy_(buffer)
 
     if len(hyperparameters) != len(optimizer.param_groups):
         raise CheckpointError(
@@ -232,10 +224,3 @@ def restore_from_replicas(
             raise CheckpointError("the survivors sent no sampler state")
         sampler.load_state_dict(progress["sampler"])
     return int(progress["step"]), progress["extra"], bytes_received
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    numel = 1
-    for size in shape:
-        numel *= size
-    return numel

@@ -49,7 +49,6 @@ def rank_main(rank: int, port: int, repeats: int, out: Path) -> None:
     import torch
     import torch.distributed as dist
     from torch.distributed import TCPStore  # type: ignore[attr-defined]
-    from torch.distributed._composable.replicate_with_fsdp import replicate
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -59,6 +58,7 @@ def rank_main(rank: int, port: int, repeats: int, out: Path) -> None:
 
     from rallypoint.worker.checkpoint import restore_state
     from rallypoint.worker.replica_restore import held_state
+    from rallypoint.worker.torch_compat import replicate_over
 
     torch.set_num_threads(1)
     store = TCPStore("127.0.0.1", port, WORLD, is_master=rank == 0, timeout=timedelta(seconds=120))
@@ -73,7 +73,7 @@ def rank_main(rank: int, port: int, repeats: int, out: Path) -> None:
             torch.nn.Linear(HIDDEN, WIDE), torch.nn.ReLU(), torch.nn.Linear(WIDE, HIDDEN)
         )
         parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
-        replicate(model, mesh=mesh["dp"])
+        replicate_over(model, mesh["dp"])
         return model, torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
 
     def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:

@@ -80,6 +80,7 @@ from .demo_train import (
 from .elastic import ElasticRun, TrainState
 from .errors import WorkerError
 from .sampler import ElasticSampler
+from .torch_compat import replicate_over
 
 # The tensor-parallel degree: the ranks of one unit, on one host.
 TP = 2
@@ -198,9 +199,7 @@ def mesh_builder(
             model, mesh["tp"], {name: styles[style]() for name, style in TP_PLAN.items()}
         )
         if replicate_dp:
-            from torch.distributed._composable.replicate_with_fsdp import replicate
-
-            replicate(model, mesh=mesh["dp"])
+            replicate_over(model, mesh["dp"])
             return model, make_optimizer(model)
         for layer in model.children():
             if isinstance(layer, torch.nn.Linear):

@@ -37,7 +37,7 @@ from torch.distributed.tensor import DTensor
 from .restore_choice import MODEL_PREFIX, OPTIMIZER_PREFIX, ReplicaPlan, ShardKey
 from .sampler import ElasticSampler
 from .state_io import CheckpointError, pack_progress
-from .torch_compat import local_tensor
+from .torch_compat import local_offset_and_shape, local_tensor
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,13 +68,7 @@ def _dtype(name: str) -> torch.dtype:
 def _place(tensor: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The global offset and local shape of this rank's piece of ``tensor``."""
     if isinstance(tensor, DTensor):
-        # torch's own rule for where a DTensor's local piece sits (DCP's planners use it).
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-        shape, offset = compute_local_shape_and_global_offset(
-            tensor.shape, tensor.device_mesh, tensor.placements
-        )
-        return tuple(int(o) for o in offset), tuple(int(s) for s in shape)
+        return local_offset_and_shape(tensor)
     return (0,) * tensor.dim(), tuple(tensor.shape)
 
 

@@ -88,9 +88,16 @@ def model_pieces(model: torch.nn.Module) -> dict[ShardKey, torch.Tensor]:
 
 def held_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> HeldState | None:
     """What a survivor holds, before the new world's model replaces it; None when some of the
-    optimizer's state is not a tensor (nothing this restore knows how to place)."""
+    optimizer's state is not a tensor (nothing this restore knows how to place) or the
+    optimizer steps a parameter the module does not hold (below)."""
     pieces = model_pieces(model)
     names = {id(parameter): name for name, parameter in model.named_parameters()}
+    # Every parameter the optimizer steps must be the module's own: FSDP2 swaps unsharded
+    # tensors into a module during its forward pass, and a step given up there leaves them
+    # (their data may be an abandoned all-gather's). Such a state is not offered.
+    optimized = [p for group in optimizer.param_groups for p in group["params"]]
+    if any(id(parameter) not in names for parameter in optimized):
+        return None
     for parameter, state in optimizer.state.items():
         name = names.get(id(parameter))
         if name is None:

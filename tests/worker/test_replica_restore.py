@@ -223,3 +223,17 @@ def test_a_tp_job_replicated_over_dp_resumes_at_the_survivors_step(tmp_path: Pat
         shrunk = figures(3, rank)
         assert shrunk["source"] == "replicas" and shrunk["step"] == 3, shrunk
         assert shrunk["restored_equal_held"] and shrunk["bytes_moved"] == 0, shrunk
+
+
+def test_a_module_holding_other_tensors_than_its_optimizer_offers_nothing() -> None:
+    import torch
+
+    from rallypoint.worker.replica_restore import held_state
+
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    assert held_state(model, optimizer) is not None
+    # As FSDP2 leaves a module whose forward pass was given up: its unsharded tensors in
+    # place of the parameters the optimizer steps.
+    model.weight = torch.nn.Parameter(torch.zeros(2, 4))
+    assert held_state(model, optimizer) is None

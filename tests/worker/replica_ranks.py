@@ -2,9 +2,11 @@
 
     python replica_ranks.py OLD_RANK WORKDIR MODE
 
-Every process is one rank of a dp=2 x tp=2 world (rallypoint.worker.mesh_train's model and
-mesh, ``replicate_dp``: tensor parallel inside a unit of two, replicated over dp; or, MODE
-``fsdp``, sharded over dp as mesh_train's default), meeting through TCPStores on the ports in
+Every process is one rank of a dp=2 x 2 world of rallypoint.worker.mesh_train's model, by
+MODE: ``replicate`` (mesh_train's ``replicate_dp``: tensor parallel inside a unit of two,
+replicated over dp), ``hsdp`` (FSDP2 on a 2-D "dp" x "shard" mesh: sharded inside a unit of
+two, replicated over dp) or ``fsdp`` (sharded over dp as mesh_train's default), meeting
+through TCPStores on the ports in
 the environment (PORTS: three, one per world). No coordinator: the worlds are formed by hand
 as the elastic loop forms them (a new default group, ``forget_previous_world``, ``build``,
 ``restore_state`` with what each survivor held).
@@ -28,6 +30,7 @@ import hashlib
 import json
 import os
 import sys
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -37,7 +40,7 @@ import torch.distributed as dist
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
 from rallypoint.worker.checkpoint import restore_state
-from rallypoint.worker.mesh_train import mesh_builder
+from rallypoint.worker.mesh_train import make_model, make_optimizer, mesh_builder
 from rallypoint.worker.replica_restore import HeldState, held_state, model_pieces
 from rallypoint.worker.restore_choice import OPTIMIZER_PREFIX
 from rallypoint.worker.torch_compat import forget_previous_world, reset_group_count
@@ -55,6 +58,29 @@ def state_pieces(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> di
     held = held_state(model, optimizer)
     assert held is not None
     return {json.dumps(key): digest(tensor) for key, tensor in held.pieces.items()}
+
+
+Builder = Callable[[], tuple[torch.nn.Module, torch.optim.Optimizer]]
+
+
+def hsdp_build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """HSDP whose shard group is the unit: every unit a whole replica."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size() // 2, 2), mesh_dim_names=("dp", "shard"))
+    model = make_model()
+    for layer in model.children():
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model, make_optimizer(model)
+
+
+def builder(mode: str) -> Builder:
+    if mode == "hsdp":
+        return hsdp_build
+    return mesh_builder(2, 60.0, replicate_dp=mode == "replicate")
 
 
 def form(rank: int, world_size: int, port: int) -> None:
@@ -90,11 +116,11 @@ def new_world(
     port: int,
     held: HeldState | None,
     survivor_step: int | None,
-    replicate_dp: bool,
+    build: Builder,
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer, dict[str, Any]]:
     form(rank, world_size, port)
     forget_previous_world()
-    model, optimizer = mesh_builder(2, 60.0, replicate_dp)()
+    model, optimizer = build()
     result = restore_state(
         model,
         optimizer,
@@ -116,16 +142,16 @@ def new_world(
 def main() -> None:
     old_rank, workdir, mode = int(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
     ports = [int(port) for port in os.environ["PORTS"].split(",")]
-    replicate_dp = mode == "replicate"
+    build = builder(mode)
     torch.set_num_threads(1)
 
     # 1. dp=2 x tp=2: train, note what is held.
     form(old_rank, 4, ports[0])
-    model, optimizer = mesh_builder(2, 60.0, replicate_dp)()
+    model, optimizer = build()
     for _ in range(STEPS):
         train_step(model, optimizer, old_rank // 2)
     held_digests = state_pieces(model, optimizer)
-    if replicate_dp:
+    if mode != "fsdp":
         replicas_agree(held_digests)
     (workdir / f"held-rank{old_rank}.json").write_text(json.dumps(held_digests))
     held = held_state(model, optimizer)
@@ -137,7 +163,7 @@ def main() -> None:
     survivor = old_rank < 2
     rank = (old_rank + 2) % 4
     new_model, new_optimizer, figures = new_world(
-        rank, 4, ports[1], held if survivor else None, STEPS if survivor else None, replicate_dp
+        rank, 4, ports[1], held if survivor else None, STEPS if survivor else None, build
     )
     survivors_held: dict[str, str] = {}
     for old in (0, 1):
@@ -162,7 +188,7 @@ def main() -> None:
 
     # 3. Old unit 0 gone: old 2 and 3 re-form as a world of one unit.
     shrunk_model, shrunk_optimizer, figures = new_world(
-        old_rank - 2, 2, ports[2], held, STEPS, replicate_dp
+        old_rank - 2, 2, ports[2], held, STEPS, build
     )
     figures["restored_equal_held"] = all(
         held_digests.get(key) == value

@@ -7,11 +7,12 @@ world restored from the survivors that hold its shards (source ``replicas``).
   receiving the rest; when a piece is held by nobody (a model sharded across units, FSDP
   over dp), or only by a survivor a step behind, the fallback is exactly today's (memory,
   disk, fresh), the reason naming the missing piece.
-- Real processes (tests/worker/replica_ranks.py, gloo, no coordinator): a dp=2 x tp=2
-  mesh job (mesh_train's model, tensor parallel inside a unit, replicated over dp) trains 3
-  steps; a world with two newcomers in place of a unit restores at step 3 from the
-  survivors (the newcomers receive every piece, bit-identical to what the survivors held,
-  optimizer state included) and trains on with the replicas equal; a world of one unit
+- Real processes (tests/worker/replica_ranks.py, gloo, no coordinator): a dp=2 x 2 mesh
+  job (mesh_train's model, tensor parallel inside a unit and replicated over dp, or HSDP
+  whose shard group is the unit) trains 3 steps; a world with two newcomers in place of a
+  unit restores at step 3 from the survivors (the newcomers receive every piece,
+  bit-identical to what the survivors held, optimizer state included) and trains on with
+  the replicas equal; a world of one unit
   (dp one smaller) restores at step 3 keeping its own pieces.
 """
 
@@ -184,7 +185,8 @@ def free_ports(count: int) -> list[int]:
 
 
 @pytest.mark.timeout(300)
-def test_a_tp_job_replicated_over_dp_resumes_at_the_survivors_step(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["replicate", "hsdp"])
+def test_a_job_replicated_over_dp_resumes_at_the_survivors_step(tmp_path: Path, mode: str) -> None:
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -194,7 +196,7 @@ def test_a_tp_job_replicated_over_dp_resumes_at_the_survivors_step(tmp_path: Pat
     }
     ranks = [
         subprocess.Popen(
-            [sys.executable, str(RANKS_SCRIPT), str(rank), str(tmp_path), "replicate"],
+            [sys.executable, str(RANKS_SCRIPT), str(rank), str(tmp_path), mode],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

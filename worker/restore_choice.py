@@ -147,7 +147,9 @@ class RestorePolicy:
 @dataclass(frozen=True, slots=True)
 class RestoreDecision:
     source: RestoreSource
-    src_rank: int | None  # the survivor that broadcasts (BROADCAST only)
+    # The survivor that broadcasts (BROADCAST), or that sends the step, sampler position and
+    # extra state (REPLICAS); None otherwise.
+    src_rank: int | None
     reason: str
     # Steps the most advanced survivor had trained past the state chosen (0: nothing is
     # lost). For FRESH above 0 the world goes back to its initial state: restore_state says

@@ -12,7 +12,7 @@ RUNS  ?= 20
 TIME  ?= 60
 LANES ?= 1
 
-.PHONY: help setup lint format typecheck pytest pytest-long test upgrade-test test-launchers test-browser sim crash-test fuzz bench-wal bench-kv bench-failover bench-recovery bench-scale bench-store bench-transport bench-ettr bench-peers demo proto clean jepsen jepsen-long
+.PHONY: help setup lint format typecheck pytest pytest-long test upgrade-test test-launchers test-browser sim crash-test fuzz bench-wal bench-kv bench-failover bench-recovery bench-scale bench-store bench-transport bench-ettr bench-peers bench-replicas demo proto clean jepsen jepsen-long
 
 help:
 	@echo "make demo             start a local cluster and elastic workers, kill things, watch recovery"
@@ -32,6 +32,7 @@ help:
 	@echo "make bench-transport  one message through grpc.aio (unary, peer-style stream), plain TCP and both peer transports -> bench/results/transport.json (.png)"
 	@echo "make bench-store      gloo/NCCL bootstrap of 64/256/1024 ranks: bridge, CoordinatorStore vs TCPStore -> bench/results/store.json (.png)"
 	@echo "make bench-ettr       effective training time at 16,384 GPUs (Llama 3's interruptions), modelled -> bench/results/ettr.json (.png)"
+	@echo "make bench-replicas   a sharded model restored from the survivors' replicas: bytes/s, steps rolled back -> bench/results/replicas.json"
 	@echo "make bench-peers      plain DDP, torchft 0.2.0 and rallypoint: steady step, kill stall, rejoin -> bench/results/peers.json (.png)"
 	@echo "make test-launchers   Lightning, Accelerate, TorchX, Kubeflow, Slurm jobs: a worker killed, recovered (~6-11 min)"
 	@echo "make proto            regenerate the Python code for proto/**/*.proto"
@@ -171,6 +172,10 @@ bench-torchrun: setup
 # system's recovery built from bench/results/*.json and cited figures; < 1 min, no processes.
 bench-ettr: setup
 	$(PY) -m bench.ettr_bench --out bench/results/ettr.json
+
+# A dp=2 x tp=2 job replicated over dp: newcomers restored from the survivors' replicas; ~30 s.
+bench-replicas: setup
+	$(PY) -m bench.replica_bench --out bench/results/replicas.json
 
 # The same 4-process MLP under plain DDP, torchft 0.2.0 (default and 1 s heartbeat) and rallypoint, trials alternating; ~8-12 min.
 bench-peers: setup

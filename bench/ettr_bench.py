@@ -1,6 +1,7 @@
 """Effective training time at 16,384 GPUs: torchrun (restart everything from a disk
 checkpoint), torchft (survivors keep going, a replica group is missing until its replacement
-heals) and rallypoint (in-process re-formation, memory snapshots, spare hosts), over the
+heals) and rallypoint (in-process re-formation, restore from the survivors' replicas, spare
+hosts), the same job for the two (HSDP-shaped: a whole replica per replica group), over the
 54 days and 466 interruptions Llama 3 reported, each system's recovery composed from figures
 this repository measured and published figures where a cost grows with scale.
 
@@ -57,16 +58,29 @@ DESCRIPTIONS = {
     "survivors train on without the failed replica group (the in-flight step is dropped) until "
     "its replacement has started and healed from a peer; a job-wide fault or planned stop "
     "restarts everything from disk like torchrun; a per-step quorum cost",
-    "rallypoint": "a lost host, crash or hang: detection, the round change, a spare host "
-    "filling the loss, survivors re-forming in process (process groups of every rank) and "
-    "restoring the last memory snapshot, the newcomer fetching its state from peers' memory; "
-    "a job-wide fault or planned stop restarts from disk; a planned drain loses nothing; "
-    "memory snapshots every N steps, N by Young's formula",
+    "rallypoint": "the same job as torchft's (a whole replica per replica group): a lost "
+    "host, crash or hang: detection, the round change, a spare host filling the loss, "
+    "survivors re-forming in process (process groups of every rank) and restoring from their "
+    "own replicas at the step they trained to (source replicas: only the step in flight is "
+    "dropped), the newcomer receiving its shards from a survivor holding them; a job-wide "
+    "fault or planned stop restarts from disk; a planned drain loses nothing; no memory "
+    "snapshots (no event restores from one)",
 }
+# The job as rallypoint ran it in this model before the replicas restore existed (state
+# sharded over data parallel, memory snapshots every N steps by Young's formula, every rank
+# rolled back to the last one): reported beside the systems as ``variants``, not a system.
+SHARDED_VARIANT = "rallypoint_sharded_over_dp"
+VARIANT_DESCRIPTION = (
+    "rallypoint with the state sharded over data parallel (FSDP): a lost host, crash or hang "
+    "re-forms every rank and restores the last memory snapshot (rolled back to it), the "
+    "newcomer fetching its shards from peers' memory; memory snapshots every N steps, N by "
+    "Young's formula; what this model reported for rallypoint before (0.9848)"
+)
 
 # How each system's stall for each kind of event is summed, in input names (``derived`` names
-# full_restart_s = job_relaunch_s + process_start_s + pg_init_s + checkpoint read, and
-# memory_restore_s = state_bytes_per_gpu / memory_restore_bytes_per_s).
+# full_restart_s = job_relaunch_s + process_start_s + pg_init_s + checkpoint read,
+# memory_restore_s = state_bytes_per_gpu / memory_restore_bytes_per_s and
+# replica_restore_s = state_bytes_per_gpu / replica_restore_bytes_per_s).
 COMPOSITION = {
     "torchrun": {
         "host_lost, process_crash, job_wide": "torchrun_restart_s + full_restart_s; "
@@ -85,12 +99,12 @@ COMPOSITION = {
     },
     "rallypoint": {
         "host_lost": "rallypoint_memory_recovery_s + (detect_silent_s - detect_sigkill_s) + "
-        "round_close_s + pg_init_s + memory_restore_s; redo since the memory snapshot",
+        "round_close_s + pg_init_s + replica_restore_s; the step in flight dropped",
         "process_crash": "rallypoint_memory_recovery_s + round_close_s + pg_init_s + "
-        "memory_restore_s; redo since the memory snapshot",
+        "replica_restore_s; the step in flight dropped",
         "hang": "max(hang_factor x step_s, hang_floor_s) + hang_recovery_s + round_close_s + "
-        "pg_init_s + memory_restore_s; redo since the memory snapshot",
-        "drain": "round_close_s + pg_init_s + memory_restore_s, nothing redone",
+        "pg_init_s + replica_restore_s; the step in flight dropped",
+        "drain": "round_close_s + pg_init_s + replica_restore_s, nothing redone",
         "job_wide": "rallypoint_restart_s + full_restart_s; redo since the disk checkpoint",
         "planned_restart": "rallypoint_restart_s + checkpoint write + full_restart_s",
     },
@@ -121,6 +135,7 @@ def derived(values: Mapping[str, float]) -> dict[str, float]:
         "snapshot_blocked_s": blocked,
         "snapshot_every_steps": float(snapshot_steps),
         "memory_restore_s": values["state_bytes_per_gpu"] / values["memory_restore_bytes_per_s"],
+        "replica_restore_s": values["state_bytes_per_gpu"] / values["replica_restore_bytes_per_s"],
         "replica_groups": values["gpus"] / values["replica_group_gpus"],
         "hang_detect_s": max(values["hang_factor"] * values["step_s"], values["hang_floor_s"]),
     }
@@ -155,21 +170,32 @@ def make_systems(values: Mapping[str, float]) -> dict[str, System]:
             values["torchft_kill_stall_s"], Tier.IN_FLIGHT, replacement, lost_groups / groups
         )
 
-    def rallypoint(event: Event) -> Response:
-        reform = d["memory_restore_s"] + values["round_close_s"] + values["pg_init_s"]
-        if event.kind is Kind.PLANNED_RESTART:
-            return Response(values["rallypoint_restart_s"] + planned_stop, Tier.FRESH_DISK)
-        if event.kind is Kind.JOB_WIDE:
-            return Response(values["rallypoint_restart_s"] + d["full_restart_s"], Tier.DISK)
-        if event.kind is Kind.DRAIN:
-            return Response(reform, Tier.NONE)
-        if event.kind is Kind.HANG:
-            return Response(d["hang_detect_s"] + values["hang_recovery_s"] + reform, Tier.MEMORY)
-        measured = values["rallypoint_memory_recovery_s"]
-        if event.kind is Kind.HOST_LOST:
-            # A host that vanishes is found by silence, not by its connections closing.
-            measured += values["detect_silent_s"] - values["detect_sigkill_s"]
-        return Response(measured + reform, Tier.MEMORY)
+    def rallypoint_responder(restore_s: float, tier: Tier) -> Callable[[Event], Response]:
+        """rallypoint's answers: ``restore_s`` and ``tier`` are where a lost host's, crash's
+        or hang's state comes from (the survivors' replicas, or the last memory snapshot)."""
+
+        def respond(event: Event) -> Response:
+            reform = restore_s + values["round_close_s"] + values["pg_init_s"]
+            if event.kind is Kind.PLANNED_RESTART:
+                return Response(values["rallypoint_restart_s"] + planned_stop, Tier.FRESH_DISK)
+            if event.kind is Kind.JOB_WIDE:
+                return Response(values["rallypoint_restart_s"] + d["full_restart_s"], Tier.DISK)
+            if event.kind is Kind.DRAIN:
+                return Response(reform, Tier.NONE)
+            if event.kind is Kind.HANG:
+                return Response(d["hang_detect_s"] + values["hang_recovery_s"] + reform, tier)
+            measured = values["rallypoint_memory_recovery_s"]
+            if event.kind is Kind.HOST_LOST:
+                # A host that vanishes is found by silence, not by its connections closing.
+                measured += values["detect_silent_s"] - values["detect_sigkill_s"]
+            return Response(measured + reform, tier)
+
+        return respond
+
+    # A lost host's unit is one replica group's part: every other group holds its shards at
+    # the step the survivors trained to, so only the step in flight is dropped (replicas).
+    rallypoint = rallypoint_responder(d["replica_restore_s"], Tier.IN_FLIGHT)
+    sharded = rallypoint_responder(d["memory_restore_s"], Tier.MEMORY)
 
     def system(
         name: str,
@@ -194,9 +220,13 @@ def make_systems(values: Mapping[str, float]) -> dict[str, System]:
     return {
         "torchrun": system("torchrun", torchrun, 0.0, 0.0, 0.0),
         "torchft": system("torchft", torchft, 0.0, 0.0, values["torchft_step_overhead_s"]),
+        # No memory snapshots: no event restores from one (Young's interval is infinite).
         "rallypoint": system(
-            "rallypoint",
-            rallypoint,
+            "rallypoint", rallypoint, 0.0, 0.0, values["rallypoint_step_overhead_s"]
+        ),
+        SHARDED_VARIANT: system(
+            SHARDED_VARIANT,
+            sharded,
             snapshot_interval,
             blocked / (snapshot_interval + blocked),
             values["rallypoint_step_overhead_s"],
@@ -247,7 +277,6 @@ def summarise(
         cause: statistics.fmean(o.lost_by_cause.get(cause, 0.0) for o in outcomes) * hours
         for cause in causes
     }
-    d = derived(values)
     respond = make_systems(values)[name].respond
     recovery = {}
     for kind in Kind:
@@ -273,8 +302,33 @@ def summarise(
         "composition": COMPOSITION[name],
     }
     if name == "rallypoint":
-        summary["snapshot_every_steps"] = int(d["snapshot_every_steps"])
+        # 0: it takes none (no event restores from one: make_systems).
+        summary["snapshot_every_steps"] = 0
     return summary
+
+
+def variants(values: Mapping[str, float], seeds: Sequence[int]) -> dict[str, Any]:
+    """rallypoint on the job sharded over data parallel (memory snapshots, rollback), on the
+    same seeds: the figure this model gave before the replicas restore, for comparison."""
+    outcomes = run_model(values, seeds, systems=(SHARDED_VARIANT,))[SHARDED_VARIANT]
+    hours = 1.0 / 3600.0
+    return {
+        "what": "rallypoint on another job shape, beside the systems (not one of them): the "
+        "state sharded over data parallel, so a lost host rolls every rank back to the last "
+        "memory snapshot; the systems compare torchft and rallypoint on the same job (a whole "
+        "replica per replica group)",
+        SHARDED_VARIANT: {
+            "ettr": mean_ettr(outcomes),
+            "description": VARIANT_DESCRIPTION,
+            "lost_hours_by_kind": {
+                kind: statistics.fmean(o.lost_by_kind[kind] for o in outcomes) * hours
+                for kind in LOSS_KINDS
+            },
+            "snapshot_every_steps": int(derived(values)["snapshot_every_steps"]),
+            "composition": "as rallypoint's, with memory_restore_s for replica_restore_s and "
+            "training redone since the last memory snapshot (host_lost, process_crash, hang)",
+        },
+    }
 
 
 def sensitivity(inputs: Mapping[str, Input], seeds: Sequence[int]) -> list[dict[str, Any]]:
@@ -391,17 +445,27 @@ def build_document(args: argparse.Namespace) -> dict[str, Any]:
                 "the scale-growing costs (pg_init_s, job_relaunch_s, process_start_s) have no "
                 "published value at 16k found: they are assumptions, listed with the others in "
                 "'assumptions' (halved, doubled and at zero)",
-                "torchft keeps a whole replica of the training state in each replica group "
-                "(HSDP), so a lost group costs no rollback; the model assumes that fits, although "
-                "Llama 3 sharded state to 1 MB-4 GB per GPU across data parallelism "
-                "(section 3.3.1). rallypoint re-forms the process groups of every rank and rolls "
-                "every rank back to the last memory snapshot, as it works today",
+                "torchft and rallypoint run the same job: a whole replica of the training state "
+                "in each replica group (HSDP, or tensor parallel inside a unit replicated over "
+                "data parallel), so a lost group costs neither a rollback (torchft heals it "
+                "from a peer; rallypoint restores from the survivors' replicas at their step, "
+                "source replicas, worker/replica_restore.py); the model assumes that fits, "
+                "although Llama 3 sharded state to 1 MB-4 GB per GPU across data parallelism "
+                "(section 3.3.1). Until this run the model gave rallypoint a job sharded over "
+                "data parallel (every rank rolled back to the last memory snapshot) and "
+                "torchft the replicated one; that figure is kept in 'variants'. No input's "
+                "value changed; replica_restore_bytes_per_s (bench/results/replicas.json) is "
+                "new",
+                "rallypoint's survivors wait while a spare host's newcomers receive their "
+                "shards (the restore is part of the formation); torchft's train on while its "
+                "replacement heals",
                 "small-scale figures measured here (4 processes, gloo, 2 CPU cores) are used as "
                 "they are: torchft's 5 s stall is its timeout at its defaults, not a cost "
                 "measured at 16k",
             ],
         },
         "systems": systems,
+        "variants": variants(values, seeds),
         "derived": derived(values),
         "inputs": {name: item.record() for name, item in inputs.items()},
         "sources": SOURCES,

@@ -468,6 +468,14 @@ def build_inputs() -> dict[str, Input]:
             "bytes/s",
             "a rank's state fetched from peers' memory over loopback TCP (2 cores)",
         ),
+        "replica_restore_bytes_per_s": measured(
+            "replicas.json",
+            "replica_restore_bytes_per_s",
+            "bytes/s",
+            "a newcomer's shards received from the survivors' replicas, point to point over "
+            "gloo on loopback (dp=2 x tp=2, ~100 MB per rank, 2 loaded cores; source replicas, "
+            "steps_rolled_back 0 in the same file)",
+        ),
         "snapshot_blocked_s_per_gb": measured(
             "recovery.json",
             "snapshot_blocked_s_per_gb",

@@ -27,9 +27,11 @@ overlap its own shards, so a checkpoint saved at any world size loads at any oth
 (resharding 4 -> 3 ranks is DCP's work, not ours), then ``set_state_dict`` installs them.
 
 A plain data-parallel model (every rank a full replica) can instead receive the state from a
-survivor over the process group (``broadcast_state``). ``restore_state`` gathers what every
-rank holds, makes the same choice on every rank (``choose_restore_source``: keep, broadcast,
-disk or fresh start: worker/restore_choice.py) and says which it took and why.
+survivor over the process group (``broadcast_state``), and a model replicated across units
+and sharded inside one its shards from the survivors that hold them (worker/replica_restore.py).
+``restore_state`` gathers what every rank holds, makes the same choice on every rank
+(``choose_restore_source``: keep, broadcast, replicas, memory, disk or fresh start:
+worker/restore_choice.py) and says which it took and why.
 
 Retention: the coordinator's registry keeps the last K committed checkpoints and returns the
 ones it retired; ``delete_checkpoints`` removes their directories.
@@ -63,6 +65,7 @@ from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_asyn
 from torch.distributed.tensor import DTensor, Shard
 from torch.nn.parallel import DistributedDataParallel
 
+from .replica_restore import HeldState, model_pieces, restore_from_replicas
 from .restore_choice import PeerState, RestorePolicy, RestoreSource, choose_restore_source
 from .sampler import ElasticSampler
 from .snapshots import (
@@ -519,8 +522,15 @@ def restore_state(
     process_group: dist.ProcessGroup | None = None,
     memory: MemorySnapshots | None = None,
     memory_snapshot: RegisteredSnapshot | None = None,
+    previous: HeldState | None = None,
 ) -> RestoreResult:
     """Bring every rank to the same state from the best source, and say which. Collective.
+
+    ``previous``: for a sharded model, what this survivor held in the previous world
+    (``replica_restore.held_state`` of its model and optimizer, taken before the new world's
+    were built; None: a newcomer, or not taken). With it the survivors can restore the new
+    world from their own shards at the step they trained to (source ``replicas``) when the
+    state is replicated across units.
 
     ``memory`` is this process's in-memory snapshots (None if it keeps none) and
     ``memory_snapshot`` the newest one registered with the coordinator (the same on every
@@ -537,6 +547,7 @@ def restore_state(
     start that loses what survivors trained is logged as a warning."""
     started = time.monotonic()
     replicated = not any(isinstance(param, DTensor) for param in model.parameters())
+    survivor_holds = previous if survivor_step is not None and not replicated else None
     mine = PeerState(
         rank=dist.get_rank(),
         survivor=survivor_step is not None,
@@ -546,6 +557,8 @@ def restore_state(
         disk_bytes_per_s=disk_bytes_per_s,
         broadcast_bytes_per_s=broadcast_bytes_per_s,
         memory=holding(memory, memory_snapshot.snapshot if memory_snapshot else None),
+        holds=survivor_holds.layout if survivor_holds is not None else None,
+        needs=None if replicated else tuple(sorted(model_pieces(model))),
     )
     peers: list[Any] = [None] * dist.get_world_size(process_group)
     dist.all_gather_object(peers, mine, group=process_group)
@@ -556,7 +569,21 @@ def restore_state(
     source, reason = decision.source, decision.reason
     if source is RestoreSource.FRESH and decision.steps_rolled_back > 0:
         log.warning("restore: %s (%d steps lost)", reason, decision.steps_rolled_back)
-    if source is RestoreSource.MEMORY:
+    if source is RestoreSource.REPLICAS:
+        if decision.plan is None:
+            raise AssertionError("REPLICAS chosen without a plan")
+        step, restored_extra, received = restore_from_replicas(
+            decision.plan,
+            survivor_holds,
+            model,
+            optimizer,
+            step=survivor_step or 0,
+            extra=extra,
+            sampler=sampler,
+            process_group=process_group,
+        )
+        result = RestoreResult(source, "", step, restored_extra, received, 0.0)
+    elif source is RestoreSource.MEMORY:
         if memory is None or memory_snapshot is None:
             raise AssertionError("MEMORY chosen without a memory snapshot")
         try:

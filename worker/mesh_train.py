@@ -1,8 +1,9 @@
 """A 2-D DeviceMesh job in the elastic loop: data parallel (FSDP2) x tensor parallel (DTensor).
 
     python -m rallypoint.worker.mesh_train --endpoints A,B,C --job mesh --name a0 \\
-        --host host-a --checkpoint-dir DIR [--tp 2] [--min-nodes 2 --max-nodes 4]
-        [--snapshot-every 1] [--max-steps N] [demo_train's other options]
+        --host host-a --checkpoint-dir DIR [--tp 2] [--replicate-dp]
+        [--min-nodes 2 --max-nodes 4] [--snapshot-every 1] [--max-steps N]
+        [demo_train's other options]
 
 Every worker runs this; the workers of one simulated host give the same ``--host``.
 
@@ -29,6 +30,12 @@ state comes back resharded from the peers' memory (in-memory snapshots, each ran
 kept on another host) or from the latest disk checkpoint: DCP reads the stored 2-D chunks
 into the new layout, whatever dp was. The sampler (:class:`MeshSampler`) partitions the data
 over dp only: both ranks of a unit train on the same batch.
+
+With ``--replicate-dp`` the model is replicated over "dp" instead of sharded over it
+(``replicate``, FSDP2's data-parallel form: gradients all-reduced over dp), so every unit
+holds a whole replica, split over its ``tp`` ranks. A lost unit then costs no rollback: the
+survivors at the most advanced step hold every unit-local shard, and the new world is
+restored from them (source ``replicas``, worker/replica_restore.py), even without snapshots.
 
 What torch 2.13 on CPU/gloo supports here (measured): FSDP2 over the "dp" dimension of a
 2-D mesh with TP on "tp", forward, backward and AdamW; DTensor redistribution of the
@@ -73,6 +80,7 @@ from .demo_train import (
 from .elastic import ElasticRun, TrainState
 from .errors import WorkerError
 from .sampler import ElasticSampler
+from .torch_compat import replicate_over
 
 # The tensor-parallel degree: the ranks of one unit, on one host.
 TP = 2
@@ -163,10 +171,11 @@ def make_model() -> torch.nn.Module:
 
 
 def mesh_builder(
-    tp: int, collective_timeout_s: float
+    tp: int, collective_timeout_s: float, replicate_dp: bool = False
 ) -> Callable[[], tuple[torch.nn.Module, torch.optim.Optimizer]]:
     """``TrainState.build`` for a ``dp x tp`` job: called at every formation, once the
-    process group is up, for the world of that round."""
+    process group is up, for the world of that round. ``replicate_dp``: replicated over
+    "dp" (every unit a whole replica), else sharded over it (FSDP2)."""
 
     def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         from torch.distributed.device_mesh import init_device_mesh
@@ -189,6 +198,9 @@ def mesh_builder(
         parallelize_module(
             model, mesh["tp"], {name: styles[style]() for name, style in TP_PLAN.items()}
         )
+        if replicate_dp:
+            replicate_over(model, mesh["dp"])
+            return model, make_optimizer(model)
         for layer in model.children():
             if isinstance(layer, torch.nn.Linear):
                 fully_shard(layer, mesh=mesh["dp"])
@@ -199,10 +211,13 @@ def mesh_builder(
 
 
 def make_state(
-    tp: int = TP, collective_timeout_s: float = ELASTIC.collective_timeout_s
+    tp: int = TP,
+    collective_timeout_s: float = ELASTIC.collective_timeout_s,
+    replicate_dp: bool = False,
 ) -> TrainState:
     """A ``dp x tp`` job's state: the model is built for each round's mesh (the one made
-    here is a placeholder the first formation replaces)."""
+    here is a placeholder the first formation replaces); ``replicate_dp`` as
+    :func:`mesh_builder`."""
     model = make_model()
     sampler = MeshSampler(
         tp,
@@ -217,7 +232,7 @@ def make_state(
         model,
         make_optimizer(model),
         sampler,
-        build=mesh_builder(tp, collective_timeout_s),
+        build=mesh_builder(tp, collective_timeout_s, replicate_dp),
     )
 
 
@@ -247,13 +262,15 @@ def announce_mesh(run: ElasticRun, tp: int) -> None:
 
 
 def parse_mesh_args(argv: list[str] | None = None) -> tuple[int, argparse.Namespace]:
-    """``--tp`` and demo_train's options."""
+    """``--tp``, ``--replicate-dp`` (as ``args.replicate_dp``) and demo_train's options."""
     probe = argparse.ArgumentParser(add_help=False)
     probe.add_argument("--tp", type=int, default=TP)
+    probe.add_argument("--replicate-dp", action="store_true")
     probe_args, rest = probe.parse_known_args(argv)
     args = parse_args(rest)
     if args.host is None:
         raise SystemExit("mesh_train: give --host, the simulated host this worker runs on")
+    args.replicate_dp = probe_args.replicate_dp
     return probe_args.tp, args
 
 
@@ -264,7 +281,7 @@ def main(argv: list[str] | None = None) -> None:
     # A full state dict of (_StridedShard, Shard) parameters takes two all-gathers; torch
     # says so at every formation.
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
-    state = make_state(tp)
+    state = make_state(tp, replicate_dp=args.replicate_dp)
     settings = shape_settings(tp, args.host)
     settings.pop("host")
     with open_run(args, state, **settings) as run:

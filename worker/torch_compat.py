@@ -125,3 +125,26 @@ __all__ = [
     "reset_group_count",
     "role_local_world_size",
 ]
+
+
+def local_offset_and_shape(tensor: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Where a DTensor's local piece sits in the global tensor: its global offset and local
+    shape (worker/replica_restore.py keys pieces by them). torch's own rule, the one DCP's
+    planners use (``torch.distributed.tensor._utils.compute_local_shape_and_global_offset``);
+    the public API gives the local shape only."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(
+        tensor.shape, tensor.device_mesh, tensor.placements
+    )
+    return tuple(int(o) for o in offset), tuple(int(s) for s in shape)
+
+
+def replicate_over(model: torch.nn.Module, mesh: Any) -> None:
+    """Replicate ``model`` over the 1-D device mesh ``mesh`` (data parallel, gradients
+    all-reduced), composable with tensor-parallel DTensors: FSDP2's ``replicate``
+    (``torch.distributed._composable.replicate_with_fsdp``), which torch 2.13 does not export
+    publicly; DDP does not take DTensor parameters (worker/mesh_train.py --replicate-dp)."""
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+
+    replicate(model, mesh=mesh)

@@ -40,6 +40,7 @@ DOCUMENTED = (
     "ettr",
     "model",
     "systems",
+    "variants",
     "derived",
     "inputs",
     "sources",
@@ -272,3 +273,50 @@ def test_every_measured_input_is_read_from_a_committed_results_file() -> None:
             assert item.ref.startswith("assumption: "), name
     for key, entry in SOURCES.items():
         assert entry.get("checked"), f"{key}: say how far the source was checked"
+
+
+def test_rallypoint_restores_a_lost_host_from_the_replicas_without_rollback(
+    values: dict[str, float],
+) -> None:
+    """The same job for torchft and rallypoint (a whole replica per replica group): a lost
+    host, crash or hang drops only rallypoint's step in flight, its restore takes the
+    measured replica throughput, and it takes no memory snapshots; the job sharded over data
+    parallel (the variant) rolls back to the last memory snapshot."""
+    systems = ettr_bench.make_systems(values)
+    rallypoint = systems["rallypoint"]
+    assert rallypoint.snapshot_fraction == 0.0 and rallypoint.snapshot_interval_s == 0.0
+    derived = ettr_bench.derived(values)
+    assert derived["replica_restore_s"] == pytest.approx(
+        values["state_bytes_per_gpu"] / values["replica_restore_bytes_per_s"]
+    )
+    for kind in (Kind.HOST_LOST, Kind.PROCESS_CRASH, Kind.HANG):
+        response = rallypoint.respond(Event(0.0, "x", kind, 1))
+        assert response.tier is Tier.IN_FLIGHT, kind
+        sharded = systems[ettr_bench.SHARDED_VARIANT].respond(Event(0.0, "x", kind, 1))
+        assert sharded.tier is Tier.MEMORY, kind
+        assert response.stall_s - sharded.stall_s == pytest.approx(
+            derived["replica_restore_s"] - derived["memory_restore_s"]
+        )
+    # A job-wide fault still has nothing in memory to restore from.
+    assert rallypoint.respond(Event(0.0, "x", Kind.JOB_WIDE, 1)).tier is Tier.DISK
+    outcomes = ettr_bench.run_model(values, SEEDS)
+    variant = ettr_bench.run_model(values, SEEDS, systems=(ettr_bench.SHARDED_VARIANT,))
+    replicas_recompute = sum(o.lost_by_kind["recompute"] for o in outcomes["rallypoint"])
+    sharded_recompute = sum(
+        o.lost_by_kind["recompute"] for o in variant[ettr_bench.SHARDED_VARIANT]
+    )
+    assert replicas_recompute < sharded_recompute
+
+
+def test_the_variant_is_reported_beside_the_systems(tmp_path: Path) -> None:
+    document = report(tmp_path)
+    variant = document["variants"][ettr_bench.SHARDED_VARIANT]
+    assert 0.0 < variant["ettr"] <= 1.0
+    assert variant["snapshot_every_steps"] >= 1
+    assert document["systems"]["rallypoint"]["snapshot_every_steps"] == 0
+    replica = document["inputs"]["replica_restore_bytes_per_s"]["source"]
+    assert replica == {
+        "kind": "measured",
+        "ref": "bench/results/replicas.json: replica_restore_bytes_per_s",
+        "note": replica["note"],
+    }

@@ -18,6 +18,7 @@ from torch.distributed.tensor import DTensor
 
 from ..checkpoint import RestoreResult, broadcast_state, restore_state
 from ..errors import WorkerError
+from ..replica_restore import HeldState, held_state
 from ..restore_choice import RestoreSource
 from ..snapshots import RegisteredSnapshot
 from ..store import CoordinatorStore
@@ -88,6 +89,10 @@ class Former:
         # The step this process trained to in the previous world (None: it did not train
         # in it), said to the restore even when a sharded model's shards are replaced below.
         trained_step = state.step if self.survivor else None
+        # What a survivor of a sharded model held, laid out for the previous world, taken
+        # before build() replaces it: the restore may heal the new world from it (replicas).
+        sharded_survivor = self.survivor and state.build is not None
+        held = held_state(state.model, state.optimizer) if sharded_survivor else None
         if state.build is not None:
             # A sharded model is laid out for one world: a new one for this world, its
             # state restored below (what this process held is no longer in place). torch
@@ -112,7 +117,8 @@ class Former:
                 memory_snapshot = RegisteredSnapshot(
                     registered.round, registered.step, registered.world_size
                 )
-        restored = self._restore(checkpoint, round_, memory_snapshot, trained_step)
+        restored = self._restore(checkpoint, round_, memory_snapshot, trained_step, held)
+        del held
         self.survivor = True
         state.step = restored.step
         return Formation(
@@ -163,13 +169,14 @@ class Former:
         round_: ElasticRound,
         memory_snapshot: RegisteredSnapshot | None,
         survivor_step: int | None,
+        held: HeldState | None = None,
     ) -> RestoreResult:
         """Every rank to the same state, and every part of it from the same source: the
         parameters, the optimizer state, the step, the sampler's position and the extra
         state (the invariant of ``TrainState.step``)."""
         run, state = self._run, self._run.state
         if run.settings.restore == "checkpoint" and checkpoint is not None:
-            survivor_step, memory_snapshot = None, None
+            survivor_step, memory_snapshot, held = None, None, None
         result = restore_state(
             state.model,
             state.optimizer,
@@ -179,6 +186,7 @@ class Former:
             sampler=state.sampler,
             memory=self._memory,
             memory_snapshot=memory_snapshot,
+            previous=held,
         )
         if result.source is RestoreSource.FRESH:
             replicated = not any(isinstance(p, DTensor) for p in state.model.parameters())

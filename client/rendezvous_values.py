@@ -158,8 +158,9 @@ class TrainingProgress:
     collectives_entered: int = 0
     waiting_in: int = 0
     waiting_since_s: float = 0.0
-    # Where this rank's state came from when the round formed ("keep", "broadcast", "disk",
-    # "fresh"; the same on every rank of the round), or "" when not known. The leader keeps
+    # Where this rank's state came from when the round formed ("keep", "broadcast",
+    # "replicas", "memory", "disk", "fresh"; the same on every rank of the round), or "" when
+    # not known. The leader keeps
     # the first one reported in the round's record (``RoundInfo.restore``).
     restore: str = ""
 
@@ -299,7 +300,7 @@ class RoundInfo:
     # Leader time the round's first training step was reported done (0: not known).
     trained_ms: int = 0
     # Where the round's state came from, as its workers reported it with that first step
-    # ("keep", "broadcast", "disk", "fresh"; "": not known).
+    # ("keep", "broadcast", "replicas", "memory", "disk", "fresh"; "": not known).
     restore: str = ""
     # Waiting participants a round could admit (not in a drained domain): the spares a loss
     # is filled from.

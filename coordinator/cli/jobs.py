@@ -5,7 +5,8 @@ A job's state is its lifecycle once it ended (finished, failed, closed), else it
 (joining, active). ``rounds JOB`` adds each recovery's phases from the round history: the
 failure detected (the round's end), the world re-formed (the next round closed) and, when
 the workers report progress, training again (the next round's first step) with where its
-state came from (the restore source the workers reported: keep, broadcast, disk, fresh).
+state came from (the restore source the workers reported: keep, broadcast, replicas, memory,
+disk, fresh).
 
 They share ``cli.client``'s plumbing: ``--endpoints`` (default ``$RALLYPOINT_ENDPOINTS``, else
 the local development cluster), ``--timeout``, ``--token``, TLS files and ``--json``; human
@@ -150,9 +151,9 @@ def recoveries(status: JobStatus) -> list[dict[str, Any]]:
     """Each round change the workers came back from: the round that ended (detected), the
     next round's close (re-formed) and first step (training again), leader times in ms (None:
     not yet, or not known) and seconds after the detection, and where the next round's state
-    came from (``restore``: keep, broadcast, disk, fresh; None: not reported). A round whose
-    successor never formed is left out once the job ended (the workers finished, the job was
-    closed)."""
+    came from (``restore``: keep, broadcast, replicas, memory, disk, fresh; None: not
+    reported). A round whose successor never formed is left out once the job ended (the
+    workers finished, the job was closed)."""
     history, current = status.history, status.round
     names = {m.participant_id: m.name for record in history for m in record.members}
     rows: list[dict[str, Any]] = []

@@ -85,7 +85,8 @@ class ProgressReport:
     collectives_entered: int
     waiting_in: int
     waiting_ms: int
-    # Where the round's state came from (keep, broadcast, disk, fresh); "": not said.
+    # Where the round's state came from (keep, broadcast, replicas, memory, disk, fresh);
+    # "": not said.
     restore: str = ""
 
 

@@ -237,7 +237,8 @@ class RoundTrained(Command):
     training step in it; no session. Applied only if ``round`` is still the job's ACTIVE round
     and has no ``trained_ms`` yet: the round's ``trained_ms`` becomes the machine's time and
     its ``restore`` this command's. ``restore``: where the round's state came from, as the
-    workers reported it ("keep", "broadcast", "disk", "fresh"; "" when none said)."""
+    workers reported it ("keep", "broadcast", "replicas", "memory", "disk", "fresh"; "" when
+    none said)."""
 
     job: str
     round: int

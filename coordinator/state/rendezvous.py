@@ -102,8 +102,8 @@ reports its first step done (``supervisor.py``); the round's ``trained_ms`` reco
 (kept in its history record), so a recovery reads as: detected (the failed round's
 ``ended_ms``), re-formed (the next round's ``closed_ms``), training again (its
 ``trained_ms``). The same command carries where the round's state came from (``restore``:
-keep, broadcast, disk, fresh, as the workers reported it; "" when they did not say), kept
-beside ``trained_ms``: set once, by the first ``RoundTrained`` applied.
+keep, broadcast, replicas, memory, disk, fresh, as the workers reported it; "" when they did
+not say), kept beside ``trained_ms``: set once, by the first ``RoundTrained`` applied.
 
 Shaped jobs (the rules in detail: :mod:`.shapes`). A job whose ``unit_size`` is above 1 or
 one of whose participants declared a failure domain (``Join.domain``, its host) is shaped;

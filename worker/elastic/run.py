@@ -120,8 +120,8 @@ class ElasticRun:
             never ended (its workers were killed) is the same run, always restored.
         keep_checkpoints: how many committed checkpoints the coordinator keeps (older ones
             are deleted).
-        restore: "auto" (the fastest correct source: keep, broadcast, disk, fresh) or
-            "checkpoint" (always the latest committed checkpoint when there is one).
+        restore: "auto" (the fastest correct source: keep, broadcast, replicas, memory, disk,
+            fresh) or "checkpoint" (always the latest committed checkpoint when there is one).
         backend: the process group's backend (default: nccl with CUDA, else gloo).
         collective_timeout_s: how long a collective may take before the round is given up.
         reform_timeout_s: after a collective broke, how long to wait for the coordinator
@@ -197,10 +197,11 @@ class ElasticRun:
         joined: participant_id. The worker joined the job.
         round_formed: round, rank, world_size, token, step, source, reason, restore_s,
             bytes, init_s, formed_s, checkpoint. A round formed: its process group is up and
-            the state restored from ``source`` (keep, broadcast, disk, fresh) for ``reason``,
-            ``bytes`` moved in ``restore_s``; ``step`` is the restored step; ``init_s`` and
-            ``formed_s`` are the seconds from the round's start to the group's init and to
-            the restore's end; ``checkpoint`` the latest committed checkpoint's path (or None).
+            the state restored from ``source`` (keep, broadcast, replicas, memory, disk, fresh)
+            for ``reason``, ``bytes`` moved in ``restore_s``; ``step`` is the restored step;
+            ``init_s`` and ``formed_s`` are the seconds from the round's start to the group's
+            init and to the restore's end; ``checkpoint`` the latest committed checkpoint's
+            path (or None).
         trained: round, rank, step. The round's first step is done: training again.
         round_ending: round, rank, reason. A planned change (a drain, a scale-up: every
             member is still in the job) was seen: the round ends after the next step every

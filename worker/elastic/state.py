@@ -63,8 +63,8 @@ class Formation:
         world_size: the number of workers in it.
         fencing_token: the round's fencing token.
         init_s: seconds from the round's start to the process group's init.
-        restore: how the state was restored (its ``source``: keep, broadcast, disk, fresh;
-            ``reason``, ``step``, ``bytes_moved``, ``duration_s``).
+        restore: how the state was restored (its ``source``: keep, broadcast, replicas,
+            memory, disk, fresh; ``reason``, ``step``, ``bytes_moved``, ``duration_s``).
         formed_s: seconds from the round's start to the end of the restore.
         checkpoint: the latest committed checkpoint's path when the round formed (None:
             there was none).

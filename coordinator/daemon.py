@@ -163,7 +163,7 @@ class Settings:
     # the process's environment or command line) the secret itself.
     peer_secret_file: str = ""
     peer_secret: str = ""
-    peer_transport: str = "grpc"
+    peer_transport: str = "stream"
     tick_ms: int = 100
     election_ticks: int = 10
     heartbeat_ticks: int = 1

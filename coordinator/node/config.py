@@ -78,10 +78,10 @@ class NodeConfig:
     # After becoming leader, no worker is declared failed for this long: heartbeats need a
     # moment to find the new leader.
     detector_grace_ms: int = 2000
-    # How the peer port speaks: "grpc" (service rallypoint.peer.v1.Raft) or "stream" (the
-    # stream peer protocol, coordinator/peerwire/, docs/peer-protocol.md). Every member of a
-    # cluster must use the same.
-    peer_transport: str = "grpc"
+    # How the peer port speaks: "stream" (the stream peer protocol, coordinator/peerwire/,
+    # docs/peer-protocol.md) or "grpc" (service rallypoint.peer.v1.Raft, as releases before
+    # it). Every member of a cluster must use the same.
+    peer_transport: str = "stream"
 
     @property
     def cluster_id(self) -> int:

@@ -39,6 +39,7 @@ from rallypoint.raft.types import Message
 SEND = "/rallypoint.peer.v1.Raft/Send"
 INSTALL_SNAPSHOT = "/rallypoint.peer.v1.Raft/InstallSnapshot"
 LIVENESS = "/rallypoint.peer.v1.Raft/Liveness"
+HELLO = "/rallypoint.peer.v1.Raft/Hello"
 # Builds a stream's requests (serialized) once its challenge is known (None: none came).
 Build = Callable[[bytes | None], Sequence[bytes]]
 
@@ -82,7 +83,7 @@ def stream_in_session(
 
 def stream_transport() -> bool:
     """Whether the members under test speak the stream peer protocol."""
-    return os.environ.get("RALLYPOINT_PEER_TRANSPORT", "grpc") == "stream"
+    return os.environ.get("RALLYPOINT_PEER_TRANSPORT", "stream") == "stream"
 
 
 def _read_exactly(sock: socket.socket, n: int) -> bytes | None:
@@ -108,6 +109,7 @@ def stream_frames_in_session(
         SEND: (frames.KIND_RAFT, frames.BATCH),
         INSTALL_SNAPSHOT: (frames.KIND_SNAPSHOT, frames.CHUNK),
         LIVENESS: (frames.KIND_LIVENESS, frames.LIVENESS),
+        HELLO: (frames.KIND_HELLO, frames.HELLO),
     }[path]
     host, port = address.rsplit(":", 1)
     raw = socket.create_connection((host, int(port)), timeout=timeout_s)
@@ -120,7 +122,8 @@ def stream_frames_in_session(
             return grpc.StatusCode.UNAVAILABLE, "closed at its start", responses
         frames.parse_preamble(theirs)
         challenge = None
-        header = _read_exactly(sock, frames.HEADER.size)
+        # A hello is not bound to a session: no challenge comes first.
+        header = None if kind == frames.KIND_HELLO else _read_exactly(sock, frames.HEADER.size)
         if header is not None:
             length, got = frames.HEADER.unpack(header)
             body = _read_exactly(sock, length) or b""
@@ -131,10 +134,13 @@ def stream_frames_in_session(
                 sock.sendall(frames.frame(frame_type, payload))
             except OSError:
                 break  # the member ended the connection: what it said follows
-        if ssl_context is None:
-            sock.shutdown(socket.SHUT_WR)
-        else:
-            sock.sendall(frames.frame(frames.PING, b""))  # TLS: no half-close; a last ping
+        try:
+            if ssl_context is None:
+                sock.shutdown(socket.SHUT_WR)
+            else:
+                sock.sendall(frames.frame(frames.PING, b""))  # TLS: no half-close; a last ping
+        except OSError:
+            pass  # the member ended the connection: what it said follows
         while True:
             try:
                 header = _read_exactly(sock, frames.HEADER.size)

@@ -255,7 +255,10 @@ class PeerGate:
                     f"{m.from_} to {m.to} in a batch from {batch.from_id} to {batch.to_id}",
                 )
             if m.type is MessageType.MsgSnap:
-                _refuse(grpc.StatusCode.INVALID_ARGUMENT, "MsgSnap travels by InstallSnapshot only")
+                _refuse(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "MsgSnap travels on a snapshot connection only",
+                )
             # Appends, and proposals a follower forwards, become log entries; a ReadIndex
             # request's one entry is only its context.
             if m.entries and m.type in (MessageType.MsgApp, MessageType.MsgProp):

@@ -29,7 +29,7 @@ help:
 	@echo "make bench-torchrun   torchrun kill-to-running, rallypoint vs c10d -> bench/results/torchrun.json"
 	@echo "make bench-rendezvous rounds of 64/256/1024 vs torchrun, detection, capacity -> bench/results/rendezvous.json (.png)"
 	@echo "make bench-scale      100k participants, batched heartbeats: rounds, bytes, detection, capacity -> bench/results/scale.json (.png)"
-	@echo "make bench-transport  one message through grpc.aio (unary, peer-style stream), plain TCP and both peer transports -> bench/results/transport.json (.png)"
+	@echo "make bench-transport  one message through grpc.aio (unary, peer-style stream), plain TCP and the peer transport -> bench/results/transport.json (.png)"
 	@echo "make bench-store      gloo/NCCL bootstrap of 64/256/1024 ranks: bridge, CoordinatorStore vs TCPStore -> bench/results/store.json (.png)"
 	@echo "make bench-ettr       effective training time at 16,384 GPUs (Llama 3's interruptions), modelled -> bench/results/ettr.json (.png)"
 	@echo "make bench-replicas   a sharded model restored from the survivors' replicas: bytes/s, steps rolled back -> bench/results/replicas.json"
@@ -38,7 +38,7 @@ help:
 	@echo "make proto            regenerate the Python code for proto/**/*.proto"
 	@echo "make jepsen           fault-injection runs: every workload under every nemesis, short (root)"
 	@echo "make jepsen-long RUNS=N TIME=S [LANES=L]  N runs of S s per fault mix, L at once -> store/jepsen/"
-	@echo "make upgrade-test     a rolling upgrade from the previous release (commit 21ef0cc) under the workloads, then the gate (root)"
+	@echo "make upgrade-test     a rolling upgrade from the previous release (commit f771d74) under the workloads, then back and forth (root)"
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -134,9 +134,10 @@ jepsen-long: setup
 	@$(JEPSEN_TOOLS)
 	$(PY) -m tests.jepsen --matrix long --runs $(RUNS) --time $(TIME) --lanes $(LANES)
 
-# Three members of the previous release (commit 21ef0cc, extracted with git: needs a full
-# clone) upgraded one at a time to this checkout under the fault-injection workloads, the
-# new feature refused before and used after, then an old member refused at the gate; ~2 min.
+# Three members of the previous release (commit f771d74 on the stream peer transport,
+# extracted with git: needs a full clone) upgraded one at a time to this checkout under the
+# fault-injection workloads, the newest feature used after, then a member taken back to the
+# previous release and forward again, with every key each time; ~2 min.
 # The last line: upgrade: N steps, V violations, S stalls. `make pytest` runs a short form.
 upgrade-test: setup
 	@$(JEPSEN_TOOLS)

@@ -13,12 +13,12 @@ figures are the floor any design on this transport stands on:
   goes one way and the answer comes back on the other stream.
 - ``tcp_stream``: the same ping-pong over two plain TCP connections on uvloop with a
   4-byte length prefix per message: what a message costs without gRPC.
-- ``peer_grpc`` and ``peer_stream``: the same ping-pong through rallypoint's own peer
-  transports, end to end: a MsgApp carrying one 400-byte entry, sent by the member's sender
-  (encoded, batched, stamped under the session's MAC) and taken by its receiver (checked,
-  decoded, handed to a stand-in for Raft that answers at once), over gRPC
-  (``coordinator/transport.py``, ``peer_service.py``) and over the stream peer protocol
-  (``coordinator/peerwire/``).
+- ``peer_stream``: the same ping-pong through rallypoint's peer transport, end to end: a
+  MsgApp carrying one 400-byte entry, sent by the member's sender (encoded, batched, stamped
+  under the session's MAC) and taken by its receiver (checked, decoded, handed to a stand-in
+  for Raft that answers at once) over the stream peer protocol (``coordinator/peerwire/``).
+  Its figures above ``tcp_stream``'s are rallypoint's own work per message. (Until the
+  peers left gRPC there was a ``peer_grpc`` probe beside it: 1.4-1.7x its CPU per message.)
 
 Every probe runs in fresh processes (both ends on uvloop, on the same machine as each other
 and as nothing else of this benchmark); the processes count their own CPU (all threads, from
@@ -30,10 +30,10 @@ trip: a call and its answer, or a message and its answer), ``cpu_per_message_us`
 both ends spent per message sent and received, over all threads) and, for ``grpc_unary``,
 ``client_cpu_per_call_us`` and ``server_cpu_per_call_us``, each with its ``trials``; and
 ``ratios`` {``stream_cpu``, ``stream_p50``}: grpc_stream / tcp_stream, and
-{``peer_cpu``, ``peer_p50``}: peer_grpc / peer_stream (what the stream peer protocol saves).
+{``peer_cpu``, ``peer_p50``}: peer_stream / tcp_stream (rallypoint's own cost per message).
 The plot (``transport.png``) shows the round trips and the CPU per message. The last line of
 stdout is ``transport: grpc_stream/tcp_stream cpu <x>x p50 <y>x; grpc_unary p50 <z> us;
-peer_grpc/peer_stream cpu <u>x p50 <v>x``.
+peer_stream/tcp_stream cpu <u>x p50 <v>x``.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from typing import Any
 
 from bench.common import machine_info, package_versions, percentile, write_results
 
-PROBES = ("grpc_unary", "grpc_stream", "tcp_stream", "peer_grpc", "peer_stream")
+PROBES = ("grpc_unary", "grpc_stream", "tcp_stream", "peer_stream")
 REQUEST = bytes(300)
 ANSWER = b"ok"
 MESSAGE = bytes(400)
@@ -166,9 +166,7 @@ async def _stream_end(
     send: Callable[[bytes], Any]
     closing: Callable[[], Any] | None = None
     if kind == "peer":
-        send, closing = await _peer_end(initiator, on_message, pipe, grpc_peer=False)
-    elif kind == "peergrpc":
-        send, closing = await _peer_end(initiator, on_message, pipe, grpc_peer=True)
+        send, closing = await _peer_end(initiator, on_message, pipe)
     elif kind == "grpc":
         import grpc.aio
 
@@ -198,7 +196,7 @@ async def _stream_end(
     pipe.send("connected")
     # A peer probe's member must keep serving while it waits (keepalives, the last answer
     # still queued in its sender): it waits off the event loop.
-    peer = kind in ("peer", "peergrpc")
+    peer = kind == "peer"
 
     async def wait_for_parent() -> Any:
         return await loop.run_in_executor(None, pipe.recv) if peer else pipe.recv()
@@ -274,7 +272,6 @@ async def _peer_end(
     initiator: bool,
     on_message: Callable[[bytes], Any],
     pipe: multiprocessing.connection.Connection,
-    grpc_peer: bool,
 ) -> tuple[Callable[[bytes], Any], Callable[[], Any]]:
     """One member's end of a peer probe: its receiver serving, its sender to the other."""
     import random
@@ -284,27 +281,13 @@ async def _peer_end(
     me, other_id = (1, 2) if initiator else (2, 1)
     member = _BenchMember(me, on_message)
     rng = random.Random(me)
-    if grpc_peer:
-        import grpc.aio
+    from rallypoint.coordinator.peerwire.server import PeerListener
+    from rallypoint.coordinator.peerwire.transport import StreamTransport
 
-        from rallypoint.coordinator.peer_service import add_peer_service
-        from rallypoint.coordinator.preflight import SERVER_OPTIONS
-        from rallypoint.coordinator.transport import Transport
-
-        # A member's options: its peers' keepalive pings are welcome.
-        server = grpc.aio.server(options=SERVER_OPTIONS)
-        add_peer_service(server, member)  # type: ignore[arg-type]
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        transport: Any = Transport(member, rng)  # type: ignore[arg-type]
-    else:
-        from rallypoint.coordinator.peerwire.server import PeerListener
-        from rallypoint.coordinator.peerwire.transport import StreamTransport
-
-        server = PeerListener(member)  # type: ignore[arg-type]
-        await server.start("127.0.0.1:0")
-        port = server.port
-        transport = StreamTransport(member, rng)  # type: ignore[arg-type]
+    server = PeerListener(member)  # type: ignore[arg-type]
+    await server.start("127.0.0.1:0")
+    port = server.port
+    transport = StreamTransport(member, rng)  # type: ignore[arg-type]
     pipe.send(port)
     other = await asyncio.get_running_loop().run_in_executor(None, pipe.recv)
     member.addresses[other_id] = f"127.0.0.1:{other}"
@@ -412,7 +395,7 @@ def run_probe(probe: str, measured: int) -> dict[str, Any]:
             "client_cpu_per_call_us": client_result["cpu_s"] / measured * 1e6,
             "server_cpu_per_call_us": server_result["cpu_s"] / measured * 1e6,
         }
-    kind = {"peer_stream": "peer", "peer_grpc": "peergrpc"}.get(probe, probe.split("_")[0])
+    kind = "peer" if probe == "peer_stream" else probe.split("_")[0]
     responder, responder_pipe = _start(context, f"{kind}_responder", measured)
     initiator, initiator_pipe = _start(context, f"{kind}_initiator", measured)
     try:
@@ -541,12 +524,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "peer_cpu": None,
         "peer_p50": None,
     }
-    if "peer_grpc" in results and "peer_stream" in results:
-        peer_grpc, peer_stream = results["peer_grpc"], results["peer_stream"]
-        ratios["peer_cpu"] = ratio(
-            peer_grpc["cpu_per_message_us"], peer_stream["cpu_per_message_us"]
-        )
-        ratios["peer_p50"] = ratio(peer_grpc["p50_us"], peer_stream["p50_us"])
+    if "peer_stream" in results and "tcp_stream" in results:
+        peer_stream, tcp = results["peer_stream"], results["tcp_stream"]
+        ratios["peer_cpu"] = ratio(peer_stream["cpu_per_message_us"], tcp["cpu_per_message_us"])
+        ratios["peer_p50"] = ratio(peer_stream["p50_us"], tcp["p50_us"])
     if "grpc_stream" in results and "tcp_stream" in results:
         grpc_stream, tcp_stream = results["grpc_stream"], results["tcp_stream"]
         ratios["stream_cpu"] = ratio(
@@ -582,7 +563,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"transport: grpc_stream/tcp_stream cpu {shown(ratios['stream_cpu'])} "
         f"p50 {shown(ratios['stream_p50'])}; grpc_unary p50 {unary_text}; "
-        f"peer_grpc/peer_stream cpu {shown(ratios['peer_cpu'])} p50 {shown(ratios['peer_p50'])}"
+        f"peer_stream/tcp_stream cpu {shown(ratios['peer_cpu'])} p50 {shown(ratios['peer_p50'])}"
     )
     return 0
 

@@ -15,9 +15,10 @@ that its client port?"; ``transport_failures.py`` holds the words). gRPC's own t
 means little to a user ("failed to connect to all addresses; last error: UNKNOWN:
 ipv4:..."), is kept on the error (``grpc_code``, ``grpc_detail``) and in the debug log, never
 in the message; which failure it was is the error's ``failure`` (a ``FailureKind``). The
-transport tells a member's peer port from other servers that lack our API by asking for the
-peer service on the same connection (``peer_port``). An endpoint that is not a member's
-client port at all raises :class:`WrongEndpointError`, which the transport does not wait on.
+transport tells a member's peer port (which closes a gRPC connection at once) from a server
+down by opening the members' peer protocol on the same port (``peer_port``). An endpoint
+that is not a member's client port at all raises :class:`WrongEndpointError`, which the
+transport does not wait on.
 
 Retry rule: only :class:`UnavailableError` is retried inside the client (the request was
 fine, this member could not serve it now). Everything else describes the request or the
@@ -289,7 +290,7 @@ def map_rpc_error(
 
     ``endpoint``: the address called (named in transport failures); ``timeout_s``: the
     attempt's timeout (said when it passed with no answer); ``peer_port``: the transport found
-    the peer service on the endpoint that lacked ours (see :class:`FailureKind`);
+    the members' peer protocol on the endpoint that lacked ours (see :class:`FailureKind`);
     ``token_sent``: whether the call carried a token (an UNAUTHENTICATED answer then says
     which of "none sent" and "not known" it was, and names ``token_hint`` as the ways to pass
     one)."""
@@ -302,7 +303,7 @@ def map_rpc_error(
     result: RallypointError
     if failure is not None:
         kind, words = failure
-        if kind is FailureKind.NOT_RALLYPOINT and peer_port:
+        if peer_port:
             kind = FailureKind.PEER_PORT
         where = endpoint or "the member"
         message = transport_message(kind, where, words, timeout_s=timeout_s)

@@ -67,12 +67,12 @@ from .transport_failures import FailureKind
 Request = TypeVar("Request")
 Response = TypeVar("Response")
 
-# A method of the members' peer service (proto/peer/v1/peer.proto): present on a peer port.
-PEER_PROBE_METHOD = "/rallypoint.peer.v1.Raft/Hello"
-
-
-def _raw_bytes(data: bytes) -> bytes:
-    return data
+# The preamble of a hello connection of the members' stream peer protocol
+# (docs/peer-protocol.md: magic, frame version 1, kind 3, two zero bytes). A member's peer
+# port answers it with its own preamble, which begins with the same magic; it closes a gRPC
+# connection at its first bytes, which gRPC reports as a closed socket.
+PEER_PREAMBLE = b"RPPW\x01\x03\x00\x00"
+PEER_MAGIC = b"RPPW"
 
 
 def _failure_words(error: RallypointError) -> str:
@@ -375,12 +375,14 @@ class Transport:
     async def failure(
         self, address: str, rpc_error: grpc.aio.AioRpcError, *, timeout_s: float | None = None
     ) -> RallypointError:
-        """The client error for a call to ``address`` that failed. A status for a method the
-        server does not have is checked once more: if the same port serves the members' peer
-        service, this is a member's peer port (said so), not merely some other server."""
+        """The client error for a call to ``address`` that failed. A server that closed the
+        connection at once is checked once more: if the port answers the members' stream
+        peer protocol, this is a member's peer port (said so), not merely a server down."""
         peer_port = False
-        if rpc_error.code() is grpc.StatusCode.UNIMPLEMENTED:
-            peer_port = await self._serves_peer_service(address)
+        if rpc_error.code() is grpc.StatusCode.UNAVAILABLE and "Socket closed" in (
+            rpc_error.details() or ""
+        ):
+            peer_port = await self._serves_peer_protocol(address)
         return map_rpc_error(
             rpc_error,
             address,
@@ -390,23 +392,22 @@ class Transport:
             token_hint=self.token_hint,
         )
 
-    async def _serves_peer_service(self, address: str) -> bool:
-        # Any answer but UNIMPLEMENTED means the method exists. Unauthenticated (no peer MAC),
-        # the member refuses the empty request before reading it: nothing happens there.
-        probe = self.stubs(address).channel.unary_unary(
-            PEER_PROBE_METHOD,
-            request_serializer=_raw_bytes,
-            response_deserializer=_raw_bytes,
-        )
+    async def _serves_peer_protocol(self, address: str) -> bool:
+        # A hello connection's preamble, answered with the member's own, then closed: the
+        # member is asked nothing (it waits for a hello that never comes).
+        host, _, port = address.rpartition(":")
+        writer: asyncio.StreamWriter | None = None
         try:
-            await probe(b"", timeout=min(self.attempt_timeout_s, 2.0))
-        except grpc.aio.AioRpcError as probe_error:
-            return probe_error.code() not in (
-                grpc.StatusCode.UNIMPLEMENTED,
-                grpc.StatusCode.UNAVAILABLE,
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-            )
-        return True
+            async with asyncio.timeout(min(self.attempt_timeout_s, 2.0)):
+                reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+                writer.write(PEER_PREAMBLE)
+                answer = await reader.readexactly(len(PEER_PREAMBLE))
+        except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError):
+            return False
+        finally:
+            if writer is not None:
+                writer.close()
+        return answer.startswith(PEER_MAGIC)
 
     def _every_endpoint_wrong(self, failures: dict[str, RallypointError]) -> RallypointError:
         if len(self.endpoints) == 1:

@@ -107,21 +107,9 @@ class TlsFiles:
                 raise SettingsError(f"tls {name.removesuffix('_file')}: {exc}") from exc
         return out[0], out[1], out[2]
 
-    def server_credentials(self) -> grpc.ServerCredentials:
-        cert, key, ca = self.read()
-        return grpc.ssl_server_credentials(
-            [(key, cert)], root_certificates=ca, require_client_auth=True
-        )
-
-    def channel_credentials(self) -> grpc.ChannelCredentials:
-        cert, key, ca = self.read()
-        return grpc.ssl_channel_credentials(
-            root_certificates=ca, private_key=key, certificate_chain=cert
-        )
-
     def server_ssl_context(self) -> ssl.SSLContext:
-        """The stream peer port's TLS, by the rules of ``server_credentials``: this member's
-        certificate, and a client certificate signed by the CA required."""
+        """The peer port's TLS: this member's certificate, and a client certificate signed by
+        the CA required."""
         cert, key, ca = self.read()
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cadata=ca.decode())
         context.verify_mode = ssl.CERT_REQUIRED
@@ -129,9 +117,8 @@ class TlsFiles:
         return context
 
     def client_ssl_context(self) -> ssl.SSLContext:
-        """The stream peer dialer's TLS, by the rules of ``channel_credentials``: the
-        listener's certificate signed by the CA and naming the host dialled; this member's
-        certificate presented."""
+        """The peer dialer's TLS: the listener's certificate signed by the CA and naming the
+        host dialled; this member's certificate presented."""
         cert, key, ca = self.read()
         context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=ca.decode())
         _load_chain(context, cert, key)
@@ -163,7 +150,8 @@ class Settings:
     # the process's environment or command line) the secret itself.
     peer_secret_file: str = ""
     peer_secret: str = ""
-    peer_transport: str = "grpc"
+    # Accepted for configurations written for commit f771d74; "stream" is the only value.
+    peer_transport: str = "stream"
     tick_ms: int = 100
     election_ticks: int = 10
     heartbeat_ticks: int = 1

@@ -1,8 +1,8 @@
-"""What the receiving side of the peer port checks, whichever transport carried the request.
+"""What the receiving side of the peer port checks in every request.
 
-Theory of operation. Both peer transports (gRPC, ``peer_service.py``; asyncio streams,
-``peerwire/``) hand each request here, with the session of its connection and the names of
-the sender's TLS certificate. Every request is checked in this order, and the first failure
+Theory of operation. The peer listener (``peerwire/server.py``) hands each request here,
+with the session of its connection and the names of the sender's TLS certificate. Every
+request is checked in this order, and the first failure
 raises :class:`PeerRefused`, which ends the connection: its MAC (peer_auth.py: a sender
 without the cluster's secret is refused with UNAUTHENTICATED and told nothing more; a member
 running the previous peer format with FAILED_PRECONDITION, saying so); with TLS, the
@@ -22,8 +22,8 @@ checksum, its decoding, and the application's own check of its content
 (``verify_snapshot``) must all pass before Raft sees it and persists it. A refused or failed
 transfer leaves no partial file behind (:meth:`SnapshotIntake.discard`).
 
-Status codes are grpc's ``StatusCode`` names on either transport (the stream transport sends
-the name in its error frame), so a refusal reads the same in every log.
+Status codes are grpc's ``StatusCode`` names (the listener sends the name in its ERROR
+frame), so a refusal reads as the client API's do.
 """
 
 from __future__ import annotations
@@ -255,7 +255,10 @@ class PeerGate:
                     f"{m.from_} to {m.to} in a batch from {batch.from_id} to {batch.to_id}",
                 )
             if m.type is MessageType.MsgSnap:
-                _refuse(grpc.StatusCode.INVALID_ARGUMENT, "MsgSnap travels by InstallSnapshot only")
+                _refuse(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "MsgSnap travels on a snapshot connection only",
+                )
             # Appends, and proposals a follower forwards, become log entries; a ReadIndex
             # request's one entry is only its context.
             if m.entries and m.type in (MessageType.MsgApp, MessageType.MsgProp):

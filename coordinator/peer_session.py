@@ -24,9 +24,8 @@ Challenges are random and never reused, so nothing is remembered past a connecti
 sending end makes no decision from the receiver's word (a forged challenge only makes its
 messages refused, like a cut connection).
 
-This module is sans-IO: a transport carries the challenge however it opens a connection
-(the gRPC peer service: the initial metadata ``rallypoint-peer-challenge`` of every stream;
-a stream transport: its opening frame), and stamps and checks each message here.
+This module is sans-IO: the transport carries the challenge in the connection's opening
+``OPEN`` frame (peerwire/, docs/peer-protocol.md), and stamps and checks each message here.
 
 Format version 2 of the peer messages (tags ``.../v2`` in peer_auth.py) is this binding;
 version 1 had none. A version-1 message carries no challenge; when its version-1 MAC verifies
@@ -37,14 +36,12 @@ than as an outsider, so the log says what to do.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .peer_auth import PeerKey
 
 CHALLENGE_BYTES = 16
-# The gRPC metadata key that carries a stream's challenge (hex), sent by the receiving end.
-CHALLENGE_METADATA_KEY = "rallypoint-peer-challenge"
 # The peer message format this release speaks; see the module docstring.
 FORMAT_VERSION = 2
 
@@ -133,21 +130,3 @@ def is_previous_format(
 ) -> bool:
     """Whether this is a member's message in format version 1 (no session binding)."""
     return not stamp.challenge and not stamp.counter and key.verify(previous_tag, fields, stamp.mac)
-
-
-def challenge_from_metadata(metadata: Iterable[tuple[str, str | bytes]] | None) -> bytes | None:
-    """The challenge in a stream's initial metadata; None if there is none (the receiver
-    runs format version 1) or it does not parse."""
-    for key, value in metadata or ():
-        if key == CHALLENGE_METADATA_KEY:
-            text = value.decode() if isinstance(value, bytes) else value
-            try:
-                challenge = bytes.fromhex(text)
-            except ValueError:
-                return None
-            return challenge if len(challenge) == CHALLENGE_BYTES else None
-    return None
-
-
-def challenge_metadata(challenge: bytes) -> tuple[tuple[str, str]]:
-    return ((CHALLENGE_METADATA_KEY, challenge.hex()),)

@@ -38,11 +38,23 @@ import ssl
 from types import TracebackType
 from typing import Protocol
 
-from .transport import GRPC_OPTIONS
-
-# Every gRPC server a member runs (client API, peers). SO_REUSEPORT off: a port in use is an
-# error, never shared with a second process.
-SERVER_OPTIONS = [*GRPC_OPTIONS, ("grpc.so_reuseport", 0)]
+# gRPC's default 4 MiB cap is too small for a batch of large entries.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# Every gRPC server a member runs (the client API, the health port).
+SERVER_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # A ping every second, answered within a second, finds a connection a partition broke;
+    # the clients' pings are accepted (else the server ends the connection after a few).
+    ("grpc.keepalive_time_ms", 1_000),
+    ("grpc.keepalive_timeout_ms", 1_000),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 500),
+    ("grpc.http2.max_ping_strikes", 0),
+    # SO_REUSEPORT off: a port in use is an error, never shared with a second process.
+    ("grpc.so_reuseport", 0),
+]
 
 LOCK_FILE_NAME = "rallypoint.lock"
 # Where node/driver.py and DiskStorage keep the write-ahead log inside a data dir.

@@ -54,8 +54,9 @@ _SERVE_HELP = {
     "authenticates every request with it; make one with `rallypoint secret > FILE`)",
     "peer_secret": "the peer secret itself (prefer peer_secret_file: this shows in the process's "
     "command line or environment)",
-    "peer_transport": "how the peer port speaks: grpc (default) or stream (the stream peer "
-    "protocol, docs/peer-protocol.md); every member of a cluster must use the same",
+    "peer_transport": "how the peer port speaks: stream, the stream peer protocol "
+    "(docs/peer-protocol.md), the only choice (grpc is gone: docs/operations.md, "
+    "'Upgrading')",
     "tick_ms": "Raft tick length in milliseconds",
     "election_ticks": "ticks without a leader before an election (randomized up to 2x)",
     "heartbeat_ticks": "ticks between leader heartbeats",

@@ -14,23 +14,19 @@ import ssl
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import grpc
-
 from ..member_table import MemberAddress
 from ..peer_auth import cluster_id_for
 from ..state.machine import Limits
 
 __all__ = ["PEER_TRANSPORTS", "NodeConfig", "PeerTls"]
 
-PEER_TRANSPORTS = ("grpc", "stream")
+# The peer transports this build speaks: the stream peer protocol only. The setting stays so
+# that a configuration written for commit f771d74 (which also spoke grpc) still runs.
+PEER_TRANSPORTS = ("stream",)
 
 
 class PeerTls(Protocol):
     """Credentials for mutual TLS on the peer port (see ``daemon.TlsFiles``)."""
-
-    def server_credentials(self) -> grpc.ServerCredentials: ...
-
-    def channel_credentials(self) -> grpc.ChannelCredentials: ...
 
     def server_ssl_context(self) -> ssl.SSLContext: ...
 
@@ -78,10 +74,9 @@ class NodeConfig:
     # After becoming leader, no worker is declared failed for this long: heartbeats need a
     # moment to find the new leader.
     detector_grace_ms: int = 2000
-    # How the peer port speaks: "grpc" (service rallypoint.peer.v1.Raft) or "stream" (the
-    # stream peer protocol, coordinator/peerwire/, docs/peer-protocol.md). Every member of a
-    # cluster must use the same.
-    peer_transport: str = "grpc"
+    # How the peer port speaks: "stream", the stream peer protocol (coordinator/peerwire/,
+    # docs/peer-protocol.md), the only one this build has.
+    peer_transport: str = "stream"
 
     @property
     def cluster_id(self) -> int:
@@ -94,6 +89,12 @@ class NodeConfig:
         return entries + entries * ((self.member_id - 1) % 4) // 10
 
     def validate(self) -> None:
+        if self.peer_transport == "grpc":
+            raise ValueError(
+                "peer transport 'grpc' is gone: members speak the stream peer protocol (set "
+                "peer_transport = stream, or leave it out); a cluster on grpc moves as "
+                "docs/operations.md, 'Upgrading', says"
+            )
         if self.peer_transport not in PEER_TRANSPORTS:
             raise ValueError(
                 f"peer transport {self.peer_transport!r} is not one of {', '.join(PEER_TRANSPORTS)}"

@@ -1,7 +1,7 @@
 """This member as its peers see it: what the peer transport and the peer service call.
 
 ``PeerFace`` implements ``transport.PeerHost`` (the sending side: addresses, unreachable
-peers, snapshot outcomes) and ``peer_service.PeerReceiver`` (the receiving side: stepping
+peers, snapshot outcomes) and ``peer_gate.PeerReceiver`` (the receiving side: stepping
 authenticated messages into Raft, Hello answers, and the checks a peer's entries and
 snapshots pass before anything of them is persisted). It keeps what only the peer path
 needs (the incarnations peers sent, refusal logs, entries and a snapshot already decoded
@@ -18,9 +18,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-import grpc
-import grpc.aio
-
 from rallypoint.raft import ProposalDroppedError as RaftProposalDroppedError
 from rallypoint.raft import SnapshotStatus
 from rallypoint.raft.errors import (
@@ -33,12 +30,10 @@ from rallypoint.raft.types import Entry, Message, MessageType, NodeId, Snapshot
 from ..member_table import decode_app_snapshot
 from ..metrics import NodeMetrics
 from ..peer_auth import PeerKey
-from ..peer_service import add_peer_service
 from ..peerwire.server import PeerListener
 from ..peerwire.transport import StreamTransport
-from ..preflight import SERVER_OPTIONS
 from ..state.machine import StateMachine
-from ..transport import GRPC_OPTIONS, PeerServer, PeerTransport, Transport
+from ..transport import PeerServer, PeerTransport
 from .bootstrap import is_fresh
 from .config import NodeConfig, PeerTls
 from .proposals import DecodedEntries, validate_entries
@@ -350,38 +345,16 @@ class PeerFace:
         self._verified_snapshot = (snapshot.data, decoded)
 
     async def serve(self) -> PeerServer:
-        """Start serving the peer port (``peer_service`` over gRPC, or ``peerwire``'s
-        listener), with TLS if configured."""
-        if self.config.peer_transport == "stream":
-            listener = PeerListener(
-                self, None if self._peer_tls is None else self._peer_tls.server_ssl_context()
-            )
-            await listener.start(self.config.peer_address)
-            return listener
-        server = grpc.aio.server(options=SERVER_OPTIONS)
-        add_peer_service(server, self)
-        if self._peer_tls is not None:
-            server.add_secure_port(self.config.peer_address, self._peer_tls.server_credentials())
-        else:
-            server.add_insecure_port(self.config.peer_address)
-        await server.start()
-        return server
+        """Start serving the peer port (``peerwire``'s listener), with TLS if configured."""
+        tls = self._peer_tls
+        listener = PeerListener(self, None if tls is None else tls.server_ssl_context())
+        await listener.start(self.config.peer_address)
+        return listener
 
     def transport(self, rng: random.Random) -> PeerTransport:
-        """This member's peer transport, of the kind its peer port speaks, over TLS if
-        configured."""
+        """This member's peer transport, over TLS if configured."""
         tls = self._peer_tls
-        if self.config.peer_transport == "stream":
-            return StreamTransport(self, rng, None if tls is None else tls.client_ssl_context())
-        return Transport(self, rng, self.channel_factory())
-
-    def channel_factory(self) -> Callable[[str], grpc.aio.Channel] | None:
-        """How the gRPC transport opens a channel to a peer: over TLS if configured (None:
-        the transport's default, insecure)."""
-        if self._peer_tls is None:
-            return None
-        credentials = self._peer_tls.channel_credentials()
-        return lambda address: grpc.aio.secure_channel(address, credentials, options=GRPC_OPTIONS)
+        return StreamTransport(self, rng, None if tls is None else tls.client_ssl_context())
 
     def take_verified(self, data: bytes) -> StateMachine | None:
         """The state ``verify_snapshot`` decoded from exactly ``data`` (None if it decoded

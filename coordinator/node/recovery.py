@@ -5,7 +5,7 @@ storage holds one snapshot (the application state at index N, a configuration na
 cluster's voters, their addresses in the member table) and a hard state committed at N, and
 whose identity names a **new** cluster id (the peer secret and ``--cluster-token`` make it;
 ``peer_auth.cluster_id_for``), so members of the old cluster, which still hold its id, are
-refused by every member of the new one (peer_service.py) and cannot join or vote in it.
+refused by every member of the new one (peer_gate.py) and cannot join or vote in it.
 A member starting on such a directory is not fresh (``bootstrap.is_fresh``): it starts from
 the snapshot, as after any restart, and elects a leader with the others.
 

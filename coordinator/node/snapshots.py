@@ -168,6 +168,7 @@ class Snapshots:
         await self.snapshot_now()
 
     async def _run(self) -> None:
+        requests: list[asyncio.Future[int]] = []
         try:
             while True:
                 requests, self._requests = self._requests, []
@@ -183,6 +184,7 @@ class Snapshots:
                     return
         finally:
             self._periodic = None
+            _cancel(requests)
 
     async def _store(self, captured: Capture) -> Index:
         """Encode, store and compact; the index of the newest stored snapshot after."""
@@ -259,7 +261,16 @@ class Snapshots:
         try:
             await cancel_and_wait(self._periodic, self._for_followers_task)
         finally:
+            # A snapshot asked for and not made ends with the member: its asker (a background
+            # task) is cancelled instead of waiting until the event loop destroys it, which
+            # it took for a broken invariant.
+            _cancel(self._requests)
             self._encoder.shutdown(wait=True)
+
+
+def _cancel(futures: list[asyncio.Future[int]]) -> None:
+    for future in futures:
+        future.cancel()
 
 
 class LeaderSnapshots:

@@ -22,8 +22,8 @@ from rallypoint.raft.types import Index, NodeId
 from .. import identity as identity_file
 from ..backup_file import BackupHeader
 from ..identity import Identity
+from ..peer_gate import remove_partial_snapshots
 from ..peer_hello import ask as ask_hello
-from ..peer_service import remove_partial_snapshots
 from ..role_log import ROLE_NAMES
 from ..transport import PeerTransport
 from ..version import RECORD_VERSION, startup_refusal

@@ -2,5 +2,5 @@
 
 ``frames`` is the wire format (sans-IO), ``conn`` one connection with its deadlines,
 ``server`` the listening side and ``transport`` the sending side. The checks every request
-passes are ``peer_gate``'s, shared with the gRPC peer service.
+passes are ``peer_gate``'s.
 """

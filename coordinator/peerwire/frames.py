@@ -72,8 +72,9 @@ def parse_preamble(data: bytes) -> int:
     another version or protocol, FrameError for an unknown kind."""
     if data.startswith(_HTTP2_PREFACE):
         raise VersionError(
-            "it speaks gRPC (HTTP/2) on the peer port: a member of a release before the "
-            "stream peer protocol (docs/operations.md, 'Upgrading')"
+            "it speaks gRPC (HTTP/2) on the peer port: a member of a release on the gRPC "
+            "peer transport (docs/operations.md, 'Upgrading'), or a client given the peer "
+            "port for the client port"
         )
     magic, version, kind, reserved = PREAMBLE.unpack(data)
     if magic != MAGIC:

@@ -15,7 +15,9 @@ closed. The listener answers with its own preamble, then serves the connection's
 - a hello: one ``HELLO``, answered with ``HELLO_ANSWER``.
 
 A refusal is an ``ERROR`` frame (the status code's name, the message, the reason), after
-which the listener closes the connection. A frame that does not parse before its sender is
+which the listener closes the connection (having taken, for up to ``LINGER_S``, what the
+sender still sent, so that a reset cannot overtake the ERROR frame). A frame that does not
+parse before its sender is
 authenticated is refused as any unauthenticated request: UNAUTHENTICATED, nothing else
 said. Until a connection's first frame is authenticated it has ``HANDSHAKE_TIMEOUT_S`` in
 all (a slow sender of bytes cannot hold it open), and at most ``MAX_CONNECTIONS`` are served
@@ -69,6 +71,8 @@ HANDSHAKE_TIMEOUT_S = 5.0
 # A connection with nothing to say for this long is closed (a dialer pings every second).
 IDLE_TIMEOUT_S = 30.0
 MAX_CONNECTIONS = 512
+# How long a refused connection is kept to take what its sender still sends (_linger).
+LINGER_S = 1.0
 
 
 class PeerListener:
@@ -84,6 +88,7 @@ class PeerListener:
         # Per kind of refused connection: when it was last logged, and how many since.
         self._logged: dict[str, tuple[float, int]] = {}
         self.refused = 0  # connections refused before their first frame (counted for tests)
+        self._stopping = False
 
     @property
     def port(self) -> int:
@@ -99,15 +104,26 @@ class PeerListener:
     def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Each connection's writer is known from its first moment, so that stop() closes
         it even if its task is cancelled before it ran."""
+        if self._stopping:
+            # Accepted by the loop before stop() closed the listening socket.
+            writer.close()
+            return
         self._writers.add(writer)
         task = asyncio.get_running_loop().create_task(self._accept(reader, writer))
         self._conns.add(task)
         task.add_done_callback(self._conns.discard)
-        task.add_done_callback(lambda _task: self._writers.discard(writer))
+        task.add_done_callback(lambda _task: self._closed(writer))
+
+    def _closed(self, writer: asyncio.StreamWriter) -> None:
+        """A connection's task is done: its writer is closed, even if the task was cancelled
+        before it ran (and so never reached its own ``finally``)."""
+        writer.close()
+        self._writers.discard(writer)
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop listening and end every connection (``grace``: accepted for the gRPC
         server's signature; connections carry nothing that waiting would save)."""
+        self._stopping = True
         if self._server is not None:
             self._server.close()
         tasks = list(self._conns)
@@ -169,6 +185,7 @@ class PeerListener:
             conn.write(ERROR, encode_error(refused.code.name, refused.message, refused.reason))
             with contextlib.suppress(ConnectionLost):
                 await conn.drain(1.0)
+            await _linger(conn)
 
     def _open(self, conn: FrameConn) -> InboundSession:
         session = InboundSession(self._host.peer_key)
@@ -272,6 +289,18 @@ def _parse(cls: type[P], body: bytes) -> P:
         return decode_record(cls, body)
     except FrameError:
         raise PeerRefused(_UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE) from None
+
+
+async def _linger(conn: FrameConn) -> None:
+    """Take, and drop, what the refused sender still sends, for at most ``LINGER_S``: a
+    socket closed with unread bytes sends a reset, which can overtake the ERROR frame and
+    leave the sender knowing only that the connection broke."""
+    with contextlib.suppress(TimeoutError, ConnectionError, OSError):
+        if conn.writer.can_write_eof():
+            conn.writer.write_eof()
+        async with asyncio.timeout(LINGER_S):
+            while await conn.reader.read(64 * 1024):
+                pass
 
 
 def _peer(conn: FrameConn) -> str:

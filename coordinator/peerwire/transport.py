@@ -455,6 +455,7 @@ class StreamTransport:
         self._ssl = ssl_context
         self._senders: dict[int, StreamSender] = {}
         self._report_links: dict[str, StreamLivenessLink] = {}
+        self._stopped = False
 
     def sender(self, peer_id: int) -> StreamSender:
         sender = self._senders.get(peer_id)
@@ -488,6 +489,8 @@ class StreamTransport:
     async def liveness(self, member_id: int, payload: bytes, timeout_s: float = 2.0) -> bool:
         """Send ``member_id`` (the leader) a liveness report; whether it took it. Raises when
         it fails (the caller says everything again next time)."""
+        if self._stopped:
+            raise ConnectionLost("this member's peer transport has stopped")
         address = self._host.peer_address(member_id)
         if address is None:
             return False
@@ -502,12 +505,13 @@ class StreamTransport:
             await sender.stop()
 
     async def stop(self) -> None:
+        self._stopped = True
         senders, self._senders = list(self._senders.values()), {}
         for sender in senders:
             await sender.stop()
         links, self._report_links = list(self._report_links.values()), {}
         for link in links:
-            link.close()
+            link.shut()
 
 
 class StreamLivenessLink:
@@ -522,6 +526,8 @@ class StreamLivenessLink:
         self._session: OutboundSession | None = None
         self._used = 0.0
         self._lock = asyncio.Lock()
+        # Set by shut(): a report under way then (its member stopping) dials no more.
+        self._shut = False
 
     async def report(self, member_id: int, payload: bytes, timeout_s: float) -> bool:
         async with self._lock:
@@ -542,9 +548,13 @@ class StreamLivenessLink:
             or now - self._used > LIVENESS_IDLE_S
         ):
             self.close()
-            self._conn, challenge = await dial(
-                self._address, KIND_LIVENESS, self._ssl, session=True
-            )
+            if self._shut:
+                raise ConnectionLost("this member's peer transport has stopped")
+            conn, challenge = await dial(self._address, KIND_LIVENESS, self._ssl, session=True)
+            if self._shut:  # shut while it dialled: nothing else would close it
+                conn.close()
+                raise ConnectionLost("this member's peer transport has stopped")
+            self._conn = conn
             self._session = OutboundSession(host.peer_key, challenge)
         self._used = now
         request = peer_pb2.LivenessReport(
@@ -561,3 +571,8 @@ class StreamLivenessLink:
             self._conn.close()
         self._conn = None
         self._session = None
+
+    def shut(self) -> None:
+        """Close for good (the transport stops)."""
+        self._shut = True
+        self.close()

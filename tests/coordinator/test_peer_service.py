@@ -1,9 +1,11 @@
-"""The peer service on a real port, for what the fuzzer (tests/fuzz) found in it.
+"""The peer port on a real port, for what the fuzzer (tests/fuzz) found in it, and the
+sessions that bind every request to its connection.
 
-grpc parsed each request before the servicer saw it, and answered one that does not parse
-with UNKNOWN and the parser's error, before the MAC was checked: an outsider learned how we
-parse, and the member logged a traceback per request. And a snapshot whose checksum matched
-but whose file format did not ended UNKNOWN instead of being refused.
+A request that does not parse was once answered with the parser's error, before the MAC was
+checked: an outsider learned how we parse, and the member logged a traceback per request.
+It is refused as any unauthenticated request. And a snapshot whose checksum matched but whose
+file format did not ended UNKNOWN instead of being refused. Driven with raw frames of the
+stream peer protocol (raw_peer.py).
 """
 
 from __future__ import annotations
@@ -12,11 +14,8 @@ import asyncio
 import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import google_crc32c
-import grpc
-import grpc.aio
 import pytest
 
 from rallypoint.coordinator.peer_auth import (
@@ -30,10 +29,12 @@ from rallypoint.coordinator.peer_auth import (
     chunk_fields,
     liveness_fields,
 )
+from rallypoint.coordinator.peer_gate import UNAUTHENTICATED_MESSAGE
 from rallypoint.coordinator.peer_hello import hello_request_fields
-from rallypoint.coordinator.peer_service import UNAUTHENTICATED_MESSAGE, add_peer_service
-from rallypoint.coordinator.peer_session import ChallengeError, OutboundSession
-from rallypoint.coordinator.transport import open_session
+from rallypoint.coordinator.peer_session import OutboundSession
+from rallypoint.coordinator.peerwire import frames
+from rallypoint.coordinator.peerwire.conn import ConnectionLost, dial
+from rallypoint.coordinator.peerwire.server import PeerListener
 from rallypoint.proto.peer.v1 import peer_pb2
 from rallypoint.raft.codec import encode_message
 from rallypoint.raft.storage.snapshotter import MAGIC
@@ -48,6 +49,7 @@ from rallypoint.raft.types import (
     Term,
 )
 
+from .raw_peer import RawPeer, Refused
 from .test_transport import CLUSTER_ID, Host
 
 
@@ -56,48 +58,49 @@ def host(tmp_path: Path) -> Host:
     return Host(2, tmp_path)
 
 
+async def listening(host: Host) -> tuple[PeerListener, str]:
+    listener = PeerListener(host)
+    await listener.start("127.0.0.1:0")
+    return listener, f"127.0.0.1:{listener.port}"
+
+
 @pytest.fixture
-async def channel(host: Host) -> AsyncIterator[grpc.aio.Channel]:
-    server = grpc.aio.server()
-    add_peer_service(server, host)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+async def address(host: Host) -> AsyncIterator[str]:
+    listener, address = await listening(host)
     try:
-        yield channel
+        yield address
     finally:
-        await channel.close(None)
-        await server.stop(grace=None)
+        await listener.stop(grace=None)
 
 
-@pytest.mark.parametrize("payload", [b"\xff\xff\xff", b"\x22\x10abc"])  # corrupt, truncated
+# (connection kind, the frame a request travels in)
+REQUESTS = {
+    "batch": (frames.KIND_RAFT, frames.BATCH),
+    "chunk": (frames.KIND_SNAPSHOT, frames.CHUNK),
+    "liveness": (frames.KIND_LIVENESS, frames.LIVENESS),
+    "hello": (frames.KIND_HELLO, frames.HELLO),
+}
+
+
+@pytest.mark.parametrize("payload", [b"\xff\xff\xff", b"\x22\x10abc", b"\x93\x01"])
 async def test_a_request_that_does_not_parse_is_unauthenticated(
-    channel: grpc.aio.Channel, payload: bytes
+    address: str, payload: bytes
 ) -> None:
-    calls = {
-        "Send": lambda: channel.stream_unary("/rallypoint.peer.v1.Raft/Send")(iter([payload])),
-        "InstallSnapshot": lambda: channel.stream_unary("/rallypoint.peer.v1.Raft/InstallSnapshot")(
-            iter([payload])
-        ),
-        "Hello": lambda: channel.unary_unary("/rallypoint.peer.v1.Raft/Hello")(payload),
-    }
-    for name, call in calls.items():
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await call()
-        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, name
-        assert refused.value.details() == UNAUTHENTICATED_MESSAGE, name
+    for name, (kind, frame_type) in REQUESTS.items():
+        async with await RawPeer.open(address, kind, session=kind != frames.KIND_HELLO) as peer:
+            peer.send(frame_type, payload)
+            refused = await peer.refusal()
+        assert refused.code == "UNAUTHENTICATED", name
+        assert refused.message == UNAUTHENTICATED_MESSAGE, name
 
 
-async def test_a_signed_request_still_parses(channel: grpc.aio.Channel, tmp_path: Path) -> None:
-    host = Host(2, tmp_path)
+async def test_a_signed_request_still_parses(address: str, host: Host) -> None:
     request = peer_pb2.HelloRequest(cluster_id=CLUSTER_ID, from_id=1, to_id=2, nonce=b"n")
     request.mac = host.peer_key.sign(HELLO_TAG, hello_request_fields(request))
-    answer = await channel.unary_unary(
-        "/rallypoint.peer.v1.Raft/Hello",
-        request_serializer=peer_pb2.HelloRequest.SerializeToString,
-        response_deserializer=peer_pb2.HelloAnswer.FromString,
-    )(request)
-    assert answer.member_id == 2
+    async with await RawPeer.open(address, frames.KIND_HELLO, session=False) as peer:
+        peer.send(frames.HELLO, frames.encode_record(request))
+        body = await peer.expect(frames.HELLO_ANSWER)
+    assert frames.decode_record(peer_pb2.HelloAnswer, body).member_id == 2
 
 
 def _chunk(host: Host, file_bytes: bytes) -> peer_pb2.SnapshotChunk:
@@ -123,23 +126,20 @@ def _chunk(host: Host, file_bytes: bytes) -> peer_pb2.SnapshotChunk:
     return chunk
 
 
-async def install(
-    channel: grpc.aio.Channel, key: PeerKey, chunks: list[peer_pb2.SnapshotChunk]
-) -> None:
-    """One InstallSnapshot stream as a member sends it: the session first, then each chunk
-    stamped with it."""
-    call = channel.stream_unary(
-        "/rallypoint.peer.v1.Raft/InstallSnapshot",
-        request_serializer=peer_pb2.SnapshotChunk.SerializeToString,
-        response_deserializer=peer_pb2.SnapshotAck.FromString,
-    )()
-    session = await open_session(call, key)
-    for chunk in chunks:
-        stamp = session.stamp(CHUNK_TAG, chunk_fields(chunk))
-        chunk.challenge, chunk.counter, chunk.mac = stamp.challenge, stamp.counter, stamp.mac
-        await call.write(chunk)
-    await call.done_writing()
-    await call
+def _stamp_chunk(session: OutboundSession, chunk: peer_pb2.SnapshotChunk) -> bytes:
+    stamp = session.stamp(CHUNK_TAG, chunk_fields(chunk))
+    chunk.challenge, chunk.counter, chunk.mac = stamp.challenge, stamp.counter, stamp.mac
+    return frames.encode_record(chunk)
+
+
+async def install(address: str, key: PeerKey, chunks: list[peer_pb2.SnapshotChunk]) -> bytes:
+    """One snapshot transfer as a member sends it: each chunk stamped with the connection's
+    session; the member's SNAPSHOT_ACK (a refusal raises Refused)."""
+    async with await RawPeer.open(address, frames.KIND_SNAPSHOT) as peer:
+        session = peer.session(key)
+        for chunk in chunks:
+            peer.send(frames.CHUNK, _stamp_chunk(session, chunk))
+        return await peer.expect(frames.SNAPSHOT_ACK)
 
 
 @pytest.mark.parametrize(
@@ -152,15 +152,14 @@ async def install(
     ids=["too-short", "bad-magic", "metadata-past-the-end"],
 )
 async def test_a_snapshot_file_of_a_broken_format_is_refused(
-    channel: grpc.aio.Channel, tmp_path: Path, file_bytes: bytes
+    address: str, host: Host, tmp_path: Path, file_bytes: bytes
 ) -> None:
     """The checksum matches and the format does not: this ended UNKNOWN (the decoder's
     SnapshotCorruptionError escaped the servicer). It is refused, and no file stays."""
-    host = Host(2, tmp_path)
-    with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await install(channel, host.peer_key, [_chunk(host, file_bytes)])
-    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value.details()
-    assert "bad snapshot" in (refused.value.details() or "")
+    with pytest.raises(Refused) as refused:
+        await install(address, host.peer_key, [_chunk(host, file_bytes)])
+    assert refused.value.code == "INVALID_ARGUMENT", refused.value.message
+    assert "bad snapshot" in refused.value.message
     assert host.delivered == []
     deadline = asyncio.get_running_loop().time() + 2.0
     while list(tmp_path.iterdir()) and asyncio.get_running_loop().time() < deadline:
@@ -168,112 +167,96 @@ async def test_a_snapshot_file_of_a_broken_format_is_refused(
     assert list(tmp_path.iterdir()) == []
 
 
-# -- sessions: every stream bound to its challenge (peer_session.py) --------------------------
-
-LIVENESS = "/rallypoint.peer.v1.Raft/Liveness"
-SEND = "/rallypoint.peer.v1.Raft/Send"
+# -- sessions: every connection bound to its challenge (peer_session.py) ----------------------
 
 
-def _report(key: PeerKey, session: OutboundSession, payload: bytes) -> peer_pb2.LivenessReport:
+def _report(session: OutboundSession, payload: bytes) -> bytes:
     report = peer_pb2.LivenessReport(cluster_id=CLUSTER_ID, from_id=1, to_id=2, payload=payload)
     stamp = session.stamp(LIVENESS_TAG, liveness_fields(report))
     report.challenge, report.counter, report.mac = stamp.challenge, stamp.counter, stamp.mac
-    return report
+    return frames.encode_record(report)
 
 
-def _liveness_call(channel: grpc.aio.Channel) -> Any:
-    return channel.stream_stream(
-        LIVENESS,
-        request_serializer=peer_pb2.LivenessReport.SerializeToString,
-        response_deserializer=peer_pb2.LivenessAck.FromString,
-    )()
-
-
-async def test_a_liveness_report_replayed_on_its_stream_or_another_is_refused(
-    channel: grpc.aio.Channel, host: Host
+async def test_a_liveness_report_replayed_on_its_connection_or_another_is_refused(
+    address: str, host: Host
 ) -> None:
-    call = _liveness_call(channel)
-    session = await open_session(call, host.peer_key)
-    first = _report(host.peer_key, session, b"first")
-    await call.write(first)
-    assert (await call.read()).taken
-    await call.write(_report(host.peer_key, session, b"second"))
-    assert (await call.read()).taken
-    assert host.reports == [b"first", b"second"]
-    await call.write(first)  # again, on its own stream
-    with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await call.read()
-    assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
-    assert "number 1 was already taken on this connection (last 2)" in (
-        refused.value.details() or ""
-    )
-    # ... and on a new one: made for another stream's challenge.
-    other = _liveness_call(channel)
-    await open_session(other, host.peer_key)
-    await other.write(first)
-    with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await other.read()
-    assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
-    assert "made for another connection" in (refused.value.details() or "")
+    async with await RawPeer.open(address, frames.KIND_LIVENESS) as peer:
+        session = peer.session(host.peer_key)
+        first = _report(session, b"first")
+        peer.send(frames.LIVENESS, first)
+        ack = await peer.expect(frames.LIVENESS_ACK)
+        assert frames.decode_record(peer_pb2.LivenessAck, ack).taken
+        peer.send(frames.LIVENESS, _report(session, b"second"))
+        await peer.expect(frames.LIVENESS_ACK)
+        assert host.reports == [b"first", b"second"]
+        peer.send(frames.LIVENESS, first)  # again, on its own connection
+        refused = await peer.refusal()
+    assert refused.code == "PERMISSION_DENIED"
+    assert "number 1 was already taken on this connection (last 2)" in refused.message
+    # ... and on a new one: made for another connection's challenge.
+    async with await RawPeer.open(address, frames.KIND_LIVENESS) as other:
+        other.send(frames.LIVENESS, first)
+        refused = await other.refusal()
+    assert refused.code == "PERMISSION_DENIED"
+    assert "made for another connection" in refused.message
     assert host.reports == [b"first", b"second"]
     assert [reason for reason, _ in host.refusals] == ["replay", "replay"]
 
 
-async def test_a_snapshot_chunk_replayed_on_a_new_stream_is_refused(
-    channel: grpc.aio.Channel, host: Host
+async def test_a_snapshot_chunk_replayed_on_a_new_connection_is_refused(
+    address: str, host: Host
 ) -> None:
     chunk = _chunk(host, b"NOTSNAP!" + bytes(24))
-    call = channel.stream_unary(
-        "/rallypoint.peer.v1.Raft/InstallSnapshot",
-        request_serializer=peer_pb2.SnapshotChunk.SerializeToString,
-        response_deserializer=peer_pb2.SnapshotAck.FromString,
-    )()
-    session = await open_session(call, host.peer_key)
-    stamp = session.stamp(CHUNK_TAG, chunk_fields(chunk))
-    chunk.challenge, chunk.counter, chunk.mac = stamp.challenge, stamp.counter, stamp.mac
-    call.cancel()  # recorded, never delivered: replayed elsewhere
-    with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await channel.stream_unary("/rallypoint.peer.v1.Raft/InstallSnapshot")(
-            iter([chunk.SerializeToString()])
-        )
-    assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
-    assert "a replay" in (refused.value.details() or "")
+    async with await RawPeer.open(address, frames.KIND_SNAPSHOT) as peer:
+        recorded = _stamp_chunk(peer.session(host.peer_key), chunk)  # never delivered there
+    async with await RawPeer.open(address, frames.KIND_SNAPSHOT) as replay:
+        replay.send(frames.CHUNK, recorded)
+        refused = await replay.refusal()
+    assert refused.code == "PERMISSION_DENIED"
+    assert "a replay" in refused.message
 
 
 async def test_a_member_of_the_previous_peer_format_is_refused_saying_so(
-    channel: grpc.aio.Channel, host: Host
+    address: str, host: Host
 ) -> None:
     """A member still running format version 1 (MAC without a session) is a member: it is
     told, and this member logs, what to do; an outsider's unstamped batch stays
     unauthenticated."""
     batch = peer_pb2.MessageBatch(cluster_id=CLUSTER_ID, from_id=1, to_id=2, incarnation=7)
     batch.mac = host.peer_key.sign(PREVIOUS_BATCH_TAG, batch_fields(batch))
-    send = channel.stream_unary(SEND, None, None)
-    with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await send(iter([batch.SerializeToString()]))
-    assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
-    details = refused.value.details() or ""
-    assert "format version 1" in details and "upgrade member 1" in details
+    async with await RawPeer.open(address, frames.KIND_RAFT) as peer:
+        peer.send(frames.BATCH, frames.encode_record(batch))
+        refused = await peer.refusal()
+    assert refused.code == "FAILED_PRECONDITION"
+    assert "format version 1" in refused.message and "upgrade member 1" in refused.message
     assert [reason for reason, _ in host.refusals] == ["old_format"]
     batch.mac = PeerKey(b"another-secret-entirely").sign(PREVIOUS_BATCH_TAG, batch_fields(batch))
-    with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await send(iter([batch.SerializeToString()]))
-    assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
-    assert refused.value.details() == UNAUTHENTICATED_MESSAGE
+    async with await RawPeer.open(address, frames.KIND_RAFT) as peer:
+        peer.send(frames.BATCH, frames.encode_record(batch))
+        refused = await peer.refusal()
+    assert refused.code == "UNAUTHENTICATED"
+    assert refused.message == UNAUTHENTICATED_MESSAGE
 
 
 async def test_a_sender_waits_for_the_challenge_and_says_when_none_comes() -> None:
-    """Against a member of the previous format (no challenge in the stream's metadata)."""
+    """Against a listener that answers the preamble and never sends its challenge."""
 
-    class Silent:
-        async def initial_metadata(self) -> tuple[()]:
-            return ()
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            kind = frames.parse_preamble(await reader.readexactly(frames.PREAMBLE.size))
+            writer.write(frames.preamble(kind))
+            await reader.read()  # until the dialer gives up
+        finally:
+            writer.close()
 
-        def done(self) -> bool:
-            return False
-
-    with pytest.raises(ChallengeError, match="version 1"):
-        await open_session(Silent(), PeerKey(b"transport-test-secret"))  # type: ignore[arg-type]
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        with pytest.raises(ConnectionLost, match="no answer within 1 s"):
+            await dial(f"127.0.0.1:{port}", frames.KIND_RAFT, None, session=True, timeout_s=1.0)
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 @pytest.mark.parametrize(("stopping", "said"), [(False, "is starting"), (True, "is shutting down")])
@@ -283,26 +266,15 @@ async def test_a_member_that_takes_no_traffic_says_whether_it_starts_or_stops(
     # A stopping member said "is starting", so the others logged that as it shut down.
     host = Host(2, tmp_path)
     host.accepts_traffic, host.stopping = False, stopping
-    server = grpc.aio.server()
-    add_peer_service(server, host)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+    listener, address = await listening(host)
     batch = peer_pb2.MessageBatch(cluster_id=CLUSTER_ID, from_id=1, to_id=2)
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            call = channel.stream_unary(
-                SEND,
-                request_serializer=peer_pb2.MessageBatch.SerializeToString,
-                response_deserializer=peer_pb2.SendAck.FromString,
-            )()
-            session = await open_session(call, host.peer_key)
-            stamp = session.stamp(BATCH_TAG, batch_fields(batch))
+        async with await RawPeer.open(address, frames.KIND_RAFT) as peer:
+            stamp = peer.session(host.peer_key).stamp(BATCH_TAG, batch_fields(batch))
             batch.challenge, batch.counter, batch.mac = stamp.challenge, stamp.counter, stamp.mac
-            await call.write(batch)
-            await call.done_writing()
-            with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await call
+            peer.send(frames.BATCH, frames.encode_record(batch))
+            refused = await peer.refusal()
     finally:
-        await server.stop(grace=None)
-    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert refused.value.details() == f"member 2 {said}"
+        await listener.stop(grace=None)
+    assert refused.code == "UNAVAILABLE"
+    assert refused.message == f"member 2 {said}"

@@ -8,14 +8,11 @@ import pytest
 
 from rallypoint.coordinator.peer_auth import PeerKey
 from rallypoint.coordinator.peer_session import (
-    CHALLENGE_BYTES,
     ChallengeError,
     InboundSession,
     OutboundSession,
     PeerReplayError,
     Stamp,
-    challenge_from_metadata,
-    challenge_metadata,
     is_previous_format,
 )
 
@@ -79,12 +76,3 @@ def test_the_previous_format_is_recognised_only_with_its_own_mac() -> None:
     assert is_previous_format(KEY, PREVIOUS_TAG, FIELDS, old)
     forged = Stamp(b"", 0, PeerKey(b"another-secret-entirely").sign(PREVIOUS_TAG, FIELDS))
     assert not is_previous_format(KEY, PREVIOUS_TAG, FIELDS, forged)
-
-
-def test_the_challenge_travels_in_metadata() -> None:
-    challenge = bytes(range(CHALLENGE_BYTES))
-    assert challenge_from_metadata(challenge_metadata(challenge)) == challenge
-    assert challenge_from_metadata([("other", "x")]) is None
-    assert challenge_from_metadata(None) is None
-    assert challenge_from_metadata([("rallypoint-peer-challenge", "zz")]) is None
-    assert challenge_from_metadata([("rallypoint-peer-challenge", "00ff")]) is None

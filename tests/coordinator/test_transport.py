@@ -1,9 +1,10 @@
 """The peer transport on loopback: no message is lost without Raft being told.
 
-One sender (member 1) and a real ``PeerServicer`` for member 2 on a real port that the tests
-stop, restart and move. The rule under test is the transport's contract with Raft: every
-message handed to ``send`` is delivered, or ``report_unreachable`` (``report_snapshot`` for
-snapshots) is called after it was handed over.
+One sender (member 1) and a real listener for member 2 on a real port that the tests stop,
+restart and move (the stream peer protocol, coordinator/peerwire/). The rule under test is
+the transport's contract with Raft: every message handed to ``send`` is delivered, or
+``report_unreachable`` (``report_snapshot`` for snapshots) is called after it was handed
+over.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-import grpc.aio
 import pytest
 
 from rallypoint.coordinator.peer_auth import PeerKey
-from rallypoint.coordinator.peer_service import add_peer_service
-from rallypoint.coordinator.transport import OUTBOX_LIMIT, PeerSender
+from rallypoint.coordinator.peerwire.server import PeerListener
+from rallypoint.coordinator.peerwire.transport import StreamSender
+from rallypoint.coordinator.transport import OUTBOX_LIMIT
 from rallypoint.raft.types import (
     ConfState,
     Entry,
@@ -104,24 +105,22 @@ class Host:
 
 
 class Peer:
-    """Member 2's peer service, which can be stopped and started again on its port."""
+    """Member 2's listener, which can be stopped and started again on its port."""
 
     def __init__(self, host: Host, port: int) -> None:
         self.host = host
+        self.port = port
         self.address = f"127.0.0.1:{port}"
-        self._server: grpc.aio.Server | None = None
+        self.listener: PeerListener | None = None
 
     async def start(self) -> None:
-        server = grpc.aio.server()
-        add_peer_service(server, self.host)
-        server.add_insecure_port(self.address)
-        await server.start()
-        self._server = server
+        self.listener = PeerListener(self.host)
+        await self.listener.start(self.address)
 
     async def stop(self) -> None:
-        if self._server is not None:
-            await self._server.stop(grace=None)
-            self._server = None
+        if self.listener is not None:
+            await self.listener.stop(grace=None)
+            self.listener = None
 
 
 def heartbeat(n: int) -> Message:
@@ -155,24 +154,13 @@ async def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -
 
 
 @pytest.fixture
-async def pair(tmp_path: Path) -> AsyncIterator[tuple[Host, Host, Peer, PeerSender]]:
+async def pair(tmp_path: Path) -> AsyncIterator[tuple[Host, Host, Peer, StreamSender]]:
     sender_host = Host(1, tmp_path / "1")
     receiver_host = Host(2, tmp_path / "2")
     (tmp_path / "2").mkdir()
     peer = Peer(receiver_host, free_port())
     sender_host.addresses[2] = peer.address
-    sender = PeerSender(
-        sender_host,
-        2,
-        lambda address: grpc.aio.insecure_channel(
-            address,
-            options=[
-                ("grpc.initial_reconnect_backoff_ms", 100),
-                ("grpc.max_reconnect_backoff_ms", 300),
-            ],
-        ),
-        random.Random(7),
-    )
+    sender = StreamSender(sender_host, 2, None, random.Random(7))
     sender.start()
     try:
         yield sender_host, receiver_host, peer, sender
@@ -181,7 +169,7 @@ async def pair(tmp_path: Path) -> AsyncIterator[tuple[Host, Host, Peer, PeerSend
         await peer.stop()
 
 
-async def send_and_account(sender: PeerSender, host: Host, receiver: Host, n: int) -> bool:
+async def send_and_account(sender: StreamSender, host: Host, receiver: Host, n: int) -> bool:
     """Send heartbeat ``n``; wait until it is delivered (True) or Raft is told that
     something may be lost (False). Neither within seconds is a silent loss."""
     reports_before = host.unreachable
@@ -195,7 +183,7 @@ async def send_and_account(sender: PeerSender, host: Host, receiver: Host, n: in
 
 
 async def test_streams_that_failed_while_the_peer_was_down_lose_nothing_later(
-    pair: tuple[Host, Host, Peer, PeerSender],
+    pair: tuple[Host, Host, Peer, StreamSender],
 ) -> None:
     host, receiver, peer, sender = pair
     # The peer is down: every attempt fails (and is reported).
@@ -211,7 +199,7 @@ async def test_streams_that_failed_while_the_peer_was_down_lose_nothing_later(
 
 
 async def test_a_stream_that_breaks_is_reported_and_reopened(
-    pair: tuple[Host, Host, Peer, PeerSender],
+    pair: tuple[Host, Host, Peer, StreamSender],
 ) -> None:
     host, receiver, peer, sender = pair
     await peer.start()
@@ -229,7 +217,7 @@ async def test_a_stream_that_breaks_is_reported_and_reopened(
 
 async def test_a_full_outbox_drops_the_oldest_and_says_so(tmp_path: Path) -> None:
     host = Host(1, tmp_path)
-    sender = PeerSender(host, 2, grpc.aio.insecure_channel, random.Random(1))  # not started
+    sender = StreamSender(host, 2, None, random.Random(1))  # not started
     for n in range(OUTBOX_LIMIT + 3):
         sender.send(heartbeat(n))
     assert sender.dropped == 3
@@ -237,7 +225,7 @@ async def test_a_full_outbox_drops_the_oldest_and_says_so(tmp_path: Path) -> Non
 
 
 async def test_messages_for_a_peer_without_an_address_are_reported(
-    pair: tuple[Host, Host, Peer, PeerSender],
+    pair: tuple[Host, Host, Peer, StreamSender],
 ) -> None:
     host, receiver, _peer, sender = pair
     del host.addresses[2]
@@ -245,7 +233,7 @@ async def test_messages_for_a_peer_without_an_address_are_reported(
 
 
 async def test_the_sender_follows_a_peer_to_its_new_address_even_mid_snapshot(
-    pair: tuple[Host, Host, Peer, PeerSender],
+    pair: tuple[Host, Host, Peer, StreamSender],
 ) -> None:
     host, receiver, peer, sender = pair
     await peer.start()
@@ -254,7 +242,7 @@ async def test_the_sender_follows_a_peer_to_its_new_address_even_mid_snapshot(
     await moved.start()
     try:
         host.addresses[2] = moved.address
-        # A snapshot transfer starts first and replaces the channel under the live stream.
+        # A snapshot transfer starts first, to the new address, beside the live connection.
         sender.send(snapshot_message())
         await wait_for(lambda: bool(host.snapshot_reports), 5.0, "the snapshot's outcome")
         await peer.stop()
@@ -265,12 +253,12 @@ async def test_the_sender_follows_a_peer_to_its_new_address_even_mid_snapshot(
 
 
 async def test_snapshot_outcomes_are_reported_both_ways(
-    pair: tuple[Host, Host, Peer, PeerSender],
+    pair: tuple[Host, Host, Peer, StreamSender],
 ) -> None:
     host, receiver, peer, sender = pair
     snapshot = snapshot_message()
     sender.send(snapshot)  # the peer is down
-    await wait_for(lambda: len(host.snapshot_reports) == 1, 10.0, "the failed snapshot's report")
+    await wait_for(lambda: len(host.snapshot_reports) == 1, 15.0, "the failed snapshot's report")
     assert host.snapshot_reports == [False]
     await peer.start()
     sender.send(snapshot)

@@ -1,9 +1,6 @@
-"""The stream peer transport on loopback (coordinator/peerwire/).
-
-The same contract as the gRPC transport's (test_transport.py): every message handed to
-``send`` is delivered, or ``report_unreachable`` (``report_snapshot`` for snapshots) is
-called after it was handed over; plus what only this transport has to show: its frames'
-version, bounds and keepalives.
+"""The stream peer transport on loopback (coordinator/peerwire/): its batching, bounds,
+frames' version and keepalives, hellos and liveness reports. The contract with Raft (every
+message delivered or reported) is test_transport.py's.
 """
 
 from __future__ import annotations
@@ -13,7 +10,6 @@ import logging
 import random
 import socket
 import struct
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -23,107 +19,28 @@ from rallypoint.coordinator.peer_hello import ask
 from rallypoint.coordinator.peer_session import OutboundSession
 from rallypoint.coordinator.peerwire import conn as conn_module
 from rallypoint.coordinator.peerwire import frames
-from rallypoint.coordinator.peerwire.server import PeerListener
 from rallypoint.coordinator.peerwire.transport import (
     KEEPALIVE_S,
     StreamSender,
     StreamTransport,
 )
-from rallypoint.coordinator.transport import OUTBOX_LIMIT
 from rallypoint.proto.peer.v1 import peer_pb2
 from rallypoint.raft.codec import encode_message
 from rallypoint.raft.types import Entry, Index, Message, MessageType, NodeId, Term
 from tests.coordinator.test_transport import (
     CLUSTER_ID,
     Host,
+    Peer,
     delivered_numbers,
-    free_port,
     heartbeat,
-    snapshot_message,
+    send_and_account,
     wait_for,
 )
-
-
-class StreamPeer:
-    """Member 2's stream listener, which can be stopped and started again on its port."""
-
-    def __init__(self, host: Host, port: int) -> None:
-        self.host = host
-        self.port = port
-        self.address = f"127.0.0.1:{port}"
-        self.listener: PeerListener | None = None
-
-    async def start(self) -> None:
-        self.listener = PeerListener(self.host)
-        await self.listener.start(self.address)
-
-    async def stop(self) -> None:
-        if self.listener is not None:
-            await self.listener.stop(grace=None)
-            self.listener = None
-
-
-@pytest.fixture
-async def pair(tmp_path: Path) -> AsyncIterator[tuple[Host, Host, StreamPeer, StreamSender]]:
-    sender_host = Host(1, tmp_path / "1")
-    receiver_host = Host(2, tmp_path / "2")
-    (tmp_path / "2").mkdir()
-    peer = StreamPeer(receiver_host, free_port())
-    sender_host.addresses[2] = peer.address
-    sender = StreamSender(sender_host, 2, None, random.Random(7))
-    sender.start()
-    try:
-        yield sender_host, receiver_host, peer, sender
-    finally:
-        await sender.stop()
-        await peer.stop()
-
-
-async def send_and_account(sender: StreamSender, host: Host, receiver: Host, n: int) -> bool:
-    """Send heartbeat ``n``; wait until it is delivered (True) or Raft is told that
-    something may be lost (False). Neither within seconds is a silent loss."""
-    reports_before = host.unreachable
-    sender.send(heartbeat(n))
-    await wait_for(
-        lambda: n in delivered_numbers(receiver) or host.unreachable > reports_before,
-        5.0,
-        f"heartbeat {n} to arrive or be reported lost",
-    )
-    return n in delivered_numbers(receiver)
-
-
-async def test_messages_arrive_and_a_peer_down_is_reported(
-    pair: tuple[Host, Host, StreamPeer, StreamSender],
-) -> None:
-    host, receiver, peer, sender = pair
-    for n in range(1, 10):
-        sender.send(heartbeat(n))
-        await asyncio.sleep(0.02)
-    await wait_for(lambda: host.unreachable >= 1, 5.0, "the peer reported unreachable")
-    await peer.start()
-    outcomes = [await send_and_account(sender, host, receiver, n) for n in range(100, 140)]
-    assert all(outcomes[-20:]), outcomes
-
-
-async def test_a_connection_that_breaks_is_reported_and_reopened(
-    pair: tuple[Host, Host, StreamPeer, StreamSender],
-) -> None:
-    host, receiver, peer, sender = pair
-    await peer.start()
-    assert all([await send_and_account(sender, host, receiver, n) for n in range(1, 6)])
-    await peer.stop()
-    reports_before = host.unreachable
-    for n in range(10, 15):
-        await send_and_account(sender, host, receiver, n)
-    assert host.unreachable > reports_before
-    await peer.start()
-    outcomes = [await send_and_account(sender, host, receiver, n) for n in range(20, 50)]
-    assert all(outcomes[-10:]), outcomes
-    assert sender.streams_broken >= 1
+from tests.coordinator.test_transport import pair as pair  # the fixture
 
 
 async def test_messages_queued_while_the_socket_is_busy_go_out_in_one_batch(
-    pair: tuple[Host, Host, StreamPeer, StreamSender],
+    pair: tuple[Host, Host, Peer, StreamSender],
 ) -> None:
     host, receiver, peer, sender = pair
     await peer.start()
@@ -140,15 +57,6 @@ async def test_messages_queued_while_the_socket_is_busy_go_out_in_one_batch(
         sender.send(heartbeat(n))  # all queued before the sender's task runs again
     await wait_for(lambda: len(delivered_numbers(receiver)) == 201, 5.0, "every heartbeat")
     assert len(batches) <= 3, batches
-
-
-async def test_a_full_outbox_drops_the_oldest_and_says_so(tmp_path: Path) -> None:
-    host = Host(1, tmp_path)
-    sender = StreamSender(host, 2, None, random.Random(1))  # not started
-    for n in range(OUTBOX_LIMIT + 3):
-        sender.send(heartbeat(n))
-    assert sender.dropped == 3
-    assert host.unreachable == 3
 
 
 async def test_the_outbox_is_bounded_in_bytes_too(tmp_path: Path) -> None:
@@ -171,31 +79,8 @@ async def test_the_outbox_is_bounded_in_bytes_too(tmp_path: Path) -> None:
     assert host.unreachable >= 20
 
 
-async def test_messages_for_a_peer_without_an_address_are_reported(
-    pair: tuple[Host, Host, StreamPeer, StreamSender],
-) -> None:
-    host, receiver, _peer, sender = pair
-    del host.addresses[2]
-    assert not await send_and_account(sender, host, receiver, 1)
-
-
-async def test_snapshot_outcomes_are_reported_both_ways(
-    pair: tuple[Host, Host, StreamPeer, StreamSender],
-) -> None:
-    host, receiver, peer, sender = pair
-    snapshot = snapshot_message()
-    sender.send(snapshot)  # the peer is down
-    await wait_for(lambda: len(host.snapshot_reports) == 1, 15.0, "the failed snapshot's report")
-    assert host.snapshot_reports == [False]
-    await peer.start()
-    sender.send(snapshot)
-    await wait_for(lambda: len(host.snapshot_reports) == 2, 10.0, "the snapshot's report")
-    assert host.snapshot_reports == [False, True]
-    assert any(m.type is MessageType.MsgSnap for m in receiver.delivered)
-
-
 async def test_hello_and_liveness_reports_travel_on_the_stream_protocol(
-    pair: tuple[Host, Host, StreamPeer, StreamSender],
+    pair: tuple[Host, Host, Peer, StreamSender],
 ) -> None:
     host, receiver, peer, _sender = pair
     await peer.start()
@@ -253,7 +138,7 @@ def stamped_batch(host: Host, session: OutboundSession, n: int) -> bytes:
 
 
 async def test_a_peer_of_an_unknown_frame_version_is_refused_with_one_clear_line(
-    pair: tuple[Host, Host, StreamPeer, StreamSender], caplog: pytest.LogCaptureFixture
+    pair: tuple[Host, Host, Peer, StreamSender], caplog: pytest.LogCaptureFixture
 ) -> None:
     _host, _receiver, peer, _sender = pair
     await peer.start()
@@ -297,7 +182,7 @@ async def test_a_sender_names_a_listener_of_another_version(
 
 
 async def test_an_old_member_speaking_grpc_is_named(
-    pair: tuple[Host, Host, StreamPeer, StreamSender], caplog: pytest.LogCaptureFixture
+    pair: tuple[Host, Host, Peer, StreamSender], caplog: pytest.LogCaptureFixture
 ) -> None:
     _host, _receiver, peer, _sender = pair
     await peer.start()
@@ -312,7 +197,7 @@ async def test_an_old_member_speaking_grpc_is_named(
 
 
 async def test_an_oversized_length_is_refused_from_the_header_alone(
-    pair: tuple[Host, Host, StreamPeer, StreamSender],
+    pair: tuple[Host, Host, Peer, StreamSender],
 ) -> None:
     _host, receiver, peer, _sender = pair
     await peer.start()
@@ -329,7 +214,7 @@ async def test_an_oversized_length_is_refused_from_the_header_alone(
 
 
 async def test_a_replayed_frame_is_refused(
-    pair: tuple[Host, Host, StreamPeer, StreamSender],
+    pair: tuple[Host, Host, Peer, StreamSender],
 ) -> None:
     host, receiver, peer, _sender = pair
     await peer.start()
@@ -354,7 +239,7 @@ async def test_a_replayed_frame_is_refused(
 
 
 async def test_garbage_after_the_header_is_refused_as_unauthenticated(
-    pair: tuple[Host, Host, StreamPeer, StreamSender],
+    pair: tuple[Host, Host, Peer, StreamSender],
 ) -> None:
     _host, receiver, peer, _sender = pair
     await peer.start()
@@ -367,7 +252,7 @@ async def test_garbage_after_the_header_is_refused_as_unauthenticated(
 
 
 async def test_a_slow_sender_of_bytes_is_cut_off(
-    pair: tuple[Host, Host, StreamPeer, StreamSender], monkeypatch: pytest.MonkeyPatch
+    pair: tuple[Host, Host, Peer, StreamSender], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from rallypoint.coordinator.peerwire import server as server_module
 

@@ -1,4 +1,4 @@
-"""The stream peer transport over TLS: the certificate rules of the gRPC peer port.
+"""The peer transport over TLS: the certificate rules of the peer port.
 
 The listener wants a client certificate signed by the cluster's CA, and the certificate
 must name the member the sender claims to be (``rallypoint-member-<id>``); the dialer wants
@@ -65,7 +65,6 @@ async def test_members_talk_over_tls_and_a_certificate_must_name_its_member(
         sender.send(heartbeat(1))
         await wait_for(lambda: 1 in delivered_numbers(receiver), 5.0, "the heartbeat over TLS")
         # A client's certificate, or another member's, will not do, even with the secret.
-        monkeypatch.setenv("RALLYPOINT_PEER_TRANSPORT", "stream")
         for cert, claimed in (("client", 1), ("rallypoint-member-1", 3)):
             context = tls_files(certs, cert).client_ssl_context()
             peer = PeerClient(f"127.0.0.1:{port}", b"transport-test-secret", ssl_context=context)

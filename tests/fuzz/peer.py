@@ -1,6 +1,11 @@
 """Fuzzing the peer port (Send, InstallSnapshot, Hello, Liveness): outsiders and a member gone
 wrong.
 
+Requests travel as the members' own do, in frames of the stream peer protocol
+(docs/peer-protocol.md): a connection of the request's kind, the member's challenge, then
+the records (msgpack arrays of the ``rallypoint.peer.v1`` messages' fields). A refusal is the
+member's ERROR frame, whose status code is judged here.
+
 An *outsider* has no secret, or a wrong one, or alters a member's signed request in flight
 (a flipped MAC bit, a field changed after signing), or sends bytes that are not a protobuf
 message at all. Its content is anything: malformed messages, and also the well-formed ones
@@ -12,9 +17,10 @@ An *insider* signs with the cluster's secret (tests/integration/peer_client.py) 
 malformed content only (raft_messages.py: Raft does not defend against a member that lies in
 well-formed messages, so neither does this fuzzer): each must be refused (INVALID_ARGUMENT,
 DATA_LOSS, RESOURCE_EXHAUSTED, FAILED_PRECONDITION, PERMISSION_DENIED; UNAUTHENTICATED when
-the fuzzer damaged the protobuf envelope itself, which the MAC no longer matches). A batch
+the fuzzer damaged the record's envelope itself, which the MAC no longer matches). A batch
 taken (OK) is a failure. A snapshot transfer may end OK only unfinished (the receiver asks
-for the next offset and installs nothing); a refused transfer must leave no file behind.
+for the next offset, or ends the connection, and installs nothing); a refused transfer must
+leave no file behind.
 Hello is a question that changes nothing: OK, or FAILED_PRECONDITION for the wrong ends.
 A liveness report from an insider is always malformed here (not msgpack, a format version
 that is not 1, a field of the wrong type or range): INVALID_ARGUMENT, never taken.
@@ -46,11 +52,12 @@ from rallypoint.coordinator.peer_auth import (
 )
 from rallypoint.coordinator.peer_hello import hello_request_fields
 from rallypoint.coordinator.peer_session import OutboundSession
+from rallypoint.coordinator.peerwire import frames
 from rallypoint.proto.peer.v1 import peer_pb2
 from rallypoint.raft.codec import encode_message
 from rallypoint.raft.storage.snapshotter import snapshot_file_name
 from rallypoint.raft.types import Entry, Index, Message, MessageType, NodeId, Term
-from tests.integration.peer_client import PeerClient, stream_in_session
+from tests.integration.peer_client import PeerClient, stream_frames_in_session
 
 from .public import Verdict
 from .raft_messages import (
@@ -66,7 +73,7 @@ from .raft_messages import (
     snapshot_problem,
     snapshot_recipes,
 )
-from .rpcs import Answer, Rpc, describe, invoke, shorten
+from .rpcs import Answer, Rpc, shorten
 from .wire import mutate, mutations, weighted
 
 Code = grpc.StatusCode
@@ -171,7 +178,6 @@ class PeerCluster:
     data_dirs: list[Path]
     secret: bytes
     view: Callable[[int], PeerView]  # the view from member i's side (i: index in the lists)
-    channels: Callable[[], list[grpc.Channel]]
 
 
 def _ids_strategy() -> st.SearchStrategy[int]:
@@ -299,41 +305,34 @@ class PeerTarget:
     def run(self, example: Any) -> Verdict:
         index = example.member % len(self._cluster.peer_addresses)
         view = self._cluster.view(index)
-        channel = self._cluster.channels()[index]
         builders: dict[type, Callable[[Any, int, PeerView, bytes | None], Built | None]] = {
             SendExample: self._send_request,
             SnapshotExample: self._snapshot_request,
             LivenessExample: self._liveness_request,
+            HelloExample: lambda example, index, view, _challenge: self._hello_request(
+                example, index, view
+            ),
         }
         before: set[str] = set()
-        if isinstance(example, HelloExample):
-            built = self._hello_request(example, index, view)
-            if built is None:
-                return Verdict("skipped", sent=False)
-            answer = invoke(channel, self.rpc, built[0], (), TIMEOUT_S, TIMEOUT_S)
-        else:
-            # A stream: its requests are stamped with the challenge the member opens it with.
-            made: list[Built | None] = []
+        # A connection: its requests are stamped with the challenge the member opens it with
+        # (a hello's is not bound to one).
+        made: list[Built | None] = []
 
-            def build(challenge: bytes | None) -> list[bytes]:
-                nonlocal before
-                made.append(builders[type(example)](example, index, view, challenge))
-                if made[0] is None:
-                    return []
-                before = _files_of(made[0][4])
-                return made[0][0]
+        def build(challenge: bytes | None) -> list[bytes]:
+            nonlocal before
+            made.append(builders[type(example)](example, index, view, challenge))
+            if made[0] is None:
+                return []
+            before = _files_of(made[0][4])
+            return made[0][0]
 
-            code, details, responses = stream_in_session(
-                channel,
-                self.rpc.path,
-                build,
-                TIMEOUT_S,
-                server_streaming=self.rpc.server_streaming,
-            )
-            if not made or made[0] is None:
-                return Verdict("skipped", sent=False)
-            built = made[0]
-            answer = Answer(code, details, responses=responses)
+        code, details, responses = stream_frames_in_session(
+            self._cluster.peer_addresses[index], self.rpc.path, build, TIMEOUT_S
+        )
+        if not made or made[0] is None:
+            return Verdict("skipped", sent=False)
+        built = made[0]
+        answer = Answer(code, details, responses=responses)
         _, text, expected, envelope_damaged, snapshot_path = built
         verdict = Verdict(answer.code.name)
         problem = self._judge(answer, expected, envelope_damaged)
@@ -367,8 +366,11 @@ class PeerTarget:
         if answer.code is Code.OK:
             if self.rpc.method == "Hello":
                 return None
-            if self.rpc.method == "InstallSnapshot" and answer.responses:
-                ack = peer_pb2.SnapshotAck.FromString(answer.responses[0])
+            if self.rpc.method == "InstallSnapshot":
+                if not answer.responses:
+                    # The member ended an unfinished transfer without a word: nothing installed.
+                    return None
+                ack = frames.decode_record(peer_pb2.SnapshotAck, answer.responses[0])
                 if not ack.complete:
                     return None  # unfinished: nothing installed
                 return f"a snapshot that cannot be installed was installed ({expected})"
@@ -433,7 +435,7 @@ class PeerTarget:
             batch.to_id += 1
             expected += " (to another member)"
         self._sign_batch(_Stamper(client.key, challenge), batch, example.credential)
-        payload = self._envelope(batch.SerializeToString(), example, damage)
+        payload = self._envelope(frames.encode_record(batch), example, damage)
         text = f"{expected} | {describe(peer_pb2.MessageBatch, payload)}"
         return [payload], text, expected, damage == "envelope", None
 
@@ -543,7 +545,7 @@ class PeerTarget:
                 chunk.message = header
             offset += len(piece)
             self._sign_chunk(stamper, chunk, example.credential)
-            chunks.append(chunk.SerializeToString())
+            chunks.append(frames.encode_record(chunk))
         envelope_damaged = self.insider and example.damage_envelope
         if envelope_damaged or (not self.insider and example.credential == "garbage"):
             chunks[0] = mutate(chunks[0], example.envelope)
@@ -585,7 +587,7 @@ class PeerTarget:
                 request.mac = bytes([request.mac[0] ^ 4]) + request.mac[1:]
             elif example.credential == "changed_field":
                 request.incarnation ^= 1
-        payload = self._envelope(request.SerializeToString(), example, "none")
+        payload = self._envelope(frames.encode_record(request), example, "none")
         text = describe(peer_pb2.HelloRequest, payload)
         return [payload], text, "hello", False, None
 
@@ -614,7 +616,7 @@ class PeerTarget:
                 request.mac = bytes([request.mac[0] ^ 4]) + request.mac[1:]
             elif example.credential == "changed_field":
                 request.payload += b"\x00"
-        payload = self._envelope(request.SerializeToString(), example, damage)
+        payload = self._envelope(frames.encode_record(request), example, damage)
         text = describe(peer_pb2.LivenessReport, payload)
         return [payload], text, f"liveness report ({damage})", damage == "envelope", None
 
@@ -628,13 +630,22 @@ def _files_of(path: Path | None) -> set[str]:
 
 def chunks_term(chunks: list[bytes]) -> int:
     try:
-        return peer_pb2.SnapshotChunk.FromString(chunks[0]).snapshot_term
-    except Exception:  # a damaged envelope: the member cannot have named a file after it
+        return frames.decode_record(peer_pb2.SnapshotChunk, chunks[0]).snapshot_term
+    except frames.FrameError:  # a damaged envelope: the member cannot have named a file after it
         return 0
 
 
 def chunks_index(chunks: list[bytes]) -> int:
     try:
-        return peer_pb2.SnapshotChunk.FromString(chunks[0]).snapshot_index
-    except Exception:  # as above
+        return frames.decode_record(peer_pb2.SnapshotChunk, chunks[0]).snapshot_index
+    except frames.FrameError:  # as above
         return 0
+
+
+def describe(cls: type[Any], payload: bytes, limit: int = 300) -> str:
+    """A request record as protobuf text when it decodes, else its bytes; shortened."""
+    try:
+        record = frames.decode_record(cls, payload)
+    except frames.FrameError:
+        return shorten(f"undecodable {payload[:limit]!r}", limit)
+    return shorten(str(record).replace("\n", " ").strip() or "(empty)", limit)

@@ -331,7 +331,7 @@ def message_problem(raw: bytes, batch_from: int, receiver: int) -> str | None:
     if type_ == MessageType.MsgSnap:
         return "MsgSnap in a batch"
     # A proposal or read request travels on through a follower keeping its originator
-    # (peer_service.py): only its receiver must be the batch's.
+    # (peer_gate.py): only its receiver must be the batch's.
     forwarded = type_ in (MessageType.MsgProp, MessageType.MsgReadIndex)
     if (frm != batch_from and not forwarded) or to != receiver:
         return f"ends {frm}->{to} in a batch {batch_from}->{receiver}"

@@ -1,8 +1,11 @@
-"""Every RPC of both services, found in the protobuf descriptors, and one way to call them.
+"""Every RPC of the public API, found in the protobuf descriptors, every exchange of the peer
+port, and one way to call the RPCs.
 
-The services are enumerated from the generated modules' file descriptors (every ``*_pb2``
-module of ``rallypoint.proto.v1`` for the public API, of ``rallypoint.proto.peer.v1`` for
-the peer service), so an RPC added to a .proto is fuzzed without touching the fuzzer.
+The public services are enumerated from the generated modules' file descriptors (every
+``*_pb2`` module of ``rallypoint.proto.v1``), so an RPC added to a .proto is fuzzed without
+touching the fuzzer. The peer port speaks the stream peer protocol, not gRPC: its four
+exchanges (``PEER_EXCHANGES``, one per connection kind, docs/peer-protocol.md) keep the
+names of the gRPC methods they replaced.
 Calls go through a raw channel with identity serializers (None: bytes pass as they are):
 the fuzzer sends bytes it built (or damaged) itself, and parses what comes back.
 """
@@ -16,12 +19,12 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 import grpc
-from google.protobuf import message_factory
+from google.protobuf import empty_pb2, message_factory
 from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import DecodeError, Message
 
 from rallypoint.proto import v1 as public_v1
-from rallypoint.proto.peer import v1 as peer_v1
+from rallypoint.proto.peer.v1 import peer_pb2
 
 # The most responses read from one streaming call before the fuzzer cancels it.
 MAX_STREAM_RESPONSES = 16
@@ -97,9 +100,22 @@ def public_rpcs() -> list[Rpc]:
     return _rpcs(public_v1.__name__, list(public_v1.__path__))
 
 
+PEER_SERVICE = "rallypoint.peer.v1.Raft"
+# (name, request, answer, many requests, many answers): what each connection kind carries.
+PEER_EXCHANGES: tuple[tuple[str, type[Message], type[Message], bool, bool], ...] = (
+    ("Send", peer_pb2.MessageBatch, empty_pb2.Empty, True, False),  # no answer but a refusal
+    ("InstallSnapshot", peer_pb2.SnapshotChunk, peer_pb2.SnapshotAck, True, False),
+    ("Hello", peer_pb2.HelloRequest, peer_pb2.HelloAnswer, False, False),
+    ("Liveness", peer_pb2.LivenessReport, peer_pb2.LivenessAck, True, True),
+)
+
+
 def peer_rpcs() -> list[Rpc]:
-    """Every method of the peer service (proto/peer/v1)."""
-    return _rpcs(peer_v1.__name__, list(peer_v1.__path__))
+    """Every exchange of the peer port (the stream peer protocol's connection kinds)."""
+    return [
+        Rpc(PEER_SERVICE, name, request.DESCRIPTOR, answer, many_in, many_out)
+        for name, request, answer, many_in, many_out in PEER_EXCHANGES
+    ]
 
 
 @dataclass

@@ -158,7 +158,6 @@ class Fuzzer:
         self.pool = Pool()
         self.report = Report(seed)
         self._client_channels: list[grpc.Channel] = []
-        self._peer_channels: list[grpc.Channel] = []
         self._views: dict[int, PeerView] = {}
         ids = sorted(cluster.members)
         members = [cluster.members[i] for i in ids]
@@ -182,7 +181,6 @@ class Fuzzer:
             data_dirs=[m.data_dir for m in members],
             secret=cluster.secret_path.read_bytes().strip(),
             view=lambda index: self._views[index],
-            channels=lambda: self._peer_channels,
         )
         for rpc in peer_rpcs():
             for insider in (False, True):
@@ -194,11 +192,10 @@ class Fuzzer:
     def channels(self) -> Iterator[None]:
         members = [self.cluster.members[i] for i in self._ids]
         self._client_channels = [grpc.insecure_channel(m.client_address) for m in members]
-        self._peer_channels = [grpc.insecure_channel(m.peer_address) for m in members]
         try:
             yield
         finally:
-            for channel in self._client_channels + self._peer_channels:
+            for channel in self._client_channels:
                 channel.close()
 
     # ---------------------------------------------------------------- warm-up

@@ -211,7 +211,7 @@ def test_the_judges_call_failures_failures() -> None:
     assert outsider._judge(Answer(code.INVALID_ARGUMENT), ()) is not None
     assert outsider._judge(Answer(code.UNAUTHENTICATED, responses=[b""]), ()) is not None
 
-    peers = PeerCluster([], [], [], b"s" * 32, lambda i: VIEW, _NoChannels())
+    peers = PeerCluster([], [], [], b"s" * 32, lambda i: VIEW)
     send = _rpc("rallypoint.peer.v1.Raft/Send", peer_rpcs())
     insider = PeerTarget(send, True, peers)
     assert insider._judge(Answer(code.INVALID_ARGUMENT), "bad", False) is None

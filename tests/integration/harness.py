@@ -402,9 +402,10 @@ class ProcessCluster:
 
     def exited_on_their_own(self) -> dict[int, int]:
         """Members whose process ended without the harness stopping it: id -> exit code."""
+        # A copy: a membership fault adds members from another thread meanwhile.
         return {
             member_id: member.proc.returncode
-            for member_id, member in self.members.items()
+            for member_id, member in list(self.members.items())
             if member.proc is not None
             and not member.stopped
             and member.proc.poll() is not None

@@ -1,23 +1,19 @@
 """A hand-driven peer: sends raw requests to a member's peer port, signed or not.
 
 Tests play an outsider (no secret, or a wrong one) and a member gone wrong (the right secret,
-malformed content) with it; the fuzzer builds on it. Requests on a stream are stamped as a
-member stamps them (coordinator/peer_session.py): the member's challenge arrives in the
-stream's initial metadata, then each request carries it and the next counter under its MAC.
-
-It speaks the member's peer transport: gRPC, or the stream protocol (coordinator/peerwire/)
-when ``RALLYPOINT_PEER_TRANSPORT=stream`` (as the members it is run against then do). On the
-stream protocol a refusal's status code is its ERROR frame's, and a connection the member
-ended without one (or a transfer it left unfinished) reads as OK, as the gRPC stream's end.
+malformed content) with it; the fuzzer builds on it. It speaks the stream peer protocol
+(coordinator/peerwire/, docs/peer-protocol.md) with blocking sockets: requests on a
+connection are stamped as a member stamps them (coordinator/peer_session.py): the member's
+challenge arrives in the connection's OPEN frame, then each request carries it and the next
+counter under its MAC. A refusal's status code is its ERROR frame's, and a connection the
+member ended without one (or a transfer it left unfinished) reads as OK.
 """
 
 from __future__ import annotations
 
-import os
-import queue
 import socket
 import ssl
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import grpc
@@ -30,7 +26,7 @@ from rallypoint.coordinator.peer_auth import (
     chunk_fields,
     cluster_id_for,
 )
-from rallypoint.coordinator.peer_session import OutboundSession, challenge_from_metadata
+from rallypoint.coordinator.peer_session import OutboundSession
 from rallypoint.coordinator.peerwire import frames
 from rallypoint.proto.peer.v1 import peer_pb2
 from rallypoint.raft.codec import encode_message
@@ -39,50 +35,9 @@ from rallypoint.raft.types import Message
 SEND = "/rallypoint.peer.v1.Raft/Send"
 INSTALL_SNAPSHOT = "/rallypoint.peer.v1.Raft/InstallSnapshot"
 LIVENESS = "/rallypoint.peer.v1.Raft/Liveness"
+HELLO = "/rallypoint.peer.v1.Raft/Hello"
 # Builds a stream's requests (serialized) once its challenge is known (None: none came).
 Build = Callable[[bytes | None], Sequence[bytes]]
-
-
-def stream_in_session(
-    channel: grpc.Channel,
-    path: str,
-    build: Build,
-    timeout_s: float,
-    *,
-    server_streaming: bool = False,
-) -> tuple[grpc.StatusCode, str, list[bytes]]:
-    """Open a client stream on ``path``, wait for the member's challenge, send what
-    ``build`` makes of it, and wait for the end: (status, its message, responses)."""
-    requests: queue.Queue[bytes | None] = queue.Queue()
-
-    def feed() -> Iterator[bytes]:
-        while (item := requests.get()) is not None:
-            yield item
-
-    responses: list[bytes] = []
-    if server_streaming:
-        call: Any = channel.stream_stream(path, None, None)(feed(), timeout=timeout_s)
-    else:
-        call = channel.stream_unary(path, None, None).future(feed(), timeout=timeout_s)
-    try:
-        challenge = challenge_from_metadata(call.initial_metadata())
-        for payload in build(challenge):
-            requests.put(payload)
-    finally:
-        requests.put(None)
-    try:
-        if server_streaming:
-            responses.extend(call)
-        else:
-            responses.append(call.result())
-    except grpc.RpcError as exc:
-        return exc.code(), exc.details() or "", responses  # type: ignore[attr-defined]
-    return grpc.StatusCode.OK, "", responses
-
-
-def stream_transport() -> bool:
-    """Whether the members under test speak the stream peer protocol."""
-    return os.environ.get("RALLYPOINT_PEER_TRANSPORT", "grpc") == "stream"
 
 
 def _read_exactly(sock: socket.socket, n: int) -> bytes | None:
@@ -102,12 +57,15 @@ def stream_frames_in_session(
     timeout_s: float,
     ssl_context: ssl.SSLContext | None = None,
 ) -> tuple[grpc.StatusCode, str, list[bytes]]:
-    """``stream_in_session`` on the stream protocol: ``path`` picks the connection's kind
-    and frame type; the requests are record bodies (frames.encode_record)."""
+    """Open a connection of the kind ``path`` names, wait for the member's challenge (none
+    for a hello), send what ``build`` makes of it (record bodies, frames.encode_record) as
+    frames of the matching type, and wait for the end: (status, its message, the bodies of
+    the member's answers)."""
     kind, frame_type = {
         SEND: (frames.KIND_RAFT, frames.BATCH),
         INSTALL_SNAPSHOT: (frames.KIND_SNAPSHOT, frames.CHUNK),
         LIVENESS: (frames.KIND_LIVENESS, frames.LIVENESS),
+        HELLO: (frames.KIND_HELLO, frames.HELLO),
     }[path]
     host, port = address.rsplit(":", 1)
     raw = socket.create_connection((host, int(port)), timeout=timeout_s)
@@ -120,7 +78,8 @@ def stream_frames_in_session(
             return grpc.StatusCode.UNAVAILABLE, "closed at its start", responses
         frames.parse_preamble(theirs)
         challenge = None
-        header = _read_exactly(sock, frames.HEADER.size)
+        # A hello is not bound to a session: no challenge comes first.
+        header = None if kind == frames.KIND_HELLO else _read_exactly(sock, frames.HEADER.size)
         if header is not None:
             length, got = frames.HEADER.unpack(header)
             body = _read_exactly(sock, length) or b""
@@ -131,10 +90,13 @@ def stream_frames_in_session(
                 sock.sendall(frames.frame(frame_type, payload))
             except OSError:
                 break  # the member ended the connection: what it said follows
-        if ssl_context is None:
-            sock.shutdown(socket.SHUT_WR)
-        else:
-            sock.sendall(frames.frame(frames.PING, b""))  # TLS: no half-close; a last ping
+        try:
+            if ssl_context is None:
+                sock.shutdown(socket.SHUT_WR)
+            else:
+                sock.sendall(frames.frame(frames.PING, b""))  # TLS: no half-close; a last ping
+        except OSError:
+            pass  # the member ended the connection: what it said follows
         while True:
             try:
                 header = _read_exactly(sock, frames.HEADER.size)
@@ -164,22 +126,14 @@ class PeerClient:
         address: str,
         secret: bytes | None,
         cluster_name: str = "rallypoint",
-        credentials: grpc.ChannelCredentials | None = None,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.address = address
-        self.credentials = credentials
         self.ssl_context = ssl_context
-        self.stream = stream_transport()
         self.key = PeerKey(secret) if secret is not None else None
         self.cluster_id = cluster_id_for(secret, cluster_name) if secret is not None else 1
         # Every request sent, serialized as it went (tests replay them).
         self.sent: list[bytes] = []
-
-    def channel(self) -> grpc.Channel:
-        if self.credentials is None:
-            return grpc.insecure_channel(self.address)
-        return grpc.secure_channel(self.address, self.credentials)
 
     def batch(
         self,
@@ -213,28 +167,21 @@ class PeerClient:
                 stamp = session.stamp(tag, fields(request))
                 request.challenge, request.counter = stamp.challenge, stamp.counter
                 request.mac = stamp.mac
-            if self.stream:
-                out.append(frames.encode_record(request))
-            else:
-                out.append(request.SerializeToString())
+            out.append(frames.encode_record(request))
         self.sent.extend(out)
         return out
 
     def _in_session(self, path: str, build: Build, timeout_s: float) -> tuple[grpc.StatusCode, str]:
-        if self.stream:
-            code, details, _ = stream_frames_in_session(
-                self.address, path, build, timeout_s, self.ssl_context
-            )
-            return code, details
-        with self.channel() as channel:
-            code, details, _ = stream_in_session(channel, path, build, timeout_s)
+        code, details, _ = stream_frames_in_session(
+            self.address, path, build, timeout_s, self.ssl_context
+        )
         return code, details
 
     def send(
         self, batches: Iterable[peer_pb2.MessageBatch], timeout_s: float = 5.0
     ) -> tuple[grpc.StatusCode, str]:
-        """The status the member ends the stream with (OK when it took every batch), and
-        its message."""
+        """The status the member ends the connection with (OK when it took every batch),
+        and its message."""
         batches = list(batches)
         return self._in_session(
             SEND,
@@ -245,7 +192,7 @@ class PeerClient:
     def send_raw(
         self, payloads: Sequence[bytes], path: str = SEND, timeout_s: float = 5.0
     ) -> tuple[grpc.StatusCode, str]:
-        """Send serialized requests as they are (a replay) on a new stream."""
+        """Send serialized requests as they are (a replay) on a new connection."""
         return self._in_session(path, lambda _: payloads, timeout_s)
 
     def install(

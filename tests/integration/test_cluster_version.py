@@ -1,24 +1,42 @@
 """`rallypoint status` shows each member's record version and the cluster version, with real
-processes of two releases: a member of the previous release (commit 21ef0cc) holds the
-cluster at the baseline and a newer feature is refused in one line; once it runs this build,
-the cluster version rises by itself and the feature works."""
+processes of two record versions: a member of record version 1 holds the cluster at the
+baseline and a newer feature is refused in one line; once it runs this build, the cluster
+version rises by itself and the feature works.
+
+No release of record version 1 speaks the stream peer protocol (they speak gRPC on the peer
+port: docs/operations.md, "Upgrading"), so the older member is this build with its record
+version set to 1 before anything imports it (``OLDER``): what it advertises in the hello
+and in Status, what it proposes and what it refuses to open are all its record version's.
+"""
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rallypoint.coordinator.cli.main import main as rallypoint_main
 from rallypoint.coordinator.version import RECORD_VERSION
-from tests.upgrade.previous import PINNED_COMMIT, Build, extract
+from tests.upgrade.previous import Build
 
 from .harness import MemberProcess, ProcessCluster, wait_until
 
 pytestmark = pytest.mark.integration
+
+# This build, of record version 1.
+OLDER = Build(
+    name="record version 1",
+    interpreter=(
+        sys.executable,
+        "-c",
+        "import runpy, rallypoint.coordinator.version as v; v.RECORD_VERSION = 1; "
+        "runpy.run_module('rallypoint.coordinator', run_name='__main__')",
+    ),
+    env=(),
+)
 
 
 class MixedCluster(ProcessCluster):
@@ -37,9 +55,8 @@ class MixedCluster(ProcessCluster):
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MixedCluster]:
     root = tmp_path_factory.mktemp("versions")
-    build = extract(PINNED_COMMIT, root / "previous")
     mixed = MixedCluster(root / "data", 3, tick_ms=50)
-    mixed.builds = {3: build}
+    mixed.builds = {3: OLDER}
     mixed.start_all()
     try:
         mixed.leader(timeout_s=60.0)
@@ -71,15 +88,15 @@ def test_status_shows_each_members_version_and_the_cluster_version_through_an_up
 ) -> None:
     document = status_json(capsys, cluster)
     versions = {row["id"]: row["record_version"] for row in document["members"]}
-    # Member 3 runs the previous release, which advertises nothing: the baseline.
+    # Member 3 runs record version 1, the baseline.
     assert versions == {1: RECORD_VERSION, 2: RECORD_VERSION, 3: 1}
     assert document["cluster_version"] == 1
     code, table, _ = cli(capsys, cluster, "status")
     assert code == 0 and "cluster version 1" in table and "version" in table
 
     # A feature of record version 2, refused in one line naming the version it needs (when
-    # a member of this build leads; one of the previous release ignores the field it does
-    # not know, which is why the leader's build decides).
+    # a member of this build leads; one of an older release ignores the field it does not
+    # know, which is why the leader's build decides).
     if cluster.leader() != 1:
         code, _, err = cli(capsys, cluster, "transfer-leader", "1")
         assert code == 0, err
@@ -114,8 +131,8 @@ def test_status_shows_each_members_version_and_the_cluster_version_through_an_up
     assert code == 0, err
 
 
-def test_the_previous_release_refuses_a_data_directory_of_a_higher_cluster_version(
-    cluster: MixedCluster, tmp_path: Path
+def test_an_older_build_refuses_a_data_directory_of_a_higher_cluster_version(
+    cluster: MixedCluster,
 ) -> None:
     def raised() -> bool:
         statuses = [cluster.status(m) for m in (1, 2, 3)]
@@ -123,12 +140,15 @@ def test_the_previous_release_refuses_a_data_directory_of_a_higher_cluster_versi
 
     wait_until(raised, 60.0, "cluster version raised")
     cluster.stop(2)
-    cluster.builds[2] = extract(PINNED_COMMIT, tmp_path)
+    cluster.builds[2] = OLDER
     cluster.start(2)
     member = cluster.members[2]
-    wait_until(lambda: not member.running, 60.0, "the previous release to exit")
+    wait_until(lambda: not member.running, 60.0, "the older build to exit")
     member.stopped = True
-    assert "snapshot format 8 is newer than the formats this build reads" in cluster.log_text(2)
+    assert (
+        "the cluster version is 2, but this build of rallypoint reads and writes record "
+        "versions up to 1"
+    ) in cluster.log_text(2)
     del cluster.builds[2]
     cluster.start(2)
     wait_until(lambda: cluster.status(2) is not None, 60.0, "member 2 back with this build")

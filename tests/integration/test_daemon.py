@@ -59,6 +59,22 @@ def test_bad_settings_name_the_setting(values: dict[str, object], message: str) 
         Settings().merge(values, "test")
 
 
+def test_the_grpc_peer_transport_is_refused_saying_where_to_read_and_stream_still_runs(
+    tmp_path: Path,
+) -> None:
+    """A configuration written for commit f771d74 may name either transport it had: stream
+    runs, grpc is refused in one line."""
+    settings = Settings()
+    settings.merge({"data_dir": str(tmp_path), "peer_secret": "s" * 32}, "test")
+    settings.merge_environment({"RALLYPOINT_PEER_TRANSPORT": "stream"})
+    assert settings.node_config().peer_transport == "stream"
+    settings.merge_environment({"RALLYPOINT_PEER_TRANSPORT": "grpc"})
+    with pytest.raises(SettingsError, match="peer transport 'grpc' is gone") as refused:
+        settings.node_config()
+    assert "docs/operations.md, 'Upgrading'" in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
 def test_initial_cluster_parsing() -> None:
     members = parse_initial_cluster("1=127.0.0.1:1@127.0.0.1:2, 2=h:3@h:4")
     assert members[2].peer_address == "h:3" and members[2].client_address == "h:4"
@@ -328,16 +344,10 @@ async def test_mutual_tls_on_both_ports(tmp_path: Path) -> None:
         secret = cluster.secret_path.read_bytes().strip()
         peer_address = cluster.members[2].peer_address
         for cert, claimed in (("client", 1), ("rallypoint-member-1", 3)):
-            credentials = grpc.ssl_channel_credentials(
-                certs["ca.pem"].read_bytes(),
-                certs[f"{cert}.key"].read_bytes(),
-                certs[f"{cert}.pem"].read_bytes(),
-            )
-            # The same certificate for a member on the stream peer transport.
             context = TlsFiles(
                 str(certs[f"{cert}.pem"]), str(certs[f"{cert}.key"]), str(certs["ca.pem"])
             ).client_ssl_context()
-            peer = PeerClient(peer_address, secret, credentials=credentials, ssl_context=context)
+            peer = PeerClient(peer_address, secret, ssl_context=context)
             heartbeat = Message(type=MessageType.MsgHeartbeat, to=NodeId(2), from_=NodeId(claimed))
             code, details = peer.send([peer.batch(claimed, 2, [heartbeat])])
             assert code is grpc.StatusCode.PERMISSION_DENIED, (cert, code, details)

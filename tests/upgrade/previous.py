@@ -18,9 +18,12 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-# The last commit before record versions (coordinator/version.py): its members advertise
-# nothing, so they run the baseline, record version 1.
-PINNED_COMMIT = "21ef0cc"
+# The first release that speaks the stream peer protocol (docs/peer-protocol.md), with
+# ``RALLYPOINT_PEER_TRANSPORT=stream``: this build speaks nothing else on the peer port, so an
+# older release (gRPC there) cannot share a cluster with it. Both are at record version 2.
+PINNED_COMMIT = "f771d74"
+# Its peer transport, set for its members (its default was grpc).
+PINNED_ENV = (("RALLYPOINT_PEER_TRANSPORT", "stream"),)
 REPOSITORY = Path(__file__).resolve().parents[2]
 PACKAGES = ("raft", "coordinator", "client", "worker", "proto")
 
@@ -71,5 +74,5 @@ def extract(commit: str, scratch: Path) -> Build:
     return Build(
         name=commit,
         interpreter=(sys.executable, "-S", "-m", "rallypoint.coordinator"),
-        env=(("PYTHONPATH", ":".join(paths)),),
+        env=(("PYTHONPATH", ":".join(paths)), *PINNED_ENV),
     )

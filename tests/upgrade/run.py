@@ -1,25 +1,29 @@
 """A rolling upgrade with real processes of two releases, under the fault-injection suite's
-workloads and checks; then the same in reverse, which must stop at the gate.
+workloads and checks; then a member taken back to the previous release and forward again.
 
 Theory of operation. Three members of the previous release (``previous.PINNED_COMMIT``,
-built from this repository) form a cluster in network namespaces (tests/jepsen) while the
-register, set, lease and watch workloads run. The schedule, in this order:
+built from this repository, on the stream peer transport) form a cluster in network
+namespaces (tests/jepsen) while the register, set, lease and watch workloads run. The
+schedule, in this order:
 
 1. each member in turn is replaced by this checkout's build (the ``upgrade`` fault: a
-   graceful stop, the same data directory, this build; caught up before the next);
-2. before the last one, with a leader of this build, a feature newer than the baseline
-   (``Put.keep_lease``, record version 2) must be refused with ``ClusterVersionError``: a
-   member of the previous release could not read it;
-3. once every member runs this build, the leader raises the cluster version by itself; every
-   member must report it;
-4. the new feature is then used and must work (a put that keeps its key's lease).
+   graceful stop, the same data directory, this build; caught up before the next), so that
+   members of both builds replicate one log over the peer port between steps;
+2. once every member runs this build, every member must report this build's record version
+   as its own and as the cluster's;
+3. ``Put.keep_lease`` (record version 2) is used and must work.
 
 The run is checked as a fault-injection run is (linearizability of the registers, the set,
 the leases' fencing, watch order, no member exiting on its own), and a window without a
 successful write longer than ``STALL_S`` while a majority was up is a stall. Then the
-reverse: a member of this build (the cluster version raised) is stopped and its data
-directory started with the previous release, which must refuse to start, saying why; the
-cluster keeps writing meanwhile, and the member restarted with this build has every write.
+reverse: a member of this build is stopped and its data directory started with the previous
+release (both builds are at record version 2, so it must run), which must catch up with
+every key the cluster holds; then it is started with this build again and must have them
+all.
+
+The pinned release is the first that speaks the stream peer protocol; the ones before it
+speak gRPC on the peer port and cannot share a cluster with this build (docs/operations.md,
+"Upgrading", says what moving such a cluster costs).
 
 The last line is ``upgrade: N steps, V violations, S stalls``.
 """
@@ -33,9 +37,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rallypoint.client import Client, ClusterVersionError, RallypointError
+from rallypoint.client import Client, RallypointError
 from rallypoint.coordinator.version import RECORD_VERSION
-from tests.integration.harness import wait_until
 from tests.jepsen import availability, checkers, netns
 from tests.jepsen.cluster import NamespaceCluster, process_environment
 from tests.jepsen.history import NEMESIS_PROCESS, EventType, HistoryWriter, pair, read_history
@@ -47,9 +50,6 @@ from . import previous
 # A window without a successful write longer than this, while a majority was up, is a stall.
 STALL_S = 3.0
 WORKLOADS = ("register", "set", "lease", "watch")
-# What the old build says when it opens a data directory of cluster version 2: its
-# snapshot is in format 8, which it does not read (machine.py of the pinned commit).
-OLD_BUILD_REFUSAL = "snapshot format 8 is newer than the formats this build reads"
 
 
 @dataclass
@@ -98,8 +98,6 @@ async def _upgrade_schedule(
         older = [m for m in sorted(cluster.active) if m in cluster.builds]
         if not older:
             break
-        if len(older) == 1:
-            await _feature_refused(outcome, cluster, older[0], note)
         what, _ = await asyncio.to_thread(faults.upgrade)
         history.record(NEMESIS_PROCESS, EventType.START, "upgrade", "", what)
         history.record(NEMESIS_PROCESS, EventType.STOP, "upgrade", "", "upgraded")
@@ -109,27 +107,6 @@ async def _upgrade_schedule(
     await _cluster_version_raised(outcome, cluster, note)
     await _feature_used(outcome, cluster, note)
     await asyncio.sleep(max(0.0, stop_at_s - time.monotonic()))
-
-
-async def _feature_refused(outcome: Outcome, cluster: NamespaceCluster, older: int, note) -> None:  # type: ignore[no-untyped-def]
-    """With one member left on the previous release and a leader of this build, the newer
-    feature is refused at the proposal point, naming the version it needs."""
-    leader, endpoint = await asyncio.to_thread(_leader_endpoint, cluster)
-    if leader == older:
-        async with Client(cluster.endpoints, timeout_s=10.0) as admin:
-            target = min(m for m in cluster.active if m != older)
-            await admin.transfer_leader(target)
-        leader, endpoint = await asyncio.to_thread(_leader_endpoint, cluster)
-    async with Client([endpoint], timeout_s=10.0) as client:
-        try:
-            await client.put("upgrade/feature", "too early", keep_lease=True)
-        except ClusterVersionError as error:
-            if "needs cluster version 2" not in str(error):
-                outcome.violation(f"the refusal does not name the version it needs: {error}")
-            note(f"refused below the cluster version: {error}")
-            outcome.step(f"a feature of version 2 refused while member {older} is older")
-            return
-    outcome.violation(f"Put.keep_lease was accepted while member {older} runs the previous release")
 
 
 async def _cluster_version_raised(outcome: Outcome, cluster: NamespaceCluster, note) -> None:  # type: ignore[no-untyped-def]
@@ -172,57 +149,60 @@ async def _feature_used(outcome: Outcome, cluster: NamespaceCluster, note) -> No
 
 
 def _reverse(outcome: Outcome, cluster: NamespaceCluster, build: previous.Build) -> None:
-    """A member of this build, its data directory opened by the previous release: refused."""
+    """A member of this build taken back to the previous release, then forward again: each
+    time it must catch up with every key the cluster holds."""
     victim = max(cluster.active)
-    cluster.stop(victim)
-    cluster.builds[victim] = build
-    cluster.start(victim)
-    member = cluster.members[victim]
-    wait_until(lambda: not member.running, 30.0, f"member {victim} (previous release) to exit")
-    member.stopped = True  # expected
-    text = cluster.log_text(victim)
-    if OLD_BUILD_REFUSAL not in text:
-        outcome.violation(f"member {victim} of the previous release did not refuse: see its log")
-    else:
-        line = next(x for x in text.splitlines()[::-1] if OLD_BUILD_REFUSAL in x)
-        outcome.log.append(f"member {victim} (previous release) refused: {line.strip()}")
-        outcome.step("the previous release refused a data directory of cluster version 2")
 
     async def write_and_check() -> None:
         async with Client(cluster.endpoints, timeout_s=10.0) as client:
-            written = await client.put("upgrade/while-refused", "x")
-            # The workloads have stopped: nothing writes after this but this check.
-            expected = [kv async for kv in client.range_pages("")]
-            del cluster.builds[victim]
-            await asyncio.to_thread(cluster.start, victim)
-            endpoint = cluster.members[victim].client_address
-            deadline = time.monotonic() + 30.0
-            while True:
-                # Unavailable while it starts (a namespace's member answers after a while).
-                with contextlib.suppress(RallypointError):
-                    status = await client.member_status(endpoint, timeout_s=2.0)
-                    if status.applied_index >= written.header.revision:
-                        break
-                if time.monotonic() > deadline:
-                    outcome.violation(f"member {victim} did not catch up after the refusal")
+            for which, builds in (("the previous release", build), ("this build", None)):
+                await asyncio.to_thread(cluster.stop, victim)
+                if builds is None:
+                    cluster.builds.pop(victim, None)
+                else:
+                    cluster.builds[victim] = builds
+                written = await client.put("upgrade/while-restarted", which)
+                await asyncio.to_thread(cluster.start, victim)
+                if not await _caught_up(outcome, client, cluster, victim, written, which):
                     return
-                await asyncio.sleep(0.2)
-            async with Client([endpoint], timeout_s=10.0) as local:
-                have = {kv.key: kv.value async for kv in local.range_pages("", serializable=True)}
-            missing = [kv for kv in expected if have.get(kv.key) != kv.value]
-            # A key bound to a lease goes when the lease expires (a lease workload's client
-            # stopped while holding its lock): missing here only if the cluster still has it.
-            for kv in [kv for kv in missing if kv.lease_id]:
-                now = await client.get(kv.key)
-                if now is None or have.get(kv.key) == now.value:
-                    missing.remove(kv)
-            missing = [kv.key for kv in missing]
-        if missing:
-            outcome.violation(f"member {victim} lacks {len(missing)} keys: {missing[:5]}")
-            return
-        outcome.step(f"member {victim} restarted with this build: all {len(expected)} keys there")
 
     asyncio.run(write_and_check())
+
+
+async def _caught_up(  # type: ignore[no-untyped-def]
+    outcome: Outcome, client: Client, cluster: NamespaceCluster, victim: int, written, which: str
+) -> bool:
+    """Whether ``victim`` (just started on ``which``) caught up with every key."""
+    # The workloads have stopped: nothing writes after this but this check.
+    expected = [kv async for kv in client.range_pages("")]
+    endpoint = cluster.members[victim].client_address
+    deadline = time.monotonic() + 30.0
+    while True:
+        # Unavailable while it starts (a namespace's member answers after a while).
+        with contextlib.suppress(RallypointError):
+            status = await client.member_status(endpoint, timeout_s=2.0)
+            if status.applied_index >= written.header.revision:
+                break
+        if time.monotonic() > deadline or not cluster.members[victim].running:
+            outcome.violation(f"member {victim} on {which} did not catch up: see its log")
+            return False
+        await asyncio.sleep(0.2)
+    async with Client([endpoint], timeout_s=10.0) as local:
+        have = {kv.key: kv.value async for kv in local.range_pages("", serializable=True)}
+    missing = [kv for kv in expected if have.get(kv.key) != kv.value]
+    # A key bound to a lease goes when the lease expires (a lease workload's client
+    # stopped while holding its lock): missing here only if the cluster still has it.
+    for kv in [kv for kv in missing if kv.lease_id]:
+        now = await client.get(kv.key)
+        if now is None or have.get(kv.key) == now.value:
+            missing.remove(kv)
+    if missing:
+        keys = [kv.key for kv in missing]
+        outcome.violation(f"member {victim} on {which} lacks {len(keys)} keys: {keys[:5]}")
+        return False
+    outcome.log.append(f"member {victim} on {which}: all {len(expected)} keys there")
+    outcome.step(f"member {victim} restarted on {which}: all {len(expected)} keys there")
+    return True
 
 
 def run_upgrade(
@@ -232,7 +212,8 @@ def run_upgrade(
     lane: int = 38,
     workloads: tuple[str, ...] = WORKLOADS,
 ) -> Outcome:
-    """One rolling upgrade and its reverse; the outcome (``last_line`` says it)."""
+    """One rolling upgrade, then a member back and forth; the outcome (``last_line`` says
+    it)."""
     # Absolute: the previous release's members import it from here, from their own cwd.
     directory = directory.resolve()
     if directory.exists():

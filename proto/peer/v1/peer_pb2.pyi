@@ -52,12 +52,6 @@ class MessageBatch(_message.Message):
     counter: int
     def __init__(self, cluster_id: _Optional[int] = ..., from_id: _Optional[int] = ..., to_id: _Optional[int] = ..., messages: _Optional[_Iterable[bytes]] = ..., incarnation: _Optional[int] = ..., abstaining: _Optional[bool] = ..., mac: _Optional[bytes] = ..., challenge: _Optional[bytes] = ..., counter: _Optional[int] = ...) -> None: ...
 
-class SendAck(_message.Message):
-    __slots__ = ("batches",)
-    BATCHES_FIELD_NUMBER: _ClassVar[int]
-    batches: int
-    def __init__(self, batches: _Optional[int] = ...) -> None: ...
-
 class SnapshotChunk(_message.Message):
     __slots__ = ("cluster_id", "from_id", "to_id", "snapshot_index", "snapshot_term", "offset", "data", "total_size", "crc32c", "message", "incarnation", "mac", "challenge", "counter")
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]

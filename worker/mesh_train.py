@@ -195,8 +195,16 @@ def mesh_builder(
             mesh.get_group(dim).set_timeout(timedelta(seconds=collective_timeout_s))
         model = make_model()
         styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+        # src_data_rank=None: each rank keeps its own shard of the weights it made, with no
+        # scatter from the tp group's rank 0 (four collectives on every formation, whose
+        # values a restore then overwrites). A fresh job's ranks still agree: make_model
+        # seeds every rank alike, which FSDP2's dp sharding (no collective either) already
+        # relies on.
         parallelize_module(
-            model, mesh["tp"], {name: styles[style]() for name, style in TP_PLAN.items()}
+            model,
+            mesh["tp"],
+            {name: styles[style]() for name, style in TP_PLAN.items()},
+            src_data_rank=None,
         )
         if replicate_dp:
             replicate_over(model, mesh["dp"])

@@ -193,15 +193,13 @@ class MemorySnapshots:
         # restore is about to overwrite.
         self.copied()
         rank = dist.get_rank(process_group)
-        token = [secrets.token_bytes(16) if rank == 0 else b""]
-        dist.broadcast_object_list(
-            token,
-            src=dist.get_global_rank(process_group, 0) if process_group else 0,
-            group=process_group,
-        )
+        # One exchange (two collectives; a broadcast of the token, then this, were four):
+        # every rank's host and server, and the world's token, rank 0's.
         peers: list[Any] = [None] * dist.get_world_size(process_group)
-        dist.all_gather_object(peers, (self.host, self.server.address), group=process_group)
-        hosts = [host for host, _ in peers]
+        mine = (self.host, self.server.address, secrets.token_bytes(16) if rank == 0 else b"")
+        dist.all_gather_object(peers, mine, group=process_group)
+        token: bytes = peers[0][2]
+        hosts = [host for host, _, _ in peers]
         if self.erasure is not None:
             placement = erasure_protectors(hosts, *self.erasure)
         else:
@@ -215,7 +213,7 @@ class MemorySnapshots:
         else:
             self._retire(made, timeout)
             group, control = _new_groups(process_group, timeout)
-        self.server.set_token(token[0])
+        self.server.set_token(token)
         # The previous world's groups may hold work stuck on a peer that is gone (an
         # abandoned agreement, a protection's collective): dropping them would run gloo's
         # destructor, which joins that work, for up to its timeout. Kept until it passed.
@@ -225,8 +223,8 @@ class MemorySnapshots:
         self._world = _World(
             round_number=round_number,
             rank=rank,
-            token=token[0],
-            addresses=tuple(address for _, address in peers),
+            token=token,
+            addresses=tuple(address for _, address, _ in peers),
             placement=placement,
             group=group,
             control=control,

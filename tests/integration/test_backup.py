@@ -349,6 +349,19 @@ def test_a_survivor_forced_into_a_new_cluster_keeps_every_write_it_had_applied(
                 return code == 0
 
             wait_until(promoted, 60, f"member {new.member_id} promoted", interval_s=0.5)
+        # Both added members applied the last promotion before the survivor goes: one that
+        # has not yet learned it was committed still counts the old voters (the survivor
+        # among them) and could never elect without it.
+        promoted_at = wait_until(lambda: cluster.status(survivor), 10, "the survivor's status")
+        for new_id in added:
+            wait_until(
+                lambda new_id=new_id, commit=promoted_at.commit_index: (
+                    (status := cluster.status(new_id)) is not None
+                    and status.applied_index >= commit
+                ),
+                60,
+                f"member {new_id} to apply its promotion",
+            )
         # The survivor goes too: the two added members are a majority of the three voters,
         # and serve every write the survivor had applied.
         cluster.kill(survivor)

@@ -526,6 +526,7 @@ def summarize(trials: Sequence[Event]) -> dict[str, Any]:
         "rejoin_phases_s": {},
         "rejoin_after_torch_s": {},
         "survivors_training_at_spawn": {},
+        "replacement_wait_s": {},
         "rejoin_stall_s": {},
         "steps_rolled_back": {},
         "rejoin_in_sync": {},
@@ -554,6 +555,11 @@ def summarize(trials: Sequence[Event]) -> dict[str, Any]:
         figures["rejoin_after_torch_s"][system] = spread([t["rejoin_after_torch_s"] for t in ok])
         figures["survivors_training_at_spawn"][system] = spread(
             [t["survivors_training_at_spawn"] for t in ok]
+        )
+        # How long the replacement, runnable, waited for its CPU before it had made its model:
+        # what processes the bench did not start took from it (none of the bench's ran there).
+        figures["replacement_wait_s"][system] = spread(
+            [t.get("replacement_placement", {}).get("replacement_wait_s") for t in ok]
         )
         figures["rejoin_stall_s"][system] = spread([t.get("rejoin_stall_s") for t in ok])
         figures["steps_rolled_back"][system] = spread([t["steps_rolled_back"] for t in ok])

@@ -140,20 +140,35 @@ def test_replacement_starts_alone_on_its_cpu_and_shares_all_after() -> None:
         with own.starting():
             # The replacement's own view of its CPUs from its first instruction.
             replacement = subprocess.Popen(
-                [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                [
+                    sys.executable,
+                    "-c",
+                    "import os; print([sorted(os.sched_getaffinity(0)), os.nice(0)])",
+                ],
                 stdout=subprocess.PIPE,
                 text=True,
             )
         assert os.sched_getaffinity(0) == every - {cpu}  # the caller is off it again
+        assert os.getpriority(os.PRIO_PROCESS, 0) == own.nice  # and at its own priority
         out, _ = replacement.communicate(timeout=30)
-        assert json.loads(out) == [cpu]
-        sleeper = subprocess.Popen(["sleep", "30"])
+        # Ahead of ordinary processes on its CPU, where permitted (the record says which).
+        boosted = own.placement()["replacement_nice"] is not None
+        assert json.loads(out) == [[cpu], ReplacementCpu.NICE if boosted else own.nice]
+        sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
         try:
             own.started(sleeper.pid)
             assert os.sched_getaffinity(sleeper.pid) == {cpu}
+            if boosted:
+                assert os.getpriority(os.PRIO_PROCESS, sleeper.pid) == ReplacementCpu.NICE
+            autogroup = Path(f"/proc/{sleeper.pid}/autogroup")
+            if own.placement()["replacement_autogroup_nice"] is not None:
+                assert autogroup.read_text().split()[-1] == str(ReplacementCpu.NICE)
             own.release()
             assert own.released_t is not None
             assert os.sched_getaffinity(sleeper.pid) == every
+            assert os.getpriority(os.PRIO_PROCESS, sleeper.pid) == own.nice
+            if own.placement()["replacement_autogroup_nice"] is not None:
+                assert autogroup.read_text().split()[-1] == "0"
             for pid in stood_in:
                 assert allowed_cpus(pid) == every, pid
         finally:

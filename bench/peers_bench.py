@@ -30,9 +30,14 @@ processes), SIGKILL one, start a replacement ``--rejoin-after-s`` later, wait fo
 step, let the 4 run ``--after-s``, then ask every process to stop at one step a little
 ahead and print a checksum of its parameters and optimizer state there. From just before
 the replacement starts until it has made its model and optimizer it has a CPU to itself
-(the highest) and the survivors the rest (``--replacement-cpu``; bench/replacement_cpu.py
-says why: on 2 cores, whether a system's survivors are training or still stalled would
-otherwise decide how fast its replacement imports torch); then all share every CPU again.
+(the highest, from its first instruction) and every other process the bench started the
+rest: the survivors, the coordinator's members or torchft's lighthouse (they stand for other
+hosts) and the bench itself (``--replacement-cpu``; bench/replacement_cpu.py says why: on 2
+cores, whether a system's survivors are training or still stalled would otherwise decide how
+fast its replacement imports torch); then all share every CPU again. Each trial records the
+placement (``replacement_placement``: what was moved off, anything of the bench's still
+allowed on the CPU, the replacement's CPU time and its run-queue wait until then, which is
+what processes the bench did not start took from it).
 
 Figures (medians with ranges over trials; per-survivor figures pooled over survivors and
 trials): ``kill_stall_s`` (for each survivor, the gap between its last step before the kill
@@ -342,8 +347,11 @@ def kill_trial(trial: Trial, args: argparse.Namespace) -> Event:
     steady = figures["steady_step_s"]
     time.sleep(args.rejoin_after_s)
     own_cpu = ReplacementCpu(args.replacement_cpu)
-    own_cpu.before_start([w.proc.pid for w in survivors])
-    replacement = trial.spawn(WORKERS)
+    # Everything this process started (survivors, the cluster's members or the lighthouse:
+    # other hosts) and this process itself, off the replacement's CPU.
+    own_cpu.before_start([os.getpid()])
+    with own_cpu.starting():
+        replacement = trial.spawn(WORKERS)
     own_cpu.started(replacement.proc.pid)
     live = [*survivors, replacement]
 
@@ -410,6 +418,7 @@ def kill_trial(trial: Trial, args: argparse.Namespace) -> Event:
                 "joined_to_first_step": first["t"] - joined["t"] if joined else None,
             },
             "replacement_cpu": own_cpu.cpu,
+            "replacement_placement": own_cpu.placement(),
             # The CPUs were shared again this long after the replacement started.
             "replacement_cpu_released_after_s": (
                 own_cpu.released_t - spawned_t if own_cpu.released_t is not None else None
@@ -517,6 +526,7 @@ def summarize(trials: Sequence[Event]) -> dict[str, Any]:
         "rejoin_phases_s": {},
         "rejoin_after_torch_s": {},
         "survivors_training_at_spawn": {},
+        "replacement_wait_s": {},
         "rejoin_stall_s": {},
         "steps_rolled_back": {},
         "rejoin_in_sync": {},
@@ -545,6 +555,11 @@ def summarize(trials: Sequence[Event]) -> dict[str, Any]:
         figures["rejoin_after_torch_s"][system] = spread([t["rejoin_after_torch_s"] for t in ok])
         figures["survivors_training_at_spawn"][system] = spread(
             [t["survivors_training_at_spawn"] for t in ok]
+        )
+        # How long the replacement, runnable, waited for its CPU before it had made its model:
+        # what processes the bench did not start took from it (none of the bench's ran there).
+        figures["replacement_wait_s"][system] = spread(
+            [t.get("replacement_placement", {}).get("replacement_wait_s") for t in ok]
         )
         figures["rejoin_stall_s"][system] = spread([t.get("rejoin_stall_s") for t in ok])
         figures["steps_rolled_back"][system] = spread([t["steps_rolled_back"] for t in ok])
@@ -740,8 +755,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "fault": "SIGKILL of one of 4 processes after the steady window; a replacement "
             f"started {args.rejoin_after_s:g} s later"
             + (
-                f", alone on CPU {args.replacement_cpu} (the survivors on the others) until "
-                "it has made its model and optimizer"
+                f", alone on CPU {args.replacement_cpu} from its start until it has made its "
+                "model and optimizer; every other process the bench started (the survivors, "
+                "the coordinator's members or torchft's lighthouse, the bench itself) on the "
+                "other CPUs meanwhile"
                 if args.replacement_cpu is not None
                 else ", every process sharing every CPU"
             ),

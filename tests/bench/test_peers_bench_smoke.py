@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -114,30 +116,78 @@ def test_worker_notes_a_phase_once_and_changes_no_result() -> None:
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
 def test_replacement_starts_alone_on_its_cpu_and_shares_all_after() -> None:
-    from bench.replacement_cpu import ReplacementCpu
+    from bench.replacement_cpu import ReplacementCpu, allowed_cpus, process_tree
 
     every = os.sched_getaffinity(0)
     cpu = max(every)
-    sleepers = [subprocess.Popen(["sleep", "30"]) for _ in range(2)]
+    # What the bench has started by then, as a tree under one root (the bench stands in):
+    # a survivor, and a coordinator that runs its members as children of its own.
+    bench = subprocess.Popen(
+        ["sh", "-c", "sleep 30 & sh -c 'sleep 30 & sleep 30 & wait' & wait"],
+        start_new_session=True,
+    )
+    replacement = None
     try:
-        survivor, replacement = (p.pid for p in sleepers)
+        wait = time.monotonic() + 10.0
+        while len(process_tree(bench.pid)) < 5 and time.monotonic() < wait:
+            time.sleep(0.01)
+        stood_in = process_tree(bench.pid)
+        assert len(stood_in) == 5, stood_in
         own = ReplacementCpu(cpu)
-        own.before_start([survivor])
-        own.started(replacement)
-        assert os.sched_getaffinity(replacement) == {cpu}
-        assert os.sched_getaffinity(survivor) == every - {cpu}
-        own.release()
-        assert own.released_t is not None
-        assert os.sched_getaffinity(replacement) == every
-        assert os.sched_getaffinity(survivor) == every
-        # Off: nobody is pinned.
-        off = ReplacementCpu(None)
-        off.before_start([survivor])
-        assert os.sched_getaffinity(survivor) == every
-    finally:
-        for sleeper in sleepers:
+        own.before_start([bench.pid])
+        for pid in stood_in:
+            assert allowed_cpus(pid) == every - {cpu}, pid
+        with own.starting():
+            # The replacement's own view of its CPUs from its first instruction.
+            replacement = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    "import os; print([sorted(os.sched_getaffinity(0)), os.nice(0)])",
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        assert os.sched_getaffinity(0) == every - {cpu}  # the caller is off it again
+        assert os.getpriority(os.PRIO_PROCESS, 0) == own.nice  # and at its own priority
+        out, _ = replacement.communicate(timeout=30)
+        # Ahead of ordinary processes on its CPU, where permitted (the record says which).
+        boosted = own.placement()["replacement_nice"] is not None
+        assert json.loads(out) == [[cpu], ReplacementCpu.NICE if boosted else own.nice]
+        sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
+        try:
+            own.started(sleeper.pid)
+            assert os.sched_getaffinity(sleeper.pid) == {cpu}
+            if boosted:
+                assert os.getpriority(os.PRIO_PROCESS, sleeper.pid) == ReplacementCpu.NICE
+            autogroup = Path(f"/proc/{sleeper.pid}/autogroup")
+            if own.placement()["replacement_autogroup_nice"] is not None:
+                assert autogroup.read_text().split()[-1] == str(ReplacementCpu.NICE)
+            own.release()
+            assert own.released_t is not None
+            assert os.sched_getaffinity(sleeper.pid) == every
+            assert os.getpriority(os.PRIO_PROCESS, sleeper.pid) == own.nice
+            if own.placement()["replacement_autogroup_nice"] is not None:
+                assert autogroup.read_text().split()[-1] == "0"
+            for pid in stood_in:
+                assert allowed_cpus(pid) == every, pid
+        finally:
             sleeper.kill()
             sleeper.wait()
+        placement = own.placement()
+        assert placement["replacement_cpu"] == cpu
+        assert placement["sharing_replacement_cpu"] == []
+        assert len(placement["moved_off"]) == 5
+        assert placement["replacement_cpu_s"] >= 0 and placement["replacement_wait_s"] >= 0
+        # Off: nobody is pinned.
+        off = ReplacementCpu(None)
+        off.before_start([bench.pid])
+        assert all(allowed_cpus(pid) == every for pid in stood_in)
+        assert off.placement() == {"replacement_cpu": None}
+    finally:
+        os.sched_setaffinity(0, every)
+        os.killpg(bench.pid, signal.SIGKILL)
+        bench.wait()
 
 
 @pytest.mark.slow
@@ -198,6 +248,10 @@ def test_quick_run_writes_results_and_leaves_no_process(tmp_path: Path) -> None:
             assert trial["replacement_cpu"] == max(os.sched_getaffinity(0)), system
             released = trial["replacement_cpu_released_after_s"]
             assert 0 < released < trial["rejoin_first_step_s"], system
+            # Nothing else the bench started (survivors, members, lighthouse, itself) on it.
+            placement = trial["replacement_placement"]
+            assert placement["sharing_replacement_cpu"] == [], (system, placement)
+            assert len(placement["moved_off"]) >= 4, (system, placement)
     assert set(report["diagnostic_ratios"]) == {"rejoin_after_torch_vs_torchft"}
     assert set(report["ratios"]) == {
         "overhead_vs_plain",

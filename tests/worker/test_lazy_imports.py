@@ -3,6 +3,9 @@
 when first used.
 
 - zfec codes erasure-coded snapshots (``snapshot_erasure``); a job without them never loads it.
+- A replacement's imports up to its Join (bench/peers_worker.py's: ``elastic_training``,
+  ``TrainState``, ``ElasticSampler``, and the client it joins with) load nothing of the
+  coordinator's side (the daemon, Raft, uvloop), no plotting and no torchrun or demo code.
 """
 
 from __future__ import annotations
@@ -30,6 +33,21 @@ print("zfec" in sys.modules)
 """
 
 
+JOIN_PATH = """
+import sys
+from rallypoint.worker import ElasticSampler, TrainState, elastic_training
+from rallypoint.client import aio, session
+unwanted = ("rallypoint.coordinator", "rallypoint.raft", "uvloop", "zfec", "matplotlib",
+            "rallypoint.worker.torchrun", "rallypoint.worker.torchrun_store",
+            "rallypoint.worker.tcpstore", "rallypoint.worker.demo",
+            "rallypoint.worker.demo_train", "rallypoint.worker.mesh_train")
+print(" ".join(sorted(
+    name for name in sys.modules
+    if any(name == u or name.startswith(u + ".") for u in unwanted)
+)))
+"""
+
+
 def _python(code: str) -> str:
     done = subprocess.run(
         [sys.executable, "-c", code],
@@ -50,3 +68,7 @@ def test_the_elastic_loop_imports_no_erasure_coder() -> None:
 
 def test_erasure_coding_loads_zfec_when_first_used() -> None:
     assert _python(CODES) == "True"
+
+
+def test_a_replacements_join_path_loads_no_server_plotting_or_launcher_code() -> None:
+    assert _python(JOIN_PATH) == ""

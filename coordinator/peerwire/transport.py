@@ -46,7 +46,7 @@ from ..peer_auth import (
     BATCH_TAG,
     CHUNK_TAG,
     LIVENESS_TAG,
-    batch_fields,
+    batch_parts,
     chunk_fields,
     liveness_fields,
 )
@@ -80,6 +80,7 @@ from .frames import (
     VersionError,
     decode_error,
     decode_record,
+    encode_batch,
     encode_record,
 )
 
@@ -178,17 +179,24 @@ class StreamSender:
             size += len(message)
         self._outbox_bytes -= size
         host = self._host
-        batch = peer_pb2.MessageBatch(
-            cluster_id=host.cluster_id,
-            from_id=host.member_id,
-            to_id=self._peer_id,
-            messages=taken,
-            incarnation=host.incarnation,
-            abstaining=host.abstaining,
+        # The MessageBatch's fields, signed and encoded as the record would be (no protobuf
+        # object: frames.encode_batch makes the same bytes).
+        cluster_id, from_id, to_id = host.cluster_id, host.member_id, self._peer_id
+        incarnation, abstaining = host.incarnation, host.abstaining
+        stamp = session.stamp(
+            BATCH_TAG, batch_parts(cluster_id, from_id, to_id, incarnation, abstaining, taken)
         )
-        stamp = session.stamp(BATCH_TAG, batch_fields(batch))
-        batch.challenge, batch.counter, batch.mac = stamp.challenge, stamp.counter, stamp.mac
-        return encode_record(batch)
+        return encode_batch(
+            cluster_id,
+            from_id,
+            to_id,
+            taken,
+            incarnation,
+            abstaining,
+            stamp.mac,
+            stamp.challenge,
+            stamp.counter,
+        )
 
     async def _run(self) -> None:
         attempt = 0

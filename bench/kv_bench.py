@@ -94,6 +94,11 @@ RATIO_TARGETS: dict[str, tuple[str, str, str, float | None]] = {
     "put_1_p50": ("put_1", "p50_ms", "<=", 1.5),
     "get_1_p50": ("get_1", "p50_ms", "<=", 1.5),
 }
+# The members' CPU (every member of the cluster, user + system of each member process and its
+# threads) per acknowledged put over all put trials, rallypoint over etcd: what a put costs the
+# servers, apart from how the two systems trade latency for batching (issue 39's target).
+CPU_PER_PUT_RATIO = "server_cpu_per_put_ratio"
+CPU_PER_PUT_TARGET = ("<=", 2.0)
 
 
 class Operation(enum.Enum):
@@ -422,6 +427,9 @@ async def run_trial(
             stream.cancel()
         await close_clients()
     latencies = [lat for record in records for lat in record.latencies_s]
+    # The servers' CPU from the end of the warm-up to the last answer, over the requests
+    # measured in that window (those started after the warm-up, every one acknowledged).
+    server_cpu = cpu_share(servers_before, servers_after)
     last_end = max((record.last_end_s for record in records), default=0.0)
     measured_s = last_end - window.start_s
     errors = sum(record.errors for record in records)
@@ -433,8 +441,11 @@ async def run_trial(
         **latency_summary_ms(latencies),
         "errors": errors,
         "first_error": next((r.first_error for r in records if r.first_error), None),
+        "server_cpu_per_request_us": (
+            server_cpu["cpu_s"] / len(latencies) * 1e6 if latencies else math.nan
+        ),
         "cpu": {
-            "servers": cpu_share(servers_before, servers_after),
+            "servers": server_cpu,
             "load_generator": cpu_share(generator_before, generator_after),
         },
         "leader": address,
@@ -447,6 +458,7 @@ async def run_trial(
 def summarize(trials: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "throughput_ops_s": median_of(trials, "throughput_ops_s"),
+        "server_cpu_per_request_us": median_of(trials, "server_cpu_per_request_us"),
         "p50_ms": median_of(trials, "p50_ms"),
         "p99_ms": median_of(trials, "p99_ms"),
         "server_cores": median_of([t["cpu"]["servers"] for t in trials], "cores"),
@@ -471,6 +483,30 @@ def ratios(results: dict[str, dict[str, Any]]) -> dict[str, float | None]:
     return out
 
 
+def server_cpu_per_put_us(per_workload: dict[str, Any]) -> float | None:
+    """The members' CPU per acknowledged put (microseconds) over every put trial of a system:
+    all their CPU in the measured windows over all the puts acknowledged in them (so a
+    workload weighs by its puts); None when no put was measured."""
+    trials = [
+        trial
+        for name, summary in per_workload.items()
+        if name.startswith(f"{Operation.PUT.value}_")
+        for trial in summary["trials"]
+    ]
+    puts = sum(trial["requests"] for trial in trials)
+    if not puts:
+        return None
+    return sum(trial["cpu"]["servers"]["cpu_s"] for trial in trials) / puts * 1e6
+
+
+def cpu_per_put(results: dict[str, dict[str, Any]]) -> tuple[dict[str, float | None], float | None]:
+    """Each system's members' CPU per put (us), and rallypoint's over etcd's (None when either
+    is missing)."""
+    per_system = {system: server_cpu_per_put_us(per) for system, per in results.items()}
+    ours, theirs = per_system.get("rallypoint"), per_system.get("etcd")
+    return per_system, (ours / theirs if ours is not None and theirs else None)
+
+
 def verdict(value: float | None, direction: str, target: float | None) -> str:
     if target is None:
         return "(no target)"
@@ -488,7 +524,10 @@ def judged(value: float | None, direction: str, target: float | None, members: i
 
 
 def print_report(
-    results: dict[str, dict[str, Any]], measured: dict[str, float | None], members: int
+    results: dict[str, dict[str, Any]],
+    measured: dict[str, float | None],
+    members: int,
+    cpu_per_put_us: dict[str, float | None],
 ) -> None:
     print(
         f"\n{'system':<11}{'workload':<13}{'ops/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
@@ -506,7 +545,22 @@ def print_report(
         value = measured[name]
         shown = "-" if value is None else f"{value:.2f}"
         goal = f"target {direction} {target}" if target is not None else ""
-        print(f"  {name:<19}{shown:>7}  {goal:<16}{judged(value, direction, target, members)}")
+        print(f"  {name:<25}{shown:>7}  {goal:<16}{judged(value, direction, target, members)}")
+    direction, target = CPU_PER_PUT_TARGET
+    value = measured[CPU_PER_PUT_RATIO]
+    shown = "-" if value is None else f"{value:.2f}"
+    print(
+        f"  {CPU_PER_PUT_RATIO:<25}{shown:>7}  {f'target {direction} {target}':<16}"
+        f"{judged(value, direction, target, members)}"
+    )
+    print(
+        "  (server CPU per put: "
+        + ", ".join(
+            f"{system} {'-' if us is None else f'{us:.0f} us'}"
+            for system, us in cpu_per_put_us.items()
+        )
+        + ")"
+    )
 
 
 def plot(results: dict[str, dict[str, Any]], members: int, path: Path) -> None:
@@ -677,6 +731,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     results = run_in_data_dir(args.data_dir, "kv-bench-", lambda data_dir: run(args, data_dir))
     measured = ratios(results)
+    cpu_per_put_us, measured[CPU_PER_PUT_RATIO] = cpu_per_put(results)
+    targets = {
+        name: (direction, target) for name, (_, _, direction, target) in RATIO_TARGETS.items()
+    }
+    targets[CPU_PER_PUT_RATIO] = CPU_PER_PUT_TARGET
     versions = package_versions(["rallypoint", "grpcio", "protobuf", "uvloop"])
     if "etcd" in results:
         versions["etcd"] = command_version(["etcd", "--version"])
@@ -703,18 +762,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             "smoke": args.smoke,
         },
         "results": results,
-        "ratios": measured,
+        "ratios": {name: measured[name] for name in RATIO_TARGETS},
+        # The members' CPU per acknowledged put over all put trials, each system (us), and
+        # rallypoint's over etcd's.
+        "server_cpu_per_put_us": cpu_per_put_us,
+        CPU_PER_PUT_RATIO: measured[CPU_PER_PUT_RATIO],
         "targets": {
             name: {
                 "direction": direction,
                 "target": target,
                 "verdict": judged(measured[name], direction, target, args.members),
             }
-            for name, (_, _, direction, target) in RATIO_TARGETS.items()
+            for name, (direction, target) in targets.items()
         },
         "wall_time_s": time.perf_counter() - started,
     }
-    print_report(results, measured, args.members)
+    print_report(results, measured, args.members, cpu_per_put_us)
     write_results(
         out, document, None if args.no_plot else lambda path: plot(results, args.members, path)
     )

@@ -36,6 +36,7 @@ import hmac
 import os
 import struct
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 from rallypoint.proto.peer.v1 import peer_pb2
 
@@ -124,18 +125,61 @@ HELLO_ANSWER_TAG = b"rallypoint/peer/hello-answer/v1"
 HELLO_VERSION_TAG = b"rallypoint/peer/hello-version/v1"
 
 
-def batch_fields(batch: peer_pb2.MessageBatch) -> list[int | bytes]:
+class BatchRecord(Protocol):
+    """A MessageBatch's fields: the protobuf message, or the stream transport's decoded
+    ``ReceivedBatch`` (peerwire/frames.py)."""
+
+    @property
+    def cluster_id(self) -> int: ...
+
+    @property
+    def from_id(self) -> int: ...
+
+    @property
+    def to_id(self) -> int: ...
+
+    @property
+    def messages(self) -> Sequence[bytes]: ...
+
+    @property
+    def incarnation(self) -> int: ...
+
+    @property
+    def abstaining(self) -> bool: ...
+
+    @property
+    def mac(self) -> bytes: ...
+
+    @property
+    def challenge(self) -> bytes: ...
+
+    @property
+    def counter(self) -> int: ...
+
+
+def batch_fields(batch: BatchRecord) -> list[int | bytes]:
     """What a ``MessageBatch``'s MAC covers after its session stamp (peer_session.py): every
     field but the stamp (``challenge``, ``counter``, ``mac``)."""
-    return [
+    return batch_parts(
         batch.cluster_id,
         batch.from_id,
         batch.to_id,
         batch.incarnation,
-        int(batch.abstaining),
-        len(batch.messages),
-        *batch.messages,
-    ]
+        batch.abstaining,
+        batch.messages,
+    )
+
+
+def batch_parts(
+    cluster_id: int,
+    from_id: int,
+    to_id: int,
+    incarnation: int,
+    abstaining: bool,
+    messages: Sequence[bytes],
+) -> list[int | bytes]:
+    """``batch_fields`` of a batch of these fields (for a sender that builds no record)."""
+    return [cluster_id, from_id, to_id, incarnation, int(abstaining), len(messages), *messages]
 
 
 def chunk_fields(chunk: peer_pb2.SnapshotChunk) -> list[int | bytes]:

@@ -58,6 +58,7 @@ from .peer_auth import (
     PREVIOUS_BATCH_TAG,
     PREVIOUS_CHUNK_TAG,
     PREVIOUS_LIVENESS_TAG,
+    BatchRecord,
     batch_fields,
     chunk_fields,
     liveness_fields,
@@ -224,9 +225,7 @@ class PeerGate:
             what = "is shutting down" if self.host.stopping else "is starting"
             _refuse(grpc.StatusCode.UNAVAILABLE, f"member {self.host.member_id} {what}")
 
-    def take_batch(
-        self, session: InboundSession, batch: peer_pb2.MessageBatch, names: Set[str]
-    ) -> None:
+    def take_batch(self, session: InboundSession, batch: BatchRecord, names: Set[str]) -> None:
         """Check one batch of Raft messages and step them into Raft."""
         host = self.host
         self.check_stamped(

@@ -58,6 +58,7 @@ from .frames import (
     FrameError,
     P,
     VersionError,
+    decode_batch,
     decode_record,
     encode_error,
     encode_record,
@@ -228,7 +229,11 @@ class PeerListener:
                     else UNAUTHENTICATED_MESSAGE,
                 )
             if want == BATCH:
-                batch = _parse(peer_pb2.MessageBatch, body)
+                try:
+                    batch = decode_batch(body)
+                except FrameError:
+                    # Unparsable, so not authenticated: refused as any unauthenticated one.
+                    raise PeerRefused(_UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE) from None
                 self._gate.take_batch(session, batch, names)
             else:
                 report = _parse(peer_pb2.LivenessReport, body)

@@ -46,7 +46,7 @@ from ..peer_auth import (
     BATCH_TAG,
     CHUNK_TAG,
     LIVENESS_TAG,
-    batch_fields,
+    batch_parts,
     chunk_fields,
     liveness_fields,
 )
@@ -80,6 +80,7 @@ from .frames import (
     VersionError,
     decode_error,
     decode_record,
+    encode_batch,
     encode_record,
 )
 
@@ -178,17 +179,24 @@ class StreamSender:
             size += len(message)
         self._outbox_bytes -= size
         host = self._host
-        batch = peer_pb2.MessageBatch(
-            cluster_id=host.cluster_id,
-            from_id=host.member_id,
-            to_id=self._peer_id,
-            messages=taken,
-            incarnation=host.incarnation,
-            abstaining=host.abstaining,
+        # The MessageBatch's fields, signed and encoded as the record would be (no protobuf
+        # object: frames.encode_batch makes the same bytes).
+        cluster_id, from_id, to_id = host.cluster_id, host.member_id, self._peer_id
+        incarnation, abstaining = host.incarnation, host.abstaining
+        stamp = session.stamp(
+            BATCH_TAG, batch_parts(cluster_id, from_id, to_id, incarnation, abstaining, taken)
         )
-        stamp = session.stamp(BATCH_TAG, batch_fields(batch))
-        batch.challenge, batch.counter, batch.mac = stamp.challenge, stamp.counter, stamp.mac
-        return encode_record(batch)
+        return encode_batch(
+            cluster_id,
+            from_id,
+            to_id,
+            taken,
+            incarnation,
+            abstaining,
+            stamp.mac,
+            stamp.challenge,
+            stamp.counter,
+        )
 
     async def _run(self) -> None:
         attempt = 0
@@ -228,22 +236,37 @@ class StreamSender:
         self._conn = conn
         session = OutboundSession(self._host.peer_key, challenge)
         heard = [self._clock()]
-        reader = asyncio.get_running_loop().create_task(self._read(conn, heard))
+        loop = asyncio.get_running_loop()
+        reader = loop.create_task(self._read(conn, heard))
         reader.add_done_callback(lambda _task: self._wakeup.set())
+        # One keepalive timer per connection, not one per idle wait: it wakes the loop below,
+        # which pings if the connection has been idle KEEPALIVE_S since its last frame, and
+        # otherwise re-arms it for then (a timer armed in an earlier idle spell fires early).
+        keepalive: asyncio.TimerHandle | None = None
+
+        def keepalive_due() -> None:
+            nonlocal keepalive
+            keepalive = None
+            self._wakeup.set()
+
         try:
             while True:
                 pinged = False
+                ping_at = loop.time() + KEEPALIVE_S
                 while not self._outbox and not reader.done():
                     self._wakeup.clear()
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(KEEPALIVE_S):
-                            await self._wakeup.wait()
+                    if keepalive is None:
+                        keepalive = loop.call_at(ping_at, keepalive_due)
+                    await self._wakeup.wait()
                     if self._outbox or reader.done():
                         break
+                    if loop.time() < ping_at:
+                        continue
                     if self._clock() - heard[0] > KEEPALIVE_TIMEOUT_S + KEEPALIVE_S and pinged:
                         return opened, "no answer to keepalive pings"
                     conn.write(PING)
                     pinged = True
+                    ping_at = loop.time() + KEEPALIVE_S
                 if reader.done():
                     reader.result()  # raises what ended it
                     return opened, "the peer closed the connection"
@@ -259,6 +282,8 @@ class StreamSender:
         except LOST as exc:
             return opened, str(exc)
         finally:
+            if keepalive is not None:
+                keepalive.cancel()
             reader.cancel()
             self._conn = None
             conn.close()

@@ -1,6 +1,7 @@
 """The KV benchmark runs end to end against a real rallypoint cluster (no etcd needed) and
 writes the JSON shape `make bench-kv` promises: machine, versions, per-workload medians with
-their trials, and the four ratios (null when etcd was not measured)."""
+their trials, the four ratios and the members' CPU per put over etcd's (null when etcd
+was not measured)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,19 @@ def test_smoke_run_writes_results(tmp_path: Path) -> None:
         assert len(summary["trials"]) == 1
         assert summary["trials"][0]["cpu"]["servers"]["cpu_s"] > 0, name
     assert "put_64_throughput" in done.stdout
+    # The members' CPU per acknowledged put: measured for rallypoint, its ratio to etcd's
+    # unmeasured (etcd did not run), and the target judged like the other ratios.
+    assert document["server_cpu_per_put_us"]["rallypoint"] > 0
+    assert "server_cpu_per_put_ratio" in document
+    assert document["server_cpu_per_put_ratio"] is None
+    assert document["targets"]["server_cpu_per_put_ratio"] == {
+        "direction": "<=",
+        "target": 2.0,
+        "verdict": "not measured",
+    }
+    for name in ("put_1", "put_8"):
+        assert per_workload[name]["server_cpu_per_request_us"] > 0, name
+    assert "server_cpu_per_put_ratio" in done.stdout
 
 
 @pytest.mark.integration

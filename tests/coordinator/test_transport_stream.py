@@ -10,8 +10,11 @@ import logging
 import random
 import socket
 import struct
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from rallypoint.coordinator.peer_auth import BATCH_TAG, batch_fields
@@ -57,6 +60,43 @@ async def test_messages_queued_while_the_socket_is_busy_go_out_in_one_batch(
         sender.send(heartbeat(n))  # all queued before the sender's task runs again
     await wait_for(lambda: len(delivered_numbers(receiver)) == 201, 5.0, "every heartbeat")
     assert len(batches) <= 3, batches
+
+
+async def test_batches_sent_one_at_a_time_arm_no_timeout_scope_each(
+    pair: tuple[Host, Host, Peer, StreamSender], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """50 heartbeats, each sent once the one before was delivered: the sender's idle waits
+    share the connection's one keepalive timer, and the listener's reads its one watchdog
+    (an ``asyncio.timeout`` per idle wait, and two per frame read, before)."""
+    host, receiver, peer, sender = pair
+    await peer.start()
+    assert await send_and_account(sender, host, receiver, 0)  # connected and authenticated
+    scopes = 0
+    real_timeout: Callable[[float | None], AbstractAsyncContextManager[None]] = asyncio.timeout
+
+    def counted(delay: float | None) -> AbstractAsyncContextManager[None]:
+        nonlocal scopes
+        scopes += 1
+        return real_timeout(delay)
+
+    monkeypatch.setattr(asyncio, "timeout", counted)
+    for n in range(1, 51):
+        assert await send_and_account(sender, host, receiver, n)
+    assert sender.streams_broken == 0
+    assert scopes == 0
+
+
+async def test_an_idle_connection_that_answers_its_pings_stays_up(
+    pair: tuple[Host, Host, Peer, StreamSender],
+) -> None:
+    host, receiver, peer, sender = pair
+    await peer.start()
+    assert await send_and_account(sender, host, receiver, 0)
+    # Idle for three keepalive periods and more: pinged, answered, kept.
+    await asyncio.sleep(3.5 * KEEPALIVE_S)
+    assert sender.streams_broken == 0
+    assert await send_and_account(sender, host, receiver, 1)
+    assert sender.streams_broken == 0
 
 
 async def test_the_outbox_is_bounded_in_bytes_too(tmp_path: Path) -> None:
@@ -245,6 +285,23 @@ async def test_garbage_after_the_header_is_refused_as_unauthenticated(
     await peer.start()
     reader, writer, _ = await opened(peer.address)
     writer.write(frames.frame(frames.BATCH, b"\xc1garbage"))
+    _kind, body = await read_frame(reader)
+    assert frames.decode_error(body)[:2] == ("UNAUTHENTICATED", "peer authentication failed")
+    writer.close()
+    assert not receiver.delivered
+
+
+async def test_a_batch_whose_flag_overflows_is_refused_as_unauthenticated(
+    pair: tuple[Host, Host, Peer, StreamSender],
+) -> None:
+    """A boolean past a C long (msgpack holds up to 2**64 - 1) does not parse: refused like
+    any unparsable frame (the protobuf record raised OverflowError, which ended the
+    connection with nothing said)."""
+    _host, receiver, peer, _sender = pair
+    await peer.start()
+    reader, writer, _ = await opened(peer.address)
+    fields = [CLUSTER_ID, 1, 2, [], 0, 2**64 - 1, b"m" * 32, b"c" * 16, 1]
+    writer.write(frames.frame(frames.BATCH, msgpack.packb(fields, use_bin_type=True)))
     _kind, body = await read_frame(reader)
     assert frames.decode_error(body)[:2] == ("UNAUTHENTICATED", "peer authentication failed")
     writer.close()

@@ -583,3 +583,23 @@ def test_a_new_step_is_news_for_the_leader_at_once_and_the_same_step_again_is_no
     detection.take_report([], 1_200)
     detection.progress(("j", 1), ProgressReport(3, 11, 5, 12.5, 8, 0, 0), 1_250)
     assert detection.has_news()
+
+
+def test_a_closed_stream_is_news_for_the_leader_at_once() -> None:
+    # The leader confirms a closed stream at once when a peer's failed collective was
+    # reported to it (supervisor.py, ``_corroborate``): the reading saying so must not wait
+    # for the report period. A stream released, not closed, is news as a detach already.
+    detection = StreamedDetection()
+    detection.carry(("j", 1), SETTINGS, 1_000)
+    detection.carry(("j", 2), SETTINGS, 1_000)
+    detection.take_report([], 1_000)
+    assert not detection.has_news()
+    detection.uncarry(("j", 1), 1_050, closed=True)
+    assert detection.has_news()
+    report = detection.take_report([], 1_060)
+    assert report.closed == [("j", 1)]
+    assert not detection.has_news()
+    # Listed in every report until heard again (or confirmed), and it goes over the wire.
+    assert report_module.decode(report_module.encode(report)).closed == [("j", 1)]
+    detection.carry(("j", 1), SETTINGS, 1_080)
+    assert detection.take_report([], 1_090).closed == []

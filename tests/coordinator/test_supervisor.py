@@ -11,7 +11,7 @@ import pytest
 from rallypoint.coordinator.leader import supervisor as supervisor_module
 from rallypoint.coordinator.leader.supervisor import PHI_SAMPLE_SIZE, RendezvousSupervisor
 from rallypoint.coordinator.liveness.progress import ProgressReport
-from rallypoint.coordinator.liveness.report import LivenessReport
+from rallypoint.coordinator.liveness.report import LivenessReport, Suspicion
 from rallypoint.coordinator.liveness.report import decode as decode_report
 from rallypoint.coordinator.liveness.report import encode as encode_report
 from rallypoint.coordinator.metrics import NodeMetrics
@@ -619,3 +619,66 @@ async def test_a_follower_reports_a_stream_that_closed_at_its_next_pass(clock: C
     follower.stream_closed("j", a0)
     await pass_()
     assert [decode_report(p).closed for p in sent[before:]] == [[("j", a0)]]
+
+
+async def test_a_held_round_is_not_closed_late_by_host_mates_stream_ends_on_another_member(
+    clock: Clock,
+) -> None:
+    # The stretched hold. Host a's a0, a1 stream to the leader (member 1), a2, a3 to member
+    # 2. Host a dies: b0's failed collective confirms a0, a1 at once and the next round is
+    # held two heartbeat intervals (200 ms) for host a. a2's and a3's stream ends reach
+    # member 2 30 and 60 ms later, after that first verdict had ended the round (member 2
+    # no longer counts the report), so member 2's own verdicts would come two intervals
+    # after each, and a2's removal (a3 still in the job) would push the hold to 430 ms.
+    # The leader confirms both from member 2's word at once: the round closes at its
+    # hold, not 200 ms past it.
+    replica = JobReplica()
+    replica.time_ms = clock.ms
+    config = JobConfig(min_nodes=2, max_nodes=6, last_call_ms=0)
+    names = ("a0", "a1", "a2", "a3", "b0", "b1")
+    replica.do(replica.open(), JoinBatch("j", names, (), config, True, tuple(n[0] for n in names)))
+    pids = {replica.job().participants[s.participant_id].name: s.participant_id
+            for s in replica.job().round.members}  # fmt: skip
+    sup = await _applying(replica, clock)
+    on_2 = {("j", pids["a2"]): 30, ("j", pids["a3"]): 60}  # when member 2 sees it close
+    seq = iter(range(1, 1000))
+
+    def member_2(report: LivenessReport) -> None:
+        report.boot, report.seq = 2, next(seq)
+        assert sup.take_report(2, encode_report(report))
+
+    member_2(LivenessReport(full=True, attach=list(on_2)))
+    for _ in range(20):  # 2 s of heartbeats from everyone
+        clock.ms += 100
+        for name in ("a0", "a1", "b0", "b1"):
+            sup.heartbeat("j", pids[name])
+        member_2(LivenessReport())
+        await _step(sup)
+    t0 = clock.ms
+    for name in ("a0", "a1"):
+        sup.stream_closed("j", pids[name])
+    peers = [pid for name, pid in pids.items() if name != "b0"]
+    sup.collective_failed("j", 1, peers, "b0: all_reduce failed", clock.ms)
+    await _step(sup)
+    assert replica.job().round.number == 2 and replica.job().round.hold_until_ms == t0 + 200
+    while clock.ms < t0 + 1000:
+        clock.ms += 10
+        # Member 2's report at each pass: the streams closed and not yet confirmed, and
+        # (what it alone would do) its verdict on each once its window is over.
+        live = [k for k in on_2 if k[1] in replica.job().participants]
+        member_2(LivenessReport(
+            closed=[k for k in live if t0 + on_2[k] <= clock.ms < t0 + on_2[k] + 200],
+            suspicions=[Suspicion(*k, "stream_closed", "closed", 200)
+                        for k in live if clock.ms == t0 + on_2[k] + 200],
+        ))  # fmt: skip
+        if clock.ms % 100 == 0:
+            for name in ("b0", "b1"):
+                sup.heartbeat("j", pids[name])
+        await _step(sup)
+        r = replica.job().round
+        if r.state is RoundState.ACTIVE and len(r.members) == 2:
+            break
+    job = replica.job()
+    assert job.round.state is RoundState.ACTIVE and len(job.round.members) == 2, job.round
+    assert [r.number for r in job.history if r.end_reason is EndReason.MEMBER_FAILED] == [1]
+    assert job.round.closed_ms - t0 <= 200 + 100, job.round.closed_ms - t0

@@ -43,12 +43,13 @@ confirms those whose stream closed on another member, by that member's word: its
 report lists them as closed and not heard since (``LivenessReport.closed``) and it still
 carries them (no other member attached them since), within the same confirmation window
 after the report (``_corroborate``).
-The report goes to every member, but a member confirms only streams it saw close before
-the report, or within the window after it while the report's round is still current: a
-host-mate whose stream end reached its member after the first verdict had ended the round
-there (a loaded member, measured up to 0.3 s after the kill) waited out its two heartbeat
-intervals, and each such late removal pushed the held round's close two intervals further
-(rendezvous.py, "Failure domains"). The leader keeps the report through the held successor.
+The report goes to every member, and a member confirms the streams it saw close before the
+report, or within the window after it while the report's round or the successor its first
+verdict opened is current. A host-mate whose stream end reached its member after that
+(a loaded member, measured up to 0.3 s after the kill) would wait out its two heartbeat
+intervals, and each such late removal would push the held round's close two intervals
+further (rendezvous.py, "Failure domains"). The leader keeps the report through the held
+successor too, for the word of a member that did not get the report in time.
 """
 
 from __future__ import annotations

@@ -257,9 +257,11 @@ class MemberDetection:
         the end of its confirmation window (two heartbeat intervals): the closed stream and
         the broken collective are two observations of one death. The report is held for
         that window too: a peer's stream that closes after it (the gloo error reached the
-        survivor before the stream's end reached this member) is confirmed as it closes.
-        The participants confirmed now; nobody else is touched, so a report alone ends no
-        round."""
+        survivor before the stream's end reached this member) is confirmed as it closes,
+        also once the round the report's first verdict opened is current here: a host's
+        other processes' stream ends often arrive after that verdict, and each one left to
+        its own window pushed the held round's close two intervals on. The participants
+        confirmed now; nobody else is touched, so a report alone ends no round."""
         self._reports[job] = (round_number, frozenset(peers), report, now_ms)
         return [pid for pid in peers if self._corroborate((job, pid), report, now_ms)]
 
@@ -280,7 +282,8 @@ class MemberDetection:
         if held is None or settings is None:
             return
         round_number, peers, report, reported_ms = held
-        stale = self._round_of(key[0]) != round_number
+        # The report's round, or the successor its first verdict opened (held for the host).
+        stale = self._round_of(key[0]) not in (round_number, round_number + 1)
         if stale or now_ms - reported_ms >= settings.confirm_closed_ms:
             del self._reports[key[0]]
         elif key[1] in peers:

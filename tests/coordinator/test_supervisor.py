@@ -621,17 +621,19 @@ async def test_a_follower_reports_a_stream_that_closed_at_its_next_pass(clock: C
     assert [decode_report(p).closed for p in sent[before:]] == [[("j", a0)]]
 
 
-async def test_a_held_round_is_not_closed_late_by_host_mates_stream_ends_on_another_member(
-    clock: Clock,
+@pytest.mark.parametrize("carrier", ["another member", "the leader"])
+async def test_a_held_round_is_not_closed_late_by_host_mates_stream_ends_seen_late(
+    clock: Clock, carrier: str
 ) -> None:
     # The stretched hold. Host a's a0, a1 stream to the leader (member 1), a2, a3 to member
-    # 2. Host a dies: b0's failed collective confirms a0, a1 at once and the next round is
-    # held two heartbeat intervals (200 ms) for host a. a2's and a3's stream ends reach
-    # member 2 30 and 60 ms later, after that first verdict had ended the round (member 2
-    # no longer counts the report), so member 2's own verdicts would come two intervals
-    # after each, and a2's removal (a3 still in the job) would push the hold to 430 ms.
-    # The leader confirms both from member 2's word at once: the round closes at its
-    # hold, not 200 ms past it.
+    # 2 (or to the leader too). Host a dies: b0's failed collective confirms a0, a1 at once
+    # and the next round is held two heartbeat intervals (200 ms) for host a. a2's and a3's
+    # stream ends reach their member 30 and 60 ms later, after that first verdict had ended
+    # the round there, so their own window verdicts would come two intervals after each,
+    # and a2's removal (a3 still in the job) would push the hold to 430 ms. The report
+    # still confirms them at once (the leader from member 2's word; a member for a stream
+    # that closes on it while the round the report's verdict opened is current): the round
+    # closes at its hold, not 200 ms past it.
     replica = JobReplica()
     replica.time_ms = clock.ms
     config = JobConfig(min_nodes=2, max_nodes=6, last_call_ms=0)
@@ -640,7 +642,8 @@ async def test_a_held_round_is_not_closed_late_by_host_mates_stream_ends_on_anot
     pids = {replica.job().participants[s.participant_id].name: s.participant_id
             for s in replica.job().round.members}  # fmt: skip
     sup = await _applying(replica, clock)
-    on_2 = {("j", pids["a2"]): 30, ("j", pids["a3"]): 60}  # when member 2 sees it close
+    late = {("j", pids["a2"]): 30, ("j", pids["a3"]): 60}  # when their member sees it close
+    on_2 = late if carrier == "another member" else {}
     seq = iter(range(1, 1000))
 
     def member_2(report: LivenessReport) -> None:
@@ -650,8 +653,9 @@ async def test_a_held_round_is_not_closed_late_by_host_mates_stream_ends_on_anot
     member_2(LivenessReport(full=True, attach=list(on_2)))
     for _ in range(20):  # 2 s of heartbeats from everyone
         clock.ms += 100
-        for name in ("a0", "a1", "b0", "b1"):
-            sup.heartbeat("j", pids[name])
+        for name in names:
+            if ("j", pids[name]) not in on_2:
+                sup.heartbeat("j", pids[name])
         member_2(LivenessReport())
         await _step(sup)
     t0 = clock.ms
@@ -663,6 +667,10 @@ async def test_a_held_round_is_not_closed_late_by_host_mates_stream_ends_on_anot
     assert replica.job().round.number == 2 and replica.job().round.hold_until_ms == t0 + 200
     while clock.ms < t0 + 1000:
         clock.ms += 10
+        if not on_2:
+            for key, after_ms in late.items():
+                if clock.ms == t0 + after_ms:
+                    sup.stream_closed(*key)
         # Member 2's report at each pass: the streams closed and not yet confirmed, and
         # (what it alone would do) its verdict on each once its window is over.
         live = [k for k in on_2 if k[1] in replica.job().participants]

@@ -36,6 +36,20 @@ timed once from the worker's last sign of life to the pass that suspects it. Eac
 holds suspicion back is counted when it engages: a loop stall, intake lag, the grace of a new
 leader, a mass suspicion, a closed stream that came back in time. Phi is sampled, not
 computed for everyone: once a second the next ``PHI_SAMPLE_SIZE`` carried participants.
+
+A failed collective (``collective_failed``) confirms at once the round's members whose
+heartbeat stream closed on the member it is reported to (``local.py``). On the leader it also
+confirms those whose stream closed on another member, by that member's word: its latest
+report lists them as closed and not heard since (``LivenessReport.closed``) and it still
+carries them (no other member attached them since), within the same confirmation window
+after the report (``_corroborate``).
+The report goes to every member, and a member confirms the streams it saw close before the
+report, or within the window after it while the report's round or the successor its first
+verdict opened is current. A host-mate whose stream end reached its member after that
+(a loaded member, measured up to 0.3 s after the kill) would wait out its two heartbeat
+intervals, and each such late removal would push the held round's close two intervals
+further (rendezvous.py, "Failure domains"). The leader keeps the report through the held
+successor too, for the word of a member that did not get the report in time.
 """
 
 from __future__ import annotations
@@ -164,6 +178,12 @@ class RendezvousSupervisor:
         # Leader: when each participant of a held job was last heard on an open stream, by
         # any member's word (this member's monotonic ms): ``_in_doubt``.
         self._heard: dict[Key, int] = {}
+        # Leader: the failed collective reported here last, per job, for the confirmation
+        # window after it: (round, its members not yet confirmed, the report, when).
+        self._collective: dict[str, tuple[int, frozenset[int], str, int]] = {}
+        # Leader: per other member, the participants whose stream closed on it (not heard
+        # since, not confirmed yet) as its latest report said, and when that report came.
+        self._closed_on: dict[int, tuple[frozenset[Key], int]] = {}
 
     # -------------------------------------------------------------- leadership
 
@@ -175,6 +195,8 @@ class RendezvousSupervisor:
         # Its own carriage goes to its fresh coverage in full.
         self.local.report_lost()
         self._unsent.clear()
+        self._collective.clear()
+        self._closed_on.clear()
         self._leader_grace.inc()
 
     def demote(self) -> None:
@@ -207,8 +229,56 @@ class RendezvousSupervisor:
     def collective_failed(
         self, job: str, round_number: int, peers: Sequence[int], report: str, now_ms: int
     ) -> list[int]:
-        # The supervisor's next pass reports the confirmed verdicts at once.
-        return self.local.collective_failed(job, round_number, peers, report, now_ms)
+        # The supervisor's next pass reports the verdicts confirmed here at once.
+        confirmed = self.local.collective_failed(job, round_number, peers, report, now_ms)
+        if self.is_leader:
+            rest = frozenset(peers).difference(confirmed)
+            self._collective[job] = (round_number, rest, report, now_ms)
+            confirmed += self._corroborate(job, now_ms)
+        return confirmed
+
+    def _corroborate(self, job_id: str, now_ms: int) -> list[int]:
+        """The leader: the members of a round whose failed collective was reported here
+        within the confirmation window, and whose stream another member says closed, are
+        confirmed failed now (module docstring), as ``local.collective_failed`` confirms
+        the ones whose stream closed here: two observations of one death. Proposed at
+        once; a verdict that does not commit is made again by that member's own window."""
+        held = self._collective.get(job_id)
+        if held is None:
+            return []
+        round_number, peers, report, reported_ms = held
+        job = self._state.rendezvous.jobs.get(job_id)
+        window_ms = 2 * job.config.heartbeat_interval_ms if job is not None else 0
+        # The report's round, or the successor its end opened (a verdict on a host-mate
+        # lands while that one is held).
+        if (
+            job is None
+            or now_ms - reported_ms > window_ms
+            or job.round.number not in (round_number, round_number + 1)
+        ):
+            del self._collective[job_id]
+            return []
+        confirmed = []
+        for pid in sorted(peers):
+            key = (job_id, pid)
+            member = self.coverage.carrier.get(key)
+            if member is None or member == self.member_id or pid not in job.participants:
+                continue
+            closed, said_ms = self._closed_on.get(member, (frozenset(), 0))
+            if key not in closed or reported_ms - said_ms > window_ms:
+                continue  # open, moved to another member since, or that word is old
+            confirmed.append(pid)
+            cause = f"heartbeat stream closed on member {member}, confirmed at once: {report}"
+            log.info("job %s: participant %d suspected: %s", job_id, pid, cause)
+            self._spawn(MemberFailed(job_id, pid, round_number, cause))
+        if confirmed:
+            self._collective[job_id] = (
+                round_number,
+                peers.difference(confirmed),
+                report,
+                reported_ms,
+            )
+        return confirmed
 
     def _round_of(self, job: str) -> int:
         found = self._state.rendezvous.jobs.get(job)
@@ -285,6 +355,9 @@ class RendezvousSupervisor:
                 self._readings[key] = (phi_milli, age_ms, now_ms)
             if len(self._readings) > 4 * MAX_READINGS:
                 self._readings.clear()
+            self._closed_on[member] = (frozenset(report.closed), now_ms)
+            for job_id in list(self._collective):
+                self._corroborate(job_id, now_ms)
         self._propose_all(self.coverage.take(member, report, self._state, now_ms))
         for (job, pid), progress in report.progress:
             self.progress.report(job, pid, progress, now_ms)
@@ -398,7 +471,12 @@ class RendezvousSupervisor:
         since = now_ms - self._reported_ms
         # While a round is held, the leader waits for word of its members (``_in_doubt``).
         news = self.local.has_news() or bool(self._held)
-        urgent = bool(self._unsent) or (news and since >= ATTACH_REPORT_MS)
+        # A stream that closed goes at once too: the leader may confirm it with a failed
+        # collective reported to it (``_corroborate``), and a host-mate's late removal
+        # pushes a held round's close on.
+        urgent = (
+            bool(self._unsent) or self.local.closed_news or (news and since >= ATTACH_REPORT_MS)
+        )
         if not urgent and since < REPORT_EVERY_MS and not self.local.full_needed:
             return
         suspicions = list(self._unsent)

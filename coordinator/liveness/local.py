@@ -139,6 +139,8 @@ class MemberDetection:
         # news the leader's hang rules need at once (see has_news).
         self._progress_seen: dict[Key, tuple[int, int, int]] = {}
         self._progress_news = False
+        # A stream closed since the last report: the next report goes at once (supervisor).
+        self.closed_news = False
         # The next report must list everything carried (new leader, or a report was lost).
         self.full_needed = True
         self.intake = IntakeLag()
@@ -235,6 +237,7 @@ class MemberDetection:
         if evidence:
             self.detectors.adopt(key, group.key, now_ms, closed=closed)
             if closed:
+                self.closed_news = True
                 self._reported_before(key, now_ms)
             return
         if self._attach.pop(key, False) is False:
@@ -254,9 +257,11 @@ class MemberDetection:
         the end of its confirmation window (two heartbeat intervals): the closed stream and
         the broken collective are two observations of one death. The report is held for
         that window too: a peer's stream that closes after it (the gloo error reached the
-        survivor before the stream's end reached this member) is confirmed as it closes.
-        The participants confirmed now; nobody else is touched, so a report alone ends no
-        round."""
+        survivor before the stream's end reached this member) is confirmed as it closes,
+        also once the round the report's first verdict opened is current here: a host's
+        other processes' stream ends often arrive after that verdict, and each one left to
+        its own window pushed the held round's close two intervals on. The participants
+        confirmed now; nobody else is touched, so a report alone ends no round."""
         self._reports[job] = (round_number, frozenset(peers), report, now_ms)
         return [pid for pid in peers if self._corroborate((job, pid), report, now_ms)]
 
@@ -277,7 +282,8 @@ class MemberDetection:
         if held is None or settings is None:
             return
         round_number, peers, report, reported_ms = held
-        stale = self._round_of(key[0]) != round_number
+        # The report's round, or the successor its first verdict opened (held for the host).
+        stale = self._round_of(key[0]) not in (round_number, round_number + 1)
         if stale or now_ms - reported_ms >= settings.confirm_closed_ms:
             del self._reports[key[0]]
         elif key[1] in peers:
@@ -467,20 +473,24 @@ class MemberDetection:
             intake_lag_ms=self.intake.current_ms(),
             readings=self.readings(now_ms) if now_ms is not None else [],
             heard=self.heard(held, now_ms) if held and now_ms is not None else [],
+            closed=self.closed_streams(),
         )
         self._attach.clear()
         self._detach.clear()
         self._progress.clear()
         self._progress_ms.clear()
         self._progress_news = False
+        self.closed_news = False
         return report
 
     def has_news(self) -> bool:
         """Participants started or stopped being carried since the last report, or one
         reported a step, round or collective wait it had not: the leader judges hangs by
         comparing ranks' steps, and a rank whose news waited here for the report period
-        would look behind the ranks the leader carries itself."""
-        return bool(self._attach or self._detach or self._progress_news)
+        would look behind the ranks the leader carries itself. Or a stream closed: the
+        leader confirms its participants at once when a peer of theirs reported a failed
+        collective to it (supervisor.py, ``_corroborate``), from the report's ``closed``."""
+        return bool(self._attach or self._detach or self._progress_news or self.closed_news)
 
     def report_lost(self) -> None:
         """A report did not reach a leader: the next one says everything again."""
@@ -498,6 +508,17 @@ class MemberDetection:
             age = self.detectors.heartbeat_age_ms((GROUP_JOB, self._group_of[key]), now_ms)
             if age is not None:
                 out.append((key, age))
+        return out
+
+    def closed_streams(self) -> list[Key]:
+        """The participants left alone by a stream that closed, neither heard since nor
+        confirmed yet (at most MAX_READINGS), in key order."""
+        out = []
+        for key in sorted(k for k in self.detectors.tracked() if k[0] != GROUP_JOB):
+            if self.detectors.stream_closed_ms(key) is not None:
+                out.append(key)
+                if len(out) >= MAX_READINGS:
+                    break
         return out
 
     def _detector_key(self, key: Key) -> Key:

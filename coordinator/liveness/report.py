@@ -85,6 +85,11 @@ class LivenessReport:
     # since their last heartbeat. The leader closes a held round only once every one of its
     # members is known alive after the failure, or removed (supervisor.py, ``_in_doubt``).
     heard: list[tuple[Key, int]] = field(default_factory=list)
+    # The participants whose heartbeat stream closed on this member and that are neither
+    # heard since nor confirmed failed yet (their confirmation window runs): all of them,
+    # not what changed. The leader confirms them at once when a peer of theirs reported a
+    # failed collective to it (supervisor.py, ``_corroborate``). Encoded only when any.
+    closed: list[Key] = field(default_factory=list)
 
     def empty(self) -> bool:
         return not (self.full or self.attach or self.detach or self.suspicions or self.progress)
@@ -127,6 +132,8 @@ def encode(report: LivenessReport) -> bytes:
         "boot": report.boot,
         "seq": report.seq,
     }
+    if report.closed:
+        body["closed"] = _group(report.closed)
     return bytes(msgpack.packb(body, use_bin_type=True))
 
 
@@ -205,6 +212,7 @@ def decode(payload: bytes) -> LivenessReport:
         seq=_int(body.get("seq", 0), "seq"),
     )
     report.heard = _heard(body.get("heard", []), budget)
+    report.closed = _keys(body.get("closed", {}), "closed", budget)
     suspect = body.get("suspect", [])
     progress = body.get("progress", [])
     if not isinstance(suspect, list) or not isinstance(progress, list):

@@ -194,18 +194,25 @@ def test_a_failed_collective_alone_confirms_nobody() -> None:
 def test_a_stream_closing_just_after_a_report_is_confirmed_as_it_closes() -> None:
     rounds = {"j": 1}
     detection = StreamedDetection(round_of=rounds.__getitem__)
-    keys = [("j", 1), ("j", 2), ("j", 3), ("j", 4)]
+    keys = [("j", 1), ("j", 2), ("j", 3), ("j", 4), ("j", 5)]
     for key in keys:
         detection.carry(key, SETTINGS, 0)
     now = beat(detection, keys, 0, 10)
     # The survivor's gloo error won the race with the dead peer's stream end.
-    assert detection.collective_failed("j", 1, [2, 3, 4], "rank 0 reported it", now) == []
+    assert detection.collective_failed("j", 1, [2, 3, 4, 5], "rank 0 reported it", now) == []
     detection.uncarry(("j", 3), now + 10, closed=True)
     (suspicion,) = detection.suspects(now + 10)
     assert suspicion.key == ("j", 3) and "rank 0 reported it" in suspicion.cause
-    # Once the round changed, the held report counts for nothing: the next close waits out
-    # its own window.
+    # While the round the first verdict opened is current (held for the host), a peer's
+    # stream that closes then is confirmed as it closes too: left to its own window, each
+    # such host-mate's removal would push the held round's close two intervals on.
     rounds["j"] = 2
+    detection.uncarry(("j", 5), now + 15, closed=True)
+    (suspicion,) = detection.suspects(now + 15)
+    assert suspicion.key == ("j", 5) and "rank 0 reported it" in suspicion.cause
+    # Once the round changed again, the held report counts for nothing: the next close
+    # waits out its own window.
+    rounds["j"] = 3
     detection.uncarry(("j", 4), now + 20, closed=True)
     assert detection.suspects(now + 20) == []
     # So does a stream that closes after the report's window.
@@ -583,3 +590,23 @@ def test_a_new_step_is_news_for_the_leader_at_once_and_the_same_step_again_is_no
     detection.take_report([], 1_200)
     detection.progress(("j", 1), ProgressReport(3, 11, 5, 12.5, 8, 0, 0), 1_250)
     assert detection.has_news()
+
+
+def test_a_closed_stream_is_news_for_the_leader_at_once() -> None:
+    # The leader confirms a closed stream at once when a peer's failed collective was
+    # reported to it (supervisor.py, ``_corroborate``): the reading saying so must not wait
+    # for the report period. A stream released, not closed, is news as a detach already.
+    detection = StreamedDetection()
+    detection.carry(("j", 1), SETTINGS, 1_000)
+    detection.carry(("j", 2), SETTINGS, 1_000)
+    detection.take_report([], 1_000)
+    assert not detection.has_news()
+    detection.uncarry(("j", 1), 1_050, closed=True)
+    assert detection.has_news()
+    report = detection.take_report([], 1_060)
+    assert report.closed == [("j", 1)]
+    assert not detection.has_news()
+    # Listed in every report until heard again (or confirmed), and it goes over the wire.
+    assert report_module.decode(report_module.encode(report)).closed == [("j", 1)]
+    detection.carry(("j", 1), SETTINGS, 1_080)
+    assert detection.take_report([], 1_090).closed == []

@@ -11,7 +11,9 @@ import pytest
 from rallypoint.coordinator.leader import supervisor as supervisor_module
 from rallypoint.coordinator.leader.supervisor import PHI_SAMPLE_SIZE, RendezvousSupervisor
 from rallypoint.coordinator.liveness.progress import ProgressReport
+from rallypoint.coordinator.liveness.report import LivenessReport, Suspicion
 from rallypoint.coordinator.liveness.report import decode as decode_report
+from rallypoint.coordinator.liveness.report import encode as encode_report
 from rallypoint.coordinator.metrics import NodeMetrics
 from rallypoint.coordinator.state.commands import (
     CloseRound,
@@ -499,3 +501,192 @@ async def test_a_member_says_whom_it_hears_in_a_held_job_only_until_the_bound(
 
 async def _never_proposed(command: Command) -> None:
     raise AssertionError(f"a follower proposed {command!r}")
+
+
+async def _host_loss_across_members(
+    clock: Clock, *, moved: bool = False, reported: bool = True
+) -> tuple[JobReplica, dict[str, int], list[Command]]:
+    """Hosts a (a0-a2) and b (b0, b1), a3 of host a carried by member 2, the others on
+    streams to the leader (member 1). Host a dies: the leader sees its streams close, b0
+    reports a failed collective to it, and member 2 reports a3's stream closed (``moved``:
+    member 3 attached a3 first). The commands proposed (applied at once)."""
+    replica = JobReplica()
+    replica.time_ms = clock.ms
+    config = JobConfig(min_nodes=2, max_nodes=6, last_call_ms=0)
+    names = ("a0", "a1", "a2", "a3", "b0", "b1")
+    replica.do(replica.open(), JoinBatch("j", names, (), config, True, tuple(n[0] for n in names)))
+    pids = {replica.job().participants[s.participant_id].name: s.participant_id
+            for s in replica.job().round.members}  # fmt: skip
+    proposed: list[Command] = []
+
+    async def propose(command: Command) -> None:
+        proposed.append(command)
+        replica.time_ms = clock.ms
+        replica.apply(command)
+
+    sup = StreamedSupervisor(replica.sm, propose, clock, grace_ms=0, member_id=1)
+    sup.promote()
+    a3 = ("j", pids["a3"])
+    seq = iter(range(1, 100))
+
+    def member_report(member: int, report: LivenessReport) -> None:
+        report.boot, report.seq = member, next(seq)
+        assert sup.take_report(member, encode_report(report))
+
+    member_report(2, LivenessReport(full=True, attach=[a3], readings=[(a3, 100, 10)]))
+    for _ in range(10):
+        clock.ms += 100
+        for name in names[:3] + names[4:]:
+            sup.heartbeat("j", pids[name])
+        await _step(sup)
+    if moved:
+        member_report(3, LivenessReport(full=True, attach=[a3]))
+    for name in ("a0", "a1", "a2"):
+        sup.stream_closed("j", pids[name])
+    peers = [pid for name, pid in pids.items() if name != "b0"]
+    if reported:
+        sup.collective_failed("j", 1, peers, "b0: all_reduce failed", clock.ms)
+    await _step(sup)
+    clock.ms += 30
+    member_report(2, LivenessReport(closed=[a3]))
+    await _step(sup)
+    return replica, pids, proposed
+
+
+def _failed(proposed: list[Command]) -> list[int]:
+    return [c.participant_id for c in proposed if isinstance(c, MemberFailed)]
+
+
+async def test_a_failed_collective_confirms_a_stream_end_another_member_saw(
+    clock: Clock,
+) -> None:
+    # a3's stream closed on member 2, which says so 30 ms after b0's report: the leader
+    # confirms a3 then, not two heartbeat intervals later, so the held round's close is not
+    # pushed past a3's late removal.
+    replica, pids, proposed = await _host_loss_across_members(clock)
+    assert sorted(_failed(proposed)) == sorted(pids[n] for n in ("a0", "a1", "a2", "a3"))
+    assert pids["a3"] not in replica.job().participants
+    failed = [r for r in replica.job().history if r.end_reason is EndReason.MEMBER_FAILED]
+    assert [r.number for r in failed] == [1], failed
+
+
+@pytest.mark.parametrize("case", ["moved", "no report"])
+async def test_another_member_s_closed_stream_alone_confirms_nothing(
+    clock: Clock, case: str
+) -> None:
+    # Without a failed collective reported, or once another member carries a3 (it moved),
+    # member 2's word that its stream closed waits for its own confirmation window.
+    replica, pids, proposed = await _host_loss_across_members(
+        clock, moved=case == "moved", reported=case != "no report"
+    )
+    assert pids["a3"] not in _failed(proposed)
+    assert pids["a3"] in replica.job().participants
+
+
+async def test_a_follower_reports_a_stream_that_closed_at_its_next_pass(clock: Clock) -> None:
+    # The leader confirms it at once with a failed collective reported to it: the follower
+    # does not hold the news for ATTACH_REPORT_MS after its last report.
+    replica = JobReplica()
+    replica.time_ms = clock.ms
+    config = JobConfig(min_nodes=2, max_nodes=2, last_call_ms=0)
+    replica.do(replica.open(), JoinBatch("j", ("a0", "b0"), (), config, True, ("a", "b")))
+    a0, b0 = (seat.participant_id for seat in replica.job().round.members)
+    sent: list[bytes] = []
+
+    async def send_report(leader: int, payload: bytes) -> bool:
+        sent.append(payload)
+        return True
+
+    follower = StreamedSupervisor(
+        replica.sm, _never_proposed, clock, member_id=1, leader_id=lambda: 2,
+        send_report=send_report,
+    )  # fmt: skip
+
+    async def pass_() -> None:
+        if clock.ms % 100 == 0:
+            for pid in (a0, b0):
+                follower.heartbeat("j", pid)
+        await _step(follower)
+        await asyncio.sleep(0)
+        clock.ms += 10
+
+    while clock.ms < 1_000_000 + 1000:  # a second of heartbeats, then up to a report
+        await pass_()
+    before = len(sent)
+    while len(sent) == before:
+        await pass_()
+    before = len(sent)
+    follower.stream_closed("j", a0)
+    await pass_()
+    assert [decode_report(p).closed for p in sent[before:]] == [[("j", a0)]]
+
+
+@pytest.mark.parametrize("carrier", ["another member", "the leader"])
+async def test_a_held_round_is_not_closed_late_by_host_mates_stream_ends_seen_late(
+    clock: Clock, carrier: str
+) -> None:
+    # The stretched hold. Host a's a0, a1 stream to the leader (member 1), a2, a3 to member
+    # 2 (or to the leader too). Host a dies: b0's failed collective confirms a0, a1 at once
+    # and the next round is held two heartbeat intervals (200 ms) for host a. a2's and a3's
+    # stream ends reach their member 30 and 60 ms later, after that first verdict had ended
+    # the round there, so their own window verdicts would come two intervals after each,
+    # and a2's removal (a3 still in the job) would push the hold to 430 ms. The report
+    # still confirms them at once (the leader from member 2's word; a member for a stream
+    # that closes on it while the round the report's verdict opened is current): the round
+    # closes at its hold, not 200 ms past it.
+    replica = JobReplica()
+    replica.time_ms = clock.ms
+    config = JobConfig(min_nodes=2, max_nodes=6, last_call_ms=0)
+    names = ("a0", "a1", "a2", "a3", "b0", "b1")
+    replica.do(replica.open(), JoinBatch("j", names, (), config, True, tuple(n[0] for n in names)))
+    pids = {replica.job().participants[s.participant_id].name: s.participant_id
+            for s in replica.job().round.members}  # fmt: skip
+    sup = await _applying(replica, clock)
+    late = {("j", pids["a2"]): 30, ("j", pids["a3"]): 60}  # when their member sees it close
+    on_2 = late if carrier == "another member" else {}
+    seq = iter(range(1, 1000))
+
+    def member_2(report: LivenessReport) -> None:
+        report.boot, report.seq = 2, next(seq)
+        assert sup.take_report(2, encode_report(report))
+
+    member_2(LivenessReport(full=True, attach=list(on_2)))
+    for _ in range(20):  # 2 s of heartbeats from everyone
+        clock.ms += 100
+        for name in names:
+            if ("j", pids[name]) not in on_2:
+                sup.heartbeat("j", pids[name])
+        member_2(LivenessReport())
+        await _step(sup)
+    t0 = clock.ms
+    for name in ("a0", "a1"):
+        sup.stream_closed("j", pids[name])
+    peers = [pid for name, pid in pids.items() if name != "b0"]
+    sup.collective_failed("j", 1, peers, "b0: all_reduce failed", clock.ms)
+    await _step(sup)
+    assert replica.job().round.number == 2 and replica.job().round.hold_until_ms == t0 + 200
+    while clock.ms < t0 + 1000:
+        clock.ms += 10
+        if not on_2:
+            for key, after_ms in late.items():
+                if clock.ms == t0 + after_ms:
+                    sup.stream_closed(*key)
+        # Member 2's report at each pass: the streams closed and not yet confirmed, and
+        # (what it alone would do) its verdict on each once its window is over.
+        live = [k for k in on_2 if k[1] in replica.job().participants]
+        member_2(LivenessReport(
+            closed=[k for k in live if t0 + on_2[k] <= clock.ms < t0 + on_2[k] + 200],
+            suspicions=[Suspicion(*k, "stream_closed", "closed", 200)
+                        for k in live if clock.ms == t0 + on_2[k] + 200],
+        ))  # fmt: skip
+        if clock.ms % 100 == 0:
+            for name in ("b0", "b1"):
+                sup.heartbeat("j", pids[name])
+        await _step(sup)
+        r = replica.job().round
+        if r.state is RoundState.ACTIVE and len(r.members) == 2:
+            break
+    job = replica.job()
+    assert job.round.state is RoundState.ACTIVE and len(job.round.members) == 2, job.round
+    assert [r.number for r in job.history if r.end_reason is EndReason.MEMBER_FAILED] == [1]
+    assert job.round.closed_ms - t0 <= 200 + 100, job.round.closed_ms - t0

@@ -71,6 +71,32 @@ def test_smoke_run_writes_results(tmp_path: Path) -> None:
     for name in ("put_1", "put_8"):
         assert per_workload[name]["server_cpu_per_request_us"] > 0, name
     assert "server_cpu_per_put_ratio" in done.stdout
+    assert document["server_cpu_per_request_ratio_by_workload"] == dict.fromkeys(WORKLOADS)
+
+
+def test_the_per_workload_cpu_ratio_shows_put_1_apart_from_the_put_weighted_one() -> None:
+    repository = str(Path(__file__).resolve().parents[2])
+    if repository not in sys.path:
+        sys.path.insert(0, repository)
+    from bench.kv_bench import cpu_per_put, cpu_per_request_ratios
+
+    def workload(cpu_s: float, requests: int) -> dict[str, object]:
+        trial = {"requests": requests, "cpu": {"servers": {"cpu_s": cpu_s}}}
+        return {"server_cpu_per_request_us": cpu_s / requests * 1e6, "trials": [trial]}
+
+    results = {
+        "rallypoint": {"put_1": workload(4.0, 1_000), "put_64": workload(15.0, 100_000)},
+        "etcd": {"put_1": workload(1.0, 1_000), "put_64": workload(10.0, 100_000)},
+    }
+    by_workload = cpu_per_request_ratios(results)
+    assert by_workload["put_1"] == pytest.approx(4.0)
+    assert by_workload["put_64"] == pytest.approx(1.5)
+    # The put-weighted figure is dominated by put_64's puts.
+    assert cpu_per_put(results)[1] == pytest.approx(19.0 / 11.0)
+    assert cpu_per_request_ratios({"rallypoint": results["rallypoint"]}) == {
+        "put_1": None,
+        "put_64": None,
+    }
 
 
 @pytest.mark.integration

@@ -87,9 +87,8 @@ MAX_ERRORS_PER_CLIENT = 20
 
 # The cluster size the targets below are set for.
 TARGET_MEMBERS = 3
-# name -> (workload, field compared, direction, target); ratio = rallypoint / etcd. Each
-# target is the stricter of the two set for it: the first data-path targets (put_1 <= 1.5)
-# and the peer-transport ones (throughput >= 1.0, put_64 p99 and get_1 p50 <= 1.0).
+# name -> (workload, field compared, direction, target); ratio = rallypoint / etcd; each target
+# the stricter of those ever set for it (bench/README.md says which).
 RATIO_TARGETS: dict[str, tuple[str, str, str, float | None]] = {
     "put_64_throughput": ("put_64", "throughput_ops_s", ">=", 1.0),
     "put_64_p99": ("put_64", "p99_ms", "<=", 1.0),
@@ -510,15 +509,13 @@ def cpu_per_put(results: dict[str, dict[str, Any]]) -> tuple[dict[str, float | N
 
 
 def cpu_per_request_ratios(results: dict[str, dict[str, Any]]) -> dict[str, float | None]:
-    """Per workload, rallypoint's members' CPU per request over etcd's (None when either is
-    missing): the put-weighted ratio above is dominated by put_64; this shows put_1 alone."""
-    ours, theirs = results.get("rallypoint", {}), results.get("etcd", {})
-    out: dict[str, float | None] = {}
-    for name in ours:
-        a = ours[name].get("server_cpu_per_request_us")
-        b = theirs.get(name, {}).get("server_cpu_per_request_us")
-        out[name] = a / b if a is not None and b else None
-    return out
+    """Per workload, rallypoint's members' CPU per request over etcd's (None if unmeasured)."""
+    field, theirs = "server_cpu_per_request_us", results.get("etcd", {})
+    per = {
+        name: (s.get(field), theirs.get(name, {}).get(field))
+        for name, s in results.get("rallypoint", {}).items()
+    }
+    return {name: a / b if a is not None and b else None for name, (a, b) in per.items()}
 
 
 def verdict(value: float | None, direction: str, target: float | None) -> str:

@@ -40,7 +40,7 @@ from rallypoint.coordinator.version import (
     startup_refusal,
 )
 
-from .test_node import Cluster, open_session, wait_until
+from .test_node import Cluster, open_session, stored_cluster_version, wait_until
 
 BASELINE_RECORDS = Path(__file__).parents[1] / "upgrade" / "baseline_records.json"
 
@@ -212,8 +212,12 @@ async def test_a_member_older_than_the_persisted_cluster_version_refuses_to_star
             "the cluster version raised",
         )
         node = cluster.nodes[3]
-        # The raise is stored in a snapshot at once (so an older build reads it first).
-        await wait_until(lambda: node.status().snapshot_index > 0, "a snapshot after the raise")
+        # The raise is stored in a snapshot at once (so an older build reads it first). Not
+        # "any snapshot": the bootstrap one at index 1 predates the raise, and a member
+        # stopped before the raise's snapshot was written opens without it.
+        await wait_until(
+            lambda: stored_cluster_version(node) == RECORD_VERSION, "the snapshot of the raise"
+        )
         await cluster.stop(3)
         # The same data directory opened by a build one record version older.
         monkeypatch.setattr(version_module, "RECORD_VERSION", RECORD_VERSION - 1)

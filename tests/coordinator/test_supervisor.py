@@ -351,6 +351,22 @@ async def test_the_leader_proposes_a_held_rounds_close_only_once_the_hold_is_ove
     assert [c for c in proposed if isinstance(c, CloseRound)] == [CloseRound("j", 2)]
 
 
+TWO_HOSTS = ("a0", "a1", "a2", "a3", "b0", "b1")
+
+
+def _two_hosts(clock: Clock) -> tuple[JobReplica, dict[str, int]]:
+    """Job "j" in round 1: host a's a0-a3 and host b's b0-b1, domains by their first letter;
+    the replica and each name's participant id."""
+    replica = JobReplica()
+    replica.time_ms = clock.ms
+    config = JobConfig(min_nodes=2, max_nodes=6, last_call_ms=0)
+    names = TWO_HOSTS
+    replica.do(replica.open(), JoinBatch("j", names, (), config, True, tuple(n[0] for n in names)))
+    pids = {replica.job().participants[s.participant_id].name: s.participant_id
+            for s in replica.job().round.members}  # fmt: skip
+    return replica, pids
+
+
 async def _applying(replica: JobReplica, clock: Clock) -> StreamedSupervisor:
     """A leader's supervisor whose proposals are applied at once, stamped with its clock."""
 
@@ -368,13 +384,7 @@ async def _host_loss_with_a_late_stream_end(clock: Clock, late_ms: int) -> JobRe
     stream to the leader. Host a dies at t0: a peer's failed collective confirms a0-a2 at
     once (their streams' ends were seen), but a3's stream end reaches the member
     ``late_ms`` later. Runs until the job trains again at world 2 (or 3 s), 10 ms a pass."""
-    replica = JobReplica()
-    replica.time_ms = clock.ms
-    config = JobConfig(min_nodes=2, max_nodes=6, last_call_ms=0)
-    names = ("a0", "a1", "a2", "a3", "b0", "b1")
-    replica.do(replica.open(), JoinBatch("j", names, (), config, True, tuple(n[0] for n in names)))
-    pids = {replica.job().participants[s.participant_id].name: s.participant_id
-            for s in replica.job().round.members}  # fmt: skip
+    replica, pids = _two_hosts(clock)
     assert replica.job().round.number == 1 and len(pids) == 6
     sup = await _applying(replica, clock)
     for _ in range(20):  # 2 s of heartbeats from everyone
@@ -510,13 +520,7 @@ async def _host_loss_across_members(
     streams to the leader (member 1). Host a dies: the leader sees its streams close, b0
     reports a failed collective to it, and member 2 reports a3's stream closed (``moved``:
     member 3 attached a3 first). The commands proposed (applied at once)."""
-    replica = JobReplica()
-    replica.time_ms = clock.ms
-    config = JobConfig(min_nodes=2, max_nodes=6, last_call_ms=0)
-    names = ("a0", "a1", "a2", "a3", "b0", "b1")
-    replica.do(replica.open(), JoinBatch("j", names, (), config, True, tuple(n[0] for n in names)))
-    pids = {replica.job().participants[s.participant_id].name: s.participant_id
-            for s in replica.job().round.members}  # fmt: skip
+    replica, pids = _two_hosts(clock)
     proposed: list[Command] = []
 
     async def propose(command: Command) -> None:
@@ -536,7 +540,7 @@ async def _host_loss_across_members(
     member_report(2, LivenessReport(full=True, attach=[a3], readings=[(a3, 100, 10)]))
     for _ in range(10):
         clock.ms += 100
-        for name in names[:3] + names[4:]:
+        for name in TWO_HOSTS[:3] + TWO_HOSTS[4:]:
             sup.heartbeat("j", pids[name])
         await _step(sup)
     if moved:
@@ -634,13 +638,7 @@ async def test_a_held_round_is_not_closed_late_by_host_mates_stream_ends_seen_la
     # still confirms them at once (the leader from member 2's word; a member for a stream
     # that closes on it while the round the report's verdict opened is current): the round
     # closes at its hold, not 200 ms past it.
-    replica = JobReplica()
-    replica.time_ms = clock.ms
-    config = JobConfig(min_nodes=2, max_nodes=6, last_call_ms=0)
-    names = ("a0", "a1", "a2", "a3", "b0", "b1")
-    replica.do(replica.open(), JoinBatch("j", names, (), config, True, tuple(n[0] for n in names)))
-    pids = {replica.job().participants[s.participant_id].name: s.participant_id
-            for s in replica.job().round.members}  # fmt: skip
+    replica, pids = _two_hosts(clock)
     sup = await _applying(replica, clock)
     late = {("j", pids["a2"]): 30, ("j", pids["a3"]): 60}  # when their member sees it close
     on_2 = late if carrier == "another member" else {}
@@ -653,7 +651,7 @@ async def test_a_held_round_is_not_closed_late_by_host_mates_stream_ends_seen_la
     member_2(LivenessReport(full=True, attach=list(on_2)))
     for _ in range(20):  # 2 s of heartbeats from everyone
         clock.ms += 100
-        for name in names:
+        for name in TWO_HOSTS:
             if ("j", pids[name]) not in on_2:
                 sup.heartbeat("j", pids[name])
         member_2(LivenessReport())

@@ -7,8 +7,7 @@ coming keep it alive; a read cancelled by its caller leaves no deadline behind.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -17,6 +16,7 @@ from rallypoint.coordinator.peerwire import conn as conn_module
 from rallypoint.coordinator.peerwire import frames
 from rallypoint.coordinator.peerwire.conn import ConnectionLost, FrameConn
 from tests.coordinator.test_transport import wait_for
+from tests.coordinator.timeout_scopes import TimeoutScopes
 
 
 @dataclass
@@ -105,20 +105,12 @@ async def test_frames_read_one_after_another_arm_no_timer_each(
 ) -> None:
     """200 frames read with an idle limit: at most the watchdog's one timer, and no
     ``asyncio.timeout`` scope (two per frame before: a timer scheduled and cancelled each)."""
-    scopes = 0
-    real_timeout: Callable[[float | None], AbstractAsyncContextManager[None]] = asyncio.timeout
-
-    def counted(delay: float | None) -> AbstractAsyncContextManager[None]:
-        nonlocal scopes
-        scopes += 1
-        return real_timeout(delay)
-
-    monkeypatch.setattr(asyncio, "timeout", counted)
+    scopes = TimeoutScopes(monkeypatch)
     for number in range(200):
         link.other.write(frames.frame(frames.BATCH, b"%d" % number))
     for number in range(200):
         assert await link.conn.read(30.0) == (frames.BATCH, b"%d" % number)
     link.conn.write(frames.PONG)
     await link.conn.drain()
-    assert scopes == 0
+    assert scopes.count == 0
     assert link.conn.watchdog_timers == 1

@@ -10,8 +10,6 @@ import logging
 import random
 import socket
 import struct
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import msgpack
@@ -40,6 +38,7 @@ from tests.coordinator.test_transport import (
     wait_for,
 )
 from tests.coordinator.test_transport import pair as pair  # the fixture
+from tests.coordinator.timeout_scopes import TimeoutScopes
 
 
 async def test_messages_queued_while_the_socket_is_busy_go_out_in_one_batch(
@@ -71,19 +70,11 @@ async def test_batches_sent_one_at_a_time_arm_no_timeout_scope_each(
     host, receiver, peer, sender = pair
     await peer.start()
     assert await send_and_account(sender, host, receiver, 0)  # connected and authenticated
-    scopes = 0
-    real_timeout: Callable[[float | None], AbstractAsyncContextManager[None]] = asyncio.timeout
-
-    def counted(delay: float | None) -> AbstractAsyncContextManager[None]:
-        nonlocal scopes
-        scopes += 1
-        return real_timeout(delay)
-
-    monkeypatch.setattr(asyncio, "timeout", counted)
+    scopes = TimeoutScopes(monkeypatch)
     for n in range(1, 51):
         assert await send_and_account(sender, host, receiver, n)
     assert sender.streams_broken == 0
-    assert scopes == 0
+    assert scopes.count == 0
 
 
 async def test_an_idle_connection_that_answers_its_pings_stays_up(

@@ -665,9 +665,15 @@ def round_reason(job: JobView, now_ms: int) -> str:
         )
     present = len(r.members)
     if now_ms < r.hold_until_ms:
+        # From cluster version 3 the round names the domains holding it (Round.hold_domains).
+        whose = (
+            f"failed domain {', '.join(r.hold_domains)}"
+            if r.hold_domains
+            else "a failed member's domain"
+        )
         return (
             f"{present} present; held until leader time {r.hold_until_ms} ms for the "
-            "participants of a failed member's domain"
+            f"participants of {whose}"
         )
     joining_s = max(0, now_ms - r.opened_ms) / 1000
     timeout_s = config.join_timeout_ms / 1000

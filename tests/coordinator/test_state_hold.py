@@ -44,6 +44,9 @@ def test_a_host_lost_whole_closes_the_round_at_its_last_participants_removal() -
     held = r.job().round
     assert held.state is RoundState.JOINING and held.hold_domains == ("b",)
     assert held.hold_until_ms == r.time_ms + HOLD_MS
+    assert str(r.sm.rendezvous.reason("j", r.time_ms)).endswith(
+        f"held until leader time {held.hold_until_ms} ms for the participants of failed domain b"
+    )
     fail_one_by_one(r, b[3:])
     # Nobody of host b is left to wait for: the spare host fills in at once, 40 ms after
     # the first verdict, not two heartbeat intervals after the last.

@@ -195,12 +195,22 @@ def _phases(
         e for e in trial.select("round_formed", killed_at)
         if e["name"] in names and e["round"] == number
     ]  # fmt: skip
+    # A rank's first step done in the round (before its snapshot and its "step" line).
+    stepped = [
+        e for e in trial.select("trained", killed_at)
+        if e["name"] in names and e["round"] == number
+    ]  # fmt: skip
     return {
         "ended_s": ended[0].ended_ms / 1000 - killed_at if ended else None,
         "closed_s": closed_ms / 1000 - killed_at if closed_ms else None,
         "formed_s": max(e["t"] for e in formed) - killed_at if formed else None,
+        "noticed_s": max(e["t"] - e["formed_s"] for e in formed) - killed_at if formed else None,
         "init_s": max(e["init_s"] for e in formed) if formed else None,
+        "between_s": max(e["formed_s"] - e["init_s"] - e["restore_s"] for e in formed)
+        if formed
+        else None,
         "restore_s": max(e["restore_s"] for e in formed) if formed else None,
+        "stepped_s": max(e["t"] for e in stepped) - killed_at if stepped else None,
         "trained_s": back - killed_at,
     }
 

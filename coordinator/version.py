@@ -36,7 +36,7 @@ from typing import Final
 BASELINE_RECORD_VERSION: Final = 1
 
 # This build's record version: the highest version it writes and reads.
-RECORD_VERSION: Final = 2
+RECORD_VERSION: Final = 3
 
 # What each version added (docs/operations.md, "Upgrading", prints this table).
 VERSIONS: Final[dict[int, str]] = {
@@ -49,6 +49,10 @@ VERSIONS: Final[dict[int, str]] = {
         "version); Put's keep_lease field (a put that keeps the key's lease); "
         "MemorySnapshotCommit's planned_end field (a sharded job's final snapshot of a round "
         "ended by plan); the peer hello and Status advertise the record version"
+    ),
+    3: (
+        "Round's hold_domains field (format 4): a round held for a failed member's failure "
+        "domain ends its hold as soon as the last participant of that domain is removed"
     ),
 }
 

@@ -219,12 +219,13 @@ class Round:
     rank is -1, ``closed_ms`` and ``fencing_token`` are 0, fewer than max_nodes members (a
     shaped job's may hold more, rendezvous.py "Shaped jobs"), and ``min_reached_ms`` is set
     exactly when at least min_nodes are present; ACTIVE: the ranks are a permutation of
-    range(len(members)), a multiple of the job's unit_size, ``hold_until_ms`` is 0, and
-    ``fencing_token`` is the raft index of the close. ``previous`` holds the ranks the
-    carried-over survivors had in the round before. ``trained_ms``: when the leader heard
-    the round's first training step was done (0: not yet, or its workers report no
-    progress); set once, while ACTIVE, together with ``restore``: where the round's state
-    came from, as its workers reported it ("" when they did not say)."""
+    range(len(members)), a multiple of the job's unit_size, ``hold_until_ms`` is 0 and
+    ``hold_domains`` empty, and ``fencing_token`` is the raft index of the close.
+    ``previous`` holds the ranks the carried-over survivors had in the round before.
+    ``trained_ms``: when the leader heard the round's first training step was done (0: not
+    yet, or its workers report no progress); set once, while ACTIVE, together with
+    ``restore``: where the round's state came from, as its workers reported it ("" when
+    they did not say)."""
 
     number: int
     state: RoundState
@@ -240,6 +241,11 @@ class Round:
     # the domain-mates of a failed member are removed or readmitted in it first
     # (rendezvous.py, "Failure domains").
     hold_until_ms: int = since(3, 0)
+    # JOINING only, set from cluster version 3 (state/versions.py): the failure domains
+    # whose failed members set the hold, in name order. The hold ends as soon as none of
+    # their participants remains (nobody is left to wait for). Empty with a hold: one set
+    # below version 3, which runs its time.
+    hold_domains: tuple[str, ...] = since(4, ())
 
     @property
     def member_ids(self) -> list[int]:

@@ -199,6 +199,7 @@ class StateMachine:
             # nothing.
             raised = command.version > self.cluster_version
             self.cluster_version = max(self.cluster_version, command.version)
+            self.rendezvous.cluster_version = self.cluster_version
             return ClusterVersionResult(self.cluster_version, raised)
         if isinstance(command, CloseRound):
             return self.rendezvous.close_round(index, self.now_ms, command)
@@ -612,6 +613,7 @@ class StateMachine:
             if type(cluster_version) is not int or cluster_version <= BASELINE_RECORD_VERSION:
                 raise codec.StateCodecError(f"malformed cluster version {cluster_version!r}")
         rendezvous = Rendezvous(self.limits.rendezvous)
+        rendezvous.cluster_version = cluster_version
         rendezvous.restore(
             rendezvous_obj,
             lifecycle=rendezvous_format >= 4,

@@ -129,8 +129,12 @@ the rules above (and writes the bytes it always wrote).
   it leaves) gets ``hold_until_ms`` = now + 2 * heartbeat_interval_ms (later removals of
   D's participants push it on) and does not close before then, full or not: a domain-mate
   that died too is removed while the round is JOINING (no round change), one that is alive
-  is seated in it. ``closes_due`` honours the hold, so the leader proposes the close after
-  it, and waits longer while a member of the held round is not known alive since the
+  is seated in it. From cluster version 3 the round records the domains holding it
+  (``hold_domains``) and the hold ends as soon as none of their participants remains: a
+  host lost whole closes the round at its last participant's removal, not two heartbeat
+  intervals after it (below version 3 the hold runs its time on every member alike).
+  ``closes_due`` honours the hold, so the leader proposes the close after it, and waits
+  longer while a member of the held round is not known alive since the
   failure (heard on an open stream a heartbeat interval after it, by the carrying member's
   word), for at most two more heartbeat intervals: a host-mate whose stream's end was
   noticed late is removed while the round is JOINING (``supervisor.py``, ``_in_doubt``).
@@ -568,6 +572,7 @@ class Rendezvous(JoinRules):
         clone.jobs = {job_id: job.copy() for job_id, job in self.jobs.items()}
         clone.revision, clone.next_participant_id = self.revision, self.next_participant_id
         clone.drained = dict(self.drained)
+        clone.cluster_version = self.cluster_version
         return clone
 
     def restore(
@@ -660,9 +665,15 @@ def round_reason(job: JobView, now_ms: int) -> str:
         )
     present = len(r.members)
     if now_ms < r.hold_until_ms:
+        # From cluster version 3 the round names the domains holding it (Round.hold_domains).
+        whose = (
+            f"failed domain {', '.join(r.hold_domains)}"
+            if r.hold_domains
+            else "a failed member's domain"
+        )
         return (
             f"{present} present; held until leader time {r.hold_until_ms} ms for the "
-            "participants of a failed member's domain"
+            f"participants of {whose}"
         )
     joining_s = max(0, now_ms - r.opened_ms) / 1000
     timeout_s = config.join_timeout_ms / 1000

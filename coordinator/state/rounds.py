@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from ..version import BASELINE_RECORD_VERSION
 from .checkpoints import CheckpointRegistry
 from .jobs import (
     DrainedDomain,
@@ -34,6 +35,7 @@ from .jobs import (
 from .results import CloseJobResult, RemoveResult, Result
 from .roundstore import RoundStore
 from .shapes import Placement, admits_waiters, place
+from .versions import HOLD_DOMAINS_VERSION
 
 
 @dataclass(slots=True)
@@ -267,6 +269,10 @@ class RoundRules:
         # Drained failure domains by name (rendezvous.py, "Drain"). Iterated only through
         # sorted(), like `jobs`.
         self.drained: dict[str, DrainedDomain] = {}
+        # The cluster version (version.py), as the state machine applied it: the rules a
+        # record version brought apply from it on, on every member alike. Invariant: the
+        # machine's ``cluster_version``.
+        self.cluster_version = BASELINE_RECORD_VERSION
 
     # ----------------------------------------------------------------- removals
 
@@ -441,16 +447,35 @@ class RoundRules:
         )
 
     def _hold(self, now_ms: int, job: Job, domain: str) -> None:
-        """A member of ``domain`` was removed as failed: while other participants of the
-        domain remain, the JOINING round does not close for two heartbeat intervals, so
+        """A participant of ``domain`` ("" for none, or not removed as failed) left the
+        JOINING round, or the one its removal opened. While other participants of a failed
+        member's domain remain, the round does not close for two heartbeat intervals, so
         that their fate (dead too, or alive) is known before it does (rendezvous.py,
-        "Failure domains")."""
+        "Failure domains"). From cluster version 3 the round records the domains holding
+        it, and the hold ends once none of their participants remains: nobody is left to
+        wait for (a host lost whole closes its round at the last removal)."""
         r = job.round
-        if not domain or not job.in_domain(domain) or r.state is not RoundState.JOINING:
+        if r.state is not RoundState.JOINING:
             return
-        until_ms = now_ms + 2 * job.config.heartbeat_interval_ms
-        if until_ms > r.hold_until_ms:
-            job.round = replace(r, hold_until_ms=until_ms)
+        if domain and job.in_domain(domain):
+            until_ms = now_ms + 2 * job.config.heartbeat_interval_ms
+            running = now_ms < r.hold_until_ms
+            domains: tuple[str, ...] = ()
+            # A hold set below version 3 names no domain: it runs its time, so the domains
+            # of one it is extended by are not recorded either.
+            if self.cluster_version >= HOLD_DOMAINS_VERSION and (r.hold_domains or not running):
+                held = r.hold_domains if running else ()
+                domains = tuple(sorted({*held, domain}))
+            until_ms = max(until_ms, r.hold_until_ms)
+            if until_ms != r.hold_until_ms or domains != r.hold_domains:
+                job.round = replace(r, hold_until_ms=until_ms, hold_domains=domains)
+            return
+        if r.hold_domains:
+            left = tuple(held for held in r.hold_domains if job.in_domain(held))
+            if left != r.hold_domains:
+                job.round = replace(
+                    r, hold_until_ms=r.hold_until_ms if left else 0, hold_domains=left
+                )
 
     def _close(self, index: int, now_ms: int, job: Job) -> None:
         r = job.round
@@ -463,6 +488,7 @@ class RoundRules:
                 closed_ms=now_ms,
                 fencing_token=index,
                 hold_until_ms=0,
+                hold_domains=(),
             )
             job.waiting = list(placement.waiting)
             job.store = RoundStore()

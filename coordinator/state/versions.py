@@ -24,7 +24,14 @@ INTRODUCED: Final[dict[tuple[str, int], int]] = {
     ("ClusterVersion", 1): 2,
     ("Put", 2): 2,
     ("MemorySnapshotCommit", 2): 2,
+    ("Round", 4): 3,
 }
+
+# The record version from which a held round records the domains holding it (``Round``
+# format 4) and ends its hold once none of their participants remains (rounds.py, ``_hold``).
+# Below it every member applies the older rule (the hold runs its time), so that members of
+# both releases apply the same log to the same state.
+HOLD_DOMAINS_VERSION: Final = INTRODUCED[("Round", 4)]
 
 
 def _written_format(value: Any) -> int:

@@ -186,14 +186,14 @@ async def test_the_leader_raises_the_cluster_version_once_every_member_advertise
         assert isinstance(plain, PutResult)
         upgraded = True
         await wait_until(
-            lambda: all(n.state.cluster_version == 2 for n in cluster.nodes.values()),
+            lambda: all(n.state.cluster_version == RECORD_VERSION for n in cluster.nodes.values()),
             "the cluster version raised on every member",
         )
         kept = await leader.propose(
             Put(b"k", b"v2", keep_lease=True), session_id=session, sequence=2
         )
         assert isinstance(kept, PutResult)
-        assert all(n.status().cluster_version == 2 for n in cluster.nodes.values())
+        assert all(n.status().cluster_version == RECORD_VERSION for n in cluster.nodes.values())
     finally:
         for member_id in list(cluster.nodes):
             await cluster.stop(member_id)

@@ -146,8 +146,8 @@ def test_an_older_build_refuses_a_data_directory_of_a_higher_cluster_version(
     wait_until(lambda: not member.running, 60.0, "the older build to exit")
     member.stopped = True
     assert (
-        "the cluster version is 2, but this build of rallypoint reads and writes record "
-        "versions up to 1"
+        f"the cluster version is {RECORD_VERSION}, but this build of rallypoint reads and "
+        "writes record versions up to 1"
     ) in cluster.log_text(2)
     del cluster.builds[2]
     cluster.start(2)

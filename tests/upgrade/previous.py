@@ -20,8 +20,10 @@ from pathlib import Path
 
 # The first release that speaks the stream peer protocol (docs/peer-protocol.md), with
 # ``RALLYPOINT_PEER_TRANSPORT=stream``: this build speaks nothing else on the peer port, so an
-# older release (gRPC there) cannot share a cluster with it. Both are at record version 2.
+# older release (gRPC there) cannot share a cluster with it.
 PINNED_COMMIT = "f771d74"
+# Its record version (coordinator/version.py there).
+PINNED_RECORD_VERSION = 2
 # Its peer transport, set for its members (its default was grpc).
 PINNED_ENV = (("RALLYPOINT_PEER_TRANSPORT", "stream"),)
 REPOSITORY = Path(__file__).resolve().parents[2]

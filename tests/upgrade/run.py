@@ -17,9 +17,9 @@ The run is checked as a fault-injection run is (linearizability of the registers
 the leases' fencing, watch order, no member exiting on its own), and a window without a
 successful write longer than ``STALL_S`` while a majority was up is a stall. Then the
 reverse: a member of this build is stopped and its data directory started with the previous
-release (both builds are at record version 2, so it must run), which must catch up with
-every key the cluster holds; then it is started with this build again and must have them
-all.
+release, which must catch up with every key the cluster holds when both builds are at one
+record version, and must refuse to start (it is older than the cluster version) when this
+build's is higher; then it is started with this build again and must have them all.
 
 The pinned release is the first that speaks the stream peer protocol; the ones before it
 speak gRPC on the peer port and cannot share a cluster with this build (docs/operations.md,
@@ -163,6 +163,15 @@ def _reverse(outcome: Outcome, cluster: NamespaceCluster, build: previous.Build)
                     cluster.builds[victim] = builds
                 written = await client.put("upgrade/while-restarted", which)
                 await asyncio.to_thread(cluster.start, victim)
+                if builds is not None and previous.PINNED_RECORD_VERSION < RECORD_VERSION:
+                    # Older than the cluster version: a downgrade below it is refused.
+                    if not await asyncio.to_thread(cluster.refused_to_start, victim):
+                        outcome.violation(
+                            f"member {victim} ran on {which} below the cluster version"
+                        )
+                        return
+                    outcome.step(f"member {victim} on {which}: refused to start (cluster version)")
+                    continue
                 if not await _caught_up(outcome, client, cluster, victim, written, which):
                     return
 

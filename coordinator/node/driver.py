@@ -387,9 +387,8 @@ class Node:
                 self._term = rd.hard_state.term
                 self.metrics.term.set(self._term)
             self._commit_index = rd.hard_state.commit
-        # Committed entries already durable here apply first, while this Ready's state is
-        # written (as etcd's server does): their callers' answers wait neither for the write
-        # of the commit index that announced them nor behind the peer senders.
+        # Committed entries already durable here apply first (as etcd's server does): their
+        # callers' answers wait neither for this Ready's write nor behind the peer senders.
         committed = rd.committed_entries
         early = durable_prefix(self.storage, rd)
         for entry in committed[:early]:
@@ -484,7 +483,8 @@ class Node:
             return
         proposer_id, proposal_id, payload = unwrap(entry.data)
         cluster_version = self._sm.cluster_version
-        result = self._sm.apply(entry.index, payload, self.peers.decoded.take(entry))
+        envelope = self.peers.decoded.take(entry) or self._waiters.envelope(proposal_id, entry.data)
+        result = self._sm.apply(entry.index, payload, envelope)
         if self._sm.cluster_version != cluster_version:
             self._cluster_version_raised(cluster_version)
         if isinstance(result, LeaseGrantResult):
@@ -682,7 +682,7 @@ class Node:
         started = time.monotonic()
         queue = lambda: self._proposals.queue(proposal_id, data, term)  # noqa: E731
         result: Result = await self._waiters.propose_and_wait(
-            proposal_id, queue, timeout_s, self.wake, data
+            proposal_id, queue, timeout_s, self.wake, data, envelope
         )
         self.metrics.proposal_seconds.observe(time.monotonic() - started)
         return result

@@ -12,7 +12,9 @@ etcd-io/raft's ``rawnode.go``; Raft thesis 10.2):
    while it writes, thesis 10.2.1; a follower answers heartbeats during a long catch-up),
    and let the peer senders put them on the wire before the disk thread starts;
 3. persist the hard state, entries and snapshot: one WAL write, fsynced only when the Ready
-   says ``must_sync``, on a dedicated disk thread so the event loop keeps serving; while it
+   says ``must_sync``, on a dedicated disk thread so the event loop keeps serving (a Ready
+   that moves only the commit index writes nothing: the index is held in memory and goes
+   to the WAL with the next entries, ``upkeep.disk_request``); while it
    runs, new proposals and messages keep entering the core, and the next Ready carries all
    of them to disk with one fsync (group commit);
 4. send ``Ready.messages_after_persist`` (votes and append acks: they vouch for what was
@@ -58,7 +60,7 @@ from rallypoint.raft import (
     StateType,
 )
 from rallypoint.raft.codec import decode_conf_change
-from rallypoint.raft.storage.disk_storage import DiskStorage, PersistRequest
+from rallypoint.raft.storage.disk_storage import DiskStorage
 from rallypoint.raft.types import (
     NONE,
     Entry,
@@ -114,6 +116,7 @@ from .proposals import (
 from .reads import LinearizableReads
 from .snapshots import Capture, LeaderSnapshots, Snapshots, capture
 from .upkeep import (
+    disk_request,
     durable_prefix,
     node_status,
     open_storage,
@@ -384,9 +387,8 @@ class Node:
                 self._term = rd.hard_state.term
                 self.metrics.term.set(self._term)
             self._commit_index = rd.hard_state.commit
-        # Committed entries already durable here apply first, while this Ready's state is
-        # written (as etcd's server does): their callers' answers wait neither for the write
-        # of the commit index that announced them nor behind the peer senders.
+        # Committed entries already durable here apply first (as etcd's server does): their
+        # callers' answers wait neither for this Ready's write nor behind the peer senders.
         committed = rd.committed_entries
         early = durable_prefix(self.storage, rd)
         for entry in committed[:early]:
@@ -396,13 +398,13 @@ class Node:
         # for nothing unpersisted, which go now, and the votes and acks, which go once
         # persisted.
         self._transport.send(rd.messages)
-        if rd.entries or not rd.hard_state.is_empty() or not rd.snapshot.is_empty():
+        request = disk_request(storage, rd, raw.abstaining)
+        if request is not None:
             if rd.messages:
                 # Let the peer senders put the appends on the wire (and the callers just
                 # answered respond) before the disk thread starts: the followers' fsyncs,
                 # not ours, decide when an entry commits.
                 await asyncio.sleep(0)
-            request = PersistRequest(rd.hard_state, rd.entries, rd.snapshot, rd.must_sync)
             started = time.monotonic()
             await asyncio.get_running_loop().run_in_executor(
                 self._disk, storage.write_batch, [request]
@@ -481,7 +483,8 @@ class Node:
             return
         proposer_id, proposal_id, payload = unwrap(entry.data)
         cluster_version = self._sm.cluster_version
-        result = self._sm.apply(entry.index, payload, self.peers.decoded.take(entry))
+        envelope = self.peers.decoded.take(entry) or self._waiters.envelope(proposal_id, entry.data)
+        result = self._sm.apply(entry.index, payload, envelope)
         if self._sm.cluster_version != cluster_version:
             self._cluster_version_raised(cluster_version)
         if isinstance(result, LeaseGrantResult):
@@ -679,7 +682,7 @@ class Node:
         started = time.monotonic()
         queue = lambda: self._proposals.queue(proposal_id, data, term)  # noqa: E731
         result: Result = await self._waiters.propose_and_wait(
-            proposal_id, queue, timeout_s, self.wake, data
+            proposal_id, queue, timeout_s, self.wake, data, envelope
         )
         self.metrics.proposal_seconds.observe(time.monotonic() - started)
         return result

@@ -164,6 +164,8 @@ class Waiters:
         # What each waiter proposed (the entry's data, or its configuration change), when
         # given: only the entry carrying it answers the waiter.
         self._proposed: dict[int, object] = {}
+        # The envelope each waiter encoded into its entry's data, for its apply (envelope).
+        self._envelopes: dict[int, Envelope] = {}
 
     def __len__(self) -> int:
         return len(self._futures)
@@ -175,15 +177,19 @@ class Waiters:
         timeout_s: float,
         wake: Callable[[], None],
         proposed: object = None,
+        envelope: Envelope | None = None,
     ) -> Any:
         """Register ``proposal_id``, ``submit`` the proposal to the core, ``wake`` the Ready
         loop, and wait for the applied result. ``proposed``: what the entry carries (its
         data, or its configuration change); an applied entry with this id that carries
-        anything else is not this proposal (see the module docstring)."""
+        anything else is not this proposal (see the module docstring). ``envelope``: the
+        command ``proposed`` encodes, applied as is when this very entry applies here."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._futures[proposal_id] = future
         if proposed is not None:
             self._proposed[proposal_id] = proposed
+        if envelope is not None:
+            self._envelopes[proposal_id] = envelope
         try:
             try:
                 submit()
@@ -202,6 +208,19 @@ class Waiters:
         finally:
             self._futures.pop(proposal_id, None)
             self._proposed.pop(proposal_id, None)
+            self._envelopes.pop(proposal_id, None)
+
+    def envelope(self, proposal_id: int, carried: bytes) -> Envelope | None:
+        """The envelope the waiter of ``proposal_id`` encoded into ``carried``, if ``carried``
+        is the very data object it proposed (the leader's own entry, as appended here; a
+        copy received from a peer or read back after a restart is decoded as before), so the
+        proposer does not decode its own command again at apply (~10 us a Put). Applying it
+        is applying what decoding would give: decoding inverts encoding
+        (tests/coordinator/test_state_codec.py), and commands are frozen and hold no
+        mutable values."""
+        if self._proposed.get(proposal_id) is not carried:
+            return None
+        return self._envelopes.get(proposal_id)
 
     def trigger(self, proposal_id: int, value: Any, carried: object = None) -> bool:
         """The entry ``proposal_id``, carrying ``carried``, applied with ``value``: answer its
@@ -212,6 +231,7 @@ class Waiters:
         if proposed is not None and carried is not None and proposed != carried:
             return False
         self._proposed.pop(proposal_id, None)
+        self._envelopes.pop(proposal_id, None)
         future = self._futures.pop(proposal_id, None)
         if future is not None and not future.done():
             future.set_result(value)
@@ -220,12 +240,14 @@ class Waiters:
     def fail(self, proposal_id: int, error: Exception) -> None:
         """The proposal ``proposal_id`` will not apply (no-op if nobody waits)."""
         self._proposed.pop(proposal_id, None)
+        self._envelopes.pop(proposal_id, None)
         future = self._futures.pop(proposal_id, None)
         if future is not None and not future.done():
             future.set_exception(error)
 
     def fail_all(self, error: Exception) -> None:
         self._proposed = {}
+        self._envelopes = {}
         futures, self._futures = self._futures, {}
         for future in futures.values():
             if not future.done():

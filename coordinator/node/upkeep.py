@@ -1,5 +1,6 @@
 """The member's plumbing, kept out of the driver (node/driver.py): opening its storage and
-configuring its Raft core, which of a Ready's committed entries are already durable, its
+configuring its Raft core, which of a Ready's committed entries are already durable, what of
+a Ready goes to the disk thread, its
 status, a backup of its state, and its part in the cluster version (what each member
 advertises, and stopping when the cluster has moved past this build). Each is a function of
 what the driver passes in."""
@@ -16,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 from rallypoint.raft import Config, RawNode, Ready
 from rallypoint.raft.log_storage import CompactedError, Storage, UnavailableError
-from rallypoint.raft.storage.disk_storage import DiskStorage, SnapshotPolicy
+from rallypoint.raft.storage.disk_storage import DiskStorage, PersistRequest, SnapshotPolicy
 from rallypoint.raft.types import Index, NodeId
 
 from .. import identity as identity_file
@@ -105,6 +106,26 @@ def durable_prefix(storage: DiskStorage | None, rd: Ready) -> int:
             break
         count += 1
     return count
+
+
+def disk_request(storage: DiskStorage, rd: Ready, abstaining: bool) -> PersistRequest | None:
+    """What of ``rd`` the disk thread must write, or None when nothing: no entries, no
+    snapshot, and a hard state that is empty or moves only the commit index (``must_sync``
+    false). Such a commit index is held in memory (``DiskStorage.hold_commit``) and reaches
+    the WAL with the next write: a request with entries carries the newest hard state. So a
+    commit notice costs no hand-off to the disk thread on the leader nor on a follower. A
+    member that lost its data (``abstaining``) writes each commit index: it stops abstaining
+    on the commit index it has made durable (``bootstrap.stop_abstaining``)."""
+    hard_state = rd.hard_state
+    if not rd.entries and rd.snapshot.is_empty():
+        if hard_state.is_empty():
+            return None
+        if not rd.must_sync and not abstaining:
+            storage.hold_commit(hard_state)
+            return None
+    if hard_state.is_empty():
+        hard_state = storage.hard_state  # a held commit index, if any (WAL.save skips a repeat)
+    return PersistRequest(hard_state, rd.entries, rd.snapshot, rd.must_sync)
 
 
 def node_status(

@@ -32,9 +32,9 @@ at a time (raft/ has no locks), so they may run concurrently:
 
 - the *disk half*: :meth:`write_batch` (one fsync for a whole batch of Readys),
   :meth:`write_snapshot`, :meth:`release_log`; the daemon runs them on one worker thread;
-- the *memory half*: the Storage reads, :meth:`apply_batch`, :meth:`prepare_snapshot`,
-  ``memory.create_snapshot``/``memory.compact``; the daemon runs them on the event loop,
-  applying a batch only after its ``write_batch`` returned.
+- the *memory half*: the Storage reads, :meth:`apply_batch`, :meth:`hold_commit`,
+  :meth:`prepare_snapshot`, ``memory.create_snapshot``/``memory.compact``; the daemon runs
+  them on the event loop, applying a batch only after its ``write_batch`` returned.
 
 :meth:`persist`, :meth:`persist_batch`, :meth:`create_snapshot`, :meth:`compact` and
 :meth:`apply_snapshot` run both halves in sequence, for single-threaded callers.
@@ -179,7 +179,8 @@ class DiskStorage:
         # Disk half. Invariant: the last hard state written to the WAL (term/vote monotone).
         self._durable_hard_state = memory.hard_state
         # Memory half. Invariant: equals what a restart would load, plus entries kept before
-        # the snapshot until compact() drops them.
+        # the snapshot until compact() drops them, and a commit index held but not yet
+        # written (hold_commit).
         self._memory = memory
         self.policy = policy
 
@@ -302,6 +303,14 @@ class DiskStorage:
                 f"snapshot at {meta.index} is not newer than {self._durable_snapshot_index}"
             )
         self._snapshotter.save(snapshot)
+        durable = self._durable_hard_state
+        if durable.commit < meta.index:
+            # The commit index that covers this snapshot may live in the memory half only
+            # (hold_commit): a restart must not load a commit index below the snapshot's
+            # (the core refuses it), and what was applied to make the snapshot was committed.
+            durable = HardState(durable.term, durable.vote, meta.index)
+            self._wal.save(durable, ())
+            self._durable_hard_state = durable
         self._wal.save_snapshot_marker(SnapshotMarker(meta.index, meta.term))
         self._wal.sync()
         self._durable_snapshot_index = meta.index
@@ -330,6 +339,20 @@ class DiskStorage:
             self._memory.append(request.entries)
             if not request.hard_state.is_empty():
                 self._memory.set_hard_state(request.hard_state)
+
+    def hold_commit(self, hard_state: HardState) -> None:
+        """Take a Ready's hard state that moves only the commit index (``must_sync`` false)
+        into the memory half, with no write: the WAL gets it with the next
+        :meth:`write_batch` (pass :attr:`hard_state` with entries) or a snapshot
+        (:meth:`write_snapshot` raises the WAL's commit index to the snapshot's). A commit
+        index may be lost in a crash and is relearned from the leader, as an unsynced write
+        of it could be; this spares the caller a hand-off to the disk thread."""
+        current = self._memory.hard_state
+        if (hard_state.term, hard_state.vote) != (current.term, current.vote):
+            raise AssertionError(f"hard state {hard_state} moves more than the commit of {current}")
+        if hard_state.commit < current.commit:
+            raise AssertionError(f"commit index of {hard_state} goes back from {current}")
+        self._memory.set_hard_state(hard_state)
 
     def prepare_snapshot(self, index: Index, conf_state: ConfState | None, data: bytes) -> Snapshot:
         """The snapshot ``memory.create_snapshot`` would record, without recording it."""

@@ -314,3 +314,40 @@ def test_fsync_only_for_readies_that_must_sync(tmp_path: Path) -> None:
     assert (False, 0) in outcomes
     assert disk.hard_state.commit == disk.last_index() == 3
     disk.close()
+
+
+def test_a_held_commit_index_goes_to_the_wal_with_the_next_entries(tmp_path: Path) -> None:
+    """hold_commit keeps a commit-only hard state in memory, writing nothing; the next write
+    that carries the newest hard state puts it in the WAL."""
+    disk = open_storage(tmp_path)
+    disk.persist(HardState(Term(2), NodeId(1), Index(0)), ents(1, 3, 2))
+    wal_bytes = sum(p.stat().st_size for p in (tmp_path / "wal").glob("*.wal"))
+    disk.hold_commit(HardState(Term(2), NodeId(1), Index(3)))
+    assert disk.hard_state.commit == 3
+    assert sum(p.stat().st_size for p in (tmp_path / "wal").glob("*.wal")) == wal_bytes
+    with pytest.raises(AssertionError, match="moves more than the commit"):
+        disk.hold_commit(HardState(Term(3), NodeId(1), Index(3)))
+    with pytest.raises(AssertionError, match="goes back"):
+        disk.hold_commit(HardState(Term(2), NodeId(1), Index(2)))
+    disk.persist(disk.hard_state, ents(4, 4, 2))
+    disk.close()
+    disk = open_storage(tmp_path)
+    assert disk.hard_state == HardState(Term(2), NodeId(1), Index(3))
+    disk.close()
+
+
+def test_a_snapshot_past_the_written_commit_index_raises_it(tmp_path: Path) -> None:
+    """A snapshot of state applied under a commit index held only in memory: the WAL's commit
+    index is raised to the snapshot's, so the core restarts (it refuses a commit index below
+    its snapshot's) with the snapshot and the entries after it."""
+    disk = open_storage(tmp_path)
+    disk.persist(HardState(Term(2), NodeId(1), Index(2)), ents(1, 8, 2))
+    disk.hold_commit(HardState(Term(2), NodeId(1), Index(6)))
+    disk.create_snapshot(Index(5), CONF, b"s5")
+    disk.close()
+    disk = open_storage(tmp_path)
+    assert disk.hard_state == HardState(Term(2), NodeId(1), Index(5))
+    assert disk.snapshot().metadata.index == 5 and disk.last_index() == 8
+    node = RawNode(Config(id=NodeId(1), storage=disk, rng=random.Random(1), applied=Index(5)))
+    assert node.basic_status().hard_state.commit == 5
+    disk.close()

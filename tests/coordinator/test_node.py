@@ -40,6 +40,7 @@ from rallypoint.coordinator.version import RECORD_VERSION
 from rallypoint.raft.codec import decode_message, encode_message
 from rallypoint.raft.log_storage import UnavailableError
 from rallypoint.raft.storage.disk_storage import PersistRequest
+from rallypoint.raft.tracker import ProgressState
 from rallypoint.raft.types import Entry, EntryType, Index, Message, MessageType, NodeId, Term
 
 
@@ -748,12 +749,21 @@ async def test_a_follower_slow_to_persist_is_not_sent_its_entries_again_and_agai
 
         follower._transport.send = acks_after_a_slow_disk  # type: ignore[method-assign]
         appends: list[Message] = []
+        # The empty appends sent while the leader still probes the follower (re-probes):
+        # once its acknowledgement lands, every later put's commit notice is an empty append
+        # too, and on a busy machine the 40 puts outlast the 0.3 s delay.
+        probing_empty = 0
         leader_send = leader._transport.send
 
         def recording(messages: list[Message]) -> None:
-            appends.extend(
+            nonlocal probing_empty
+            mine = [
                 m for m in messages if m.type is MessageType.MsgApp and m.to == follower.member_id
-            )
+            ]
+            appends.extend(mine)
+            progress = leader.raw.status().progress.get(NodeId(follower.member_id))
+            if progress is not None and progress.state is ProgressState.PROBE:
+                probing_empty += sum(1 for m in mine if not m.entries)
             leader_send(messages)
 
         leader._transport.send = recording  # type: ignore[method-assign]
@@ -764,9 +774,9 @@ async def test_a_follower_slow_to_persist_is_not_sent_its_entries_again_and_agai
         await wait_applied([follower], leader.state.applied_index, timeout_s=30.0)
         sent = sum(len(m.entries) for m in appends)
         assert puts <= sent <= 2 * puts
-        # Empty MsgApps: the re-probes (one per heartbeat answer) and commit updates, not
-        # one per put.
-        assert sum(1 for m in appends if not m.entries) < puts
+        # Empty MsgApps while probing: the re-probes, one per heartbeat answer, not one per
+        # put.
+        assert probing_empty < puts
         held = follower.metrics.registry.get_sample_value(
             "rallypoint_peer_entries_received_total", {"held": "true"}
         )

@@ -296,7 +296,9 @@ class DiskStorage:
             self._snapshotter.retain(self.policy.retain_snapshots)
 
     def write_snapshot(self, snapshot: Snapshot) -> None:
-        """Make a snapshot the application created durable: file, WAL marker, retention."""
+        """Make a snapshot the application created durable: file, WAL marker, retention.
+        The snapshot is of committed entries (a member snapshots what it applied): its index
+        is written as committed when the WAL's commit index is below it."""
         meta = snapshot.metadata
         if meta.index <= self._durable_snapshot_index:
             raise SnapOutOfDateError(

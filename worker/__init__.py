@@ -10,8 +10,9 @@ that half-initialised module and fail.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .lazy import module_getattr
 
 if TYPE_CHECKING:
     from .checkpoint import (
@@ -126,13 +127,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = module_getattr(__name__, _EXPORTS, globals())
 
 
 __all__ = [

@@ -15,8 +15,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .snapshots import MemoryHolding, RegisteredSnapshot, memory_blocker
+if TYPE_CHECKING:
+    from .snapshots import MemoryHolding, RegisteredSnapshot
 
 
 class RestoreSource(enum.Enum):
@@ -300,6 +302,10 @@ def choose_restore_source(
                 f"the memory snapshot ({memory.snapshot}) is older than the checkpoint"
             )
         else:
+            # Only a job with memory snapshots gets here; the others never load their
+            # restore code (snapshots/__init__.py).
+            from .snapshots import memory_blocker
+
             memory_block = memory_blocker(
                 memory.snapshot, memory.world_size, [peer.memory for peer in peers]
             )

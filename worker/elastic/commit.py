@@ -19,6 +19,7 @@ protection thread (``register_snapshot``), fenced by the round.
 from __future__ import annotations
 
 import concurrent.futures
+from typing import TYPE_CHECKING
 
 from rallypoint.client import (
     RallypointError,
@@ -29,9 +30,11 @@ from rallypoint.client import (
     SyncRoundStore,
 )
 
-from ..checkpoint import Checkpointer, PendingCheckpoint, delete_checkpoints, describe_layout
-from ..snapshots import SnapshotId, SnapshotPlacement
 from .state import RunView
+
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpointer, PendingCheckpoint
+    from ..snapshots import SnapshotId, SnapshotPlacement
 
 # Round-store keys of the commit protocol (the store is the round's own: no clash with c10d's).
 CHECKPOINT_KEY = "rallypoint/checkpoint/{step}"
@@ -117,6 +120,8 @@ class RoundCommits:
             )
             run.emit("committing", **fields, checkpoint_id=checkpoint_id)
             result = registry.commit(checkpoint_id)
+            from ..checkpoint import delete_checkpoints  # loaded by the save already
+
             deleted = delete_checkpoints(run.checkpoint_dir, [c.uri for c in result.retired])
             run.emit(
                 "checkpoint_committed",
@@ -139,6 +144,8 @@ class RoundCommits:
         this round, so a zombie's is refused. Whether it was registered."""
         run = self._run
         fields = {"round": self.info.round, "rank": self._rank, "step": snapshot.step}
+        from ..checkpoint import describe_layout  # loaded by the formation's restore
+
         try:
             round_registry(run, self.info).commit_memory_snapshot(
                 snapshot.step,

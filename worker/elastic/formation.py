@@ -11,14 +11,13 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from ..checkpoint import RestoreResult, broadcast_state, restore_state
 from ..errors import WorkerError
-from ..replica_restore import HeldState, held_state
 from ..restore_choice import RestoreSource
 from ..snapshots import RegisteredSnapshot
 from ..store import CoordinatorStore
@@ -26,6 +25,10 @@ from ..torch_compat import forget_previous_world, reset_group_count
 from .collectives import abandonable_fsdp, connect_timeout
 from .round import ElasticRound
 from .state import Formation, RunView
+
+if TYPE_CHECKING:
+    from ..checkpoint import RestoreResult
+    from ..replica_restore import HeldState
 
 # Set by each rank as it starts forming the round; init waits for every rank's (Formation).
 ARRIVED_KEY = "rallypoint/formation/arrived/{rank}"
@@ -92,7 +95,11 @@ class Former:
         # What a survivor of a sharded model held, laid out for the previous world, taken
         # before build() replaces it: the restore may heal the new world from it (replicas).
         sharded_survivor = self.survivor and state.build is not None
-        held = held_state(state.model, state.optimizer) if sharded_survivor else None
+        held = None
+        if sharded_survivor:
+            from ..replica_restore import held_state  # the restore path (package, "Imports")
+
+            held = held_state(state.model, state.optimizer)
         if state.build is not None:
             # A sharded model is laid out for one world: a new one for this world, its
             # state restored below (what this process held is no longer in place). torch
@@ -174,6 +181,10 @@ class Former:
         """Every rank to the same state, and every part of it from the same source: the
         parameters, the optimizer state, the step, the sampler's position and the extra
         state (the invariant of ``TrainState.step``)."""
+        # Loaded here, not at import: the restore path (torch.distributed.checkpoint under
+        # it) is warmed while the worker joins (package docstring, "Imports").
+        from ..checkpoint import RestoreResult, broadcast_state, restore_state
+
         run, state = self._run, self._run.state
         if run.settings.restore == "checkpoint" and checkpoint is not None:
             survivor_step, memory_snapshot, held = None, None, None

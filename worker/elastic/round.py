@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -23,8 +23,7 @@ from torch.distributed.tensor import DTensor
 
 from rallypoint.client import RallypointError, RoundInfo, SyncCheckpointRegistry, SyncRoundStore
 
-from ..checkpoint import Checkpointer, PendingCheckpoint
-from ..snapshots import PendingSnapshot, SnapshotError
+from ..snapshots import SnapshotError
 from .collectives import (
     FORMATION_CONNECT_S,
     Collectives,
@@ -35,6 +34,10 @@ from .collectives import (
 from .commit import RoundCommits, round_registry, round_store
 from .progress import Progress
 from .state import Formation, RunView
+
+if TYPE_CHECKING:
+    from ..checkpoint import PendingCheckpoint
+    from ..snapshots import PendingSnapshot
 
 T = TypeVar("T")
 
@@ -481,6 +484,8 @@ class ElasticRound:
                 group.set_timeout(timedelta(seconds=timeout_s))
                 if not self.collectives.gate("the checkpoint group's gate"):
                     return None
+                from ..checkpoint import Checkpointer  # loaded by the formation's restore
+
                 commits.checkpointer = Checkpointer(self.run.checkpoint_dir, process_group=group)
             pending = commits.checkpointer.save_async(
                 state.step,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib
 import inspect
 import logging
 import os
@@ -20,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
 
 import torch
 
@@ -38,14 +39,22 @@ from rallypoint.client import (
 from .. import joining
 from ..errors import WorkerError
 from ..patience import Patience, one_line_at_exit
-from ..snapshots import MemorySnapshots, SnapshotError
+from ..snapshots import SnapshotError
 from .config import ElasticConfig, EventHandler, event_handler
 from .formation import Former, RoundGone
 from .round import ElasticRound
 from .state import Formation, TrainState
 from .teardown import Abandoned, leave_round
 
+if TYPE_CHECKING:
+    from ..snapshots import MemorySnapshots
+
 log = logging.getLogger("rallypoint.worker.elastic")
+
+# What forming a round needs beyond this package's own modules: the restore, the disk
+# checkpoints and the memory snapshots (torch.distributed.checkpoint under them); warmed on
+# a thread while the worker joins (package docstring, "Imports").
+RESTORE_PATH = "rallypoint.worker.checkpoint"
 
 P = ParamSpec("P")
 
@@ -259,6 +268,8 @@ class ElasticRun:
         if settings.snapshot_every > 0:
             advertise = settings.snapshot_address or socket.gethostbyname(socket.gethostname())
             loopback = advertise.startswith("127.") or advertise in ("::1", "localhost")
+            from ..snapshots import MemorySnapshots
+
             self.memory = MemorySnapshots(
                 self.host,
                 copies=settings.snapshot_copies,
@@ -295,6 +306,10 @@ class ElasticRun:
     # -------------------------------------------------------------- lifecycle
 
     def __enter__(self) -> ElasticRun:
+        # The restore path's imports run while the join below waits on the coordinator,
+        # and the round on its peers ("Imports"); not a daemon, so the interpreter never
+        # exits from under an import.
+        threading.Thread(target=_warm_restore_path, name="rallypoint-warm").start()
         self._client = SyncClient(self.endpoints, **self._client_options)
         try:
             self._join()
@@ -538,6 +553,13 @@ class ElasticRun:
         pending on them (destroying one would block until that collective times out); 0
         once the run is left after every collective completed."""
         return self._abandoned.groups()
+
+
+def _warm_restore_path() -> None:
+    """Import the restore path (``RESTORE_PATH``), so that forming the first round finds it
+    loaded. A failure is left to the formation's own import, which raises it to the run."""
+    with contextlib.suppress(ImportError):
+        importlib.import_module(RESTORE_PATH)
 
 
 # The loop's entry point, as the README spells it: ``with elastic_training(...) as run``.

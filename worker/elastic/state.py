@@ -6,16 +6,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from rallypoint.client import JobConfig, SyncClient, SyncParticipant
 
-from ..checkpoint import RestoreResult
 from ..sampler import ElasticSampler
-from ..snapshots import MemorySnapshots
 from .config import ElasticConfig
+
+if TYPE_CHECKING:
+    from ..checkpoint import RestoreResult
+    from ..snapshots import MemorySnapshots
 
 
 @dataclass

@@ -18,7 +18,6 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from ..checkpoint import Checkpointer
 from .round import ElasticRound
 
 
@@ -75,6 +74,8 @@ def leave_round(
 def _quiet(held: Sequence[object]) -> bool:
     """Nothing in ``held`` (a round's group, store, checkpointer, works) can be inside gloo:
     every work completed and no checkpoint being written, so destroying them cannot block."""
+    from ..checkpoint import Checkpointer  # loaded by the formation's restore
+
     for item in held:
         if isinstance(item, dist.Work) and not item.is_completed():
             return False

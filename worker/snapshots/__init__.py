@@ -76,37 +76,80 @@ erasure.py (the coding and where parity goes), protocol.py (the wire), server.py
 lifecycle.py (:class:`MemorySnapshots`: attach, take, protect), restore.py (holdings,
 rebuild, :func:`restore_from_memory`). They import worker/state_io.py for the state's layout,
 never worker/checkpoint.py, which imports this package.
+
+The names below load their module on first use: a job without memory snapshots needs only
+the light ones (``SnapshotError``, ``RegisteredSnapshot``: placement.py), and a replacement
+must not pay for the rest (and torch.distributed.checkpoint under it) before it has joined
+(worker/elastic/, "Imports").
 """
 
 from __future__ import annotations
 
-from .lifecycle import (
-    DEFAULT_GROUP_TIMEOUT_S,
-    MemorySnapshots,
-    OnComplete,
-    PendingSnapshot,
-    SnapshotTaken,
-)
-from .placement import (
-    PLACEMENT_VERSION,
-    RegisteredSnapshot,
-    SnapshotError,
-    SnapshotId,
-    SnapshotPlacement,
-    erasure_protectors,
-    protectors,
-    validate_erasure,
-)
-from .protocol import REQUEST_TIMEOUT_S
-from .restore import (
-    MemoryHolding,
-    holding,
-    memory_blocker,
-    metadata_ranks,
-    rebuild_plan,
-    restore_from_memory,
-)
-from .server import SnapshotServer
+from typing import TYPE_CHECKING
+
+from ..lazy import module_getattr
+
+if TYPE_CHECKING:
+    from .lifecycle import (
+        DEFAULT_GROUP_TIMEOUT_S,
+        MemorySnapshots,
+        OnComplete,
+        PendingSnapshot,
+        SnapshotTaken,
+    )
+    from .placement import (
+        PLACEMENT_VERSION,
+        RegisteredSnapshot,
+        SnapshotError,
+        SnapshotId,
+        SnapshotPlacement,
+        erasure_protectors,
+        protectors,
+        validate_erasure,
+    )
+    from .protocol import (
+        REQUEST_TIMEOUT_S,
+    )
+    from .restore import (
+        MemoryHolding,
+        holding,
+        memory_blocker,
+        metadata_ranks,
+        rebuild_plan,
+        restore_from_memory,
+    )
+    from .server import (
+        SnapshotServer,
+    )
+
+# Exported name -> the module that defines it.
+_EXPORTS: dict[str, str] = {
+    "DEFAULT_GROUP_TIMEOUT_S": "lifecycle",
+    "MemoryHolding": "restore",
+    "MemorySnapshots": "lifecycle",
+    "OnComplete": "lifecycle",
+    "PLACEMENT_VERSION": "placement",
+    "PendingSnapshot": "lifecycle",
+    "REQUEST_TIMEOUT_S": "protocol",
+    "RegisteredSnapshot": "placement",
+    "SnapshotError": "placement",
+    "SnapshotId": "placement",
+    "SnapshotPlacement": "placement",
+    "SnapshotServer": "server",
+    "SnapshotTaken": "lifecycle",
+    "erasure_protectors": "placement",
+    "holding": "restore",
+    "memory_blocker": "restore",
+    "metadata_ranks": "restore",
+    "protectors": "placement",
+    "rebuild_plan": "restore",
+    "restore_from_memory": "restore",
+    "validate_erasure": "placement",
+}
+
+
+__getattr__ = module_getattr(__name__, _EXPORTS, globals())
+
 
 __all__ = [
     "DEFAULT_GROUP_TIMEOUT_S",

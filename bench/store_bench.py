@@ -64,8 +64,9 @@ common start instant to the last rank's return from ``init_process_group``.
 Top level: ``nccl_1024_s`` (rallypoint), ``ratios`` (rallypoint seconds / tcpstore seconds
 for ``gloo_256``, ``gloo_1024``, ``nccl_1024``), ``targets`` with PASS/MISS. With
 ``--profile-s``, py-spy records (``--gil``: only the thread running Python) the first load
-process (its bridges) and every member during the first gloo trial of ``--profile-store``
-(rallypoint) at ``--profile-size`` (the largest), and the JSON gets their top functions.
+process (its bridges) and every member during the first ``--profile-pattern`` (gloo) trial
+of ``--profile-store`` (rallypoint) at ``--profile-size`` (the largest), and the JSON gets
+their top functions.
 
     python -m bench.store_bench --out bench/results/store.json
     python -m bench.store_bench --smoke --out /tmp/store.json       # about a minute
@@ -110,9 +111,10 @@ from rallypoint.worker.process_tree import run_reaped
 LOAD_MODULE = "bench.store_load"
 STORES = ("tcpstore", "rallypoint", "coordinator_store")
 PATTERNS = ("nccl", "gloo")
-# name -> (direction, target).
+# name -> (direction, target); each target the stricter of those ever set for it (nccl_1024_s:
+# 0.5 s from issue 18, 0.3 s from issue 39; bench/README.md says which).
 TARGETS = {
-    "nccl_1024_s": ("<=", 0.5),
+    "nccl_1024_s": ("<=", 0.3),
     "gloo_256": ("<=", 1.5),
     "gloo_1024": ("<=", 2.0),
 }
@@ -407,7 +409,7 @@ async def bench_store(bench: StoreBench, store: str, results: dict[str, Any]) ->
                     profile = (
                         args.profile_s > 0
                         and store == args.profile_store
-                        and pattern == "gloo"
+                        and pattern == args.profile_pattern
                         and size == (args.profile_size or max(sizes))
                         and index == 0
                     )
@@ -707,7 +709,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--profile-s",
         type=float,
         default=0.0,
-        help="py-spy the first rallypoint gloo trial of the largest size",
+        help="py-spy the first trial of --profile-pattern, --profile-store, --profile-size",
+    )
+    parser.add_argument(
+        "--profile-pattern", choices=PATTERNS, default="gloo", help="the pattern profiled"
     )
     parser.add_argument(
         "--profile-store", choices=STORES, default="rallypoint", help="the store profiled"

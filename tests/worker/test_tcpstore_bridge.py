@@ -24,7 +24,7 @@ from rallypoint.client import (
 )
 from rallypoint.client.rendezvous_errors import StaleRoundError
 from rallypoint.worker.tcpstore import PREFETCH_BYTES, PREFETCH_KEYS, TCPStoreBridge
-from rallypoint.worker.tcpstore.coalescing import Adds, Reads, Writes
+from rallypoint.worker.tcpstore.coalescing import Adds, Reads, Sets, Writes
 from rallypoint.worker.tcpstore.protocol import Add, Check, Get, MultiGet, Query, Set, Wait
 from rallypoint.worker.tcpstore.server import Connection
 from tests.coordinator.fake_node import FakeNode, join_round, open_session, served_at, serving
@@ -470,6 +470,79 @@ async def test_a_combined_add_that_fails_is_retried_part_by_part() -> None:
     with pytest.raises(AddOverflowError):
         await parts[1]
     assert store.calls == [(b"n", 0), (b"n", 7), (b"n", 4), (b"n", 3)]
+
+
+class SettingStore:
+    """Sets on a dict, each call gated, failing with ``failure`` when one is given."""
+
+    def __init__(self) -> None:
+        self.data: dict[bytes, bytes] = {}
+        self.calls: list[tuple[bytes, bytes]] = []
+        self.gate = asyncio.Event()
+        self.failure: Exception | None = None
+
+    async def set(self, key: bytes, value: bytes) -> None:
+        self.calls.append((key, value))
+        await self.gate.wait()
+        if self.failure is not None:
+            raise self.failure
+        self.data[key] = value
+
+
+async def called(store: SettingStore, calls: int) -> None:
+    """Once ``store`` has had ``calls`` calls (each waits at its gate)."""
+    async with asyncio.timeout(5):
+        while len(store.calls) < calls:
+            await asyncio.sleep(0)
+
+
+async def test_concurrent_sets_of_one_value_combine_and_none_takes_an_earlier_call() -> None:
+    """c10d's store-based barrier: every rank of a node that reads the full count sets the
+    same last-worker key to the same value. The sets taken before their call is sent are
+    one coordinator write; a later one is a call of its own, sent at once beside the one in
+    flight, never answered by it."""
+    store = SettingStore()
+    sets = Sets(cast(RoundStore, store))
+    first = [asyncio.ensure_future(sets.set(b"k:last_worker", b"1")) for _ in range(3)]
+    await called(store, 1)
+    assert store.calls == [(b"k:last_worker", b"1")]  # the three arrived together: one call
+    later = [asyncio.ensure_future(sets.set(b"k:last_worker", b"1")) for _ in range(5)]
+    other = asyncio.ensure_future(sets.set(b"k:last_worker", b"2"))
+    await called(store, 3)
+    assert not any(future.done() for future in later)  # not answered by the call in flight
+    store.gate.set()
+    await asyncio.wait_for(asyncio.gather(*first, *later, other), 5)
+    assert store.calls == [
+        (b"k:last_worker", b"1"),
+        (b"k:last_worker", b"1"),  # the five that came during the first call, as one
+        (b"k:last_worker", b"2"),  # another value: a write of its own
+    ]
+
+
+async def test_a_combined_set_that_fails_fails_every_part() -> None:
+    store = SettingStore()
+    store.failure = StaleRoundError("STALE_ROUND: the round ended")
+    store.gate.set()
+    sets = Sets(cast(RoundStore, store))
+    parts = [asyncio.ensure_future(sets.set(b"k", b"v")) for _ in range(4)]
+    outcomes = await asyncio.gather(*parts, return_exceptions=True)
+    assert all(isinstance(outcome, StaleRoundError) for outcome in outcomes)
+    assert store.calls == [(b"k", b"v")]
+
+
+async def test_the_bridge_s_connections_share_their_sets() -> None:
+    """Eight workers' SETs of one key and value, through the bridge's connections: two
+    coordinator writes at most (one a call in flight), where each used to be its own."""
+    store = SettingStore()
+    reads = Reads(cast(RoundStore, store), lambda: 8)
+    adds, writes, sets = Adds(cast(RoundStore, store)), Writes(), Sets(cast(RoundStore, store))
+    connections = [Connection(cast(RoundStore, store), reads, adds, writes, sets) for _ in range(8)]
+    setting = [asyncio.ensure_future(c.answer(Set(b"b:last_worker", b"1"))) for c in connections]
+    await asyncio.sleep(0)
+    store.gate.set()
+    await asyncio.wait_for(asyncio.gather(*setting), 5)
+    assert store.data == {b"b:last_worker": b"1"}
+    assert 1 <= len(store.calls) <= 2, store.calls
 
 
 class ReadAddStore(GatedStore):

@@ -10,8 +10,9 @@ answered by a call that started after it arrived or by a cache lease still runni
 overwriting and deleting keys), so a read that follows a completed write sees it. A WAIT
 whose keys are missing blocks on a coordinator Wait shared by the connections waiting on
 the same keys, then looks again. Concurrent ADDs to one key (a store-based barrier's) go as
-one Add of their sum, each answered with its running sum (:class:`Adds`). Every read first
-waits for the writes the bridge took before it (:class:`Writes`).
+one Add of their sum, each answered with its running sum (:class:`Adds`), and concurrent SETs
+of one key to one value as one Set (:class:`Sets`). Every read first waits for the writes the
+bridge took before it (:class:`Writes`).
 """
 
 from __future__ import annotations
@@ -327,6 +328,57 @@ class Adds:
             else:
                 if not future.done():
                     future.set_result(value)
+
+
+class Sets:
+    """Concurrent SETs of one key to one value, combined into one coordinator Set (c10d's
+    store-based barrier has every rank that reads the full count set the same last-worker
+    key to the same value: on a node of 8 ranks, up to 8 writes through Raft).
+
+    The identical sets that arrive before their call is sent (the rest of the loop turn that
+    took the first) go as one call; one arriving later starts a call of its own, at once,
+    beside any in flight (waiting for one would put a round trip on every rank's path). A
+    call starts after each of its parts arrived and ends before any is answered, so its one
+    write lies inside every part's own interval: each part is linearized at it, one right
+    after the other (writing the same value twice in a row leaves what writing it once
+    does). A part is never answered by a call sent before it arrived: another bridge may
+    have written the key in between. A failed call fails each part with its error (the
+    parts are the same request). Sets of a key to different values are not combined.
+    """
+
+    def __init__(self, store: RoundStore) -> None:
+        self.store = store
+        # The sets whose call is not sent yet, by (key, value).
+        self._pending: dict[tuple[bytes, bytes], list[asyncio.Future[None]]] = {}
+        self._calls: set[asyncio.Task[None]] = set()
+
+    async def set(self, key: bytes, value: bytes) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        write = (key, value)
+        parts = self._pending.get(write)
+        if parts is None:
+            self._pending[write] = [future]
+            task = asyncio.create_task(self._call(write))
+            self._calls.add(task)  # referenced until done
+            task.add_done_callback(self._calls.discard)
+        else:
+            parts.append(future)
+        await future
+
+    async def _call(self, write: tuple[bytes, bytes]) -> None:
+        # The task's first step, a loop turn after the first part: the parts are taken now.
+        parts = self._pending.pop(write)
+        try:
+            await self.store.set(*write)
+        except RallypointError as error:
+            for future in parts:
+                if not future.done():
+                    future.set_exception(error)
+        else:
+            for future in parts:
+                resolve(future)
+        finally:
+            _cancel_unanswered([(write, future) for future in parts])
 
 
 class Writes:

@@ -43,7 +43,7 @@ from rallypoint.client.tasks import cancel_and_wait
 from rallypoint.proto.v1.counters import fits_int64, parse_counter
 
 from ..errors import WorkerError
-from .coalescing import Adds, Reads, Writes, resolve
+from .coalescing import Adds, Reads, Sets, Writes, resolve
 from .protocol import (
     Add,
     Append,
@@ -102,11 +102,21 @@ class Connection(asyncio.Protocol):
     ``closed`` is resolved once the socket closed and the task serving it (if any) ended.
     """
 
-    def __init__(self, store: RoundStore, reads: Reads, adds: Adds, writes: Writes) -> None:
+    def __init__(
+        self,
+        store: RoundStore,
+        reads: Reads,
+        adds: Adds,
+        writes: Writes,
+        sets: Sets | None = None,
+    ) -> None:
         self.store = store
         self.reads = reads
         self.adds = adds
         self.writes = writes
+        # The round's combined SETs (the bridge shares one among its connections; by default
+        # this connection's own).
+        self.sets = Sets(store) if sets is None else sets
         self.transport: asyncio.Transport | None = None
         self.peer: Any = None
         self.parser = RequestParser()
@@ -272,7 +282,7 @@ class Connection(asyncio.Protocol):
         elif isinstance(request, Ping):
             write(encode_pong(request.nonce))
         elif isinstance(request, Set):
-            await writes.run(store.set(request.key, request.value))
+            await writes.run(self.sets.set(request.key, request.value))
         elif isinstance(request, CompareSet):
             expected = request.expected
             result = await writes.run(store.compare_set(request.key, expected, request.desired))
@@ -428,10 +438,11 @@ class StoreBridge:
         store = self._client.round_store(job, round_number, participant_id)
         reads = self._reads = Reads(store, lambda: len(self._connections))
         adds = Adds(store)
+        sets = Sets(store)
         writes = Writes()
 
         def accept() -> Connection:
-            connection = Connection(store, reads, adds, writes)
+            connection = Connection(store, reads, adds, writes, sets)
             self._connections.add(connection)
             connection.closed.add_done_callback(lambda _: self._connections.discard(connection))
             return connection

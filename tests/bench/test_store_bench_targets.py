@@ -1,6 +1,7 @@
 """The store benchmark judges each figure against the stricter of the targets ever set for it
-(bench/README.md, "Store"): nccl_1024_s <= 0.3 s (issue 39; issue 18 had set 0.5), gloo_256
-<= 1.5x and gloo_1024 <= 2.0x TCPStore. And its profile can record the nccl pattern."""
+(the "Store" section of bench/README.md): nccl_1024_s <= 0.3 s (issue 39; issue 18 had set
+0.5), gloo_256 <= 1.5x and gloo_1024 <= 2.0x TCPStore. And its profile can record the nccl
+pattern."""
 
 from __future__ import annotations
 

@@ -140,14 +140,14 @@ Either running out ends the worker with one line saying what to check, not a tra
 ``CoordinatorUnreachableError`` (patience.py) and ``JoinTimeoutError`` (run.py), which a
 program may catch.
 
-Imports. A replacement's way in is mostly imports (docs/elastic.md, "A replacement's way
-in"), and much of what follows the model's build is waiting: on the coordinator (connect,
-session, ``Join``, the round) and on the survivors (arrival). So this package does not import
-the restore path (worker/checkpoint.py, worker/state_io.py, the memory snapshots' code, and
-torch.distributed.checkpoint under them); ``ElasticRun.__enter__`` starts a thread that
-imports it (``run.RESTORE_PATH``) while the join waits, and the modules that use it import it
-where they do (formation's restore, the first checkpoint, teardown), by then loaded or being
-loaded (Python's import lock makes a second importer wait for the first).
+Imports. A replacement's way in is mostly imports (docs/elastic.md, the section on a
+replacement's way in), and much of what follows the model's build is waiting: on the
+coordinator (connect, session, ``Join``, the round) and on the survivors (arrival). So this
+package does not import the restore path (worker/checkpoint.py, worker/state_io.py, the
+memory snapshots' code, and torch.distributed.checkpoint under them); ``ElasticRun.__enter__``
+starts a thread that imports it (``run.RESTORE_PATH``) while the join waits, and the modules
+that use it import it where they do (formation's restore, the first checkpoint, teardown), by
+then loaded or being loaded (Python's import lock makes a second importer wait for the first).
 tests/worker/test_lazy_imports.py keeps the join path free of it.
 
 Events. ``on_event(kind, fields)`` is called (from the training or the commit thread) for

@@ -83,7 +83,14 @@ def note_left_rounds() -> None:
     def leave_round(round_: ElasticRound, *args: Any, finished: bool, **kwargs: Any) -> None:
         model = round_.run.state.model
         mesh = next((p.device_mesh for p in model.parameters() if isinstance(p, DTensor)), None)
-        tp = weakref.ref(mesh.get_group("tp")) if mesh is not None and not finished else None
+        tp = None
+        if mesh is not None and not finished:
+            try:
+                tp = weakref.ref(mesh.get_group("tp"))
+            except RuntimeError:
+                # A round that failed to form: its mesh's groups were never made or are gone
+                # already ("Could not resolve the process group"); nothing to watch close.
+                tp = None
         real_leave(round_, *args, finished=finished, **kwargs)
         if tp is None:
             return

@@ -23,7 +23,8 @@ Features, as in production implementations: pre-vote (thesis 9.6), check-quorum 
 stickiness (followers that recently heard from a leader ignore vote requests, thesis 4.2.3),
 a no-op entry on election (thesis 6.4), commit only by counting current-term entries
 (section 5.4.2, in ``RaftLog.maybe_commit``), pipelined replication with flow control
-(``tracker``), fast log backtracking, ReadIndex reads (thesis 6.4), leadership transfer
+(``tracker``; commit notices go unanswered, ``COMMIT_NOTICE_CONTEXT``), fast log
+backtracking, ReadIndex reads (thesis 6.4), leadership transfer
 (thesis 3.10), joint-consensus membership changes (thesis 4.3) with learners, and snapshots.
 """
 
@@ -94,6 +95,16 @@ class CampaignType(enum.Enum):
 
 #: The context of vote requests of a transfer campaign, which peers honour despite a lease.
 CAMPAIGN_TRANSFER_CONTEXT = CampaignType.TRANSFER.value.encode()
+#: The context of a commit notice: an entry-less MsgApp sent only because the commit index
+#: advanced, to a follower in REPLICATE. Accepting it moves only the follower's commit index,
+#: and its answer could tell the leader no more than the answers to the appends before it,
+#: which are on their way on the same ordered stream: no probe to end, and heartbeat answers
+#: keep the follower recently active. So a follower that accepts one does not answer it
+#: (a rejection is answered, as ever). If those answers are lost, the heartbeat answer's
+#: empty MsgApp, which is no notice, is answered and moves ``match`` (send_append). Members
+#: of earlier releases ignore a MsgApp's context and answer every notice, which the leader
+#: takes as any stale answer; their own notices carry no context and are answered.
+COMMIT_NOTICE_CONTEXT = b"CommitNotice"
 
 _VOTE_TYPES = frozenset({MT.MsgVote, MT.MsgVoteResp, MT.MsgPreVote, MT.MsgPreVoteResp})
 _AFTER_APPEND_TYPES = frozenset({MT.MsgAppResp, MT.MsgVoteResp, MT.MsgPreVoteResp})
@@ -369,14 +380,18 @@ class Raft:
                 raise AssertionError(f"message should not be self-addressed when sending {t.name}")
             self.msgs.append(m)
 
-    def send_append(self, to: NodeId) -> None:
-        self.maybe_send_append(to, send_if_empty=True)
+    def send_append(self, to: NodeId, commit_notice: bool = False) -> None:
+        self.maybe_send_append(to, send_if_empty=True, commit_notice=commit_notice)
 
-    def maybe_send_append(self, to: NodeId, send_if_empty: bool) -> bool:
+    def maybe_send_append(
+        self, to: NodeId, send_if_empty: bool, commit_notice: bool = False
+    ) -> bool:
         """Send a MsgApp with the entries ``to`` lacks (or a snapshot); True if sent.
 
         ``send_if_empty`` allows an entry-less MsgApp (useful to carry the commit index or
-        probe), unwanted when sending a batch of messages in a loop.
+        probe), unwanted when sending a batch of messages in a loop. ``commit_notice``: sent
+        because the commit index advanced; an entry-less one to a follower in REPLICATE is
+        then marked so that it goes unanswered (COMMIT_NOTICE_CONTEXT).
         """
         pr = self.trk.progress[to]
         if pr.is_paused():
@@ -402,6 +417,7 @@ class Raft:
         if compacted:
             return self.maybe_send_snapshot(to, pr)
         committed = self.raft_log.committed
+        notice = commit_notice and not ents and pr.state is ProgressState.REPLICATE
         self.send(
             Message(
                 type=MT.MsgApp,
@@ -410,6 +426,7 @@ class Raft:
                 log_term=prev_term,
                 entries=tuple(ents),
                 commit=committed,
+                context=COMMIT_NOTICE_CONTEXT if notice else b"",
             )
         )
         pr.update_on_entries_send(len(ents), payloads_size(ents))
@@ -453,10 +470,10 @@ class Raft:
         self.send(Message(type=MT.MsgHeartbeat, to=to, commit=commit, context=ctx))
         pr.update_on_commit_send(commit)
 
-    def bcast_append(self) -> None:
+    def bcast_append(self, commit_notice: bool = False) -> None:
         for node_id in self.trk.sorted_ids():
             if node_id != self.id:
-                self.send_append(node_id)
+                self.send_append(node_id, commit_notice)
 
     def bcast_heartbeat(self) -> None:
         self.bcast_heartbeat_with_ctx(self.read_only.last_pending_request_ctx())
@@ -1043,11 +1060,11 @@ class Raft:
         if self.maybe_commit():
             # Entries of this term committed: pending reads may now be answered.
             self.release_pending_read_index_messages()
-            self.bcast_append()
+            self.bcast_append(commit_notice=True)
         elif m.from_ != self.id and pr.can_bump_commit(self.raft_log.committed):
             # The follower may lack the latest commit index; tell it now rather than at the
             # next heartbeat.
-            self.send_append(m.from_)
+            self.send_append(m.from_, commit_notice=True)
         # Flow control may now allow several size-limited MsgApps at once.
         if m.from_ != self.id:
             while self.maybe_send_append(m.from_, send_if_empty=False):
@@ -1261,7 +1278,7 @@ class Raft:
             if node_id in self.abstaining_peers:
                 self.abstaining_peers.discard(node_id)
                 if self.state is StateType.LEADER and self.maybe_commit():
-                    self.bcast_append()
+                    self.bcast_append(commit_notice=True)
             return
         if node_id not in self.abstaining_peers and node_id != self.id:
             self.logger.info(
@@ -1298,7 +1315,8 @@ class Raft:
         last_new, ok = log.maybe_append(m.index, m.log_term, m.commit, m.entries)
         if ok:
             self.lead_match = Index(max(self.lead_match, last_new))
-            self.send(Message(type=MT.MsgAppResp, to=m.from_, index=last_new))
+            if m.entries or m.context != COMMIT_NOTICE_CONTEXT:
+                self.send(Message(type=MT.MsgAppResp, to=m.from_, index=last_new))
             self._maybe_ask_for_commit()
             return
         self.logger.debug(
@@ -1503,7 +1521,7 @@ class Raft:
             return cs
         if self.maybe_commit():
             # The new quorum may commit more: tell everyone.
-            self.bcast_append()
+            self.bcast_append(commit_notice=True)
         else:
             # Probe newly added peers now rather than at the next heartbeat or proposal.
             for node_id in self.trk.sorted_ids():

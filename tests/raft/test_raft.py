@@ -4,6 +4,7 @@ snapshots, fast backtracking and flow control."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -33,6 +34,7 @@ from rallypoint.raft import (
     Term,
 )
 from rallypoint.raft.log_storage import entries_size
+from rallypoint.raft.raft import COMMIT_NOTICE_CONTEXT
 
 from .network import BootstrapStorage, Network, Peer, new_config, new_peer, new_storage
 
@@ -1024,6 +1026,113 @@ def test_heartbeat_commit_never_exceeds_follower_match() -> None:
     nt.tick(1)
     [hb] = [m for m in nt.delivered[start:] if m.type is MT.MsgHeartbeat and m.to == 3]
     assert hb.commit == nt.raft(1).trk.progress[NodeId(3)].match < nt.raft(1).raft_log.committed
+
+
+def test_a_follower_answers_appends_with_entries_but_not_commit_notices() -> None:
+    # A commit notice (an entry-less MsgApp to a follower known to hold all it is sent) moves
+    # only the follower's commit index: its ack would tell the leader nothing, so none is sent.
+    nt = Network.of_size(3)
+    nt.campaign(1)
+    nt.propose(1, b"warmup")
+    start = len(nt.delivered)
+    for i in range(5):
+        nt.propose(1, b"p%d" % i)
+    msgs = nt.delivered[start:]
+    appends = [m for m in msgs if m.type is MT.MsgApp]
+    notices = [m for m in appends if not m.entries]
+    acks = [m for m in msgs if m.type is MT.MsgAppResp and m.to == 1]
+    assert len(appends) == 20 and len(notices) == 10
+    assert all(m.context == COMMIT_NOTICE_CONTEXT for m in notices)
+    assert all(not m.context for m in appends if m.entries)
+    # One ack per append with entries, none per notice (there used to be 20).
+    assert len(acks) == 10 and all(not m.reject for m in acks)
+    leader = nt.raft(1)
+    for follower in (2, 3):
+        pr = leader.trk.progress[NodeId(follower)]
+        assert pr.state is ProgressState.REPLICATE and pr.match == leader.raft_log.last_index()
+        assert nt.raft(follower).raft_log.committed == leader.raft_log.committed
+        assert nt.peer(follower).applied_data()[-1] == b"p4"
+
+
+def test_empty_probes_are_not_commit_notices() -> None:
+    # The leader marks only what it sends because the commit advanced, to a follower in
+    # REPLICATE: an empty probe's answer is what moves the follower back to REPLICATE.
+    nt = Network.of_size(3)
+    probing_follower(nt, 2)
+    held: list[Message] = []
+
+    def hold_acks_of_2(m: Message) -> Message | None:
+        if m.type is MT.MsgAppResp and m.from_ == 2:
+            held.append(m)
+            return None
+        return m
+
+    nt.msg_hook = hold_acks_of_2
+    nt.propose(1, b"p")  # the probe with entries, its ack held; commits through 3
+    start = len(nt.delivered)
+    nt.tick(1)  # a heartbeat answer: an empty re-probe
+    probes = [m for m in nt.delivered[start:] if m.type is MT.MsgApp and m.to == 2]
+    assert probes and all(not m.entries and not m.context for m in probes)
+    assert [m for m in held if not m.reject and m.index == probes[0].index]
+    nt.msg_hook = None
+    nt.send(*held)
+    assert nt.raft(1).trk.progress[NodeId(2)].state is ProgressState.REPLICATE
+    nt.propose(1, b"q")
+    assert nt.peer(2).applied_data()[-2:] == [b"p", b"q"]
+
+
+def test_a_rejected_commit_notice_is_answered() -> None:
+    nt = Network.of_size(3)
+    nt.campaign(1)
+    nt.propose(1, b"x")
+    last = nt.raft(1).raft_log.last_index()
+    notice = Message(
+        type=MT.MsgApp,
+        from_=NodeId(1),
+        to=NodeId(2),
+        term=nt.raft(1).term,
+        index=Index(last + 5),  # beyond the follower's log
+        log_term=nt.raft(1).term,
+        commit=last,
+        context=COMMIT_NOTICE_CONTEXT,
+    )
+    nt.peer(2).step(notice)
+    [answer] = nt.peer(2).handle_ready()
+    assert answer.type is MT.MsgAppResp and answer.reject and answer.index == last + 5
+
+
+def test_commit_notices_mix_with_members_of_the_previous_release() -> None:
+    # A leader of the previous release sends notices with no context: they are answered.
+    # A follower of the previous release answers a notice: the leader takes the ack as any
+    # stale one (nothing changes, nothing more is sent). Both are played here by stripping
+    # the context off the notices to node 3.
+    nt = Network.of_size(3)
+    nt.campaign(1)
+
+    def as_the_previous_release(m: Message) -> Message | None:
+        if m.type is MT.MsgApp and m.to == 3 and m.context:
+            return dataclasses.replace(m, context=b"")
+        return m
+
+    nt.msg_hook = as_the_previous_release
+    start = len(nt.delivered)
+    for i in range(3):
+        nt.propose(1, b"p%d" % i)
+    msgs = nt.delivered[start:]
+    acks = {
+        follower: [m for m in msgs if m.type is MT.MsgAppResp and m.from_ == follower]
+        for follower in (2, 3)
+    }
+    assert len(acks[2]) == 3 and len(acks[3]) == 6
+    # Each extra ack caused nothing: besides the proposals, the appends (3 a follower), the
+    # notices (3 a follower) and those acks only.
+    kinds = [m.type for m in msgs]
+    assert kinds.count(MT.MsgProp) == 3 and kinds.count(MT.MsgApp) == 12
+    assert len(kinds) == 3 + 12 + 9
+    leader = nt.raft(1)
+    for follower in (2, 3):
+        assert leader.trk.progress[NodeId(follower)].match == leader.raft_log.last_index()
+        assert nt.peer(follower).applied_data() == [b"p0", b"p1", b"p2"]
 
 
 def test_state_machine_safety_under_random_faults_and_membership_churn() -> None:

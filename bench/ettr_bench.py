@@ -63,8 +63,10 @@ DESCRIPTIONS = {
     "survivors re-forming in process (process groups of every rank) and restoring from their "
     "own replicas at the step they trained to (source replicas: only the step in flight is "
     "dropped), the newcomer receiving its shards from a survivor holding them; a job-wide "
-    "fault or planned stop restarts from disk; a planned drain loses nothing; no memory "
-    "snapshots (no event restores from one)",
+    "fault relaunches every process on the same hosts, which restore the last memory "
+    "snapshot from host memory (snapshot_dir on a tmpfs: the snapshots outlive the "
+    "processes), taken every N steps by Young's formula over the job-wide faults; a planned "
+    "stop restarts from disk; a planned drain loses nothing",
 }
 # The job as rallypoint ran it in this model before the replicas restore existed (state
 # sharded over data parallel, memory snapshots every N steps by Young's formula, every rank
@@ -80,7 +82,8 @@ VARIANT_DESCRIPTION = (
 # How each system's stall for each kind of event is summed, in input names (``derived`` names
 # full_restart_s = job_relaunch_s + process_start_s + pg_init_s + checkpoint read,
 # memory_restore_s = state_bytes_per_gpu / memory_restore_bytes_per_s and
-# replica_restore_s = state_bytes_per_gpu / replica_restore_bytes_per_s).
+# replica_restore_s = state_bytes_per_gpu / replica_restore_bytes_per_s and
+# host_memory_restore_s = state_bytes_per_gpu / host_memory_restore_bytes_per_s).
 COMPOSITION = {
     "torchrun": {
         "host_lost, process_crash, job_wide": "torchrun_restart_s + full_restart_s; "
@@ -105,7 +108,10 @@ COMPOSITION = {
         "hang": "max(hang_factor x step_s, hang_floor_s) + hang_recovery_s + round_close_s + "
         "pg_init_s + replica_restore_s; the step in flight dropped",
         "drain": "round_close_s + pg_init_s + replica_restore_s, nothing redone",
-        "job_wide": "rallypoint_restart_s + full_restart_s; redo since the disk checkpoint",
+        "job_wide": "rallypoint_restart_s + job_relaunch_s + process_start_s + pg_init_s + "
+        "host_memory_restore_s (the last memory snapshot taken up from host memory by the "
+        "relaunched processes, instead of the disk checkpoint's read); redo since that "
+        "snapshot (host_snapshot_every_steps)",
         "planned_restart": "rallypoint_restart_s + checkpoint write + full_restart_s",
     },
 }
@@ -128,6 +134,20 @@ def derived(values: Mapping[str, float]) -> dict[str, float]:
     mtbf = wall_s / memory_events if memory_events > 0 else float("inf")
     interval = young_interval_s(blocked, mtbf) if blocked > 0 else values["step_s"]
     snapshot_steps = max(1, round(interval / values["step_s"])) if math.isfinite(interval) else 1
+    # rallypoint's snapshots in host memory: only a job-wide fault restores from one (every
+    # other event from the survivors' replicas), so Young's interval is over those alone;
+    # none at all when there are none (0: no snapshots, no cost).
+    job_wide_events = sum(
+        values[count_key(c)] * values["job_wide_software_fraction"]
+        for c in CAUSES
+        if c.scope is Scope.SOFTWARE
+    )
+    job_wide_events *= values["interruption_rate_multiplier"] * values["days"]
+    job_wide_events /= values["window_days"]
+    host_steps = 0.0
+    if job_wide_events > 0:
+        host_interval = young_interval_s(blocked, wall_s / job_wide_events)
+        host_steps = max(1.0, round(host_interval / values["step_s"])) if blocked > 0 else 1.0
     return {
         "wall_s": wall_s,
         "checkpoint_write_s": values["checkpoint_bytes"] / values["storage_bytes_per_s"],
@@ -136,6 +156,9 @@ def derived(values: Mapping[str, float]) -> dict[str, float]:
         "snapshot_every_steps": float(snapshot_steps),
         "memory_restore_s": values["state_bytes_per_gpu"] / values["memory_restore_bytes_per_s"],
         "replica_restore_s": values["state_bytes_per_gpu"] / values["replica_restore_bytes_per_s"],
+        "host_snapshot_every_steps": host_steps,
+        "host_memory_restore_s": values["state_bytes_per_gpu"]
+        / values["host_memory_restore_bytes_per_s"],
         "replica_groups": values["gpus"] / values["replica_group_gpus"],
         "hang_detect_s": max(values["hang_factor"] * values["step_s"], values["hang_floor_s"]),
     }
@@ -170,14 +193,23 @@ def make_systems(values: Mapping[str, float]) -> dict[str, System]:
             values["torchft_kill_stall_s"], Tier.IN_FLIGHT, replacement, lost_groups / groups
         )
 
-    def rallypoint_responder(restore_s: float, tier: Tier) -> Callable[[Event], Response]:
+    # Every process relaunched on the same hosts; the state taken up from host memory.
+    host_memory_restart = values["job_relaunch_s"] + values["process_start_s"]
+    host_memory_restart += values["pg_init_s"] + d["host_memory_restore_s"]
+
+    def rallypoint_responder(
+        restore_s: float, tier: Tier, host_memory: bool
+    ) -> Callable[[Event], Response]:
         """rallypoint's answers: ``restore_s`` and ``tier`` are where a lost host's, crash's
-        or hang's state comes from (the survivors' replicas, or the last memory snapshot)."""
+        or hang's state comes from (the survivors' replicas, or the last memory snapshot);
+        ``host_memory``: a job-wide fault restores the last snapshot from host memory."""
 
         def respond(event: Event) -> Response:
             reform = restore_s + values["round_close_s"] + values["pg_init_s"]
             if event.kind is Kind.PLANNED_RESTART:
                 return Response(values["rallypoint_restart_s"] + planned_stop, Tier.FRESH_DISK)
+            if event.kind is Kind.JOB_WIDE and host_memory:
+                return Response(values["rallypoint_restart_s"] + host_memory_restart, Tier.MEMORY)
             if event.kind is Kind.JOB_WIDE:
                 return Response(values["rallypoint_restart_s"] + d["full_restart_s"], Tier.DISK)
             if event.kind is Kind.DRAIN:
@@ -194,8 +226,9 @@ def make_systems(values: Mapping[str, float]) -> dict[str, System]:
 
     # A lost host's unit is one replica group's part: every other group holds its shards at
     # the step the survivors trained to, so only the step in flight is dropped (replicas).
-    rallypoint = rallypoint_responder(d["replica_restore_s"], Tier.IN_FLIGHT)
-    sharded = rallypoint_responder(d["memory_restore_s"], Tier.MEMORY)
+    rallypoint = rallypoint_responder(d["replica_restore_s"], Tier.IN_FLIGHT, True)
+    # As this model ran it before: its job-wide faults restart from disk.
+    sharded = rallypoint_responder(d["memory_restore_s"], Tier.MEMORY, False)
 
     def system(
         name: str,
@@ -217,12 +250,17 @@ def make_systems(values: Mapping[str, float]) -> dict[str, System]:
 
     snapshot_interval = d["snapshot_every_steps"] * step_s
     blocked = d["snapshot_blocked_s"]
+    host_interval = d["host_snapshot_every_steps"] * step_s
     return {
         "torchrun": system("torchrun", torchrun, 0.0, 0.0, 0.0),
         "torchft": system("torchft", torchft, 0.0, 0.0, values["torchft_step_overhead_s"]),
-        # No memory snapshots: no event restores from one (Young's interval is infinite).
+        # Memory snapshots for the job-wide faults only (0: none, when there are none).
         "rallypoint": system(
-            "rallypoint", rallypoint, 0.0, 0.0, values["rallypoint_step_overhead_s"]
+            "rallypoint",
+            rallypoint,
+            host_interval,
+            blocked / (host_interval + blocked) if host_interval else 0.0,
+            values["rallypoint_step_overhead_s"],
         ),
         SHARDED_VARIANT: system(
             SHARDED_VARIANT,
@@ -302,8 +340,8 @@ def summarise(
         "composition": COMPOSITION[name],
     }
     if name == "rallypoint":
-        # 0: it takes none (no event restores from one: make_systems).
-        summary["snapshot_every_steps"] = 0
+        # Kept in host memory, for the job-wide faults (make_systems); 0: none taken.
+        summary["snapshot_every_steps"] = int(derived(values)["host_snapshot_every_steps"])
     return summary
 
 
@@ -456,6 +494,14 @@ def build_document(args: argparse.Namespace) -> dict[str, Any]:
                 "torchft the replicated one; that figure is kept in 'variants'. No input's "
                 "value changed; replica_restore_bytes_per_s (bench/results/replicas.json) is "
                 "new",
+                "rallypoint keeps its memory snapshots in host memory (snapshot_dir on a "
+                "tmpfs, worker/snapshots/hostfiles.py): a job-wide fault is taken to kill the "
+                "training processes and not their hosts (a fault that takes hosts down is "
+                "host_lost here), and the relaunch to start them on the same hosts with the "
+                "same worker names, which take up the last registered snapshot "
+                "(host_memory_restore_bytes_per_s, measured after a crash of every rank). "
+                "Until this run the model restarted rallypoint's job-wide faults from the "
+                "disk checkpoint (0.9878); the sharded variant still does",
                 "rallypoint's survivors wait while a spare host's newcomers receive their "
                 "shards (the restore is part of the formation); torchft's train on while its "
                 "replacement heals",

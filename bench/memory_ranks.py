@@ -15,6 +15,13 @@ servers. Alternately, REPEATS times: ``restore_from_memory`` and a raw ``dcp.loa
 disk checkpoint into the same (rotated) state dicts. Rank 0 writes
 WORKDIR/memory-figures.json: medians, bytes, the time the training thread was held by the
 snapshot, and the memory held for redundancy (all held / the state as stored).
+
+With MEMORY_HOST_DIR=DIR the snapshots are kept in host memory (DIR/host-<rank>, files:
+worker/snapshots/hostfiles.py) and the processes exit without leaving (as a crash would);
+run again with MEMORY_PHASE=restart, new processes (ranks rotated as above) take the files
+up and restore from them, as workers started again after a job-wide crash do: rank 0 writes
+WORKDIR/host-memory-figures.json (host_memory_restore_s: from the new world's first
+collective to every rank restored, taking the files up included).
 """
 
 from __future__ import annotations
@@ -36,13 +43,14 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from rallypoint.worker import Checkpointer, MemorySnapshots, SnapshotId
-from rallypoint.worker.snapshots import holding, restore_from_memory
+from rallypoint.worker.snapshots import RegisteredSnapshot, holding, restore_from_memory
 from rallypoint.worker.torch_compat import forget_previous_world
 
 # How many ranks (one per simulated host) and how their snapshots are protected: copies=2 by
 # default, or erasure-coded (MEMORY_ERASURE=K+M, e.g. 4+2 with MEMORY_WORLD=4).
 WORLD = int(os.environ.get("MEMORY_WORLD", "3"))
 ERASURE = os.environ.get("MEMORY_ERASURE", "")
+HOST_DIR = os.environ.get("MEMORY_HOST_DIR", "")
 SNAPSHOTS = 8
 WIDTH = 1024
 
@@ -69,11 +77,15 @@ def main() -> None:
     size_mb, repeats = float(sys.argv[3]), int(sys.argv[4])
     layers = max(1, int(size_mb * 1024 * 1024 / 4 / (WIDTH * WIDTH)))
     torch.set_num_threads(1)
+    if os.environ.get("MEMORY_PHASE") == "restart":
+        restart(old_rank, workdir, layers, repeats)
+        return
+    directory = Path(HOST_DIR) / f"host-{old_rank}" if HOST_DIR else None
     if ERASURE:
         k, m = ERASURE.split("+")
-        memory = MemorySnapshots(f"host-{old_rank}", erasure=(int(k), int(m)))
+        memory = MemorySnapshots(f"host-{old_rank}", erasure=(int(k), int(m)), directory=directory)
     else:
-        memory = MemorySnapshots(f"host-{old_rank}", copies=2)
+        memory = MemorySnapshots(f"host-{old_rank}", copies=2, directory=directory)
     init(old_rank, int(os.environ["FIRST_PORT"]))
     memory.attach(1)
     model = sharded_model(layers)
@@ -168,9 +180,54 @@ def main() -> None:
             "memory_overhead_of_tensor_bytes": sum(held_bytes) / total_state,
             "redundancy": f"erasure {ERASURE}" if ERASURE else "copies 2",
             "repeats": repeats,
+            "host_memory": bool(HOST_DIR),
+            "world_name": taken.placement.world,
         }
         (workdir / "memory-figures.json").write_text(json.dumps(figures, indent=1))
     dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def restart(old_rank: int, workdir: Path, layers: int, repeats: int) -> None:
+    """New processes after a crash of every rank: take up the files of the snapshot the
+    first processes took, and restore from them (module docstring)."""
+    taken = json.loads((workdir / "memory-figures.json").read_text())
+    directory = Path(HOST_DIR) / f"host-{old_rank}"
+    memory = MemorySnapshots(f"host-{old_rank}", copies=2, directory=directory)
+    rank = (old_rank + 1) % WORLD
+    init(rank, int(os.environ["THIRD_PORT"]))
+    memory.attach(3)
+    registered = RegisteredSnapshot(1, SNAPSHOTS, WORLD, taken["world_name"])
+    times, held = [], 0
+    for repeat in range(max(1, repeats)):
+        model = sharded_model(layers)
+        optimizer = torch.optim.AdamW(model.parameters())
+        dist.barrier()
+        started = time.perf_counter()
+        # The first takes the files up (holding: MemorySnapshots.recover).
+        mine = holding(memory, registered if repeat == 0 else registered.snapshot)
+        holdings: list[Any] = [None] * WORLD
+        dist.all_gather_object(holdings, mine)
+        step, _, _ = restore_from_memory(memory, registered.snapshot, holdings, model, optimizer)
+        dist.barrier()
+        times.append(time.perf_counter() - started)
+        assert step == SNAPSHOTS
+        held = sum(len(h.held) for h in holdings if h is not None)
+    if rank == 0:
+        figures = {
+            "world": WORLD,
+            "state_bytes": taken["state_bytes"],
+            "blobs_taken_up": held,
+            "host_memory_restore_s": times[0],
+            "host_memory_restore_repeat_median_s": statistics.median(times[1:] or times),
+            "host_memory_restore_bytes_per_s": taken["state_bytes"] / times[0],
+            "memory_restore_median_s": taken["memory_restore_median_s"],
+            "host_vs_process_memory": taken["memory_restore_median_s"] / times[0],
+        }
+        (workdir / "host-memory-figures.json").write_text(json.dumps(figures, indent=1))
+    dist.barrier()
+    memory.close()
     sys.stdout.flush()
     os._exit(0)
 

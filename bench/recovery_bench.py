@@ -226,43 +226,50 @@ def memory_figures(
     erasure-coded: ``erasure`` "K+M")."""
     workdir = root / f"memory-figures-{world}{'-' + erasure if erasure else ''}"
     workdir.mkdir()
-    first = free_port_block(2)
+    first = free_port_block(3)
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
         "GLOO_SOCKET_IFNAME": "lo",
         "FIRST_PORT": str(first),
         "SECOND_PORT": str(first + 1),
+        "THIRD_PORT": str(first + 2),
         "MEMORY_WORLD": str(world),
         "MEMORY_ERASURE": erasure,
+        # Replicated snapshots are kept in host memory (files), then restored from there by
+        # new processes: a job-wide crash (bench/memory_ranks.py).
+        "MEMORY_HOST_DIR": "" if erasure else str(workdir / "shm"),
     }
-    ranks = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "bench.memory_ranks",
-                str(rank),
-                str(workdir),
-                str(size_mb),
-                str(repeats),
-            ],
-            env=env,
-            stderr=open(workdir / f"rank{rank}.err", "w"),  # noqa: SIM115
-            cwd=REPOSITORY,
-        )
-        for rank in range(world)
-    ]
-    try:
-        for rank in ranks:
-            if rank.wait(timeout=timeout_s) != 0:
-                raise RuntimeError(f"a memory rank failed: see {workdir}")
-    finally:
-        for rank in ranks:
-            if rank.poll() is None:
-                rank.kill()
-                rank.wait()
+    for phase in ("take", "restart") if not erasure else ("take",):
+        ranks = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.memory_ranks",
+                    str(rank),
+                    str(workdir),
+                    str(size_mb),
+                    str(repeats),
+                ],
+                env={**env, "MEMORY_PHASE": phase},
+                stderr=open(workdir / f"rank{rank}-{phase}.err", "w"),  # noqa: SIM115
+                cwd=REPOSITORY,
+            )
+            for rank in range(world)
+        ]
+        try:
+            for rank in ranks:
+                if rank.wait(timeout=timeout_s) != 0:
+                    raise RuntimeError(f"a memory rank failed: see {workdir}")
+        finally:
+            for rank in ranks:
+                if rank.poll() is None:
+                    rank.kill()
+                    rank.wait()
     figures: dict[str, Any] = json.loads((workdir / "memory-figures.json").read_text())
+    if not erasure:
+        figures["host_memory"] = json.loads((workdir / "host-memory-figures.json").read_text())
     return figures
 
 
@@ -561,7 +568,10 @@ def run_in(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             "step trained before the kill - restored step; disk_steps_lost: the same for the "
             "last disk checkpoint), and once of w2 and w3 (host-b); memory figures: "
             "bench/memory_ranks.py, 3 ranks on 3 hosts, an FSDP2 model of restore_mb MB "
-            "(memory_overhead_ec: 4 ranks on 4 hosts, erasure-coded 4+2)",
+            "(memory_overhead_ec: 4 ranks on 4 hosts, erasure-coded 4+2); the 3 ranks keep "
+            "their snapshots in host memory (files) and exit as a crash would, and 3 new "
+            "processes take the files up and restore from them (host_memory_restore_bytes_per_s"
+            ": the state over the first restore, taking the files up included)",
             "smoke": args.smoke,
             "hang": "one of 4 workers blocks forever inside its step at step 60 (its process "
             f"and heartbeat alive), {HANG_STEP_S} s of work a step: hang_detect_s is from its "
@@ -578,6 +588,7 @@ def run_in(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "memory_steps_lost": _median([t["steps_lost"] for t in recovered_memory]),
         "disk_steps_lost": _median([t["disk_steps_lost"] for t in recovered_memory]),
         "memory_restore_vs_dcp": memory["memory_restore_vs_dcp"],
+        "host_memory_restore_bytes_per_s": memory["host_memory"]["host_memory_restore_bytes_per_s"],
         "snapshot_blocked_s_per_gb": memory["snapshot_blocked_s_per_gb"],
         "memory_overhead": memory["memory_overhead"],
         "memory_overhead_ec": coded["memory_overhead"],

@@ -556,7 +556,7 @@ def restore_state(
         state_bytes=_state_bytes(model, optimizer),
         disk_bytes_per_s=disk_bytes_per_s,
         broadcast_bytes_per_s=broadcast_bytes_per_s,
-        memory=holding(memory, memory_snapshot.snapshot if memory_snapshot else None),
+        memory=holding(memory, memory_snapshot),
         holds=survivor_holds.layout if survivor_holds is not None else None,
         needs=None if replicated else tuple(sorted(model_pieces(model))),
     )

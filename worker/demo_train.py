@@ -3,12 +3,13 @@
     python -m rallypoint.worker.demo_train --endpoints A,B,C --job demo --name w1 \\
         --checkpoint-dir DIR [--max-steps N] [--checkpoint-every K] [--restore auto|checkpoint]
         [--token TOKEN] [--fsdp] [--snapshot-every K [--snapshot-copies R | --snapshot-erasure
-        K+M] [--host NAME]]
+        K+M] [--host NAME] [--snapshot-dir DIR]]
 
 ``--fsdp`` shards the model over the world with FSDP2 (``fully_shard``), rebuilt at every
 formation; ``--snapshot-every`` takes in-memory snapshots protected on workers of other hosts
 (``--host`` names this worker's; by copies, or erasure-coded with ``--snapshot-erasure``),
-from which a lost worker's shards come back.
+from which a lost worker's shards come back; with ``--snapshot-dir`` (a tmpfs) they are kept
+in files there, and workers started again after all of them died restore from them.
 
 The data is a regression problem made from a fixed seed (the same in every process): inputs
 drawn from a normal distribution, targets from a random "teacher" MLP plus a little noise,
@@ -224,6 +225,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="erasure-code snapshots in groups of K with M parity shares instead of copies",
     )
     parser.add_argument("--host", default=None, help="this worker's failure domain")
+    parser.add_argument(
+        "--snapshot-dir", default=None, help="keep snapshots in files here (a tmpfs: /dev/shm)"
+    )
     return parser.parse_args(argv)
 
 
@@ -259,6 +263,7 @@ def open_run(
         snapshot_every=args.snapshot_every,
         snapshot_copies=args.snapshot_copies,
         snapshot_erasure=args.snapshot_erasure,
+        snapshot_dir=args.snapshot_dir,
         host=args.host,
         **options,
     )

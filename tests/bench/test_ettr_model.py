@@ -258,8 +258,8 @@ def test_every_assumption_is_named_with_its_reasoning_and_what_it_moves(tmp_path
             assert set(entry[label]) == set(ettr_bench.SYSTEMS), (name, label)
     swings = [entry["rallypoint_swing"] for entry in entries]
     assert swings == sorted(swings, reverse=True)
-    # A software fault that reaches every process costs rallypoint a restart from disk: with
-    # none of them, it can only do better.
+    # A software fault that reaches every process costs rallypoint a relaunch of every
+    # process and the training since its last snapshot: with none of them, it does better.
     software = next(e for e in entries if e["input"] == "job_wide_software_fraction")
     base = document["sensitivity"]["base_ettr"]["rallypoint"]
     assert software["ettr_zeroed"]["rallypoint"] > base
@@ -279,12 +279,11 @@ def test_rallypoint_restores_a_lost_host_from_the_replicas_without_rollback(
     values: dict[str, float],
 ) -> None:
     """The same job for torchft and rallypoint (a whole replica per replica group): a lost
-    host, crash or hang drops only rallypoint's step in flight, its restore takes the
-    measured replica throughput, and it takes no memory snapshots; the job sharded over data
-    parallel (the variant) rolls back to the last memory snapshot."""
+    host, crash or hang drops only rallypoint's step in flight and its restore takes the
+    measured replica throughput; the job sharded over data parallel (the variant) rolls back
+    to the last memory snapshot."""
     systems = ettr_bench.make_systems(values)
     rallypoint = systems["rallypoint"]
-    assert rallypoint.snapshot_fraction == 0.0 and rallypoint.snapshot_interval_s == 0.0
     derived = ettr_bench.derived(values)
     assert derived["replica_restore_s"] == pytest.approx(
         values["state_bytes_per_gpu"] / values["replica_restore_bytes_per_s"]
@@ -297,8 +296,6 @@ def test_rallypoint_restores_a_lost_host_from_the_replicas_without_rollback(
         assert response.stall_s - sharded.stall_s == pytest.approx(
             derived["replica_restore_s"] - derived["memory_restore_s"]
         )
-    # A job-wide fault still has nothing in memory to restore from.
-    assert rallypoint.respond(Event(0.0, "x", Kind.JOB_WIDE, 1)).tier is Tier.DISK
     outcomes = ettr_bench.run_model(values, SEEDS)
     variant = ettr_bench.run_model(values, SEEDS, systems=(ettr_bench.SHARDED_VARIANT,))
     replicas_recompute = sum(o.lost_by_kind["recompute"] for o in outcomes["rallypoint"])
@@ -308,12 +305,59 @@ def test_rallypoint_restores_a_lost_host_from_the_replicas_without_rollback(
     assert replicas_recompute < sharded_recompute
 
 
+def test_a_job_wide_fault_restores_rallypoint_from_host_memory(
+    values: dict[str, float],
+) -> None:
+    """rallypoint keeps its memory snapshots in host memory (snapshot_dir), taken every N
+    steps by Young's formula over the job-wide faults alone: a job-wide fault relaunches
+    every process (the same relaunch, start and process groups as a restart from disk) and
+    restores the last snapshot at the measured host-memory throughput instead of reading the
+    checkpoint, redoing only the training since that snapshot; the variant still restarts
+    from disk. With no job-wide fault it takes no snapshot at all."""
+    systems = ettr_bench.make_systems(values)
+    rallypoint, variant = systems["rallypoint"], systems[ettr_bench.SHARDED_VARIANT]
+    derived = ettr_bench.derived(values)
+    assert derived["host_memory_restore_s"] == pytest.approx(
+        values["state_bytes_per_gpu"] / values["host_memory_restore_bytes_per_s"]
+    )
+    job_wide = Event(0.0, "x", Kind.JOB_WIDE, 1)
+    from_memory, from_disk = rallypoint.respond(job_wide), variant.respond(job_wide)
+    assert (from_memory.tier, from_disk.tier) == (Tier.MEMORY, Tier.DISK)
+    checkpoint_read = values["checkpoint_bytes"] / values["storage_bytes_per_s"]
+    assert from_memory.stall_s == pytest.approx(
+        from_disk.stall_s - checkpoint_read + derived["host_memory_restore_s"]
+    )
+    steps = derived["host_snapshot_every_steps"]
+    assert steps >= 1
+    assert rallypoint.snapshot_interval_s == pytest.approx(steps * values["step_s"])
+    blocked = derived["snapshot_blocked_s"]
+    assert rallypoint.snapshot_fraction == pytest.approx(
+        blocked / (rallypoint.snapshot_interval_s + blocked)
+    )
+    # Fewer events restore from these snapshots than from the variant's: taken less often.
+    assert steps > derived["snapshot_every_steps"]
+    never = ettr_bench.make_systems({**values, "job_wide_software_fraction": 0.0})["rallypoint"]
+    assert never.snapshot_interval_s == 0.0 and never.snapshot_fraction == 0.0
+    # Redone since the last snapshot, not since the last checkpoint.
+    everything = {**values, "job_wide_software_fraction": 1.0}
+    outcomes = ettr_bench.run_model(everything, SEEDS)["rallypoint"]
+    events = [e for s in SEEDS for e in generate_events(CAUSES, everything, s)]
+    job_wide_count = sum(e.kind is Kind.JOB_WIDE for e in events)
+    redone = sum(o.lost_by_kind["recompute"] for o in outcomes)
+    # (Every other event drops at most the step in flight.)
+    in_flight = (len(events) - job_wide_count) * values["step_s"]
+    assert 0.0 < redone <= job_wide_count * rallypoint.snapshot_interval_s + in_flight
+
+
 def test_the_variant_is_reported_beside_the_systems(tmp_path: Path) -> None:
     document = report(tmp_path)
     variant = document["variants"][ettr_bench.SHARDED_VARIANT]
     assert 0.0 < variant["ettr"] <= 1.0
     assert variant["snapshot_every_steps"] >= 1
-    assert document["systems"]["rallypoint"]["snapshot_every_steps"] == 0
+    derived = document["derived"]
+    assert document["systems"]["rallypoint"]["snapshot_every_steps"] == int(
+        derived["host_snapshot_every_steps"]
+    )
     replica = document["inputs"]["replica_restore_bytes_per_s"]["source"]
     assert replica == {
         "kind": "measured",

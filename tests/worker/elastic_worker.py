@@ -14,6 +14,8 @@ On top of the demo program's JSON lines it prints:
 - with ``--pause-snapshot-file``: the same when rank 0 is about to register an in-memory
   snapshot every rank protected (``pausing`` with ``at: snapshot``); once resumed and told it
   was declared failed, its registration proceeds and is refused (``snapshot_refused``);
+- with ``--digest-snapshots``: ``snapshot_digest`` (step, digest) as each memory snapshot is
+  taken, the digest of the state it copies;
 - with ``--fail-health-check``: its pre-admission health check fails in every round, so it
   drains its own host;
 - ``groups_alive`` once the run is left: how many of the process groups made in this
@@ -48,7 +50,7 @@ from rallypoint.worker.demo_train import (
 )
 from rallypoint.worker.elastic import ElasticRun
 from rallypoint.worker.elastic.commit import RoundCommits
-from rallypoint.worker.snapshots import SnapshotId, SnapshotPlacement
+from rallypoint.worker.snapshots import MemorySnapshots, SnapshotId, SnapshotPlacement
 
 
 def main() -> None:
@@ -56,6 +58,7 @@ def main() -> None:
     probe.add_argument("--pause-file", type=Path, default=None)
     probe.add_argument("--pause-snapshot-file", type=Path, default=None)
     probe.add_argument("--fail-health-check", action="store_true")
+    probe.add_argument("--digest-snapshots", action="store_true")
     probe_args, rest = probe.parse_known_args()
     args = parse_args(rest)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -103,6 +106,23 @@ def main() -> None:
         return register(commits, snapshot, world_size, placement)
 
     RoundCommits.register_snapshot = pausing_register  # type: ignore[method-assign,assignment]
+
+    if probe_args.digest_snapshots:
+        take = MemorySnapshots.take
+
+        def digesting_take(
+            memory: MemorySnapshots,
+            step: int,
+            model: torch.nn.Module,
+            optimizer: torch.optim.Optimizer,
+            **options: Any,
+        ) -> Any:
+            # The state this snapshot copies, before training changes it.
+            digest = state_digest(model, optimizer)
+            emit("snapshot_digest", {"t": time.time(), "step": step, "digest": digest})
+            return take(memory, step, model, optimizer, **options)
+
+        MemorySnapshots.take = digesting_take  # type: ignore[method-assign]
 
     def after_formed(formed: ElasticRun) -> None:
         assert formed.current is not None and formed.current.formation is not None

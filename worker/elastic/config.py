@@ -74,6 +74,8 @@ class ElasticConfig:
     units_within_domains: bool = JOB_CONFIG.units_within_domains
     # None: the address the host name resolves to.
     snapshot_address: str | None = None
+    # None: snapshots are kept in the worker's own memory (worker/snapshots/hostfiles.py).
+    snapshot_dir: str | Path | None = None
     # Called on every rank of a forming round before the restore: why this rank's domain
     # should be drained, or None (health.py; HealthCheck, typed loosely here because the
     # check takes the round, whose module imports this one).

@@ -121,9 +121,7 @@ class Former:
             )
             registered = run.client.latest_memory_snapshot(run.job)
             if registered is not None:
-                memory_snapshot = RegisteredSnapshot(
-                    registered.round, registered.step, registered.world_size
-                )
+                memory_snapshot = RegisteredSnapshot.of(registered)
         restored = self._restore(checkpoint, round_, memory_snapshot, trained_step, held)
         del held
         self.survivor = True

@@ -190,6 +190,14 @@ class ElasticRun:
         snapshot_address: the address other workers reach this worker's snapshot server
             at (default: the address the host name resolves to); the server listens on
             every interface unless this is a loopback address.
+        snapshot_dir: a directory in host memory (a tmpfs: ``"/dev/shm"``) where this
+            worker keeps its snapshots, in files outside its process (under
+            ``rallypoint-snapshots/<job>/<name>``), instead of in its own memory: when every
+            worker dies at once (a crash, an out-of-memory kill) and they are started again
+            on the same hosts with the same names, they restore the newest registered
+            snapshot from there (source ``memory``) instead of the disk checkpoint. The files
+            are removed when the worker leaves the job (finished or failed). None (the
+            default): in the worker's memory.
         health_check: a pre-admission check, ``check(round) -> str | None``, run on every
             rank of a forming round before the state is restored (it may run collectives
             on the round's group): a reason drains this worker's host (its failure domain)
@@ -268,14 +276,18 @@ class ElasticRun:
         if settings.snapshot_every > 0:
             advertise = settings.snapshot_address or socket.gethostbyname(socket.gethostname())
             loopback = advertise.startswith("127.") or advertise in ("::1", "localhost")
-            from ..snapshots import MemorySnapshots
+            from ..snapshots import MemorySnapshots, job_directory
 
+            directory = settings.snapshot_dir
             self.memory = MemorySnapshots(
                 self.host,
                 copies=settings.snapshot_copies,
                 erasure=settings.snapshot_erasure,
                 bind=advertise if loopback else "0.0.0.0",
                 advertise=advertise,
+                directory=None
+                if directory is None
+                else job_directory(directory, self.job, self.name),
             )
         self.config = settings.job_config()
         self._on_event = event_handler(arguments.on_event)
@@ -325,6 +337,7 @@ class ElasticRun:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        outcome, detail = self._outcome(exc_info[1])
         try:
             if self.current is not None:
                 self._teardown(self.current, finished=exc_info[0] is None)
@@ -332,14 +345,14 @@ class ElasticRun:
             # interpreter's exit ("Teardown").
             self._abandoned.drop(expired_after_s=0.0)
             if self._participant is not None and not self._participant.lost.is_set():
-                outcome, detail = self._outcome(exc_info[1])
                 with contextlib.suppress(RallypointError):
                     self._participant.leave(timeout_s=5, outcome=outcome, detail=detail)
         finally:
             if self._client is not None:
                 self._client.close()
             if self.memory is not None:
-                self.memory.close()
+                # Interrupted, the job stays open for this worker: its snapshot files too.
+                self.memory.close(keep_files=outcome is None)
 
     def _outcome(self, error: object) -> tuple[LeaveOutcome | None, str]:
         """What this worker tells the job as it leaves (the last to leave ends the job by

@@ -41,6 +41,15 @@ stored item from the process holding it (its own memory when it holds it; only t
 item needs, received straight into the target tensor): bit for bit what was snapshotted.
 Otherwise the restore falls back to the disk checkpoint, saying which ranks were lost.
 
+Outliving the processes (``MemorySnapshots(directory=...)``, hostfiles.py). A fault that
+kills every process at once loses what their servers held. With a directory in host memory (a
+tmpfs) every server keeps its blobs, parity shares, metadata and placement in files there
+(written in place: held once, in the page cache instead of the heap), named by round, step and
+the world that took them (a digest of its token, which the registered placement carries). A
+process started after one that died (the same job and worker name: the same directory) takes
+up, at its first restore, the files of the snapshot the coordinator registered, and only
+those; every other file is removed. The restore then finds every old rank held, as above.
+
 Between worlds. torch caches DTensor shardings by specs whose meshes compare equal across
 worlds, so a process whose rank moved would get the previous world's coordinate:
 ``forget_previous_world`` (worker/torch_compat.py) clears those caches before the new
@@ -72,7 +81,8 @@ the training network only, as gloo's own traffic is.
 
 The modules, one job each: placement.py (names, placement rules, the registry's encoding),
 erasure.py (the coding and where parity goes), protocol.py (the wire), server.py
-(:class:`SnapshotServer`), storage.py (DCP's storage in memory), staging.py (the copy),
+(:class:`SnapshotServer`), hostfiles.py (its files in host memory), storage.py (DCP's
+storage in memory), staging.py (the copy),
 lifecycle.py (:class:`MemorySnapshots`: attach, take, protect), restore.py (holdings,
 rebuild, :func:`restore_from_memory`). They import worker/state_io.py for the state's layout,
 never worker/checkpoint.py, which imports this package.
@@ -90,6 +100,9 @@ from typing import TYPE_CHECKING
 from ..lazy import module_getattr
 
 if TYPE_CHECKING:
+    from .hostfiles import (
+        job_directory,
+    )
     from .lifecycle import (
         DEFAULT_GROUP_TIMEOUT_S,
         MemorySnapshots,
@@ -139,6 +152,7 @@ _EXPORTS: dict[str, str] = {
     "SnapshotTaken": "lifecycle",
     "erasure_protectors": "placement",
     "holding": "restore",
+    "job_directory": "hostfiles",
     "memory_blocker": "restore",
     "metadata_ranks": "restore",
     "protectors": "placement",
@@ -167,6 +181,7 @@ __all__ = [
     "SnapshotTaken",
     "erasure_protectors",
     "holding",
+    "job_directory",
     "memory_blocker",
     "metadata_ranks",
     "protectors",

@@ -7,6 +7,7 @@ useless. The package docstring (worker/snapshots/__init__.py) tells the whole st
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import secrets
 import threading
@@ -26,7 +27,9 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from ..sampler import ElasticSampler
 from ..state_io import MODEL_KEY, OPTIMIZER_KEY, PROGRESS_KEY, pack_progress
 from .erasure import encode_parity
+from .hostfiles import Buffer, HostFiles, world_of
 from .placement import (
+    RegisteredSnapshot,
     SnapshotError,
     SnapshotId,
     SnapshotPlacement,
@@ -92,9 +95,14 @@ class MemorySnapshots:
         erasure: tuple[int, int] | None = None,
         bind: str = "127.0.0.1",
         advertise: str | None = None,
+        directory: str | os.PathLike[str] | None = None,
     ) -> None:
         """``copies=r`` keeps every blob r times (its rank's own included; 2 if neither is
-        given); ``erasure=(k, m)`` codes groups of k blobs with m parity shares instead."""
+        given); ``erasure=(k, m)`` codes groups of k blobs with m parity shares instead.
+        ``directory`` (in host memory: a tmpfs such as /dev/shm; one per process, e.g.
+        hostfiles.job_directory) keeps what this process holds in files there, so that a
+        process started after it died can restore from them (worker/snapshots/hostfiles.py);
+        None keeps it in this process's memory."""
         if copies is not None and erasure is not None:
             raise ValueError("give copies or erasure, not both")
         if erasure is not None:
@@ -106,7 +114,8 @@ class MemorySnapshots:
         self.host = host
         self.copies = copies
         self.erasure = erasure
-        self.server = SnapshotServer(bind, advertise)
+        files = HostFiles.open(directory) if directory is not None else None
+        self.server = SnapshotServer(bind, advertise, files)
         self._world: _World | None = None
         self._pending: PendingSnapshot | None = None
         # How long the last snapshot taken held the training thread (the copy).
@@ -122,13 +131,25 @@ class MemorySnapshots:
         # The groups make_groups() made for the next world, until attach() adopts them.
         self._made: _Groups | None = None
 
-    def close(self) -> None:
+    def close(self, *, keep_files: bool = False) -> None:
+        """Stop; ``keep_files`` leaves the snapshot files in the directory for a process
+        started after this one (the elastic loop keeps them when its job stays open for this
+        worker to come back), else they are removed."""
         if self._world is not None:
             self._world.protection.stop()
         if self._hooked is not None:
             self._hooked[1].remove()
             self._hooked = None
-        self.server.close()
+        self.server.close(keep_files=keep_files)
+
+    def recover(self, registered: RegisteredSnapshot | None) -> tuple[int, ...]:
+        """Take up the files of the ``registered`` snapshot (the coordinator's: only it, and
+        only of its world) that a process before this one left in the directory, and remove
+        every other file it left; the old ranks whose blobs were taken up. Called by the
+        first restore (``holding``); nothing to do after it, or without a directory."""
+        if registered is None:
+            return self.server.recover(None, "")
+        return self.server.recover(registered.snapshot, registered.world)
 
     @property
     def token(self) -> bytes:
@@ -204,6 +225,7 @@ class MemorySnapshots:
             placement = erasure_protectors(hosts, *self.erasure)
         else:
             placement = protectors(hosts, self.copies or 1)
+        placement = replace(placement, world=world_of(token))
         ranks = dist.get_process_group_ranks(process_group) if process_group else None
         made, self._made = self._made, None
         if made is not None and made.ranks == ranks:
@@ -213,7 +235,7 @@ class MemorySnapshots:
         else:
             self._retire(made, timeout)
             group, control = _new_groups(process_group, timeout)
-        self.server.set_token(token)
+        self.server.set_token(token, round_number)
         # The previous world's groups may hold work stuck on a peer that is gone (an
         # abandoned agreement, a protection's collective): dropping them would run gloo's
         # destructor, which joins that work, for up to its timeout. Kept until it passed.
@@ -338,9 +360,11 @@ class MemorySnapshots:
             background.run()
             # What the training thread waited for the copy (the step's pre-hook).
             blocked_s += background.waited_s()
-            writer = BlobWriter(world.rank)
+            writer = BlobWriter(
+                world.rank, lambda length: self.server.allocate(snapshot, world.rank, length)
+            )
             metadata = dcp_save(staged, storage_writer=writer, process_group=world.group)
-            blob = bytes(writer.blob)
+            blob = writer.blob
             held_bytes = state_bytes(staged)
             del staged
             self.server.put(snapshot, world.rank, blob)
@@ -381,7 +405,7 @@ class MemorySnapshots:
         except BaseException as failure:
             pending._future.set_exception(failure)
 
-    def _protect_by_replicas(self, world: _World, snapshot: SnapshotId, blob: bytes) -> int:
+    def _protect_by_replicas(self, world: _World, snapshot: SnapshotId, blob: Buffer) -> int:
         """Push ``blob`` to the ranks holding its replicas; 1 if every one acked."""
         ok = 1
         for holder in world.placement.holders[world.rank][1:]:
@@ -389,7 +413,7 @@ class MemorySnapshots:
         return ok
 
     def _protect_by_parity(
-        self, world: _World, snapshot: SnapshotId, placement: SnapshotPlacement, blob: bytes
+        self, world: _World, snapshot: SnapshotId, placement: SnapshotPlacement, blob: Buffer
     ) -> int:
         """Ship ``blob`` to its group's parity holders, then code this rank's own parity
         shares from its groups' staged blobs and keep them; 1 if all of it succeeded."""
@@ -411,7 +435,9 @@ class MemorySnapshots:
                 )
                 ok = 0
                 continue
-            shares = encode_parity(blobs, placement.parity_shares, parities)
+            shares = encode_parity(
+                [memoryview(blob) for blob in blobs], placement.parity_shares, parities
+            )
             del blobs
             for parity, share in zip(parities, shares, strict=True):
                 self.server.put_parity(snapshot, coded, parity, share)
@@ -487,7 +513,7 @@ def _wait(work: dist.Work) -> bool:
     return True
 
 
-def _ship(world: _World, snapshot: SnapshotId, holder: int, op: str, blob: bytes) -> int:
+def _ship(world: _World, snapshot: SnapshotId, holder: int, op: str, blob: Buffer) -> int:
     """Send this rank's ``blob`` to rank ``holder`` to keep (``put``: a replica) or to code
     (``stage``); 1 once it acked, 0 (logged) if it could not be reached or refused."""
     header = {

@@ -9,7 +9,7 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import WorkerError
 from .erasure import MAX_SHARES, erasure_groups, parity_holders
@@ -30,17 +30,42 @@ class SnapshotId:
         return f"round {self.round} step {self.step}"
 
 
+class RegisteredInfo(Protocol):
+    """The registry's record of a memory snapshot, as the client returns it."""
+
+    @property
+    def round(self) -> int: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def placement(self) -> bytes: ...
+
+
 @dataclass(frozen=True, slots=True)
 class RegisteredSnapshot:
-    """A memory snapshot the coordinator registered as complete: the one to restore."""
+    """A memory snapshot the coordinator registered as complete: the one to restore.
+    ``world``: the name of the world that took it (``SnapshotPlacement.world``; "" when its
+    registration does not say), which its files in host memory carry (hostfiles.py)."""
 
     round: int
     step: int
     world_size: int
+    world: str = ""
 
     @property
     def snapshot(self) -> SnapshotId:
         return SnapshotId(self.round, self.step)
+
+    @classmethod
+    def of(cls, info: RegisteredInfo) -> RegisteredSnapshot:
+        """From the registry's record (its placement names the world, when it does)."""
+        try:
+            world = SnapshotPlacement.from_bytes(info.placement).world
+        except (ValueError, KeyError, TypeError, AttributeError):
+            world = ""  # not a placement this version reads: its files are never taken up
+        return cls(int(info.round), int(info.step), int(info.world_size), world)
 
 
 # The placement's encoding in the coordinator's registry. Version 1 (replication only) had
@@ -58,7 +83,9 @@ class SnapshotPlacement:
     order; at most k of them, the last group perhaps fewer, coding with its own size as k);
     ``parity_holders[g][j]`` holds parity share j of group g (share number
     ``len(groups[g]) + j``). ``lengths[r]`` is rank r's blob length, known once the snapshot
-    is taken (empty before): what a rebuilt blob is trimmed to."""
+    is taken (empty before): what a rebuilt blob is trimmed to. ``world`` names the world
+    that took the snapshot (hostfiles.world_of its token; "" for placements written before
+    it was kept: the "world" key, which readers of version 2 without it ignore)."""
 
     hosts: tuple[str, ...]
     holders: tuple[tuple[int, ...], ...]
@@ -66,6 +93,7 @@ class SnapshotPlacement:
     groups: tuple[tuple[int, ...], ...] = ()
     parity_holders: tuple[tuple[int, ...], ...] = ()
     lengths: tuple[int, ...] = ()
+    world: str = ""
 
     @property
     def world_size(self) -> int:
@@ -107,6 +135,8 @@ class SnapshotPlacement:
             "hosts": list(self.hosts),
             "holders": [list(h) for h in self.holders],
         }
+        if self.world:
+            obj["world"] = self.world
         if self.erasure is not None:
             obj["erasure"] = list(self.erasure)
             obj["groups"] = [list(g) for g in self.groups]
@@ -124,8 +154,9 @@ class SnapshotPlacement:
                 f"1 to {PLACEMENT_VERSION}"
             )
         hosts, holders = tuple(obj["hosts"]), tuple(tuple(h) for h in obj["holders"])
+        world = str(obj.get("world", ""))
         if "erasure" not in obj:
-            return cls(hosts, holders)
+            return cls(hosts, holders, world=world)
         k, m = obj["erasure"]
         return cls(
             hosts,
@@ -134,6 +165,7 @@ class SnapshotPlacement:
             groups=tuple(tuple(g) for g in obj["groups"]),
             parity_holders=tuple(tuple(p) for p in obj["parity_holders"]),
             lengths=tuple(obj["lengths"]),
+            world=world,
         )
 
 

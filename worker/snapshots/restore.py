@@ -23,7 +23,7 @@ from ..sampler import ElasticSampler
 from ..state_io import install, targets
 from .erasure import decode_blobs
 from .lifecycle import MemorySnapshots
-from .placement import SnapshotError, SnapshotId, SnapshotPlacement
+from .placement import RegisteredSnapshot, SnapshotError, SnapshotId, SnapshotPlacement
 from .protocol import request
 from .storage import PeerReader
 
@@ -43,9 +43,19 @@ class MemoryHolding:
     placement: SnapshotPlacement | None = None
 
 
-def holding(memory: MemorySnapshots | None, snapshot: SnapshotId | None) -> MemoryHolding | None:
-    if memory is None or snapshot is None:
+def holding(
+    memory: MemorySnapshots | None, snapshot: RegisteredSnapshot | SnapshotId | None
+) -> MemoryHolding | None:
+    """What this process holds of ``snapshot`` (None: it keeps no snapshots, or none is
+    registered). Given the registered snapshot, the files of it a process before this one
+    left in host memory are taken up first (``MemorySnapshots.recover``)."""
+    if memory is None:
         return None
+    if not isinstance(snapshot, SnapshotId):
+        memory.recover(snapshot)
+        if snapshot is None:
+            return None
+        snapshot = snapshot.snapshot
     return MemoryHolding(
         memory.server.address,
         memory.server.held(snapshot),
@@ -212,7 +222,7 @@ def _rebuild_group(
     k = len(ranks)
     lengths = [placement.lengths[rank] for rank in ranks]
     padded = max(lengths)
-    shares: dict[int, bytes | bytearray] = {}
+    shares: dict[int, bytes | bytearray | memoryview] = {}
     fetched = 0
     for number, index in rebuild.shares:
         holder = holdings[index]
@@ -239,7 +249,7 @@ def _rebuild_group(
                 raise SnapshotError(f"this process no longer holds share {number} of {snapshot}")
             stored = request(holder.address, header, answer_bytes=length)
             fetched += length
-        shares[number] = stored
+        shares[number] = memoryview(stored)
     blobs = decode_blobs(shares, lengths, placement.parity_shares)
     for number, rank in enumerate(ranks):
         if rank in rebuild.lost:

@@ -7,7 +7,7 @@ tensor where it can)."""
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.planner import (
 )
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 
+from .hostfiles import Buffer
 from .placement import SnapshotError, SnapshotId
 from .protocol import request_parts
 from .server import SnapshotServer
@@ -48,12 +49,15 @@ def _raw(tensor: torch.Tensor) -> memoryview:
 
 
 class BlobWriter(StorageWriter):
-    """DCP storage that packs this rank's items into one bytes object (``self.blob``)."""
+    """DCP storage that packs this rank's items into one buffer (``self.blob``), made by
+    ``allocate(length)`` once their total length is known (a file's mapping in host memory:
+    the items are written straight into it)."""
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, allocate: Callable[[int], Buffer] = bytearray) -> None:
         super().__init__()
         self.rank = rank
-        self.blob = bytearray()
+        self.allocate = allocate
+        self.blob: Buffer = bytearray()
 
     def reset(self, checkpoint_id: Any = None) -> None:
         self.blob = bytearray()
@@ -70,22 +74,30 @@ class BlobWriter(StorageWriter):
     def write_data(
         self, plan: SavePlan, planner: SavePlanner
     ) -> torch.futures.Future[list[WriteResult]]:
-        results = []
+        raws: list[Any] = []
         for item in plan.items:
             data = planner.resolve_data(item)
             if item.type == WriteItemType.BYTE_IO:
                 if not isinstance(data, io.BytesIO):
                     raise SnapshotError(f"{item.index.fqn}: expected bytes, got {type(data)}")
-                raw: Any = data.getbuffer()
+                raws.append(data.getbuffer())
             else:
                 if not isinstance(data, torch.Tensor):
                     raise SnapshotError(f"{item.index.fqn}: expected a tensor, got {type(data)}")
-                raw = _raw(data.cpu())
-            where = ItemLocation(self.rank, len(self.blob), len(raw))
-            self.blob += raw
+                raws.append(_raw(data.cpu()))
+        # Sized once, written in place (no growing buffer, no copy of it afterwards).
+        self.blob = self.allocate(sum(len(raw) for raw in raws))
+        view = memoryview(self.blob)
+        results = []
+        offset = 0
+        for item, raw in zip(plan.items, raws, strict=True):
+            view[offset : offset + len(raw)] = raw
+            where = ItemLocation(self.rank, offset, len(raw))
+            offset += len(raw)
             results.append(
                 WriteResult(index=item.index, size_in_bytes=len(raw), storage_data=where)
             )
+        view.release()
         done: torch.futures.Future[list[WriteResult]] = torch.futures.Future()
         done.set_result(results)
         return done

@@ -183,6 +183,9 @@ class RendezvousSupervisor:
         # -> (the round it failed in, when): alive after the failure that ended that round
         # (``_known_alive``).
         self._reported: dict[Key, tuple[int, int]] = {}
+        # Leader: (job, round) -> when the first failed collective of that round was reported
+        # here: no later than the death that failed it (``_all_known_alive``).
+        self._first_report: dict[tuple[str, int], int] = {}
         # Leader: the failed collective reported here last, per job, for the confirmation
         # window after it: (round, its members not yet confirmed, the report, when).
         self._collective: dict[str, tuple[int, frozenset[int], str, int]] = {}
@@ -203,6 +206,7 @@ class RendezvousSupervisor:
         self._collective.clear()
         self._closed_on.clear()
         self._reported.clear()
+        self._first_report.clear()
         self._leader_grace.inc()
 
     def demote(self) -> None:
@@ -244,6 +248,8 @@ class RendezvousSupervisor:
             if found is not None and found.round.number == round_number:
                 if len(self._reported) > 4096:
                     self._reported.clear()
+                    self._first_report.clear()
+                self._first_report.setdefault((job, round_number), now_ms)
                 for seat in found.round.members:
                     if seat.participant_id not in peers:  # the reporter
                         self._reported[(job, seat.participant_id)] = (round_number, now_ms)
@@ -609,11 +615,15 @@ class RendezvousSupervisor:
         after it may have been sent before a death: it waited in a queue with the stream's
         end), by the word of the member carrying it (``LivenessReport.heard``), or it
         reported the failed collective of the round that failure ended, here (it was alive
-        after the death that failed the collective)."""
+        after the death that failed the collective). The failure is dated by its verdict, or
+        by the first report here of that round's failed collective if earlier (within two
+        intervals): no later than the death either way, and nearer it."""
         r, interval_ms = job.round, job.config.heartbeat_interval_ms
         # The latest failure that held the round (each pushes the hold to 2 intervals past
         # it), on this member's monotonic clock.
         failed_ms = now_ms - (wall_ms - (r.hold_until_ms - 2 * interval_ms))
+        reported_ms = self._first_report.get((job_id, r.number - 1), failed_ms)
+        since_ms = max(min(failed_ms, reported_ms), failed_ms - 2 * interval_ms)
         participants = job.participants
         for seat in r.members:
             pid = seat.participant_id
@@ -622,7 +632,7 @@ class RendezvousSupervisor:
                 continue
             if domains and participant.domain not in domains:
                 continue
-            if self._heard.get((job_id, pid), 0) >= failed_ms + interval_ms:
+            if self._heard.get((job_id, pid), 0) >= since_ms + interval_ms:
                 continue
             reported = self._reported.get((job_id, pid))
             if (

@@ -56,10 +56,11 @@ async def _supervised(
 
 
 async def _fail_a0(
-    clock: Clock, version: int, report: bool
+    clock: Clock, version: int, report: bool, verdict_after_ms: int = 5
 ) -> tuple[JobReplica, dict[str, int], StreamedSupervisor, list[Command], int]:
     """a0 is SIGKILLed: a1's collective fails (reported here if ``report``) and a0's
-    stream ends; its verdict opens round 2, held until ``hold_until_ms`` (returned)."""
+    stream ends; its verdict, ``verdict_after_ms`` later, opens round 2, held until
+    ``hold_until_ms`` (returned)."""
     replica, pids = _job(clock, version)
     sup, proposed = await _supervised(replica, clock)
     clock.ms += 20
@@ -67,7 +68,7 @@ async def _fail_a0(
     if report:
         peers = [pid for name, pid in pids.items() if name != "a1"]
         sup.collective_failed("j", 1, peers, "a1: all_reduce failed", clock.ms)
-    clock.ms += 5
+    clock.ms += verdict_after_ms
     replica.time_ms = clock.ms
     replica.fail(pids["a0"])
     held = replica.job().round
@@ -98,6 +99,24 @@ async def test_one_process_of_three_fails_and_the_round_closes_once_its_mates_ar
     assert sorted(r.member_ids) == sorted(pids[n] for n in ("a1", "a2", "b0"))
     assert proposed[-1] == CloseRound("j", 2, hold_over=True)
     assert [rec.end_reason for rec in replica.job().history] == [EndReason.MEMBER_FAILED]
+
+
+async def test_the_failure_is_dated_by_the_first_report_of_its_collective(clock: Clock) -> None:
+    # The verdict came 60 ms after a1's report (a loaded member): a heartbeat an interval
+    # after the report was sent after the death that failed the collective.
+    replica, pids, sup, _, hold_until_ms = await _fail_a0(clock, 4, True, verdict_after_ms=60)
+    reported_ms = hold_until_ms - 200 - 60
+    clock.ms = reported_ms + 99
+    for name in ("a2", "b0"):
+        sup.heartbeat("j", pids[name])
+    await _step(sup)
+    assert replica.job().round.state is RoundState.JOINING
+    clock.ms = reported_ms + 100
+    for name in ("a2", "b0"):
+        sup.heartbeat("j", pids[name])
+    await _step(sup)
+    r = replica.job().round
+    assert r.state is RoundState.ACTIVE and r.closed_ms == reported_ms + 100
 
 
 async def test_a_mate_not_heard_since_the_failure_keeps_the_hold(clock: Clock) -> None:

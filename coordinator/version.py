@@ -36,7 +36,7 @@ from typing import Final
 BASELINE_RECORD_VERSION: Final = 1
 
 # This build's record version: the highest version it writes and reads.
-RECORD_VERSION: Final = 3
+RECORD_VERSION: Final = 4
 
 # What each version added (docs/operations.md, "Upgrading", prints this table).
 VERSIONS: Final[dict[int, str]] = {
@@ -53,6 +53,10 @@ VERSIONS: Final[dict[int, str]] = {
     3: (
         "Round's hold_domains field (format 4): a round held for a failed member's failure "
         "domain ends its hold as soon as the last participant of that domain is removed"
+    ),
+    4: (
+        "CloseRound's hold_over field (format 2): the leader ends a held round's hold once "
+        "every remaining participant of the failed domains was heard from since the failure"
     ),
 }
 

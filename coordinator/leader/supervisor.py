@@ -77,7 +77,8 @@ from ..liveness.report import encode as encode_report
 from ..metrics import NodeMetrics
 from ..state.commands import CloseRound, Command, MemberFailed, RoundTrained
 from ..state.jobs import EndReason, JobConfig, RoundState
-from ..state.view import StateView
+from ..state.versions import HOLD_OVER_VERSION
+from ..state.view import JobView, StateView
 
 log = logging.getLogger("rallypoint.supervisor")
 
@@ -178,6 +179,13 @@ class RendezvousSupervisor:
         # Leader: when each participant of a held job was last heard on an open stream, by
         # any member's word (this member's monotonic ms): ``_in_doubt``.
         self._heard: dict[Key, int] = {}
+        # Leader: the participants that reported a failed collective here: (job, participant)
+        # -> (the round it failed in, when): alive after the failure that ended that round
+        # (``_known_alive``).
+        self._reported: dict[Key, tuple[int, int]] = {}
+        # Leader: (job, round) -> when the first failed collective of that round was reported
+        # here: no later than the death that failed it (``_all_known_alive``).
+        self._first_report: dict[tuple[str, int], int] = {}
         # Leader: the failed collective reported here last, per job, for the confirmation
         # window after it: (round, its members not yet confirmed, the report, when).
         self._collective: dict[str, tuple[int, frozenset[int], str, int]] = {}
@@ -197,6 +205,8 @@ class RendezvousSupervisor:
         self._unsent.clear()
         self._collective.clear()
         self._closed_on.clear()
+        self._reported.clear()
+        self._first_report.clear()
         self._leader_grace.inc()
 
     def demote(self) -> None:
@@ -234,6 +244,15 @@ class RendezvousSupervisor:
         if self.is_leader:
             rest = frozenset(peers).difference(confirmed)
             self._collective[job] = (round_number, rest, report, now_ms)
+            found = self._state.rendezvous.jobs.get(job)
+            if found is not None and found.round.number == round_number:
+                if len(self._reported) > 4096:
+                    self._reported.clear()
+                    self._first_report.clear()
+                self._first_report.setdefault((job, round_number), now_ms)
+                for seat in found.round.members:
+                    if seat.participant_id not in peers:  # the reporter
+                        self._reported[(job, seat.participant_id)] = (round_number, now_ms)
             confirmed += self._corroborate(job, now_ms)
         return confirmed
 
@@ -529,6 +548,9 @@ class RendezvousSupervisor:
                 continue
             self._close_proposed_ms[key] = wall_ms
             self._spawn(CloseRound(key[0], key[1]))
+        if rendezvous.cluster_version >= HOLD_OVER_VERSION:
+            for job_id in sorted(self._held):
+                self._end_hold(job_id, wall_ms, now_ms)
         if len(self._close_proposed_ms) > 1024:
             self._close_proposed_ms.clear()
         self._propose_all(self.coverage.step(self._state, now_ms))
@@ -556,17 +578,70 @@ class RendezvousSupervisor:
         r, interval_ms = job.round, job.config.heartbeat_interval_ms
         if wall_ms >= r.hold_until_ms + 2 * interval_ms:
             return False
+        return not self._all_known_alive(job_id, job, (), wall_ms, now_ms)
+
+    def _end_hold(self, job_id: str, wall_ms: int, now_ms: int) -> None:
+        """End a held round's hold before its time (``CloseRound.hold_over``, cluster version
+        4) once every remaining participant of the domains holding it is known alive since
+        the failure (``_all_known_alive``): its host did not fail with the failed member, so
+        nothing is left to wait for. Proposed once per second at most, like a close."""
+        job = self._state.rendezvous.jobs.get(job_id)
+        if job is None or job.round.state is not RoundState.JOINING:
+            return
+        r = job.round
+        if wall_ms >= r.hold_until_ms:
+            return  # over: closes_due proposes the close
+        if not self._all_known_alive(job_id, job, r.hold_domains, wall_ms, now_ms):
+            return
+        key = (job_id, r.number)
+        last = self._close_proposed_ms.get(key)
+        if last is not None and wall_ms - last < 1000:
+            return
+        self._close_proposed_ms[key] = wall_ms
+        log.info(
+            "job %s: round %d: every participant of the held domains was heard from since "
+            "the failure: its hold ends",
+            job_id,
+            r.number,
+        )
+        self._spawn(CloseRound(job_id, r.number, hold_over=True))
+
+    def _all_known_alive(
+        self, job_id: str, job: JobView, domains: Sequence[str], wall_ms: int, now_ms: int
+    ) -> bool:
+        """Whether every member of the held round in ``domains`` (every one with a domain,
+        if none is named) is known alive since the latest failure that held it: heard on an
+        open stream at least a heartbeat interval after the failure (a heartbeat read right
+        after it may have been sent before a death: it waited in a queue with the stream's
+        end), by the word of the member carrying it (``LivenessReport.heard``), or it
+        reported the failed collective of the round that failure ended, here (it was alive
+        after the death that failed the collective). The failure is dated by its verdict, or
+        by the first report here of that round's failed collective if earlier (within two
+        intervals): no later than the death either way, and nearer it."""
+        r, interval_ms = job.round, job.config.heartbeat_interval_ms
         # The latest failure that held the round (each pushes the hold to 2 intervals past
         # it), on this member's monotonic clock.
         failed_ms = now_ms - (wall_ms - (r.hold_until_ms - 2 * interval_ms))
+        reported_ms = self._first_report.get((job_id, r.number - 1), failed_ms)
+        since_ms = max(min(failed_ms, reported_ms), failed_ms - 2 * interval_ms)
         participants = job.participants
         for seat in r.members:
-            participant = participants.get(seat.participant_id)
+            pid = seat.participant_id
+            participant = participants.get(pid)
             if participant is None or not participant.domain:
                 continue
-            if self._heard.get((job_id, seat.participant_id), 0) < failed_ms + interval_ms:
-                return True
-        return False
+            if domains and participant.domain not in domains:
+                continue
+            if self._heard.get((job_id, pid), 0) >= since_ms + interval_ms:
+                continue
+            reported = self._reported.get((job_id, pid))
+            if (
+                reported is None
+                or reported[0] != r.number - 1
+                or reported[1] < failed_ms - 2 * interval_ms
+            ):
+                return False
+        return True
 
     def _propose_all(self, verdicts: list[Verdict]) -> None:
         """Propose MemberFailed for each verdict (the backstop's are logged, LOG_EACH of them

@@ -210,10 +210,16 @@ class CloseJob(JobCommand):
 class CloseRound(Command):
     """Proposed by the leader when its clock says the last call of a JOINING round is over;
     no session. Applied only if the round is still the job's JOINING round and the close
-    condition holds at the state machine's time; otherwise nothing changes."""
+    condition holds at the state machine's time; otherwise nothing changes.
+
+    With ``hold_over`` (format 2, cluster version 4), the leader's word that every remaining
+    participant of the domains holding the round was heard from since the failure that held
+    it: the round's hold ends at once, and the round closes if it may (rendezvous.py,
+    "Failure domains")."""
 
     job: str
     round: int
+    hold_over: bool = since(2, False)
 
 
 @record(46)

@@ -133,6 +133,10 @@ the rules above (and writes the bytes it always wrote).
   (``hold_domains``) and the hold ends as soon as none of their participants remains: a
   host lost whole closes the round at its last participant's removal, not two heartbeat
   intervals after it (below version 3 the hold runs its time on every member alike).
+  From cluster version 4 the leader also ends a hold once every remaining participant of
+  its domains was heard from since the failure (``CloseRound.hold_over``): the host is
+  known alive, so nothing is left to wait for (a process lost alone closes its round
+  without the two intervals). The decision is the leader's, inside the command.
   ``closes_due`` honours the hold, so the leader proposes the close after it, and waits
   longer while a member of the held round is not known alive since the
   failure (heard on an open stream a heartbeat interval after it, by the carrying member's
@@ -345,11 +349,11 @@ class Rendezvous(JoinRules):
 
     def close_round(self, index: int, now_ms: int, command: CloseRound) -> Result:
         job = self.jobs.get(command.job)
-        if (
-            job is None
-            or job.round.number != command.round
-            or not job.close_due(now_ms, self.drained)
-        ):
+        if job is None or job.round.number != command.round:
+            return CloseRoundResult(command.job, command.round, False)
+        if command.hold_over:
+            self._end_hold(index, now_ms, job)
+        if not job.close_due(now_ms, self.drained):
             return CloseRoundResult(command.job, command.round, False)
         self._close(index, now_ms, job)
         return CloseRoundResult(command.job, command.round, True)

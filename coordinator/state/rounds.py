@@ -35,7 +35,7 @@ from .jobs import (
 from .results import CloseJobResult, RemoveResult, Result
 from .roundstore import RoundStore
 from .shapes import Placement, admits_waiters, place
-from .versions import HOLD_DOMAINS_VERSION
+from .versions import HOLD_DOMAINS_VERSION, HOLD_OVER_VERSION
 
 
 @dataclass(slots=True)
@@ -476,6 +476,21 @@ class RoundRules:
                 job.round = replace(
                     r, hold_until_ms=r.hold_until_ms if left else 0, hold_domains=left
                 )
+
+    def _end_hold(self, index: int, now_ms: int, job: Job) -> None:
+        """The leader's word that every remaining participant of the domains holding the
+        JOINING round was heard from since the failure that held it (``CloseRound.hold_over``):
+        the hold ends, nothing is left to wait for. From cluster version 4; below it, or
+        once the hold is over, nothing changes."""
+        r = job.round
+        if (
+            self.cluster_version < HOLD_OVER_VERSION
+            or r.state is not RoundState.JOINING
+            or now_ms >= r.hold_until_ms
+        ):
+            return
+        job.round = replace(r, hold_until_ms=0, hold_domains=())
+        self._touch(index, job)
 
     def _close(self, index: int, now_ms: int, job: Job) -> None:
         r = job.round

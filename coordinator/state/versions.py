@@ -25,6 +25,7 @@ INTRODUCED: Final[dict[tuple[str, int], int]] = {
     ("Put", 2): 2,
     ("MemorySnapshotCommit", 2): 2,
     ("Round", 4): 3,
+    ("CloseRound", 2): 4,
 }
 
 # The record version from which a held round records the domains holding it (``Round``
@@ -68,3 +69,10 @@ def required_version(value: Any) -> tuple[int, str]:
             needed = version
         stack.extend(getattr(item, f.name) for f in dataclasses.fields(item))
     return needed, feature
+
+
+# The record version from which the leader may end a held round's hold early
+# (``CloseRound.hold_over``, format 2): every remaining participant of the domains holding it
+# was heard from since the failure (rendezvous.py, ``close_round``). Below it the hold runs
+# its time (or ends at its domains' last removal, from HOLD_DOMAINS_VERSION).
+HOLD_OVER_VERSION: Final = INTRODUCED[("CloseRound", 2)]

@@ -131,6 +131,11 @@ class RendezvousView(Protocol):
         """The raft index of the last change to any job."""
         ...
 
+    @property
+    def cluster_version(self) -> int:
+        """The cluster version as the state machine applied it (version.py)."""
+        ...
+
     def participant_keys(self) -> list[tuple[str, int]]: ...
 
     def drained_domains(self) -> list[DrainedDomain]:

@@ -17,6 +17,7 @@ from rallypoint.coordinator.liveness.report import encode as encode_report
 from rallypoint.coordinator.metrics import NodeMetrics
 from rallypoint.coordinator.state.commands import (
     CloseRound,
+    ClusterVersion,
     Command,
     JoinBatch,
     MemberFailed,
@@ -354,11 +355,13 @@ async def test_the_leader_proposes_a_held_rounds_close_only_once_the_hold_is_ove
 TWO_HOSTS = ("a0", "a1", "a2", "a3", "b0", "b1")
 
 
-def _two_hosts(clock: Clock) -> tuple[JobReplica, dict[str, int]]:
-    """Job "j" in round 1: host a's a0-a3 and host b's b0-b1, domains by their first letter;
-    the replica and each name's participant id."""
+def _two_hosts(clock: Clock, version: int = 1) -> tuple[JobReplica, dict[str, int]]:
+    """Job "j" in round 1 at cluster ``version``: host a's a0-a3 and host b's b0-b1, domains
+    by their first letter; the replica and each name's participant id."""
     replica = JobReplica()
     replica.time_ms = clock.ms
+    if version > 1:
+        replica.apply(ClusterVersion(version))
     config = JobConfig(min_nodes=2, max_nodes=6, last_call_ms=0)
     names = TWO_HOSTS
     replica.do(replica.open(), JoinBatch("j", names, (), config, True, tuple(n[0] for n in names)))
@@ -379,12 +382,14 @@ async def _applying(replica: JobReplica, clock: Clock) -> StreamedSupervisor:
     return sup
 
 
-async def _host_loss_with_a_late_stream_end(clock: Clock, late_ms: int) -> JobReplica:
+async def _host_loss_with_a_late_stream_end(
+    clock: Clock, late_ms: int, version: int = 1
+) -> JobReplica:
     """Hosts a and b, 4 participants each... a: a0-a3, b: b0-b1, every one on its own
     stream to the leader. Host a dies at t0: a peer's failed collective confirms a0-a2 at
     once (their streams' ends were seen), but a3's stream end reaches the member
     ``late_ms`` later. Runs until the job trains again at world 2 (or 3 s), 10 ms a pass."""
-    replica, pids = _two_hosts(clock)
+    replica, pids = _two_hosts(clock, version)
     assert replica.job().round.number == 1 and len(pids) == 6
     sup = await _applying(replica, clock)
     for _ in range(20):  # 2 s of heartbeats from everyone

@@ -1,0 +1,161 @@
+"""The leader ends a held round's hold once the failed member's host-mates are known alive
+(supervisor.py, ``_end_hold``; cluster version 4): heard on an open stream a heartbeat
+interval after the failure, or the reporters of the failed collective. A host-mate not known
+alive keeps the hold (the host may be lost whole). Clocks are the test's own."""
+
+from __future__ import annotations
+
+import pytest
+
+from rallypoint.coordinator.state.commands import CloseRound, ClusterVersion, Command, JoinBatch
+from rallypoint.coordinator.state.jobs import EndReason, JobConfig, RoundState
+from rallypoint.coordinator.state.versions import HOLD_OVER_VERSION
+
+from .job_replica import JobReplica
+from .test_supervisor import Clock, StreamedSupervisor, _host_loss_with_a_late_stream_end, _step
+from .test_supervisor import clock as _clock
+
+clock = _clock  # the fixture, under its name
+
+# Host a: a0-a2, host b: b0.
+NAMES = ("a0", "a1", "a2", "b0")
+
+
+def _job(clock: Clock, version: int) -> tuple[JobReplica, dict[str, int]]:
+    """Job "j" in round 1 at cluster ``version``: host a's a0-a2 and host b's b0."""
+    replica = JobReplica()
+    replica.time_ms = clock.ms
+    if version > 1:
+        replica.apply(ClusterVersion(version))
+    config = JobConfig(min_nodes=1, max_nodes=4, last_call_ms=0)
+    domains = tuple(n[0] for n in NAMES)
+    replica.do(replica.open(), JoinBatch("j", NAMES, (), config, True, domains))
+    job = replica.job()
+    pids = {job.participants[s.participant_id].name: s.participant_id for s in job.round.members}
+    return replica, pids
+
+
+async def _supervised(
+    replica: JobReplica, clock: Clock
+) -> tuple[StreamedSupervisor, list[Command]]:
+    """A leader's supervisor whose proposals are recorded, then applied stamped with its
+    clock; everyone heard on its own stream before the failure."""
+    proposed: list[Command] = []
+
+    async def propose(command: Command) -> None:
+        proposed.append(command)
+        replica.time_ms = clock.ms
+        replica.apply(command)
+
+    sup = StreamedSupervisor(replica.sm, propose, clock, grace_ms=0)
+    sup.promote()
+    for pid in replica.job().participants:
+        sup.heartbeat("j", pid)
+    await _step(sup)
+    return sup, proposed
+
+
+async def _fail_a0(
+    clock: Clock, version: int, report: bool, verdict_after_ms: int = 5
+) -> tuple[JobReplica, dict[str, int], StreamedSupervisor, list[Command], int]:
+    """a0 is SIGKILLed: a1's collective fails (reported here if ``report``) and a0's
+    stream ends; its verdict, ``verdict_after_ms`` later, opens round 2, held until
+    ``hold_until_ms`` (returned)."""
+    replica, pids = _job(clock, version)
+    sup, proposed = await _supervised(replica, clock)
+    clock.ms += 20
+    sup.stream_closed("j", pids["a0"])
+    if report:
+        peers = [pid for name, pid in pids.items() if name != "a1"]
+        sup.collective_failed("j", 1, peers, "a1: all_reduce failed", clock.ms)
+    clock.ms += verdict_after_ms
+    replica.time_ms = clock.ms
+    replica.fail(pids["a0"])
+    held = replica.job().round
+    assert held.number == 2 and held.state is RoundState.JOINING
+    assert held.hold_until_ms == clock.ms + 200
+    return replica, pids, sup, proposed, held.hold_until_ms
+
+
+@pytest.mark.parametrize("report", [False, True])
+async def test_one_process_of_three_fails_and_the_round_closes_once_its_mates_are_heard(
+    clock: Clock, report: bool
+) -> None:
+    replica, pids, sup, proposed, hold_until_ms = await _fail_a0(clock, 4, report)
+    failed_ms = hold_until_ms - 200
+    # Heard within an interval of the failure: not yet evidence (the heartbeat may have
+    # been sent before a death); a1's report of the failed collective is.
+    clock.ms = failed_ms + 50
+    for name in ("a1", "a2", "b0"):
+        sup.heartbeat("j", pids[name])
+    await _step(sup)
+    assert replica.job().round.state is RoundState.JOINING
+    clock.ms = failed_ms + 100
+    for name in ("a2", "b0") if report else ("a1", "a2", "b0"):
+        sup.heartbeat("j", pids[name])
+    await _step(sup)
+    r = replica.job().round
+    assert r.state is RoundState.ACTIVE and r.closed_ms == failed_ms + 100 < hold_until_ms
+    assert sorted(r.member_ids) == sorted(pids[n] for n in ("a1", "a2", "b0"))
+    assert proposed[-1] == CloseRound("j", 2, hold_over=True)
+    assert [rec.end_reason for rec in replica.job().history] == [EndReason.MEMBER_FAILED]
+
+
+async def test_the_failure_is_dated_by_the_first_report_of_its_collective(clock: Clock) -> None:
+    # The verdict came 60 ms after a1's report (a loaded member): a heartbeat an interval
+    # after the report was sent after the death that failed the collective.
+    replica, pids, sup, _, hold_until_ms = await _fail_a0(clock, 4, True, verdict_after_ms=60)
+    reported_ms = hold_until_ms - 200 - 60
+    clock.ms = reported_ms + 99
+    for name in ("a2", "b0"):
+        sup.heartbeat("j", pids[name])
+    await _step(sup)
+    assert replica.job().round.state is RoundState.JOINING
+    clock.ms = reported_ms + 100
+    for name in ("a2", "b0"):
+        sup.heartbeat("j", pids[name])
+    await _step(sup)
+    r = replica.job().round
+    assert r.state is RoundState.ACTIVE and r.closed_ms == reported_ms + 100
+
+
+async def test_a_mate_not_heard_since_the_failure_keeps_the_hold(clock: Clock) -> None:
+    replica, pids, sup, proposed, hold_until_ms = await _fail_a0(clock, 4, True)
+    # a2 is silent (dead with a0, its stream's end not seen yet): the hold runs on.
+    while clock.ms < hold_until_ms - 10:
+        clock.ms += 10
+        if clock.ms % 100 == 0:
+            for name in ("a1", "b0"):
+                sup.heartbeat("j", pids[name])
+        await _step(sup)
+        assert replica.job().round.state is RoundState.JOINING, clock.ms
+    assert not any(isinstance(c, CloseRound) and c.hold_over for c in proposed)
+
+
+async def test_below_cluster_version_4_the_leader_waits_for_the_hold(clock: Clock) -> None:
+    replica, pids, sup, proposed, hold_until_ms = await _fail_a0(clock, 3, True)
+    clock.ms = hold_until_ms - 100
+    for name in ("a1", "a2", "b0"):
+        sup.heartbeat("j", pids[name])
+    while clock.ms < hold_until_ms - 1:
+        clock.ms += 1
+        await _step(sup)
+    assert replica.job().round.state is RoundState.JOINING
+    assert [c for c in proposed if isinstance(c, CloseRound)] == []
+    clock.ms = hold_until_ms
+    await _step(sup)
+    assert replica.job().round.state is RoundState.ACTIVE
+    assert [c for c in proposed if isinstance(c, CloseRound)] == [CloseRound("j", 2)]
+
+
+@pytest.mark.parametrize("late_ms", [10, 150, 190])
+async def test_a_host_loss_still_ends_one_round_at_cluster_version_4(
+    clock: Clock, late_ms: int
+) -> None:
+    # As test_supervisor's host loss, with the hold's early end on: b0 reports the failed
+    # collective and b1 heartbeats, but a3 (host a, not heard) keeps host a's hold.
+    replica = await _host_loss_with_a_late_stream_end(clock, late_ms, HOLD_OVER_VERSION)
+    job = replica.job()
+    assert job.round.state is RoundState.ACTIVE and len(job.round.members) == 2, job.round
+    failed = [r for r in job.history if r.end_reason is EndReason.MEMBER_FAILED]
+    assert [r.number for r in failed] == [1], failed

@@ -147,14 +147,10 @@ replacement's way in), and much of what follows the model's build is waiting: on
 coordinator (connect, session, ``Join``, the round) and on the survivors (arrival). So this
 package does not import the restore path (worker/checkpoint.py, worker/state_io.py, the
 memory snapshots' code, and torch.distributed.checkpoint under them); ``ElasticRun.__enter__``
-starts a thread that imports it (``run.RESTORE_PATH``) once the ``Join`` is answered, while
-the round and the arrival wait, and the modules that use it import it where they do
-(formation's restore, the first checkpoint, teardown), by then loaded or being loaded
-(Python's import lock makes a second importer wait for the first). Not before the ``Join``:
-an importing thread holds the GIL most of the time, and the client's thread needs it to read
-each answer of the connect, the session and the ``Join`` (measured: those took 0.02-0.03 s
-longer with the import beside them). tests/worker/test_lazy_imports.py keeps the join path
-free of it.
+starts a thread that imports it (``run.RESTORE_PATH``) while the join waits, and the modules
+that use it import it where they do (formation's restore, the first checkpoint, teardown), by
+then loaded or being loaded (Python's import lock makes a second importer wait for the first).
+tests/worker/test_lazy_imports.py keeps the join path free of it.
 
 Events. ``on_event(kind, fields)`` is called (from the training or the commit thread) for
 each event :class:`ElasticRun` lists, with its fields in a dict; every event carries ``t``

@@ -182,7 +182,7 @@ class Former:
         parameters, the optimizer state, the step, the sampler's position and the extra
         state (the invariant of ``TrainState.step``)."""
         # Loaded here, not at import: the restore path (torch.distributed.checkpoint under
-        # it) is warmed once the worker joined (package docstring, "Imports").
+        # it) is warmed while the worker joins (package docstring, "Imports").
         from ..checkpoint import RestoreResult, broadcast_state, restore_state
 
         run, state = self._run, self._run.state

@@ -53,7 +53,7 @@ log = logging.getLogger("rallypoint.worker.elastic")
 
 # What forming a round needs beyond this package's own modules: the restore, the disk
 # checkpoints and the memory snapshots (torch.distributed.checkpoint under them); warmed on
-# a thread once the worker joined (package docstring, "Imports").
+# a thread while the worker joins (package docstring, "Imports").
 RESTORE_PATH = "rallypoint.worker.checkpoint"
 
 P = ParamSpec("P")
@@ -306,14 +306,13 @@ class ElasticRun:
     # -------------------------------------------------------------- lifecycle
 
     def __enter__(self) -> ElasticRun:
+        # The restore path's imports run while the join below waits on the coordinator,
+        # and the round on its peers ("Imports"); not a daemon, so the interpreter never
+        # exits from under an import.
+        threading.Thread(target=_warm_restore_path, name="rallypoint-warm").start()
         self._client = SyncClient(self.endpoints, **self._client_options)
         try:
             self._join()
-            # The restore path's imports run while the round and the arrival wait on the
-            # peers ("Imports"): after the Join, whose answers the client's thread would
-            # otherwise wait for the importing thread's GIL to read. Not a daemon, so the
-            # interpreter never exits from under an import.
-            threading.Thread(target=_warm_restore_path, name="rallypoint-warm").start()
         except UnauthenticatedError:
             # Its message says which member refused and how to pass a token: one line, not
             # a traceback through the client (a program that catches it is not affected).

@@ -99,10 +99,12 @@ C++ process group's destructor would: it joins gloo's worker threads. So the loo
 group, its store, its checkpointer and its in-flight work from the round to the run's
 ``Abandoned`` and drops them as soon as nothing of theirs can be inside gloo (every work
 completed, no checkpoint being written), or once the group's own timeout
-(``collective_timeout_s``) has surely ended that work. Leak bound: one group (its gloo
-threads and sockets) per round abandoned in the last ``collective_timeout_s`` seconds with
-work still pending. The next group always bootstraps in the next round's store namespace, so
-nothing of the old group can be mistaken for the new one. Leaving the run (``__exit__``)
+(``collective_timeout_s``) has surely ended that work; the destructors run on a thread
+("rallypoint-drop"), not on the way to the next round, whose peers wait for this rank.
+Leak bound: one group (its gloo threads and sockets) per round abandoned in the last
+``collective_timeout_s`` seconds with work still pending. The next group always bootstraps
+in the next round's store namespace, so nothing of the old group can be mistaken for the
+new one. Leaving the run (``__exit__``)
 drops every group that is quiet, so a run that finished leaves none for the interpreter's
 exit to destroy (its gloo threads and sockets torn down while the process ends, peers
 closing theirs meanwhile); only a group with a collective still stuck on a peer stays, since

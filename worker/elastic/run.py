@@ -342,7 +342,8 @@ class ElasticRun:
             if self.current is not None:
                 self._teardown(self.current, finished=exc_info[0] is None)
             # Destroy every group that can be destroyed without blocking now, not at the
-            # interpreter's exit ("Teardown").
+            # interpreter's exit ("Teardown"), once the teardowns' own drops are done.
+            self._abandoned.wait_dropped()
             self._abandoned.drop(expired_after_s=0.0)
             if self._participant is not None and not self._participant.lost.is_set():
                 with contextlib.suppress(RallypointError):

@@ -26,6 +26,7 @@ from tests.integration.harness import (
     assert_left_nothing,
     command_line,
     no_process_outlives,
+    sigint_at_its_default,
     wait_until,
 )
 
@@ -115,6 +116,7 @@ def interrupt(target: str, tmp_path: Path, signum: signal.Signals, *, group: boo
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=sigint_at_its_default,
             )
         try:
 

@@ -150,6 +150,15 @@ def command_line(pid: int) -> str:
         return ""
 
 
+def sigint_at_its_default() -> None:
+    """A ``preexec_fn`` for a program a test will send SIGINT: the program starts with
+    Ctrl-C's default disposition, as one started at a terminal does. A shell that runs the
+    tests as a background job (``... &`` without job control) starts them with SIGINT
+    ignored; every child inherits that, and Python leaves an ignored SIGINT ignored, so the
+    test would wait on a program that never hears its Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 # How long no_process_outlives lets a process that outlived its parent finish ending.
 LEFTOVER_GRACE_S = 3.0
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from rallypoint.worker.process_tree import descendants
-from tests.integration.harness import no_process_outlives, wait_until
+from tests.integration.harness import no_process_outlives, sigint_at_its_default, wait_until
 
 # A program that starts, in a session of its own, a child that starts a grandchild and
 # dies: the grandchild is an orphan. Then it ends as told by its argument.
@@ -59,6 +59,7 @@ def started(tmp_path: Path, how: str) -> Iterator[subprocess.Popen[str]]:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=sigint_at_its_default,
     ) as proc:
         try:
             assert proc.stdout is not None

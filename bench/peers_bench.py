@@ -47,7 +47,9 @@ process start to its first step) and its parts (start -> imported -> joined -> f
 both elastic systems in the same run: each the time since the one before),
 ``rejoin_after_torch_s`` (the path less the interpreter's start and ``import torch``, the
 code every system's replacement runs the same; its ratio is in ``diagnostic_ratios``, not a
-target), ``survivors_training_at_spawn`` (survivors training again when the replacement
+target), ``rejoin_into_training_s`` (``rejoin_first_step_s`` of the trials whose every
+survivor had trained again when the replacement started; its ratio is a diagnostic too),
+``survivors_training_at_spawn`` (survivors training again when the replacement
 started: on 2 cores they compete with its imports, survivors still stalled leave it the CPU),
 ``rejoin_stall_s`` (the survivors' longest gap while the replacement joins, less the steady
 step; only when they had resumed before it started), ``steps_rolled_back`` and
@@ -525,6 +527,7 @@ def summarize(trials: Sequence[Event]) -> dict[str, Any]:
         "rejoin_parts_s": {},
         "rejoin_phases_s": {},
         "rejoin_after_torch_s": {},
+        "rejoin_into_training_s": {},
         "survivors_training_at_spawn": {},
         "replacement_wait_s": {},
         "rejoin_stall_s": {},
@@ -553,6 +556,15 @@ def summarize(trials: Sequence[Event]) -> dict[str, Any]:
             if any(name in t["rejoin_phases_s"] for t in ok)
         }
         figures["rejoin_after_torch_s"][system] = spread([t["rejoin_after_torch_s"] for t in ok])
+        # Only the trials whose every survivor had trained again when the replacement
+        # started: it joined a world that was training, not one still stalled by the kill.
+        figures["rejoin_into_training_s"][system] = spread(
+            [
+                t["rejoin_first_step_s"]
+                for t in ok
+                if t["survivors_training_at_spawn"] == MIN_WORKERS
+            ]
+        )
         figures["survivors_training_at_spawn"][system] = spread(
             [t["survivors_training_at_spawn"] for t in ok]
         )
@@ -586,10 +598,17 @@ def ratios(top: dict[str, Any]) -> dict[str, float | None]:
 
 def diagnostic_ratios(top: dict[str, Any]) -> dict[str, float | None]:
     """Not targets: where the rejoin ratio comes from. The replacement's time after its
-    `import torch` (identical code in both systems, and the part load moves most)."""
+    `import torch` (identical code in both systems, and the part load moves most), and the
+    rejoin into a world that was training again (``rejoin_into_training_s``: torchft's
+    survivors often still wait out gloo's timeout 2 s after the kill, and a replacement
+    that starts then waits with them, which the target's median counts; None when no
+    torchft trial drew the other case)."""
     return {
         "rejoin_after_torch_vs_torchft": ratio(
             top, "rejoin_after_torch_s", "rallypoint", "torchft_hb1s"
+        ),
+        "rejoin_into_training_vs_torchft": ratio(
+            top, "rejoin_into_training_s", "rallypoint", "torchft_hb1s"
         ),
     }
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -89,6 +90,51 @@ def test_each_rejoin_phase_is_the_time_since_the_one_before_and_they_add_up() ->
     assert phases["join"] == pytest.approx(0.2)  # since model: connect/session are absent
     assert phases["first_step"] == pytest.approx(0.1)
     assert sum(phases.values()) == pytest.approx(5.0)
+
+
+def _summarized_trial(system: str, rejoin_s: float, training_at_spawn: int) -> dict[str, Any]:
+    parts = ("start_to_imported", "imported_to_joined", "joined_to_first_step")
+    return {
+        "system": system,
+        "ok": True,
+        "steady_step_s": 0.05,
+        "bit_identical": True,
+        "kill_stall_s": [0.1, 0.1, 0.1],
+        "kill_first_gap_s": [0.1, 0.1, 0.1],
+        "rejoin_first_step_s": rejoin_s,
+        "rejoin_parts_s": dict.fromkeys(parts, rejoin_s / 3),
+        "rejoin_phases_s": {"torch": 1.0},
+        "rejoin_after_torch_s": rejoin_s - 1.0,
+        "survivors_training_at_spawn": training_at_spawn,
+        "steps_rolled_back": 0,
+        "rejoin_in_sync": True,
+    }
+
+
+def test_rejoin_into_a_training_world_is_told_apart_from_one_still_stalled() -> None:
+    """torchft's replacement that starts while its survivors still wait out gloo's timeout
+    waits with them: the diagnostic ratio compares only rejoins into a world that trained
+    again before the replacement started (all 3 survivors), on both sides."""
+    from bench.peers_bench import diagnostic_ratios, ratios, summarize
+
+    trials = [
+        _summarized_trial("torchft_hb1s", 2.0, 3),
+        _summarized_trial("torchft_hb1s", 3.1, 0),
+        _summarized_trial("torchft_hb1s", 3.1, 2),
+        _summarized_trial("rallypoint", 2.2, 3),
+        _summarized_trial("rallypoint", 2.1, 3),
+        _summarized_trial("rallypoint", 2.4, 1),
+    ]
+    top = summarize(trials)
+    assert top["rejoin_into_training_s"]["torchft_hb1s"]["n"] == 1
+    assert top["rejoin_into_training_s"]["rallypoint"]["median"] == pytest.approx(2.15)
+    assert ratios(top)["rejoin_vs_torchft"] == pytest.approx(2.2 / 3.1)
+    assert diagnostic_ratios(top)["rejoin_into_training_vs_torchft"] == pytest.approx(2.15 / 2.0)
+    # No torchft trial drew a training world: no ratio, rather than a wrong one.
+    top = summarize(
+        [t for t in trials if t["survivors_training_at_spawn"] < 3 or t["system"] != "torchft_hb1s"]
+    )
+    assert diagnostic_ratios(top)["rejoin_into_training_vs_torchft"] is None
 
 
 def test_worker_notes_a_phase_once_and_changes_no_result() -> None:
@@ -252,7 +298,10 @@ def test_quick_run_writes_results_and_leaves_no_process(tmp_path: Path) -> None:
             placement = trial["replacement_placement"]
             assert placement["sharing_replacement_cpu"] == [], (system, placement)
             assert len(placement["moved_off"]) >= 4, (system, placement)
-    assert set(report["diagnostic_ratios"]) == {"rejoin_after_torch_vs_torchft"}
+    assert set(report["diagnostic_ratios"]) == {
+        "rejoin_after_torch_vs_torchft",
+        "rejoin_into_training_vs_torchft",
+    }
     assert set(report["ratios"]) == {
         "overhead_vs_plain",
         "kill_stall_vs_torchft",

@@ -558,12 +558,9 @@ def summarize(trials: Sequence[Event]) -> dict[str, Any]:
         figures["rejoin_after_torch_s"][system] = spread([t["rejoin_after_torch_s"] for t in ok])
         # Only the trials whose every survivor had trained again when the replacement
         # started: it joined a world that was training, not one still stalled by the kill.
+        resumed = [t for t in ok if t["survivors_training_at_spawn"] == MIN_WORKERS]
         figures["rejoin_into_training_s"][system] = spread(
-            [
-                t["rejoin_first_step_s"]
-                for t in ok
-                if t["survivors_training_at_spawn"] == MIN_WORKERS
-            ]
+            [t["rejoin_first_step_s"] for t in resumed]
         )
         figures["survivors_training_at_spawn"][system] = spread(
             [t["survivors_training_at_spawn"] for t in ok]
@@ -604,12 +601,8 @@ def diagnostic_ratios(top: dict[str, Any]) -> dict[str, float | None]:
     that starts then waits with them, which the target's median counts; None when no
     torchft trial drew the other case)."""
     return {
-        "rejoin_after_torch_vs_torchft": ratio(
-            top, "rejoin_after_torch_s", "rallypoint", "torchft_hb1s"
-        ),
-        "rejoin_into_training_vs_torchft": ratio(
-            top, "rejoin_into_training_s", "rallypoint", "torchft_hb1s"
-        ),
+        f"{field[:-2]}_vs_torchft": ratio(top, field, "rallypoint", "torchft_hb1s")
+        for field in ("rejoin_after_torch_s", "rejoin_into_training_s")
     }
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
@@ -42,13 +43,15 @@ INLINE_MAX_SECONDS = 0.002
 
 class DiskThread(concurrent.futures.ThreadPoolExecutor):
     """The member's single disk thread, which knows whether anything is queued or running
-    on it. Only the event loop's thread submits; ``submitted`` is written there only and
-    ``finished`` on the disk thread only, so neither needs a lock."""
+    on it. Only the event loop's thread submits (``submitted``); a job counts as finished
+    once it returned, on the disk thread, or when it was cancelled before it ran, on the
+    thread that cancelled it: hence the lock."""
 
     def __init__(self) -> None:
         super().__init__(1, thread_name_prefix="rp-disk")
         self.submitted = 0
         self.finished = 0
+        self._finished_lock = threading.Lock()
 
     def submit(
         self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs
@@ -59,7 +62,8 @@ class DiskThread(concurrent.futures.ThreadPoolExecutor):
         return future
 
     def _done(self, _future: concurrent.futures.Future[Any]) -> None:
-        self.finished += 1
+        with self._finished_lock:
+            self.finished += 1
 
     @property
     def idle(self) -> bool:

@@ -112,6 +112,23 @@ async def test_only_a_followers_small_write_runs_on_the_loop_while_the_disk_thre
     assert writes.inline == 2
 
 
+async def test_a_job_cancelled_before_the_disk_thread_took_it_leaves_the_thread_idle(
+    threads: tuple[DiskThread, DiskWrites],
+) -> None:
+    pool = threads[0]
+    blocker: Any = FakeStorage()
+    blocker.block = threading.Event()
+    running = pool.submit(blocker.write_batch, [])
+    queued = pool.submit(blocker.write_batch, [])
+    assert queued.cancel()
+    assert not pool.idle  # the first still runs
+    blocker.block.set()
+    # Its done callbacks run in the order added: the count's before this await's.
+    await asyncio.wait_for(asyncio.wrap_future(running), 5)
+    assert pool.idle, (pool.submitted, pool.finished)
+    assert blocker.threads == ["rp-disk_0"]
+
+
 async def test_after_a_slow_write_the_next_goes_to_the_disk_thread_until_one_is_quick(
     threads: tuple[DiskThread, DiskWrites], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -12,11 +12,11 @@ etcd-io/raft's ``rawnode.go``; Raft thesis 10.2):
    while it writes, thesis 10.2.1; a follower answers heartbeats during a long catch-up),
    and let the peer senders put them on the wire before the disk thread starts;
 3. persist the hard state, entries and snapshot: one WAL write, fsynced only when the Ready
-   says ``must_sync``, on a dedicated disk thread so the event loop keeps serving (a Ready
+   says ``must_sync``, on a dedicated disk thread so the event loop keeps serving (but a
+   follower's small batch on the loop itself, ``disk.py``: the ack waits for it; a Ready
    that moves only the commit index writes nothing: the index is held in memory and goes
-   to the WAL with the next entries, ``upkeep.disk_request``); while it
-   runs, new proposals and messages keep entering the core, and the next Ready carries all
-   of them to disk with one fsync (group commit);
+   to the WAL with the next entries, ``upkeep.disk_request``); while it runs, new
+   proposals and messages keep entering the core; the next Ready takes them all to disk;
 4. send ``Ready.messages_after_persist`` (votes and append acks: they vouch for what was
    just persisted, thesis 3.8);
 5. install a received snapshot into the state machine; resolve ReadIndex requests;
@@ -43,7 +43,6 @@ clock: the proposing member stamps each command with its wall-clock time
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import os
@@ -104,6 +103,7 @@ from .api import (
 )
 from .bootstrap import settle_identity, stop_abstaining
 from .config import NodeConfig, PeerTls
+from .disk import DiskThread, DiskWrites
 from .membership import Membership
 from .peer_face import PeerFace
 from .proposals import (
@@ -162,7 +162,7 @@ class Node:
         self.identity: Identity | None = None
         self._on_fatal = on_fatal or _exit_on_fatal
         self._rng = random.Random(int.from_bytes(os.urandom(8), "big"))
-        # Opened in start(); its files are written on the disk thread (self._disk) only.
+        # Opened in start(); its files are written on the disk thread or by DiskWrites.
         self.storage: DiskStorage | None = None
         self._snapshots: Snapshots | None = None
         self._raw: RawNode | None = None
@@ -177,8 +177,10 @@ class Node:
         self._role_log = RoleLog(config.member_id, time.monotonic, log, pre_vote=config.pre_vote)
         self._term = Term(0)
         self._commit_index = Index(0)
-        # The only thread that touches the WAL and snapshot files (DiskStorage's disk half).
-        self._disk = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rp-disk")
+        # The only thread that touches the WAL and snapshot files (DiskStorage's disk half)
+        # while the loop serves; a follower's loop writes its small batches itself (disk.py).
+        self._disk = DiskThread()
+        self._writes = DiskWrites(self._disk)
         self._wakeup = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[Any]] = set()
@@ -405,11 +407,9 @@ class Node:
                 # answered respond) before the disk thread starts: the followers' fsyncs,
                 # not ours, decide when an entry commits.
                 await asyncio.sleep(0)
-            started = time.monotonic()
-            await asyncio.get_running_loop().run_in_executor(
-                self._disk, storage.write_batch, [request]
-            )
-            self.metrics.fsync_seconds.observe(time.monotonic() - started)
+            follower = self._soft_state.raft_state is not StateType.LEADER
+            took = await self._writes.write(storage, request, follower)
+            self.metrics.fsync_seconds.observe(took)
             storage.apply_batch([request])
         self._transport.send(rd.messages_after_persist)
         if not rd.snapshot.is_empty():

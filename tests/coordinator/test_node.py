@@ -165,6 +165,15 @@ async def open_session(node: Node) -> int:
     return result.session_id
 
 
+async def settled(cluster: Cluster) -> tuple[Node, int, list[Node]]:
+    """The leader, a session opened through it, and every node once all applied it."""
+    leader = await cluster.leader()
+    session = await open_session(leader)
+    nodes = list(cluster.nodes.values())
+    await wait_applied(nodes, leader.state.applied_index)
+    return leader, session, nodes
+
+
 async def wait_applied(nodes: list[Node], index: int, timeout_s: float = 10.0) -> None:
     async def one(node: Node) -> None:
         while node.state.applied_index < index:

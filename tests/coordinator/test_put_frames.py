@@ -9,17 +9,14 @@ from typing import Any
 from rallypoint.coordinator.state.commands import Put
 from rallypoint.raft.types import Message, MessageType
 
-from .test_node import Cluster, open_session, wait_applied
+from .test_node import Cluster, settled, wait_applied
 from .test_node import cluster as cluster  # the fixture
 
 
 async def test_followers_answer_a_puts_append_but_not_its_commit_notice(
     cluster: Cluster,
 ) -> None:
-    leader = await cluster.leader()
-    session = await open_session(leader)
-    nodes = list(cluster.nodes.values())
-    await wait_applied(nodes, leader.state.applied_index)
+    leader, session, nodes = await settled(cluster)
     sent: dict[int, list[Message]] = {node.member_id: [] for node in nodes}
     for node in nodes:
         send = node._transport.send

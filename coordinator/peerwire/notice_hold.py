@@ -1,0 +1,140 @@
+"""Holding a commit notice back for the next message to the same peer.
+
+Theory of operation. After a write commits, the leader's Raft core sends each follower a
+commit notice: an entry-less ``MsgApp`` marked ``COMMIT_NOTICE_CONTEXT``, which the follower
+takes without answering (raft/raft.py). Alone on the wire it costs a frame, a ``write`` that
+wakes the follower, and the follower's read, check and Ready turn. When writes come one
+after another, the next write's append follows the notice a fraction of a millisecond
+later, so :class:`NoticeHold` keeps the notice back up to ``COMMIT_NOTICE_HOLD_S`` and lets
+it travel in the same batch as the next message to that peer.
+
+Rules (one ``NoticeHold`` per peer, fed every message the sender is given, in order):
+
+- Only a commit notice is ever held, and at most one. A later notice at the same log
+  position (same term, ``index`` and ``log_term``) with a commit at least as high replaces it:
+  a follower takes from an accepted notice only ``min(commit, index)`` as its commit index,
+  so the later one tells it everything the held one would have. Any other message, and a
+  notice at another position, goes out behind the held notice, in order, in the same batch:
+  nothing is reordered and nothing the leader sent is dropped or altered, so a follower's
+  commit index still advances only with what its leader sent, as before.
+- A held notice goes out when its deadline comes even if nothing else does (the sender's
+  timer calls :meth:`NoticeHold.release`).
+- No hold for a peer that waits on its own apply to answer a request it forwarded: a
+  follower answers a write forwarded to the leader, and a ReadIndex read, only once it has
+  applied that far (``coordinator/node/reads.py``, ``proposals.py``). ``awaited`` is the
+  highest such index (the last entry the leader appended for a proposal the peer forwarded,
+  noted by the member when it steps the proposal, and the index of every ReadIndex answer
+  sent to it, noted here); while the commit index the peer has been sent, ``told``, is below
+  it, notices go out at once, as they did before holding existed. A held notice would
+  otherwise delay every forwarded rendezvous join (measured: a 5 ms hold without this rule
+  kept a 1,024-worker round from closing, bench/README.md).
+- Leader leases and ReadIndex rounds ride heartbeats and their answers, which are never held
+  (a heartbeat to the peer takes the held notice along).
+
+``told`` is what the messages let go would tell the peer if it accepted them: an estimate,
+high if one was rejected or lost. Then one notice may be held that should not have been,
+and a forwarded request waits at most ``COMMIT_NOTICE_HOLD_S`` longer; the leader's next
+heartbeat and probe repair the loss as before.
+"""
+
+from __future__ import annotations
+
+from rallypoint.raft.raft import COMMIT_NOTICE_CONTEXT
+from rallypoint.raft.types import Message, MessageType
+
+__all__ = ["COMMIT_NOTICE_HOLD_S", "NoticeHold", "is_commit_notice"]
+
+#: How long a commit notice may wait for the next message to its peer. A one-client write
+#: loop proposes its next write about a millisecond after the last one commits (the answer
+#: over gRPC, the client's turn, the next call); much longer only delays what followers
+#: show (watches, their applied state) without saving more frames, and a burst of
+#: concurrent writes sends appends far more often than this.
+COMMIT_NOTICE_HOLD_S = 0.001
+
+
+def is_commit_notice(m: Message) -> bool:
+    """An entry-less append the leader sent only because its commit index advanced."""
+    return m.type is MessageType.MsgApp and not m.entries and m.context == COMMIT_NOTICE_CONTEXT
+
+
+def _tells(m: Message) -> int:
+    """The commit index ``m`` gives its receiver if accepted (0: none)."""
+    if m.type is MessageType.MsgApp:
+        return min(m.commit, m.index + len(m.entries))
+    if m.type is MessageType.MsgHeartbeat:
+        return m.commit
+    return 0
+
+
+def _same_position(a: Message, b: Message) -> bool:
+    return a.term == b.term and a.index == b.index and a.log_term == b.log_term
+
+
+class NoticeHold:
+    """The commit notice held back for one peer, and what decides whether to hold one.
+
+    Invariant: ``held`` is None or a commit notice (``is_commit_notice``); ``told`` and
+    ``awaited`` never decrease."""
+
+    def __init__(self) -> None:
+        self.held: Message | None = None
+        # The highest commit index the messages let go would give the peer.
+        self.told = 0
+        # The highest index the peer waits to see committed to answer a forwarded request.
+        self.awaited = 0
+        # Counters: notices held; of those, sent with (or replaced by) a later message
+        # (``merged``), or alone (``released``: at the deadline, or before a notice at
+        # another position).
+        self.notices_held = 0
+        self.merged = 0
+        self.released = 0
+
+    def await_commit(self, index: int) -> None:
+        """The peer waits to see ``index`` committed (a request it forwarded)."""
+        self.awaited = max(self.awaited, index)
+
+    def offer(self, m: Message) -> tuple[list[Message], bool]:
+        """Messages to send now, in order, for ``m`` given to the sender, and whether a new
+        hold began (the caller arms its deadline then; a notice that replaces a held one
+        keeps the held one's deadline)."""
+        held = self.held
+        if is_commit_notice(m):
+            replaces = held is not None and _same_position(held, m) and m.commit >= held.commit
+            if self.told < self.awaited:
+                if replaces:
+                    self.held = None
+                    self.merged += 1
+                return self._let_go(m), False
+            if replaces:
+                self.held = m
+                self.merged += 1
+                self.notices_held += 1
+                return [], False
+            out = self._let_go()
+            self.held = m
+            self.notices_held += 1
+            return out, True
+        if m.type is MessageType.MsgReadIndexResp:
+            self.await_commit(m.index)
+        return self._let_go(m), False
+
+    def release(self) -> Message | None:
+        """The held notice at its deadline (None if it already went)."""
+        out = self._let_go()
+        return out[0] if out else None
+
+    def _let_go(self, m: Message | None = None) -> list[Message]:
+        """The held notice (if any), then ``m`` (if given), recorded as sent."""
+        out: list[Message] = []
+        if self.held is not None:
+            out.append(self.held)
+            self.held = None
+            if m is None:
+                self.released += 1
+            else:
+                self.merged += 1
+        if m is not None:
+            out.append(m)
+        for sent in out:
+            self.told = max(self.told, _tells(sent))
+        return out

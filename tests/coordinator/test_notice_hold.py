@@ -9,7 +9,11 @@ import dataclasses
 import pytest
 
 from rallypoint.coordinator.peerwire import transport as transport_module
-from rallypoint.coordinator.peerwire.notice_hold import NoticeHold, is_commit_notice
+from rallypoint.coordinator.peerwire.notice_hold import (
+    COMMIT_NOTICE_HOLD_MAX_ENTRIES,
+    NoticeHold,
+    is_commit_notice,
+)
 from rallypoint.coordinator.peerwire.transport import StreamSender
 from rallypoint.raft.raft import COMMIT_NOTICE_CONTEXT
 from rallypoint.raft.types import Entry, Index, Message, MessageType, NodeId, Term
@@ -46,6 +50,7 @@ def append(index: int, commit: int, count: int = 1) -> Message:
 
 def test_a_notice_is_held_and_the_next_append_takes_it_along_in_order() -> None:
     hold = NoticeHold()
+    hold.told = 9  # the peer was told commit 9
     now, began = hold.offer(notice(10, 10))
     assert (now, began) == ([], True)
     now, began = hold.offer(append(10, 10))
@@ -55,6 +60,7 @@ def test_a_notice_is_held_and_the_next_append_takes_it_along_in_order() -> None:
 
 def test_only_commit_notices_are_held() -> None:
     hold = NoticeHold()
+    hold.told = 9  # the peer was told commit 9
     probe = dataclasses.replace(notice(10, 10), context=b"")  # an empty probe, answered
     for m in (probe, append(10, 10), heartbeat(3)):
         assert not is_commit_notice(m)
@@ -64,6 +70,7 @@ def test_only_commit_notices_are_held() -> None:
 
 def test_a_later_notice_at_the_same_position_replaces_the_held_one() -> None:
     hold = NoticeHold()
+    hold.told = 9  # the peer was told commit 9
     hold.offer(notice(10, 9))
     now, began = hold.offer(notice(10, 10))
     # It tells the follower all the first did (min(commit, index) at the same index) and
@@ -74,6 +81,7 @@ def test_a_later_notice_at_the_same_position_replaces_the_held_one() -> None:
 
 def test_a_notice_at_another_position_lets_the_held_one_go_first() -> None:
     hold = NoticeHold()
+    hold.told = 9  # the peer was told commit 9
     hold.offer(notice(10, 10))
     now, began = hold.offer(notice(12, 12))
     assert now == [notice(10, 10)] and began and hold.held == notice(12, 12)
@@ -83,6 +91,7 @@ def test_a_notice_at_another_position_lets_the_held_one_go_first() -> None:
 
 def test_no_hold_while_the_peer_waits_for_a_request_it_forwarded() -> None:
     hold = NoticeHold()
+    hold.told = 9  # the peer was told commit 9
     hold.offer(append(10, 10))
     hold.await_commit(11)  # the peer forwarded the proposal the leader appended at 11
     # Entry 11 on its way, commit still 10.
@@ -94,6 +103,7 @@ def test_no_hold_while_the_peer_waits_for_a_request_it_forwarded() -> None:
 
 def test_a_notice_that_does_not_yet_reach_what_the_peer_waits_for_goes_at_once_too() -> None:
     hold = NoticeHold()
+    hold.told = 9  # the peer was told commit 9
     hold.await_commit(20)
     assert hold.offer(notice(15, 15)) == ([notice(15, 15)], False)
     assert hold.told == 15 and hold.notices_held == 0
@@ -101,6 +111,7 @@ def test_a_notice_that_does_not_yet_reach_what_the_peer_waits_for_goes_at_once_t
 
 def test_a_read_index_answer_takes_the_held_notice_along_and_is_waited_for() -> None:
     hold = NoticeHold()
+    hold.told = 9  # the peer was told commit 9
     hold.offer(notice(10, 10))
     answer = Message(
         type=MessageType.MsgReadIndexResp, to=NodeId(2), from_=NodeId(1), index=Index(11)
@@ -110,8 +121,19 @@ def test_a_read_index_answer_takes_the_held_notice_along_and_is_waited_for() -> 
     assert hold.offer(notice(11, 11)) == ([notice(11, 11)], False)
 
 
+def test_a_notice_that_commits_a_batch_of_entries_goes_at_once() -> None:
+    hold = NoticeHold()
+    hold.told = 9  # the peer was told commit 9
+    hold.offer(append(10, 10))
+    batch = 10 + COMMIT_NOTICE_HOLD_MAX_ENTRIES + 1
+    assert hold.offer(notice(batch, batch)) == ([notice(batch, batch)], False)
+    small = batch + COMMIT_NOTICE_HOLD_MAX_ENTRIES
+    assert hold.offer(notice(small, small)) == ([], True)
+
+
 def test_release_without_a_held_notice_is_nothing() -> None:
     hold = NoticeHold()
+    hold.told = 9  # the peer was told commit 9
     assert hold.release() is None
     hold.offer(notice(10, 10))
     hold.offer(heartbeat(10))
@@ -123,7 +145,7 @@ async def test_a_held_notice_reaches_its_peer_at_the_deadline_with_nothing_else_
 ) -> None:
     host, receiver, peer, sender = pair
     await peer.start()
-    assert await send_and_account(sender, host, receiver, 0)  # connected
+    assert await send_and_account(sender, host, receiver, 9)  # connected, told commit 9
     monkeypatch.setattr(transport_module, "COMMIT_NOTICE_HOLD_S", 0.05)
     sender.send(notice(10, 10))
     assert sender.hold.held is not None

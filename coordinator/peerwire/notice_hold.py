@@ -4,8 +4,8 @@ Theory of operation. After a write commits, the leader's Raft core sends each fo
 commit notice: an entry-less ``MsgApp`` marked ``COMMIT_NOTICE_CONTEXT``, which the follower
 takes without answering (raft/raft.py). Alone on the wire it costs a frame, a ``write`` that
 wakes the follower, and the follower's read, check and Ready turn. When writes come one
-after another, the next write's append follows the notice a fraction of a millisecond
-later, so :class:`NoticeHold` keeps the notice back up to ``COMMIT_NOTICE_HOLD_S`` and lets
+after another, the next write's append follows the notice a millisecond or two later,
+so :class:`NoticeHold` keeps the notice back up to ``COMMIT_NOTICE_HOLD_S`` and lets
 it travel in the same batch as the next message to that peer.
 
 Rules (one ``NoticeHold`` per peer, fed every message the sender is given, in order):
@@ -26,8 +26,8 @@ Rules (one ``NoticeHold`` per peer, fed every message the sender is given, in or
   noted by the member when it steps the proposal, and the index of every ReadIndex answer
   sent to it, noted here); while the commit index the peer has been sent, ``told``, is below
   it, notices go out at once, as they did before holding existed. A held notice would
-  otherwise delay every forwarded rendezvous join (measured: a 5 ms hold without this rule
-  kept a 1,024-worker round from closing, bench/README.md).
+  otherwise delay every forwarded write, rendezvous joins among them (a 5 ms hold without
+  this rule kept a 1,024-worker round from closing, bench/README.md).
 - No hold for a notice that commits more than ``COMMIT_NOTICE_HOLD_MAX_ENTRIES`` entries
   beyond ``told``: the follower had better apply them before the next append comes.
 - Leader leases and ReadIndex rounds ride heartbeats and their answers, which are never held

@@ -11,6 +11,8 @@ import pytest
 from rallypoint.coordinator.peerwire import transport as transport_module
 from rallypoint.coordinator.peerwire.notice_hold import (
     COMMIT_NOTICE_HOLD_MAX_ENTRIES,
+    COMMIT_NOTICE_HOLD_MISSES,
+    COMMIT_NOTICE_HOLD_RETRY,
     NoticeHold,
     is_commit_notice,
 )
@@ -129,6 +131,24 @@ def test_a_notice_that_commits_a_batch_of_entries_goes_at_once() -> None:
     assert hold.offer(notice(batch, batch)) == ([notice(batch, batch)], False)
     small = batch + COMMIT_NOTICE_HOLD_MAX_ENTRIES
     assert hold.offer(notice(small, small)) == ([], True)
+
+
+def test_holding_stops_while_held_notices_go_alone_and_is_tried_again() -> None:
+    hold = NoticeHold()
+    hold.told = 9
+    index = 9
+    for _ in range(COMMIT_NOTICE_HOLD_MISSES):
+        index += 1
+        assert hold.offer(notice(index, index)) == ([], True)
+        assert hold.release() == notice(index, index)
+    for _ in range(COMMIT_NOTICE_HOLD_RETRY - 1):
+        index += 1
+        assert hold.offer(notice(index, index)) == ([notice(index, index)], False)
+    index += 1
+    assert hold.offer(notice(index, index)) == ([], True)  # the retry
+    # Carried by the next append: holding resumes.
+    assert hold.offer(append(index, index)) == ([notice(index, index), append(index, index)], False)
+    assert hold.offer(notice(index + 1, index + 1)) == ([], True)
 
 
 def test_release_without_a_held_notice_is_nothing() -> None:

@@ -299,6 +299,10 @@ class RawNode:
         r = self._raft
         return r.term if r.state is StateType.LEADER else None
 
+    def last_index(self) -> Index:
+        """The index of the last entry in the log (stable or not)."""
+        return self._raft.raft_log.last_index()
+
     def lease_read_index(self) -> tuple[Term, Index] | None:
         """(term, read index) if this leader may serve a read under its lease, else None
         (see ``Raft.lease_read_index``; the caller checks the lease's clock)."""

@@ -130,6 +130,9 @@ class PeerFace:
         received = metrics.peer_entries_received
         self._entries_held = received.labels(held="true")
         self._entries_new = received.labels(held="false")
+        # The transport this member sends with, once made (``transport``): told of the
+        # proposals peers forward, so that it holds back no commit notice they wait for.
+        self._stream: StreamTransport | None = None
 
     @property
     def incarnation(self) -> int:
@@ -209,6 +212,8 @@ class PeerFace:
                 continue
             try:
                 raw.step(message)
+                if message.type is MessageType.MsgProp and self._stream is not None:
+                    self._forwarded(raw, message.from_)
             except (StepPeerNotFoundError, StepLocalMsgError, RaftProposalDroppedError) as exc:
                 log.debug("member %d dropped %s: %s", self.member_id, message.type.name, exc)
             except TermOutOfRangeError as exc:
@@ -225,6 +230,14 @@ class PeerFace:
                 self._on_fatal(exc)
                 raise
         self._node.wake()
+
+    def _forwarded(self, raw: RawNode, from_id: int) -> None:
+        """A peer's proposal was stepped: if this member leads (and appended it), the peer
+        answers its caller only once it applies up to the log's last entry, so the peer
+        transport sends it that commit index without delay (peerwire/notice_hold.py)."""
+        if raw.leader_term() is not None and from_id != self.member_id:
+            assert self._stream is not None
+            self._stream.await_commit(from_id, raw.last_index())
 
     def _note_refused_term(self, message: Message, exc: TermOutOfRangeError) -> None:
         """A message Raft refused for its term (raft/types.py MAX_TERM): a bug or corrupted
@@ -354,7 +367,8 @@ class PeerFace:
     def transport(self, rng: random.Random) -> PeerTransport:
         """This member's peer transport, over TLS if configured."""
         tls = self._peer_tls
-        return StreamTransport(self, rng, None if tls is None else tls.client_ssl_context())
+        self._stream = StreamTransport(self, rng, None if tls is None else tls.client_ssl_context())
+        return self._stream
 
     def take_verified(self, data: bytes) -> StateMachine | None:
         """The state ``verify_snapshot`` decoded from exactly ``data`` (None if it decoded

@@ -8,7 +8,9 @@ socket batches what queued behind it. Memory for a peer is bounded: the outbox h
 ``OUTBOX_LIMIT`` messages and ``OUTBOX_BYTES`` bytes (the oldest are dropped past either),
 and the connection's unsent bytes at most its high-water mark plus one batch (conn.py): a
 peer that stops reading is found when a write waits longer than ``WRITE_STALL_S``, and its
-connection ends.
+connection ends. A commit notice may wait up to ``COMMIT_NOTICE_HOLD_S`` for the next message
+to its peer and go out in the same batch (``notice_hold.py``: never for a peer waiting on its
+own apply to answer a request it forwarded).
 
 Raft tolerates loss but must hear of it: whenever messages may have been lost (a dropped
 message, a connection that ended, no address for the peer) the sender reports the peer
@@ -83,6 +85,7 @@ from .frames import (
     encode_batch,
     encode_record,
 )
+from .notice_hold import COMMIT_NOTICE_HOLD_S, NoticeHold
 
 log = logging.getLogger("rallypoint.transport")
 
@@ -121,6 +124,8 @@ class StreamSender:
         self._clock = clock
         self._outbox: deque[bytes] = deque()
         self._outbox_bytes = 0
+        self.hold = NoticeHold()
+        self._hold_timer: asyncio.TimerHandle | None = None
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._snapshot_task: asyncio.Task[None] | None = None
@@ -142,6 +147,8 @@ class StreamSender:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
         for task in (self._task, self._snapshot_task):
             if task is not None:
                 task.cancel()
@@ -151,6 +158,32 @@ class StreamSender:
             self._conn.close()
 
     def send(self, message: Message) -> None:
+        # A commit notice may wait for the next message to this peer (notice_hold.py).
+        hold = self.hold
+        now, began = hold.offer(message)
+        if began or hold.held is None:
+            if self._hold_timer is not None:
+                self._hold_timer.cancel()
+                self._hold_timer = None
+            if began:
+                self._hold_timer = asyncio.get_running_loop().call_later(
+                    COMMIT_NOTICE_HOLD_S, self._hold_due
+                )
+        for m in now:
+            self._enqueue(m)
+
+    def await_commit(self, index: int) -> None:
+        """The peer waits to see ``index`` committed: hold no commit notice until it has
+        been sent that far (a proposal it forwarded; notice_hold.py)."""
+        self.hold.await_commit(index)
+
+    def _hold_due(self) -> None:
+        self._hold_timer = None
+        held = self.hold.release()
+        if held is not None:
+            self._enqueue(held)
+
+    def _enqueue(self, message: Message) -> None:
         if message.type is MessageType.MsgSnap:
             self._start_snapshot(message)
             return
@@ -493,6 +526,16 @@ class StreamTransport:
     def send(self, messages: tuple[Message, ...] | list[Message]) -> None:
         for message in messages:
             self.sender(message.to).send(message)
+
+    def await_commit(self, peer_id: int, index: int) -> None:
+        """Member ``peer_id`` forwarded a proposal this leader appended up to ``index``: it
+        answers its caller once it has applied that far, so no commit notice to it waits
+        for company until it has been sent that commit index (notice_hold.py)."""
+        sender = self._senders.get(peer_id)
+        if sender is None and self._host.peer_address(peer_id) is not None:
+            sender = self.sender(peer_id)
+        if sender is not None:
+            sender.await_commit(index)
 
     async def hello(
         self, address: str, request: peer_pb2.HelloRequest, timeout_s: float

@@ -19,7 +19,7 @@ from rallypoint.coordinator.state.commands import Put
 from rallypoint.raft.raft import COMMIT_NOTICE_CONTEXT
 from rallypoint.raft.types import Message, MessageType
 
-from .test_node import Cluster, settled, wait_applied
+from .test_node import Cluster, open_session, settled, wait_applied
 from .test_node import cluster as cluster  # the fixture
 
 # Long enough that nothing but the next message to a follower lets a held notice go in

@@ -213,7 +213,7 @@ class PeerFace:
             try:
                 raw.step(message)
                 if message.type is MessageType.MsgProp and self._stream is not None:
-                    self._forwarded(raw, message.from_)
+                    self._forwarded(self._stream, raw, message.from_)
             except (StepPeerNotFoundError, StepLocalMsgError, RaftProposalDroppedError) as exc:
                 log.debug("member %d dropped %s: %s", self.member_id, message.type.name, exc)
             except TermOutOfRangeError as exc:
@@ -231,13 +231,12 @@ class PeerFace:
                 raise
         self._node.wake()
 
-    def _forwarded(self, raw: RawNode, from_id: int) -> None:
+    def _forwarded(self, stream: StreamTransport, raw: RawNode, from_id: int) -> None:
         """A peer's proposal was stepped: if this member leads (and appended it), the peer
         answers its caller only once it applies up to the log's last entry, so the peer
         transport sends it that commit index without delay (peerwire/notice_hold.py)."""
         if raw.leader_term() is not None and from_id != self.member_id:
-            assert self._stream is not None
-            self._stream.await_commit(from_id, raw.last_index())
+            stream.await_commit(from_id, raw.last_index())
 
     def _note_refused_term(self, message: Message, exc: TermOutOfRangeError) -> None:
         """A message Raft refused for its term (raft/types.py MAX_TERM): a bug or corrupted

@@ -15,8 +15,8 @@ import pytest
 
 from rallypoint.coordinator.node.driver import Node
 from rallypoint.coordinator.peerwire import transport as transport_module
+from rallypoint.coordinator.peerwire.notice_hold import is_commit_notice
 from rallypoint.coordinator.state.commands import Put
-from rallypoint.raft.raft import COMMIT_NOTICE_CONTEXT
 from rallypoint.raft.types import Message, MessageType
 
 from .test_node import Cluster, open_session, settled, wait_applied
@@ -73,10 +73,6 @@ def record_batches(node: Node) -> list[list[Message]]:
     return batches
 
 
-def is_notice(m: Message) -> bool:
-    return m.type is MessageType.MsgApp and not m.entries and m.context == COMMIT_NOTICE_CONTEXT
-
-
 async def test_a_commit_notice_travels_with_the_next_puts_append_not_alone(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -97,9 +93,9 @@ async def test_a_commit_notice_travels_with_the_next_puts_append_not_alone(
     await wait_applied(nodes, leader.state.applied_index)
     for node in followers:
         batches = received[node.member_id]
-        alone = [b for b in batches if all(is_notice(m) for m in b)]
+        alone = [b for b in batches if all(is_commit_notice(m) for m in b)]
         assert not alone, (node.member_id, alone)
-        carried = [m for b in batches for m in b if is_notice(m)]
+        carried = [m for b in batches for m in b if is_commit_notice(m)]
         assert len(carried) >= puts, (node.member_id, len(carried))
     assert all(n.state.get(b"k020") is not None for n in nodes)
 

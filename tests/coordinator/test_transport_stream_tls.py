@@ -79,12 +79,7 @@ async def test_members_talk_over_tls_and_a_certificate_must_name_its_member(
         bare = ssl.create_default_context(cafile=str(certs["ca.pem"]))
         peer = PeerClient(f"127.0.0.1:{port}", b"transport-test-secret", ssl_context=bare)
         peer.cluster_id = sender_host.cluster_id
-        try:
-            code, details = await _in_thread(lambda: peer.send([peer.batch(1, 2, [heartbeat(60)])]))
-        except (ssl.SSLError, OSError):
-            pass
-        else:
-            assert code.name == "UNAVAILABLE", (code, details)
+        await _refused_at_handshake(peer, 60)
         assert 50 not in delivered_numbers(receiver) and 60 not in delivered_numbers(receiver)
     finally:
         await sender.stop()
@@ -152,12 +147,7 @@ async def test_a_reload_puts_new_certificates_in_use_for_new_connections_only(
         ).client_ssl_context()
         peer = PeerClient(f"127.0.0.1:{port}", b"transport-test-secret", ssl_context=old)
         peer.cluster_id = sender_host.cluster_id
-        try:
-            code, details = await _in_thread(lambda: peer.send([peer.batch(1, 2, [heartbeat(4)])]))
-        except (ssl.SSLError, OSError):
-            pass
-        else:
-            assert code.name == "UNAVAILABLE", (code, details)
+        await _refused_at_handshake(peer, 4)
         assert 4 not in delivered_numbers(receiver)
         # A file that cannot be used: refused in one line, the contexts in use stay.
         (live[1] / "member.key").write_text("not a key\n")
@@ -172,6 +162,16 @@ async def test_a_reload_puts_new_certificates_in_use_for_new_connections_only(
         if after is not None:
             await after.stop()
         await listener.stop(grace=None)
+
+
+async def _refused_at_handshake(peer: PeerClient, number: int) -> None:
+    """Member 1's heartbeat ``number`` sent by ``peer``, whose certificate the listener ends
+    the handshake over (with TLS 1.3 the dialer finds out at its first read)."""
+    try:
+        code, details = await _in_thread(lambda: peer.send([peer.batch(1, 2, [heartbeat(number)])]))
+    except (ssl.SSLError, OSError):
+        return
+    assert code.name == "UNAVAILABLE", (code, details)
 
 
 async def _in_thread(call):  # type: ignore[no-untyped-def]

@@ -7,8 +7,8 @@ whole life), the free space and the listening addresses are checked (``preflight
 refusal is a :class:`SettingsError`, which ``rallypoint serve`` prints as one line before
 exiting with code 2. SIGTERM and SIGINT stop the member gracefully: a leader first hands
 leadership to the most up-to-date voter, so clients see no election timeout. SIGHUP reloads
-what can change without a restart (:class:`Reloads`: the tokens file, the client port's TLS
-certificate, key and CA), one log line per reload.
+what can change without a restart (:class:`Reloads`: the tokens file, the client port's and
+the peer port's TLS certificate, key and CA), one log line per reload.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from .preflight import (
     split_address,
 )
 from .service.tokens import ClientTokens, TokensFileError
-from .tls_reload import ReloadableServerCredentials
+from .tls_reload import PeerTlsFiles, ReloadableServerCredentials
 
 __all__ = [
     "RecoveryError",
@@ -107,22 +107,25 @@ class TlsFiles:
                 raise SettingsError(f"tls {name.removesuffix('_file')}: {exc}") from exc
         return out[0], out[1], out[2]
 
+    def contexts(self, cert: bytes, key: bytes, ca: bytes) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+        """The peer port's TLS from the files' contents: (listening: this member's
+        certificate, a client certificate signed by the CA required; dialling: the
+        listener's certificate signed by the CA and naming the host dialled, this member's
+        certificate presented)."""
+        server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cadata=ca.decode())
+        server.verify_mode = ssl.CERT_REQUIRED
+        _load_chain(server, cert, key)
+        client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=ca.decode())
+        _load_chain(client, cert, key)
+        return server, client
+
     def server_ssl_context(self) -> ssl.SSLContext:
-        """The peer port's TLS: this member's certificate, and a client certificate signed by
-        the CA required."""
-        cert, key, ca = self.read()
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cadata=ca.decode())
-        context.verify_mode = ssl.CERT_REQUIRED
-        _load_chain(context, cert, key)
-        return context
+        """The peer port's listening TLS as the files say now (see :meth:`contexts`)."""
+        return self.contexts(*self.read())[0]
 
     def client_ssl_context(self) -> ssl.SSLContext:
-        """The peer dialer's TLS: the listener's certificate signed by the CA and naming the
-        host dialled; this member's certificate presented."""
-        cert, key, ca = self.read()
-        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=ca.decode())
-        _load_chain(context, cert, key)
-        return context
+        """The peer dialler's TLS as the files say now (see :meth:`contexts`)."""
+        return self.contexts(*self.read())[1]
 
     def check(self) -> None:
         """Refuse files that are unreadable, not PEM, or a key that is not the
@@ -428,13 +431,15 @@ async def serve(settings: Settings) -> int:
     reloads = Reloads()
     if tokens is not None and tokens.path:
         reloads.register(f"tokens file {tokens.path}", _reload_tokens(tokens))
-    client_credentials = None
+    client_credentials = peer_tls = None
     if tls is not None:
         client_credentials = ReloadableServerCredentials(tls)
         reloads.register("client TLS files", client_credentials.reload)
+        peer_tls = PeerTlsFiles(tls)
+        reloads.register("peer TLS files", peer_tls.reload)
     # Installed before the member starts, so a SIGHUP during start-up cannot kill it.
     loop.add_signal_handler(signal.SIGHUP, reloads.run)
-    node = Node(config, peer_tls=tls)
+    node = Node(config, peer_tls=peer_tls)
     await node.start()
     server = grpc.aio.server(options=SERVER_OPTIONS)
     health_server = grpc.aio.server(options=SERVER_OPTIONS) if settings.health_address else None

@@ -74,8 +74,8 @@ _SERVE_HELP = {
     "auth_token": "require 'authorization: Bearer TOKEN' on client calls (an admin token)",
     "tokens_file": "TOML file of client tokens (SHA-256) and their roles: admin, read, "
     "job:<id>; reloaded on SIGHUP (docs/security.md, 'Client tokens and roles')",
-    "tls_cert_file": "PEM certificate for mutual TLS on both ports (the client port's "
-    "certificate, key and CA are re-read on SIGHUP)",
+    "tls_cert_file": "PEM certificate for mutual TLS on both ports (certificate, key and CA "
+    "are re-read on SIGHUP; new connections use them)",
     "tls_key_file": "PEM private key for mutual TLS",
     "tls_ca_file": "PEM CA bundle that signs members' and clients' certificates",
     "log_level": "DEBUG, INFO, WARNING or ERROR",
@@ -91,7 +91,7 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "(TOML, keys as below with underscores), then RALLYPOINT_<SETTING> environment "
         "variables (e.g. RALLYPOINT_DATA_DIR), then flags. One process per data dir (it is "
         "locked: DATA_DIR/rallypoint.lock holds the pid). SIGTERM stops the member "
-        "gracefully; SIGHUP re-reads the tokens file and the client port's TLS files. A "
+        "gracefully; SIGHUP re-reads the tokens file and both ports' TLS files. A "
         "setting that cannot be used is refused with one line and exit code 2.",
     )
     parser.add_argument("--config", help="a TOML file of settings")

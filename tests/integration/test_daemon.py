@@ -3,10 +3,13 @@ line with exit code 2), mutual TLS on both ports, and certificate rotation on SI
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 from pathlib import Path
@@ -419,11 +422,13 @@ def test_the_health_port_answers_probes_without_tls_and_serves_nothing_else(
 
 
 @pytest.mark.integration
-async def test_sighup_reloads_the_client_port_certificates_without_a_restart(
+async def test_sighup_reloads_both_ports_certificates_without_a_restart(
     tmp_path: Path,
 ) -> None:
     """Certificate rotation: new files, SIGHUP, and clients of the new CA connect to the same
-    process; a broken file on a later SIGHUP is named in the log and changes nothing."""
+    process, whose peer port presents the new certificate to a new connection and trusts
+    only the new CA; a broken file on a later SIGHUP is named in the log and changes
+    nothing."""
     first, second = (_make_certificates(_directory(tmp_path / name)) for name in ("1", "2"))
     live = _directory(tmp_path / "live")
 
@@ -453,15 +458,24 @@ async def test_sighup_reloads_the_client_port_certificates_without_a_restart(
     member = cluster.members[1]
     assert member.proc is not None
     pid = member.proc.pid
+    peer_address = member.peer_address
     try:
         async with Client(cluster.endpoints, tls=trusting(first), timeout_s=30.0) as client:
             await client.put("rotated", "before")
+        assert _peer_port_certificate(peer_address, first) == _der(first)
+        with pytest.raises(ssl.SSLError):
+            _peer_port_certificate(peer_address, second)
 
         install(second)
         member.proc.send_signal(signal.SIGHUP)
-        wait_until(
-            lambda: "SIGHUP: client TLS files reloaded" in cluster.log_text(1), 10.0, "a reload"
-        )
+        for port in ("client", "peer"):
+            line = f"SIGHUP: {port} TLS files reloaded"
+            wait_until(lambda line=line: line in cluster.log_text(1), 10.0, line)
+        # The peer port: a new connection gets the new certificate, and a member still on
+        # the old CA's certificate is refused.
+        assert _peer_port_certificate(peer_address, second) == _der(second)
+        with pytest.raises(ssl.SSLError):
+            _peer_port_certificate(peer_address, first)
         async with Client(cluster.endpoints, tls=trusting(second), timeout_s=15.0) as client:
             kv = await client.get("rotated")
             assert kv is not None and kv.value == b"before"
@@ -471,8 +485,10 @@ async def test_sighup_reloads_the_client_port_certificates_without_a_restart(
 
         (live / "member.key").write_text("not a key\n")
         member.proc.send_signal(signal.SIGHUP)
-        refused = "SIGHUP: client TLS files not reloaded, the previous one stays in use"
-        wait_until(lambda: refused in cluster.log_text(1), 10.0, "a refusal")
+        for port in ("client", "peer"):
+            refused = f"SIGHUP: {port} TLS files not reloaded, the previous one stays in use"
+            wait_until(lambda refused=refused: refused in cluster.log_text(1), 10.0, refused)
+        assert _peer_port_certificate(peer_address, second) == _der(second)
         assert f"tls_key_file {live / 'member.key'}: holds no PEM private key" in (
             cluster.log_text(1)
         )
@@ -481,6 +497,33 @@ async def test_sighup_reloads_the_client_port_certificates_without_a_restart(
         assert member.running and member.proc.pid == pid
     finally:
         cluster.shutdown()
+
+
+def _der(certs: dict[str, Path]) -> bytes:
+    return ssl.PEM_cert_to_DER_cert(certs["rallypoint-member-1.pem"].read_text())
+
+
+def _peer_port_certificate(address: str, certs: dict[str, Path]) -> bytes:
+    """The certificate a new TLS connection to the peer port at ``address`` is shown, dialled
+    as member 1 of ``certs`` would (its certificate presented, their CA trusted). With TLS 1.3
+    the listener's refusal of our certificate arrives at the first read: read until EOF."""
+    host, port = address.rsplit(":", 1)
+    context = ssl.create_default_context(cafile=str(certs["ca.pem"]))
+    context.load_cert_chain(
+        str(certs["rallypoint-member-1.pem"]), str(certs["rallypoint-member-1.key"])
+    )
+    with (
+        socket.create_connection((host, int(port)), timeout=5.0) as raw,
+        context.wrap_socket(raw, server_hostname=host) as tls,
+    ):
+        seen = tls.getpeercert(binary_form=True)
+        tls.settimeout(0.5)
+        # A refused certificate ends the connection with an alert here; an accepted one
+        # finds the listener waiting for our first frame.
+        with contextlib.suppress(TimeoutError):
+            tls.recv(1)
+        assert seen is not None
+        return seen
 
 
 def _directory(path: Path) -> Path:

@@ -150,7 +150,10 @@ memory snapshots' code, and torch.distributed.checkpoint under them); ``ElasticR
 starts a thread that imports it (``run.RESTORE_PATH``) while the join waits, and the modules
 that use it import it where they do (formation's restore, the first checkpoint, teardown), by
 then loaded or being loaded (Python's import lock makes a second importer wait for the first).
-tests/worker/test_lazy_imports.py keeps the join path free of it.
+Nor does it import FSDP or DTensor (half a second, sympy under them): a model holds FSDP2
+modules or DTensors only once its maker imported them, so the loop looks for them without
+importing them (fsdp_comm.py, ``lazy.any_dtensor``). tests/worker/test_lazy_imports.py keeps
+the join path free of both.
 
 Events. ``on_event(kind, fields)`` is called (from the training or the commit thread) for
 each event :class:`ElasticRun` lists, with its fields in a dict; every event carries ``t``
@@ -170,7 +173,8 @@ The modules, one job each:
   (worker/joining.py, shared with the torchrun backend), events;
 - ``formation.py``: forming a round (arrival, init, gate, build, restore);
 - ``round.py``: :class:`ElasticRound`, the user's loop's view of a round;
-- ``collectives.py``: abandonable collectives, the gate, FSDP2's collectives;
+- ``collectives.py``: abandonable collectives, the gate;
+- ``fsdp_comm.py``: FSDP2's collectives waited for the same way (a sharded model only);
 - ``commit.py``: the checkpoint and snapshot commit protocol;
 - ``progress.py``: the progress each heartbeat carries;
 - ``health.py``: pre-admission health checks (the built-in collective probe);

@@ -117,8 +117,9 @@ Restore. At each formation every rank calls ``restore_state`` with what it holds
 that trained in the previous round (and did not lose its participant) is a *survivor* at its
 step. The same decision is made on every rank: KEEP (every rank is a survivor at one step),
 BROADCAST from a survivor (replicated state, newcomers present, or survivors a step apart:
-from the lowest-ranked at the highest step, checkpoint.py's ``choose_restore_source`` says
-why that is consistent), MEMORY, DISK (the latest committed checkpoint, resharded by DCP to
+from the lowest-ranked at the highest step, restore_choice.py's ``choose_restore_source``
+says why that is consistent; sent only to the ranks that lack it, directly when they are
+few), MEMORY, DISK (the latest committed checkpoint, resharded by DCP to
 this world size) or FRESH (nothing to restore: rank 0's replica is broadcast with its step
 and sampler position, so every rank starts equal; a sharded model starts from ``build()``
 at step 0, its sampler rewound). Every source restores the step and the sampler's position

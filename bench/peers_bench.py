@@ -54,7 +54,8 @@ started: on 2 cores they compete with its imports, survivors still stalled leave
 ``rejoin_stall_s`` (the survivors' longest gap while the replacement joins, less the steady
 step; only when they had resumed before it started), ``steps_rolled_back`` and
 ``bit_identical``. Ports: 24700-24799 only (the cluster 24700-24705; lighthouse, torchft's
-stores and Managers, plain DDP's store from 24706 up, in turn).
+stores and Managers, plain DDP's store from 24706 up, in turn); ``--first-port P`` moves the
+block to P..P+99 (two runs side by side on one machine).
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ from tests.integration.harness import port_is_free
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 WORKERS, MIN_WORKERS = 4, 3
-FIRST_PORT, LAST_PORT = 24700, 24799
+FIRST_PORT, PORT_BLOCK = 24700, 100
 CLUSTER_PORTS = 6  # 3 members x (peer, client)
 SYSTEMS = ("plain", "torchft_default", "torchft_hb1s", "rallypoint")
 # torchft's lighthouse heartbeat timeout per setting (None: its default, 5000 ms).
@@ -108,40 +109,31 @@ TORCHFT_DDP_WRAPPER = (
 Event = dict[str, Any]
 # A replacement's way in, in order (bench/peers_worker.py's docstring says what each marks);
 # connect and session are rallypoint's only.
-REJOIN_PHASES = (
-    "interpreter",
-    "torch",
-    "library",
-    "model",
-    "connect",
-    "session",
-    "join",
-    "round",
-    "group",
-    "restore",
-    "first_step",
-)
+REJOIN_PHASES: tuple[str, ...] = ("interpreter", "torch", "library", "model", "connect", "session")
+REJOIN_PHASES += ("join", "round", "group", "restore", "first_step")
 # The phases up to the end of `import torch`: the same code in every system's replacement.
 COMMON_PHASES = ("interpreter", "torch")
 
 
 class Ports:
-    """Hands out blocks of consecutive free ports from 24706-24799 in turn, so a port a trial
-    just closed (TIME_WAIT, a lingering listener) is not asked for again at once."""
+    """Hands out blocks of consecutive free ports from the run's block (24706-24799 by
+    default: after the cluster's) in turn, so a port a trial just closed (TIME_WAIT, a
+    lingering listener) is not asked for again at once."""
 
-    def __init__(self) -> None:
-        self.first = FIRST_PORT + CLUSTER_PORTS
+    def __init__(self, first_port: int = FIRST_PORT) -> None:
+        self.first = first_port + CLUSTER_PORTS
+        self.last = first_port + PORT_BLOCK - 1
         self.cursor = self.first
 
     def take(self, count: int) -> list[int]:
-        for _ in range(LAST_PORT - self.first + 1):
-            if self.cursor + count - 1 > LAST_PORT:
+        for _ in range(self.last - self.first + 1):
+            if self.cursor + count - 1 > self.last:
                 self.cursor = self.first
             block = list(range(self.cursor, self.cursor + count))
             self.cursor += count
             if all(port_is_free(port) for port in block):
                 return block
-        raise RuntimeError(f"no {count} consecutive free ports in {self.first}-{LAST_PORT}")
+        raise RuntimeError(f"no {count} consecutive free ports in {self.first}-{self.last}")
 
 
 class Worker:
@@ -656,12 +648,12 @@ def plot(top: dict[str, Any], path: Path) -> None:
 
 def run(args: argparse.Namespace) -> list[Event]:
     trials: list[Event] = []
-    ports = Ports()
+    ports = Ports(args.first_port)
     with scratch_root("peers-bench-", args.data_dir) as root:
         cluster = None
         endpoints = ""
         if "rallypoint" in args.systems:
-            cluster = RallypointCluster(root / "cluster", base_port=FIRST_PORT)
+            cluster = RallypointCluster(root / "cluster", base_port=args.first_port)
         try:
             if cluster is not None:
                 cluster.start()
@@ -723,6 +715,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data-dir", help="keep the trials' logs here (default: removed)")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument(
+        "--first-port",
+        type=int,
+        default=FIRST_PORT,
+        help=f"the run's {PORT_BLOCK} ports start here (the cluster's 6 first)",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="checks it runs: one short trial per system; figures not comparable",
@@ -739,6 +737,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = sorted(set(args.systems) - set(SYSTEMS))
     if unknown:
         parser.error(f"unknown system(s) {unknown}: choose from {', '.join(SYSTEMS)}")
+    if not 1024 <= args.first_port <= 65536 - PORT_BLOCK:
+        parser.error(f"--first-port {args.first_port}: not in 1024-{65536 - PORT_BLOCK}")
     if args.quick:
         args.trials, args.steady_s, args.warm_s, args.after_s = 1, 1.5, 0.5, 1.0
     started = time.perf_counter()

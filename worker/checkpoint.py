@@ -459,31 +459,53 @@ def broadcast_state(
     extra: Any = None,
     sampler: ElasticSampler | None = None,
     process_group: dist.ProcessGroup | None = None,
+    receivers: Sequence[int] | None = None,
 ) -> RestoreResult:
     """Copy a replicated model's and optimizer's state (and step, sampler, extra) from rank
-    ``src`` (a global rank) to every rank of the group. Collective.
+    ``src`` (a global rank) to every rank of the group, or to ``receivers`` only. Collective.
 
     ``step``, ``extra`` and ``sampler``'s state are taken from ``src``; elsewhere they are
     replaced. One object broadcast carries the structure, then one tensor broadcast per
-    dtype carries the values, bit for bit."""
+    dtype carries the values, bit for bit.
+
+    ``receivers``: the ranks that need the state (``RestoreDecision.receivers``); every
+    other rank holds it already and keeps its own (its ``step`` and ``extra`` are returned,
+    nothing is moved). When they are few (at most the depth of a tree broadcast over the
+    group: 1 for 2 ranks, 2 for 3-4, 3 for 5-8, ...), ``src`` sends each dtype's values to
+    each of them directly, once over the wire, instead of broadcasting to every rank."""
     started = time.monotonic()
     structure: list[Any] = [None]
     buffers: dict[torch.dtype, list[torch.Tensor]] = {}
-    if dist.get_rank() == src:
+    me = dist.get_rank()
+    if me == src:
         skeleton = _split_tensors(capture(model, optimizer, step, sampler, extra), buffers)
         sizes = {dtype: sum(part.numel() for part in parts) for dtype, parts in buffers.items()}
         structure = [(skeleton, sizes)]
     dist.broadcast_object_list(structure, src=src, group=process_group)
     skeleton, sizes = structure[0]
+    world = dist.get_world_size(process_group)
+    direct = receivers is not None and len(receivers) <= max(1, (world - 1).bit_length())
+    if direct and me != src and me not in (receivers or ()):
+        return RestoreResult(
+            RestoreSource.BROADCAST, f"held already (rank {src} sent it)", step, extra, 0, 0.0
+        )
     flat: dict[torch.dtype, torch.Tensor] = {}
     bytes_moved = 0
     # Sorted by name, so every rank issues the broadcasts in the same order.
     for dtype in sorted(sizes, key=str):
-        if dist.get_rank() == src:
+        if me == src:
             buffer = torch.cat(buffers[dtype])
         else:
             buffer = torch.empty(sizes[dtype], dtype=dtype)
-        dist.broadcast(buffer, src=src, group=process_group)
+        if not direct:
+            dist.broadcast(buffer, src=src, group=process_group)
+        elif me == src:
+            sends = [dist.isend(buffer, dst, group=process_group) for dst in receivers or ()]
+            for send in sends:
+                if send is not None:
+                    send.wait()
+        else:
+            dist.recv(buffer, src, group=process_group)
         flat[dtype] = buffer
         bytes_moved += buffer.numel() * buffer.element_size()
     received_step, received_extra = install(
@@ -624,6 +646,7 @@ def restore_state(
             extra=extra,
             sampler=sampler,
             process_group=process_group,
+            receivers=decision.receivers,
         )
     elif source is RestoreSource.KEEP:
         result = RestoreResult(source, "", survivor_step or 0, extra, 0, 0.0)

@@ -159,6 +159,9 @@ class RestoreDecision:
     steps_rolled_back: int = 0
     # Where each rank's pieces come from (REPLICAS only).
     plan: ReplicaPlan | None = None
+    # The ranks a BROADCAST sends the state to: every rank but the survivors at the step
+    # chosen, which hold it already (the newcomers and any survivor a step behind).
+    receivers: tuple[int, ...] = ()
 
 
 def choose_restore_source(
@@ -175,10 +178,11 @@ def choose_restore_source(
     on every rank or its sharded pieces are held by them (REPLICAS, below). A replicated
     model then takes KEEP if every rank is a survivor at that step, else BROADCAST from the
     lowest-ranked survivor at that step when the state is small enough (or broadcasting was
-    measured at least as fast as reading). Otherwise MEMORY if ``memory`` (the registered
-    memory snapshot) is no older than the checkpoint and every rank of its world is held by
-    a process of this one; else DISK if there is a checkpoint, else FRESH. The reason names
-    what ruled the others out.
+    measured at least as fast as reading), to the ``receivers`` only: the other survivors at
+    that step hold the same bits already (below), so nothing is sent to them. Otherwise
+    MEMORY if ``memory`` (the registered memory snapshot) is no older than the checkpoint
+    and every rank of its world is held by a process of this one; else DISK if there is a
+    checkpoint, else FRESH. The reason names what ruled the others out.
 
     Survivors at different steps. A round can end while one rank waits in a step's
     all-reduce that its peers completed: the wait returns "abandoned" once the round has
@@ -271,6 +275,9 @@ def choose_restore_source(
         behind = [peer.rank for peer in survivors if peer.step != top_step]
         if len(survivors) == len(peers) and not behind:
             return RestoreDecision(RestoreSource.KEEP, None, "every rank holds the same replica")
+        receivers = tuple(
+            peer.rank for peer in peers if not (peer.survivor and peer.step == top_step)
+        )
         healing = (
             f"; survivor(s) {', '.join(map(str, behind))} a step behind step {top_step}"
             if behind
@@ -278,7 +285,10 @@ def choose_restore_source(
         )
         if checkpoint_step is None and memory is None:
             return RestoreDecision(
-                RestoreSource.BROADCAST, src.rank, f"no checkpoint on disk{healing}"
+                RestoreSource.BROADCAST,
+                src.rank,
+                f"no checkpoint on disk{healing}",
+                receivers=receivers,
             )
         if src.disk_bytes_per_s is not None and src.broadcast_bytes_per_s is not None:
             if src.broadcast_bytes_per_s >= src.disk_bytes_per_s:
@@ -286,6 +296,7 @@ def choose_restore_source(
                     RestoreSource.BROADCAST,
                     src.rank,
                     f"broadcast measured at least as fast{healing}",
+                    receivers=receivers,
                 )
             blocker = "disk measured faster than broadcast"
         elif src.state_bytes <= policy.broadcast_max_bytes:
@@ -293,6 +304,7 @@ def choose_restore_source(
                 RestoreSource.BROADCAST,
                 src.rank,
                 f"state of {src.state_bytes} bytes is within the broadcast limit{healing}",
+                receivers=receivers,
             )
         else:
             blocker = f"state of {src.state_bytes} bytes is over the broadcast limit"

@@ -239,6 +239,19 @@ def test_replacement_starts_alone_on_its_cpu_and_shares_all_after() -> None:
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(900)
+def test_first_port_moves_every_port_of_the_run_into_its_block(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench.peers_bench import Ports, main
+
+    ports = Ports(50700)  # the cluster takes 50700-50705
+    taken = [port for _ in range(40) for port in ports.take(4)]
+    assert min(taken) >= 50706 and max(taken) <= 50799, (min(taken), max(taken))
+    with pytest.raises(SystemExit):
+        main(["--first-port", "80", "--out", "/dev/null"])
+    assert "--first-port 80: not in 1024-65436" in capsys.readouterr().err
+
+
 def test_quick_run_writes_results_and_leaves_no_process(tmp_path: Path) -> None:
     pytest.importorskip("torchft")
     out = tmp_path / "peers.json"

@@ -160,8 +160,10 @@ def test_fsdp_and_replicated_restore_into_3_ranks(restored_at_3: list[dict[str, 
 def test_new_member_receives_the_replicated_state_by_broadcast(
     restored_at_3: list[dict[str, Any]],
 ) -> None:
-    figures = [rank["heal"] for rank in restored_at_3]
-    assert len({rank["bytes"] for rank in figures}) == 1 and figures[0]["bytes"] > 0
+    # Ranks 0 and 1 survived at the same step, rank 2 is new: rank 0 sends the state to rank
+    # 2 alone; rank 1 holds it already and receives nothing.
+    moved = [rank["heal"]["bytes"] for rank in restored_at_3]
+    assert moved[0] == moved[2] > 0 and moved[1] == 0, moved
 
 
 # -- the restore-source choice ----------------------------------------------------------------
@@ -182,6 +184,11 @@ def test_choice_keep_when_every_rank_survived_with_the_same_state() -> None:
 def test_choice_broadcast_from_the_lowest_survivor_when_small() -> None:
     decision = choose_restore_source([peer(0, None), peer(1, 7), peer(2, 7)], 5, POLICY)
     assert (decision.source, decision.src_rank) == (RestoreSource.BROADCAST, 1)
+    # Sent only to the ranks that do not hold step 7 already: the newcomer and any survivor
+    # a step behind.
+    assert decision.receivers == (0,)
+    behind = choose_restore_source([peer(0, 7), peer(1, 6), peer(2, None), peer(3, 7)], 5, POLICY)
+    assert (behind.src_rank, behind.receivers) == (0, (1, 2))
     tight = RestorePolicy(broadcast_max_bytes=999)
     large = choose_restore_source([peer(0, None), peer(1, 7)], 5, tight)
     assert large.source is RestoreSource.DISK and "over the broadcast limit" in large.reason

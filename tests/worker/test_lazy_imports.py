@@ -9,6 +9,11 @@ when first used.
   and nothing of the restore path (disk checkpoints, memory snapshots' code,
   torch.distributed.checkpoint under them): entering the run loads that on a thread while it
   joins, so the first formation finds it loaded.
+- Nor FSDP, DTensor or torch._dynamo (with sympy under them, about half a second): the loop
+  reaches FSDP2's modules and DTensors only through a model that holds them, and a model
+  holds them only once its maker imported them. (torch.optim's optimizers import
+  torch._dynamo, and FSDP under it, when made: a job pays that for its optimizer, not for
+  rallypoint.)
 """
 
 from __future__ import annotations
@@ -47,7 +52,8 @@ unwanted = ("rallypoint.coordinator", "rallypoint.raft", "uvloop", "zfec", "matp
             "torch.distributed.checkpoint", "rallypoint.worker.checkpoint",
             "rallypoint.worker.state_io", "rallypoint.worker.replica_restore",
             "rallypoint.worker.snapshots.lifecycle", "rallypoint.worker.snapshots.restore",
-            "rallypoint.worker.snapshots.server", "rallypoint.worker.snapshots.storage")
+            "rallypoint.worker.snapshots.server", "rallypoint.worker.snapshots.storage",
+            "torch.distributed.fsdp", "torch.distributed.tensor", "torch._dynamo", "sympy")
 print(" ".join(sorted(
     name for name in sys.modules
     if any(name == u or name.startswith(u + ".") for u in unwanted)

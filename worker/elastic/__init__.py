@@ -117,8 +117,9 @@ Restore. At each formation every rank calls ``restore_state`` with what it holds
 that trained in the previous round (and did not lose its participant) is a *survivor* at its
 step. The same decision is made on every rank: KEEP (every rank is a survivor at one step),
 BROADCAST from a survivor (replicated state, newcomers present, or survivors a step apart:
-from the lowest-ranked at the highest step, checkpoint.py's ``choose_restore_source`` says
-why that is consistent), MEMORY, DISK (the latest committed checkpoint, resharded by DCP to
+from the lowest-ranked at the highest step, restore_choice.py's ``choose_restore_source``
+says why that is consistent; sent only to the ranks that lack it, directly when they are
+few), MEMORY, DISK (the latest committed checkpoint, resharded by DCP to
 this world size) or FRESH (nothing to restore: rank 0's replica is broadcast with its step
 and sampler position, so every rank starts equal; a sharded model starts from ``build()``
 at step 0, its sampler rewound). Every source restores the step and the sampler's position
@@ -150,7 +151,10 @@ memory snapshots' code, and torch.distributed.checkpoint under them); ``ElasticR
 starts a thread that imports it (``run.RESTORE_PATH``) while the join waits, and the modules
 that use it import it where they do (formation's restore, the first checkpoint, teardown), by
 then loaded or being loaded (Python's import lock makes a second importer wait for the first).
-tests/worker/test_lazy_imports.py keeps the join path free of it.
+Nor does it import FSDP or DTensor (half a second, sympy under them): a model holds FSDP2
+modules or DTensors only once its maker imported them, so the loop looks for them without
+importing them (fsdp_comm.py, ``lazy.any_dtensor``). tests/worker/test_lazy_imports.py keeps
+the join path free of both.
 
 Events. ``on_event(kind, fields)`` is called (from the training or the commit thread) for
 each event :class:`ElasticRun` lists, with its fields in a dict; every event carries ``t``
@@ -170,7 +174,8 @@ The modules, one job each:
   (worker/joining.py, shared with the torchrun backend), events;
 - ``formation.py``: forming a round (arrival, init, gate, build, restore);
 - ``round.py``: :class:`ElasticRound`, the user's loop's view of a round;
-- ``collectives.py``: abandonable collectives, the gate, FSDP2's collectives;
+- ``collectives.py``: abandonable collectives, the gate;
+- ``fsdp_comm.py``: FSDP2's collectives waited for the same way (a sharded model only);
 - ``commit.py``: the checkpoint and snapshot commit protocol;
 - ``progress.py``: the progress each heartbeat carries;
 - ``health.py``: pre-admission health checks (the built-in collective probe);

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from ..errors import WorkerError
+from ..lazy import any_dtensor
 from ..restore_choice import RestoreSource
 from ..snapshots import RegisteredSnapshot
 from ..store import CoordinatorStore
 from ..torch_compat import forget_previous_world, reset_group_count
-from .collectives import abandonable_fsdp, connect_timeout
+from .collectives import connect_timeout
 from .round import ElasticRound
 from .state import Formation, RunView
 
@@ -106,6 +106,8 @@ class Former:
             # would hand its DTensors the previous world's mesh (torch_compat.py says why).
             forget_previous_world()
             state.model, state.optimizer = state.build()
+            from .fsdp_comm import abandonable_fsdp  # FSDP's, only for a sharded model
+
             abandonable_fsdp(state.model, round_.wait, lambda: round_.end_reason)
             self.survivor = False
         latest = run.client.latest_checkpoint(run.job)
@@ -198,7 +200,7 @@ class Former:
             previous=held,
         )
         if result.source is RestoreSource.FRESH:
-            replicated = not any(isinstance(p, DTensor) for p in state.model.parameters())
+            replicated = not any_dtensor(state.model.parameters())
             if not replicated:
                 # build() made the model and optimizer afresh: the sampler starts over with
                 # them (it may hold a position the world trained to before; step 0 with

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from rallypoint.client import RallypointError, RoundInfo, SyncCheckpointRegistry, SyncRoundStore
 
+from ..lazy import any_dtensor, dtensors
 from ..snapshots import SnapshotError
 from .collectives import (
     FORMATION_CONNECT_S,
@@ -288,11 +288,7 @@ class ElasticRound:
             world = dist.group.WORLD
             assert world is not None
             groups: dict[int, dist.ProcessGroup] = {id(world): world}
-            meshes = {
-                id(p.device_mesh): p.device_mesh
-                for p in model.parameters()
-                if isinstance(p, DTensor)
-            }
+            meshes = {id(p.device_mesh): p.device_mesh for p in dtensors(model.parameters())}
             for mesh in meshes.values():
                 for dim in range(mesh.ndim):
                     group = mesh.get_group(dim)
@@ -309,9 +305,7 @@ class ElasticRound:
         mesh (``_pg_registry``), and its DTensor caches keep the meshes."""
         self._mesh_groups = None
         meshes = {
-            id(p.device_mesh): p.device_mesh
-            for p in self.run.state.model.parameters()
-            if isinstance(p, DTensor)
+            id(p.device_mesh): p.device_mesh for p in dtensors(self.run.state.model.parameters())
         }
         for mesh in meshes.values():
             registry = getattr(mesh, "_pg_registry", None)
@@ -342,7 +336,7 @@ class ElasticRound:
         False if the round ended first: the gradients are then cleared, so the following
         ``optimizer.step()`` leaves the parameters and the optimizer state as they were."""
         params = [p for p in model.parameters() if p.requires_grad]
-        if any(isinstance(p, DTensor) for p in params):
+        if any_dtensor(params):
             raise ValueError("all_reduce_gradients is for replicated models, not DTensors")
         grads = [
             p.grad

@@ -7,7 +7,8 @@ etcd-io/raft's ``rawnode.go``; Raft thesis 10.2):
 1. apply the committed entries already durable in this member's log (on a leader, all of
    them: its entries reach followers only in the Ready that writes them): a commit this
    Ready only announces needs no write of its own before the caller is answered (etcd's
-   server applies while it saves, too);
+   server applies while it saves, too); a follower that writes entries and that nobody
+   waits on applies them at 6, after its ack (``upkeep.applied_first``);
 2. send ``Ready.messages`` at once: they vouch for nothing unpersisted (a leader replicates
    while it writes, thesis 10.2.1; a follower answers heartbeats during a long catch-up),
    and let the peer senders put them on the wire before the disk thread starts;
@@ -20,8 +21,7 @@ etcd-io/raft's ``rawnode.go``; Raft thesis 10.2):
 4. send ``Ready.messages_after_persist`` (votes and append acks: they vouch for what was
    just persisted, thesis 3.8);
 5. install a received snapshot into the state machine; resolve ReadIndex requests;
-6. apply the remaining committed entries (those this Ready itself wrote): state-machine
-   commands, or configuration changes;
+6. apply the remaining committed entries (state-machine commands, configuration changes);
 7. ``advance``; then start a snapshot in the background when the policy says so.
 
 The core decides what each Ready holds and which messages wait for persistence; this loop
@@ -116,8 +116,8 @@ from .proposals import (
 from .reads import LinearizableReads
 from .snapshots import Capture, LeaderSnapshots, Snapshots, capture
 from .upkeep import (
+    applied_first,
     disk_request,
-    durable_prefix,
     node_status,
     open_storage,
     raft_config,
@@ -390,15 +390,16 @@ class Node:
                 self.metrics.term.set(self._term)
             self._commit_index = rd.hard_state.commit
         # Committed entries already durable here apply first (as etcd's server does): their
-        # callers' answers wait neither for this Ready's write nor behind the peer senders.
+        # callers' answers wait neither for this Ready's write nor behind the peer senders;
+        # but an idle follower acknowledges its new entries first (``upkeep.applied_first``).
         committed = rd.committed_entries
-        early = durable_prefix(self.storage, rd)
+        leading = self._soft_state.raft_state is StateType.LEADER
+        early = applied_first(storage, rd, leading, bool(self._waiters) or self._reads.waiting)
         for entry in committed[:early]:
             self._apply(entry)
         committed = committed[early:]
-        # The Ready contract (raft/rawnode.py): the core put apart the messages that vouch
-        # for nothing unpersisted, which go now, and the votes and acks, which go once
-        # persisted.
+        # The Ready contract (raft/rawnode.py): what vouches for nothing unpersisted goes
+        # now; votes and acks go once persisted.
         self._transport.send(rd.messages)
         request = disk_request(storage, rd, raw.abstaining)
         if request is not None:
@@ -407,8 +408,7 @@ class Node:
                 # answered respond) before the disk thread starts: the followers' fsyncs,
                 # not ours, decide when an entry commits.
                 await asyncio.sleep(0)
-            follower = self._soft_state.raft_state is not StateType.LEADER
-            took = await self._writes.write(storage, request, follower)
+            took = await self._writes.write(storage, request, not leading)
             self.metrics.fsync_seconds.observe(took)
             storage.apply_batch([request])
         self._transport.send(rd.messages_after_persist)

@@ -166,6 +166,9 @@ class Waiters:
         self._proposed: dict[int, object] = {}
         # The envelope each waiter encoded into its entry's data, for its apply (envelope).
         self._envelopes: dict[int, Envelope] = {}
+        # The loop the waiters run on, taken at the first proposal (asking for the running
+        # loop costs a getpid system call each time, per proposal on a busy leader).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def __len__(self) -> int:
         return len(self._futures)
@@ -184,7 +187,10 @@ class Waiters:
         data, or its configuration change); an applied entry with this id that carries
         anything else is not this proposal (see the module docstring). ``envelope``: the
         command ``proposed`` encodes, applied as is when this very entry applies here."""
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            loop = self._loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
         self._futures[proposal_id] = future
         if proposed is not None:
             self._proposed[proposal_id] = proposed
@@ -196,15 +202,14 @@ class Waiters:
             except RaftProposalDroppedError as exc:
                 raise ProposalDroppedError(f"proposal dropped: {exc}") from None
             wake()
+            # Awaited directly, the deadline a timer that fails the future: the caller
+            # resumes on the loop turn its entry applies (wait_for takes two more; a timeout
+            # scope costs the task lookups and the cancellation a timer does without).
+            deadline = loop.call_later(timeout_s, _expire, future, timeout_s)
             try:
-                # Awaited directly under a deadline: the caller resumes on the loop turn its
-                # entry applies (wait_for takes two more).
-                async with asyncio.timeout(timeout_s):
-                    return await future
-            except TimeoutError:
-                raise ProposalTimeoutError(
-                    f"not applied within {timeout_s:.1f}s (it may still apply)"
-                ) from None
+                return await future
+            finally:
+                deadline.cancel()
         finally:
             self._futures.pop(proposal_id, None)
             self._proposed.pop(proposal_id, None)
@@ -252,6 +257,13 @@ class Waiters:
         for future in futures.values():
             if not future.done():
                 future.set_exception(error)
+
+
+def _expire(future: asyncio.Future[Any], timeout_s: float) -> None:
+    if not future.done():
+        future.set_exception(
+            ProposalTimeoutError(f"not applied within {timeout_s:.1f}s (it may still apply)")
+        )
 
 
 # The most entries one MsgProp carries (a larger queue goes as several): the core drops a

@@ -108,6 +108,19 @@ def durable_prefix(storage: DiskStorage | None, rd: Ready) -> int:
     return count
 
 
+def applied_first(storage: DiskStorage | None, rd: Ready, leading: bool, waited_on: bool) -> int:
+    """How many of ``rd``'s committed entries apply before ``rd`` is written: its
+    ``durable_prefix``, so that callers waiting on this member's apply (a leader's clients; a
+    follower's forwarded writes and reads, ``waited_on``) are answered without waiting for
+    the write. None on a follower that writes entries and that nobody waits on: it writes
+    and acknowledges the new entries first, then applies, so the leader's next commit does
+    not wait behind this member's apply (the entries are committed and durable either way;
+    only the order of apply and ack changes)."""
+    if not leading and rd.entries and not waited_on:
+        return 0
+    return durable_prefix(storage, rd)
+
+
 def disk_request(storage: DiskStorage, rd: Ready, abstaining: bool) -> PersistRequest | None:
     """What of ``rd`` the disk thread must write, or None when nothing: no entries, no
     snapshot, and a hard state that is empty or moves only the commit index (``must_sync``

@@ -12,6 +12,7 @@ from rallypoint.coordinator.node.proposals import ProposalIds, Waiters, unwrap, 
 from rallypoint.coordinator.node.reads import ReadIndexBatcher
 from rallypoint.raft import ProposalDroppedError as RaftProposalDroppedError
 from rallypoint.raft.types import Index, ReadState
+from tests.coordinator.timeout_scopes import TimeoutScopes
 
 
 def test_proposal_ids_of_different_boots_never_meet() -> None:
@@ -160,3 +161,26 @@ async def test_a_read_whose_caller_gave_up_fails_quietly_at_shutdown() -> None:
     finally:
         loop.set_exception_handler(None)
     assert logged == []
+
+
+async def test_a_proposal_waits_under_a_timer_not_a_timeout_scope(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The deadline of a proposal is a timer on its future: no ``asyncio.timeout`` scope per
+    proposal (one a put on a busy leader before), and the same endings: answered, timed out,
+    or the caller cancelled, each leaving no waiter."""
+    scopes = TimeoutScopes(monkeypatch)
+    waiters = Waiters()
+    wait = asyncio.ensure_future(waiters.propose_and_wait(1, lambda: None, 5.0, lambda: None))
+    await asyncio.sleep(0)
+    waiters.trigger(1, "result")
+    assert await wait == "result"
+    with pytest.raises(ProposalTimeoutError, match=r"not applied within 0\.0s"):
+        await waiters.propose_and_wait(2, lambda: None, 0.01, lambda: None)
+    cancelled = asyncio.ensure_future(waiters.propose_and_wait(3, lambda: None, 5.0, lambda: None))
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    assert len(waiters) == 0
+    assert scopes.count == 0

@@ -85,11 +85,10 @@ from ..state.errors import Compacted
 from ..state.machine import StateMachine
 from ..state.results import LeaseEndResult, LeaseGrantResult, Result
 from ..state.values import Event
-from ..state.versions import required_version
 from ..state.view import StateView
 from ..state.watch import by_revision
 from ..transport import PeerServer
-from ..version import RECORD_VERSION, ClusterVersionError, startup_refusal
+from ..version import startup_refusal
 from .api import (
     CompactedWatchError,
     Header,
@@ -117,6 +116,7 @@ from .reads import LinearizableReads
 from .snapshots import Capture, LeaderSnapshots, Snapshots, capture
 from .upkeep import (
     applied_first,
+    check_encodable,
     disk_request,
     node_status,
     open_storage,
@@ -656,7 +656,10 @@ class Node:
         if not self.is_leader():
             raise self._not_leader_error(self.leader_id)
 
-    async def propose(
+    async def propose(self, command: Command, **options: Any) -> Result:
+        return await self.submit(command, **options)
+
+    def submit(
         self,
         command: Command,
         *,
@@ -665,27 +668,18 @@ class Node:
         first_unacked: int = 0,
         timeout_s: float = 5.0,
         term: int | None = None,
-    ) -> Result:
+    ) -> asyncio.Future[Result]:
         if self.leader_id == NONE:
             raise NoLeaderError()
-        cluster_version = self._sm.cluster_version
-        # Nothing above the cluster version is encoded (version.py). ClusterVersion itself is
-        # gated where it is decided: the leader proposes it only once every member advertises
-        # the version it raises to (leader/versions.py).
-        if cluster_version < RECORD_VERSION and not isinstance(command, ClusterVersion):
-            needed, feature = required_version(command)
-            if needed > cluster_version:
-                raise ClusterVersionError(feature, needed, cluster_version)
+        check_encodable(command, self._sm.cluster_version)
         envelope = Envelope(session_id, sequence, first_unacked, wall_clock_ms(), command)
         proposal_id = self._proposal_ids.next()
         data = wrap(self.member_id, proposal_id, encode_envelope(envelope))
-        started = time.monotonic()
         queue = lambda: self._proposals.queue(proposal_id, data, term)  # noqa: E731
-        result: Result = await self._waiters.propose_and_wait(
-            proposal_id, queue, timeout_s, self.wake, data, envelope
+        observe = self.metrics.proposal_seconds.observe
+        return self._waiters.register(
+            proposal_id, queue, timeout_s, self.wake, data, envelope, observe
         )
-        self.metrics.proposal_seconds.observe(time.monotonic() - started)
-        return result
 
     async def read_barrier(self, timeout_s: float = 5.0) -> None:
         if UNSAFE_STALE_READS:

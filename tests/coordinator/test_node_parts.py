@@ -38,7 +38,7 @@ async def test_an_entry_of_an_earlier_life_does_not_answer_a_waiter_with_its_id(
     earlier life of its member had proposed under the same id."""
     waiters = Waiters()
     ours = wrap(2, 7, b"put mine")
-    wait = asyncio.ensure_future(waiters.propose_and_wait(7, lambda: None, 5.0, lambda: None, ours))
+    wait = asyncio.ensure_future(waiters.register(7, lambda: None, 5.0, lambda: None, ours))
     await asyncio.sleep(0)
     assert waiters.trigger(7, "someone else's", wrap(2, 7, b"an earlier life's grant")) is False
     assert not wait.done() and len(waiters) == 1
@@ -51,7 +51,7 @@ async def test_a_waiter_is_answered_by_its_applied_entry_and_then_forgotten() ->
     waiters = Waiters()
     submitted: list[int] = []
     wait = asyncio.ensure_future(
-        waiters.propose_and_wait(7, lambda: submitted.append(7), 5.0, lambda: None)
+        waiters.register(7, lambda: submitted.append(7), 5.0, lambda: None)
     )
     await asyncio.sleep(0)
     assert submitted == [7] and len(waiters) == 1
@@ -68,11 +68,11 @@ async def test_a_dropped_or_timed_out_proposal_leaves_no_waiter() -> None:
         raise RaftProposalDroppedError("no leader")
 
     with pytest.raises(ProposalDroppedError):
-        await waiters.propose_and_wait(1, refuse, 5.0, lambda: None)
+        await waiters.register(1, refuse, 5.0, lambda: None)
     with pytest.raises(ProposalTimeoutError):
-        await waiters.propose_and_wait(2, lambda: None, 0.01, lambda: None)
+        await waiters.register(2, lambda: None, 0.01, lambda: None)
     assert len(waiters) == 0
-    pending = asyncio.ensure_future(waiters.propose_and_wait(3, lambda: None, 5.0, lambda: None))
+    pending = asyncio.ensure_future(waiters.register(3, lambda: None, 5.0, lambda: None))
     await asyncio.sleep(0)
     waiters.fail_all(RuntimeError("stopping"))
     with pytest.raises(RuntimeError, match="stopping"):
@@ -171,13 +171,17 @@ async def test_a_proposal_waits_under_a_timer_not_a_timeout_scope(
     or the caller cancelled, each leaving no waiter."""
     scopes = TimeoutScopes(monkeypatch)
     waiters = Waiters()
-    wait = asyncio.ensure_future(waiters.propose_and_wait(1, lambda: None, 5.0, lambda: None))
+    wait = asyncio.ensure_future(waiters.register(1, lambda: None, 5.0, lambda: None))
     await asyncio.sleep(0)
     waiters.trigger(1, "result")
     assert await wait == "result"
     with pytest.raises(ProposalTimeoutError, match=r"not applied within 0\.0s"):
-        await waiters.propose_and_wait(2, lambda: None, 0.01, lambda: None)
-    cancelled = asyncio.ensure_future(waiters.propose_and_wait(3, lambda: None, 5.0, lambda: None))
+        await waiters.register(2, lambda: None, 0.01, lambda: None)
+
+    async def caller() -> object:
+        return await waiters.register(3, lambda: None, 5.0, lambda: None)
+
+    cancelled = asyncio.ensure_future(caller())
     await asyncio.sleep(0)
     cancelled.cancel()
     with pytest.raises(asyncio.CancelledError):

@@ -188,7 +188,7 @@ class Waiters:
         data, or its configuration change); an applied entry with this id that carries
         anything else is not this proposal (see the module docstring). ``envelope``: the
         command ``proposed`` encodes, applied as is when this very entry applies here.
-        ``observe``: told the seconds the proposal took, however it ended.
+        ``observe``: told the seconds from proposing to applying, if it applied here.
 
         The deadline is a timer that fails the future with ProposalTimeoutError; however the
         future ends (answered, timed out, failed, cancelled by its caller) its registration
@@ -220,7 +220,7 @@ class Waiters:
             deadline.cancel()
             if self._futures.get(proposal_id) is future:
                 self._forget(proposal_id)
-            if observe is not None:
+            if observe is not None and not future.cancelled() and future.exception() is None:
                 observe(loop.time() - started)
 
         future.add_done_callback(finished)

@@ -188,3 +188,23 @@ async def test_a_proposal_waits_under_a_timer_not_a_timeout_scope(
         await cancelled
     assert len(waiters) == 0
     assert scopes.count == 0
+
+
+async def test_only_an_applied_proposal_is_observed() -> None:
+    """``rallypoint_proposal_seconds`` is from proposing to applying: a proposal that timed
+    out, failed or was given up on is not observed."""
+    waiters = Waiters()
+    observed: list[float] = []
+    applied = waiters.register(1, lambda: None, 5.0, lambda: None, observe=observed.append)
+    waiters.trigger(1, "result")
+    assert await applied == "result"
+    with pytest.raises(ProposalTimeoutError):
+        await waiters.register(2, lambda: None, 0.01, lambda: None, observe=observed.append)
+    failed = waiters.register(3, lambda: None, 5.0, lambda: None, observe=observed.append)
+    waiters.fail(3, RuntimeError("lost"))
+    with pytest.raises(RuntimeError):
+        await failed
+    given_up = waiters.register(4, lambda: None, 5.0, lambda: None, observe=observed.append)
+    given_up.cancel()
+    await asyncio.sleep(0)
+    assert len(observed) == 1 and len(waiters) == 0

@@ -8,9 +8,13 @@ between them, so each side can be tested with a double of the other.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, TypedDict
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 from ..backup_file import BackupHeader
 from ..liveness.port import LivenessPort
@@ -177,6 +181,18 @@ class MembershipChanges(Protocol):
         ...
 
 
+class ProposeOptions(TypedDict, total=False):
+    """How ``ServerNode.propose`` proposes: under a client's session (``session_id``,
+    ``sequence``, ``first_unacked``; 0: none), waiting at most ``timeout_s`` (default 5.0),
+    only as this leader's entry of ``term`` (default None: any)."""
+
+    session_id: int
+    sequence: int
+    first_unacked: int
+    timeout_s: float
+    term: int | None
+
+
 class ServerNode(Protocol):
     """A running member, as the servicers see it. All methods are called on the event loop."""
 
@@ -194,22 +210,20 @@ class ServerNode(Protocol):
 
     def header(self) -> Header: ...
 
-    async def propose(
-        self,
-        command: Command,
-        *,
-        session_id: int = 0,
-        sequence: int = 0,
-        first_unacked: int = 0,
-        timeout_s: float = 5.0,
-        term: int | None = None,
-    ) -> Result:
+    async def propose(self, command: Command, **options: Unpack[ProposeOptions]) -> Result:
         """Replicate ``command`` and return its result once applied on this member.
         ``term``: only as this member's entry while it leads in that term; dropped
         (ProposalDroppedError), never forwarded to another leader, otherwise.
 
         Raises NotLeaderError / NoLeaderError, ProposalDroppedError, ProposalTimeoutError.
         """
+        ...
+
+    def submit(self, command: Command, **options: Unpack[ProposeOptions]) -> asyncio.Future[Result]:
+        """``propose`` without a task: ``command`` is proposed before this returns (or
+        refused: it raises what ``propose`` raises at once), and the future ends as
+        ``propose`` would. Cancelling the future stops the wait, not the proposal. For
+        callers proposing many commands in one turn of the loop (``service/kv_batch.py``)."""
         ...
 
     def leader_term(self) -> int | None:

@@ -7,7 +7,8 @@ etcd-io/raft's ``rawnode.go``; Raft thesis 10.2):
 1. apply the committed entries already durable in this member's log (on a leader, all of
    them: its entries reach followers only in the Ready that writes them): a commit this
    Ready only announces needs no write of its own before the caller is answered (etcd's
-   server applies while it saves, too);
+   server applies while it saves, too); a follower that writes entries and that nobody
+   waits on applies them at 6, after its ack (``upkeep.applied_first``);
 2. send ``Ready.messages`` at once: they vouch for nothing unpersisted (a leader replicates
    while it writes, thesis 10.2.1; a follower answers heartbeats during a long catch-up),
    and let the peer senders put them on the wire before the disk thread starts;
@@ -20,8 +21,7 @@ etcd-io/raft's ``rawnode.go``; Raft thesis 10.2):
 4. send ``Ready.messages_after_persist`` (votes and append acks: they vouch for what was
    just persisted, thesis 3.8);
 5. install a received snapshot into the state machine; resolve ReadIndex requests;
-6. apply the remaining committed entries (those this Ready itself wrote): state-machine
-   commands, or configuration changes;
+6. apply the remaining committed entries (state-machine commands, configuration changes);
 7. ``advance``; then start a snapshot in the background when the policy says so.
 
 The core decides what each Ready holds and which messages wait for persistence; this loop
@@ -85,11 +85,10 @@ from ..state.errors import Compacted
 from ..state.machine import StateMachine
 from ..state.results import LeaseEndResult, LeaseGrantResult, Result
 from ..state.values import Event
-from ..state.versions import required_version
 from ..state.view import StateView
 from ..state.watch import by_revision
 from ..transport import PeerServer
-from ..version import RECORD_VERSION, ClusterVersionError, startup_refusal
+from ..version import startup_refusal
 from .api import (
     CompactedWatchError,
     Header,
@@ -116,8 +115,9 @@ from .proposals import (
 from .reads import LinearizableReads
 from .snapshots import Capture, LeaderSnapshots, Snapshots, capture
 from .upkeep import (
+    applied_first,
+    check_encodable,
     disk_request,
-    durable_prefix,
     node_status,
     open_storage,
     raft_config,
@@ -390,15 +390,16 @@ class Node:
                 self.metrics.term.set(self._term)
             self._commit_index = rd.hard_state.commit
         # Committed entries already durable here apply first (as etcd's server does): their
-        # callers' answers wait neither for this Ready's write nor behind the peer senders.
+        # callers' answers wait neither for this Ready's write nor behind the peer senders;
+        # but an idle follower acknowledges its new entries first (``upkeep.applied_first``).
         committed = rd.committed_entries
-        early = durable_prefix(self.storage, rd)
+        leading = self._soft_state.raft_state is StateType.LEADER
+        early = applied_first(storage, rd, leading, bool(self._waiters) or self._reads.waiting)
         for entry in committed[:early]:
             self._apply(entry)
         committed = committed[early:]
-        # The Ready contract (raft/rawnode.py): the core put apart the messages that vouch
-        # for nothing unpersisted, which go now, and the votes and acks, which go once
-        # persisted.
+        # The Ready contract (raft/rawnode.py): what vouches for nothing unpersisted goes
+        # now; votes and acks go once persisted.
         self._transport.send(rd.messages)
         request = disk_request(storage, rd, raw.abstaining)
         if request is not None:
@@ -407,8 +408,7 @@ class Node:
                 # answered respond) before the disk thread starts: the followers' fsyncs,
                 # not ours, decide when an entry commits.
                 await asyncio.sleep(0)
-            follower = self._soft_state.raft_state is not StateType.LEADER
-            took = await self._writes.write(storage, request, follower)
+            took = await self._writes.write(storage, request, not leading)
             self.metrics.fsync_seconds.observe(took)
             storage.apply_batch([request])
         self._transport.send(rd.messages_after_persist)
@@ -656,7 +656,10 @@ class Node:
         if not self.is_leader():
             raise self._not_leader_error(self.leader_id)
 
-    async def propose(
+    async def propose(self, command: Command, **options: Any) -> Result:
+        return await self.submit(command, **options)
+
+    def submit(
         self,
         command: Command,
         *,
@@ -665,27 +668,18 @@ class Node:
         first_unacked: int = 0,
         timeout_s: float = 5.0,
         term: int | None = None,
-    ) -> Result:
+    ) -> asyncio.Future[Result]:
         if self.leader_id == NONE:
             raise NoLeaderError()
-        cluster_version = self._sm.cluster_version
-        # Nothing above the cluster version is encoded (version.py). ClusterVersion itself is
-        # gated where it is decided: the leader proposes it only once every member advertises
-        # the version it raises to (leader/versions.py).
-        if cluster_version < RECORD_VERSION and not isinstance(command, ClusterVersion):
-            needed, feature = required_version(command)
-            if needed > cluster_version:
-                raise ClusterVersionError(feature, needed, cluster_version)
+        check_encodable(command, self._sm.cluster_version)
         envelope = Envelope(session_id, sequence, first_unacked, wall_clock_ms(), command)
         proposal_id = self._proposal_ids.next()
         data = wrap(self.member_id, proposal_id, encode_envelope(envelope))
-        started = time.monotonic()
         queue = lambda: self._proposals.queue(proposal_id, data, term)  # noqa: E731
-        result: Result = await self._waiters.propose_and_wait(
-            proposal_id, queue, timeout_s, self.wake, data, envelope
+        observe = self.metrics.proposal_seconds.observe
+        return self._waiters.register(
+            proposal_id, queue, timeout_s, self.wake, data, envelope, observe
         )
-        self.metrics.proposal_seconds.observe(time.monotonic() - started)
-        return result
 
     async def read_barrier(self, timeout_s: float = 5.0) -> None:
         if UNSAFE_STALE_READS:

@@ -169,7 +169,7 @@ class Membership:
             await host.wait_for_apply(min(remaining, 0.05))
             host.require_leader()
         cc = ConfChange(changes, context=context.encode())
-        state: ConfState = await self._waiters.propose_and_wait(
+        state: ConfState = await self._waiters.register(
             context.proposal_id,
             lambda: host.raw.propose_conf_change(cc),
             max(0.0, deadline - loop.time()),

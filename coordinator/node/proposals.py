@@ -166,11 +166,14 @@ class Waiters:
         self._proposed: dict[int, object] = {}
         # The envelope each waiter encoded into its entry's data, for its apply (envelope).
         self._envelopes: dict[int, Envelope] = {}
+        # The loop the waiters run on, taken at the first proposal (asking for the running
+        # loop costs a getpid system call each time, per proposal on a busy leader).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def __len__(self) -> int:
         return len(self._futures)
 
-    async def propose_and_wait(
+    def register(
         self,
         proposal_id: int,
         submit: Callable[[], None],
@@ -178,37 +181,55 @@ class Waiters:
         wake: Callable[[], None],
         proposed: object = None,
         envelope: Envelope | None = None,
-    ) -> Any:
+        observe: Callable[[float], None] | None = None,
+    ) -> asyncio.Future[Any]:
         """Register ``proposal_id``, ``submit`` the proposal to the core, ``wake`` the Ready
-        loop, and wait for the applied result. ``proposed``: what the entry carries (its
+        loop: the future of its applied result. ``proposed``: what the entry carries (its
         data, or its configuration change); an applied entry with this id that carries
         anything else is not this proposal (see the module docstring). ``envelope``: the
-        command ``proposed`` encodes, applied as is when this very entry applies here."""
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        command ``proposed`` encodes, applied as is when this very entry applies here.
+        ``observe``: told the seconds from proposing to applying, if it applied here.
+
+        The deadline is a timer that fails the future with ProposalTimeoutError; however the
+        future ends (answered, timed out, failed, cancelled by its caller) its registration
+        and timer go with it. No task and no timeout scope per proposal: a caller awaiting
+        the future resumes on the loop turn its entry applies, and a batch of callers
+        (``service/kv_batch.py``) awaits its futures from one task."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            loop = self._loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
         self._futures[proposal_id] = future
         if proposed is not None:
             self._proposed[proposal_id] = proposed
         if envelope is not None:
             self._envelopes[proposal_id] = envelope
         try:
-            try:
-                submit()
-            except RaftProposalDroppedError as exc:
-                raise ProposalDroppedError(f"proposal dropped: {exc}") from None
-            wake()
-            try:
-                # Awaited directly under a deadline: the caller resumes on the loop turn its
-                # entry applies (wait_for takes two more).
-                async with asyncio.timeout(timeout_s):
-                    return await future
-            except TimeoutError:
-                raise ProposalTimeoutError(
-                    f"not applied within {timeout_s:.1f}s (it may still apply)"
-                ) from None
-        finally:
-            self._futures.pop(proposal_id, None)
-            self._proposed.pop(proposal_id, None)
-            self._envelopes.pop(proposal_id, None)
+            submit()
+        except RaftProposalDroppedError as exc:
+            self._forget(proposal_id)
+            raise ProposalDroppedError(f"proposal dropped: {exc}") from None
+        except BaseException:
+            self._forget(proposal_id)
+            raise
+        wake()
+        deadline = loop.call_later(timeout_s, _expire, future, timeout_s)
+        started = loop.time()
+
+        def finished(_: asyncio.Future[Any]) -> None:
+            deadline.cancel()
+            if self._futures.get(proposal_id) is future:
+                self._forget(proposal_id)
+            if observe is not None and not future.cancelled() and future.exception() is None:
+                observe(loop.time() - started)
+
+        future.add_done_callback(finished)
+        return future
+
+    def _forget(self, proposal_id: int) -> None:
+        self._futures.pop(proposal_id, None)
+        self._proposed.pop(proposal_id, None)
+        self._envelopes.pop(proposal_id, None)
 
     def envelope(self, proposal_id: int, carried: bytes) -> Envelope | None:
         """The envelope the waiter of ``proposal_id`` encoded into ``carried``, if ``carried``
@@ -252,6 +273,13 @@ class Waiters:
         for future in futures.values():
             if not future.done():
                 future.set_exception(error)
+
+
+def _expire(future: asyncio.Future[Any], timeout_s: float) -> None:
+    if not future.done():
+        future.set_exception(
+            ProposalTimeoutError(f"not applied within {timeout_s:.1f}s (it may still apply)")
+        )
 
 
 # The most entries one MsgProp carries (a larger queue goes as several): the core drops a

@@ -184,6 +184,12 @@ class ReadIndexBatcher:
             self._waiting_apply.append((index, [future]))
         return future
 
+    @property
+    def waiting(self) -> bool:
+        """Some read waits: queued, asked or confirmed, not yet answered (at the latest by
+        ``on_applied``)."""
+        return bool(self._queue or self._inflight is not None or self._waiting_apply)
+
     def renew(self) -> None:
         """Ask for a ReadIndex even with no read queued (it renews the leader's lease),
         unless one is in flight already (its answer renews it)."""

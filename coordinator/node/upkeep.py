@@ -26,8 +26,10 @@ from ..identity import Identity
 from ..peer_gate import remove_partial_snapshots
 from ..peer_hello import ask as ask_hello
 from ..role_log import ROLE_NAMES
+from ..state.commands import ClusterVersion, Command
+from ..state.versions import required_version
 from ..transport import PeerTransport
-from ..version import RECORD_VERSION, startup_refusal
+from ..version import RECORD_VERSION, ClusterVersionError, startup_refusal
 from .api import Member, NodeStatus, PeerProgress
 from .config import NodeConfig
 from .membership import Membership
@@ -106,6 +108,30 @@ def durable_prefix(storage: DiskStorage | None, rd: Ready) -> int:
             break
         count += 1
     return count
+
+
+def check_encodable(command: Command, cluster_version: int) -> None:
+    """Raise ClusterVersionError if ``command`` needs a record version above the cluster
+    version: nothing above it is encoded (version.py). ClusterVersion itself is gated where it
+    is decided: the leader proposes it only once every member advertises the version it
+    raises to (leader/versions.py)."""
+    if cluster_version < RECORD_VERSION and not isinstance(command, ClusterVersion):
+        needed, feature = required_version(command)
+        if needed > cluster_version:
+            raise ClusterVersionError(feature, needed, cluster_version)
+
+
+def applied_first(storage: DiskStorage | None, rd: Ready, leading: bool, waited_on: bool) -> int:
+    """How many of ``rd``'s committed entries apply before ``rd`` is written: its
+    ``durable_prefix``, so that callers waiting on this member's apply (a leader's clients; a
+    follower's forwarded writes and reads, ``waited_on``) are answered without waiting for
+    the write. None on a follower that writes entries and that nobody waits on: it writes
+    and acknowledges the new entries first, then applies, so the leader's next commit does
+    not wait behind this member's apply (the entries are committed and durable either way;
+    only the order of apply and ack changes)."""
+    if not leading and rd.entries and not waited_on:
+        return 0
+    return durable_prefix(storage, rd)
 
 
 def disk_request(storage: DiskStorage, rd: Ready, abstaining: bool) -> PersistRequest | None:

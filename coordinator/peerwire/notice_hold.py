@@ -64,12 +64,14 @@ __all__ = [
 #: and a burst of concurrent writes sends appends far more often than this.
 COMMIT_NOTICE_HOLD_S = 0.002
 #: A notice that commits more entries than this beyond what its peer was told goes at once.
-#: A follower applies what a notice commits before it writes and acknowledges an append that
-#: came with it (the Ready contract: what is durable applies first), so a notice carried by
-#: the next append puts the apply of its entries in front of that append's acknowledgement,
-#: where, sent alone, the follower applies them while it waits. For one entry (writes one
-#: after another) that costs little and saves a frame; for a burst's batch of entries it
-#: delays the next commit (measured: put_64 throughput lower in 3 of 4 pairs with no bound).
+#: A follower that waits on its own apply applies what a notice commits before it writes and
+#: acknowledges an append that came with it (the Ready contract: what is durable applies
+#: first; one nobody waits on acknowledges first, ``node/upkeep.applied_first``), so a notice
+#: carried by the next append can put the apply of its entries in front of that append's
+#: acknowledgement, where, sent alone, the follower applies them while it waits. For one entry
+#: that costs little and saves a frame; for a burst's batch of entries it delayed the next
+#: commit (measured before followers acked first: put_64 throughput lower in 3 of 4 pairs
+#: with no bound).
 COMMIT_NOTICE_HOLD_MAX_ENTRIES = 4
 #: After this many held notices in a row went alone at the deadline, notices go at once...
 COMMIT_NOTICE_HOLD_MISSES = 4

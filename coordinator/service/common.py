@@ -12,7 +12,7 @@ from ..node.api import Header, ServerNode
 from ..state.commands import Command
 from ..state.errors import Failure, JobNotFound
 from ..state.jobs import RoundState
-from ..state.results import Success
+from ..state.results import Result, Success
 from ..state.values import KeyValue
 from ..state.view import JobView
 from .errors import PreconditionFailed, RequestFailed
@@ -111,6 +111,11 @@ async def propose(
         timeout_s=wait_s(context) if timeout_s is None else timeout_s,
         term=term,
     )
+    return answered(result, kind, session_id, sequence)
+
+
+def answered(result: Result, kind: type[SuccessT], session_id: int, sequence: int) -> SuccessT:
+    """The proposal's applied ``result`` as its caller's answer of ``kind`` (``propose``)."""
     if sequence and not isinstance(result, (Failure, kind)):
         # The state machine answers a command with its own kind of result, except from the
         # session's cache: this sequence was used before, for another kind of request.

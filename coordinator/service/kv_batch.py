@@ -14,7 +14,8 @@ held behind an earlier one's commit:
   (a slice of them at a time, see below), so they reach the Raft core before the Ready loop
   runs again: one Ready, hence one log append and fsync and one MsgApp per follower, carries
   them all (when the leader is not already busy with an earlier Ready; then they ride in the
-  next one). Each keeps its own session header,
+  next one). They are proposed with ``ServerNode.submit``, no task each: the message's task
+  awaits their futures and answers them together. Each keeps its own session header,
   so a retried operation is answered from the session's cache, never applied twice;
 - the message's linearizable reads share one read barrier (ReadIndex), taken after the
   message arrived, so each sees every write acknowledged before the client sent it;
@@ -50,10 +51,10 @@ from rallypoint.proto.v1.defaults import MAX_BATCH_OPERATIONS
 
 from ..node.api import ServerNode
 from ..state.commands import Command
-from ..state.results import CompareAndSetResult, DeleteResult, PutResult, Success
+from ..state.results import CompareAndSetResult, DeleteResult, PutResult, Result, Success
 from . import validate
 from .authz import OPERATION_GUARD, OperationGuard
-from .common import Context, propose, read_barrier, wait_s
+from .common import Context, answered, read_barrier, wait_s
 from .errors import InvalidArgument, status_for
 from .kv_ops import (
     compare_and_set_answer,
@@ -102,6 +103,10 @@ async def pace(position: int) -> None:
     if position and position % SLICE_OPERATIONS == 0:
         await asyncio.sleep(0)
 
+
+# How a write proposed by ``BatchServer.start`` ends: its applied result, or the error that
+# refused it at once.
+_Outcome = asyncio.Future[Result] | Exception
 
 # What the response queue carries: an answer, the error that ends the stream, or the end.
 _Item = Message | BaseException | None
@@ -198,22 +203,28 @@ class BatchServer:
                 )
             else:
                 reads.append(checked)
-        # A slice's writes reach the Raft core in the loop's next turn (see the module
-        # docstring): the coroutines run to their first wait inside gather's tasks, which the
-        # loop starts one after another, before the Ready loop's wake-up. Later slices start
-        # a turn apart, so proposing 10,000 writes does not hold the loop in one turn.
-        pending = (
-            [asyncio.gather(*(self.finish(w) for w in writes[:SLICE_OPERATIONS]))] if writes else []
-        )
+        # A slice's writes are proposed here, one after another with no task each, before
+        # the Ready loop's wake-up runs (see the module docstring): one Ready carries them.
+        # Later slices start a turn apart, so proposing 10,000 writes does not hold the loop
+        # in one turn.
+        pending = [self.start(writes[:SLICE_OPERATIONS])] if writes else []
         self.answer(at_once)
         for start in range(SLICE_OPERATIONS, len(writes), SLICE_OPERATIONS):
             await asyncio.sleep(0)
-            part = writes[start : start + SLICE_OPERATIONS]
-            pending.append(asyncio.gather(*(self.finish(w) for w in part)))
-        if reads:
-            await self.read_all(reads)
-        for started in pending:
-            self.answer(list(await started))
+            pending.append(self.start(writes[start : start + SLICE_OPERATIONS]))
+        try:
+            if reads:
+                await self.read_all(reads)
+            for started in pending:
+                self.answer(await self.finish(started))
+        except asyncio.CancelledError:
+            # The stream ended: stop waiting (the proposals may still apply, as a cancelled
+            # unary call's would).
+            for started in pending:
+                for _, outcome in started:
+                    if isinstance(outcome, asyncio.Future) and not outcome.cancel():
+                        outcome.exception()  # ended already: nobody will read it
+            raise
 
     async def check(
         self, operation: kv_pb2.BatchOperation, deadline: float, guard: OperationGuard | None
@@ -236,20 +247,46 @@ class BatchServer:
         key = validate.key(request.key, self.node.state.limits)
         return _Operation(operation.id, kind, deadline, key=key, serializable=request.serializable)
 
-    async def finish(self, write: _Operation) -> kv_pb2.BatchResult:
-        """Propose the write and answer it (its first step, the proposal, runs at once)."""
-        node, timeout_s = self.node, max(0.0, write.deadline - self.loop.time())
-        kind = _WRITES[write.kind]
-        assert write.command is not None
-        try:
-            result = await propose(
-                node, write.command, self.context, kind.result, write.header, timeout_s=timeout_s
-            )
-        except Exception as error:
-            return error_result(write.id, error, self.loop.time() >= write.deadline)
-        answer = kv_pb2.BatchResult(id=write.id)
-        getattr(answer, write.kind).CopyFrom(kind.answer(result, node))
-        return answer
+    def start(self, writes: list[_Operation]) -> list[tuple[_Operation, _Outcome]]:
+        """Propose ``writes`` now (``ServerNode.submit``); each with what will answer it."""
+        node, now = self.node, self.loop.time()
+        started: list[tuple[_Operation, _Outcome]] = []
+        for write in writes:
+            header = write.header
+            assert write.command is not None and header is not None
+            outcome: _Outcome
+            try:
+                outcome = node.submit(
+                    write.command,
+                    session_id=header.session_id,
+                    sequence=header.sequence,
+                    first_unacked=header.first_unacked,
+                    timeout_s=max(0.0, write.deadline - now),
+                )
+            except Exception as error:
+                outcome = error
+            started.append((write, outcome))
+        return started
+
+    async def finish(self, started: list[tuple[_Operation, _Outcome]]) -> list[Any]:
+        """The answers of ``started`` writes, once each is applied (or failed), in order."""
+        node = self.node
+        answers: list[Any] = []
+        for write, outcome in started:
+            kind = _WRITES[write.kind]
+            header = write.header
+            assert header is not None
+            try:
+                if isinstance(outcome, Exception):
+                    raise outcome
+                result = answered(await outcome, kind.result, header.session_id, header.sequence)
+            except Exception as error:
+                answers.append(error_result(write.id, error, self.loop.time() >= write.deadline))
+                continue
+            answer = kv_pb2.BatchResult(id=write.id)
+            getattr(answer, write.kind).CopyFrom(kind.answer(result, node))
+            answers.append(answer)
+        return answers
 
     async def read_all(self, reads: list[_Operation]) -> None:
         """One barrier for every linearizable read of the message, then their answers, a

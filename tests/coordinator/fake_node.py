@@ -145,6 +145,9 @@ class FakeNode:
         envelope = Envelope(session_id, sequence, first_unacked, self.clock_ms, command)
         return await self.apply(encode_envelope(envelope))
 
+    def submit(self, command: Command, **fields: Any) -> asyncio.Future[Result]:
+        return asyncio.ensure_future(self.propose(command, **fields))
+
     def leader_term(self) -> int | None:
         return TERM if self.leader_id == MEMBER_ID else None
 

@@ -45,9 +45,7 @@ async def test_a_waiters_envelope_is_given_only_for_the_very_data_it_proposed() 
     def submit() -> None:
         started.set()
 
-    waiting = asyncio.ensure_future(
-        waiters.propose_and_wait(7, submit, 5.0, lambda: None, data, envelope)
-    )
+    waiting = asyncio.ensure_future(waiters.register(7, submit, 5.0, lambda: None, data, envelope))
     await started.wait()
     assert waiters.envelope(7, data) is envelope
     assert copy == data and waiters.envelope(7, copy) is None

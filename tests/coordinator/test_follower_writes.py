@@ -15,11 +15,12 @@ import pytest
 
 from rallypoint.coordinator.node import disk
 from rallypoint.coordinator.node.disk import DiskThread, DiskWrites
+from rallypoint.coordinator.peerwire import transport as transport_module
 from rallypoint.coordinator.state.commands import Put
 from rallypoint.raft.storage.disk_storage import PersistRequest
 from rallypoint.raft.types import Entry, HardState, Index, MessageType, Term
 
-from .test_node import Cluster, settled, wait_applied
+from .test_node import Cluster, put_in_turn, settled, wait_applied
 from .test_node import cluster as cluster  # the fixture
 
 
@@ -175,3 +176,33 @@ async def test_a_follower_acks_an_entry_only_after_its_write_returned(
     await wait_applied(nodes, leader.state.applied_index)
     assert len(written) > 10, "the follower wrote nothing"
     assert not acked_unwritten, acked_unwritten
+
+
+async def test_an_idle_follower_acks_an_append_before_applying_what_its_notice_commits(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Puts one after another, each commit notice carried by the next put's append: a
+    follower nobody waits on writes and acknowledges the new entry, then applies the one the
+    notice committed (``upkeep.applied_first``). Before, it applied first, and each ack left
+    with everything the follower knew committed already applied."""
+    leader, session, nodes = await settled(cluster)
+    monkeypatch.setattr(transport_module, "COMMIT_NOTICE_HOLD_S", 60.0)
+    follower = next(n for n in nodes if n is not leader)
+    # At each ack of an append: (the follower's applied index, the commit index it knows).
+    at_ack: list[tuple[int, int]] = []
+    send = follower._transport.send
+
+    def recorded(messages: Any) -> None:
+        for m in messages:
+            if m.type is MessageType.MsgAppResp and not m.reject:
+                at_ack.append((follower.state.applied_index, int(follower._commit_index)))
+        send(messages)
+
+    follower._transport.send = recorded  # type: ignore[method-assign]
+    puts = 10
+    await put_in_turn(leader, session, nodes, b"o", puts)
+    behind = [(applied, commit) for applied, commit in at_ack if applied < commit]
+    # (a notice a heartbeat carried instead is applied before the next ack: allow a few)
+    assert len(behind) >= puts // 2, at_ack
+    # Applied all the same, in order, once committed.
+    assert follower.state.get(b"o010") is not None

@@ -182,6 +182,16 @@ async def wait_applied(nodes: list[Node], index: int, timeout_s: float = 10.0) -
     await asyncio.wait_for(asyncio.gather(*(one(n) for n in nodes)), timeout_s)
 
 
+async def put_in_turn(
+    leader: Node, session: int, nodes: list[Node], prefix: bytes, puts: int
+) -> None:
+    """``puts`` puts through ``leader``, each proposed once the previous applied, then wait
+    until every node applied them all (keys ``prefix`` + 001, 002, ...)."""
+    for seq in range(1, puts + 1):
+        await leader.propose(Put(prefix + b"%03d" % seq, b"v"), session_id=session, sequence=seq)
+    await wait_applied(nodes, leader.state.applied_index)
+
+
 async def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s

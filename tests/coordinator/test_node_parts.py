@@ -12,6 +12,7 @@ from rallypoint.coordinator.node.proposals import ProposalIds, Waiters, unwrap, 
 from rallypoint.coordinator.node.reads import ReadIndexBatcher
 from rallypoint.raft import ProposalDroppedError as RaftProposalDroppedError
 from rallypoint.raft.types import Index, ReadState
+from tests.coordinator.timeout_scopes import TimeoutScopes
 
 
 def test_proposal_ids_of_different_boots_never_meet() -> None:
@@ -37,7 +38,7 @@ async def test_an_entry_of_an_earlier_life_does_not_answer_a_waiter_with_its_id(
     earlier life of its member had proposed under the same id."""
     waiters = Waiters()
     ours = wrap(2, 7, b"put mine")
-    wait = asyncio.ensure_future(waiters.propose_and_wait(7, lambda: None, 5.0, lambda: None, ours))
+    wait = asyncio.ensure_future(waiters.register(7, lambda: None, 5.0, lambda: None, ours))
     await asyncio.sleep(0)
     assert waiters.trigger(7, "someone else's", wrap(2, 7, b"an earlier life's grant")) is False
     assert not wait.done() and len(waiters) == 1
@@ -50,7 +51,7 @@ async def test_a_waiter_is_answered_by_its_applied_entry_and_then_forgotten() ->
     waiters = Waiters()
     submitted: list[int] = []
     wait = asyncio.ensure_future(
-        waiters.propose_and_wait(7, lambda: submitted.append(7), 5.0, lambda: None)
+        waiters.register(7, lambda: submitted.append(7), 5.0, lambda: None)
     )
     await asyncio.sleep(0)
     assert submitted == [7] and len(waiters) == 1
@@ -67,11 +68,11 @@ async def test_a_dropped_or_timed_out_proposal_leaves_no_waiter() -> None:
         raise RaftProposalDroppedError("no leader")
 
     with pytest.raises(ProposalDroppedError):
-        await waiters.propose_and_wait(1, refuse, 5.0, lambda: None)
+        await waiters.register(1, refuse, 5.0, lambda: None)
     with pytest.raises(ProposalTimeoutError):
-        await waiters.propose_and_wait(2, lambda: None, 0.01, lambda: None)
+        await waiters.register(2, lambda: None, 0.01, lambda: None)
     assert len(waiters) == 0
-    pending = asyncio.ensure_future(waiters.propose_and_wait(3, lambda: None, 5.0, lambda: None))
+    pending = asyncio.ensure_future(waiters.register(3, lambda: None, 5.0, lambda: None))
     await asyncio.sleep(0)
     waiters.fail_all(RuntimeError("stopping"))
     with pytest.raises(RuntimeError, match="stopping"):
@@ -160,3 +161,50 @@ async def test_a_read_whose_caller_gave_up_fails_quietly_at_shutdown() -> None:
     finally:
         loop.set_exception_handler(None)
     assert logged == []
+
+
+async def test_a_proposal_waits_under_a_timer_not_a_timeout_scope(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The deadline of a proposal is a timer on its future: no ``asyncio.timeout`` scope per
+    proposal (one a put on a busy leader before), and the same endings: answered, timed out,
+    or the caller cancelled, each leaving no waiter."""
+    scopes = TimeoutScopes(monkeypatch)
+    waiters = Waiters()
+    wait = asyncio.ensure_future(waiters.register(1, lambda: None, 5.0, lambda: None))
+    await asyncio.sleep(0)
+    waiters.trigger(1, "result")
+    assert await wait == "result"
+    with pytest.raises(ProposalTimeoutError, match=r"not applied within 0\.0s"):
+        await waiters.register(2, lambda: None, 0.01, lambda: None)
+
+    async def caller() -> object:
+        return await waiters.register(3, lambda: None, 5.0, lambda: None)
+
+    cancelled = asyncio.ensure_future(caller())
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    assert len(waiters) == 0
+    assert scopes.count == 0
+
+
+async def test_only_an_applied_proposal_is_observed() -> None:
+    """``rallypoint_proposal_seconds`` is from proposing to applying: a proposal that timed
+    out, failed or was given up on is not observed."""
+    waiters = Waiters()
+    observed: list[float] = []
+    applied = waiters.register(1, lambda: None, 5.0, lambda: None, observe=observed.append)
+    waiters.trigger(1, "result")
+    assert await applied == "result"
+    with pytest.raises(ProposalTimeoutError):
+        await waiters.register(2, lambda: None, 0.01, lambda: None, observe=observed.append)
+    failed = waiters.register(3, lambda: None, 5.0, lambda: None, observe=observed.append)
+    waiters.fail(3, RuntimeError("lost"))
+    with pytest.raises(RuntimeError):
+        await failed
+    given_up = waiters.register(4, lambda: None, 5.0, lambda: None, observe=observed.append)
+    given_up.cancel()
+    await asyncio.sleep(0)
+    assert len(observed) == 1 and len(waiters) == 0

@@ -12,8 +12,10 @@ import pytest
 
 from rallypoint.coordinator.node.api import ProposalDroppedError
 from rallypoint.coordinator.node.proposals import MAX_ENTRIES_PER_PROPOSAL, Proposals, Waiters
+from rallypoint.coordinator.service.kv_batch import BatchServer
 from rallypoint.coordinator.state.commands import Put
 from rallypoint.coordinator.state.results import PutResult
+from rallypoint.proto.v1 import common_pb2, kv_pb2
 from rallypoint.raft import ProposalDroppedError as RaftProposalDroppedError
 from rallypoint.raft.types import Message, MessageType
 
@@ -60,7 +62,6 @@ async def test_concurrent_proposals_reach_a_follower_in_one_append(
 async def test_a_refused_batch_fails_each_of_its_callers_and_batches_are_bounded() -> None:
     waiters = Waiters()
     proposals = Proposals(waiters)
-    loop = asyncio.get_running_loop()
     calls: list[int] = []
 
     def propose(datas: Any) -> None:
@@ -70,11 +71,7 @@ async def test_a_refused_batch_fails_each_of_its_callers_and_batches_are_bounded
 
     count = MAX_ENTRIES_PER_PROPOSAL + 2
     waiting = [
-        loop.create_task(
-            waiters.propose_and_wait(
-                i, lambda i=i: proposals.queue(i, b"x"), timeout_s=5.0, wake=lambda: None
-            )
-        )
+        waiters.register(i, lambda i=i: proposals.queue(i, b"x"), timeout_s=5.0, wake=lambda: None)
         for i in range(count)
     ]
     await asyncio.sleep(0)
@@ -98,14 +95,11 @@ async def test_an_entry_bound_to_a_term_is_proposed_only_by_that_term_s_leader()
     became a follower, nor appended by it in a later term."""
     waiters = Waiters()
     proposals = Proposals(waiters)
-    loop = asyncio.get_running_loop()
     proposed: list[list[bytes]] = []
 
-    def wait(i: int, data: bytes, term: int | None) -> asyncio.Task[Any]:
-        return loop.create_task(
-            waiters.propose_and_wait(
-                i, lambda: proposals.queue(i, data, term), timeout_s=5.0, wake=lambda: None
-            )
+    def wait(i: int, data: bytes, term: int | None) -> asyncio.Future[Any]:
+        return waiters.register(
+            i, lambda: proposals.queue(i, data, term), timeout_s=5.0, wake=lambda: None
         )
 
     for leader_term, kept in ((None, [b"free"]), (8, [b"free"]), (7, [b"free", b"bound"])):
@@ -119,3 +113,73 @@ async def test_an_entry_bound_to_a_term_is_proposed_only_by_that_term_s_leader()
         for i in (1, 2):
             waiters.trigger(i, "applied")
         await asyncio.gather(free, bound, return_exceptions=True)
+
+
+class _NoDeadline:
+    """The part of a gRPC context the batch server reads: no client deadline."""
+
+    def time_remaining(self) -> None:
+        return None
+
+
+async def test_a_batch_messages_writes_are_proposed_together_with_no_task_each(
+    cluster: Cluster,
+) -> None:
+    """A KV/Batch message of 32 puts served by the leader: the puts reach the core as one
+    proposal, each is answered with its own result, and serving them starts no task per
+    put (the proposals' futures are awaited from the message's own task). Before, each put
+    ran in a task of its own (``asyncio.gather``): 32 tasks."""
+    leader = await cluster.leader()
+    session = await open_session(leader)
+    loop = asyncio.get_running_loop()
+    created: list[Any] = []
+    factory = loop.get_task_factory()
+
+    def counting(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> Any:
+        created.append(coro)
+        if factory is not None:
+            return factory(loop, coro, **kwargs)
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    proposed: list[int] = []
+    propose_many = leader.raw.propose_many
+
+    def recorded(entries: Any) -> None:
+        proposed.append(len(entries))
+        propose_many(entries)
+
+    leader.raw.propose_many = recorded  # type: ignore[method-assign]
+    server = BatchServer(leader, _NoDeadline())  # type: ignore[arg-type]
+    message = kv_pb2.BatchRequest(
+        operations=[
+            kv_pb2.BatchOperation(
+                id=n,
+                put=kv_pb2.PutRequest(
+                    key=b"t%03d" % n,
+                    value=b"v",
+                    header=common_pb2.RequestHeader(session_id=session, sequence=n),
+                ),
+            )
+            for n in range(1, WRITES + 1)
+        ]
+    )
+    loop.set_task_factory(counting)
+    try:
+        await server.serve(message)
+    finally:
+        loop.set_task_factory(factory)
+    results = [r for response in drained(server.answers) for r in response.results]
+    assert sorted(r.id for r in results) == list(range(1, WRITES + 1))
+    assert all(r.WhichOneof("result") == "put" for r in results), results
+    # One proposal carried them all (the leader may propose its own entries beside them).
+    assert any(count >= WRITES for count in proposed), proposed
+    # The members' own background work (snapshots, timers) may start tasks meanwhile.
+    serving = [c for c in created if "service" in getattr(c, "cr_code", c).co_filename]
+    assert not serving, serving
+
+
+def drained(queue: asyncio.Queue[Any]) -> list[Any]:
+    items = []
+    while not queue.empty():
+        items.append(queue.get_nowait())
+    return items

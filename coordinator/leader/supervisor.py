@@ -239,15 +239,19 @@ class RendezvousSupervisor:
         self.local.close_group(group, now_ms, closed=closed)
 
     def rounds_named(self, job: str, named: Sequence[tuple[int, int]]) -> None:
-        if self.local.rounds_named(job, named) and job in self._held:
-            # A newer round named may end the hold: said now, not at the next pass.
-            now_ms = monotonic_ms()
-            if not self.is_leader:
-                self._maybe_report(now_ms)
-                return
-            for key, round_number in self.local.named(frozenset((job,))):
-                self._named[key] = max(self._named.get(key, 0), round_number)
-            self._end_hold_early(frozenset((job,)), now_ms)
+        if not self.local.rounds_named(job, named):
+            return
+        self._note_held()  # the round may have been held since this member's last pass
+        if job not in self._held:
+            return
+        # A newer round named may end the hold: said now, not at the next pass.
+        now_ms = monotonic_ms()
+        if not self.is_leader:
+            self._maybe_report(now_ms)
+            return
+        for key, round_number in self.local.named(frozenset((job,))):
+            self._named[key] = max(self._named.get(key, 0), round_number)
+        self._end_hold_early(frozenset((job,)), now_ms)
 
     def request_lag(self, clock: StreamClock, now_ms: int, sent_ms: int) -> None:
         self.local.request_lag(clock, now_ms, sent_ms)
@@ -382,6 +386,8 @@ class RendezvousSupervisor:
         return True
 
     def _take(self, member: int, report: LivenessReport, now_ms: int) -> None:
+        # A report can come before this member's next pass has seen a round held.
+        self._note_held()
         for key, age_ms in report.heard:
             if key[0] in self._held:
                 self._heard[key] = max(self._heard.get(key, 0), now_ms - age_ms)

@@ -18,6 +18,10 @@ over the members and the leader's load stays Raft and proposals.
   the participant's view and the round it names in later requests; ``on_assignment`` hears
   each one, and :meth:`HeartbeatBatcher.wait_for` waits for one. A ``gone`` participant is
   carried no more: the coordinator has removed it, and heartbeating it would be a zombie.
+- A participant's round changing (an assignment, or ``set_round``) sends a request at once,
+  between two of the schedule (which stays where it was): a heartbeat naming the round a
+  failure opened is the coordinator's proof that its sender lived past that failure, and
+  the hold for the failed member's host-mates ends on it (coordinator/leader/held.py).
 - ``known_index`` is the highest participant id (the raft index of a join) the batcher knows,
   so a member that has not yet applied a join waits for it instead of calling the
   participant unknown.
@@ -227,6 +231,10 @@ class HeartbeatBatcher:
         # call), and the seq of its latest request.
         self._writing = False
         self._seq = 0
+        # The sender's wait for its next request, and whether a round change is owed a
+        # request at once (``_beat_now``).
+        self._pause: asyncio.Future[bool] | None = None
+        self._beat_owed = False
         self._latencies_s: collections.deque[float] = collections.deque(maxlen=SAMPLES_KEPT)
         self._lags_s: collections.deque[float] = collections.deque(maxlen=SAMPLES_KEPT)
         self._requests = 0
@@ -288,6 +296,17 @@ class HeartbeatBatcher:
         if self._rounds[participant_id] != round_number:
             self._rounds[participant_id] = round_number
             self._dirty = True
+            self._beat_now()
+
+    def _beat_now(self) -> None:
+        """A carried participant's round changed: the sender sends a request now, between
+        two of its schedule, so the member hears the new round at once (a heartbeat naming
+        a round a failure opened is word of life after that failure: the coordinator's
+        hold for the failed member's host-mates ends on it)."""
+        if self._pause is not None and not self._pause.done():
+            self._pause.set_result(True)
+        else:
+            self._beat_owed = True
 
     def report_progress(self, participant_id: int, progress: TrainingProgress) -> None:
         """Send ``progress`` with every heartbeat of ``participant_id`` from now on (see the
@@ -559,6 +578,7 @@ class HeartbeatBatcher:
         interval_s = self.heartbeat_interval_s
         next_at = loop.time()
         seq = 0
+        woken = False
         while True:
             if self._rounds or self._released:
                 seq += 1
@@ -576,10 +596,28 @@ class HeartbeatBatcher:
                 finally:
                     self._writing = False
             # A fixed schedule, not sleep(interval) after each write: the detector learns the
-            # intervals, and drift would read as lateness.
-            next_at = max(next_at + interval_s, loop.time())
-            await asyncio.sleep(next_at - loop.time())
-            self._lags_s.append(max(0.0, loop.time() - next_at))
+            # intervals, and drift would read as lateness. A request sent at once for a
+            # round change leaves the schedule where it was.
+            if not woken:
+                next_at = max(next_at + interval_s, loop.time())
+            woken = await self._sleep_until(loop, next_at)
+            if not woken:
+                self._lags_s.append(max(0.0, loop.time() - next_at))
+
+    async def _sleep_until(self, loop: asyncio.AbstractEventLoop, at: float) -> bool:
+        """Wait until loop time ``at``; True if a round change (``_beat_now``) ended the
+        wait first."""
+        if self._beat_owed:
+            self._beat_owed = False
+            return True
+        waiter: asyncio.Future[bool] = loop.create_future()
+        timer = loop.call_later(max(0.0, at - loop.time()), _resolve, waiter)
+        self._pause = waiter
+        try:
+            return await waiter
+        finally:
+            timer.cancel()
+            self._pause = None
 
     async def _watch(self, address: str, owed: dict[int, float]) -> RallypointError:
         """Returns once the oldest unanswered request is older than the patience (checked
@@ -647,12 +685,18 @@ class HeartbeatBatcher:
             if self._rounds[participant_id] != assignment.round:
                 self._rounds[participant_id] = assignment.round
                 self._dirty = True
+                self._beat_now()
         else:
             # Released (or never carried): its answer arrived late, nothing to apply.
             return
         self._assignments[participant_id] = assignment
         if self._on_assignment is not None:
             self._on_assignment(assignment)
+
+
+def _resolve(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(False)
 
 
 def progress_report(

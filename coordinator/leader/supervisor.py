@@ -27,7 +27,8 @@ own event loop (a late loop holds its suspicions), collects its suspicions, and 
 leader a ``LivenessReport`` every ``REPORT_EVERY_MS``, or sooner when it suspects someone,
 starts carrying someone, or hears a worker report a new step or collective wait
 (``coverage.ATTACH_REPORT_MS``: the hang rules compare ranks' steps, and ranks the leader
-carries itself must not look ahead of the ones a follower carries). A member that is leader
+carries itself must not look ahead of the ones a follower carries), or, while a round is
+held, hears a participant name a newer round (``held.py``). A member that is leader
 hands its report to its own coverage and runs the leader's duties. After a leader change the
 members' detectors carry on; the new leader's coverage and progress start over with a grace period.
 
@@ -79,6 +80,7 @@ from ..state.commands import CloseRound, Command, MemberFailed, RoundTrained
 from ..state.jobs import EndReason, JobConfig, RoundState
 from ..state.versions import HOLD_OVER_VERSION
 from ..state.view import JobView, StateView
+from .held import Word, all_known_alive
 
 log = logging.getLogger("rallypoint.supervisor")
 
@@ -179,6 +181,9 @@ class RendezvousSupervisor:
         # Leader: when each participant of a held job was last heard on an open stream, by
         # any member's word (this member's monotonic ms): ``_in_doubt``.
         self._heard: dict[Key, int] = {}
+        # Leader: the highest round each participant of a held job named in a heartbeat on an
+        # open stream, by any member's word (``LivenessReport.named``; ``_all_known_alive``).
+        self._named: dict[Key, int] = {}
         # Leader: the participants that reported a failed collective here: (job, participant)
         # -> (the round it failed in, when): alive after the failure that ended that round
         # (``_known_alive``).
@@ -232,6 +237,21 @@ class RendezvousSupervisor:
 
     def close_group(self, group: int, now_ms: int, *, closed: bool) -> None:
         self.local.close_group(group, now_ms, closed=closed)
+
+    def rounds_named(self, job: str, named: Sequence[tuple[int, int]]) -> None:
+        if not self.local.rounds_named(job, named):
+            return
+        self._note_held()  # the round may have been held since this member's last pass
+        if job not in self._held:
+            return
+        # A newer round named may end the hold: said now, not at the next pass.
+        now_ms = monotonic_ms()
+        if not self.is_leader:
+            self._maybe_report(now_ms)
+            return
+        for key, round_number in self.local.named(frozenset((job,))):
+            self._named[key] = max(self._named.get(key, 0), round_number)
+        self._end_hold_early(frozenset((job,)), now_ms)
 
     def request_lag(self, clock: StreamClock, now_ms: int, sent_ms: int) -> None:
         self.local.request_lag(clock, now_ms, sent_ms)
@@ -366,9 +386,16 @@ class RendezvousSupervisor:
         return True
 
     def _take(self, member: int, report: LivenessReport, now_ms: int) -> None:
+        # A report can come before this member's next pass has seen a round held.
+        self._note_held()
         for key, age_ms in report.heard:
             if key[0] in self._held:
                 self._heard[key] = max(self._heard.get(key, 0), now_ms - age_ms)
+        for key, round_number in report.named:
+            if key[0] in self._held:
+                self._named[key] = max(self._named.get(key, 0), round_number)
+        if member != self.member_id and report.named:
+            self._end_hold_early(frozenset(key[0] for key, _ in report.named), now_ms)
         if member != self.member_id:
             for key, phi_milli, age_ms in report.readings:
                 self._readings[key] = (phi_milli, age_ms, now_ms)
@@ -429,7 +456,9 @@ class RendezvousSupervisor:
         if self.is_leader:
             self._unsent.clear()
             report = self.local.take_report(suspicions)
-            report.heard = self.local.heard(self._held, now_ms) if self._held else []
+            if self._held:
+                report.heard = self.local.heard(self._held, now_ms)
+                report.named = self.local.named(self._held)
             self._take(self.member_id, report, now_ms)
             self._lead(now_ms)
         else:
@@ -477,6 +506,7 @@ class RendezvousSupervisor:
         if held != self._held:
             self._held = held
             self._heard = {key: ms for key, ms in self._heard.items() if key[0] in held}
+            self._named = {key: n for key, n in self._named.items() if key[0] in held}
 
     def _maybe_report(self, now_ms: int) -> None:
         """Send the leader a report when one is due (and none is in flight)."""
@@ -493,8 +523,13 @@ class RendezvousSupervisor:
         # A stream that closed goes at once too: the leader may confirm it with a failed
         # collective reported to it (``_corroborate``), and a host-mate's late removal
         # pushes a held round's close on.
+        # So does a held job's participant naming a newer round: it may end the hold
+        # (``_all_known_alive``).
         urgent = (
-            bool(self._unsent) or self.local.closed_news or (news and since >= ATTACH_REPORT_MS)
+            bool(self._unsent)
+            or self.local.closed_news
+            or (self.local.named_news and bool(self._held))
+            or (news and since >= ATTACH_REPORT_MS)
         )
         if not urgent and since < REPORT_EVERY_MS and not self.local.full_needed:
             return
@@ -548,9 +583,7 @@ class RendezvousSupervisor:
                 continue
             self._close_proposed_ms[key] = wall_ms
             self._spawn(CloseRound(key[0], key[1]))
-        if rendezvous.cluster_version >= HOLD_OVER_VERSION:
-            for job_id in sorted(self._held):
-                self._end_hold(job_id, wall_ms, now_ms)
+        self._end_hold_early(self._held, now_ms, wall_ms)
         if len(self._close_proposed_ms) > 1024:
             self._close_proposed_ms.clear()
         self._propose_all(self.coverage.step(self._state, now_ms))
@@ -579,6 +612,13 @@ class RendezvousSupervisor:
         if wall_ms >= r.hold_until_ms + 2 * interval_ms:
             return False
         return not self._all_known_alive(job_id, job, (), wall_ms, now_ms)
+
+    def _end_hold_early(self, jobs: frozenset[str], now_ms: int, wall_ms: int = 0) -> None:
+        """``_end_hold`` for those of ``jobs`` that are held (the leader, cluster version 4)."""
+        if self._state.rendezvous.cluster_version >= HOLD_OVER_VERSION:
+            wall_ms = wall_ms or self._wall_clock_ms()
+            for job_id in sorted(jobs & self._held):
+                self._end_hold(job_id, wall_ms, now_ms)
 
     def _end_hold(self, job_id: str, wall_ms: int, now_ms: int) -> None:
         """End a held round's hold before its time (``CloseRound.hold_over``, cluster version
@@ -609,39 +649,9 @@ class RendezvousSupervisor:
     def _all_known_alive(
         self, job_id: str, job: JobView, domains: Sequence[str], wall_ms: int, now_ms: int
     ) -> bool:
-        """Whether every member of the held round in ``domains`` (every one with a domain,
-        if none is named) is known alive since the latest failure that held it: heard on an
-        open stream at least a heartbeat interval after the failure (a heartbeat read right
-        after it may have been sent before a death: it waited in a queue with the stream's
-        end), by the word of the member carrying it (``LivenessReport.heard``), or it
-        reported the failed collective of the round that failure ended, here (it was alive
-        after the death that failed the collective). The failure is dated by its verdict, or
-        by the first report here of that round's failed collective if earlier (within two
-        intervals): no later than the death either way, and nearer it."""
-        r, interval_ms = job.round, job.config.heartbeat_interval_ms
-        # The latest failure that held the round (each pushes the hold to 2 intervals past
-        # it), on this member's monotonic clock.
-        failed_ms = now_ms - (wall_ms - (r.hold_until_ms - 2 * interval_ms))
-        reported_ms = self._first_report.get((job_id, r.number - 1), failed_ms)
-        since_ms = max(min(failed_ms, reported_ms), failed_ms - 2 * interval_ms)
-        participants = job.participants
-        for seat in r.members:
-            pid = seat.participant_id
-            participant = participants.get(pid)
-            if participant is None or not participant.domain:
-                continue
-            if domains and participant.domain not in domains:
-                continue
-            if self._heard.get((job_id, pid), 0) >= since_ms + interval_ms:
-                continue
-            reported = self._reported.get((job_id, pid))
-            if (
-                reported is None
-                or reported[0] != r.number - 1
-                or reported[1] < failed_ms - 2 * interval_ms
-            ):
-                return False
-        return True
+        """``held.all_known_alive`` by this leader's word of the participants."""
+        word = Word(self._heard, self._named, self._reported, self._first_report)
+        return all_known_alive(job_id, job, domains, word, wall_ms, now_ms)
 
     def _propose_all(self, verdicts: list[Verdict]) -> None:
         """Propose MemberFailed for each verdict (the backstop's are logged, LOG_EACH of them

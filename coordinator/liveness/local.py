@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from ..metrics import NodeMetrics
 from .phi import DetectorSet, DetectorSettings
@@ -141,6 +141,11 @@ class MemberDetection:
         self._progress_news = False
         # A stream closed since the last report: the next report goes at once (supervisor).
         self.closed_news = False
+        # Per carried key, the highest round its heartbeats named (``rounds_named``), and
+        # whether one named a higher round since the last report (it goes at once while a
+        # round is held: leader/held.py).
+        self._named: dict[Key, int] = {}
+        self.named_news = False
         # The next report must list everything carried (new leader, or a report was lost).
         self.full_needed = True
         self.intake = IntakeLag()
@@ -299,8 +304,24 @@ class MemberDetection:
             self._progress_seen[key] = position
             self._progress_news = True
 
+    def rounds_named(self, job: str, named: Iterable[tuple[int, int]]) -> bool:
+        """Heartbeats of ``job``'s participants named these rounds ((participant, round)):
+        the round each believed current when it sent them. A worker can only name a round
+        that existed when it sent the heartbeat, so one naming a round opened by a failure's
+        verdict was sent after that failure (leader/held.py). Whether
+        one named a higher round than before."""
+        higher = False
+        for pid, round_number in named:
+            key = (job, pid)
+            if round_number > self._named.get(key, 0):
+                self._named[key] = round_number
+                higher = True
+        self.named_news |= higher
+        return higher
+
     def forget(self, key: Key) -> None:
         """Stop watching ``key`` without suspicion (released, or no longer a participant)."""
+        self._named.pop(key, None)
         gid = self._group_of.pop(key, None)
         if gid is not None and gid in self._groups:
             self._groups[gid].members.discard(key)
@@ -473,6 +494,7 @@ class MemberDetection:
             intake_lag_ms=self.intake.current_ms(),
             readings=self.readings(now_ms) if now_ms is not None else [],
             heard=self.heard(held, now_ms) if held and now_ms is not None else [],
+            named=self.named(held) if held else [],
             closed=self.closed_streams(),
         )
         self._attach.clear()
@@ -481,6 +503,7 @@ class MemberDetection:
         self._progress_ms.clear()
         self._progress_news = False
         self.closed_news = False
+        self.named_news = False
         return report
 
     def has_news(self) -> bool:
@@ -509,6 +532,16 @@ class MemberDetection:
             if age is not None:
                 out.append((key, age))
         return out
+
+    def named(self, jobs: frozenset[str]) -> list[tuple[Key, int]]:
+        """(key, the highest round its heartbeats named) of the participants of ``jobs`` that
+        an open stream carries here, in key order (as ``heard``: one whose stream closed is
+        not vouched for)."""
+        return [
+            (key, self._named[key])
+            for key in sorted(k for k in self._group_of if k[0] in jobs)
+            if key in self._named
+        ]
 
     def closed_streams(self) -> list[Key]:
         """The participants left alone by a stream that closed, neither heard since nor

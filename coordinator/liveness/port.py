@@ -41,6 +41,12 @@ class LivenessPort(Protocol):
         """One request of the group's stream: a heartbeat for each of its participants."""
         ...
 
+    def rounds_named(self, job: str, named: Sequence[tuple[int, int]]) -> None:
+        """Carried participants of ``job`` named these rounds in a heartbeat ((participant,
+        round): the round each believes current); called when they change. One naming a
+        round opened by a failure's verdict was sent after that failure."""
+        ...
+
     def group_release(self, group: int, job: str, participant_id: int) -> None:
         """The group's stream lets the participant go without evidence."""
         ...

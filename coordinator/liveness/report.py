@@ -5,8 +5,10 @@ sending member serves: which ones it started carrying (``attach``) and stopped c
 without suspicion (``detach``: released, or their job no longer has them) since its last
 report, or all it carries (``full``: its first report to a leader, or after a report was
 lost); the latest training progress each reported; whom it suspects and why; and its own
-health (intake lag, so an operator can see a member that is behind). Reports go a few times
-a second, and at once when there is a suspicion.
+health (intake lag, so an operator can see a member that is behind); and, while a job's
+round is held for a failed member's host-mates, how recently each of its participants was
+heard (``heard``) and the highest round its heartbeats named (``named``). Reports go a few
+times a second, and at once when there is a suspicion.
 
 Replays: the report names the sending process (``boot``, random per start) and numbers its
 reports (``seq``); the leader takes only increasing numbers from one process, so a copy of
@@ -85,6 +87,11 @@ class LivenessReport:
     # since their last heartbeat. The leader closes a held round only once every one of its
     # members is known alive after the failure, or removed (supervisor.py, ``_in_doubt``).
     heard: list[tuple[Key, int]] = field(default_factory=list)
+    # For the same participants: the highest round their heartbeats named (the round each
+    # believed current). A heartbeat naming a round opened by a failure's verdict was sent
+    # after that failure: the leader takes it as word of life with no margin. Encoded only
+    # when any, under a key a member that does not know it ignores.
+    named: list[tuple[Key, int]] = field(default_factory=list)
     # The participants whose heartbeat stream closed on this member and that are neither
     # heard since nor confirmed failed yet (their confirmation window runs): all of them,
     # not what changed. The leader confirms them at once when a peer of theirs reported a
@@ -134,6 +141,8 @@ def encode(report: LivenessReport) -> bytes:
     }
     if report.closed:
         body["closed"] = _group(report.closed)
+    if report.named:
+        body["named"] = [[job, pid, round_number] for (job, pid), round_number in report.named]
     return bytes(msgpack.packb(body, use_bin_type=True))
 
 
@@ -176,18 +185,19 @@ def _readings(value: Any) -> list[tuple[Key, int, int]]:
     return out
 
 
-def _heard(value: Any, budget: list[int]) -> list[tuple[Key, int]]:
+def _heard(value: Any, budget: list[int], what: str, third: str) -> list[tuple[Key, int]]:
+    """A ``heard`` or ``named`` list: [job, participant, ``third``] entries."""
     if not isinstance(value, list):
-        raise BadReport("heard must be a list")
+        raise BadReport(f"{what} must be a list")
     budget[0] -= len(value)
     if budget[0] < 0:
         raise BadReport(f"the report names more than {MAX_ENTRIES} participants")
     out = []
     for entry in value:
         if not isinstance(entry, list) or len(entry) != 3:
-            raise BadReport("a heard entry must be [job, participant, age_ms]")
-        key = (_str(entry[0], "heard job id", 128), _int(entry[1], "heard participant", 1))
-        out.append((key, _int(entry[2], "heard age")))
+            raise BadReport(f"a {what} entry must be [job, participant, {third}]")
+        key = (_str(entry[0], f"{what} job id", 128), _int(entry[1], f"{what} participant", 1))
+        out.append((key, _int(entry[2], f"{what} {third}")))
     return out
 
 
@@ -211,7 +221,8 @@ def decode(payload: bytes) -> LivenessReport:
         boot=_int(body.get("boot", 0), "boot"),
         seq=_int(body.get("seq", 0), "seq"),
     )
-    report.heard = _heard(body.get("heard", []), budget)
+    report.heard = _heard(body.get("heard", []), budget, "heard", "age_ms")
+    report.named = _heard(body.get("named", []), budget, "named", "round")
     report.closed = _keys(body.get("closed", {}), "closed", budget)
     suspect = body.get("suspect", [])
     progress = body.get("progress", [])

@@ -134,6 +134,8 @@ class HeartbeatStreams:
                     liveness.group_update(group, {key}, now_ms)
                     told[key] = None
                 liveness.group_beat(group, now_ms)
+                if request.round:
+                    liveness.rounds_named(job_id, [(pid, request.round)])
                 if request.reports_progress:
                     liveness.report_progress(job_id, pid, progress_report(request), now_ms)
                 heartbeats += 1
@@ -337,7 +339,16 @@ class HeartbeatStreams:
             self._assign(job, stale, answer)
             carried.last_pids = pids
             carried.revision = job.revision
+            carried.last_rounds = []
         self.liveness.group_beat(carried.group, now_ms)
+        # The rounds named, when they change (a round change reached the sender): the
+        # detection takes one naming a round a failure opened as word of life after it.
+        rounds = list(request.rounds)
+        if rounds != carried.last_rounds:
+            carried.last_rounds = rounds
+            self.liveness.rounds_named(
+                job_id, [(pid, n) for pid, n in zip(pids, rounds, strict=True) if n and pid in told]
+            )
         for entry in request.progress:
             if entry.participant_id not in told:
                 continue
@@ -375,12 +386,14 @@ class _StreamJob:
     """What one batch stream keeps for one job: its participants' group detector, what it
     last told each (round, state), and the request and job revision last seen in full."""
 
-    __slots__ = ("group", "last_pids", "revision", "told")
+    __slots__ = ("group", "last_pids", "last_rounds", "revision", "told")
 
     def __init__(self, group: int) -> None:
         self.group = group
         self.told: dict[int, tuple[int, RoundState] | None] = {}
         self.last_pids: list[int] | None = None
+        # The rounds the last request named, parallel to last_pids.
+        self.last_rounds: list[int] = []
         self.revision = -1
 
 

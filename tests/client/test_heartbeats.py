@@ -235,6 +235,30 @@ async def test_a_pushed_round_change_is_applied_and_not_timed(
     await batcher.close()
 
 
+async def test_a_round_change_is_sent_at_once_between_two_of_the_schedule(
+    client: Client, members: list[FakeMember]
+) -> None:
+    """The member hears a participant name its new round without waiting for the next
+    interval: a heartbeat naming the round a failure opened is the coordinator's word that
+    its sender lived past the failure (coordinator/leader/held.py). The interval is
+    far longer than the test's deadline: only a request sent at once arrives in time."""
+    # The answer to the first request moves participant 1 to round 7.
+    members[0].queued = [assignment(1, 7, state=rendezvous_pb2.ROUND_STATE_JOINING)]
+    batcher = client.heartbeat_batcher(JOB, heartbeat_interval_s=60.0)
+    batcher.add_many(range(1, 3), round_number=1)
+    batcher.start()
+    second = (await eventually(after(members[0], 1), "a request naming round 7"))[0]
+    assert dict(zip(second.participant_ids, second.rounds, strict=True)) == {1: 7, 2: 1}
+    batcher.set_round(2, 7)  # learnt elsewhere (a watch): the same
+    third = (await eventually(after(members[0], 2), "a request naming it for 2"))[0]
+    assert dict(zip(third.participant_ids, third.rounds, strict=True)) == {1: 7, 2: 7}
+    batcher.set_round(2, 7)  # no change: nothing sent
+    await asyncio.sleep(0.05)
+    assert len(members[0].requests) == 3
+    assert [r.seq for r in members[0].requests] == [1, 2, 3]
+    await batcher.close()
+
+
 async def test_a_gone_participant_is_no_longer_heartbeated(
     client: Client, members: list[FakeMember]
 ) -> None:

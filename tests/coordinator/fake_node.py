@@ -84,6 +84,8 @@ class FakeNode:
         self.progress_reports: list[tuple[str, int, ProgressReport]] = []
         self.progress_views: dict[tuple[str, int], tuple[int, float, float]] = {}
         self.heartbeats: list[tuple[str, int]] = []
+        # (job, participant, round) per round a heartbeat named, as the servicer passed it.
+        self.named: list[tuple[str, int, int]] = []
         self.closed_streams: list[tuple[str, int]] = []
         self.collective_reports: list[tuple[str, tuple[int, ...], str]] = []
         self.carried: list[tuple[str, int]] = []
@@ -229,6 +231,9 @@ class FakeNode:
             error, self.raise_next = self.raise_next, None
             raise error
         self.heartbeats.extend(sorted(self._groups[group]))
+
+    def rounds_named(self, job: str, named: Sequence[tuple[int, int]]) -> None:
+        self.named.extend((job, pid, round_number) for pid, round_number in named)
 
     def group_release(self, group: int, job: str, participant_id: int) -> None:
         self._groups[group].discard((job, participant_id))

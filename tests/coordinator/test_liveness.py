@@ -84,10 +84,19 @@ def test_a_report_round_trips_and_groups_participants_by_job() -> None:
         boot=77,
         seq=5,
         heard=[(("a", 1), 40)],
+        named=[(("a", 1), 3)],
     )
     payload = encode(report)
     assert msgpack.unpackb(payload)["attach"] == {"a": [1, 2], "b": [9]}
     assert decode(payload) == report
+
+
+def test_a_report_without_named_rounds_leaves_the_key_out() -> None:
+    """``named`` is new: sent only when any, so a report to a member that predates it
+    (which ignores unknown keys) is unchanged, and one from such a member reads as none."""
+    payload = encode(LivenessReport(heard=[(("a", 1), 40)]))
+    assert "named" not in msgpack.unpackb(payload)
+    assert decode(payload).named == []
 
 
 @pytest.mark.parametrize(
@@ -101,6 +110,8 @@ def test_a_report_round_trips_and_groups_participants_by_job() -> None:
         ({"v": 1, "progress": [["j", 1, 1]]}, "a progress entry has 10 fields"),
         ({"v": 1, "lag": -1}, "lag must be an integer"),
         ({"v": 1, "heard": [["j", 1]]}, "a heard entry must be"),
+        ({"v": 1, "named": [["j", 1, -1]]}, "named round must be an integer"),
+        ({"v": 1, "named": {"j": 1}}, "named must be a list"),
     ],
 )
 def test_a_report_that_cannot_be_read_is_refused_with_why(body: dict, complaint: str) -> None:
@@ -538,6 +549,30 @@ def test_a_report_says_whom_of_a_held_job_an_open_stream_carries_and_how_recentl
     report = detection.take_report([], 250, frozenset({"j"}))
     assert report.heard == [(("j", 1), 50), (("j", 2), 50)]
     assert detection.take_report([], 260).heard == []
+
+
+def test_a_report_says_the_highest_round_an_open_streams_heartbeats_named() -> None:
+    """``named``: as ``heard``, the held jobs' participants on a stream still open, with
+    the highest round their heartbeats named; a newer round named is news (it goes at once
+    while a round is held)."""
+    detection = MemberDetection()
+    batch = detection.open_group(SETTINGS, 0)
+    detection.group_update(batch, {("j", 1), ("j", 2), ("k", 3)}, 0)
+    closing = detection.open_group(SETTINGS, 0)
+    detection.group_update(closing, {("j", 4)}, 0)
+    detection.rounds_named("j", [(1, 7), (2, 6), (4, 7)])
+    detection.rounds_named("k", [(3, 7)])
+    detection.rounds_named("j", [(1, 6)])  # an older round named again: the highest stays
+    assert detection.named_news
+    detection.close_group(closing, 210, closed=True)
+    report = detection.take_report([], 250, frozenset({"j"}))
+    assert report.named == [(("j", 1), 7), (("j", 2), 6)]
+    assert not detection.named_news
+    detection.rounds_named("j", [(1, 7)])
+    assert not detection.named_news
+    detection.rounds_named("j", [(2, 7)])
+    assert detection.named_news
+    assert detection.take_report([], 260).named == []
 
 
 def test_a_closed_stream_reopened_here_in_time_is_counted_and_keeps_its_history() -> None:

@@ -213,3 +213,38 @@ async def test_a_member_cut_off_from_the_leader_ends_its_streams_so_workers_move
     failure = rpc_failure(info.value)
     assert (failure.code, failure.reason) == (Code.UNAVAILABLE, "NO_LEADER")
     assert "send heartbeats to another member" in (info.value.details() or "")
+
+
+async def test_the_rounds_a_batch_names_reach_the_detection_when_they_change(
+    served: tuple[FakeNode, grpc.aio.Channel, Headers],
+) -> None:
+    """A heartbeat naming a round a failure opened is word of life after that failure
+    (coordinator/leader/held.py): the member passes on the rounds each participant
+    names, once per change, never for one it does not carry."""
+    node, channel, headers = served
+    pids = [j.participant_id for j in await join_round(channel, headers, "j", 3)]
+    call = rendezvous_pb2_grpc.RendezvousStub(channel).HeartbeatBatch()
+    await call.write(batch(1, pids, [1, 1, 0]))
+    assert isinstance(await call.read(), pb.HeartbeatBatchResponse)
+    assert node.named == [("j", pids[0], 1), ("j", pids[1], 1)]
+    await call.write(batch(2, pids, [1, 1, 0]))
+    assert isinstance(await call.read(), pb.HeartbeatBatchResponse)
+    assert len(node.named) == 2  # unchanged: nothing passed on
+    await call.write(batch(3, [*pids, 999_999], [1, 2, 1, 2]))
+    assert isinstance(await call.read(), pb.HeartbeatBatchResponse)
+    assert node.named[2:] == [("j", pids[0], 1), ("j", pids[1], 2), ("j", pids[2], 1)]
+    await call.done_writing()
+
+
+async def test_the_round_a_single_heartbeat_names_reaches_the_detection(
+    served: tuple[FakeNode, grpc.aio.Channel, Headers],
+) -> None:
+    node, channel, headers = served
+    (joined,) = await join_round(channel, headers, "j", 1)
+    pid = joined.participant_id
+    call = rendezvous_pb2_grpc.RendezvousStub(channel).Heartbeat()
+    await call.write(pb.HeartbeatRequest(job="j", participant_id=pid))
+    await call.write(pb.HeartbeatRequest(job="j", participant_id=pid, round=1))
+    await until(lambda: len(node.heartbeats) == 2)
+    assert node.named == [("j", pid, 1)]
+    await call.done_writing()

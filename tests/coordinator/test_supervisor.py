@@ -52,7 +52,16 @@ class StreamedSupervisor(RendezvousSupervisor):
         super().__init__(*args, **kwargs)
         self.streams: dict[tuple[str, int], int] = {}
 
-    def heartbeat(self, job: str, pid: int, progress: ProgressReport | None = None) -> None:
+    def heartbeat(
+        self,
+        job: str,
+        pid: int,
+        progress: ProgressReport | None = None,
+        *,
+        round_number: int = 0,
+    ) -> None:
+        """A heartbeat of ``pid``, naming ``round_number`` as the round it believes
+        current (0: none)."""
         now_ms = supervisor_module.monotonic_ms()
         key = (job, pid)
         group = self.streams.get(key)
@@ -60,6 +69,8 @@ class StreamedSupervisor(RendezvousSupervisor):
             group = self.streams[key] = self.open_group(job, now_ms, readings=True)
             self.group_update(group, {key}, now_ms)
         self.group_beat(group, now_ms)
+        if round_number:
+            self.rounds_named(job, [(pid, round_number)])
         if progress is not None:
             self.report_progress(job, pid, progress, now_ms)
 

@@ -1,12 +1,18 @@
 """The leader ends a held round's hold once the failed member's host-mates are known alive
 (supervisor.py, ``_end_hold``; cluster version 4): heard on an open stream a heartbeat
-interval after the failure, or the reporters of the failed collective. A host-mate not known
-alive keeps the hold (the host may be lost whole). Clocks are the test's own."""
+interval after the failure, or at once by a heartbeat naming the round the failure opened,
+or the reporters of the failed collective. A host-mate not known alive keeps the hold (the
+host may be lost whole). Clocks are the test's own."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
+from rallypoint.coordinator.liveness.report import LivenessReport
+from rallypoint.coordinator.liveness.report import decode as decode_report
+from rallypoint.coordinator.liveness.report import encode as encode_report
 from rallypoint.coordinator.state.commands import CloseRound, ClusterVersion, Command, JoinBatch
 from rallypoint.coordinator.state.jobs import EndReason, JobConfig, RoundState
 from rallypoint.coordinator.state.versions import HOLD_OVER_VERSION
@@ -159,3 +165,128 @@ async def test_a_host_loss_still_ends_one_round_at_cluster_version_4(
     assert job.round.state is RoundState.ACTIVE and len(job.round.members) == 2, job.round
     failed = [r for r in job.history if r.end_reason is EndReason.MEMBER_FAILED]
     assert [r.number for r in failed] == [1], failed
+
+
+async def _joining_until_the_margin(
+    clock: Clock,
+    sup: StreamedSupervisor,
+    replica: JobReplica,
+    pid: int,
+    failed_ms: int,
+    named: int,
+) -> None:
+    """``pid`` heartbeats naming round ``named`` every 10 ms from 10 ms after the failure at
+    ``failed_ms``: the round stays JOINING until one is read a heartbeat interval after it,
+    and closes then."""
+    while clock.ms < failed_ms + 100:
+        assert replica.job().round.state is RoundState.JOINING, clock.ms
+        sup.heartbeat("j", pid, round_number=named)
+        await _step(sup)
+        clock.ms += 10
+    sup.heartbeat("j", pid, round_number=named)
+    await _step(sup)
+    r = replica.job().round
+    assert r.state is RoundState.ACTIVE and r.closed_ms == failed_ms + 100
+
+
+@pytest.mark.parametrize(("named", "margin"), [(2, False), (1, True)])
+async def test_a_heartbeat_naming_the_round_the_failure_opened_ends_the_hold_at_once(
+    clock: Clock, named: int, margin: bool
+) -> None:
+    # a1 reported the failed collective; a2, blocked in its own, is told of round 2 and
+    # heartbeats naming it 10 ms after the verdict: sent after the failure, no margin. One
+    # naming round 1 may have been sent before a death (queued behind it): it counts only
+    # once read a heartbeat interval after the failure.
+    replica, pids, sup, proposed, hold_until_ms = await _fail_a0(clock, 4, True)
+    failed_ms = hold_until_ms - 200
+    clock.ms = failed_ms + 5
+    sup.heartbeat("j", pids["a2"], round_number=1)
+    sup.heartbeat("j", pids["b0"], round_number=2)
+    await _step(sup)
+    assert replica.job().round.state is RoundState.JOINING  # a2 not known alive yet
+    clock.ms = failed_ms + 10
+    if margin:
+        await _joining_until_the_margin(clock, sup, replica, pids["a2"], failed_ms, named)
+        return
+    sup.heartbeat("j", pids["a2"], round_number=named)
+    await asyncio.sleep(0)  # as it comes: no pass needed
+    r = replica.job().round
+    assert r.state is RoundState.ACTIVE and r.closed_ms == failed_ms + 10
+    assert sorted(r.member_ids) == sorted(pids[n] for n in ("a1", "a2", "b0"))
+    assert proposed[-1] == CloseRound("j", 2, hold_over=True)
+
+
+async def test_after_a_later_failure_in_the_held_round_its_name_is_no_proof(
+    clock: Clock,
+) -> None:
+    # a1's verdict comes 50 ms into the held round 2 and pushes its hold: a heartbeat
+    # naming round 2 may predate a1's death (a host-mate's, as far as the leader knows), so
+    # only the margin after that later failure counts.
+    replica, pids, sup, _, _ = await _fail_a0(clock, 4, False)
+    clock.ms += 50
+    replica.time_ms = clock.ms
+    replica.fail(pids["a1"])
+    r = replica.job().round
+    assert r.number == 2 and r.hold_until_ms == clock.ms + 200
+    second_ms = clock.ms
+    clock.ms = second_ms + 10
+    await _joining_until_the_margin(clock, sup, replica, pids["a2"], second_ms, 2)
+
+
+async def test_another_members_word_of_a_named_round_ends_the_hold_as_it_comes(
+    clock: Clock,
+) -> None:
+    # a2 streams to member 2, whose report says a2 named round 2 on its open stream: taken
+    # as it comes, before the leader's next pass has seen the round held.
+    replica, pids, sup, proposed, hold_until_ms = await _fail_a0(clock, 4, True)
+    failed_ms = hold_until_ms - 200
+    clock.ms = failed_ms + 10
+    key = ("j", pids["a2"])
+    report = LivenessReport(full=True, attach=[key], heard=[(key, 5)], named=[(key, 1)])
+    report.boot, report.seq = 2, 1
+    assert sup.take_report(2, encode_report(report))
+    await asyncio.sleep(0)
+    assert replica.job().round.state is RoundState.JOINING  # the ended round: no proof
+    report = LivenessReport(heard=[(key, 1)], named=[(key, 2)])
+    report.boot, report.seq = 2, 2
+    assert sup.take_report(2, encode_report(report))
+    await asyncio.sleep(0)
+    r = replica.job().round
+    assert r.state is RoundState.ACTIVE and r.closed_ms == failed_ms + 10
+    assert proposed[-1] == CloseRound("j", 2, hold_over=True)
+
+
+async def test_a_follower_reports_a_newer_round_named_in_a_held_job_as_it_comes(
+    clock: Clock,
+) -> None:
+    replica, pids = _job(clock, 4)
+    sent: list[bytes] = []
+
+    async def send_report(leader: int, payload: bytes) -> bool:
+        sent.append(payload)
+        return True
+
+    async def never(command: Command) -> None:
+        raise AssertionError(f"a follower proposed {command}")
+
+    follower = StreamedSupervisor(
+        replica.sm, never, clock, member_id=2, leader_id=lambda: 1, send_report=send_report
+    )
+    for name in NAMES:
+        follower.heartbeat("j", pids[name], round_number=1)
+    await _step(follower)
+    await asyncio.sleep(0)
+    clock.ms += 20
+    replica.time_ms = clock.ms
+    replica.fail(pids["a0"])
+    clock.ms += 300  # its last report is long past: the next pass would report anyway
+    await _step(follower)
+    await asyncio.sleep(0)
+    before = len(sent)
+    follower.heartbeat("j", pids["a2"], round_number=2)
+    await asyncio.sleep(0)
+    assert len(sent) == before + 1
+    assert (("j", pids["a2"]), 2) in decode_report(sent[-1]).named
+    follower.heartbeat("j", pids["a2"], round_number=2)  # nothing newer: no report
+    await asyncio.sleep(0)
+    assert len(sent) == before + 1

@@ -32,11 +32,30 @@ class Word:
     first_report: dict[tuple[str, int], int]
 
 
+def seats_to_check(job: JobView, domains: Sequence[str]) -> tuple[int, ...]:
+    """The participants of the held round whose word :func:`all_known_alive` judges: the
+    members in ``domains`` (every one with a domain, if none is named). A walk of the whole
+    round, so the leader keeps the answer per job revision: it is asked again with every
+    heartbeat that names the held round, and a round may have tens of thousands of members
+    of whom a handful share the failed member's host."""
+    participants = job.participants
+    out = []
+    for seat in job.round.members:
+        participant = participants.get(seat.participant_id)
+        if participant is None or not participant.domain:
+            continue
+        if domains and participant.domain not in domains:
+            continue
+        out.append(seat.participant_id)
+    return tuple(out)
+
+
 def all_known_alive(
-    job_id: str, job: JobView, domains: Sequence[str], word: Word, wall_ms: int, now_ms: int
+    job_id: str, job: JobView, seats: Sequence[int], word: Word, wall_ms: int, now_ms: int
 ) -> bool:
-    """Whether every member of the held round in ``domains`` (every one with a domain,
-    if none is named) is known alive since the latest failure that held it: heard on an
+    """Whether every one of ``seats`` (:func:`seats_to_check`: the members of the held
+    round in its held domains, or all with a domain) is known alive since the latest
+    failure that held it: heard on an
     open stream at least a heartbeat interval after the failure (a heartbeat read right
     after it may have been sent before a death: it waited in a queue with the stream's
     end), by the word of the member carrying it (``LivenessReport.heard``), or it
@@ -62,14 +81,7 @@ def all_known_alive(
     failed_ms = now_ms - (wall_ms - failed_wall_ms)
     reported_ms = word.first_report.get((job_id, r.number - 1), failed_ms)
     since_ms = max(min(failed_ms, reported_ms), failed_ms - 2 * interval_ms)
-    participants = job.participants
-    for seat in r.members:
-        pid = seat.participant_id
-        participant = participants.get(pid)
-        if participant is None or not participant.domain:
-            continue
-        if domains and participant.domain not in domains:
-            continue
+    for pid in seats:
         if word.heard.get((job_id, pid), 0) >= since_ms + interval_ms:
             continue
         if named_proves and word.named.get((job_id, pid), 0) >= r.number:

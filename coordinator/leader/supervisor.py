@@ -80,7 +80,7 @@ from ..state.commands import CloseRound, Command, MemberFailed, RoundTrained
 from ..state.jobs import EndReason, JobConfig, RoundState
 from ..state.versions import HOLD_OVER_VERSION
 from ..state.view import JobView, StateView
-from .held import Word, all_known_alive
+from .held import Word, all_known_alive, seats_to_check
 
 log = logging.getLogger("rallypoint.supervisor")
 
@@ -184,6 +184,9 @@ class RendezvousSupervisor:
         # Leader: the highest round each participant of a held job named in a heartbeat on an
         # open stream, by any member's word (``LivenessReport.named``; ``_all_known_alive``).
         self._named: dict[Key, int] = {}
+        # Leader: per (job, its revision, round, held domains) the participants whose word
+        # ends a hold (``held.seats_to_check``).
+        self._seats: dict[tuple[str, int, int, tuple[str, ...]], tuple[int, ...]] = {}
         # Leader: the participants that reported a failed collective here: (job, participant)
         # -> (the round it failed in, when): alive after the failure that ended that round
         # (``_known_alive``).
@@ -249,8 +252,12 @@ class RendezvousSupervisor:
         if not self.is_leader:
             self._maybe_report(now_ms)
             return
-        for key, round_number in self.local.named(frozenset((job,))):
-            self._named[key] = max(self._named.get(key, 0), round_number)
+        # Only what these heartbeats named (they came on an open stream here): not a walk
+        # of every participant, since a round change makes each of them name it at once.
+        for pid, round_number in named:
+            key = (job, pid)
+            if round_number > self._named.get(key, 0):
+                self._named[key] = round_number
         self._end_hold_early(frozenset((job,)), now_ms)
 
     def request_lag(self, clock: StreamClock, now_ms: int, sent_ms: int) -> None:
@@ -649,9 +656,16 @@ class RendezvousSupervisor:
     def _all_known_alive(
         self, job_id: str, job: JobView, domains: Sequence[str], wall_ms: int, now_ms: int
     ) -> bool:
-        """``held.all_known_alive`` by this leader's word of the participants."""
+        """``held.all_known_alive`` by this leader's word of the participants (the seats it
+        judges kept per job revision and domains: ``held.seats_to_check``)."""
+        key = (job_id, job.revision, job.round.number, tuple(domains))
+        seats = self._seats.get(key)
+        if seats is None:
+            if len(self._seats) >= 64:
+                self._seats.clear()
+            seats = self._seats[key] = seats_to_check(job, domains)
         word = Word(self._heard, self._named, self._reported, self._first_report)
-        return all_known_alive(job_id, job, domains, word, wall_ms, now_ms)
+        return all_known_alive(job_id, job, seats, word, wall_ms, now_ms)
 
     def _propose_all(self, verdicts: list[Verdict]) -> None:
         """Propose MemberFailed for each verdict (the backstop's are logged, LOG_EACH of them

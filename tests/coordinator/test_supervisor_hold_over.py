@@ -10,6 +10,8 @@ import asyncio
 
 import pytest
 
+from rallypoint.coordinator.leader import supervisor as supervisor_module
+from rallypoint.coordinator.liveness.local import MemberDetection
 from rallypoint.coordinator.liveness.report import LivenessReport
 from rallypoint.coordinator.liveness.report import decode as decode_report
 from rallypoint.coordinator.liveness.report import encode as encode_report
@@ -290,3 +292,54 @@ async def test_a_follower_reports_a_newer_round_named_in_a_held_job_as_it_comes(
     follower.heartbeat("j", pids["a2"], round_number=2)  # nothing newer: no report
     await asyncio.sleep(0)
     assert len(sent) == before + 1
+
+
+async def test_a_large_rounds_heartbeats_naming_it_cost_the_leader_no_walk_each(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 1,200 participants on 300 hosts; host h0's p0 dies. Every survivor is told of round
+    # 2 at once and names it in its next heartbeat, one by one on the leader. The leader
+    # takes each from what it named, and judges the hold by the held host's 3 mates (kept
+    # per job revision), not by a walk of every participant or seat per heartbeat: 1,200 x
+    # 1,200 steps at this size, minutes at 100,000.
+    hosts, per_host = 300, 4
+    names = tuple(f"h{h}p{p}" for h in range(hosts) for p in range(per_host))
+    replica = JobReplica()
+    replica.time_ms = clock.ms
+    replica.apply(ClusterVersion(HOLD_OVER_VERSION))
+    config = JobConfig(min_nodes=1, max_nodes=len(names), last_call_ms=0)
+    domains = tuple(name.split("p")[0] for name in names)
+    replica.do(replica.open(), JoinBatch("j", names, (), config, True, domains))
+    job = replica.job()
+    pids = {job.participants[s.participant_id].name: s.participant_id for s in job.round.members}
+    sup, proposed = await _supervised(replica, clock)
+    walks = {"named": 0, "seats": 0}
+    named, seats = MemberDetection.named, supervisor_module.seats_to_check
+
+    def counted_named(self: MemberDetection, jobs: frozenset[str]) -> list:
+        walks["named"] += 1
+        return named(self, jobs)
+
+    def counted_seats(*args: object) -> tuple[int, ...]:
+        walks["seats"] += 1
+        return seats(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(MemberDetection, "named", counted_named)
+    monkeypatch.setattr(supervisor_module, "seats_to_check", counted_seats)
+    clock.ms += 20
+    sup.stream_closed("j", pids["h0p0"])
+    clock.ms += 5
+    replica.time_ms = clock.ms
+    replica.fail(pids["h0p0"])
+    assert replica.job().round.number == 2 and replica.job().round.hold_until_ms
+    clock.ms += 10
+    mates = [f"h0p{p}" for p in range(1, per_host)]
+    for name in [n for n in names if n not in mates and n != "h0p0"] + mates:
+        assert replica.job().round.state is RoundState.JOINING, name
+        sup.heartbeat("j", pids[name], round_number=2)
+    await asyncio.sleep(0)
+    r = replica.job().round
+    assert r.state is RoundState.ACTIVE and len(r.members) == len(names) - 1
+    assert proposed[-1] == CloseRound("j", 2, hold_over=True)
+    assert walks["named"] == 0, walks
+    assert walks["seats"] <= 2, walks

@@ -118,7 +118,21 @@ class FrameConn:
         return frozenset(names)
 
     def write(self, kind: int, body: bytes = b"") -> None:
-        self.writer.write(frame(kind, body))
+        """Queue one frame without waiting. Raises ConnectionLost once the connection has
+        failed or is closing: uvloop raises RuntimeError for a write to a transport whose
+        socket it closed (a peer's reset seen by the read side while the writer had frames
+        to send), where asyncio's own transport drops the bytes; neither is a bug of the
+        caller, and a RuntimeError escaping a peer sender once ended it for good."""
+        self.write_bytes(frame(kind, body))
+
+    def write_bytes(self, data: bytes) -> None:
+        """Queue ``data`` as it is (a preamble); raises as :meth:`write` does."""
+        if self.writer.transport.is_closing():
+            raise ConnectionLost("the connection was closed")
+        try:
+            self.writer.write(data)
+        except RuntimeError as exc:
+            raise ConnectionLost(f"write failed: {exc}") from None
 
     async def drain(self, timeout_s: float | None = None) -> None:
         transport = self.writer.transport
@@ -242,7 +256,7 @@ async def dial(
                 server_hostname=host if ssl_context is not None else None,
             )
             conn = FrameConn(reader, writer)
-            writer.write(preamble(kind))
+            conn.write_bytes(preamble(kind))
             theirs = await reader.readexactly(PREAMBLE.size)
             parse_preamble(theirs)
             if not session:

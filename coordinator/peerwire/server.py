@@ -174,7 +174,7 @@ class PeerListener:
             self.refused += 1
             self._note("preamble", f"refused a peer connection from {_peer(conn)}: {exc}")
             return
-        conn.writer.write(preamble(kind))
+        conn.write_bytes(preamble(kind))
         try:
             if kind == KIND_HELLO:
                 await self._hello(conn)

@@ -246,7 +246,20 @@ class StreamSender:
                 self._host.report_unreachable(self._peer_id)
                 self._note_failure(f"no address is known for it; {lost} messages dropped")
                 continue
-            opened, reason = await self._connection(address)
+            try:
+                opened, reason = await self._connection(address)
+            except Exception as exc:
+                # Not a network fault but a bug: the sender must outlive it, or every later
+                # message to this peer would wait in the outbox, unsent and unreported (a
+                # member that can neither vote for nor answer the peer, forever).
+                log.error(
+                    "member %d: the stream to member %d failed unexpectedly: %r",
+                    self._host.member_id,
+                    self._peer_id,
+                    exc,
+                    exc_info=exc,
+                )
+                opened, reason = False, f"unexpected error: {exc!r}"
             # Whatever the connection carried may be lost: Raft probes again.
             self._host.report_unreachable(self._peer_id)
             self.streams_broken += 1

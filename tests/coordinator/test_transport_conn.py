@@ -7,10 +7,12 @@ coming keep it alive; a read cancelled by its caller leaves no deadline behind.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
+import uvloop
 
 from rallypoint.coordinator.peerwire import conn as conn_module
 from rallypoint.coordinator.peerwire import frames
@@ -114,3 +116,46 @@ async def test_frames_read_one_after_another_arm_no_timer_each(
     await link.conn.drain()
     assert scopes.count == 0
     assert link.conn.watchdog_timers == 1
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_writes_after_the_peer_reset_the_connection_raise_connection_lost(loop: str) -> None:
+    """A peer that died (its kernel answers with a reset) leaves the connection's transport
+    closed. uvloop raised RuntimeError for the next write (asyncio's transport dropped it
+    silently): in a peer sender that had frames queued when the reset came, that ended the
+    sender's task for good, and the member never sent that peer anything again (the jepsen
+    wipe run whose two live members could not elect each other, for 60 s and more). Every
+    write on a broken connection now raises ConnectionLost, which the sender handles."""
+
+    async def scenario() -> list[str]:
+        async def reset_at_once(_reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            w.transport.abort()
+
+        server = await asyncio.start_server(reset_at_once, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        conn = FrameConn(reader, writer)
+        outcomes: list[str] = []
+        try:
+            with contextlib.suppress(ConnectionLost):
+                await conn.read(5.0)  # the reset, seen by the read side
+            for _ in range(5):
+                try:
+                    conn.write(frames.BATCH, b"body")
+                    outcomes.append("queued")
+                except ConnectionLost:
+                    outcomes.append("lost")
+                    break
+                except Exception as exc:  # the failure this test guards against
+                    outcomes.append(type(exc).__name__)
+                    break
+                await asyncio.sleep(0.05)  # the transport takes in the failed send
+        finally:
+            conn.close()
+            server.close()
+            await server.wait_closed()
+        return outcomes
+
+    runner = asyncio.run if loop == "asyncio" else uvloop.run
+    outcomes = runner(scenario())
+    assert outcomes[-1] == "lost", outcomes

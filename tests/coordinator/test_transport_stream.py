@@ -396,3 +396,34 @@ async def test_a_connection_that_answers_no_keepalive_is_taken_for_lost(tmp_path
         for writer in accepted:
             writer.close()
         server.close()
+
+
+async def test_a_sender_outlives_an_unexpected_error_and_says_so(
+    pair: tuple[Host, Host, Peer, StreamSender],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A sender's connection that ends in an error no network fault explains (a bug) is
+    logged, reported to Raft as a possible loss and dialled again. The sender's task once
+    ended with it, silently: every later message to that peer stayed in the outbox, and the
+    member could neither vote for the peer nor answer it."""
+    host, receiver, peer, sender = pair
+    await peer.start()
+    assert await send_and_account(sender, host, receiver, 0)
+    take_batch = sender._take_batch
+    failures = [ValueError("a batch that cannot be encoded")]
+
+    def failing_once(session: OutboundSession) -> bytes:
+        if failures:
+            raise failures.pop()
+        return take_batch(session)
+
+    monkeypatch.setattr(sender, "_take_batch", failing_once)
+    unreachable = host.unreachable
+    with caplog.at_level(logging.ERROR, logger="rallypoint.transport"):
+        sender.send(heartbeat(1))
+        await wait_for(lambda: host.unreachable > unreachable, 5.0, "the loss reported")
+    assert "failed unexpectedly" in caplog.text, caplog.text
+    # Raft sends again what may have been lost; this time it arrives.
+    sender.send(heartbeat(2))
+    await wait_for(lambda: 2 in delivered_numbers(receiver), 5.0, "heartbeat 2 delivered")

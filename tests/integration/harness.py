@@ -334,7 +334,9 @@ class ProcessCluster:
             f"--tick-ms={self.tick_ms}",
             f"--election-ticks={self.election_ticks}",
             f"--snapshot-entries={self.snapshot_entries}",
-            "--log-level=INFO",
+            # RALLYPOINT_MEMBER_LOG_LEVEL=DEBUG: the Raft core's and the transport's lines
+            # too, in every test's (and jepsen run's) member logs.
+            f"--log-level={os.environ.get('RALLYPOINT_MEMBER_LOG_LEVEL', 'INFO')}",
             *([f"--auth-token={self.auth_token}"] if self.auth_token else []),
             *([f"--metrics-address={member.metrics_address}"] if member.metrics_address else []),
             *self.extra_args,

@@ -477,6 +477,10 @@ class Node:
     def _apply(self, entry: Entry) -> None:
         if entry.type is EntryType.CONF_CHANGE:
             self._apply_conf_change(entry)
+            # Applied like any other entry (it changes no key): a linearizable read whose read
+            # index is this entry's (a change with no write after it) must not wait for the
+            # next write, nor a snapshot taken now be one entry behind its conf state.
+            self._sm.apply(entry.index, b"")
             return
         if not entry.data:
             self._sm.apply(entry.index, b"")

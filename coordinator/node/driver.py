@@ -307,8 +307,10 @@ class Node:
         if self._stopping:
             return
         if transfer_leadership and self._raw is not None and self.is_leader():
-            with contextlib.suppress(NodeError, asyncio.TimeoutError):
-                await self.membership.transfer_leader(0, timeout_s=3.0)
+            try:
+                await self.membership.transfer_leader(0, timeout_s=3.0, give_up_if_lost=True)
+            except (NodeError, TimeoutError) as error:
+                log.info("member %d: stopping without a hand-over: %s", self.member_id, error)
         self._stopping = True
         await cancel_and_wait(*self._tasks)
         if self._snapshots is not None:

@@ -255,3 +255,19 @@ async def test_graceful_stop_hands_over_leadership(cluster: ProcessCluster, clie
     assert new_leader != leader
     await client.put("after-stop", "ok")
     assert "shutting down" in cluster.log_text(leader)
+    assert "stopping without a hand-over" not in cluster.log_text(leader)
+
+
+def test_a_leader_stopped_after_the_other_members_gives_its_hand_over_up(tmp_path: Path) -> None:
+    """The members a stopping leader would hand leadership to are gone (stopped just before
+    it, as ``rallypoint cluster up`` stops every member at once on Ctrl-C): the leader stops
+    once its stream to the target is lost, saying so, instead of waiting out the hand-over's
+    deadline (3 s). Elections take 3 s here, so it still leads when it is stopped."""
+    with running_cluster(tmp_path, 3, election_ticks=60) as cluster:
+        leader = cluster.leader()
+        for member_id in cluster.members:
+            if member_id != leader:
+                assert cluster.stop(member_id) == 0, member_id
+        assert cluster.stop(leader) == 0
+        said = cluster.log_text(leader)
+        assert "stopping without a hand-over: the stream to member" in said, said[-3000:]

@@ -307,8 +307,10 @@ class Node:
         if self._stopping:
             return
         if transfer_leadership and self._raw is not None and self.is_leader():
-            with contextlib.suppress(NodeError, asyncio.TimeoutError):
-                await self.membership.transfer_leader(0, timeout_s=3.0)
+            try:
+                await self.membership.transfer_leader(0, timeout_s=3.0, give_up_if_lost=True)
+            except (NodeError, TimeoutError) as error:
+                log.info("member %d: stopping without a hand-over: %s", self.member_id, error)
         self._stopping = True
         await cancel_and_wait(*self._tasks)
         if self._snapshots is not None:
@@ -477,6 +479,10 @@ class Node:
     def _apply(self, entry: Entry) -> None:
         if entry.type is EntryType.CONF_CHANGE:
             self._apply_conf_change(entry)
+            # Applied like any other entry (it changes no key): a linearizable read whose read
+            # index is this entry's (a change with no write after it) must not wait for the
+            # next write, nor a snapshot taken now be one entry behind its conf state.
+            self._sm.apply(entry.index, b"")
             return
         if not entry.data:
             self._sm.apply(entry.index, b"")

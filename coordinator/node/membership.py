@@ -49,6 +49,9 @@ from .proposals import ProposalIds, Waiters
 
 __all__ = ["Membership", "MembershipHost"]
 
+# How often a hand-over that gives up on a lost stream looks whether it was lost.
+_LOST_CHECK_S = 0.05
+
 
 class MembershipHost(Protocol):
     """What membership changes need of the running member (``node.Node``)."""
@@ -100,6 +103,9 @@ class Membership:
         self.conf_state = ConfState()
         # The member this leader is handing leadership to, if it started a transfer.
         self.transfer_target = NONE
+        # The transport lost its stream to the transfer's target since the transfer started
+        # (``target_unreachable``): a stopping leader gives its hand-over up.
+        self.transfer_target_lost = False
 
     # ------------------------------------------------------------------- queries
 
@@ -239,9 +245,19 @@ class Membership:
             proposer_id=self._host.member_id, proposal_id=self._proposal_ids.next()
         )
 
-    async def transfer_leader(self, target_id: int, timeout_s: float = 10.0) -> int:
+    def target_unreachable(self, member_id: int) -> None:
+        """The transport lost its stream to ``member_id`` (or dropped messages for it)."""
+        if member_id == self.transfer_target:
+            self.transfer_target_lost = True
+
+    async def transfer_leader(
+        self, target_id: int, timeout_s: float = 10.0, *, give_up_if_lost: bool = False
+    ) -> int:
         """Hand leadership to ``target_id`` (0: the most up-to-date other voter); return the
-        new leader's id."""
+        new leader's id. ``give_up_if_lost``: raise ProposalDroppedError as soon as the
+        transport loses its stream to the target (a stopping leader: the target may be
+        stopping too, as every member of a cluster stopped at once is, and would not take
+        leadership before the deadline)."""
         host = self._host
         host.require_leader()
         voters = self.conf_state.voters
@@ -260,14 +276,22 @@ class Membership:
         if target_id == host.member_id:
             return target_id
         self.transfer_target = NodeId(target_id)
+        self.transfer_target_lost = False
         host.raw.transfer_leader(NodeId(target_id))
         host.wake()
         deadline = time.monotonic() + timeout_s
         while host.leader_id != target_id:
+            if give_up_if_lost and self.transfer_target_lost:
+                raise ProposalDroppedError(
+                    f"the stream to member {target_id} was lost during the hand-over"
+                )
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise ProposalTimeoutError(
                     f"leadership did not move to member {target_id} within {timeout_s:.1f}s"
                 )
-            await host.wait_for_leader_change(remaining)
+            # In slices: a lost stream does not change the leader, and is looked at between.
+            await host.wait_for_leader_change(
+                min(remaining, _LOST_CHECK_S) if give_up_if_lost else remaining
+            )
         return target_id

@@ -283,6 +283,7 @@ class PeerFace:
 
     def report_unreachable(self, member_id: int) -> None:
         self._node.raw.report_unreachable(NodeId(member_id))
+        self._node.membership.target_unreachable(member_id)
         self._node.wake()
 
     def report_snapshot(self, member_id: int, ok: bool) -> None:

@@ -8,14 +8,16 @@ changes, leadership transfer, graceful stop. Durations are printed, never assert
 from __future__ import annotations
 
 import asyncio
+import re
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from rallypoint.client import Client, StaleFenceError
-from tests.integration.harness import ProcessCluster, running_cluster, wait_until
+from tests.integration.harness import MemberProcess, ProcessCluster, running_cluster, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -206,6 +208,43 @@ async def test_member_add_promote_remove_and_transfer(
     await client.put("after-membership-changes", "ok")
 
 
+def applied_and_commit(member: MemberProcess) -> tuple[int, int]:
+    """A member's applied and commit index, from its /metrics."""
+    with urllib.request.urlopen(f"http://{member.metrics_address}/metrics", timeout=5) as page:
+        text = page.read().decode()
+    (applied,) = re.findall(r"^rallypoint_applied_index (\S+)$", text, re.MULTILINE)
+    (commit,) = re.findall(r"^rallypoint_commit_index (\S+)$", text, re.MULTILINE)
+    return int(float(applied)), int(float(commit))
+
+
+async def test_a_membership_change_is_applied_with_no_write_after_it(tmp_path: Path) -> None:
+    """A membership change is an entry like any other: once applied, the state is as of its
+    index. A linearizable read waits until the state is applied up to its read index (the
+    commit index, here the change's own): the state used to stay one entry behind until the
+    next write, so a read after a membership change waited for one, or for its read deadline
+    (5 s) and the client's retry elsewhere. Nothing is written after either change here."""
+    with running_cluster(tmp_path, 3, metrics=True) as cluster:
+        async with Client(cluster.endpoints, timeout_s=20.0) as client:
+            await client.put("before", "x")
+            new = cluster.add_member_process()  # described, never started: a learner only
+            for change in ("add", "remove"):
+                if change == "add":
+                    await client.member_add(new.peer_address, new.client_address)
+                else:
+                    await client.member_remove(new.member_id)
+                for member_id in (1, 2, 3):
+                    member = cluster.members[member_id]
+                    wait_until(
+                        lambda m=member: (lambda a, c: a == c)(*applied_and_commit(m)),
+                        10,
+                        f"member {member_id}'s state applied up to its commit index ({change})",
+                    )
+                learners = {m.member_id for m in await client.member_list() if m.is_learner}
+                assert (new.member_id in learners) == (change == "add"), learners
+            kv = await client.get("before")
+            assert kv is not None and kv.value == b"x"
+
+
 async def test_graceful_stop_hands_over_leadership(cluster: ProcessCluster, client: Client) -> None:
     leader = cluster.leader()
     stopped_at = time.monotonic()
@@ -216,3 +255,19 @@ async def test_graceful_stop_hands_over_leadership(cluster: ProcessCluster, clie
     assert new_leader != leader
     await client.put("after-stop", "ok")
     assert "shutting down" in cluster.log_text(leader)
+    assert "stopping without a hand-over" not in cluster.log_text(leader)
+
+
+def test_a_leader_stopped_after_the_other_members_gives_its_hand_over_up(tmp_path: Path) -> None:
+    """The members a stopping leader would hand leadership to are gone (stopped just before
+    it, as ``rallypoint cluster up`` stops every member at once on Ctrl-C): the leader stops
+    once its stream to the target is lost, saying so, instead of waiting out the hand-over's
+    deadline (3 s). Elections take 3 s here, so it still leads when it is stopped."""
+    with running_cluster(tmp_path, 3, election_ticks=60) as cluster:
+        leader = cluster.leader()
+        for member_id in cluster.members:
+            if member_id != leader:
+                assert cluster.stop(member_id) == 0, member_id
+        assert cluster.stop(leader) == 0
+        said = cluster.log_text(leader)
+        assert "stopping without a hand-over: the stream to member" in said, said[-3000:]

@@ -16,8 +16,12 @@ On top of the demo program's JSON lines it prints:
   was declared failed, its registration proceeds and is refused (``snapshot_refused``);
 - with ``--digest-snapshots``: ``snapshot_digest`` (step, digest) as each memory snapshot is
   taken, the digest of the state it copies;
-- with ``--fail-health-check``: its pre-admission health check fails in every round, so it
-  drains its own host;
+- with ``--health-check=pass`` or ``fail``: a pre-admission health check that passes, or
+  that fails in every round (so the worker drains its own host). Every rank of a job runs
+  the same check, as one program does: the ranks vote on its outcome in a collective
+  (worker/elastic/formation.py), which a rank without a check does not join;
+- with ``--client-timeout-s``: its client's deadline for one call (``timeout_s`` of its
+  ``client_options``; the client's default otherwise);
 - ``groups_alive`` once the run is left: how many of the process groups made in this
   process (``init_process_group``, ``new_group``) are still alive, and how many of them the
   run says it holds on purpose (``held``: a collective still pending on them).
@@ -57,8 +61,9 @@ def main() -> None:
     probe = argparse.ArgumentParser(add_help=False)
     probe.add_argument("--pause-file", type=Path, default=None)
     probe.add_argument("--pause-snapshot-file", type=Path, default=None)
-    probe.add_argument("--fail-health-check", action="store_true")
+    probe.add_argument("--health-check", choices=("pass", "fail"), default=None)
     probe.add_argument("--digest-snapshots", action="store_true")
+    probe.add_argument("--client-timeout-s", type=float, default=None)
     probe_args, rest = probe.parse_known_args()
     args = parse_args(rest)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -158,8 +163,12 @@ def main() -> None:
     dist.new_group = new_group_noting
 
     options: dict[str, Any] = {}
-    if probe_args.fail_health_check:
+    if probe_args.client_timeout_s is not None:
+        options["client_options"] = {"timeout_s": probe_args.client_timeout_s}
+    if probe_args.health_check == "fail":
         options["health_check"] = lambda round_: "failing its health check on purpose"
+    elif probe_args.health_check == "pass":
+        options["health_check"] = lambda round_: None
     with open_run(args, state, on_event, **options) as opened:
         run = opened
         train(

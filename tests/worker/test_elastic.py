@@ -448,20 +448,21 @@ def test_a_job_token_is_all_a_worker_needs(tmp_path: Path) -> None:
 
 
 def test_workers_started_before_the_coordinator_wait_for_it(tmp_path: Path) -> None:
-    """The coordinator down for 20 s at launch, twice a client's deadline (10 s, after which
-    joining used to give up): the workers wait (saying so in their logs, every 10 s)
-    and the job trains once the members are up."""
+    """The coordinator down for 10 s at launch, over three times a client's deadline (3 s
+    here, the client's ``timeout_s``; joining used to give up after one): the workers wait
+    (saying so in their logs, every 10 s) and the job trains once the members are up."""
     cluster = ProcessCluster(tmp_path / "cluster")
-    job = Job(cluster, tmp_path, "late", "--min-nodes=2", "--max-nodes=2", "--max-steps=20")
+    job = Job(cluster, tmp_path, "late", "--min-nodes=2", "--max-nodes=2", "--max-steps=20",
+              "--client-timeout-s=3")  # fmt: skip
     try:
         workers = [job.spawn("a"), job.spawn("b")]
         for worker in workers:
             job.wait(
                 lambda w=worker: (
-                    w.proc.poll() is None and logged_coordinator_wait_s(w.stderr_tail()) >= 20
+                    w.proc.poll() is None and logged_coordinator_wait_s(w.stderr_tail()) >= 10
                 ),
                 START_S,
-                f"{worker.name} waiting 20 s for the coordinator",
+                f"{worker.name} waiting 10 s for the coordinator",
             )
         cluster.start_all()
         started_at = time.time()

@@ -102,9 +102,11 @@ def test_a_failing_health_check_drains_its_own_host(tmp_path: Path) -> None:
         client = SyncClient(cluster.endpoints, token="admin-secret")
         env = {"RALLYPOINT_TOKEN": "health-secret"}
         try:
-            job.spawn("h0", "--host=host-0", env=env)
-            job.spawn("h1", "--host=host-1", env=env)
-            sick = job.spawn("h2", "--host=host-2", "--fail-health-check", env=env)
+            # Every rank runs the check (one program): a rank without one would not join the
+            # vote on its outcome, and would wait in its restore for the collective timeout.
+            job.spawn("h0", "--host=host-0", "--health-check=pass", env=env)
+            job.spawn("h1", "--host=host-1", "--health-check=pass", env=env)
+            sick = job.spawn("h2", "--host=host-2", "--health-check=fail", env=env)
             job.wait(lambda: sick.select("health_drained"), START_S, "the sick worker's drain")
             drained_t = sick.select("health_drained")[0]["t"]
             job.wait(

@@ -497,20 +497,22 @@ def test_a_job_token_in_rdzv_conf_is_all_an_agent_needs(
 def test_agents_started_before_the_coordinator_wait_for_it(
     jobs: list[TorchrunJob], tmp_path: Path
 ) -> None:
-    """The coordinator down for 20 s at launch, twice a client's deadline (10 s, after which
-    joining used to give up): the agents wait (saying so in their logs, every 10 s)
-    and the job runs once the members are up."""
+    """The coordinator down for 10 s at launch, over three times a client's deadline (3 s
+    here, ``client_timeout``; joining used to give up after one): the agents wait (saying so
+    in their logs, every 10 s) and the job runs once the members are up."""
     cluster = ProcessCluster(tmp_path / "cluster")
     try:
-        job = TorchrunJob(cluster.endpoints, "late", tmp_path / "job", steps=10)
+        job = TorchrunJob(
+            cluster.endpoints, "late", tmp_path / "job", steps=10, rdzv_conf=",client_timeout=3"
+        )
         jobs.append(job)
         for agent, log in zip(job.agents, job.logs, strict=True):
             wait_until(
                 lambda a=agent, p=log: (
-                    a.poll() is None and logged_coordinator_wait_s(p.read_text()) >= 20
+                    a.poll() is None and logged_coordinator_wait_s(p.read_text()) >= 10
                 ),
                 90,
-                "an agent waiting 20 s for the coordinator",
+                "an agent waiting 10 s for the coordinator",
             )
         cluster.start_all()
         started_at = time.time()

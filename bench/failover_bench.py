@@ -412,7 +412,7 @@ def apply_smoke(args: argparse.Namespace, argv: Sequence[str]) -> None:
         args.systems = "rallypoint"
     args.kill_trials = args.restart_trials = 2
     args.pause_min_trials = args.pause_max_trials = 2
-    args.down_s, args.pause_s, args.quiet_s = 1.0, 3.0, 0.2
+    args.down_s, args.pause_s, args.quiet_s = 1.0, 1.5, 0.2
 
 
 def trial_counts(args: argparse.Namespace) -> dict[str, int]:

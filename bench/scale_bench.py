@@ -710,8 +710,8 @@ def apply_smoke(args: argparse.Namespace) -> None:
     args.kill_trials = args.stop_trials = 1
     args.detection_settle_s = 0.5
     args.capacity_steps = [2000]
-    args.capacity_window_s = args.capacity_top_window_s = 3.0
-    args.capacity_settle_s = 1.0
+    args.capacity_window_s = args.capacity_top_window_s = 2.0
+    args.capacity_settle_s = 0.5
     args.phase_timeout_s = 60.0
 
 

@@ -136,7 +136,7 @@ def test_a_straggler_is_shown_and_evicted_with_the_policy_on(
 ) -> None:
     job = HangJob(cluster, tmp_path, "straggler", "--min-nodes=2", "--max-nodes=3",
                   "--step-sleep-s=0.15", "--straggler-factor=1.5",
-                  "--straggler-window-s=3")  # fmt: skip
+                  "--straggler-window-s=2")  # fmt: skip
     try:
         start(job, {"w2": ["--slow-factor=2.5"]})
         began = time.time()

@@ -124,7 +124,9 @@ class JoinRules(RoundRules):
         hold_ms = job.config.straggler_hold_windows * job.config.straggler_window_ms
         for record in reversed(job.history):
             if now_ms >= record.ended_ms + hold_ms:
-                return None  # the history is in end order: every older hold is over too
+                # The machine's time never goes back (the largest leader time applied), so
+                # the history is in end order: every older hold is over too.
+                return None
             if record.end_reason is not EndReason.STRAGGLER:
                 continue
             if any(m.participant_id == record.ended_by and m.name == name for m in record.members):

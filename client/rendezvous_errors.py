@@ -10,6 +10,7 @@ stale round. Every call of the rendezvous, round-store and checkpoint clients go
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -57,6 +58,22 @@ class CheckpointIncompleteError(FailedPreconditionError):
     """A commit before every rank reported its shard (the message lists the missing ranks)."""
 
 
+class HeldOutError(FailedPreconditionError):
+    """A join by the name of a rank the straggler policy evicted, within the job's straggler
+    hold (JobConfig.straggler_hold_windows): it may join again after ``retry_after_s``."""
+
+    @property
+    def retry_after_s(self) -> float | None:
+        """How long the hold had left when the join was refused (None if the message does
+        not say: a server that words it otherwise)."""
+        match = _JOIN_AGAIN_IN.search(self.server_message)
+        return float(match.group(1)) if match else None
+
+
+# The server's HeldOut message says "join again in <seconds> s" (coordinator/state/errors.py).
+_JOIN_AGAIN_IN = re.compile(r"join again in ([0-9]+(?:\.[0-9]+)?) s")
+
+
 class NameTakenError(RallypointError):
     """Another session's participant has this name in the job (ALREADY_EXISTS)."""
 
@@ -80,6 +97,7 @@ _REFINED: dict[str, tuple[type[RallypointError], type[RallypointError]]] = {
     "STALE_ROUND": (FailedPreconditionError, StaleRoundError),
     "STALE_TOKEN": (FailedPreconditionError, StaleTokenError),
     "CHECKPOINT_INCOMPLETE": (FailedPreconditionError, CheckpointIncompleteError),
+    "HELD_OUT": (FailedPreconditionError, HeldOutError),
     # ALREADY_EXISTS has no class of its own in errors.py: it arrives as InternalError.
     "NAME_TAKEN": (InternalError, NameTakenError),
     "LIMIT_EXCEEDED": (ResourceExhaustedError, LimitExceededError),

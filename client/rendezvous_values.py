@@ -47,6 +47,9 @@ class JobConfig:
     unit_size: int = JOB_CONFIG.unit_size
     domain_size: int = JOB_CONFIG.domain_size
     units_within_domains: bool = JOB_CONFIG.units_within_domains
+    # A rank the straggler policy evicted may not join again (HeldOutError) for this many
+    # windows of straggler_window_ms.
+    straggler_hold_windows: int = JOB_CONFIG.straggler_hold_windows
 
     def __post_init__(self) -> None:
         # The shape is checked here, before anything is sent: a unit that cannot tile the
@@ -84,6 +87,7 @@ class JobConfig:
             unit_size=self.unit_size,
             domain_size=self.domain_size,
             units_within_domains=self.units_within_domains,
+            straggler_hold_windows=self.straggler_hold_windows,
         )
 
     @staticmethod
@@ -110,6 +114,9 @@ class JobConfig:
             unit_size=config.unit_size or JOB_CONFIG.unit_size,
             domain_size=config.domain_size,
             units_within_domains=config.units_within_domains,
+            # A member that predates the hold sends 0: the default.
+            straggler_hold_windows=config.straggler_hold_windows
+            or JOB_CONFIG.straggler_hold_windows,
         )
 
 

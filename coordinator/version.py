@@ -36,7 +36,7 @@ from typing import Final
 BASELINE_RECORD_VERSION: Final = 1
 
 # This build's record version: the highest version it writes and reads.
-RECORD_VERSION: Final = 4
+RECORD_VERSION: Final = 5
 
 # What each version added (docs/operations.md, "Upgrading", prints this table).
 VERSIONS: Final[dict[int, str]] = {
@@ -57,6 +57,11 @@ VERSIONS: Final[dict[int, str]] = {
     4: (
         "CloseRound's hold_over field (format 2): the leader ends a held round's hold once "
         "every remaining participant of the failed domains was heard from since the failure"
+    ),
+    5: (
+        "JobConfig's straggler_hold_windows field (format 3) and the HeldOut failure (tag "
+        "250): a participant the straggler policy evicted is held out of its job for that "
+        "many straggler windows (a join by its name is refused until then)"
     ),
 }
 

@@ -25,6 +25,11 @@ participant. Both callers use both; what differs is their policy, and why:
   change, where joining and then leaving made two). An elastic worker whose participant was
   lost joins plainly: the old one is already out of the job. After a broken collective it
   leaves, then joins.
+- Held out. A worker the straggler policy evicted is refused (HeldOutError) while the
+  job's straggler hold lasts (JobConfig.straggler_hold_windows): :func:`join` logs one line
+  saying how long, sleeps out the hold, and joins again (as a newcomer: a scale-up, if
+  the job scales up). The rule is the coordinator's, by the worker's name, so a restarted
+  process under the same name waits just the same.
 - Giving up. An elastic worker with ``rejoin=False`` raises ParticipantLostError; its wait
   for a round is bounded by ``join_timeout_s`` (JoinTimeoutError). An agent joins again
   unless the job was closed (RendezvousClosedError), within torch's rendezvous timeout
@@ -33,10 +38,13 @@ participant. Both callers use both; what differs is their policy, and why:
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 
 from rallypoint.client import (
     DeadlineExceededError,
+    HeldOutError,
     JobConfig,
     JobState,
     ParticipantLostError,
@@ -47,6 +55,12 @@ from rallypoint.client import (
 )
 
 from .patience import Patience
+
+log = logging.getLogger("rallypoint.worker.joining")
+
+# Past the hold the server named, so the join after it is not refused again for the clock
+# steps between the refusal and the sleep.
+_HOLD_MARGIN_S = 0.2
 
 # What the caller does when its participant was lost or its wait ran out: raise, or return
 # the participant to wait with from now on (one joined again).
@@ -89,9 +103,11 @@ def join(
     the job with ``config`` if absent; tried again while no member can serve it, as the
     ``patience`` allows (then CoordinatorUnreachableError). ``replaces``: a participant
     the new one takes the place of, in one round change (0: none). ``domain``: its failure
-    domain (its host; "": none)."""
-    return patience.call(
-        "joining",
+    domain (its host; "": none). A worker held out as an evicted straggler waits out the
+    hold, saying so once per refusal, and joins then ("Held out" above)."""
+    return _waiting_out_holds(
+        patience,
+        config,
         lambda timeout_s: client.join(
             job,
             name(),
@@ -103,6 +119,27 @@ def join(
             timeout_s=timeout_s,
         ),
     )
+
+
+def _waiting_out_holds(
+    patience: Patience, config: JobConfig, attempt: Callable[[float], SyncParticipant]
+) -> SyncParticipant:
+    """``patience.call`` of ``attempt``, sleeping out each straggler hold it is refused for
+    (one log line per refusal) and trying again then."""
+    while True:
+        try:
+            return patience.call("joining", attempt)
+        except HeldOutError as error:
+            # A server that does not say how long: one straggler window, then ask again.
+            wait_s = error.retry_after_s
+            if wait_s is None:
+                wait_s = config.straggler_window_ms / 1000
+            log.warning(
+                "%s: evicted as a straggler and held out of the job; joining again in %.1f s",
+                patience.who,
+                wait_s,
+            )
+            time.sleep(wait_s + _HOLD_MARGIN_S)
 
 
 def next_round(

@@ -38,6 +38,7 @@ from ..state.errors import (
     Compacted,
     ConfigConflict,
     Failure,
+    HeldOut,
     InvalidCommand,
     JobClosed,
     JobNotFound,
@@ -144,6 +145,7 @@ _FAILURE_CODES: dict[type[Failure], grpc.StatusCode] = {
     StaleRound: Code.FAILED_PRECONDITION,
     StaleToken: Code.FAILED_PRECONDITION,
     CheckpointIncomplete: Code.FAILED_PRECONDITION,
+    HeldOut: Code.FAILED_PRECONDITION,
     NameTaken: Code.ALREADY_EXISTS,
     LimitExceeded: Code.RESOURCE_EXHAUSTED,
 }

@@ -118,6 +118,7 @@ def config_pb(config: JobConfig) -> rendezvous_pb2.JobConfig:
         unit_size=config.unit_size,
         domain_size=config.domain_size,
         units_within_domains=config.units_within_domains,
+        straggler_hold_windows=config.straggler_hold_windows,
     )
 
 

@@ -171,7 +171,13 @@ def job_config(
     defaults = JobConfig(1, 1)
     hang_factor_milli = _milli(config.hang_factor, f"{field}.hang_factor", allow_zero=False)
     straggler_factor_milli = _milli(config.straggler_factor, f"{field}.straggler_factor")
-    for name in ("hang_floor_ms", "startup_timeout_ms", "straggler_windows", "straggler_window_ms"):
+    for name in (
+        "hang_floor_ms",
+        "startup_timeout_ms",
+        "straggler_windows",
+        "straggler_window_ms",
+        "straggler_hold_windows",
+    ):
         non_negative(getattr(config, name), f"{field}.{name}")
     unit_size = non_negative(config.unit_size, f"{field}.unit_size") or defaults.unit_size
     _shape(config, unit_size, field)
@@ -196,6 +202,7 @@ def job_config(
         unit_size=unit_size,
         domain_size=config.domain_size,
         units_within_domains=config.units_within_domains,
+        straggler_hold_windows=config.straggler_hold_windows or defaults.straggler_hold_windows,
     )
 
 

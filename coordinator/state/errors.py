@@ -325,3 +325,27 @@ class LimitExceeded(Failure):
     @property
     def message(self) -> str:
         return f"limit exceeded: {self.what} (limit {self.limit})"
+
+
+@record(250)
+@dataclass(frozen=True, slots=True)
+class HeldOut(Failure):
+    """A join by the name of a participant the straggler policy evicted, within the job's
+    straggler hold (rendezvous.py, "Stragglers"): it may join again from ``until_ms``, the
+    machine's time; ``retry_after_ms`` is how long that was from the refused join's time."""
+
+    reason: ClassVar[str] = "HELD_OUT"
+    job: str
+    name: str
+    round: int
+    until_ms: int
+    retry_after_ms: int
+
+    @property
+    def message(self) -> str:
+        # client/rendezvous_errors.py reads "join again in <seconds> s" from this text.
+        return (
+            f"job {self.job!r}: {self.name!r} was evicted as a straggler (round {self.round}) "
+            f"and is held out of the job until leader time {self.until_ms} ms: join again in "
+            f"{self.retry_after_ms / 1000:.3f} s (straggler_hold_windows)"
+        )

@@ -91,6 +91,13 @@ class JobConfig:
     unit_size: int = since(2, 1)
     domain_size: int = since(2, 0)
     units_within_domains: bool = since(2, False)
+    # How many straggler windows a participant the straggler policy evicted is held out of
+    # the job: a join by its name is refused until then (rendezvous.py, "Stragglers"). The
+    # rule applies from cluster version 5 (state/versions.py, STRAGGLER_HOLD_VERSION), so
+    # below it every member admits the join as before, whatever this field reads; a record
+    # written before the field reads the default, which is never written (a default config
+    # encodes as format 2 and needs no newer cluster).
+    straggler_hold_windows: int = since(3, JOB_CONFIG.straggler_hold_windows)
 
     def problem(self, limits: RendezvousLimits) -> str | None:
         """What makes this config invalid, or None."""
@@ -111,6 +118,7 @@ class JobConfig:
             (self.straggler_factor_milli >= 0, "straggler_factor must be >= 0"),
             (self.straggler_windows >= 1, "straggler_windows must be >= 1"),
             (self.straggler_window_ms > 0, "straggler_window_ms must be > 0"),
+            (self.straggler_hold_windows >= 1, "straggler_hold_windows must be >= 1"),
         ]
         failed = [message for holds, message in checks if not holds]
         shape = self.shape_problem()

@@ -1,7 +1,7 @@
 """Who enters a job: ``Configure`` creating or changing one, ``Join`` (and its
 ``replaces``), ``JoinBatch``; participant ids. Part of the deterministic state machine; the
 rules are told in :mod:`.rendezvous`'s theory of operation ("Participant ids",
-"Replacing", "Batches", "Runs").
+"Replacing", "Batches", "Runs", "Stragglers").
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from .commands import Configure, Join, JoinBatch
 from .errors import (
     ConfigConflict,
     Failure,
+    HeldOut,
     InvalidCommand,
     JobClosed,
     JobNotFound,
@@ -22,6 +23,7 @@ from .errors import (
 from .jobs import EndReason, JobConfig, Participant, RoundState, Seat
 from .results import ConfigureResult, JoinBatchResult, JoinResult, Result
 from .rounds import Job, RoundRules, joining_round
+from .versions import STRAGGLER_HOLD_VERSION
 
 
 class JoinRules(RoundRules):
@@ -113,6 +115,25 @@ class JoinRules(RoundRules):
                 job.checkpoints.forget()
         return job
 
+    def _held_out(self, job: Job, name: str, now_ms: int) -> HeldOut | None:
+        """The refusal of a new participant named ``name`` while the straggler policy holds
+        that name out of ``job`` ("Stragglers"), or None. Read from the round history: the
+        newest round a straggler verdict on ``name`` ended, and the job's hold from then."""
+        if self.cluster_version < STRAGGLER_HOLD_VERSION:
+            return None
+        hold_ms = job.config.straggler_hold_windows * job.config.straggler_window_ms
+        for record in reversed(job.history):
+            if now_ms >= record.ended_ms + hold_ms:
+                # The machine's time never goes back (the largest leader time applied), so
+                # the history is in end order: every older hold is over too.
+                return None
+            if record.end_reason is not EndReason.STRAGGLER:
+                continue
+            if any(m.participant_id == record.ended_by and m.name == name for m in record.members):
+                until_ms = record.ended_ms + hold_ms
+                return HeldOut(job.job_id, name, record.number, until_ms, until_ms - now_ms)
+        return None
+
     def _take_ids(self, index: int, count: int) -> int:
         """Hand out ``count`` consecutive participant ids for a join at ``index``: the first."""
         first = max(index, self.next_participant_id)
@@ -139,6 +160,9 @@ class JoinRules(RoundRules):
             if job.participants[existing].session_id != session_id:
                 return NameTaken(job.job_id, command.name, existing)
             return JoinResult(job.job_id, existing, job.round.number, existing in job.waiting)
+        held = self._held_out(job, command.name, now_ms)
+        if held is not None:
+            return held
         replaced = job.participants.get(command.replaces)
         if replaced is not None and replaced.session_id != session_id:
             return InvalidCommand(
@@ -252,6 +276,11 @@ class JoinRules(RoundRules):
                 new.append(entry)
             elif job is not None and job.participants[existing].session_id != session_id:
                 return NameTaken(job.job_id, name, existing)
+        if job is not None:
+            for entry in new:
+                held = self._held_out(job, command.names[entry], now_ms)
+                if held is not None:
+                    return held
         if fresh or job is None:
             config = command.config or (job.config if job is not None else None)
             assert config is not None  # _join_refusal: a new job needs a config

@@ -162,6 +162,20 @@ the rules above (and writes the bytes it always wrote).
   ended round (round and token, its world size) if that round ended by plan (DRAINED,
   SCALE_UP) and no later round has registered one (``planned_end_job``).
 
+Stragglers. A participant the straggler policy evicted (``MemberFailed`` with reason
+STRAGGLER: its round ends, recorded in the history with it as ``ended_by``) is held out of
+its job for ``straggler_hold_windows`` x ``straggler_window_ms`` of machine time from that
+end: a ``Join`` (or a ``JoinBatch`` entry) that would add a participant of its name is
+refused (``HeldOut``, saying when it may join again) and changes nothing. Without the hold
+its process would join again at once, end the smaller round as a scale-up and be evicted
+again a few windows later, over and over. The name is the identity (a restarted process, or
+another session, under it waits just the same); the hold is read from the round history
+(its newest STRAGGLER record naming the name), so it is as replicated as the history, kept
+across a leader change and a snapshot, and bounded as the history is (``max_round_history``
+rounds). After the hold the name joins as any newcomer (a scale-up, if the job scales up).
+From cluster version 5 (``versions.STRAGGLER_HOLD_VERSION``); below it the join is admitted
+at once, as before.
+
 ``join_timeout_ms`` is enforced by the client (how long a worker waits for its round to
 close); ``reason`` reports how long a round has been joining.
 

@@ -26,6 +26,8 @@ INTRODUCED: Final[dict[tuple[str, int], int]] = {
     ("MemorySnapshotCommit", 2): 2,
     ("Round", 4): 3,
     ("CloseRound", 2): 4,
+    ("JobConfig", 3): 5,
+    ("HeldOut", 1): 5,
 }
 
 # The record version from which a held round records the domains holding it (``Round``
@@ -76,3 +78,8 @@ def required_version(value: Any) -> tuple[int, str]:
 # was heard from since the failure (rendezvous.py, ``close_round``). Below it the hold runs
 # its time (or ends at its domains' last removal, from HOLD_DOMAINS_VERSION).
 HOLD_OVER_VERSION: Final = INTRODUCED[("CloseRound", 2)]
+
+# The record version from which a participant the straggler policy evicted is held out of
+# its job (joins.py, ``_held_out``; JobConfig.straggler_hold_windows). Below it every member
+# admits its join at once, as before, so members of both releases apply the same log alike.
+STRAGGLER_HOLD_VERSION: Final = INTRODUCED[("JobConfig", 3)]

@@ -34,6 +34,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CHECKPOINT_INCOMPLETE: _ClassVar[ErrorReason]
     LIMIT_EXCEEDED: _ClassVar[ErrorReason]
     CLUSTER_VERSION: _ClassVar[ErrorReason]
+    HELD_OUT: _ClassVar[ErrorReason]
 ERROR_REASON_UNSPECIFIED: ErrorReason
 NOT_LEADER: ErrorReason
 NO_LEADER: ErrorReason
@@ -61,6 +62,7 @@ CHECKPOINT_NOT_FOUND: ErrorReason
 CHECKPOINT_INCOMPLETE: ErrorReason
 LIMIT_EXCEEDED: ErrorReason
 CLUSTER_VERSION: ErrorReason
+HELD_OUT: ErrorReason
 
 class RequestHeader(_message.Message):
     __slots__ = ("session_id", "sequence", "first_unacked")

@@ -45,6 +45,8 @@ class JobConfigDefaults:
     unit_size: int = 1
     domain_size: int = 0
     units_within_domains: bool = False
+    # How many straggler windows a rank evicted as a straggler is held out of the job.
+    straggler_hold_windows: int = 10
 
 
 JOB_CONFIG = JobConfigDefaults()

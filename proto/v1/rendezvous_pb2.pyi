@@ -62,7 +62,7 @@ ROUND_END_REASON_STRAGGLER: RoundEndReason
 ROUND_END_REASON_DRAINED: RoundEndReason
 
 class JobConfig(_message.Message):
-    __slots__ = ("min_nodes", "max_nodes", "last_call_ms", "join_timeout_ms", "heartbeat_interval_ms", "phi_threshold", "phi_window", "min_std_ms", "acceptable_pause_ms", "scale_up", "keep_checkpoints", "hang_factor", "hang_floor_ms", "startup_timeout_ms", "straggler_factor", "straggler_windows", "straggler_window_ms", "unit_size", "domain_size", "units_within_domains")
+    __slots__ = ("min_nodes", "max_nodes", "last_call_ms", "join_timeout_ms", "heartbeat_interval_ms", "phi_threshold", "phi_window", "min_std_ms", "acceptable_pause_ms", "scale_up", "keep_checkpoints", "hang_factor", "hang_floor_ms", "startup_timeout_ms", "straggler_factor", "straggler_windows", "straggler_window_ms", "unit_size", "domain_size", "units_within_domains", "straggler_hold_windows")
     MIN_NODES_FIELD_NUMBER: _ClassVar[int]
     MAX_NODES_FIELD_NUMBER: _ClassVar[int]
     LAST_CALL_MS_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +83,7 @@ class JobConfig(_message.Message):
     UNIT_SIZE_FIELD_NUMBER: _ClassVar[int]
     DOMAIN_SIZE_FIELD_NUMBER: _ClassVar[int]
     UNITS_WITHIN_DOMAINS_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLER_HOLD_WINDOWS_FIELD_NUMBER: _ClassVar[int]
     min_nodes: int
     max_nodes: int
     last_call_ms: int
@@ -103,7 +104,8 @@ class JobConfig(_message.Message):
     unit_size: int
     domain_size: int
     units_within_domains: bool
-    def __init__(self, min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., last_call_ms: _Optional[int] = ..., join_timeout_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., phi_threshold: _Optional[float] = ..., phi_window: _Optional[int] = ..., min_std_ms: _Optional[int] = ..., acceptable_pause_ms: _Optional[int] = ..., scale_up: _Optional[bool] = ..., keep_checkpoints: _Optional[int] = ..., hang_factor: _Optional[float] = ..., hang_floor_ms: _Optional[int] = ..., startup_timeout_ms: _Optional[int] = ..., straggler_factor: _Optional[float] = ..., straggler_windows: _Optional[int] = ..., straggler_window_ms: _Optional[int] = ..., unit_size: _Optional[int] = ..., domain_size: _Optional[int] = ..., units_within_domains: _Optional[bool] = ...) -> None: ...
+    straggler_hold_windows: int
+    def __init__(self, min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., last_call_ms: _Optional[int] = ..., join_timeout_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., phi_threshold: _Optional[float] = ..., phi_window: _Optional[int] = ..., min_std_ms: _Optional[int] = ..., acceptable_pause_ms: _Optional[int] = ..., scale_up: _Optional[bool] = ..., keep_checkpoints: _Optional[int] = ..., hang_factor: _Optional[float] = ..., hang_floor_ms: _Optional[int] = ..., startup_timeout_ms: _Optional[int] = ..., straggler_factor: _Optional[float] = ..., straggler_windows: _Optional[int] = ..., straggler_window_ms: _Optional[int] = ..., unit_size: _Optional[int] = ..., domain_size: _Optional[int] = ..., units_within_domains: _Optional[bool] = ..., straggler_hold_windows: _Optional[int] = ...) -> None: ...
 
 class RoundMember(_message.Message):
     __slots__ = ("participant_id", "name", "rank", "metadata", "phi", "step", "step_ms", "step_ratio", "heartbeat_age_ms", "domain")

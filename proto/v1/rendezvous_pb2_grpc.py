@@ -140,7 +140,8 @@ class RendezvousServicer:
         is removed as failed. It joins the current round if that round is JOINING, else it waits
         for the next round. Errors: INVALID_ARGUMENT, NOT_FOUND (JOB_NOT_FOUND when the job does
         not exist and no config is given; session), FAILED_PRECONDITION (JOB_CLOSED,
-        CONFIG_CONFLICT), ALREADY_EXISTS (NAME_TAKEN: another session's participant has the name;
+        CONFIG_CONFLICT; HELD_OUT: the name's participant was evicted as a straggler and the
+        job's straggler hold has not passed), ALREADY_EXISTS (NAME_TAKEN: another session's participant has the name;
         the same session joining again with the same name gets its participant back),
         RESOURCE_EXHAUSTED (wait list full, metadata too large), UNAVAILABLE.
         """

@@ -460,6 +460,7 @@ def job_config(min_nodes: int, max_nodes: int, **fields: Any) -> rendezvous_pb2.
         "unit_size": defaults.unit_size,
         "domain_size": defaults.domain_size,
         "units_within_domains": defaults.units_within_domains,
+        "straggler_hold_windows": defaults.straggler_hold_windows,
     }
     values.update(fields)
     return rendezvous_pb2.JobConfig(**values)

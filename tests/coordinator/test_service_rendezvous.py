@@ -506,6 +506,7 @@ async def test_a_config_from_a_client_that_predates_hang_detection_gets_its_defa
         "straggler_windows",
         "straggler_window_ms",
         "unit_size",
+        "straggler_hold_windows",
     ):
         older.ClearField(name)
     await client.stub.Configure(pb.ConfigureRequest(header=client.headers(), job="j", config=older))

@@ -153,6 +153,7 @@ def test_every_member_error_and_state_failure_has_its_documented_status() -> Non
         failures.StaleRound("j", 1, 2, "round 1 has ended"): Code.FAILED_PRECONDITION,
         failures.StaleToken("j", 2, 5, 9): Code.FAILED_PRECONDITION,
         failures.CheckpointIncomplete("j", 7, (1, 2)): Code.FAILED_PRECONDITION,
+        failures.HeldOut("j", "w2", 3, 9_000, 4_000): Code.FAILED_PRECONDITION,
         failures.NameTaken("j", "w", 3): Code.ALREADY_EXISTS,
         failures.LimitExceeded("jobs", 4): Code.RESOURCE_EXHAUSTED,
     }

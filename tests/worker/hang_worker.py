@@ -5,6 +5,7 @@
     --jitter F              each step's sleep is --step-sleep-s x uniform(1 - F, 1 + F)
     --slow-factor X         this rank sleeps X times as long per step (a straggler)
     --long-step-every K --long-step-s S   every K steps, every rank sleeps S (a checkpoint)
+    --straggler-factor F --straggler-window-s S --straggler-hold-windows N   the policy
 
 It prints the demo's JSON lines (``step``, ``round_formed``, ``round_ended``, ...) and
 ``blocked`` when it blocks. Its heartbeat keeps going while it is blocked: only the progress
@@ -35,6 +36,7 @@ def main() -> None:
     faults.add_argument("--long-step-s", type=float, default=0.0)
     faults.add_argument("--straggler-factor", type=float, default=0.0)
     faults.add_argument("--straggler-window-s", type=float, default=10.0)
+    faults.add_argument("--straggler-hold-windows", type=int, default=None)
     fault, rest = faults.parse_known_args()
     args = parse_args(rest)
     torch.set_num_threads(1)
@@ -53,6 +55,8 @@ def main() -> None:
         "straggler_factor": fault.straggler_factor,
         "straggler_window_s": fault.straggler_window_s,
     }
+    if fault.straggler_hold_windows is not None:
+        options["straggler_hold_windows"] = fault.straggler_hold_windows
     with open_run(args, state, **options) as run:
         for round_ in run.rounds():
             for batch in round_.batches():

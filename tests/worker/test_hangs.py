@@ -28,6 +28,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 HANG_WORKER = Path(__file__).with_name("hang_worker.py")
 NAMES = ["w0", "w1", "w2"]
+# What an evicted straggler's process logs while it waits out its hold (worker/joining.py).
+HELD_OUT = "evicted as a straggler and held out of the job"
 
 
 class HangJob(Job):
@@ -134,10 +136,12 @@ def test_jitter_and_a_long_step_on_every_rank_give_no_verdict(
 def test_a_straggler_is_shown_and_evicted_with_the_policy_on(
     cluster: ProcessCluster, tmp_path: Path
 ) -> None:
+    # Held out for 30 windows (60 s) after its eviction: longer than the test looks.
     job = HangJob(cluster, tmp_path, "straggler", "--min-nodes=2", "--max-nodes=3",
                   "--step-sleep-s=0.15", "--straggler-factor=1.5",
-                  "--straggler-window-s=2")  # fmt: skip
+                  "--straggler-window-s=2", "--straggler-hold-windows=30")  # fmt: skip
     try:
+        spawned = time.time()
         start(job, {"w2": ["--slow-factor=2.5"]})
         began = time.time()
 
@@ -148,12 +152,40 @@ def test_a_straggler_is_shown_and_evicted_with_the_policy_on(
             return seen if all(seen.get(n, 0) > 0 for n in NAMES) else None
 
         seen = job.wait(ratios, 30, "every rank's step ratio")
+        seen_t = time.time()
         assert seen["w2"] > 1.5 > max(seen["w0"], seen["w1"]), seen
         job.wait(lambda: job.training_at(["w0", "w1"], 2, began), 60, "w0, w1 without w2")
         evicted = [r for r in job.history() if r.end_reason is EndReason.STRAGGLER]
         assert evicted and evicted[-1].detail.startswith("straggler:"), job.history()
         culprit = next(m for m in evicted[-1].members if m.participant_id == evicted[-1].ended_by)
         assert culprit.name == "w2"
-        print(f"\nstep ratios {seen}; evicted: {evicted[-1].detail}")
+        # Kept out: w2's process waits out its hold (one line says so) instead of joining
+        # again at once and ending the smaller round as a scale-up, and w0, w1 train on.
+        worker = job.workers["w2"]
+        job.wait(lambda: HELD_OUT in worker.stderr_tail(), 30, "w2 to wait out its hold")
+        held_t = time.time()
+        eviction = evicted[0]
+        trained = job.wait(
+            lambda: job.training_at(["w0", "w1"], 2, held_t, eviction.round),
+            30,
+            "w0, w1 training on at 2",
+        )
+        history = job.history()
+        later = [r for r in history if r.round > eviction.round]
+        assert [r.round for r in history if r.end_reason is EndReason.STRAGGLER] == [
+            eviction.round
+        ], history
+        assert not [r for r in later if r.end_reason is EndReason.SCALE_UP], history
+        with SyncClient(cluster.endpoints) as client:
+            now = client.get_job(job.job).round
+        assert "w2" not in {m.name for m in (*now.members, *now.waiting)}, now
+        # Phases (leader time is this host's clock): printed, not asserted.
+        evicted_s = eviction.ended_ms / 1000
+        print(
+            f"\nstep ratios {seen}; evicted: {eviction.detail}\nstart {began - spawned:.1f} s, "
+            f"ratios +{seen_t - began:.1f} s, eviction +{evicted_s - began:.1f} s, held-out "
+            f"line +{held_t - evicted_s:.1f} s after it, w0, w1 training on at 2 "
+            f"+{trained - held_t:.1f} s after that"
+        )
     finally:
         job.stop_all()

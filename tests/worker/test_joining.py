@@ -5,6 +5,7 @@ participants are doubles that answer from a script."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -12,12 +13,19 @@ import pytest
 
 from rallypoint.client import (
     DeadlineExceededError,
+    FailedPreconditionError,
+    HeldOutError,
+    JobConfig,
     ParticipantLostError,
     RoundInfo,
     RoundState,
+    SyncClient,
     SyncParticipant,
 )
+from rallypoint.client.rendezvous_errors import refine
+from rallypoint.coordinator.state.errors import HeldOut
 from rallypoint.worker import joining
+from rallypoint.worker.patience import Patience
 
 
 def round_info(number: int, state: RoundState = RoundState.ACTIVE) -> RoundInfo:
@@ -122,3 +130,45 @@ def test_is_live_means_the_same_round_still_active(
     view: RoundInfo, number: int, live: bool
 ) -> None:
     assert joining.is_live(view, number) is live
+
+
+class HoldingClient:
+    """A client whose joins are refused as the coordinator refuses a held-out straggler's
+    (its own HeldOut message, ``held`` times), then answer ``"joined"``."""
+
+    def __init__(self, held: int, retry_after_ms: int) -> None:
+        refusal = HeldOut("j", "w2", 4, 9_000, retry_after_ms)
+        self.error = refine(FailedPreconditionError(refusal.message, reason=refusal.reason))
+        self.held = held
+        self.names: list[str] = []
+
+    def join(self, job: str, name: str, **_: object) -> str:
+        self.names.append(name)
+        if len(self.names) <= self.held:
+            raise self.error
+        return "joined"
+
+
+def test_a_held_out_worker_sleeps_out_the_hold_the_coordinator_names_then_joins(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr(joining.time, "sleep", slept.append)
+    client = HoldingClient(held=1, retry_after_ms=3_500)
+    assert isinstance(client.error, HeldOutError) and client.error.retry_after_s == 3.5
+    patience = Patience(["a:1"], timeout_s=5, attempt_s=1, who="w2 of job 'j'", log=joining.log)
+    with caplog.at_level(logging.WARNING, logger=joining.log.name):
+        joined = joining.join(
+            cast(SyncClient, client),
+            "j",
+            lambda: "w2",
+            config=JobConfig(2, 3),
+            metadata=b"",
+            patience=patience,
+        )
+    assert joined == "joined" and client.names == ["w2", "w2"]
+    assert slept == [3.5 + joining._HOLD_MARGIN_S]
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "w2 of job 'j': evicted as a straggler and held out of the job; joining again in 3.5 s"
+    ]

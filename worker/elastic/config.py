@@ -63,6 +63,7 @@ class ElasticConfig:
     straggler_factor: float = JOB_CONFIG.straggler_factor
     straggler_windows: int = JOB_CONFIG.straggler_windows
     straggler_window_s: float = JOB_CONFIG.straggler_window_ms / 1000
+    straggler_hold_windows: int = JOB_CONFIG.straggler_hold_windows
     snapshot_every: int = ELASTIC.snapshot_every
     # None: the snapshots' own default (worker/snapshots/).
     snapshot_copies: int | None = None

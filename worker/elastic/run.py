@@ -160,6 +160,8 @@ class ElasticRun:
             many times the others' median (0: off) ...
         straggler_windows: ... for this many windows in a row ...
         straggler_window_s: ... of this many seconds.
+        straggler_hold_windows: an evicted straggler is held out of the job for this many
+            windows: its process waits (one log line says how long), then joins again.
         snapshot_every: take an in-memory snapshot every this many steps (0: none), kept
             in this process's memory and protected on peers (worker/snapshots/); every
             worker of the job gives the same. After a failure the world restores the

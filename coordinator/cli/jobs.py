@@ -6,7 +6,9 @@ A job's state is its lifecycle once it ended (finished, failed, closed), else it
 failure detected (the round's end), the world re-formed (the next round closed) and, when
 the workers report progress, training again (the next round's first step) with where its
 state came from (the restore source the workers reported: keep, broadcast, replicas, memory,
-disk, fresh).
+disk, fresh), and who is held out of the job: a rank the straggler policy evicted may not join
+again until its hold has passed (``JobConfig.straggler_hold_windows``; the coordinator refuses
+its joins with HELD_OUT until then).
 
 They share ``cli.client``'s plumbing: ``--endpoints`` (default ``$RALLYPOINT_ENDPOINTS``, else
 the local development cluster), ``--timeout``, ``--token``, TLS files and ``--json``; human
@@ -186,6 +188,26 @@ def recoveries(status: JobStatus) -> list[dict[str, Any]]:
     return rows
 
 
+def held_out(status: JobStatus, now_ms: int) -> list[dict[str, Any]]:
+    """The names the straggler hold keeps out of the job at ``now_ms`` (the leader's epoch
+    ms), newest eviction first: each with the round its eviction ended and ``until_ms``. Read
+    from the history as the coordinator reads it (coordinator/state/joins.py, ``_held_out``):
+    a name's newest straggler eviction, held ``straggler_hold_windows`` windows from its
+    round's end. A cluster below version 5 holds no one; this does not ask."""
+    config = status.config
+    hold_ms = config.straggler_hold_windows * config.straggler_window_ms
+    names = {m.participant_id: m.name for record in status.history for m in record.members}
+    held: dict[str, dict[str, Any]] = {}
+    for record in reversed(status.history):
+        until_ms = record.ended_ms + hold_ms
+        if record.end_reason is not EndReason.STRAGGLER or now_ms >= until_ms:
+            continue
+        name = names.get(record.ended_by)
+        if name is not None and name not in held:
+            held[name] = {"name": name, "round": record.round, "until_ms": until_ms}
+    return list(held.values())
+
+
 def jobs_document(jobs: list[RoundInfo]) -> dict[str, Any]:
     """``rallypoint jobs --json`` (the dashboard's /api/jobs too)."""
     return {"jobs": [_round_document(info) for info in jobs]}
@@ -205,6 +227,7 @@ def job_document(status: JobStatus) -> dict[str, Any]:
         },
         "history": [_record_document(r) for r in status.history],
         "recoveries": recoveries(status),
+        "held_out": held_out(status, int(time.time() * 1000)),
         "latest_checkpoint": None
         if latest is None
         else {
@@ -375,6 +398,11 @@ async def _rounds(args: argparse.Namespace, client: Client, out: Output) -> int:
     rows = recoveries(status)
     if rows:
         out.table(_recoveries_table(rows))
+    for entry in held_out(status, int(time.time() * 1000)):
+        out.line(
+            f"held out: {entry['name']} (evicted as a straggler, round {entry['round']}) may "
+            f"join again from {local_time(entry['until_ms'])}"
+        )
     if status.latest_checkpoint is not None:
         latest = status.latest_checkpoint
         out.line(

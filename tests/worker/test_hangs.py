@@ -13,6 +13,7 @@ time. Times from a hang to its verdict are printed, not asserted.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from rallypoint.client import EndReason, SyncClient
+from rallypoint.coordinator.cli.main import main as rallypoint_main
 from tests.integration.harness import ProcessCluster, running_cluster
 from tests.worker.test_elastic import START_S, Job
 
@@ -134,7 +136,7 @@ def test_jitter_and_a_long_step_on_every_rank_give_no_verdict(
 
 
 def test_a_straggler_is_shown_and_evicted_with_the_policy_on(
-    cluster: ProcessCluster, tmp_path: Path
+    cluster: ProcessCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Held out for 30 windows (60 s) after its eviction: longer than the test looks.
     job = HangJob(cluster, tmp_path, "straggler", "--min-nodes=2", "--max-nodes=3",
@@ -179,6 +181,17 @@ def test_a_straggler_is_shown_and_evicted_with_the_policy_on(
         with SyncClient(cluster.endpoints) as client:
             now = client.get_job(job.job).round
         assert "w2" not in {m.name for m in (*now.members, *now.waiting)}, now
+        # The operator sees who is held out, and until when (30 windows of 2 s).
+        endpoints = ["--endpoints", ",".join(cluster.endpoints)]
+        capsys.readouterr()
+        assert rallypoint_main(["rounds", job.job, "--json", *endpoints]) == 0
+        shown = json.loads(capsys.readouterr().out)["held_out"]
+        assert shown == [
+            {"name": "w2", "round": eviction.round, "until_ms": eviction.ended_ms + 60_000}
+        ], shown
+        assert rallypoint_main(["rounds", job.job, *endpoints]) == 0
+        out = capsys.readouterr().out
+        assert f"held out: w2 (evicted as a straggler, round {eviction.round})" in out, out
         # Phases (leader time is this host's clock): printed, not asserted.
         evicted_s = eviction.ended_ms / 1000
         print(

@@ -7,7 +7,10 @@ Claims:
 - the built-in ``CollectiveProbe`` over real gloo (4 processes) names the one rank that
   delivers late and only it; with no slow rank it names nobody;
 - a worker whose health check fails drains its own host before its round trains (a job
-  token is enough); the others form again without it and train on, and it never trains;
+  token is enough); every rank of the round gives it up on the health vote (not on a
+  collective's deadline), the others form again without it and train on, and it never
+  trains; that holds when only the sick worker has a check, and a check on one healthy
+  rank only lets the round form at once: a rank without a check votes "healthy";
 - a bad probe setting or a health_check that is not callable is refused in one line.
 """
 
@@ -24,7 +27,7 @@ import pytest
 from rallypoint.client import SyncClient
 from rallypoint.worker.elastic import CollectiveProbe, ElasticConfig
 from rallypoint.worker.elastic.health import slow_ranks
-from tests.integration.harness import running_cluster_with_tokens
+from tests.integration.harness import ProcessCluster, running_cluster_with_tokens
 from tests.worker.test_elastic import CHANGE_S, START_S, Job
 
 SCRIPT = Path(__file__).with_name("probe_ranks.py")
@@ -83,38 +86,101 @@ def test_bad_settings_are_refused_in_one_line() -> None:
         )  # fmt: skip
 
 
+TOKENS = {"admin-secret": "admin", "health-secret": "job:health"}
+ENV = {"RALLYPOINT_TOKEN": "health-secret"}
+# Why the ranks of a round give it up when a rank's check drained its domain (formation.py).
+VOTE_ENDED = "a rank's pre-admission health check drained its domain"
+
+
+def _job(cluster: ProcessCluster, tmp_path: Path, min_nodes: int) -> Job:
+    """Job "health", of up to three workers, that trains on without checkpoints."""
+    args = ("--max-nodes=3", "--checkpoint-every=0", "--max-steps=2000")
+    return Job(cluster, tmp_path, "health", f"--min-nodes={min_nodes}", *args)
+
+
+def _drains_and_reforms(tmp_path: Path, checks: dict[str, str | None]) -> None:
+    """Workers h0 and h1 (healthy) and h2 (sick, its check fails), each with the health
+    check ``checks`` names (None: none): h2 drains its own host before its round trains;
+    every rank of that round gives it up on the vote (not on a collective's deadline, nor
+    by the hang bound of the drain's planned change), h0 and h1 form again without it and
+    train; h2 trains in no round."""
+    with running_cluster_with_tokens(tmp_path / "cluster", TOKENS, size=1) as cluster:
+        job = _job(cluster, tmp_path, min_nodes=2)
+        client = SyncClient(cluster.endpoints, token="admin-secret")
+        try:
+            workers = {
+                name: job.spawn(
+                    name,
+                    f"--host=host-{name[1:]}",
+                    *([f"--health-check={check}"] if check is not None else []),
+                    env=ENV,
+                )
+                for name, check in checks.items()
+            }
+            sick = workers["h2"]
+            job.wait(lambda: sick.select("health_drained"), START_S, "the sick worker's drain")
+            drained = sick.select("health_drained")[0]
+            job.wait(
+                lambda: job.training_at(["h0", "h1"], 2, drained["t"]),
+                CHANGE_S,
+                "h0, h1 at world 2",
+            )
+            (domain,) = client.drained()
+            assert domain.domain == "host-2" and "on purpose" in domain.reason, domain
+            assert not sick.select("step"), "the sick worker trained"
+            # Every member of the drained round (the sick worker and one or both of the
+            # others) ended it on the vote, and ended it once.
+            ended = {
+                name: [
+                    e["reason"]
+                    for e in worker.select("round_ended")
+                    if e["round"] == drained["round"]
+                ]
+                for name, worker in workers.items()
+            }
+            assert len(ended["h2"]) == 1 and ended["h0"] + ended["h1"], ended
+            assert all(
+                len(reasons) <= 1 and all(r.startswith(VOTE_ENDED) for r in reasons)
+                for reasons in ended.values()
+            ), ended
+        finally:
+            client.close()
+            job.stop_all()
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(400)
 def test_a_failing_health_check_drains_its_own_host(tmp_path: Path) -> None:
-    """A worker whose health check fails drains its host (with its job's token only) before
-    the round trains; the others form again without it and train; it trains in no round."""
-    tokens = {"admin-secret": "admin", "health-secret": "job:health"}
-    with running_cluster_with_tokens(tmp_path / "cluster", tokens, size=1) as cluster:
-        job = Job(
-            cluster,
-            tmp_path,
-            "health",
-            "--min-nodes=2",
-            "--max-nodes=3",
-            "--checkpoint-every=0",
-            "--max-steps=2000",
-        )
-        client = SyncClient(cluster.endpoints, token="admin-secret")
-        env = {"RALLYPOINT_TOKEN": "health-secret"}
+    """Every rank with a check (one program for the job)."""
+    _drains_and_reforms(tmp_path, {"h0": "pass", "h1": "pass", "h2": "fail"})
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(400)
+def test_ranks_without_a_health_check_vote_healthy(tmp_path: Path) -> None:
+    """Only the sick rank has a check: the others vote "healthy" in the same all-reduce
+    (the formation's gate), so they give the round up with it rather than wait in their
+    restore for the collective timeout."""
+    _drains_and_reforms(tmp_path, {"h0": None, "h1": None, "h2": "fail"})
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(400)
+def test_a_passing_check_on_one_rank_only_forms_the_round(tmp_path: Path) -> None:
+    """Only one healthy rank has a check: the round forms at once, with no round given up
+    before every rank trained in it."""
+    with running_cluster_with_tokens(tmp_path / "cluster", TOKENS, size=1) as cluster:
+        job = _job(cluster, tmp_path, min_nodes=3)
         try:
-            # Every rank runs the check (one program): a rank without one would not join the
-            # vote on its outcome, and would wait in its restore for the collective timeout.
-            job.spawn("h0", "--host=host-0", "--health-check=pass", env=env)
-            job.spawn("h1", "--host=host-1", "--health-check=pass", env=env)
-            sick = job.spawn("h2", "--host=host-2", "--health-check=fail", env=env)
-            job.wait(lambda: sick.select("health_drained"), START_S, "the sick worker's drain")
-            drained_t = sick.select("health_drained")[0]["t"]
-            job.wait(
-                lambda: job.training_at(["h0", "h1"], 2, drained_t), CHANGE_S, "h0, h1 at world 2"
+            job.spawn("h0", "--host=host-0", "--health-check=pass", env=ENV)
+            job.spawn("h1", "--host=host-1", env=ENV)
+            job.spawn("h2", "--host=host-2", env=ENV)
+            trained_t = job.wait(
+                lambda: job.training_at(["h0", "h1", "h2"], 3, 0.0), START_S, "world 3"
             )
-            (drained,) = client.drained()
-            assert drained.domain == "host-2" and "on purpose" in drained.reason, drained
-            assert not sick.select("step"), "the sick worker trained"
+            for worker in job.workers.values():
+                assert not worker.select("round_ended"), (worker.name, worker.select("round_ended"))
+                (formed,) = worker.select("round_formed")
+                assert formed["t"] <= trained_t and formed["world_size"] == 3, formed
         finally:
-            client.close()
             job.stop_all()

@@ -77,7 +77,10 @@ heartbeat goes on, nothing ends that next round). Three steps, each abandonable 
 - Gate: one all-reduce, issued with ``async_op=True`` and waited for like the loop's
   collectives, before the restore. The restore's collectives are synchronous (object
   gathers, broadcasts, DCP's load), and a peer that saw the round end just after init skips
-  them: without the gate this rank would wait in them for ``collective_timeout_s``.
+  them: without the gate this rank would wait in them for ``collective_timeout_s``. It
+  carries every rank's vote on the pre-admission health check, run just before it
+  (health.py): a rank without a check votes "healthy", so ranks that differ in it still
+  run the same collectives.
 
 Abandonable collectives (collectives.py). Collectives that the loop issues (``all_reduce``,
 ``all_reduce_gradients``) run with ``async_op=True``; the training thread waits on the

@@ -97,23 +97,30 @@ class Collectives:
         if waiter is not None:
             waiter.set()
 
-    def gate(self, what: str = "the formation's gate") -> bool:
+    def gate(self, what: str = "the formation's gate", votes: torch.Tensor | None = None) -> bool:
         """The formation's gate (package docstring, "Formation"): an all-reduce every rank
         must reach before the restore's synchronous collectives; False if the round ended
         (or the deadline passed) first. Not reported as progress: the round is not formed.
-        (The first checkpoint of a round passes one too, after making its group.)"""
+        (The first checkpoint of a round passes one too, after making its group.)
+        ``votes``: a one-element CPU tensor that the gate sums over the ranks in place (the
+        formation's health vote rides on it, formation.py), unspecified when False."""
         if self._ended.is_set():
             return False
         # nccl reduces CUDA tensors only.
         cuda = dist.get_backend() == "nccl"
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        tensor = torch.ones(1, device=device) if votes is None else votes.to(device)
         try:
-            work = dist.all_reduce(torch.ones(1, device=device), async_op=True)
+            work = dist.all_reduce(tensor, async_op=True)
         except (RuntimeError, ValueError) as error:
             self._end(f"{what} failed to start: {error}", broken=True)
             return False
         assert work is not None
-        return self.wait(work, what, time.monotonic())
+        if not self.wait(work, what, time.monotonic()):
+            return False
+        if votes is not None and tensor is not votes:
+            votes.copy_(tensor.cpu())
+        return True
 
     def wait(self, work: dist.Work, what: str, started: float) -> bool:
         """The wait itself: in slices, abandoned when the round ends or at the deadline."""

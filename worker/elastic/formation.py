@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 ARRIVED_KEY = "rallypoint/formation/arrived/{rank}"
 
 
+# Why every rank gives a forming round up when a rank's health check drained its domain.
+HEALTH_VOTE_ENDED = "a rank's pre-admission health check drained its domain"
+
+
 class RoundGone(WorkerError):
     """The round ended while it was being formed."""
 
@@ -83,7 +87,7 @@ class Former:
                 # bounded as the init is, before the gate ("Formation").
                 self._memory.make_groups(connect_timeout=group_connect)
         init_s = time.monotonic() - started
-        if round_.ended or not round_.collectives.gate():
+        if round_.ended:
             raise RoundGone(round_.end_reason)
         self._check_health(round_)
         state = run.state
@@ -140,24 +144,33 @@ class Former:
         )
 
     def _check_health(self, round_: ElasticRound) -> None:
-        """Run the pre-admission health check (health.py) on every rank; when any rank's
-        says its domain should be drained, that rank drains it and every rank gives the
-        round up before restoring anything (the drain ends it at the coordinator)."""
+        """Run the pre-admission health check (health.py) and pass the gate with this rank's
+        vote on it; when any rank's check says its domain should be drained, every rank
+        gives the round up before restoring anything and that rank drains its domain (the
+        drain ends the round at the coordinator).
+
+        Every rank votes, one with no check "healthy", whatever the others' settings: the
+        vote rides on the gate's all-reduce, which every rank runs anyway, so it costs no
+        collective of its own. A vote of its own run only by ranks with a check (as it once
+        was) left them waiting in it, and the others in the restore's collectives, for
+        ``collective_timeout_s`` at every formation of a job whose hosts differ in it. The
+        check runs before the gate: it may use the round's group (health.py), through
+        collectives that are given up when the round ends, as the gate's is."""
         run = self._run
         check = run.settings.health_check
-        if check is None:
-            return
-        reason = check(round_)
+        reason = check(round_) if check is not None and not round_.ended else None
+        votes = torch.tensor([0.0 if reason is None else 1.0])
+        passed = round_.collectives.gate(votes=votes)
+        drained = passed and votes.item() > 0
+        if drained:
+            # Ended here on every rank at once (not by the drain's planned change, which
+            # waits for a step boundary that a forming round never reaches).
+            round_.end(f"{HEALTH_VOTE_ENDED} ({votes.item():g})")
         if reason is not None:
             detail = f"{run.name}: {reason}"[:1024]
             run.client.drain(run.host, reason=detail)
             run.emit("health_drained", round=round_.number, rank=round_.rank, reason=detail)
-        votes = torch.tensor([1.0 if reason is not None else 0.0])
-        if not round_.all_reduce(votes):
-            raise RoundGone(round_.end_reason)
-        if votes.item() > 0:
-            # Not broken: the coordinator ends the round for the drain.
-            round_.end(f"a rank's pre-admission health check drained its domain ({votes.item():g})")
+        if not passed or drained:
             raise RoundGone(round_.end_reason)
 
     def _arrive(self, round_: ElasticRound, store: CoordinatorStore) -> None:

@@ -2,15 +2,17 @@
 before the round trains.
 
 ``elastic_training(health_check=...)`` takes a callable ``check(round) -> str | None``. Every
-rank of a forming round calls it at the same point, once the round's process group is up and
-before the state is restored (formation.py), so a check may run collectives on the round's
-group (through ``round.all_reduce`` and ``round.wait``, which are given up when the round
-ends). It returns why this rank's domain should be drained, or None. When any rank says so,
-that rank drains its own domain (``client.drain(host, reason)``: a worker's token may drain
-the domain its own participant is in), every rank learns of it through one all-reduce and
-gives the round up before restoring anything, and the coordinator's drain ends the round: the
-next one forms without the drained domain, whose workers wait until an operator runs
-``rallypoint undrain`` (docs/operations.md, "Draining a host").
+rank of a forming round that has one calls it at the same point, once the round's process
+group is up and before the formation's gate and the restore (formation.py), so a check may run
+collectives on the round's group (through ``round.all_reduce`` and ``round.wait``, which are
+given up when the round ends); such a check must then be set on every rank of the job, or its
+collectives meet the gate of the ranks without it. It returns why this rank's domain should
+be drained, or None. Every rank votes, a rank with no check "healthy", in the gate's
+all-reduce (no collective of its own). When any rank says so, every rank gives the round up
+before restoring anything, that rank drains its own domain (``client.drain(host, reason)``: a
+worker's token may drain the domain its own participant is in), and the coordinator's drain
+ends the round: the next one forms without the drained domain, whose workers wait until an
+operator runs ``rallypoint undrain`` (docs/operations.md, "Draining a host").
 
 The built-in :class:`CollectiveProbe` times a ring exchange among the round's ranks and names
 a rank whose links are far slower than its peers': each rank sends a buffer to the next rank

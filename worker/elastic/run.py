@@ -202,8 +202,10 @@ class ElasticRun:
             default): in the worker's memory.
         health_check: a pre-admission check, ``check(round) -> str | None``, run on every
             rank of a forming round before the state is restored (it may run collectives
-            on the round's group): a reason drains this worker's host (its failure domain)
-            and the round forms again without it. ``CollectiveProbe()`` (health.py) is the
+            on the round's group; such a check must be set on every rank): a reason drains
+            this worker's host (its failure domain) and the round forms again without it.
+            Every rank votes on the outcome, a rank without a check "healthy", so the check
+            may be set on some hosts only. ``CollectiveProbe()`` (health.py) is the
             built-in one: a ring exchange that names a rank whose links are far slower
             than its peers'. None: no check.
         state: what is trained and checkpointed (a ``TrainState``).

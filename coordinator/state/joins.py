@@ -154,15 +154,18 @@ class JoinRules(RoundRules):
             return refusal
         if command.replaces < 0:
             return InvalidCommand(f"replaces must be a participant id or 0, not {command.replaces}")
+        present = self.jobs.get(command.job)
+        if present is not None and command.name not in present.names:
+            # Before _join_job: a refused join must not start a new run of an ended job.
+            held = self._held_out(present, command.name, now_ms)
+            if held is not None:
+                return held
         job = self._join_job(index, now_ms, command.job, command.config, command.resume)
         existing = job.names.get(command.name)
         if existing is not None:
             if job.participants[existing].session_id != session_id:
                 return NameTaken(job.job_id, command.name, existing)
             return JoinResult(job.job_id, existing, job.round.number, existing in job.waiting)
-        held = self._held_out(job, command.name, now_ms)
-        if held is not None:
-            return held
         replaced = job.participants.get(command.replaces)
         if replaced is not None and replaced.session_id != session_id:
             return InvalidCommand(

@@ -172,7 +172,10 @@ again a few windows later, over and over. The name is the identity (a restarted 
 another session, under it waits just the same); the hold is read from the round history
 (its newest STRAGGLER record naming the name), so it is as replicated as the history, kept
 across a leader change and a snapshot, and bounded as the history is (``max_round_history``
-rounds). After the hold the name joins as any newcomer (a scale-up, if the job scales up).
+rounds). It spans runs: a name evicted shortly before its job ended is held out of the next
+run for the rest of its hold, and its refused join starts no run (the job stays ended, its
+checkpoints kept). After the hold the name joins as any newcomer (a scale-up, if the job
+scales up).
 From cluster version 5 (``versions.STRAGGLER_HOLD_VERSION``); below it the join is admitted
 at once, as before.
 

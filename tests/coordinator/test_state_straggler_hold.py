@@ -10,9 +10,21 @@ from dataclasses import replace
 
 import pytest
 
-from rallypoint.coordinator.state.commands import ClusterVersion, Join, JoinBatch, MemberFailed
+from rallypoint.coordinator.state.commands import (
+    ClusterVersion,
+    Join,
+    JoinBatch,
+    Leave,
+    MemberFailed,
+)
 from rallypoint.coordinator.state.errors import HeldOut
-from rallypoint.coordinator.state.jobs import EndReason, JobConfig, RoundState
+from rallypoint.coordinator.state.jobs import (
+    EndReason,
+    JobConfig,
+    JobState,
+    LeaveOutcome,
+    RoundState,
+)
 from rallypoint.coordinator.state.machine import StateMachine
 from rallypoint.coordinator.state.results import ClusterVersionResult, JoinResult
 from rallypoint.coordinator.state.versions import STRAGGLER_HOLD_VERSION, required_version
@@ -34,11 +46,19 @@ HOLD_MS = 5 * 1000
 def evicted(version: int = STRAGGLER_HOLD_VERSION, config: JobConfig = CONFIG) -> JobReplica:
     """A replica at cluster ``version`` whose job's round 1 (w0, w1, w2) ended by the
     straggler policy evicting w2: round 2 is ACTIVE with w0 and w1."""
+    return evicted_in_session(version, config)[0]
+
+
+def evicted_in_session(
+    version: int = STRAGGLER_HOLD_VERSION, config: JobConfig = CONFIG
+) -> tuple[JobReplica, int]:
+    """:func:`evicted`, and the session whose batch joined the three workers."""
     r = JobReplica()
     if version > 1:
         assert r.apply(ClusterVersion(version)) == ClusterVersionResult(version, True)
     # One batch, so that the first round holds all three (rounds close at once).
-    batch = r.do(r.open(), JoinBatch("j", ("w0", "w1", "w2"), (), config))
+    session = r.open()
+    batch = r.do(session, JoinBatch("j", ("w0", "w1", "w2"), (), config))
     w0, w1, w2 = batch.participant_ids  # type: ignore[attr-defined]
     assert r.job().round.state is RoundState.ACTIVE and r.job().round.number == 1
     r.time_ms += 3_000
@@ -47,7 +67,7 @@ def evicted(version: int = STRAGGLER_HOLD_VERSION, config: JobConfig = CONFIG) -
     assert r.apply(verdict).removed  # type: ignore[attr-defined]
     now = r.job().round
     assert (now.number, now.state, now.member_ids) == (2, RoundState.ACTIVE, [w0, w1])
-    return r
+    return r, session
 
 
 def join_again(r: JobReplica, name: str = "w2") -> object:
@@ -93,6 +113,23 @@ def test_only_the_evicted_name_is_held_and_only_after_a_straggler_verdict() -> N
     r.time_ms += 100
     assert r.fail(w0).removed  # type: ignore[attr-defined]
     assert isinstance(join_again(r, "w0"), JoinResult)
+
+
+def test_a_refused_join_into_an_ended_job_leaves_it_ended_with_its_checkpoints() -> None:
+    """The job ended (its last workers finished) within w2's hold: w2's join, which would
+    start a new run, is refused and starts none: the job stays FINISHED as it was (a new run
+    would have emptied its checkpoint registry). A join that is refused changes nothing."""
+    r, session = evicted_in_session()
+    for pid in list(r.job().round.member_ids):
+        r.do(session, Leave("j", pid, LeaveOutcome.FINISHED))
+    job = r.job()
+    assert job.ended and job.outcome is JobState.FINISHED
+    before = (job.round, list(job.history), job.ended_ms, job.end_detail)
+    r.time_ms += 1_000
+    assert isinstance(join_again(r), HeldOut)
+    job = r.job()
+    assert job.ended and job.outcome is JobState.FINISHED
+    assert (job.round, list(job.history), job.ended_ms, job.end_detail) == before
 
 
 def test_the_hold_is_read_from_the_replicated_state_a_snapshot_restores() -> None:

@@ -126,6 +126,9 @@ def parse_options(argv: Sequence[str]) -> WarmOptions:
         prog=_PROG,
         usage=f"{_PROG} [--preload M,...] [--restarts N] [--restart-delay S] [--] SCRIPT [ARGS...]",
         description=__doc__.splitlines()[0],
+        epilog="Start it with OMP_NUM_THREADS=1 (or OPENBLAS_NUM_THREADS=1) when torch is "
+        "preloaded: numpy's OpenBLAS otherwise starts a thread pool, and the launcher refuses "
+        "to fork over it. docs/elastic.md, 'A crashed rank restarted warm'.",
         allow_abbrev=False,
     )
     parser.add_argument(

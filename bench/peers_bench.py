@@ -23,6 +23,14 @@ after each:
   says so (``torchft_ddp_wrapper``).
 - ``rallypoint``: ``elastic_training`` (min 3, max 4 workers) against a 3-member cluster
   started once for the run.
+- ``rallypoint_warm``: the same, but the process that is killed runs under the warm
+  launcher (``python -m rallypoint.worker.warm --restarts=1``, its restart delay the
+  ``--rejoin-after-s``, started with the trial), and the replacement is the launcher's
+  restart: a fork that finds
+  torch, torch._dynamo and rallypoint's worker imported (bench/peers_warm.py). Its
+  ``rejoin_first_step_s`` runs from the fork; ``diagnostic_ratios.rejoin_warm_vs_torchft``
+  sets it beside torchft's cold replacement. The target ``ratios.rejoin_vs_torchft`` is the
+  cold ``rallypoint``'s.
 
 A kill trial: start 4 processes, wait until all 4 train together, let them run
 ``--steady-s`` (the steady step: each process's median time between steps, the median over
@@ -83,15 +91,25 @@ from bench.common import (
     verdicts,
     write_results,
 )
+from bench.peers_summary import (
+    MIN_WORKERS,
+    REJOIN_PHASES,
+    SYSTEMS,
+    diagnostic_ratios,
+    plot,
+    ratios,
+    spread,
+    summarize,
+)
+from bench.peers_warm import WARM_SYSTEM, WarmChild, crash, launcher_command, warm_restart
 from bench.replacement_cpu import ReplacementCpu
 from rallypoint.worker.process_tree import run_reaped
 from tests.integration.harness import port_is_free
 
 REPOSITORY = Path(__file__).resolve().parents[1]
-WORKERS, MIN_WORKERS = 4, 3
+WORKERS = 4
 FIRST_PORT, PORT_BLOCK = 24700, 100
 CLUSTER_PORTS = 6  # 3 members x (peer, client)
-SYSTEMS = ("plain", "torchft_default", "torchft_hb1s", "rallypoint")
 # torchft's lighthouse heartbeat timeout per setting (None: its default, 5000 ms).
 TORCHFT_HEARTBEAT_MS = {"torchft_default": None, "torchft_hb1s": 1000}
 TARGETS = {
@@ -107,10 +125,6 @@ TORCHFT_DDP_WRAPPER = (
     "should_commit refuses the step on every replica"
 )
 Event = dict[str, Any]
-# A replacement's way in, in order (bench/peers_worker.py's docstring says what each marks);
-# connect and session are rallypoint's only.
-REJOIN_PHASES: tuple[str, ...] = ("interpreter", "torch", "library", "model", "connect", "session")
-REJOIN_PHASES += ("join", "round", "group", "restore", "first_step")
 # The phases up to the end of `import torch`: the same code in every system's replacement.
 COMMON_PHASES = ("interpreter", "torch")
 
@@ -139,13 +153,18 @@ class Ports:
 class Worker:
     """One process of bench/peers_worker.py and the JSON events it prints."""
 
-    def __init__(self, index: int, system: str, args: Sequence[str], logs: Path) -> None:
+    def __init__(
+        self, index: int, system: str, args: Sequence[str], logs: Path, launcher: Sequence[str]
+    ) -> None:
         self.index = index
         self.name = f"w{index}"
         self.events: list[Event] = []
         self.lock = threading.Lock()
         env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-        command = [sys.executable, "-m", "bench.peers_worker", f"--system={system}"]
+        if launcher:  # the warm launcher runs the worker as a script, as a training job runs
+            command = [*launcher, "bench/peers_worker.py", f"--system={system}"]
+        else:
+            command = [sys.executable, "-m", "bench.peers_worker", f"--system={system}"]
         self.started_t = time.time()
         with open(logs / f"{self.name}.err", "w") as stderr:
             self.proc = subprocess.Popen(
@@ -223,7 +242,7 @@ class Trial:
         self.ports = ports
         if system == "plain":
             self.common.append(f"--master-port={ports.take(1)[0]}")
-        elif system == "rallypoint":
+        elif system in ("rallypoint", WARM_SYSTEM):
             job = f"peers-{number}-{os.getpid()}-{int(time.time())}"
             self.common += [f"--endpoints={endpoints}", f"--job={job}"]
             self.common.append(f"--checkpoint-dir={self.dir / 'checkpoints'}")
@@ -242,7 +261,7 @@ class Trial:
         with open(self.dir / "lighthouse.log", "wb") as log:
             self.lighthouse = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
 
-    def spawn(self, index: int) -> Worker:
+    def spawn(self, index: int, launcher: Sequence[str] = ()) -> Worker:
         extra = list(self.common)
         if self.system.startswith("torchft"):
             store, manager = self.ports.take(2)
@@ -251,9 +270,8 @@ class Trial:
                 f"--manager-port={manager}",
                 f"--lighthouse-port={self.lighthouse_port}",
             ]
-        worker = Worker(
-            index, "torchft" if "torchft" in self.system else self.system, extra, self.dir
-        )
+        system = "torchft" if "torchft" in self.system else self.system.removesuffix("_warm")
+        worker = Worker(index, system, extra, self.dir, launcher)
         self.workers.append(worker)
         return worker
 
@@ -329,24 +347,34 @@ def plain_trial(trial: Trial, args: argparse.Namespace) -> Event:
 
 
 def kill_trial(trial: Trial, args: argparse.Namespace) -> Event:
-    workers = [trial.spawn(index) for index in range(WORKERS)]
+    # rallypoint_warm: the process killed is a warm launcher's child (bench/peers_warm.py).
+    warm = launcher_command(args.rejoin_after_s) if trial.system == WARM_SYSTEM else []
+    workers = [trial.spawn(i, warm if i == WORKERS - 1 else ()) for i in range(WORKERS)]
     together = wait_for(
         "4 processes training", lambda: trial.training_together(workers), args.timeout_s
     )
     time.sleep(args.warm_s + args.steady_s)
     victim, survivors = workers[-1], workers[:-1]
     killed_t = time.time()
-    victim.kill()
+    crashed = crash(victim, args.timeout_s) if warm else None  # the launcher's child
+    if crashed is None:
+        victim.kill()
     figures: Event = steady_figures(workers, together + args.warm_s, killed_t)
     steady = figures["steady_step_s"]
-    time.sleep(args.rejoin_after_s)
     own_cpu = ReplacementCpu(args.replacement_cpu)
-    # Everything this process started (survivors, the cluster's members or the lighthouse:
-    # other hosts) and this process itself, off the replacement's CPU.
-    own_cpu.before_start([os.getpid()])
-    with own_cpu.starting():
-        replacement = trial.spawn(WORKERS)
-    own_cpu.started(replacement.proc.pid)
+    replacement: Worker | WarmChild
+    if crashed is not None:  # the launcher forks the replacement --rejoin-after-s later
+        replacement = warm_restart(
+            victim, crashed, killed_t, args.rejoin_after_s, own_cpu, args.timeout_s
+        )
+    else:
+        time.sleep(args.rejoin_after_s)
+        # Everything this process started (survivors, the cluster's members or the
+        # lighthouse: other hosts) and this process itself, off the replacement's CPU.
+        own_cpu.before_start([os.getpid()])
+        with own_cpu.starting():
+            replacement = trial.spawn(WORKERS)
+        own_cpu.started(replacement.proc.pid)
     live = [*survivors, replacement]
 
     def replacement_stepped() -> Event | None:
@@ -461,7 +489,7 @@ def kill_trial(trial: Trial, args: argparse.Namespace) -> Event:
     return figures
 
 
-def rejoin_phases(replacement: Worker, first_step_t: float) -> dict[str, float]:
+def rejoin_phases(replacement: Worker | WarmChild, first_step_t: float) -> dict[str, float]:
     """Each phase of the replacement's way in, as the time since the phase before it ended
     (the first: since the bench started the process); phases it did not print are left out."""
     ended = {e["phase"]: e["t"] for e in replacement.of("phase")}
@@ -496,153 +524,6 @@ def run_trial(
     }
 
 
-# ------------------------------------------------------------------ summary
-
-
-def spread(values: Sequence[float | None]) -> dict[str, Any]:
-    """Median, range and count of the values measured (None: not measured)."""
-    kept = [float(v) for v in values if v is not None]
-    if not kept:
-        return {"median": None, "min": None, "max": None, "n": 0}
-    return {"median": statistics.median(kept), "min": min(kept), "max": max(kept), "n": len(kept)}
-
-
-def summarize(trials: Sequence[Event]) -> dict[str, Any]:
-    by_system: dict[str, list[Event]] = {}
-    for trial in trials:
-        by_system.setdefault(trial["system"], []).append(trial)
-    figures: dict[str, Any] = {
-        "steady_step_s": {},
-        "kill_stall_s": {},
-        "kill_first_gap_s": {},
-        "rejoin_first_step_s": {},
-        "rejoin_parts_s": {},
-        "rejoin_phases_s": {},
-        "rejoin_after_torch_s": {},
-        "rejoin_into_training_s": {},
-        "survivors_training_at_spawn": {},
-        "replacement_wait_s": {},
-        "rejoin_stall_s": {},
-        "steps_rolled_back": {},
-        "rejoin_in_sync": {},
-        "bit_identical": {},
-        "trials_ok": {},
-    }
-    for system, runs in by_system.items():
-        ok = [t for t in runs if t["ok"]]
-        figures["trials_ok"][system] = f"{len(ok)}/{len(runs)}"
-        figures["steady_step_s"][system] = spread([t["steady_step_s"] for t in ok])
-        figures["bit_identical"][system] = bool(ok) and all(t["bit_identical"] for t in ok)
-        if system == "plain":
-            continue
-        figures["kill_stall_s"][system] = spread([s for t in ok for s in t["kill_stall_s"]])
-        figures["kill_first_gap_s"][system] = spread([s for t in ok for s in t["kill_first_gap_s"]])
-        figures["rejoin_first_step_s"][system] = spread([t["rejoin_first_step_s"] for t in ok])
-        figures["rejoin_parts_s"][system] = {
-            part: spread([t["rejoin_parts_s"][part] for t in ok])
-            for part in ("start_to_imported", "imported_to_joined", "joined_to_first_step")
-        }
-        figures["rejoin_phases_s"][system] = {
-            name: spread([t["rejoin_phases_s"].get(name) for t in ok])
-            for name in REJOIN_PHASES
-            if any(name in t["rejoin_phases_s"] for t in ok)
-        }
-        figures["rejoin_after_torch_s"][system] = spread([t["rejoin_after_torch_s"] for t in ok])
-        # Only the trials whose every survivor had trained again when the replacement
-        # started: it joined a world that was training, not one still stalled by the kill.
-        resumed = [t for t in ok if t["survivors_training_at_spawn"] == MIN_WORKERS]
-        figures["rejoin_into_training_s"][system] = spread(
-            [t["rejoin_first_step_s"] for t in resumed]
-        )
-        figures["survivors_training_at_spawn"][system] = spread(
-            [t["survivors_training_at_spawn"] for t in ok]
-        )
-        # How long the replacement, runnable, waited for its CPU before it had made its model:
-        # what processes the bench did not start took from it (none of the bench's ran there).
-        figures["replacement_wait_s"][system] = spread(
-            [t.get("replacement_placement", {}).get("replacement_wait_s") for t in ok]
-        )
-        figures["rejoin_stall_s"][system] = spread([t.get("rejoin_stall_s") for t in ok])
-        figures["steps_rolled_back"][system] = spread([t["steps_rolled_back"] for t in ok])
-        synced = sum(bool(t["rejoin_in_sync"]) for t in ok)
-        figures["rejoin_in_sync"][system] = f"{synced}/{len(ok)}"
-    return figures
-
-
-def ratio(top: dict[str, Any], field: str, ours: str, theirs: str) -> float | None:
-    mine, other = top[field].get(ours, {}), top[field].get(theirs, {})
-    if mine.get("median") is None or not other.get("median"):
-        return None
-    return float(mine["median"]) / float(other["median"])
-
-
-def ratios(top: dict[str, Any]) -> dict[str, float | None]:
-    return {
-        "overhead_vs_plain": ratio(top, "steady_step_s", "rallypoint", "plain"),
-        # Against torchft at a 1 s heartbeat timeout, its fastest setting measured here.
-        "kill_stall_vs_torchft": ratio(top, "kill_stall_s", "rallypoint", "torchft_hb1s"),
-        "rejoin_vs_torchft": ratio(top, "rejoin_first_step_s", "rallypoint", "torchft_hb1s"),
-    }
-
-
-def diagnostic_ratios(top: dict[str, Any]) -> dict[str, float | None]:
-    """Not targets: where the rejoin ratio comes from. The replacement's time after its
-    `import torch` (identical code in both systems, and the part load moves most), and the
-    rejoin into a world that was training again (``rejoin_into_training_s``: torchft's
-    survivors often still wait out gloo's timeout 2 s after the kill, and a replacement
-    that starts then waits with them, which the target's median counts; None when no
-    torchft trial drew the other case)."""
-    return {
-        f"{field[:-2]}_vs_torchft": ratio(top, field, "rallypoint", "torchft_hb1s")
-        for field in ("rejoin_after_torch_s", "rejoin_into_training_s")
-    }
-
-
-def plot(top: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (left, right) = plt.subplots(1, 2, figsize=(14, 4.8))
-    colors = {
-        "plain": "tab:gray",
-        "torchft_default": "tab:red",
-        "torchft_hb1s": "tab:orange",
-        "rallypoint": "tab:green",
-    }
-
-    def bars(axis: Any, field: str, systems: Sequence[str], offset: float, width: float) -> None:
-        for position, system in enumerate(systems):
-            entry = top[field].get(system) or {}
-            if entry.get("median") is None:
-                continue
-            low, high = entry["median"] - entry["min"], entry["max"] - entry["median"]
-            axis.bar(
-                position + offset,
-                entry["median"],
-                width,
-                yerr=[[low], [high]],
-                capsize=3,
-                color=colors[system],
-                alpha=1.0 if offset <= 0 else 0.55,
-            )
-
-    shown = [s for s in SYSTEMS if s in top["steady_step_s"]]
-    bars(left, "steady_step_s", shown, 0.0, 0.6)
-    left.set_xticks(range(len(shown)), shown)
-    left.set_ylabel("seconds per step (median, range)")
-    left.set_title("steady step: 4 processes, 1.3 M-parameter MLP, gloo")
-    elastic = [s for s in SYSTEMS if s != "plain" and s in top["kill_stall_s"]]
-    bars(right, "kill_stall_s", elastic, -0.2, 0.4)
-    bars(right, "rejoin_first_step_s", elastic, 0.2, 0.4)
-    right.set_xticks(range(len(elastic)), elastic)
-    right.set_ylabel("seconds (median, range)")
-    right.set_title("SIGKILL: survivors' stall (solid), replacement start -> first step (light)")
-    figure.tight_layout()
-    figure.savefig(path)
-
-
 # ------------------------------------------------------------------ run
 
 
@@ -652,7 +533,7 @@ def run(args: argparse.Namespace) -> list[Event]:
     with scratch_root("peers-bench-", args.data_dir) as root:
         cluster = None
         endpoints = ""
-        if "rallypoint" in args.systems:
+        if {"rallypoint", WARM_SYSTEM} & set(args.systems):
             cluster = RallypointCluster(root / "cluster", base_port=args.first_port)
         try:
             if cluster is not None:
@@ -783,6 +664,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rallypoint": "elastic_training, min_nodes 3, max_nodes 4, defaults otherwise; a "
             "3-member cluster (rallypoint cluster up) on loopback",
             "plain": "torch DistributedDataParallel, static world of 4, TCPStore",
+            "rallypoint_warm": "as rallypoint; the killed process a child of the warm launcher "
+            "(python -m rallypoint.worker.warm --restarts=1, preloading torch, torch._dynamo, "
+            "rallypoint.worker.elastic), the replacement its fork, timed from the fork",
             **{k: v for k, v in vars(args).items() if k not in ("out", "data_dir")},
         },
         "trials": trials,

@@ -30,6 +30,11 @@ returned), ``restore`` (the world's state installed in this process) and the fir
 ``step``. rallypoint's client has no events for its channel, session and Join, and torchft's
 Manager none for its phases, so the worker wraps the methods that perform them to note when
 they return; the wrapping changes no argument and no result.
+
+Under the warm launcher (``python -m rallypoint.worker.warm ... -- bench/peers_worker.py
+...``, the peers benchmark's ``rallypoint_warm``) the process is a fork of the launcher, whose
+imports it finds done; it prints ``forked`` first, at the fork's wall clock, which is where
+its way in starts (``interpreter``: from the fork to this module's first line).
 """
 
 from __future__ import annotations
@@ -388,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job", default="peers", help="rallypoint: the job id")
     parser.add_argument("--checkpoint-dir", default="", help="rallypoint (never written)")
     args = parser.parse_args(argv)
+    forked_at = os.environ.get("RALLYPOINT_WARM_FORKED_AT")
+    if forked_at is not None:  # a warm launcher's child (worker/warm.py): it starts at the fork
+        emit("forked", t=float(forked_at), restart=int(os.environ["RALLYPOINT_WARM_RESTART"]))
     phase("interpreter", STARTED_T)
     RUNNERS[args.system](args, StopFile(args.stop_file))
     return 0

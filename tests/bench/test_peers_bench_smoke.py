@@ -1,7 +1,8 @@
 """The peers benchmark runs end to end in its quick form (one short trial of plain DDP, of
-torchft and of rallypoint) and writes the JSON shape `make bench-peers` promises, leaving no
-process running; and its bit-identical check can fail: the checksum tells apart states that
-differ in one parameter bit or one optimizer state value. Speed is not checked.
+torchft, of rallypoint and of rallypoint restarted by the warm launcher) and writes the
+JSON shape `make bench-peers` promises, leaving no process running; and its bit-identical
+check can fail: the checksum tells apart states that differ in one parameter bit or one
+optimizer state value. Speed is not checked.
 
 CI runs torchft at the 1 s heartbeat timeout only (the one the ratios are taken against);
 ``RALLYPOINT_SLOW=1`` (``make pytest-long``) adds torchft at its default. The two run the same
@@ -29,9 +30,9 @@ REPOSITORY = Path(__file__).resolve().parents[2]
 if str(REPOSITORY) not in sys.path:
     sys.path.insert(0, str(REPOSITORY))
 SYSTEMS: tuple[str, ...] = (
-    ("plain", "torchft_default", "torchft_hb1s", "rallypoint")
+    ("plain", "torchft_default", "torchft_hb1s", "rallypoint", "rallypoint_warm")
     if os.environ.get("RALLYPOINT_SLOW") == "1"
-    else ("plain", "torchft_hb1s", "rallypoint")
+    else ("plain", "torchft_hb1s", "rallypoint", "rallypoint_warm")
 )
 
 
@@ -135,6 +136,25 @@ def test_rejoin_into_a_training_world_is_told_apart_from_one_still_stalled() -> 
         [t for t in trials if t["survivors_training_at_spawn"] < 3 or t["system"] != "torchft_hb1s"]
     )
     assert diagnostic_ratios(top)["rejoin_into_training_vs_torchft"] is None
+    # No warm trial: no warm ratio.
+    assert diagnostic_ratios(top)["rejoin_warm_vs_torchft"] is None
+
+
+def test_the_warm_restart_is_a_system_of_its_own_and_not_the_target() -> None:
+    from bench.peers_bench import diagnostic_ratios, ratios, summarize
+
+    top = summarize(
+        [
+            _summarized_trial("torchft_hb1s", 2.0, 3),
+            _summarized_trial("rallypoint", 3.0, 3),
+            _summarized_trial("rallypoint_warm", 0.5, 3),
+            _summarized_trial("rallypoint_warm", 0.7, 3),
+        ]
+    )
+    assert top["rejoin_first_step_s"]["rallypoint_warm"]["median"] == pytest.approx(0.6)
+    # The target stays the cold replacement's; the warm one is a diagnostic beside it.
+    assert ratios(top)["rejoin_vs_torchft"] == pytest.approx(3.0 / 2.0)
+    assert diagnostic_ratios(top)["rejoin_warm_vs_torchft"] == pytest.approx(0.6 / 2.0)
 
 
 def test_worker_notes_a_phase_once_and_changes_no_result() -> None:
@@ -295,7 +315,7 @@ def test_quick_run_writes_results_and_leaves_no_process(tmp_path: Path) -> None:
         # A replacement's way in, phase by phase, in the same run for both systems.
         (trial,) = [t for t in report["trials"] if t["system"] == system]
         phases = trial["rejoin_phases_s"]
-        own = {"connect", "session"} if system == "rallypoint" else set()
+        own = {"connect", "session"} if system.startswith("rallypoint") else set()
         common = {"interpreter", "torch", "library", "model", "join", "round", "group"}
         assert set(phases) == common | own | {"restore", "first_step"}, (system, phases)
         assert min(phases.values()) >= 0, (system, phases)
@@ -314,7 +334,11 @@ def test_quick_run_writes_results_and_leaves_no_process(tmp_path: Path) -> None:
     assert set(report["diagnostic_ratios"]) == {
         "rejoin_after_torch_vs_torchft",
         "rejoin_into_training_vs_torchft",
+        "rejoin_warm_vs_torchft",
     }
+    # The warm trial's replacement was the launcher's fork: timed from the fork it printed
+    # (a trial whose replacement printed none fails: trials_ok above).
+    assert report["diagnostic_ratios"]["rejoin_warm_vs_torchft"] is not None
     assert set(report["ratios"]) == {
         "overhead_vs_plain",
         "kill_stall_vs_torchft",

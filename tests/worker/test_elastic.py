@@ -125,8 +125,9 @@ class Job:
         self.args = list(args)
         self.workers: dict[str, Worker] = {}
 
-    def spawn(self, name: str, *extra: str, env: dict[str, str] | None = None) -> Worker:
-        command = [
+    def command(self, name: str, *extra: str) -> list[str]:
+        """The command line that starts the worker ``name``."""
+        return [
             sys.executable,
             str(self.script),
             f"--endpoints={','.join(self.cluster.endpoints)}",
@@ -136,7 +137,9 @@ class Job:
             *self.args,
             *extra,
         ]
-        worker = self.workers[name] = Worker(name, command, self.root, env)
+
+    def spawn(self, name: str, *extra: str, env: dict[str, str] | None = None) -> Worker:
+        worker = self.workers[name] = Worker(name, self.command(name, *extra), self.root, env)
         return worker
 
     def wait(self, condition: Callable[[], Any], timeout_s: float, what: str) -> Any:

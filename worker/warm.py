@@ -63,6 +63,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
+from .errors import WorkerError
 from .process_tree import kill_descendants, set_child_subreaper
 
 DEFAULT_PRELOAD = ("torch", "torch._dynamo", "rallypoint.worker.elastic")
@@ -81,7 +82,7 @@ _PROG = "python -m rallypoint.worker.warm"
 _VALUED_OPTIONS = ("--preload", "--restarts", "--restart-delay")
 
 
-class UsageError(Exception):
+class UsageError(WorkerError):
     """Bad input or an unsafe state: the launcher prints the message as one line, exits 2."""
 
 

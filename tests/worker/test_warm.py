@@ -74,6 +74,17 @@ def write_script(tmp_path: Path) -> Path:
     return script
 
 
+def signals_at_their_default() -> None:
+    """A ``preexec_fn``: the launcher starts with SIGTERM, SIGINT and SIGHUP at their default
+    dispositions, as one started at a terminal does. Runs under ``nohup`` (SIGHUP ignored) or
+    as a background job (SIGINT ignored) pass the ignored ones on, and the launcher leaves a
+    signal it was started ignoring ignored (its docstring), so a test of forwarding must not
+    inherit them."""
+    sigint_at_its_default()
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [*LAUNCHER, *args],
@@ -81,7 +92,7 @@ def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
-        preexec_fn=sigint_at_its_default,
+        preexec_fn=signals_at_their_default,
     )
 
 

@@ -3,20 +3,17 @@
 Every change is stamped with the revision given by the caller (the raft index of the entry
 applying it). A key's ``create_revision`` is the revision that created it (reset by a delete),
 ``mod_revision`` the last change, ``version`` the number of changes since creation. The store
-keeps a sorted list of keys beside the map so prefix ranges are answered in key order without
-ever iterating a hash-ordered container.
+keeps a sorted index of keys beside the map (``sorted_keys.py``: chunks, so a new key costs
+O(log n)) so prefix ranges are answered in key order without ever iterating a hash-ordered
+container.
 """
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterator
 
+from .sorted_keys import SortedKeys
 from .values import KeyValue
-
-# Up to this many keys scattered through the index are removed one bisect at a time (each
-# moves the tail of the list, a memmove); more, and one pass rebuilding the list costs less.
-_SCATTERED_ONE_BY_ONE = 64
 
 
 def prefix_end(prefix: bytes) -> bytes | None:
@@ -31,7 +28,7 @@ class KeyValueStore:
     def __init__(self) -> None:
         # Invariant: `_sorted_keys` holds exactly the keys of `_kvs`, ascending, no repeats.
         self._kvs: dict[bytes, KeyValue] = {}
-        self._sorted_keys: list[bytes] = []
+        self._sorted_keys = SortedKeys()
         # The highest fencing token any write to a key carried; kept after the key is
         # deleted, so a stale holder cannot recreate a key its successor deleted.
         # Invariant: values only grow.
@@ -47,7 +44,7 @@ class KeyValueStore:
         previous = self._kvs.get(key)
         if previous is None:
             kv = KeyValue(key, value, revision, revision, 1, lease_id)
-            bisect.insort(self._sorted_keys, key)
+            self._sorted_keys.add(key)
         else:
             if revision <= previous.mod_revision:
                 raise AssertionError(f"revision {revision} not above {previous.mod_revision}")
@@ -63,65 +60,39 @@ class KeyValueStore:
     def delete_many(self, keys: list[bytes]) -> list[KeyValue]:
         """Remove ``keys`` (ascending, no repeats, all present); their last values, in order.
 
-        O(n + k log n) for k keys among n, never O(n * k): a run of keys that is contiguous in
-        the index (a prefix) goes as one slice deletion, and keys scattered through it (a
-        lease's) by one pass that keeps the rest, once there are more than a few. Removing one
-        key at a time from the list moved the tail every time: 300,000 keys took 9 s.
+        O(k log n) for k keys among n, never O(n * k): see ``SortedKeys.remove_many``.
+        Removing one key at a time from one sorted list moved its tail every time: 300,000
+        keys took 9 s.
         """
         if not keys:
             return []
         removed = [self._kvs.pop(key) for key in keys]
-        index = self._sorted_keys
-        first = bisect.bisect_left(index, keys[0])
-        if index[first : first + len(keys)] == keys:
-            del index[first : first + len(keys)]
-        elif len(keys) <= _SCATTERED_ONE_BY_ONE:
-            for key in keys:
-                position = bisect.bisect_left(index, key)
-                if position == len(index) or index[position] != key:
-                    raise AssertionError(f"key {key!r} missing from the sorted index")
-                del index[position]
-        else:
-            kvs = self._kvs
-            self._sorted_keys = [key for key in index if key in kvs]
+        self._sorted_keys.remove_many(keys)
         if len(self._sorted_keys) != len(self._kvs):
             raise AssertionError("the sorted index and the map disagree after a delete")
         return removed
 
     def scan(self, prefix: bytes, start_after: bytes = b"") -> Iterator[KeyValue]:
         """Keys starting with ``prefix``, ascending, strictly after ``start_after``."""
-        if start_after and start_after >= prefix:
-            position = bisect.bisect_right(self._sorted_keys, start_after)
-        else:
-            position = bisect.bisect_left(self._sorted_keys, prefix)
         end = prefix_end(prefix)
-        index, kvs = self._sorted_keys, self._kvs
-        # By position, not over a slice: a slice would copy the rest of the index first.
-        while position < len(index):
-            key = index[position]
+        if start_after and start_after >= prefix:
+            keys = self._sorted_keys.iter_from(start_after, inclusive=False)
+        else:
+            keys = self._sorted_keys.iter_from(prefix)
+        kvs = self._kvs
+        for key in keys:
             if end is not None and key >= end:
                 return
             yield kvs[key]
-            position += 1
 
     def prefix_keys(self, prefix: bytes, limit: int = 0) -> list[bytes]:
-        """Keys starting with ``prefix``, ascending, at most ``limit`` (0: all); one bisect
-        per bound and a slice, no Python step per key."""
-        index = self._sorted_keys
-        first = bisect.bisect_left(index, prefix)
-        end = prefix_end(prefix)
-        last = len(index) if end is None else bisect.bisect_left(index, end, first)
-        if limit:
-            last = min(last, first + limit)
-        return index[first:last]
+        """Keys starting with ``prefix``, ascending, at most ``limit`` (0: all); a bisect per
+        bound and a slice per chunk, no Python step per key."""
+        return self._sorted_keys.between(prefix, prefix_end(prefix), limit)
 
     def count_prefix(self, prefix: bytes) -> int:
-        """How many keys start with ``prefix``, in O(log n)."""
-        index = self._sorted_keys
-        first = bisect.bisect_left(index, prefix)
-        end = prefix_end(prefix)
-        last = len(index) if end is None else bisect.bisect_left(index, end, first)
-        return last - first
+        """How many keys start with ``prefix``, in O(log n + the chunks they span)."""
+        return self._sorted_keys.count_between(prefix, prefix_end(prefix))
 
     def range(
         self,
@@ -171,7 +142,7 @@ class KeyValueStore:
 
     def restore(self, kvs: list[KeyValue], fence_tokens: list[tuple[bytes, int]]) -> None:
         self._kvs = {kv.key: kv for kv in kvs}
-        self._sorted_keys = sorted(self._kvs)
+        self._sorted_keys = SortedKeys.from_sorted(sorted(self._kvs))
         if len(self._sorted_keys) != len(kvs):
             raise AssertionError("snapshot lists a key twice")
         self._fence_tokens = dict(fence_tokens)

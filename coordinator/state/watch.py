@@ -7,7 +7,9 @@ resumes from "last revision seen + 1" never gets half a revision). The bounds th
 far behind a watcher may fall, whatever the size of each revision: a revision larger than
 the bounds (a prefix delete of 50,000 keys) stays as long as a one-key revision would, so a
 watcher that was caught up when it was applied still reads it. What is kept is at most the
-bounds plus the oldest kept revision, and one revision holds at most every key in the store.
+bounds plus the oldest kept revision, and one revision holds at most every key in the store;
+dropped events wait in memory for the next cut of the lists (amortised O(1) a write), at most
+as many as are kept and an eighth of ``max_bytes`` (plus the last revision dropped).
 ``compacted_revision`` is the newest revision dropped: a watch from at or below it gets
 :class:`Compacted` instead of a silent gap. The history and the compaction point are part
 of the snapshot, so a watcher served by a member restored from a snapshot gets the same
@@ -58,18 +60,26 @@ class WatchHistory:
             raise ValueError("the watch history must keep at least one event and one byte")
         self.max_events = max_events
         self.max_bytes = max_bytes
-        # Invariant: revisions ascending (equal within one revision), all > compacted_revision.
+        # Invariant: revisions ascending (equal within one revision). The history is
+        # ``_events[_start:]`` (and ``_revisions[_start:]``), every revision there >
+        # compacted_revision: dropping the oldest revision moves ``_start`` on, and the dead
+        # prefix (``_dead_bytes`` of keys and values) is cut off only once it is as long as
+        # the history itself or holds an eighth of ``max_bytes``, so it never keeps more
+        # than that alive. Cutting it at every drop moved the whole list (10,000 pointers,
+        # twice) on every write.
         self._events: list[Event] = []
         self._revisions: list[int] = []
-        # Invariant: one entry per distinct revision of _events, in order; their events and
-        # bytes add up to len(_events) and _size_bytes.
+        self._start = 0
+        self._dead_bytes = 0
+        # Invariant: one entry per distinct revision of the history, in order; their events
+        # and bytes add up to len(self) and _size_bytes.
         self._per_revision: collections.deque[_RevisionSize] = collections.deque()
         self._size_bytes = 0
         # Invariant: every event at or below this revision has been dropped; only grows.
         self.compacted_revision = 0
 
     def __len__(self) -> int:
-        return len(self._events)
+        return len(self._events) - self._start
 
     def append(self, events: list[Event]) -> None:
         """Add the events of one revision (all sharing it), then enforce the bounds."""
@@ -112,17 +122,25 @@ class WatchHistory:
         while self._per_revision:
             # The oldest revision goes once the revisions after it reach a bound.
             oldest = self._per_revision[0]
-            newer_events = len(self._events) - drop - oldest.events
+            newer_events = len(self._events) - self._start - drop - oldest.events
             newer_bytes = self._size_bytes - oldest.size_bytes
             if newer_events < self.max_events and newer_bytes < self.max_bytes:
                 break
             self._per_revision.popleft()
             drop += oldest.events
+            self._dead_bytes += oldest.size_bytes
             self._size_bytes = newer_bytes
             self.compacted_revision = oldest.revision
         if drop:
-            del self._events[:drop]
-            del self._revisions[:drop]
+            self._start += drop
+            # Amortised O(1) per event: a cut moves what is left, at most as many events as
+            # were dropped since the last cut, or after max_bytes / 8 of them went.
+            live = len(self._events) - self._start
+            if self._start >= live or self._dead_bytes * 8 >= self.max_bytes:
+                del self._events[: self._start]
+                del self._revisions[: self._start]
+                self._start = 0
+                self._dead_bytes = 0
 
     def events_since(
         self, revision: int, key: bytes, prefix: bool = False
@@ -130,19 +148,19 @@ class WatchHistory:
         """Events at ``revision`` or later for ``key`` (or keys under it), in order."""
         if revision <= self.compacted_revision:
             return Compacted(self.compacted_revision + 1)
-        start = bisect.bisect_left(self._revisions, revision)
+        start = bisect.bisect_left(self._revisions, revision, self._start)
         if prefix:
             return tuple(e for e in self._events[start:] if e.kv.key.startswith(key))
         return tuple(e for e in self._events[start:] if e.kv.key == key)
 
     def in_order(self) -> list[Event]:
-        return list(self._events)
+        return self._events[self._start :]
 
     def copy(self) -> WatchHistory:
         """A copy later appends and compactions do not change (events are frozen)."""
         clone = WatchHistory(self.max_events, self.max_bytes)
-        clone._events = self._events.copy()
-        clone._revisions = self._revisions.copy()
+        clone._events = self._events[self._start :]
+        clone._revisions = self._revisions[self._start :]
         clone._per_revision = collections.deque(
             _RevisionSize(r.revision, r.events, r.size_bytes) for r in self._per_revision
         )
@@ -153,6 +171,8 @@ class WatchHistory:
     def restore(self, compacted_revision: int, events: list[Event]) -> None:
         self._events = []
         self._revisions = []
+        self._start = 0
+        self._dead_bytes = 0
         self._per_revision.clear()
         self._size_bytes = 0
         self.compacted_revision = compacted_revision

@@ -332,9 +332,10 @@ class ElasticRound:
         return self.wait(work, "all_reduce")
 
     def all_reduce_gradients(self, model: torch.nn.Module) -> bool:
-        """Average the gradients of a replicated model over the world (one flat all-reduce).
-        False if the round ended first: the gradients are then cleared, so the following
-        ``optimizer.step()`` leaves the parameters and the optimizer state as they were."""
+        """Average the gradients of a replicated model over the world (one flat all-reduce);
+        each averaged gradient is a view of the reduced buffer, not a copy. False if the round
+        ended first: the gradients are then cleared, so the following ``optimizer.step()``
+        leaves the parameters and the optimizer state as they were."""
         params = [p for p in model.parameters() if p.requires_grad]
         if any_dtensor(params):
             raise ValueError("all_reduce_gradients is for replicated models, not DTensors")
@@ -360,10 +361,15 @@ class ElasticRound:
             self._stop_agreed = True
         flat = flat[:-1]
         flat /= self.world_size
+        # Each gradient becomes a view of the reduced buffer, not a copy of it: a second copy
+        # of every gradient cost ~1 ms a step for a 1.3 M-parameter model (2 % of its step
+        # on gloo, most of what the loop cost over plain DDP). The buffer lives as long as the
+        # gradients do (``zero_grad()`` lets it go); in-place changes to one gradient (clipping)
+        # touch only its own slice.
         offset = 0
         for p, g in zip(params, grads, strict=True):
             numel = g.numel()
-            p.grad = flat[offset : offset + numel].view_as(p).clone()
+            p.grad = flat[offset : offset + numel].view_as(p)
             offset += numel
         if self._step_reduced is None:
             self._step_reduced = True

@@ -49,8 +49,10 @@ over the members and the leader's load stays Raft and proposals.
   participant in ``released`` (they move: their silence there is not evidence), the stream is
   half-closed, and its answers are drained (and ignored) in the background for up to
   ``HANDOFF_DRAIN_S`` before it is cancelled. Cancelling would reset the stream, and the
-  member could lose the unread release. A stream whose write is blocked (flow control: the
-  member stopped reading) cannot hand off and is cancelled.
+  member could lose the unread release. A write still going out when the stream is left is
+  waited for (up to the hand-off's bound, the larger of the interval and 1 s); a stream whose
+  write is blocked that long (flow control: the member stopped reading) cannot hand off and
+  is cancelled.
 - Lag. The send loop keeps a fixed schedule (a drift would read as lateness to the detector)
   and records how late it woke for each interval: ``send_lag_s``. A sender whose own loop is
   behind sends late heartbeats, and its owner must be able to tell that from a slow cluster
@@ -227,9 +229,10 @@ class HeartbeatBatcher:
         self._task: asyncio.Task[None] | None = None
         # Streams handed off, draining (see the module docstring).
         self._draining: set[asyncio.Task[None]] = set()
-        # The current stream's sender is inside call.write (cancelling it would cancel the
-        # call), and the seq of its latest request.
-        self._writing = False
+        # Clear while the current stream's sender is inside call.write (cancelling it would
+        # cancel the call; the hand-off waits for it), and the seq of its latest request.
+        self._between_writes = asyncio.Event()
+        self._between_writes.set()
         self._seq = 0
         # The sender's wait for its next request, and whether a round change is owed a
         # request at once (``_beat_now``).
@@ -463,7 +466,7 @@ class HeartbeatBatcher:
         owed: dict[int, float] = {}
         # Set once the stream is handed off: the reader then ignores what it reads.
         handed_off = asyncio.Event()
-        self._writing = False
+        self._between_writes.set()
         self._seq = 0
         sender = asyncio.create_task(self._send(call, owed), name="heartbeat batch send")
         reader = asyncio.create_task(
@@ -477,7 +480,7 @@ class HeartbeatBatcher:
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             failure = next(iter(done)).result()
-            if watchdog in done and not self._writing:
+            if watchdog in done and await self._write_finished():
                 handed_off.set()
                 drained = await self._hand_off(call, sender)
             return failure
@@ -495,6 +498,32 @@ class HeartbeatBatcher:
                 draining.add_done_callback(self._draining.discard)
             else:
                 call.cancel()
+
+    @property
+    def _hand_off_bound_s(self) -> float:
+        """How long a hand-off waits for a write (the one in flight, the release, the
+        half-close) before it gives up and cancels the stream."""
+        return max(self.heartbeat_interval_s, 1.0)
+
+    async def _write_finished(self) -> bool:
+        """Whether the sender is between writes, waiting up to the hand-off's bound for a
+        write in flight to finish. The watchdog and the sender keep the same schedule, so the
+        watchdog often fires while a write is still going out (under load, for a while);
+        cancelling the call then reset a stream that could have been handed off, and the
+        member saw the participants' silence as evidence. A write that does not finish in
+        time is blocked (the member stopped reading: flow control): no hand-off."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._hand_off_bound_s
+        while not self._between_writes.is_set():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            try:
+                async with asyncio.timeout(remaining):
+                    await self._between_writes.wait()
+            except TimeoutError:
+                return False
+        return True
 
     async def _hand_off(
         self,
@@ -514,7 +543,7 @@ class HeartbeatBatcher:
             released=[*self._rounds, *self._released],
             known_index=self._known_index,
         )
-        bound_s = max(self.heartbeat_interval_s, 1.0)
+        bound_s = self._hand_off_bound_s
         try:
             async with asyncio.timeout(bound_s):
                 await call.write(request)
@@ -585,7 +614,7 @@ class HeartbeatBatcher:
                 self._seq = seq
                 request = self._request(seq)
                 owed[seq] = time.monotonic()
-                self._writing = True
+                self._between_writes.clear()
                 try:
                     await call.write(request)
                 except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
@@ -594,7 +623,7 @@ class HeartbeatBatcher:
                 else:
                     self._requests += 1
                 finally:
-                    self._writing = False
+                    self._between_writes.set()
             # A fixed schedule, not sleep(interval) after each write: the detector learns the
             # intervals, and drift would read as lateness. A request sent at once for a
             # round change leaves the schedule where it was.

@@ -330,6 +330,28 @@ async def test_a_member_that_stops_answering_is_abandoned(
     await batcher.close()
 
 
+async def test_a_stream_left_while_a_write_is_going_out_is_still_handed_off(
+    client: Client, members: list[FakeMember], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Writes that take most of an interval (a loaded machine): the watchdog, on the sender's
+    # schedule, finds a write going out nearly every time it looks. The stream used to be
+    # cancelled then (a reset: the member could lose the release) instead of handed off once
+    # the write was out.
+    real_write = grpc.aio._call._StreamRequestMixin.write
+
+    async def slow_write(self: Any, request: Any) -> None:
+        await asyncio.sleep(INTERVAL_S * 0.8)
+        await real_write(self, request)
+
+    monkeypatch.setattr(grpc.aio._call._StreamRequestMixin, "write", slow_write)
+    members[0].silent = True
+    batcher = await started(client, range(1, 4), answer_patience_s=0.3)
+    await eventually(lambda: members[0].half_closed, "the half-close")
+    last = members[0].by_stream[0][-1]
+    assert sorted(last.released) == [1, 2, 3] and not last.participant_ids
+    await batcher.close()
+
+
 async def test_leaving_a_silent_member_releases_everyone_there_and_half_closes(
     client: Client, members: list[FakeMember]
 ) -> None:

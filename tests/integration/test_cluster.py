@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rallypoint.client import Client, StaleFenceError
+from rallypoint.client import Client, FailedPreconditionError, StaleFenceError
 from tests.integration.harness import MemberProcess, ProcessCluster, running_cluster, wait_until
 
 pytestmark = pytest.mark.integration
@@ -196,7 +196,18 @@ async def test_member_add_promote_remove_and_transfer(
         return bool(status and leader_status and status.applied_index >= leader_status.commit_index)
 
     wait_until(learner_caught_up, 30, "the learner to catch up")
-    await client.member_promote(new.member_id)
+    # The leader judges readiness by its own view of the learner's log against its last
+    # entry, which may have moved on since the statuses above (one new entry is over 10 % of
+    # a log this short): it refuses with "try again", and a user tries again.
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            await client.member_promote(new.member_id)
+            break
+        except FailedPreconditionError as error:
+            assert "not ready to be promoted" in str(error), error
+            assert time.monotonic() < deadline, f"the learner never became ready: {error}"
+            await asyncio.sleep(0.2)
     members = await client.member_list()
     assert {m.member_id for m in members if not m.is_learner} == {1, 2, 3, new.member_id}
     # Hand leadership to the new member, then remove an old one.

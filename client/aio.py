@@ -97,7 +97,8 @@ class Client(JobAdmin):
     ``kv_batching`` says how ``put``, ``get``, ``delete`` and ``compare_and_set`` travel:
     ``"off"`` (the default) one unary call each; ``"concurrent"``: a call made while another
     of them is in flight shares the client's batch stream (``kv_stream.py``: one stream per
-    member, many operations per message, each answered on its own), a lone call stays unary
+    member, many operations per message, each answered on its own; calls made while a message
+    is unanswered leave together when it is answered), a lone call stays unary
     (its lowest latency); ``"always"``: every one through the stream. Batched or not, each
     call has its own answer, errors, deadline and retries, and a write applies exactly once.
 

@@ -329,8 +329,9 @@ class KVStream(BatchStreams):
     together when it is answered. Measured on 3 members (bench/README "One message in
     flight"): against two in flight, the members spend ~10 % less CPU per put under 64
     concurrent writers, put throughput rises (~25 % under 4 writers; put_64 against etcd
-    0.97-1.03 where two gave 0.78-0.89 in the same hour), and linearizable reads under 64
-    callers lose ~15 % of their throughput (two read barriers no longer overlap)."""
+    higher in each of 4 same-hour pairs: 0.97-1.11 against 0.78-1.04 with two), and
+    linearizable reads under 64 callers lose 6-25 % of their throughput (two read barriers
+    no longer overlap)."""
 
     def __init__(
         self,

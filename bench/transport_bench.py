@@ -261,6 +261,12 @@ class _BenchMember:
     def peer_address(self, member_id: int) -> str | None:
         return self.addresses.get(member_id)
 
+    def peer_addresses(self) -> dict[int, str]:
+        return dict(self.addresses)
+
+    def learn_peer_address(self, member_id: int, address: str) -> None:
+        pass
+
     def report_unreachable(self, member_id: int) -> None:
         pass
 

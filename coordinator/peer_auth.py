@@ -123,6 +123,9 @@ HELLO_TAG = b"rallypoint/peer/hello/v1"
 HELLO_ANSWER_TAG = b"rallypoint/peer/hello-answer/v1"
 # A hello's record version (peer_hello.advertise), signed apart from the hello's own fields.
 HELLO_VERSION_TAG = b"rallypoint/peer/hello-version/v1"
+# The members question (peer_lookup.py), a question like Hello, its answer bound to the nonce.
+MEMBERS_TAG = b"rallypoint/peer/members/v1"
+MEMBERS_ANSWER_TAG = b"rallypoint/peer/members-answer/v1"
 
 
 class BatchRecord(Protocol):

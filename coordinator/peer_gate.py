@@ -49,12 +49,14 @@ from rallypoint.raft.storage.snapshot_transfer import (
 from rallypoint.raft.storage.snapshotter import SnapshotCorruptionError, decode_snapshot_file
 from rallypoint.raft.types import Entry, Message, MessageType, Snapshot
 
+from .member_table import MemberTable
 from .peer_auth import (
     BATCH_TAG,
     CHUNK_TAG,
     HELLO_ANSWER_TAG,
     HELLO_TAG,
     LIVENESS_TAG,
+    MEMBERS_TAG,
     PREVIOUS_BATCH_TAG,
     PREVIOUS_CHUNK_TAG,
     PREVIOUS_LIVENESS_TAG,
@@ -65,6 +67,7 @@ from .peer_auth import (
     member_name,
 )
 from .peer_hello import advertise, advertised_version, hello_answer_fields, hello_request_fields
+from .peer_lookup import answer_members, members_request_fields
 from .peer_session import (
     FORMAT_VERSION,
     InboundSession,
@@ -115,6 +118,10 @@ class PeerReceiver(PeerEnd, Protocol):
     def deliver(self, messages: list[Message], incarnation: int, abstaining: bool) -> None: ...
 
     def hello_answer(self, from_id: int, probe: bool = False) -> tuple[bool, bool, int, int]: ...
+
+    def members_answer(self) -> tuple[int, MemberTable]:
+        """(applied index, member table) for a member that asks (peer_lookup.py)."""
+        ...
 
     def liveness_report(self, from_id: int, payload: bytes) -> bool:
         """Take a member's liveness report; False if this member is not the leader. Raise
@@ -303,6 +310,21 @@ class PeerGate:
             host.peer_key, request.nonce, host.member_id
         )
         return answer
+
+    def members(self, request: peer_pb2.MembersRequest, names: Set[str]) -> peer_pb2.MembersAnswer:
+        """A member asks for this member's member table (peer_lookup.py)."""
+        host = self.host
+        self.check(
+            MEMBERS_TAG,
+            members_request_fields(request),
+            request.mac,
+            request.cluster_id,
+            request.from_id,
+            request.to_id,
+            names,
+        )
+        applied, table = host.members_answer()
+        return answer_members(host.peer_key, request, host.member_id, applied, table)
 
     def liveness(
         self, session: InboundSession, request: peer_pb2.LivenessReport, names: Set[str]

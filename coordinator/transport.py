@@ -55,6 +55,16 @@ class PeerHost(PeerEnd, Protocol):
 
     def peer_address(self, member_id: int) -> str | None: ...
 
+    def peer_addresses(self) -> dict[int, str]:
+        """Every member whose peer address this member knows (the member table's, and
+        those learned from other members): id -> address."""
+        ...
+
+    def learn_peer_address(self, member_id: int, address: str) -> None:
+        """Another member says ``member_id`` is at ``address`` (peer_lookup.py): dial it
+        there until the member table has its own entry for it."""
+        ...
+
     def report_unreachable(self, member_id: int) -> None: ...
 
     def report_snapshot(self, member_id: int, ok: bool) -> None: ...
@@ -68,6 +78,10 @@ class PeerTransport(Protocol):
     async def hello(
         self, address: str, request: peer_pb2.HelloRequest, timeout_s: float
     ) -> peer_pb2.HelloAnswer | None: ...
+
+    async def members(
+        self, address: str, request: peer_pb2.MembersRequest, timeout_s: float
+    ) -> peer_pb2.MembersAnswer | None: ...
 
     async def liveness(self, member_id: int, payload: bytes, timeout_s: float = 2.0) -> bool: ...
 

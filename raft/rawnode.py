@@ -271,6 +271,10 @@ class RawNode:
         count toward no quorum while it does (``Raft.abstaining_peers``)."""
         self._raft.peer_abstains(node_id, abstaining)
 
+    def peer_abstaining(self, node_id: NodeId) -> bool:
+        """Whether ``node_id`` abstains as far as this node last heard (``report_abstaining``)."""
+        return node_id in self._raft.abstaining_peers
+
     def report_lost_data(self, node_id: NodeId) -> None:
         """``node_id`` came back without its data (a new incarnation that abstains): a
         leader forgets what it recorded the peer holds and probes it again."""

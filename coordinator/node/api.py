@@ -97,11 +97,19 @@ class CompactedWatchError(NodeError):
 class LearnerNotReadyError(NodeError):
     """A learner's log is too far behind the leader's to make it a voter yet."""
 
-    def __init__(self, member_id: int, match: int, leader_last: int) -> None:
+    def __init__(
+        self, member_id: int, match: int, leader_last: int, *, abstaining: bool = False
+    ) -> None:
+        why = (
+            "it started without data and the leader has not yet heard from it that it caught "
+            "up (until then its acknowledgements count toward no quorum)"
+            if abstaining
+            else f"its log matches the leader's up to entry {match} of {leader_last} (it "
+            f"needs {PROMOTE_READY_PERCENT}%)"
+        )
         super().__init__(
-            f"member {member_id} is not ready to be promoted: its log matches the leader's up "
-            f"to entry {match} of {leader_last} (it needs {PROMOTE_READY_PERCENT}%); wait for "
-            f"it to catch up and try again"
+            f"member {member_id} is not ready to be promoted: {why}; wait for it to catch up "
+            "and try again"
         )
         self.member_id = member_id
 

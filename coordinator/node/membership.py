@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 from typing import Protocol
 
 from rallypoint.raft import RawNode
@@ -99,6 +100,9 @@ class Membership:
         self._initial_members = dict(initial_members)
         self._join_existing = join_existing
         self.table = MemberTable(dict(initial_members))
+        # Peer addresses other members gave for members not (yet) in the table: id -> peer
+        # address (peer_lookup.py). Only dialled; the table's own entry wins.
+        self.learned: dict[int, str] = {}
         # The configuration as of the last applied change or restored snapshot.
         self.conf_state = ConfState()
         # The member this leader is handing leadership to, if it started a transfer.
@@ -127,6 +131,26 @@ class Membership:
             for member_id, address in self.table.items()
         )
 
+    def peer_address(self, member_id: int) -> str | None:
+        """Where to dial ``member_id``: the table's address, else one learned from another
+        member (``learn``), else None."""
+        address = self.table.get(member_id)
+        if address is not None:
+            return address.peer_address
+        return self.learned.get(member_id)
+
+    def peer_addresses(self) -> dict[int, str]:
+        """Every member with a known peer address (``peer_address``): id -> address."""
+        known = dict(self.learned)
+        known.update((i, a.peer_address) for i, a in self.table.items())
+        return known
+
+    def learn(self, member_id: int, peer_address: str) -> None:
+        """Another member says ``member_id`` is at ``peer_address`` (peer_lookup.py): kept
+        until the table has an entry for it or it is removed."""
+        if self.table.get(member_id) is None:
+            self.learned[member_id] = peer_address
+
     def knows(self, member_id: int) -> bool:
         """In the configuration or the member table (for peer_hello.py)."""
         conf = self.conf_state
@@ -139,7 +163,9 @@ class Membership:
         """A committed change applied by Raft, giving ``conf_state``: update the address
         book. Returns the change's context and the ids it removed."""
         self.conf_state = conf_state
-        return apply_conf_change(self.table, cc)
+        applied = apply_conf_change(self.table, cc)
+        self._forget_learned(applied[1])
+        return applied
 
     def restore(self, table: MemberTable, conf_state: ConfState) -> None:
         """A snapshot was installed: its member table and configuration replace ours."""
@@ -151,6 +177,15 @@ class Membership:
                 if self.table.get(member_id) is None:
                     self.table.set(member_id, address)
         self.conf_state = conf_state
+        self._forget_learned(())
+
+    def _forget_learned(self, removed: Iterable[int]) -> None:
+        """Drop learned addresses the table now has its own entry for, and those of
+        ``removed`` members."""
+        gone = set(removed)
+        for member_id in list(self.learned):
+            if member_id in gone or self.table.get(member_id) is not None:
+                del self.learned[member_id]
 
     # ------------------------------------------------------------------- changes
 
@@ -219,7 +254,8 @@ class Membership:
 
     async def promote(self, member_id: int, timeout_s: float = 10.0) -> Member:
         """Learner to voter, on the leader, once the learner's log has caught up (a lagging
-        new voter would weaken the quorum until it did)."""
+        new voter would weaken the quorum until it did) and, if it started without data, the
+        leader has heard that it no longer abstains."""
         host = self._host
         host.require_leader()
         member = self.member(member_id)
@@ -231,6 +267,11 @@ class Membership:
         match = int(learner.match) if learner is not None else 0
         if match * 100 < leader_last * PROMOTE_READY_PERCENT:
             raise LearnerNotReadyError(member_id, match, leader_last)
+        if host.raw.peer_abstaining(NodeId(member_id)):
+            # A voter whose acknowledgements count toward no quorum: promoted now, it could
+            # stall commits and make this leader step down at its next check-quorum, until
+            # it says it caught up (at its next message, within a heartbeat of catching up).
+            raise LearnerNotReadyError(member_id, match, leader_last, abstaining=True)
         context = self._context()
         await self._propose(
             (ConfChangeSingle(ConfChangeType.ADD_NODE, NodeId(member_id)),),

@@ -27,7 +27,7 @@ from rallypoint.raft.errors import (
 )
 from rallypoint.raft.types import Entry, Message, MessageType, NodeId, Snapshot
 
-from ..member_table import decode_app_snapshot
+from ..member_table import MemberTable, decode_app_snapshot
 from ..metrics import NodeMetrics
 from ..peer_auth import PeerKey
 from ..peerwire.server import PeerListener
@@ -278,8 +278,17 @@ class PeerFace:
         return True
 
     def peer_address(self, member_id: int) -> str | None:
-        address = self._node.membership.table.get(member_id)
-        return None if address is None else address.peer_address
+        return self._node.membership.peer_address(member_id)
+
+    def peer_addresses(self) -> dict[int, str]:
+        return self._node.membership.peer_addresses()
+
+    def learn_peer_address(self, member_id: int, address: str) -> None:
+        self._node.membership.learn(member_id, address)
+
+    def members_answer(self) -> tuple[int, MemberTable]:
+        """(applied index, member table) for a member that asks (peer_lookup.py)."""
+        return int(self._node.state.applied_index), self._node.membership.table
 
     def report_unreachable(self, member_id: int) -> None:
         self._node.raw.report_unreachable(NodeId(member_id))

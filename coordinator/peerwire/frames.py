@@ -41,7 +41,10 @@ KIND_RAFT = 1
 KIND_SNAPSHOT = 2
 KIND_HELLO = 3
 KIND_LIVENESS = 4
-KINDS = frozenset({KIND_RAFT, KIND_SNAPSHOT, KIND_HELLO, KIND_LIVENESS})
+# Added within frame version 1: a member of an earlier release refuses the kind (it closes the
+# connection, logging an unknown kind) and the asker goes without an answer.
+KIND_MEMBERS = 5
+KINDS = frozenset({KIND_RAFT, KIND_SNAPSHOT, KIND_HELLO, KIND_LIVENESS, KIND_MEMBERS})
 
 # Frame types.
 OPEN = 1  # listener -> dialer: the session challenge (16 bytes, raw)
@@ -55,7 +58,9 @@ LIVENESS_ACK = 8  # LivenessAck
 ERROR = 9  # [status code name, message, reason]: the sender closes the connection after it
 PING = 10  # empty; answered with PONG (keepalive)
 PONG = 11  # empty
-FRAME_TYPES = frozenset(range(OPEN, PONG + 1))
+MEMBERS = 12  # MembersRequest
+MEMBERS_ANSWER = 13  # MembersAnswer
+FRAME_TYPES = frozenset(range(OPEN, MEMBERS_ANSWER + 1))
 
 
 class FrameError(ValueError):

@@ -12,7 +12,8 @@ closed. The listener answers with its own preamble, then serves the connection's
 - a snapshot transfer: ``OPEN``, then ``CHUNK`` frames into a
   :class:`~rallypoint.coordinator.peer_gate.SnapshotIntake`, answered with one
   ``SNAPSHOT_ACK`` (complete, or the offset it expects);
-- a hello: one ``HELLO``, answered with ``HELLO_ANSWER``.
+- a hello: one ``HELLO``, answered with ``HELLO_ANSWER``;
+- a members question: one ``MEMBERS``, answered with ``MEMBERS_ANSWER`` (peer_lookup.py).
 
 A refusal is an ``ERROR`` frame (the status code's name, the message, the reason), after
 which the listener closes the connection (having taken, for up to ``LINGER_S``, what the
@@ -46,10 +47,13 @@ from .frames import (
     HELLO,
     HELLO_ANSWER,
     KIND_HELLO,
+    KIND_MEMBERS,
     KIND_RAFT,
     KIND_SNAPSHOT,
     LIVENESS,
     LIVENESS_ACK,
+    MEMBERS,
+    MEMBERS_ANSWER,
     OPEN,
     PING,
     PONG,
@@ -178,6 +182,8 @@ class PeerListener:
         try:
             if kind == KIND_HELLO:
                 await self._hello(conn)
+            elif kind == KIND_MEMBERS:
+                await self._members(conn)
             elif kind == KIND_SNAPSHOT:
                 await self._snapshot(conn)
             else:
@@ -267,13 +273,23 @@ class PeerListener:
             raise
 
     async def _hello(self, conn: FrameConn) -> None:
-        frame_type, body = await self._first(conn)
-        if frame_type != HELLO:
-            raise PeerRefused(_UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
-        request = _parse(peer_pb2.HelloRequest, body)
+        request = await self._question(conn, HELLO, peer_pb2.HelloRequest)
         answer = self._gate.hello(request, names_of(conn, self._host.peer_names_required))
         conn.write(HELLO_ANSWER, encode_record(answer))
         await conn.drain()
+
+    async def _members(self, conn: FrameConn) -> None:
+        request = await self._question(conn, MEMBERS, peer_pb2.MembersRequest)
+        answer = self._gate.members(request, names_of(conn, self._host.peer_names_required))
+        conn.write(MEMBERS_ANSWER, encode_record(answer))
+        await conn.drain()
+
+    async def _question(self, conn: FrameConn, frame_type: int, cls: type[P]) -> P:
+        """The one request of a question's connection (a hello, a members question)."""
+        got, body = await self._first(conn)
+        if got != frame_type:
+            raise PeerRefused(_UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+        return _parse(cls, body)
 
     def _note(self, what: str, line: str) -> None:
         """One warning a second per kind of refused connection; the rest counted in it."""

@@ -38,6 +38,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 
 import google_crc32c
+from google.protobuf.message import Message as ProtoMessage
 
 from rallypoint.proto.peer.v1 import peer_pb2
 from rallypoint.raft.codec import encode_message
@@ -52,6 +53,7 @@ from ..peer_auth import (
     chunk_fields,
     liveness_fields,
 )
+from ..peer_lookup import AddressLookup
 from ..peer_session import ChallengeError, OutboundSession
 from ..transport import (
     OUTBOX_LIMIT,
@@ -71,14 +73,18 @@ from .frames import (
     HELLO_ANSWER,
     KIND_HELLO,
     KIND_LIVENESS,
+    KIND_MEMBERS,
     KIND_RAFT,
     KIND_SNAPSHOT,
     LIVENESS,
     LIVENESS_ACK,
+    MEMBERS,
+    MEMBERS_ANSWER,
     PING,
     PONG,
     SNAPSHOT_ACK,
     FrameError,
+    P,
     VersionError,
     decode_error,
     decode_record,
@@ -116,9 +122,12 @@ class StreamSender:
         ssl_context: ssl.SSLContext | None,
         rng: random.Random,
         clock: Callable[[], float] = time.monotonic,
+        no_address: Callable[[int], None] | None = None,
     ) -> None:
         self._host = host
         self._peer_id = peer_id
+        # Told when there are messages for the peer and no address for it (peer_lookup.py).
+        self._no_address = no_address
         self._ssl = ssl_context
         self._rng = rng
         self._clock = clock
@@ -244,7 +253,11 @@ class StreamSender:
                 self._outbox.clear()
                 self._outbox_bytes = 0
                 self._host.report_unreachable(self._peer_id)
-                self._note_failure(f"no address is known for it; {lost} messages dropped")
+                asking = ""
+                if self._no_address is not None:
+                    self._no_address(self._peer_id)
+                    asking = "; asking the other members"
+                self._note_failure(f"no address is known for it; {lost} messages dropped{asking}")
                 continue
             try:
                 opened, reason = await self._connection(address)
@@ -421,6 +434,8 @@ class StreamSender:
             for attempt in range(SNAPSHOT_ATTEMPTS):
                 address = self._host.peer_address(self._peer_id)
                 if address is None:
+                    if self._no_address is not None:
+                        self._no_address(self._peer_id)
                     break
                 try:
                     ack = await self._snapshot_once(
@@ -527,11 +542,21 @@ class StreamTransport:
         self._senders: dict[int, StreamSender] = {}
         self._report_links: dict[str, StreamLivenessLink] = {}
         self._stopped = False
+        self.lookup = AddressLookup(
+            host.member_id,
+            host.cluster_id,
+            host.peer_key,
+            self.members,
+            host.peer_addresses,
+            host.learn_peer_address,
+        )
 
     def sender(self, peer_id: int) -> StreamSender:
         sender = self._senders.get(peer_id)
         if sender is None:
-            sender = StreamSender(self._host, peer_id, self._ssl, self._rng)
+            sender = StreamSender(
+                self._host, peer_id, self._ssl, self._rng, no_address=self.lookup.want
+            )
             sender.start()
             self._senders[peer_id] = sender
         return sender
@@ -554,17 +579,54 @@ class StreamTransport:
         self, address: str, request: peer_pb2.HelloRequest, timeout_s: float
     ) -> peer_pb2.HelloAnswer | None:
         """Ask ``address`` Hello; its answer (unverified), or None when there is none."""
+        return await self._ask(
+            address, KIND_HELLO, HELLO, request, HELLO_ANSWER, peer_pb2.HelloAnswer, timeout_s
+        )
+
+    async def members(
+        self, address: str, request: peer_pb2.MembersRequest, timeout_s: float
+    ) -> peer_pb2.MembersAnswer | None:
+        """Ask ``address`` for its member table (peer_lookup.py); its answer (unverified), or
+        None when there is none (a member of an earlier release refuses the question)."""
+        return await self._ask(
+            address,
+            KIND_MEMBERS,
+            MEMBERS,
+            request,
+            MEMBERS_ANSWER,
+            peer_pb2.MembersAnswer,
+            timeout_s,
+        )
+
+    async def _ask(
+        self,
+        address: str,
+        kind: int,
+        frame_type: int,
+        request: ProtoMessage,
+        answer_type: int,
+        answer_cls: type[P],
+        timeout_s: float,
+    ) -> P | None:
+        """One question on a connection of its own (a hello, a members question): the
+        answer, or None when none came in time."""
         try:
             async with asyncio.timeout(timeout_s):
-                conn, _ = await dial(address, KIND_HELLO, self._ssl, session=False)
+                conn, _ = await dial(address, kind, self._ssl, session=False)
                 try:
-                    conn.write(HELLO, encode_record(request))
-                    body = await conn.read_expecting(HELLO_ANSWER, None)
-                    return decode_record(peer_pb2.HelloAnswer, body)
+                    conn.write(frame_type, encode_record(request))
+                    body = await conn.read_expecting(answer_type, None)
+                    return decode_record(answer_cls, body)
                 finally:
                     conn.close()
         except (*LOST, VersionError, TimeoutError) as exc:
-            log.debug("member %d: no hello answer from %s: %s", self._host.member_id, address, exc)
+            log.debug(
+                "member %d: no %s from %s: %s",
+                self._host.member_id,
+                answer_cls.__name__,
+                address,
+                exc,
+            )
             return None
 
     async def liveness(self, member_id: int, payload: bytes, timeout_s: float = 2.0) -> bool:
@@ -587,6 +649,7 @@ class StreamTransport:
 
     async def stop(self) -> None:
         self._stopped = True
+        await self.lookup.stop()
         senders, self._senders = list(self._senders.values()), {}
         for sender in senders:
             await sender.stop()

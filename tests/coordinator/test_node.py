@@ -419,6 +419,31 @@ async def test_a_learner_that_has_not_caught_up_is_not_promoted(cluster: Cluster
     assert next(m for m in status.members if m.member_id == learner.member_id).is_learner
 
 
+async def test_a_learner_the_leader_still_sees_abstaining_is_not_promoted(
+    cluster: Cluster,
+) -> None:
+    """A learner that started without data abstains until caught up; the leader learns it
+    stopped from its next message. Promoted before that, it is a voter whose acknowledgements
+    count toward no quorum: a 2-voter cluster stalls its commits and its leader steps down at
+    the next check-quorum (seen after a forced new cluster: the survivor, leading alone,
+    promoted a member it still saw abstaining and stepped down 13 ms later)."""
+    leader = await cluster.leader()
+    learner = await leader.membership.add("127.0.0.1:1", "127.0.0.1:2", as_learner=True)
+    learner_id = NodeId(learner.member_id)
+    raft = leader.raw._raft
+    # Its log as long as the leader's, as far as the leader knows, but it says it abstains.
+    raft.trk.progress[learner_id].match = raft.raft_log.last_index()
+    leader.raw.report_abstaining(learner_id, True)
+    with pytest.raises(LearnerNotReadyError, match=r"not ready to be promoted: it started without"):
+        await leader.membership.promote(learner.member_id)
+    assert leader.membership.member(learner.member_id).is_learner
+    # Its next message says it no longer abstains: promoted.
+    leader.raw.report_abstaining(learner_id, False)
+    raft.trk.progress[learner_id].match = raft.raft_log.last_index()
+    promoted = await leader.membership.promote(learner.member_id)
+    assert not promoted.is_learner
+
+
 def proposal_ids_in_log(node: Node, proposer: int) -> list[int]:
     """The proposal ids of ``proposer``'s normal entries in ``node``'s log."""
     storage = node.storage

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from rallypoint.coordinator.member_table import MemberTable
 from rallypoint.coordinator.peer_auth import PeerKey
 from rallypoint.coordinator.peerwire.server import PeerListener
 from rallypoint.coordinator.peerwire.transport import StreamSender
@@ -55,6 +56,9 @@ class Host:
         self.refusals: list[tuple[str, str]] = []
         self.reports: list[bytes] = []
         self._tmp = tmp
+        # What this member answers a members question with (peer_lookup.py).
+        self.applied_index = 1
+        self.table = MemberTable()
 
     @property
     def member_id(self) -> int:
@@ -86,6 +90,15 @@ class Host:
 
     def peer_address(self, member_id: int) -> str | None:
         return self.addresses.get(member_id)
+
+    def peer_addresses(self) -> dict[int, str]:
+        return dict(self.addresses)
+
+    def learn_peer_address(self, member_id: int, address: str) -> None:
+        self.addresses.setdefault(member_id, address)
+
+    def members_answer(self) -> tuple[int, MemberTable]:
+        return self.applied_index, self.table
 
     def report_unreachable(self, member_id: int) -> None:
         self.unreachable += 1

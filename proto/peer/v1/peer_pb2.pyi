@@ -137,3 +137,29 @@ class HelloAnswer(_message.Message):
     record_version: int
     version_mac: bytes
     def __init__(self, member_id: _Optional[int] = ..., incarnation: _Optional[int] = ..., established: _Optional[bool] = ..., knows_sender: _Optional[bool] = ..., term: _Optional[int] = ..., last_index: _Optional[int] = ..., mac: _Optional[bytes] = ..., record_version: _Optional[int] = ..., version_mac: _Optional[bytes] = ...) -> None: ...
+
+class MembersRequest(_message.Message):
+    __slots__ = ("cluster_id", "from_id", "to_id", "nonce", "mac")
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_ID_FIELD_NUMBER: _ClassVar[int]
+    TO_ID_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    MAC_FIELD_NUMBER: _ClassVar[int]
+    cluster_id: int
+    from_id: int
+    to_id: int
+    nonce: bytes
+    mac: bytes
+    def __init__(self, cluster_id: _Optional[int] = ..., from_id: _Optional[int] = ..., to_id: _Optional[int] = ..., nonce: _Optional[bytes] = ..., mac: _Optional[bytes] = ...) -> None: ...
+
+class MembersAnswer(_message.Message):
+    __slots__ = ("member_id", "applied_index", "members", "mac")
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    MAC_FIELD_NUMBER: _ClassVar[int]
+    member_id: int
+    applied_index: int
+    members: bytes
+    mac: bytes
+    def __init__(self, member_id: _Optional[int] = ..., applied_index: _Optional[int] = ..., members: _Optional[bytes] = ..., mac: _Optional[bytes] = ...) -> None: ...

@@ -2,9 +2,9 @@
 
 Theory of operation. A connection opens with an 8-byte *preamble* from each end: the magic
 ``RPPW``, the frame-format version (one byte), the connection's kind (one byte: Raft
-traffic, a snapshot transfer, a hello, liveness reports) and two zero bytes. The dialer
-sends its preamble first; the listener checks it before reading anything else and answers
-with its own. An unknown magic or version is refused at once, with one log line naming
+traffic, a snapshot transfer, a hello, liveness reports, a members question) and two zero
+bytes. The dialer sends its preamble first; the listener checks it before reading anything
+else and answers with its own. An unknown magic or version is refused at once, with one log line naming
 what was found (a member of an older release speaks gRPC on this port, whose first bytes
 are HTTP/2's ``PRI * HTTP/2.0``: said so).
 

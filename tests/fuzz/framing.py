@@ -22,11 +22,16 @@ from hypothesis import strategies as st
 
 from rallypoint.coordinator.peerwire import frames
 
+# The first connection kind and frame type not (yet) known: unknown whatever is added.
+_NEXT_KIND = max(frames.KINDS) + 1
+_NEXT_TYPE = max(frames.FRAME_TYPES) + 1
 # Preamble fields worth drawing: the right ones often, the edges of each byte otherwise.
 _VERSIONS = st.sampled_from([frames.FRAME_VERSION, frames.FRAME_VERSION, 0, 2, 255])
-_KINDS = st.sampled_from([*sorted(frames.KINDS), 0, 5, 255])
+_KINDS = st.sampled_from([*sorted(frames.KINDS), 0, _NEXT_KIND, 255])
 _MAGICS = st.sampled_from([frames.MAGIC, frames.MAGIC, frames.MAGIC, b"RPPX", b"PRI ", b"\0\0\0\0"])
-_TYPES = st.sampled_from([*sorted(frames.FRAME_TYPES), 0, 12, 255])
+_TYPES = st.sampled_from([*sorted(frames.FRAME_TYPES), 0, _NEXT_TYPE, 255])
+# The frame types that carry a request record.
+_REQUESTS = [frames.BATCH, frames.CHUNK, frames.HELLO, frames.MEMBERS, frames.LIVENESS]
 _LENGTHS = st.one_of(
     st.integers(0, 64),
     st.sampled_from(
@@ -55,7 +60,7 @@ def preambles(draw: st.DrawFn) -> bytes:
 
 
 def _garbage_records() -> st.SearchStrategy[bytes]:
-    """Bodies that are not what a BATCH/CHUNK/HELLO/LIVENESS frame carries."""
+    """Bodies that are not what a BATCH/CHUNK/HELLO/MEMBERS/LIVENESS frame carries."""
     return st.one_of(
         st.binary(max_size=64),
         st.builds(
@@ -76,12 +81,10 @@ def frame_bytes(draw: st.DrawFn) -> tuple[str, bytes]:
         length = draw(st.integers(frames.MAX_FRAME_BYTES + 1, 2**32 - 1))
         return kind, struct.pack(">IB", length, frame_type) + draw(st.binary(max_size=32))
     if kind == "unknown type":
-        return kind, struct.pack(">IB", 0, draw(st.sampled_from([0, 12, 200, 255])))
+        return kind, struct.pack(">IB", 0, draw(st.sampled_from([0, _NEXT_TYPE, 200, 255])))
     body = draw(_garbage_records())
     if kind == "garbage":
-        return kind, struct.pack(">IB", len(body), draw(st.sampled_from(
-            [frames.BATCH, frames.CHUNK, frames.HELLO, frames.LIVENESS]
-        ))) + body  # fmt: skip
+        return kind, struct.pack(">IB", len(body), draw(st.sampled_from(_REQUESTS))) + body
     declared = draw(_LENGTHS)
     whole = struct.pack(">IB", declared, frame_type) + body
     return kind, whole[: draw(st.integers(0, max(0, len(whole) - 1)))]

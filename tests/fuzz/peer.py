@@ -1,5 +1,5 @@
-"""Fuzzing the peer port (Send, InstallSnapshot, Hello, Liveness): outsiders and a member gone
-wrong.
+"""Fuzzing the peer port (Send, InstallSnapshot, Hello, Members, Liveness): outsiders and a
+member gone wrong.
 
 Requests travel as the members' own do, in frames of the stream peer protocol
 (docs/peer-protocol.md): a connection of the request's kind, the member's challenge, then
@@ -21,7 +21,10 @@ the fuzzer damaged the record's envelope itself, which the MAC no longer matches
 taken (OK) is a failure. A snapshot transfer may end OK only unfinished (the receiver asks
 for the next offset, or ends the connection, and installs nothing); a refused transfer must
 leave no file behind.
-Hello is a question that changes nothing: OK, or FAILED_PRECONDITION for the wrong ends.
+Hello and Members are questions that change nothing (``QUESTIONS``): signed by an insider with
+fuzzed fields, one to the right ends must end OK with one answer the asker can use (from the
+member asked, signed over the asker's nonce; a members answer's table must read), one to the
+wrong ends (cluster id, to_id) FAILED_PRECONDITION.
 A liveness report from an insider is always malformed here (not msgpack, a format version
 that is not 1, a field of the wrong type or range): INVALID_ARGUMENT, never taken.
 """
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,17 +43,30 @@ import grpc
 import msgpack
 from hypothesis import strategies as st
 
+from rallypoint.coordinator.member_table import MemberTableError
 from rallypoint.coordinator.peer_auth import (
     BATCH_TAG,
     CHUNK_TAG,
+    HELLO_ANSWER_TAG,
     HELLO_TAG,
     LIVENESS_TAG,
+    MEMBERS_ANSWER_TAG,
+    MEMBERS_TAG,
     PeerKey,
     batch_fields,
     chunk_fields,
     liveness_fields,
 )
-from rallypoint.coordinator.peer_hello import hello_request_fields
+from rallypoint.coordinator.peer_hello import (
+    advertised_version,
+    hello_answer_fields,
+    hello_request_fields,
+)
+from rallypoint.coordinator.peer_lookup import (
+    decode_members,
+    members_answer_fields,
+    members_request_fields,
+)
 from rallypoint.coordinator.peer_session import OutboundSession
 from rallypoint.coordinator.peerwire import frames
 from rallypoint.proto.peer.v1 import peer_pb2
@@ -90,6 +106,10 @@ TIMEOUT_S = 5.0
 # How long a member may take to remove the files of a transfer it refused.
 CLEAN_UP_S = 2.0
 WRONG_SECRET = b"a-secret-of-another-cluster-entirely"
+# The exchanges that ask and change nothing: one request, one answer, no session.
+QUESTIONS = frozenset({"Hello", "Members"})
+# In what an insider's question is expected to be: sent to another cluster or member.
+WRONG_ENDS = "to the wrong ends"
 
 # How an outsider presents its request: no MAC, a random one, one made with another
 # secret, a member's signed request with its MAC or a field altered in flight, or bytes
@@ -132,6 +152,17 @@ class HelloExample:
     to_offset: int
     wrong_cluster: bool
     incarnation: int
+    nonce: bytes
+    credential: str
+    envelope: tuple[tuple[int, int, int, bytes], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MembersExample:
+    member: int
+    from_offset: int
+    to_offset: int
+    wrong_cluster: bool
     nonce: bytes
     credential: str
     envelope: tuple[tuple[int, int, int, bytes], ...]
@@ -214,8 +245,8 @@ class PeerTarget:
     def __init__(self, rpc: Rpc, insider: bool, cluster: PeerCluster) -> None:
         self.rpc = rpc
         self.mode = "insider" if insider else "outsider"
-        # Hello is a question that changes nothing: it needs fewer tries.
-        self.weight = 2 if rpc.method == "Hello" else 6
+        # A question changes nothing: it needs fewer tries.
+        self.weight = 2 if rpc.method in QUESTIONS else 6
         self.insider = insider
         self._cluster = cluster
 
@@ -268,6 +299,17 @@ class PeerTarget:
                 credential=credential,
                 envelope=envelope,
             )
+        if self.rpc.method == "Members":
+            return st.builds(
+                MembersExample,
+                member=st.integers(0, 2),
+                from_offset=st.integers(0, 5),
+                to_offset=weighted([(4, st.just(0)), (1, st.integers(1, 3))]),
+                wrong_cluster=weighted([(4, st.just(False)), (1, st.just(True))]),
+                nonce=st.binary(max_size=40),
+                credential=credential,
+                envelope=envelope,
+            )
         if self.rpc.method == "Liveness":
             return st.builds(
                 LivenessExample,
@@ -312,10 +354,13 @@ class PeerTarget:
             HelloExample: lambda example, index, view, _challenge: self._hello_request(
                 example, index, view
             ),
+            MembersExample: lambda example, index, view, _challenge: self._members_request(
+                example, index, view
+            ),
         }
         before: set[str] = set()
         # A connection: its requests are stamped with the challenge the member opens it with
-        # (a hello's is not bound to one).
+        # (a question's is not bound to one).
         made: list[Built | None] = []
 
         def build(challenge: bytes | None) -> list[bytes]:
@@ -333,9 +378,9 @@ class PeerTarget:
             return Verdict("skipped", sent=False)
         built = made[0]
         answer = Answer(code, details, responses=responses)
-        _, text, expected, envelope_damaged, snapshot_path = built
+        sent, text, expected, envelope_damaged, snapshot_path = built
         verdict = Verdict(answer.code.name)
-        problem = self._judge(answer, expected, envelope_damaged)
+        problem = self._judge(answer, expected, envelope_damaged, sent)
         if problem is None and snapshot_path is not None and answer.code is not Code.OK:
             # The member answers before it has cleaned up: give it a moment.
             deadline = time.monotonic() + CLEAN_UP_S
@@ -350,7 +395,10 @@ class PeerTarget:
             verdict.request = shorten(text, 400)
         return verdict
 
-    def _judge(self, answer: Answer, expected: str, envelope_damaged: bool) -> str | None:
+    def _judge(
+        self, answer: Answer, expected: str, envelope_damaged: bool, sent: Sequence[bytes] = ()
+    ) -> str | None:
+        """What is wrong with how the member ended the exchange of ``sent`` (None: nothing)."""
         said = f"{answer.code.name} {answer.details!r}"[:300]
         if not self.insider:
             if answer.code is not Code.UNAUTHENTICATED:
@@ -359,13 +407,13 @@ class PeerTarget:
             if f"{cluster_id:x}" in answer.details or f"{cluster_id:016x}" in answer.details:
                 return f"the refusal names the cluster id: {said}"
             return None
+        if self.rpc.method in QUESTIONS:
+            return self._judge_question(answer, expected, sent)
         if answer.code in INSIDER_REFUSALS:
             return None
         if answer.code is Code.UNAUTHENTICATED and envelope_damaged:
             return None
         if answer.code is Code.OK:
-            if self.rpc.method == "Hello":
-                return None
             if self.rpc.method == "InstallSnapshot":
                 if not answer.responses:
                     # The member ended an unfinished transfer without a word: nothing installed.
@@ -376,6 +424,24 @@ class PeerTarget:
                 return f"a snapshot that cannot be installed was installed ({expected})"
             return f"malformed content was taken ({expected}): {said}"
         return f"malformed content ({expected}) ended {said}"
+
+    def _judge_question(self, answer: Answer, expected: str, sent: Sequence[bytes]) -> str | None:
+        """An insider's question (never damaged in its envelope): to the wrong ends it is
+        refused with FAILED_PRECONDITION; to the right ones it ends OK with one answer the
+        asker can use."""
+        said = f"{answer.code.name} {answer.details!r}"[:300]
+        if WRONG_ENDS in expected:
+            if answer.code is Code.FAILED_PRECONDITION:
+                return None
+            return f"{expected} ended {said}"
+        if answer.code is not Code.OK:
+            return f"{expected} ended {said}"
+        if len(sent) != 1 or len(answer.responses) != 1:
+            return f"{expected}: {len(answer.responses)} answers to {len(sent)} requests, not one"
+        problem = answer_problem(
+            self.rpc.method, sent[0], answer.responses[0], PeerKey(self._cluster.secret)
+        )
+        return None if problem is None else f"{expected}: {problem}"
 
     # ---------------------------------------------------------------- Send
 
@@ -568,7 +634,16 @@ class PeerTarget:
         elif credential == "changed_field":
             chunk.incarnation ^= 1
 
-    # ---------------------------------------------------------------- Hello
+    # ---------------------------------------------------------------- Hello, Members
+
+    def _question_expected(self, what: str, cluster_id: int, to_id: int, view: PeerView) -> str:
+        """What an insider's question is: to the right ends, or to the wrong ones."""
+        if self.insider and (cluster_id, to_id) != (
+            PeerClient("", self._cluster.secret).cluster_id,
+            view.receiver,
+        ):
+            return f"{what} {WRONG_ENDS}"
+        return what
 
     def _hello_request(self, example: HelloExample, index: int, view: PeerView) -> Built | None:
         client = self._client(index, example.credential)
@@ -581,15 +656,29 @@ class PeerTarget:
         )
         request.mac = _sign_with(client.key, HELLO_TAG, hello_request_fields(request))
         if not self.insider:
-            if example.credential == "random_mac":
-                request.mac = os.urandom(32)
-            elif example.credential == "flipped_mac":
-                request.mac = bytes([request.mac[0] ^ 4]) + request.mac[1:]
-            elif example.credential == "changed_field":
-                request.incarnation ^= 1
+            _spoil_question(request, example.credential, "incarnation")
         payload = self._envelope(frames.encode_record(request), example, "none")
-        text = describe(peer_pb2.HelloRequest, payload)
-        return [payload], text, "hello", False, None
+        expected = self._question_expected("a hello", request.cluster_id, request.to_id, view)
+        text = f"{expected} | {describe(peer_pb2.HelloRequest, payload)}"
+        return [payload], text, expected, False, None
+
+    def _members_request(self, example: MembersExample, index: int, view: PeerView) -> Built | None:
+        client = self._client(index, example.credential)
+        request = peer_pb2.MembersRequest(
+            cluster_id=client.cluster_id ^ int(example.wrong_cluster and self.insider),
+            from_id=view.sender + example.from_offset,
+            to_id=view.receiver + example.to_offset,
+            nonce=example.nonce,
+        )
+        request.mac = _sign_with(client.key, MEMBERS_TAG, members_request_fields(request))
+        if not self.insider:
+            _spoil_question(request, example.credential, "from_id")
+        payload = self._envelope(frames.encode_record(request), example, "none")
+        expected = self._question_expected(
+            "a members question", request.cluster_id, request.to_id, view
+        )
+        text = f"{expected} | {describe(peer_pb2.MembersRequest, payload)}"
+        return [payload], text, expected, False, None
 
     # ---------------------------------------------------------------- Liveness
 
@@ -621,6 +710,56 @@ class PeerTarget:
         return [payload], text, f"liveness report ({damage})", damage == "envelope", None
 
 
+def answer_problem(
+    method: str, request_bytes: bytes, answer_bytes: bytes, key: PeerKey
+) -> str | None:
+    """Why the asker could not use this answer to its question (None: it could), checked as
+    the asker checks it (peer_hello.ask, peer_lookup.ask)."""
+    try:
+        if method == "Hello":
+            return _hello_answer_problem(
+                frames.decode_record(peer_pb2.HelloRequest, request_bytes),
+                frames.decode_record(peer_pb2.HelloAnswer, answer_bytes),
+                key,
+            )
+        return _members_answer_problem(
+            frames.decode_record(peer_pb2.MembersRequest, request_bytes),
+            frames.decode_record(peer_pb2.MembersAnswer, answer_bytes),
+            key,
+        )
+    except frames.FrameError as exc:
+        return f"an answer that does not decode: {exc}"
+
+
+def _hello_answer_problem(
+    request: peer_pb2.HelloRequest, answer: peer_pb2.HelloAnswer, key: PeerKey
+) -> str | None:
+    if answer.member_id != request.to_id:
+        return f"answered by member {answer.member_id}, not member {request.to_id} that was asked"
+    if not key.verify(HELLO_ANSWER_TAG, hello_answer_fields(answer, request), answer.mac):
+        return "an answer whose MAC does not verify with the cluster's secret"
+    version = advertised_version(
+        key, request.nonce, answer.member_id, answer.record_version, answer.version_mac
+    )
+    if version is None:
+        return "an answer whose record version's MAC does not verify"
+    return None
+
+
+def _members_answer_problem(
+    request: peer_pb2.MembersRequest, answer: peer_pb2.MembersAnswer, key: PeerKey
+) -> str | None:
+    if answer.member_id != request.to_id:
+        return f"answered by member {answer.member_id}, not member {request.to_id} that was asked"
+    if not key.verify(MEMBERS_ANSWER_TAG, members_answer_fields(answer, request), answer.mac):
+        return "an answer whose MAC does not verify with the cluster's secret"
+    try:
+        decode_members(answer.members)
+    except MemberTableError as exc:
+        return f"an answer whose member table does not read: {exc}"
+    return None
+
+
 def _files_of(path: Path | None) -> set[str]:
     """The files of the snapshot transfer to ``path``: the snapshot and its partial files."""
     if path is None:
@@ -649,3 +788,16 @@ def describe(cls: type[Any], payload: bytes, limit: int = 300) -> str:
     except frames.FrameError:
         return shorten(f"undecodable {payload[:limit]!r}", limit)
     return shorten(str(record).replace("\n", " ").strip() or "(empty)", limit)
+
+
+def _spoil_question(
+    request: peer_pb2.HelloRequest | peer_pb2.MembersRequest, credential: str, field: str
+) -> None:
+    """An outsider's question (a hello, a members question) as ``credential`` says: a random
+    MAC, a flipped one, or a MAC left as it was over a field changed after signing."""
+    if credential == "random_mac":
+        request.mac = os.urandom(32)
+    elif credential == "flipped_mac":
+        request.mac = bytes([request.mac[0] ^ 4]) + request.mac[1:]
+    elif credential == "changed_field":
+        setattr(request, field, getattr(request, field) ^ 1)

@@ -3,9 +3,9 @@ port, and one way to call the RPCs.
 
 The public services are enumerated from the generated modules' file descriptors (every
 ``*_pb2`` module of ``rallypoint.proto.v1``), so an RPC added to a .proto is fuzzed without
-touching the fuzzer. The peer port speaks the stream peer protocol, not gRPC: its four
+touching the fuzzer. The peer port speaks the stream peer protocol, not gRPC: its five
 exchanges (``PEER_EXCHANGES``, one per connection kind, docs/peer-protocol.md) keep the
-names of the gRPC methods they replaced.
+names of the gRPC methods they replaced (Members, which came after, is named like them).
 Calls go through a raw channel with identity serializers (None: bytes pass as they are):
 the fuzzer sends bytes it built (or damaged) itself, and parses what comes back.
 """
@@ -106,6 +106,7 @@ PEER_EXCHANGES: tuple[tuple[str, type[Message], type[Message], bool, bool], ...]
     ("Send", peer_pb2.MessageBatch, empty_pb2.Empty, True, False),  # no answer but a refusal
     ("InstallSnapshot", peer_pb2.SnapshotChunk, peer_pb2.SnapshotAck, True, False),
     ("Hello", peer_pb2.HelloRequest, peer_pb2.HelloAnswer, False, False),
+    ("Members", peer_pb2.MembersRequest, peer_pb2.MembersAnswer, False, False),
     ("Liveness", peer_pb2.LivenessReport, peer_pb2.LivenessAck, True, True),
 )
 

@@ -1,11 +1,14 @@
 """The fuzzer's own parts, and a bounded run of it against a real cluster.
 
-The parts: every service the server registers is found in the descriptors; a seed gives
+The parts: every service the server registers, and every connection kind of the peer port, is
+found in the descriptors or the fuzzer's list of exchanges; a seed gives
 the same requests every time; the generator makes what its docstring promises (requests
 that parse, requests that do not, strings that are not UTF-8); the insider's oracle finds
 nothing wrong with well-formed Raft messages (so the fuzzer never sends a well-formed lie),
 and whatever it calls malformed the product's codec and checks refuse; the judges call an
-UNKNOWN, an outsider let in or malformed content taken a failure.
+UNKNOWN, an outsider let in or malformed content taken a failure; the questions' judge (Hello,
+Members) agrees with the product's gate on every question drawn, and calls an answer the asker
+could not use, or a question answered or refused against its ends, a failure.
 
 The bounded run (``FUZZ_TIME_S``: 12 s of fuzzing, plus the cluster's start and the
 checks, about 30 s in all) must end with no failure and every RPC of both services tried
@@ -16,6 +19,7 @@ reproduces; ``python -m tests.fuzz --seed N`` runs the same).
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +29,13 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from rallypoint.coordinator.member_table import ConfChangeContext
+from rallypoint.coordinator.member_table import ConfChangeContext, MemberAddress, MemberTable
+from rallypoint.coordinator.peer_auth import PeerKey, cluster_id_for
+from rallypoint.coordinator.peer_gate import PeerGate, PeerRefused
+from rallypoint.coordinator.peerwire import frames
 from rallypoint.coordinator.service import SERVICE_NAMES
 from rallypoint.coordinator.state.commands import Envelope, Put, encode_envelope
+from rallypoint.proto.peer.v1 import peer_pb2
 from rallypoint.proto.v1 import kv_pb2, rendezvous_pb2
 from rallypoint.raft.codec import CodecError, decode_message, encode_conf_change, encode_message
 from rallypoint.raft.types import (
@@ -42,6 +50,8 @@ from rallypoint.raft.types import (
     NodeId,
     Term,
 )
+from tests.coordinator.test_transport import Host
+from tests.integration.peer_client import EXCHANGES
 
 from .peer import PeerCluster, PeerTarget
 from .public import PublicTarget
@@ -76,8 +86,11 @@ def test_every_service_the_server_registers_is_fuzzed() -> None:
         "rallypoint.peer.v1.Raft/Send",
         "rallypoint.peer.v1.Raft/InstallSnapshot",
         "rallypoint.peer.v1.Raft/Hello",
+        "rallypoint.peer.v1.Raft/Members",
         "rallypoint.peer.v1.Raft/Liveness",
     }
+    # Every connection kind a member listens for, a kind added later included.
+    assert {EXCHANGES[rpc.path][0] for rpc in peer_rpcs()} == frames.KINDS
 
 
 def test_a_seed_gives_the_same_requests() -> None:
@@ -219,6 +232,94 @@ def test_the_judges_call_failures_failures() -> None:
     assert insider._judge(Answer(code.UNAUTHENTICATED), "bad", False) is not None
     assert insider._judge(Answer(code.UNAUTHENTICATED), "bad", True) is None
     assert PeerTarget(send, False, peers)._judge(Answer(code.OK), "lie", False) is not None
+
+
+SECRET = b"s" * 32
+QUESTION_EXAMPLES = 150
+
+
+class _Member(Host):
+    """Member ``VIEW.receiver`` of the fuzzed cluster, as the product's gate sees it."""
+
+    peer_key = PeerKey(SECRET)
+
+    @property
+    def cluster_id(self) -> int:
+        return cluster_id_for(SECRET, "rallypoint")
+
+
+def _ask_the_gate(gate: PeerGate, method: str, payload: bytes) -> Answer:
+    """How the listener ends a question of ``payload`` (coordinator/peerwire/server.py): the
+    gate's answer, or its refusal; a record that does not parse is unauthenticated."""
+    code = grpc.StatusCode
+    try:
+        if method == "Hello":
+            hello = gate.hello(frames.decode_record(peer_pb2.HelloRequest, payload), set())
+            return Answer(code.OK, responses=[frames.encode_record(hello)])
+        members = gate.members(frames.decode_record(peer_pb2.MembersRequest, payload), set())
+        return Answer(code.OK, responses=[frames.encode_record(members)])
+    except frames.FrameError:
+        return Answer(code.UNAUTHENTICATED, "unauthenticated")
+    except PeerRefused as refusal:
+        return Answer(refusal.code, refusal.message)
+
+
+def _forged(method: str, body: bytes, field: str) -> bytes:
+    """A question's answer with its MAC, or the id of the member answering, altered."""
+    answer: peer_pb2.HelloAnswer | peer_pb2.MembersAnswer
+    if method == "Hello":
+        answer = frames.decode_record(peer_pb2.HelloAnswer, body)
+    else:
+        answer = frames.decode_record(peer_pb2.MembersAnswer, body)
+    if field == "mac":
+        answer.mac = bytes([answer.mac[0] ^ 1]) + answer.mac[1:]
+    else:
+        answer.member_id += 1
+    return frames.encode_record(answer)
+
+
+@pytest.mark.parametrize("insider", [True, False], ids=["insider", "outsider"])
+@pytest.mark.parametrize("method", ["Hello", "Members"])
+def test_the_question_judge_agrees_with_the_gate(
+    method: str, insider: bool, tmp_path: Path
+) -> None:
+    """Every question the fuzzer draws, asked of the product's gate in process: the judge
+    finds nothing wrong with how the gate ends it. And the judge's claims can fail: an
+    insider's answer the asker could not use, or an outcome against the question's ends, is
+    a failure."""
+    code = grpc.StatusCode
+    member = _Member(VIEW.receiver, tmp_path)
+    member.table = MemberTable({VIEW.receiver: MemberAddress("127.0.0.1:1", "127.0.0.1:2")})
+    gate = PeerGate(member)
+    rpc = _rpc(f"rallypoint.peer.v1.Raft/{method}", peer_rpcs())
+    cluster = PeerCluster(["127.0.0.1:1"], [VIEW.receiver], [tmp_path], SECRET, lambda i: VIEW)
+    target = PeerTarget(rpc, insider, cluster)
+    build = target._hello_request if method == "Hello" else target._members_request
+    # The first question ended with each status: how it ended, what it was, what was sent.
+    first: dict[grpc.StatusCode, tuple[Answer, str, list[bytes]]] = {}
+    outcomes = Counter[grpc.StatusCode]()
+    for example in _draw(target.strategy(), 11, QUESTION_EXAMPLES):
+        built = build(example, 0, VIEW)
+        assert built is not None
+        sent, _, expected, _, _ = built
+        ended = _ask_the_gate(gate, method, sent[0])
+        assert target._judge(ended, expected, False, sent) is None, (example, ended)
+        outcomes[ended.code] += 1
+        first.setdefault(ended.code, (ended, expected, sent))
+    if not insider:
+        assert set(outcomes) == {code.UNAUTHENTICATED}, outcomes
+        assert target._judge(Answer(code.OK), "a question", False, [b""]) is not None
+        return
+    assert set(outcomes) == {code.OK, code.FAILED_PRECONDITION}, outcomes
+    answered, right_ends, asked = first[code.OK]
+    refused, wrong_ends, asked_wrongly = first[code.FAILED_PRECONDITION]
+    assert target._judge(answered, wrong_ends, False, asked_wrongly) is not None
+    assert target._judge(refused, right_ends, False, asked) is not None
+    assert target._judge(Answer(code.OK), right_ends, False, asked) is not None
+    assert target._judge(Answer(code.INVALID_ARGUMENT), right_ends, False, asked) is not None
+    for field in ("mac", "member_id"):
+        forged = Answer(code.OK, responses=[_forged(method, answered.responses[0], field)])
+        assert target._judge(forged, right_ends, False, asked) is not None, field
 
 
 @pytest.mark.integration

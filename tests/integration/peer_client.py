@@ -6,7 +6,9 @@ malformed content) with it; the fuzzer builds on it. It speaks the stream peer p
 connection are stamped as a member stamps them (coordinator/peer_session.py): the member's
 challenge arrives in the connection's OPEN frame, then each request carries it and the next
 counter under its MAC. A refusal's status code is its ERROR frame's, and a connection the
-member ended without one (or a transfer it left unfinished) reads as OK.
+member ended without one (or a transfer it left unfinished) reads as OK. A question (a
+hello, a members question) is bound to no connection: no challenge comes first, and the
+member's one answer ends it.
 """
 
 from __future__ import annotations
@@ -36,6 +38,17 @@ SEND = "/rallypoint.peer.v1.Raft/Send"
 INSTALL_SNAPSHOT = "/rallypoint.peer.v1.Raft/InstallSnapshot"
 LIVENESS = "/rallypoint.peer.v1.Raft/Liveness"
 HELLO = "/rallypoint.peer.v1.Raft/Hello"
+MEMBERS = "/rallypoint.peer.v1.Raft/Members"
+# Each path's connection kind and the frame type of its requests.
+EXCHANGES = {
+    SEND: (frames.KIND_RAFT, frames.BATCH),
+    INSTALL_SNAPSHOT: (frames.KIND_SNAPSHOT, frames.CHUNK),
+    LIVENESS: (frames.KIND_LIVENESS, frames.LIVENESS),
+    HELLO: (frames.KIND_HELLO, frames.HELLO),
+    MEMBERS: (frames.KIND_MEMBERS, frames.MEMBERS),
+}
+# The questions' kinds: bound to no session, so the member sends no challenge for them.
+QUESTION_KINDS = frozenset({frames.KIND_HELLO, frames.KIND_MEMBERS})
 # Builds a stream's requests (serialized) once its challenge is known (None: none came).
 Build = Callable[[bytes | None], Sequence[bytes]]
 
@@ -58,15 +71,10 @@ def stream_frames_in_session(
     ssl_context: ssl.SSLContext | None = None,
 ) -> tuple[grpc.StatusCode, str, list[bytes]]:
     """Open a connection of the kind ``path`` names, wait for the member's challenge (none
-    for a hello), send what ``build`` makes of it (record bodies, frames.encode_record) as
-    frames of the matching type, and wait for the end: (status, its message, the bodies of
-    the member's answers)."""
-    kind, frame_type = {
-        SEND: (frames.KIND_RAFT, frames.BATCH),
-        INSTALL_SNAPSHOT: (frames.KIND_SNAPSHOT, frames.CHUNK),
-        LIVENESS: (frames.KIND_LIVENESS, frames.LIVENESS),
-        HELLO: (frames.KIND_HELLO, frames.HELLO),
-    }[path]
+    for a question: a hello, a members question), send what ``build`` makes of it (record
+    bodies, frames.encode_record) as frames of the matching type, and wait for the end:
+    (status, its message, the bodies of the member's answers)."""
+    kind, frame_type = EXCHANGES[path]
     host, port = address.rsplit(":", 1)
     raw = socket.create_connection((host, int(port)), timeout=timeout_s)
     sock = raw if ssl_context is None else ssl_context.wrap_socket(raw, server_hostname=host)
@@ -78,8 +86,8 @@ def stream_frames_in_session(
             return grpc.StatusCode.UNAVAILABLE, "closed at its start", responses
         frames.parse_preamble(theirs)
         challenge = None
-        # A hello is not bound to a session: no challenge comes first.
-        header = None if kind == frames.KIND_HELLO else _read_exactly(sock, frames.HEADER.size)
+        # A question is not bound to a session: no challenge comes first.
+        header = None if kind in QUESTION_KINDS else _read_exactly(sock, frames.HEADER.size)
         if header is not None:
             length, got = frames.HEADER.unpack(header)
             body = _read_exactly(sock, length) or b""

@@ -4,9 +4,9 @@ Theory of operation. A connection opens with an 8-byte *preamble* from each end:
 ``RPPW``, the frame-format version (one byte), the connection's kind (one byte: Raft
 traffic, a snapshot transfer, a hello, liveness reports, a members question) and two zero
 bytes. The dialer sends its preamble first; the listener checks it before reading anything
-else and answers with its own. An unknown magic or version is refused at once, with one log line naming
-what was found (a member of an older release speaks gRPC on this port, whose first bytes
-are HTTP/2's ``PRI * HTTP/2.0``: said so).
+else and answers with its own. An unknown magic or version is refused at once, with one log
+line naming what was found (a member of an older release speaks gRPC on this port, whose
+first bytes are HTTP/2's ``PRI * HTTP/2.0``: said so).
 
 After the preambles, each end sends *frames*: a 5-byte header (the body's length, 4 bytes
 big-endian, then the frame's type, 1 byte) and the body. A length over ``MAX_FRAME_BYTES``

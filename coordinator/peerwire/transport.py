@@ -562,6 +562,8 @@ class StreamTransport:
         return sender
 
     def send(self, messages: tuple[Message, ...] | list[Message]) -> None:
+        if self._stopped:
+            return  # the member is stopping: a sender started now would outlive stop()
         for message in messages:
             self.sender(message.to).send(message)
 
@@ -570,7 +572,7 @@ class StreamTransport:
         answers its caller once it has applied that far, so no commit notice to it waits
         for company until it has been sent that commit index (notice_hold.py)."""
         sender = self._senders.get(peer_id)
-        if sender is None and self._host.peer_address(peer_id) is not None:
+        if sender is None and not self._stopped and self._host.peer_address(peer_id) is not None:
             sender = self.sender(peer_id)
         if sender is not None:
             sender.await_commit(index)

@@ -127,6 +127,21 @@ async def test_hello_and_liveness_reports_travel_on_the_stream_protocol(
         await transport.stop()
 
 
+async def test_a_stopped_transport_starts_no_sender(
+    pair: tuple[Host, Host, Peer, StreamSender],
+) -> None:
+    """A member stops its transport before its peer listener, which may still step a
+    forwarded proposal (and ask the transport to hold no notice for its sender) or let Raft
+    send: a sender started then would dial on, owned by nobody, after the member stopped."""
+    host, _receiver, peer, _sender = pair
+    await peer.start()
+    transport = StreamTransport(host, random.Random(3))
+    await transport.stop()
+    transport.send([heartbeat(1)])
+    transport.await_commit(2, 5)
+    assert transport._senders == {}
+
+
 # -- the wire, by hand ------------------------------------------------------------------
 
 

@@ -12,9 +12,10 @@ clients of a trial reach it is the ``--connections`` parameter, the same for bot
 
     shared      (default) the N clients are N concurrent callers of one connection: for etcd
                 one grpc.aio channel (HTTP/2 multiplexing, as clientv3 shares one connection),
-                for rallypoint one library ``Client`` (one channel, one session, its KV
-                batching on: concurrent calls share its ``KV/Batch`` stream, a lone call is
-                unary); every operation is still timed on its own
+                for rallypoint one library ``Client`` (one channel, one session, every KV
+                call on its ``KV/Batch`` stream, ``kv_batching="always"``: concurrent calls
+                share its messages, a lone call has one to itself); every operation is still
+                timed on its own
     per-client  each client owns a channel (and, for rallypoint, a session whose sequence it
                 increments), speaking the unary RPCs
 
@@ -297,7 +298,9 @@ async def open_clients(
         [address],
         timeout_s=RPC_TIMEOUT_S,
         session_ttl_s=SESSION_TTL_MS / 1000,
-        kv_batching="concurrent",
+        # Every call on the stream, a lone one too: answered sooner than a unary call
+        # (bench/README.md, "Lone calls on the stream").
+        kv_batching="always",
     ).connect()
     return [SharedRallypoint(shared) for _ in range(count)], shared.close
 
@@ -764,7 +767,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "max_requests_per_client": args.max_requests_per_client,
             "clients": (
                 "N concurrent callers of one connection (etcd: one grpc.aio channel; "
-                "rallypoint: one library Client, KV batching 'concurrent'), requests sent one "
+                "rallypoint: one library Client, KV batching 'always'), requests sent one "
                 "after another, to the leader"
                 if args.connections == Connections.SHARED.value
                 else "one grpc.aio channel each, requests sent one after another, to the leader"

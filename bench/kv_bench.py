@@ -299,7 +299,7 @@ async def open_clients(
         timeout_s=RPC_TIMEOUT_S,
         session_ttl_s=SESSION_TTL_MS / 1000,
         # Every call on the stream, a lone one too: answered sooner than a unary call
-        # (bench/README.md, "Lone calls on the stream").
+        # (bench/README "Lone calls on the stream").
         kv_batching="always",
     ).connect()
     return [SharedRallypoint(shared) for _ in range(count)], shared.close

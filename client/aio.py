@@ -101,7 +101,7 @@ class Client(JobAdmin):
     is unanswered leave together when it is answered), a lone call stays unary;
     ``"always"``: every one through the stream, a lone call too, which answers it sooner
     than a unary call (a lone read 0.40-0.54 ms against 0.54-0.57 at p50 on a 3-member
-    cluster: bench/README.md, "Lone calls on the stream"). Batched or not, each call has its
+    cluster: bench/README "Lone calls on the stream"). Batched or not, each call has its
     own answer, errors, deadline and retries, and a write applies exactly once.
 
     ``member_sync_s``: while the client is in use, it learns the cluster's membership this

@@ -12,10 +12,9 @@ clients of a trial reach it is the ``--connections`` parameter, the same for bot
 
     shared      (default) the N clients are N concurrent callers of one connection: for etcd
                 one grpc.aio channel (HTTP/2 multiplexing, as clientv3 shares one connection),
-                for rallypoint one library ``Client`` (one channel, one session, every KV
-                call on its ``KV/Batch`` stream, ``kv_batching="always"``: concurrent calls
-                share its messages, a lone call has one to itself); every operation is still
-                timed on its own
+                for rallypoint one library ``Client`` (one channel, one session, every call
+                on its ``KV/Batch`` stream: ``kv_batching="always"``); every operation is
+                still timed on its own
     per-client  each client owns a channel (and, for rallypoint, a session whose sequence it
                 increments), speaking the unary RPCs
 
@@ -298,9 +297,7 @@ async def open_clients(
         [address],
         timeout_s=RPC_TIMEOUT_S,
         session_ttl_s=SESSION_TTL_MS / 1000,
-        # Every call on the stream, a lone one too: answered sooner than a unary call
-        # (bench/README "Lone calls on the stream").
-        kv_batching="always",
+        kv_batching="always",  # a lone call too (bench/README "Lone calls on the stream")
     ).connect()
     return [SharedRallypoint(shared) for _ in range(count)], shared.close
 

@@ -287,29 +287,20 @@ class PeerTarget:
                 damage_envelope=weighted([(8, st.just(False)), (1, st.just(True))]),
                 envelope=envelope,
             )
-        if self.rpc.method == "Hello":
-            return st.builds(
-                HelloExample,
-                member=st.integers(0, 2),
-                from_offset=st.integers(0, 5),
-                to_offset=weighted([(4, st.just(0)), (1, st.integers(1, 3))]),
-                wrong_cluster=weighted([(4, st.just(False)), (1, st.just(True))]),
-                incarnation=_ids_strategy(),
-                nonce=st.binary(max_size=40),
-                credential=credential,
-                envelope=envelope,
-            )
-        if self.rpc.method == "Members":
-            return st.builds(
-                MembersExample,
-                member=st.integers(0, 2),
-                from_offset=st.integers(0, 5),
-                to_offset=weighted([(4, st.just(0)), (1, st.integers(1, 3))]),
-                wrong_cluster=weighted([(4, st.just(False)), (1, st.just(True))]),
-                nonce=st.binary(max_size=40),
-                credential=credential,
-                envelope=envelope,
-            )
+        if self.rpc.method in QUESTIONS:
+            # A hello and a members question differ only in the hello's incarnation.
+            question: dict[str, st.SearchStrategy[Any]] = {
+                "member": st.integers(0, 2),
+                "from_offset": st.integers(0, 5),
+                "to_offset": weighted([(4, st.just(0)), (1, st.integers(1, 3))]),
+                "wrong_cluster": weighted([(4, st.just(False)), (1, st.just(True))]),
+                "nonce": st.binary(max_size=40),
+                "credential": credential,
+                "envelope": envelope,
+            }
+            if self.rpc.method == "Hello":
+                return st.builds(HelloExample, incarnation=_ids_strategy(), **question)
+            return st.builds(MembersExample, **question)
         if self.rpc.method == "Liveness":
             return st.builds(
                 LivenessExample,

@@ -10,8 +10,9 @@ etcd-io/raft's ``rawnode.go``; Raft thesis 10.2):
    server applies while it saves, too); a follower that writes entries and that nobody
    waits on applies them at 6, after its ack (``upkeep.applied_first``);
 2. send ``Ready.messages`` at once: they vouch for nothing unpersisted (a leader replicates
-   while it writes, thesis 10.2.1; a follower answers heartbeats during a long catch-up),
-   and let the peer senders put them on the wire before the disk thread starts;
+   while it writes, thesis 10.2.1; a follower answers heartbeats during a long catch-up);
+   an open, idle peer connection takes them in the call, others wait for their peer
+   sender's task, which runs before the disk thread starts;
 3. persist the hard state, entries and snapshot: one WAL write, fsynced only when the Ready
    says ``must_sync``, on a dedicated disk thread so the event loop keeps serving (but a
    follower's small batch on the loop itself, ``disk.py``: the ack waits for it; a Ready
@@ -401,14 +402,13 @@ class Node:
             self._apply(entry)
         committed = committed[early:]
         # The Ready contract (raft/rawnode.py): what vouches for nothing unpersisted goes
-        # now; votes and acks go once persisted.
+        # now (an idle peer connection takes it in this call); votes and acks once persisted.
         self._transport.send(rd.messages)
         request = disk_request(storage, rd, raw.abstaining)
         if request is not None:
-            if rd.messages:
-                # Let the peer senders put the appends on the wire (and the callers just
-                # answered respond) before the disk thread starts: the followers' fsyncs,
-                # not ours, decide when an entry commits.
+            if rd.messages and (early or not self._transport.sent_all()):
+                # Let the callers just answered respond (and the peer senders write what they
+                # hold) before the disk thread starts: the followers' fsyncs decide the commit.
                 await asyncio.sleep(0)
             took = await self._writes.write(storage, request, not leading)
             self.metrics.fsync_seconds.observe(took)

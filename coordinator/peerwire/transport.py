@@ -4,13 +4,19 @@ Theory of operation (as the gRPC transport's, ``coordinator/transport.py``, whos
 this keeps). For every other member :class:`StreamSender` keeps an outbox of encoded Raft
 messages, drained by one task that holds one long-lived connection (kind ``RAFT``): each
 time the socket can take more, everything queued goes out as one ``BATCH`` frame, so a busy
-socket batches what queued behind it. Memory for a peer is bounded: the outbox holds at most
-``OUTBOX_LIMIT`` messages and ``OUTBOX_BYTES`` bytes (the oldest are dropped past either),
-and the connection's unsent bytes at most its high-water mark plus one batch (conn.py): a
-peer that stops reading is found when a write waits longer than ``WRITE_STALL_S``, and its
-connection ends. A commit notice may wait up to ``COMMIT_NOTICE_HOLD_S`` for the next message
-to its peer and go out in the same batch (``notice_hold.py``: never for a peer waiting on its
-own apply to answer a request it forwarded).
+socket batches what queued behind it. What the member sends while that connection is open
+and idle (it has carried a batch, the socket holds none of our bytes) is written in the
+sending call itself, one ``BATCH`` per call and peer (:meth:`StreamSender.flush`): a
+follower's ack and a leader's append leave in the turn of the event loop that made them,
+not the task's next one; a write the socket cannot take whole, or that fails, goes back to
+the task, which waits for the socket to drain or ends the connection. Memory for a peer is
+bounded: the outbox holds at most ``OUTBOX_LIMIT`` messages and ``OUTBOX_BYTES`` bytes (the
+oldest are dropped past either), and the connection's unsent bytes at most its high-water
+mark plus one batch (conn.py): a peer that stops reading is found when a write waits longer
+than ``WRITE_STALL_S``, and its connection ends. A commit notice may wait up to
+``COMMIT_NOTICE_HOLD_S`` for the next message to its peer and go out in the same batch
+(``notice_hold.py``: never for a peer waiting on its own apply to answer a request it
+forwarded).
 
 Raft tolerates loss but must hear of it: whenever messages may have been lost (a dropped
 message, a connection that ended, no address for the peer) the sender reports the peer
@@ -23,7 +29,8 @@ with how long it took.
 
 ``MsgSnap`` travels on a connection of its own (kind ``SNAPSHOT``), in chunks of the snapshot
 file with the whole file's CRC32C, resuming where the receiver says it stopped; the outcome
-is reported to Raft either way.
+is reported to Raft either way. Liveness reports have a connection of their own
+(``liveness_link.py``).
 """
 
 from __future__ import annotations
@@ -48,10 +55,8 @@ from rallypoint.raft.types import Message, MessageType, NodeId, Snapshot
 from ..peer_auth import (
     BATCH_TAG,
     CHUNK_TAG,
-    LIVENESS_TAG,
     batch_parts,
     chunk_fields,
-    liveness_fields,
 )
 from ..peer_lookup import AddressLookup
 from ..peer_session import ChallengeError, OutboundSession
@@ -61,7 +66,6 @@ from ..transport import (
     SNAPSHOT_ATTEMPTS,
     SNAPSHOT_BACKOFF,
     SNAPSHOT_CHUNK_BYTES,
-    PeerEnd,
     PeerHost,
 )
 from .conn import ConnectionLost, FrameConn, PeerError, dial
@@ -72,12 +76,9 @@ from .frames import (
     HELLO,
     HELLO_ANSWER,
     KIND_HELLO,
-    KIND_LIVENESS,
     KIND_MEMBERS,
     KIND_RAFT,
     KIND_SNAPSHOT,
-    LIVENESS,
-    LIVENESS_ACK,
     MEMBERS,
     MEMBERS_ANSWER,
     PING,
@@ -91,6 +92,7 @@ from .frames import (
     encode_batch,
     encode_record,
 )
+from .liveness_link import StreamLivenessLink
 from .notice_hold import COMMIT_NOTICE_HOLD_S, NoticeHold
 
 log = logging.getLogger("rallypoint.transport")
@@ -101,12 +103,21 @@ OUTBOX_BYTES = 64 * 1024 * 1024
 BATCH_BYTES = 8 * 1024 * 1024
 KEEPALIVE_S = 1.0
 KEEPALIVE_TIMEOUT_S = 2.0
-# A liveness connection unused for this long is dialled again (the listener closes idle
-# connections after 30 s).
-LIVENESS_IDLE_S = 15.0
 
 # Failures that end a connection: each means messages may have been lost.
 LOST = (ConnectionLost, PeerError, FrameError, ChallengeError, ConnectionError, OSError)
+
+
+class _Direct:
+    """A connection :meth:`StreamSender.flush` may write to, and what it saw doing so."""
+
+    __slots__ = ("address", "conn", "lost", "session", "undrained", "wrote_at")
+
+    def __init__(self, conn: FrameConn, session: OutboundSession, address: str) -> None:
+        self.conn, self.session, self.address = conn, session, address
+        self.wrote_at = 0.0  # the loop's time of the last batch written directly
+        self.lost: str | None = None  # why a direct write failed
+        self.undrained = False  # a direct write left bytes in the socket's buffer
 
 
 class StreamSender:
@@ -139,6 +150,8 @@ class StreamSender:
         self._task: asyncio.Task[None] | None = None
         self._snapshot_task: asyncio.Task[None] | None = None
         self._conn: FrameConn | None = None
+        # The open connection while :meth:`flush` may write to it directly.
+        self._direct: _Direct | None = None
         self._failing_since: float | None = None
         self._failed_streams = 0
         self.dropped = 0  # messages dropped because the outbox was full
@@ -151,6 +164,11 @@ class StreamSender:
         """What this peer holds in memory: the outbox and the connection's unsent bytes."""
         conn = self._conn
         return self._outbox_bytes + (0 if conn is None else conn.buffered)
+
+    @property
+    def queued(self) -> bool:
+        """Messages wait in the outbox for the task."""
+        return bool(self._outbox)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -167,6 +185,13 @@ class StreamSender:
             self._conn.close()
 
     def send(self, message: Message) -> None:
+        """Queue ``message`` for the sender's task (it writes what queued as one batch)."""
+        self.offer(message)
+        if self._outbox:
+            self._wakeup.set()
+
+    def offer(self, message: Message) -> None:
+        """Queue ``message``, to be written by :meth:`flush` or the task it wakes."""
         # A commit notice may wait for the next message to this peer (notice_hold.py).
         hold = self.hold
         now, began = hold.offer(message)
@@ -191,6 +216,38 @@ class StreamSender:
         held = self.hold.release()
         if held is not None:
             self._enqueue(held)
+            self.flush()
+
+    def flush(self) -> None:
+        """Write what is queued now, as one batch, when the connection can take it at once:
+        it has carried a batch, the socket holds none of our bytes and the peer's address is
+        the one dialled. Otherwise (or if the write fails) the task is woken to do it: it
+        dials, waits for the socket to drain, or ends the connection and reports the loss.
+        Written here, a message leaves in the caller's turn of the event loop instead of the
+        task's next one (a follower's ack, a leader's append: one wake-up of the loop fewer
+        on a write's way through the members)."""
+        if not self._outbox:
+            return
+        direct = self._direct
+        if (
+            direct is not None
+            and not direct.conn.buffered
+            and self._host.peer_address(self._peer_id) == direct.address
+        ):
+            try:
+                direct.conn.write(BATCH, self._take_batch(direct.session))
+            except LOST as exc:
+                # The messages taken may be lost: the task ends the connection, which
+                # reports the peer unreachable.
+                self._direct = None
+                direct.lost = str(exc) or repr(exc)
+            else:
+                direct.wrote_at = asyncio.get_running_loop().time()
+                if not direct.conn.buffered:
+                    return
+                self._direct = None  # the task waits for the socket to take the rest
+                direct.undrained = True
+        self._wakeup.set()
 
     def _enqueue(self, message: Message) -> None:
         if message.type is MessageType.MsgSnap:
@@ -209,7 +266,6 @@ class StreamSender:
             self._host.report_unreachable(self._peer_id)
         self._outbox.append(encoded)
         self._outbox_bytes += len(encoded)
-        self._wakeup.set()
 
     def _take_batch(self, session: OutboundSession) -> bytes:
         taken: list[bytes] = []
@@ -308,17 +364,30 @@ class StreamSender:
             keepalive = None
             self._wakeup.set()
 
+        direct = _Direct(conn, session, address)
         try:
             while True:
                 pinged = False
                 ping_at = loop.time() + KEEPALIVE_S
                 while not self._outbox and not reader.done():
+                    if direct.lost is not None:
+                        return opened, direct.lost
+                    if direct.undrained:
+                        direct.undrained = False
+                        await conn.drain()
+                        continue  # what queued meanwhile goes out first
+                    if opened:
+                        self._direct = direct  # flush() may write while this task waits
                     self._wakeup.clear()
                     if keepalive is None:
                         keepalive = loop.call_at(ping_at, keepalive_due)
                     await self._wakeup.wait()
-                    if self._outbox or reader.done():
-                        break
+                    if self._outbox or reader.done() or direct.lost is not None:
+                        continue
+                    if direct.wrote_at + KEEPALIVE_S > ping_at:
+                        # Batches went out directly since: idle only from the last of them.
+                        pinged = False
+                        ping_at = direct.wrote_at + KEEPALIVE_S
                     if loop.time() < ping_at:
                         continue
                     if self._clock() - heard[0] > KEEPALIVE_TIMEOUT_S + KEEPALIVE_S and pinged:
@@ -329,6 +398,8 @@ class StreamSender:
                 if reader.done():
                     reader.result()  # raises what ended it
                     return opened, "the peer closed the connection"
+                if direct.lost is not None:
+                    return opened, direct.lost
                 if self._host.peer_address(self._peer_id) != address:
                     return opened, "its address changed"
                 conn.write(BATCH, self._take_batch(session))
@@ -341,6 +412,7 @@ class StreamSender:
         except LOST as exc:
             return opened, str(exc)
         finally:
+            self._direct = None
             if keepalive is not None:
                 keepalive.cancel()
             reader.cancel()
@@ -564,8 +636,24 @@ class StreamTransport:
     def send(self, messages: tuple[Message, ...] | list[Message]) -> None:
         if self._stopped:
             return  # the member is stopping: a sender started now would outlive stop()
+        if len(messages) == 1:
+            only = self.sender(messages[0].to)
+            only.offer(messages[0])
+            only.flush()
+            return
+        touched: dict[int, StreamSender] = {}
         for message in messages:
-            self.sender(message.to).send(message)
+            sender = touched.get(message.to)
+            if sender is None:
+                sender = touched[message.to] = self.sender(message.to)
+            sender.offer(message)
+        for sender in touched.values():
+            sender.flush()
+
+    def sent_all(self) -> bool:
+        """Whether every message sent so far is on a socket (none waits for a sender's
+        task: no connection open yet, a socket still full, or a held commit notice aside)."""
+        return not any(sender.queued for sender in self._senders.values())
 
     def await_commit(self, peer_id: int, index: int) -> None:
         """Member ``peer_id`` forwarded a proposal this leader appended up to ``index``: it
@@ -658,67 +746,3 @@ class StreamTransport:
         links, self._report_links = list(self._report_links.values()), {}
         for link in links:
             link.shut()
-
-
-class StreamLivenessLink:
-    """One long-lived ``LIVENESS`` connection to a member, dialled on demand and again after
-    it fails or idles: one report at a time, each answered by one ack in order."""
-
-    def __init__(self, host: PeerEnd, address: str, ssl_context: ssl.SSLContext | None) -> None:
-        self._host = host
-        self._address = address
-        self._ssl = ssl_context
-        self._conn: FrameConn | None = None
-        self._session: OutboundSession | None = None
-        self._used = 0.0
-        self._lock = asyncio.Lock()
-        # Set by shut(): a report under way then (its member stopping) dials no more.
-        self._shut = False
-
-    async def report(self, member_id: int, payload: bytes, timeout_s: float) -> bool:
-        async with self._lock:
-            try:
-                async with asyncio.timeout(timeout_s):
-                    return await self._report(member_id, payload)
-            except BaseException:
-                self.close()
-                raise
-
-    async def _report(self, member_id: int, payload: bytes) -> bool:
-        host = self._host
-        now = time.monotonic()
-        if (
-            self._conn is None
-            or self._session is None
-            or self._conn.reader.at_eof()
-            or now - self._used > LIVENESS_IDLE_S
-        ):
-            self.close()
-            if self._shut:
-                raise ConnectionLost("this member's peer transport has stopped")
-            conn, challenge = await dial(self._address, KIND_LIVENESS, self._ssl, session=True)
-            if self._shut:  # shut while it dialled: nothing else would close it
-                conn.close()
-                raise ConnectionLost("this member's peer transport has stopped")
-            self._conn = conn
-            self._session = OutboundSession(host.peer_key, challenge)
-        self._used = now
-        request = peer_pb2.LivenessReport(
-            cluster_id=host.cluster_id, from_id=host.member_id, to_id=member_id, payload=payload
-        )
-        stamp = self._session.stamp(LIVENESS_TAG, liveness_fields(request))
-        request.challenge, request.counter, request.mac = stamp.challenge, stamp.counter, stamp.mac
-        self._conn.write(LIVENESS, encode_record(request))
-        body = await self._conn.read_expecting(LIVENESS_ACK, None)
-        return bool(decode_record(peer_pb2.LivenessAck, body).taken)
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-        self._conn = None
-        self._session = None
-
-    def shut(self) -> None:
-        """Close for good (the transport stops)."""
-        self._shut = True
-        self.close()

@@ -6,10 +6,12 @@ message delivered or reported) is test_transport.py's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import socket
 import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import msgpack
@@ -41,12 +43,15 @@ from tests.coordinator.test_transport import pair as pair  # the fixture
 from tests.coordinator.timeout_scopes import TimeoutScopes
 
 
-async def test_messages_queued_while_the_socket_is_busy_go_out_in_one_batch(
-    pair: tuple[Host, Host, Peer, StreamSender],
-) -> None:
-    host, receiver, peer, sender = pair
-    await peer.start()
-    assert await send_and_account(sender, host, receiver, 0)
+def append_of(size: int) -> Message:
+    big = Entry(index=Index(1), term=Term(1), data=b"x" * size)
+    return Message(
+        type=MessageType.MsgApp, to=NodeId(2), from_=NodeId(1), term=Term(1), entries=(big,)
+    )
+
+
+def count_batches(receiver: Host) -> list[int]:
+    """The number of messages in each batch ``receiver`` is delivered from now on."""
     batches: list[int] = []
     deliver = receiver.deliver
 
@@ -55,6 +60,16 @@ async def test_messages_queued_while_the_socket_is_busy_go_out_in_one_batch(
         deliver(messages, incarnation, abstaining)
 
     receiver.deliver = counting  # type: ignore[method-assign]
+    return batches
+
+
+async def test_messages_queued_while_the_socket_is_busy_go_out_in_one_batch(
+    pair: tuple[Host, Host, Peer, StreamSender],
+) -> None:
+    host, receiver, peer, sender = pair
+    await peer.start()
+    assert await send_and_account(sender, host, receiver, 0)
+    batches = count_batches(receiver)
     for n in range(1, 201):
         sender.send(heartbeat(n))  # all queued before the sender's task runs again
     await wait_for(lambda: len(delivered_numbers(receiver)) == 201, 5.0, "every heartbeat")
@@ -94,17 +109,8 @@ async def test_the_outbox_is_bounded_in_bytes_too(tmp_path: Path) -> None:
     host = Host(1, tmp_path)
     sender = StreamSender(host, 2, None, random.Random(1))  # not started
     sender.outbox_bytes_limit = 1_000_000
-    big = Entry(index=Index(1), term=Term(1), data=b"x" * 100_000)
     for _ in range(30):
-        sender.send(
-            Message(
-                type=MessageType.MsgApp,
-                to=NodeId(2),
-                from_=NodeId(1),
-                term=Term(1),
-                entries=(big,),
-            )
-        )
+        sender.send(append_of(100_000))
         assert sender.buffered_bytes <= 1_000_000
     assert sender.dropped >= 20
     assert host.unreachable >= 20
@@ -140,6 +146,177 @@ async def test_a_stopped_transport_starts_no_sender(
     transport.send([heartbeat(1)])
     transport.await_commit(2, 5)
     assert transport._senders == {}
+
+
+@contextlib.asynccontextmanager
+async def raft_listener(
+    after_open: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+    receive_window: int = 0,
+) -> AsyncIterator[str]:
+    """A listener that opens each ``RAFT`` connection as a member does (its preamble and a
+    challenge) and leaves the rest to ``after_open``; its address. ``receive_window``: a
+    small socket receive buffer, so that a sender's buffer fills when nobody reads."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+        writer.write(frames.preamble(frames.KIND_RAFT))
+        writer.write(frames.frame(frames.OPEN, b"c" * 16))
+        await after_open(reader, writer)
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    if receive_window:
+        for sock in server.sockets:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_window)
+    try:
+        yield f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        for writer in accepted:
+            writer.close()
+        server.close()
+
+
+async def test_a_message_for_an_open_idle_connection_leaves_in_the_callers_turn(
+    pair: tuple[Host, Host, Peer, StreamSender],
+) -> None:
+    """What the member sends while a peer's connection is open and idle is on the socket
+    when ``send`` returns (a follower's ack, a leader's append), not queued for the
+    sender's task to write in a later turn of the loop; one call's messages for a peer are
+    still one batch."""
+    host, receiver, peer, _sender = pair
+    await peer.start()
+    transport = StreamTransport(host, random.Random(3))
+    batches = count_batches(receiver)
+    try:
+        transport.send([heartbeat(0)])  # dials: the task writes the connection's first batch
+        await wait_for(lambda: 0 in delivered_numbers(receiver), 5.0, "the first heartbeat")
+        sender = transport.sender(2)
+        for n in range(1, 21):
+            transport.send([heartbeat(n)])
+            assert sender.buffered_bytes == 0, f"heartbeat {n} waits for a later turn"
+            await wait_for(lambda n=n: n in delivered_numbers(receiver), 5.0, f"heartbeat {n}")
+        transport.send([heartbeat(n) for n in range(21, 31)])
+        assert sender.buffered_bytes == 0
+        await wait_for(lambda: 30 in delivered_numbers(receiver), 5.0, "heartbeats 21-30")
+        assert batches == [1] * 21 + [10]
+        assert sender.streams_broken == 0 and host.unreachable == 0
+    finally:
+        await transport.stop()
+
+
+async def test_a_direct_write_that_fails_ends_the_connection_and_reports_the_loss(
+    pair: tuple[Host, Host, Peer, StreamSender],
+) -> None:
+    """The socket closes under an idle connection: the message written into it may be
+    lost, so Raft is told (the peer unreachable), and the next message goes on a new
+    connection."""
+    host, receiver, peer, _sender = pair
+    await peer.start()
+    transport = StreamTransport(host, random.Random(3))
+    try:
+        transport.send([heartbeat(0)])
+        await wait_for(lambda: 0 in delivered_numbers(receiver), 5.0, "the first heartbeat")
+        sender = transport.sender(2)
+        conn = sender._conn
+        assert conn is not None
+        conn.writer.transport.abort()  # closing: the next write raises
+        transport.send([heartbeat(1)])
+        await wait_for(lambda: host.unreachable >= 1, 5.0, "the loss reported")
+        assert sender.streams_broken == 1
+        transport.send([heartbeat(2)])  # dialled again (a connection opens for a message)
+        await wait_for(lambda: 2 in delivered_numbers(receiver), 5.0, "heartbeat 2")
+        assert sender._conn not in (None, conn)
+    finally:
+        await transport.stop()
+
+
+async def opened_and_idle(transport: StreamTransport) -> StreamSender:
+    """Member 2's sender once its connection has carried a batch and waits for more."""
+    transport.send([heartbeat(0)])
+    sender = transport.sender(2)
+    await wait_for(lambda: sender._direct is not None, 5.0, "the connection open and idle")
+    return sender
+
+
+async def test_direct_writes_to_a_peer_that_stops_reading_end_its_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As test_a_peer_that_stops_reading_is_reported_and_its_buffer_stays_bounded, through
+    the member's transport: once the socket holds bytes the sender's task waits for it to
+    drain, and gives up after WRITE_STALL_S."""
+    monkeypatch.setattr(conn_module, "WRITE_STALL_S", 0.5)
+    monkeypatch.setattr(conn_module, "WRITE_BUFFER_BYTES", 256 * 1024)
+    stalled = asyncio.Event()
+
+    async def reads_one_batch(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readexactly(frames.PREAMBLE.size)
+        length, _kind = frames.HEADER.unpack(await reader.readexactly(frames.HEADER.size))
+        await reader.readexactly(length)  # the first batch, then nothing more
+        await stalled.wait()
+
+    host = Host(1, tmp_path)
+    transport = StreamTransport(host, random.Random(1))
+    append = append_of(64 * 1024)
+    async with raft_listener(reads_one_batch, receive_window=4096) as address:
+        host.addresses[2] = address
+        try:
+            sender = await opened_and_idle(transport)
+            peak = 0
+            for _ in range(400):
+                transport.send([append])
+                peak = max(peak, sender.buffered_bytes)
+                await asyncio.sleep(0.005)
+                if sender.streams_broken:
+                    break
+            await wait_for(lambda: sender.streams_broken >= 1, 10.0, "the stalled connection end")
+            assert host.unreachable >= 1
+            assert peak <= 64 * 1024 * 1024 + 256 * 1024 + 8 * 1024 * 1024
+        finally:
+            stalled.set()
+            await transport.stop()
+
+
+async def test_what_queues_while_a_direct_write_drains_goes_out_when_it_has(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A direct write the socket could not take whole hands the rest to the task; a message
+    sent meanwhile waits in the outbox and leaves as soon as the socket has drained (not at
+    the next keepalive: here a minute away)."""
+    from rallypoint.coordinator.peerwire import transport as transport_module
+
+    monkeypatch.setattr(transport_module, "KEEPALIVE_S", 60.0)
+    monkeypatch.setattr(conn_module, "WRITE_BUFFER_BYTES", 256 * 1024)
+    read_on = asyncio.Event()
+    batches: list[int] = []
+
+    async def reads_when_told(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readexactly(frames.PREAMBLE.size)
+        while True:
+            if len(batches) == 1:
+                await read_on.wait()
+            length, kind = frames.HEADER.unpack(await reader.readexactly(frames.HEADER.size))
+            await reader.readexactly(length)
+            if kind == frames.BATCH:
+                batches.append(length)
+
+    host = Host(1, tmp_path)
+    transport = StreamTransport(host, random.Random(1))
+    append = append_of(4 * 1024 * 1024)
+    async with raft_listener(reads_when_told, receive_window=4096) as address:
+        host.addresses[2] = address
+        try:
+            sender = await opened_and_idle(transport)
+            transport.send([append])  # more than the sockets hold: the task drains the rest
+            assert sender._direct is None
+            await asyncio.sleep(0.05)
+            transport.send([heartbeat(1)])
+            assert sender.queued
+            read_on.set()
+            await wait_for(lambda: len(batches) == 3, 5.0, "the append and heartbeat 1")
+            assert sender.streams_broken == 0 and host.unreachable == 0
+        finally:
+            await transport.stop()
 
 
 # -- the wire, by hand ------------------------------------------------------------------
@@ -337,47 +514,28 @@ async def test_a_peer_that_stops_reading_is_reported_and_its_buffer_stays_bounde
     monkeypatch.setattr(conn_module, "WRITE_BUFFER_BYTES", 256 * 1024)
     stalled = asyncio.Event()
 
-    accepted: list[asyncio.StreamWriter] = []
-
     async def never_reads(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        accepted.append(writer)
-        writer.write(frames.preamble(frames.KIND_RAFT))
-        writer.write(frames.frame(frames.OPEN, b"c" * 16))
         await stalled.wait()
-        writer.close()
 
-    server = await asyncio.start_server(never_reads, "127.0.0.1", 0)
-    for sock in server.sockets:  # a small receive window, so the sender's buffer fills
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     host = Host(1, tmp_path)
-    host.addresses[2] = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
     sender = StreamSender(host, 2, None, random.Random(1))
     sender.outbox_bytes_limit = 2 * 1024 * 1024
-    sender.start()
-    big = Entry(index=Index(1), term=Term(1), data=b"x" * 64 * 1024)
     peak = 0
-    try:
-        for _ in range(400):
-            sender.send(
-                Message(
-                    type=MessageType.MsgApp,
-                    to=NodeId(2),
-                    from_=NodeId(1),
-                    term=Term(1),
-                    entries=(big,),
-                )
-            )
-            peak = max(peak, sender.buffered_bytes)
-            await asyncio.sleep(0.005)
-            if sender.streams_broken:
-                break
-        await wait_for(lambda: sender.streams_broken >= 1, 10.0, "the stalled connection to end")
-    finally:
-        stalled.set()
-        await sender.stop()
-        for writer in accepted:
-            writer.close()
-        server.close()
+    # A small receive window, so the sender's buffer fills.
+    async with raft_listener(never_reads, receive_window=4096) as address:
+        host.addresses[2] = address
+        sender.start()
+        try:
+            for _ in range(400):
+                sender.send(append_of(64 * 1024))
+                peak = max(peak, sender.buffered_bytes)
+                await asyncio.sleep(0.005)
+                if sender.streams_broken:
+                    break
+            await wait_for(lambda: sender.streams_broken >= 1, 10.0, "the stalled connection end")
+        finally:
+            stalled.set()
+            await sender.stop()
     assert host.unreachable >= 1
     # The outbox's bound, plus the socket buffer's high-water mark and one batch at most.
     assert peak <= 2 * 1024 * 1024 + 256 * 1024 + 8 * 1024 * 1024
@@ -386,31 +544,23 @@ async def test_a_peer_that_stops_reading_is_reported_and_its_buffer_stays_bounde
 async def test_a_connection_that_answers_no_keepalive_is_taken_for_lost(tmp_path: Path) -> None:
     silent = asyncio.Event()
 
-    accepted: list[asyncio.StreamWriter] = []
-
     async def deaf(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        accepted.append(writer)
-        writer.write(frames.preamble(frames.KIND_RAFT))
-        writer.write(frames.frame(frames.OPEN, b"c" * 16))
         while await reader.read(65536):  # reads everything, answers nothing
             pass
         await silent.wait()
 
-    server = await asyncio.start_server(deaf, "127.0.0.1", 0)
     host = Host(1, tmp_path)
-    host.addresses[2] = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
     sender = StreamSender(host, 2, None, random.Random(1))
-    sender.start()
-    try:
-        sender.send(heartbeat(1))
-        await wait_for(lambda: sender.streams_broken >= 1, 10 * KEEPALIVE_S, "a lost connection")
-        assert host.unreachable >= 1
-    finally:
-        silent.set()
-        await sender.stop()
-        for writer in accepted:
-            writer.close()
-        server.close()
+    async with raft_listener(deaf) as address:
+        host.addresses[2] = address
+        sender.start()
+        try:
+            sender.send(heartbeat(1))
+            await wait_for(lambda: sender.streams_broken >= 1, 10 * KEEPALIVE_S, "a lost link")
+            assert host.unreachable >= 1
+        finally:
+            silent.set()
+            await sender.stop()
 
 
 async def test_a_sender_outlives_an_unexpected_error_and_says_so(

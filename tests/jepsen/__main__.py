@@ -11,7 +11,7 @@ import datetime
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Generator
 from pathlib import Path
 
 from rallypoint.worker.process_tree import run_reaped
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         latest.unlink()
     latest.symlink_to(out.name)
     finished: dict[int, RunSummary] = {}
-    results: Iterator[tuple[int, RunSummary]]
+    results: Generator[tuple[int, RunSummary], None, None]
     if args.lanes == 1:
         results = ((i, run_one(spec, out / spec.name)) for i, spec in enumerate(specs))
     else:
@@ -94,7 +94,12 @@ def main(argv: list[str] | None = None) -> int:
             )
             write_summary([finished[i] for i in sorted(finished)], out / "summary.md")
     finally:
-        netns.cleanup()
+        if args.lanes == 1:
+            netns.cleanup()  # lane 0, where the runs went
+        else:
+            # run_parallel cleans the lanes it used, 1 to --lanes; lane 0 may be another
+            # run's (a plain make jepsen beside this one) and is left alone.
+            results.close()
     summaries = [finished[i] for i in sorted(finished)]
     ordinary = [s for s in summaries if s.expected_violation is None]
     violations = sum(s.violations for s in ordinary)

@@ -636,11 +636,6 @@ class StreamTransport:
     def send(self, messages: tuple[Message, ...] | list[Message]) -> None:
         if self._stopped:
             return  # the member is stopping: a sender started now would outlive stop()
-        if len(messages) == 1:
-            only = self.sender(messages[0].to)
-            only.offer(messages[0])
-            only.flush()
-            return
         touched: dict[int, StreamSender] = {}
         for message in messages:
             sender = touched.get(message.to)

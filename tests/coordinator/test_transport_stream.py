@@ -177,6 +177,14 @@ async def raft_listener(
         server.close()
 
 
+async def opened_and_idle(transport: StreamTransport) -> StreamSender:
+    """Member 2's sender once its connection has carried a batch and waits for more."""
+    transport.send([heartbeat(0)])
+    sender = transport.sender(2)
+    await wait_for(lambda: sender._direct is not None, 5.0, "the connection open and idle")
+    return sender
+
+
 async def test_a_message_for_an_open_idle_connection_leaves_in_the_callers_turn(
     pair: tuple[Host, Host, Peer, StreamSender],
 ) -> None:
@@ -189,9 +197,7 @@ async def test_a_message_for_an_open_idle_connection_leaves_in_the_callers_turn(
     transport = StreamTransport(host, random.Random(3))
     batches = count_batches(receiver)
     try:
-        transport.send([heartbeat(0)])  # dials: the task writes the connection's first batch
-        await wait_for(lambda: 0 in delivered_numbers(receiver), 5.0, "the first heartbeat")
-        sender = transport.sender(2)
+        sender = await opened_and_idle(transport)  # the task wrote the first batch
         for n in range(1, 21):
             transport.send([heartbeat(n)])
             assert sender.buffered_bytes == 0, f"heartbeat {n} waits for a later turn"
@@ -215,9 +221,7 @@ async def test_a_direct_write_that_fails_ends_the_connection_and_reports_the_los
     await peer.start()
     transport = StreamTransport(host, random.Random(3))
     try:
-        transport.send([heartbeat(0)])
-        await wait_for(lambda: 0 in delivered_numbers(receiver), 5.0, "the first heartbeat")
-        sender = transport.sender(2)
+        sender = await opened_and_idle(transport)
         conn = sender._conn
         assert conn is not None
         conn.writer.transport.abort()  # closing: the next write raises
@@ -229,14 +233,6 @@ async def test_a_direct_write_that_fails_ends_the_connection_and_reports_the_los
         assert sender._conn not in (None, conn)
     finally:
         await transport.stop()
-
-
-async def opened_and_idle(transport: StreamTransport) -> StreamSender:
-    """Member 2's sender once its connection has carried a batch and waits for more."""
-    transport.send([heartbeat(0)])
-    sender = transport.sender(2)
-    await wait_for(lambda: sender._direct is not None, 5.0, "the connection open and idle")
-    return sender
 
 
 async def test_direct_writes_to_a_peer_that_stops_reading_end_its_connection(

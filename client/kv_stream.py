@@ -15,7 +15,9 @@ message, as etcd's clientv3 multiplexes its callers on one connection:
   same errors the unary call raises, through ``errors.map_rpc_error``) and its own deadline:
   each attempt waits at most ``attempt_timeout_s`` and the caller's deadline bounds the
   retries, which go through the transport's one retry loop (``Transport.retrying``: leader
-  hints, backoff, failover to another member) exactly like a unary call;
+  hints, backoff, failover to another member) exactly like a unary call. The stream keeps
+  its operations' attempt deadlines under one timer (``deadlines.py``: a timer per
+  operation cost the client as much CPU as the rest of a batched put's way through it);
 - a write keeps its session header across attempts (``session.py`` builds the request once
   per sequence), so a retry after a lost answer, on this stream or another member's, is
   answered from the session's cache and applied once;
@@ -41,6 +43,7 @@ from rallypoint.proto.v1 import kv_pb2
 from rallypoint.proto.v1.defaults import MAX_BATCH_OPERATIONS
 
 from .arguments import count
+from .deadlines import FutureDeadlines
 from .errors import LEADER_KEY, REASON_KEY, InvalidValueError, RallypointError, map_rpc_error
 from .tasks import cancel_and_wait
 from .transport import Deadline, Method, Transport
@@ -81,6 +84,10 @@ def operation_error(error: kv_pb2.BatchError, address: str) -> RallypointError:
     return _status_error(code, error.message, address, trailing)
 
 
+class AttemptTimedOut(Exception):
+    """An operation's attempt deadline passed before its answer came (``_Stream.submit``)."""
+
+
 class _Stream:
     """One KV/Batch call to one member and the operations it carries.
 
@@ -108,6 +115,9 @@ class _Stream:
         self.unanswered: dict[int, int] = {}
         self._numbers = itertools.count(1)
         self._wake = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        # Each operation's attempt deadline.
+        self._deadlines = FutureDeadlines(self._loop, lambda _: AttemptTimedOut())
         self.broken = False
         # Messages written so far (tests and debugging: how well callers were batched).
         self.messages_sent = 0
@@ -116,11 +126,14 @@ class _Stream:
             asyncio.create_task(self._receive(), name=f"kv-stream-receive-{address}"),
         )
 
-    def submit(self, operation: Any) -> asyncio.Future[Any]:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    def submit(self, operation: Any, timeout_s: float) -> asyncio.Future[Any]:
+        """Queue ``operation``; its future ends with the answer, or with AttemptTimedOut
+        once ``timeout_s`` has passed without one."""
+        future: asyncio.Future[Any] = self._loop.create_future()
         self.waiting[operation.id] = future
         self._queue.append(operation)
         self._wake.set()
+        self._deadlines.add(future, timeout_s)
         return future
 
     def forget(self, operation_id: int) -> None:
@@ -184,6 +197,7 @@ class _Stream:
         broken stream is dropped without :meth:`close`, replaced on next use)."""
         self.broken = True
         self._call.cancel()
+        self._deadlines.close()
         sender = self._tasks[0]
         if sender is not asyncio.current_task():
             sender.cancel()
@@ -255,11 +269,10 @@ class BatchStreams:
         ``address``'s stream; raises the unary call's error, or Unsupported."""
         stream = self._stream(address)
         operation_id = next(self._ids)
-        future = stream.submit(self._operation(operation_id, kind, request, timeout_s))
+        future = stream.submit(self._operation(operation_id, kind, request, timeout_s), timeout_s)
         try:
-            async with asyncio.timeout(timeout_s):
-                result = await future
-        except TimeoutError:
+            result = await future
+        except AttemptTimedOut:
             if self.streams.get(address) is stream:
                 del self.streams[address]
             await stream.close()

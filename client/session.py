@@ -53,6 +53,8 @@ class Session:
         self.next_sequence = 1
         # Sequences handed out whose call has not finished. Invariant: each is < next_sequence.
         self.outstanding: set[int] = set()
+        # Invariant: no sequence below it is outstanding (first_unacked moves it forward).
+        self._low = 1
 
     def begin(self) -> int:
         sequence = self.next_sequence
@@ -65,7 +67,13 @@ class Session:
 
     @property
     def first_unacked(self) -> int:
-        return min(self.outstanding, default=self.next_sequence)
+        """The lowest outstanding sequence, else the next one. Amortised O(1): sequences
+        are handed out in order and only ever finish, so the lowest only moves forward."""
+        low, outstanding, end = self._low, self.outstanding, self.next_sequence
+        while low < end and low not in outstanding:
+            low += 1
+        self._low = low
+        return low
 
     def header(self, sequence: int) -> common_pb2.RequestHeader:
         return common_pb2.RequestHeader(
@@ -120,7 +128,9 @@ class SessionKeeper:
     ) -> Response:
         """Run one write under the session: ``send(header, deadline, on_retry)`` performs the
         RPC (with the transport's retries), see the module docstring for expiry."""
-        session = await self.ensure(deadline)
+        session = self.current
+        if session is None:
+            session = await self._open(None, deadline)
         while True:
             owner = session
             sequence = owner.begin()

@@ -133,10 +133,11 @@ class Deadline:
     def __init__(self, timeout_s: float) -> None:
         positive_seconds(timeout_s, "timeout_s")
         self.timeout_s = timeout_s
-        self._at = asyncio.get_running_loop().time() + timeout_s
+        self._time = asyncio.get_running_loop().time
+        self._at = self._time() + timeout_s
 
     def remaining_s(self) -> float:
-        return self._at - asyncio.get_running_loop().time()
+        return self._at - self._time()
 
 
 class Stubs:
@@ -327,7 +328,7 @@ class Transport:
         """The retry loop of :meth:`unary` around ``attempt(address, attempt_timeout_s)``, one
         try at one member, which answers or raises a gRPC error or a RallypointError (the
         batch stream's attempts, ``kv_stream.py``, raise the latter)."""
-        retrier = Retrier(self)
+        retrier: Retrier | None = None  # made at the first failure
         last_error: RallypointError | None = None
         # Each endpoint's latest failure in this call, for the message when it gives up.
         failures: dict[str, RallypointError] = {}
@@ -369,6 +370,8 @@ class Transport:
                 self.note_failure(target, error)
                 target = self.pick()
                 continue
+            if retrier is None:
+                retrier = Retrier(self)
             await retrier.after_failure(target, error, max_sleep_s=deadline.remaining_s())
             target = self.pick()
 

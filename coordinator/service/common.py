@@ -33,13 +33,25 @@ ROUND_STATES = {
 }
 
 
+# The last header made into a message, and the message: the answers of one batch (and
+# consecutive answers of one member) carry the same header.
+_last_header: list[tuple[Header, common_pb2.ResponseHeader]] = []
+
+
 def header_pb(header: Header) -> common_pb2.ResponseHeader:
-    return common_pb2.ResponseHeader(
+    """``header`` as its message. Consecutive calls with an equal header return the same
+    message: copy it into an answer (a constructor argument or ``CopyFrom``, as every caller
+    does), never change it."""
+    if _last_header and _last_header[0][0] == header:
+        return _last_header[0][1]
+    message = common_pb2.ResponseHeader(
         revision=header.revision,
         raft_term=header.raft_term,
         leader_id=header.leader_id,
         member_id=header.member_id,
     )
+    _last_header[:] = [(header, message)]
+    return message
 
 
 def job_view(node: ServerNode, job_id: str) -> JobView:
@@ -48,6 +60,17 @@ def job_view(node: ServerNode, job_id: str) -> JobView:
     if job is None:
         raise RequestFailed(JobNotFound(job_id))
     return job
+
+
+def fill_kv(target: common_pb2.KeyValue, kv: KeyValue) -> None:
+    """Write ``kv`` into ``target``, a field of an answer being built (cheaper than making a
+    KeyValue message and copying it in)."""
+    target.key = kv.key
+    target.value = kv.value
+    target.create_revision = kv.create_revision
+    target.mod_revision = kv.mod_revision
+    target.version = kv.version
+    target.lease_id = kv.lease_id
 
 
 def kv_pb(kv: KeyValue, keys_only: bool = False) -> common_pb2.KeyValue:

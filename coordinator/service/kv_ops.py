@@ -10,7 +10,7 @@ from ..node.api import ServerNode
 from ..state.commands import CompareAndSet, Delete, Put
 from ..state.results import CompareAndSetResult, DeleteResult, PutResult
 from . import validate
-from .common import header_pb, kv_pb
+from .common import fill_kv, header_pb
 from .errors import InvalidArgument
 
 
@@ -31,10 +31,17 @@ def put_command(
     return header, command
 
 
-def put_answer(result: PutResult, node: ServerNode) -> kv_pb2.PutResponse:
-    response = kv_pb2.PutResponse(header=header_pb(node.header()), kv=kv_pb(result.kv))
+def put_answer(
+    result: PutResult, node: ServerNode, response: kv_pb2.PutResponse | None = None
+) -> kv_pb2.PutResponse:
+    """The answer to a put, written into ``response`` when given (a batch answer's field,
+    filled in place: making the answer and copying it in cost twice as much)."""
+    if response is None:
+        response = kv_pb2.PutResponse()
+    response.header.CopyFrom(header_pb(node.header()))
+    fill_kv(response.kv, result.kv)
     if result.prev is not None:
-        response.prev_kv.CopyFrom(kv_pb(result.prev))
+        fill_kv(response.prev_kv, result.prev)
     return response
 
 
@@ -43,7 +50,7 @@ def get_answer(key: bytes, node: ServerNode) -> kv_pb2.GetResponse:
     kv = node.state.get(key)
     response = kv_pb2.GetResponse(header=header_pb(node.header()))
     if kv is not None:
-        response.kv.CopyFrom(kv_pb(kv))
+        fill_kv(response.kv, kv)
     return response
 
 
@@ -81,12 +88,17 @@ def delete_command(
     return header, command
 
 
-def delete_answer(result: DeleteResult, node: ServerNode) -> kv_pb2.DeleteResponse:
-    return kv_pb2.DeleteResponse(
-        header=header_pb(node.header()),
-        deleted=result.deleted,
-        prev_kvs=[kv_pb(kv) for kv in result.prev],
-    )
+def delete_answer(
+    result: DeleteResult, node: ServerNode, response: kv_pb2.DeleteResponse | None = None
+) -> kv_pb2.DeleteResponse:
+    """The answer to a delete, written into ``response`` when given (as ``put_answer``)."""
+    if response is None:
+        response = kv_pb2.DeleteResponse()
+    response.header.CopyFrom(header_pb(node.header()))
+    response.deleted = result.deleted
+    for kv in result.prev:
+        fill_kv(response.prev_kvs.add(), kv)
+    return response
 
 
 def compare_and_set_command(
@@ -134,11 +146,16 @@ def lease_with_room(lease_id: int, node: ServerNode) -> int:
 
 
 def compare_and_set_answer(
-    result: CompareAndSetResult, node: ServerNode
+    result: CompareAndSetResult,
+    node: ServerNode,
+    response: kv_pb2.CompareAndSetResponse | None = None,
 ) -> kv_pb2.CompareAndSetResponse:
-    response = kv_pb2.CompareAndSetResponse(
-        header=header_pb(node.header()), succeeded=result.succeeded
-    )
+    """The answer to a compare-and-set, written into ``response`` when given (as
+    ``put_answer``)."""
+    if response is None:
+        response = kv_pb2.CompareAndSetResponse()
+    response.header.CopyFrom(header_pb(node.header()))
+    response.succeeded = result.succeeded
     if result.kv is not None:
-        response.kv.CopyFrom(kv_pb(result.kv))
+        fill_kv(response.kv, result.kv)
     return response

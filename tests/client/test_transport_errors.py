@@ -181,9 +181,20 @@ async def peer_like(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) 
 
 @pytest.fixture
 async def servers() -> AsyncIterator[Callable[[bool], str]]:
-    """Starts servers without rallypoint's client API: a peer port, or a bare gRPC server."""
+    """Starts servers without rallypoint's client API: a peer port, or a bare gRPC server.
+    The peer port's connections are all closed before the test's loop ends (Python 3.11's
+    ``Server.wait_closed`` does not wait for them: a handler left behind kept a transport that
+    the garbage collector later reported as unclosed, failing whichever test it ran in)."""
     started: list[grpc.aio.Server] = []
-    peer_server = await asyncio.start_server(peer_like, "127.0.0.1", 0)
+    handlers: set[asyncio.Task[None]] = set()
+
+    async def tracked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        handlers.add(task)
+        await peer_like(reader, writer)
+
+    peer_server = await asyncio.start_server(tracked, "127.0.0.1", 0)
 
     async def start() -> str:
         server = grpc.aio.server()
@@ -200,6 +211,9 @@ async def servers() -> AsyncIterator[Callable[[bool], str]]:
     for server in started:
         await server.stop(None)
     peer_server.close()
+    for handler in handlers:
+        handler.cancel()  # its writer is closed on the way out (peer_like's finally)
+    await asyncio.gather(*handlers, return_exceptions=True)
     await peer_server.wait_closed()
 
 

@@ -239,7 +239,11 @@ async def test_a_member_of_the_previous_peer_format_is_refused_saying_so(
 
 
 async def test_a_sender_waits_for_the_challenge_and_says_when_none_comes() -> None:
-    """Against a listener that answers the preamble and never sends its challenge."""
+    """Against a listener that answers the preamble and never sends its challenge. The
+    dialer that gives up closes its connection: the listener's handler sees it end (else
+    the handler outlived the test, and its transport, never closed, failed a later test
+    when the garbage collector found it)."""
+    handled = asyncio.Event()
 
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -248,12 +252,15 @@ async def test_a_sender_waits_for_the_challenge_and_says_when_none_comes() -> No
             await reader.read()  # until the dialer gives up
         finally:
             writer.close()
+            handled.set()
 
     server = await asyncio.start_server(silent, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
         with pytest.raises(ConnectionLost, match="no answer within 1 s"):
             await dial(f"127.0.0.1:{port}", frames.KIND_RAFT, None, session=True, timeout_s=1.0)
+        async with asyncio.timeout(5):
+            await handled.wait()
     finally:
         server.close()
         await server.wait_closed()

@@ -128,9 +128,7 @@ class SessionKeeper:
     ) -> Response:
         """Run one write under the session: ``send(header, deadline, on_retry)`` performs the
         RPC (with the transport's retries), see the module docstring for expiry."""
-        session = self.current
-        if session is None:
-            session = await self._open(None, deadline)
+        session = await self.ensure(deadline)
         while True:
             owner = session
             sequence = owner.begin()

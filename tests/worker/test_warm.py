@@ -40,7 +40,6 @@ from tests.integration.harness import (
     no_process_outlives,
     refused_to_start,
     running_cluster,
-    sigint_at_its_default,
     wait_until,
 )
 from tests.worker.test_elastic import CHANGE_S, START_S, Job, Worker
@@ -74,25 +73,29 @@ def write_script(tmp_path: Path) -> Path:
     return script
 
 
-def signals_at_their_default() -> None:
-    """A ``preexec_fn``: the launcher starts with SIGTERM, SIGINT and SIGHUP at their default
-    dispositions, as one started at a terminal does. Runs under ``nohup`` (SIGHUP ignored) or
-    as a background job (SIGINT ignored) pass the ignored ones on, and the launcher leaves a
-    signal it was started ignoring ignored (its docstring), so a test of forwarding must not
-    inherit them."""
-    sigint_at_its_default()
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_DFL)
+# Starts the launcher with SIGTERM, SIGINT and SIGHUP at their default dispositions, as one
+# started at a terminal does: runs under ``nohup`` (SIGHUP ignored) or as a background job
+# (SIGINT ignored) pass the ignored ones on, and the launcher leaves a signal it was started
+# ignoring ignored (its docstring), so a test of forwarding must not inherit them. A small
+# interpreter resets them and becomes the launcher (exec: the same process), rather than a
+# ``preexec_fn`` in the test process: that made the child by fork() with Python running in it,
+# and gRPC's fork handlers, with this process's channels alive, could abort it before the
+# launcher started ("the launcher exited (-6): ... epoll_wait error: Bad file descriptor").
+DEFAULT_SIGNALS_THEN_EXEC = (
+    "import os, signal, sys\n"
+    "for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):\n"
+    "    signal.signal(signum, signal.SIG_DFL)\n"
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n"
+)
 
 
 def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [*LAUNCHER, *args],
+        [sys.executable, "-c", DEFAULT_SIGNALS_THEN_EXEC, *LAUNCHER[1:], *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
-        preexec_fn=signals_at_their_default,
     )
 
 

@@ -48,6 +48,8 @@ class FutureDeadlines:
 
     def add(self, future: asyncio.Future[Any], timeout_s: float, key: Any = None) -> None:
         """Fail ``future`` with ``expired(key)`` if it is not done ``timeout_s`` from now."""
+        if self._closed:
+            return  # nothing fails it any more (close)
         loop = self._loop
         at = loop.time() + timeout_s
         heap = self._heap
@@ -56,8 +58,6 @@ class FutureDeadlines:
             heapq.heapify(heap)
             self._rebuild_at = 2 * len(heap) + _SLACK
         heapq.heappush(heap, (at, next(self._order), future, key))
-        if self._closed:
-            return
         timer = self._timer
         if timer is None or at < timer.when():
             if timer is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, TypeVar
 
 import grpc
@@ -33,25 +34,17 @@ ROUND_STATES = {
 }
 
 
-# The last header made into a message, and the message: the answers of one batch (and
-# consecutive answers of one member) carry the same header.
-_last_header: list[tuple[Header, common_pb2.ResponseHeader]] = []
-
-
+@functools.lru_cache(maxsize=1)
 def header_pb(header: Header) -> common_pb2.ResponseHeader:
     """``header`` as its message. Consecutive calls with an equal header return the same
-    message: copy it into an answer (a constructor argument or ``CopyFrom``, as every caller
-    does), never change it."""
-    if _last_header and _last_header[0][0] == header:
-        return _last_header[0][1]
-    message = common_pb2.ResponseHeader(
+    message (the answers of one batch carry the same header): copy it into an answer (a
+    constructor argument or ``CopyFrom``, as every caller does), never change it."""
+    return common_pb2.ResponseHeader(
         revision=header.revision,
         raft_term=header.raft_term,
         leader_id=header.leader_id,
         member_id=header.member_id,
     )
-    _last_header[:] = [(header, message)]
-    return message
 
 
 def job_view(node: ServerNode, job_id: str) -> JobView:
@@ -74,14 +67,11 @@ def fill_kv(target: common_pb2.KeyValue, kv: KeyValue) -> None:
 
 
 def kv_pb(kv: KeyValue, keys_only: bool = False) -> common_pb2.KeyValue:
-    return common_pb2.KeyValue(
-        key=kv.key,
-        value=b"" if keys_only else kv.value,
-        create_revision=kv.create_revision,
-        mod_revision=kv.mod_revision,
-        version=kv.version,
-        lease_id=kv.lease_id,
-    )
+    message = common_pb2.KeyValue()
+    fill_kv(message, kv)
+    if keys_only:
+        message.value = b""
+    return message
 
 
 def wait_s(context: Context, cap_s: float = MAX_WAIT_S) -> float:

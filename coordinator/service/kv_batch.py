@@ -189,14 +189,13 @@ class BatchServer:
         writes: list[_Operation] = []
         guard = OPERATION_GUARD.get()
         for position, operation in enumerate(message.operations):
-            if position and position % SLICE_OPERATIONS == 0:
-                await asyncio.sleep(0)  # ``pace``, without a coroutine per operation
+            await pace(position)
             timeout_s = min(operation.timeout_ms / 1000, cap_s) if operation.timeout_ms else cap_s
             try:
+                kind = self.kind_of(operation)
                 if guard is not None:
-                    kind = self.kind_of(operation)
                     await guard(_METHODS[kind], getattr(operation, kind))
-                checked = self.check(operation, now + timeout_s)
+                checked = self.check(operation, kind, now + timeout_s)
             except Exception as error:
                 at_once.append(error_result(operation.id, error, deadline_passed=False))
                 continue
@@ -243,10 +242,9 @@ class BatchServer:
             )
         return kind
 
-    def check(self, operation: kv_pb2.BatchOperation, deadline: float) -> _Operation:
-        """The operation past its checks, its authorization (the guard) already passed
-        (raises what the unary call would refuse it with)."""
-        kind = self.kind_of(operation)
+    def check(self, operation: kv_pb2.BatchOperation, kind: str, deadline: float) -> _Operation:
+        """The operation of ``kind`` (``kind_of``) past its checks, its authorization (the
+        guard) already passed (raises what the unary call would refuse it with)."""
         request = getattr(operation, kind)
         write = _WRITES.get(kind)
         if write is not None:

@@ -146,12 +146,31 @@ class RoundStore:
         return await self.caller.write_on(self._streams(), kind, method, build, timeout_s)
 
     async def set(self, key: Bytes, value: Bytes, *, timeout_s: float | None = None) -> None:
-        await refined(
+        await self._set(key, value, False, timeout_s)
+
+    async def set_leased(
+        self, key: Bytes, value: Bytes, *, timeout_s: float | None = None
+    ) -> float:
+        """:meth:`set`, asking for a cache lease on the value written: how many seconds,
+        counted from before this call, the key keeps ``value`` (0: no lease), less
+        ``CACHE_LEASE_DRIFT`` of them, as :meth:`read_leased` answers (see
+        ``coordinator/service/store_cache.py``)."""
+        response = await self._set(key, value, True, timeout_s)
+        return response.cache_ms / 1000 * (1 - CACHE_LEASE_DRIFT)
+
+    async def _set(
+        self, key: Bytes, value: Bytes, cache: bool, timeout_s: float | None
+    ) -> rendezvous_pb2.StoreSetResponse:
+        return await refined(
             self._write(
                 "set",
                 lambda s: services(s).store.Set,
                 lambda header: rendezvous_pb2.StoreSetRequest(
-                    header=header, scope=self.scope, key=_bytes(key), value=_bytes(value)
+                    header=header,
+                    scope=self.scope,
+                    key=_bytes(key),
+                    value=_bytes(value),
+                    cache=cache,
                 ),
                 timeout_s,
             )

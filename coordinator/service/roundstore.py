@@ -29,7 +29,8 @@ after the barrier, so each group is as linearizable as a Get issued when the cal
 Cache leases (``store_cache.py``): a complete group that asks for ``cache`` is answered with a
 lease on its values when this member leads (granted with no await after the read), and every
 write goes through ``StoreCacheLeases.write``: served by the leader only, held while a lease
-on its key lasts, proposed bound to the leader's term.
+on its key lasts, proposed bound to the leader's term. A set that asks for ``cache`` is
+answered with a lease on the value it wrote, if its key still holds it once applied.
 """
 
 from __future__ import annotations
@@ -191,7 +192,9 @@ class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
         # ended round's store: its reads are for a formation that is over).
         live = self._store(checked.scope).ended is None
         leases = [
-            self.cache.grant(checked.scope, keys) if live and wanted and values is not None else 0
+            self.cache.grant(checked.scope, keys, values)
+            if live and wanted and values is not None
+            else 0
             for keys, values, wanted in zip(groups, answer, checked.cache, strict=True)
         ]
         size = sum(len(value) for values in answer if values is not None for value in values)
@@ -250,6 +253,7 @@ class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
             command.key,
             lambda term: propose(self.node, command, context, kind, header, term=term),
             unchanged=lambda: self._unchanged(scope, command),
+            sets=command.value if isinstance(command, StoreSet) else None,
         )
 
     def _unchanged(
@@ -289,7 +293,20 @@ class RoundStoreServicer(rendezvous_pb2_grpc.RoundStoreServicer):
             value=validate.store_value(request.value, limits),
         )
         await self._propose(scope, command, context, StoreSetResult, header)
-        return rendezvous_pb2.StoreSetResponse(header=header_pb(self.node.header()))
+        response = rendezvous_pb2.StoreSetResponse(header=header_pb(self.node.header()))
+        if request.cache:
+            response.cache_ms = self._lease_written(scope, command.key, command.value)
+        return response
+
+    def _lease_written(self, scope: validate.Scope, key: bytes, value: bytes) -> int:
+        """A lease on ``value`` at ``key`` for the writer that just set it, in ms: granted
+        if the key still holds it in a live round (no await since the check); else 0."""
+        store = self.node.state.rendezvous.readable_store(
+            scope.job, scope.round, scope.participant_id
+        )
+        if isinstance(store, Failure) or store.ended is not None or store.get(key) != value:
+            return 0
+        return self.cache.grant(scope, [key], [value])
 
     async def Add(
         self, request: rendezvous_pb2.StoreAddRequest, context: Context

@@ -34,14 +34,25 @@ every rank of c10d's store-based barrier that sees the full count sets the last-
 an add of 0; a compare-and-set that does not swap) does not wait: the leased value stays
 right, even with other writes of the key in flight. While a lease on a key runs, every write
 of it proposed and not yet applied is such a write (a lease is granted only while no write
-of the key is in flight, and a write that changes the value proposes only once the leases
-ended), so the value it was checked against is the one it applies to; a write that changes
-the value and waits for the lease is proposed after it, and applies after it.
+of the key is in flight other than sets of the leased value, and a write that changes the
+value proposes only once the leases ended), so the value it was checked against is the one
+it applies to; a write that changes the value and waits for the lease is proposed after it,
+and applies after it.
 
 A key being written is not leased; its group is answered as usual, without a lease (a group's
-lease is all of its keys or none). The cost: a write to a key a bridge holds waits up to
-``LEASE_S``. c10d's bootstrap keys are written once and then read (gloo's addresses, NCCL's id,
-a barrier's last-worker key); counters read with ADD 0 are never asked to be cached.
+lease is all of its keys or none), unless every write of it in flight is a set of the very
+value being leased: each of those leaves the value as it is when it applies (the writes
+before it in the log are the others, all sets of that value, and any write that changes the
+value proposes only once the lease ended), so the promise holds as if none were in flight.
+So a write's answer can carry a lease too (``StoreSetRequest.cache``): once a set applied, if
+the key still holds its value and the writes of it in flight all set that value, the writer
+is leased the value it wrote. c10d's store-based barrier has every node that sees the full
+count set the last-worker key and then wait for it; with the lease, its bridge answers that
+wait itself, where it was one more call per node.
+
+The cost: a write to a key a bridge holds waits up to ``LEASE_S``. c10d's bootstrap keys are
+written once and then read (gloo's addresses, NCCL's id, a barrier's last-worker key);
+counters read with ADD 0 are never asked to be cached.
 
 When a round ends its store is gone, but a bridge may still answer a read of the old round
 from its cache until the lease ends or its agent closes that round's port (at the next
@@ -97,8 +108,9 @@ class StoreCacheLeases:
         # When each leased key's latest lease ends (this member's clock), by (job, round).
         self._leased: dict[tuple[str, int], dict[bytes, float]] = {}
         # Writes of this term between their check and their apply (or for good, for a write
-        # whose proposal timed out), by (job, round, key).
+        # whose proposal timed out), by (job, round, key); and of those, the sets, by value.
         self._writing: dict[tuple[str, int, bytes], int] = {}
+        self._setting: dict[tuple[str, int, bytes], dict[bytes, int]] = {}
         # The term the counts above belong to, and when its round-store writes may start.
         self._term: int | None = None
         self._writes_open_at = 0.0
@@ -111,6 +123,7 @@ class StoreCacheLeases:
         if term is not None and term != self._term:
             self._term = term
             self._writing.clear()
+            self._setting.clear()
             # The predecessor's leases (see the module docstring), counted from when this
             # member saw itself elected (or from now, if it has not seen that yet).
             since = self.node.leader_since(term)
@@ -118,15 +131,24 @@ class StoreCacheLeases:
             self._writes_open_at = start + self.lease_s * (1 + DRIFT)
         return term
 
-    def grant(self, scope: validate.Scope, keys: Sequence[bytes]) -> int:
-        """A lease on ``keys``' values just read (no await since), in ms; 0 when none is
-        granted (not the leader, or a key being written)."""
+    def grant(
+        self, scope: validate.Scope, keys: Sequence[bytes], values: Sequence[bytes] | None = None
+    ) -> int:
+        """A lease on ``keys``' ``values`` just read (no await since), in ms; 0 when none is
+        granted (not the leader, or a key being written other than by sets of the value it
+        holds; with ``values`` None, any write in flight refuses it)."""
         if self._leading() is None:
             return 0
         job, round_number = scope.job, scope.round
         writing = self._writing
-        if writing and any((job, round_number, key) in writing for key in keys):
-            return 0
+        if writing:
+            for i, key in enumerate(keys):
+                slot = (job, round_number, key)
+                count = writing.get(slot)
+                if count and (
+                    values is None or self._setting.get(slot, {}).get(values[i], 0) != count
+                ):
+                    return 0
         now = self._clock()
         ends = now + self.lease_s
         leased = self._leased.setdefault((job, round_number), {})
@@ -143,16 +165,21 @@ class StoreCacheLeases:
         key: bytes,
         propose: Callable[[int], Awaitable[T]],
         unchanged: Callable[[], bool] = lambda: False,
+        sets: bytes | None = None,
     ) -> T:
         """``propose(term)``'s result, proposed once no lease on ``key`` is left, or at once
         if ``unchanged()`` says the write leaves the key's applied value as it is (raises
-        NotLeaderError on a member that does not lead)."""
+        NotLeaderError on a member that does not lead). ``sets``: the value the write sets
+        the key to, if it is a set (a lease on that value may be granted meanwhile)."""
         term = self._leading()
         if term is None:
             self.node.require_leader()
             raise AssertionError("require_leader let a member that does not lead pass")
         slot = (scope.job, scope.round, key)
         self._writing[slot] = self._writing.get(slot, 0) + 1
+        if sets is not None:
+            by_value = self._setting.setdefault(slot, {})
+            by_value[sets] = by_value.get(sets, 0) + 1
         settled = True
         try:
             while True:
@@ -186,6 +213,15 @@ class StoreCacheLeases:
                     self._writing[slot] = count
                 else:
                     self._writing.pop(slot, None)
+                if sets is not None:
+                    by_value = self._setting.get(slot, {})
+                    left = by_value.get(sets, 0) - 1
+                    if left > 0:
+                        by_value[sets] = left
+                    else:
+                        by_value.pop(sets, None)
+                        if not by_value:
+                            self._setting.pop(slot, None)
 
     def _sweep(self, now: float) -> None:
         self._granted = 0

@@ -686,22 +686,26 @@ class StoreScope(_message.Message):
     def __init__(self, job: _Optional[str] = ..., round: _Optional[int] = ..., participant_id: _Optional[int] = ...) -> None: ...
 
 class StoreSetRequest(_message.Message):
-    __slots__ = ("header", "scope", "key", "value")
+    __slots__ = ("header", "scope", "key", "value", "cache")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.RequestHeader
     scope: StoreScope
     key: bytes
     value: bytes
-    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., scope: _Optional[_Union[StoreScope, _Mapping]] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ...) -> None: ...
+    cache: bool
+    def __init__(self, header: _Optional[_Union[_common_pb2.RequestHeader, _Mapping]] = ..., scope: _Optional[_Union[StoreScope, _Mapping]] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., cache: _Optional[bool] = ...) -> None: ...
 
 class StoreSetResponse(_message.Message):
-    __slots__ = ("header",)
+    __slots__ = ("header", "cache_ms")
     HEADER_FIELD_NUMBER: _ClassVar[int]
+    CACHE_MS_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.ResponseHeader
-    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ...) -> None: ...
+    cache_ms: int
+    def __init__(self, header: _Optional[_Union[_common_pb2.ResponseHeader, _Mapping]] = ..., cache_ms: _Optional[int] = ...) -> None: ...
 
 class StoreGetRequest(_message.Message):
     __slots__ = ("scope", "key", "timeout_ms")

@@ -56,7 +56,9 @@ async def test_concurrent_proposals_reach_a_follower_in_one_append(
             break
         await asyncio.sleep(0.01)
     # One MsgApp carried all of them (one per write before).
-    assert WRITES in appended, appended
+    # The cluster's own entries (its version, proposed as it starts) may ride in the same
+    # append.
+    assert max(appended, default=0) >= WRITES, appended
 
 
 async def test_a_refused_batch_fails_each_of_its_callers_and_batches_are_bounded() -> None:

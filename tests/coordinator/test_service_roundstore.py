@@ -4,6 +4,7 @@ waits, fencing to the ACTIVE round's members (reads included), and every failure
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -413,37 +414,63 @@ async def test_malformed_requests_are_refused_naming_the_field(
     assert (len(client.node.proposals), client.node.read_barriers) == (proposals, barriers)
 
 
-async def test_a_write_waits_for_the_lease_on_its_key_unless_it_keeps_the_value(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Cache leases through the service (coordinator/service/store_cache.py), on virtual
-    time: a MultiGet group asking for a lease gets one; a set that changes a leased key is
-    held until the lease ended, one that writes the value it holds (c10d's barrier's
-    last-worker key) is not, and a key being written is not leased."""
+class VirtualClock:
+    """Virtual time for the service's cache leases: a write's wait for a lease advances it."""
+
+    now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        await asyncio.sleep(0)
+
+
+@pytest.fixture
+def lease_clock(monkeypatch: pytest.MonkeyPatch) -> VirtualClock:
+    """The clock of the cache leases of every RoundStore service made in the test."""
     from rallypoint.coordinator.service.store_cache import StoreCacheLeases
 
-    class Clock:
-        now = 100.0
-
-        def __call__(self) -> float:
-            return self.now
-
-        async def sleep(self, seconds: float) -> None:
-            self.now += seconds
-            await asyncio.sleep(0)
-
-    clock = Clock()
+    clock = VirtualClock()
     monkeypatch.setattr(
         roundstore,
         "StoreCacheLeases",
         lambda node: StoreCacheLeases(node, clock=clock, sleep=clock.sleep),
     )
+    return clock
+
+
+@dataclass
+class LeaseScene:
+    store: rendezvous_pb2_grpc.RoundStoreStub
+    headers: Headers
+    scope: pb.StoreScope
+
+
+@contextlib.asynccontextmanager
+async def store_of_a_round() -> AsyncIterator[LeaseScene]:
+    """A served FakeNode with a round of two: its store, a session and a participant's scope."""
     node = FakeNode(LIMITS)
     async with serving(node) as channel:
         headers = await open_session(node)
         a, _ = await join_round(channel, headers, "j", 2)
         store = rendezvous_pb2_grpc.RoundStoreStub(channel)
-        scope = pb.StoreScope(job="j", round=1, participant_id=a.participant_id)
+        yield LeaseScene(
+            store, headers, pb.StoreScope(job="j", round=1, participant_id=a.participant_id)
+        )
+
+
+async def test_a_write_waits_for_the_lease_on_its_key_unless_it_keeps_the_value(
+    lease_clock: VirtualClock,
+) -> None:
+    """Cache leases through the service (coordinator/service/store_cache.py), on virtual
+    time: a MultiGet group asking for a lease gets one; a set that changes a leased key is
+    held until the lease ended, one that writes the value it holds (c10d's barrier's
+    last-worker key) is not, and a key being written is not leased."""
+    clock = lease_clock
+    async with store_of_a_round() as scene:
+        store, headers, scope = scene.store, scene.headers, scene.scope
 
         async def set_(value: bytes) -> float:
             before = clock.now
@@ -467,3 +494,29 @@ async def test_a_write_waits_for_the_lease_on_its_key_unless_it_keeps_the_value(
         plain.groups.add(keys=[b"k"])
         (group,) = (await store.MultiGet(plain)).groups
         assert (list(group.values), group.cache_ms) == ([b"w"], 0)  # not asked: none
+
+
+async def test_a_set_asking_for_a_lease_is_leased_the_value_it_wrote(
+    lease_clock: VirtualClock,
+) -> None:
+    """StoreSetRequest.cache: the writer gets a lease on the value it wrote, and the leader
+    keeps it (a set that changes the key is held until it ended); a set that does not ask
+    gets none."""
+    clock = lease_clock
+    async with store_of_a_round() as scene:
+        store, headers, scope = scene.store, scene.headers, scene.scope
+
+        async def set_(value: bytes, cache: bool) -> tuple[int, float]:
+            before = clock.now
+            response = await store.Set(
+                pb.StoreSetRequest(
+                    header=headers(), scope=scope, key=b"k", value=value, cache=cache
+                )
+            )
+            return response.cache_ms, clock.now - before
+
+        assert await set_(b"v", cache=False) == (0, 0.0)
+        assert await set_(b"w", cache=True) == (1000, 0.0)
+        assert await set_(b"w", cache=True) == (1000, 0.0)  # the same value: not held
+        # Another value waits for the lease the last set was given.
+        assert await set_(b"x", cache=False) == (0, pytest.approx(1.0))

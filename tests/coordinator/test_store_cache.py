@@ -269,3 +269,62 @@ async def test_a_write_that_leaves_the_value_as_it_is_does_not_wait_for_the_leas
     assert order == ["keeps", "keeps again", "changes"]
     release.set()
     await keeping
+
+
+async def test_a_key_being_set_to_the_value_it_holds_is_leased_that_value() -> None:
+    """c10d's barrier has every node that reads the full count set the last-worker key to
+    the same value at once: while only such sets of the key are in flight, a lease on that
+    value (for a read, or for the answer of one of those sets) is granted; with a write in
+    flight that may change the value, none is."""
+    node = Leading()
+    cache = leases(node)
+    release = asyncio.Event()
+
+    async def propose(term: int) -> None:
+        await release.wait()
+
+    def setting(value: bytes) -> asyncio.Task[None]:
+        return asyncio.create_task(cache.write(SCOPE, b"last", propose, sets=value))
+
+    sets = [setting(b"1"), setting(b"1")]
+    await asyncio.sleep(0)
+    assert cache.grant(SCOPE, [b"last"], [b"1"]) == int(LEASE_S * 1000)
+    assert cache.grant(SCOPE, [b"last"], [b"2"]) == 0  # they would change that value
+    assert cache.grant(SCOPE, [b"last"]) == 0  # values not given: any write refuses
+    # A set of another value in flight, or a write that is not a set: no lease on "1".
+    other = setting(b"2")
+    await asyncio.sleep(0)
+    assert cache.grant(SCOPE, [b"last"], [b"1"]) == 0
+    release.set()
+    await asyncio.gather(*sets, other)
+    assert not cache._writing and not cache._setting
+    release.clear()
+    add = asyncio.create_task(cache.write(SCOPE, b"last", propose))
+    await asyncio.sleep(0)
+    assert cache.grant(SCOPE, [b"last"], [b"1"]) == 0
+    release.set()
+    await add
+    # A group is leased only if each of its keys is.
+    release.clear()
+    held = setting(b"1")
+    await asyncio.sleep(0)
+    assert cache.grant(SCOPE, [b"last", b"x"], [b"1", b"y"]) > 0
+    assert cache.grant(SCOPE, [b"x", b"last"], [b"y", b"2"]) == 0
+    release.set()
+    await held
+
+
+async def test_a_set_that_may_still_apply_keeps_its_value_leasable_and_no_other() -> None:
+    node = Leading()
+    cache = leases(node)
+
+    async def times_out(term: int) -> None:
+        raise ProposalTimeoutError("not confirmed")
+
+    with pytest.raises(ProposalTimeoutError):
+        await cache.write(SCOPE, b"k", times_out, sets=b"v")
+    # Marked for the term as a set of "v": a lease on "v" stays right if it applies later.
+    assert cache.grant(SCOPE, [b"k"], [b"v"]) > 0
+    assert cache.grant(SCOPE, [b"k"], [b"w"]) == 0
+    node.term = 6  # a new term forgets the marks
+    assert cache.grant(SCOPE, [b"k"], [b"w"]) > 0

@@ -1,9 +1,11 @@
 """Cache leases on round-store values, end to end on a real 3-member cluster: reads through
 the TCPStore bridge's coalescer (``worker/tcpstore/coalescing.Reads``) are answered from leases
 without a call, and never return a value older than a write that completed before the read
-began, while another client keeps overwriting the keys. The negative control starts the
-members with the lease wait of writes switched off (RALLYPOINT_UNSAFE_STORE_CACHE=1) and
-checks that the same check then finds stale reads, so the check can fail."""
+began, while another client keeps overwriting the keys; and a bridge's set, leased the value
+it wrote (``coalescing.Sets``), never answers a read with it once another client's write of
+the key completed. The negative control starts the members with the lease wait of writes
+switched off (RALLYPOINT_UNSAFE_STORE_CACHE=1) and checks that the same checks then find
+stale reads, so the checks can fail."""
 
 from __future__ import annotations
 
@@ -14,13 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rallypoint.client import Client, JobConfig
-from rallypoint.worker.tcpstore.coalescing import Reads
+from rallypoint.worker.tcpstore.coalescing import Reads, Sets
 
 from .harness import running_cluster
 
 KEYS = [f"k{i}".encode() for i in range(4)]
 WORKLOAD_S = 4.0
 READERS = 3
+# Keys a bridge sets (leased) and another client then overwrites.
+SET_KEYS = [f"s{i}".encode() for i in range(2)]
 
 
 @dataclass(frozen=True)
@@ -31,9 +35,21 @@ class Op:
     value: int
 
 
-async def workload(endpoints: list[str]) -> tuple[list[Op], list[Op], int]:
+@dataclass
+class Outcome:
+    writes: list[Op]
+    reads: list[Op]
+    # Reads answered from a lease at once.
+    hits: int
+    # What a bridge read of each of SET_KEYS after it set the key (leased) and another
+    # client's overwrite of it completed.
+    after_overwrite: list[bytes | None]
+
+
+async def workload(endpoints: list[str]) -> Outcome:
     """Writes (one writer task per key, increasing values) and reads through bridges'
-    coalescers (a client each); the number of reads answered from a lease at once."""
+    coalescers (a client each); then, per key of SET_KEYS, a bridge's leased set, another
+    client's overwrite and the bridge's read."""
     config = JobConfig(min_nodes=1, max_nodes=1)
     async with Client(endpoints) as owner:
         participant = await owner.join("cache", "solo", config=config)
@@ -87,8 +103,23 @@ async def workload(endpoints: list[str]) -> tuple[list[Op], list[Op], int]:
         finally:
             for client in readers:
                 await client.__aexit__(None, None, None)
+        after_overwrite: list[bytes | None] = []
+        async with Client(endpoints) as bridge_client:
+            bridge_store = bridge_client.round_store(job, round_number, pid)
+            bridge_reads = Reads(bridge_store, lambda: 1)
+            sets = Sets(bridge_store, bridge_reads.cache)
+            try:
+                for key in SET_KEYS:
+                    await sets.set(key, b"bridge")
+                    assert bridge_reads.cache.leased([key]) == [b"bridge"], "no lease given"
+                    # Held by the leader until the bridge's lease ended (unless unsafe).
+                    await writer_store.set(key, b"writer")
+                    values = await bridge_reads.read([key])
+                    after_overwrite.append(None if values is None else values[0])
+            finally:
+                bridge_reads.close()
         await participant.leave()
-        return writes, reads, hits
+        return Outcome(writes, reads, hits, after_overwrite)
 
 
 def stale_reads(writes: list[Op], reads: list[Op]) -> list[tuple[Op, int]]:
@@ -105,19 +136,22 @@ def stale_reads(writes: list[Op], reads: list[Op]) -> list[tuple[Op, int]]:
     return stale
 
 
-def run(tmp_path: Path, env: dict[str, str] | None) -> tuple[list[Op], list[Op], int]:
+def run(tmp_path: Path, env: dict[str, str] | None) -> Outcome:
     with running_cluster(tmp_path / "cluster", 3, env=env) as cluster:
         return asyncio.run(workload(cluster.endpoints))
 
 
 def test_leased_reads_skip_calls_and_never_return_an_overwritten_value(tmp_path: Path) -> None:
-    writes, reads, hits = run(tmp_path, None)
+    outcome = run(tmp_path, None)
+    writes, reads, hits = outcome.writes, outcome.reads, outcome.hits
     assert len(writes) >= 2 * len(KEYS) and len(reads) >= 200
     # Most reads were answered from a lease, without a call.
     assert hits >= len(reads) // 2, (hits, len(reads))
     assert not stale_reads(writes, reads), stale_reads(writes, reads)[:5]
+    assert outcome.after_overwrite == [b"writer"] * len(SET_KEYS)
 
 
 def test_control_without_the_write_wait_the_check_finds_stale_reads(tmp_path: Path) -> None:
-    writes, reads, _ = run(tmp_path, {"RALLYPOINT_UNSAFE_STORE_CACHE": "1"})
-    assert stale_reads(writes, reads), "the unsafe members served no stale read: check is blind"
+    outcome = run(tmp_path, {"RALLYPOINT_UNSAFE_STORE_CACHE": "1"})
+    assert stale_reads(outcome.writes, outcome.reads), "no stale read: the check is blind"
+    assert b"bridge" in outcome.after_overwrite, "the set's lease outlived no overwrite"

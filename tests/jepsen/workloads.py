@@ -415,11 +415,13 @@ async def store_owner(ctx: Context, held: StoreRound) -> None:
 
 
 async def store_client(ctx: Context, held: StoreRound, keys: int = 3) -> None:
-    """Writes (round-store sets of small integers) and reads through a TCPStore bridge's
-    coalescer (``worker/tcpstore/coalescing.Reads``: answered from cache leases when it holds
-    them) on the current round's keys, each key a register ``store/<round>/<k>``. A read
-    of a key never set reads None."""
-    from rallypoint.worker.tcpstore.coalescing import Reads
+    """Writes (round-store sets of small integers, through a TCPStore bridge's ``Sets``,
+    which asks for a lease on each value it writes) and reads through the bridge's coalescer
+    (``worker/tcpstore/coalescing.Reads``: answered from the cache leases it holds, its sets'
+    included) on the current round's keys, each key a register ``store/<round>/<k>``. The
+    clients often set a key to the value it holds, as c10d's barrier does, so leases are
+    granted while such sets are in flight. A read of a key never set reads None."""
+    from rallypoint.worker.tcpstore.coalescing import Reads, Sets
 
     async with contextlib.AsyncExitStack() as stack:
         client = await connect(ctx, stack)
@@ -427,6 +429,7 @@ async def store_client(ctx: Context, held: StoreRound, keys: int = 3) -> None:
             return
         process = Process(ctx)
         reads: Reads | None = None
+        sets: Sets | None = None
         scope: tuple[int, int] | None = None
         try:
             while ctx.running():
@@ -440,6 +443,7 @@ async def store_client(ctx: Context, held: StoreRound, keys: int = 3) -> None:
                     if reads is not None:
                         reads.close()
                     reads, scope = Reads(store, lambda: 1), current
+                    sets = Sets(store, reads.cache)
                 key = f"{ctx.rng.randrange(keys)}"
                 name = f"store/{round_number}/{key}"
                 if ctx.rng.random() < 0.6:
@@ -452,8 +456,8 @@ async def store_client(ctx: Context, held: StoreRound, keys: int = 3) -> None:
                 else:
                     value = ctx.rng.randrange(5)
 
-                    async def write(key: str = key, value: int = value, store: Any = store) -> None:
-                        await store.set(key, str(value))
+                    async def write(key: str = key, value: int = value, sets: Any = sets) -> None:
+                        await sets.set(key.encode(), str(value).encode())
 
                     await process.call("write", name, value, write)
         finally:

@@ -214,7 +214,7 @@ async def test_without_leases_a_value_read_ahead_answers_only_its_own_wait(
 ) -> None:
     """A member other than the leader grants no lease: nothing read ahead is kept, so a
     rewrite is seen at once."""
-    monkeypatch.setattr(StoreCacheLeases, "grant", lambda self, scope, keys: 0)
+    monkeypatch.setattr(StoreCacheLeases, "grant", lambda self, scope, keys, values=None: 0)
     node = served.node
 
     def run() -> None:

@@ -472,6 +472,95 @@ async def test_a_combined_add_that_fails_is_retried_part_by_part() -> None:
     assert store.calls == [(b"n", 0), (b"n", 7), (b"n", 4), (b"n", 3)]
 
 
+class LeasingSetStore(GatedStore):
+    """A gated store whose sets are applied to its data and, asked for one, leased for
+    ``lease_s`` (0: none), as the leader answers ``StoreSetRequest.cache``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sets: list[tuple[bytes, bytes]] = []
+
+    async def set_leased(self, key: bytes, value: bytes) -> float:
+        self.sets.append((key, value))
+        self.data[key] = value
+        return self.lease_s
+
+
+async def test_a_wait_for_a_missing_key_is_one_coordinator_wait_and_no_read() -> None:
+    """NCCL's unique id, a barrier's last-worker key: a WAIT for keys no lease holds goes
+    straight to the shared coordinator wait, answered at once if they exist; reading first
+    was a second call whenever they did not yet (the usual case for a WAIT)."""
+    store = LeasingSetStore()
+    store.lease_s = 30.0
+    reads = reads_of(store, 8)
+    adds, writes = Adds(cast(RoundStore, store)), Writes()
+    sinks = [_Sink() for _ in range(8)]
+    connections = [connected(store, reads, adds, writes, sink) for sink in sinks]
+    for connection in connections:
+        await connection.answer(Wait((b"id",)))
+    await asyncio.sleep(0.01)
+    assert store.waits == [(b"id",)] and store.calls == []  # one wait for the node, no read
+    store.data[b"id"] = b"unique"
+    store.wait_done.set()
+    for connection in connections:
+        assert connection.waiting is not None
+        await asyncio.wait_for(connection.waiting, 5)
+    assert [bytes(sink.data) for sink in sinks] == [bytes([0])] * 8  # STOP_WAITING
+    # The wait's lease answers the GETs that follow, and a WAIT for a key that exists is
+    # one wait answered at once.
+    assert connections[0].answer_leased(Get(b"id"))
+    store.data[b"other"] = b"here"
+    await connections[1].answer(Wait((b"other",)))
+    assert connections[1].waiting is not None
+    await asyncio.wait_for(connections[1].waiting, 5)
+    assert store.waits == [(b"id",), (b"other",)] and store.calls == []
+    reads.close()
+
+
+async def test_a_wait_for_a_numbered_key_in_sequence_reads_ahead_instead() -> None:
+    """gloo's full mesh WAITs for every rank's key in order: after a leased read of
+    ``p/0``, a WAIT for ``p/1`` goes through a coalesced read that prefetches the keys after
+    it, as before, not through a wait of its own."""
+    store, reads = leasing({b"p/%d" % n: b"v" for n in range(4)}, 30.0)
+    sink = _Sink()
+    connection = connected(store, reads, Adds(cast(RoundStore, store)), Writes(), sink)
+    assert await reads.read([b"p/0"]) == [b"v"]
+    await connection.answer(Wait((b"p/1",)))
+    assert connection.waiting is not None
+    await asyncio.wait_for(connection.waiting, 5)
+    assert bytes(sink.data) == bytes([0])
+    assert store.waits == [] and store.calls[1][:3] == [(b"p/1",), (b"p/2",), (b"p/3",)]
+    reads.close()
+
+
+async def test_a_set_is_leased_the_value_it_wrote_and_answers_the_waits_for_it() -> None:
+    """c10d's store-based barrier: the nodes that read the full count set the last-worker
+    key, then every rank waits for it. The bridge's set asks for a lease on what it wrote,
+    so those waits (and gets) are answered with no call; a store that grants none leaves
+    them to the coordinator."""
+    store = LeasingSetStore()
+    store.lease_s = 30.0
+    reads = reads_of(store, 8)
+    adds, writes = Adds(cast(RoundStore, store)), Writes()
+    sets = Sets(cast(RoundStore, store), reads.cache)
+    sinks = [_Sink() for _ in range(8)]
+    connections = [Connection(cast(RoundStore, store), reads, adds, writes, sets) for _ in range(8)]
+    for connection, sink in zip(connections, sinks, strict=True):
+        connection.connection_made(cast(Any, sink))
+    await asyncio.gather(*(c.answer(Set(b"b:last_worker", b"1")) for c in connections))
+    assert store.sets == [(b"b:last_worker", b"1")]
+    for connection, sink in zip(connections, sinks, strict=True):
+        assert connection.answer_leased(Wait((b"b:last_worker",)))
+        assert connection.answer_leased(Get(b"b:last_worker"))
+        assert bytes(sink.data) == bytes([0]) + (1).to_bytes(8, "little") + b"1"
+    assert store.calls == [] and store.waits == []
+    # No lease granted: the wait goes to the coordinator.
+    store.lease_s = 0.0
+    await connections[0].answer(Set(b"c:last_worker", b"1"))
+    assert not connections[0].answer_leased(Wait((b"c:last_worker",)))
+    reads.close()
+
+
 class SettingStore:
     """Sets on a dict, each call gated, failing with ``failure`` when one is given."""
 

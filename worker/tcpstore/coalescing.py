@@ -2,17 +2,18 @@
 
 Theory of operation. gloo's full-mesh connect has every rank get every other rank's key:
 N^2 gets per round, each a WAIT then a GET. Each request used to be a coordinator call of
-its own, each paying gRPC's per-call cost and a read barrier. Here the WAITs (their first
-look), GETs, CHECKs and MULTI_GETs of all the round's connections go to the coordinator
-together as one MultiGet, one call in flight at a time (:class:`Reads`). A read is only ever
-answered by a call that started after it arrived or by a cache lease still running
-(``lease_cache.py``), never from values merely kept from an earlier call (c10d allows
-overwriting and deleting keys), so a read that follows a completed write sees it. A WAIT
-whose keys are missing blocks on a coordinator Wait shared by the connections waiting on
-the same keys, then looks again. Concurrent ADDs to one key (a store-based barrier's) go as
-one Add of their sum, each answered with its running sum (:class:`Adds`), and concurrent SETs
-of one key to one value as one Set (:class:`Sets`). Every read first waits for the writes the
-bridge took before it (:class:`Writes`).
+its own, each paying gRPC's per-call cost and a read barrier. Here the GETs, CHECKs and
+MULTI_GETs of all the round's connections, and the WAITs of gloo's full mesh (numbered keys
+read in sequence), go to the coordinator together as one MultiGet, one call in flight at a
+time (:class:`Reads`). A read is only ever answered by a call that started after it arrived
+or by a cache lease still running (``lease_cache.py``), never from values merely kept from an
+earlier call (c10d allows overwriting and deleting keys), so a read that follows a completed
+write sees it. Other WAITs (and those whose read found keys missing) block on a coordinator
+wait shared by the connections waiting on the same keys, answered at once if they exist.
+Concurrent ADDs to one key (a store-based barrier's) go as one Add of their sum, each
+answered with its running sum (:class:`Adds`), and concurrent SETs of one key to one value as
+one Set (:class:`Sets`), which is leased the value it wrote. Every read first waits for the
+writes the bridge took before it (:class:`Writes`).
 """
 
 from __future__ import annotations
@@ -164,6 +165,11 @@ class Reads:
             if values is not None:
                 self.cache.keep(keys, values, started, lease_s)
                 return values
+
+    def in_sequence(self, keys: Sequence[bytes]) -> bool:
+        """Whether a read of ``keys`` would read ahead (``Prefetch``): one numbered key
+        whose predecessor this bridge read with a lease, as gloo's full mesh reads."""
+        return self._prefetch.in_sequence(keys)
 
     def _not_leased(self, reads: list[_Read]) -> list[_Read]:
         """Answer the reads a running lease covers; the others."""
@@ -344,10 +350,16 @@ class Sets:
     does). A part is never answered by a call sent before it arrived: another bridge may
     have written the key in between. A failed call fails each part with its error (the
     parts are the same request). Sets of a key to different values are not combined.
+
+    With a ``cache`` (the round's :class:`LeaseCache`), each call asks the leader for a lease
+    on the value it wrote (``RoundStore.set_leased``) and keeps what it grants, counted from
+    before the call was sent: the barrier's ranks then wait for the key they just set, and
+    the bridge answers those waits itself.
     """
 
-    def __init__(self, store: RoundStore) -> None:
+    def __init__(self, store: RoundStore, cache: LeaseCache | None = None) -> None:
         self.store = store
+        self._cache = cache
         # The sets whose call is not sent yet, by (key, value).
         self._pending: dict[tuple[bytes, bytes], list[asyncio.Future[None]]] = {}
         self._calls: set[asyncio.Task[None]] = set()
@@ -369,7 +381,12 @@ class Sets:
         # The task's first step, a loop turn after the first part: the parts are taken now.
         parts = self._pending.pop(write)
         try:
-            await self.store.set(*write)
+            if self._cache is None:
+                await self.store.set(*write)
+            else:
+                started = time.monotonic()
+                lease_s = await self.store.set_leased(*write)
+                self._cache.keep((write[0],), (write[1],), started, lease_s)
         except RallypointError as error:
             for future in parts:
                 if not future.done():

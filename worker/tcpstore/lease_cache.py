@@ -97,6 +97,14 @@ class Prefetch:
         # How many keys to prefetch after a numbered key, by prefix (0: never again).
         self._count: dict[bytes, int] = {}
 
+    def in_sequence(self, keys: Sequence[bytes]) -> bool:
+        """Whether ``keys`` is one numbered key ``<prefix><n>`` whose predecessor
+        ``<prefix><n-1>`` this bridge read with a lease (a read of it reads ahead)."""
+        if len(keys) != 1 or (parts := numbered(keys[0])) is None:
+            return False
+        prefix, number = parts
+        return prefix + b"%d" % (number - 1) in self._cache and self._count.get(prefix) != 0
+
     def following(
         self, groups: dict[tuple[bytes, ...], int], lease: list[bool]
     ) -> dict[bytes, bytes]:

@@ -335,12 +335,19 @@ class Connection(asyncio.Protocol):
         self.waiting = asyncio.create_task(self.wait_for(keys))
 
     async def wait_for(self, keys: Sequence[bytes]) -> None:
-        """Answer STOP_WAITING once every key exists: by the next coalesced read (the usual
-        case: a WAIT precedes every GET), else by the shared coordinator wait on them (or a
-        read after it, for a connection that joined it late), until the WAIT is cancelled."""
+        """Answer STOP_WAITING once every key exists, until the WAIT is cancelled: at once if
+        running leases hold them; for a numbered key read in sequence (gloo's full mesh, a
+        WAIT before every GET), by the next coalesced read, which reads the keys after it
+        ahead; else by the shared coordinator wait on them, which answers as soon as they
+        exist, at once if they do (a read first would be a second call whenever they do not
+        yet: NCCL's unique id, a barrier's last-worker key). A connection that joined that
+        wait after it was sent reads after it (answered by the wait's lease, if it got one)."""
         try:
             await self.writes.settled()
-            found = await self.reads.read(keys)
+            reads = self.reads
+            found = reads.cache.leased(keys) if keys else []
+            if found is None and reads.in_sequence(keys):
+                found = await reads.read(keys)
             while found is None:
                 found = await self.reads.wait(keys)
                 if found is None:  # joined a wait already sent: look again
@@ -438,7 +445,7 @@ class StoreBridge:
         store = self._client.round_store(job, round_number, participant_id)
         reads = self._reads = Reads(store, lambda: len(self._connections))
         adds = Adds(store)
-        sets = Sets(store)
+        sets = Sets(store, reads.cache)
         writes = Writes()
 
         def accept() -> Connection:

@@ -651,6 +651,29 @@ class ReadAddStore(GatedStore):
         return int(self.data[key])
 
 
+async def test_a_wait_the_leases_do_not_answer_starts_only_its_wait_task() -> None:
+    """A WAIT arriving on the socket with nothing ahead of it starts its wait at once, with
+    no serving task (only a CANCEL_WAIT may follow it); the CANCEL_WAIT is served after."""
+    store = GatedStore()
+    sink = _Sink()
+    connection = connected(store, reads_of(store), Adds(cast(RoundStore, store)), Writes(), sink)
+    key = b"id"
+    connection.data_received(
+        bytes([Query.WAIT]) + (1).to_bytes(8, "little") + len(key).to_bytes(8, "little") + key
+    )
+    assert connection.serving is None and connection.waiting is not None
+    await asyncio.sleep(0.01)
+    assert store.waits == [(b"id",)]
+    connection.data_received(bytes([Query.CANCEL_WAIT]))
+    for _ in range(100):
+        if sink.data:
+            break
+        await asyncio.sleep(0.01)
+    assert bytes(sink.data) == bytes([1])  # WAIT_CANCELED
+    assert connection.waiting is None
+    connection.connection_lost(None)
+
+
 async def test_queries_are_answered_in_the_order_they_came_leased_or_not() -> None:
     """A connection answers leased reads as their bytes arrive, but never ahead of an earlier
     query still waiting for the coordinator; nor while the worker does not read its answers

@@ -92,8 +92,10 @@ class Connection(asyncio.Protocol):
 
     An ``asyncio.Protocol``: the requests are parsed (``protocol.RequestParser``) as the
     socket delivers them, in :meth:`data_received`, and a read that running leases answer
-    (most of gloo's bootstrap) is answered there and then, with no task, future or await.
-    The first request that needs the coordinator starts a task (``serving``) that answers it
+    (most of gloo's bootstrap) is answered there and then, with no task, future or await,
+    and a WAIT that they do not answer starts its wait task there (``waiting``: only a
+    CANCEL_WAIT may follow it). Any other request that needs the coordinator starts a task
+    (``serving``) that answers it
     and then every request behind it, in order, until the parser holds no whole request;
     while it runs, data received only joins the parser (reading pauses past
     ``_BUFFER_BYTES``). So the answers go out in the order the requests came, as the
@@ -149,9 +151,15 @@ class Connection(asyncio.Protocol):
                 request = self._next()
                 if request is None:
                     return
-                if not self.answer_leased(request):
-                    self.serving = asyncio.create_task(self._serve(request))
-                    return
+                if self.answer_leased(request):
+                    continue
+                if isinstance(request, Wait):
+                    # Its answer comes from a task of its own in any case (only CANCEL_WAIT
+                    # may follow it): no serving task is needed to start that one.
+                    self.start_wait(request.keys)
+                    continue
+                self.serving = asyncio.create_task(self._serve(request))
+                return
             # The worker does not read its answers: serve the rest once it does.
             self.serving = asyncio.create_task(self._serve(None))
         except ProtocolError as error:

@@ -95,11 +95,10 @@ class Connection(asyncio.Protocol):
     (most of gloo's bootstrap) is answered there and then, with no task, future or await,
     and a WAIT that they do not answer starts its wait task there (``waiting``: only a
     CANCEL_WAIT may follow it). Any other request that needs the coordinator starts a task
-    (``serving``) that answers it
-    and then every request behind it, in order, until the parser holds no whole request;
-    while it runs, data received only joins the parser (reading pauses past
-    ``_BUFFER_BYTES``). So the answers go out in the order the requests came, as the
-    worker's client expects.
+    (``serving``) that answers it and then every request behind it, in order, until the
+    parser holds no whole request; while it runs, data received only joins the parser
+    (reading pauses past ``_BUFFER_BYTES``). So the answers go out in the order the requests
+    came, as the worker's client expects.
 
     ``closed`` is resolved once the socket closed and the task serving it (if any) ended.
     """

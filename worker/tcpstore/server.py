@@ -356,9 +356,9 @@ class Connection(asyncio.Protocol):
             if found is None and reads.in_sequence(keys):
                 found = await reads.read(keys)
             while found is None:
-                found = await self.reads.wait(keys)
+                found = await reads.wait(keys)
                 if found is None:  # joined a wait already sent: look again
-                    found = await self.reads.read(keys)
+                    found = await reads.read(keys)
         except RallypointError as error:
             # The reader is blocked on the socket: closing it ends the worker's wait now.
             log.warning("store %s refused a wait: %s", self.store.namespace, error)

@@ -97,13 +97,22 @@ class Prefetch:
         # How many keys to prefetch after a numbered key, by prefix (0: never again).
         self._count: dict[bytes, int] = {}
 
-    def in_sequence(self, keys: Sequence[bytes]) -> bool:
-        """Whether ``keys`` is one numbered key ``<prefix><n>`` whose predecessor
-        ``<prefix><n-1>`` this bridge read with a lease (a read of it reads ahead)."""
+    def _ahead(self, keys: Sequence[bytes]) -> tuple[bytes, int, int] | None:
+        """(prefix, n, how many keys to read after it) when ``keys`` is one numbered key
+        ``<prefix><n>`` whose predecessor ``<prefix><n-1>`` this bridge read with a lease
+        (keys read in sequence, as gloo's are) and its prefix's prefetch is not off; else
+        None."""
         if len(keys) != 1 or (parts := numbered(keys[0])) is None:
-            return False
+            return None
         prefix, number = parts
-        return prefix + b"%d" % (number - 1) in self._cache and self._count.get(prefix) != 0
+        count = self._count.get(prefix, PREFETCH_KEYS)
+        if not count or prefix + b"%d" % (number - 1) not in self._cache:
+            return None
+        return prefix, number, count
+
+    def in_sequence(self, keys: Sequence[bytes]) -> bool:
+        """Whether a read of ``keys`` would read ahead (see :meth:`following`)."""
+        return self._ahead(keys) is not None
 
     def following(
         self, groups: dict[tuple[bytes, ...], int], lease: list[bool]
@@ -115,15 +124,10 @@ class Prefetch:
         cache = self._cache
         following: dict[bytes, bytes] = {}
         for keys, at in groups.items():
-            if len(keys) != 1 or not lease[at]:
-                continue
-            parts = numbered(keys[0])
-            if parts is None:
-                continue
-            prefix, number = parts
-            if prefix + b"%d" % (number - 1) not in cache:
-                continue  # not read in sequence: no prefetch
-            count = self._count.get(prefix, PREFETCH_KEYS)
+            ahead = self._ahead(keys) if lease[at] else None
+            if ahead is None:
+                continue  # not read in sequence (or not leased): no prefetch
+            prefix, number, count = ahead
             for n in range(number + 1, number + 1 + count):
                 key = prefix + b"%d" % n
                 if (key,) not in groups and key not in following and cache.leased((key,)) is None:

@@ -31,6 +31,12 @@ after each:
   ``rejoin_first_step_s`` runs from the fork; ``diagnostic_ratios.rejoin_warm_vs_torchft``
   sets it beside torchft's cold replacement. The target ``ratios.rejoin_vs_torchft`` is the
   cold ``rallypoint``'s.
+- ``cold_floor``: no system. One process started as a replacement is, which imports torch and
+  torch.distributed, makes the model and AdamW and takes one step alone, then leaves: the
+  least any system's cold replacement can take to its first step. ``rejoin_first_step_s``
+  and ``rejoin_phases_s`` only; ``rejoin_above_cold_floor_s`` is each system's replacement
+  less it, and ``diagnostic_ratios.cold_floor_vs_torchft`` (and ``..._into_training``)
+  says how much of the target's 0.8 it leaves to coordination.
 
 A kill trial: start 4 processes, wait until all 4 train together, let them run
 ``--steady-s`` (the steady step: each process's median time between steps, the median over
@@ -92,6 +98,7 @@ from bench.common import (
     write_results,
 )
 from bench.peers_summary import (
+    COLD_FLOOR,
     MIN_WORKERS,
     REJOIN_PHASES,
     SYSTEMS,
@@ -246,7 +253,7 @@ class Trial:
             job = f"peers-{number}-{os.getpid()}-{int(time.time())}"
             self.common += [f"--endpoints={endpoints}", f"--job={job}"]
             self.common.append(f"--checkpoint-dir={self.dir / 'checkpoints'}")
-        else:
+        elif system != COLD_FLOOR:
             self.start_lighthouse(TORCHFT_HEARTBEAT_MS[system])
 
     def start_lighthouse(self, heartbeat_ms: int | None) -> None:
@@ -369,24 +376,15 @@ def kill_trial(trial: Trial, args: argparse.Namespace) -> Event:
         )
     else:
         time.sleep(args.rejoin_after_s)
-        # Everything this process started (survivors, the cluster's members or the
-        # lighthouse: other hosts) and this process itself, off the replacement's CPU.
-        own_cpu.before_start([os.getpid()])
-        with own_cpu.starting():
-            replacement = trial.spawn(WORKERS)
-        own_cpu.started(replacement.proc.pid)
+        replacement = spawn_alone(trial, own_cpu, WORKERS)
     live = [*survivors, replacement]
-
-    def replacement_stepped() -> Event | None:
-        trial.check_alive(live)
-        if any(e["phase"] == "model" for e in replacement.of("phase")):
-            own_cpu.release()
-        return replacement.first("step")
-
-    try:
-        first = wait_for("the replacement's first step", replacement_stepped, args.timeout_s)
-    finally:
-        own_cpu.release()
+    first = first_step_alone(
+        "the replacement's first step",
+        replacement,
+        own_cpu,
+        lambda: trial.check_alive(live),
+        args.timeout_s,
+    )
     wait_for(
         "every survivor's first step after the kill",
         lambda: all(step_times(w, killed_t, float("inf")) for w in survivors),
@@ -489,6 +487,65 @@ def kill_trial(trial: Trial, args: argparse.Namespace) -> Event:
     return figures
 
 
+def spawn_alone(trial: Trial, own_cpu: ReplacementCpu, index: int) -> Worker:
+    """Start process ``index`` as a replacement starts: everything this process started (the
+    survivors, the cluster's members or the lighthouse: other hosts) and this process itself
+    off the replacement's CPU, the new process on it from its first instruction."""
+    own_cpu.before_start([os.getpid()])
+    with own_cpu.starting():
+        worker = trial.spawn(index)
+    own_cpu.started(worker.proc.pid)
+    return worker
+
+
+def first_step_alone(
+    what: str,
+    process: Worker | WarmChild,
+    own_cpu: ReplacementCpu,
+    check: Callable[[], None],
+    timeout_s: float,
+) -> Event:
+    """``process``'s first step (``check`` raises if the trial cannot go on); every process
+    shares every CPU again once it has made its model, or when this returns."""
+
+    def stepped() -> Event | None:
+        check()
+        if any(e["phase"] == "model" for e in process.of("phase")):
+            own_cpu.release()
+        return process.first("step")
+
+    try:
+        return wait_for(what, stepped, timeout_s)  # type: ignore[no-any-return]
+    finally:
+        own_cpu.release()
+
+
+def cold_floor_trial(trial: Trial, args: argparse.Namespace) -> Event:
+    """One cold process with no system (bench/peers_worker.py ``run_cold_floor``), started as
+    a kill trial's replacement is: alone on the replacement's CPU until it has made its model
+    (the cluster's members, when running, and the bench kept off it). Its start to its step
+    alone is the least any system's cold replacement can take to its first step. No other
+    process trains meanwhile, as the survivors do beside a replacement, so it reads, if
+    anything, below the floor a replacement meets."""
+    own_cpu = ReplacementCpu(args.replacement_cpu)
+    process = spawn_alone(trial, own_cpu, 0)
+
+    def check() -> None:
+        if process.proc.poll() is not None:
+            process.reader.join(timeout=5.0)  # it leaves after its step: read all it printed
+            trial.check_alive([process])
+
+    first = first_step_alone("the cold process's step", process, own_cpu, check, args.timeout_s)
+    return {
+        "steady_step_s": None,
+        "bit_identical": None,
+        "rejoin_first_step_s": first["t"] - process.started_t,
+        "rejoin_phases_s": rejoin_phases(process, first["t"]),
+        "replacement_cpu": own_cpu.cpu,
+        "replacement_placement": own_cpu.placement(),
+    }
+
+
 def rejoin_phases(replacement: Worker | WarmChild, first_step_t: float) -> dict[str, float]:
     """Each phase of the replacement's way in, as the time since the phase before it ended
     (the first: since the bench started the process); phases it did not print are left out."""
@@ -508,7 +565,12 @@ def run_trial(
     load_before = load_now()
     trial = Trial(system, number, root, ports, endpoints)
     try:
-        figures = plain_trial(trial, args) if system == "plain" else kill_trial(trial, args)
+        if system == "plain":
+            figures = plain_trial(trial, args)
+        elif system == COLD_FLOOR:
+            figures = cold_floor_trial(trial, args)
+        else:
+            figures = kill_trial(trial, args)
         figures["ok"] = True
     except (TimeoutError, RuntimeError) as error:
         figures = {"ok": False, "error": str(error)[:600]}
@@ -664,6 +726,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rallypoint": "elastic_training, min_nodes 3, max_nodes 4, defaults otherwise; a "
             "3-member cluster (rallypoint cluster up) on loopback",
             "plain": "torch DistributedDataParallel, static world of 4, TCPStore",
+            "cold_floor": "no system: one process imports torch and torch.distributed, makes "
+            "the model and AdamW and takes one step alone, started and placed as a replacement",
             "rallypoint_warm": "as rallypoint; the killed process a child of the warm launcher "
             "(python -m rallypoint.worker.warm --restarts=1, preloading torch, torch._dynamo, "
             "rallypoint.worker.elastic), the replacement its fork, timed from the fork",

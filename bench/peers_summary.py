@@ -9,7 +9,10 @@ from pathlib import Path
 from typing import Any
 
 Event = dict[str, Any]
-SYSTEMS = ("plain", "torchft_default", "torchft_hb1s", "rallypoint", "rallypoint_warm")
+# cold_floor is no system: one cold process's imports, model and a step alone, the least any
+# system's cold replacement can take to its first step (bench/peers_worker.py).
+COLD_FLOOR = "cold_floor"
+SYSTEMS = ("plain", "torchft_default", "torchft_hb1s", "rallypoint", "rallypoint_warm", COLD_FLOOR)
 MIN_WORKERS = 3
 # A replacement's way in, in order (bench/peers_worker.py's docstring says what each marks);
 # connect and session are rallypoint's only.
@@ -49,21 +52,29 @@ def summarize(trials: Sequence[Event]) -> dict[str, Any]:
     for system, runs in by_system.items():
         ok = [t for t in runs if t["ok"]]
         figures["trials_ok"][system] = f"{len(ok)}/{len(runs)}"
-        figures["steady_step_s"][system] = spread([t["steady_step_s"] for t in ok])
-        figures["bit_identical"][system] = bool(ok) and all(t["bit_identical"] for t in ok)
+        if system != COLD_FLOOR:  # one process alone: no steady step, no world to agree
+            figures["steady_step_s"][system] = spread([t["steady_step_s"] for t in ok])
+            figures["bit_identical"][system] = bool(ok) and all(t["bit_identical"] for t in ok)
         if system == "plain":
             continue
-        figures["kill_stall_s"][system] = spread([s for t in ok for s in t["kill_stall_s"]])
-        figures["kill_first_gap_s"][system] = spread([s for t in ok for s in t["kill_first_gap_s"]])
         figures["rejoin_first_step_s"][system] = spread([t["rejoin_first_step_s"] for t in ok])
-        figures["rejoin_parts_s"][system] = {
-            part: spread([t["rejoin_parts_s"][part] for t in ok])
-            for part in ("start_to_imported", "imported_to_joined", "joined_to_first_step")
-        }
         figures["rejoin_phases_s"][system] = {
             name: spread([t["rejoin_phases_s"].get(name) for t in ok])
             for name in REJOIN_PHASES
             if any(name in t["rejoin_phases_s"] for t in ok)
+        }
+        # How long the replacement, runnable, waited for its CPU before it had made its model:
+        # what processes the bench did not start took from it (none of the bench's ran there).
+        figures["replacement_wait_s"][system] = spread(
+            [t.get("replacement_placement", {}).get("replacement_wait_s") for t in ok]
+        )
+        if system == COLD_FLOOR:
+            continue
+        figures["kill_stall_s"][system] = spread([s for t in ok for s in t["kill_stall_s"]])
+        figures["kill_first_gap_s"][system] = spread([s for t in ok for s in t["kill_first_gap_s"]])
+        figures["rejoin_parts_s"][system] = {
+            part: spread([t["rejoin_parts_s"][part] for t in ok])
+            for part in ("start_to_imported", "imported_to_joined", "joined_to_first_step")
         }
         figures["rejoin_after_torch_s"][system] = spread([t["rejoin_after_torch_s"] for t in ok])
         # Only the trials whose every survivor had trained again when the replacement
@@ -75,15 +86,20 @@ def summarize(trials: Sequence[Event]) -> dict[str, Any]:
         figures["survivors_training_at_spawn"][system] = spread(
             [t["survivors_training_at_spawn"] for t in ok]
         )
-        # How long the replacement, runnable, waited for its CPU before it had made its model:
-        # what processes the bench did not start took from it (none of the bench's ran there).
-        figures["replacement_wait_s"][system] = spread(
-            [t.get("replacement_placement", {}).get("replacement_wait_s") for t in ok]
-        )
         figures["rejoin_stall_s"][system] = spread([t.get("rejoin_stall_s") for t in ok])
         figures["steps_rolled_back"][system] = spread([t["steps_rolled_back"] for t in ok])
         synced = sum(bool(t["rejoin_in_sync"]) for t in ok)
         figures["rejoin_in_sync"][system] = f"{synced}/{len(ok)}"
+    # What each system's cold replacement takes beyond the cold floor (medians): its own part
+    # (the warm restart's starts at a fork, past most of the floor: not comparable).
+    floor = figures["rejoin_first_step_s"].get(COLD_FLOOR, {}).get("median")
+    figures["rejoin_above_cold_floor_s"] = {
+        system: entry["median"] - floor
+        for system, entry in figures["rejoin_first_step_s"].items()
+        if system not in (COLD_FLOOR, "rallypoint_warm")
+        and floor is not None
+        and entry["median"] is not None
+    }
     return figures
 
 
@@ -113,7 +129,9 @@ def diagnostic_ratios(top: dict[str, Any]) -> dict[str, float | None]:
     (``rallypoint_warm``: the killed process a warm launcher's child, its replacement the
     launcher's fork, timed from the fork; worker/warm.py) against torchft's cold one: it
     skips the interpreter and the imports a cold process pays, so it is no target's figure
-    (``rejoin_vs_torchft`` stays the cold rejoin); None when either did not run."""
+    (``rejoin_vs_torchft`` stays the cold rejoin); None when either did not run. And the cold
+    floor (``cold_floor``: one process's imports, model and a step alone, no system) against
+    torchft's replacement: what no cold replacement can go below."""
     found = {
         f"{field[:-2]}_vs_torchft": ratio(top, field, "rallypoint", "torchft_hb1s")
         for field in ("rejoin_after_torch_s", "rejoin_into_training_s")
@@ -121,6 +139,13 @@ def diagnostic_ratios(top: dict[str, Any]) -> dict[str, float | None]:
     found["rejoin_warm_vs_torchft"] = ratio(
         top, "rejoin_first_step_s", "rallypoint_warm", "torchft_hb1s"
     )
+    # The cold floor against torchft's replacement, all its trials and those into a world
+    # training again: at or above the target's 0.8, no cold replacement of any system meets
+    # `rejoin_vs_torchft` in this run, however little its coordination takes.
+    found["cold_floor_vs_torchft"] = ratio(top, "rejoin_first_step_s", COLD_FLOOR, "torchft_hb1s")
+    floor = top["rejoin_first_step_s"].get(COLD_FLOOR, {}).get("median")
+    theirs = top["rejoin_into_training_s"].get("torchft_hb1s", {}).get("median")
+    found["cold_floor_vs_torchft_into_training"] = floor / theirs if floor and theirs else None
     return found
 
 
@@ -163,6 +188,16 @@ def plot(top: dict[str, Any], path: Path) -> None:
     elastic = [s for s in SYSTEMS if s != "plain" and s in top["kill_stall_s"]]
     bars(right, "kill_stall_s", elastic, -0.2, 0.4)
     bars(right, "rejoin_first_step_s", elastic, 0.2, 0.4)
+    floor = (top["rejoin_first_step_s"].get(COLD_FLOOR) or {}).get("median")
+    if floor is not None:
+        right.axhline(floor, color="black", linestyle="--", linewidth=1)
+        right.annotate(
+            "cold floor: imports, model, a step alone (no system)",
+            (len(elastic) - 0.5, floor),
+            ha="right",
+            va="bottom",
+            fontsize=8,
+        )
     right.set_xticks(range(len(elastic)), elastic)
     right.set_ylabel("seconds (median, range)")
     right.set_title("SIGKILL: survivors' stall (solid), replacement start -> first step (light)")

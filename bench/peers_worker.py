@@ -1,8 +1,11 @@
 """One data-parallel training process of the peers benchmark (bench/peers_bench.py), under one
 of three systems: plain DDP (torch.distributed, a static world), torchft 0.2.0 (a Manager per
-replica, its DDP and optimizer wrappers) or rallypoint (``elastic_training``).
+replica, its DDP and optimizer wrappers) or rallypoint (``elastic_training``); or under none
+(``cold_floor``: a cold process's imports, model and one step alone, the floor below any
+system's cold replacement; ``run_cold_floor``).
 
-    python -m bench.peers_worker --system plain|torchft|rallypoint --index I --stop-file F ...
+    python -m bench.peers_worker --system plain|torchft|rallypoint|cold_floor --index I \
+        --stop-file F ...
 
 The workload is the same under each: a 1.3 M-parameter MLP (512 -> 1024 -> 512 -> 512, ReLU),
 AdamW, 32 samples a step per process from a dataset every process makes from one seed, one
@@ -347,6 +350,31 @@ def run_rallypoint(args: argparse.Namespace, stop: StopFile) -> None:
                 break
 
 
+def run_cold_floor(args: argparse.Namespace, stop: StopFile) -> None:
+    """No system: what any replacement that starts cold does before it could take part in a
+    step (``import torch``, ``torch.distributed``, the model and AdamW, whose first use
+    imports ``torch._dynamo``), then one step alone on its own batch. The bench's
+    ``cold_floor``: no coordinator, no peer and no state to receive make it the least any
+    system's cold replacement can take to its first step. ``library`` here is
+    ``torch.distributed``, which every system's replacement imports before its first
+    collective (torchft with its own package, rallypoint's worker when it forms a group)."""
+    import torch
+
+    phase("torch")
+    import torch.distributed  # timed, not used: see the docstring
+
+    phase("library")
+    emit("imported")
+    model = make_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
+    phase("model")
+    inputs, targets = next(batches(args.index))
+    torch.nn.functional.mse_loss(model(inputs), targets).backward()
+    optimizer.step()
+    emit("step", step=1, world_size=1)
+    emit("checksum", step=1, checksum=state_checksum(model, optimizer))
+
+
 def instrument_rallypoint_client() -> None:
     """Note rallypoint's client connected, its first session opened and its first Join
     answered (the module docstring says why and how)."""
@@ -375,6 +403,7 @@ RUNNERS: dict[str, Callable[[argparse.Namespace, StopFile], None]] = {
     "plain": run_plain,
     "torchft": run_torchft,
     "rallypoint": run_rallypoint,
+    "cold_floor": run_cold_floor,
 }
 
 

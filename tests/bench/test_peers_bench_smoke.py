@@ -34,6 +34,7 @@ SYSTEMS: tuple[str, ...] = (
     if os.environ.get("RALLYPOINT_SLOW") == "1"
     else ("plain", "torchft_hb1s", "rallypoint", "rallypoint_warm")
 )
+COLD_FLOOR = "cold_floor"  # no system: a cold process's imports, model and one step alone
 
 
 def test_checksum_tells_apart_states_that_differ_in_one_bit_or_in_optimizer_state() -> None:
@@ -155,6 +156,52 @@ def test_the_warm_restart_is_a_system_of_its_own_and_not_the_target() -> None:
     # The target stays the cold replacement's; the warm one is a diagnostic beside it.
     assert ratios(top)["rejoin_vs_torchft"] == pytest.approx(3.0 / 2.0)
     assert diagnostic_ratios(top)["rejoin_warm_vs_torchft"] == pytest.approx(0.6 / 2.0)
+
+
+def test_the_cold_floor_is_no_system_and_each_replacement_is_read_against_it() -> None:
+    """The cold floor (one process's imports, model and a step alone) has a start to first
+    step and phases, no kill or steady figures and no say in a target; each system's
+    replacement is also given less the floor, and the floor against torchft's replacement
+    (all its trials and those into a training world) says how much of 0.8 is left."""
+    from bench.peers_bench import diagnostic_ratios, ratios, summarize
+
+    floor = {
+        "system": COLD_FLOOR,
+        "ok": True,
+        "steady_step_s": None,
+        "bit_identical": None,
+        "rejoin_first_step_s": 1.8,
+        "rejoin_phases_s": {"torch": 0.9, "model": 0.85, "first_step": 0.05},
+    }
+    top = summarize(
+        [
+            floor,
+            {**floor, "rejoin_first_step_s": 2.0},
+            {**floor, "ok": False},  # a failed trial: counted, not measured
+            _summarized_trial("torchft_hb1s", 2.4, 3),
+            _summarized_trial("torchft_hb1s", 3.1, 0),
+            _summarized_trial("rallypoint", 2.3, 3),
+            _summarized_trial("rallypoint_warm", 0.3, 3),  # from a fork: not above any floor
+        ]
+    )
+    assert top["trials_ok"][COLD_FLOOR] == "2/3"
+    assert top["rejoin_first_step_s"][COLD_FLOOR]["median"] == pytest.approx(1.9)
+    assert top["rejoin_phases_s"][COLD_FLOOR]["model"]["median"] == pytest.approx(0.85)
+    for field in ("steady_step_s", "bit_identical", "kill_stall_s", "rejoin_in_sync"):
+        assert COLD_FLOOR not in top[field], field
+    assert top["rejoin_above_cold_floor_s"] == {
+        "torchft_hb1s": pytest.approx(2.75 - 1.9),
+        "rallypoint": pytest.approx(2.3 - 1.9),
+    }
+    found = diagnostic_ratios(top)
+    assert found["cold_floor_vs_torchft"] == pytest.approx(1.9 / 2.75)
+    assert found["cold_floor_vs_torchft_into_training"] == pytest.approx(1.9 / 2.4)
+    assert ratios(top)["rejoin_vs_torchft"] == pytest.approx(2.3 / 2.75)  # unchanged by it
+    # No floor measured: no floor figures, rather than wrong ones.
+    top = summarize([_summarized_trial("torchft_hb1s", 2.4, 3)])
+    assert top["rejoin_above_cold_floor_s"] == {}
+    assert diagnostic_ratios(top)["cold_floor_vs_torchft"] is None
+    assert diagnostic_ratios(top)["cold_floor_vs_torchft_into_training"] is None
 
 
 def test_worker_notes_a_phase_once_and_changes_no_result() -> None:
@@ -284,7 +331,7 @@ def test_quick_run_writes_results_and_leaves_no_process(tmp_path: Path) -> None:
                 "-m",
                 "bench.peers_bench",
                 "--quick",
-                f"--systems={','.join(SYSTEMS)}",
+                f"--systems={','.join((*SYSTEMS, COLD_FLOOR))}",
                 f"--out={out}",
             ],
             cwd=REPOSITORY,
@@ -299,7 +346,7 @@ def test_quick_run_writes_results_and_leaves_no_process(tmp_path: Path) -> None:
     assert_left_nothing(scratch, "the benchmark")
     report = json.loads(out.read_text())
     assert report["quick"] is True
-    assert report["trials_ok"] == dict.fromkeys(SYSTEMS, "1/1"), report["trials"]
+    assert report["trials_ok"] == dict.fromkeys((*SYSTEMS, COLD_FLOOR), "1/1"), report["trials"]
     for system in SYSTEMS:
         assert report["steady_step_s"][system]["median"] > 0, system
         assert report["bit_identical"][system] is True, system
@@ -335,7 +382,20 @@ def test_quick_run_writes_results_and_leaves_no_process(tmp_path: Path) -> None:
         "rejoin_after_torch_vs_torchft",
         "rejoin_into_training_vs_torchft",
         "rejoin_warm_vs_torchft",
+        "cold_floor_vs_torchft",
+        "cold_floor_vs_torchft_into_training",
     }
+    # The cold floor: one process, started and placed as a replacement, its way to a step
+    # alone cut into the same phases (no system's: no connect, join, round or restore).
+    (floor,) = [t for t in report["trials"] if t["system"] == COLD_FLOOR]
+    assert set(floor["rejoin_phases_s"]) == {"interpreter", "torch", "library", "model"} | {
+        "first_step"
+    }
+    assert sum(floor["rejoin_phases_s"].values()) == pytest.approx(floor["rejoin_first_step_s"])
+    if len(os.sched_getaffinity(0)) > 1:
+        assert floor["replacement_placement"]["sharing_replacement_cpu"] == [], floor
+    assert report["diagnostic_ratios"]["cold_floor_vs_torchft"] is not None
+    assert set(report["rejoin_above_cold_floor_s"]) == set(SYSTEMS[1:]) - {"rallypoint_warm"}
     # The warm trial's replacement was the launcher's fork: timed from the fork it printed
     # (a trial whose replacement printed none fails: trials_ok above).
     assert report["diagnostic_ratios"]["rejoin_warm_vs_torchft"] is not None

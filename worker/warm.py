@@ -32,6 +32,18 @@ never creates a tensor, a process group, a gRPC channel, or touches CUDA. The NC
 path is untested (this repository's machines have no GPU); CUDA must only be initialised in
 the child.
 
+The collector. The preloads are imported with the cyclic garbage collector off: imports make
+long-lived objects, and the full collections that otherwise fire while torch and
+torch._dynamo import scan every object made so far (the default preloads import in 1.6 s
+with it off, 2.0 s with it on, on this repository's 2-core machine). Then the launcher
+collects once and freezes every object it holds (``gc.freeze``): each child inherits them in
+the collector's permanent generation, so its full collections scan only the objects it made
+itself (with the default preloads about 290,000 objects are frozen, and a full collection
+over them takes about 0.1 s here, a pause every other rank of a synchronous step would wait
+out), and collections no longer write to the pages that hold them, which keeps more of those
+shared with the launcher instead of copied. Frozen objects are never collected: they are the
+preloaded modules' own, which live as long as the process.
+
 Signals and process lifetime. SIGTERM, SIGINT and SIGHUP to the launcher are sent on to the
 running child and stop restarts. Each child runs in a session of its own (a terminal's
 Ctrl-C reaches it once, through the launcher) and with ``PR_SET_PDEATHSIG`` = SIGKILL, so a
@@ -50,6 +62,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import gc
 import importlib
 import os
 import runpy
@@ -169,12 +182,20 @@ def parse_options(argv: Sequence[str]) -> WarmOptions:
 
 
 def preload(modules: Sequence[str]) -> None:
-    """Import each module; UsageError naming the first that cannot be imported."""
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except ImportError as error:
-            raise UsageError(f"--preload {name}: cannot import it ({error})") from None
+    """Import each module with the collector off, then collect once and freeze every object
+    this process holds (the module docstring says why); UsageError naming the first module
+    that cannot be imported."""
+    gc.disable()
+    try:
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except ImportError as error:
+                raise UsageError(f"--preload {name}: cannot import it ({error})") from None
+    finally:
+        gc.enable()
+    gc.collect()
+    gc.freeze()
 
 
 def fork_hazards() -> list[str]:

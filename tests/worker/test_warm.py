@@ -4,13 +4,15 @@ imports.
 Claims:
 - a child killed with SIGKILL is replaced by a new process (a new pid, in a session of its
   own) that finds the preloaded modules (the defaults: torch, torch._dynamo,
-  rallypoint.worker.elastic) already imported before the script imports anything, forked
-  from the launcher (its command line is the launcher's: no new interpreter started);
+  rallypoint.worker.elastic) already imported before the script imports anything, their
+  objects frozen out of its full collections, forked from the launcher (its command line is
+  the launcher's: no new interpreter started);
 - a clean exit ends the launcher with 0 and no restart; a child that keeps failing is run
   1 + --restarts times and the launcher exits with its status (128 + N for signal N);
 - SIGTERM, SIGINT and SIGHUP to the launcher reach the child, stop restarts, and no process
   is left behind (the child's own children included); a launcher killed with SIGKILL takes
   its child with it;
+- the preloads import with the collector off, then one full collection and a freeze;
 - the launcher refuses to fork (one line, exit 2) while a thread runs in it;
 - bad input (an unknown preload module, a missing script, negative restarts, no script) is
   one line and exit 2;
@@ -55,8 +57,10 @@ REPORTING_SCRIPT = """
 import json, os, subprocess, sys, time
 found = {name: name in sys.modules for name in PRELOADED}
 restart = int(os.environ["RALLYPOINT_WARM_RESTART"])
+import gc
 report = {"pid": os.getpid(), "session": os.getsid(0), "found": found, "restart": restart,
-          "argv": sys.argv, "forked_at": float(os.environ["RALLYPOINT_WARM_FORKED_AT"])}
+          "argv": sys.argv, "forked_at": float(os.environ["RALLYPOINT_WARM_FORKED_AT"]),
+          "frozen": gc.get_freeze_count()}
 action = sys.argv[1].split(",")[min(restart, len(sys.argv[1].split(",")) - 1)]
 if action == "grandchild":
     report["grandchild"] = subprocess.Popen(["sleep", "600"]).pid
@@ -154,6 +158,10 @@ def test_a_killed_child_is_restarted_with_the_preloads_imported(tmp_path: Path) 
     # Every preloaded module was there before the script imported anything: a cold
     # `python report.py` finds none of them.
     assert second["found"] == dict.fromkeys(PRELOADED, True), second
+    # And their objects are in the collector's permanent generation, which the child's full
+    # collections skip (torch and torch._dynamo alone leave about 280,000; a cold process
+    # has none frozen).
+    assert second["frozen"] > 100_000, second
     # Its own session, the script's argv, and forked (not started) after the kill.
     assert second["session"] == second["pid"]
     assert second["argv"] == [str(script), "sleep,0", "--flag"]
@@ -258,6 +266,40 @@ def test_it_refuses_to_fork_over_a_native_thread_pool(tmp_path: Path) -> None:
     # Told one thread, the same preload forks.
     done = run("--preload=numpy", script, "0", env={**env, "OPENBLAS_NUM_THREADS": "1"})
     assert done.returncode == 0 and json.loads(done.stdout)["restart"] == 0, done
+
+
+def test_preloads_import_with_the_collector_off_and_are_frozen_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No collection runs while the preloads import (a module making 200,000 lists would
+    set off hundreds), then one full collection, and what they made is frozen; the
+    collector is on again afterwards, and a preload that fails to import leaves it on."""
+    import gc
+
+    from rallypoint.worker.warm import UsageError, preload
+
+    (tmp_path / "many_objects_here.py").write_text("KEEP = [[i] for i in range(200_000)]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen: list[int] = []
+
+    def note(phase: str, info: dict[str, int]) -> None:
+        if phase == "stop":
+            seen.append(info["generation"])
+
+    assert gc.isenabled()
+    gc.callbacks.append(note)
+    try:
+        preload(["many_objects_here"])
+        frozen = gc.get_freeze_count()
+        with pytest.raises(UsageError, match="--preload no_such_module_here"):
+            preload(["no_such_module_here"])
+    finally:
+        gc.callbacks.remove(note)
+        gc.unfreeze()  # this test's process is pytest's: give the collector everything back
+        sys.modules.pop("many_objects_here", None)
+    assert seen == [2], seen  # the one full collection after the imports, nothing during
+    assert frozen >= 200_000
+    assert gc.isenabled()
 
 
 @pytest.mark.parametrize(
